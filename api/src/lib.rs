@@ -1,0 +1,65 @@
+//! podpath's API model: the Kubernetes kinds apiserver-lite serves (JSON types from
+//! `k8s-openapi`), their defaulting and validation, server-side Table printing, patch
+//! semantics, selectors, and the gRPC proto with conversions. No I/O happens here.
+//!
+//! Start with [`Kind`] (what is served) and [`ApiObject`] (what each kind does).
+
+pub mod convert;
+pub mod kinds;
+pub mod objects;
+pub mod patch;
+pub mod selector;
+pub mod strict;
+pub mod table;
+pub mod validation;
+
+/// Code generated from `proto/podpath/v1/api.proto`.
+pub mod proto {
+    #![allow(clippy::all, missing_docs)]
+    tonic::include_proto!("podpath.v1");
+
+    /// The encoded file descriptor set, for gRPC server reflection.
+    pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("podpath_descriptor");
+}
+
+pub use kinds::{Kind, KindInfo};
+pub use objects::ApiObject;
+pub use validation::{Cause, FieldPath};
+
+pub use k8s_openapi;
+
+/// Errors of the pure API layer. Each names what it concerns.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A patch body that cannot be applied (bad JSON patch op, missing merge key…).
+    #[error("{0}")]
+    Patch(String),
+    /// A label or field selector that does not parse.
+    #[error("{0}")]
+    Selector(String),
+    /// A body that does not decode into the kind's type.
+    #[error("{kind} in version \"{version}\" cannot be handled as a {kind}: {message}")]
+    Decode { kind: &'static str, version: &'static str, message: String },
+    /// A proto message that cannot become a Kubernetes object.
+    #[error("invalid {what}: {message}")]
+    Proto { what: &'static str, message: String },
+}
+
+/// Decodes a JSON body into the typed object of kind `T`.
+pub fn decode<T: ApiObject>(value: &serde_json::Value) -> Result<T, Error> {
+    serde_json::from_value(value.clone()).map_err(|e| Error::Decode {
+        kind: T::KIND.info().name,
+        version: T::KIND.info().version,
+        message: e.to_string(),
+    })
+}
+
+/// Encodes a typed object, with `kind` and `apiVersion` set.
+pub fn encode<T: ApiObject>(obj: &T) -> serde_json::Value {
+    let mut v = serde_json::to_value(obj).unwrap_or_default();
+    if let Some(o) = v.as_object_mut() {
+        o.insert("kind".into(), T::KIND.info().name.into());
+        o.insert("apiVersion".into(), T::KIND.api_version().into());
+    }
+    v
+}
