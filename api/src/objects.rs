@@ -31,6 +31,9 @@ pub trait ApiObject: Serialize + DeserializeOwned + Clone + Send + Sync + 'stati
     /// Resets what a client may not set on create (mostly status).
     fn prepare_for_create(&mut self) {}
 
+    /// Drops what an update leaves behind by accident (fields that belong to an old type).
+    fn prepare_for_update(&mut self, _old: &Self) {}
+
     /// Validates the whole object; `old` is the stored object on updates.
     fn validate(&self, old: Option<&Self>) -> Vec<Cause>;
 
@@ -154,6 +157,45 @@ impl ApiObject for Service {
         }
         let status = self.status.get_or_insert_with(ServiceStatus::default);
         status.load_balancer.get_or_insert_with(Default::default);
+    }
+
+    /// A type change drops the fields of the old type that the client did not change, as the
+    /// real server does: a client-side apply patch from NodePort to ClusterIP still carries the
+    /// old nodePorts.
+    fn prepare_for_update(&mut self, old: &Self) {
+        let new_ty = service_type(self).to_string();
+        if new_ty == service_type(old) {
+            return;
+        }
+        let old_spec = old.spec.clone().unwrap_or_default();
+        let wants_node_ports = service_wants_node_ports(self);
+        let Some(spec) = self.spec.as_mut() else { return };
+        if !wants_node_ports {
+            for p in spec.ports.iter_mut().flatten() {
+                let same_as_old = old_spec.ports.iter().flatten().any(|o| o.port == p.port && o.node_port == p.node_port);
+                if same_as_old {
+                    p.node_port = None;
+                }
+            }
+        }
+        if new_ty != "LoadBalancer" {
+            if spec.health_check_node_port == old_spec.health_check_node_port {
+                spec.health_check_node_port = None;
+            }
+            if spec.allocate_load_balancer_node_ports == old_spec.allocate_load_balancer_node_ports {
+                spec.allocate_load_balancer_node_ports = None;
+            }
+            if spec.load_balancer_source_ranges == old_spec.load_balancer_source_ranges {
+                spec.load_balancer_source_ranges = None;
+            }
+        }
+        if new_ty != "NodePort" && new_ty != "LoadBalancer" && spec.external_traffic_policy == old_spec.external_traffic_policy {
+            spec.external_traffic_policy = None;
+        }
+        if new_ty == "ExternalName" && spec.cluster_ip == old_spec.cluster_ip {
+            spec.cluster_ip = None;
+            spec.cluster_ips = None;
+        }
     }
 
     fn prepare_for_create(&mut self) {
@@ -702,7 +744,8 @@ impl ApiObject for Pod {
 
 // === Node ===
 
-/// `Ready`, `NotReady` or `Unknown` from the node's Ready condition.
+/// The node STATUS as kubectl prints it: `Ready` when the Ready condition is True, `NotReady`
+/// when it is False or Unknown, `Unknown` when there is no Ready condition.
 pub fn node_ready_status(node: &Node) -> &'static str {
     let cond = node
         .status
@@ -711,8 +754,8 @@ pub fn node_ready_status(node: &Node) -> &'static str {
         .and_then(|c| c.iter().find(|c| c.type_ == "Ready"));
     match cond.map(|c| c.status.as_str()) {
         Some("True") => "Ready",
-        Some("False") => "NotReady",
-        _ => "Unknown",
+        Some(_) => "NotReady",
+        None => "Unknown",
     }
 }
 

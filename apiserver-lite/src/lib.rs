@@ -1,1 +1,132 @@
-//! placeholder
+//! apiserver-lite: a Kubernetes-compatible API server for podpath labs.
+//!
+//! - [`rest`]: the REST API kubectl, the Python client and kube-rs speak;
+//! - [`grpc`]: the gRPC API node agents and lb-sim use;
+//! - [`registry`]: create/update/patch/delete/get/list shared by both, with
+//!   [`alloc`] (ClusterIPs, NodePorts, LB IPs, pod CIDRs);
+//! - [`store`]: sled storage, the resourceVersion counter and the watch event log;
+//! - [`watch`]: the watch loop; [`controllers`]: endpoints, scheduler, namespaces, node health.
+//!
+//! Start with [`serve`]: it takes already-bound listeners and a shutdown future.
+
+pub mod alloc;
+pub mod controllers;
+pub mod error;
+pub mod grpc;
+pub mod registry;
+pub mod rest;
+pub mod store;
+pub mod watch;
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::FutureExt;
+use tokio::net::TcpListener;
+
+pub use error::ApiError;
+
+/// Everything the server needs besides its listeners.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub data_dir: PathBuf,
+    pub ranges: alloc::Ranges,
+    pub controllers: controllers::ControllerConfig,
+    pub token: Option<String>,
+    pub max_body_bytes: usize,
+    pub request_timeout: Duration,
+    /// The address the `default/kubernetes` Endpoints and discovery advertise.
+    pub advertise: Option<std::net::SocketAddr>,
+}
+
+impl Config {
+    pub fn new(data_dir: PathBuf) -> Self {
+        Config {
+            data_dir,
+            ranges: alloc::Ranges::default(),
+            controllers: controllers::ControllerConfig::default(),
+            token: None,
+            max_body_bytes: 3 << 20,
+            request_timeout: Duration::from_secs(60),
+            advertise: None,
+        }
+    }
+}
+
+/// A running server's shared state, for tests and benchmarks.
+pub struct Server {
+    pub registry: Arc<registry::Registry>,
+}
+
+/// Opens the store, bootstraps default objects and starts the controllers.
+pub async fn start(cfg: &Config) -> Result<Server, ApiError> {
+    let store = Arc::new(store::Store::open(&cfg.data_dir)?);
+    let registry = Arc::new(registry::Registry::open(store, cfg.ranges.clone())?);
+    let endpoint = cfg.advertise.map(|a| (a.ip().to_string(), a.port()));
+    controllers::bootstrap(&registry, endpoint).await?;
+    tokio::spawn(controllers::run(registry.clone(), cfg.controllers.clone()));
+    Ok(Server { registry })
+}
+
+/// Serves REST on every listener in `rest` and gRPC on `grpc` until `shutdown` completes.
+pub async fn serve(
+    cfg: Config,
+    rest: Vec<TcpListener>,
+    grpc: Option<TcpListener>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ApiError> {
+    let mut cfg = cfg;
+    if cfg.advertise.is_none() {
+        cfg.advertise = rest.first().and_then(|l| l.local_addr().ok());
+    }
+    let server = start(&cfg).await?;
+    let token: Option<Arc<str>> = cfg.token.as_deref().map(Arc::from);
+    let advertise = cfg.advertise.map(|a| a.to_string()).unwrap_or_default();
+    let state = rest::RestState {
+        registry: server.registry.clone(),
+        token: token.clone(),
+        max_body_bytes: cfg.max_body_bytes,
+        request_timeout: cfg.request_timeout,
+        advertise,
+    };
+    let shutdown = shutdown.shared();
+    let mut tasks = Vec::new();
+    for l in rest {
+        let app = rest::router(state.clone());
+        let sd = shutdown.clone();
+        tasks.push(tokio::spawn(async move {
+            axum::serve(l, app).with_graceful_shutdown(sd).await.map_err(|e| ApiError::internal(format!("REST server: {e}")))
+        }));
+    }
+    if let Some(l) = grpc {
+        let svc = grpc::Grpc { registry: server.registry.clone() };
+        let check = grpc::TokenCheck(token);
+        let reflection = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(api::proto::FILE_DESCRIPTOR_SET)
+            .build_v1()
+            .map_err(|e| ApiError::internal(format!("gRPC reflection: {e}")))?;
+        let sd = shutdown.clone();
+        let limit = cfg.max_body_bytes;
+        tasks.push(tokio::spawn(async move {
+            use api::proto::*;
+            use tonic::service::interceptor::InterceptedService;
+            tonic::transport::Server::builder()
+                .timeout(Duration::from_secs(3600 * 24 * 365))
+                .add_service(reflection)
+                .add_service(InterceptedService::new(services_server::ServicesServer::new(svc.clone()).max_decoding_message_size(limit), check.clone()))
+                .add_service(InterceptedService::new(pods_server::PodsServer::new(svc.clone()).max_decoding_message_size(limit), check.clone()))
+                .add_service(InterceptedService::new(nodes_server::NodesServer::new(svc.clone()).max_decoding_message_size(limit), check.clone()))
+                .add_service(InterceptedService::new(watch_server::WatchServer::new(svc).max_decoding_message_size(limit), check))
+                .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(l), sd)
+                .await
+                .map_err(|e| ApiError::internal(format!("gRPC server: {e}")))
+        }));
+    }
+    for t in tasks {
+        t.await.map_err(|e| ApiError::internal(format!("server task: {e}")))??;
+    }
+    server.registry.store.flush()?;
+    Ok(())
+}

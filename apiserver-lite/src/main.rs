@@ -1,1 +1,135 @@
-fn main() {}
+//! `apiserver-lite`: binds the listeners, installs the signal handler and runs the server.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::Parser;
+
+/// A Kubernetes-compatible API server for podpath labs: REST for kubectl and client libraries,
+/// gRPC for podpath's node agents and load balancers, state in sled.
+#[derive(Parser, Debug)]
+#[command(name = "apiserver-lite", version)]
+struct Args {
+    /// Directory for the database (created if missing).
+    #[arg(long, default_value = "/var/lib/podpath/apiserver")]
+    data_dir: PathBuf,
+    /// REST listen address; repeat to listen on several (e.g. host and lab namespace).
+    #[arg(long, default_value = "127.0.0.1:6443")]
+    listen: Vec<SocketAddr>,
+    /// gRPC listen address ("off" disables gRPC).
+    #[arg(long, default_value = "127.0.0.1:6444")]
+    grpc_listen: String,
+    /// Address published as the `default/kubernetes` endpoint and in discovery.
+    #[arg(long)]
+    advertise_address: Option<SocketAddr>,
+    /// ClusterIP range.
+    #[arg(long, default_value = "10.96.0.0/12")]
+    service_cluster_ip_range: ipnet::Ipv4Net,
+    /// NodePort range, `low-high`.
+    #[arg(long, default_value = "30000-32767")]
+    service_node_port_range: String,
+    /// Pool of LoadBalancer ingress IPs.
+    #[arg(long, default_value = "198.51.100.0/24")]
+    lb_ip_pool: ipnet::Ipv4Net,
+    /// Pod network; each node gets one subnet of it.
+    #[arg(long, default_value = "10.244.0.0/16")]
+    cluster_cidr: ipnet::Ipv4Net,
+    /// Prefix length of each node's pod CIDR.
+    #[arg(long, default_value_t = 24)]
+    node_cidr_mask_size: u8,
+    /// Seconds without a heartbeat before a node goes NotReady.
+    #[arg(long, default_value = "40s", value_parser = parse_duration)]
+    node_monitor_grace_period: Duration,
+    /// File holding a bearer token every client must present (REST and gRPC).
+    #[arg(long)]
+    token_file: Option<PathBuf>,
+    /// Largest accepted request body, in bytes.
+    #[arg(long, default_value_t = 3 << 20)]
+    max_request_bytes: usize,
+    /// Log filter (RUST_LOG syntax).
+    #[arg(long, env = "PODPATH_LOG", default_value = "info")]
+    log: String,
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let (num, unit) = s.find(|c: char| !c.is_ascii_digit()).map(|i| s.split_at(i)).unwrap_or((s, "s"));
+    let n: u64 = num.parse().map_err(|_| format!("invalid duration: {s}"))?;
+    match unit {
+        "s" | "" => Ok(Duration::from_secs(n)),
+        "ms" => Ok(Duration::from_millis(n)),
+        "m" => Ok(Duration::from_secs(n * 60)),
+        _ => Err(format!("invalid duration unit in {s} (use ms, s or m)")),
+    }
+}
+
+fn parse_port_range(s: &str) -> Result<std::ops::RangeInclusive<u16>> {
+    let (lo, hi) = s.split_once('-').context("--service-node-port-range must look like 30000-32767")?;
+    let (lo, hi): (u16, u16) = (lo.trim().parse()?, hi.trim().parse()?);
+    if lo == 0 || lo > hi {
+        bail!("--service-node-port-range {s}: the low end must be between 1 and the high end");
+    }
+    Ok(lo..=hi)
+}
+
+#[tokio::main]
+async fn main() {
+    if let Err(e) = run().await {
+        eprintln!("apiserver-lite: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+async fn run() -> Result<()> {
+    let args = Args::parse();
+    tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::new(&args.log)).with_target(false).init();
+    let token = match &args.token_file {
+        Some(p) => {
+            let t = std::fs::read_to_string(p).with_context(|| format!("cannot read --token-file {}", p.display()))?;
+            let t = t.trim().to_string();
+            if t.is_empty() {
+                bail!("--token-file {} is empty", p.display());
+            }
+            Some(t)
+        }
+        None => None,
+    };
+    if args.node_cidr_mask_size < args.cluster_cidr.prefix_len() || args.node_cidr_mask_size > 30 {
+        bail!("--node-cidr-mask-size {} does not fit --cluster-cidr {}", args.node_cidr_mask_size, args.cluster_cidr);
+    }
+    let mut cfg = apiserver_lite::Config::new(args.data_dir.clone());
+    cfg.ranges = apiserver_lite::alloc::Ranges {
+        service_cidr: args.service_cluster_ip_range,
+        node_ports: parse_port_range(&args.service_node_port_range)?,
+        lb_pool: args.lb_ip_pool,
+        cluster_cidr: args.cluster_cidr,
+        node_cidr_prefix: args.node_cidr_mask_size,
+    };
+    cfg.controllers.node_monitor_grace = args.node_monitor_grace_period;
+    cfg.token = token;
+    cfg.max_body_bytes = args.max_request_bytes;
+    cfg.advertise = args.advertise_address;
+    let mut rest = Vec::new();
+    for addr in &args.listen {
+        rest.push(tokio::net::TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))?);
+    }
+    let grpc = match args.grpc_listen.as_str() {
+        "off" | "" => None,
+        a => {
+            let addr: SocketAddr = a.parse().with_context(|| format!("invalid --grpc-listen {a}"))?;
+            Some(tokio::net::TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))?)
+        }
+    };
+    tracing::info!(rest = ?args.listen, grpc = %args.grpc_listen, data_dir = %args.data_dir.display(), "apiserver-lite starting");
+    let shutdown = async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("signal handler");
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {},
+            _ = term.recv() => {},
+        }
+        tracing::info!("shutting down");
+    };
+    apiserver_lite::serve(cfg, rest, grpc, shutdown).await?;
+    Ok(())
+}

@@ -1,0 +1,305 @@
+//! The gRPC API (tonic, with server reflection): CRUD for Services and Pods, Node
+//! registration and heartbeats, and watch streams. Node agents and lb-sim use it.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use api::convert::{from_proto, to_proto, ProtoConvert};
+use api::k8s_openapi::api::core::v1 as core;
+use api::k8s_openapi::api::discovery::v1 as discovery;
+use api::proto as pb;
+use api::selector::{FieldSelector, LabelSelector};
+use api::Kind;
+use futures::Stream;
+use serde_json::{json, Value};
+use tonic::{Request, Response, Status};
+
+use crate::error::ApiError;
+use crate::registry::{DeleteOptions, Registry, Subresource, WriteOptions};
+use crate::watch::{WatchFilter, WatchItem, WatchSpec};
+
+#[derive(Clone)]
+pub struct Grpc {
+    pub registry: Arc<Registry>,
+}
+
+fn decode_err(e: impl std::fmt::Display) -> Status {
+    Status::invalid_argument(e.to_string())
+}
+
+fn to_value<T: ProtoConvert>(p: &T::Proto) -> Result<Value, Status> {
+    let obj: T = from_proto(p).map_err(decode_err)?;
+    serde_json::to_value(&obj).map_err(decode_err)
+}
+
+fn from_value<T: ProtoConvert>(v: Value) -> Result<T::Proto, Status> {
+    let obj: T = serde_json::from_value(v).map_err(|e| Status::internal(e.to_string()))?;
+    Ok(to_proto(&obj))
+}
+
+fn ns_of(v: &Value) -> String {
+    v["metadata"]["namespace"].as_str().filter(|s| !s.is_empty()).unwrap_or("default").to_string()
+}
+
+fn name_of(v: &Value) -> Result<String, Status> {
+    v["metadata"]["name"].as_str().filter(|s| !s.is_empty()).map(str::to_string).ok_or_else(|| Status::invalid_argument("metadata.name is required"))
+}
+
+fn selectors(kind: Kind, labels: &str, fields: &str) -> Result<(LabelSelector, FieldSelector), Status> {
+    Ok((LabelSelector::parse(labels).map_err(decode_err)?, FieldSelector::parse(fields, kind).map_err(decode_err)?))
+}
+
+impl Grpc {
+    async fn create<T: ProtoConvert>(&self, kind: Kind, p: &T::Proto) -> Result<T::Proto, Status> {
+        let v = to_value::<T>(p)?;
+        let ns = kind.info().namespaced.then(|| ns_of(&v));
+        let out = self.registry.create(kind, ns.as_deref(), v, &WriteOptions::default()).await?;
+        from_value::<T>(out.object)
+    }
+
+    async fn update<T: ProtoConvert>(&self, kind: Kind, p: &T::Proto, sub: Subresource) -> Result<T::Proto, Status> {
+        let v = to_value::<T>(p)?;
+        let ns = kind.info().namespaced.then(|| ns_of(&v));
+        let name = name_of(&v)?;
+        let out = self.registry.update(kind, ns.as_deref(), &name, v, sub, &WriteOptions::default()).await?;
+        from_value::<T>(out.object)
+    }
+
+    fn get<T: ProtoConvert>(&self, kind: Kind, r: &pb::GetRequest) -> Result<T::Proto, Status> {
+        let ns = if kind.info().namespaced { if r.namespace.is_empty() { "default" } else { &r.namespace } } else { "" };
+        from_value::<T>(self.registry.get(kind, ns, &r.name)?)
+    }
+
+    fn list<T: ProtoConvert>(&self, kind: Kind, r: &pb::ListRequest) -> Result<(Vec<T::Proto>, String), Status> {
+        let (ls, fs) = selectors(kind, &r.label_selector, &r.field_selector)?;
+        let ns = (!r.namespace.is_empty()).then_some(r.namespace.as_str());
+        let (items, rv) = self.registry.list(kind, ns, &ls, &fs)?;
+        Ok((items.into_iter().map(from_value::<T>).collect::<Result<_, _>>()?, rv.to_string()))
+    }
+
+    async fn delete<T: ProtoConvert>(&self, kind: Kind, r: &pb::DeleteRequest) -> Result<T::Proto, Status> {
+        let ns = if r.namespace.is_empty() { "default" } else { &r.namespace };
+        let ns = kind.info().namespaced.then_some(ns);
+        from_value::<T>(self.registry.delete(kind, ns, &r.name, &DeleteOptions::default()).await?)
+    }
+}
+
+#[tonic::async_trait]
+impl pb::services_server::Services for Grpc {
+    async fn create(&self, r: Request<pb::Service>) -> Result<Response<pb::Service>, Status> {
+        Ok(Response::new(Grpc::create::<core::Service>(self, Kind::Service, r.get_ref()).await?))
+    }
+    async fn get(&self, r: Request<pb::GetRequest>) -> Result<Response<pb::Service>, Status> {
+        Ok(Response::new(Grpc::get::<core::Service>(self, Kind::Service, r.get_ref())?))
+    }
+    async fn list(&self, r: Request<pb::ListRequest>) -> Result<Response<pb::ServiceList>, Status> {
+        let (items, resource_version) = Grpc::list::<core::Service>(self, Kind::Service, r.get_ref())?;
+        Ok(Response::new(pb::ServiceList { resource_version, items }))
+    }
+    async fn update(&self, r: Request<pb::Service>) -> Result<Response<pb::Service>, Status> {
+        Ok(Response::new(Grpc::update::<core::Service>(self, Kind::Service, r.get_ref(), Subresource::Main).await?))
+    }
+    async fn delete(&self, r: Request<pb::DeleteRequest>) -> Result<Response<pb::Service>, Status> {
+        Ok(Response::new(Grpc::delete::<core::Service>(self, Kind::Service, r.get_ref()).await?))
+    }
+}
+
+#[tonic::async_trait]
+impl pb::pods_server::Pods for Grpc {
+    async fn create(&self, r: Request<pb::Pod>) -> Result<Response<pb::Pod>, Status> {
+        Ok(Response::new(Grpc::create::<core::Pod>(self, Kind::Pod, r.get_ref()).await?))
+    }
+    async fn get(&self, r: Request<pb::GetRequest>) -> Result<Response<pb::Pod>, Status> {
+        Ok(Response::new(Grpc::get::<core::Pod>(self, Kind::Pod, r.get_ref())?))
+    }
+    async fn list(&self, r: Request<pb::ListRequest>) -> Result<Response<pb::PodList>, Status> {
+        let (items, resource_version) = Grpc::list::<core::Pod>(self, Kind::Pod, r.get_ref())?;
+        Ok(Response::new(pb::PodList { resource_version, items }))
+    }
+    async fn update(&self, r: Request<pb::Pod>) -> Result<Response<pb::Pod>, Status> {
+        Ok(Response::new(Grpc::update::<core::Pod>(self, Kind::Pod, r.get_ref(), Subresource::Main).await?))
+    }
+    async fn update_status(&self, r: Request<pb::Pod>) -> Result<Response<pb::Pod>, Status> {
+        Ok(Response::new(Grpc::update::<core::Pod>(self, Kind::Pod, r.get_ref(), Subresource::Status).await?))
+    }
+    async fn delete(&self, r: Request<pb::DeleteRequest>) -> Result<Response<pb::Pod>, Status> {
+        Ok(Response::new(Grpc::delete::<core::Pod>(self, Kind::Pod, r.get_ref()).await?))
+    }
+}
+
+#[tonic::async_trait]
+impl pb::nodes_server::Nodes for Grpc {
+    /// Creates the Node, or updates its labels, addresses and status while keeping its pod CIDR.
+    async fn register(&self, r: Request<pb::RegisterNodeRequest>) -> Result<Response<pb::Node>, Status> {
+        let node = r.into_inner().node.ok_or_else(|| Status::invalid_argument("node is required"))?;
+        let mut v = to_value::<core::Node>(&node)?;
+        let name = name_of(&v)?;
+        let reg = &self.registry;
+        let out = match reg.store.get(Kind::Node, "", &name).map_err(Status::from)? {
+            None => reg.create(Kind::Node, None, v, &WriteOptions::default()).await?.object,
+            Some(old) => {
+                let mut main = old.clone();
+                main["metadata"]["labels"] = v["metadata"]["labels"].take();
+                if let Some(spec) = v.get("spec") {
+                    for (k, val) in spec.as_object().into_iter().flatten() {
+                        if k != "podCIDR" && k != "podCIDRs" {
+                            main["spec"][k] = val.clone();
+                        }
+                    }
+                }
+                let updated = reg.update(Kind::Node, None, &name, main, Subresource::Main, &WriteOptions::default()).await?.object;
+                let mut with_status = updated.clone();
+                with_status["status"] = v.get("status").cloned().unwrap_or(json!({}));
+                reg.update(Kind::Node, None, &name, with_status, Subresource::Status, &WriteOptions::default()).await?.object
+            }
+        };
+        Ok(Response::new(from_value::<core::Node>(out)?))
+    }
+
+    /// Sets conditions with a fresh lastHeartbeatTime.
+    async fn heartbeat(&self, r: Request<pb::HeartbeatRequest>) -> Result<Response<pb::Node>, Status> {
+        let req = r.into_inner();
+        let reg = &self.registry;
+        let old = reg.get(Kind::Node, "", &req.name)?;
+        let now = {
+            let ts = jiff::Timestamp::now();
+            jiff::Timestamp::from_second(ts.as_second()).unwrap_or(ts).to_string()
+        };
+        let mut new = old.clone();
+        let mut conds: Vec<Value> = old.pointer("/status/conditions").and_then(Value::as_array).cloned().unwrap_or_default();
+        for c in &req.conditions {
+            let prev = conds.iter().position(|x| x["type"] == c.r#type.as_str());
+            let transition = match prev {
+                Some(i) if conds[i]["status"] == c.status.as_str() => conds[i]["lastTransitionTime"].clone(),
+                _ => json!(now),
+            };
+            let cond = json!({"type": c.r#type, "status": c.status, "reason": c.reason, "message": c.message,
+                              "lastHeartbeatTime": now, "lastTransitionTime": transition});
+            match prev {
+                Some(i) => conds[i] = cond,
+                None => conds.push(cond),
+            }
+        }
+        if !new["status"].is_object() {
+            new["status"] = json!({});
+        }
+        new["status"]["conditions"] = json!(conds);
+        let out = reg.update(Kind::Node, None, &req.name, new, Subresource::Status, &WriteOptions::default()).await?.object;
+        Ok(Response::new(from_value::<core::Node>(out)?))
+    }
+
+    async fn get(&self, r: Request<pb::GetRequest>) -> Result<Response<pb::Node>, Status> {
+        Ok(Response::new(Grpc::get::<core::Node>(self, Kind::Node, r.get_ref())?))
+    }
+
+    async fn list(&self, r: Request<pb::ListRequest>) -> Result<Response<pb::NodeList>, Status> {
+        let (items, resource_version) = Grpc::list::<core::Node>(self, Kind::Node, r.get_ref())?;
+        Ok(Response::new(pb::NodeList { resource_version, items }))
+    }
+}
+
+type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::WatchEvent, Status>> + Send>>;
+
+fn kind_of(k: i32) -> Result<Kind, Status> {
+    match pb::Kind::try_from(k) {
+        Ok(pb::Kind::Service) => Ok(Kind::Service),
+        Ok(pb::Kind::Pod) => Ok(Kind::Pod),
+        Ok(pb::Kind::Node) => Ok(Kind::Node),
+        Ok(pb::Kind::Namespace) => Ok(Kind::Namespace),
+        Ok(pb::Kind::Endpoints) => Ok(Kind::Endpoints),
+        Ok(pb::Kind::EndpointSlice) => Ok(Kind::EndpointSlice),
+        _ => Err(Status::invalid_argument("kind is required")),
+    }
+}
+
+fn proto_object(kind: Kind, v: Value) -> Result<pb::watch_event::Object, Status> {
+    use pb::watch_event::Object;
+    Ok(match kind {
+        Kind::Service => Object::Service(from_value::<core::Service>(v)?),
+        Kind::Pod => Object::Pod(from_value::<core::Pod>(v)?),
+        Kind::Node => Object::Node(from_value::<core::Node>(v)?),
+        Kind::Namespace => Object::Namespace(from_value::<core::Namespace>(v)?),
+        Kind::Endpoints => Object::Endpoints(from_value::<core::Endpoints>(v)?),
+        Kind::EndpointSlice => Object::EndpointSlice(from_value::<discovery::EndpointSlice>(v)?),
+        Kind::Event => return Err(Status::unimplemented("events are not watchable over gRPC")),
+    })
+}
+
+#[tonic::async_trait]
+impl pb::watch_server::Watch for Grpc {
+    type WatchStream = WatchStream;
+
+    async fn watch(&self, r: Request<pb::WatchRequest>) -> Result<Response<WatchStream>, Status> {
+        let req = r.into_inner();
+        let kind = kind_of(req.kind)?;
+        let (labels, fields) = selectors(kind, &req.label_selector, &req.field_selector)?;
+        let from = match req.resource_version.as_str() {
+            "" => None,
+            s => Some(s.parse::<u64>().map_err(|_| Status::invalid_argument(format!("invalid resource_version: {s}")))?),
+        };
+        let spec = WatchSpec {
+            filter: WatchFilter { kind, ns: (!req.namespace.is_empty()).then_some(req.namespace), labels, fields },
+            from,
+            // Streams of node agents live as long as the agent; they reconnect with their RV.
+            timeout: Duration::from_secs(365 * 24 * 3600),
+            bookmark_every: Some(Duration::from_secs(30)),
+        };
+        let mut items = crate::watch::start(self.registry.clone(), spec);
+        let (tx, rx) = tokio::sync::mpsc::channel(64);
+        tokio::spawn(async move {
+            while let Some(item) = items.recv().await {
+                let ev = match item {
+                    WatchItem::Event(t, obj) => {
+                        let rv = obj["metadata"]["resourceVersion"].as_str().unwrap_or("").to_string();
+                        let type_ = match t {
+                            "ADDED" => pb::watch_event::Type::Added,
+                            "MODIFIED" => pb::watch_event::Type::Modified,
+                            _ => pb::watch_event::Type::Deleted,
+                        };
+                        proto_object(kind, obj)
+                            .map(|o| pb::WatchEvent { r#type: type_ as i32, resource_version: rv, object: Some(o) })
+                    }
+                    WatchItem::Synced(rv) => Ok(pb::WatchEvent {
+                        r#type: pb::watch_event::Type::Synced as i32,
+                        resource_version: rv.to_string(),
+                        object: None,
+                    }),
+                    WatchItem::Bookmark(rv) => Ok(pb::WatchEvent {
+                        r#type: pb::watch_event::Type::Bookmark as i32,
+                        resource_version: rv.to_string(),
+                        object: None,
+                    }),
+                    WatchItem::Expired { requested, current } => Err(Status::out_of_range(
+                        ApiError::Expired { requested, current }.to_string(),
+                    )),
+                };
+                if tx.send(ev).await.is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
+    }
+}
+
+/// Checks the bearer token on every gRPC call.
+#[derive(Clone)]
+pub struct TokenCheck(pub Option<Arc<str>>);
+
+impl tonic::service::Interceptor for TokenCheck {
+    fn call(&mut self, req: Request<()>) -> Result<Request<()>, Status> {
+        let Some(token) = &self.0 else { return Ok(req) };
+        let ok = req
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .is_some_and(|t| t.trim() == &**token);
+        if ok {
+            Ok(req)
+        } else {
+            Err(Status::unauthenticated("a valid bearer token is required"))
+        }
+    }
+}

@@ -1,0 +1,840 @@
+//! The registry: create, update, patch, delete, get and list for every kind, shared by REST,
+//! gRPC and the in-server controllers. Each write is: take the writer lock → read → decode,
+//! default, validate and allocate (pure functions from `api` plus the allocators) → one store
+//! commit → release the lock → fsync (shared with concurrent writers) → answer.
+
+use std::collections::BTreeSet;
+use std::net::Ipv4Addr;
+use std::sync::{Arc, Mutex};
+
+use api::k8s_openapi::api::core::v1::{Node, Service};
+use api::k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use api::objects::{service_is_headless, service_type, service_wants_node_ports};
+use api::patch::PatchType;
+use api::selector::{FieldSelector, LabelSelector};
+use api::validation::{self as v, FieldPath};
+use api::{ApiObject, Kind};
+use serde_json::{json, Value};
+
+use crate::alloc::{self, AllocError, Allocators, Claims, Ranges};
+use crate::error::ApiError;
+use crate::store::{Op, Store, WriteGuard};
+
+/// How unknown fields in a body are treated (`fieldValidation`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum FieldValidation {
+    Ignore,
+    #[default]
+    Warn,
+    Strict,
+}
+
+impl FieldValidation {
+    pub fn parse(s: Option<&str>) -> Result<Self, ApiError> {
+        match s {
+            None | Some("") | Some("Warn") => Ok(FieldValidation::Warn),
+            Some("Ignore") => Ok(FieldValidation::Ignore),
+            Some("Strict") => Ok(FieldValidation::Strict),
+            Some(other) => Err(ApiError::BadRequest(format!(
+                "fieldValidation parameter unsupported: {other}; supported values: Ignore, Warn, Strict"
+            ))),
+        }
+    }
+}
+
+/// Options of a write request.
+#[derive(Clone, Debug, Default)]
+pub struct WriteOptions {
+    pub field_validation: FieldValidation,
+    pub dry_run: bool,
+}
+
+/// The main resource or its `/status` subresource.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Subresource {
+    Main,
+    Status,
+}
+
+/// Options of a delete request.
+#[derive(Clone, Debug, Default)]
+pub struct DeleteOptions {
+    pub grace_period_seconds: Option<i64>,
+    pub precondition_uid: Option<String>,
+    pub precondition_rv: Option<String>,
+}
+
+/// The result of a write.
+#[derive(Debug)]
+pub struct Outcome {
+    pub object: Value,
+    pub created: bool,
+    /// `Warning` headers for the client (unknown fields with fieldValidation=Warn).
+    pub warnings: Vec<String>,
+}
+
+/// Namespaces that exist from the start and may not be deleted.
+pub const PROTECTED_NAMESPACES: [&str; 3] = ["default", "kube-system", "kube-public"];
+
+pub struct Registry {
+    pub store: Arc<Store>,
+    alloc: Mutex<Allocators>,
+}
+
+fn now() -> Time {
+    // Kubernetes timestamps have second precision.
+    let ts = jiff::Timestamp::now();
+    Time(jiff::Timestamp::from_second(ts.as_second()).unwrap_or(ts))
+}
+
+fn now_json() -> Value {
+    serde_json::to_value(now()).unwrap_or_default()
+}
+
+fn meta_str<'a>(obj: &'a Value, field: &str) -> Option<&'a str> {
+    obj.get("metadata").and_then(|m| m.get(field)).and_then(Value::as_str)
+}
+
+/// `namespace/name` of an object for messages and keys.
+fn obj_ns(obj: &Value) -> String {
+    meta_str(obj, "namespace").unwrap_or("").to_string()
+}
+
+impl Registry {
+    pub fn open(store: Arc<Store>, ranges: Ranges) -> Result<Registry, ApiError> {
+        let used = store.allocations()?;
+        Ok(Registry { store, alloc: Mutex::new(Allocators::new(ranges, used)) })
+    }
+
+    pub fn ranges(&self) -> Ranges {
+        self.alloc.lock().map(|a| a.ranges.clone()).unwrap_or_default()
+    }
+
+    // === reads ===
+
+    pub fn get(&self, kind: Kind, ns: &str, name: &str) -> Result<Value, ApiError> {
+        self.store.get(kind, ns, name)?.ok_or_else(|| ApiError::not_found(kind, name))
+    }
+
+    pub fn list(
+        &self,
+        kind: Kind,
+        ns: Option<&str>,
+        labels: &LabelSelector,
+        fields: &FieldSelector,
+    ) -> Result<(Vec<Value>, u64), ApiError> {
+        let (items, rv) = self.store.list(kind, ns)?;
+        let items = items
+            .into_iter()
+            .filter(|o| labels.matches(labels_of(o).as_ref()) && fields.matches(o))
+            .collect();
+        Ok((items, rv))
+    }
+
+    // === writes ===
+
+    /// Creates an object. `ns` is the namespace of the URL (None for cluster-scoped kinds).
+    pub async fn create(&self, kind: Kind, ns: Option<&str>, body: Value, opts: &WriteOptions) -> Result<Outcome, ApiError> {
+        let g = self.store.lock().await;
+        let out = self.create_locked(&g, kind, ns, body, opts)?;
+        drop(g);
+        self.finish(out).await
+    }
+
+    /// Replaces an object (PUT), or its status.
+    pub async fn update(
+        &self,
+        kind: Kind,
+        ns: Option<&str>,
+        name: &str,
+        body: Value,
+        sub: Subresource,
+        opts: &WriteOptions,
+    ) -> Result<Outcome, ApiError> {
+        let g = self.store.lock().await;
+        let old = self.store.get(kind, ns.unwrap_or(""), name)?.ok_or_else(|| ApiError::not_found(kind, name))?;
+        check_body_identity(kind, ns, name, &body)?;
+        let out = self.update_locked(&g, kind, old, body, sub, opts)?;
+        drop(g);
+        self.finish(out).await
+    }
+
+    /// Patches an object; server-side apply creates it when missing.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn patch(
+        &self,
+        kind: Kind,
+        ns: Option<&str>,
+        name: &str,
+        ty: PatchType,
+        patch: Value,
+        sub: Subresource,
+        opts: &WriteOptions,
+    ) -> Result<Outcome, ApiError> {
+        let g = self.store.lock().await;
+        let out = match self.store.get(kind, ns.unwrap_or(""), name)? {
+            None if ty == PatchType::Apply && sub == Subresource::Main => {
+                check_body_identity(kind, ns, name, &patch)?;
+                let mut body = patch;
+                body["metadata"]["name"] = json!(name);
+                self.create_locked(&g, kind, ns, body, opts)?
+            }
+            None => return Err(ApiError::not_found(kind, name)),
+            Some(old) => {
+                if ty == PatchType::Apply {
+                    check_body_identity(kind, ns, name, &patch)?;
+                }
+                let mut new = api::patch::apply_patch(ty, &old, &patch)?;
+                if ty == PatchType::Apply {
+                    // Apply bodies carry no resourceVersion precondition unless they say so.
+                    if patch.pointer("/metadata/resourceVersion").is_none() {
+                        new["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"].clone();
+                    }
+                }
+                self.update_locked(&g, kind, old, new, sub, opts)?
+            }
+        };
+        drop(g);
+        self.finish(out).await
+    }
+
+    /// Deletes an object and returns it (graceful deletions return it with deletionTimestamp).
+    pub async fn delete(&self, kind: Kind, ns: Option<&str>, name: &str, opts: &DeleteOptions) -> Result<Value, ApiError> {
+        let g = self.store.lock().await;
+        let old = self.store.get(kind, ns.unwrap_or(""), name)?.ok_or_else(|| ApiError::not_found(kind, name))?;
+        if let Some(uid) = &opts.precondition_uid {
+            if meta_str(&old, "uid") != Some(uid) {
+                return Err(ApiError::Conflict { resource: kind.qualified_resource(), name: name.into(), kind });
+            }
+        }
+        if let Some(rv) = &opts.precondition_rv {
+            if meta_str(&old, "resourceVersion") != Some(rv) {
+                return Err(ApiError::Conflict { resource: kind.qualified_resource(), name: name.into(), kind });
+            }
+        }
+        let out = self.delete_locked(&g, kind, old, opts)?;
+        drop(g);
+        Ok(self.finish(out).await?.object)
+    }
+
+    /// Waits for durability of a committed write and returns its outcome.
+    async fn finish(&self, out: Pending) -> Result<Outcome, ApiError> {
+        if let Some(rv) = out.rv {
+            self.store.sync(rv).await?;
+        }
+        Ok(out.outcome)
+    }
+
+    // === locked internals (also used by controllers) ===
+
+    pub(crate) fn create_locked(
+        &self,
+        g: &WriteGuard<'_>,
+        kind: Kind,
+        ns: Option<&str>,
+        mut body: Value,
+        opts: &WriteOptions,
+    ) -> Result<Pending, ApiError> {
+        if !body.is_object() {
+            return Err(ApiError::BadRequest("the request body must be a JSON object".into()));
+        }
+        check_type_meta(kind, &body)?;
+        let info = kind.info();
+        let ns = if info.namespaced {
+            let url_ns = ns.unwrap_or("default");
+            match meta_str(&body, "namespace") {
+                Some(b) if !b.is_empty() && b != url_ns => {
+                    return Err(ApiError::BadRequest(
+                        "the namespace of the provided object does not match the namespace sent on the request".into(),
+                    ))
+                }
+                _ => {}
+            }
+            body["metadata"]["namespace"] = json!(url_ns);
+            self.check_namespace_accepts(url_ns)?;
+            url_ns.to_string()
+        } else {
+            if let Some(m) = body["metadata"].as_object_mut() {
+                m.remove("namespace");
+            }
+            String::new()
+        };
+        let name = match meta_str(&body, "name").filter(|n| !n.is_empty()) {
+            Some(n) => n.to_string(),
+            None => match meta_str(&body, "generateName").filter(|n| !n.is_empty()) {
+                Some(prefix) => {
+                    let prefix = prefix.to_string();
+                    loop {
+                        let candidate = format!("{prefix}{}", random_suffix(5));
+                        if self.store.get(kind, &ns, &candidate)?.is_none() {
+                            break candidate;
+                        }
+                    }
+                }
+                None => {
+                    let causes = vec![v::required(&FieldPath::root("metadata").child("name"), "name or generateName is required")];
+                    return Err(ApiError::invalid(kind, "", causes));
+                }
+            },
+        };
+        body["metadata"]["name"] = json!(name);
+        if self.store.get(kind, &ns, &name)?.is_some() {
+            return Err(ApiError::AlreadyExists { resource: kind.qualified_resource(), name, kind });
+        }
+        let meta = body["metadata"].as_object_mut().expect("metadata is an object");
+        meta.insert("uid".into(), json!(uuid::Uuid::new_v4().to_string()));
+        meta.insert("creationTimestamp".into(), now_json());
+        for k in ["resourceVersion", "deletionTimestamp", "deletionGracePeriodSeconds", "selfLink"] {
+            meta.remove(k);
+        }
+        if matches!(kind, Kind::Service | Kind::Pod) {
+            meta.insert("generation".into(), json!(1));
+        }
+        let owner = alloc::owner(kind, &ns, &name);
+        let mut claims = Claims::new(owner.clone());
+        let (object, warnings) = api::with_kind_type!(kind, T => self.admit::<T>(body, None, Subresource::Main, opts, &mut claims)?);
+        self.commit_write(g, kind, None, object, warnings, true, claims, opts)
+    }
+
+    pub(crate) fn update_locked(
+        &self,
+        g: &WriteGuard<'_>,
+        kind: Kind,
+        old: Value,
+        mut new: Value,
+        sub: Subresource,
+        opts: &WriteOptions,
+    ) -> Result<Pending, ApiError> {
+        if !new.is_object() {
+            return Err(ApiError::BadRequest("the request body must be a JSON object".into()));
+        }
+        check_type_meta(kind, &new)?;
+        let name = meta_str(&old, "name").unwrap_or("").to_string();
+        if let Some(rv) = meta_str(&new, "resourceVersion").filter(|r| !r.is_empty()) {
+            if Some(rv) != meta_str(&old, "resourceVersion") {
+                return Err(ApiError::Conflict { resource: kind.qualified_resource(), name, kind });
+            }
+        }
+        if sub == Subresource::Status {
+            // Only .status changes through the status subresource.
+            let status = new.get("status").cloned();
+            new = old.clone();
+            match status {
+                Some(s) => new["status"] = s,
+                None => {
+                    if let Some(o) = new.as_object_mut() {
+                        o.remove("status");
+                    }
+                }
+            }
+        } else if kind.info().has_status {
+            // ...and never through the main resource (keeps client-side apply from wiping it).
+            match old.get("status") {
+                Some(s) => new["status"] = s.clone(),
+                None => {
+                    if let Some(o) = new.as_object_mut() {
+                        o.remove("status");
+                    }
+                }
+            }
+        }
+        // Identity and system fields stay as stored.
+        for k in ["name", "namespace", "uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "generation"] {
+            match old["metadata"].get(k) {
+                Some(v) => new["metadata"][k] = v.clone(),
+                None => {
+                    if let Some(m) = new["metadata"].as_object_mut() {
+                        m.remove(k);
+                    }
+                }
+            }
+        }
+        let owner = alloc::owner(kind, &obj_ns(&old), &name);
+        let mut claims = Claims::new(owner);
+        let (mut object, warnings) =
+            api::with_kind_type!(kind, T => self.admit::<T>(new, Some(&old), sub, opts, &mut claims)?);
+        // No change: no write, no event, same resourceVersion (as the real server does).
+        object["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"].clone();
+        if object == old {
+            return Ok(Pending { rv: None, outcome: Outcome { object, created: false, warnings } });
+        }
+        if old.get("spec") != object.get("spec") {
+            if let Some(gen) = old["metadata"]["generation"].as_i64() {
+                object["metadata"]["generation"] = json!(gen + 1);
+            }
+        }
+        self.commit_write(g, kind, Some(old), object, warnings, false, claims, opts)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn commit_write(
+        &self,
+        g: &WriteGuard<'_>,
+        kind: Kind,
+        old: Option<Value>,
+        object: Value,
+        warnings: Vec<String>,
+        created: bool,
+        claims: Claims,
+        opts: &WriteOptions,
+    ) -> Result<Pending, ApiError> {
+        let ranges = self.ranges();
+        let before = old.as_ref().map(|o| alloc::owned_keys(kind, o, &ranges)).unwrap_or_default();
+        let after = alloc::owned_keys(kind, &object, &ranges);
+        if opts.dry_run {
+            return Ok(Pending { rv: None, outcome: Outcome { object, created, warnings } });
+        }
+        let released: BTreeSet<String> = before.difference(&after).cloned().collect();
+        let added: BTreeSet<String> = after.difference(&before).cloned().collect();
+        // Every value the object holds must have been claimed by this transaction or before.
+        debug_assert!(added.iter().all(|k| claims.added.contains(k)), "unclaimed allocation in {added:?}");
+        let mut ops: Vec<Op> = Vec::new();
+        ops.extend(released.iter().map(|k| Op::Alloc { key: k.clone(), owner: None }));
+        ops.extend(added.iter().map(|k| Op::Alloc { key: k.clone(), owner: Some(claims.owner.clone()) }));
+        ops.push(Op::Put { kind, object, prev: old.map(Arc::new) });
+        let (mut written, rv) = self.store.commit(g, ops)?;
+        if let Ok(mut a) = self.alloc.lock() {
+            a.apply(&claims.owner, &released, &added);
+        }
+        Ok(Pending { rv: Some(rv), outcome: Outcome { object: written.pop().unwrap_or_default(), created, warnings } })
+    }
+
+    pub(crate) fn delete_locked(&self, g: &WriteGuard<'_>, kind: Kind, old: Value, opts: &DeleteOptions) -> Result<Pending, ApiError> {
+        let name = meta_str(&old, "name").unwrap_or("").to_string();
+        match kind {
+            Kind::Namespace => {
+                if PROTECTED_NAMESPACES.contains(&name.as_str()) {
+                    return Err(ApiError::Forbidden {
+                        resource: "namespaces".into(),
+                        name,
+                        message: "this namespace may not be deleted".into(),
+                    });
+                }
+                // The namespace controller deletes the contents, then the namespace.
+                if old["metadata"].get("deletionTimestamp").is_none() {
+                    let mut ns_obj = old.clone();
+                    ns_obj["metadata"]["deletionTimestamp"] = now_json();
+                    ns_obj["status"]["phase"] = json!("Terminating");
+                    return self.put_raw(g, kind, Some(old), ns_obj);
+                }
+                return Ok(Pending { rv: None, outcome: Outcome { object: old, created: false, warnings: vec![] } });
+            }
+            Kind::Pod => {
+                let grace = opts
+                    .grace_period_seconds
+                    .or_else(|| old.pointer("/spec/terminationGracePeriodSeconds").and_then(Value::as_i64))
+                    .unwrap_or(30);
+                let node = old.pointer("/spec/nodeName").and_then(Value::as_str).unwrap_or("");
+                let phase = old.pointer("/status/phase").and_then(Value::as_str).unwrap_or("");
+                let terminal = phase == "Succeeded" || phase == "Failed";
+                // A pod on a live node terminates gracefully: its node agent stops the workload
+                // and then deletes the pod with grace period 0.
+                if grace > 0 && !node.is_empty() && !terminal && self.node_is_ready(node)? {
+                    if old["metadata"].get("deletionTimestamp").is_some() {
+                        return Ok(Pending { rv: None, outcome: Outcome { object: old, created: false, warnings: vec![] } });
+                    }
+                    let mut pod = old.clone();
+                    let deadline = jiff::Timestamp::now() + jiff::SignedDuration::from_secs(grace);
+                    pod["metadata"]["deletionTimestamp"] =
+                        serde_json::to_value(Time(jiff::Timestamp::from_second(deadline.as_second()).unwrap_or(deadline)))?;
+                    pod["metadata"]["deletionGracePeriodSeconds"] = json!(grace);
+                    return self.put_raw(g, kind, Some(old), pod);
+                }
+            }
+            _ => {}
+        }
+        self.finalize_delete(g, kind, old)
+    }
+
+    /// Removes an object now and releases what it held.
+    pub(crate) fn finalize_delete(&self, g: &WriteGuard<'_>, kind: Kind, old: Value) -> Result<Pending, ApiError> {
+        let name = meta_str(&old, "name").unwrap_or("").to_string();
+        let ns = obj_ns(&old);
+        let ranges = self.ranges();
+        let released = alloc::owned_keys(kind, &old, &ranges);
+        let owner = alloc::owner(kind, &ns, &name);
+        let mut ops: Vec<Op> = released.iter().map(|k| Op::Alloc { key: k.clone(), owner: None }).collect();
+        ops.push(Op::Delete { kind, object: old });
+        let (mut written, rv) = self.store.commit(g, ops)?;
+        if let Ok(mut a) = self.alloc.lock() {
+            a.apply(&owner, &released, &BTreeSet::new());
+        }
+        Ok(Pending { rv: Some(rv), outcome: Outcome { object: written.pop().unwrap_or_default(), created: false, warnings: vec![] } })
+    }
+
+    /// Writes an object as is (system updates: deletion marks, controller status).
+    pub(crate) fn put_raw(&self, g: &WriteGuard<'_>, kind: Kind, old: Option<Value>, object: Value) -> Result<Pending, ApiError> {
+        let created = old.is_none();
+        let (mut written, rv) = self.store.commit(g, vec![Op::Put { kind, object, prev: old.map(Arc::new) }])?;
+        Ok(Pending { rv: Some(rv), outcome: Outcome { object: written.pop().unwrap_or_default(), created, warnings: vec![] } })
+    }
+
+    pub(crate) async fn sync(&self, p: Pending) -> Result<Value, ApiError> {
+        Ok(self.finish(p).await?.object)
+    }
+
+    fn node_is_ready(&self, name: &str) -> Result<bool, ApiError> {
+        Ok(match self.store.get(Kind::Node, "", name)? {
+            Some(n) => serde_json::from_value::<Node>(n).map(|n| api::objects::node_ready_status(&n) == "Ready").unwrap_or(false),
+            None => false,
+        })
+    }
+
+    fn check_namespace_accepts(&self, ns: &str) -> Result<(), ApiError> {
+        match self.store.get(Kind::Namespace, "", ns)? {
+            None => Err(ApiError::not_found(Kind::Namespace, ns)),
+            Some(n) if n["metadata"].get("deletionTimestamp").is_some() => Err(ApiError::Forbidden {
+                resource: "namespaces".into(),
+                name: ns.into(),
+                message: format!("unable to create new content in namespace {ns} because it is being terminated"),
+            }),
+            Some(_) => Ok(()),
+        }
+    }
+
+    /// Decodes, defaults, validates and allocates. Returns the object to store and warnings.
+    fn admit<T: ApiObject>(
+        &self,
+        body: Value,
+        old: Option<&Value>,
+        sub: Subresource,
+        opts: &WriteOptions,
+        claims: &mut Claims,
+    ) -> Result<(Value, Vec<String>), ApiError> {
+        let mut obj: T = api::decode(&body)?;
+        let mut warnings = Vec::new();
+        if opts.field_validation != FieldValidation::Ignore {
+            let unknown = api::strict::unknown_fields(&body, &serde_json::to_value(&obj)?);
+            if !unknown.is_empty() {
+                if opts.field_validation == FieldValidation::Strict {
+                    let list: Vec<String> = unknown.iter().map(|f| format!("unknown field \"{f}\"")).collect();
+                    return Err(ApiError::BadRequest(format!(
+                        "{kind} in version \"{v}\" cannot be handled as a {kind}: strict decoding error: {}",
+                        list.join(", "),
+                        kind = T::KIND.info().name,
+                        v = T::KIND.info().version
+                    )));
+                }
+                warnings.extend(unknown.iter().map(|f| format!("unknown field \"{f}\"")));
+            }
+        }
+        let old_typed: Option<T> = old.map(api::decode).transpose()?;
+        match &old_typed {
+            None => obj.prepare_for_create(),
+            Some(o) => obj.prepare_for_update(o),
+        }
+        obj.apply_defaults();
+        let name = obj.meta().name.clone().unwrap_or_default();
+        let mut causes = obj.validate(old_typed.as_ref());
+        if causes.is_empty() && sub == Subresource::Main {
+            let mut value = serde_json::to_value(&obj)?;
+            match T::KIND {
+                Kind::Service => self.allocate_service(&mut value, old, claims, &mut causes)?,
+                Kind::Node => self.allocate_node(&mut value, old, claims, &mut causes)?,
+                _ => {}
+            }
+            if causes.is_empty() {
+                let obj: T = api::decode(&value)?;
+                return Ok((api::encode(&obj), warnings));
+            }
+        }
+        if !causes.is_empty() {
+            return Err(ApiError::invalid(T::KIND, &name, causes));
+        }
+        Ok((api::encode(&obj), warnings))
+    }
+
+    /// ClusterIP, NodePorts, healthCheckNodePort and LoadBalancer IP for a Service.
+    fn allocate_service(&self, value: &mut Value, old: Option<&Value>, claims: &mut Claims, causes: &mut Vec<Cause>) -> Result<(), ApiError> {
+        let alloc = self.alloc.lock().map_err(|_| ApiError::internal("allocator lock poisoned"))?;
+        let mut svc: Service = serde_json::from_value(value.clone())?;
+        let old: Option<Service> = old.map(|o| serde_json::from_value(o.clone())).transpose()?;
+        let ty = service_type(&svc).to_string();
+        let headless = service_is_headless(&svc);
+        let wants_node_ports = service_wants_node_ports(&svc);
+        let old_spec = old.as_ref().and_then(|o| o.spec.clone()).unwrap_or_default();
+        let spec_path = FieldPath::root("spec");
+        let spec = svc.spec.get_or_insert_with(Default::default);
+
+        // ClusterIP: kept once set, honoured when requested, allocated otherwise.
+        let old_ip = old_spec.cluster_ip.clone().filter(|ip| !ip.is_empty() && ip != "None");
+        if ty == "ExternalName" {
+            spec.cluster_ip = None;
+            spec.cluster_ips = None;
+            spec.ip_families = None;
+            spec.ip_family_policy = None;
+        } else {
+            let requested = spec
+                .cluster_ip
+                .clone()
+                .filter(|ip| !ip.is_empty())
+                .or_else(|| spec.cluster_ips.as_ref().and_then(|ips| ips.first().cloned()));
+            let ip = if headless {
+                Some("None".to_string())
+            } else {
+                match (&old_ip, requested) {
+                    (Some(o), Some(r)) if *o != r => {
+                        causes.push(v::invalid(&spec_path.child("clusterIPs").index(0), [r].as_slice(), "may not change once set"));
+                        None
+                    }
+                    (Some(o), _) => Some(o.clone()),
+                    (None, requested) => {
+                        let parsed = match requested.as_deref().map(str::parse::<Ipv4Addr>) {
+                            Some(Err(_)) => None, // validation already reported it
+                            Some(Ok(ip)) => Some(Some(ip)),
+                            None => Some(None),
+                        };
+                        match parsed {
+                            None => None,
+                            Some(req) => match alloc.cluster_ip(req, claims) {
+                                Ok(ip) => Some(ip.to_string()),
+                                Err(e) => {
+                                    let shown = req.map(|i| i.to_string()).unwrap_or_default();
+                                    let detail = match e {
+                                        AllocError::NotInRange(r) => format!(
+                                            "failed to allocate IP {shown}: the provided IP ({shown}) is not in the valid range. The range of valid IPs is {r}"
+                                        ),
+                                        AllocError::AlreadyAllocated => {
+                                            format!("failed to allocate IP {shown}: provided IP is already allocated")
+                                        }
+                                        AllocError::Full => {
+                                            return Err(ApiError::RangeFull(
+                                                "Internal error occurred: failed to allocate a serviceIP: range is full".into(),
+                                            ))
+                                        }
+                                    };
+                                    causes.push(v::invalid(&spec_path.child("clusterIPs"), [shown].as_slice(), &detail));
+                                    None
+                                }
+                            },
+                        }
+                    }
+                }
+            };
+            if let Some(ip) = ip {
+                spec.cluster_ip = Some(ip.clone());
+                spec.cluster_ips = Some(vec![ip]);
+                spec.ip_families = Some(vec!["IPv4".into()]);
+                spec.ip_family_policy.get_or_insert_with(|| "SingleStack".into());
+            }
+        }
+
+        // NodePorts.
+        let old_ports = old_spec.ports.clone().unwrap_or_default();
+        for (i, port) in spec.ports.iter_mut().flatten().enumerate() {
+            let path = spec_path.child("ports").index(i).child("nodePort");
+            let proto = port.protocol.clone().unwrap_or_else(|| "TCP".into());
+            let old_np = old_ports
+                .iter()
+                .find(|p| p.port == port.port && p.protocol.clone().unwrap_or_else(|| "TCP".into()) == proto)
+                .and_then(|p| p.node_port)
+                .filter(|n| *n != 0);
+            let requested = port.node_port.filter(|n| *n != 0);
+            if !wants_node_ports && (requested.is_none() || ty != "LoadBalancer") {
+                // Only a LoadBalancer without automatic NodePorts may still ask for one.
+                port.node_port = None;
+                continue;
+            }
+            let want = requested.or(old_np);
+            let already_ours = want.is_some_and(|p| old_ports.iter().any(|o| o.node_port == Some(p)));
+            if already_ours {
+                port.node_port = want;
+                continue;
+            }
+            match alloc.node_port(want, claims) {
+                Ok(p) => port.node_port = Some(p),
+                Err(AllocError::NotInRange(r)) => causes.push(v::invalid(
+                    &path,
+                    &want.unwrap_or_default(),
+                    &format!("provided port is not in the valid range. The range of valid ports is {r}"),
+                )),
+                Err(AllocError::AlreadyAllocated) => {
+                    causes.push(v::invalid(&path, &want.unwrap_or_default(), "provided port is already allocated"))
+                }
+                Err(AllocError::Full) => {
+                    return Err(ApiError::RangeFull("Internal error occurred: failed to allocate a nodePort: range is full".into()))
+                }
+            }
+        }
+
+        // healthCheckNodePort for LoadBalancer + externalTrafficPolicy: Local.
+        if ty == "LoadBalancer" && spec.external_traffic_policy.as_deref() == Some("Local") {
+            let old_hc = old_spec.health_check_node_port.filter(|n| *n != 0);
+            let want = spec.health_check_node_port.filter(|n| *n != 0).or(old_hc);
+            if want.is_some() && want == old_hc {
+                spec.health_check_node_port = want;
+            } else {
+                match alloc.node_port(want, claims) {
+                    Ok(p) => spec.health_check_node_port = Some(p),
+                    Err(AllocError::Full) => {
+                        return Err(ApiError::RangeFull("Internal error occurred: failed to allocate a nodePort: range is full".into()))
+                    }
+                    Err(e) => causes.push(v::invalid(
+                        &spec_path.child("healthCheckNodePort"),
+                        &want.unwrap_or_default(),
+                        if e == AllocError::AlreadyAllocated { "provided port is already allocated" } else { "provided port is not in the valid range" },
+                    )),
+                }
+            }
+        } else {
+            spec.health_check_node_port = None;
+        }
+        // LoadBalancer IP, like a cloud controller: written to status.loadBalancer.ingress.
+        let status = svc.status.get_or_insert_with(Default::default);
+        let lb = status.load_balancer.get_or_insert_with(Default::default);
+        let spec = svc.spec.as_ref().expect("spec was set above");
+        if ty == "LoadBalancer" && spec.load_balancer_class.is_none() {
+            let current = lb.ingress.as_ref().and_then(|i| i.first()).and_then(|i| i.ip.clone());
+            let requested = spec.load_balancer_ip.clone().filter(|ip| !ip.is_empty());
+            let keep = current.is_some() && (requested.is_none() || requested == current);
+            if !keep {
+                let req = requested.as_deref().and_then(|ip| ip.parse::<Ipv4Addr>().ok());
+                let pool = alloc.ranges.lb_pool;
+                let ip = match (req, requested.as_deref()) {
+                    // An address outside the pool is the user's own: publish it as is.
+                    (Some(r), _) if !pool.contains(&r) => Some(r.to_string()),
+                    (req, _) => match alloc.lb_ip(req, claims) {
+                        Ok(ip) => Some(ip.to_string()),
+                        Err(AllocError::AlreadyAllocated) => {
+                            causes.push(v::invalid(
+                                &spec_path.child("loadBalancerIP"),
+                                requested.as_deref().unwrap_or(""),
+                                "provided IP is already allocated",
+                            ));
+                            None
+                        }
+                        Err(AllocError::NotInRange(r)) => {
+                            causes.push(v::invalid(
+                                &spec_path.child("loadBalancerIP"),
+                                requested.as_deref().unwrap_or(""),
+                                &format!("may not be the network or broadcast address of the pool {r}"),
+                            ));
+                            None
+                        }
+                        // A full pool leaves the Service pending, as a cloud would.
+                        Err(AllocError::Full) => None,
+                    },
+                };
+                lb.ingress = ip.map(|ip| {
+                    vec![api::k8s_openapi::api::core::v1::LoadBalancerIngress {
+                        ip: Some(ip),
+                        ip_mode: Some("VIP".into()),
+                        ..Default::default()
+                    }]
+                });
+            }
+        } else {
+            lb.ingress = None;
+        }
+        *value = serde_json::to_value(&svc)?;
+        Ok(())
+    }
+
+    /// A node's pod CIDR, assigned at registration and immutable afterwards.
+    fn allocate_node(&self, value: &mut Value, old: Option<&Value>, claims: &mut Claims, causes: &mut Vec<Cause>) -> Result<(), ApiError> {
+        let alloc = self.alloc.lock().map_err(|_| ApiError::internal("allocator lock poisoned"))?;
+        let mut node: Node = serde_json::from_value(value.clone())?;
+        let old_cidr = old.and_then(|o| o.pointer("/spec/podCIDR")).and_then(Value::as_str).map(str::to_string);
+        let name = node.metadata.name.clone().unwrap_or_default();
+        let spec = node.spec.get_or_insert_with(Default::default);
+        let requested = spec.pod_cidr.clone().filter(|c| !c.is_empty());
+        let cidr = match (old_cidr, requested) {
+            (Some(o), Some(r)) if o != r => {
+                causes.push(v::forbidden(&FieldPath::root("spec").child("podCIDRs"), "node updates may not change podCIDR except from \"\" to valid"));
+                return Ok(());
+            }
+            (Some(o), _) => o,
+            (None, Some(r)) => {
+                let in_range = r.parse::<ipnet::Ipv4Net>().is_ok_and(|n| alloc.ranges.cluster_cidr.contains(&n));
+                let key = alloc::pod_cidr_key(&r);
+                if in_range && alloc.owner_of(&key).is_some_and(|o| *o != claims.owner) {
+                    causes.push(v::invalid(&FieldPath::root("spec").child("podCIDR"), r.as_str(), "is already assigned to another node"));
+                    return Ok(());
+                }
+                if in_range {
+                    claims.added.insert(key);
+                }
+                r
+            }
+            (None, None) => match alloc.pod_cidr(&name, claims) {
+                Ok(c) => c.to_string(),
+                Err(_) => {
+                    return Err(ApiError::RangeFull(format!(
+                        "Internal error occurred: failed to allocate a pod CIDR for node {name}: the cluster CIDR {} is full",
+                        alloc.ranges.cluster_cidr
+                    )))
+                }
+            },
+        };
+        spec.pod_cidr = Some(cidr.clone());
+        spec.pod_cidrs = Some(vec![cidr]);
+        *value = serde_json::to_value(&node)?;
+        Ok(())
+    }
+}
+
+use api::Cause;
+
+/// A write that is committed but maybe not durable yet.
+pub struct Pending {
+    rv: Option<u64>,
+    outcome: Outcome,
+}
+
+impl Pending {
+    pub fn object(&self) -> &Value {
+        &self.outcome.object
+    }
+}
+
+/// Rejects a body whose kind or apiVersion is not the URL's.
+fn check_type_meta(kind: Kind, body: &Value) -> Result<(), ApiError> {
+    if let Some(av) = body.get("apiVersion").and_then(Value::as_str) {
+        if av != kind.api_version() {
+            return Err(ApiError::BadRequest(format!(
+                "the API version in the data ({av}) does not match the expected API version ({})",
+                kind.api_version()
+            )));
+        }
+    }
+    if let Some(k) = body.get("kind").and_then(Value::as_str) {
+        if k != kind.info().name {
+            return Err(ApiError::BadRequest(format!(
+                "the kind in the data ({k}) does not match the expected kind ({})",
+                kind.info().name
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Rejects a PUT/apply body whose name or namespace is not the URL's.
+fn check_body_identity(kind: Kind, ns: Option<&str>, name: &str, body: &Value) -> Result<(), ApiError> {
+    if let Some(n) = meta_str(body, "name").filter(|n| !n.is_empty()) {
+        if n != name {
+            return Err(ApiError::BadRequest(format!(
+                "the name of the object ({n}) does not match the name on the URL ({name})"
+            )));
+        }
+    }
+    if kind.info().namespaced {
+        if let (Some(b), Some(u)) = (meta_str(body, "namespace").filter(|n| !n.is_empty()), ns) {
+            if b != u {
+                return Err(ApiError::BadRequest(
+                    "the namespace of the provided object does not match the namespace sent on the request".into(),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+pub fn labels_of(obj: &Value) -> Option<std::collections::BTreeMap<String, String>> {
+    obj.pointer("/metadata/labels").and_then(|l| serde_json::from_value(l.clone()).ok())
+}
+
+/// Five characters from the alphabet Kubernetes uses for generated names.
+pub fn random_suffix(n: usize) -> String {
+    const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+    (0..n).map(|_| ALPHABET[fastrand::usize(0..ALPHABET.len())] as char).collect()
+}

@@ -1,0 +1,597 @@
+//! The REST API that kubectl, the Python client and kube-rs speak
+//! (see shared/reference/kubectl-surface.md): version, discovery (legacy and aggregated),
+//! OpenAPI v3 for default validation, CRUD with Tables, patches, watches and status.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use api::patch::PatchType;
+use api::selector::{FieldSelector, LabelSelector};
+use api::{ApiObject, Kind};
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::response::{IntoResponse, Response};
+use axum::Router;
+use bytes::Bytes;
+use http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+use http_body_util::BodyExt;
+use serde_json::{json, Value};
+
+use crate::error::ApiError;
+use crate::registry::{DeleteOptions, FieldValidation, Registry, Subresource, WriteOptions};
+use crate::watch::{WatchFilter, WatchItem, WatchSpec};
+
+/// What the REST layer needs.
+#[derive(Clone)]
+pub struct RestState {
+    pub registry: Arc<Registry>,
+    /// Bearer token every request must carry (health endpoints excepted).
+    pub token: Option<Arc<str>>,
+    pub max_body_bytes: usize,
+    pub request_timeout: Duration,
+    /// `host:port` that discovery advertises.
+    pub advertise: String,
+}
+
+pub fn router(state: RestState) -> Router {
+    Router::new().fallback(handle).with_state(state)
+}
+
+pub fn json_response(code: StatusCode, body: &Value) -> Response {
+    let mut bytes = serde_json::to_vec(body).unwrap_or_default();
+    bytes.push(b'\n');
+    let mut r = Response::new(Body::from(bytes));
+    *r.status_mut() = code;
+    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    r
+}
+
+async fn handle(State(st): State<RestState>, req: Request) -> Response {
+    let path = req.uri().path().to_string();
+    if matches!(path.as_str(), "/healthz" | "/livez" | "/readyz") {
+        let mut r = Response::new(Body::from("ok"));
+        r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+        return r;
+    }
+    if let Some(token) = &st.token {
+        let ok = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .is_some_and(|t| t.trim() == &**token);
+        if !ok {
+            return ApiError::Unauthorized.into_response();
+        }
+    }
+    let query: BTreeMap<String, String> =
+        form_urlencoded::parse(req.uri().query().unwrap_or("").as_bytes()).into_owned().filter(|(k, _)| !k.is_empty()).collect();
+    let is_watch = query.get("watch").is_some_and(|w| w == "true" || w == "1");
+    let timeout = st.request_timeout;
+    let fut = dispatch(st, req, path, query);
+    if is_watch {
+        return fut.await.unwrap_or_else(IntoResponse::into_response);
+    }
+    match tokio::time::timeout(timeout, fut).await {
+        Ok(r) => r.unwrap_or_else(IntoResponse::into_response),
+        Err(_) => json_response(
+            StatusCode::GATEWAY_TIMEOUT,
+            &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                    "message": "the request did not complete in time", "reason": "Timeout", "code": 504}),
+        ),
+    }
+}
+
+/// A parsed resource URL.
+struct Target {
+    kind: Kind,
+    namespace: Option<String>,
+    name: Option<String>,
+    sub: Subresource,
+}
+
+async fn dispatch(st: RestState, req: Request, path: String, query: BTreeMap<String, String>) -> Result<Response, ApiError> {
+    let method = req.method().clone();
+    let headers = req.headers().clone();
+    let segs: Vec<&str> = path.trim_matches('/').split('/').filter(|s| !s.is_empty()).collect();
+    let get_only = |r: Response| if method == Method::GET { Ok(r) } else { Err(ApiError::MethodNotAllowed) };
+    match segs.as_slice() {
+        ["version"] => return get_only(json_response(StatusCode::OK, &version())),
+        ["api"] => {
+            if wants_aggregated(&headers) {
+                return get_only(aggregated(&headers, true));
+            }
+            return get_only(json_response(StatusCode::OK, &api_versions(&st.advertise)));
+        }
+        ["apis"] => {
+            if wants_aggregated(&headers) {
+                return get_only(aggregated(&headers, false));
+            }
+            return get_only(json_response(StatusCode::OK, &api_groups()));
+        }
+        ["api", "v1"] => return get_only(json_response(StatusCode::OK, &resource_list("", "v1"))),
+        ["apis", g, v] if groups().iter().any(|(gg, vv)| gg == g && vv == v) => {
+            return get_only(json_response(StatusCode::OK, &resource_list(g, v)))
+        }
+        ["openapi", "v3"] => return get_only(json_response(StatusCode::OK, &openapi_index())),
+        ["openapi", "v3", "api", "v1"] => return get_only(json_response(StatusCode::OK, &openapi_doc("", "v1"))),
+        ["openapi", "v3", "apis", g, v] if groups().iter().any(|(gg, vv)| gg == g && vv == v) => {
+            return get_only(json_response(StatusCode::OK, &openapi_doc(g, v)))
+        }
+        _ => {}
+    }
+    let (group, version, rest): (&str, &str, &[&str]) = match segs.as_slice() {
+        ["api", "v1", rest @ ..] => ("", "v1", rest),
+        ["apis", g, v, rest @ ..] => (g, v, rest),
+        _ => return Err(ApiError::NoRoute),
+    };
+    let target = parse_target(group, version, rest).ok_or(ApiError::NoRoute)?;
+    let body = read_body(req, st.max_body_bytes).await?;
+    handle_resource(&st, &method, &headers, &query, target, body).await
+}
+
+fn parse_target(group: &str, version: &str, rest: &[&str]) -> Option<Target> {
+    let kind = |plural: &str| Kind::from_plural(group, version, plural);
+    let sub = |s: &str| match s {
+        "status" => Some(Subresource::Status),
+        _ => None,
+    };
+    let t = |k: Kind, ns: Option<&str>, name: Option<&str>, s: Subresource| Target {
+        kind: k,
+        namespace: ns.map(str::to_string),
+        name: name.map(str::to_string),
+        sub: s,
+    };
+    match rest {
+        // The Namespace object itself.
+        ["namespaces", name] if group.is_empty() => Some(t(Kind::Namespace, None, Some(name), Subresource::Main)),
+        ["namespaces", name, s] if group.is_empty() && (*s == "status" || *s == "finalize") => {
+            Some(t(Kind::Namespace, None, Some(name), Subresource::Status))
+        }
+        ["namespaces", ns, plural] => kind(plural).filter(|k| k.info().namespaced).map(|k| t(k, Some(ns), None, Subresource::Main)),
+        ["namespaces", ns, plural, name] => {
+            kind(plural).filter(|k| k.info().namespaced).map(|k| t(k, Some(ns), Some(name), Subresource::Main))
+        }
+        ["namespaces", ns, plural, name, s] => {
+            let k = kind(plural).filter(|k| k.info().namespaced && k.info().has_status)?;
+            Some(t(k, Some(ns), Some(name), sub(s)?))
+        }
+        [plural] => kind(plural).map(|k| t(k, None, None, Subresource::Main)),
+        [plural, name] => kind(plural).filter(|k| !k.info().namespaced).map(|k| t(k, None, Some(name), Subresource::Main)),
+        [plural, name, s] => {
+            let k = kind(plural).filter(|k| !k.info().namespaced && k.info().has_status)?;
+            Some(t(k, None, Some(name), sub(s)?))
+        }
+        _ => None,
+    }
+}
+
+async fn read_body(req: Request, limit: usize) -> Result<Bytes, ApiError> {
+    let limited = http_body_util::Limited::new(req.into_body(), limit);
+    match limited.collect().await {
+        Ok(c) => Ok(c.to_bytes()),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(ApiError::TooLarge(limit)),
+        Err(e) => Err(ApiError::BadRequest(format!("cannot read the request body: {e}"))),
+    }
+}
+
+/// Parses a request body: JSON, or YAML (server-side apply bodies may be YAML).
+fn parse_body(body: &Bytes, headers: &HeaderMap) -> Result<Value, ApiError> {
+    if body.is_empty() {
+        return Err(ApiError::BadRequest("the request body is empty".into()));
+    }
+    let ct = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
+    match serde_json::from_slice::<Value>(body) {
+        Ok(v) => Ok(v),
+        Err(e) if ct.contains("yaml") => serde_yaml::from_slice::<Value>(body)
+            .map_err(|ye| ApiError::BadRequest(format!("the request body is neither JSON ({e}) nor YAML ({ye})"))),
+        Err(e) => Err(ApiError::BadRequest(format!("the request body is not valid JSON: {e}"))),
+    }
+}
+
+fn wants_table(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|a| a.split(',').next().is_some_and(|first| first.contains("as=Table")))
+}
+
+fn selectors(kind: Kind, q: &BTreeMap<String, String>) -> Result<(LabelSelector, FieldSelector), ApiError> {
+    let ls = LabelSelector::parse(q.get("labelSelector").map(String::as_str).unwrap_or(""))?;
+    let fs = FieldSelector::parse(q.get("fieldSelector").map(String::as_str).unwrap_or(""), kind)?;
+    Ok((ls, fs))
+}
+
+fn write_options(q: &BTreeMap<String, String>) -> Result<WriteOptions, ApiError> {
+    Ok(WriteOptions {
+        field_validation: FieldValidation::parse(q.get("fieldValidation").map(String::as_str))?,
+        dry_run: q.get("dryRun").is_some_and(|d| d == "All"),
+    })
+}
+
+fn with_warnings(mut r: Response, warnings: &[String]) -> Response {
+    for w in warnings {
+        let text = format!("299 - {:?}", w);
+        if let Ok(v) = HeaderValue::from_str(&text) {
+            r.headers_mut().append(header::WARNING, v);
+        }
+    }
+    r
+}
+
+async fn handle_resource(
+    st: &RestState,
+    method: &Method,
+    headers: &HeaderMap,
+    q: &BTreeMap<String, String>,
+    t: Target,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let reg = &st.registry;
+    let kind = t.kind;
+    let ns = t.namespace.as_deref();
+    if kind.info().namespaced && ns.is_some() && t.name.is_none() && *method == Method::POST {
+        // Creating in a namespace: fine. Cluster-wide POST of a namespaced kind is not.
+    }
+    match (method.clone(), t.name.as_deref()) {
+        (Method::GET, None) => {
+            let (ls, fs) = selectors(kind, q)?;
+            if q.get("watch").is_some_and(|w| w == "true" || w == "1") {
+                return watch(st, kind, t.namespace.clone(), q, ls, fs, wants_table(headers)).await;
+            }
+            let (items, rv) = reg.list(kind, ns, &ls, &fs)?;
+            if wants_table(headers) {
+                let full = q.get("includeObject").is_some_and(|i| i == "Object");
+                return Ok(json_response(StatusCode::OK, &to_table(kind, &items, &rv.to_string(), full, true)));
+            }
+            let items: Vec<Value> = items.into_iter().map(|i| with_type_meta(kind, i)).collect();
+            Ok(json_response(
+                StatusCode::OK,
+                &json!({"kind": format!("{}List", kind.info().name), "apiVersion": kind.api_version(),
+                        "metadata": {"resourceVersion": rv.to_string()}, "items": items}),
+            ))
+        }
+        (Method::GET, Some(name)) => {
+            let obj = reg.get(kind, ns.unwrap_or(""), name)?;
+            if wants_table(headers) {
+                let full = q.get("includeObject").is_some_and(|i| i == "Object");
+                let rv = obj["metadata"]["resourceVersion"].as_str().unwrap_or("").to_string();
+                return Ok(json_response(StatusCode::OK, &to_table(kind, &[obj], &rv, full, true)));
+            }
+            Ok(json_response(StatusCode::OK, &with_type_meta(kind, obj)))
+        }
+        (Method::POST, None) => {
+            if kind.info().namespaced && ns.is_none() {
+                return Err(ApiError::MethodNotAllowed);
+            }
+            let value = parse_body(&body, headers)?;
+            let out = reg.create(kind, ns, value, &write_options(q)?).await?;
+            Ok(with_warnings(json_response(StatusCode::CREATED, &out.object), &out.warnings))
+        }
+        (Method::PUT, Some(name)) => {
+            let value = parse_body(&body, headers)?;
+            let out = reg.update(kind, ns, name, value, t.sub, &write_options(q)?).await?;
+            Ok(with_warnings(json_response(StatusCode::OK, &out.object), &out.warnings))
+        }
+        (Method::PATCH, Some(name)) => {
+            let ct = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
+            let ty = PatchType::from_content_type(ct).ok_or(ApiError::UnsupportedMediaType)?;
+            if ty == PatchType::Apply && !q.contains_key("fieldManager") {
+                return Err(ApiError::BadRequest("PatchOptions.meta.k8s.io \"\" is invalid: fieldManager: Required value: is required for apply patch".into()));
+            }
+            let value = parse_body(&body, headers)?;
+            let out = reg.patch(kind, ns, name, ty, value, t.sub, &write_options(q)?).await?;
+            let code = if out.created { StatusCode::CREATED } else { StatusCode::OK };
+            Ok(with_warnings(json_response(code, &out.object), &out.warnings))
+        }
+        (Method::DELETE, Some(name)) => {
+            if t.sub != Subresource::Main {
+                return Err(ApiError::MethodNotAllowed);
+            }
+            let opts = delete_options(&body, q)?;
+            let obj = reg.delete(kind, ns, name, &opts).await?;
+            Ok(json_response(StatusCode::OK, &with_type_meta(kind, obj)))
+        }
+        (Method::DELETE, None) => {
+            let (ls, fs) = selectors(kind, q)?;
+            let opts = delete_options(&body, q)?;
+            let (items, _) = reg.list(kind, ns, &ls, &fs)?;
+            let mut deleted = Vec::new();
+            for item in items {
+                let name = item["metadata"]["name"].as_str().unwrap_or("").to_string();
+                let item_ns = item["metadata"]["namespace"].as_str().map(str::to_string);
+                match reg.delete(kind, item_ns.as_deref(), &name, &opts).await {
+                    Ok(o) => deleted.push(o),
+                    Err(ApiError::NotFound { .. }) | Err(ApiError::Forbidden { .. }) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            let rv = reg.store.current_rv().to_string();
+            Ok(json_response(
+                StatusCode::OK,
+                &json!({"kind": format!("{}List", kind.info().name), "apiVersion": kind.api_version(),
+                        "metadata": {"resourceVersion": rv}, "items": deleted}),
+            ))
+        }
+        _ => Err(ApiError::MethodNotAllowed),
+    }
+}
+
+fn delete_options(body: &Bytes, q: &BTreeMap<String, String>) -> Result<DeleteOptions, ApiError> {
+    let mut opts = DeleteOptions::default();
+    if !body.is_empty() {
+        let v: Value = serde_json::from_slice(body).map_err(|e| ApiError::BadRequest(format!("invalid DeleteOptions: {e}")))?;
+        opts.grace_period_seconds = v.get("gracePeriodSeconds").and_then(Value::as_i64);
+        opts.precondition_uid = v.pointer("/preconditions/uid").and_then(Value::as_str).map(str::to_string);
+        opts.precondition_rv = v.pointer("/preconditions/resourceVersion").and_then(Value::as_str).map(str::to_string);
+    }
+    if let Some(g) = q.get("gracePeriodSeconds") {
+        opts.grace_period_seconds =
+            Some(g.parse().map_err(|_| ApiError::BadRequest(format!("invalid gracePeriodSeconds: {g}")))?);
+    }
+    Ok(opts)
+}
+
+fn with_type_meta(kind: Kind, mut obj: Value) -> Value {
+    if let Some(o) = obj.as_object_mut() {
+        o.insert("kind".into(), json!(kind.info().name));
+        o.insert("apiVersion".into(), json!(kind.api_version()));
+    }
+    obj
+}
+
+/// A Table of `items`, with the row object as PartialObjectMetadata or the full object.
+pub fn to_table(kind: Kind, items: &[Value], rv: &str, full_objects: bool, headers: bool) -> Value {
+    let now = jiff::Timestamp::now();
+    api::with_kind_type!(kind, T => {
+        let rows = items
+            .iter()
+            .map(|item| {
+                let cells = match serde_json::from_value::<T>(item.clone()) {
+                    Ok(o) => o.cells(now),
+                    Err(_) => vec![json!(item["metadata"]["name"])],
+                };
+                let object = if full_objects {
+                    with_type_meta(kind, item.clone())
+                } else {
+                    api::table::partial_object_metadata(&item["metadata"])
+                };
+                (cells, object)
+            })
+            .collect();
+        api::table::table(&T::columns(), rows, rv, headers)
+    })
+}
+
+// === watch ===
+
+#[allow(clippy::too_many_arguments)]
+async fn watch(
+    st: &RestState,
+    kind: Kind,
+    ns: Option<String>,
+    q: &BTreeMap<String, String>,
+    labels: LabelSelector,
+    fields: FieldSelector,
+    table: bool,
+) -> Result<Response, ApiError> {
+    let requested: Option<u64> = match q.get("resourceVersion").map(String::as_str) {
+        None | Some("") | Some("0") => None,
+        Some(s) => Some(s.parse().map_err(|_| ApiError::BadRequest(format!("invalid resource version: {s}")))?),
+    };
+    let timeout = match q.get("timeoutSeconds") {
+        Some(t) => Duration::from_secs(t.parse().map_err(|_| ApiError::BadRequest(format!("invalid timeoutSeconds: {t}")))?),
+        // The real server picks 30–60 minutes when the client gives no timeout.
+        None => Duration::from_secs(1800 + fastrand::u64(0..1800)),
+    };
+    let bookmarks = q.get("allowWatchBookmarks").is_some_and(|b| b == "true");
+    let spec = WatchSpec {
+        filter: WatchFilter { kind, ns, labels, fields },
+        from: requested,
+        timeout,
+        bookmark_every: bookmarks.then_some(Duration::from_secs(60)),
+    };
+    let mut items = crate::watch::start(st.registry.clone(), spec);
+    let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(64);
+    tokio::spawn(async move {
+        let mut headers_sent = false;
+        while let Some(item) = items.recv().await {
+            let line = match item {
+                WatchItem::Event(t, obj) => {
+                    let object = if table {
+                        let rv = obj["metadata"]["resourceVersion"].as_str().unwrap_or("").to_string();
+                        let t = to_table(kind, &[obj], &rv, false, !headers_sent);
+                        headers_sent = true;
+                        t
+                    } else {
+                        with_type_meta(kind, obj)
+                    };
+                    json!({"type": t, "object": object})
+                }
+                // A REST watch without resourceVersion has no end-of-snapshot marker.
+                WatchItem::Synced(_) => continue,
+                WatchItem::Bookmark(rv) => json!({"type": "BOOKMARK", "object": {"kind": kind.info().name,
+                    "apiVersion": kind.api_version(), "metadata": {"resourceVersion": rv.to_string()}}}),
+                WatchItem::Expired { requested, current } => {
+                    json!({"type": "ERROR", "object": ApiError::Expired { requested, current }.status()})
+                }
+            };
+            let mut bytes = serde_json::to_vec(&line).unwrap_or_default();
+            bytes.push(b'\n');
+            if tx.send(Bytes::from(bytes)).await.is_err() {
+                return;
+            }
+        }
+    });
+    let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
+    let body = Body::from_stream(futures::StreamExt::map(stream, Ok::<Bytes, std::convert::Infallible>));
+    let mut r = Response::new(body);
+    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    r.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache, private"));
+    Ok(r)
+}
+
+// === version, discovery, OpenAPI ===
+
+pub fn version() -> Value {
+    json!({
+        "major": "1", "minor": "32", "gitVersion": concat!("v1.32.0-podpath.", env!("CARGO_PKG_VERSION")),
+        "gitCommit": "podpath", "gitTreeState": "clean", "buildDate": "2026-01-01T00:00:00Z",
+        "goVersion": "go1.23.0", "compiler": "gc", "platform": format!("linux/{}", arch()),
+    })
+}
+
+fn arch() -> &'static str {
+    match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        other => other,
+    }
+}
+
+/// The non-core group versions served.
+fn groups() -> Vec<(&'static str, &'static str)> {
+    let mut gv: Vec<(&str, &str)> =
+        api::kinds::KINDS.iter().filter(|k| !k.group.is_empty()).map(|k| (k.group, k.version)).collect();
+    gv.sort();
+    gv.dedup();
+    gv
+}
+
+fn api_versions(advertise: &str) -> Value {
+    json!({"kind": "APIVersions", "versions": ["v1"],
+           "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": advertise}]})
+}
+
+fn api_groups() -> Value {
+    let groups: Vec<Value> = groups()
+        .into_iter()
+        .map(|(g, v)| {
+            let gv = json!({"groupVersion": format!("{g}/{v}"), "version": v});
+            json!({"name": g, "versions": [gv.clone()], "preferredVersion": gv})
+        })
+        .collect();
+    json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
+}
+
+fn resource_list(group: &str, version: &str) -> Value {
+    let gv = if group.is_empty() { version.to_string() } else { format!("{group}/{version}") };
+    let mut resources = Vec::new();
+    for k in api::kinds::KINDS.iter().filter(|k| k.group == group && k.version == version) {
+        let mut r = json!({"name": k.plural, "singularName": k.singular, "namespaced": k.namespaced, "kind": k.name,
+                           "verbs": Kind::verbs()});
+        if !k.short_names.is_empty() {
+            r["shortNames"] = json!(k.short_names);
+        }
+        if !k.categories.is_empty() {
+            r["categories"] = json!(k.categories);
+        }
+        resources.push(r);
+        if k.has_status {
+            resources.push(json!({"name": format!("{}/status", k.plural), "singularName": "", "namespaced": k.namespaced,
+                                  "kind": k.name, "verbs": ["get", "patch", "update"]}));
+        }
+    }
+    json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources})
+}
+
+fn wants_aggregated(headers: &HeaderMap) -> bool {
+    headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).is_some_and(|a| a.contains("as=APIGroupDiscoveryList"))
+}
+
+/// Aggregated discovery (`apidiscovery.k8s.io` v2, or v2beta1 for kubectl 1.27/1.28).
+fn aggregated(headers: &HeaderMap, core: bool) -> Response {
+    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).unwrap_or("");
+    let version = accept
+        .split(',')
+        .find(|part| part.contains("as=APIGroupDiscoveryList"))
+        .map(|part| if part.contains("v=v2beta1") { "v2beta1" } else { "v2" })
+        .unwrap_or("v2");
+    let gvs: Vec<(&str, &str)> = if core { vec![("", "v1")] } else { groups() };
+    let items: Vec<Value> = gvs
+        .into_iter()
+        .map(|(g, v)| {
+            let resources: Vec<Value> = api::kinds::KINDS
+                .iter()
+                .filter(|k| k.group == g && k.version == v)
+                .map(|k| {
+                    let rk = json!({"group": g, "version": v, "kind": k.name});
+                    let mut r = json!({"resource": k.plural, "responseKind": rk,
+                        "scope": if k.namespaced { "Namespaced" } else { "Cluster" },
+                        "singularResource": k.singular, "verbs": Kind::verbs()});
+                    if !k.short_names.is_empty() {
+                        r["shortNames"] = json!(k.short_names);
+                    }
+                    if !k.categories.is_empty() {
+                        r["categories"] = json!(k.categories);
+                    }
+                    if k.has_status {
+                        r["subresources"] = json!([{"subresource": "status", "responseKind": rk, "verbs": ["get", "patch", "update"]}]);
+                    }
+                    r
+                })
+                .collect();
+            let mut meta = json!({"creationTimestamp": null});
+            if !g.is_empty() {
+                meta["name"] = json!(g);
+            }
+            json!({"metadata": meta, "versions": [{"version": v, "resources": resources, "freshness": "Current"}]})
+        })
+        .collect();
+    let body = json!({"kind": "APIGroupDiscoveryList", "apiVersion": format!("apidiscovery.k8s.io/{version}"),
+                      "metadata": {}, "items": items});
+    let mut r = json_response(StatusCode::OK, &body);
+    let ct = format!("application/json;g=apidiscovery.k8s.io;v={version};as=APIGroupDiscoveryList");
+    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_str(&ct).expect("valid header"));
+    r
+}
+
+/// Changes whenever the served kinds change, so kubectl's OpenAPI cache is refreshed.
+fn openapi_hash() -> String {
+    let mut h: u64 = 1469598103934665603;
+    for k in api::kinds::KINDS {
+        for b in format!("{}/{}/{}/{}", k.group, k.version, k.plural, env!("CARGO_PKG_VERSION")).bytes() {
+            h = (h ^ b as u64).wrapping_mul(1099511628211);
+        }
+    }
+    format!("{h:016X}")
+}
+
+fn openapi_index() -> Value {
+    let hash = openapi_hash();
+    let mut paths = serde_json::Map::new();
+    paths.insert("api/v1".into(), json!({"serverRelativeURL": format!("/openapi/v3/api/v1?hash={hash}")}));
+    for (g, v) in groups() {
+        paths.insert(format!("apis/{g}/{v}"), json!({"serverRelativeURL": format!("/openapi/v3/apis/{g}/{v}?hash={hash}")}));
+    }
+    json!({"paths": paths})
+}
+
+/// A minimal OpenAPI v3 document: one PATCH operation per kind with the `fieldValidation`
+/// parameter, which is what tells kubectl to leave validation to the server.
+fn openapi_doc(group: &str, version: &str) -> Value {
+    let mut paths = serde_json::Map::new();
+    for k in api::kinds::KINDS.iter().filter(|k| k.group == group && k.version == version) {
+        let prefix = if group.is_empty() { format!("/api/{version}") } else { format!("/apis/{group}/{version}") };
+        let path = if k.namespaced {
+            format!("{prefix}/namespaces/{{namespace}}/{}/{{name}}", k.plural)
+        } else {
+            format!("{prefix}/{}/{{name}}", k.plural)
+        };
+        let op = json!({
+            "x-kubernetes-group-version-kind": {"group": group, "version": version, "kind": k.name},
+            "parameters": [{"name": "fieldValidation", "in": "query", "schema": {"type": "string", "uniqueItems": true}},
+                           {"name": "fieldManager", "in": "query", "schema": {"type": "string", "uniqueItems": true}}],
+            "requestBody": {"content": {
+                "application/apply-patch+yaml": {"schema": {}},
+                "application/json-patch+json": {"schema": {}},
+                "application/merge-patch+json": {"schema": {}},
+                "application/strategic-merge-patch+json": {"schema": {}}}},
+            "responses": {"200": {"description": "OK"}}
+        });
+        paths.insert(path, json!({"patch": op}));
+    }
+    json!({"openapi": "3.0.0", "info": {"title": "Kubernetes", "version": "v1.32.0"},
+           "paths": paths, "components": {"schemas": {}}})
+}
