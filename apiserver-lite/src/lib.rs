@@ -39,6 +39,8 @@ pub struct Config {
     pub request_timeout: Duration,
     /// The address the `default/kubernetes` Endpoints and discovery advertise.
     pub advertise: Option<std::net::SocketAddr>,
+    /// Events kept for resuming watches.
+    pub event_log_capacity: usize,
 }
 
 impl Config {
@@ -51,6 +53,7 @@ impl Config {
             max_body_bytes: 3 << 20,
             request_timeout: Duration::from_secs(60),
             advertise: None,
+            event_log_capacity: store::EVENT_LOG_CAPACITY,
         }
     }
 }
@@ -58,16 +61,27 @@ impl Config {
 /// A running server's shared state, for tests and benchmarks.
 pub struct Server {
     pub registry: Arc<registry::Registry>,
+    controllers: tokio::task::JoinHandle<()>,
+}
+
+impl Server {
+    /// Stops the controllers and flushes the store (the database closes when the last
+    /// reference to the registry is dropped).
+    pub async fn stop(self) -> Result<(), ApiError> {
+        self.controllers.abort();
+        let _ = self.controllers.await;
+        self.registry.store.flush()
+    }
 }
 
 /// Opens the store, bootstraps default objects and starts the controllers.
 pub async fn start(cfg: &Config) -> Result<Server, ApiError> {
-    let store = Arc::new(store::Store::open(&cfg.data_dir)?);
+    let store = Arc::new(store::Store::open_with(&cfg.data_dir, cfg.event_log_capacity)?);
     let registry = Arc::new(registry::Registry::open(store, cfg.ranges.clone())?);
     let endpoint = cfg.advertise.map(|a| (a.ip().to_string(), a.port()));
     controllers::bootstrap(&registry, endpoint).await?;
-    tokio::spawn(controllers::run(registry.clone(), cfg.controllers.clone()));
-    Ok(Server { registry })
+    let controllers = tokio::spawn(controllers::run(registry.clone(), cfg.controllers.clone()));
+    Ok(Server { registry, controllers })
 }
 
 /// Serves REST on every listener in `rest` and gRPC on `grpc` until `shutdown` completes.
@@ -127,6 +141,5 @@ pub async fn serve(
     for t in tasks {
         t.await.map_err(|e| ApiError::internal(format!("server task: {e}")))??;
     }
-    server.registry.store.flush()?;
-    Ok(())
+    server.stop().await
 }

@@ -176,6 +176,7 @@ impl Registry {
             None if ty == PatchType::Apply && sub == Subresource::Main => {
                 check_body_identity(kind, ns, name, &patch)?;
                 let mut body = patch;
+                ensure_object_shape(&mut body)?;
                 body["metadata"]["name"] = json!(name);
                 self.create_locked(&g, kind, ns, body, opts)?
             }
@@ -185,6 +186,7 @@ impl Registry {
                     check_body_identity(kind, ns, name, &patch)?;
                 }
                 let mut new = api::patch::apply_patch(ty, &old, &patch)?;
+                ensure_object_shape(&mut new)?;
                 if ty == PatchType::Apply {
                     // Apply bodies carry no resourceVersion precondition unless they say so.
                     if patch.pointer("/metadata/resourceVersion").is_none() {
@@ -235,9 +237,7 @@ impl Registry {
         mut body: Value,
         opts: &WriteOptions,
     ) -> Result<Pending, ApiError> {
-        if !body.is_object() {
-            return Err(ApiError::BadRequest("the request body must be a JSON object".into()));
-        }
+        ensure_object_shape(&mut body)?;
         check_type_meta(kind, &body)?;
         let info = kind.info();
         let ns = if info.namespaced {
@@ -305,9 +305,7 @@ impl Registry {
         sub: Subresource,
         opts: &WriteOptions,
     ) -> Result<Pending, ApiError> {
-        if !new.is_object() {
-            return Err(ApiError::BadRequest("the request body must be a JSON object".into()));
-        }
+        ensure_object_shape(&mut new)?;
         check_type_meta(kind, &new)?;
         let name = meta_str(&old, "name").unwrap_or("").to_string();
         if let Some(rv) = meta_str(&new, "resourceVersion").filter(|r| !r.is_empty()) {
@@ -785,6 +783,26 @@ impl Pending {
     pub fn object(&self) -> &Value {
         &self.outcome.object
     }
+}
+
+/// Makes sure the body is an object with an object `metadata`, so later field access is safe.
+fn ensure_object_shape(body: &mut Value) -> Result<(), ApiError> {
+    let Some(obj) = body.as_object_mut() else {
+        return Err(ApiError::BadRequest("the request body must be a JSON object".into()));
+    };
+    match obj.get("metadata") {
+        None | Some(Value::Null) => {
+            obj.insert("metadata".into(), json!({}));
+        }
+        Some(Value::Object(_)) => {}
+        Some(_) => return Err(ApiError::BadRequest("metadata must be a JSON object".into())),
+    }
+    if let Some(st) = obj.get("status") {
+        if !st.is_object() && !st.is_null() {
+            return Err(ApiError::BadRequest("status must be a JSON object".into()));
+        }
+    }
+    Ok(())
 }
 
 /// Rejects a body whose kind or apiVersion is not the URL's.

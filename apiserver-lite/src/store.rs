@@ -23,7 +23,7 @@ use tokio::sync::{watch, Mutex, MutexGuard};
 
 use crate::error::ApiError;
 
-/// How many events are kept for resuming watches (in memory and on disk).
+/// How many events are kept for resuming watches (in memory and on disk), by default.
 pub const EVENT_LOG_CAPACITY: usize = 4096;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -96,6 +96,7 @@ pub struct Store {
     /// is an exact snapshot at its resourceVersion.
     applied: RwLock<Applied>,
     durable: watch::Sender<u64>,
+    capacity: usize,
 }
 
 struct Applied {
@@ -108,6 +109,11 @@ pub struct WriteGuard<'a>(#[allow(dead_code)] MutexGuard<'a, ()>);
 
 impl Store {
     pub fn open(dir: &Path) -> Result<Store, ApiError> {
+        Store::open_with(dir, EVENT_LOG_CAPACITY)
+    }
+
+    /// Opens the store keeping `capacity` events for watch resumption.
+    pub fn open_with(dir: &Path, capacity: usize) -> Result<Store, ApiError> {
         std::fs::create_dir_all(dir).map_err(|e| ApiError::storage(format!("cannot create data dir {}: {e}", dir.display())))?;
         let db = sled::Config::new()
             .path(dir.join("db"))
@@ -131,7 +137,7 @@ impl Store {
             log.push_back(Arc::new(StoredEvent { rv, kind, type_: ev.type_, object: Arc::new(ev.object), prev: None }));
         }
         let (durable, _) = watch::channel(rv);
-        Ok(Store { db, writer: Mutex::new(()), applied: RwLock::new(Applied { rv, log }), durable })
+        Ok(Store { db, writer: Mutex::new(()), applied: RwLock::new(Applied { rv, log }), durable, capacity: capacity.max(1) })
     }
 
     /// Takes the writer lock. Hold it across read-modify-write.
@@ -223,7 +229,7 @@ impl Store {
             batch.insert(format!("e/{:016x}", ev.rv).as_bytes(), serde_json::to_vec(&disk)?);
         }
         // Drop the oldest events beyond the log's capacity in the same batch.
-        let overflow = (applied.log.len() + events.len()).saturating_sub(EVENT_LOG_CAPACITY);
+        let overflow = (applied.log.len() + events.len()).saturating_sub(self.capacity);
         for old in applied.log.iter().take(overflow) {
             batch.remove(format!("e/{:016x}", old.rv).as_bytes());
         }

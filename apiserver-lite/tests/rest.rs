@@ -1,0 +1,708 @@
+//! In-process tests of the REST API: the axum router driven with `oneshot`, over a real sled
+//! store in a temporary directory, with the controllers running.
+//!
+//! Address plan: service CIDR 10.96.0.0/12 (small ranges where a test fills them), NodePorts
+//! 30000–32767, LB pool 198.51.100.0/24, pod CIDR 10.244.0.0/16.
+
+use std::time::Duration;
+
+use apiserver_lite::rest::{router, RestState};
+use apiserver_lite::{start, Config, Server};
+use axum::body::Body;
+use axum::Router;
+use http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use serde_json::{json, Value};
+use tower::ServiceExt;
+
+const TABLE: &str = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json";
+
+struct Lab {
+    app: Router,
+    server: Option<Server>,
+    cfg: Config,
+    _dir: tempfile::TempDir,
+}
+
+fn config(dir: &std::path::Path) -> Config {
+    let mut cfg = Config::new(dir.to_path_buf());
+    cfg.controllers.node_monitor_grace = Duration::from_secs(2);
+    cfg.controllers.pod_gc_slack = Duration::from_secs(1);
+    cfg
+}
+
+async fn lab_with(f: impl FnOnce(&mut Config)) -> Lab {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path());
+    f(&mut cfg);
+    let server = start(&cfg).await.unwrap();
+    let app = app_for(&server, &cfg);
+    Lab { app, server: Some(server), cfg, _dir: dir }
+}
+
+fn app_for(server: &Server, cfg: &Config) -> Router {
+    router(RestState {
+        registry: server.registry.clone(),
+        token: cfg.token.as_deref().map(Into::into),
+        max_body_bytes: cfg.max_body_bytes,
+        request_timeout: cfg.request_timeout,
+        advertise: "127.0.0.1:6443".into(),
+    })
+}
+
+async fn lab() -> Lab {
+    lab_with(|_| {}).await
+}
+
+impl Lab {
+    async fn call(&self, method: &str, path: &str, body: Option<Value>, content_type: &str, accept: &str) -> (StatusCode, Value) {
+        let mut b = Request::builder().method(method).uri(path).header("accept", accept);
+        if body.is_some() {
+            b = b.header("content-type", content_type);
+        }
+        let req = b.body(body.map(|v| Body::from(v.to_string())).unwrap_or_else(Body::empty)).unwrap();
+        let resp = self.app.clone().oneshot(req).await.unwrap();
+        let status = resp.status();
+        assert!(
+            resp.headers().get("content-type").unwrap().to_str().unwrap().starts_with("application/json"),
+            "{method} {path}: every response is JSON"
+        );
+        let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+        (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+    }
+    async fn get(&self, path: &str) -> (StatusCode, Value) {
+        self.call("GET", path, None, "", "application/json").await
+    }
+    async fn post(&self, path: &str, body: Value) -> (StatusCode, Value) {
+        self.call("POST", path, Some(body), "application/json", "application/json").await
+    }
+    async fn patch(&self, path: &str, ct: &str, body: Value) -> (StatusCode, Value) {
+        self.call("PATCH", path, Some(body), ct, "application/json").await
+    }
+    async fn put(&self, path: &str, body: Value) -> (StatusCode, Value) {
+        self.call("PUT", path, Some(body), "application/json", "application/json").await
+    }
+    async fn delete(&self, path: &str) -> (StatusCode, Value) {
+        self.call("DELETE", path, None, "", "application/json").await
+    }
+
+    /// Polls `path` until `pred` holds (controllers are asynchronous).
+    async fn eventually(&self, path: &str, pred: impl Fn(StatusCode, &Value) -> bool) -> Value {
+        for _ in 0..100 {
+            let (s, v) = self.get(path).await;
+            if pred(s, &v) {
+                return v;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("condition on {path} never held: {:?}", self.get(path).await);
+    }
+}
+
+fn contour() -> Value {
+    json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "contour", "labels": {"app": "contour"}},
+           "spec": {"type": "LoadBalancer", "selector": {"app": "contour"},
+                    "ports": [{"name": "http", "port": 80, "targetPort": 8080}, {"name": "https", "port": 443, "targetPort": "https"}]}})
+}
+
+const SVCS: &str = "/api/v1/namespaces/default/services";
+
+#[tokio::test]
+async fn create_defaults_and_allocates_like_the_real_server() {
+    let lab = lab().await;
+    let (s, svc) = lab.post(SVCS, contour()).await;
+    assert_eq!(s, StatusCode::CREATED, "{svc}");
+    let spec = &svc["spec"];
+    assert_eq!(spec["ports"][0]["protocol"], "TCP");
+    assert_eq!(spec["ports"][0]["targetPort"], 8080);
+    assert_eq!(spec["clusterIPs"][0], spec["clusterIP"]);
+    assert_eq!(spec["ipFamilies"], json!(["IPv4"]));
+    assert_eq!(spec["ipFamilyPolicy"], "SingleStack");
+    assert_eq!(spec["sessionAffinity"], "None");
+    assert_eq!(spec["externalTrafficPolicy"], "Cluster");
+    assert_eq!(spec["internalTrafficPolicy"], "Cluster");
+    assert_eq!(spec["allocateLoadBalancerNodePorts"], true);
+    let np = spec["ports"][0]["nodePort"].as_i64().unwrap();
+    assert!((30000..=32767).contains(&np));
+    assert_eq!(svc["status"]["loadBalancer"]["ingress"][0]["ip"], "198.51.100.1");
+    let ip: std::net::Ipv4Addr = spec["clusterIP"].as_str().unwrap().parse().unwrap();
+    assert!("10.96.0.0/12".parse::<ipnet::Ipv4Net>().unwrap().contains(&ip));
+    assert_eq!(svc["kind"], "Service");
+    assert_eq!(svc["apiVersion"], "v1");
+    assert!(svc["metadata"]["uid"].is_string());
+
+    let (s, kubernetes) = lab.get(&format!("{SVCS}/kubernetes")).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(kubernetes["spec"]["clusterIP"], "10.96.0.1");
+
+    let (s, list) = lab.get(SVCS).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(list["kind"], "ServiceList");
+    assert!(list["metadata"]["resourceVersion"].is_string());
+    assert_eq!(list["items"].as_array().unwrap().len(), 2);
+}
+
+#[tokio::test]
+async fn errors_are_statuses_kubectl_understands() {
+    let lab = lab().await;
+    let bad = json!({"metadata": {"name": "x"}, "spec": {"type": "NodePort", "ports": [{"port": 80, "nodePort": 80}]}});
+    let (s, st) = lab.post(SVCS, bad).await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(st["reason"], "Invalid");
+    assert_eq!(st["details"]["kind"], "Service");
+    assert_eq!(st["details"]["name"], "x");
+    assert_eq!(st["details"]["causes"][0]["field"], "spec.ports[0].nodePort");
+    assert_eq!(
+        st["details"]["causes"][0]["message"],
+        "Invalid value: 80: provided port is not in the valid range. The range of valid ports is 30000-32767"
+    );
+
+    let many = json!({"metadata": {"name": "Bad_Name"}, "spec": {"type": "Foo", "ports": [{"port": 0, "protocol": "ICMP"}],
+                       "sessionAffinity": "ClientIP", "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 0}},
+                       "externalIPs": ["nope"], "loadBalancerSourceRanges": ["10.0.0.0/8"]}});
+    let (s, st) = lab.post(SVCS, many).await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY);
+    let fields: Vec<&str> = st["details"]["causes"].as_array().unwrap().iter().map(|c| c["field"].as_str().unwrap()).collect();
+    for f in ["metadata.name", "spec.type", "spec.ports[0].port", "spec.ports[0].protocol", "spec.externalIPs[0]",
+              "spec.loadBalancerSourceRanges", "spec.sessionAffinityConfig.clientIP.timeoutSeconds"] {
+        assert!(fields.contains(&f), "{f} missing from {fields:?}");
+    }
+
+    lab.post(SVCS, contour()).await;
+    let (s, st) = lab.post(SVCS, contour()).await;
+    assert_eq!((s, st["reason"].as_str()), (StatusCode::CONFLICT, Some("AlreadyExists")));
+    assert_eq!(st["message"], "services \"contour\" already exists");
+
+    let (s, st) = lab.get(&format!("{SVCS}/nope")).await;
+    assert_eq!((s, st["reason"].as_str()), (StatusCode::NOT_FOUND, Some("NotFound")));
+    assert_eq!(st["details"]["kind"], "services");
+
+    let (s, st) = lab
+        .call("POST", &format!("{SVCS}?fieldValidation=Strict"), Some(json!({"metadata": {"name": "y"}, "spec": {"portz": 1, "ports": [{"port": 80}]}})), "application/json", "application/json")
+        .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    assert!(st["message"].as_str().unwrap().contains("strict decoding error: unknown field \"spec.portz\""), "{st}");
+
+    // A stale resourceVersion on update is a 409 Conflict.
+    let (_, cur) = lab.get(&format!("{SVCS}/contour")).await;
+    let mut stale = cur.clone();
+    stale["metadata"]["resourceVersion"] = json!("1");
+    let (s, st) = lab.put(&format!("{SVCS}/contour"), stale).await;
+    assert_eq!((s, st["reason"].as_str()), (StatusCode::CONFLICT, Some("Conflict")));
+
+    let (s, _) = lab.patch(&format!("{SVCS}/contour"), "text/plain", json!({})).await;
+    assert_eq!(s, StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    let (s, _) = lab.post("/api/v1/namespaces/nope/services", contour()).await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    let (s, _) = lab.get("/api/v1/nothing").await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    let (s, _) = lab.call("POST", SVCS, Some(json!("not an object")), "application/json", "application/json").await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    let (s, _) = lab.call("POST", SVCS, None, "", "application/json").await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+}
+
+#[tokio::test]
+async fn requested_cluster_ip_and_node_port_are_honoured_or_rejected() {
+    let lab = lab().await;
+    let svc = json!({"metadata": {"name": "a"}, "spec": {"type": "NodePort", "clusterIP": "10.96.5.5",
+                     "ports": [{"port": 80, "nodePort": 30000}]}});
+    let (s, a) = lab.post(SVCS, svc).await;
+    assert_eq!(s, StatusCode::CREATED, "{a}");
+    assert_eq!(a["spec"]["clusterIP"], "10.96.5.5");
+    assert_eq!(a["spec"]["ports"][0]["nodePort"], 30000);
+    let clash = json!({"metadata": {"name": "b"}, "spec": {"type": "NodePort", "clusterIP": "10.96.5.5",
+                       "ports": [{"port": 80, "nodePort": 30000}]}});
+    let (s, st) = lab.post(SVCS, clash).await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY);
+    let msgs: Vec<String> = st["details"]["causes"].as_array().unwrap().iter().map(|c| format!("{}: {}", c["field"].as_str().unwrap(), c["message"].as_str().unwrap())).collect();
+    assert!(msgs.contains(&"spec.clusterIPs: Invalid value: []string{\"10.96.5.5\"}: failed to allocate IP 10.96.5.5: provided IP is already allocated".to_string()), "{msgs:?}");
+    assert!(msgs.contains(&"spec.ports[0].nodePort: Invalid value: 30000: provided port is already allocated".to_string()), "{msgs:?}");
+    let outside = json!({"metadata": {"name": "c"}, "spec": {"clusterIP": "10.0.0.1", "ports": [{"port": 80}]}});
+    let (s, st) = lab.post(SVCS, outside).await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(st["details"]["causes"][0]["message"].as_str().unwrap().contains("The range of valid IPs is 10.96.0.0/12"));
+    // Nothing of the failed creates was kept: the values are still free for someone else.
+    let ok = json!({"metadata": {"name": "d"}, "spec": {"type": "NodePort", "ports": [{"port": 80, "nodePort": 30001}]}});
+    assert_eq!(lab.post(SVCS, ok).await.0, StatusCode::CREATED);
+    // Headless keeps None.
+    let (s, h) = lab.post(SVCS, json!({"metadata": {"name": "h"}, "spec": {"clusterIP": "None", "ports": [{"port": 80}]}})).await;
+    assert_eq!(s, StatusCode::CREATED);
+    assert_eq!(h["spec"]["clusterIPs"], json!(["None"]));
+}
+
+#[tokio::test]
+async fn patches_keep_allocations_and_type_changes_release_them() {
+    let lab = lab().await;
+    let (_, created) = lab.post(SVCS, contour()).await;
+    let url = format!("{SVCS}/contour");
+    // Client-side apply's strategic merge patch (as observed from kubectl).
+    let smp = json!({"metadata": {"labels": {"team": "net"}},
+                     "spec": {"$setElementOrder/ports": [{"port": 80}, {"port": 443}], "ports": [{"port": 443, "targetPort": 9443}]}});
+    let (s, patched) = lab.patch(&url, "application/strategic-merge-patch+json", smp).await;
+    assert_eq!(s, StatusCode::OK, "{patched}");
+    assert_eq!(patched["spec"]["ports"][1]["targetPort"], 9443);
+    assert_eq!(patched["spec"]["ports"][1]["nodePort"], created["spec"]["ports"][1]["nodePort"]);
+    assert_eq!(patched["spec"]["clusterIP"], created["spec"]["clusterIP"]);
+    assert_eq!(patched["status"], created["status"]);
+    assert_eq!(patched["metadata"]["generation"], 2);
+    // Merge patch (kubectl label / annotate).
+    let (_, labelled) = lab.patch(&url, "application/merge-patch+json", json!({"metadata": {"labels": {"team": null, "tier": "edge"}}})).await;
+    assert_eq!(labelled["metadata"]["labels"], json!({"app": "contour", "tier": "edge"}));
+    // JSON patch.
+    let (s, jp) = lab.patch(&url, "application/json-patch+json", json!([{"op": "add", "path": "/spec/externalIPs", "value": ["169.10.10.1"]}])).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(jp["spec"]["externalIPs"], json!(["169.10.10.1"]));
+    // Unchanged update: same resourceVersion, no write.
+    let (_, again) = lab.patch(&url, "application/merge-patch+json", json!({"metadata": {"labels": {"tier": "edge"}}})).await;
+    assert_eq!(again["metadata"]["resourceVersion"], jp["metadata"]["resourceVersion"]);
+    // LoadBalancer → ClusterIP: node ports, LB IP and LB-only fields go; the ClusterIP stays.
+    let (s, cip) = lab.patch(&url, "application/strategic-merge-patch+json", json!({"spec": {"type": "ClusterIP"}})).await;
+    assert_eq!(s, StatusCode::OK, "{cip}");
+    assert!(cip["spec"]["ports"][0].get("nodePort").is_none());
+    assert!(cip["spec"].get("allocateLoadBalancerNodePorts").is_none());
+    assert!(cip["spec"].get("externalTrafficPolicy").is_none());
+    assert_eq!(cip["status"]["loadBalancer"], json!({}));
+    assert_eq!(cip["spec"]["clusterIP"], created["spec"]["clusterIP"]);
+    // The released NodePort can be taken by another Service.
+    let np = created["spec"]["ports"][0]["nodePort"].clone();
+    let other = json!({"metadata": {"name": "other"}, "spec": {"type": "NodePort", "ports": [{"port": 80, "nodePort": np}]}});
+    assert_eq!(lab.post(SVCS, other).await.0, StatusCode::CREATED);
+    // Changing the ClusterIP is refused.
+    let (s, st) = lab.patch(&url, "application/merge-patch+json", json!({"spec": {"clusterIP": "10.96.9.9", "clusterIPs": ["10.96.9.9"]}})).await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(st["details"]["causes"][0]["message"].as_str().unwrap().contains("may not change once set"));
+}
+
+#[tokio::test]
+async fn server_side_apply_creates_then_merges() {
+    let lab = lab().await;
+    let url = format!("{SVCS}/contour?fieldManager=kubectl&force=false");
+    let (s, created) = lab.patch(&url, "application/apply-patch+yaml", contour()).await;
+    assert_eq!(s, StatusCode::CREATED, "{created}");
+    let mut changed = contour();
+    changed["spec"]["ports"][0]["targetPort"] = json!(9090);
+    let (s, updated) = lab.patch(&url, "application/apply-patch+yaml", changed).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(updated["spec"]["ports"][0]["targetPort"], 9090);
+    assert_eq!(updated["spec"]["ports"][0]["nodePort"], created["spec"]["ports"][0]["nodePort"]);
+    let (s, _) = lab.patch(&format!("{SVCS}/contour"), "application/apply-patch+yaml", contour()).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "apply needs a fieldManager");
+    // A YAML body works too.
+    let yaml = "apiVersion: v1\nkind: Service\nmetadata:\n  name: yml\nspec:\n  ports:\n  - port: 80\n";
+    let req = Request::builder()
+        .method("PATCH")
+        .uri(format!("{SVCS}/yml?fieldManager=x"))
+        .header("content-type", "application/apply-patch+yaml")
+        .body(Body::from(yaml))
+        .unwrap();
+    assert_eq!(lab.app.clone().oneshot(req).await.unwrap().status(), StatusCode::CREATED);
+}
+
+#[tokio::test]
+async fn status_subresource_is_separate_from_the_main_resource() {
+    let lab = lab().await;
+    let (_, created) = lab.post(SVCS, contour()).await;
+    let url = format!("{SVCS}/contour");
+    // A PUT to the main resource cannot change status.
+    let mut body = created.clone();
+    body["status"] = json!({"loadBalancer": {"ingress": [{"ip": "1.1.1.1"}]}});
+    let (s, put) = lab.put(&url, body).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(put["status"], created["status"]);
+    // The status subresource can, and changes nothing else.
+    let (s, st) = lab
+        .patch(&format!("{url}/status"), "application/merge-patch+json", json!({"status": {"conditions": [{"type": "X", "status": "True", "reason": "R", "message": "m", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}, "spec": {"type": "ClusterIP"}}))
+        .await;
+    assert_eq!(s, StatusCode::OK, "{st}");
+    assert_eq!(st["status"]["conditions"][0]["type"], "X");
+    assert_eq!(st["spec"]["type"], "LoadBalancer");
+}
+
+#[tokio::test]
+async fn tables_have_the_real_columns_and_cells() {
+    let lab = lab().await;
+    lab.post(SVCS, contour()).await;
+    let (s, t) = lab.call("GET", &format!("{SVCS}/contour"), None, "", TABLE).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(t["kind"], "Table");
+    let cols: Vec<&str> = t["columnDefinitions"].as_array().unwrap().iter().map(|c| c["name"].as_str().unwrap()).collect();
+    assert_eq!(cols, vec!["Name", "Type", "Cluster-IP", "External-IP", "Port(s)", "Age", "Selector"]);
+    let row = &t["rows"][0];
+    assert_eq!(row["cells"][1], "LoadBalancer");
+    assert_eq!(row["cells"][3], "198.51.100.1");
+    let ports = row["cells"][4].as_str().unwrap();
+    assert!(ports.starts_with("80:3") && ports.contains("/TCP,443:3"), "{ports}");
+    assert_eq!(row["cells"][6], "app=contour");
+    assert_eq!(row["object"]["kind"], "PartialObjectMetadata");
+    let (_, full) = lab.call("GET", &format!("{SVCS}?includeObject=Object"), None, "", TABLE).await;
+    assert_eq!(full["rows"][0]["object"]["kind"], "Service");
+    for path in ["/api/v1/nodes", "/api/v1/namespaces", "/api/v1/namespaces/default/pods", "/api/v1/namespaces/default/endpoints",
+                 "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices"] {
+        let (s, t) = lab.call("GET", path, None, "", TABLE).await;
+        assert_eq!((s, t["kind"].as_str()), (StatusCode::OK, Some("Table")), "{path}");
+    }
+}
+
+#[tokio::test]
+async fn selectors_filter_lists() {
+    let lab = lab().await;
+    lab.post(SVCS, contour()).await;
+    let (_, l) = lab.get(&format!("{SVCS}?labelSelector=app%3Dcontour")).await;
+    assert_eq!(l["items"].as_array().unwrap().len(), 1);
+    let (_, l) = lab.get(&format!("{SVCS}?labelSelector=app+in+(x,y)")).await;
+    assert_eq!(l["items"].as_array().unwrap().len(), 0);
+    let (_, l) = lab.get(&format!("{SVCS}?fieldSelector=metadata.name%3Dkubernetes")).await;
+    assert_eq!(l["items"][0]["metadata"]["name"], "kubernetes");
+    let (s, _) = lab.get(&format!("{SVCS}?fieldSelector=spec.bogus%3Dx")).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    let (_, all) = lab.get("/api/v1/services").await;
+    assert_eq!(all["items"].as_array().unwrap().len(), 2);
+}
+
+/// Reads watch lines until `n` events arrived (or a timeout).
+async fn watch_lines(lab: &Lab, path: &str, accept: &str, n: usize) -> Vec<Value> {
+    let req = Request::builder().uri(path).header("accept", accept).body(Body::empty()).unwrap();
+    let resp = lab.app.clone().oneshot(req).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let mut body = resp.into_body();
+    let mut buf = Vec::new();
+    let mut out = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while out.len() < n {
+        let frame = tokio::time::timeout_at(deadline, body.frame()).await;
+        let Ok(Some(Ok(frame))) = frame else { break };
+        if let Ok(data) = frame.into_data() {
+            buf.extend_from_slice(&data);
+            while let Some(i) = buf.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = buf.drain(..=i).collect();
+                out.push(serde_json::from_slice(&line).unwrap());
+            }
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn watch_streams_events_from_a_resource_version() {
+    let lab = lab().await;
+    let (_, list) = lab.get(SVCS).await;
+    let rv = list["metadata"]["resourceVersion"].as_str().unwrap().to_string();
+    let path = format!("{SVCS}?watch=true&resourceVersion={rv}&timeoutSeconds=10");
+    let lab_ref = &lab;
+    let watcher = watch_lines(lab_ref, &path, "application/json", 3);
+    let writer = async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        lab_ref.post(SVCS, contour()).await;
+        lab_ref.patch(&format!("{SVCS}/contour"), "application/merge-patch+json", json!({"metadata": {"labels": {"x": "y"}}})).await;
+        lab_ref.delete(&format!("{SVCS}/contour")).await;
+    };
+    let (events, _) = tokio::join!(watcher, writer);
+    let types: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
+    assert_eq!(types, vec!["ADDED", "MODIFIED", "DELETED"]);
+    assert_eq!(events[0]["object"]["kind"], "Service");
+    // Without a resourceVersion: synthetic ADDED for what exists.
+    let events = watch_lines(&lab, &format!("{SVCS}?watch=true&timeoutSeconds=1"), "application/json", 1).await;
+    assert_eq!(events[0]["type"], "ADDED");
+    assert_eq!(events[0]["object"]["metadata"]["name"], "kubernetes");
+    // Table-wrapped events: one row each, columns only on the first.
+    let (_, list) = lab.get(SVCS).await;
+    let rv = list["metadata"]["resourceVersion"].as_str().unwrap().to_string();
+    let path = format!("{SVCS}?watch=true&resourceVersion={rv}");
+    let watcher = watch_lines(lab_ref, &path, TABLE, 2);
+    let writer = async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        lab_ref.post(SVCS, contour()).await;
+        lab_ref.delete(&format!("{SVCS}/contour")).await;
+    };
+    let (events, _) = tokio::join!(watcher, writer);
+    assert_eq!(events[0]["object"]["kind"], "Table");
+    assert_eq!(events[0]["object"]["rows"].as_array().unwrap().len(), 1);
+    assert!(!events[0]["object"]["columnDefinitions"].as_array().unwrap().is_empty());
+    assert!(events[1]["object"]["columnDefinitions"].as_array().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn watch_from_a_compacted_version_gets_410_expired() {
+    let lab = lab_with(|c| c.event_log_capacity = 8).await;
+    for i in 0..12 {
+        let (s, _) = lab.post(SVCS, json!({"metadata": {"name": format!("s{i}")}, "spec": {"ports": [{"port": 80}]}})).await;
+        assert_eq!(s, StatusCode::CREATED);
+    }
+    let events = watch_lines(&lab, &format!("{SVCS}?watch=true&resourceVersion=2"), "application/json", 1).await;
+    assert_eq!(events[0]["type"], "ERROR");
+    assert_eq!(events[0]["object"]["code"], 410);
+    assert_eq!(events[0]["object"]["reason"], "Expired");
+}
+
+#[tokio::test]
+async fn concurrent_creates_get_distinct_cluster_ips_and_node_ports() {
+    let lab = lab().await;
+    let creates = (0..200).map(|i| {
+        let lab = &lab;
+        async move {
+            let svc = json!({"metadata": {"name": format!("svc-{i}")}, "spec": {"type": "NodePort", "ports": [{"port": 80}]}});
+            lab.post(SVCS, svc).await
+        }
+    });
+    let results = futures::future::join_all(creates).await;
+    let mut ips = std::collections::BTreeSet::new();
+    let mut ports = std::collections::BTreeSet::new();
+    for (s, svc) in results {
+        assert_eq!(s, StatusCode::CREATED, "{svc}");
+        ips.insert(svc["spec"]["clusterIP"].as_str().unwrap().to_string());
+        ports.insert(svc["spec"]["ports"][0]["nodePort"].as_i64().unwrap());
+    }
+    assert_eq!((ips.len(), ports.len()), (200, 200));
+}
+
+#[tokio::test]
+async fn full_ranges_answer_with_a_clear_error() {
+    let lab = lab_with(|c| {
+        c.ranges.service_cidr = "10.96.0.0/29".parse().unwrap(); // 6 usable, .1 is default/kubernetes
+        c.ranges.node_ports = 30000..=30001;
+    })
+    .await;
+    for i in 0..5 {
+        let (s, b) = lab.post(SVCS, json!({"metadata": {"name": format!("s{i}")}, "spec": {"ports": [{"port": 80}]}})).await;
+        assert_eq!(s, StatusCode::CREATED, "{b}");
+    }
+    let (s, st) = lab.post(SVCS, json!({"metadata": {"name": "full"}, "spec": {"ports": [{"port": 80}]}})).await;
+    assert_eq!(s, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(st["message"], "Internal error occurred: failed to allocate a serviceIP: range is full");
+    lab.delete(&format!("{SVCS}/s0")).await;
+    let (s, st) = lab.post(SVCS, json!({"metadata": {"name": "np"}, "spec": {"type": "NodePort", "ports": [{"name": "a", "port": 80}, {"name": "b", "port": 81}, {"name": "c", "port": 82}]}})).await;
+    assert_eq!(s, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(st["message"], "Internal error occurred: failed to allocate a nodePort: range is full");
+    // The failed create left nothing behind: the ClusterIP freed by s0 is still available.
+    let (s, _) = lab.post(SVCS, json!({"metadata": {"name": "fits"}, "spec": {"type": "NodePort", "ports": [{"port": 80}]}})).await;
+    assert_eq!(s, StatusCode::CREATED);
+}
+
+#[tokio::test]
+async fn restart_keeps_objects_cluster_ips_and_node_ports() {
+    let mut lab = lab().await;
+    let (_, a) = lab.post(SVCS, contour()).await;
+    let server = lab.server.take().unwrap();
+    let cfg = lab.cfg.clone();
+    drop(std::mem::replace(&mut lab.app, Router::new()));
+    server.stop().await.unwrap();
+    // The database is closed once the last handle is gone; give dropped tasks a moment.
+    let mut reopened = None;
+    for _ in 0..50 {
+        match start(&cfg).await {
+            Ok(s) => {
+                reopened = Some(s);
+                break;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+    let server = reopened.expect("store reopens after stop");
+    lab.app = app_for(&server, &cfg);
+    let (s, b) = lab.get(&format!("{SVCS}/contour")).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(b["spec"], a["spec"]);
+    assert_eq!(b["status"], a["status"]);
+    // The allocations were restored: the same NodePort cannot be taken again.
+    let np = a["spec"]["ports"][0]["nodePort"].clone();
+    let clash = json!({"metadata": {"name": "x"}, "spec": {"type": "NodePort", "ports": [{"port": 80, "nodePort": np}]}});
+    assert_eq!(lab.post(SVCS, clash).await.0, StatusCode::UNPROCESSABLE_ENTITY);
+    let clash = json!({"metadata": {"name": "y"}, "spec": {"clusterIP": a["spec"]["clusterIP"], "ports": [{"port": 80}]}});
+    assert_eq!(lab.post(SVCS, clash).await.0, StatusCode::UNPROCESSABLE_ENTITY);
+}
+
+fn ready_node(name: &str) -> Value {
+    let now = jiff::Timestamp::now();
+    let now = jiff::Timestamp::from_second(now.as_second()).unwrap().to_string();
+    json!({"metadata": {"name": name}, "status": {
+        "conditions": [{"type": "Ready", "status": "True", "lastHeartbeatTime": now, "lastTransitionTime": now}],
+        "addresses": [{"type": "InternalIP", "address": "192.168.56.11"}],
+        "nodeInfo": {"machineID": "m", "systemUUID": "s", "bootID": "b", "kernelVersion": "6.1", "osImage": "Debian",
+                     "containerRuntimeVersion": "podpath://0.1", "kubeletVersion": "v1.32.0", "kubeProxyVersion": "v1.32.0",
+                     "operatingSystem": "linux", "architecture": "amd64"}}})
+}
+
+#[tokio::test]
+async fn nodes_get_pod_cidrs_pods_get_scheduled_and_endpoints_follow_ready_pods() {
+    let lab = lab().await;
+    let (s, n1) = lab.post("/api/v1/nodes", ready_node("node-1")).await;
+    assert_eq!(s, StatusCode::CREATED, "{n1}");
+    assert_eq!(n1["spec"]["podCIDR"], "10.244.1.0/24");
+    let (_, n2) = lab.post("/api/v1/nodes", ready_node("node-2")).await;
+    assert_eq!(n2["spec"]["podCIDR"], "10.244.2.0/24");
+    lab.post(SVCS, contour()).await;
+    for i in 0..2 {
+        let pod = json!({"metadata": {"name": format!("contour-{i}"), "labels": {"app": "contour"}},
+                         "spec": {"containers": [{"name": "c", "image": "podpath/echo",
+                                  "ports": [{"name": "http", "containerPort": 8080}, {"name": "https", "containerPort": 8443}]}]}});
+        let (s, p) = lab.post("/api/v1/namespaces/default/pods", pod).await;
+        assert_eq!(s, StatusCode::CREATED, "{p}");
+        assert_eq!(p["status"]["phase"], "Pending");
+    }
+    // The scheduler spreads the two pods over the two nodes.
+    let mut nodes = std::collections::BTreeSet::new();
+    for i in 0..2 {
+        let p = lab
+            .eventually(&format!("/api/v1/namespaces/default/pods/contour-{i}"), |_, v| v["spec"]["nodeName"].is_string())
+            .await;
+        nodes.insert(p["spec"]["nodeName"].as_str().unwrap().to_string());
+    }
+    assert_eq!(nodes.len(), 2);
+    // A node agent reports one pod running and ready.
+    let status = json!({"status": {"phase": "Running", "podIP": "10.244.1.5", "podIPs": [{"ip": "10.244.1.5"}],
+                        "conditions": [{"type": "Ready", "status": "True"}]}});
+    let (s, _) = lab.patch("/api/v1/namespaces/default/pods/contour-0/status", "application/merge-patch+json", status).await;
+    assert_eq!(s, StatusCode::OK);
+    let status = json!({"status": {"phase": "Running", "podIP": "10.244.2.7", "podIPs": [{"ip": "10.244.2.7"}],
+                        "conditions": [{"type": "Ready", "status": "False"}]}});
+    lab.patch("/api/v1/namespaces/default/pods/contour-1/status", "application/merge-patch+json", status).await;
+    let ep = lab
+        .eventually("/api/v1/namespaces/default/endpoints/contour", |s, v| {
+            s == StatusCode::OK && v.pointer("/subsets/0/notReadyAddresses").is_some()
+        })
+        .await;
+    assert_eq!(ep["subsets"][0]["addresses"][0]["ip"], "10.244.1.5");
+    assert_eq!(ep["subsets"][0]["notReadyAddresses"][0]["ip"], "10.244.2.7");
+    // The named targetPort "https" resolved through the container port.
+    let ports: Vec<i64> = ep["subsets"][0]["ports"].as_array().unwrap().iter().map(|p| p["port"].as_i64().unwrap()).collect();
+    assert_eq!(ports, vec![8080, 8443]);
+    let (_, slices) = lab
+        .get("/apis/discovery.k8s.io/v1/namespaces/default/endpointslices?labelSelector=kubernetes.io%2Fservice-name%3Dcontour")
+        .await;
+    let slice = &slices["items"][0];
+    assert_eq!(slice["addressType"], "IPv4");
+    assert_eq!(slice["endpoints"].as_array().unwrap().len(), 2);
+    let ready: Vec<bool> = slice["endpoints"].as_array().unwrap().iter().map(|e| e["conditions"]["ready"].as_bool().unwrap()).collect();
+    assert_eq!(ready, vec![true, false]);
+    // Deleting the Service removes its endpoints.
+    lab.delete(&format!("{SVCS}/contour")).await;
+    lab.eventually("/api/v1/namespaces/default/endpoints/contour", |s, _| s == StatusCode::NOT_FOUND).await;
+    lab.eventually(
+        "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices?labelSelector=kubernetes.io%2Fservice-name%3Dcontour",
+        |_, v| v["items"].as_array().is_some_and(|i| i.is_empty()),
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn silent_nodes_go_not_ready_and_their_pods_are_removed_on_delete() {
+    let lab = lab().await;
+    lab.post("/api/v1/nodes", ready_node("node-1")).await;
+    let pod = json!({"metadata": {"name": "p"}, "spec": {"nodeName": "node-1", "containers": [{"name": "c", "image": "podpath/echo"}]}});
+    lab.post("/api/v1/namespaces/default/pods", pod).await;
+    // While the node is Ready, delete is graceful: the node agent would finish it.
+    let (s, p) = lab.delete("/api/v1/namespaces/default/pods/p").await;
+    assert_eq!(s, StatusCode::OK);
+    assert!(p["metadata"]["deletionTimestamp"].is_string());
+    // No heartbeat: after the grace period the node is NotReady and the pod is removed.
+    let n = lab
+        .eventually("/api/v1/nodes/node-1", |_, v| {
+            v["status"]["conditions"].as_array().is_some_and(|c| c.iter().any(|c| c["type"] == "Ready" && c["status"] == "Unknown"))
+        })
+        .await;
+    assert_eq!(n["status"]["conditions"][0]["reason"], "NodeStatusUnknown");
+    lab.eventually("/api/v1/namespaces/default/pods/p", |s, _| s == StatusCode::NOT_FOUND).await;
+    let (_, t) = lab.call("GET", "/api/v1/nodes/node-1", None, "", TABLE).await;
+    assert_eq!(t["rows"][0]["cells"][1], "NotReady");
+}
+
+#[tokio::test]
+async fn namespaces_are_protected_or_emptied_before_removal() {
+    let lab = lab().await;
+    let (s, st) = lab.delete("/api/v1/namespaces/default").await;
+    assert_eq!(s, StatusCode::FORBIDDEN);
+    assert_eq!(st["message"], "namespaces \"default\" is forbidden: this namespace may not be deleted");
+    assert_eq!(lab.post("/api/v1/namespaces", json!({"metadata": {"name": "team-a"}})).await.0, StatusCode::CREATED);
+    let (s, _) = lab.post("/api/v1/namespaces/team-a/services", contour()).await;
+    assert_eq!(s, StatusCode::CREATED);
+    let (s, ns) = lab.delete("/api/v1/namespaces/team-a").await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(ns["status"]["phase"], "Terminating");
+    lab.eventually("/api/v1/namespaces/team-a", |s, _| s == StatusCode::NOT_FOUND).await;
+    let (_, l) = lab.get("/api/v1/namespaces/team-a/services").await;
+    assert!(l["items"].as_array().unwrap().is_empty());
+    let (s, st) = lab.post("/api/v1/namespaces", json!({"metadata": {"name": "Bad"}})).await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{st}");
+}
+
+#[tokio::test]
+async fn discovery_version_and_openapi() {
+    let lab = lab().await;
+    let (_, v) = lab.get("/version").await;
+    assert_eq!(v["minor"], "32");
+    for f in ["major", "minor", "gitVersion", "gitCommit", "gitTreeState", "buildDate", "goVersion", "compiler", "platform"] {
+        assert!(v[f].is_string(), "{f}");
+    }
+    let (_, api) = lab.get("/api").await;
+    assert_eq!(api["versions"], json!(["v1"]));
+    let (_, core) = lab.get("/api/v1").await;
+    let svc = core["resources"].as_array().unwrap().iter().find(|r| r["name"] == "services").unwrap();
+    assert_eq!(svc["shortNames"], json!(["svc"]));
+    let (_, apis) = lab.get("/apis").await;
+    assert_eq!(apis["groups"][0]["name"], "discovery.k8s.io");
+    let accept = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json";
+    let req = Request::builder().uri("/api").header("accept", accept).body(Body::empty()).unwrap();
+    let resp = lab.app.clone().oneshot(req).await.unwrap();
+    assert_eq!(resp.headers()["content-type"], "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList");
+    let body: Value = serde_json::from_slice(&resp.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    let res = &body["items"][0]["versions"][0]["resources"];
+    let svc = res.as_array().unwrap().iter().find(|r| r["resource"] == "services").unwrap();
+    assert_eq!(svc["scope"], "Namespaced");
+    assert_eq!(svc["responseKind"]["kind"], "Service");
+    let (_, idx) = lab.get("/openapi/v3").await;
+    let url = idx["paths"]["api/v1"]["serverRelativeURL"].as_str().unwrap().to_string();
+    let (_, doc) = lab.get(&url).await;
+    let op = &doc["paths"]["/api/v1/namespaces/{namespace}/services/{name}"]["patch"];
+    assert_eq!(op["x-kubernetes-group-version-kind"]["kind"], "Service");
+    assert!(op["parameters"].as_array().unwrap().iter().any(|p| p["name"] == "fieldValidation"));
+}
+
+#[tokio::test]
+async fn token_and_body_limits_are_enforced() {
+    let lab = lab_with(|c| {
+        c.token = Some("s3cret".into());
+        c.max_body_bytes = 1024;
+    })
+    .await;
+    let (s, st) = lab.get(SVCS).await;
+    assert_eq!((s, st["reason"].as_str()), (StatusCode::UNAUTHORIZED, Some("Unauthorized")));
+    let req = Request::builder().uri(SVCS).header("authorization", "Bearer s3cret").body(Body::empty()).unwrap();
+    assert_eq!(lab.app.clone().oneshot(req).await.unwrap().status(), StatusCode::OK);
+    let big = json!({"metadata": {"name": "x", "annotations": {"a": "b".repeat(4096)}}, "spec": {"ports": [{"port": 80}]}});
+    let req = Request::builder()
+        .method("POST")
+        .uri(SVCS)
+        .header("authorization", "Bearer s3cret")
+        .header("content-type", "application/json")
+        .body(Body::from(big.to_string()))
+        .unwrap();
+    assert_eq!(lab.app.clone().oneshot(req).await.unwrap().status(), StatusCode::PAYLOAD_TOO_LARGE);
+    let req = Request::builder().uri("/healthz").body(Body::empty()).unwrap();
+    assert_eq!(lab.app.clone().oneshot(req).await.unwrap().status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn garbage_never_panics_the_server() {
+    let lab = lab().await;
+    let junk = [
+        json!(null), json!([]), json!({"metadata": 5}), json!({"metadata": {"name": 5}}),
+        json!({"metadata": {"name": "x"}, "spec": {"ports": "nope"}}),
+        json!({"metadata": {"name": "x"}, "spec": {"ports": [{"port": "80"}]}}),
+        json!({"metadata": {"name": "x"}, "spec": {"ports": [{"port": 99999999999i64}]}}),
+        json!({"kind": "Pod", "metadata": {"name": "x"}}),
+    ];
+    for j in junk {
+        let (s, st) = lab.post(SVCS, j.clone()).await;
+        assert!(s.is_client_error(), "{j}: {s} {st}");
+        assert_eq!(st["kind"], "Status");
+        for patch_ct in ["application/merge-patch+json", "application/strategic-merge-patch+json", "application/json-patch+json"] {
+            let (s, _) = lab.patch(&format!("{SVCS}/kubernetes"), patch_ct, j.clone()).await;
+            assert!(s.is_client_error() || s == StatusCode::OK, "{patch_ct} {j}: {s}");
+        }
+    }
+    for path in ["/api/v1/namespaces", "/api/v1/namespaces/default/services/a/b/c", "/apis/x/y/z", "/api/v1/namespaces/default/nodes"] {
+        let (s, _) = lab.call("PATCH", path, Some(json!({})), "application/merge-patch+json", "application/json").await;
+        assert!(s.is_client_error(), "{path}: {s}");
+    }
+}
