@@ -1,0 +1,189 @@
+//! In-process tests of the gRPC API: a real server on 127.0.0.1:0 (REST and gRPC listeners),
+//! driven with the generated tonic clients.
+
+use std::time::Duration;
+
+use api::proto as pb;
+use api::proto::nodes_client::NodesClient;
+use api::proto::services_client::ServicesClient;
+use api::proto::watch_client::WatchClient;
+use tokio::net::TcpListener;
+use tonic::transport::Channel;
+
+struct Running {
+    grpc: String,
+    _stop: tokio::sync::oneshot::Sender<()>,
+    _dir: tempfile::TempDir,
+}
+
+async fn run(token: Option<&str>) -> Running {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = apiserver_lite::Config::new(dir.path().to_path_buf());
+    cfg.token = token.map(str::to_string);
+    let rest = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = grpc.local_addr().unwrap();
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(apiserver_lite::serve(cfg, vec![rest], Some(grpc), async {
+        let _ = rx.await;
+    }));
+    let url = format!("http://{addr}");
+    for _ in 0..100 {
+        if Channel::from_shared(url.clone()).unwrap().connect().await.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Running { grpc: url, _stop: tx, _dir: dir }
+}
+
+async fn channel(r: &Running) -> Channel {
+    Channel::from_shared(r.grpc.clone()).unwrap().connect().await.unwrap()
+}
+
+fn web_service() -> pb::Service {
+    pb::Service {
+        metadata: Some(pb::ObjectMeta { name: Some("web".into()), namespace: Some("default".into()), ..Default::default() }),
+        spec: Some(pb::ServiceSpec {
+            r#type: Some("NodePort".into()),
+            ports: vec![pb::ServicePort { name: Some("http".into()), port: 80, ..Default::default() }],
+            selector: [("app".to_string(), "web".to_string())].into(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn service_crud_and_typed_errors() {
+    let r = run(None).await;
+    let mut svc = ServicesClient::new(channel(&r).await);
+    let created = svc.create(web_service()).await.unwrap().into_inner();
+    let spec = created.spec.clone().unwrap();
+    assert!(spec.cluster_ip.unwrap().starts_with("10."));
+    assert!(spec.ports[0].node_port.unwrap() >= 30000);
+    assert_eq!(spec.ports[0].protocol.as_deref(), Some("TCP"));
+    let err = svc.create(web_service()).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::AlreadyExists);
+    let got = svc.get(pb::GetRequest { namespace: "default".into(), name: "web".into() }).await.unwrap().into_inner();
+    assert_eq!(got, created);
+    let list = svc.list(pb::ListRequest { label_selector: String::new(), ..Default::default() }).await.unwrap().into_inner();
+    assert_eq!(list.items.len(), 2); // web and default/kubernetes
+    let mut bad = web_service();
+    bad.metadata.as_mut().unwrap().name = Some("bad".into());
+    bad.spec.as_mut().unwrap().ports[0].node_port = Some(80);
+    let err = svc.create(bad).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(err.message().contains("spec.ports[0].nodePort: Invalid value: 80"), "{}", err.message());
+    let mut upd = created.clone();
+    upd.spec.as_mut().unwrap().ports[0].target_port = Some(pb::IntOrString { value: Some(pb::int_or_string::Value::IntValue(8080)) });
+    let updated = svc.update(upd).await.unwrap().into_inner();
+    assert_eq!(updated.spec.as_ref().unwrap().ports[0].node_port, spec.ports[0].node_port);
+    let deleted = svc.delete(pb::DeleteRequest { namespace: "default".into(), name: "web".into() }).await.unwrap().into_inner();
+    assert_eq!(deleted.metadata.unwrap().name.as_deref(), Some("web"));
+    let err = svc.get(pb::GetRequest { namespace: "default".into(), name: "web".into() }).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::NotFound);
+}
+
+#[tokio::test]
+async fn watch_sends_snapshot_synced_then_events_and_resumes() {
+    let r = run(None).await;
+    let ch = channel(&r).await;
+    let mut watch = WatchClient::new(ch.clone());
+    let mut stream = watch
+        .watch(pb::WatchRequest { kind: pb::Kind::Service as i32, ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner();
+    let first = stream.message().await.unwrap().unwrap();
+    assert_eq!(first.r#type, pb::watch_event::Type::Added as i32);
+    let synced = stream.message().await.unwrap().unwrap();
+    assert_eq!(synced.r#type, pb::watch_event::Type::Synced as i32);
+    let mut svc = ServicesClient::new(ch.clone());
+    svc.create(web_service()).await.unwrap();
+    let added = tokio::time::timeout(Duration::from_secs(5), stream.message()).await.unwrap().unwrap().unwrap();
+    assert_eq!(added.r#type, pb::watch_event::Type::Added as i32);
+    let Some(pb::watch_event::Object::Service(s)) = added.object else { panic!("a Service") };
+    assert_eq!(s.metadata.unwrap().name.as_deref(), Some("web"));
+    // Resume from the synced version: the same ADDED arrives again, and nothing before it.
+    let mut resumed = watch
+        .watch(pb::WatchRequest { kind: pb::Kind::Service as i32, resource_version: synced.resource_version, ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner();
+    let again = tokio::time::timeout(Duration::from_secs(5), resumed.message()).await.unwrap().unwrap().unwrap();
+    assert_eq!(again.resource_version, added.resource_version);
+    // Filters by namespace and selector.
+    let mut filtered = watch
+        .watch(pb::WatchRequest { kind: pb::Kind::Service as i32, label_selector: "app=none".into(), ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner();
+    let only = filtered.message().await.unwrap().unwrap();
+    assert_eq!(only.r#type, pb::watch_event::Type::Synced as i32);
+    let err = watch.watch(pb::WatchRequest::default()).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+}
+
+#[tokio::test]
+async fn nodes_register_get_a_pod_cidr_and_heartbeat() {
+    let r = run(None).await;
+    let mut nodes = NodesClient::new(channel(&r).await);
+    let node = pb::Node {
+        metadata: Some(pb::ObjectMeta { name: Some("node-2".into()), ..Default::default() }),
+        status: Some(pb::NodeStatus {
+            addresses: vec![pb::NodeAddress { r#type: "InternalIP".into(), address: "192.168.56.12".into() }],
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let registered = nodes.register(pb::RegisterNodeRequest { node: Some(node.clone()) }).await.unwrap().into_inner();
+    assert_eq!(registered.spec.as_ref().unwrap().pod_cidr.as_deref(), Some("10.244.2.0/24"));
+    // Registering again keeps the CIDR.
+    let again = nodes.register(pb::RegisterNodeRequest { node: Some(node) }).await.unwrap().into_inner();
+    assert_eq!(again.spec.unwrap().pod_cidr.as_deref(), Some("10.244.2.0/24"));
+    let beat = nodes
+        .heartbeat(pb::HeartbeatRequest {
+            name: "node-2".into(),
+            conditions: vec![pb::Condition { r#type: "Ready".into(), status: "True".into(), reason: Some("KubeletReady".into()), ..Default::default() }],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let ready = &beat.status.unwrap().conditions[0];
+    assert_eq!(ready.status, "True");
+    assert!(ready.last_heartbeat_time.is_some());
+    let err = nodes.heartbeat(pb::HeartbeatRequest { name: "nope".into(), conditions: vec![] }).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::NotFound);
+}
+
+#[tokio::test]
+async fn reflection_lists_the_services() {
+    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+    use tonic_reflection::pb::v1::ServerReflectionRequest;
+    let r = run(None).await;
+    let mut client = ServerReflectionClient::new(channel(&r).await);
+    let req = ServerReflectionRequest { host: String::new(), message_request: Some(MessageRequest::ListServices(String::new())) };
+    let mut resp = client.server_reflection_info(futures::stream::iter(vec![req])).await.unwrap().into_inner();
+    let msg = resp.message().await.unwrap().unwrap();
+    let Some(MessageResponse::ListServicesResponse(list)) = msg.message_response else { panic!("list response") };
+    let names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
+    for want in ["podpath.v1.Services", "podpath.v1.Pods", "podpath.v1.Nodes", "podpath.v1.Watch"] {
+        assert!(names.iter().any(|n| n == want), "{want} in {names:?}");
+    }
+}
+
+#[tokio::test]
+async fn token_is_required_when_configured() {
+    let r = run(Some("s3cret")).await;
+    let ch = channel(&r).await;
+    let err = ServicesClient::new(ch.clone()).list(pb::ListRequest::default()).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unauthenticated);
+    let mut authed = ServicesClient::with_interceptor(ch, |mut req: tonic::Request<()>| {
+        req.metadata_mut().insert("authorization", "Bearer s3cret".parse().unwrap());
+        Ok(req)
+    });
+    assert!(authed.list(pb::ListRequest::default()).await.is_ok());
+}
