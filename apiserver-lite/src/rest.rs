@@ -182,6 +182,10 @@ fn parse_body(body: &Bytes, headers: &HeaderMap) -> Result<Value, ApiError> {
         return Err(ApiError::BadRequest("the request body is empty".into()));
     }
     let ct = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
+    // Protobuf is not spoken here; client-go falls back to JSON on 415.
+    if ct.contains("protobuf") {
+        return Err(ApiError::UnsupportedMediaType);
+    }
     match serde_json::from_slice::<Value>(body) {
         Ok(v) => Ok(v),
         Err(e) if ct.contains("yaml") => serde_yaml::from_slice::<Value>(body)

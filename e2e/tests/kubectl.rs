@@ -1,0 +1,204 @@
+//! The real kubectl (`/usr/bin/kubectl`, the dispatcher, which runs kubectl 1.32 because the
+//! server reports minor 32) against a real apiserver-lite process.
+
+use std::io::{BufRead, BufReader};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use podpath_e2e::{text, ApiServer};
+
+const CONTOUR: &str = "apiVersion: v1
+kind: Service
+metadata:
+  name: contour
+spec:
+  type: LoadBalancer
+  selector:
+    app: contour
+  ports:
+  - name: http
+    port: 80
+    targetPort: 8080
+  - name: https
+    port: 443
+    targetPort: 8443
+";
+
+fn kubectl_available() -> bool {
+    std::process::Command::new("kubectl").arg("version").arg("--client").output().is_ok_and(|o| o.status.success())
+}
+
+fn ok(srv: &ApiServer, args: &[&str]) -> String {
+    let o = srv.kubectl(args);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "kubectl {args:?} failed: {out}{err}");
+    out
+}
+
+fn fails(srv: &ApiServer, args: &[&str]) -> String {
+    let o = srv.kubectl(args);
+    let (out, err) = text(&o);
+    assert!(!o.status.success(), "kubectl {args:?} should fail: {out}");
+    err
+}
+
+#[test]
+fn kubectl_service_lifecycle() {
+    assert!(kubectl_available(), "kubectl is required (it ships on the machine image as /usr/bin/kubectl)");
+    let srv = ApiServer::start(&[]).unwrap();
+    let manifest = srv.dir.path().join("contour.yaml");
+    std::fs::write(&manifest, CONTOUR).unwrap();
+    let m = manifest.to_str().unwrap();
+
+    // apply with default validation (needs OpenAPI v3 with fieldValidation)
+    assert_eq!(ok(&srv, &["apply", "-f", m]), "service/contour created\n");
+
+    // get: the real columns and cells
+    let out = ok(&srv, &["get", "svc", "contour"]);
+    let mut lines = out.lines();
+    let header: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
+    assert_eq!(header, ["NAME", "TYPE", "CLUSTER-IP", "EXTERNAL-IP", "PORT(S)", "AGE"]);
+    let row: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
+    assert_eq!(row[0], "contour");
+    assert_eq!(row[1], "LoadBalancer");
+    assert!(row[2].starts_with("10."), "{row:?}");
+    assert_eq!(row[3], "198.51.100.1");
+    let ports: Vec<&str> = row[4].split(',').collect();
+    assert!(ports[0].starts_with("80:3") && ports[0].ends_with("/TCP"), "{ports:?}");
+    assert!(ports[1].starts_with("443:3") && ports[1].ends_with("/TCP"), "{ports:?}");
+
+    let wide = ok(&srv, &["get", "svc", "-o", "wide"]);
+    assert!(wide.lines().next().unwrap().ends_with("SELECTOR"), "{wide}");
+    assert!(wide.contains("app=contour"));
+
+    let yaml: serde_yaml::Value = serde_yaml::from_str(&ok(&srv, &["get", "svc", "contour", "-o", "yaml"])).unwrap();
+    assert_eq!(yaml["spec"]["ports"][0]["protocol"].as_str(), Some("TCP"));
+    assert_eq!(yaml["spec"]["ipFamilyPolicy"].as_str(), Some("SingleStack"));
+    let json: serde_json::Value = serde_json::from_str(&ok(&srv, &["get", "svc", "-o", "json"])).unwrap();
+    assert_eq!(json["kind"], "List");
+    let node_ports: Vec<i64> = json["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["metadata"]["name"] == "contour")
+        .unwrap()["spec"]["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["nodePort"].as_i64().unwrap())
+        .collect();
+
+    // re-apply unchanged, then a changed manifest
+    assert_eq!(ok(&srv, &["apply", "-f", m]), "service/contour unchanged\n");
+    std::fs::write(&manifest, CONTOUR.replace("targetPort: 8443", "targetPort: 9443")).unwrap();
+    assert_eq!(ok(&srv, &["apply", "-f", m]), "service/contour configured\n");
+    let after: serde_json::Value = serde_json::from_str(&ok(&srv, &["get", "svc", "contour", "-o", "json"])).unwrap();
+    assert_eq!(after["spec"]["ports"][1]["targetPort"], 9443);
+    let kept: Vec<i64> = after["spec"]["ports"].as_array().unwrap().iter().map(|p| p["nodePort"].as_i64().unwrap()).collect();
+    assert_eq!(kept, node_ports, "nodePorts stay stable across apply");
+
+    assert_eq!(ok(&srv, &["label", "svc", "contour", "team=net"]), "service/contour labeled\n");
+    assert!(ok(&srv, &["get", "svc", "-l", "team=net"]).contains("contour"));
+    assert!(ok(&srv, &["get", "svc", "--show-labels"]).contains("team=net"));
+    assert!(ok(&srv, &["get", "svc", "-A"]).lines().next().unwrap().starts_with("NAMESPACE"));
+    assert!(ok(&srv, &["get", "svc", "--sort-by=.metadata.name"]).contains("kubernetes"));
+
+    let describe = ok(&srv, &["describe", "svc", "contour"]);
+    for want in ["Name:                     contour", "Type:                     LoadBalancer", "LoadBalancer Ingress:     198.51.100.1", "Endpoints:"] {
+        assert!(describe.contains(want), "describe lacks {want:?}:\n{describe}");
+    }
+    let describe = ok(&srv, &["describe", "svc", "kubernetes"]);
+    assert!(describe.contains(&format!("Endpoints:                {}", srv.rest)), "{describe}");
+
+    // errors, printed the way a real server's are
+    let bad = srv.dir.path().join("bad.yaml");
+    std::fs::write(&bad, "apiVersion: v1\nkind: Service\nmetadata:\n  name: x\nspec:\n  type: NodePort\n  ports:\n  - port: 80\n    nodePort: 80\n").unwrap();
+    let err = fails(&srv, &["apply", "-f", bad.to_str().unwrap()]);
+    assert!(err.contains("The Service \"x\" is invalid: spec.ports[0].nodePort: Invalid value: 80: provided port is not in the valid range. The range of valid ports is 30000-32767"), "{err}");
+    let err = fails(&srv, &["create", "-f", m]);
+    assert!(err.contains("Error from server (AlreadyExists): error when creating"), "{err}");
+    assert!(err.contains("services \"contour\" already exists"), "{err}");
+    let err = fails(&srv, &["get", "svc", "nope"]);
+    assert_eq!(err.trim(), "Error from server (NotFound): services \"nope\" not found");
+
+    // get -w prints live events; then delete
+    let mut watch = srv.kubectl_cmd(&["get", "svc", "-w"]).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
+    let stdout = watch.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut seen = Vec::new();
+    let wait_for = |seen: &mut Vec<String>, n: usize| {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while seen.len() < n && Instant::now() < deadline {
+            if let Ok(l) = rx.recv_timeout(Duration::from_millis(200)) {
+                seen.push(l);
+            }
+        }
+    };
+    wait_for(&mut seen, 3); // header + two rows of the initial list
+    let other = srv.dir.path().join("web.yaml");
+    std::fs::write(&other, "apiVersion: v1\nkind: Service\nmetadata:\n  name: web\nspec:\n  ports:\n  - port: 80\n").unwrap();
+    ok(&srv, &["apply", "-f", other.to_str().unwrap()]);
+    assert_eq!(ok(&srv, &["delete", "svc", "contour"]), "service \"contour\" deleted\n");
+    wait_for(&mut seen, 5);
+    let _ = watch.kill();
+    let _ = watch.wait();
+    assert!(seen[3].starts_with("web "), "watch saw {seen:?}");
+    assert!(seen[4].starts_with("contour "), "watch saw the deletion: {seen:?}");
+    let err = fails(&srv, &["get", "svc", "contour"]);
+    assert!(err.contains("NotFound"), "{err}");
+    assert!(ok(&srv, &["api-resources"]).contains("endpointslices"));
+    assert!(ok(&srv, &["get", "all"]).contains("service/web"));
+}
+
+#[test]
+fn acknowledged_writes_survive_kill_9() {
+    assert!(kubectl_available(), "kubectl is required");
+    let mut srv = ApiServer::start(&[]).unwrap();
+    let manifest = srv.dir.path().join("contour.yaml");
+    std::fs::write(&manifest, CONTOUR).unwrap();
+    ok(&srv, &["apply", "-f", manifest.to_str().unwrap()]);
+    let before: serde_json::Value = serde_json::from_str(&ok(&srv, &["get", "svc", "contour", "-o", "json"])).unwrap();
+    // kubectl's create was acknowledged; SIGKILL gives the server no chance to flush.
+    srv.kill9_and_restart().unwrap();
+    let after: serde_json::Value = serde_json::from_str(&ok(&srv, &["get", "svc", "contour", "-o", "json"])).unwrap();
+    assert_eq!(after["spec"], before["spec"]);
+    assert_eq!(after["status"], before["status"]);
+    assert_eq!(after["metadata"]["uid"], before["metadata"]["uid"]);
+    // The allocations came back too: the same nodePort is refused to another Service.
+    let np = before["spec"]["ports"][0]["nodePort"].as_i64().unwrap();
+    let clash = srv.dir.path().join("clash.yaml");
+    std::fs::write(&clash, format!("apiVersion: v1\nkind: Service\nmetadata:\n  name: clash\nspec:\n  type: NodePort\n  ports:\n  - port: 80\n    nodePort: {np}\n")).unwrap();
+    let err = fails(&srv, &["apply", "-f", clash.to_str().unwrap()]);
+    assert!(err.contains("provided port is already allocated"), "{err}");
+}
+
+#[test]
+fn kubectl_pods_nodes_and_namespaces() {
+    assert!(kubectl_available(), "kubectl is required");
+    let srv = ApiServer::start(&[]).unwrap();
+    ok(&srv, &["run", "web", "--image=podpath/echo", "--port=8080", "--labels", "app=web"]);
+    let pods = ok(&srv, &["get", "pods", "-o", "wide"]);
+    let header: Vec<&str> = pods.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(header, ["NAME", "READY", "STATUS", "RESTARTS", "AGE", "IP", "NODE", "NOMINATED", "NODE", "READINESS", "GATES"]);
+    assert!(pods.lines().nth(1).unwrap().starts_with("web    0/1     Pending"), "{pods}");
+    ok(&srv, &["expose", "pod", "web", "--port=80", "--target-port=8080"]);
+    assert!(ok(&srv, &["get", "svc", "web"]).contains("80/TCP"));
+    let nodes = ok(&srv, &["get", "nodes"]);
+    assert!(nodes.is_empty() || nodes.contains("NAME"), "{nodes}");
+    let ns_file = srv.dir.path().join("ns.yaml");
+    std::fs::write(&ns_file, "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: team-a\n").unwrap();
+    assert_eq!(ok(&srv, &["apply", "-f", ns_file.to_str().unwrap()]), "namespace/team-a created\n");
+    let ns = ok(&srv, &["get", "ns"]);
+    assert!(ns.contains("team-a") && ns.contains("Active"), "{ns}");
+    assert_eq!(ok(&srv, &["delete", "namespace", "team-a", "--timeout=20s"]), "namespace \"team-a\" deleted\n");
+    let err = fails(&srv, &["delete", "namespace", "default"]);
+    assert!(err.contains("this namespace may not be deleted"), "{err}");
+    assert_eq!(ok(&srv, &["delete", "pod", "web"]), "pod \"web\" deleted\n");
+}

@@ -1,0 +1,102 @@
+"""Drives apiserver-lite with the official Python `kubernetes` client.
+
+Usage: client_check.py KUBECONFIG. Prints one line per step; exits non-zero on the first failure.
+"""
+import sys
+import threading
+
+from kubernetes import client, config, watch
+from kubernetes.client.rest import ApiException
+
+
+def step(msg):
+    print(msg, flush=True)
+
+
+def main(kubeconfig):
+    config.load_kube_config(config_file=kubeconfig)
+    v1 = client.CoreV1Api()
+
+    info = client.VersionApi().get_code()
+    assert info.minor == "32", info
+    step(f"version {info.git_version}")
+
+    # Watch in the background from "now" (no resourceVersion: ADDED for what exists first).
+    seen = []
+    w = watch.Watch()
+
+    def watcher():
+        for ev in w.stream(v1.list_namespaced_service, "default", timeout_seconds=10):
+            seen.append((ev["type"], ev["object"].metadata.name))
+            if ev["type"] == "DELETED" and ev["object"].metadata.name == "py-svc":
+                w.stop()
+
+    t = threading.Thread(target=watcher)
+    t.start()
+
+    body = client.V1Service(
+        metadata=client.V1ObjectMeta(name="py-svc", labels={"app": "py"}),
+        spec=client.V1ServiceSpec(
+            type="LoadBalancer",
+            selector={"app": "py"},
+            ports=[client.V1ServicePort(name="http", port=80, target_port=8080)],
+        ),
+    )
+    created = v1.create_namespaced_service("default", body)
+    assert created.spec.cluster_ip.startswith("10."), created.spec
+    assert 30000 <= created.spec.ports[0].node_port <= 32767
+    assert created.status.load_balancer.ingress[0].ip.startswith("198.51.100.")
+    step(f"created {created.metadata.name} {created.spec.cluster_ip}")
+
+    try:
+        v1.create_namespaced_service("default", body)
+        raise AssertionError("duplicate create succeeded")
+    except ApiException as e:
+        assert e.status == 409, e
+    step("duplicate create: 409")
+
+    names = [s.metadata.name for s in v1.list_namespaced_service("default").items]
+    assert "py-svc" in names and "kubernetes" in names, names
+    assert len(v1.list_service_for_all_namespaces(label_selector="app=py").items) == 1
+    step(f"list {sorted(names)}")
+
+    patched = v1.patch_namespaced_service("py-svc", "default", {"metadata": {"labels": {"tier": "web"}}})
+    assert patched.metadata.labels == {"app": "py", "tier": "web"}, patched.metadata.labels
+    assert patched.spec.ports[0].node_port == created.spec.ports[0].node_port
+    step("strategic patch")
+
+    replaced = v1.replace_namespaced_service("py-svc", "default", patched)
+    assert replaced.spec.cluster_ip == created.spec.cluster_ip
+    step("replace")
+
+    # Nodes and pods deserialize with the strict pydantic models.
+    nodes = v1.list_node()
+    step(f"nodes {len(nodes.items)}")
+    pod = v1.create_namespaced_pod("default", client.V1Pod(
+        metadata=client.V1ObjectMeta(name="py-pod", labels={"app": "py"}),
+        spec=client.V1PodSpec(containers=[client.V1Container(name="web", image="podpath/echo",
+                                                             ports=[client.V1ContainerPort(container_port=8080)])])))
+    assert pod.status.phase == "Pending"
+    assert v1.delete_namespaced_pod("py-pod", "default").metadata.name == "py-pod"
+    step("pod create/delete")
+
+    try:
+        v1.read_namespaced_service("nope", "default")
+        raise AssertionError("missing service found")
+    except ApiException as e:
+        assert e.status == 404, e
+    step("read missing: 404")
+
+    deleted = v1.delete_namespaced_service("py-svc", "default")
+    assert deleted.metadata.name == "py-svc"
+    step("delete")
+
+    t.join(timeout=15)
+    assert ("ADDED", "py-svc") in seen and ("DELETED", "py-svc") in seen, seen
+    assert ("MODIFIED", "py-svc") in seen, seen
+    step(f"watch saw {len(seen)} events")
+    print("python client: ok")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
