@@ -8,6 +8,9 @@ pub mod convert;
 pub mod kinds;
 pub mod objects;
 pub mod patch;
+pub mod protobuf;
+#[rustfmt::skip]
+pub mod protobuf_schema;
 pub mod selector;
 pub mod strict;
 pub mod table;

@@ -182,9 +182,9 @@ fn parse_body(body: &Bytes, headers: &HeaderMap) -> Result<Value, ApiError> {
         return Err(ApiError::BadRequest("the request body is empty".into()));
     }
     let ct = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
-    // Protobuf is not spoken here; client-go falls back to JSON on 415.
-    if ct.contains("protobuf") {
-        return Err(ApiError::UnsupportedMediaType);
+    // kubectl's typed clients (create namespace, create service …) send protobuf.
+    if ct.starts_with("application/vnd.kubernetes.protobuf") {
+        return Ok(api::protobuf::decode_body(body)?);
     }
     match serde_json::from_slice::<Value>(body) {
         Ok(v) => Ok(v),

@@ -192,9 +192,13 @@ fn kubectl_pods_nodes_and_namespaces() {
     assert!(ok(&srv, &["get", "svc", "web"]).contains("80/TCP"));
     let nodes = ok(&srv, &["get", "nodes"]);
     assert!(nodes.is_empty() || nodes.contains("NAME"), "{nodes}");
-    let ns_file = srv.dir.path().join("ns.yaml");
-    std::fs::write(&ns_file, "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: team-a\n").unwrap();
-    assert_eq!(ok(&srv, &["apply", "-f", ns_file.to_str().unwrap()]), "namespace/team-a created\n");
+    // Typed-client commands send protobuf bodies.
+    assert_eq!(ok(&srv, &["create", "namespace", "team-a"]), "namespace/team-a created\n");
+    assert_eq!(ok(&srv, &["create", "service", "nodeport", "np", "--tcp=80:8080", "--node-port=30080"]), "service/np created\n");
+    let np: serde_json::Value = serde_json::from_str(&ok(&srv, &["get", "svc", "np", "-o", "json"])).unwrap();
+    assert_eq!(np["spec"]["ports"][0]["nodePort"], 30080);
+    assert_eq!(np["spec"]["ports"][0]["targetPort"], 8080);
+    assert_eq!(np["spec"]["selector"]["app"], "np");
     let ns = ok(&srv, &["get", "ns"]);
     assert!(ns.contains("team-a") && ns.contains("Active"), "{ns}");
     assert_eq!(ok(&srv, &["delete", "namespace", "team-a", "--timeout=20s"]), "namespace \"team-a\" deleted\n");
