@@ -364,7 +364,7 @@ mod tests {
         let mut port = Vec::new();
         bytes_field(1, b"80-8080", &mut port);
         bytes_field(2, b"TCP", &mut port);
-        bytes_field(6, b"", &mut port); // appProtocol: unset, sent as 
+        bytes_field(6, b"", &mut port); // appProtocol: unset, sent empty
         int_field(3, 80, &mut port);
         bytes_field(4, &target, &mut port);
         let mut spec = Vec::new();

@@ -48,7 +48,7 @@ fn start_server() -> Server {
     let child = Command::new(server_binary())
         .arg("--data-dir")
         .arg(dir.path().join("data"))
-        .args(["--listen", &addr.to_string(), "--grpc-listen", "off", "--log", "warn"])
+        .args(["--listen", &addr.to_string(), "--grpc-listen", "off", "--log", "info"])
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
         .spawn()
@@ -136,8 +136,9 @@ async fn create_many(addr: SocketAddr, total: usize, clients: usize) -> Duration
                     *n += 1;
                     *n - 1
                 };
+                let t0 = Instant::now();
                 let (code, body) = c.request("POST", SVCS, &service(&format!("svc-{i}"))).await;
-                assert_eq!(code, 201, "{}", String::from_utf8_lossy(&body));
+                assert_eq!(code, 201, "create {i} after {:?}: {}", t0.elapsed(), String::from_utf8_lossy(&body));
             }
         }));
     }
@@ -212,9 +213,21 @@ async fn main() {
         elapsed.as_secs_f64(),
         total as f64 / elapsed.as_secs_f64()
     );
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    println!("RSS with {} Services: {:.1} MiB", total + 1, rss_mib(pid));
+    println!("RSS right after the creates ({} Services stored): {:.1} MiB", total + 1, rss_mib(pid));
+    // Steady state: the endpoints controller has written Endpoints (and slices) for every one.
     let mut c = Conn::open(addr).await;
+    let t = Instant::now();
+    loop {
+        let (_, body) = c.request("GET", "/api/v1/namespaces/default/endpoints", "").await;
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        if v["items"].as_array().map_or(0, |a| a.len()) > total {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(300), "the endpoints controller did not catch up");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    println!("endpoints controller caught up {:.1}s after the last create (Endpoints + EndpointSlice per Service)", t.elapsed().as_secs_f64());
+    println!("RSS with {} Services, {} Endpoints and {} EndpointSlices: {:.1} MiB", total + 1, total + 1, total + 1, rss_mib(pid));
     let t = Instant::now();
     let (code, body) = c.request("GET", SVCS, "").await;
     assert_eq!(code, 200);
@@ -224,13 +237,18 @@ async fn main() {
     let watchers: Vec<_> = (0..10).map(|_| tokio::spawn(watcher(addr, rv.clone(), writes))).collect();
     tokio::time::sleep(Duration::from_millis(300)).await;
     let mut sent = std::collections::HashMap::new();
+    let mut acks = Vec::new();
     for i in 0..writes {
         let name = format!("w-{i}");
-        sent.insert(name.clone(), Instant::now());
+        let t0 = Instant::now();
+        sent.insert(name.clone(), t0);
         let (code, _) = c.request("POST", SVCS, &service(&name)).await;
         assert_eq!(code, 201);
+        acks.push(t0.elapsed().as_secs_f64() * 1000.0);
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
+    acks.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    println!("create acknowledged (fsynced) in: p50 {:.2} ms, p99 {:.2} ms", percentile(&acks, 0.5), percentile(&acks, 0.99));
     let mut lat = Vec::new();
     for w in watchers {
         for (name, at) in tokio::time::timeout(Duration::from_secs(60), w).await.expect("watchers finish").unwrap() {

@@ -98,7 +98,9 @@ pub async fn run(reg: Arc<Registry>, cfg: ControllerConfig) {
                 match reg.store.events_since(seen, upto) {
                     Ok(events) => {
                         for ev in events {
-                            dirty.note(ev.kind, &ev.object, ev.prev.as_deref());
+                            if matches!(ev.kind, Kind::Service | Kind::Pod | Kind::Node | Kind::Namespace) {
+                                dirty.note(ev.kind, &ev.object(), ev.prev().as_ref());
+                            }
                         }
                     }
                     Err(_) => dirty.all = true,
@@ -242,8 +244,15 @@ fn resolve_ports(svc: &Service, pod: &Pod) -> PortKey {
 /// Recomputes the Endpoints and EndpointSlices of one Service.
 async fn sync_endpoints(reg: &Registry, ns: &str, name: &str) -> Result<(), ApiError> {
     let svc: Option<Service> = reg.store.get(Kind::Service, ns, name)?.map(serde_json::from_value).transpose()?;
+    // Our slices are named `{service}-{hash}`: a key-range scan finds them without reading
+    // every slice of the namespace (which made 10,000 Services quadratic).
     let slice_sel = LabelSelector::parse(&format!("{SERVICE_NAME_LABEL}={name},{MANAGED_BY}={SLICE_CONTROLLER}"))?;
-    let (existing_slices, _) = reg.list(Kind::EndpointSlice, Some(ns), &slice_sel, &FieldSelector::default())?;
+    let existing_slices: Vec<Value> = reg
+        .store
+        .list_name_prefix(Kind::EndpointSlice, ns, &format!("{}-", slice_prefix(name)))?
+        .into_iter()
+        .filter(|s| slice_sel.matches(labels_of(s).as_ref()))
+        .collect();
     let selector = svc.as_ref().and_then(|s| s.spec.as_ref()).and_then(|s| s.selector.clone()).filter(|s| !s.is_empty());
     let (Some(svc), Some(selector)) = (svc, selector) else {
         // No Service, or one without a selector: nothing of ours may remain.
@@ -375,8 +384,12 @@ fn slice_name(svc: &str, ports: &PortKey) -> String {
     }
     const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
     let suffix: String = (0..5).map(|i| ALPHABET[((h >> (i * 5)) % ALPHABET.len() as u32) as usize] as char).collect();
-    let prefix: String = svc.chars().take(63 - 6).collect();
-    format!("{prefix}-{suffix}")
+    format!("{}-{suffix}", slice_prefix(svc))
+}
+
+/// The part of a slice name before its hash suffix.
+fn slice_prefix(svc: &str) -> String {
+    svc.chars().take(63 - 6).collect()
 }
 
 /// Creates or updates a controller-owned object when the `fields` (or labels) differ.

@@ -70,7 +70,7 @@ impl Server {
     pub async fn stop(self) -> Result<(), ApiError> {
         self.controllers.abort();
         let _ = self.controllers.await;
-        self.registry.store.flush()
+        self.registry.store.flush().await
     }
 }
 
@@ -108,6 +108,10 @@ pub async fn serve(
     let shutdown = shutdown.shared();
     let mut tasks = Vec::new();
     for l in rest {
+        // Watch events are small writes: without NODELAY, Nagle and delayed ACKs hold them back.
+        let l = axum::serve::ListenerExt::tap_io(l, |tcp: &mut tokio::net::TcpStream| {
+            let _ = tcp.set_nodelay(true);
+        });
         let app = rest::router(state.clone());
         let sd = shutdown.clone();
         tasks.push(tokio::spawn(async move {

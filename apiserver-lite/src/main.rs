@@ -48,6 +48,9 @@ struct Args {
     /// Largest accepted request body, in bytes.
     #[arg(long, default_value_t = 3 << 20)]
     max_request_bytes: usize,
+    /// Events kept for resuming watches (older resourceVersions get 410 Expired).
+    #[arg(long, default_value_t = apiserver_lite::store::EVENT_LOG_CAPACITY)]
+    event_log_capacity: usize,
     /// Log filter (RUST_LOG syntax).
     #[arg(long, env = "PODPATH_LOG", default_value = "info")]
     log: String,
@@ -110,6 +113,7 @@ async fn run() -> Result<()> {
     cfg.token = token;
     cfg.max_body_bytes = args.max_request_bytes;
     cfg.advertise = args.advertise_address;
+    cfg.event_log_capacity = args.event_log_capacity;
     let mut rest = Vec::new();
     for addr in &args.listen {
         rest.push(tokio::net::TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))?);

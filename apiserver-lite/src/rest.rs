@@ -244,6 +244,27 @@ async fn handle_resource(
             if q.get("watch").is_some_and(|w| w == "true" || w == "1") {
                 return watch(st, kind, t.namespace.clone(), q, ls, fs, wants_table(headers)).await;
             }
+            if !wants_table(headers) && ls.is_empty() && fs.is_empty() {
+                // The stored objects already carry kind and apiVersion: splice them in as they are.
+                let (raw, rv) = reg.store.list_raw(kind, ns)?;
+                let mut body = format!(
+                    r#"{{"kind":"{}List","apiVersion":"{}","metadata":{{"resourceVersion":"{rv}"}},"items":["#,
+                    kind.info().name,
+                    kind.api_version()
+                )
+                .into_bytes();
+                body.reserve(raw.iter().map(|r| r.len() + 1).sum());
+                for (i, item) in raw.iter().enumerate() {
+                    if i > 0 {
+                        body.push(b',');
+                    }
+                    body.extend_from_slice(item);
+                }
+                body.extend_from_slice(b"]}\n");
+                let mut r = Response::new(Body::from(body));
+                r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+                return Ok(r);
+            }
             let (items, rv) = reg.list(kind, ns, &ls, &fs)?;
             if wants_table(headers) {
                 let full = q.get("includeObject").is_some_and(|i| i == "Object");

@@ -8,13 +8,15 @@
 //! - `m/rv`                        → the last resourceVersion
 //!
 //! Writers serialise on [`Store::lock`] (read-modify-write must see its own reads unchanged);
-//! `commit` applies the batch and appends the events, and [`Store::sync`] fsyncs before the
-//! caller acknowledges. Concurrent writers share fsyncs (group commit). Watchers only ever see
-//! events that are durable.
+//! `commit` applies the batch and appends the events, and [`Store::sync`] waits until the
+//! write is fsynced before the caller acknowledges. One flusher thread does every flush (group
+//! commit): concurrent sled flushes can deadlock with `apply_batch` (each flush holds sled's
+//! read lock while waiting for buffers that another, blocked flush must write). Watchers only
+//! ever see events that are durable.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::path::Path;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Condvar, Mutex as StdMutex, RwLock};
 
 use api::Kind;
 use serde::{Deserialize, Serialize};
@@ -46,17 +48,27 @@ impl EventType {
     }
 }
 
-/// One change, as watchers see it.
+/// One change, as watchers see it. Objects are kept serialized: the log holds thousands of
+/// them, and a parsed `Value` costs several times its JSON size.
 #[derive(Debug)]
 pub struct StoredEvent {
     pub rv: u64,
     pub kind: Kind,
     pub type_: EventType,
     /// The object after the change (for DELETED: its last state, with the new resourceVersion).
-    pub object: Arc<Value>,
+    pub object: bytes::Bytes,
     /// The object before the change, when known (selectors need it to turn a MODIFIED into an
     /// ADDED or DELETED for a watcher). Not kept across restarts.
-    pub prev: Option<Arc<Value>>,
+    pub prev: Option<bytes::Bytes>,
+}
+
+impl StoredEvent {
+    pub fn object(&self) -> Value {
+        serde_json::from_slice(&self.object).unwrap_or_default()
+    }
+    pub fn prev(&self) -> Option<Value> {
+        self.prev.as_ref().map(|p| serde_json::from_slice(p).unwrap_or_default())
+    }
 }
 
 #[derive(Serialize, Deserialize)]
@@ -95,8 +107,86 @@ pub struct Store {
     /// Held for writing while a batch is applied, for reading while a list is taken, so a list
     /// is an exact snapshot at its resourceVersion.
     applied: RwLock<Applied>,
-    durable: watch::Sender<u64>,
+    /// The last applied resourceVersion, for the flusher thread.
+    applied_rv: Arc<std::sync::atomic::AtomicU64>,
+    durable: Arc<watch::Sender<u64>>,
     capacity: usize,
+    flusher: Arc<FlushSignal>,
+    flusher_thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// Wakes the flusher thread.
+#[derive(Default)]
+struct FlushSignal {
+    /// (a flush is wanted, the store is closing)
+    state: StdMutex<(bool, bool)>,
+    cond: Condvar,
+}
+
+impl FlushSignal {
+    fn request(&self) {
+        if let Ok(mut s) = self.state.lock() {
+            s.0 = true;
+            self.cond.notify_one();
+        }
+    }
+
+    fn close(&self) {
+        if let Ok(mut s) = self.state.lock() {
+            s.1 = true;
+            self.cond.notify_one();
+        }
+    }
+
+    /// Waits for a request; false when closing.
+    fn wait(&self) -> bool {
+        let Ok(mut s) = self.state.lock() else { return false };
+        while !s.0 && !s.1 {
+            s = match self.cond.wait(s) {
+                Ok(s) => s,
+                Err(_) => return false,
+            };
+        }
+        let open = !s.1;
+        s.0 = false;
+        open
+    }
+}
+
+/// The flusher thread: flushes whatever was applied, then publishes it as durable.
+fn run_flusher(db: sled::Db, signal: Arc<FlushSignal>, durable: Arc<watch::Sender<u64>>, applied_rv: Arc<std::sync::atomic::AtomicU64>) {
+    use std::sync::atomic::Ordering;
+    while signal.wait() {
+        // Everything applied before this read is covered by the flush below.
+        let target = applied_rv.load(Ordering::SeqCst);
+        loop {
+            match db.flush() {
+                Ok(_) => break,
+                Err(e) => {
+                    tracing::error!(error = %e, "flushing the database failed; retrying");
+                    std::thread::sleep(std::time::Duration::from_millis(100));
+                }
+            }
+        }
+        durable.send_if_modified(|d| {
+            if target > *d {
+                *d = target;
+                true
+            } else {
+                false
+            }
+        });
+    }
+}
+
+impl Drop for Store {
+    /// Stops the flusher (it flushes nothing more) so the database closes with the store.
+    fn drop(&mut self) {
+        self.flusher.close();
+        if let Some(t) = self.flusher_thread.take() {
+            let _ = t.join();
+        }
+    }
 }
 
 struct Applied {
@@ -117,8 +207,10 @@ impl Store {
         std::fs::create_dir_all(dir).map_err(|e| ApiError::storage(format!("cannot create data dir {}: {e}", dir.display())))?;
         let db = sled::Config::new()
             .path(dir.join("db"))
-            .cache_capacity(16 << 20)
-            .flush_every_ms(Some(1000))
+            // Small: reads are cheap from the OS page cache, and sled grows well beyond this anyway.
+            .cache_capacity(4 << 20)
+            // Our flusher thread is the only one that flushes (see the module docs).
+            .flush_every_ms(None)
             .open()
             .map_err(|e| ApiError::storage(format!("cannot open database in {}: {e}", dir.display())))?;
         let rv = match db.get("m/rv")? {
@@ -134,10 +226,30 @@ impl Store {
                 Err(_) => continue,
             };
             let Some(kind) = Kind::from_name(&ev.kind) else { continue };
-            log.push_back(Arc::new(StoredEvent { rv, kind, type_: ev.type_, object: Arc::new(ev.object), prev: None }));
+            let object = bytes::Bytes::from(serde_json::to_vec(&ev.object)?);
+            log.push_back(Arc::new(StoredEvent { rv, kind, type_: ev.type_, object, prev: None }));
         }
         let (durable, _) = watch::channel(rv);
-        Ok(Store { db, writer: Mutex::new(()), applied: RwLock::new(Applied { rv, log }), durable, capacity: capacity.max(1) })
+        let durable = Arc::new(durable);
+        let flusher = Arc::new(FlushSignal::default());
+        let applied_rv = Arc::new(std::sync::atomic::AtomicU64::new(rv));
+        let flusher_thread = {
+            let (db, flusher, durable, applied_rv) = (db.clone(), flusher.clone(), durable.clone(), applied_rv.clone());
+            std::thread::Builder::new()
+                .name("store-flusher".into())
+                .spawn(move || run_flusher(db, flusher, durable, applied_rv))
+                .map_err(|e| ApiError::storage(format!("cannot start the flusher thread: {e}")))?
+        };
+        Ok(Store {
+            db,
+            writer: Mutex::new(()),
+            applied: RwLock::new(Applied { rv, log }),
+            applied_rv,
+            durable,
+            capacity: capacity.max(1),
+            flusher,
+            flusher_thread: Some(flusher_thread),
+        })
     }
 
     /// Takes the writer lock. Hold it across read-modify-write.
@@ -166,6 +278,31 @@ impl Store {
             out.push(serde_json::from_slice(&v).map_err(|e| ApiError::storage(format!("corrupt object: {e}")))?);
         }
         Ok((out, applied.rv))
+    }
+
+    /// Like [`Store::list`], but the stored JSON bytes, unparsed (plain lists need no parsing).
+    pub fn list_raw(&self, kind: Kind, ns: Option<&str>) -> Result<(Vec<sled::IVec>, u64), ApiError> {
+        let prefix = match ns {
+            Some(ns) => format!("o/{}/{}/", kind.info().name, ns),
+            None => format!("o/{}/", kind.info().name),
+        };
+        let applied = self.applied.read().map_err(|_| ApiError::internal("store lock poisoned"))?;
+        let mut out = Vec::new();
+        for item in self.db.scan_prefix(prefix.as_bytes()) {
+            out.push(item?.1);
+        }
+        Ok((out, applied.rv))
+    }
+
+    /// Objects of `kind` in `ns` whose name starts with `name_prefix` (a key-range scan).
+    pub fn list_name_prefix(&self, kind: Kind, ns: &str, name_prefix: &str) -> Result<Vec<Value>, ApiError> {
+        let prefix = format!("o/{}/{}/{}", kind.info().name, ns, name_prefix);
+        let mut out = Vec::new();
+        for item in self.db.scan_prefix(prefix.as_bytes()) {
+            let (_, v) = item?;
+            out.push(serde_json::from_slice(&v).map_err(|e| ApiError::storage(format!("corrupt object: {e}")))?);
+        }
+        Ok(out)
     }
 
     /// Every recorded allocation (`a/...` key without the prefix → owner).
@@ -202,31 +339,31 @@ impl Store {
                     rv += 1;
                     object["metadata"]["resourceVersion"] = Value::String(rv.to_string());
                     let (ns, name) = ns_and_name(&object);
-                    batch.insert(object_key(kind, &ns, &name).as_bytes(), serde_json::to_vec(&object)?);
+                    let bytes = bytes::Bytes::from(serde_json::to_vec(&object)?);
+                    batch.insert(object_key(kind, &ns, &name).as_bytes(), &bytes[..]);
                     let type_ = if prev.is_some() { EventType::Modified } else { EventType::Added };
-                    events.push(StoredEvent { rv, kind, type_, object: Arc::new(object.clone()), prev });
+                    let prev = prev.map(|p| serde_json::to_vec(&*p).map(bytes::Bytes::from)).transpose()?;
+                    events.push(StoredEvent { rv, kind, type_, object: bytes, prev });
                     written.push(object);
                 }
                 Op::Delete { kind, mut object } => {
                     rv += 1;
-                    let prev = Arc::new(object.clone());
+                    let prev = bytes::Bytes::from(serde_json::to_vec(&object)?);
                     object["metadata"]["resourceVersion"] = Value::String(rv.to_string());
                     let (ns, name) = ns_and_name(&object);
                     batch.remove(object_key(kind, &ns, &name).as_bytes());
-                    events.push(StoredEvent {
-                        rv,
-                        kind,
-                        type_: EventType::Deleted,
-                        object: Arc::new(object.clone()),
-                        prev: Some(prev),
-                    });
+                    let bytes = bytes::Bytes::from(serde_json::to_vec(&object)?);
+                    events.push(StoredEvent { rv, kind, type_: EventType::Deleted, object: bytes, prev: Some(prev) });
                     written.push(object);
                 }
             }
         }
         for ev in &events {
-            let disk = DiskEvent { kind: ev.kind.info().name.to_string(), type_: ev.type_, object: (*ev.object).clone() };
-            batch.insert(format!("e/{:016x}", ev.rv).as_bytes(), serde_json::to_vec(&disk)?);
+            // {"kind":…,"type":…,"object":<the stored bytes>}, without re-serialising the object.
+            let mut disk = format!(r#"{{"kind":"{}","type":"{}","object":"#, ev.kind.info().name, ev.type_.as_str()).into_bytes();
+            disk.extend_from_slice(&ev.object);
+            disk.push(b'}');
+            batch.insert(format!("e/{:016x}", ev.rv).as_bytes(), disk);
         }
         // Drop the oldest events beyond the log's capacity in the same batch.
         let overflow = (applied.log.len() + events.len()).saturating_sub(self.capacity);
@@ -240,25 +377,23 @@ impl Store {
         }
         applied.log.extend(events.into_iter().map(Arc::new));
         applied.rv = rv;
+        self.applied_rv.store(rv, std::sync::atomic::Ordering::SeqCst);
         Ok((written, rv))
     }
 
-    /// Makes everything up to `rv` durable, then lets watchers see it.
+    /// Waits until everything up to `rv` is durable (and visible to watchers).
     pub async fn sync(&self, rv: u64) -> Result<(), ApiError> {
-        if *self.durable.borrow() >= rv {
+        let mut rx = self.durable.subscribe();
+        if *rx.borrow_and_update() >= rv {
             return Ok(());
         }
-        self.db.flush_async().await?;
-        // One flush covers every batch applied before it, including other writers' ones.
-        self.durable.send_if_modified(|d| {
-            if rv > *d {
-                *d = rv;
-                true
-            } else {
-                false
+        self.flusher.request();
+        loop {
+            rx.changed().await.map_err(|_| ApiError::storage("the store is closed"))?;
+            if *rx.borrow_and_update() >= rv {
+                return Ok(());
             }
-        });
-        Ok(())
+        }
     }
 
     /// A receiver of the durable resourceVersion, for watchers.
@@ -284,10 +419,9 @@ impl Store {
         Ok(applied.log.iter().filter(|e| e.rv > after && e.rv <= upto).cloned().collect())
     }
 
-    /// Flushes and closes the database.
-    pub fn flush(&self) -> Result<(), ApiError> {
-        self.db.flush()?;
-        Ok(())
+    /// Makes every applied write durable (through the flusher, like every other flush).
+    pub async fn flush(&self) -> Result<(), ApiError> {
+        self.sync(self.current_rv()).await
     }
 }
 
@@ -326,6 +460,37 @@ mod tests {
         assert_eq!((list.len(), rv), (2, 2));
         assert_eq!(store.allocations().unwrap()["clusterip/10.96.0.10"], "Service/default/a");
         assert_eq!(store.events_since(0, 2).unwrap().len(), 2);
+    }
+
+    /// Many writers committing and syncing while others read: concurrent sled flushes used to
+    /// deadlock against apply_batch here.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn concurrent_commits_and_syncs_make_progress() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(Store::open(dir.path()).unwrap());
+        let work = async {
+            let tasks: Vec<_> = (0..32)
+                .map(|t| {
+                    let store = store.clone();
+                    tokio::spawn(async move {
+                        for i in 0..60 {
+                            let rv = {
+                                let g = store.lock().await;
+                                let obj = svc(&format!("s-{t}-{i}"));
+                                store.commit(&g, vec![Op::Put { kind: Kind::Service, object: obj, prev: None }]).unwrap().1
+                            };
+                            store.get(Kind::Service, "default", &format!("s-{t}-{}", i / 2)).unwrap();
+                            store.sync(rv).await.unwrap();
+                        }
+                    })
+                })
+                .collect();
+            for t in tasks {
+                t.await.unwrap();
+            }
+        };
+        tokio::time::timeout(std::time::Duration::from_secs(60), work).await.expect("no deadlock");
+        assert_eq!(store.durable_rv(), 32 * 60);
     }
 
     #[tokio::test]

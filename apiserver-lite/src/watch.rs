@@ -50,15 +50,16 @@ impl WatchFilter {
         if ev.kind != self.kind {
             return None;
         }
-        let now = self.matches(&ev.object);
+        let object = ev.object();
+        let now = self.matches(&object);
         match ev.type_ {
-            EventType::Added | EventType::Deleted => now.then(|| (ev.type_.as_str(), (*ev.object).clone())),
+            EventType::Added | EventType::Deleted => now.then(|| (ev.type_.as_str(), object)),
             EventType::Modified => {
-                let before = ev.prev.as_deref().map(|p| self.matches(p));
+                let before = ev.prev().map(|p| self.matches(&p));
                 match (before, now) {
-                    (Some(false), true) => Some(("ADDED", (*ev.object).clone())),
-                    (Some(true), false) => Some(("DELETED", (*ev.object).clone())),
-                    (_, true) => Some(("MODIFIED", (*ev.object).clone())),
+                    (Some(false), true) => Some(("ADDED", object)),
+                    (Some(true), false) => Some(("DELETED", object)),
+                    (_, true) => Some(("MODIFIED", object)),
                     _ => None,
                 }
             }
@@ -146,8 +147,8 @@ mod tests {
             rv: 1,
             kind: Kind::Pod,
             type_,
-            object: Arc::new(json!({"metadata": {"name": "p", "namespace": "default", "labels": labels}})),
-            prev: prev.map(|p| Arc::new(json!({"metadata": {"name": "p", "namespace": "default", "labels": p}}))),
+            object: serde_json::to_vec(&json!({"metadata": {"name": "p", "namespace": "default", "labels": labels}})).unwrap().into(),
+            prev: prev.map(|p| serde_json::to_vec(&json!({"metadata": {"name": "p", "namespace": "default", "labels": p}})).unwrap().into()),
         }
     }
 
