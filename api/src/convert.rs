@@ -377,7 +377,11 @@ impl ProtoConvert for core::Service {
                 .and_then(|l| l.ingress.as_ref())
                 .into_iter()
                 .flatten()
-                .map(|i| pb::LoadBalancerIngress { ip: i.ip.clone(), hostname: i.hostname.clone(), ip_mode: i.ip_mode.clone() })
+                .map(|i| pb::LoadBalancerIngress {
+                    ip: i.ip.clone(),
+                    hostname: i.hostname.clone(),
+                    ip_mode: i.ip_mode.clone(),
+                })
                 .collect(),
             conditions: conditions(&s.conditions),
         });
@@ -599,7 +603,9 @@ fn container_state_back(s: &pb::ContainerState) -> Result<core::ContainerState, 
         Some(cs::State::Waiting(w)) => {
             out.waiting = Some(core::ContainerStateWaiting { reason: w.reason.clone(), message: w.message.clone() })
         }
-        Some(cs::State::Running(r)) => out.running = Some(core::ContainerStateRunning { started_at: time_opt(&r.started_at)? }),
+        Some(cs::State::Running(r)) => {
+            out.running = Some(core::ContainerStateRunning { started_at: time_opt(&r.started_at)? })
+        }
         Some(cs::State::Terminated(t)) => {
             out.terminated = Some(core::ContainerStateTerminated {
                 exit_code: t.exit_code,
@@ -699,7 +705,9 @@ impl ProtoConvert for core::Pod {
                     phase: s.phase.clone(),
                     conditions: conditions_back(&s.conditions)?,
                     host_ip: s.host_ip.clone(),
-                    host_ips: opt_list(&s.host_ips.iter().map(|ip| core::HostIP { ip: ip.clone() }).collect::<Vec<_>>()),
+                    host_ips: opt_list(
+                        &s.host_ips.iter().map(|ip| core::HostIP { ip: ip.clone() }).collect::<Vec<_>>(),
+                    ),
                     pod_ip: s.pod_ip.clone(),
                     pod_ips: opt_list(&s.pod_ips.iter().map(|ip| core::PodIP { ip: ip.clone() }).collect::<Vec<_>>()),
                     start_time: time_opt(&s.start_time)?,
@@ -736,7 +744,9 @@ impl ProtoConvert for core::Pod {
 
 // === Node ===
 
-fn quantities(m: &Option<BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>>) -> BTreeMap<String, String> {
+fn quantities(
+    m: &Option<BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>>,
+) -> BTreeMap<String, String> {
     m.iter().flatten().map(|(k, v)| (k.clone(), v.0.clone())).collect()
 }
 
@@ -746,7 +756,11 @@ fn quantities_back(
     if m.is_empty() {
         None
     } else {
-        Some(m.iter().map(|(k, v)| (k.clone(), k8s_openapi::apimachinery::pkg::api::resource::Quantity(v.clone()))).collect())
+        Some(
+            m.iter()
+                .map(|(k, v)| (k.clone(), k8s_openapi::apimachinery::pkg::api::resource::Quantity(v.clone())))
+                .collect(),
+        )
     }
 }
 
@@ -807,7 +821,12 @@ impl ProtoConvert for core::Node {
             taints: opt_list(
                 &s.taints
                     .iter()
-                    .map(|t| core::Taint { key: t.key.clone(), value: t.value.clone(), effect: t.effect.clone(), time_added: None })
+                    .map(|t| core::Taint {
+                        key: t.key.clone(),
+                        value: t.value.clone(),
+                        effect: t.effect.clone(),
+                        time_added: None,
+                    })
                     .collect::<Vec<_>>(),
             ),
             ..Default::default()

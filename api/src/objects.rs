@@ -172,7 +172,8 @@ impl ApiObject for Service {
         let Some(spec) = self.spec.as_mut() else { return };
         if !wants_node_ports {
             for p in spec.ports.iter_mut().flatten() {
-                let same_as_old = old_spec.ports.iter().flatten().any(|o| o.port == p.port && o.node_port == p.node_port);
+                let same_as_old =
+                    old_spec.ports.iter().flatten().any(|o| o.port == p.port && o.node_port == p.node_port);
                 if same_as_old {
                     p.node_port = None;
                 }
@@ -189,7 +190,10 @@ impl ApiObject for Service {
                 spec.load_balancer_source_ranges = None;
             }
         }
-        if new_ty != "NodePort" && new_ty != "LoadBalancer" && spec.external_traffic_policy == old_spec.external_traffic_policy {
+        if new_ty != "NodePort"
+            && new_ty != "LoadBalancer"
+            && spec.external_traffic_policy == old_spec.external_traffic_policy
+        {
             spec.external_traffic_policy = None;
         }
         if new_ty == "ExternalName" && spec.cluster_ip == old_spec.cluster_ip {
@@ -257,10 +261,7 @@ impl ApiObject for Service {
             }
             if let Some(np) = p.node_port.filter(|n| *n != 0) {
                 if ty == "ClusterIP" || ty == "ExternalName" {
-                    out.push(v::forbidden(
-                        &path.child("nodePort"),
-                        &format!("may not be used when `type` is '{ty}'"),
-                    ));
+                    out.push(v::forbidden(&path.child("nodePort"), &format!("may not be used when `type` is '{ty}'")));
                 } else if !node_ports.insert((np, proto)) {
                     out.push(v::duplicate(&path.child("nodePort"), &np));
                 }
@@ -349,7 +350,11 @@ impl ApiObject for Service {
                 }
             }
             Some("ClientIP") => {
-                let t = spec.session_affinity_config.as_ref().and_then(|c| c.client_ip.as_ref()).and_then(|c| c.timeout_seconds);
+                let t = spec
+                    .session_affinity_config
+                    .as_ref()
+                    .and_then(|c| c.client_ip.as_ref())
+                    .and_then(|c| c.timeout_seconds);
                 if let Some(t) = t {
                     if !(1..=86400).contains(&t) {
                         out.push(v::invalid(
@@ -360,7 +365,9 @@ impl ApiObject for Service {
                     }
                 }
             }
-            Some(other) => out.push(v::not_supported(&spec_path.child("sessionAffinity"), other, &["ClientIP", "None"])),
+            Some(other) => {
+                out.push(v::not_supported(&spec_path.child("sessionAffinity"), other, &["ClientIP", "None"]))
+            }
         }
 
         if let Some(p) = spec.external_traffic_policy.as_deref() {
@@ -409,7 +416,8 @@ impl ApiObject for Service {
     fn cells(&self, now: Timestamp) -> Vec<Value> {
         let spec = self.spec.clone().unwrap_or_default();
         let ty = spec.type_.clone().unwrap_or_else(|| "ClusterIP".into());
-        let cluster_ip = spec.cluster_ips.as_ref().and_then(|ips| ips.first().cloned()).unwrap_or_else(|| "<none>".into());
+        let cluster_ip =
+            spec.cluster_ips.as_ref().and_then(|ips| ips.first().cloned()).unwrap_or_else(|| "<none>".into());
         let external_ips = spec.external_ips.clone().unwrap_or_default();
         let external = match ty.as_str() {
             "ClusterIP" | "NodePort" => {
@@ -518,7 +526,12 @@ fn validate_probe(probe: &Probe, path: &FieldPath, out: &mut Vec<Cause>) {
     }
 }
 
-fn validate_containers(containers: &[Container], path: &FieldPath, port_names: &mut BTreeSet<String>, out: &mut Vec<Cause>) {
+fn validate_containers(
+    containers: &[Container],
+    path: &FieldPath,
+    port_names: &mut BTreeSet<String>,
+    out: &mut Vec<Cause>,
+) {
     let mut names = BTreeSet::new();
     for (i, c) in containers.iter().enumerate() {
         let cp = path.index(i);
@@ -688,13 +701,16 @@ impl ApiObject for Pod {
         let status = self.status.clone().unwrap_or_default();
         let total = spec.containers.len();
         let statuses = status.container_statuses.clone().unwrap_or_default();
-        let ready = statuses.iter().filter(|s| s.ready && s.state.as_ref().is_some_and(|st| st.running.is_some())).count();
+        let ready =
+            statuses.iter().filter(|s| s.ready && s.state.as_ref().is_some_and(|st| st.running.is_some())).count();
         let mut reason = status.reason.clone().or_else(|| status.phase.clone()).unwrap_or_else(|| "Pending".into());
         let mut restarts = 0;
         let mut last_restart: Option<Timestamp> = None;
         for cs in &statuses {
             restarts += cs.restart_count;
-            if let Some(t) = cs.last_state.as_ref().and_then(|l| l.terminated.as_ref()).and_then(|t| t.finished_at.as_ref()) {
+            if let Some(t) =
+                cs.last_state.as_ref().and_then(|l| l.terminated.as_ref()).and_then(|t| t.finished_at.as_ref())
+            {
                 if last_restart.is_none_or(|l| t.0 > l) {
                     last_restart = Some(t.0);
                 }
@@ -719,12 +735,20 @@ impl ApiObject for Pod {
             Some(t) => format!("{} ({} ago)", restarts, table::human_duration(now.duration_since(t).as_secs())),
             None => restarts.to_string(),
         };
-        let ip = status.pod_ips.as_ref().and_then(|ips| ips.first()).map(|i| i.ip.clone()).unwrap_or_else(|| "<none>".into());
+        let ip = status
+            .pod_ips
+            .as_ref()
+            .and_then(|ips| ips.first())
+            .map(|i| i.ip.clone())
+            .unwrap_or_else(|| "<none>".into());
         let gates = match spec.readiness_gates.as_ref().filter(|g| !g.is_empty()) {
             None => "<none>".to_string(),
             Some(gates) => {
                 let conds = status.conditions.clone().unwrap_or_default();
-                let ok = gates.iter().filter(|g| conds.iter().any(|c| c.type_ == g.condition_type && c.status == "True")).count();
+                let ok = gates
+                    .iter()
+                    .filter(|g| conds.iter().any(|c| c.type_ == g.condition_type && c.status == "True"))
+                    .count();
                 format!("{}/{}", ok, gates.len())
             }
         };
@@ -747,11 +771,8 @@ impl ApiObject for Pod {
 /// The node STATUS as kubectl prints it: `Ready` when the Ready condition is True, `NotReady`
 /// when it is False or Unknown, `Unknown` when there is no Ready condition.
 pub fn node_ready_status(node: &Node) -> &'static str {
-    let cond = node
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .and_then(|c| c.iter().find(|c| c.type_ == "Ready"));
+    let cond =
+        node.status.as_ref().and_then(|s| s.conditions.as_ref()).and_then(|c| c.iter().find(|c| c.type_ == "Ready"));
     match cond.map(|c| c.status.as_str()) {
         Some("True") => "Ready",
         Some(_) => "NotReady",
@@ -829,7 +850,8 @@ impl ApiObject for Node {
                 roles.insert(v.clone());
             }
         }
-        let roles = if roles.is_empty() { "<none>".to_string() } else { roles.into_iter().collect::<Vec<_>>().join(",") };
+        let roles =
+            if roles.is_empty() { "<none>".to_string() } else { roles.into_iter().collect::<Vec<_>>().join(",") };
         let st = self.status.clone().unwrap_or_default();
         let info = st.node_info.clone().unwrap_or_default();
         let addr = |t: &str| {
@@ -877,7 +899,8 @@ impl ApiObject for Namespace {
     fn prepare_for_create(&mut self) {
         let spec = self.spec.get_or_insert_with(Default::default);
         spec.finalizers = Some(vec!["kubernetes".into()]);
-        self.status = Some(k8s_openapi::api::core::v1::NamespaceStatus { phase: Some("Active".into()), conditions: None });
+        self.status =
+            Some(k8s_openapi::api::core::v1::NamespaceStatus { phase: Some("Active".into()), conditions: None });
     }
 
     fn validate(&self, _old: Option<&Self>) -> Vec<Cause> {
@@ -1048,13 +1071,23 @@ impl ApiObject for EndpointSlice {
     }
 
     fn columns() -> Vec<Column> {
-        vec![NAME_COLUMN, col("AddressType", "string", 0), col("Ports", "string", 0), col("Endpoints", "string", 0), AGE_COLUMN]
+        vec![
+            NAME_COLUMN,
+            col("AddressType", "string", 0),
+            col("Ports", "string", 0),
+            col("Endpoints", "string", 0),
+            AGE_COLUMN,
+        ]
     }
 
     fn cells(&self, now: Timestamp) -> Vec<Value> {
         let ports = match self.ports.as_ref().filter(|p| !p.is_empty()) {
             None => "<unset>".to_string(),
-            Some(ps) => ps.iter().map(|p| p.port.map(|n| n.to_string()).unwrap_or_else(|| "<unset>".into())).collect::<Vec<_>>().join(","),
+            Some(ps) => ps
+                .iter()
+                .map(|p| p.port.map(|n| n.to_string()).unwrap_or_else(|| "<unset>".into()))
+                .collect::<Vec<_>>()
+                .join(","),
         };
         let addrs: Vec<String> = self.endpoints.iter().flat_map(|e| e.addresses.iter().cloned()).collect();
         vec![

@@ -242,11 +242,7 @@ fn merge_list(orig: &[Value], patch: &[Value], path: &mut Vec<String>, apply: bo
             let mut out: Vec<Value> = orig.to_vec();
             for p in patch {
                 let Some(pkey) = key_of(p, keys) else {
-                    return Err(Error::Patch(format!(
-                        "map: {} does not contain declared merge key: {}",
-                        p,
-                        keys[0]
-                    )));
+                    return Err(Error::Patch(format!("map: {} does not contain declared merge key: {}", p, keys[0])));
                 };
                 let pos = out.iter().position(|o| key_of(o, keys).is_some_and(|ok| same_key(&ok, &pkey, keys)));
                 let directive = p.get("$patch").and_then(Value::as_str);
@@ -296,8 +292,7 @@ fn reorder(items: &mut Vec<Value>, order: &[Value], strategy: &ListStrategy) {
             })
             .unwrap_or(usize::MAX)
     };
-    let mut ranked: Vec<(usize, usize, Value)> =
-        items.drain(..).enumerate().map(|(i, v)| (rank(&v), i, v)).collect();
+    let mut ranked: Vec<(usize, usize, Value)> = items.drain(..).enumerate().map(|(i, v)| (rank(&v), i, v)).collect();
     ranked.sort_by_key(|(r, i, _)| (*r, *i));
     items.extend(ranked.into_iter().map(|(_, _, v)| v));
 }
@@ -403,7 +398,8 @@ mod tests {
 
     #[test]
     fn merge_and_json_patch() {
-        let out = apply_patch(PatchType::Merge, &svc(), &json!({"metadata": {"labels": {"app": null, "x": "1"}}})).unwrap();
+        let out =
+            apply_patch(PatchType::Merge, &svc(), &json!({"metadata": {"labels": {"app": null, "x": "1"}}})).unwrap();
         assert_eq!(out["metadata"]["labels"], json!({"x": "1"}));
         let out = apply_patch(
             PatchType::Json,

@@ -193,8 +193,13 @@ fn decode_special(name: &str, buf: &[u8]) -> Result<Option<Value>, Error> {
     let mut strs: [Option<&[u8]>; 4] = [None; 4];
     let special = matches!(
         name,
-        "util.intstr.IntOrString" | "api.resource.Quantity" | "meta.v1.Time" | "meta.v1.MicroTime" | "runtime.RawExtension"
-            | "meta.v1.Duration" | "meta.v1.FieldsV1"
+        "util.intstr.IntOrString"
+            | "api.resource.Quantity"
+            | "meta.v1.Time"
+            | "meta.v1.MicroTime"
+            | "runtime.RawExtension"
+            | "meta.v1.Duration"
+            | "meta.v1.FieldsV1"
     );
     if !special {
         return Ok(None);
@@ -228,7 +233,11 @@ fn decode_special(name: &str, buf: &[u8]) -> Result<Option<Value>, Error> {
             } else {
                 let ts = jiff::Timestamp::new(secs, if name == "meta.v1.Time" { 0 } else { nanos })
                     .map_err(|e| err(format!("timestamp out of range: {e}")))?;
-                let s = if name == "meta.v1.Time" { ts.strftime("%Y-%m-%dT%H:%M:%SZ").to_string() } else { ts.strftime("%Y-%m-%dT%H:%M:%S.%6fZ").to_string() };
+                let s = if name == "meta.v1.Time" {
+                    ts.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
+                } else {
+                    ts.strftime("%Y-%m-%dT%H:%M:%S.%6fZ").to_string()
+                };
                 Value::String(s)
             }
         }
@@ -249,7 +258,8 @@ fn base64(b: &[u8]) -> String {
     const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let mut out = String::with_capacity(b.len().div_ceil(3) * 4);
     for chunk in b.chunks(3) {
-        let n = (chunk[0] as u32) << 16 | (*chunk.get(1).unwrap_or(&0) as u32) << 8 | *chunk.get(2).unwrap_or(&0) as u32;
+        let n =
+            (chunk[0] as u32) << 16 | (*chunk.get(1).unwrap_or(&0) as u32) << 8 | *chunk.get(2).unwrap_or(&0) as u32;
         for i in 0..4 {
             if i <= chunk.len() {
                 out.push(T[(n >> (18 - 6 * i) & 63) as usize] as char);
@@ -435,7 +445,12 @@ mod tests {
         for m in crate::protobuf_schema::MESSAGES {
             for f in m.fields {
                 if let Kind::Msg(n) | Kind::MapMsg(n) = f.kind {
-                    assert!(message(n).is_some() || decode_special(n, &[]).unwrap().is_some(), "{}.{} -> {n}", m.name, f.json);
+                    assert!(
+                        message(n).is_some() || decode_special(n, &[]).unwrap().is_some(),
+                        "{}.{} -> {n}",
+                        m.name,
+                        f.json
+                    );
                 }
             }
         }

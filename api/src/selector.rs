@@ -44,7 +44,9 @@ fn split_top_level(s: &str) -> Vec<&str> {
 fn check_key(key: &str, whole: &str) -> Result<String, Error> {
     let errs = crate::validation::qualified_name(key);
     if key.is_empty() || !errs.is_empty() {
-        return Err(Error::Selector(format!("unable to parse requirement: invalid label key \"{key}\" in \"{whole}\"")));
+        return Err(Error::Selector(format!(
+            "unable to parse requirement: invalid label key \"{key}\" in \"{whole}\""
+        )));
     }
     Ok(key.to_string())
 }
@@ -75,10 +77,7 @@ impl LabelSelector {
                 reqs.push(Requirement::Equals(check_key(k.trim(), s)?, check_value(v.trim(), s)?));
             } else if let Some((k, set, negated)) = parse_set(part) {
                 let key = check_key(k, s)?;
-                let values = set
-                    .split(',')
-                    .map(|v| check_value(v.trim(), s))
-                    .collect::<Result<Vec<_>, _>>()?;
+                let values = set.split(',').map(|v| check_value(v.trim(), s)).collect::<Result<Vec<_>, _>>()?;
                 reqs.push(if negated { Requirement::NotIn(key, values) } else { Requirement::In(key, values) });
             } else {
                 reqs.push(Requirement::Exists(check_key(part, s)?));
@@ -172,9 +171,7 @@ impl FieldSelector {
             };
             let field = field.trim();
             if field != "metadata.name" && field != "metadata.namespace" && !kind_fields(kind).contains(&field) {
-                return Err(Error::Selector(format!(
-                    "field label not supported: {field}"
-                )));
+                return Err(Error::Selector(format!("field label not supported: {field}")));
             }
             terms.push((field.to_string(), value.trim().to_string(), negated));
         }
@@ -248,6 +245,8 @@ mod tests {
         assert!(FieldSelector::parse("spec.nodeName=", Kind::Pod).unwrap().matches(&json!({"spec": {}})));
         assert!(FieldSelector::parse("spec.nodeName=x", Kind::Service).is_err());
         let ev = json!({"involvedObject": {"kind": "Service", "name": "x", "uid": "u"}});
-        assert!(FieldSelector::parse("involvedObject.name=x,involvedObject.kind=Service", Kind::Event).unwrap().matches(&ev));
+        assert!(FieldSelector::parse("involvedObject.name=x,involvedObject.kind=Service", Kind::Event)
+            .unwrap()
+            .matches(&ev));
     }
 }

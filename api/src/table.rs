@@ -21,8 +21,13 @@ pub const fn col(name: &'static str, type_: &'static str, priority: i32) -> Colu
     Column { name, type_, format: "", description: "", priority }
 }
 
-pub const NAME_COLUMN: Column =
-    Column { name: "Name", type_: "string", format: "name", description: "Name must be unique within a namespace.", priority: 0 };
+pub const NAME_COLUMN: Column = Column {
+    name: "Name",
+    type_: "string",
+    format: "name",
+    description: "Name must be unique within a namespace.",
+    priority: 0,
+};
 
 pub const AGE_COLUMN: Column = Column {
     name: "Age",

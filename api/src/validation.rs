@@ -146,10 +146,7 @@ fn is_label_char(c: u8) -> bool {
 
 fn dns1123_label_shape(s: &str) -> bool {
     let b = s.as_bytes();
-    !b.is_empty()
-        && b.iter().all(|&c| is_label_char(c))
-        && b[0] != b'-'
-        && b[b.len() - 1] != b'-'
+    !b.is_empty() && b.iter().all(|&c| is_label_char(c)) && b[0] != b'-' && b[b.len() - 1] != b'-'
 }
 
 /// Problems with `s` as an RFC 1123 label (pod container names, namespaces, port names).

@@ -114,7 +114,9 @@ impl Conn {
 }
 
 fn service(name: &str) -> String {
-    format!(r#"{{"metadata":{{"name":"{name}"}},"spec":{{"selector":{{"app":"{name}"}},"ports":[{{"name":"http","port":80,"targetPort":8080}}]}}}}"#)
+    format!(
+        r#"{{"metadata":{{"name":"{name}"}},"spec":{{"selector":{{"app":"{name}"}},"ports":[{{"name":"http","port":80,"targetPort":8080}}]}}}}"#
+    )
 }
 
 const SVCS: &str = "/api/v1/namespaces/default/services";
@@ -152,7 +154,9 @@ async fn create_many(addr: SocketAddr, total: usize, clients: usize) -> Duration
 async fn watcher(addr: SocketAddr, rv: String, expect: usize) -> Vec<(String, Instant)> {
     let mut s = TcpStream::connect(addr).await.unwrap();
     s.set_nodelay(true).unwrap();
-    let req = format!("GET {SVCS}?watch=true&resourceVersion={rv} HTTP/1.1\r\nHost: {addr}\r\nAccept: application/json\r\n\r\n");
+    let req = format!(
+        "GET {SVCS}?watch=true&resourceVersion={rv} HTTP/1.1\r\nHost: {addr}\r\nAccept: application/json\r\n\r\n"
+    );
     s.write_all(req.as_bytes()).await.unwrap();
     let mut r = BufReader::new(s);
     loop {
@@ -226,13 +230,30 @@ async fn main() {
         assert!(t.elapsed() < Duration::from_secs(300), "the endpoints controller did not catch up");
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
-    println!("endpoints controller caught up {:.1}s after the last create (Endpoints + EndpointSlice per Service)", t.elapsed().as_secs_f64());
-    println!("RSS with {} Services, {} Endpoints and {} EndpointSlices: {:.1} MiB", total + 1, total + 1, total + 1, rss_mib(pid));
+    println!(
+        "endpoints controller caught up {:.1}s after the last create (Endpoints + EndpointSlice per Service)",
+        t.elapsed().as_secs_f64()
+    );
+    println!(
+        "RSS with {} Services, {} Endpoints and {} EndpointSlices: {:.1} MiB",
+        total + 1,
+        total + 1,
+        total + 1,
+        rss_mib(pid)
+    );
     let t = Instant::now();
     let (code, body) = c.request("GET", SVCS, "").await;
     assert_eq!(code, 200);
-    println!("list of all Services: {:.1} MiB JSON in {} ms; RSS after: {:.1} MiB", body.len() as f64 / 1048576.0, t.elapsed().as_millis(), rss_mib(pid));
-    let rv = serde_json::from_slice::<serde_json::Value>(&body).unwrap()["metadata"]["resourceVersion"].as_str().unwrap().to_string();
+    println!(
+        "list of all Services: {:.1} MiB JSON in {} ms; RSS after: {:.1} MiB",
+        body.len() as f64 / 1048576.0,
+        t.elapsed().as_millis(),
+        rss_mib(pid)
+    );
+    let rv = serde_json::from_slice::<serde_json::Value>(&body).unwrap()["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .to_string();
 
     let watchers: Vec<_> = (0..10).map(|_| tokio::spawn(watcher(addr, rv.clone(), writes))).collect();
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -248,7 +269,11 @@ async fn main() {
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     acks.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    println!("create acknowledged (fsynced) in: p50 {:.2} ms, p99 {:.2} ms", percentile(&acks, 0.5), percentile(&acks, 0.99));
+    println!(
+        "create acknowledged (fsynced) in: p50 {:.2} ms, p99 {:.2} ms",
+        percentile(&acks, 0.5),
+        percentile(&acks, 0.99)
+    );
     let mut lat = Vec::new();
     for w in watchers {
         for (name, at) in tokio::time::timeout(Duration::from_secs(60), w).await.expect("watchers finish").unwrap() {

@@ -198,11 +198,8 @@ impl Allocators {
         let net = self.ranges.cluster_cidr;
         let prefix = self.ranges.node_cidr_prefix.max(net.prefix_len());
         let subnets: Vec<Ipv4Net> = net.subnets(prefix).map_err(|_| AllocError::Full)?.collect();
-        let preferred = node_name
-            .rsplit('-')
-            .next()
-            .and_then(|n| n.parse::<usize>().ok())
-            .filter(|n| *n > 0 && *n < subnets.len());
+        let preferred =
+            node_name.rsplit('-').next().and_then(|n| n.parse::<usize>().ok()).filter(|n| *n > 0 && *n < subnets.len());
         let candidates = preferred.into_iter().chain(1..subnets.len()).chain(std::iter::once(0));
         for i in candidates {
             let s = subnets[i];
@@ -275,8 +272,14 @@ mod tests {
         let mut c = Claims::new("x".into());
         assert_eq!(a.cluster_ip(None, &mut c), Err(AllocError::Full));
         assert_eq!(a.cluster_ip(Some("10.96.0.1".parse().unwrap()), &mut c), Err(AllocError::AlreadyAllocated));
-        assert_eq!(a.cluster_ip(Some("10.0.0.1".parse().unwrap()), &mut c), Err(AllocError::NotInRange("10.96.0.0/29".into())));
-        assert_eq!(a.cluster_ip(Some("10.96.0.7".parse().unwrap()), &mut c), Err(AllocError::NotInRange("10.96.0.0/29".into())));
+        assert_eq!(
+            a.cluster_ip(Some("10.0.0.1".parse().unwrap()), &mut c),
+            Err(AllocError::NotInRange("10.96.0.0/29".into()))
+        );
+        assert_eq!(
+            a.cluster_ip(Some("10.96.0.7".parse().unwrap()), &mut c),
+            Err(AllocError::NotInRange("10.96.0.0/29".into()))
+        );
     }
 
     #[test]

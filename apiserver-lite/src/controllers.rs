@@ -59,7 +59,8 @@ pub async fn bootstrap(reg: &Registry, apiserver_endpoint: Option<(String, u16)>
     // The apiserver's own endpoints, as the real apiserver maintains them (the Service has
     // no selector, so the endpoints controller leaves them alone).
     if let Some((ip, port)) = apiserver_endpoint {
-        let subsets = json!([{"addresses": [{"ip": ip}], "ports": [{"name": "https", "port": port, "protocol": "TCP"}]}]);
+        let subsets =
+            json!([{"addresses": [{"ip": ip}], "ports": [{"name": "https", "port": port, "protocol": "TCP"}]}]);
         let endpoints = json!({"metadata": {"name": "kubernetes", "namespace": "default"}, "subsets": subsets});
         upsert(reg, Kind::Endpoints, "default", "kubernetes", endpoints, &["subsets"]).await?;
         let slice = json!({
@@ -69,7 +70,8 @@ pub async fn bootstrap(reg: &Registry, apiserver_endpoint: Option<(String, u16)>
             "endpoints": [{"addresses": [ip], "conditions": {"ready": true, "serving": true, "terminating": false}}],
             "ports": [{"name": "https", "port": port, "protocol": "TCP"}],
         });
-        upsert(reg, Kind::EndpointSlice, "default", "kubernetes", slice, &["endpoints", "ports", "addressType"]).await?;
+        upsert(reg, Kind::EndpointSlice, "default", "kubernetes", slice, &["endpoints", "ports", "addressType"])
+            .await?;
     }
     Ok(())
 }
@@ -174,7 +176,10 @@ async fn reconcile(reg: &Registry, cfg: &ControllerConfig, dirty: &mut Dirty) ->
         // Slices whose Service is gone.
         let (slices, _) = reg.store.list(Kind::EndpointSlice, None)?;
         for s in &slices {
-            if let Some(svc) = s.pointer(&format!("/metadata/labels/{}", SERVICE_NAME_LABEL.replace('/', "~1"))).and_then(Value::as_str) {
+            if let Some(svc) = s
+                .pointer(&format!("/metadata/labels/{}", SERVICE_NAME_LABEL.replace('/', "~1")))
+                .and_then(Value::as_str)
+            {
                 services.insert((s["metadata"]["namespace"].as_str().unwrap_or("").into(), svc.into()));
             }
         }
@@ -182,7 +187,10 @@ async fn reconcile(reg: &Registry, cfg: &ControllerConfig, dirty: &mut Dirty) ->
         for (ns, pods) in pod_namespaces {
             let (svcs, _) = reg.store.list(Kind::Service, Some(&ns))?;
             for svc in svcs {
-                let Some(sel) = svc.pointer("/spec/selector").and_then(|s| serde_json::from_value::<BTreeMap<String, String>>(s.clone()).ok()) else {
+                let Some(sel) = svc
+                    .pointer("/spec/selector")
+                    .and_then(|s| serde_json::from_value::<BTreeMap<String, String>>(s.clone()).ok())
+                else {
                     continue;
                 };
                 let sel = LabelSelector::from_map(&sel);
@@ -231,7 +239,10 @@ fn resolve_ports(svc: &Service, pod: &Pod) -> PortKey {
             Some(IntOrString::String(name)) => containers
                 .iter()
                 .flat_map(|c| c.ports.iter().flatten())
-                .find(|cp| cp.name.as_deref() == Some(name.as_str()) && cp.protocol.clone().unwrap_or_else(|| "TCP".into()) == proto)
+                .find(|cp| {
+                    cp.name.as_deref() == Some(name.as_str())
+                        && cp.protocol.clone().unwrap_or_else(|| "TCP".into()) == proto
+                })
                 .map(|cp| cp.container_port),
         };
         if let Some(t) = target {
@@ -253,7 +264,8 @@ async fn sync_endpoints(reg: &Registry, ns: &str, name: &str) -> Result<(), ApiE
         .into_iter()
         .filter(|s| slice_sel.matches(labels_of(s).as_ref()))
         .collect();
-    let selector = svc.as_ref().and_then(|s| s.spec.as_ref()).and_then(|s| s.selector.clone()).filter(|s| !s.is_empty());
+    let selector =
+        svc.as_ref().and_then(|s| s.spec.as_ref()).and_then(|s| s.selector.clone()).filter(|s| !s.is_empty());
     let (Some(svc), Some(selector)) = (svc, selector) else {
         // No Service, or one without a selector: nothing of ours may remain.
         for s in existing_slices {
@@ -332,7 +344,8 @@ async fn sync_endpoints(reg: &Registry, ns: &str, name: &str) -> Result<(), ApiE
     slice_labels.insert(MANAGED_BY.into(), SLICE_CONTROLLER.into());
     let mut wanted = BTreeSet::new();
     let placeholder = groups.is_empty();
-    let groups: Vec<(PortKey, Vec<Pod>)> = if placeholder { vec![(Vec::new(), Vec::new())] } else { groups.into_iter().collect() };
+    let groups: Vec<(PortKey, Vec<Pod>)> =
+        if placeholder { vec![(Vec::new(), Vec::new())] } else { groups.into_iter().collect() };
     for (ports, pods) in groups {
         let slice_name = slice_name(name, &ports);
         wanted.insert(slice_name.clone());
@@ -393,7 +406,14 @@ fn slice_prefix(svc: &str) -> String {
 }
 
 /// Creates or updates a controller-owned object when the `fields` (or labels) differ.
-async fn upsert(reg: &Registry, kind: Kind, ns: &str, name: &str, desired: Value, fields: &[&str]) -> Result<(), ApiError> {
+async fn upsert(
+    reg: &Registry,
+    kind: Kind,
+    ns: &str,
+    name: &str,
+    desired: Value,
+    fields: &[&str],
+) -> Result<(), ApiError> {
     let g = reg.store.lock().await;
     let pending = match reg.store.get(kind, ns, name)? {
         None => Some(reg.create_locked(&g, kind, Some(ns), desired, &WriteOptions::default())?),
@@ -418,7 +438,14 @@ async fn upsert(reg: &Registry, kind: Kind, ns: &str, name: &str, desired: Value
                 }
             }
             if changed {
-                Some(reg.update_locked(&g, kind, old, new, crate::registry::Subresource::Main, &WriteOptions::default())?)
+                Some(reg.update_locked(
+                    &g,
+                    kind,
+                    old,
+                    new,
+                    crate::registry::Subresource::Main,
+                    &WriteOptions::default(),
+                )?)
             } else {
                 None
             }
@@ -523,7 +550,10 @@ fn set_condition(obj: &mut Value, cond: Value) {
     for c in list {
         if c["type"] == cond["type"] {
             found = true;
-            if c["status"] == cond["status"] && c.get("reason") == cond.get("reason") && c.get("message") == cond.get("message") {
+            if c["status"] == cond["status"]
+                && c.get("reason") == cond.get("reason")
+                && c.get("message") == cond.get("message")
+            {
                 out.push(c);
             } else {
                 out.push(cond.clone());
@@ -582,7 +612,10 @@ async fn node_health(reg: &Registry, cfg: &ControllerConfig) -> Result<(), ApiEr
             let g = reg.store.lock().await;
             let Some(old) = reg.store.get(Kind::Pod, &ns, &pname)? else { continue };
             let mut new = old.clone();
-            set_condition(&mut new, json!({"type": "Ready", "status": "False", "reason": "NodeNotReady", "lastTransitionTime": new_time()}));
+            set_condition(
+                &mut new,
+                json!({"type": "Ready", "status": "False", "reason": "NodeNotReady", "lastTransitionTime": new_time()}),
+            );
             if new != old {
                 let pending = reg.put_raw(&g, Kind::Pod, Some(old), new)?;
                 drop(g);

@@ -130,7 +130,8 @@ impl ApiError {
             }
             ApiError::Invalid { kind, name, causes } => {
                 // kubectl builds its message from details (kind + name + causes), not `message`.
-                s["details"] = json!({"name": name, "group": kind.info().group, "kind": kind.info().name, "causes": causes});
+                s["details"] =
+                    json!({"name": name, "group": kind.info().group, "kind": kind.info().name, "causes": causes});
             }
             _ => {}
         }
@@ -173,7 +174,9 @@ impl From<ApiError> for tonic::Status {
             ApiError::NotFound { .. } | ApiError::NoRoute => Code::NotFound,
             ApiError::AlreadyExists { .. } => Code::AlreadyExists,
             ApiError::Conflict { .. } => Code::Aborted,
-            ApiError::Invalid { .. } | ApiError::BadRequest(_) | ApiError::UnsupportedMediaType => Code::InvalidArgument,
+            ApiError::Invalid { .. } | ApiError::BadRequest(_) | ApiError::UnsupportedMediaType => {
+                Code::InvalidArgument
+            }
             ApiError::Forbidden { .. } => Code::PermissionDenied,
             ApiError::Expired { .. } => Code::OutOfRange,
             ApiError::MethodNotAllowed => Code::Unimplemented,
@@ -195,7 +198,11 @@ mod tests {
         let e = ApiError::invalid(
             Kind::Service,
             "x",
-            vec![api::validation::invalid(&api::FieldPath::root("spec").child("ports").index(0).child("nodePort"), &80, "bad")],
+            vec![api::validation::invalid(
+                &api::FieldPath::root("spec").child("ports").index(0).child("nodePort"),
+                &80,
+                "bad",
+            )],
         );
         let s = e.status();
         assert_eq!(s["code"], 422);

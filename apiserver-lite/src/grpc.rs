@@ -43,7 +43,11 @@ fn ns_of(v: &Value) -> String {
 }
 
 fn name_of(v: &Value) -> Result<String, Status> {
-    v["metadata"]["name"].as_str().filter(|s| !s.is_empty()).map(str::to_string).ok_or_else(|| Status::invalid_argument("metadata.name is required"))
+    v["metadata"]["name"]
+        .as_str()
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+        .ok_or_else(|| Status::invalid_argument("metadata.name is required"))
 }
 
 fn selectors(kind: Kind, labels: &str, fields: &str) -> Result<(LabelSelector, FieldSelector), Status> {
@@ -67,7 +71,15 @@ impl Grpc {
     }
 
     fn get<T: ProtoConvert>(&self, kind: Kind, r: &pb::GetRequest) -> Result<T::Proto, Status> {
-        let ns = if kind.info().namespaced { if r.namespace.is_empty() { "default" } else { &r.namespace } } else { "" };
+        let ns = if kind.info().namespaced {
+            if r.namespace.is_empty() {
+                "default"
+            } else {
+                &r.namespace
+            }
+        } else {
+            ""
+        };
         from_value::<T>(self.registry.get(kind, ns, &r.name)?)
     }
 
@@ -148,10 +160,15 @@ impl pb::nodes_server::Nodes for Grpc {
                         }
                     }
                 }
-                let updated = reg.update(Kind::Node, None, &name, main, Subresource::Main, &WriteOptions::default()).await?.object;
+                let updated = reg
+                    .update(Kind::Node, None, &name, main, Subresource::Main, &WriteOptions::default())
+                    .await?
+                    .object;
                 let mut with_status = updated.clone();
                 with_status["status"] = v.get("status").cloned().unwrap_or(json!({}));
-                reg.update(Kind::Node, None, &name, with_status, Subresource::Status, &WriteOptions::default()).await?.object
+                reg.update(Kind::Node, None, &name, with_status, Subresource::Status, &WriteOptions::default())
+                    .await?
+                    .object
             }
         };
         Ok(Response::new(from_value::<core::Node>(out)?))
@@ -167,7 +184,8 @@ impl pb::nodes_server::Nodes for Grpc {
             jiff::Timestamp::from_second(ts.as_second()).unwrap_or(ts).to_string()
         };
         let mut new = old.clone();
-        let mut conds: Vec<Value> = old.pointer("/status/conditions").and_then(Value::as_array).cloned().unwrap_or_default();
+        let mut conds: Vec<Value> =
+            old.pointer("/status/conditions").and_then(Value::as_array).cloned().unwrap_or_default();
         for c in &req.conditions {
             let prev = conds.iter().position(|x| x["type"] == c.r#type.as_str());
             let transition = match prev {
@@ -185,7 +203,8 @@ impl pb::nodes_server::Nodes for Grpc {
             new["status"] = json!({});
         }
         new["status"]["conditions"] = json!(conds);
-        let out = reg.update(Kind::Node, None, &req.name, new, Subresource::Status, &WriteOptions::default()).await?.object;
+        let out =
+            reg.update(Kind::Node, None, &req.name, new, Subresource::Status, &WriteOptions::default()).await?.object;
         Ok(Response::new(from_value::<core::Node>(out)?))
     }
 
@@ -236,7 +255,9 @@ impl pb::watch_server::Watch for Grpc {
         let (labels, fields) = selectors(kind, &req.label_selector, &req.field_selector)?;
         let from = match req.resource_version.as_str() {
             "" => None,
-            s => Some(s.parse::<u64>().map_err(|_| Status::invalid_argument(format!("invalid resource_version: {s}")))?),
+            s => {
+                Some(s.parse::<u64>().map_err(|_| Status::invalid_argument(format!("invalid resource_version: {s}")))?)
+            }
         };
         let spec = WatchSpec {
             filter: WatchFilter { kind, ns: (!req.namespace.is_empty()).then_some(req.namespace), labels, fields },
@@ -257,8 +278,11 @@ impl pb::watch_server::Watch for Grpc {
                             "MODIFIED" => pb::watch_event::Type::Modified,
                             _ => pb::watch_event::Type::Deleted,
                         };
-                        proto_object(kind, obj)
-                            .map(|o| pb::WatchEvent { r#type: type_ as i32, resource_version: rv, object: Some(o) })
+                        proto_object(kind, obj).map(|o| pb::WatchEvent {
+                            r#type: type_ as i32,
+                            resource_version: rv,
+                            object: Some(o),
+                        })
                     }
                     WatchItem::Synced(rv) => Ok(pb::WatchEvent {
                         r#type: pb::watch_event::Type::Synced as i32,
@@ -270,9 +294,9 @@ impl pb::watch_server::Watch for Grpc {
                         resource_version: rv.to_string(),
                         object: None,
                     }),
-                    WatchItem::Expired { requested, current } => Err(Status::out_of_range(
-                        ApiError::Expired { requested, current }.to_string(),
-                    )),
+                    WatchItem::Expired { requested, current } => {
+                        Err(Status::out_of_range(ApiError::Expired { requested, current }.to_string()))
+                    }
                 };
                 if tx.send(ev).await.is_err() {
                     return;

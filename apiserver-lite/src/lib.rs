@@ -115,7 +115,10 @@ pub async fn serve(
         let app = rest::router(state.clone());
         let sd = shutdown.clone();
         tasks.push(tokio::spawn(async move {
-            axum::serve(l, app).with_graceful_shutdown(sd).await.map_err(|e| ApiError::internal(format!("REST server: {e}")))
+            axum::serve(l, app)
+                .with_graceful_shutdown(sd)
+                .await
+                .map_err(|e| ApiError::internal(format!("REST server: {e}")))
         }));
     }
     if let Some(l) = grpc {
@@ -133,10 +136,22 @@ pub async fn serve(
             tonic::transport::Server::builder()
                 .timeout(Duration::from_secs(3600 * 24 * 365))
                 .add_service(reflection)
-                .add_service(InterceptedService::new(services_server::ServicesServer::new(svc.clone()).max_decoding_message_size(limit), check.clone()))
-                .add_service(InterceptedService::new(pods_server::PodsServer::new(svc.clone()).max_decoding_message_size(limit), check.clone()))
-                .add_service(InterceptedService::new(nodes_server::NodesServer::new(svc.clone()).max_decoding_message_size(limit), check.clone()))
-                .add_service(InterceptedService::new(watch_server::WatchServer::new(svc).max_decoding_message_size(limit), check))
+                .add_service(InterceptedService::new(
+                    services_server::ServicesServer::new(svc.clone()).max_decoding_message_size(limit),
+                    check.clone(),
+                ))
+                .add_service(InterceptedService::new(
+                    pods_server::PodsServer::new(svc.clone()).max_decoding_message_size(limit),
+                    check.clone(),
+                ))
+                .add_service(InterceptedService::new(
+                    nodes_server::NodesServer::new(svc.clone()).max_decoding_message_size(limit),
+                    check.clone(),
+                ))
+                .add_service(InterceptedService::new(
+                    watch_server::WatchServer::new(svc).max_decoding_message_size(limit),
+                    check,
+                ))
                 .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(l), sd)
                 .await
                 .map_err(|e| ApiError::internal(format!("gRPC server: {e}")))

@@ -127,7 +127,8 @@ async fn run() -> Result<()> {
     };
     tracing::info!(rest = ?args.listen, grpc = %args.grpc_listen, data_dir = %args.data_dir.display(), "apiserver-lite starting");
     let shutdown = async {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("signal handler");
+        let mut term =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("signal handler");
         tokio::select! {
             _ = tokio::signal::ctrl_c() => {},
             _ = term.recv() => {},

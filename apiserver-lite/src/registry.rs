@@ -124,17 +124,20 @@ impl Registry {
         fields: &FieldSelector,
     ) -> Result<(Vec<Value>, u64), ApiError> {
         let (items, rv) = self.store.list(kind, ns)?;
-        let items = items
-            .into_iter()
-            .filter(|o| labels.matches(labels_of(o).as_ref()) && fields.matches(o))
-            .collect();
+        let items = items.into_iter().filter(|o| labels.matches(labels_of(o).as_ref()) && fields.matches(o)).collect();
         Ok((items, rv))
     }
 
     // === writes ===
 
     /// Creates an object. `ns` is the namespace of the URL (None for cluster-scoped kinds).
-    pub async fn create(&self, kind: Kind, ns: Option<&str>, body: Value, opts: &WriteOptions) -> Result<Outcome, ApiError> {
+    pub async fn create(
+        &self,
+        kind: Kind,
+        ns: Option<&str>,
+        body: Value,
+        opts: &WriteOptions,
+    ) -> Result<Outcome, ApiError> {
         let g = self.store.lock().await;
         let out = self.create_locked(&g, kind, ns, body, opts)?;
         drop(g);
@@ -201,7 +204,13 @@ impl Registry {
     }
 
     /// Deletes an object and returns it (graceful deletions return it with deletionTimestamp).
-    pub async fn delete(&self, kind: Kind, ns: Option<&str>, name: &str, opts: &DeleteOptions) -> Result<Value, ApiError> {
+    pub async fn delete(
+        &self,
+        kind: Kind,
+        ns: Option<&str>,
+        name: &str,
+        opts: &DeleteOptions,
+    ) -> Result<Value, ApiError> {
         let g = self.store.lock().await;
         let old = self.store.get(kind, ns.unwrap_or(""), name)?.ok_or_else(|| ApiError::not_found(kind, name))?;
         if let Some(uid) = &opts.precondition_uid {
@@ -272,7 +281,10 @@ impl Registry {
                     }
                 }
                 None => {
-                    let causes = vec![v::required(&FieldPath::root("metadata").child("name"), "name or generateName is required")];
+                    let causes = vec![v::required(
+                        &FieldPath::root("metadata").child("name"),
+                        "name or generateName is required",
+                    )];
                     return Err(ApiError::invalid(kind, "", causes));
                 }
             },
@@ -292,7 +304,8 @@ impl Registry {
         }
         let owner = alloc::owner(kind, &ns, &name);
         let mut claims = Claims::new(owner.clone());
-        let (object, warnings) = api::with_kind_type!(kind, T => self.admit::<T>(body, None, Subresource::Main, opts, &mut claims)?);
+        let (object, warnings) =
+            api::with_kind_type!(kind, T => self.admit::<T>(body, None, Subresource::Main, opts, &mut claims)?);
         self.commit_write(g, kind, None, object, warnings, true, claims, opts)
     }
 
@@ -337,7 +350,15 @@ impl Registry {
             }
         }
         // Identity and system fields stay as stored.
-        for k in ["name", "namespace", "uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "generation"] {
+        for k in [
+            "name",
+            "namespace",
+            "uid",
+            "creationTimestamp",
+            "deletionTimestamp",
+            "deletionGracePeriodSeconds",
+            "generation",
+        ] {
             match old["metadata"].get(k) {
                 Some(v) => new["metadata"][k] = v.clone(),
                 None => {
@@ -397,7 +418,13 @@ impl Registry {
         Ok(Pending { rv: Some(rv), outcome: Outcome { object: written.pop().unwrap_or_default(), created, warnings } })
     }
 
-    pub(crate) fn delete_locked(&self, g: &WriteGuard<'_>, kind: Kind, old: Value, opts: &DeleteOptions) -> Result<Pending, ApiError> {
+    pub(crate) fn delete_locked(
+        &self,
+        g: &WriteGuard<'_>,
+        kind: Kind,
+        old: Value,
+        opts: &DeleteOptions,
+    ) -> Result<Pending, ApiError> {
         let name = meta_str(&old, "name").unwrap_or("").to_string();
         match kind {
             Kind::Namespace => {
@@ -429,12 +456,16 @@ impl Registry {
                 // and then deletes the pod with grace period 0.
                 if grace > 0 && !node.is_empty() && !terminal && self.node_is_ready(node)? {
                     if old["metadata"].get("deletionTimestamp").is_some() {
-                        return Ok(Pending { rv: None, outcome: Outcome { object: old, created: false, warnings: vec![] } });
+                        return Ok(Pending {
+                            rv: None,
+                            outcome: Outcome { object: old, created: false, warnings: vec![] },
+                        });
                     }
                     let mut pod = old.clone();
                     let deadline = jiff::Timestamp::now() + jiff::SignedDuration::from_secs(grace);
-                    pod["metadata"]["deletionTimestamp"] =
-                        serde_json::to_value(Time(jiff::Timestamp::from_second(deadline.as_second()).unwrap_or(deadline)))?;
+                    pod["metadata"]["deletionTimestamp"] = serde_json::to_value(Time(
+                        jiff::Timestamp::from_second(deadline.as_second()).unwrap_or(deadline),
+                    ))?;
                     pod["metadata"]["deletionGracePeriodSeconds"] = json!(grace);
                     return self.put_raw(g, kind, Some(old), pod);
                 }
@@ -457,14 +488,26 @@ impl Registry {
         if let Ok(mut a) = self.alloc.lock() {
             a.apply(&owner, &released, &BTreeSet::new());
         }
-        Ok(Pending { rv: Some(rv), outcome: Outcome { object: written.pop().unwrap_or_default(), created: false, warnings: vec![] } })
+        Ok(Pending {
+            rv: Some(rv),
+            outcome: Outcome { object: written.pop().unwrap_or_default(), created: false, warnings: vec![] },
+        })
     }
 
     /// Writes an object as is (system updates: deletion marks, controller status).
-    pub(crate) fn put_raw(&self, g: &WriteGuard<'_>, kind: Kind, old: Option<Value>, object: Value) -> Result<Pending, ApiError> {
+    pub(crate) fn put_raw(
+        &self,
+        g: &WriteGuard<'_>,
+        kind: Kind,
+        old: Option<Value>,
+        object: Value,
+    ) -> Result<Pending, ApiError> {
         let created = old.is_none();
         let (mut written, rv) = self.store.commit(g, vec![Op::Put { kind, object, prev: old.map(Arc::new) }])?;
-        Ok(Pending { rv: Some(rv), outcome: Outcome { object: written.pop().unwrap_or_default(), created, warnings: vec![] } })
+        Ok(Pending {
+            rv: Some(rv),
+            outcome: Outcome { object: written.pop().unwrap_or_default(), created, warnings: vec![] },
+        })
     }
 
     pub(crate) async fn sync(&self, p: Pending) -> Result<Value, ApiError> {
@@ -473,7 +516,9 @@ impl Registry {
 
     fn node_is_ready(&self, name: &str) -> Result<bool, ApiError> {
         Ok(match self.store.get(Kind::Node, "", name)? {
-            Some(n) => serde_json::from_value::<Node>(n).map(|n| api::objects::node_ready_status(&n) == "Ready").unwrap_or(false),
+            Some(n) => serde_json::from_value::<Node>(n)
+                .map(|n| api::objects::node_ready_status(&n) == "Ready")
+                .unwrap_or(false),
             None => false,
         })
     }
@@ -543,7 +588,13 @@ impl Registry {
     }
 
     /// ClusterIP, NodePorts, healthCheckNodePort and LoadBalancer IP for a Service.
-    fn allocate_service(&self, value: &mut Value, old: Option<&Value>, claims: &mut Claims, causes: &mut Vec<Cause>) -> Result<(), ApiError> {
+    fn allocate_service(
+        &self,
+        value: &mut Value,
+        old: Option<&Value>,
+        claims: &mut Claims,
+        causes: &mut Vec<Cause>,
+    ) -> Result<(), ApiError> {
         let alloc = self.alloc.lock().map_err(|_| ApiError::internal("allocator lock poisoned"))?;
         let mut svc: Service = serde_json::from_value(value.clone())?;
         let old: Option<Service> = old.map(|o| serde_json::from_value(o.clone())).transpose()?;
@@ -572,7 +623,11 @@ impl Registry {
             } else {
                 match (&old_ip, requested) {
                     (Some(o), Some(r)) if *o != r => {
-                        causes.push(v::invalid(&spec_path.child("clusterIPs").index(0), [r].as_slice(), "may not change once set"));
+                        causes.push(v::invalid(
+                            &spec_path.child("clusterIPs").index(0),
+                            [r].as_slice(),
+                            "may not change once set",
+                        ));
                         None
                     }
                     (Some(o), _) => Some(o.clone()),
@@ -601,7 +656,11 @@ impl Registry {
                                             ))
                                         }
                                     };
-                                    causes.push(v::invalid(&spec_path.child("clusterIPs"), [shown].as_slice(), &detail));
+                                    causes.push(v::invalid(
+                                        &spec_path.child("clusterIPs"),
+                                        [shown].as_slice(),
+                                        &detail,
+                                    ));
                                     None
                                 }
                             },
@@ -650,7 +709,9 @@ impl Registry {
                     causes.push(v::invalid(&path, &want.unwrap_or_default(), "provided port is already allocated"))
                 }
                 Err(AllocError::Full) => {
-                    return Err(ApiError::RangeFull("Internal error occurred: failed to allocate a nodePort: range is full".into()))
+                    return Err(ApiError::RangeFull(
+                        "Internal error occurred: failed to allocate a nodePort: range is full".into(),
+                    ))
                 }
             }
         }
@@ -665,12 +726,18 @@ impl Registry {
                 match alloc.node_port(want, claims) {
                     Ok(p) => spec.health_check_node_port = Some(p),
                     Err(AllocError::Full) => {
-                        return Err(ApiError::RangeFull("Internal error occurred: failed to allocate a nodePort: range is full".into()))
+                        return Err(ApiError::RangeFull(
+                            "Internal error occurred: failed to allocate a nodePort: range is full".into(),
+                        ))
                     }
                     Err(e) => causes.push(v::invalid(
                         &spec_path.child("healthCheckNodePort"),
                         &want.unwrap_or_default(),
-                        if e == AllocError::AlreadyAllocated { "provided port is already allocated" } else { "provided port is not in the valid range" },
+                        if e == AllocError::AlreadyAllocated {
+                            "provided port is already allocated"
+                        } else {
+                            "provided port is not in the valid range"
+                        },
                     )),
                 }
             }
@@ -729,7 +796,13 @@ impl Registry {
     }
 
     /// A node's pod CIDR, assigned at registration and immutable afterwards.
-    fn allocate_node(&self, value: &mut Value, old: Option<&Value>, claims: &mut Claims, causes: &mut Vec<Cause>) -> Result<(), ApiError> {
+    fn allocate_node(
+        &self,
+        value: &mut Value,
+        old: Option<&Value>,
+        claims: &mut Claims,
+        causes: &mut Vec<Cause>,
+    ) -> Result<(), ApiError> {
         let alloc = self.alloc.lock().map_err(|_| ApiError::internal("allocator lock poisoned"))?;
         let mut node: Node = serde_json::from_value(value.clone())?;
         let old_cidr = old.and_then(|o| o.pointer("/spec/podCIDR")).and_then(Value::as_str).map(str::to_string);

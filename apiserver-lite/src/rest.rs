@@ -65,8 +65,10 @@ async fn handle(State(st): State<RestState>, req: Request) -> Response {
             return ApiError::Unauthorized.into_response();
         }
     }
-    let query: BTreeMap<String, String> =
-        form_urlencoded::parse(req.uri().query().unwrap_or("").as_bytes()).into_owned().filter(|(k, _)| !k.is_empty()).collect();
+    let query: BTreeMap<String, String> = form_urlencoded::parse(req.uri().query().unwrap_or("").as_bytes())
+        .into_owned()
+        .filter(|(k, _)| !k.is_empty())
+        .collect();
     let is_watch = query.get("watch").is_some_and(|w| w == "true" || w == "1");
     let timeout = st.request_timeout;
     let fut = dispatch(st, req, path, query);
@@ -91,7 +93,12 @@ struct Target {
     sub: Subresource,
 }
 
-async fn dispatch(st: RestState, req: Request, path: String, query: BTreeMap<String, String>) -> Result<Response, ApiError> {
+async fn dispatch(
+    st: RestState,
+    req: Request,
+    path: String,
+    query: BTreeMap<String, String>,
+) -> Result<Response, ApiError> {
     let method = req.method().clone();
     let headers = req.headers().clone();
     let segs: Vec<&str> = path.trim_matches('/').split('/').filter(|s| !s.is_empty()).collect();
@@ -149,7 +156,9 @@ fn parse_target(group: &str, version: &str, rest: &[&str]) -> Option<Target> {
         ["namespaces", name, s] if group.is_empty() && (*s == "status" || *s == "finalize") => {
             Some(t(Kind::Namespace, None, Some(name), Subresource::Status))
         }
-        ["namespaces", ns, plural] => kind(plural).filter(|k| k.info().namespaced).map(|k| t(k, Some(ns), None, Subresource::Main)),
+        ["namespaces", ns, plural] => {
+            kind(plural).filter(|k| k.info().namespaced).map(|k| t(k, Some(ns), None, Subresource::Main))
+        }
         ["namespaces", ns, plural, name] => {
             kind(plural).filter(|k| k.info().namespaced).map(|k| t(k, Some(ns), Some(name), Subresource::Main))
         }
@@ -158,7 +167,9 @@ fn parse_target(group: &str, version: &str, rest: &[&str]) -> Option<Target> {
             Some(t(k, Some(ns), Some(name), sub(s)?))
         }
         [plural] => kind(plural).map(|k| t(k, None, None, Subresource::Main)),
-        [plural, name] => kind(plural).filter(|k| !k.info().namespaced).map(|k| t(k, None, Some(name), Subresource::Main)),
+        [plural, name] => {
+            kind(plural).filter(|k| !k.info().namespaced).map(|k| t(k, None, Some(name), Subresource::Main))
+        }
         [plural, name, s] => {
             let k = kind(plural).filter(|k| !k.info().namespaced && k.info().has_status)?;
             Some(t(k, None, Some(name), sub(s)?))
@@ -346,7 +357,8 @@ async fn handle_resource(
 fn delete_options(body: &Bytes, q: &BTreeMap<String, String>) -> Result<DeleteOptions, ApiError> {
     let mut opts = DeleteOptions::default();
     if !body.is_empty() {
-        let v: Value = serde_json::from_slice(body).map_err(|e| ApiError::BadRequest(format!("invalid DeleteOptions: {e}")))?;
+        let v: Value =
+            serde_json::from_slice(body).map_err(|e| ApiError::BadRequest(format!("invalid DeleteOptions: {e}")))?;
         opts.grace_period_seconds = v.get("gracePeriodSeconds").and_then(Value::as_i64);
         opts.precondition_uid = v.pointer("/preconditions/uid").and_then(Value::as_str).map(str::to_string);
         opts.precondition_rv = v.pointer("/preconditions/resourceVersion").and_then(Value::as_str).map(str::to_string);
@@ -406,7 +418,9 @@ async fn watch(
         Some(s) => Some(s.parse().map_err(|_| ApiError::BadRequest(format!("invalid resource version: {s}")))?),
     };
     let timeout = match q.get("timeoutSeconds") {
-        Some(t) => Duration::from_secs(t.parse().map_err(|_| ApiError::BadRequest(format!("invalid timeoutSeconds: {t}")))?),
+        Some(t) => {
+            Duration::from_secs(t.parse().map_err(|_| ApiError::BadRequest(format!("invalid timeoutSeconds: {t}")))?)
+        }
         // The real server picks 30–60 minutes when the client gives no timeout.
         None => Duration::from_secs(1800 + fastrand::u64(0..1800)),
     };
@@ -514,7 +528,8 @@ fn resource_list(group: &str, version: &str) -> Value {
         }
         resources.push(r);
         if k.has_status {
-            resources.push(json!({"name": format!("{}/status", k.plural), "singularName": "", "namespaced": k.namespaced,
+            resources
+                .push(json!({"name": format!("{}/status", k.plural), "singularName": "", "namespaced": k.namespaced,
                                   "kind": k.name, "verbs": ["get", "patch", "update"]}));
         }
     }
@@ -552,7 +567,8 @@ fn aggregated(headers: &HeaderMap, core: bool) -> Response {
                         r["categories"] = json!(k.categories);
                     }
                     if k.has_status {
-                        r["subresources"] = json!([{"subresource": "status", "responseKind": rk, "verbs": ["get", "patch", "update"]}]);
+                        r["subresources"] =
+                            json!([{"subresource": "status", "responseKind": rk, "verbs": ["get", "patch", "update"]}]);
                     }
                     r
                 })
@@ -588,7 +604,10 @@ fn openapi_index() -> Value {
     let mut paths = serde_json::Map::new();
     paths.insert("api/v1".into(), json!({"serverRelativeURL": format!("/openapi/v3/api/v1?hash={hash}")}));
     for (g, v) in groups() {
-        paths.insert(format!("apis/{g}/{v}"), json!({"serverRelativeURL": format!("/openapi/v3/apis/{g}/{v}?hash={hash}")}));
+        paths.insert(
+            format!("apis/{g}/{v}"),
+            json!({"serverRelativeURL": format!("/openapi/v3/apis/{g}/{v}?hash={hash}")}),
+        );
     }
     json!({"paths": paths})
 }

@@ -81,10 +81,20 @@ struct DiskEvent {
 
 /// One write of a transaction.
 pub enum Op {
-    Put { kind: Kind, object: Value, prev: Option<Arc<Value>> },
-    Delete { kind: Kind, object: Value },
+    Put {
+        kind: Kind,
+        object: Value,
+        prev: Option<Arc<Value>>,
+    },
+    Delete {
+        kind: Kind,
+        object: Value,
+    },
     /// Records (Some) or releases (None) an allocation.
-    Alloc { key: String, owner: Option<String> },
+    Alloc {
+        key: String,
+        owner: Option<String>,
+    },
 }
 
 /// The storage key of an object.
@@ -94,10 +104,7 @@ pub fn object_key(kind: Kind, ns: &str, name: &str) -> String {
 
 fn ns_and_name(obj: &Value) -> (String, String) {
     let m = &obj["metadata"];
-    (
-        m["namespace"].as_str().unwrap_or("").to_string(),
-        m["name"].as_str().unwrap_or("").to_string(),
-    )
+    (m["namespace"].as_str().unwrap_or("").to_string(), m["name"].as_str().unwrap_or("").to_string())
 }
 
 /// The durable store. Cheap to share behind an `Arc`.
@@ -154,7 +161,12 @@ impl FlushSignal {
 }
 
 /// The flusher thread: flushes whatever was applied, then publishes it as durable.
-fn run_flusher(db: sled::Db, signal: Arc<FlushSignal>, durable: Arc<watch::Sender<u64>>, applied_rv: Arc<std::sync::atomic::AtomicU64>) {
+fn run_flusher(
+    db: sled::Db,
+    signal: Arc<FlushSignal>,
+    durable: Arc<watch::Sender<u64>>,
+    applied_rv: Arc<std::sync::atomic::AtomicU64>,
+) {
     use std::sync::atomic::Ordering;
     while signal.wait() {
         // Everything applied before this read is covered by the flush below.
@@ -204,7 +216,8 @@ impl Store {
 
     /// Opens the store keeping `capacity` events for watch resumption.
     pub fn open_with(dir: &Path, capacity: usize) -> Result<Store, ApiError> {
-        std::fs::create_dir_all(dir).map_err(|e| ApiError::storage(format!("cannot create data dir {}: {e}", dir.display())))?;
+        std::fs::create_dir_all(dir)
+            .map_err(|e| ApiError::storage(format!("cannot create data dir {}: {e}", dir.display())))?;
         let db = sled::Config::new()
             .path(dir.join("db"))
             // Small: reads are cheap from the OS page cache, and sled grows well beyond this anyway.
@@ -259,7 +272,9 @@ impl Store {
 
     pub fn get(&self, kind: Kind, ns: &str, name: &str) -> Result<Option<Value>, ApiError> {
         match self.db.get(object_key(kind, ns, name))? {
-            Some(b) => Ok(Some(serde_json::from_slice(&b).map_err(|e| ApiError::storage(format!("corrupt object: {e}")))?)),
+            Some(b) => {
+                Ok(Some(serde_json::from_slice(&b).map_err(|e| ApiError::storage(format!("corrupt object: {e}")))?))
+            }
             None => Ok(None),
         }
     }
@@ -360,7 +375,8 @@ impl Store {
         }
         for ev in &events {
             // {"kind":…,"type":…,"object":<the stored bytes>}, without re-serialising the object.
-            let mut disk = format!(r#"{{"kind":"{}","type":"{}","object":"#, ev.kind.info().name, ev.type_.as_str()).into_bytes();
+            let mut disk =
+                format!(r#"{{"kind":"{}","type":"{}","object":"#, ev.kind.info().name, ev.type_.as_str()).into_bytes();
             disk.extend_from_slice(&ev.object);
             disk.push(b'}');
             batch.insert(format!("e/{:016x}", ev.rv).as_bytes(), disk);
@@ -477,7 +493,10 @@ mod tests {
                             let rv = {
                                 let g = store.lock().await;
                                 let obj = svc(&format!("s-{t}-{i}"));
-                                store.commit(&g, vec![Op::Put { kind: Kind::Service, object: obj, prev: None }]).unwrap().1
+                                store
+                                    .commit(&g, vec![Op::Put { kind: Kind::Service, object: obj, prev: None }])
+                                    .unwrap()
+                                    .1
                             };
                             store.get(Kind::Service, "default", &format!("s-{t}-{}", i / 2)).unwrap();
                             store.sync(rv).await.unwrap();

@@ -88,7 +88,8 @@ pub fn start(registry: Arc<Registry>, spec: WatchSpec) -> mpsc::Receiver<WatchIt
         let mut cursor = match spec.from {
             Some(rv) => rv,
             None => {
-                let Ok((items, rv)) = registry.list(filter.kind, filter.ns.as_deref(), &filter.labels, &filter.fields) else {
+                let Ok((items, rv)) = registry.list(filter.kind, filter.ns.as_deref(), &filter.labels, &filter.fields)
+                else {
                     return;
                 };
                 for item in items {
@@ -147,8 +148,14 @@ mod tests {
             rv: 1,
             kind: Kind::Pod,
             type_,
-            object: serde_json::to_vec(&json!({"metadata": {"name": "p", "namespace": "default", "labels": labels}})).unwrap().into(),
-            prev: prev.map(|p| serde_json::to_vec(&json!({"metadata": {"name": "p", "namespace": "default", "labels": p}})).unwrap().into()),
+            object: serde_json::to_vec(&json!({"metadata": {"name": "p", "namespace": "default", "labels": labels}}))
+                .unwrap()
+                .into(),
+            prev: prev.map(|p| {
+                serde_json::to_vec(&json!({"metadata": {"name": "p", "namespace": "default", "labels": p}}))
+                    .unwrap()
+                    .into()
+            }),
         }
     }
 

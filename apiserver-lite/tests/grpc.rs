@@ -43,7 +43,11 @@ async fn channel(r: &Running) -> Channel {
 
 fn web_service() -> pb::Service {
     pb::Service {
-        metadata: Some(pb::ObjectMeta { name: Some("web".into()), namespace: Some("default".into()), ..Default::default() }),
+        metadata: Some(pb::ObjectMeta {
+            name: Some("web".into()),
+            namespace: Some("default".into()),
+            ..Default::default()
+        }),
         spec: Some(pb::ServiceSpec {
             r#type: Some("NodePort".into()),
             ports: vec![pb::ServicePort { name: Some("http".into()), port: 80, ..Default::default() }],
@@ -67,7 +71,8 @@ async fn service_crud_and_typed_errors() {
     assert_eq!(err.code(), tonic::Code::AlreadyExists);
     let got = svc.get(pb::GetRequest { namespace: "default".into(), name: "web".into() }).await.unwrap().into_inner();
     assert_eq!(got, created);
-    let list = svc.list(pb::ListRequest { label_selector: String::new(), ..Default::default() }).await.unwrap().into_inner();
+    let list =
+        svc.list(pb::ListRequest { label_selector: String::new(), ..Default::default() }).await.unwrap().into_inner();
     assert_eq!(list.items.len(), 2); // web and default/kubernetes
     let mut bad = web_service();
     bad.metadata.as_mut().unwrap().name = Some("bad".into());
@@ -76,10 +81,12 @@ async fn service_crud_and_typed_errors() {
     assert_eq!(err.code(), tonic::Code::InvalidArgument);
     assert!(err.message().contains("spec.ports[0].nodePort: Invalid value: 80"), "{}", err.message());
     let mut upd = created.clone();
-    upd.spec.as_mut().unwrap().ports[0].target_port = Some(pb::IntOrString { value: Some(pb::int_or_string::Value::IntValue(8080)) });
+    upd.spec.as_mut().unwrap().ports[0].target_port =
+        Some(pb::IntOrString { value: Some(pb::int_or_string::Value::IntValue(8080)) });
     let updated = svc.update(upd).await.unwrap().into_inner();
     assert_eq!(updated.spec.as_ref().unwrap().ports[0].node_port, spec.ports[0].node_port);
-    let deleted = svc.delete(pb::DeleteRequest { namespace: "default".into(), name: "web".into() }).await.unwrap().into_inner();
+    let deleted =
+        svc.delete(pb::DeleteRequest { namespace: "default".into(), name: "web".into() }).await.unwrap().into_inner();
     assert_eq!(deleted.metadata.unwrap().name.as_deref(), Some("web"));
     let err = svc.get(pb::GetRequest { namespace: "default".into(), name: "web".into() }).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::NotFound);
@@ -107,7 +114,11 @@ async fn watch_sends_snapshot_synced_then_events_and_resumes() {
     assert_eq!(s.metadata.unwrap().name.as_deref(), Some("web"));
     // Resume from the synced version: the same ADDED arrives again, and nothing before it.
     let mut resumed = watch
-        .watch(pb::WatchRequest { kind: pb::Kind::Service as i32, resource_version: synced.resource_version, ..Default::default() })
+        .watch(pb::WatchRequest {
+            kind: pb::Kind::Service as i32,
+            resource_version: synced.resource_version,
+            ..Default::default()
+        })
         .await
         .unwrap()
         .into_inner();
@@ -115,7 +126,11 @@ async fn watch_sends_snapshot_synced_then_events_and_resumes() {
     assert_eq!(again.resource_version, added.resource_version);
     // Filters by namespace and selector.
     let mut filtered = watch
-        .watch(pb::WatchRequest { kind: pb::Kind::Service as i32, label_selector: "app=none".into(), ..Default::default() })
+        .watch(pb::WatchRequest {
+            kind: pb::Kind::Service as i32,
+            label_selector: "app=none".into(),
+            ..Default::default()
+        })
         .await
         .unwrap()
         .into_inner();
@@ -145,7 +160,12 @@ async fn nodes_register_get_a_pod_cidr_and_heartbeat() {
     let beat = nodes
         .heartbeat(pb::HeartbeatRequest {
             name: "node-2".into(),
-            conditions: vec![pb::Condition { r#type: "Ready".into(), status: "True".into(), reason: Some("KubeletReady".into()), ..Default::default() }],
+            conditions: vec![pb::Condition {
+                r#type: "Ready".into(),
+                status: "True".into(),
+                reason: Some("KubeletReady".into()),
+                ..Default::default()
+            }],
         })
         .await
         .unwrap()
@@ -165,7 +185,10 @@ async fn reflection_lists_the_services() {
     use tonic_reflection::pb::v1::ServerReflectionRequest;
     let r = run(None).await;
     let mut client = ServerReflectionClient::new(channel(&r).await);
-    let req = ServerReflectionRequest { host: String::new(), message_request: Some(MessageRequest::ListServices(String::new())) };
+    let req = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
     let mut resp = client.server_reflection_info(futures::stream::iter(vec![req])).await.unwrap().into_inner();
     let msg = resp.message().await.unwrap().unwrap();
     let Some(MessageResponse::ListServicesResponse(list)) = msg.message_response else { panic!("list response") };

@@ -55,7 +55,14 @@ async fn lab() -> Lab {
 }
 
 impl Lab {
-    async fn call(&self, method: &str, path: &str, body: Option<Value>, content_type: &str, accept: &str) -> (StatusCode, Value) {
+    async fn call(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<Value>,
+        content_type: &str,
+        accept: &str,
+    ) -> (StatusCode, Value) {
         let mut b = Request::builder().method(method).uri(path).header("accept", accept);
         if body.is_some() {
             b = b.header("content-type", content_type);
@@ -162,9 +169,17 @@ async fn errors_are_statuses_kubectl_understands() {
                        "externalIPs": ["nope"], "loadBalancerSourceRanges": ["10.0.0.0/8"]}});
     let (s, st) = lab.post(SVCS, many).await;
     assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY);
-    let fields: Vec<&str> = st["details"]["causes"].as_array().unwrap().iter().map(|c| c["field"].as_str().unwrap()).collect();
-    for f in ["metadata.name", "spec.type", "spec.ports[0].port", "spec.ports[0].protocol", "spec.externalIPs[0]",
-              "spec.loadBalancerSourceRanges", "spec.sessionAffinityConfig.clientIP.timeoutSeconds"] {
+    let fields: Vec<&str> =
+        st["details"]["causes"].as_array().unwrap().iter().map(|c| c["field"].as_str().unwrap()).collect();
+    for f in [
+        "metadata.name",
+        "spec.type",
+        "spec.ports[0].port",
+        "spec.ports[0].protocol",
+        "spec.externalIPs[0]",
+        "spec.loadBalancerSourceRanges",
+        "spec.sessionAffinityConfig.clientIP.timeoutSeconds",
+    ] {
         assert!(fields.contains(&f), "{f} missing from {fields:?}");
     }
 
@@ -178,7 +193,13 @@ async fn errors_are_statuses_kubectl_understands() {
     assert_eq!(st["details"]["kind"], "services");
 
     let (s, st) = lab
-        .call("POST", &format!("{SVCS}?fieldValidation=Strict"), Some(json!({"metadata": {"name": "y"}, "spec": {"portz": 1, "ports": [{"port": 80}]}})), "application/json", "application/json")
+        .call(
+            "POST",
+            &format!("{SVCS}?fieldValidation=Strict"),
+            Some(json!({"metadata": {"name": "y"}, "spec": {"portz": 1, "ports": [{"port": 80}]}})),
+            "application/json",
+            "application/json",
+        )
         .await;
     assert_eq!(s, StatusCode::BAD_REQUEST);
     assert!(st["message"].as_str().unwrap().contains("strict decoding error: unknown field \"spec.portz\""), "{st}");
@@ -215,18 +236,29 @@ async fn requested_cluster_ip_and_node_port_are_honoured_or_rejected() {
                        "ports": [{"port": 80, "nodePort": 30000}]}});
     let (s, st) = lab.post(SVCS, clash).await;
     assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY);
-    let msgs: Vec<String> = st["details"]["causes"].as_array().unwrap().iter().map(|c| format!("{}: {}", c["field"].as_str().unwrap(), c["message"].as_str().unwrap())).collect();
+    let msgs: Vec<String> = st["details"]["causes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| format!("{}: {}", c["field"].as_str().unwrap(), c["message"].as_str().unwrap()))
+        .collect();
     assert!(msgs.contains(&"spec.clusterIPs: Invalid value: []string{\"10.96.5.5\"}: failed to allocate IP 10.96.5.5: provided IP is already allocated".to_string()), "{msgs:?}");
-    assert!(msgs.contains(&"spec.ports[0].nodePort: Invalid value: 30000: provided port is already allocated".to_string()), "{msgs:?}");
+    assert!(
+        msgs.contains(&"spec.ports[0].nodePort: Invalid value: 30000: provided port is already allocated".to_string()),
+        "{msgs:?}"
+    );
     let outside = json!({"metadata": {"name": "c"}, "spec": {"clusterIP": "10.0.0.1", "ports": [{"port": 80}]}});
     let (s, st) = lab.post(SVCS, outside).await;
     assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY);
     assert!(st["details"]["causes"][0]["message"].as_str().unwrap().contains("The range of valid IPs is 10.96.0.0/12"));
     // Nothing of the failed creates was kept: the values are still free for someone else.
-    let ok = json!({"metadata": {"name": "d"}, "spec": {"type": "NodePort", "ports": [{"port": 80, "nodePort": 30001}]}});
+    let ok =
+        json!({"metadata": {"name": "d"}, "spec": {"type": "NodePort", "ports": [{"port": 80, "nodePort": 30001}]}});
     assert_eq!(lab.post(SVCS, ok).await.0, StatusCode::CREATED);
     // Headless keeps None.
-    let (s, h) = lab.post(SVCS, json!({"metadata": {"name": "h"}, "spec": {"clusterIP": "None", "ports": [{"port": 80}]}})).await;
+    let (s, h) = lab
+        .post(SVCS, json!({"metadata": {"name": "h"}, "spec": {"clusterIP": "None", "ports": [{"port": 80}]}}))
+        .await;
     assert_eq!(s, StatusCode::CREATED);
     assert_eq!(h["spec"]["clusterIPs"], json!(["None"]));
 }
@@ -247,17 +279,27 @@ async fn patches_keep_allocations_and_type_changes_release_them() {
     assert_eq!(patched["status"], created["status"]);
     assert_eq!(patched["metadata"]["generation"], 2);
     // Merge patch (kubectl label / annotate).
-    let (_, labelled) = lab.patch(&url, "application/merge-patch+json", json!({"metadata": {"labels": {"team": null, "tier": "edge"}}})).await;
+    let (_, labelled) = lab
+        .patch(&url, "application/merge-patch+json", json!({"metadata": {"labels": {"team": null, "tier": "edge"}}}))
+        .await;
     assert_eq!(labelled["metadata"]["labels"], json!({"app": "contour", "tier": "edge"}));
     // JSON patch.
-    let (s, jp) = lab.patch(&url, "application/json-patch+json", json!([{"op": "add", "path": "/spec/externalIPs", "value": ["169.10.10.1"]}])).await;
+    let (s, jp) = lab
+        .patch(
+            &url,
+            "application/json-patch+json",
+            json!([{"op": "add", "path": "/spec/externalIPs", "value": ["169.10.10.1"]}]),
+        )
+        .await;
     assert_eq!(s, StatusCode::OK);
     assert_eq!(jp["spec"]["externalIPs"], json!(["169.10.10.1"]));
     // Unchanged update: same resourceVersion, no write.
-    let (_, again) = lab.patch(&url, "application/merge-patch+json", json!({"metadata": {"labels": {"tier": "edge"}}})).await;
+    let (_, again) =
+        lab.patch(&url, "application/merge-patch+json", json!({"metadata": {"labels": {"tier": "edge"}}})).await;
     assert_eq!(again["metadata"]["resourceVersion"], jp["metadata"]["resourceVersion"]);
     // LoadBalancer → ClusterIP: node ports, LB IP and LB-only fields go; the ClusterIP stays.
-    let (s, cip) = lab.patch(&url, "application/strategic-merge-patch+json", json!({"spec": {"type": "ClusterIP"}})).await;
+    let (s, cip) =
+        lab.patch(&url, "application/strategic-merge-patch+json", json!({"spec": {"type": "ClusterIP"}})).await;
     assert_eq!(s, StatusCode::OK, "{cip}");
     assert!(cip["spec"]["ports"][0].get("nodePort").is_none());
     assert!(cip["spec"].get("allocateLoadBalancerNodePorts").is_none());
@@ -266,10 +308,17 @@ async fn patches_keep_allocations_and_type_changes_release_them() {
     assert_eq!(cip["spec"]["clusterIP"], created["spec"]["clusterIP"]);
     // The released NodePort can be taken by another Service.
     let np = created["spec"]["ports"][0]["nodePort"].clone();
-    let other = json!({"metadata": {"name": "other"}, "spec": {"type": "NodePort", "ports": [{"port": 80, "nodePort": np}]}});
+    let other =
+        json!({"metadata": {"name": "other"}, "spec": {"type": "NodePort", "ports": [{"port": 80, "nodePort": np}]}});
     assert_eq!(lab.post(SVCS, other).await.0, StatusCode::CREATED);
     // Changing the ClusterIP is refused.
-    let (s, st) = lab.patch(&url, "application/merge-patch+json", json!({"spec": {"clusterIP": "10.96.9.9", "clusterIPs": ["10.96.9.9"]}})).await;
+    let (s, st) = lab
+        .patch(
+            &url,
+            "application/merge-patch+json",
+            json!({"spec": {"clusterIP": "10.96.9.9", "clusterIPs": ["10.96.9.9"]}}),
+        )
+        .await;
     assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY);
     assert!(st["details"]["causes"][0]["message"].as_str().unwrap().contains("may not change once set"));
 }
@@ -326,7 +375,8 @@ async fn tables_have_the_real_columns_and_cells() {
     let (s, t) = lab.call("GET", &format!("{SVCS}/contour"), None, "", TABLE).await;
     assert_eq!(s, StatusCode::OK);
     assert_eq!(t["kind"], "Table");
-    let cols: Vec<&str> = t["columnDefinitions"].as_array().unwrap().iter().map(|c| c["name"].as_str().unwrap()).collect();
+    let cols: Vec<&str> =
+        t["columnDefinitions"].as_array().unwrap().iter().map(|c| c["name"].as_str().unwrap()).collect();
     assert_eq!(cols, vec!["Name", "Type", "Cluster-IP", "External-IP", "Port(s)", "Age", "Selector"]);
     let row = &t["rows"][0];
     assert_eq!(row["cells"][1], "LoadBalancer");
@@ -337,8 +387,13 @@ async fn tables_have_the_real_columns_and_cells() {
     assert_eq!(row["object"]["kind"], "PartialObjectMetadata");
     let (_, full) = lab.call("GET", &format!("{SVCS}?includeObject=Object"), None, "", TABLE).await;
     assert_eq!(full["rows"][0]["object"]["kind"], "Service");
-    for path in ["/api/v1/nodes", "/api/v1/namespaces", "/api/v1/namespaces/default/pods", "/api/v1/namespaces/default/endpoints",
-                 "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices"] {
+    for path in [
+        "/api/v1/nodes",
+        "/api/v1/namespaces",
+        "/api/v1/namespaces/default/pods",
+        "/api/v1/namespaces/default/endpoints",
+        "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices",
+    ] {
         let (s, t) = lab.call("GET", path, None, "", TABLE).await;
         assert_eq!((s, t["kind"].as_str()), (StatusCode::OK, Some("Table")), "{path}");
     }
@@ -394,7 +449,13 @@ async fn watch_streams_events_from_a_resource_version() {
     let writer = async {
         tokio::time::sleep(Duration::from_millis(100)).await;
         lab_ref.post(SVCS, contour()).await;
-        lab_ref.patch(&format!("{SVCS}/contour"), "application/merge-patch+json", json!({"metadata": {"labels": {"x": "y"}}})).await;
+        lab_ref
+            .patch(
+                &format!("{SVCS}/contour"),
+                "application/merge-patch+json",
+                json!({"metadata": {"labels": {"x": "y"}}}),
+            )
+            .await;
         lab_ref.delete(&format!("{SVCS}/contour")).await;
     };
     let (events, _) = tokio::join!(watcher, writer);
@@ -426,7 +487,8 @@ async fn watch_streams_events_from_a_resource_version() {
 async fn watch_from_a_compacted_version_gets_410_expired() {
     let lab = lab_with(|c| c.event_log_capacity = 8).await;
     for i in 0..12 {
-        let (s, _) = lab.post(SVCS, json!({"metadata": {"name": format!("s{i}")}, "spec": {"ports": [{"port": 80}]}})).await;
+        let (s, _) =
+            lab.post(SVCS, json!({"metadata": {"name": format!("s{i}")}, "spec": {"ports": [{"port": 80}]}})).await;
         assert_eq!(s, StatusCode::CREATED);
     }
     let events = watch_lines(&lab, &format!("{SVCS}?watch=true&resourceVersion=2"), "application/json", 1).await;
@@ -464,7 +526,8 @@ async fn full_ranges_answer_with_a_clear_error() {
     })
     .await;
     for i in 0..5 {
-        let (s, b) = lab.post(SVCS, json!({"metadata": {"name": format!("s{i}")}, "spec": {"ports": [{"port": 80}]}})).await;
+        let (s, b) =
+            lab.post(SVCS, json!({"metadata": {"name": format!("s{i}")}, "spec": {"ports": [{"port": 80}]}})).await;
         assert_eq!(s, StatusCode::CREATED, "{b}");
     }
     let (s, st) = lab.post(SVCS, json!({"metadata": {"name": "full"}, "spec": {"ports": [{"port": 80}]}})).await;
@@ -475,7 +538,9 @@ async fn full_ranges_answer_with_a_clear_error() {
     assert_eq!(s, StatusCode::INTERNAL_SERVER_ERROR);
     assert_eq!(st["message"], "Internal error occurred: failed to allocate a nodePort: range is full");
     // The failed create left nothing behind: the ClusterIP freed by s0 is still available.
-    let (s, _) = lab.post(SVCS, json!({"metadata": {"name": "fits"}, "spec": {"type": "NodePort", "ports": [{"port": 80}]}})).await;
+    let (s, _) = lab
+        .post(SVCS, json!({"metadata": {"name": "fits"}, "spec": {"type": "NodePort", "ports": [{"port": 80}]}}))
+        .await;
     assert_eq!(s, StatusCode::CREATED);
 }
 
@@ -506,9 +571,11 @@ async fn restart_keeps_objects_cluster_ips_and_node_ports() {
     assert_eq!(b["status"], a["status"]);
     // The allocations were restored: the same NodePort cannot be taken again.
     let np = a["spec"]["ports"][0]["nodePort"].clone();
-    let clash = json!({"metadata": {"name": "x"}, "spec": {"type": "NodePort", "ports": [{"port": 80, "nodePort": np}]}});
+    let clash =
+        json!({"metadata": {"name": "x"}, "spec": {"type": "NodePort", "ports": [{"port": 80, "nodePort": np}]}});
     assert_eq!(lab.post(SVCS, clash).await.0, StatusCode::UNPROCESSABLE_ENTITY);
-    let clash = json!({"metadata": {"name": "y"}, "spec": {"clusterIP": a["spec"]["clusterIP"], "ports": [{"port": 80}]}});
+    let clash =
+        json!({"metadata": {"name": "y"}, "spec": {"clusterIP": a["spec"]["clusterIP"], "ports": [{"port": 80}]}});
     assert_eq!(lab.post(SVCS, clash).await.0, StatusCode::UNPROCESSABLE_ENTITY);
 }
 
@@ -544,7 +611,9 @@ async fn nodes_get_pod_cidrs_pods_get_scheduled_and_endpoints_follow_ready_pods(
     let mut nodes = std::collections::BTreeSet::new();
     for i in 0..2 {
         let p = lab
-            .eventually(&format!("/api/v1/namespaces/default/pods/contour-{i}"), |_, v| v["spec"]["nodeName"].is_string())
+            .eventually(&format!("/api/v1/namespaces/default/pods/contour-{i}"), |_, v| {
+                v["spec"]["nodeName"].is_string()
+            })
             .await;
         nodes.insert(p["spec"]["nodeName"].as_str().unwrap().to_string());
     }
@@ -552,7 +621,8 @@ async fn nodes_get_pod_cidrs_pods_get_scheduled_and_endpoints_follow_ready_pods(
     // A node agent reports one pod running and ready.
     let status = json!({"status": {"phase": "Running", "podIP": "10.244.1.5", "podIPs": [{"ip": "10.244.1.5"}],
                         "conditions": [{"type": "Ready", "status": "True"}]}});
-    let (s, _) = lab.patch("/api/v1/namespaces/default/pods/contour-0/status", "application/merge-patch+json", status).await;
+    let (s, _) =
+        lab.patch("/api/v1/namespaces/default/pods/contour-0/status", "application/merge-patch+json", status).await;
     assert_eq!(s, StatusCode::OK);
     let status = json!({"status": {"phase": "Running", "podIP": "10.244.2.7", "podIPs": [{"ip": "10.244.2.7"}],
                         "conditions": [{"type": "Ready", "status": "False"}]}});
@@ -565,7 +635,8 @@ async fn nodes_get_pod_cidrs_pods_get_scheduled_and_endpoints_follow_ready_pods(
     assert_eq!(ep["subsets"][0]["addresses"][0]["ip"], "10.244.1.5");
     assert_eq!(ep["subsets"][0]["notReadyAddresses"][0]["ip"], "10.244.2.7");
     // The named targetPort "https" resolved through the container port.
-    let ports: Vec<i64> = ep["subsets"][0]["ports"].as_array().unwrap().iter().map(|p| p["port"].as_i64().unwrap()).collect();
+    let ports: Vec<i64> =
+        ep["subsets"][0]["ports"].as_array().unwrap().iter().map(|p| p["port"].as_i64().unwrap()).collect();
     assert_eq!(ports, vec![8080, 8443]);
     let (_, slices) = lab
         .get("/apis/discovery.k8s.io/v1/namespaces/default/endpointslices?labelSelector=kubernetes.io%2Fservice-name%3Dcontour")
@@ -573,7 +644,8 @@ async fn nodes_get_pod_cidrs_pods_get_scheduled_and_endpoints_follow_ready_pods(
     let slice = &slices["items"][0];
     assert_eq!(slice["addressType"], "IPv4");
     assert_eq!(slice["endpoints"].as_array().unwrap().len(), 2);
-    let ready: Vec<bool> = slice["endpoints"].as_array().unwrap().iter().map(|e| e["conditions"]["ready"].as_bool().unwrap()).collect();
+    let ready: Vec<bool> =
+        slice["endpoints"].as_array().unwrap().iter().map(|e| e["conditions"]["ready"].as_bool().unwrap()).collect();
     assert_eq!(ready, vec![true, false]);
     // Deleting the Service removes its endpoints.
     lab.delete(&format!("{SVCS}/contour")).await;
@@ -598,7 +670,9 @@ async fn silent_nodes_go_not_ready_and_their_pods_are_removed_on_delete() {
     // No heartbeat: after the grace period the node is NotReady and the pod is removed.
     let n = lab
         .eventually("/api/v1/nodes/node-1", |_, v| {
-            v["status"]["conditions"].as_array().is_some_and(|c| c.iter().any(|c| c["type"] == "Ready" && c["status"] == "Unknown"))
+            v["status"]["conditions"]
+                .as_array()
+                .is_some_and(|c| c.iter().any(|c| c["type"] == "Ready" && c["status"] == "Unknown"))
         })
         .await;
     assert_eq!(n["status"]["conditions"][0]["reason"], "NodeStatusUnknown");
@@ -631,7 +705,9 @@ async fn discovery_version_and_openapi() {
     let lab = lab().await;
     let (_, v) = lab.get("/version").await;
     assert_eq!(v["minor"], "32");
-    for f in ["major", "minor", "gitVersion", "gitCommit", "gitTreeState", "buildDate", "goVersion", "compiler", "platform"] {
+    for f in
+        ["major", "minor", "gitVersion", "gitCommit", "gitTreeState", "buildDate", "goVersion", "compiler", "platform"]
+    {
         assert!(v[f].is_string(), "{f}");
     }
     let (_, api) = lab.get("/api").await;
@@ -669,7 +745,8 @@ async fn token_and_body_limits_are_enforced() {
     assert_eq!((s, st["reason"].as_str()), (StatusCode::UNAUTHORIZED, Some("Unauthorized")));
     let req = Request::builder().uri(SVCS).header("authorization", "Bearer s3cret").body(Body::empty()).unwrap();
     assert_eq!(lab.app.clone().oneshot(req).await.unwrap().status(), StatusCode::OK);
-    let big = json!({"metadata": {"name": "x", "annotations": {"a": "b".repeat(4096)}}, "spec": {"ports": [{"port": 80}]}});
+    let big =
+        json!({"metadata": {"name": "x", "annotations": {"a": "b".repeat(4096)}}, "spec": {"ports": [{"port": 80}]}});
     let req = Request::builder()
         .method("POST")
         .uri(SVCS)
@@ -686,7 +763,10 @@ async fn token_and_body_limits_are_enforced() {
 async fn garbage_never_panics_the_server() {
     let lab = lab().await;
     let junk = [
-        json!(null), json!([]), json!({"metadata": 5}), json!({"metadata": {"name": 5}}),
+        json!(null),
+        json!([]),
+        json!({"metadata": 5}),
+        json!({"metadata": {"name": 5}}),
         json!({"metadata": {"name": "x"}, "spec": {"ports": "nope"}}),
         json!({"metadata": {"name": "x"}, "spec": {"ports": [{"port": "80"}]}}),
         json!({"metadata": {"name": "x"}, "spec": {"ports": [{"port": 99999999999i64}]}}),
@@ -696,12 +776,19 @@ async fn garbage_never_panics_the_server() {
         let (s, st) = lab.post(SVCS, j.clone()).await;
         assert!(s.is_client_error(), "{j}: {s} {st}");
         assert_eq!(st["kind"], "Status");
-        for patch_ct in ["application/merge-patch+json", "application/strategic-merge-patch+json", "application/json-patch+json"] {
+        for patch_ct in
+            ["application/merge-patch+json", "application/strategic-merge-patch+json", "application/json-patch+json"]
+        {
             let (s, _) = lab.patch(&format!("{SVCS}/kubernetes"), patch_ct, j.clone()).await;
             assert!(s.is_client_error() || s == StatusCode::OK, "{patch_ct} {j}: {s}");
         }
     }
-    for path in ["/api/v1/namespaces", "/api/v1/namespaces/default/services/a/b/c", "/apis/x/y/z", "/api/v1/namespaces/default/nodes"] {
+    for path in [
+        "/api/v1/namespaces",
+        "/api/v1/namespaces/default/services/a/b/c",
+        "/apis/x/y/z",
+        "/api/v1/namespaces/default/nodes",
+    ] {
         let (s, _) = lab.call("PATCH", path, Some(json!({})), "application/merge-patch+json", "application/json").await;
         assert!(s.is_client_error(), "{path}: {s}");
     }

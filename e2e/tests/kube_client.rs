@@ -74,10 +74,8 @@ async fn kube_rs_create_list_watch_delete() {
     }
 
     // Server-side apply (creates), merge and strategic patches.
-    let applied = services
-        .patch("applied", &PatchParams::apply("probe").force(), &Patch::Apply(svc("applied")))
-        .await
-        .unwrap();
+    let applied =
+        services.patch("applied", &PatchParams::apply("probe").force(), &Patch::Apply(svc("applied"))).await.unwrap();
     assert_eq!(applied.metadata.name.as_deref(), Some("applied"));
     let merged = services
         .patch("kube-svc", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {"x": "1"}}})))
@@ -85,7 +83,11 @@ async fn kube_rs_create_list_watch_delete() {
         .unwrap();
     assert_eq!(merged.metadata.labels.unwrap()["x"], "1");
     let strategic = services
-        .patch("kube-svc", &PatchParams::default(), &Patch::Strategic(json!({"spec": {"ports": [{"port": 80, "targetPort": 9090}]}})))
+        .patch(
+            "kube-svc",
+            &PatchParams::default(),
+            &Patch::Strategic(json!({"spec": {"ports": [{"port": 80, "targetPort": 9090}]}})),
+        )
         .await
         .unwrap();
     assert_eq!(strategic.spec.unwrap().ports.unwrap()[0].node_port, Some(np));

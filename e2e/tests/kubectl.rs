@@ -76,17 +76,13 @@ fn kubectl_service_lifecycle() {
     assert_eq!(yaml["spec"]["ipFamilyPolicy"].as_str(), Some("SingleStack"));
     let json: serde_json::Value = serde_json::from_str(&ok(&srv, &["get", "svc", "-o", "json"])).unwrap();
     assert_eq!(json["kind"], "List");
-    let node_ports: Vec<i64> = json["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|s| s["metadata"]["name"] == "contour")
-        .unwrap()["spec"]["ports"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| p["nodePort"].as_i64().unwrap())
-        .collect();
+    let node_ports: Vec<i64> =
+        json["items"].as_array().unwrap().iter().find(|s| s["metadata"]["name"] == "contour").unwrap()["spec"]["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["nodePort"].as_i64().unwrap())
+            .collect();
 
     // re-apply unchanged, then a changed manifest
     assert_eq!(ok(&srv, &["apply", "-f", m]), "service/contour unchanged\n");
@@ -94,7 +90,8 @@ fn kubectl_service_lifecycle() {
     assert_eq!(ok(&srv, &["apply", "-f", m]), "service/contour configured\n");
     let after: serde_json::Value = serde_json::from_str(&ok(&srv, &["get", "svc", "contour", "-o", "json"])).unwrap();
     assert_eq!(after["spec"]["ports"][1]["targetPort"], 9443);
-    let kept: Vec<i64> = after["spec"]["ports"].as_array().unwrap().iter().map(|p| p["nodePort"].as_i64().unwrap()).collect();
+    let kept: Vec<i64> =
+        after["spec"]["ports"].as_array().unwrap().iter().map(|p| p["nodePort"].as_i64().unwrap()).collect();
     assert_eq!(kept, node_ports, "nodePorts stay stable across apply");
 
     assert_eq!(ok(&srv, &["label", "svc", "contour", "team=net"]), "service/contour labeled\n");
@@ -104,7 +101,12 @@ fn kubectl_service_lifecycle() {
     assert!(ok(&srv, &["get", "svc", "--sort-by=.metadata.name"]).contains("kubernetes"));
 
     let describe = ok(&srv, &["describe", "svc", "contour"]);
-    for want in ["Name:                     contour", "Type:                     LoadBalancer", "LoadBalancer Ingress:     198.51.100.1", "Endpoints:"] {
+    for want in [
+        "Name:                     contour",
+        "Type:                     LoadBalancer",
+        "LoadBalancer Ingress:     198.51.100.1",
+        "Endpoints:",
+    ] {
         assert!(describe.contains(want), "describe lacks {want:?}:\n{describe}");
     }
     let describe = ok(&srv, &["describe", "svc", "kubernetes"]);
@@ -122,7 +124,8 @@ fn kubectl_service_lifecycle() {
     assert_eq!(err.trim(), "Error from server (NotFound): services \"nope\" not found");
 
     // get -w prints live events; then delete
-    let mut watch = srv.kubectl_cmd(&["get", "svc", "-w"]).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
+    let mut watch =
+        srv.kubectl_cmd(&["get", "svc", "-w"]).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
     let stdout = watch.stdout.take().unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
@@ -143,7 +146,8 @@ fn kubectl_service_lifecycle() {
     };
     wait_for(&mut seen, 3); // header + two rows of the initial list
     let other = srv.dir.path().join("web.yaml");
-    std::fs::write(&other, "apiVersion: v1\nkind: Service\nmetadata:\n  name: web\nspec:\n  ports:\n  - port: 80\n").unwrap();
+    std::fs::write(&other, "apiVersion: v1\nkind: Service\nmetadata:\n  name: web\nspec:\n  ports:\n  - port: 80\n")
+        .unwrap();
     ok(&srv, &["apply", "-f", other.to_str().unwrap()]);
     assert_eq!(ok(&srv, &["delete", "svc", "contour"]), "service \"contour\" deleted\n");
     wait_for(&mut seen, 5);
@@ -186,7 +190,10 @@ fn kubectl_pods_nodes_and_namespaces() {
     ok(&srv, &["run", "web", "--image=podpath/echo", "--port=8080", "--labels", "app=web"]);
     let pods = ok(&srv, &["get", "pods", "-o", "wide"]);
     let header: Vec<&str> = pods.lines().next().unwrap().split_whitespace().collect();
-    assert_eq!(header, ["NAME", "READY", "STATUS", "RESTARTS", "AGE", "IP", "NODE", "NOMINATED", "NODE", "READINESS", "GATES"]);
+    assert_eq!(
+        header,
+        ["NAME", "READY", "STATUS", "RESTARTS", "AGE", "IP", "NODE", "NOMINATED", "NODE", "READINESS", "GATES"]
+    );
     assert!(pods.lines().nth(1).unwrap().starts_with("web    0/1     Pending"), "{pods}");
     ok(&srv, &["expose", "pod", "web", "--port=80", "--target-port=8080"]);
     assert!(ok(&srv, &["get", "svc", "web"]).contains("80/TCP"));
@@ -194,7 +201,10 @@ fn kubectl_pods_nodes_and_namespaces() {
     assert!(nodes.is_empty() || nodes.contains("NAME"), "{nodes}");
     // Typed-client commands send protobuf bodies.
     assert_eq!(ok(&srv, &["create", "namespace", "team-a"]), "namespace/team-a created\n");
-    assert_eq!(ok(&srv, &["create", "service", "nodeport", "np", "--tcp=80:8080", "--node-port=30080"]), "service/np created\n");
+    assert_eq!(
+        ok(&srv, &["create", "service", "nodeport", "np", "--tcp=80:8080", "--node-port=30080"]),
+        "service/np created\n"
+    );
     let np: serde_json::Value = serde_json::from_str(&ok(&srv, &["get", "svc", "np", "-o", "json"])).unwrap();
     assert_eq!(np["spec"]["ports"][0]["nodePort"], 30080);
     assert_eq!(np["spec"]["ports"][0]["targetPort"], 8080);

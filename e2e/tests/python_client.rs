@@ -21,7 +21,10 @@ fn venv() -> PathBuf {
     }
     let o = Command::new("python3").args(["-m", "venv", "--clear"]).arg(&dir).output().expect("python3 runs");
     assert!(o.status.success(), "python3 -m venv failed: {:?}", text(&o));
-    let o = Command::new(&python).args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", CLIENT]).output().unwrap();
+    let o = Command::new(&python)
+        .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", CLIENT])
+        .output()
+        .unwrap();
     assert!(o.status.success(), "pip install {CLIENT} failed: {:?}", text(&o));
     std::fs::write(&marker, CLIENT).unwrap();
     python
