@@ -97,6 +97,10 @@ pub enum Op {
     },
 }
 
+fn parse_object(bytes: &[u8]) -> Result<Value, ApiError> {
+    serde_json::from_slice(bytes).map_err(|e| ApiError::storage(format!("corrupt object: {e}")))
+}
+
 /// The storage key of an object.
 pub fn object_key(kind: Kind, ns: &str, name: &str) -> String {
     format!("o/{}/{}/{}", kind.info().name, ns, name)
@@ -282,17 +286,8 @@ impl Store {
     /// Every object of `kind` (in namespace `ns` when given) and the resourceVersion of the
     /// snapshot.
     pub fn list(&self, kind: Kind, ns: Option<&str>) -> Result<(Vec<Value>, u64), ApiError> {
-        let prefix = match ns {
-            Some(ns) => format!("o/{}/{}/", kind.info().name, ns),
-            None => format!("o/{}/", kind.info().name),
-        };
-        let applied = self.applied.read().map_err(|_| ApiError::internal("store lock poisoned"))?;
-        let mut out = Vec::new();
-        for item in self.db.scan_prefix(prefix.as_bytes()) {
-            let (_, v) = item?;
-            out.push(serde_json::from_slice(&v).map_err(|e| ApiError::storage(format!("corrupt object: {e}")))?);
-        }
-        Ok((out, applied.rv))
+        let (raw, rv) = self.list_raw(kind, ns)?;
+        Ok((raw.iter().map(|b| parse_object(b)).collect::<Result<_, _>>()?, rv))
     }
 
     /// Like [`Store::list`], but the stored JSON bytes, unparsed (plain lists need no parsing).
@@ -314,8 +309,7 @@ impl Store {
         let prefix = format!("o/{}/{}/{}", kind.info().name, ns, name_prefix);
         let mut out = Vec::new();
         for item in self.db.scan_prefix(prefix.as_bytes()) {
-            let (_, v) = item?;
-            out.push(serde_json::from_slice(&v).map_err(|e| ApiError::storage(format!("corrupt object: {e}")))?);
+            out.push(parse_object(&item?.1)?);
         }
         Ok(out)
     }
