@@ -98,7 +98,9 @@ fn lifecycle_through_the_binary() {
 fn errors_have_distinct_codes_and_change_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let c = conf("1.0.0", dir.path(), "10.78.0.0/24");
-    let cases: Vec<(Value, Vec<(&str, &str)>, &str, u64)> = vec![
+    // (config, extra env, command, expected code)
+    type Case<'a> = (Value, Vec<(&'a str, &'a str)>, &'a str, u64);
+    let cases: Vec<Case> = vec![
         (c.clone(), vec![("CNI_IFNAME", "a-very-long-ifname")], "ADD", 4),
         (c.clone(), vec![("CNI_ARGS", "FOO=bar")], "ADD", 4),
         (json!("not an object"), vec![], "ADD", 6),
