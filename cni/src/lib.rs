@@ -9,6 +9,7 @@
 //!
 //! [`run_plugin`] is the part every plugin binary shares: parse, check, dispatch, print.
 
+pub mod bridge;
 pub mod env;
 pub mod error;
 pub mod ipam;
