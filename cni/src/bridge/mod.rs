@@ -2,5 +2,7 @@
 //! plugin. This module holds the pure parts: configuration and deterministic names.
 
 pub mod config;
+pub mod dataplane;
+pub mod plugin;
 
 pub use config::{host_veth_name, masq_chain, masq_comment, BridgeConfig};

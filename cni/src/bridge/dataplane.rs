@@ -1,0 +1,455 @@
+//! The bridge plugin's side effects, behind [`Dataplane`]: links and addresses through
+//! rtnetlink (container-side work in a thread that entered the container's netns with
+//! netns-rs), NAT through one `iptables-restore --noflush`, sysctls through /proc.
+//! Everything here runs in the network namespace the plugin was started in (the node's) and in
+//! `CNI_NETNS`; nothing else is touched.
+
+use std::io::Write;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::os::fd::AsRawFd;
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use futures::TryStreamExt;
+use ipnet::IpNet;
+use rtnetlink::packet_route::link::{LinkAttribute, LinkMessage};
+use rtnetlink::{Handle, LinkBridge, LinkBridgePort, LinkUnspec, LinkVeth, RouteMessageBuilder};
+
+use crate::error::{code, CniError, Result};
+use crate::types::{IpConfig, Route};
+
+/// A link as the result reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Link {
+    pub index: u32,
+    pub name: String,
+    pub mac: String,
+}
+
+/// Everything the bridge plugin does to the kernel.
+pub trait Dataplane {
+    /// Creates the bridge if missing, sets it up (and promiscuous when asked).
+    fn ensure_bridge(&mut self, name: &str, mtu: Option<u32>, promisc: bool) -> Result<Link>;
+    /// Whether `ifname` exists in the container's netns.
+    fn container_link(&mut self, netns: &Path, ifname: &str) -> Result<Option<Link>>;
+    /// Creates the veth pair: `host` enslaved to the bridge, the peer as `ifname` in `netns`.
+    fn create_veth(
+        &mut self,
+        host: &str,
+        netns: &Path,
+        ifname: &str,
+        mtu: Option<u32>,
+        bridge: &Link,
+        hairpin: bool,
+    ) -> Result<(Link, Link)>;
+    /// Addresses and routes on the container interface (a route without `gw` uses the gateway
+    /// of the address of its family).
+    fn configure_container(&mut self, netns: &Path, ifname: &str, ips: &[IpConfig], routes: &[Route]) -> Result<()>;
+    /// Puts a gateway address on the bridge (already present is fine).
+    fn add_bridge_address(&mut self, bridge: &Link, addr: IpNet) -> Result<()>;
+    fn enable_ip_forward(&mut self, v6: bool) -> Result<()>;
+    /// Masquerades traffic from `ips` leaving `subnets`, in chain `chain`.
+    fn setup_masq(&mut self, chain: &str, comment: &str, ips: &[IpConfig]) -> Result<()>;
+    /// Removes the chain and the POSTROUTING jumps to it; missing is fine.
+    fn teardown_masq(&mut self, chain: &str) -> Result<()>;
+    /// Deletes a link in the plugin's netns; missing is fine.
+    fn delete_host_link(&mut self, name: &str) -> Result<()>;
+    /// Deletes a link in the container's netns; a missing link or netns is fine.
+    fn delete_container_link(&mut self, netns: &Path, ifname: &str) -> Result<()>;
+}
+
+fn internal(what: impl Into<String>, e: impl std::fmt::Display) -> CniError {
+    CniError::new(code::INTERNAL, what).with_details(e.to_string())
+}
+
+/// The kernel's errno inside a netlink error, if any.
+fn errno(e: &rtnetlink::Error) -> Option<i32> {
+    match e {
+        rtnetlink::Error::NetlinkError(m) => m.code.map(|c| -c.get()),
+        _ => None,
+    }
+}
+
+const ENODEV: i32 = 19;
+const EEXIST: i32 = 17;
+const ENOENT: i32 = 2;
+
+fn mac_of(msg: &LinkMessage) -> String {
+    msg.attributes
+        .iter()
+        .find_map(|a| match a {
+            LinkAttribute::Address(b) => Some(b.iter().map(|x| format!("{x:02x}")).collect::<Vec<_>>().join(":")),
+            _ => None,
+        })
+        .unwrap_or_default()
+}
+
+async fn get_link(handle: &Handle, name: &str) -> Result<Option<Link>> {
+    let mut s = handle.link().get().match_name(name.to_string()).execute();
+    match s.try_next().await {
+        Ok(Some(m)) => Ok(Some(Link { index: m.header.index, name: name.to_string(), mac: mac_of(&m) })),
+        Ok(None) => Ok(None),
+        Err(e) if errno(&e) == Some(ENODEV) => Ok(None),
+        Err(e) => Err(internal(format!("cannot look up link {name}"), e)),
+    }
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| internal("cannot start a runtime", e))
+}
+
+/// Runs `f` with a netlink handle inside the netns at `path` (in a thread of its own, so the
+/// plugin's own thread never changes namespace).
+fn in_netns<T: Send + 'static>(
+    path: &Path,
+    f: impl FnOnce(Handle) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<T>>>> + Send + 'static,
+) -> Result<T> {
+    let ns =
+        netns_rs::get_from_path(path).map_err(|e| internal(format!("failed to open netns {}", path.display()), e))?;
+    std::thread::scope(|s| {
+        s.spawn(move || -> Result<T> {
+            ns.enter().map_err(|e| internal("failed to enter the container netns", e))?;
+            let rt = runtime()?;
+            rt.block_on(async move {
+                let (conn, handle, _) = rtnetlink::new_connection().map_err(|e| internal("cannot open netlink", e))?;
+                tokio::spawn(conn);
+                f(handle).await
+            })
+        })
+        .join()
+        .unwrap_or_else(|_| Err(CniError::new(code::INTERNAL, "the netns worker panicked")))
+    })
+}
+
+/// A stable, locally administered unicast MAC for a bridge, derived from its name.
+pub fn bridge_mac(name: &str) -> Vec<u8> {
+    use sha2::Digest;
+    let d = sha2::Sha512::digest(format!("podpath-bridge/{name}").as_bytes());
+    vec![0x02, d[0], d[1], d[2], d[3], d[4]]
+}
+
+/// The real dataplane.
+pub struct Netlink {
+    rt: tokio::runtime::Runtime,
+    handle: Handle,
+}
+
+impl Netlink {
+    pub fn new() -> Result<Netlink> {
+        let rt = runtime()?;
+        let handle = rt.block_on(async {
+            let (conn, handle, _) = rtnetlink::new_connection().map_err(|e| internal("cannot open netlink", e))?;
+            tokio::spawn(conn);
+            Ok::<_, CniError>(handle)
+        })?;
+        Ok(Netlink { rt, handle })
+    }
+}
+
+fn route_message(dst: IpNet, gw: Option<IpAddr>, oif: u32) -> Result<rtnetlink::packet_route::route::RouteMessage> {
+    match (dst, gw) {
+        (IpNet::V4(d), gw) => {
+            let mut b = RouteMessageBuilder::<Ipv4Addr>::new()
+                .destination_prefix(d.addr(), d.prefix_len())
+                .output_interface(oif);
+            if let Some(IpAddr::V4(g)) = gw {
+                b = b.gateway(g);
+            }
+            Ok(b.build())
+        }
+        (IpNet::V6(d), gw) => {
+            let mut b = RouteMessageBuilder::<Ipv6Addr>::new()
+                .destination_prefix(d.addr(), d.prefix_len())
+                .output_interface(oif);
+            if let Some(IpAddr::V6(g)) = gw {
+                b = b.gateway(g);
+            }
+            Ok(b.build())
+        }
+    }
+}
+
+impl Dataplane for Netlink {
+    fn ensure_bridge(&mut self, name: &str, mtu: Option<u32>, promisc: bool) -> Result<Link> {
+        let h = self.handle.clone();
+        let name = name.to_string();
+        self.rt.block_on(async move {
+            if get_link(&h, &name).await?.is_none() {
+                // A pinned MAC: a bridge otherwise takes its lowest port's MAC (all zeros with
+                // none), so it would change as containers come and go.
+                let mut b = LinkBridge::new(&name).address(bridge_mac(&name));
+                if let Some(m) = mtu {
+                    b = b.mtu(m);
+                }
+                match h.link().add(b.build()).execute().await {
+                    Ok(()) => {}
+                    // Another ADD created it at the same time.
+                    Err(e) if errno(&e) == Some(EEXIST) => {}
+                    Err(e) => return Err(internal(format!("cannot create bridge {name}"), e)),
+                }
+            }
+            let link = get_link(&h, &name)
+                .await?
+                .ok_or_else(|| CniError::new(code::INTERNAL, format!("bridge {name} vanished")))?;
+            let msg = LinkUnspec::new_with_index(link.index).up().promiscuous(promisc).build();
+            h.link().set(msg).execute().await.map_err(|e| internal(format!("cannot set bridge {name} up"), e))?;
+            Ok(link)
+        })
+    }
+
+    fn container_link(&mut self, netns: &Path, ifname: &str) -> Result<Option<Link>> {
+        let ifname = ifname.to_string();
+        in_netns(netns, move |h| Box::pin(async move { get_link(&h, &ifname).await }))
+    }
+
+    fn create_veth(
+        &mut self,
+        host: &str,
+        netns: &Path,
+        ifname: &str,
+        mtu: Option<u32>,
+        bridge: &Link,
+        hairpin: bool,
+    ) -> Result<(Link, Link)> {
+        let ns_file =
+            std::fs::File::open(netns).map_err(|e| internal(format!("failed to open netns {}", netns.display()), e))?;
+        // The peer gets a temporary name: CNI_IFNAME (eth0) may exist in the node's netns.
+        let peer_tmp = format!("p{}", &host[4..]);
+        let h = self.handle.clone();
+        let (host_name, bridge_index) = (host.to_string(), bridge.index);
+        let fd = ns_file.as_raw_fd();
+        let host_link = self.rt.block_on(async move {
+            let mut b = LinkVeth::new(&host_name, &peer_tmp);
+            if let Some(m) = mtu {
+                b = b.mtu(m);
+            }
+            h.link()
+                .add(b.build())
+                .execute()
+                .await
+                .map_err(|e| internal(format!("cannot create veth {host_name}"), e))?;
+            let peer = get_link(&h, &peer_tmp)
+                .await?
+                .ok_or_else(|| CniError::new(code::INTERNAL, "the veth peer vanished"))?;
+            h.link()
+                .set(LinkUnspec::new_with_index(peer.index).setns_by_fd(fd).build())
+                .execute()
+                .await
+                .map_err(|e| internal("cannot move the veth peer into the container netns", e))?;
+            let link = get_link(&h, &host_name)
+                .await?
+                .ok_or_else(|| CniError::new(code::INTERNAL, "the host veth vanished"))?;
+            h.link()
+                .set(LinkUnspec::new_with_index(link.index).controller(bridge_index).up().build())
+                .execute()
+                .await
+                .map_err(|e| internal(format!("cannot attach {host_name} to the bridge"), e))?;
+            h.link()
+                .set_port(LinkBridgePort::new(link.index).hairpin(hairpin).build())
+                .execute()
+                .await
+                .map_err(|e| internal(format!("cannot set hairpin mode on {host_name}"), e))?;
+            Ok::<_, CniError>((link, peer_tmp))
+        })?;
+        let (host_link, peer_tmp) = host_link;
+        let ifname_owned = ifname.to_string();
+        let container = in_netns(netns, move |h| {
+            Box::pin(async move {
+                let peer = get_link(&h, &peer_tmp)
+                    .await?
+                    .ok_or_else(|| CniError::new(code::INTERNAL, "the veth peer is not in the netns"))?;
+                let mut b = LinkUnspec::new_with_index(peer.index).name(ifname_owned.clone()).up();
+                if let Some(m) = mtu {
+                    b = b.mtu(m);
+                }
+                h.link()
+                    .set(b.build())
+                    .execute()
+                    .await
+                    .map_err(|e| internal(format!("cannot rename the veth peer to {ifname_owned}"), e))?;
+                if let Some(lo) = get_link(&h, "lo").await? {
+                    h.link()
+                        .set(LinkUnspec::new_with_index(lo.index).up().build())
+                        .execute()
+                        .await
+                        .map_err(|e| internal("cannot set lo up", e))?;
+                }
+                get_link(&h, &ifname_owned)
+                    .await?
+                    .ok_or_else(|| CniError::new(code::INTERNAL, format!("{ifname_owned} vanished")))
+            })
+        })?;
+        drop(ns_file);
+        Ok((host_link, container))
+    }
+
+    fn configure_container(&mut self, netns: &Path, ifname: &str, ips: &[IpConfig], routes: &[Route]) -> Result<()> {
+        let (ifname, ips, routes) = (ifname.to_string(), ips.to_vec(), routes.to_vec());
+        in_netns(netns, move |h| {
+            Box::pin(async move {
+                let link = get_link(&h, &ifname)
+                    .await?
+                    .ok_or_else(|| CniError::new(code::INTERNAL, format!("{ifname} is missing")))?;
+                for ip in &ips {
+                    h.address()
+                        .add(link.index, ip.address.addr(), ip.address.prefix_len())
+                        .execute()
+                        .await
+                        .map_err(|e| internal(format!("cannot add address {} to {ifname}", ip.address), e))?;
+                }
+                for r in &routes {
+                    let gw = r.gw.or_else(|| {
+                        ips.iter()
+                            .find(|ip| ip.address.addr().is_ipv4() == r.dst.addr().is_ipv4())
+                            .and_then(|ip| ip.gateway)
+                    });
+                    h.route()
+                        .add(route_message(r.dst, gw, link.index)?)
+                        .execute()
+                        .await
+                        .map_err(|e| internal(format!("cannot add route {} via {gw:?}", r.dst), e))?;
+                }
+                Ok(())
+            })
+        })
+    }
+
+    fn add_bridge_address(&mut self, bridge: &Link, addr: IpNet) -> Result<()> {
+        let h = self.handle.clone();
+        let index = bridge.index;
+        self.rt.block_on(async move {
+            match h.address().add(index, addr.addr(), addr.prefix_len()).execute().await {
+                Ok(()) => Ok(()),
+                Err(e) if errno(&e) == Some(EEXIST) => Ok(()),
+                Err(e) => Err(internal(format!("cannot add gateway address {addr} to the bridge"), e)),
+            }
+        })
+    }
+
+    fn enable_ip_forward(&mut self, v6: bool) -> Result<()> {
+        let path = if v6 { "/proc/sys/net/ipv6/conf/all/forwarding" } else { "/proc/sys/net/ipv4/ip_forward" };
+        std::fs::write(path, "1").map_err(|e| internal(format!("cannot write {path}"), e))
+    }
+
+    fn setup_masq(&mut self, chain: &str, comment: &str, ips: &[IpConfig]) -> Result<()> {
+        let mut v4 = String::new();
+        let mut v6 = String::new();
+        for ip in ips {
+            let (out, multicast, host) = match ip.address {
+                IpNet::V4(_) => (&mut v4, "224.0.0.0/4", 32),
+                IpNet::V6(_) => (&mut v6, "ff00::/8", 128),
+            };
+            let net = ip.address.trunc();
+            out.push_str(&format!("-A {chain} -d {net} -m comment --comment {comment:?} -j ACCEPT\n"));
+            out.push_str(&format!("-A {chain} ! -d {multicast} -m comment --comment {comment:?} -j MASQUERADE\n"));
+            out.push_str(&format!(
+                "-A POSTROUTING -s {}/{host} -m comment --comment {comment:?} -j {chain}\n",
+                ip.address.addr()
+            ));
+        }
+        for (bin, rules) in [("iptables-restore", v4), ("ip6tables-restore", v6)] {
+            if !rules.is_empty() {
+                restore(bin, &format!("*nat\n:{chain} - [0:0]\n{rules}COMMIT\n"))?;
+            }
+        }
+        Ok(())
+    }
+
+    fn teardown_masq(&mut self, chain: &str) -> Result<()> {
+        for (save, rest) in [("iptables-save", "iptables-restore"), ("ip6tables-save", "ip6tables-restore")] {
+            let out = match Command::new(tool(save)).args(["-t", "nat"]).output() {
+                Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout).into_owned(),
+                // No ip6tables (or no nat table for it): nothing of ours can be there.
+                _ => continue,
+            };
+            if !out.lines().any(|l| l.starts_with(&format!(":{chain} "))) {
+                continue;
+            }
+            let mut payload = String::from("*nat\n");
+            for l in out.lines().filter(|l| l.starts_with("-A POSTROUTING ") && l.ends_with(&format!("-j {chain}"))) {
+                payload.push_str(&format!("-D {}\n", &l[3..]));
+            }
+            payload.push_str(&format!("-F {chain}\n-X {chain}\nCOMMIT\n"));
+            restore(rest, &payload)?;
+        }
+        Ok(())
+    }
+
+    fn delete_host_link(&mut self, name: &str) -> Result<()> {
+        let h = self.handle.clone();
+        let name = name.to_string();
+        self.rt.block_on(async move {
+            let Some(link) = get_link(&h, &name).await? else { return Ok(()) };
+            match h.link().del(link.index).execute().await {
+                Ok(()) => Ok(()),
+                Err(e) if matches!(errno(&e), Some(ENODEV) | Some(ENOENT)) => Ok(()),
+                Err(e) => Err(internal(format!("cannot delete {name}"), e)),
+            }
+        })
+    }
+
+    fn delete_container_link(&mut self, netns: &Path, ifname: &str) -> Result<()> {
+        if !netns.exists() {
+            return Ok(());
+        }
+        let ifname = ifname.to_string();
+        let res = in_netns(netns, move |h| {
+            Box::pin(async move {
+                let Some(link) = get_link(&h, &ifname).await? else { return Ok(()) };
+                match h.link().del(link.index).execute().await {
+                    Ok(()) => Ok(()),
+                    Err(e) if matches!(errno(&e), Some(ENODEV) | Some(ENOENT)) => Ok(()),
+                    Err(e) => Err(internal(format!("cannot delete {ifname}"), e)),
+                }
+            })
+        });
+        match res {
+            // A path that is not a netns (any more) has nothing of ours in it.
+            Err(e) if e.msg.starts_with("failed to open netns") => Ok(()),
+            other => other,
+        }
+    }
+}
+
+/// Finds a system tool through PATH, then the usual sbin/bin directories (runtimes may run
+/// plugins with an empty environment).
+fn tool(name: &str) -> std::path::PathBuf {
+    let path = std::env::var("PATH").unwrap_or_default();
+    let found = path
+        .split(':')
+        .filter(|d| !d.is_empty())
+        .chain(["/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"])
+        .map(|d| Path::new(d).join(name))
+        .find(|p| p.is_file());
+    found.unwrap_or_else(|| std::path::PathBuf::from(name))
+}
+
+/// Applies an iptables-restore payload without flushing other chains; on failure the error
+/// carries the payload.
+fn restore(bin: &str, payload: &str) -> Result<()> {
+    let mut child = Command::new(tool(bin))
+        .args(["--noflush", "-w", "5"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| internal(format!("cannot run {bin}"), e))?;
+    child
+        .stdin
+        .take()
+        .expect("piped")
+        .write_all(payload.as_bytes())
+        .map_err(|e| internal(format!("cannot write to {bin}"), e))?;
+    let out = child.wait_with_output().map_err(|e| internal(format!("{bin} failed"), e))?;
+    if !out.status.success() {
+        return Err(CniError::new(
+            code::INTERNAL,
+            format!("{bin} failed: {}", String::from_utf8_lossy(&out.stderr).trim()),
+        )
+        .with_details(payload.to_string()));
+    }
+    Ok(())
+}
