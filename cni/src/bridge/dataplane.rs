@@ -13,6 +13,7 @@ use std::process::{Command, Stdio};
 use futures::TryStreamExt;
 use ipnet::IpNet;
 use rtnetlink::packet_route::link::{LinkAttribute, LinkMessage};
+use rtnetlink::packet_route::route::RouteProtocol;
 use rtnetlink::{Handle, LinkBridge, LinkBridgePort, LinkUnspec, LinkVeth, RouteMessageBuilder};
 
 use crate::error::{code, CniError, Result};
@@ -149,12 +150,14 @@ impl Netlink {
     }
 }
 
+/// Routes carry the kernel's default protocol (`boot`), as the reference plugin's do.
 fn route_message(dst: IpNet, gw: Option<IpAddr>, oif: u32) -> Result<rtnetlink::packet_route::route::RouteMessage> {
     match (dst, gw) {
         (IpNet::V4(d), gw) => {
             let mut b = RouteMessageBuilder::<Ipv4Addr>::new()
                 .destination_prefix(d.addr(), d.prefix_len())
-                .output_interface(oif);
+                .output_interface(oif)
+                .protocol(RouteProtocol::Boot);
             if let Some(IpAddr::V4(g)) = gw {
                 b = b.gateway(g);
             }
@@ -163,7 +166,8 @@ fn route_message(dst: IpNet, gw: Option<IpAddr>, oif: u32) -> Result<rtnetlink::
         (IpNet::V6(d), gw) => {
             let mut b = RouteMessageBuilder::<Ipv6Addr>::new()
                 .destination_prefix(d.addr(), d.prefix_len())
-                .output_interface(oif);
+                .output_interface(oif)
+                .protocol(RouteProtocol::Boot);
             if let Some(IpAddr::V6(g)) = gw {
                 b = b.gateway(g);
             }
