@@ -190,9 +190,14 @@ fn add_check_del_and_reachability() {
         let dup = cni(&node, &ours(), "ADD", "ctr-a", Some(&c1.path()), &path, &conf);
         assert_eq!(dup.out["code"], 101);
         // DEL twice; DEL after the netns is gone; DEL of something never added
-        for _ in 0..2 {
-            let d = cni(&node, &ours(), "DEL", "ctr-a", Some(&c1.path()), &path, &conf);
+        // (the first with prevResult, as libcni sends it: the NAT rules go in one restore)
+        for del_conf in [&with_prev, &conf] {
+            let d = cni(&node, &ours(), "DEL", "ctr-a", Some(&c1.path()), &path, del_conf);
             assert_eq!((d.code, &d.out), (0, &Value::Null));
+            assert!(!node.run(&["iptables-save", "-t", "nat"]).1.contains(&format!(
+                "-s {}/32",
+                a.out["ips"][0]["address"].as_str().unwrap().split('/').next().unwrap()
+            )));
         }
         drop(c2);
         assert_eq!(cni(&node, &ours(), "DEL", "ctr-b", Some("/run/netns/gone-already"), &path, &conf).code, 0);

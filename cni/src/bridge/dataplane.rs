@@ -12,7 +12,7 @@ use std::process::{Command, Stdio};
 
 use futures::TryStreamExt;
 use ipnet::IpNet;
-use rtnetlink::packet_route::link::{LinkAttribute, LinkMessage};
+use rtnetlink::packet_route::link::{InfoData, InfoVeth, LinkAttribute, LinkMessage};
 use rtnetlink::packet_route::route::RouteProtocol;
 use rtnetlink::{Handle, LinkBridge, LinkBridgePort, LinkUnspec, LinkVeth, RouteMessageBuilder};
 
@@ -51,8 +51,10 @@ pub trait Dataplane {
     fn enable_ip_forward(&mut self, v6: bool) -> Result<()>;
     /// Masquerades traffic from `ips` leaving `subnets`, in chain `chain`.
     fn setup_masq(&mut self, chain: &str, comment: &str, ips: &[IpConfig]) -> Result<()>;
-    /// Removes the chain and the POSTROUTING jumps to it; missing is fine.
-    fn teardown_masq(&mut self, chain: &str) -> Result<()>;
+    /// Removes the chain and the POSTROUTING jumps to it; missing is fine. `known` are the
+    /// attachment's addresses when the caller has them (prevResult): then one restore that
+    /// deletes exactly those rules is tried first.
+    fn teardown_masq(&mut self, chain: &str, comment: &str, known: &[IpConfig]) -> Result<()>;
     /// Deletes a link in the plugin's netns; missing is fine.
     fn delete_host_link(&mut self, name: &str) -> Result<()>;
     /// Deletes a link in the container's netns; a missing link or netns is fine.
@@ -220,29 +222,21 @@ impl Dataplane for Netlink {
     ) -> Result<(Link, Link)> {
         let ns_file =
             std::fs::File::open(netns).map_err(|e| internal(format!("failed to open netns {}", netns.display()), e))?;
-        // The peer gets a temporary name: CNI_IFNAME (eth0) may exist in the node's netns.
-        let peer_tmp = format!("p{}", &host[4..]);
+        // The peer is created inside the container's netns under its final name: no move
+        // between namespaces (each costs an RCU grace period, ~25 ms) and no rename. Its name
+        // is checked there, so an eth0 of the node's own does not collide.
         let h = self.handle.clone();
-        let (host_name, bridge_index) = (host.to_string(), bridge.index);
+        let (host_name, bridge_index, ifname_owned) = (host.to_string(), bridge.index, ifname.to_string());
         let fd = ns_file.as_raw_fd();
         let host_link = self.rt.block_on(async move {
-            let mut b = LinkVeth::new(&host_name, &peer_tmp);
+            let mut peer = LinkUnspec::new_with_name(&ifname_owned).setns_by_fd(fd);
+            let mut b = LinkVeth::new(&host_name, &ifname_owned);
             if let Some(m) = mtu {
+                peer = peer.mtu(m);
                 b = b.mtu(m);
             }
-            h.link()
-                .add(b.build())
-                .execute()
-                .await
-                .map_err(|e| internal(format!("cannot create veth {host_name}"), e))?;
-            let peer = get_link(&h, &peer_tmp)
-                .await?
-                .ok_or_else(|| CniError::new(code::INTERNAL, "the veth peer vanished"))?;
-            h.link()
-                .set(LinkUnspec::new_with_index(peer.index).setns_by_fd(fd).build())
-                .execute()
-                .await
-                .map_err(|e| internal("cannot move the veth peer into the container netns", e))?;
+            let msg = b.set_info_data(InfoData::Veth(InfoVeth::Peer(peer.build()))).build();
+            h.link().add(msg).execute().await.map_err(|e| internal(format!("cannot create veth {host_name}"), e))?;
             let link = get_link(&h, &host_name)
                 .await?
                 .ok_or_else(|| CniError::new(code::INTERNAL, "the host veth vanished"))?;
@@ -256,24 +250,11 @@ impl Dataplane for Netlink {
                 .execute()
                 .await
                 .map_err(|e| internal(format!("cannot set hairpin mode on {host_name}"), e))?;
-            Ok::<_, CniError>((link, peer_tmp))
+            Ok::<_, CniError>(link)
         })?;
-        let (host_link, peer_tmp) = host_link;
         let ifname_owned = ifname.to_string();
         let container = in_netns(netns, move |h| {
             Box::pin(async move {
-                let peer = get_link(&h, &peer_tmp)
-                    .await?
-                    .ok_or_else(|| CniError::new(code::INTERNAL, "the veth peer is not in the netns"))?;
-                let mut b = LinkUnspec::new_with_index(peer.index).name(ifname_owned.clone()).up();
-                if let Some(m) = mtu {
-                    b = b.mtu(m);
-                }
-                h.link()
-                    .set(b.build())
-                    .execute()
-                    .await
-                    .map_err(|e| internal(format!("cannot rename the veth peer to {ifname_owned}"), e))?;
                 if let Some(lo) = get_link(&h, "lo").await? {
                     h.link()
                         .set(LinkUnspec::new_with_index(lo.index).up().build())
@@ -281,9 +262,15 @@ impl Dataplane for Netlink {
                         .await
                         .map_err(|e| internal("cannot set lo up", e))?;
                 }
-                get_link(&h, &ifname_owned)
-                    .await?
-                    .ok_or_else(|| CniError::new(code::INTERNAL, format!("{ifname_owned} vanished")))
+                let link = get_link(&h, &ifname_owned).await?.ok_or_else(|| {
+                    CniError::new(code::INTERNAL, format!("{ifname_owned} is not in the container netns"))
+                })?;
+                h.link()
+                    .set(LinkUnspec::new_with_index(link.index).up().build())
+                    .execute()
+                    .await
+                    .map_err(|e| internal(format!("cannot set {ifname_owned} up"), e))?;
+                Ok(link)
             })
         })?;
         drop(ns_file);
@@ -362,7 +349,26 @@ impl Dataplane for Netlink {
         Ok(())
     }
 
-    fn teardown_masq(&mut self, chain: &str) -> Result<()> {
+    fn teardown_masq(&mut self, chain: &str, comment: &str, known: &[IpConfig]) -> Result<()> {
+        if !known.is_empty() {
+            let mut v4 = String::new();
+            let mut v6 = String::new();
+            for ip in known {
+                let (out, host) = if ip.address.addr().is_ipv4() { (&mut v4, 32) } else { (&mut v6, 128) };
+                out.push_str(&format!(
+                    "-D POSTROUTING -s {}/{host} -m comment --comment {comment:?} -j {chain}\n",
+                    ip.address.addr()
+                ));
+            }
+            let fast = [("iptables-restore", v4), ("ip6tables-restore", v6)]
+                .into_iter()
+                .filter(|(_, rules)| !rules.is_empty())
+                .all(|(bin, rules)| restore(bin, &format!("*nat\n{rules}-F {chain}\n-X {chain}\nCOMMIT\n")).is_ok());
+            if fast {
+                return Ok(());
+            }
+        }
+        // Without the addresses (or when the rules were not as recorded): find the jumps.
         for (save, rest) in [("iptables-save", "iptables-restore"), ("ip6tables-save", "ip6tables-restore")] {
             let out = match Command::new(tool(save)).args(["-t", "nat"]).output() {
                 Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout).into_owned(),

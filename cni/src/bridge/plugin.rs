@@ -106,7 +106,7 @@ pub fn add(
                 let r = match step {
                     Undo::HostLink(name) => dp.delete_host_link(&name),
                     Undo::Ipam => ipam.run(&cfg.ipam_type, Command::Del, inv, stdin).map(|_| ()),
-                    Undo::Masq(chain) => dp.teardown_masq(&chain),
+                    Undo::Masq(chain) => dp.teardown_masq(&chain, "", &[]),
                 };
                 if let Err(c) = r {
                     cleanup_errors.push(c.to_string());
@@ -215,7 +215,10 @@ pub fn del(
     if let Err(e) = dp.delete_host_link(&host_veth_name(&inv.container_id, &inv.ifname)) {
         errors.push(e);
     }
-    if let Err(e) = dp.teardown_masq(&masq_chain(&cfg.name, &inv.container_id)) {
+    // The runtime passes the ADD result on DEL; it names the addresses the NAT rules match.
+    let known = conf.get("prevResult").and_then(|p| CniResult::from_json(p).ok()).map(|r| r.ips).unwrap_or_default();
+    let comment = masq_comment(&cfg.name, &inv.container_id);
+    if let Err(e) = dp.teardown_masq(&masq_chain(&cfg.name, &inv.container_id), &comment, &known) {
         errors.push(e);
     }
     if let Err(e) = ipam.run(&cfg.ipam_type, Command::Del, inv, stdin) {
