@@ -186,6 +186,21 @@ fn add_check_del_and_reachability() {
         let mut with_prev = conf.clone();
         with_prev["prevResult"] = a.out.clone();
         assert_eq!(cni(&node, &ours(), "CHECK", "ctr-a", Some(&c1.path()), &path, &with_prev).code, 0);
+        // GC with only ctr-a valid: ctr-b's NAT chain and address go, ctr-a's stay.
+        let mut gc =
+            json!({"cniVersion": "1.1.0", "name": conf["name"], "type": "podpath-bridge", "ipam": conf["ipam"]});
+        gc["cni.dev/valid-attachments"] = json!([{"containerID": "ctr-a", "ifname": "eth0"}]);
+        let g = cni(&node, &ours(), "GC", "", None, &path, &gc);
+        assert_eq!(g.code, 0, "{}", g.out);
+        let nat = node.run(&["iptables-save", "-t", "nat"]).1;
+        assert!(!nat.contains("id: \\\"ctr-b\\\""), "{nat}");
+        assert!(nat.contains("id: \\\"ctr-a\\\""), "{nat}");
+        // CHECK notices a missing address.
+        let addr_b = b.out["ips"][0]["address"].as_str().unwrap().to_string();
+        c2.run(&["ip", "addr", "del", &addr_b, "dev", "eth0"]);
+        let mut prev_b = conf.clone();
+        prev_b["prevResult"] = b.out.clone();
+        assert_eq!(cni(&node, &ours(), "CHECK", "ctr-b", Some(&c2.path()), &path, &prev_b).out["code"], 104);
         // duplicate ADD
         let dup = cni(&node, &ours(), "ADD", "ctr-a", Some(&c1.path()), &path, &conf);
         assert_eq!(dup.out["code"], 101);

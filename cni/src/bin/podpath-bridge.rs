@@ -16,13 +16,14 @@ fn main() {
         read.as_ref().map_err(|e| CniError::new(code::IO, format!("cannot read stdin: {e}")))?;
         let mut ipam = ExecDelegate;
         match inv.command {
-            Command::Status | Command::Gc => plugin::forward(&mut ipam, inv.command, inv, conf, &stdin).map(|_| None),
+            Command::Status => plugin::forward(&mut ipam, inv.command, inv, conf, &stdin).map(|_| None),
             Command::Version => unreachable!("run_plugin answers VERSION itself"),
             command => {
                 let mut dp = Netlink::new()?;
                 match command {
                     Command::Add => plugin::add(&mut dp, &mut ipam, inv, conf, &stdin, version).map(Some),
                     Command::Del => plugin::del(&mut dp, &mut ipam, inv, conf, &stdin).map(|_| None),
+                    Command::Gc => plugin::gc(&mut dp, &mut ipam, inv, conf, &stdin).map(|_| None),
                     _ => plugin::check(&mut dp, &mut ipam, inv, conf, &stdin).map(|_| None),
                 }
             }

@@ -55,6 +55,10 @@ pub trait Dataplane {
     /// attachment's addresses when the caller has them (prevResult): then one restore that
     /// deletes exactly those rules is tried first.
     fn teardown_masq(&mut self, chain: &str, comment: &str, known: &[IpConfig]) -> Result<()>;
+    /// Container ids of the NAT chains of network `network` (from the rules' comments).
+    fn masq_attachments(&mut self, network: &str) -> Result<Vec<String>>;
+    /// The addresses on `ifname` in the container's netns.
+    fn container_addresses(&mut self, netns: &Path, ifname: &str) -> Result<Vec<IpNet>>;
     /// Deletes a link in the plugin's netns; missing is fine.
     fn delete_host_link(&mut self, name: &str) -> Result<()>;
     /// Deletes a link in the container's netns; a missing link or netns is fine.
@@ -386,6 +390,48 @@ impl Dataplane for Netlink {
             restore(rest, &payload)?;
         }
         Ok(())
+    }
+
+    fn masq_attachments(&mut self, network: &str) -> Result<Vec<String>> {
+        let prefix = format!("--comment \"name: \\\"{network}\\\" id: \\\"");
+        let mut ids = Vec::new();
+        for save in ["iptables-save", "ip6tables-save"] {
+            let Ok(o) = Command::new(tool(save)).args(["-t", "nat"]).output() else { continue };
+            for line in String::from_utf8_lossy(&o.stdout).lines().filter(|l| l.starts_with("-A POSTROUTING ")) {
+                if let Some(rest) = line.split(&prefix).nth(1) {
+                    if let Some(id) = rest.split("\\\"").next() {
+                        if !ids.iter().any(|i| i == id) {
+                            ids.push(id.to_string());
+                        }
+                    }
+                }
+            }
+        }
+        Ok(ids)
+    }
+
+    fn container_addresses(&mut self, netns: &Path, ifname: &str) -> Result<Vec<IpNet>> {
+        use rtnetlink::packet_route::address::AddressAttribute;
+        let ifname = ifname.to_string();
+        in_netns(netns, move |h| {
+            Box::pin(async move {
+                let Some(link) = get_link(&h, &ifname).await? else { return Ok(vec![]) };
+                let mut s = h.address().get().set_link_index_filter(link.index).execute();
+                let mut out = Vec::new();
+                while let Some(m) =
+                    s.try_next().await.map_err(|e| internal(format!("cannot list addresses of {ifname}"), e))?
+                {
+                    for a in &m.attributes {
+                        if let AddressAttribute::Address(ip) = a {
+                            if let Ok(net) = IpNet::new(*ip, m.header.prefix_len) {
+                                out.push(net);
+                            }
+                        }
+                    }
+                }
+                Ok(out)
+            })
+        })
     }
 
     fn delete_host_link(&mut self, name: &str) -> Result<()> {

@@ -97,7 +97,7 @@ pub fn add(
         ));
     }
     let mut undo: Vec<Undo> = Vec::new();
-    let outcome = add_steps(dp, ipam, inv, stdin, &cfg, netns, &mut undo);
+    let outcome = add_steps(dp, ipam, inv, stdin, &cfg, netns, conf.get("prevResult"), &mut undo);
     match outcome {
         Ok(result) => Ok(result.to_json(version)),
         Err(e) => {
@@ -123,6 +123,7 @@ pub fn add(
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn add_steps(
     dp: &mut dyn Dataplane,
     ipam: &mut dyn Delegate,
@@ -130,6 +131,7 @@ fn add_steps(
     stdin: &[u8],
     cfg: &BridgeConfig,
     netns: &Path,
+    prev: Option<&Value>,
     undo: &mut Vec<Undo>,
 ) -> Result<CniResult> {
     let bridge = dp.ensure_bridge(&cfg.bridge, cfg.mtu, cfg.promisc_mode)?;
@@ -176,7 +178,14 @@ fn add_steps(
         undo.push(Undo::Masq(chain.clone()));
         dp.setup_masq(&chain, &masq_comment(&cfg.name, &inv.container_id), &result.ips)?;
     }
-    result.interfaces = vec![
+    // A chained call carries the earlier plugins' result: ours is merged into it.
+    let prev = match prev {
+        Some(p) => CniResult::from_json(p)?,
+        None => CniResult::default(),
+    };
+    let base = prev.interfaces.len();
+    result.interfaces = prev.interfaces.clone();
+    result.interfaces.extend([
         Interface { name: bridge.name.clone(), mac: bridge.mac.clone(), sandbox: None, mtu: cfg.mtu },
         Interface { name: host.name.clone(), mac: host.mac.clone(), sandbox: None, mtu: cfg.mtu },
         Interface {
@@ -185,13 +194,14 @@ fn add_steps(
             sandbox: Some(netns.display().to_string()),
             mtu: cfg.mtu,
         },
-    ];
+    ]);
     for ip in &mut result.ips {
-        ip.interface = Some(2);
+        ip.interface = Some(base + 2);
     }
-    result.routes = routes;
+    result.ips = prev.ips.into_iter().chain(std::mem::take(&mut result.ips)).collect();
+    result.routes = prev.routes.into_iter().chain(routes).collect();
     if result.dns == Default::default() {
-        result.dns = cfg.dns.clone();
+        result.dns = if prev.dns == Default::default() { cfg.dns.clone() } else { prev.dns };
     }
     Ok(result)
 }
@@ -256,11 +266,281 @@ pub fn check(
             ));
         }
     }
+    let have = dp.container_addresses(netns, &inv.ifname)?;
+    for ip in &prev.ips {
+        let on_ours = ip.interface.and_then(|i| prev.interfaces.get(i)).is_none_or(|i| i.name == inv.ifname);
+        if on_ours && !have.contains(&ip.address) {
+            return Err(CniError::new(
+                code::CHECK_FAILED,
+                format!("address {} is missing from {}", ip.address, inv.ifname),
+            ));
+        }
+    }
     ipam.run(&cfg.ipam_type, Command::Check, inv, stdin).map(|_| ())
 }
 
-/// STATUS and GC are the IPAM delegate's (the bridge keeps no other per-network state).
+/// GC: NAT chains of attachments that are not valid any more go (found by their comments),
+/// then the IPAM delegate collects its reservations. Keeps going after errors.
+pub fn gc(dp: &mut dyn Dataplane, ipam: &mut dyn Delegate, inv: &Invocation, conf: &Value, stdin: &[u8]) -> Result<()> {
+    let cfg = BridgeConfig::from_netconf(conf)?;
+    let valid = crate::ipam::valid_attachments(conf)?;
+    let mut errors = Vec::new();
+    for id in dp.masq_attachments(&cfg.name)? {
+        if !valid.iter().any(|(v, _)| *v == id) {
+            if let Err(e) = dp.teardown_masq(&masq_chain(&cfg.name, &id), "", &[]) {
+                errors.push(e);
+            }
+        }
+    }
+    if let Err(e) = ipam.run(&cfg.ipam_type, Command::Gc, inv, stdin) {
+        errors.push(e);
+    }
+    errors.into_iter().next().map_or(Ok(()), Err)
+}
+
+/// STATUS is the IPAM delegate's (the bridge itself can always serve ADD).
 pub fn forward(ipam: &mut dyn Delegate, command: Command, inv: &Invocation, conf: &Value, stdin: &[u8]) -> Result<()> {
     let cfg = BridgeConfig::from_netconf(conf)?;
     ipam.run(&cfg.ipam_type, command, inv, stdin).map(|_| ())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::IpConfig;
+    use ipnet::IpNet;
+    use serde_json::json;
+
+    use super::super::dataplane::Link;
+
+    /// What the fake dataplane was asked to do.
+    #[derive(Debug, Clone, PartialEq)]
+    enum Op {
+        EnsureBridge(String),
+        CreateVeth { host: String, ifname: String },
+        Configure { ips: Vec<String>, routes: Vec<String> },
+        BridgeAddress(String),
+        IpForward,
+        SetupMasq(String),
+        TeardownMasq(String),
+        DeleteHost(String),
+        DeleteContainer(String),
+    }
+
+    #[derive(Default)]
+    struct FakeDataplane {
+        ops: Vec<Op>,
+        /// Name of an op kind to fail ("configure", "masq", "delete-container").
+        fail: Option<&'static str>,
+        existing_container_link: bool,
+        chains_of: Vec<String>,
+    }
+
+    fn link(name: &str, index: u32) -> Link {
+        Link { index, name: name.into(), mac: format!("02:00:00:00:00:{index:02x}") }
+    }
+
+    impl FakeDataplane {
+        fn maybe_fail(&self, what: &str) -> Result<()> {
+            if self.fail == Some(what) {
+                return Err(CniError::new(code::INTERNAL, format!("injected {what} failure")));
+            }
+            Ok(())
+        }
+    }
+
+    impl Dataplane for FakeDataplane {
+        fn ensure_bridge(&mut self, name: &str, _mtu: Option<u32>, _promisc: bool) -> Result<Link> {
+            self.ops.push(Op::EnsureBridge(name.into()));
+            Ok(link(name, 1))
+        }
+        fn container_link(&mut self, _netns: &Path, ifname: &str) -> Result<Option<Link>> {
+            Ok(self.existing_container_link.then(|| link(ifname, 3)))
+        }
+        fn create_veth(
+            &mut self,
+            host: &str,
+            _netns: &Path,
+            ifname: &str,
+            _mtu: Option<u32>,
+            _b: &Link,
+            _h: bool,
+        ) -> Result<(Link, Link)> {
+            self.ops.push(Op::CreateVeth { host: host.into(), ifname: ifname.into() });
+            Ok((link(host, 2), link(ifname, 3)))
+        }
+        fn configure_container(
+            &mut self,
+            _netns: &Path,
+            _ifname: &str,
+            ips: &[IpConfig],
+            routes: &[Route],
+        ) -> Result<()> {
+            self.maybe_fail("configure")?;
+            self.ops.push(Op::Configure {
+                ips: ips.iter().map(|i| i.address.to_string()).collect(),
+                routes: routes.iter().map(|r| format!("{} via {:?}", r.dst, r.gw)).collect(),
+            });
+            Ok(())
+        }
+        fn add_bridge_address(&mut self, _bridge: &Link, addr: IpNet) -> Result<()> {
+            self.ops.push(Op::BridgeAddress(addr.to_string()));
+            Ok(())
+        }
+        fn enable_ip_forward(&mut self, _v6: bool) -> Result<()> {
+            self.ops.push(Op::IpForward);
+            Ok(())
+        }
+        fn setup_masq(&mut self, chain: &str, _comment: &str, _ips: &[IpConfig]) -> Result<()> {
+            self.maybe_fail("masq")?;
+            self.ops.push(Op::SetupMasq(chain.into()));
+            Ok(())
+        }
+        fn teardown_masq(&mut self, chain: &str, _comment: &str, _known: &[IpConfig]) -> Result<()> {
+            self.ops.push(Op::TeardownMasq(chain.into()));
+            Ok(())
+        }
+        fn masq_attachments(&mut self, _network: &str) -> Result<Vec<String>> {
+            Ok(self.chains_of.clone())
+        }
+        fn container_addresses(&mut self, _netns: &Path, _ifname: &str) -> Result<Vec<IpNet>> {
+            Ok(vec!["10.1.0.2/24".parse().unwrap()])
+        }
+        fn delete_host_link(&mut self, name: &str) -> Result<()> {
+            self.ops.push(Op::DeleteHost(name.into()));
+            Ok(())
+        }
+        fn delete_container_link(&mut self, _netns: &Path, ifname: &str) -> Result<()> {
+            self.maybe_fail("delete-container")?;
+            self.ops.push(Op::DeleteContainer(ifname.into()));
+            Ok(())
+        }
+    }
+
+    /// Answers IPAM calls from a script; records the commands.
+    #[derive(Default)]
+    struct FakeIpam {
+        calls: Vec<Command>,
+        fail_add: bool,
+    }
+
+    impl Delegate for FakeIpam {
+        fn run(&mut self, plugin: &str, command: Command, _inv: &Invocation, _stdin: &[u8]) -> Result<Vec<u8>> {
+            assert_eq!(plugin, "podpath-ipam");
+            self.calls.push(command);
+            if command == Command::Add && self.fail_add {
+                return Err(CniError::new(code::POOL_EXHAUSTED, "no IP addresses available"));
+            }
+            Ok(match command {
+                Command::Add => br#"{"cniVersion":"1.0.0","ips":[{"address":"10.1.0.2/24","gateway":"10.1.0.1"}],"routes":[{"dst":"10.96.0.0/12"}],"dns":{}}"#.to_vec(),
+                _ => Vec::new(),
+            })
+        }
+    }
+
+    fn inv() -> Invocation {
+        Invocation {
+            command: Command::Add,
+            container_id: "ctr-1".into(),
+            netns: Some(std::env::temp_dir()),
+            ifname: "eth0".into(),
+            args: vec![],
+            path: vec![],
+        }
+    }
+
+    fn conf() -> Value {
+        json!({"cniVersion": "1.0.0", "name": "lab", "type": "podpath-bridge", "bridge": "cni0", "isDefaultGateway": true,
+               "ipMasq": true, "dns": {"nameservers": ["10.96.0.10"]}, "ipam": {"type": "podpath-ipam"}})
+    }
+
+    #[test]
+    fn add_runs_the_steps_in_order_and_builds_the_result() {
+        let (mut dp, mut ipam) = (FakeDataplane::default(), FakeIpam::default());
+        let out = add(&mut dp, &mut ipam, &inv(), &conf(), b"{}", "1.0.0").unwrap();
+        let chain = masq_chain("lab", "ctr-1");
+        let veth = host_veth_name("ctr-1", "eth0");
+        assert_eq!(
+            dp.ops,
+            vec![
+                Op::EnsureBridge("cni0".into()),
+                Op::CreateVeth { host: veth, ifname: "eth0".into() },
+                Op::Configure {
+                    ips: vec!["10.1.0.2/24".into()],
+                    routes: vec!["10.96.0.0/12 via None".into(), "0.0.0.0/0 via Some(10.1.0.1)".into()]
+                },
+                Op::BridgeAddress("10.1.0.1/24".into()),
+                Op::IpForward,
+                Op::SetupMasq(chain),
+            ]
+        );
+        assert_eq!(ipam.calls, vec![Command::Add]);
+        assert_eq!(out["interfaces"].as_array().unwrap().len(), 3);
+        assert_eq!(out["interfaces"][2]["sandbox"], std::env::temp_dir().display().to_string());
+        assert_eq!(out["ips"][0]["interface"], 2);
+        assert_eq!(out["routes"][1]["dst"], "0.0.0.0/0");
+        assert_eq!(out["dns"]["nameservers"][0], "10.96.0.10");
+    }
+
+    #[test]
+    fn a_failed_ipam_add_removes_the_veth_and_calls_ipam_del() {
+        let (mut dp, mut ipam) = (FakeDataplane::default(), FakeIpam { fail_add: true, ..Default::default() });
+        let err = add(&mut dp, &mut ipam, &inv(), &conf(), b"{}", "1.0.0").unwrap_err();
+        assert_eq!(err.code, code::POOL_EXHAUSTED);
+        assert_eq!(dp.ops.last(), Some(&Op::DeleteHost(host_veth_name("ctr-1", "eth0"))));
+        assert_eq!(ipam.calls, vec![Command::Add, Command::Del]);
+    }
+
+    #[test]
+    fn later_failures_undo_everything_in_reverse() {
+        for (fail, want_tail) in [
+            ("configure", vec![Op::DeleteHost(host_veth_name("ctr-1", "eth0"))]),
+            (
+                "masq",
+                vec![Op::TeardownMasq(masq_chain("lab", "ctr-1")), Op::DeleteHost(host_veth_name("ctr-1", "eth0"))],
+            ),
+        ] {
+            let (mut dp, mut ipam) = (FakeDataplane { fail: Some(fail), ..Default::default() }, FakeIpam::default());
+            assert!(add(&mut dp, &mut ipam, &inv(), &conf(), b"{}", "1.0.0").is_err());
+            assert!(dp.ops.ends_with(&want_tail), "{fail}: {:?}", dp.ops);
+            assert_eq!(ipam.calls, vec![Command::Add, Command::Del], "{fail}");
+        }
+    }
+
+    #[test]
+    fn duplicate_add_touches_nothing() {
+        let (mut dp, mut ipam) =
+            (FakeDataplane { existing_container_link: true, ..Default::default() }, FakeIpam::default());
+        assert_eq!(
+            add(&mut dp, &mut ipam, &inv(), &conf(), b"{}", "1.0.0").unwrap_err().code,
+            code::DUPLICATE_ATTACHMENT
+        );
+        assert!(dp.ops.is_empty() && ipam.calls.is_empty());
+    }
+
+    #[test]
+    fn chained_add_merges_the_previous_result() {
+        let mut c = conf();
+        c["prevResult"] = json!({"cniVersion": "1.0.0", "interfaces": [{"name": "lo0", "mac": ""}],
+                                 "ips": [{"address": "192.0.2.5/32", "interface": 0}], "dns": {}});
+        let out = add(&mut FakeDataplane::default(), &mut FakeIpam::default(), &inv(), &c, b"{}", "1.0.0").unwrap();
+        assert_eq!(out["interfaces"].as_array().unwrap().len(), 4);
+        assert_eq!(out["ips"][0]["address"], "192.0.2.5/32");
+        assert_eq!(out["ips"][1]["interface"], 3);
+    }
+
+    #[test]
+    fn del_is_best_effort_and_gc_keeps_valid_attachments() {
+        let (mut dp, mut ipam) =
+            (FakeDataplane { fail: Some("delete-container"), ..Default::default() }, FakeIpam::default());
+        let err = del(&mut dp, &mut ipam, &inv(), &conf(), b"{}").unwrap_err();
+        assert!(err.msg.contains("injected"));
+        assert!(dp.ops.contains(&Op::TeardownMasq(masq_chain("lab", "ctr-1"))));
+        assert_eq!(ipam.calls, vec![Command::Del], "IPAM is released even so");
+        let mut dp = FakeDataplane { chains_of: vec!["ctr-1".into(), "ctr-gone".into()], ..Default::default() };
+        let mut c = conf();
+        c["cni.dev/valid-attachments"] = json!([{"containerID": "ctr-1", "ifname": "eth0"}]);
+        gc(&mut dp, &mut FakeIpam::default(), &inv(), &c, b"{}").unwrap();
+        assert_eq!(dp.ops, vec![Op::TeardownMasq(masq_chain("lab", "ctr-gone"))]);
+    }
 }
