@@ -241,11 +241,16 @@ fn failed_adds_leave_nothing_behind() {
         let c = Ns::new("c");
         let net = Net::new();
         let path = bin_dir();
-        // IPAM plugin not in CNI_PATH: the veth created before IPAM is removed again.
+        // IPAM plugin not in CNI_PATH, or an IPAM config it refuses: nothing at all is created
+        // in the node's namespace (not even the bridge).
         let mut conf = net.conf("podpath-bridge", "no-such-ipam", "1.0.0");
+        let empty = links(&node);
         let r = cni(&node, &ours(), "ADD", "ctr-x", Some(&c.path()), &path, &conf);
         assert_eq!((r.code, r.out["code"].as_u64()), (1, Some(105)), "{}", r.out);
-        assert!(!links(&node).contains("veth"), "{}", links(&node));
+        let mut bad = net.conf("podpath-bridge", "podpath-ipam", "1.0.0");
+        bad["ipam"]["ranges"] = json!([[{"subnet": net.subnet(), "gateway": "10.1.2.3"}]]);
+        assert_eq!(cni(&node, &ours(), "ADD", "ctr-y", Some(&c.path()), &path, &bad).out["code"], 7);
+        assert_eq!(links(&node), empty, "a failed ADD changed the node's links");
         assert!(!links(&c).contains("eth0"));
         // An exhausted pool: same.
         conf = net.conf("podpath-bridge", "podpath-ipam", "1.0.0");

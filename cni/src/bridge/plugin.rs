@@ -134,11 +134,8 @@ fn add_steps(
     prev: Option<&Value>,
     undo: &mut Vec<Undo>,
 ) -> Result<CniResult> {
-    let bridge = dp.ensure_bridge(&cfg.bridge, cfg.mtu, cfg.promisc_mode)?;
-    let host_name = host_veth_name(&inv.container_id, &inv.ifname);
-    // The veth pair goes with its host end.
-    undo.push(Undo::HostLink(host_name.clone()));
-    let (host, container) = dp.create_veth(&host_name, netns, &inv.ifname, cfg.mtu, &bridge, cfg.hairpin_mode)?;
+    // IPAM first: a bad IPAM config, an exhausted pool or a missing IPAM plugin then fails
+    // before anything in the kernel has changed. (The spec asks for DEL on a failed IPAM ADD.)
     undo.push(Undo::Ipam);
     let out = ipam.run(&cfg.ipam_type, Command::Add, inv, stdin)?;
     let ipam_json: Value = serde_json::from_slice(&out).map_err(|e| {
@@ -149,6 +146,11 @@ fn add_steps(
     if result.ips.is_empty() {
         return Err(CniError::new(code::DELEGATE_FAILED, format!("{} returned no IP addresses", cfg.ipam_type)));
     }
+    let bridge = dp.ensure_bridge(&cfg.bridge, cfg.mtu, cfg.promisc_mode)?;
+    let host_name = host_veth_name(&inv.container_id, &inv.ifname);
+    // The veth pair goes with its host end.
+    undo.push(Undo::HostLink(host_name.clone()));
+    let (host, container) = dp.create_veth(&host_name, netns, &inv.ifname, cfg.mtu, &bridge, cfg.hairpin_mode)?;
     let mut routes = result.routes.clone();
     if cfg.is_default_gateway {
         for ip in &result.ips {
@@ -483,11 +485,11 @@ mod tests {
     }
 
     #[test]
-    fn a_failed_ipam_add_removes_the_veth_and_calls_ipam_del() {
+    fn a_failed_ipam_add_touches_no_kernel_state_and_calls_ipam_del() {
         let (mut dp, mut ipam) = (FakeDataplane::default(), FakeIpam { fail_add: true, ..Default::default() });
         let err = add(&mut dp, &mut ipam, &inv(), &conf(), b"{}", "1.0.0").unwrap_err();
         assert_eq!(err.code, code::POOL_EXHAUSTED);
-        assert_eq!(dp.ops.last(), Some(&Op::DeleteHost(host_veth_name("ctr-1", "eth0"))));
+        assert!(dp.ops.is_empty(), "{:?}", dp.ops);
         assert_eq!(ipam.calls, vec![Command::Add, Command::Del]);
     }
 
