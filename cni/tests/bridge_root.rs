@@ -201,6 +201,13 @@ fn add_check_del_and_reachability() {
         let mut prev_b = conf.clone();
         prev_b["prevResult"] = b.out.clone();
         assert_eq!(cni(&node, &ours(), "CHECK", "ctr-b", Some(&c2.path()), &path, &prev_b).out["code"], 104);
+        // ... and a missing route.
+        let mut prev_a = conf.clone();
+        prev_a["prevResult"] = a.out.clone();
+        c1.run(&["ip", "route", "del", "default"]);
+        assert_eq!(cni(&node, &ours(), "CHECK", "ctr-a", Some(&c1.path()), &path, &prev_a).out["code"], 104);
+        c1.run(&["ip", "route", "add", "default", "via", &format!("{}.1", net.prefix())]);
+        assert_eq!(cni(&node, &ours(), "CHECK", "ctr-a", Some(&c1.path()), &path, &prev_a).code, 0);
         // duplicate ADD
         let dup = cni(&node, &ours(), "ADD", "ctr-a", Some(&c1.path()), &path, &conf);
         assert_eq!(dup.out["code"], 101);

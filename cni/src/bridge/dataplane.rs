@@ -59,6 +59,8 @@ pub trait Dataplane {
     fn masq_attachments(&mut self, network: &str) -> Result<Vec<String>>;
     /// The addresses on `ifname` in the container's netns.
     fn container_addresses(&mut self, netns: &Path, ifname: &str) -> Result<Vec<IpNet>>;
+    /// The routes in the container's netns (main table): (destination, gateway).
+    fn container_routes(&mut self, netns: &Path) -> Result<Vec<(IpNet, Option<IpAddr>)>>;
     /// Deletes a link in the plugin's netns; missing is fine.
     fn delete_host_link(&mut self, name: &str) -> Result<()>;
     /// Deletes a link in the container's netns; a missing link or netns is fine.
@@ -426,6 +428,39 @@ impl Dataplane for Netlink {
                             if let Ok(net) = IpNet::new(*ip, m.header.prefix_len) {
                                 out.push(net);
                             }
+                        }
+                    }
+                }
+                Ok(out)
+            })
+        })
+    }
+
+    fn container_routes(&mut self, netns: &Path) -> Result<Vec<(IpNet, Option<IpAddr>)>> {
+        use rtnetlink::packet_route::route::{RouteAddress, RouteAttribute};
+        in_netns(netns, move |h| {
+            Box::pin(async move {
+                let mut out = Vec::new();
+                for builder in
+                    [RouteMessageBuilder::<Ipv4Addr>::new().build(), RouteMessageBuilder::<Ipv6Addr>::new().build()]
+                {
+                    let v4 = builder.header.address_family == rtnetlink::packet_route::AddressFamily::Inet;
+                    let mut s = h.route().get(builder).execute();
+                    while let Some(m) = s.try_next().await.map_err(|e| internal("cannot list routes", e))? {
+                        let mut dst: IpAddr =
+                            if v4 { Ipv4Addr::UNSPECIFIED.into() } else { Ipv6Addr::UNSPECIFIED.into() };
+                        let mut gw = None;
+                        for a in &m.attributes {
+                            match a {
+                                RouteAttribute::Destination(RouteAddress::Inet(ip)) => dst = (*ip).into(),
+                                RouteAttribute::Destination(RouteAddress::Inet6(ip)) => dst = (*ip).into(),
+                                RouteAttribute::Gateway(RouteAddress::Inet(ip)) => gw = Some((*ip).into()),
+                                RouteAttribute::Gateway(RouteAddress::Inet6(ip)) => gw = Some((*ip).into()),
+                                _ => {}
+                            }
+                        }
+                        if let Ok(net) = IpNet::new(dst, m.header.destination_prefix_length) {
+                            out.push((net, gw));
                         }
                     }
                 }

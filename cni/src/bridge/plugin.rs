@@ -278,6 +278,15 @@ pub fn check(
             ));
         }
     }
+    let routes = dp.container_routes(netns)?;
+    for r in &prev.routes {
+        let gw = r.gw.or_else(|| {
+            prev.ips.iter().find(|ip| ip.address.addr().is_ipv4() == r.dst.addr().is_ipv4()).and_then(|ip| ip.gateway)
+        });
+        if !routes.iter().any(|(dst, g)| *dst == r.dst && (gw.is_none() || *g == gw)) {
+            return Err(CniError::new(code::CHECK_FAILED, format!("route {} via {gw:?} is missing", r.dst)));
+        }
+    }
     ipam.run(&cfg.ipam_type, Command::Check, inv, stdin).map(|_| ())
 }
 
@@ -407,6 +416,9 @@ mod tests {
         }
         fn container_addresses(&mut self, _netns: &Path, _ifname: &str) -> Result<Vec<IpNet>> {
             Ok(vec!["10.1.0.2/24".parse().unwrap()])
+        }
+        fn container_routes(&mut self, _netns: &Path) -> Result<Vec<(IpNet, Option<std::net::IpAddr>)>> {
+            Ok(vec![])
         }
         fn delete_host_link(&mut self, name: &str) -> Result<()> {
             self.ops.push(Op::DeleteHost(name.into()));
