@@ -31,6 +31,16 @@ pub struct Route {
     pub gw: Option<IpAddr>,
 }
 
+impl Route {
+    /// The gateway the route uses: its own `gw`, or else the gateway of the address of the same
+    /// family (the spec's rule for routes without `gw`).
+    pub fn effective_gw(&self, ips: &[IpConfig]) -> Option<IpAddr> {
+        self.gw.or_else(|| {
+            ips.iter().find(|ip| ip.address.addr().is_ipv4() == self.dst.addr().is_ipv4()).and_then(|ip| ip.gateway)
+        })
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Dns {
     pub nameservers: Vec<String>,

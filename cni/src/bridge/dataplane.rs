@@ -298,11 +298,7 @@ impl Dataplane for Netlink {
                         .map_err(|e| internal(format!("cannot add address {} to {ifname}", ip.address), e))?;
                 }
                 for r in &routes {
-                    let gw = r.gw.or_else(|| {
-                        ips.iter()
-                            .find(|ip| ip.address.addr().is_ipv4() == r.dst.addr().is_ipv4())
-                            .and_then(|ip| ip.gateway)
-                    });
+                    let gw = r.effective_gw(&ips);
                     h.route()
                         .add(route_message(r.dst, gw, link.index)?)
                         .execute()

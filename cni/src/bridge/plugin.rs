@@ -280,9 +280,7 @@ pub fn check(
     }
     let routes = dp.container_routes(netns)?;
     for r in &prev.routes {
-        let gw = r.gw.or_else(|| {
-            prev.ips.iter().find(|ip| ip.address.addr().is_ipv4() == r.dst.addr().is_ipv4()).and_then(|ip| ip.gateway)
-        });
+        let gw = r.effective_gw(&prev.ips);
         if !routes.iter().any(|(dst, g)| *dst == r.dst && (gw.is_none() || *g == gw)) {
             return Err(CniError::new(code::CHECK_FAILED, format!("route {} via {gw:?} is missing", r.dst)));
         }
