@@ -307,6 +307,47 @@ impl pb::watch_server::Watch for Grpc {
     }
 }
 
+/// Serves the gRPC API (with reflection) on `listener` until `shutdown` completes.
+pub async fn serve_grpc(
+    registry: Arc<Registry>,
+    token: Option<Arc<str>>,
+    max_message_bytes: usize,
+    listener: tokio::net::TcpListener,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), ApiError> {
+    use tonic::service::interceptor::InterceptedService;
+    let svc = Grpc { registry };
+    let check = TokenCheck(token);
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .map_err(|e| ApiError::internal(format!("gRPC reflection: {e}")))?;
+    let limit = max_message_bytes;
+    tonic::transport::Server::builder()
+        // Watch streams of node agents stay open for as long as the agent runs.
+        .timeout(Duration::from_secs(3600 * 24 * 365))
+        .add_service(reflection)
+        .add_service(InterceptedService::new(
+            pb::services_server::ServicesServer::new(svc.clone()).max_decoding_message_size(limit),
+            check.clone(),
+        ))
+        .add_service(InterceptedService::new(
+            pb::pods_server::PodsServer::new(svc.clone()).max_decoding_message_size(limit),
+            check.clone(),
+        ))
+        .add_service(InterceptedService::new(
+            pb::nodes_server::NodesServer::new(svc.clone()).max_decoding_message_size(limit),
+            check.clone(),
+        ))
+        .add_service(InterceptedService::new(
+            pb::watch_server::WatchServer::new(svc).max_decoding_message_size(limit),
+            check,
+        ))
+        .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(listener), shutdown)
+        .await
+        .map_err(|e| ApiError::internal(format!("gRPC server: {e}")))
+}
+
 /// Checks the bearer token on every gRPC call.
 #[derive(Clone)]
 pub struct TokenCheck(pub Option<Arc<str>>);

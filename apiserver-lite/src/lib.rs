@@ -122,40 +122,8 @@ pub async fn serve(
         }));
     }
     if let Some(l) = grpc {
-        let svc = grpc::Grpc { registry: server.registry.clone() };
-        let check = grpc::TokenCheck(token);
-        let reflection = tonic_reflection::server::Builder::configure()
-            .register_encoded_file_descriptor_set(api::proto::FILE_DESCRIPTOR_SET)
-            .build_v1()
-            .map_err(|e| ApiError::internal(format!("gRPC reflection: {e}")))?;
-        let sd = shutdown.clone();
-        let limit = cfg.max_body_bytes;
-        tasks.push(tokio::spawn(async move {
-            use api::proto::*;
-            use tonic::service::interceptor::InterceptedService;
-            tonic::transport::Server::builder()
-                .timeout(Duration::from_secs(3600 * 24 * 365))
-                .add_service(reflection)
-                .add_service(InterceptedService::new(
-                    services_server::ServicesServer::new(svc.clone()).max_decoding_message_size(limit),
-                    check.clone(),
-                ))
-                .add_service(InterceptedService::new(
-                    pods_server::PodsServer::new(svc.clone()).max_decoding_message_size(limit),
-                    check.clone(),
-                ))
-                .add_service(InterceptedService::new(
-                    nodes_server::NodesServer::new(svc.clone()).max_decoding_message_size(limit),
-                    check.clone(),
-                ))
-                .add_service(InterceptedService::new(
-                    watch_server::WatchServer::new(svc).max_decoding_message_size(limit),
-                    check,
-                ))
-                .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(l), sd)
-                .await
-                .map_err(|e| ApiError::internal(format!("gRPC server: {e}")))
-        }));
+        let (registry, sd, limit) = (server.registry.clone(), shutdown.clone(), cfg.max_body_bytes);
+        tasks.push(tokio::spawn(grpc::serve_grpc(registry, token, limit, l, sd)));
     }
     for t in tasks {
         t.await.map_err(|e| ApiError::internal(format!("server task: {e}")))??;

@@ -1,0 +1,60 @@
+//! The gRPC client of the API server (with the bearer token when the server wants one).
+
+use std::time::Duration;
+
+use api::proto::nodes_client::NodesClient;
+use api::proto::pods_client::PodsClient;
+use api::proto::watch_client::WatchClient;
+use tonic::metadata::MetadataValue;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::error::{AgentError, Result};
+
+/// Adds `authorization: Bearer …` to every call when a token is configured.
+#[derive(Clone)]
+pub struct Auth(Option<MetadataValue<tonic::metadata::Ascii>>);
+
+impl tonic::service::Interceptor for Auth {
+    fn call(&mut self, mut req: tonic::Request<()>) -> std::result::Result<tonic::Request<()>, tonic::Status> {
+        if let Some(t) = &self.0 {
+            req.metadata_mut().insert("authorization", t.clone());
+        }
+        Ok(req)
+    }
+}
+
+type Svc = InterceptedService<Channel, Auth>;
+
+/// Clients for the services the agent uses, sharing one connection.
+#[derive(Clone)]
+pub struct ApiClient {
+    pub nodes: NodesClient<Svc>,
+    pub pods: PodsClient<Svc>,
+    pub watch: WatchClient<Svc>,
+}
+
+impl ApiClient {
+    /// Connects to `addr` (`host:port`); the connection is re-established lazily after failures.
+    pub async fn connect(addr: &str, token: Option<&str>) -> Result<ApiClient> {
+        let url = format!("http://{addr}");
+        let endpoint = Endpoint::from_shared(url.clone())
+            .map_err(|e| AgentError::Config(format!("invalid --apiserver {addr}: {e}")))?
+            .connect_timeout(Duration::from_secs(5))
+            .tcp_nodelay(true)
+            .http2_keep_alive_interval(Duration::from_secs(30));
+        let channel =
+            endpoint.connect().await.map_err(|source| AgentError::Connect { addr: addr.to_string(), source })?;
+        let auth = Auth(
+            token
+                .map(|t| format!("Bearer {t}").parse())
+                .transpose()
+                .map_err(|_| AgentError::Config("the token contains characters a header cannot carry".into()))?,
+        );
+        Ok(ApiClient {
+            nodes: NodesClient::with_interceptor(channel.clone(), auth.clone()),
+            pods: PodsClient::with_interceptor(channel.clone(), auth.clone()),
+            watch: WatchClient::with_interceptor(channel, auth),
+        })
+    }
+}

@@ -1,0 +1,298 @@
+//! A watched, locally cached set of API objects (an "informer").
+//!
+//! The protocol is apiserver-lite's gRPC Watch: with no resourceVersion it sends a snapshot
+//! (ADDED…), then SYNCED, then live events; with one it resumes after it, or fails with
+//! OUT_OF_RANGE when that version is too old. [`step`] is the pure state machine: snapshot
+//! objects are buffered and swapped into the store whole on SYNCED, so readers never see a
+//! half-listed world; a dropped stream resumes from the last version; an expired one relists.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use api::convert::{from_proto, ProtoConvert};
+use api::k8s_openapi::api::core::v1 as core;
+use api::k8s_openapi::api::discovery::v1 as discovery;
+use api::k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use api::proto as pb;
+use api::proto::watch_event::{Object, Type};
+use tokio::sync::watch;
+
+use crate::client::ApiClient;
+
+/// A kind the agent watches.
+pub trait Watched: ProtoConvert + Clone + Send + Sync + 'static {
+    const KIND: pb::Kind;
+    const NAME: &'static str;
+    fn take(obj: Object) -> Option<Self::Proto>;
+    fn meta(&self) -> &ObjectMeta;
+
+    /// `namespace/name` (or `name` for cluster-scoped kinds).
+    fn key(&self) -> String {
+        let m = self.meta();
+        match m.namespace.as_deref() {
+            Some(ns) if !ns.is_empty() => format!("{ns}/{}", m.name.clone().unwrap_or_default()),
+            _ => m.name.clone().unwrap_or_default(),
+        }
+    }
+}
+
+macro_rules! watched {
+    ($t:ty, $kind:ident, $variant:ident, $name:literal) => {
+        impl Watched for $t {
+            const KIND: pb::Kind = pb::Kind::$kind;
+            const NAME: &'static str = $name;
+            fn take(obj: Object) -> Option<Self::Proto> {
+                match obj {
+                    Object::$variant(o) => Some(o),
+                    _ => None,
+                }
+            }
+            fn meta(&self) -> &ObjectMeta {
+                &self.metadata
+            }
+        }
+    };
+}
+
+watched!(core::Pod, Pod, Pod, "pods");
+watched!(core::Node, Node, Node, "nodes");
+watched!(core::Service, Service, Service, "services");
+watched!(discovery::EndpointSlice, EndpointSlice, EndpointSlice, "endpointslices");
+
+/// Where a watch stands.
+#[derive(Debug, Clone, PartialEq)]
+pub enum WatchState<T> {
+    /// Nothing listed yet (or the list expired): the next watch asks for a snapshot.
+    Empty,
+    /// Receiving the snapshot.
+    Listing(BTreeMap<String, T>),
+    /// Live, after this resourceVersion.
+    Watching(String),
+}
+
+/// What a step does to the store.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Change<T> {
+    None,
+    /// The snapshot is complete: it replaces the store's content.
+    Replace(BTreeMap<String, T>),
+    Apply(T),
+    Delete(String),
+}
+
+/// One event's effect. Pure: no I/O, no clock.
+pub fn step<T: Watched>(
+    state: WatchState<T>,
+    event: Type,
+    rv: String,
+    object: Option<T>,
+) -> (WatchState<T>, Change<T>) {
+    match (state, event) {
+        (WatchState::Empty, Type::Added) => {
+            let mut buf = BTreeMap::new();
+            if let Some(o) = object {
+                buf.insert(o.key(), o);
+            }
+            (WatchState::Listing(buf), Change::None)
+        }
+        (WatchState::Empty, Type::Synced) => (WatchState::Watching(rv), Change::Replace(BTreeMap::new())),
+        (WatchState::Listing(mut buf), Type::Added) => {
+            if let Some(o) = object {
+                buf.insert(o.key(), o);
+            }
+            (WatchState::Listing(buf), Change::None)
+        }
+        (WatchState::Listing(buf), Type::Synced) => (WatchState::Watching(rv), Change::Replace(buf)),
+        (WatchState::Watching(_), Type::Added | Type::Modified) => match object {
+            Some(o) => (WatchState::Watching(rv), Change::Apply(o)),
+            None => (WatchState::Watching(rv), Change::None),
+        },
+        (WatchState::Watching(_), Type::Deleted) => match object {
+            Some(o) => (WatchState::Watching(rv), Change::Delete(o.key())),
+            None => (WatchState::Watching(rv), Change::None),
+        },
+        (WatchState::Watching(_), Type::Bookmark) => (WatchState::Watching(rv), Change::None),
+        // Anything else (an event out of protocol order) keeps the state.
+        (s, _) => (s, Change::None),
+    }
+}
+
+/// The cached objects, shared by readers; `changes()` ticks after every applied change.
+pub struct Store<T> {
+    objects: RwLock<BTreeMap<String, T>>,
+    generation: watch::Sender<u64>,
+    synced: watch::Sender<bool>,
+}
+
+impl<T: Watched> Store<T> {
+    pub fn new() -> Arc<Store<T>> {
+        Arc::new(Store {
+            objects: RwLock::new(BTreeMap::new()),
+            generation: watch::channel(0).0,
+            synced: watch::channel(false).0,
+        })
+    }
+
+    pub fn apply(&self, change: Change<T>) {
+        let mut objects = self.objects.write().expect("store lock");
+        match change {
+            Change::None => return,
+            Change::Replace(all) => {
+                *objects = all;
+                self.synced.send_replace(true);
+            }
+            Change::Apply(o) => {
+                objects.insert(o.key(), o);
+            }
+            Change::Delete(k) => {
+                objects.remove(&k);
+            }
+        }
+        drop(objects);
+        self.generation.send_modify(|g| *g += 1);
+    }
+
+    pub fn list(&self) -> Vec<T> {
+        self.objects.read().expect("store lock").values().cloned().collect()
+    }
+
+    pub fn get(&self, key: &str) -> Option<T> {
+        self.objects.read().expect("store lock").get(key).cloned()
+    }
+
+    /// Ticks after every change.
+    pub fn changes(&self) -> watch::Receiver<u64> {
+        self.generation.subscribe()
+    }
+
+    /// Waits until the first full list is in.
+    pub async fn wait_synced(&self) {
+        let mut rx = self.synced.subscribe();
+        let _ = rx.wait_for(|s| *s).await;
+    }
+}
+
+/// What to watch.
+#[derive(Clone, Debug, Default)]
+pub struct Filter {
+    pub namespace: String,
+    pub label_selector: String,
+    pub field_selector: String,
+}
+
+/// Keeps `store` in sync with the API server, forever: reconnects with backoff, resumes from
+/// the last version, relists when that version has expired.
+pub async fn run<T: Watched>(client: ApiClient, filter: Filter, store: Arc<Store<T>>) {
+    let mut state: WatchState<T> = WatchState::Empty;
+    let mut backoff = Duration::from_millis(200);
+    loop {
+        let rv = match &state {
+            WatchState::Watching(rv) => rv.clone(),
+            _ => String::new(),
+        };
+        if !matches!(state, WatchState::Watching(_)) {
+            state = WatchState::Empty;
+        }
+        let req = pb::WatchRequest {
+            kind: T::KIND as i32,
+            namespace: filter.namespace.clone(),
+            label_selector: filter.label_selector.clone(),
+            field_selector: filter.field_selector.clone(),
+            resource_version: rv,
+        };
+        let mut watch = client.watch.clone();
+        match watch.watch(req).await {
+            Ok(resp) => {
+                let mut stream = resp.into_inner();
+                loop {
+                    match stream.message().await {
+                        Ok(Some(ev)) => {
+                            backoff = Duration::from_millis(200);
+                            let event = Type::try_from(ev.r#type).unwrap_or(Type::Unspecified);
+                            let object = match ev.object.and_then(T::take).map(|p| from_proto::<T>(&p)) {
+                                Some(Ok(o)) => Some(o),
+                                Some(Err(e)) => {
+                                    tracing::warn!(kind = T::NAME, error = %e, "skipping an object that does not decode");
+                                    None
+                                }
+                                None => None,
+                            };
+                            let (next, change) = step(state, event, ev.resource_version, object);
+                            state = next;
+                            store.apply(change);
+                        }
+                        Ok(None) => break,
+                        Err(status) => {
+                            if status.code() == tonic::Code::OutOfRange {
+                                tracing::info!(kind = T::NAME, "watch version expired; relisting");
+                                state = WatchState::Empty;
+                            } else {
+                                tracing::warn!(kind = T::NAME, error = %status, "watch failed; reconnecting");
+                            }
+                            break;
+                        }
+                    }
+                }
+            }
+            Err(status) => {
+                if status.code() == tonic::Code::OutOfRange {
+                    state = WatchState::Empty;
+                }
+                tracing::warn!(kind = T::NAME, error = %status, "cannot watch; retrying in {backoff:?}");
+            }
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod(name: &str) -> core::Pod {
+        serde_json::from_value(json!({"metadata": {"name": name, "namespace": "default"}})).unwrap()
+    }
+
+    #[test]
+    fn snapshot_is_swapped_in_whole_then_events_apply() {
+        let s = WatchState::Empty;
+        let (s, c) = step(s, Type::Added, "5".into(), Some(pod("a")));
+        assert_eq!(c, Change::None);
+        let (s, c) = step(s, Type::Added, "6".into(), Some(pod("b")));
+        assert_eq!(c, Change::None);
+        let (s, c) = step(s, Type::Synced, "6".into(), None);
+        let Change::Replace(all) = c else { panic!("replace") };
+        assert_eq!(all.keys().cloned().collect::<Vec<_>>(), vec!["default/a", "default/b"]);
+        assert_eq!(s, WatchState::Watching("6".into()));
+        let (s, c) = step(s, Type::Modified, "7".into(), Some(pod("a")));
+        assert_eq!(c, Change::Apply(pod("a")));
+        let (s, c) = step(s, Type::Deleted, "8".into(), Some(pod("b")));
+        assert_eq!(c, Change::Delete("default/b".into()));
+        let (s, c) = step(s, Type::Bookmark, "9".into(), None);
+        assert_eq!((s, c), (WatchState::Watching("9".into()), Change::None));
+    }
+
+    #[test]
+    fn an_empty_snapshot_still_syncs_and_stray_events_are_ignored() {
+        let (s, c) = step::<core::Pod>(WatchState::Empty, Type::Synced, "3".into(), None);
+        assert_eq!((s, c), (WatchState::Watching("3".into()), Change::Replace(BTreeMap::new())));
+        let (s, c) = step(WatchState::Empty, Type::Deleted, "4".into(), Some(pod("x")));
+        assert_eq!((s, c), (WatchState::Empty, Change::None));
+    }
+
+    #[tokio::test]
+    async fn the_store_signals_changes_and_sync() {
+        let store = Store::<core::Pod>::new();
+        let mut changes = store.changes();
+        store.apply(Change::Replace([("default/a".to_string(), pod("a"))].into()));
+        store.wait_synced().await;
+        assert!(changes.has_changed().unwrap());
+        changes.mark_unchanged();
+        store.apply(Change::Delete("default/a".into()));
+        assert!(changes.has_changed().unwrap());
+        assert!(store.list().is_empty());
+    }
+}

@@ -1,0 +1,114 @@
+//! The agent's API side against an in-process apiserver-lite on 127.0.0.1:0.
+
+use std::time::Duration;
+
+use api::k8s_openapi::api::core::v1 as core;
+use node_agent::client::ApiClient;
+use node_agent::node::{self, NodeConfig};
+use node_agent::reflector::{self, Filter, Store};
+use tokio::net::TcpListener;
+
+struct Server {
+    grpc: String,
+    registry: std::sync::Arc<apiserver_lite::registry::Registry>,
+    _dir: tempfile::TempDir,
+}
+
+async fn server() -> Server {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = apiserver_lite::Config::new(dir.path().to_path_buf());
+    let srv = apiserver_lite::start(&cfg).await.unwrap();
+    let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = grpc.local_addr().unwrap().to_string();
+    let registry = srv.registry.clone();
+    tokio::spawn(apiserver_lite::grpc::serve_grpc(srv.registry.clone(), None, 3 << 20, grpc, std::future::pending()));
+    Server { grpc: addr, registry, _dir: dir }
+}
+
+fn cfg(name: &str) -> NodeConfig {
+    NodeConfig {
+        name: name.into(),
+        internal_ip: "192.168.56.11".parse().unwrap(),
+        max_pods: 110,
+        labels: Default::default(),
+    }
+}
+
+#[tokio::test]
+async fn registers_heartbeats_and_reports_not_ready_on_stop() {
+    let s = server().await;
+    let client = ApiClient::connect(&s.grpc, None).await.unwrap();
+    let desired = node::node_object(&cfg("node-1"), &node::host_facts());
+    let n = node::register(&client, &desired).await.unwrap();
+    assert_eq!(n.spec.unwrap().pod_cidr.as_deref(), Some("10.244.1.0/24"));
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let hb = tokio::spawn(node::run_heartbeats(client.clone(), desired.clone(), Duration::from_millis(100), async {
+        let _ = stop_rx.await;
+    }));
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    let stored: core::Node = serde_json::from_value(s.registry.get(api::Kind::Node, "", "node-1").unwrap()).unwrap();
+    let ready = stored
+        .status
+        .as_ref()
+        .unwrap()
+        .conditions
+        .as_ref()
+        .unwrap()
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .unwrap()
+        .clone();
+    assert_eq!(ready.status, "True");
+    assert!(ready.last_heartbeat_time.is_some());
+    assert_eq!(api::objects::node_ready_status(&stored), "Ready");
+    // Re-registration keeps the pod CIDR.
+    assert_eq!(
+        node::register(&client, &desired).await.unwrap().spec.unwrap().pod_cidr.as_deref(),
+        Some("10.244.1.0/24")
+    );
+    stop_tx.send(()).unwrap();
+    hb.await.unwrap();
+    let stored: core::Node = serde_json::from_value(s.registry.get(api::Kind::Node, "", "node-1").unwrap()).unwrap();
+    assert_eq!(api::objects::node_ready_status(&stored), "NotReady");
+}
+
+#[tokio::test]
+async fn the_reflector_follows_pods_of_its_node() {
+    let s = server().await;
+    let client = ApiClient::connect(&s.grpc, None).await.unwrap();
+    let store = Store::<core::Pod>::new();
+    let filter = Filter { field_selector: "spec.nodeName=node-1".into(), ..Default::default() };
+    tokio::spawn(reflector::run(client.clone(), filter, store.clone()));
+    store.wait_synced().await;
+    assert!(store.list().is_empty());
+    let mut changes = store.changes();
+    let opts = apiserver_lite::registry::WriteOptions::default();
+    for (name, node) in [("mine", "node-1"), ("theirs", "node-2")] {
+        let pod = serde_json::json!({"metadata": {"name": name}, "spec": {"nodeName": node, "containers": [{"name": "c", "image": "podpath/echo"}]}});
+        s.registry.create(api::Kind::Pod, Some("default"), pod, &opts).await.unwrap();
+    }
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while store.get("default/mine").is_none() {
+            changes.changed().await.unwrap();
+        }
+    })
+    .await
+    .expect("the pod arrives");
+    assert!(store.get("default/theirs").is_none(), "other nodes' pods are filtered out");
+    s.registry
+        .delete(
+            api::Kind::Pod,
+            Some("default"),
+            "mine",
+            &apiserver_lite::registry::DeleteOptions { grace_period_seconds: Some(0), ..Default::default() },
+        )
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while store.get("default/mine").is_some() {
+            changes.changed().await.unwrap();
+        }
+    })
+    .await
+    .expect("the deletion arrives");
+}
