@@ -216,3 +216,35 @@ fn kubectl_pods_nodes_and_namespaces() {
     assert!(err.contains("this namespace may not be deleted"), "{err}");
     assert_eq!(ok(&srv, &["delete", "pod", "web"]), "pod \"web\" deleted\n");
 }
+
+#[test]
+fn kubectl_sees_a_node_agent_register_and_stop() {
+    assert!(kubectl_available(), "kubectl is required");
+    let srv = ApiServer::start(&[]).unwrap();
+    let mut agent = std::process::Command::new(podpath_e2e::bin("node-agent"))
+        .args(["--node-name", "node-1", "--node-ip", "192.168.56.11", "--heartbeat-seconds", "1"])
+        .arg("--apiserver")
+        .arg(srv.grpc.to_string())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let row = |srv: &ApiServer| -> Vec<String> {
+        let out = ok(srv, &["get", "nodes", "-o", "wide"]);
+        out.lines().nth(1).map(|l| l.split_whitespace().map(str::to_string).collect()).unwrap_or_default()
+    };
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while row(&srv).get(1).map(String::as_str) != Some("Ready") && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let r = row(&srv);
+    assert_eq!((r[0].as_str(), r[1].as_str()), ("node-1", "Ready"), "{r:?}");
+    assert_eq!(r[5], "192.168.56.11", "INTERNAL-IP: {r:?}");
+    let node: serde_json::Value = serde_json::from_str(&ok(&srv, &["get", "node", "node-1", "-o", "json"])).unwrap();
+    assert_eq!(node["spec"]["podCIDR"], "10.244.1.0/24");
+    // SIGTERM (by PID): the agent reports NotReady on its way out.
+    std::process::Command::new("kill").args(["-TERM", &agent.id().to_string()]).status().unwrap();
+    agent.wait().unwrap();
+    let r = row(&srv);
+    assert_eq!(r[1], "NotReady", "{r:?}");
+}
