@@ -160,28 +160,18 @@ impl Netlink {
 
 /// Routes carry the kernel's default protocol (`boot`), as the reference plugin's do.
 fn route_message(dst: IpNet, gw: Option<IpAddr>, oif: u32) -> Result<rtnetlink::packet_route::route::RouteMessage> {
-    match (dst, gw) {
-        (IpNet::V4(d), gw) => {
-            let mut b = RouteMessageBuilder::<Ipv4Addr>::new()
-                .destination_prefix(d.addr(), d.prefix_len())
-                .output_interface(oif)
-                .protocol(RouteProtocol::Boot);
-            if let Some(IpAddr::V4(g)) = gw {
-                b = b.gateway(g);
-            }
-            Ok(b.build())
-        }
-        (IpNet::V6(d), gw) => {
-            let mut b = RouteMessageBuilder::<Ipv6Addr>::new()
-                .destination_prefix(d.addr(), d.prefix_len())
-                .output_interface(oif)
-                .protocol(RouteProtocol::Boot);
-            if let Some(IpAddr::V6(g)) = gw {
-                b = b.gateway(g);
-            }
-            Ok(b.build())
-        }
+    fn bad(dst: IpNet, gw: Option<IpAddr>) -> impl Fn(&dyn std::fmt::Debug) -> CniError {
+        move |e| CniError::new(code::INVALID_CONFIG, format!("invalid route {dst} via {gw:?}: {e:?}"))
     }
+    let mut b = RouteMessageBuilder::<IpAddr>::new()
+        .destination_prefix(dst.addr(), dst.prefix_len())
+        .map_err(|e| bad(dst, gw)(&e))?
+        .output_interface(oif)
+        .protocol(RouteProtocol::Boot);
+    if let Some(g) = gw {
+        b = b.gateway(g).map_err(|e| bad(dst, gw)(&e))?;
+    }
+    Ok(b.build())
 }
 
 impl Dataplane for Netlink {
