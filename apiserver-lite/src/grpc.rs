@@ -93,7 +93,12 @@ impl Grpc {
     async fn delete<T: ProtoConvert>(&self, kind: Kind, r: &pb::DeleteRequest) -> Result<T::Proto, Status> {
         let ns = if r.namespace.is_empty() { "default" } else { &r.namespace };
         let ns = kind.info().namespaced.then_some(ns);
-        from_value::<T>(self.registry.delete(kind, ns, &r.name, &DeleteOptions::default()).await?)
+        let opts = DeleteOptions {
+            grace_period_seconds: r.grace_period_seconds,
+            precondition_uid: (!r.precondition_uid.is_empty()).then(|| r.precondition_uid.clone()),
+            precondition_rv: None,
+        };
+        from_value::<T>(self.registry.delete(kind, ns, &r.name, &opts).await?)
     }
 }
 

@@ -85,8 +85,11 @@ async fn service_crud_and_typed_errors() {
         Some(pb::IntOrString { value: Some(pb::int_or_string::Value::IntValue(8080)) });
     let updated = svc.update(upd).await.unwrap().into_inner();
     assert_eq!(updated.spec.as_ref().unwrap().ports[0].node_port, spec.ports[0].node_port);
-    let deleted =
-        svc.delete(pb::DeleteRequest { namespace: "default".into(), name: "web".into() }).await.unwrap().into_inner();
+    let deleted = svc
+        .delete(pb::DeleteRequest { namespace: "default".into(), name: "web".into(), ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(deleted.metadata.unwrap().name.as_deref(), Some("web"));
     let err = svc.get(pb::GetRequest { namespace: "default".into(), name: "web".into() }).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::NotFound);

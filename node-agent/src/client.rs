@@ -58,3 +58,36 @@ impl ApiClient {
         })
     }
 }
+
+impl crate::pods::PodApi for ApiClient {
+    async fn update_status(&self, pod: &k8s_openapi::api::core::v1::Pod) -> Result<()> {
+        let mut pods = self.pods.clone();
+        pods.update_status(api::convert::to_proto(pod))
+            .await
+            .map(|_| ())
+            .map_err(|status| AgentError::Api { call: "Pods.UpdateStatus", status })
+    }
+
+    async fn delete(&self, namespace: &str, name: &str, uid: &str) -> Result<()> {
+        let mut pods = self.pods.clone();
+        let req = api::proto::DeleteRequest {
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+            grace_period_seconds: Some(0),
+            precondition_uid: uid.to_string(),
+        };
+        match pods.delete(req).await {
+            Ok(_) => Ok(()),
+            // Already gone, or replaced by a new pod of the same name: nothing of ours to delete.
+            Err(s)
+                if matches!(
+                    s.code(),
+                    tonic::Code::NotFound | tonic::Code::FailedPrecondition | tonic::Code::Aborted
+                ) =>
+            {
+                Ok(())
+            }
+            Err(status) => Err(AgentError::Api { call: "Pods.Delete", status }),
+        }
+    }
+}

@@ -1,15 +1,15 @@
-//! `node-agent`: registers this machine (or network namespace) as a Node of a podpath lab and
-//! keeps it Ready with heartbeats. Running pods through CNI and the service proxy are being
-//! added (issues 4 and 5); this binary does what is built so far and says so at start.
+//! `node-agent`: makes this machine (or network namespace) a Node of a podpath lab: registers
+//! it, runs the pods the scheduler gives it (sandbox + CNI + workload), routes the pod network
+//! to the other nodes, and serves health and metrics. The service proxy comes with issue 5.
 
-use std::net::IpAddr;
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
-use node_agent::client::ApiClient;
-use node_agent::node;
+use node_agent::agent::{self, AgentConfig};
 
 /// podpath node agent.
 #[derive(Parser, Debug)]
@@ -27,18 +27,41 @@ struct Args {
     /// File with the bearer token the API server wants.
     #[arg(long)]
     token_file: Option<PathBuf>,
+    /// Where the agent keeps pod records, the CNI cache, IPAM state and pod logs.
+    #[arg(long, default_value = "/var/lib/podpath/node")]
+    state_dir: PathBuf,
+    /// CNI network configurations (the first in lexical order is used; a default for
+    /// podpath-bridge + podpath-ipam with the node's pod CIDR is written when there is none).
+    #[arg(long, default_value = "/etc/cni/net.d")]
+    cni_conf_dir: PathBuf,
+    /// Directories with CNI plugin binaries (colon-separated); default: this binary's directory,
+    /// then /opt/cni/bin and /usr/lib/cni.
+    #[arg(long)]
+    cni_bin_dir: Option<String>,
+    /// Health and metrics address (`/healthz`, `/livez`, `/metrics`); empty to disable.
+    #[arg(long, default_value = "0.0.0.0:10256")]
+    healthz_bind_address: String,
     /// Seconds between heartbeats.
     #[arg(long, default_value_t = 10)]
     heartbeat_seconds: u64,
+    /// Seconds between full route resyncs (the health timeout is twice this).
+    #[arg(long, default_value_t = 30)]
+    sync_period_seconds: u64,
+    /// First delay before restarting a crashed container, in seconds (doubles up to 300).
+    #[arg(long, default_value_t = 10.0)]
+    restart_backoff_seconds: f64,
     /// Pods this node accepts (its `pods` capacity).
     #[arg(long, default_value_t = 110)]
     max_pods: u32,
+    /// A label of the Node (repeatable, KEY=VALUE).
+    #[arg(long = "node-label")]
+    node_labels: Vec<String>,
     /// Log filter (RUST_LOG syntax).
     #[arg(long, env = "PODPATH_LOG", default_value = "info")]
     log: String,
 }
 
-#[tokio::main]
+#[tokio::main(worker_threads = 2)]
 async fn main() {
     if let Err(e) = run().await {
         eprintln!("node-agent: {e:#}");
@@ -49,8 +72,11 @@ async fn main() {
 async fn run() -> Result<()> {
     let args = Args::parse();
     tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::new(&args.log)).with_target(false).init();
-    if args.heartbeat_seconds == 0 {
-        bail!("--heartbeat-seconds must be at least 1");
+    if args.heartbeat_seconds == 0 || args.sync_period_seconds == 0 {
+        bail!("--heartbeat-seconds and --sync-period-seconds must be at least 1");
+    }
+    if !(args.restart_backoff_seconds > 0.0 && args.restart_backoff_seconds <= 300.0) {
+        bail!("--restart-backoff-seconds must be in (0, 300]");
     }
     let token = match &args.token_file {
         Some(p) => Some(
@@ -61,20 +87,37 @@ async fn run() -> Result<()> {
         ),
         None => None,
     };
-    let client = ApiClient::connect(&args.apiserver, token.as_deref()).await?;
-    let cfg = node::NodeConfig {
-        name: args.node_name.clone(),
-        internal_ip: args.node_ip,
-        max_pods: args.max_pods,
-        labels: Default::default(),
+    let mut labels = BTreeMap::new();
+    for l in &args.node_labels {
+        let (k, v) = l.split_once('=').with_context(|| format!("--node-label {l:?} is not KEY=VALUE"))?;
+        labels.insert(k.to_string(), v.to_string());
+    }
+    let healthz_bind: Option<SocketAddr> = match args.healthz_bind_address.as_str() {
+        "" => None,
+        a => Some(a.parse().with_context(|| format!("--healthz-bind-address {a:?} is not IP:PORT"))?),
     };
-    let desired = node::node_object(&cfg, &node::host_facts());
-    let registered = node::register(&client, &desired).await?;
-    let cidr = registered.spec.as_ref().and_then(|s| s.pod_cidr.clone()).unwrap_or_default();
-    tracing::info!(node = %args.node_name, pod_cidr = %cidr, "registered");
-    tracing::warn!(
-        "this node-agent registers and heartbeats only: running pods and the service proxy are not built yet"
-    );
+    let exe_dir = std::env::current_exe()?.parent().map(|p| p.to_path_buf()).unwrap_or_default();
+    let cni_bin_dirs = match &args.cni_bin_dir {
+        Some(dirs) => std::env::split_paths(dirs).collect(),
+        None => vec![exe_dir.clone(), "/opt/cni/bin".into(), "/usr/lib/cni".into()],
+    };
+    let cfg = AgentConfig {
+        node_name: args.node_name,
+        node_ip: args.node_ip,
+        apiserver: args.apiserver,
+        token,
+        heartbeat: Duration::from_secs(args.heartbeat_seconds),
+        max_pods: args.max_pods,
+        labels,
+        state_dir: args.state_dir,
+        cni_conf_dir: args.cni_conf_dir,
+        cni_bin_dirs,
+        healthz_bind,
+        sync_period: Duration::from_secs(args.sync_period_seconds),
+        backoff_base: Duration::from_secs_f64(args.restart_backoff_seconds),
+        backoff_max: Duration::from_secs(300),
+        workload_bin: node_agent::process::workload_binary()?,
+    };
     let shutdown = async {
         let mut term =
             tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("signal handler");
@@ -82,8 +125,8 @@ async fn run() -> Result<()> {
             _ = tokio::signal::ctrl_c() => {},
             _ = term.recv() => {},
         }
-        tracing::info!("stopping: reporting NotReady");
+        tracing::info!("stopping: reporting NotReady (pods keep running)");
     };
-    node::run_heartbeats(client, desired, Duration::from_secs(args.heartbeat_seconds), shutdown).await;
+    agent::run(cfg, shutdown).await?;
     Ok(())
 }

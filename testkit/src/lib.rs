@@ -1,1 +1,4 @@
-//! placeholder
+//! Test helpers shared by podpath's crates: network namespaces with drop guards, the host
+//! namespace snapshot tests compare, and processes stopped by PID.
+
+pub mod netns;

@@ -1,0 +1,168 @@
+//! The node agent assembled: registration and heartbeats, watches, the pod workers, host-gw
+//! routes, and the health/metrics server. `main.rs` only parses flags and calls [`run`].
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1 as core;
+
+use crate::client::ApiClient;
+use crate::cni::{self, CniRuntime, RealExec};
+use crate::error::{AgentError, Result};
+use crate::health::{self, Health};
+use crate::metrics::Metrics;
+use crate::node::{self, NodeConfig};
+use crate::pods::{self, Deps, NetProber, PodsConfig};
+use crate::process::LinuxProcesses;
+use crate::reflector::{self, Filter, Store};
+use crate::routes::{self, NetlinkRoutes};
+
+/// Everything the agent is configured with.
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    pub node_name: String,
+    pub node_ip: IpAddr,
+    pub apiserver: String,
+    pub token: Option<String>,
+    pub heartbeat: Duration,
+    pub max_pods: u32,
+    pub labels: BTreeMap<String, String>,
+    pub state_dir: PathBuf,
+    pub cni_conf_dir: PathBuf,
+    pub cni_bin_dirs: Vec<PathBuf>,
+    /// `None`: no health server.
+    pub healthz_bind: Option<SocketAddr>,
+    /// Full resync period of routes (health timeout is twice this).
+    pub sync_period: Duration,
+    pub backoff_base: Duration,
+    pub backoff_max: Duration,
+    pub workload_bin: PathBuf,
+}
+
+/// Runs the agent until `shutdown`; then reports the node NotReady and returns. Pods keep
+/// running: a restarted agent adopts them.
+pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()>) -> Result<()> {
+    std::fs::create_dir_all(&cfg.state_dir)
+        .map_err(|e| AgentError::io(format!("create the state directory {}", cfg.state_dir.display()), e))?;
+    let metrics = Arc::new(Metrics::new());
+    let health = Health::new(cfg.sync_period * 2, metrics.clone());
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stopped = move || {
+        let mut rx = stop_rx.clone();
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }
+    };
+    // Bind first: a port conflict is a start-up error, not a log line later.
+    let mut tasks = tokio::task::JoinSet::new();
+    if let Some(addr) = cfg.healthz_bind {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| AgentError::io(format!("listen on {addr} (--healthz-bind-address)"), e))?;
+        tracing::info!(%addr, "health and metrics on /healthz, /livez, /metrics");
+        tasks.spawn(health::serve(listener, health.clone(), stopped()));
+    }
+
+    let client = ApiClient::connect(&cfg.apiserver, cfg.token.as_deref()).await?;
+    let node_cfg = NodeConfig {
+        name: cfg.node_name.clone(),
+        internal_ip: cfg.node_ip,
+        max_pods: cfg.max_pods,
+        labels: cfg.labels.clone(),
+    };
+    let desired = node::node_object(&node_cfg, &node::host_facts());
+    let registered = node::register(&client, &desired).await?;
+    let pod_cidr = registered.spec.as_ref().and_then(|s| s.pod_cidr.clone()).unwrap_or_default();
+    tracing::info!(node = %cfg.node_name, %pod_cidr, "registered");
+
+    let network = match cni::load_network(&cfg.cni_conf_dir)? {
+        Some(n) => n,
+        None if pod_cidr.is_empty() => {
+            return Err(AgentError::Config(format!(
+                "no CNI configuration in {} and the API server assigned no pod CIDR to write one",
+                cfg.cni_conf_dir.display()
+            )))
+        }
+        None => cni::load_or_write_default(&cfg.cni_conf_dir, &pod_cidr, &cfg.state_dir.join("ipam"))?,
+    };
+    tracing::info!(network = %network.name, config = %network.source.display(), "CNI network");
+
+    let pods_store: Arc<Store<core::Pod>> = Store::new();
+    let nodes_store: Arc<Store<core::Node>> = Store::new();
+    tokio::spawn(reflector::run(
+        client.clone(),
+        Filter { field_selector: format!("spec.nodeName={}", cfg.node_name), ..Default::default() },
+        pods_store.clone(),
+    ));
+    tokio::spawn(reflector::run(client.clone(), Filter::default(), nodes_store.clone()));
+
+    let table = NetlinkRoutes::new()?;
+    routes::RouteTable::enable_forwarding(&table)?;
+    tokio::spawn(sync_routes_forever(table, nodes_store, cfg.node_name.clone(), cfg.sync_period, health.clone()));
+
+    let deps = Arc::new(Deps {
+        cfg: PodsConfig {
+            node_name: cfg.node_name.clone(),
+            node_ip: cfg.node_ip,
+            state_dir: cfg.state_dir.clone(),
+            workload_bin: cfg.workload_bin.clone(),
+            backoff_base: cfg.backoff_base,
+            backoff_max: cfg.backoff_max,
+        },
+        procs: LinuxProcesses::default(),
+        cni: CniRuntime {
+            exec: RealExec,
+            bin_dirs: cfg.cni_bin_dirs.clone(),
+            cache_dir: cfg.state_dir.join("cni/results"),
+        },
+        network,
+        api: client.clone(),
+        prober: NetProber,
+        metrics: metrics.clone(),
+    });
+    tokio::spawn(pods::run_pods(deps, pods_store, None));
+
+    node::run_heartbeats(client, desired, cfg.heartbeat, shutdown).await;
+    let _ = stop_tx.send(true);
+    while tasks.join_next().await.is_some() {}
+    Ok(())
+}
+
+/// Keeps the routes to other nodes' pod CIDRs equal to the Node list: on every change and every
+/// `period` (which repairs routes someone removed).
+async fn sync_routes_forever(
+    table: NetlinkRoutes,
+    nodes: Arc<Store<core::Node>>,
+    me: String,
+    period: Duration,
+    health: Arc<Health>,
+) {
+    nodes.wait_synced().await;
+    let mut changes = nodes.changes();
+    loop {
+        let list = nodes.list();
+        health.observe_node(list.iter().find(|n| n.metadata.name.as_deref() == Some(me.as_str())));
+        let want = routes::desired_routes(&list, &me);
+        match routes::sync_routes(&table, &want).await {
+            Ok(_) => {
+                health.updated();
+                health.metrics.route_sync(want.len());
+            }
+            Err(e) => {
+                tracing::warn!("route sync failed: {e}");
+                health.metrics.sync_error("routes");
+            }
+        }
+        tokio::select! {
+            r = changes.changed() => {
+                if r.is_err() { return; }
+                health.queued();
+            }
+            _ = tokio::time::sleep(period) => {}
+        }
+    }
+}

@@ -1,0 +1,125 @@
+//! `podpath-workload`: what the node agent runs for a pod, in place of a container runtime.
+//!
+//! - `sandbox --hostname NAME`: the pod's sandbox (Kubernetes' "pause" process). It creates the
+//!   pod's network and UTS namespaces, sets the hostname, brings `lo` up, prints `ready`, and
+//!   then only holds the namespaces until it is stopped. CNI attaches the pod network to
+//!   `/proc/<pid>/ns/net`; no bind mount is needed, so nothing leaks if the agent dies.
+//! - `join --sandbox PID -- CMD ARGS…`: enters the sandbox's namespaces and execs a program.
+//! - `echo --sandbox PID [--port P]… [-- IMAGE-ARGS…]`: enters them and runs `podpath/echo`.
+//!
+//! Every mode starts its own session, so signals aimed at the agent's terminal or process group
+//! never reach pods, and a restarted agent finds them still running.
+
+use std::ffi::CString;
+use std::fs::File;
+use std::io::Write;
+
+use clap::{Parser, Subcommand};
+use futures::TryStreamExt;
+use nix::sched::CloneFlags;
+use node_agent::echo;
+
+#[derive(Parser, Debug)]
+#[command(name = "podpath-workload", version, about = "Runs a pod's sandbox and workloads for podpath's node agent")]
+struct Args {
+    #[command(subcommand)]
+    mode: Mode,
+}
+
+#[derive(Subcommand, Debug)]
+enum Mode {
+    /// Create the pod's network and UTS namespaces and hold them until stopped.
+    Sandbox {
+        #[arg(long)]
+        hostname: String,
+    },
+    /// Enter a sandbox's namespaces and exec a program.
+    Join {
+        #[arg(long)]
+        sandbox: i32,
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
+    /// Enter a sandbox's namespaces and run the built-in podpath/echo server.
+    Echo {
+        #[arg(long)]
+        sandbox: i32,
+        /// A container port (repeatable); default 8080.
+        #[arg(long = "port")]
+        ports: Vec<u16>,
+        /// The container's args, interpreted by podpath/echo.
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
+}
+
+fn main() {
+    let args = Args::parse();
+    if let Err(e) = run(args) {
+        eprintln!("podpath-workload: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run(args: Args) -> Result<(), String> {
+    // Errors here only mean we already lead a session (e.g. started by setsid).
+    let _ = nix::unistd::setsid();
+    match args.mode {
+        Mode::Sandbox { hostname } => sandbox(&hostname),
+        Mode::Join { sandbox, command } => {
+            join(sandbox)?;
+            let argv: Vec<CString> = command
+                .iter()
+                .map(|a| CString::new(a.as_str()).map_err(|_| format!("argument {a:?} contains a NUL byte")))
+                .collect::<Result<_, _>>()?;
+            let err = nix::unistd::execvp(&argv[0], &argv).unwrap_err();
+            Err(format!("cannot run {:?}: {err}", command[0]))
+        }
+        Mode::Echo { sandbox, ports, args } => {
+            join(sandbox)?;
+            let options = echo::parse_options(&ports, &args)?;
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
+            rt.block_on(echo::serve(echo::Identity::from_env(), options)).map_err(|e| e.to_string())
+        }
+    }
+}
+
+fn sandbox(hostname: &str) -> Result<(), String> {
+    nix::sched::unshare(CloneFlags::CLONE_NEWNET | CloneFlags::CLONE_NEWUTS)
+        .map_err(|e| format!("cannot create the pod's namespaces: {e}"))?;
+    nix::unistd::sethostname(hostname).map_err(|e| format!("cannot set hostname {hostname:?}: {e}"))?;
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
+    rt.block_on(loopback_up())?;
+    drop(rt);
+    let mut out = std::io::stdout();
+    writeln!(out, "ready").and_then(|_| out.flush()).map_err(|e| format!("cannot report readiness: {e}"))?;
+    // Hold the namespaces; SIGTERM/SIGKILL end the process (default dispositions).
+    loop {
+        nix::unistd::pause();
+    }
+}
+
+async fn loopback_up() -> Result<(), String> {
+    let (conn, handle, _) = rtnetlink::new_connection().map_err(|e| format!("cannot open netlink: {e}"))?;
+    tokio::spawn(conn);
+    let mut links = handle.link().get().match_name("lo").execute();
+    if let Some(lo) = links.try_next().await.map_err(|e| format!("cannot find lo: {e}"))? {
+        handle
+            .link()
+            .set(rtnetlink::LinkUnspec::new_with_index(lo.header.index).up().build())
+            .execute()
+            .await
+            .map_err(|e| format!("cannot set lo up: {e}"))?;
+    }
+    Ok(())
+}
+
+/// Moves this (still single-threaded) process into the sandbox's network and UTS namespaces.
+fn join(sandbox: i32) -> Result<(), String> {
+    for (ns, flag) in [("net", CloneFlags::CLONE_NEWNET), ("uts", CloneFlags::CLONE_NEWUTS)] {
+        let path = format!("/proc/{sandbox}/ns/{ns}");
+        let f = File::open(&path).map_err(|e| format!("sandbox {sandbox} is gone ({path}: {e})"))?;
+        nix::sched::setns(&f, flag).map_err(|e| format!("cannot enter {path}: {e}"))?;
+    }
+    Ok(())
+}
