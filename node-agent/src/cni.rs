@@ -171,6 +171,17 @@ pub trait PluginExec: Send + Sync + 'static {
     ) -> impl Future<Output = std::result::Result<Vec<u8>, (Option<i32>, Vec<u8>)>> + Send;
 }
 
+impl<T: PluginExec> PluginExec for std::sync::Arc<T> {
+    fn exec(
+        &self,
+        plugin: &Path,
+        env: Vec<(&'static str, String)>,
+        stdin: Vec<u8>,
+    ) -> impl Future<Output = std::result::Result<Vec<u8>, (Option<i32>, Vec<u8>)>> + Send {
+        (**self).exec(plugin, env, stdin)
+    }
+}
+
 /// Executes plugins as processes.
 pub struct RealExec;
 

@@ -58,6 +58,21 @@ pub trait Prober: Send + Sync + 'static {
     fn probe(&self, check: &Check, timeout: Duration) -> impl Future<Output = bool> + Send;
 }
 
+impl<T: PodApi> PodApi for Arc<T> {
+    fn update_status(&self, pod: &core::Pod) -> impl Future<Output = Result<()>> + Send {
+        (**self).update_status(pod)
+    }
+    fn delete(&self, namespace: &str, name: &str, uid: &str) -> impl Future<Output = Result<()>> + Send {
+        (**self).delete(namespace, name, uid)
+    }
+}
+
+impl<T: Prober> Prober for Arc<T> {
+    fn probe(&self, check: &Check, timeout: Duration) -> impl Future<Output = bool> + Send {
+        (**self).probe(check, timeout)
+    }
+}
+
 /// Settings of the pod workers.
 #[derive(Debug, Clone)]
 pub struct PodsConfig {
@@ -948,7 +963,8 @@ pub async fn run_pods<P: Processes, E: PluginExec, A: PodApi, Q: Prober>(
 
     let mut workers: HashMap<String, watch::Sender<Option<core::Pod>>> = HashMap::new();
     let mut finished: HashSet<String> = HashSet::new();
-    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<String>();
+    // Owned here, so stopping the manager stops every worker (as the agent's exit does).
+    let mut tasks: tokio::task::JoinSet<String> = tokio::task::JoinSet::new();
     let mut changes = store.changes();
     loop {
         let pods: HashMap<String, core::Pod> = store.list().into_iter().map(|p| (uid(&p), p)).collect();
@@ -964,12 +980,11 @@ pub async fn run_pods<P: Processes, E: PluginExec, A: PodApi, Q: Prober>(
                 let (tx, rx) = watch::channel(Some(pod.clone()));
                 workers.insert(id.clone(), tx);
                 let deps = deps.clone();
-                let done = done_tx.clone();
                 let id = id.clone();
                 let record = records.remove(&id);
-                tokio::spawn(async move {
+                tasks.spawn(async move {
                     pod_worker(deps, rx, record).await;
-                    let _ = done.send(id);
+                    id
                 });
             }
         }
@@ -981,9 +996,14 @@ pub async fn run_pods<P: Processes, E: PluginExec, A: PodApi, Q: Prober>(
         finished.retain(|id| pods.contains_key(id));
         tokio::select! {
             r = changes.changed() => if r.is_err() { return },
-            Some(id) = done_rx.recv() => {
-                workers.remove(&id);
-                finished.insert(id);
+            Some(done) = tasks.join_next() => {
+                match done {
+                    Ok(id) => {
+                        workers.remove(&id);
+                        finished.insert(id);
+                    }
+                    Err(e) => tracing::error!("a pod worker failed: {e}"),
+                }
             }
         }
     }

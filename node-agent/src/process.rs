@@ -75,6 +75,25 @@ pub trait Processes: Send + Sync + 'static {
     fn wait(&self, p: ProcId) -> impl Future<Output = Exit> + Send;
 }
 
+/// Shared implementations (a fake kept by a test as well as by the agent).
+impl<T: Processes> Processes for std::sync::Arc<T> {
+    fn start_sandbox(&self, hostname: &str, log: Option<PathBuf>) -> impl Future<Output = Result<ProcId>> + Send {
+        (**self).start_sandbox(hostname, log)
+    }
+    fn spawn(&self, spec: &ProcSpec) -> impl Future<Output = Result<ProcId>> + Send {
+        (**self).spawn(spec)
+    }
+    fn alive(&self, p: ProcId) -> bool {
+        (**self).alive(p)
+    }
+    fn signal(&self, p: ProcId, sig: Sig) {
+        (**self).signal(p, sig)
+    }
+    fn wait(&self, p: ProcId) -> impl Future<Output = Exit> + Send {
+        (**self).wait(p)
+    }
+}
+
 /// The network namespace path of a sandbox, as CNI wants it.
 pub fn netns_path(sandbox: ProcId) -> String {
     format!("/proc/{}/ns/net", sandbox.pid)

@@ -49,6 +49,13 @@ async fn pods_on_two_nodes_network_probes_restarts_deletion_and_agent_restart() 
     }))
     .await;
 
+    c.create_pod(json!({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "tls"},
+        "spec": {"nodeName": "node-2", "containers": [{"name": "nginx", "image": "podpath/echo",
+            "ports": [{"containerPort": 80}, {"containerPort": 443}],
+            "args": ["--redirect-to-https=80", "--https-port=443"]}]}
+    }))
+    .await;
     c.wait_for(30, "web-1 and web-2 Running and Ready", |c| pod_ready(&c.pod("web-1")) && pod_ready(&c.pod("web-2")))
         .await;
     let p1 = c.pod("web-1").unwrap();
@@ -70,6 +77,15 @@ async fn pods_on_two_nodes_network_probes_restarts_deletion_and_agent_restart() 
     assert!(page.contains("GET /hello HTTP/1.1"), "{page}");
     let routes = n1.run(&["ip", "route", "show", "proto", "77"]).1;
     assert_eq!(routes.trim(), format!("10.244.2.0/24 via {} dev eth0", node_ip(2)));
+
+    // The scenario-2 nginx behaviour: 301 to https on port 80, HTTPS (self-signed) on 443.
+    c.wait_for(30, "tls Ready", |c| pod_ready(&c.pod("tls"))).await;
+    let tls_ip = pod_ip(&c.pod("tls").unwrap());
+    let (ok, head) = n1.run(&["curl", "-sS", "-i", "--max-time", "5", &format!("http://{tls_ip}/a?b")]);
+    assert!(ok && head.starts_with("HTTP/1.1 301 Moved Permanently"), "{head}");
+    assert!(head.to_lowercase().contains(&format!("location: https://{tls_ip}/a?b")), "{head}");
+    let (ok, page) = n1.run(&["curl", "-sSk", "--max-time", "5", &format!("https://{tls_ip}/")]);
+    assert!(ok && page.contains("pod: default/tls") && page.contains(&format!("server: https://{tls_ip}:443")), "{page}");
 
     // A crashing program is restarted with back-off; an image with no program waits.
     c.wait_for(30, "crash restarted twice", |c| {

@@ -1,0 +1,426 @@
+//! The pod workers' logic with fake processes, CNI plugins, API and prober: no root, no
+//! kernel, paused time (back-off delays pass instantly and exactly).
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::net::IpAddr;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use api::k8s_openapi::api::core::v1 as core;
+use node_agent::cni::{CniRuntime, Network, PluginExec};
+use node_agent::metrics::Metrics;
+use node_agent::pods::{self, Check, Deps, PodApi, PodRecord, PodsConfig, Prober};
+use node_agent::process::{Exit, ProcId, ProcSpec, Processes, Sig};
+use node_agent::reflector::{Change, Store, Watched};
+use serde_json::{json, Value};
+use tokio::sync::Notify;
+
+#[derive(Default)]
+struct FakeProcs {
+    next: AtomicI32,
+    state: Mutex<ProcState>,
+    changed: Notify,
+}
+
+#[derive(Default)]
+struct ProcState {
+    spawned: Vec<(ProcId, ProcSpec)>,
+    sandboxes: Vec<ProcId>,
+    alive: HashSet<ProcId>,
+    exits: HashMap<ProcId, Exit>,
+    signals: Vec<(ProcId, Sig)>,
+    /// Processes that ignore SIGTERM (need the grace period and SIGKILL).
+    stubborn: HashSet<ProcId>,
+}
+
+impl FakeProcs {
+    fn new_id(&self) -> ProcId {
+        let pid = 1000 + self.next.fetch_add(1, Ordering::SeqCst);
+        ProcId { pid, start_time: 7 }
+    }
+    fn exit(&self, p: ProcId, e: Exit) {
+        let mut s = self.state.lock().unwrap();
+        s.alive.remove(&p);
+        s.exits.insert(p, e);
+        drop(s);
+        self.changed.notify_waiters();
+    }
+    fn spawned(&self) -> Vec<(ProcId, ProcSpec)> {
+        self.state.lock().unwrap().spawned.clone()
+    }
+    fn signals(&self) -> Vec<(ProcId, Sig)> {
+        self.state.lock().unwrap().signals.clone()
+    }
+}
+
+impl Processes for FakeProcs {
+    async fn start_sandbox(&self, _hostname: &str, _log: Option<std::path::PathBuf>) -> node_agent::Result<ProcId> {
+        let id = self.new_id();
+        let mut s = self.state.lock().unwrap();
+        s.sandboxes.push(id);
+        s.alive.insert(id);
+        Ok(id)
+    }
+    async fn spawn(&self, spec: &ProcSpec) -> node_agent::Result<ProcId> {
+        let id = self.new_id();
+        let mut s = self.state.lock().unwrap();
+        s.spawned.push((id, spec.clone()));
+        s.alive.insert(id);
+        Ok(id)
+    }
+    fn alive(&self, p: ProcId) -> bool {
+        self.state.lock().unwrap().alive.contains(&p)
+    }
+    fn signal(&self, p: ProcId, sig: Sig) {
+        let stubborn = {
+            let mut s = self.state.lock().unwrap();
+            s.signals.push((p, sig));
+            s.stubborn.contains(&p)
+        };
+        if self.alive(p) && (sig == Sig::Kill || !stubborn) {
+            self.exit(p, Exit::Signal(if sig == Sig::Kill { 9 } else { 15 }));
+        }
+    }
+    async fn wait(&self, p: ProcId) -> Exit {
+        loop {
+            let notified = self.changed.notified();
+            if let Some(e) = self.state.lock().unwrap().exits.get(&p) {
+                return *e;
+            }
+            notified.await;
+        }
+    }
+}
+
+#[derive(Default)]
+struct FakeExec {
+    calls: Mutex<Vec<(String, String, Value)>>,
+    next_ip: AtomicI32,
+}
+
+impl FakeExec {
+    fn calls(&self, command: &str) -> Vec<(String, Value)> {
+        self.calls.lock().unwrap().iter().filter(|c| c.0 == command).map(|c| (c.1.clone(), c.2.clone())).collect()
+    }
+}
+
+impl PluginExec for FakeExec {
+    async fn exec(
+        &self,
+        plugin: &Path,
+        env: Vec<(&'static str, String)>,
+        stdin: Vec<u8>,
+    ) -> Result<Vec<u8>, (Option<i32>, Vec<u8>)> {
+        let env: HashMap<_, _> = env.into_iter().collect();
+        let conf: Value = serde_json::from_slice(&stdin).unwrap();
+        let mut conf_env = conf.clone();
+        conf_env["_env"] = json!(env);
+        let cmd = env["CNI_COMMAND"].clone();
+        self.calls.lock().unwrap().push((cmd.clone(), plugin.file_name().unwrap().to_string_lossy().into(), conf_env));
+        match cmd.as_str() {
+            // A chained plugin passes the result on.
+            "ADD" if conf.get("prevResult").is_some() => Ok(serde_json::to_vec(&conf["prevResult"]).unwrap()),
+            "ADD" => {
+                let n = 2 + self.next_ip.fetch_add(1, Ordering::SeqCst);
+                let result = json!({"cniVersion": "1.1.0", "interfaces": [{"name": "eth0"}],
+                    "ips": [{"address": format!("10.244.1.{n}/24"), "gateway": "10.244.1.1", "interface": 0}]});
+                Ok(serde_json::to_vec(&result).unwrap())
+            }
+            _ => Ok(vec![]),
+        }
+    }
+}
+
+#[derive(Default)]
+struct FakeApi {
+    statuses: Mutex<Vec<core::Pod>>,
+    deleted: Mutex<Vec<(String, String, String)>>,
+    changed: Notify,
+}
+
+impl FakeApi {
+    fn last(&self, name: &str) -> Option<core::PodStatus> {
+        self.statuses.lock().unwrap().iter().rev().find(|p| p.metadata.name.as_deref() == Some(name))?.status.clone()
+    }
+}
+
+impl PodApi for FakeApi {
+    async fn update_status(&self, pod: &core::Pod) -> node_agent::Result<()> {
+        self.statuses.lock().unwrap().push(pod.clone());
+        self.changed.notify_waiters();
+        Ok(())
+    }
+    async fn delete(&self, namespace: &str, name: &str, uid: &str) -> node_agent::Result<()> {
+        self.deleted.lock().unwrap().push((namespace.into(), name.into(), uid.into()));
+        self.changed.notify_waiters();
+        Ok(())
+    }
+}
+
+struct FakeProber(AtomicBool);
+
+impl Prober for FakeProber {
+    async fn probe(&self, _check: &Check, _timeout: Duration) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+struct World {
+    deps: Arc<Deps<Arc<FakeProcs>, Arc<FakeExec>, Arc<FakeApi>, Arc<FakeProber>>>,
+    procs: Arc<FakeProcs>,
+    exec: Arc<FakeExec>,
+    api: Arc<FakeApi>,
+    prober: Arc<FakeProber>,
+    store: Arc<Store<core::Pod>>,
+    dir: tempfile::TempDir,
+}
+
+fn network(dir: &Path) -> Network {
+    let text = json!({"cniVersion": "1.1.0", "name": "podpath", "plugins": [{"type": "podpath-bridge"}, {"type": "portmap"}]});
+    Network::parse(&dir.join("10-podpath.conflist"), &text.to_string()).unwrap()
+}
+
+fn world() -> World {
+    let dir = tempfile::tempdir().unwrap();
+    let bins = dir.path().join("bin");
+    std::fs::create_dir_all(&bins).unwrap();
+    for p in ["podpath-bridge", "portmap"] {
+        std::fs::write(bins.join(p), "").unwrap();
+    }
+    let (procs, exec, api) = (Arc::new(FakeProcs::default()), Arc::new(FakeExec::default()), Arc::new(FakeApi::default()));
+    let prober = Arc::new(FakeProber(AtomicBool::new(true)));
+    let deps = Arc::new(Deps {
+        cfg: PodsConfig {
+            node_name: "node-1".into(),
+            node_ip: "192.168.56.11".parse().unwrap(),
+            state_dir: dir.path().join("state"),
+            workload_bin: "/opt/podpath/podpath-workload".into(),
+            backoff_base: Duration::from_secs(10),
+            backoff_max: Duration::from_secs(300),
+        },
+        procs: procs.clone(),
+        cni: CniRuntime { exec: exec.clone(), bin_dirs: vec![bins], cache_dir: dir.path().join("state/cni/results") },
+        network: network(dir.path()),
+        api: api.clone(),
+        prober: prober.clone(),
+        metrics: Arc::new(Metrics::new()),
+    });
+    World { deps, procs, exec, api, prober, store: Store::new(), dir }
+}
+
+impl World {
+    fn set_pods(&self, pods: Vec<core::Pod>) {
+        self.store.apply(Change::Replace(pods.into_iter().map(|p| (p.key(), p)).collect::<BTreeMap<_, _>>()));
+    }
+    fn start(&self) {
+        tokio::spawn(pods::run_pods(self.deps.clone(), self.store.clone(), None));
+    }
+    async fn until(&self, what: &str, f: impl Fn(&World) -> bool) {
+        for _ in 0..6000 {
+            if f(self) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("never happened: {what}");
+    }
+    fn records(&self) -> Vec<PodRecord> {
+        pods::load_records(&self.deps.cfg)
+    }
+}
+
+fn pod(name: &str, container: Value) -> core::Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": "default", "uid": format!("uid-{name}")},
+        "spec": {"nodeName": "node-1", "terminationGracePeriodSeconds": 5, "containers": [container]}
+    }))
+    .unwrap()
+}
+
+fn echo() -> Value {
+    json!({"name": "web", "image": "podpath/echo", "ports": [{"containerPort": 8080}]})
+}
+
+fn cs(s: &core::PodStatus) -> &core::ContainerStatus {
+    &s.container_statuses.as_ref().unwrap()[0]
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_pod_gets_a_sandbox_network_workload_and_a_ready_status() {
+    let w = world();
+    w.set_pods(vec![pod("web", echo())]);
+    w.start();
+    w.until("Running and Ready", |w| {
+        w.api.last("web").is_some_and(|s| s.phase.as_deref() == Some("Running") && cs(&s).ready)
+    })
+    .await;
+    let s = w.api.last("web").unwrap();
+    assert_eq!(s.pod_ip.as_deref(), Some("10.244.1.2"));
+    assert_eq!(s.host_ip.as_deref(), Some("192.168.56.11"));
+    // The chain ran in order, the second plugin got the first one's result, and CNI_ARGS are
+    // those of a Kubernetes runtime.
+    let adds = w.exec.calls("ADD");
+    assert_eq!(adds.iter().map(|c| c.0.as_str()).collect::<Vec<_>>(), ["podpath-bridge", "portmap"]);
+    assert!(adds[0].1.get("prevResult").is_none());
+    assert_eq!(adds[1].1["prevResult"]["ips"][0]["address"], "10.244.1.2/24");
+    assert_eq!(adds[0].1["name"], "podpath");
+    assert_eq!(adds[0].1["_env"]["CNI_ARGS"], "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=web;K8S_POD_INFRA_CONTAINER_ID=uid-web");
+    assert_eq!(adds[0].1["_env"]["CNI_CONTAINERID"], "uid-web");
+    assert_eq!(adds[0].1["_env"]["CNI_IFNAME"], "eth0");
+    let sandbox = w.procs.state.lock().unwrap().sandboxes[0];
+    assert_eq!(adds[0].1["_env"]["CNI_NETNS"], format!("/proc/{}/ns/net", sandbox.pid));
+    // The workload is the built-in echo joined to the sandbox, with the pod's identity.
+    let (_, spec) = &w.procs.spawned()[0];
+    assert_eq!(
+        spec.argv,
+        ["/opt/podpath/podpath-workload", "echo", "--sandbox", &sandbox.pid.to_string(), "--port", "8080", "--"]
+    );
+    assert!(spec.env.contains(&("POD_IP".into(), "10.244.1.2".into())));
+    assert!(spec.env.contains(&("NODE_NAME".into(), "node-1".into())));
+    // What a restarted agent needs is on disk: the record and the CNI cache.
+    let recs = w.records();
+    assert_eq!(recs.len(), 1);
+    assert_eq!(recs[0].pod_ips, vec!["10.244.1.2".parse::<IpAddr>().unwrap()]);
+    assert_eq!(std::fs::read_dir(w.dir.path().join("state/cni/results")).unwrap().count(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn not_ready_while_the_probe_fails() {
+    let w = world();
+    w.prober.0.store(false, Ordering::SeqCst);
+    let mut c = echo();
+    c["readinessProbe"] = json!({"tcpSocket": {"port": 8080}, "periodSeconds": 2});
+    w.set_pods(vec![pod("web", c)]);
+    w.start();
+    w.until("Running", |w| w.api.last("web").is_some_and(|s| s.phase.as_deref() == Some("Running"))).await;
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert!(!cs(&w.api.last("web").unwrap()).ready);
+    w.prober.0.store(true, Ordering::SeqCst);
+    w.until("Ready", |w| cs(&w.api.last("web").unwrap()).ready).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_crashing_container_restarts_with_doubling_back_off() {
+    let w = world();
+    w.set_pods(vec![pod("crash", json!({"name": "c", "image": "busybox", "command": ["true"]}))]);
+    w.start();
+    let mut started = vec![];
+    for n in 1..=3usize {
+        w.until("spawned", |w| w.procs.spawned().len() == n).await;
+        started.push(tokio::time::Instant::now());
+        let (id, _) = w.procs.spawned()[n - 1].clone();
+        w.procs.exit(id, Exit::Code(3));
+    }
+    let gaps: Vec<u64> = started.windows(2).map(|w| (w[1] - w[0]).as_secs()).collect();
+    assert_eq!(gaps, [10, 20], "back-off 10 s then 20 s");
+    w.until("CrashLoopBackOff with restartCount 2", |w| {
+        w.api.last("crash").is_some_and(|s| {
+            let c = cs(&s);
+            c.restart_count == 2
+                && c.state.as_ref().unwrap().waiting.as_ref().and_then(|x| x.reason.as_deref()) == Some("CrashLoopBackOff")
+        })
+    })
+    .await;
+    let s = w.api.last("crash").unwrap();
+    assert_eq!(s.phase.as_deref(), Some("Running"));
+    assert_eq!(cs(&s).last_state.as_ref().unwrap().terminated.as_ref().unwrap().exit_code, 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn restart_policy_never_and_an_image_without_a_program() {
+    let w = world();
+    let mut done = pod("job", json!({"name": "c", "image": "busybox", "command": ["true"]}));
+    done.spec.as_mut().unwrap().restart_policy = Some("Never".into());
+    w.set_pods(vec![done, pod("nginx", json!({"name": "c", "image": "nginx"}))]);
+    w.start();
+    w.until("job spawned", |w| !w.procs.spawned().is_empty()).await;
+    let (id, _) = w.procs.spawned()[0].clone();
+    w.procs.exit(id, Exit::Code(0));
+    w.until("job Succeeded", |w| w.api.last("job").is_some_and(|s| s.phase.as_deref() == Some("Succeeded"))).await;
+    w.until("nginx waiting", |w| w.api.last("nginx").is_some()).await;
+    let s = w.api.last("nginx").unwrap();
+    assert_eq!(s.phase.as_deref(), Some("Pending"));
+    let waiting = cs(&s).state.clone().unwrap().waiting.unwrap();
+    assert_eq!(waiting.reason.as_deref(), Some("ErrImagePull"));
+    assert!(waiting.message.unwrap().contains("podpath/echo"));
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert_eq!(w.procs.spawned().len(), 1, "a Never pod is not restarted");
+}
+
+#[tokio::test(start_paused = true)]
+async fn deletion_terminates_gracefully_then_releases_the_network_and_deletes() {
+    let w = world();
+    w.set_pods(vec![pod("web", echo())]);
+    w.start();
+    w.until("Running", |w| w.api.last("web").is_some_and(|s| s.phase.as_deref() == Some("Running"))).await;
+    let (workload, _) = w.procs.spawned()[0].clone();
+    w.procs.state.lock().unwrap().stubborn.insert(workload);
+    let mut deleting = w.store.list()[0].clone();
+    deleting.metadata.deletion_timestamp =
+        Some(api::k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::now()));
+    deleting.metadata.deletion_grace_period_seconds = Some(3);
+    let t0 = tokio::time::Instant::now();
+    w.set_pods(vec![deleting]);
+    w.until("deleted", |w| !w.api.deleted.lock().unwrap().is_empty()).await;
+    assert_eq!(t0.elapsed().as_secs(), 3, "SIGKILL only after the grace period");
+    let sigs: Vec<Sig> = w.procs.signals().iter().filter(|(p, _)| *p == workload).map(|(_, s)| *s).collect();
+    assert_eq!(sigs, [Sig::Term, Sig::Kill]);
+    // DEL ran in reverse order with the cached result, then the sandbox went.
+    let dels = w.exec.calls("DEL");
+    assert_eq!(dels.iter().map(|c| c.0.as_str()).collect::<Vec<_>>(), ["portmap", "podpath-bridge"]);
+    assert_eq!(dels[1].1["prevResult"]["ips"][0]["address"], "10.244.1.2/24");
+    let sandbox = w.procs.state.lock().unwrap().sandboxes[0];
+    assert!(!w.procs.alive(sandbox));
+    assert_eq!(w.api.deleted.lock().unwrap()[0], ("default".into(), "web".into(), "uid-web".into()));
+    assert!(w.records().is_empty());
+    assert_eq!(std::fs::read_dir(w.dir.path().join("state/cni/results")).unwrap().count(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_restarted_agent_adopts_running_pods_and_cleans_up_deleted_ones() {
+    // First agent: two pods.
+    let w = world();
+    w.set_pods(vec![pod("keep", echo()), pod("gone", echo())]);
+    let handle = tokio::spawn(pods::run_pods(w.deps.clone(), w.store.clone(), None));
+    w.until("both running", |w| {
+        ["keep", "gone"].iter().all(|n| w.api.last(n).is_some_and(|s| s.phase.as_deref() == Some("Running")))
+    })
+    .await;
+    handle.abort();
+    let pids: Vec<ProcId> = w.procs.spawned().iter().map(|s| s.0).collect();
+    let adds = w.exec.calls("ADD").len();
+
+    // Second agent: same state directory and processes; "gone" was deleted meanwhile.
+    let w2 = world();
+    let deps2 = Arc::new(Deps {
+        cfg: w.deps.cfg.clone(),
+        procs: w.procs.clone(),
+        cni: CniRuntime { exec: w.exec.clone(), bin_dirs: w.deps.cni.bin_dirs.clone(), cache_dir: w.deps.cni.cache_dir.clone() },
+        network: w.deps.network.clone(),
+        api: w2.api.clone(),
+        prober: w.prober.clone(),
+        metrics: Arc::new(Metrics::new()),
+    });
+    w2.set_pods(vec![pod("keep", echo())]);
+    let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+    tokio::spawn(pods::run_pods(deps2, w2.store.clone(), Some(ready_tx)));
+    ready_rx.await.unwrap();
+    w2.until("keep reported Running", |w2| w2.api.last("keep").is_some_and(|s| s.phase.as_deref() == Some("Running")))
+        .await;
+    assert_eq!(w.procs.spawned().len(), 2, "nothing was started again");
+    assert_eq!(w.exec.calls("ADD").len(), adds, "no new ADD");
+    let gone = w.records().into_iter().find(|r| r.name == "gone");
+    assert!(gone.is_none(), "the deleted pod's record is removed");
+    let gone_workload = pids.iter().copied().find(|p| !w.procs.alive(*p)).expect("gone's workload was stopped");
+    assert!(w.procs.signals().contains(&(gone_workload, Sig::Kill)));
+    assert_eq!(w.exec.calls("DEL").len(), 2, "gone's attachment released (both plugins)");
+    // GC tells the plugins which attachment stays valid.
+    let gc = w.exec.calls("GC");
+    assert_eq!(gc.len(), 4, "each agent sends GC to both plugins at start");
+    assert_eq!(gc[2].1["cni.dev/valid-attachments"], json!([{"containerID": "uid-keep", "ifname": "eth0"}]));
+    let keep = cs(&w2.api.last("keep").unwrap()).clone();
+    assert_eq!(keep.restart_count, 0);
+    assert!(keep.container_id.unwrap().starts_with("podpath://"));
+}
