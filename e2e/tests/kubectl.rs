@@ -218,33 +218,73 @@ fn kubectl_pods_nodes_and_namespaces() {
 }
 
 #[test]
-fn kubectl_sees_a_node_agent_register_and_stop() {
+fn kubectl_sees_a_node_agent_register_run_a_pod_and_stop() {
     assert!(kubectl_available(), "kubectl is required");
+    if !testkit::netns::root_or_explain() {
+        return;
+    }
+    let host_before = testkit::netns::host_state();
     let srv = ApiServer::start(&[]).unwrap();
-    let mut agent = std::process::Command::new(podpath_e2e::bin("node-agent"))
+    // The agent changes routes and sysctls of the namespace it runs in: give it its own, with a
+    // relay to the API server on the host's loopback (no link, no route: just a socket).
+    let ns = testkit::netns::Netns::new("ppe");
+    let _relay = testkit::netns::Relay::start(&ns, "127.0.0.1:6444", srv.grpc);
+    let state = tempfile::tempdir().unwrap();
+    let agent = std::process::Command::new("ip")
+        .args(["netns", "exec", &ns.name])
+        .arg(podpath_e2e::bin("node-agent"))
         .args(["--node-name", "node-1", "--node-ip", "192.168.56.11", "--heartbeat-seconds", "1"])
-        .arg("--apiserver")
-        .arg(srv.grpc.to_string())
+        .args(["--apiserver", "127.0.0.1:6444", "--healthz-bind-address", "127.0.0.1:10256"])
+        .arg("--state-dir")
+        .arg(state.path().join("agent"))
+        .arg("--cni-conf-dir")
+        .arg(state.path().join("net.d"))
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(std::fs::File::create(state.path().join("agent.log")).unwrap())
         .spawn()
         .unwrap();
-    let row = |srv: &ApiServer| -> Vec<String> {
-        let out = ok(srv, &["get", "nodes", "-o", "wide"]);
-        out.lines().nth(1).map(|l| l.split_whitespace().map(str::to_string).collect()).unwrap_or_default()
-    };
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while row(&srv).get(1).map(String::as_str) != Some("Ready") && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(200));
+    let mut agent = testkit::netns::ProcGuard(agent);
+    struct Pods(std::path::PathBuf);
+    impl Drop for Pods {
+        fn drop(&mut self) {
+            node_agent::pods::kill_recorded_processes(&self.0);
+        }
     }
-    let r = row(&srv);
-    assert_eq!((r[0].as_str(), r[1].as_str()), ("node-1", "Ready"), "{r:?}");
+    let _pods = Pods(state.path().join("agent"));
+    let wait_row = |args: &[&str], want: &dyn Fn(&[String]) -> bool| -> Vec<String> {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let out = ok(&srv, args);
+            let row: Vec<String> =
+                out.lines().nth(1).map(|l| l.split_whitespace().map(str::to_string).collect()).unwrap_or_default();
+            if want(&row) || Instant::now() > deadline {
+                return row;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+    let r = wait_row(&["get", "nodes", "-o", "wide"], &|r| r.get(1).map(String::as_str) == Some("Ready"));
+    let log = || std::fs::read_to_string(state.path().join("agent.log")).unwrap_or_default();
+    assert_eq!((r[0].as_str(), r[1].as_str()), ("node-1", "Ready"), "{r:?}\n{}", log());
     assert_eq!(r[5], "192.168.56.11", "INTERNAL-IP: {r:?}");
     let node: serde_json::Value = serde_json::from_str(&ok(&srv, &["get", "node", "node-1", "-o", "json"])).unwrap();
     assert_eq!(node["spec"]["podCIDR"], "10.244.1.0/24");
+
+    // kubectl run → the scheduler picks node-1 → the agent runs it: Running, 1/1, an IP.
+    ok(&srv, &["run", "web", "--image=podpath/echo", "--port=8080", "--labels", "app=web"]);
+    let r = wait_row(&["get", "pods", "-o", "wide"], &|r| r.get(1).map(String::as_str) == Some("1/1"));
+    assert_eq!((r[0].as_str(), r[1].as_str(), r[2].as_str()), ("web", "1/1", "Running"), "{r:?}\n{}", log());
+    assert!(r[5].starts_with("10.244.1."), "IP: {r:?}");
+    assert_eq!(r[6], "node-1", "NODE: {r:?}");
+    let (_, page) = ns.run(&["curl", "-sS", "--max-time", "5", &format!("http://{}:8080/", r[5])]);
+    assert!(page.contains("pod: default/web") && page.contains("node: node-1"), "{page}");
+    ok(&srv, &["delete", "pod", "web", "--wait=true", "--timeout=20s"]);
+    assert!(fails(&srv, &["get", "pod", "web"]).contains("NotFound"));
+
     // SIGTERM (by PID): the agent reports NotReady on its way out.
-    std::process::Command::new("kill").args(["-TERM", &agent.id().to_string()]).status().unwrap();
-    agent.wait().unwrap();
-    let r = row(&srv);
+    agent.stop();
+    let r = wait_row(&["get", "nodes", "-o", "wide"], &|_| true);
     assert_eq!(r[1], "NotReady", "{r:?}");
+    drop(ns);
+    assert_eq!(testkit::netns::host_state(), host_before, "the host namespace changed");
 }

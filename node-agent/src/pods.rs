@@ -177,6 +177,31 @@ pub fn load_records(cfg: &PodsConfig) -> Vec<PodRecord> {
     out
 }
 
+/// SIGKILLs every process recorded under an agent's state directory (sandboxes and workloads,
+/// each checked against its start time). Pods outlive their agent on purpose; this is how a lab
+/// or a test that is going away stops them. Returns how many processes were signalled.
+pub fn kill_recorded_processes(state_dir: &Path) -> usize {
+    let cfg = PodsConfig {
+        node_name: String::new(),
+        node_ip: IpAddr::from([0, 0, 0, 0]),
+        state_dir: state_dir.to_path_buf(),
+        workload_bin: PathBuf::new(),
+        backoff_base: Duration::ZERO,
+        backoff_max: Duration::ZERO,
+    };
+    let procs = crate::process::LinuxProcesses::default();
+    let mut n = 0;
+    for r in load_records(&cfg) {
+        for p in r.containers.values().filter_map(|c| c.process).chain([r.sandbox]) {
+            if procs.alive(p) {
+                procs.signal(p, Sig::Kill);
+                n += 1;
+            }
+        }
+    }
+    n
+}
+
 fn save_record(cfg: &PodsConfig, r: &PodRecord) -> Result<()> {
     let dir = cfg.records_dir();
     std::fs::create_dir_all(&dir).map_err(|e| AgentError::io(format!("create {}", dir.display()), e))?;

@@ -167,8 +167,10 @@ impl Prober for FakeProber {
     }
 }
 
+type FakeDeps = Deps<Arc<FakeProcs>, Arc<FakeExec>, Arc<FakeApi>, Arc<FakeProber>>;
+
 struct World {
-    deps: Arc<Deps<Arc<FakeProcs>, Arc<FakeExec>, Arc<FakeApi>, Arc<FakeProber>>>,
+    deps: Arc<FakeDeps>,
     procs: Arc<FakeProcs>,
     exec: Arc<FakeExec>,
     api: Arc<FakeApi>,
@@ -178,7 +180,8 @@ struct World {
 }
 
 fn network(dir: &Path) -> Network {
-    let text = json!({"cniVersion": "1.1.0", "name": "podpath", "plugins": [{"type": "podpath-bridge"}, {"type": "portmap"}]});
+    let text =
+        json!({"cniVersion": "1.1.0", "name": "podpath", "plugins": [{"type": "podpath-bridge"}, {"type": "portmap"}]});
     Network::parse(&dir.join("10-podpath.conflist"), &text.to_string()).unwrap()
 }
 
@@ -189,7 +192,8 @@ fn world() -> World {
     for p in ["podpath-bridge", "portmap"] {
         std::fs::write(bins.join(p), "").unwrap();
     }
-    let (procs, exec, api) = (Arc::new(FakeProcs::default()), Arc::new(FakeExec::default()), Arc::new(FakeApi::default()));
+    let (procs, exec, api) =
+        (Arc::new(FakeProcs::default()), Arc::new(FakeExec::default()), Arc::new(FakeApi::default()));
     let prober = Arc::new(FakeProber(AtomicBool::new(true)));
     let deps = Arc::new(Deps {
         cfg: PodsConfig {
@@ -266,7 +270,10 @@ async fn a_pod_gets_a_sandbox_network_workload_and_a_ready_status() {
     assert!(adds[0].1.get("prevResult").is_none());
     assert_eq!(adds[1].1["prevResult"]["ips"][0]["address"], "10.244.1.2/24");
     assert_eq!(adds[0].1["name"], "podpath");
-    assert_eq!(adds[0].1["_env"]["CNI_ARGS"], "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=web;K8S_POD_INFRA_CONTAINER_ID=uid-web");
+    assert_eq!(
+        adds[0].1["_env"]["CNI_ARGS"],
+        "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=web;K8S_POD_INFRA_CONTAINER_ID=uid-web"
+    );
     assert_eq!(adds[0].1["_env"]["CNI_CONTAINERID"], "uid-web");
     assert_eq!(adds[0].1["_env"]["CNI_IFNAME"], "eth0");
     let sandbox = w.procs.state.lock().unwrap().sandboxes[0];
@@ -319,7 +326,8 @@ async fn a_crashing_container_restarts_with_doubling_back_off() {
         w.api.last("crash").is_some_and(|s| {
             let c = cs(&s);
             c.restart_count == 2
-                && c.state.as_ref().unwrap().waiting.as_ref().and_then(|x| x.reason.as_deref()) == Some("CrashLoopBackOff")
+                && c.state.as_ref().unwrap().waiting.as_ref().and_then(|x| x.reason.as_deref())
+                    == Some("CrashLoopBackOff")
         })
     })
     .await;
@@ -397,7 +405,11 @@ async fn a_restarted_agent_adopts_running_pods_and_cleans_up_deleted_ones() {
     let deps2 = Arc::new(Deps {
         cfg: w.deps.cfg.clone(),
         procs: w.procs.clone(),
-        cni: CniRuntime { exec: w.exec.clone(), bin_dirs: w.deps.cni.bin_dirs.clone(), cache_dir: w.deps.cni.cache_dir.clone() },
+        cni: CniRuntime {
+            exec: w.exec.clone(),
+            bin_dirs: w.deps.cni.bin_dirs.clone(),
+            cache_dir: w.deps.cni.cache_dir.clone(),
+        },
         network: w.deps.network.clone(),
         api: w2.api.clone(),
         prober: w.prober.clone(),

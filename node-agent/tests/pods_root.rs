@@ -85,7 +85,10 @@ async fn pods_on_two_nodes_network_probes_restarts_deletion_and_agent_restart() 
     assert!(ok && head.starts_with("HTTP/1.1 301 Moved Permanently"), "{head}");
     assert!(head.to_lowercase().contains(&format!("location: https://{tls_ip}/a?b")), "{head}");
     let (ok, page) = n1.run(&["curl", "-sSk", "--max-time", "5", &format!("https://{tls_ip}/")]);
-    assert!(ok && page.contains("pod: default/tls") && page.contains(&format!("server: https://{tls_ip}:443")), "{page}");
+    assert!(
+        ok && page.contains("pod: default/tls") && page.contains(&format!("server: https://{tls_ip}:443")),
+        "{page}"
+    );
 
     // A crashing program is restarted with back-off; an image with no program waits.
     c.wait_for(30, "crash restarted twice", |c| {

@@ -132,3 +132,47 @@ impl Drop for ProcGuard {
         }
     }
 }
+
+/// Forwards TCP connections accepted inside a namespace to an address reachable from this
+/// process's own namespace (e.g. a server on the host's 127.0.0.1), without any link or route:
+/// the listening socket is simply created inside the namespace. Stops on drop.
+pub struct Relay {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Relay {
+    pub fn start(ns: &Netns, listen: &str, target: std::net::SocketAddr) -> Relay {
+        use std::sync::atomic::AtomicBool;
+        let listener = ns.bind_tcp(listen);
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        std::thread::spawn(move || {
+            while !flag.load(Ordering::Relaxed) {
+                match listener.accept() {
+                    Ok((inside, _)) => {
+                        let _ = inside.set_nonblocking(false);
+                        let Ok(outside) = std::net::TcpStream::connect(target) else { continue };
+                        let (mut a, mut b) = (inside.try_clone().expect("clone"), outside.try_clone().expect("clone"));
+                        let (mut c, mut d) = (outside, inside);
+                        std::thread::spawn(move || {
+                            let _ = std::io::copy(&mut a, &mut b);
+                            let _ = b.shutdown(std::net::Shutdown::Write);
+                        });
+                        std::thread::spawn(move || {
+                            let _ = std::io::copy(&mut c, &mut d);
+                            let _ = d.shutdown(std::net::Shutdown::Write);
+                        });
+                    }
+                    Err(_) => std::thread::sleep(std::time::Duration::from_millis(20)),
+                }
+            }
+        });
+        Relay { stop }
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}

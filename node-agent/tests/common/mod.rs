@@ -93,26 +93,10 @@ impl Node {
     }
 }
 
-fn kill_recorded(records: &[Value]) {
-    for r in records {
-        let mut procs = vec![r["sandbox"].clone()];
-        for c in r["containers"].as_object().into_iter().flat_map(|m| m.values()) {
-            procs.push(c["process"].clone());
-        }
-        for p in procs {
-            let (Some(pid), Some(start)) = (p["pid"].as_i64(), p["start_time"].as_u64()) else { continue };
-            if node_agent::process::start_time(pid as i32) == Some(start) {
-                let _ =
-                    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGKILL);
-            }
-        }
-    }
-}
-
 impl Drop for Node {
     fn drop(&mut self) {
         self.stop_agent();
-        kill_recorded(&self.records());
+        node_agent::pods::kill_recorded_processes(&self.state.path().join("agent"));
         if std::thread::panicking() {
             eprintln!("---- log of {} ----\n{}", self.name, self.log());
         }
