@@ -22,6 +22,7 @@ pub mod node;
 pub mod pods;
 pub mod podstatus;
 pub mod process;
+pub mod proxy;
 pub mod reflector;
 pub mod routes;
 

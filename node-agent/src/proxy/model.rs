@@ -1,0 +1,181 @@
+//! What the proxy needs to know of Services and EndpointSlices, extracted purely (the same
+//! information kube-proxy's `ServicePort` and `Endpoint` carry).
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+use k8s_openapi::api::core::v1 as core;
+use k8s_openapi::api::discovery::v1 as discovery;
+
+use super::names;
+
+/// One port of one Service.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServicePort {
+    pub namespace: String,
+    pub name: String,
+    pub port_name: String,
+    /// `tcp`, `udp` or `sctp`.
+    pub protocol: String,
+    pub cluster_ip: Option<IpAddr>,
+    pub port: u16,
+    pub node_port: Option<u16>,
+    pub external_ips: Vec<IpAddr>,
+    pub load_balancer_ips: Vec<IpAddr>,
+    pub source_ranges: Vec<IpNet>,
+    pub external_policy_local: bool,
+    pub internal_policy_local: bool,
+    pub health_check_node_port: Option<u16>,
+    /// `sessionAffinity: ClientIP` timeout in seconds.
+    pub affinity_seconds: Option<i32>,
+}
+
+impl ServicePort {
+    /// `namespace/name[:port]`.
+    pub fn spn(&self) -> String {
+        names::service_port_name(&self.namespace, &self.name, &self.port_name)
+    }
+    /// Reachable from outside: a NodePort, external IPs or load-balancer IPs.
+    pub fn externally_accessible(&self) -> bool {
+        self.node_port.is_some() || !self.external_ips.is_empty() || !self.load_balancer_ips.is_empty()
+    }
+    /// kube-proxy's `UsesClusterEndpoints`: ETP=Local still needs them for short-circuits.
+    pub fn uses_cluster_endpoints(&self) -> bool {
+        !self.internal_policy_local || self.externally_accessible()
+    }
+    pub fn uses_local_endpoints(&self) -> bool {
+        self.internal_policy_local || (self.external_policy_local && self.externally_accessible())
+    }
+}
+
+/// One endpoint of a service port.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Endpoint {
+    pub ip: IpAddr,
+    pub port: u16,
+    pub node: Option<String>,
+    pub ready: bool,
+    pub serving: bool,
+    pub terminating: bool,
+}
+
+impl Endpoint {
+    /// `ip:port` (`[ip]:port` for IPv6), as in chain names and comments.
+    pub fn addr(&self) -> String {
+        std::net::SocketAddr::new(self.ip, self.port).to_string()
+    }
+}
+
+/// The service ports of a Service (none for headless or ExternalName Services, which the proxy
+/// does not handle).
+pub fn service_ports(svc: &core::Service) -> Vec<ServicePort> {
+    let Some(spec) = &svc.spec else { return vec![] };
+    if spec.type_.as_deref() == Some("ExternalName") {
+        return vec![];
+    }
+    let cluster_ip = spec.cluster_ip.as_deref().filter(|ip| *ip != "None").and_then(|ip| ip.parse().ok());
+    let lb_ips: Vec<IpAddr> = svc
+        .status
+        .as_ref()
+        .and_then(|s| s.load_balancer.as_ref())
+        .and_then(|lb| lb.ingress.as_ref())
+        .into_iter()
+        .flatten()
+        // `ipMode: Proxy` addresses are not the node's business.
+        .filter(|i| i.ip_mode.as_deref().is_none_or(|m| m == "VIP"))
+        .filter_map(|i| i.ip.as_deref().and_then(|ip| ip.parse().ok()))
+        .collect();
+    let is_lb = spec.type_.as_deref() == Some("LoadBalancer");
+    let affinity = (spec.session_affinity.as_deref() == Some("ClientIP")).then(|| {
+        spec.session_affinity_config
+            .as_ref()
+            .and_then(|c| c.client_ip.as_ref())
+            .and_then(|c| c.timeout_seconds)
+            .unwrap_or(10800)
+    });
+    let ns = svc.metadata.namespace.clone().unwrap_or_else(|| "default".into());
+    let name = svc.metadata.name.clone().unwrap_or_default();
+    let mut out = vec![];
+    for p in spec.ports.iter().flatten() {
+        let Ok(port) = u16::try_from(p.port) else { continue };
+        out.push(ServicePort {
+            namespace: ns.clone(),
+            name: name.clone(),
+            port_name: p.name.clone().unwrap_or_default(),
+            protocol: p.protocol.as_deref().unwrap_or("TCP").to_ascii_lowercase(),
+            cluster_ip,
+            port,
+            node_port: p.node_port.and_then(|n| u16::try_from(n).ok()).filter(|n| *n > 0),
+            external_ips: spec.external_ips.iter().flatten().filter_map(|ip| ip.parse().ok()).collect(),
+            load_balancer_ips: if is_lb { lb_ips.clone() } else { vec![] },
+            source_ranges: if is_lb {
+                spec.load_balancer_source_ranges.iter().flatten().filter_map(|r| r.trim().parse().ok()).collect()
+            } else {
+                vec![]
+            },
+            external_policy_local: spec.external_traffic_policy.as_deref() == Some("Local"),
+            internal_policy_local: spec.internal_traffic_policy.as_deref() == Some("Local"),
+            health_check_node_port: spec
+                .health_check_node_port
+                .and_then(|n| u16::try_from(n).ok())
+                .filter(|n| *n > 0 && is_lb && spec.external_traffic_policy.as_deref() == Some("Local")),
+            affinity_seconds: affinity,
+        });
+    }
+    out
+}
+
+/// The endpoints of `sp` in the Service's EndpointSlices (matched by port name and protocol),
+/// deduplicated and sorted.
+pub fn endpoints(sp: &ServicePort, slices: &[discovery::EndpointSlice]) -> Vec<Endpoint> {
+    let mut out: BTreeMap<(IpAddr, u16), Endpoint> = BTreeMap::new();
+    for s in slices {
+        let labels = s.metadata.labels.as_ref();
+        let owner = labels.and_then(|l| l.get("kubernetes.io/service-name"));
+        if owner != Some(&sp.name) || s.metadata.namespace.as_deref().unwrap_or("default") != sp.namespace {
+            continue;
+        }
+        let Some(port) = s.ports.iter().flatten().find(|p| {
+            p.name.as_deref().unwrap_or("") == sp.port_name
+                && p.protocol.as_deref().unwrap_or("TCP").eq_ignore_ascii_case(&sp.protocol)
+        }) else {
+            continue;
+        };
+        let Some(port) = port.port.and_then(|p| u16::try_from(p).ok()) else { continue };
+        for e in &s.endpoints {
+            let c = e.conditions.as_ref();
+            let ready = c.and_then(|c| c.ready).unwrap_or(true);
+            let serving = c.and_then(|c| c.serving).unwrap_or(ready);
+            let terminating = c.and_then(|c| c.terminating).unwrap_or(false);
+            for a in &e.addresses {
+                if let Ok(ip) = a.parse::<IpAddr>() {
+                    out.entry((ip, port)).or_insert(Endpoint {
+                        ip,
+                        port,
+                        node: e.node_name.clone(),
+                        ready,
+                        serving,
+                        terminating,
+                    });
+                }
+            }
+        }
+    }
+    out.into_values().collect()
+}
+
+/// kube-proxy's endpoint categorisation: ready endpoints, or — when none is ready — the serving
+/// and terminating ones; separately for the cluster and for this node.
+pub fn categorize(eps: &[Endpoint], node: &str) -> (Vec<Endpoint>, Vec<Endpoint>) {
+    let pick = |list: Vec<&Endpoint>| -> Vec<Endpoint> {
+        let ready: Vec<Endpoint> = list.iter().filter(|e| e.ready).map(|e| (*e).clone()).collect();
+        if !ready.is_empty() {
+            return ready;
+        }
+        list.iter().filter(|e| e.serving && e.terminating).map(|e| (*e).clone()).collect()
+    };
+    let cluster = pick(eps.iter().collect());
+    let local = pick(eps.iter().filter(|e| e.node.as_deref() == Some(node)).collect());
+    (cluster, local)
+}

@@ -1,0 +1,93 @@
+//! The rendered ruleset through the real `iptables-restore` in a namespace of the test's own:
+//! the kernel and iptables accept every rule shape, and `iptables-save` prints what kube-proxy's
+//! rules look like on a real node (reference/kube-proxy.md §1.4.13).
+
+use std::collections::BTreeSet;
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+use node_agent::proxy::iptables::{render, RenderConfig, ServiceState};
+use node_agent::proxy::model::{Endpoint, ServicePort};
+use testkit::netns::{host_state, root_or_explain, Netns};
+
+fn restore(ns: &Netns, text: &str) -> (bool, String) {
+    let mut child = Command::new("ip")
+        .args(["netns", "exec", &ns.name, "iptables-restore", "--noflush"])
+        .stdin(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("iptables-restore");
+    child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+fn svc(endpoints: usize) -> ServiceState {
+    let port = ServicePort {
+        namespace: "default".into(),
+        name: "contour".into(),
+        port_name: "http".into(),
+        protocol: "tcp".into(),
+        cluster_ip: Some("10.96.0.42".parse().unwrap()),
+        port: 80,
+        node_port: Some(30080),
+        external_ips: vec!["169.10.10.1".parse().unwrap()],
+        load_balancer_ips: vec!["198.51.100.7".parse().unwrap()],
+        source_ranges: vec!["203.0.113.0/24".parse().unwrap()],
+        external_policy_local: false,
+        internal_policy_local: false,
+        health_check_node_port: None,
+        affinity_seconds: Some(600),
+    };
+    let endpoints = (0..endpoints)
+        .map(|i| Endpoint {
+            ip: format!("10.244.{}.5", i + 1).parse().unwrap(),
+            port: 8080,
+            node: Some(format!("node-{}", i + 1)),
+            ready: true,
+            serving: true,
+            terminating: false,
+        })
+        .collect();
+    ServiceState { port, endpoints }
+}
+
+#[test]
+fn the_kernel_takes_every_rule_and_stale_chains_go() {
+    if !root_or_explain() {
+        return;
+    }
+    let before = host_state();
+    let ns = Netns::new("ppx");
+    let cfg = RenderConfig {
+        node_name: "node-1".into(),
+        node_ips: vec!["192.168.56.11".parse().unwrap()],
+        cluster_cidr: Some("10.244.0.0/16".parse().unwrap()),
+        masquerade_external: true,
+        random_fully: true,
+    };
+    let first = render(&cfg, &[svc(3)], &BTreeSet::new());
+    let (ok, err) = restore(&ns, &first.text);
+    assert!(ok, "iptables-restore refused the ruleset: {err}\n{}", first.text);
+    let saved = ns.run(&["iptables-save", "-t", "nat"]).1;
+    // kube-proxy's rules as engineers see them on real nodes.
+    assert!(saved.contains("-A KUBE-MARK-MASQ -j MARK --set-xmark 0x4000/0x4000"), "{saved}");
+    assert!(saved.contains("--probability 0.33333333349"), "{saved}");
+    assert!(saved.contains("-A KUBE-SERVICES -d 10.96.0.42/32 -p tcp -m comment --comment \"default/contour:http cluster IP\" -m tcp --dport 80 -j KUBE-SVC-"), "{saved}");
+    // One endpoint fewer: its chain is stale and removed in the same restore.
+    let existing: BTreeSet<String> = saved
+        .lines()
+        .filter_map(|l| l.strip_prefix(':'))
+        .filter_map(|l| l.split_whitespace().next())
+        .map(str::to_string)
+        .collect();
+    let second = render(&cfg, &[svc(2)], &existing);
+    let (ok, err) = restore(&ns, &second.text);
+    assert!(ok, "{err}");
+    let saved = ns.run(&["iptables-save", "-t", "nat"]).1;
+    let seps = saved.lines().filter(|l| l.starts_with(":KUBE-SEP-")).count();
+    assert_eq!(seps, 2, "{saved}");
+    assert!(saved.contains("--probability 0.50000000000"));
+    drop(ns);
+    assert_eq!(host_state(), before, "the host namespace changed");
+}
