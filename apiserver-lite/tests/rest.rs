@@ -638,8 +638,12 @@ async fn nodes_get_pod_cidrs_pods_get_scheduled_and_endpoints_follow_ready_pods(
     let ports: Vec<i64> =
         ep["subsets"][0]["ports"].as_array().unwrap().iter().map(|p| p["port"].as_i64().unwrap()).collect();
     assert_eq!(ports, vec![8080, 8443]);
-    let (_, slices) = lab
-        .get("/apis/discovery.k8s.io/v1/namespaces/default/endpointslices?labelSelector=kubernetes.io%2Fservice-name%3Dcontour")
+    // The slice is written after the Endpoints object: wait for it too.
+    let slices = lab
+        .eventually(
+            "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices?labelSelector=kubernetes.io%2Fservice-name%3Dcontour",
+            |_, v| v.pointer("/items/0/endpoints").and_then(|e| e.as_array()).is_some_and(|e| e.len() == 2),
+        )
         .await;
     let slice = &slices["items"][0];
     assert_eq!(slice["addressType"], "IPv4");

@@ -41,6 +41,16 @@ pub struct AgentConfig {
     pub backoff_base: Duration,
     pub backoff_max: Duration,
     pub workload_bin: PathBuf,
+    /// `None`: no service proxy.
+    pub proxy: Option<ProxyConfig>,
+}
+
+/// The service proxy's settings (iptables mode).
+#[derive(Debug, Clone)]
+pub struct ProxyConfig {
+    pub cluster_cidr: Option<ipnet::IpNet>,
+    pub masquerade_external: bool,
+    pub min_sync: Duration,
 }
 
 /// Runs the agent until `shutdown`; then reports the node NotReady and returns. Pods keep
@@ -125,6 +135,31 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()>) -> Result
         metrics: metrics.clone(),
     });
     tokio::spawn(pods::run_pods(deps, pods_store, None));
+
+    if let Some(p) = &cfg.proxy {
+        let services: Arc<Store<core::Service>> = Store::new();
+        let slices: Arc<Store<k8s_openapi::api::discovery::v1::EndpointSlice>> = Store::new();
+        tokio::spawn(reflector::run(client.clone(), Filter::default(), services.clone()));
+        tokio::spawn(reflector::run(client.clone(), Filter::default(), slices.clone()));
+        let render = crate::proxy::iptables::RenderConfig {
+            node_name: cfg.node_name.clone(),
+            node_ips: vec![cfg.node_ip],
+            cluster_cidr: p.cluster_cidr,
+            masquerade_external: p.masquerade_external,
+            random_fully: crate::proxy::sync::iptables_supports_random_fully(),
+        };
+        tracing::info!(mode = "iptables", masquerade_external = p.masquerade_external, "service proxy");
+        let proxier = crate::proxy::sync::Proxier {
+            ipt: Arc::new(crate::proxy::sync::IptablesCmd),
+            render,
+            services,
+            slices,
+            health: health.clone(),
+            period: cfg.sync_period,
+            min_interval: p.min_sync,
+        };
+        tokio::spawn(crate::proxy::sync::run_proxier(proxier, None));
+    }
 
     node::run_heartbeats(client, desired, cfg.heartbeat, shutdown).await;
     let _ = stop_tx.send(true);

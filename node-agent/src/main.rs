@@ -1,6 +1,6 @@
 //! `node-agent`: makes this machine (or network namespace) a Node of a podpath lab: registers
 //! it, runs the pods the scheduler gives it (sandbox + CNI + workload), routes the pod network
-//! to the other nodes, and serves health and metrics. The service proxy comes with issue 5.
+//! to the other nodes, proxies Services (iptables mode), and serves health and metrics.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
@@ -16,11 +16,11 @@ use node_agent::agent::{self, AgentConfig};
 #[command(name = "node-agent", version)]
 struct Args {
     /// Name of this node.
-    #[arg(long)]
-    node_name: String,
+    #[arg(long, required_unless_present = "cleanup")]
+    node_name: Option<String>,
     /// This node's address on the node network (its InternalIP).
-    #[arg(long)]
-    node_ip: IpAddr,
+    #[arg(long, required_unless_present = "cleanup")]
+    node_ip: Option<IpAddr>,
     /// gRPC address of apiserver-lite.
     #[arg(long, default_value = "127.0.0.1:6444")]
     apiserver: String,
@@ -56,6 +56,22 @@ struct Args {
     /// A label of the Node (repeatable, KEY=VALUE).
     #[arg(long = "node-label")]
     node_labels: Vec<String>,
+    /// Service proxy mode: `iptables` (kube-proxy's iptables mode) or `none`.
+    #[arg(long, default_value = "iptables")]
+    proxy_mode: String,
+    /// The pod network: traffic to a ClusterIP from outside it is masqueraded.
+    #[arg(long, default_value = "10.244.0.0/16")]
+    cluster_cidr: String,
+    /// Lab knob: `false` leaves out the masquerade of external traffic (scenario 4 then breaks,
+    /// which is the point of the exercise).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    masquerade: bool,
+    /// Minimum seconds between two proxy syncs (kube-proxy's minSyncPeriod).
+    #[arg(long, default_value_t = 0.0)]
+    min_sync_seconds: f64,
+    /// Remove every iptables chain and rule the proxy created in this namespace, then exit.
+    #[arg(long)]
+    cleanup: bool,
     /// Log filter (RUST_LOG syntax).
     #[arg(long, env = "PODPATH_LOG", default_value = "info")]
     log: String,
@@ -72,6 +88,25 @@ async fn main() {
 async fn run() -> Result<()> {
     let args = Args::parse();
     tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::new(&args.log)).with_target(false).init();
+    if args.cleanup {
+        node_agent::proxy::sync::cleanup(&node_agent::proxy::sync::IptablesCmd)?;
+        println!("removed the service proxy's iptables chains and rules");
+        return Ok(());
+    }
+    let proxy = match args.proxy_mode.as_str() {
+        "iptables" => Some(agent::ProxyConfig {
+            cluster_cidr: Some(
+                args.cluster_cidr
+                    .parse()
+                    .with_context(|| format!("--cluster-cidr {:?} is not a CIDR", args.cluster_cidr))?,
+            ),
+            masquerade_external: args.masquerade,
+            min_sync: Duration::from_secs_f64(args.min_sync_seconds.max(0.0)),
+        }),
+        "none" => None,
+        "userspace" => bail!("--proxy-mode userspace is not built yet; use iptables or none"),
+        other => bail!("--proxy-mode {other:?}: expected iptables or none"),
+    };
     if args.heartbeat_seconds == 0 || args.sync_period_seconds == 0 {
         bail!("--heartbeat-seconds and --sync-period-seconds must be at least 1");
     }
@@ -102,8 +137,8 @@ async fn run() -> Result<()> {
         None => vec![exe_dir.clone(), "/opt/cni/bin".into(), "/usr/lib/cni".into()],
     };
     let cfg = AgentConfig {
-        node_name: args.node_name,
-        node_ip: args.node_ip,
+        node_name: args.node_name.unwrap_or_default(),
+        node_ip: args.node_ip.expect("required by clap"),
         apiserver: args.apiserver,
         token,
         heartbeat: Duration::from_secs(args.heartbeat_seconds),
@@ -117,6 +152,7 @@ async fn run() -> Result<()> {
         backoff_base: Duration::from_secs_f64(args.restart_backoff_seconds),
         backoff_max: Duration::from_secs(300),
         workload_bin: node_agent::process::workload_binary()?,
+        proxy,
     };
     let shutdown = async {
         let mut term =

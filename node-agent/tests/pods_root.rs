@@ -194,3 +194,71 @@ async fn the_pod_network_works_with_the_reference_plugins() {
     drop(c);
     assert_eq!(host_state(), before, "the host namespace changed");
 }
+
+/// The iptables proxy on both nodes: a ClusterIP from a node and from a pod, a NodePort of the
+/// other node, kube-proxy's rules in `iptables-save`, and `--cleanup`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn services_reach_pods_through_the_iptables_proxy() {
+    if !root_or_explain() {
+        return;
+    }
+    let before = host_state();
+    let mut c = Cluster::new(2).await;
+    for n in &mut c.nodes {
+        n.start_agent();
+    }
+    c.wait_for(20, "both nodes Ready", |c| c.node_ready("node-1") && c.node_ready("node-2")).await;
+    c.create_pod(echo_pod("web-1", "node-1")).await;
+    c.create_pod(echo_pod("web-2", "node-2")).await;
+    c.registry
+        .create(
+            api::Kind::Service,
+            Some("default"),
+            json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"},
+                   "spec": {"type": "NodePort", "selector": {"app": "web"},
+                            "ports": [{"port": 80, "targetPort": 8080}]}}),
+            &apiserver_lite::registry::WriteOptions::default(),
+        )
+        .await
+        .unwrap();
+    c.wait_for(30, "pods Ready", |c| pod_ready(&c.pod("web-1")) && pod_ready(&c.pod("web-2"))).await;
+    let svc = c.get(api::Kind::Service, "default", "web").unwrap();
+    let cip = svc["spec"]["clusterIP"].as_str().unwrap().to_string();
+    let np = svc["spec"]["ports"][0]["nodePort"].as_i64().unwrap();
+    let n1 = &c.nodes[0];
+    c.wait_for(20, "the ClusterIP rule on node-1", |c| {
+        c.nodes[0].run(&["iptables-save", "-t", "nat"]).1.matches("default/web -> ").count() == 2
+    })
+    .await;
+    let saved = n1.run(&["iptables-save", "-t", "nat"]).1;
+    assert!(saved.contains("\"default/web cluster IP\""), "{saved}");
+    assert!(
+        saved.contains("-A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES"),
+        "{saved}"
+    );
+
+    // From the node: both pods answer over the ClusterIP (1 in 2^19 to miss one by chance).
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..20 {
+        let (ok, page) = n1.run(&["curl", "-sS", "--max-time", "5", &format!("http://{cip}/")]);
+        assert!(ok, "{page}");
+        seen.insert(page.lines().next().unwrap_or_default().to_string());
+    }
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    // From a pod.
+    let pid = container_pid(&c.pod("web-1").unwrap());
+    let (ok, page) = in_pod(n1, pid, &["curl", "-sS", "--max-time", "5", &format!("http://{cip}/")]);
+    assert!(ok && page.contains("pod: default/web-"), "{page}");
+    // node-2's NodePort, from node-1.
+    let (ok, page) = n1.run(&["curl", "-sS", "--max-time", "5", &format!("http://{}:{np}/", node_ip(2))]);
+    assert!(ok && page.contains("pod: default/web-"), "{page}");
+
+    // --cleanup removes everything the proxy made.
+    c.nodes[0].stop_agent();
+    let (ok, out) = c.nodes[0].run(&[env!("CARGO_BIN_EXE_node-agent"), "--cleanup"]);
+    assert!(ok, "{out}");
+    let left = c.nodes[0].run(&["iptables-save"]).1;
+    assert!(!left.contains("KUBE-"), "{left}");
+    drop(c);
+    assert_eq!(host_state(), before, "the host namespace changed");
+}

@@ -1,7 +1,8 @@
-//! The service proxy (kube-proxy's half of the node agent). Built so far: chain naming, the
-//! Service/EndpointSlice model and the pure iptables-restore renderer; applying, sync loop and
-//! userspace mode follow (issue 5).
+//! The service proxy (kube-proxy's half of the node agent), iptables mode: chain naming, the
+//! Service/EndpointSlice model, the pure iptables-restore renderer and the sync loop. Partial
+//! syncs, health-check node port servers, UDP conntrack cleanup and the userspace mode follow.
 
 pub mod iptables;
 pub mod model;
 pub mod names;
+pub mod sync;

@@ -140,6 +140,8 @@ impl Cluster {
             underlay.ip(&["link", "set", &port, "master", "br0", "up"]);
             ns.ip(&["addr", "add", &format!("{}/24", node_ip(i)), "dev", "eth0"]);
             ns.ip(&["link", "set", "eth0", "up"]);
+            // As in the lab (nodes route default via the gateway); a ClusterIP needs a route.
+            ns.ip(&["route", "add", "default", "via", "192.168.77.10"]);
             list.push(Node {
                 name: format!("node-{i}"),
                 index: i,

@@ -1,0 +1,394 @@
+//! The iptables proxier's sync loop: watch caches → one snapshot → the pure renderer → one
+//! atomic `iptables-restore --noflush`. Jump rules from the built-in chains and the canary
+//! chains are ensured on full syncs; a vanished canary (someone flushed the tables) forces one.
+//! Nothing is programmed before the first complete list of Services and EndpointSlices.
+
+use std::collections::BTreeSet;
+use std::io::Write;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1 as core;
+use k8s_openapi::api::discovery::v1 as discovery;
+
+use super::iptables::{render, RenderConfig, ServiceState};
+use super::model;
+use crate::error::{AgentError, Result};
+use crate::health::Health;
+use crate::reflector::Store;
+
+/// kube-proxy's liveness canary (an empty chain in mangle, nat and filter).
+pub const CANARY: &str = "KUBE-PROXY-CANARY";
+
+/// A jump rule from a built-in chain into one of ours (kube-proxy's `iptablesJumpChains`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Jump {
+    pub table: &'static str,
+    pub from: &'static str,
+    pub to: &'static str,
+    pub args: &'static [&'static str],
+}
+
+macro_rules! args {
+    ($($a:expr),*) => { &[$($a),*] };
+}
+
+/// Every jump kube-proxy's iptables mode installs, in its order.
+pub const JUMPS: &[Jump] = &[
+    Jump {
+        table: "filter",
+        from: "INPUT",
+        to: "KUBE-EXTERNAL-SERVICES",
+        args: args!(
+            "-m",
+            "conntrack",
+            "--ctstate",
+            "NEW",
+            "-m",
+            "comment",
+            "--comment",
+            "kubernetes externally-visible service portals"
+        ),
+    },
+    Jump {
+        table: "filter",
+        from: "FORWARD",
+        to: "KUBE-EXTERNAL-SERVICES",
+        args: args!(
+            "-m",
+            "conntrack",
+            "--ctstate",
+            "NEW",
+            "-m",
+            "comment",
+            "--comment",
+            "kubernetes externally-visible service portals"
+        ),
+    },
+    Jump {
+        table: "filter",
+        from: "INPUT",
+        to: "KUBE-NODEPORTS",
+        args: args!("-m", "comment", "--comment", "kubernetes health check service ports"),
+    },
+    Jump {
+        table: "filter",
+        from: "FORWARD",
+        to: "KUBE-SERVICES",
+        args: args!("-m", "conntrack", "--ctstate", "NEW", "-m", "comment", "--comment", "kubernetes service portals"),
+    },
+    Jump {
+        table: "filter",
+        from: "OUTPUT",
+        to: "KUBE-SERVICES",
+        args: args!("-m", "conntrack", "--ctstate", "NEW", "-m", "comment", "--comment", "kubernetes service portals"),
+    },
+    Jump {
+        table: "filter",
+        from: "FORWARD",
+        to: "KUBE-FORWARD",
+        args: args!("-m", "comment", "--comment", "kubernetes forwarding rules"),
+    },
+    Jump {
+        table: "filter",
+        from: "INPUT",
+        to: "KUBE-PROXY-FIREWALL",
+        args: args!(
+            "-m",
+            "conntrack",
+            "--ctstate",
+            "NEW",
+            "-m",
+            "comment",
+            "--comment",
+            "kubernetes load balancer firewall"
+        ),
+    },
+    Jump {
+        table: "filter",
+        from: "OUTPUT",
+        to: "KUBE-PROXY-FIREWALL",
+        args: args!(
+            "-m",
+            "conntrack",
+            "--ctstate",
+            "NEW",
+            "-m",
+            "comment",
+            "--comment",
+            "kubernetes load balancer firewall"
+        ),
+    },
+    Jump {
+        table: "filter",
+        from: "FORWARD",
+        to: "KUBE-PROXY-FIREWALL",
+        args: args!(
+            "-m",
+            "conntrack",
+            "--ctstate",
+            "NEW",
+            "-m",
+            "comment",
+            "--comment",
+            "kubernetes load balancer firewall"
+        ),
+    },
+    Jump {
+        table: "nat",
+        from: "OUTPUT",
+        to: "KUBE-SERVICES",
+        args: args!("-m", "comment", "--comment", "kubernetes service portals"),
+    },
+    Jump {
+        table: "nat",
+        from: "PREROUTING",
+        to: "KUBE-SERVICES",
+        args: args!("-m", "comment", "--comment", "kubernetes service portals"),
+    },
+    Jump {
+        table: "nat",
+        from: "POSTROUTING",
+        to: "KUBE-POSTROUTING",
+        args: args!("-m", "comment", "--comment", "kubernetes postrouting rules"),
+    },
+];
+
+/// The iptables commands the proxier runs (real binaries, or a fake in tests).
+pub trait Iptables: Send + Sync + 'static {
+    /// `iptables-restore --noflush` of a whole input.
+    fn restore(&self, text: &str) -> Result<()>;
+    /// Chain names of a table (`iptables-save -t TABLE`).
+    fn chains(&self, table: &str) -> Result<BTreeSet<String>>;
+    /// Creates a chain if missing.
+    fn ensure_chain(&self, table: &str, chain: &str) -> Result<()>;
+    /// Inserts a rule at the top of a chain unless present (`-C`, then `-I 1`).
+    fn ensure_rule_first(&self, table: &str, chain: &str, rule: &[&str]) -> Result<()>;
+    /// Deletes a rule if present.
+    fn delete_rule(&self, table: &str, chain: &str, rule: &[&str]) -> Result<()>;
+    /// Flushes and deletes a chain if present.
+    fn delete_chain(&self, table: &str, chain: &str) -> Result<()>;
+}
+
+/// The real `iptables`, `iptables-save` and `iptables-restore` of the current namespace.
+pub struct IptablesCmd;
+
+fn run(args: &[&str], stdin: Option<&str>) -> std::result::Result<String, String> {
+    let mut cmd = Command::new(args[0]);
+    cmd.args(&args[1..]).stdout(Stdio::piped()).stderr(Stdio::piped());
+    if stdin.is_some() {
+        cmd.stdin(Stdio::piped());
+    }
+    let mut child = cmd.spawn().map_err(|e| format!("cannot run {}: {e}", args[0]))?;
+    if let Some(text) = stdin {
+        let mut input = child.stdin.take().expect("piped");
+        input.write_all(text.as_bytes()).map_err(|e| e.to_string())?;
+    }
+    let out = child.wait_with_output().map_err(|e| e.to_string())?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
+    }
+}
+
+fn ipt_err(what: String, msg: String) -> AgentError {
+    AgentError::Network { what, source: msg.into() }
+}
+
+impl Iptables for IptablesCmd {
+    fn restore(&self, text: &str) -> Result<()> {
+        run(&["iptables-restore", "--noflush", "-w", "5"], Some(text))
+            .map(|_| ())
+            .map_err(|e| ipt_err("iptables-restore".into(), e))
+    }
+    fn chains(&self, table: &str) -> Result<BTreeSet<String>> {
+        let out =
+            run(&["iptables-save", "-t", table], None).map_err(|e| ipt_err(format!("iptables-save -t {table}"), e))?;
+        Ok(out.lines().filter_map(|l| l.strip_prefix(':')?.split_whitespace().next().map(str::to_string)).collect())
+    }
+    fn ensure_chain(&self, table: &str, chain: &str) -> Result<()> {
+        if run(&["iptables", "-w", "5", "-t", table, "-S", chain], None).is_ok() {
+            return Ok(());
+        }
+        run(&["iptables", "-w", "5", "-t", table, "-N", chain], None)
+            .map(|_| ())
+            .map_err(|e| ipt_err(format!("create chain {chain} in {table}"), e))
+    }
+    fn ensure_rule_first(&self, table: &str, chain: &str, rule: &[&str]) -> Result<()> {
+        let mut check = vec!["iptables", "-w", "5", "-t", table, "-C", chain];
+        check.extend_from_slice(rule);
+        if run(&check, None).is_ok() {
+            return Ok(());
+        }
+        let mut insert = vec!["iptables", "-w", "5", "-t", table, "-I", chain, "1"];
+        insert.extend_from_slice(rule);
+        run(&insert, None).map(|_| ()).map_err(|e| ipt_err(format!("insert a jump into {table} {chain}"), e))
+    }
+    fn delete_rule(&self, table: &str, chain: &str, rule: &[&str]) -> Result<()> {
+        let mut del = vec!["iptables", "-w", "5", "-t", table, "-D", chain];
+        del.extend_from_slice(rule);
+        while run(&del, None).is_ok() {}
+        Ok(())
+    }
+    fn delete_chain(&self, table: &str, chain: &str) -> Result<()> {
+        if run(&["iptables", "-w", "5", "-t", table, "-S", chain], None).is_err() {
+            return Ok(());
+        }
+        run(&["iptables", "-w", "5", "-t", table, "-F", chain], None)
+            .map_err(|e| ipt_err(format!("flush {chain}"), e))?;
+        run(&["iptables", "-w", "5", "-t", table, "-X", chain], None)
+            .map(|_| ())
+            .map_err(|e| ipt_err(format!("delete {chain}"), e))
+    }
+}
+
+/// Whether `MASQUERADE --random-fully` is available (iptables ≥ 1.6.2).
+pub fn iptables_supports_random_fully() -> bool {
+    let Ok(v) = run(&["iptables", "--version"], None) else { return false };
+    let ver = v.split_whitespace().find(|w| w.starts_with('v')).unwrap_or("v0").trim_start_matches('v');
+    let mut p = ver.split('.').map(|x| x.parse::<u32>().unwrap_or(0));
+    (p.next().unwrap_or(0), p.next().unwrap_or(0), p.next().unwrap_or(0)) >= (1, 6, 2)
+}
+
+fn jump_rule(j: &Jump) -> Vec<&'static str> {
+    let mut r: Vec<&str> = j.args.to_vec();
+    r.extend_from_slice(&["-j", j.to]);
+    r
+}
+
+/// Creates our top-level chains, the jumps into them (first in each built-in chain) and the
+/// canaries.
+pub fn ensure_jumps<I: Iptables>(ipt: &I) -> Result<()> {
+    for j in JUMPS {
+        ipt.ensure_chain(j.table, j.to)?;
+        ipt.ensure_rule_first(j.table, j.from, &jump_rule(j))?;
+    }
+    for table in ["mangle", "nat", "filter"] {
+        ipt.ensure_chain(table, CANARY)?;
+    }
+    Ok(())
+}
+
+/// `--cleanup`: removes every jump, chain and canary the proxier ever created. The chains go in
+/// one restore per table (declaring a chain flushes it, so chains that jump to each other can
+/// all be deleted at once).
+pub fn cleanup<I: Iptables>(ipt: &I) -> Result<()> {
+    for j in JUMPS {
+        ipt.delete_rule(j.table, j.from, &jump_rule(j))?;
+    }
+    let mut text = String::new();
+    for table in ["nat", "filter"] {
+        // kubelet's chains are not ours.
+        let ours: Vec<String> = ipt
+            .chains(table)?
+            .into_iter()
+            .filter(|c| {
+                c.starts_with("KUBE-")
+                    && !matches!(c.as_str(), "KUBE-KUBELET-CANARY" | "KUBE-FIREWALL" | "KUBE-IPTABLES-HINT")
+            })
+            .collect();
+        if ours.is_empty() {
+            continue;
+        }
+        text.push_str(&format!("*{table}\n"));
+        for c in &ours {
+            text.push_str(&format!(":{c} - [0:0]\n"));
+        }
+        for c in &ours {
+            text.push_str(&format!("-X {c}\n"));
+        }
+        text.push_str("COMMIT\n");
+    }
+    if !text.is_empty() {
+        ipt.restore(&text)?;
+    }
+    ipt.delete_chain("mangle", CANARY)
+}
+
+/// The snapshot the renderer takes: every service port with its endpoints.
+pub fn snapshot(services: &[core::Service], slices: &[discovery::EndpointSlice]) -> Vec<ServiceState> {
+    let mut out = vec![];
+    for s in services {
+        for port in model::service_ports(s) {
+            let endpoints = model::endpoints(&port, slices);
+            out.push(ServiceState { port, endpoints });
+        }
+    }
+    out
+}
+
+/// The proxier: until the stores' watches end, a full sync first, then a sync after every
+/// change (at most one per `min_interval`), and a full resync every `period` or when the canary
+/// chain is gone.
+pub struct Proxier<I> {
+    pub ipt: Arc<I>,
+    pub render: RenderConfig,
+    pub services: Arc<Store<core::Service>>,
+    pub slices: Arc<Store<discovery::EndpointSlice>>,
+    pub health: Arc<Health>,
+    /// Full resync period (kube-proxy's syncPeriod).
+    pub period: Duration,
+    /// Minimum time between syncs (kube-proxy's minSyncPeriod).
+    pub min_interval: Duration,
+}
+
+/// Runs `p` (see [`Proxier`]); `synced` fires after the first successful sync.
+pub async fn run_proxier<I: Iptables>(p: Proxier<I>, synced: Option<tokio::sync::oneshot::Sender<()>>) {
+    let Proxier { ipt, render: cfg, services, slices, health, period, min_interval } = p;
+    services.wait_synced().await;
+    slices.wait_synced().await;
+    let mut synced = synced;
+    let mut full = true;
+    let mut svc_changes = services.changes();
+    let mut slice_changes = slices.changes();
+    let mut last_full = tokio::time::Instant::now();
+    loop {
+        let started = tokio::time::Instant::now();
+        let state = snapshot(&services.list(), &slices.list());
+        let ipt2 = ipt.clone();
+        let cfg2 = cfg.clone();
+        let need_full = full;
+        let result = tokio::task::spawn_blocking(move || -> Result<()> {
+            if need_full || !ipt2.chains("nat")?.contains(CANARY) {
+                ensure_jumps(&*ipt2)?;
+            }
+            let existing = ipt2.chains("nat")?;
+            let rendered = render(&cfg2, &state, &existing);
+            ipt2.restore(&rendered.text)
+        })
+        .await
+        .unwrap_or_else(|e| Err(AgentError::Process(format!("sync task failed: {e}"))));
+        match result {
+            Ok(()) => {
+                health.updated();
+                if full {
+                    last_full = tokio::time::Instant::now();
+                }
+                full = false;
+                tracing::debug!(took_ms = started.elapsed().as_millis() as u64, "iptables synced");
+                if let Some(tx) = synced.take() {
+                    let _ = tx.send(());
+                }
+            }
+            Err(e) => {
+                tracing::warn!("iptables sync failed (retrying with a full sync): {e}");
+                health.metrics.sync_error("iptables");
+                full = true;
+            }
+        }
+        let until_resync = period.saturating_sub(last_full.elapsed());
+        tokio::select! {
+            r = svc_changes.changed() => { if r.is_err() { return; } health.queued(); }
+            r = slice_changes.changed() => { if r.is_err() { return; } health.queued(); }
+            _ = tokio::time::sleep(until_resync) => { full = true; }
+            _ = tokio::time::sleep(if full { Duration::from_secs(1) } else { Duration::MAX / 4 }) => {}
+        }
+        // Batch what arrives meanwhile (kube-proxy's minSyncPeriod).
+        let wait = min_interval.saturating_sub(started.elapsed());
+        if !wait.is_zero() {
+            tokio::time::sleep(wait).await;
+        }
+    }
+}
