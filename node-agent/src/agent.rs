@@ -157,6 +157,7 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()>) -> Result
             health: health.clone(),
             period: cfg.sync_period,
             min_interval: p.min_sync,
+            health_check_bind: Some(std::net::IpAddr::from([0, 0, 0, 0])),
         };
         tokio::spawn(crate::proxy::sync::run_proxier(proxier, None));
     }

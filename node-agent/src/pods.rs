@@ -157,9 +157,10 @@ impl From<&TermRecord> for Terminated {
     }
 }
 
-/// Reads every pod record (unreadable ones are reported and skipped).
-pub fn load_records(cfg: &PodsConfig) -> Vec<PodRecord> {
-    let Ok(dir) = std::fs::read_dir(cfg.records_dir()) else { return vec![] };
+/// Reads every pod record under an agent's state directory (unreadable ones are reported and
+/// skipped).
+pub fn load_records(state_dir: &Path) -> Vec<PodRecord> {
+    let Ok(dir) = std::fs::read_dir(state_dir.join("pods")) else { return vec![] };
     let mut out = vec![];
     for e in dir.flatten() {
         let p = e.path();
@@ -181,17 +182,9 @@ pub fn load_records(cfg: &PodsConfig) -> Vec<PodRecord> {
 /// each checked against its start time). Pods outlive their agent on purpose; this is how a lab
 /// or a test that is going away stops them. Returns how many processes were signalled.
 pub fn kill_recorded_processes(state_dir: &Path) -> usize {
-    let cfg = PodsConfig {
-        node_name: String::new(),
-        node_ip: IpAddr::from([0, 0, 0, 0]),
-        state_dir: state_dir.to_path_buf(),
-        workload_bin: PathBuf::new(),
-        backoff_base: Duration::ZERO,
-        backoff_max: Duration::ZERO,
-    };
     let procs = crate::process::LinuxProcesses::default();
     let mut n = 0;
-    for r in load_records(&cfg) {
+    for r in load_records(state_dir) {
         for p in r.containers.values().filter_map(|c| c.process).chain([r.sandbox]) {
             if procs.alive(p) {
                 procs.signal(p, Sig::Kill);
@@ -967,7 +960,7 @@ pub async fn run_pods<P: Processes, E: PluginExec, A: PodApi, Q: Prober>(
     store.wait_synced().await;
     let pods: HashMap<String, core::Pod> = store.list().into_iter().map(|p| (uid(&p), p)).collect();
     let mut records: HashMap<String, PodRecord> = HashMap::new();
-    for r in load_records(&deps.cfg) {
+    for r in load_records(&deps.cfg.state_dir) {
         if pods.contains_key(&r.uid) {
             records.insert(r.uid.clone(), r);
         } else {

@@ -231,7 +231,7 @@ impl World {
         panic!("never happened: {what}");
     }
     fn records(&self) -> Vec<PodRecord> {
-        pods::load_records(&self.deps.cfg)
+        pods::load_records(&self.deps.cfg.state_dir)
     }
 }
 

@@ -262,3 +262,77 @@ async fn services_reach_pods_through_the_iptables_proxy() {
     drop(c);
     assert_eq!(host_state(), before, "the host namespace changed");
 }
+
+async fn create_service(c: &Cluster, body: serde_json::Value) {
+    c.registry
+        .create(api::Kind::Service, Some("default"), body, &apiserver_lite::registry::WriteOptions::default())
+        .await
+        .unwrap();
+}
+
+/// externalTrafficPolicy: Local keeps the client's address and answers health checks per node;
+/// scenario 4 (an external IP routed to a node without the pod) works with the masquerade and
+/// hangs without it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn external_traffic_policy_health_checks_and_the_masquerade_knob() {
+    if !root_or_explain() {
+        return;
+    }
+    let before = host_state();
+    let mut c = Cluster::new(2).await;
+    for n in &mut c.nodes {
+        n.start_agent();
+    }
+    c.wait_for(20, "both nodes Ready", |c| c.node_ready("node-1") && c.node_ready("node-2")).await;
+    c.create_pod(echo_pod("web", "node-2")).await;
+    create_service(
+        &c,
+        json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "local"},
+        "spec": {"type": "LoadBalancer", "externalTrafficPolicy": "Local", "selector": {"app": "web"},
+                 "ports": [{"port": 80, "targetPort": 8080}]}}),
+    )
+    .await;
+    create_service(&c, json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "ext"},
+        "spec": {"externalIPs": ["169.10.10.1"], "selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8080}]}}))
+    .await;
+    c.wait_for(30, "web Ready", |c| pod_ready(&c.pod("web"))).await;
+    // node-2 has the pod (LB IP rule in nat); node-1 has none (the LB IP is dropped in filter).
+    c.wait_for(20, "rules on both nodes", |c| {
+        let nat = |i: usize| c.nodes[i].run(&["iptables-save", "-t", "nat"]).1;
+        nat(0).contains("default/ext external IP") && nat(1).contains("default/local loadbalancer IP")
+    })
+    .await;
+    let svc = c.get(api::Kind::Service, "default", "local").unwrap();
+    let hc = svc["spec"]["healthCheckNodePort"].as_i64().unwrap();
+    let lb = svc["status"]["loadBalancer"]["ingress"][0]["ip"].as_str().unwrap().to_string();
+    let u = &c.underlay;
+
+    // Health checks: 200 where the pod runs, 503 elsewhere.
+    let (_, on2) = u.run(&["curl", "-sS", "-i", "--max-time", "5", &format!("http://{}:{hc}/", node_ip(2))]);
+    assert!(on2.starts_with("HTTP/1.1 200") && on2.contains("\"localEndpoints\":1"), "{on2}");
+    assert!(on2.to_lowercase().contains("x-load-balancing-endpoint-weight: 1"), "{on2}");
+    let (_, on1) = u.run(&["curl", "-sS", "-i", "--max-time", "5", &format!("http://{}:{hc}/", node_ip(1))]);
+    assert!(on1.starts_with("HTTP/1.1 503") && on1.contains("\"localEndpoints\":0"), "{on1}");
+
+    // The LB IP routed to node-2 (passthrough): the pod sees the client's own address.
+    u.ip(&["route", "add", &format!("{lb}/32"), "via", &node_ip(2)]);
+    let (ok, page) = u.run(&["curl", "-sS", "--max-time", "5", &format!("http://{lb}/")]);
+    assert!(ok && page.contains("client: 192.168.77.10:"), "{page}");
+
+    // Scenario 4: the external IP routed to node-1, which has no pod of the Service.
+    u.ip(&["route", "add", "169.10.10.1/32", "via", &node_ip(1)]);
+    let (ok, page) = u.run(&["curl", "-sS", "--max-time", "5", "http://169.10.10.1/"]);
+    assert!(ok && page.contains(&format!("client: {}:", node_ip(1))), "masqueraded by node-1: {page}");
+    c.nodes[0].stop_agent();
+    c.nodes[0].extra_args = vec!["--masquerade".into(), "false".into()];
+    c.nodes[0].start_agent();
+    c.wait_for(20, "node-1 without the external masquerade", |c| {
+        let s = c.nodes[0].run(&["iptables-save", "-t", "nat"]).1;
+        s.contains("default/ext external IP") && !s.contains("masquerade traffic for default/ext")
+    })
+    .await;
+    let (ok, out) = u.run(&["curl", "-sS", "--max-time", "3", "http://169.10.10.1/"]);
+    assert!(!ok, "without the masquerade the reply must not come back: {out}");
+    drop(c);
+    assert_eq!(host_state(), before, "the host namespace changed");
+}

@@ -1,8 +1,9 @@
 //! The service proxy (kube-proxy's half of the node agent), iptables mode: chain naming, the
 //! Service/EndpointSlice model, the pure iptables-restore renderer and the sync loop. Partial
-//! syncs, health-check node port servers, UDP conntrack cleanup and the userspace mode follow.
+//! syncs, UDP conntrack cleanup and the userspace mode follow.
 
 pub mod iptables;
 pub mod model;
 pub mod names;
+pub mod service_health;
 pub mod sync;

@@ -332,11 +332,14 @@ pub struct Proxier<I> {
     pub period: Duration,
     /// Minimum time between syncs (kube-proxy's minSyncPeriod).
     pub min_interval: Duration,
+    /// Where healthCheckNodePort listeners bind (`None`: no listeners).
+    pub health_check_bind: Option<std::net::IpAddr>,
 }
 
 /// Runs `p` (see [`Proxier`]); `synced` fires after the first successful sync.
 pub async fn run_proxier<I: Iptables>(p: Proxier<I>, synced: Option<tokio::sync::oneshot::Sender<()>>) {
-    let Proxier { ipt, render: cfg, services, slices, health, period, min_interval } = p;
+    let Proxier { ipt, render: cfg, services, slices, health, period, min_interval, health_check_bind } = p;
+    let mut health_servers = health_check_bind.map(|b| super::service_health::HealthServers::new(b, health.clone()));
     services.wait_synced().await;
     slices.wait_synced().await;
     let mut synced = synced;
@@ -347,6 +350,7 @@ pub async fn run_proxier<I: Iptables>(p: Proxier<I>, synced: Option<tokio::sync:
     loop {
         let started = tokio::time::Instant::now();
         let state = snapshot(&services.list(), &slices.list());
+        let checks = super::service_health::wanted(&state, &cfg.node_name);
         let ipt2 = ipt.clone();
         let cfg2 = cfg.clone();
         let need_full = full;
@@ -363,6 +367,9 @@ pub async fn run_proxier<I: Iptables>(p: Proxier<I>, synced: Option<tokio::sync:
         match result {
             Ok(()) => {
                 health.updated();
+                if let Some(servers) = health_servers.as_mut() {
+                    servers.sync(checks).await;
+                }
                 if full {
                     last_full = tokio::time::Instant::now();
                 }
