@@ -58,9 +58,36 @@ pub struct Rendered {
     pub nat_chains: BTreeSet<String>,
 }
 
+/// Identifies a service port across syncs (what a partial sync compares).
+pub fn service_key(sp: &ServicePort) -> String {
+    format!("{} {}", sp.spn(), sp.protocol)
+}
+
 /// Renders filter then nat. `existing_nat_chains` are the chains `iptables-save -t nat` shows
 /// now: those of ours that are no longer used are flushed and deleted in the same restore.
 pub fn render(cfg: &RenderConfig, services: &[ServiceState], existing_nat_chains: &BTreeSet<String>) -> Rendered {
+    render_inner(cfg, services, existing_nat_chains, None)
+}
+
+/// A partial sync (kube-proxy's MinimizeIPTablesRestore): the top-level chains in full, but
+/// the per-service chains only of the service ports in `changed`; the others are not mentioned,
+/// so `iptables-restore --noflush` leaves them as they are.
+pub fn render_partial(
+    cfg: &RenderConfig,
+    services: &[ServiceState],
+    existing_nat_chains: &BTreeSet<String>,
+    changed: &BTreeSet<String>,
+) -> Rendered {
+    render_inner(cfg, services, existing_nat_chains, Some(changed))
+}
+
+fn render_inner(
+    cfg: &RenderConfig,
+    services: &[ServiceState],
+    existing_nat_chains: &BTreeSet<String>,
+    only: Option<&BTreeSet<String>>,
+) -> Rendered {
+    let mut kept: Vec<String> = vec![];
     let mut filter = String::new();
     let mut nat_chains: Vec<String> = vec![];
     let mut nat = String::new();
@@ -77,6 +104,8 @@ pub fn render(cfg: &RenderConfig, services: &[ServiceState], existing_nat_chains
     for st in sorted {
         let sp = &st.port;
         let spn = sp.spn();
+        let mut service_chains: Vec<String> = vec![];
+        let emit = only.is_none_or(|set| set.contains(&service_key(sp)));
         let proto = &sp.protocol;
         let pm = format!("-m {proto} -p {proto}");
         let hash = names::service_hash(&spn, proto);
@@ -203,16 +232,16 @@ pub fn render(cfg: &RenderConfig, services: &[ServiceState], existing_nat_chains
         // The per-service nat chains, declared in kube-proxy's order.
         let mut chain_rules = String::new();
         if uses_cluster {
-            nat_chains.push(svc_chain.clone());
+            service_chains.push(svc_chain.clone());
         }
         if uses_local {
-            nat_chains.push(svl_chain.clone());
+            service_chains.push(svl_chain.clone());
         }
         if uses_ext {
-            nat_chains.push(ext_chain.clone());
+            service_chains.push(ext_chain.clone());
         }
         if uses_ext && !sp.source_ranges.is_empty() {
-            nat_chains.push(fw_chain.clone());
+            service_chains.push(fw_chain.clone());
         }
 
         // Off-cluster clients of the ClusterIP are masqueraded (first rule of its chain).
@@ -325,14 +354,20 @@ pub fn render(cfg: &RenderConfig, services: &[ServiceState], existing_nat_chains
         }
         for e in &used {
             let sep = names::endpoint_chain(&spn, proto, &e.addr());
-            nat_chains.push(sep.clone());
+            service_chains.push(sep.clone());
             writeln!(chain_rules, "-A {sep} {} -s {} -j KUBE-MARK-MASQ", comment(&spn), host(&e.ip)).unwrap();
             let recent =
                 if sp.affinity_seconds.is_some() { format!(" -m recent --name {sep} --set") } else { String::new() };
             writeln!(chain_rules, "-A {sep} {}{recent} {pm} -j DNAT --to-destination {}", comment(&spn), e.addr())
                 .unwrap();
         }
-        nat.push_str(&chain_rules);
+        if emit {
+            nat_chains.extend(service_chains);
+            nat.push_str(&chain_rules);
+        } else {
+            // Unchanged since the last sync: its chains stay as they are in the kernel.
+            kept.extend(service_chains);
+        }
     }
 
     // filter
@@ -361,7 +396,7 @@ pub fn render(cfg: &RenderConfig, services: &[ServiceState], existing_nat_chains
     for c in ["KUBE-NODEPORTS", "KUBE-SERVICES", "KUBE-MARK-MASQ", "KUBE-POSTROUTING"] {
         writeln!(out, ":{c} - [0:0]").unwrap();
     }
-    let active: BTreeSet<String> = nat_chains.iter().cloned().collect();
+    let active: BTreeSet<String> = nat_chains.iter().chain(&kept).cloned().collect();
     for c in &nat_chains {
         writeln!(out, ":{c} - [0:0]").unwrap();
     }
@@ -491,6 +526,24 @@ mod tests {
         }
         assert!(out.nat_chains.contains("KUBE-SVC-XPGD46QRK7WJZT7O"));
         assert!(!out.nat_chains.contains("KUBE-SEP-STALESTALESTALE"));
+    }
+
+    #[test]
+    fn a_partial_sync_rewrites_only_the_changed_services_chains() {
+        let all = services();
+        let full = render(&cfg(), &all, &BTreeSet::new());
+        let changed: BTreeSet<String> = [service_key(&all[0].port)].into();
+        let part = render_partial(&cfg(), &all, &full.nat_chains, &changed);
+        assert_eq!(part.nat_chains, full.nat_chains, "unchanged chains stay active (not stale)");
+        assert!(part.text.contains(":KUBE-SVC-XPGD46QRK7WJZT7O - [0:0]"));
+        assert!(part.text.contains("-A KUBE-SVC-XPGD46QRK7WJZT7O "));
+        assert!(!part.text.contains("KUBE-SVC-NUKIZ6OKUXPJNT4C -"), "svc5's chain is not touched");
+        // The top-level chains are complete either way.
+        let top = |t: &str| {
+            t.lines().filter(|l| l.starts_with("-A KUBE-SERVICES") || l.starts_with("-A KUBE-NODEPORTS")).count()
+        };
+        assert_eq!(top(&part.text), top(&full.text));
+        assert!(!part.text.contains("-X "), "nothing is stale");
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! chains are ensured on full syncs; a vanished canary (someone flushed the tables) forces one.
 //! Nothing is programmed before the first complete list of Services and EndpointSlices.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -12,7 +12,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1 as core;
 use k8s_openapi::api::discovery::v1 as discovery;
 
-use super::iptables::{render, RenderConfig, ServiceState};
+use super::iptables::{render, render_partial, service_key, RenderConfig, ServiceState};
 use super::model;
 use crate::error::{AgentError, Result};
 use crate::health::Health;
@@ -307,6 +307,68 @@ pub fn cleanup<I: Iptables>(ipt: &I) -> Result<()> {
     ipt.delete_chain("mangle", CANARY)
 }
 
+/// `conntrack` arguments that remove UDP flows a sync made stale (kube-proxy clears them after
+/// each sync, since UDP has no connection end): flows DNATed to an endpoint that went away, and
+/// flows to a service IP created while it had no endpoints (they would keep being rejected).
+pub fn stale_udp_flows(prev: &BTreeMap<String, ServiceState>, now: &[ServiceState]) -> Vec<Vec<String>> {
+    let mut out = vec![];
+    let ips = |st: &ServiceState| -> Vec<String> {
+        st.port
+            .cluster_ip
+            .iter()
+            .chain(&st.port.external_ips)
+            .chain(&st.port.load_balancer_ips)
+            .map(|ip| ip.to_string())
+            .collect()
+    };
+    let s = |x: &str| x.to_string();
+    for st in now.iter().filter(|st| st.port.protocol == "udp") {
+        let before = prev.get(&service_key(&st.port));
+        let had = before.map(|b| !b.endpoints.is_empty()).unwrap_or(false);
+        if !had && !st.endpoints.is_empty() {
+            for ip in ips(st) {
+                out.push(vec![s("-D"), s("-p"), s("udp"), s("--orig-dst"), ip]);
+            }
+        }
+    }
+    for (key, old) in prev.iter().filter(|(_, o)| o.port.protocol == "udp") {
+        let current = now.iter().find(|st| &service_key(&st.port) == key);
+        for ep in &old.endpoints {
+            if current.is_some_and(|c| c.endpoints.iter().any(|e| e.ip == ep.ip && e.port == ep.port)) {
+                continue;
+            }
+            for ip in ips(old) {
+                out.push(vec![s("-D"), s("-p"), s("udp"), s("--orig-dst"), ip, s("--dst-nat"), ep.ip.to_string()]);
+            }
+            if let Some(np) = old.port.node_port {
+                out.push(vec![
+                    s("-D"),
+                    s("-p"),
+                    s("udp"),
+                    s("--dport"),
+                    np.to_string(),
+                    s("--dst-nat"),
+                    ep.ip.to_string(),
+                ]);
+            }
+        }
+    }
+    out
+}
+
+/// Runs `conntrack` with each argument list ("no entries" is not an error).
+fn flush_conntrack(deletes: &[Vec<String>]) {
+    for args in deletes {
+        match Command::new("conntrack").args(args).stdout(Stdio::null()).stderr(Stdio::null()).status() {
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!("cannot run conntrack to clear stale UDP flows ({e}); install the conntrack package");
+                return;
+            }
+        }
+    }
+}
+
 /// The snapshot the renderer takes: every service port with its endpoints.
 pub fn snapshot(services: &[core::Service], slices: &[discovery::EndpointSlice]) -> Vec<ServiceState> {
     let mut out = vec![];
@@ -347,6 +409,8 @@ pub async fn run_proxier<I: Iptables>(p: Proxier<I>, synced: Option<tokio::sync:
     let mut svc_changes = services.changes();
     let mut slice_changes = slices.changes();
     let mut last_full = tokio::time::Instant::now();
+    // What the kernel holds since the last successful sync (partial syncs compare against it).
+    let mut last: BTreeMap<String, ServiceState> = BTreeMap::new();
     loop {
         let started = tokio::time::Instant::now();
         let state = snapshot(&services.list(), &slices.list());
@@ -354,23 +418,39 @@ pub async fn run_proxier<I: Iptables>(p: Proxier<I>, synced: Option<tokio::sync:
         let ipt2 = ipt.clone();
         let cfg2 = cfg.clone();
         let need_full = full;
-        let result = tokio::task::spawn_blocking(move || -> Result<()> {
-            if need_full || !ipt2.chains("nat")?.contains(CANARY) {
+        let changed: BTreeSet<String> = state
+            .iter()
+            .filter(|st| last.get(&service_key(&st.port)) != Some(*st))
+            .map(|st| service_key(&st.port))
+            .collect();
+        let stale = stale_udp_flows(&last, &state);
+        let next: BTreeMap<String, ServiceState> = state.iter().map(|st| (service_key(&st.port), st.clone())).collect();
+        let result = tokio::task::spawn_blocking(move || -> Result<bool> {
+            let canary_gone = !ipt2.chains("nat")?.contains(CANARY);
+            let full = need_full || canary_gone;
+            if full {
                 ensure_jumps(&*ipt2)?;
             }
             let existing = ipt2.chains("nat")?;
-            let rendered = render(&cfg2, &state, &existing);
-            ipt2.restore(&rendered.text)
+            let rendered = if full {
+                render(&cfg2, &state, &existing)
+            } else {
+                render_partial(&cfg2, &state, &existing, &changed)
+            };
+            ipt2.restore(&rendered.text)?;
+            flush_conntrack(&stale);
+            Ok(full)
         })
         .await
         .unwrap_or_else(|e| Err(AgentError::Process(format!("sync task failed: {e}"))));
         match result {
-            Ok(()) => {
+            Ok(was_full) => {
+                last = next;
                 health.updated();
                 if let Some(servers) = health_servers.as_mut() {
                     servers.sync(checks).await;
                 }
-                if full {
+                if was_full {
                     last_full = tokio::time::Instant::now();
                 }
                 full = false;
@@ -397,5 +477,66 @@ pub async fn run_proxier<I: Iptables>(p: Proxier<I>, synced: Option<tokio::sync:
         if !wait.is_zero() {
             tokio::time::sleep(wait).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proxy::model::{Endpoint, ServicePort};
+
+    fn dns(endpoints: &[&str]) -> ServiceState {
+        ServiceState {
+            port: ServicePort {
+                namespace: "kube-system".into(),
+                name: "dns".into(),
+                port_name: "dns".into(),
+                protocol: "udp".into(),
+                cluster_ip: Some("10.96.0.10".parse().unwrap()),
+                port: 53,
+                node_port: Some(30053),
+                external_ips: vec![],
+                load_balancer_ips: vec![],
+                source_ranges: vec![],
+                external_policy_local: false,
+                internal_policy_local: false,
+                health_check_node_port: None,
+                affinity_seconds: None,
+            },
+            endpoints: endpoints
+                .iter()
+                .map(|ip| Endpoint {
+                    ip: ip.parse().unwrap(),
+                    port: 53,
+                    node: None,
+                    ready: true,
+                    serving: true,
+                    terminating: false,
+                })
+                .collect(),
+        }
+    }
+
+    fn map(states: &[ServiceState]) -> BTreeMap<String, ServiceState> {
+        states.iter().map(|s| (service_key(&s.port), s.clone())).collect()
+    }
+
+    #[test]
+    fn udp_flows_of_a_removed_endpoint_and_of_a_service_that_got_endpoints() {
+        let v = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let gone = stale_udp_flows(&map(&[dns(&["10.244.1.2", "10.244.2.2"])]), &[dns(&["10.244.1.2"])]);
+        assert_eq!(
+            gone,
+            vec![
+                v(&["-D", "-p", "udp", "--orig-dst", "10.96.0.10", "--dst-nat", "10.244.2.2"]),
+                v(&["-D", "-p", "udp", "--dport", "30053", "--dst-nat", "10.244.2.2"]),
+            ]
+        );
+        let first = stale_udp_flows(&map(&[dns(&[])]), &[dns(&["10.244.1.2"])]);
+        assert_eq!(first, vec![v(&["-D", "-p", "udp", "--orig-dst", "10.96.0.10"])]);
+        assert!(stale_udp_flows(&map(&[dns(&["10.244.1.2"])]), &[dns(&["10.244.1.2"])]).is_empty());
+        let mut tcp = dns(&["10.244.1.2"]);
+        tcp.port.protocol = "tcp".into();
+        assert!(stale_udp_flows(&map(&[tcp]), &[]).is_empty(), "TCP flows end by themselves");
     }
 }
