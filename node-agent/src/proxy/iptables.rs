@@ -228,6 +228,17 @@ fn render_inner(
         if !has_endpoints {
             continue;
         }
+        if !emit {
+            // Unchanged since the last sync: its chains stay as they are in the kernel; only
+            // their names are needed (so they are not taken for stale ones).
+            kept.extend(uses_cluster.then(|| svc_chain.clone()));
+            kept.extend(uses_local.then(|| svl_chain.clone()));
+            kept.extend(uses_ext.then(|| ext_chain.clone()));
+            kept.extend((uses_ext && !sp.source_ranges.is_empty()).then(|| fw_chain.clone()));
+            let used = cluster_eps.iter().filter(|_| uses_cluster).chain(local_eps.iter().filter(|_| uses_local));
+            kept.extend(used.map(|e| names::endpoint_chain(&spn, proto, &e.addr())).collect::<BTreeSet<_>>());
+            continue;
+        }
 
         // The per-service nat chains, declared in kube-proxy's order.
         let mut chain_rules = String::new();
@@ -361,13 +372,8 @@ fn render_inner(
             writeln!(chain_rules, "-A {sep} {}{recent} {pm} -j DNAT --to-destination {}", comment(&spn), e.addr())
                 .unwrap();
         }
-        if emit {
-            nat_chains.extend(service_chains);
-            nat.push_str(&chain_rules);
-        } else {
-            // Unchanged since the last sync: its chains stay as they are in the kernel.
-            kept.extend(service_chains);
-        }
+        nat_chains.extend(service_chains);
+        nat.push_str(&chain_rules);
     }
 
     // filter
