@@ -1,0 +1,264 @@
+//! The proxier over a fake iptables with real restore semantics, and packets traced through
+//! the rules it writes (no root, no kernel).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use api::k8s_openapi::api::core::v1 as core;
+use api::k8s_openapi::api::discovery::v1 as discovery;
+use node_agent::health::Health;
+use node_agent::metrics::Metrics;
+use node_agent::proxy::iptables::{render, RenderConfig, ServiceState};
+use node_agent::proxy::model::{Endpoint, ServicePort};
+use node_agent::proxy::sync::{self, Iptables, Proxier};
+use node_agent::reflector::{Change, Store, Watched};
+use serde_json::json;
+use testkit::iptables::{FakeIptables, Packet, Tracer, Verdict};
+
+#[derive(Default)]
+struct Fake(Mutex<FakeIptables>);
+
+fn err(e: String) -> node_agent::AgentError {
+    node_agent::AgentError::Process(e)
+}
+
+impl Iptables for Fake {
+    fn restore(&self, text: &str) -> node_agent::Result<()> {
+        self.0.lock().unwrap().restore(text).map_err(err)
+    }
+    fn chains(&self, table: &str) -> node_agent::Result<BTreeSet<String>> {
+        Ok(self.0.lock().unwrap().chains(table))
+    }
+    fn ensure_chain(&self, table: &str, chain: &str) -> node_agent::Result<()> {
+        self.0.lock().unwrap().ensure_chain(table, chain);
+        Ok(())
+    }
+    fn ensure_rule_first(&self, table: &str, chain: &str, rule: &[&str]) -> node_agent::Result<()> {
+        self.0.lock().unwrap().ensure_rule_first(table, chain, rule).map_err(err)
+    }
+    fn delete_rule(&self, table: &str, chain: &str, rule: &[&str]) -> node_agent::Result<()> {
+        self.0.lock().unwrap().delete_rule(table, chain, rule);
+        Ok(())
+    }
+    fn delete_chain(&self, table: &str, chain: &str) -> node_agent::Result<()> {
+        self.0.lock().unwrap().delete_chain(table, chain);
+        Ok(())
+    }
+}
+
+const NODE_IP: &str = "192.168.56.11";
+
+fn cfg() -> RenderConfig {
+    RenderConfig {
+        node_name: "node-1".into(),
+        node_ips: vec![NODE_IP.parse().unwrap()],
+        cluster_cidr: Some("10.244.0.0/16".parse().unwrap()),
+        masquerade_external: true,
+        random_fully: false,
+    }
+}
+
+fn port(name: &str) -> ServicePort {
+    ServicePort {
+        namespace: "default".into(),
+        name: name.into(),
+        port_name: "http".into(),
+        protocol: "tcp".into(),
+        cluster_ip: Some("10.96.0.10".parse().unwrap()),
+        port: 80,
+        node_port: Some(30080),
+        external_ips: vec![],
+        load_balancer_ips: vec![],
+        source_ranges: vec![],
+        external_policy_local: false,
+        internal_policy_local: false,
+        health_check_node_port: None,
+        affinity_seconds: None,
+    }
+}
+
+fn eps(list: &[(&str, &str)]) -> Vec<Endpoint> {
+    list.iter()
+        .map(|(ip, node)| Endpoint {
+            ip: ip.parse().unwrap(),
+            port: 8080,
+            node: Some(node.to_string()),
+            ready: true,
+            serving: true,
+            terminating: false,
+        })
+        .collect()
+}
+
+fn programmed(states: &[ServiceState]) -> FakeIptables {
+    let f = Fake::default();
+    sync::ensure_jumps(&f).unwrap();
+    f.restore(&render(&cfg(), states, &f.chains("nat").unwrap()).text).unwrap();
+    f.0.into_inner().unwrap()
+}
+
+fn pkt(src: &str, dst: &str, dport: u16) -> Packet {
+    Packet { src: src.parse().unwrap(), dst: dst.parse().unwrap(), proto: "tcp".into(), dport, mark: 0 }
+}
+
+fn local() -> Vec<IpAddr> {
+    vec![NODE_IP.parse().unwrap()]
+}
+
+#[test]
+fn a_node_port_is_masqueraded_and_dnated_to_an_endpoint() {
+    let ipt = programmed(&[ServiceState {
+        port: port("web"),
+        endpoints: eps(&[("10.244.1.5", "node-1"), ("10.244.2.5", "node-2")]),
+    }]);
+    let mut t = Tracer::new(&ipt, local());
+    t.statistic = Box::new(|_| false); // never the first: the last endpoint
+    let tr = t.trace("nat", "PREROUTING", pkt("203.0.113.10", NODE_IP, 30080));
+    assert_eq!(tr.verdict, Verdict::Dnat("10.244.2.5:8080".parse().unwrap()));
+    assert_eq!(tr.packet.mark, 0x4000, "external traffic is marked for masquerade");
+    let chains = tr.chains();
+    assert!(chains[..3] == ["PREROUTING", "KUBE-SERVICES", "KUBE-NODEPORTS"], "{chains:?}");
+    assert!(chains.iter().any(|c| c.starts_with("KUBE-EXT-")) && chains.last().unwrap().starts_with("KUBE-SEP-"));
+    // …and masqueraded on the way out.
+    let out = Tracer::new(&ipt, local()).trace("nat", "POSTROUTING", tr.packet.clone());
+    assert_eq!(out.verdict, Verdict::Masquerade);
+    // A pod calling the ClusterIP keeps its address (no mark), and gets the first endpoint when
+    // the statistic matches.
+    let mut t = Tracer::new(&ipt, local());
+    t.statistic = Box::new(|_| true);
+    let tr = t.trace("nat", "PREROUTING", pkt("10.244.2.9", "10.96.0.10", 80));
+    assert_eq!((tr.verdict, tr.packet.mark), (Verdict::Dnat("10.244.1.5:8080".parse().unwrap()), 0));
+}
+
+#[test]
+fn no_endpoints_reject_and_source_ranges_drop() {
+    let mut lb = port("lb");
+    lb.cluster_ip = Some("10.96.0.20".parse().unwrap());
+    lb.node_port = None;
+    lb.load_balancer_ips = vec!["198.51.100.7".parse().unwrap()];
+    lb.source_ranges = vec!["203.0.113.0/25".parse().unwrap()];
+    let ipt = programmed(&[
+        ServiceState { port: port("empty"), endpoints: vec![] },
+        ServiceState { port: lb, endpoints: eps(&[("10.244.1.5", "node-1")]) },
+    ]);
+    let mut t = Tracer::new(&ipt, local());
+    let rejected = t.trace("filter", "OUTPUT", pkt("10.244.1.9", "10.96.0.10", 80));
+    assert_eq!(rejected.verdict, Verdict::Reject);
+    assert!(rejected.steps.iter().any(|s| s.rule.contains("default/empty:http has no endpoints")));
+    // Allowed source: DNAT; another source falls through KUBE-FW and is dropped in filter.
+    let ok = t.trace("nat", "PREROUTING", pkt("203.0.113.10", "198.51.100.7", 80));
+    assert_eq!(ok.verdict, Verdict::Dnat("10.244.1.5:8080".parse().unwrap()));
+    let other = t.trace("nat", "PREROUTING", pkt("203.0.113.200", "198.51.100.7", 80));
+    assert_eq!(other.verdict, Verdict::Accept, "not DNATed");
+    assert!(other.chains().iter().any(|c| c.starts_with("KUBE-FW-")));
+    let dropped = t.trace("filter", "FORWARD", other.packet);
+    assert_eq!(dropped.verdict, Verdict::Drop);
+}
+
+#[test]
+fn local_policy_and_session_affinity() {
+    let mut local_svc = port("local");
+    local_svc.external_policy_local = true;
+    let mut sticky = port("sticky");
+    sticky.cluster_ip = Some("10.96.0.30".parse().unwrap());
+    sticky.node_port = None;
+    sticky.affinity_seconds = Some(10800);
+    let ipt = programmed(&[
+        ServiceState { port: local_svc, endpoints: eps(&[("10.244.2.5", "node-2")]) },
+        ServiceState { port: sticky, endpoints: eps(&[("10.244.1.5", "node-1"), ("10.244.2.5", "node-2")]) },
+    ]);
+    let mut t = Tracer::new(&ipt, local());
+    // No local endpoint for ETP=Local: the NodePort is not DNATed, and filter drops it.
+    let tr = t.trace("nat", "PREROUTING", pkt("203.0.113.10", NODE_IP, 30080));
+    assert_eq!(tr.verdict, Verdict::Accept);
+    assert_eq!(t.trace("filter", "INPUT", tr.packet).verdict, Verdict::Drop);
+    // Affinity: the first choice sticks even when the dice say otherwise.
+    t.statistic = Box::new(|_| true);
+    let first = t.trace("nat", "OUTPUT", pkt(NODE_IP, "10.96.0.30", 80)).verdict;
+    t.statistic = Box::new(|_| false);
+    for _ in 0..3 {
+        assert_eq!(t.trace("nat", "OUTPUT", pkt(NODE_IP, "10.96.0.30", 80)).verdict, first);
+    }
+    assert_ne!(
+        t.trace("nat", "OUTPUT", pkt("10.244.3.3", "10.96.0.30", 80)).verdict,
+        first,
+        "another client is not sticky"
+    );
+}
+
+fn service(name: &str) -> core::Service {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"clusterIP": "10.96.0.10", "ports": [{"name": "http", "port": 80, "protocol": "TCP"}]}
+    }))
+    .unwrap()
+}
+
+fn slice(name: &str, ips: &[&str]) -> discovery::EndpointSlice {
+    serde_json::from_value(json!({
+        "metadata": {"name": format!("{name}-abc"), "namespace": "default", "labels": {"kubernetes.io/service-name": name}},
+        "addressType": "IPv4",
+        "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+        "endpoints": ips.iter().map(|ip| json!({"addresses": [ip], "conditions": {"ready": true}, "nodeName": "node-2"})).collect::<Vec<_>>()
+    }))
+    .unwrap()
+}
+
+fn replace<T: Watched>(store: &Store<T>, items: Vec<T>) {
+    store.apply(Change::Replace(items.into_iter().map(|o| (o.key(), o)).collect::<BTreeMap<_, _>>()));
+}
+
+#[tokio::test]
+async fn the_sync_loop_waits_for_lists_then_syncs_partially_and_repairs_a_flushed_table() {
+    let fake = Arc::new(Fake::default());
+    let services: Arc<Store<core::Service>> = Store::new();
+    let slices: Arc<Store<discovery::EndpointSlice>> = Store::new();
+    let health = Health::new(Duration::from_secs(60), Arc::new(Metrics::new()));
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    tokio::spawn(sync::run_proxier(
+        Proxier {
+            ipt: fake.clone(),
+            render: cfg(),
+            services: services.clone(),
+            slices: slices.clone(),
+            health,
+            period: Duration::from_secs(3600),
+            min_interval: Duration::ZERO,
+            health_check_bind: None,
+        },
+        Some(tx),
+    ));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    replace(&services, vec![service("web")]);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(fake.chains("nat").unwrap().iter().all(|c| !c.starts_with("KUBE-")), "nothing before both lists");
+    replace(&slices, vec![slice("web", &["10.244.2.5", "10.244.2.6"])]);
+    rx.await.unwrap();
+    let seps = |f: &Fake| f.chains("nat").unwrap().into_iter().filter(|c| c.starts_with("KUBE-SEP-")).count();
+    assert_eq!(seps(&fake), 2);
+    assert!(fake.0.lock().unwrap().rules("nat", "PREROUTING")[0].contains("-j KUBE-SERVICES"));
+
+    // One endpoint goes: its chain is deleted by the next (partial) sync.
+    replace(&slices, vec![slice("web", &["10.244.2.5"])]);
+    for _ in 0..100 {
+        if seps(&fake) == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(seps(&fake), 1);
+
+    // Someone flushes everything (canary gone): the next sync is full and puts it all back.
+    *fake.0.lock().unwrap() = FakeIptables::default();
+    replace(&services, vec![service("web")]);
+    for _ in 0..100 {
+        if seps(&fake) == 1 && fake.chains("nat").unwrap().contains(sync::CANARY) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(seps(&fake), 1);
+    assert!(fake.0.lock().unwrap().rules("nat", "PREROUTING")[0].contains("-j KUBE-SERVICES"));
+}
