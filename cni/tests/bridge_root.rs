@@ -11,71 +11,11 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use serde_json::{json, Value};
+use testkit::netns::{host_state, root_or_explain, Netns as Ns};
 
-const REFERENCE: &str = "/usr/lib/cni";
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 
-fn sh(args: &[&str]) -> (bool, String) {
-    let o = Command::new(args[0]).args(&args[1..]).output().expect("command runs");
-    (o.status.success(), String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr))
-}
-
-/// Whether this process may create namespaces; the tests need root (CI runs as root).
-fn root_or_explain() -> bool {
-    let root = Command::new("id")
-        .arg("-u")
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
-        .unwrap_or(false);
-    if !root {
-        eprintln!("skipped: needs root to create network namespaces (CI runs as root)");
-    }
-    root
-}
-
-/// A network namespace removed on drop.
-struct Ns(String);
-
-impl Ns {
-    fn new(tag: &str) -> Ns {
-        let name = format!("ppc{}{}{}", std::process::id() % 100000, tag, COUNTER.fetch_add(1, Ordering::SeqCst));
-        let (ok, out) = sh(&["ip", "netns", "add", &name]);
-        assert!(ok, "ip netns add {name}: {out}");
-        sh(&["ip", "-n", &name, "link", "set", "lo", "up"]);
-        Ns(name)
-    }
-    fn path(&self) -> String {
-        format!("/run/netns/{}", self.0)
-    }
-    fn run(&self, args: &[&str]) -> (bool, String) {
-        let mut full = vec!["ip", "netns", "exec", &self.0];
-        full.extend_from_slice(args);
-        sh(&full)
-    }
-}
-
-impl Drop for Ns {
-    fn drop(&mut self) {
-        sh(&["ip", "netns", "del", &self.0]);
-    }
-}
-
-fn host_state() -> String {
-    let mut s = String::new();
-    for args in [&["ip", "-o", "link"][..], &["ip", "-o", "addr"], &["ip", "route"], &["ip", "-6", "route"]] {
-        s += &sh(args).1;
-    }
-    if let (true, rules) = sh(&["iptables-save"]) {
-        // Counters change with traffic; the rules must not.
-        s += &rules
-            .lines()
-            .filter(|l| !l.starts_with('#'))
-            .map(|l| l.split(" [").next().unwrap_or(l))
-            .collect::<Vec<_>>()
-            .join("\n");
-    }
-    s
-}
+const REFERENCE: &str = "/usr/lib/cni";
 
 struct Plugin {
     code: i32,
@@ -89,7 +29,7 @@ fn bin_dir() -> String {
 /// Runs a plugin inside `node` the way a runtime does.
 fn cni(node: &Ns, plugin: &str, cmd: &str, id: &str, netns: Option<&str>, path: &str, conf: &Value) -> Plugin {
     let mut c = Command::new("ip");
-    c.args(["netns", "exec", &node.0, plugin])
+    c.args(["netns", "exec", &node.name, plugin])
         .env_clear()
         .env("CNI_COMMAND", cmd)
         .env("CNI_CONTAINERID", id)

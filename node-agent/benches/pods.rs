@@ -29,23 +29,13 @@ fn all_ready(c: &Cluster, names: &[String]) -> bool {
     names.iter().all(|n| pod_ready(&c.pod(n)))
 }
 
-async fn start_cluster(nodes: usize) -> Cluster {
-    let mut c = Cluster::new(nodes).await;
-    for n in &mut c.nodes {
-        n.extra_args = vec!["--log".into(), "warn".into()];
-        n.start_agent();
-    }
-    c.wait_for(30, "nodes Ready", |c| (1..=nodes).all(|i| c.node_ready(&format!("node-{i}")))).await;
-    c
-}
-
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     if !testkit::netns::root_or_explain() {
         return;
     }
     // 1. 100 pods over 3 nodes.
-    let c = start_cluster(3).await;
+    let c = Cluster::started(3, &["--log", "warn"]).await;
     let names: Vec<String> = (0..100).map(|i| format!("bench-{i}")).collect();
     let t0 = Instant::now();
     for n in &names {
@@ -76,7 +66,7 @@ async fn main() {
     drop(c);
 
     // 2. Idle agent with 30 pods.
-    let c = start_cluster(1).await;
+    let c = Cluster::started(1, &["--log", "warn"]).await;
     let names: Vec<String> = (0..30).map(|i| format!("idle-{i}")).collect();
     for n in &names {
         c.create_pod(echo_pod(n, "node-1")).await;

@@ -16,20 +16,9 @@ fn services(n: usize, eps: usize) -> Vec<ServiceState> {
     (0..n)
         .map(|i| ServiceState {
             port: ServicePort {
-                namespace: "bench".into(),
-                name: format!("svc-{i}"),
-                port_name: "http".into(),
-                protocol: "tcp".into(),
                 cluster_ip: Some(format!("10.96.{}.{}", i / 250, i % 250 + 1).parse().unwrap()),
-                port: 80,
                 node_port: Some(30000 + i as u16),
-                external_ips: vec![],
-                load_balancer_ips: vec![],
-                source_ranges: vec![],
-                external_policy_local: false,
-                internal_policy_local: false,
-                health_check_node_port: None,
-                affinity_seconds: None,
+                ..ServicePort::new("bench", &format!("svc-{i}"), "http", "tcp", 80)
             },
             endpoints: (0..eps)
                 .map(|j| Endpoint {

@@ -127,34 +127,9 @@ pub struct ContainerRecord {
     pub process: Option<ProcId>,
     pub started_at: Option<Timestamp>,
     pub restart_count: i32,
-    pub last: Option<TermRecord>,
+    pub last: Option<Terminated>,
     /// Finished for good (its restart policy does not restart it).
     pub done: bool,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct TermRecord {
-    pub exit_code: i32,
-    pub signal: Option<i32>,
-    pub reason: String,
-    pub message: Option<String>,
-    pub started_at: Option<Timestamp>,
-    pub finished_at: Timestamp,
-    pub container_id: Option<String>,
-}
-
-impl From<&TermRecord> for Terminated {
-    fn from(t: &TermRecord) -> Terminated {
-        Terminated {
-            exit_code: t.exit_code,
-            signal: t.signal,
-            reason: t.reason.clone(),
-            message: t.message.clone(),
-            started_at: t.started_at,
-            finished_at: t.finished_at,
-            container_id: t.container_id.clone(),
-        }
-    }
 }
 
 /// Reads every pod record under an agent's state directory (unreadable ones are reported and
@@ -429,20 +404,18 @@ impl Ctr {
             (None, Some((reason, message))) => {
                 ContainerState::Waiting { reason: reason.clone(), message: message.clone() }
             }
-            (None, None) if self.rec.done => {
-                ContainerState::Terminated(self.rec.last.as_ref().map(Terminated::from).unwrap_or(Terminated {
-                    exit_code: 0,
-                    signal: None,
-                    reason: "Completed".into(),
-                    message: None,
-                    started_at: None,
-                    finished_at: Timestamp::now(),
-                    container_id: None,
-                }))
-            }
+            (None, None) if self.rec.done => ContainerState::Terminated(self.rec.last.clone().unwrap_or(Terminated {
+                exit_code: 0,
+                signal: None,
+                reason: "Completed".into(),
+                message: None,
+                started_at: None,
+                finished_at: Timestamp::now(),
+                container_id: None,
+            })),
             (None, None) => ContainerState::Waiting { reason: "ContainerCreating".into(), message: None },
         };
-        let last_terminated = if self.rec.done { None } else { self.rec.last.as_ref().map(Terminated::from) };
+        let last_terminated = if self.rec.done { None } else { self.rec.last.clone() };
         ContainerView {
             name: self.spec.name.clone(),
             image: self.spec.image.clone().unwrap_or_default(),
@@ -561,7 +534,7 @@ impl<P: Processes, E: PluginExec, A: PodApi, Q: Prober> Deps<P, E, A, Q> {
                 if !first_start {
                     c.rec.restart_count += 1;
                 }
-                c.rec.last = Some(TermRecord {
+                c.rec.last = Some(Terminated {
                     exit_code: 128,
                     signal: None,
                     reason: "StartError".into(),
@@ -762,7 +735,7 @@ pub async fn pod_worker<P: Processes, E: PluginExec, A: PodApi, Q: Prober>(
                     watch_exit(&deps, c.spec.name.clone(), p, exit_tx.clone());
                 }
                 Some(p) => {
-                    c.rec.last = Some(TermRecord {
+                    c.rec.last = Some(Terminated {
                         exit_code: Exit::Unknown.code(),
                         signal: None,
                         reason: "Unknown".into(),
@@ -874,7 +847,7 @@ pub async fn pod_worker<P: Processes, E: PluginExec, A: PodApi, Q: Prober>(
                     let code = exit.code();
                     let signal = match exit { Exit::Signal(s) => Some(s), _ => None };
                     tracing::info!(pod = %pod_key, container = %name, exit_code = code, "container exited");
-                    c.rec.last = Some(TermRecord {
+                    c.rec.last = Some(Terminated {
                         exit_code: code,
                         signal,
                         reason: if exit == Exit::Unknown { "Unknown".into() } else { Terminated::reason_for(code).into() },

@@ -15,8 +15,8 @@ pub enum ContainerState {
     Terminated(Terminated),
 }
 
-/// A finished run of a container.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A finished run of a container (also what a pod record keeps of it).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Terminated {
     pub exit_code: i32,
     pub signal: Option<i32>,

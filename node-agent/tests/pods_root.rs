@@ -26,11 +26,7 @@ async fn pods_on_two_nodes_network_probes_restarts_deletion_and_agent_restart() 
         return;
     }
     let before = host_state();
-    let mut c = Cluster::new(2).await;
-    for n in &mut c.nodes {
-        n.start_agent();
-    }
-    c.wait_for(20, "both nodes Ready", |c| c.node_ready("node-1") && c.node_ready("node-2")).await;
+    let mut c = Cluster::started(2, &[]).await;
 
     c.create_pod(echo_pod("web-1", "node-1")).await;
     let mut web2 = echo_pod("web-2", "node-2");
@@ -203,11 +199,7 @@ async fn services_reach_pods_through_the_iptables_proxy() {
         return;
     }
     let before = host_state();
-    let mut c = Cluster::new(2).await;
-    for n in &mut c.nodes {
-        n.start_agent();
-    }
-    c.wait_for(20, "both nodes Ready", |c| c.node_ready("node-1") && c.node_ready("node-2")).await;
+    let mut c = Cluster::started(2, &[]).await;
     c.create_pod(echo_pod("web-1", "node-1")).await;
     c.create_pod(echo_pod("web-2", "node-2")).await;
     c.registry
@@ -279,11 +271,7 @@ async fn external_traffic_policy_health_checks_and_the_masquerade_knob() {
         return;
     }
     let before = host_state();
-    let mut c = Cluster::new(2).await;
-    for n in &mut c.nodes {
-        n.start_agent();
-    }
-    c.wait_for(20, "both nodes Ready", |c| c.node_ready("node-1") && c.node_ready("node-2")).await;
+    let mut c = Cluster::started(2, &[]).await;
     c.create_pod(echo_pod("web", "node-2")).await;
     create_service(
         &c,

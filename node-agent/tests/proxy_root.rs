@@ -24,20 +24,13 @@ fn restore(ns: &Netns, text: &str) -> (bool, String) {
 
 fn svc(endpoints: usize) -> ServiceState {
     let port = ServicePort {
-        namespace: "default".into(),
-        name: "contour".into(),
-        port_name: "http".into(),
-        protocol: "tcp".into(),
         cluster_ip: Some("10.96.0.42".parse().unwrap()),
-        port: 80,
         node_port: Some(30080),
         external_ips: vec!["169.10.10.1".parse().unwrap()],
         load_balancer_ips: vec!["198.51.100.7".parse().unwrap()],
         source_ranges: vec!["203.0.113.0/24".parse().unwrap()],
-        external_policy_local: false,
-        internal_policy_local: false,
-        health_check_node_port: None,
         affinity_seconds: Some(600),
+        ..ServicePort::new("default", "contour", "http", "tcp", 80)
     };
     let endpoints = (0..endpoints)
         .map(|i| Endpoint {

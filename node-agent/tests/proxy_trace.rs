@@ -62,20 +62,9 @@ fn cfg() -> RenderConfig {
 
 fn port(name: &str) -> ServicePort {
     ServicePort {
-        namespace: "default".into(),
-        name: name.into(),
-        port_name: "http".into(),
-        protocol: "tcp".into(),
         cluster_ip: Some("10.96.0.10".parse().unwrap()),
-        port: 80,
         node_port: Some(30080),
-        external_ips: vec![],
-        load_balancer_ips: vec![],
-        source_ranges: vec![],
-        external_policy_local: false,
-        internal_policy_local: false,
-        health_check_node_port: None,
-        affinity_seconds: None,
+        ..ServicePort::new("default", name, "http", "tcp", 80)
     }
 }
 

@@ -133,74 +133,36 @@ fn render_inner(
             ("DROP", format!("{spn} has no local endpoints"), "DROP", format!("{spn} has no local endpoints"))
         };
 
+        // One service address and port: `-A CHAIN <comment> -m P -p P -d IP --dport PORT -j TARGET`.
+        let to = |chain: &str, text: &str, ip: &IpAddr, target: &str| {
+            format!("-A {chain} {} {pm} -d {} --dport {} -j {target}\n", comment(text), host(ip), sp.port)
+        };
         // ClusterIP.
         if let Some(cip) = &sp.cluster_ip {
-            let args = format!("{} {pm} -d {} --dport {}", comment(&format!("{spn} cluster IP")), host(cip), sp.port);
             if has_internal {
-                writeln!(nat_services, "-A KUBE-SERVICES {args} -j {internal_chain}").unwrap();
+                nat_services.push_str(&to("KUBE-SERVICES", &format!("{spn} cluster IP"), cip, internal_chain));
             } else {
-                writeln!(
-                    filter_services,
-                    "-A KUBE-SERVICES {} {pm} -d {} --dport {} -j {internal_target}",
-                    comment(&internal_comment),
-                    host(cip),
-                    sp.port
-                )
-                .unwrap();
+                filter_services.push_str(&to("KUBE-SERVICES", &internal_comment, cip, internal_target));
             }
         }
         // External IPs.
         for eip in &sp.external_ips {
             if has_external {
-                writeln!(
-                    nat_services,
-                    "-A KUBE-SERVICES {} {pm} -d {} --dport {} -j {ext_chain}",
-                    comment(&format!("{spn} external IP")),
-                    host(eip),
-                    sp.port
-                )
-                .unwrap();
+                nat_services.push_str(&to("KUBE-SERVICES", &format!("{spn} external IP"), eip, &ext_chain));
             } else {
-                writeln!(
-                    filter_external,
-                    "-A KUBE-EXTERNAL-SERVICES {} {pm} -d {} --dport {} -j {external_target}",
-                    comment(&external_comment),
-                    host(eip),
-                    sp.port
-                )
-                .unwrap();
+                filter_external.push_str(&to("KUBE-EXTERNAL-SERVICES", &external_comment, eip, external_target));
             }
         }
         // Load-balancer IPs.
         for lip in &sp.load_balancer_ips {
             if has_external {
-                writeln!(
-                    nat_services,
-                    "-A KUBE-SERVICES {} {pm} -d {} --dport {} -j {lb_chain}",
-                    comment(&format!("{spn} loadbalancer IP")),
-                    host(lip),
-                    sp.port
-                )
-                .unwrap();
+                nat_services.push_str(&to("KUBE-SERVICES", &format!("{spn} loadbalancer IP"), lip, lb_chain));
                 if !sp.source_ranges.is_empty() {
-                    writeln!(
-                        filter_firewall,
-                        "-A KUBE-PROXY-FIREWALL {} {pm} -d {} --dport {} -j DROP",
-                        comment(&format!("{spn} traffic not accepted by {fw_chain}")),
-                        host(lip),
-                        sp.port
-                    )
-                    .unwrap();
+                    let text = format!("{spn} traffic not accepted by {fw_chain}");
+                    filter_firewall.push_str(&to("KUBE-PROXY-FIREWALL", &text, lip, "DROP"));
                 }
             } else {
-                writeln!(
-                    filter_external,
-                    "-A KUBE-EXTERNAL-SERVICES {} {pm} -d {} --dport {} -j {external_target}",
-                    comment(&external_comment),
-                    host(lip),
-                    sp.port
-                )
-                .unwrap();
+                filter_external.push_str(&to("KUBE-EXTERNAL-SERVICES", &external_comment, lip, external_target));
             }
         }
         // NodePort.
@@ -449,22 +411,7 @@ mod tests {
     }
 
     fn sp(ns: &str, name: &str, port_name: &str, proto: &str, cip: &str, port: u16) -> ServicePort {
-        ServicePort {
-            namespace: ns.into(),
-            name: name.into(),
-            port_name: port_name.into(),
-            protocol: proto.into(),
-            cluster_ip: Some(cip.parse().unwrap()),
-            port,
-            node_port: None,
-            external_ips: vec![],
-            load_balancer_ips: vec![],
-            source_ranges: vec![],
-            external_policy_local: false,
-            internal_policy_local: false,
-            health_check_node_port: None,
-            affinity_seconds: None,
-        }
+        ServicePort { cluster_ip: Some(cip.parse().unwrap()), ..ServicePort::new(ns, name, port_name, proto, port) }
     }
 
     fn cfg() -> RenderConfig {

@@ -32,6 +32,27 @@ pub struct ServicePort {
 }
 
 impl ServicePort {
+    /// A plain port (no ClusterIP yet, no external access, Cluster policies, no affinity); the
+    /// other fields are public to set.
+    pub fn new(namespace: &str, name: &str, port_name: &str, protocol: &str, port: u16) -> ServicePort {
+        ServicePort {
+            namespace: namespace.into(),
+            name: name.into(),
+            port_name: port_name.into(),
+            protocol: protocol.to_ascii_lowercase(),
+            cluster_ip: None,
+            port,
+            node_port: None,
+            external_ips: vec![],
+            load_balancer_ips: vec![],
+            source_ranges: vec![],
+            external_policy_local: false,
+            internal_policy_local: false,
+            health_check_node_port: None,
+            affinity_seconds: None,
+        }
+    }
+
     /// `namespace/name[:port]`.
     pub fn spn(&self) -> String {
         names::service_port_name(&self.namespace, &self.name, &self.port_name)

@@ -138,20 +138,10 @@ mod tests {
     fn state(hc: Option<u16>, nodes: &[&str]) -> ServiceState {
         ServiceState {
             port: ServicePort {
-                namespace: "default".into(),
-                name: "contour".into(),
-                port_name: "http".into(),
-                protocol: "tcp".into(),
-                cluster_ip: None,
-                port: 80,
                 node_port: Some(30080),
-                external_ips: vec![],
-                load_balancer_ips: vec![],
-                source_ranges: vec![],
                 external_policy_local: true,
-                internal_policy_local: false,
                 health_check_node_port: hc,
-                affinity_seconds: None,
+                ..ServicePort::new("default", "contour", "http", "tcp", 80)
             },
             endpoints: nodes
                 .iter()

@@ -488,20 +488,9 @@ mod tests {
     fn dns(endpoints: &[&str]) -> ServiceState {
         ServiceState {
             port: ServicePort {
-                namespace: "kube-system".into(),
-                name: "dns".into(),
-                port_name: "dns".into(),
-                protocol: "udp".into(),
                 cluster_ip: Some("10.96.0.10".parse().unwrap()),
-                port: 53,
                 node_port: Some(30053),
-                external_ips: vec![],
-                load_balancer_ips: vec![],
-                source_ranges: vec![],
-                external_policy_local: false,
-                internal_policy_local: false,
-                health_check_node_port: None,
-                affinity_seconds: None,
+                ..ServicePort::new("kube-system", "dns", "dns", "udp", 53)
             },
             endpoints: endpoints
                 .iter()

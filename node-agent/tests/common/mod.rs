@@ -166,6 +166,17 @@ impl Cluster {
         Cluster { nodes: list, registry: server.registry.clone(), underlay, _server: server, _data: data }
     }
 
+    /// A cluster whose agents run (with `extra_args`) and whose nodes are all Ready.
+    pub async fn started(nodes: usize, extra_args: &[&str]) -> Cluster {
+        let mut c = Cluster::new(nodes).await;
+        for n in &mut c.nodes {
+            n.extra_args = extra_args.iter().map(|a| a.to_string()).collect();
+            n.start_agent();
+        }
+        c.wait_for(30, "every node Ready", |c| c.nodes.iter().all(|n| c.node_ready(&n.name))).await;
+        c
+    }
+
     pub fn get(&self, kind: api::Kind, ns: &str, name: &str) -> Option<Value> {
         self.registry.get(kind, ns, name).ok()
     }
