@@ -21,138 +21,46 @@ use crate::reflector::Store;
 /// kube-proxy's liveness canary (an empty chain in mangle, nat and filter).
 pub const CANARY: &str = "KUBE-PROXY-CANARY";
 
-/// A jump rule from a built-in chain into one of ours (kube-proxy's `iptablesJumpChains`).
+/// A jump rule from a built-in chain into one of ours (kube-proxy's `iptablesJumpChains`):
+/// `[-m conntrack --ctstate NEW] -m comment --comment COMMENT -j TO`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Jump {
     pub table: &'static str,
     pub from: &'static str,
     pub to: &'static str,
-    pub args: &'static [&'static str],
+    /// Only new connections (`-m conntrack --ctstate NEW`).
+    pub new_only: bool,
+    pub comment: &'static str,
 }
 
-macro_rules! args {
-    ($($a:expr),*) => { &[$($a),*] };
+const fn jump(
+    table: &'static str,
+    from: &'static str,
+    to: &'static str,
+    new_only: bool,
+    comment: &'static str,
+) -> Jump {
+    Jump { table, from, to, new_only, comment }
 }
+
+const PORTALS: &str = "kubernetes service portals";
+const EXTERNAL: &str = "kubernetes externally-visible service portals";
+const FIREWALL: &str = "kubernetes load balancer firewall";
 
 /// Every jump kube-proxy's iptables mode installs, in its order.
 pub const JUMPS: &[Jump] = &[
-    Jump {
-        table: "filter",
-        from: "INPUT",
-        to: "KUBE-EXTERNAL-SERVICES",
-        args: args!(
-            "-m",
-            "conntrack",
-            "--ctstate",
-            "NEW",
-            "-m",
-            "comment",
-            "--comment",
-            "kubernetes externally-visible service portals"
-        ),
-    },
-    Jump {
-        table: "filter",
-        from: "FORWARD",
-        to: "KUBE-EXTERNAL-SERVICES",
-        args: args!(
-            "-m",
-            "conntrack",
-            "--ctstate",
-            "NEW",
-            "-m",
-            "comment",
-            "--comment",
-            "kubernetes externally-visible service portals"
-        ),
-    },
-    Jump {
-        table: "filter",
-        from: "INPUT",
-        to: "KUBE-NODEPORTS",
-        args: args!("-m", "comment", "--comment", "kubernetes health check service ports"),
-    },
-    Jump {
-        table: "filter",
-        from: "FORWARD",
-        to: "KUBE-SERVICES",
-        args: args!("-m", "conntrack", "--ctstate", "NEW", "-m", "comment", "--comment", "kubernetes service portals"),
-    },
-    Jump {
-        table: "filter",
-        from: "OUTPUT",
-        to: "KUBE-SERVICES",
-        args: args!("-m", "conntrack", "--ctstate", "NEW", "-m", "comment", "--comment", "kubernetes service portals"),
-    },
-    Jump {
-        table: "filter",
-        from: "FORWARD",
-        to: "KUBE-FORWARD",
-        args: args!("-m", "comment", "--comment", "kubernetes forwarding rules"),
-    },
-    Jump {
-        table: "filter",
-        from: "INPUT",
-        to: "KUBE-PROXY-FIREWALL",
-        args: args!(
-            "-m",
-            "conntrack",
-            "--ctstate",
-            "NEW",
-            "-m",
-            "comment",
-            "--comment",
-            "kubernetes load balancer firewall"
-        ),
-    },
-    Jump {
-        table: "filter",
-        from: "OUTPUT",
-        to: "KUBE-PROXY-FIREWALL",
-        args: args!(
-            "-m",
-            "conntrack",
-            "--ctstate",
-            "NEW",
-            "-m",
-            "comment",
-            "--comment",
-            "kubernetes load balancer firewall"
-        ),
-    },
-    Jump {
-        table: "filter",
-        from: "FORWARD",
-        to: "KUBE-PROXY-FIREWALL",
-        args: args!(
-            "-m",
-            "conntrack",
-            "--ctstate",
-            "NEW",
-            "-m",
-            "comment",
-            "--comment",
-            "kubernetes load balancer firewall"
-        ),
-    },
-    Jump {
-        table: "nat",
-        from: "OUTPUT",
-        to: "KUBE-SERVICES",
-        args: args!("-m", "comment", "--comment", "kubernetes service portals"),
-    },
-    Jump {
-        table: "nat",
-        from: "PREROUTING",
-        to: "KUBE-SERVICES",
-        args: args!("-m", "comment", "--comment", "kubernetes service portals"),
-    },
-    Jump {
-        table: "nat",
-        from: "POSTROUTING",
-        to: "KUBE-POSTROUTING",
-        args: args!("-m", "comment", "--comment", "kubernetes postrouting rules"),
-    },
+    jump("filter", "INPUT", "KUBE-EXTERNAL-SERVICES", true, EXTERNAL),
+    jump("filter", "FORWARD", "KUBE-EXTERNAL-SERVICES", true, EXTERNAL),
+    jump("filter", "INPUT", "KUBE-NODEPORTS", false, "kubernetes health check service ports"),
+    jump("filter", "FORWARD", "KUBE-SERVICES", true, PORTALS),
+    jump("filter", "OUTPUT", "KUBE-SERVICES", true, PORTALS),
+    jump("filter", "FORWARD", "KUBE-FORWARD", false, "kubernetes forwarding rules"),
+    jump("filter", "INPUT", "KUBE-PROXY-FIREWALL", true, FIREWALL),
+    jump("filter", "OUTPUT", "KUBE-PROXY-FIREWALL", true, FIREWALL),
+    jump("filter", "FORWARD", "KUBE-PROXY-FIREWALL", true, FIREWALL),
+    jump("nat", "OUTPUT", "KUBE-SERVICES", false, PORTALS),
+    jump("nat", "PREROUTING", "KUBE-SERVICES", false, PORTALS),
+    jump("nat", "POSTROUTING", "KUBE-POSTROUTING", false, "kubernetes postrouting rules"),
 ];
 
 /// The iptables commands the proxier runs (real binaries, or a fake in tests).
@@ -253,7 +161,8 @@ pub fn iptables_supports_random_fully() -> bool {
 }
 
 fn jump_rule(j: &Jump) -> Vec<&'static str> {
-    let mut r: Vec<&str> = j.args.to_vec();
+    let mut r: Vec<&str> = if j.new_only { vec!["-m", "conntrack", "--ctstate", "NEW"] } else { vec![] };
+    r.extend_from_slice(&["-m", "comment", "--comment", j.comment]);
     r.extend_from_slice(&["-j", j.to]);
     r
 }
