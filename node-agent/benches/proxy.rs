@@ -1,28 +1,41 @@
-//! Service proxy benchmark (prints figures): rendering the whole ruleset for 1,000 Services with
-//! 10 endpoints each, a partial render after one Service changed, and — as root, in a namespace
-//! of its own — applying both with `iptables-restore --noflush`.
+//! Service proxy benchmark (prints figures). For 1,000 and 10,000 Services with 10 endpoints
+//! each, and for both iptables backends (legacy and nft), each in a fresh namespace of its own:
+//! - full sync (render + `iptables-restore --noflush`) beside the bare restore of the same text;
+//! - a sync after one endpoint change (partial render + restore) into the full table.
 //!
-//! Run: `sudo cargo bench -p node-agent --bench proxy`
+//! Then, through the real proxier loop (watch store → snapshot → render → restore) at 100
+//! Services, the latency from an EndpointSlice event reaching the agent's store to its rules
+//! being applied (p50/p99).
+//!
+//! "Full sync" and "sync after one endpoint change" are the proxier's own `sync_once` (render,
+//! minimize, batch, `iptables-restore`, plus on full syncs the jump checks and `iptables-save`),
+//! run inside the namespace by re-executing this binary there.
+//!
+//! Run: `sudo cargo bench -p node-agent --bench proxy [-- SIZES [BACKENDS]]`, e.g.
+//! `-- 1000,10000 legacy,nft` (the default). A step that has not finished after
+//! `PODPATH_BENCH_LIMIT_SECONDS` (default 300) is stopped and reported as such.
 
 use std::collections::BTreeSet;
 use std::io::Write;
 use std::process::{Command, Stdio};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use node_agent::proxy::iptables::{render, render_partial, service_key, RenderConfig, ServiceState};
 use node_agent::proxy::model::{Endpoint, ServicePort};
+use node_agent::proxy::restore::{batches, parse, Applied};
+use node_agent::proxy::sync::{sync_once, Backend, Iptables, IptablesCmd};
 
 fn services(n: usize, eps: usize) -> Vec<ServiceState> {
     (0..n)
         .map(|i| ServiceState {
             port: ServicePort {
                 cluster_ip: Some(format!("10.96.{}.{}", i / 250, i % 250 + 1).parse().unwrap()),
-                node_port: Some(30000 + i as u16),
+                node_port: Some(30000 + (i % 2768) as u16),
                 ..ServicePort::new("bench", &format!("svc-{i}"), "http", "tcp", 80)
             },
             endpoints: (0..eps)
                 .map(|j| Endpoint {
-                    ip: format!("10.244.{}.{}", j + 1, i % 250 + 2).parse().unwrap(),
+                    ip: format!("10.{}.{}.{}", 100 + j, i / 250, i % 250 + 2).parse().unwrap(),
                     port: 8080,
                     node: Some(format!("node-{}", j % 3 + 1)),
                     ready: true,
@@ -34,46 +47,325 @@ fn services(n: usize, eps: usize) -> Vec<ServiceState> {
         .collect()
 }
 
-fn restore(ns: &str, text: &str) -> f64 {
-    let t = Instant::now();
-    let mut child = Command::new("ip")
-        .args(["netns", "exec", ns, "iptables-restore", "--noflush"])
-        .stdin(Stdio::piped())
-        .spawn()
-        .expect("iptables-restore");
-    child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
-    assert!(child.wait().unwrap().success(), "iptables-restore failed");
-    t.elapsed().as_secs_f64() * 1e3
-}
-
-fn main() {
-    let cfg = RenderConfig {
+fn config() -> RenderConfig {
+    RenderConfig {
         node_name: "node-1".into(),
         node_ips: vec!["192.168.56.11".parse().unwrap()],
         cluster_cidr: Some("10.244.0.0/16".parse().unwrap()),
         masquerade_external: true,
         random_fully: true,
+    }
+}
+
+/// Milliseconds one `iptables-<backend>-restore --noflush` of `text` takes in `ns`, or `None`
+/// when it ran past `limit` (it is then killed).
+fn restore(ns: &str, backend: &str, text: &str, limit: Duration) -> Option<f64> {
+    let t = Instant::now();
+    let mut child = Command::new("ip")
+        .args(["netns", "exec", ns, &format!("iptables-{backend}-restore"), "--noflush"])
+        .stdin(Stdio::piped())
+        .spawn()
+        .expect("iptables-restore");
+    let mut stdin = child.stdin.take().unwrap();
+    let text = text.to_string();
+    let writer = std::thread::spawn(move || {
+        let _ = stdin.write_all(text.as_bytes());
+    });
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            let _ = writer.join();
+            assert!(status.success(), "iptables-{backend}-restore failed");
+            return Some(t.elapsed().as_secs_f64() * 1e3);
+        }
+        if t.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            let _ = writer.join();
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn show(ms: Option<f64>, limit: Duration) -> String {
+    match ms {
+        Some(ms) if ms >= 10_000.0 => format!("{:.1} s", ms / 1e3),
+        Some(ms) => format!("{ms:.0} ms"),
+        None => format!("> {} s (stopped)", limit.as_secs()),
+    }
+}
+
+fn args() -> Vec<String> {
+    std::env::args().skip(1).filter(|a| a != "--bench").collect()
+}
+
+fn limit() -> Duration {
+    Duration::from_secs(std::env::var("PODPATH_BENCH_LIMIT_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(300))
+}
+
+/// In the namespace: the proxier's full sync, then a sync after one endpoint change.
+fn child_sync(n: usize, backend: Backend) {
+    let ipt = IptablesCmd { backend };
+    let cfg = config();
+    let mut state = services(n, 10);
+    let mut applied = Applied::default();
+    let t = Instant::now();
+    sync_once(&ipt, &cfg, &state, &BTreeSet::new(), true, &mut applied).expect("full sync");
+    println!("full {}", t.elapsed().as_secs_f64() * 1e3);
+    state[n / 2].endpoints.pop();
+    let changed: BTreeSet<String> = [service_key(&state[n / 2].port)].into();
+    let t = Instant::now();
+    sync_once(&ipt, &cfg, &state, &changed, false, &mut applied).expect("partial sync");
+    println!("partial {}", t.elapsed().as_secs_f64() * 1e3);
+}
+
+/// Runs this binary in `ns` with `args`; its `key value` lines, or `None` past `limit`.
+fn in_netns(ns: &str, args: &[&str], limit: Duration) -> Option<Vec<(String, f64)>> {
+    let exe = std::env::current_exe().unwrap();
+    let mut child = Command::new("ip")
+        .args(["netns", "exec", ns])
+        .arg(exe)
+        .args(args)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("re-run the bench in the namespace");
+    let t = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            assert!(status.success(), "the bench child failed in {ns}");
+            let mut out = String::new();
+            std::io::Read::read_to_string(&mut child.stdout.take().unwrap(), &mut out).unwrap();
+            return Some(
+                out.lines()
+                    .filter_map(|l| l.split_once(' '))
+                    .map(|(k, v)| (k.to_string(), v.trim().parse().unwrap()))
+                    .collect(),
+            );
+        }
+        if t.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn get(v: &Option<Vec<(String, f64)>>, key: &str) -> Option<f64> {
+    v.as_ref().and_then(|v| v.iter().find(|(k, _)| k == key).map(|(_, x)| *x))
+}
+
+/// In the namespace: the real proxier loop over in-memory stores holding 100 Services × 10
+/// endpoints; 200 times, one EndpointSlice changes and we wait for the restore carrying it.
+fn child_latency(backend: Backend) {
+    use k8s_openapi::api::core::v1 as core;
+    use k8s_openapi::api::discovery::v1 as discovery;
+    use node_agent::reflector::{Change, Store, Watched};
+    use std::sync::{mpsc, Arc, Mutex};
+
+    struct Watching {
+        inner: IptablesCmd,
+        applied: Mutex<mpsc::Sender<(Instant, String)>>,
+    }
+    impl Iptables for Watching {
+        fn restore(&self, text: &str) -> node_agent::Result<()> {
+            self.inner.restore(text)?;
+            let _ = self.applied.lock().unwrap().send((Instant::now(), text.to_string()));
+            Ok(())
+        }
+        fn save(&self, table: &str) -> node_agent::Result<String> {
+            self.inner.save(table)
+        }
+        fn ensure_chain(&self, table: &str, chain: &str) -> node_agent::Result<()> {
+            self.inner.ensure_chain(table, chain)
+        }
+        fn ensure_rule_first(&self, table: &str, chain: &str, rule: &[&str]) -> node_agent::Result<()> {
+            self.inner.ensure_rule_first(table, chain, rule)
+        }
+        fn ensure_rule_last(&self, table: &str, chain: &str, rule: &[&str]) -> node_agent::Result<()> {
+            self.inner.ensure_rule_last(table, chain, rule)
+        }
+        fn delete_rule(&self, table: &str, chain: &str, rule: &[&str]) -> node_agent::Result<()> {
+            self.inner.delete_rule(table, chain, rule)
+        }
+        fn delete_chain(&self, table: &str, chain: &str) -> node_agent::Result<()> {
+            self.inner.delete_chain(table, chain)
+        }
+        fn has_chain(&self, table: &str, chain: &str) -> node_agent::Result<bool> {
+            self.inner.has_chain(table, chain)
+        }
+        fn batch_lines(&self) -> Option<usize> {
+            self.inner.batch_lines()
+        }
+    }
+
+    let n = 100;
+    let service = |i: usize| -> core::Service {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": format!("svc-{i}"), "namespace": "bench"},
+            "spec": {"clusterIP": format!("10.96.0.{}", i + 1), "type": "NodePort",
+                     "ports": [{"name": "http", "port": 80, "protocol": "TCP", "nodePort": 30000 + i}]}
+        }))
+        .unwrap()
     };
-    let mut state = services(1000, 10);
-    let t = Instant::now();
-    let full = render(&cfg, &state, &BTreeSet::new());
-    let full_ms = t.elapsed().as_secs_f64() * 1e3;
-    state[500].endpoints.pop();
-    let changed: BTreeSet<String> = [service_key(&state[500].port)].into();
-    let t = Instant::now();
-    let part = render_partial(&cfg, &state, &full.nat_chains, &changed);
-    let part_ms = t.elapsed().as_secs_f64() * 1e3;
-    println!("1,000 Services × 10 endpoints:");
-    println!("  full render: {full_ms:.1} ms, {} lines, {} KiB", full.text.lines().count(), full.text.len() / 1024);
-    println!("  partial render (1 Service changed): {part_ms:.1} ms, {} lines", part.text.lines().count());
-    if !testkit::netns::root_or_explain() {
+    let slice = |i: usize, gen: usize| -> discovery::EndpointSlice {
+        let eps: Vec<serde_json::Value> = (0..10)
+            .map(|j| {
+                let last = if j == 9 { 100 + gen % 150 } else { j + 2 };
+                serde_json::json!({"addresses": [format!("10.{}.{}.{last}", 100 + j, i)],
+                                   "conditions": {"ready": true}, "nodeName": format!("node-{}", j % 3 + 1)})
+            })
+            .collect();
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": format!("svc-{i}-abc"), "namespace": "bench",
+                         "labels": {"kubernetes.io/service-name": format!("svc-{i}")}},
+            "addressType": "IPv4",
+            "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+            "endpoints": eps
+        }))
+        .unwrap()
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    rt.block_on(async {
+        let (tx, rx) = mpsc::channel();
+        let services: Arc<Store<core::Service>> = Store::new();
+        let slices: Arc<Store<discovery::EndpointSlice>> = Store::new();
+        let health =
+            node_agent::health::Health::new(Duration::from_secs(60), Arc::new(node_agent::metrics::Metrics::new()));
+        let (synced_tx, synced_rx) = tokio::sync::oneshot::channel();
+        tokio::spawn(node_agent::proxy::sync::run_proxier(
+            node_agent::proxy::sync::Proxier {
+                ipt: Arc::new(Watching { inner: IptablesCmd { backend }, applied: Mutex::new(tx) }),
+                render: config(),
+                services: services.clone(),
+                slices: slices.clone(),
+                health,
+                period: Duration::from_secs(3600),
+                min_interval: Duration::ZERO,
+                health_check_bind: None,
+            },
+            Some(synced_tx),
+        ));
+        services.apply(Change::Replace((0..n).map(service).map(|s| (s.key(), s)).collect()));
+        slices.apply(Change::Replace((0..n).map(|i| slice(i, 0)).map(|s| (s.key(), s)).collect()));
+        synced_rx.await.unwrap();
+        let mut samples = vec![];
+        for k in 1..=200 {
+            let i = k % n;
+            let s = slice(i, k);
+            let want = format!("10.109.{i}.{}:8080", 100 + k % 150);
+            while rx.try_recv().is_ok() {}
+            let t = Instant::now();
+            slices.apply(Change::Apply(s));
+            let rx = &rx;
+            let done = tokio::task::block_in_place(|| loop {
+                let (at, text) = rx.recv_timeout(Duration::from_secs(10)).expect("a restore within 10 s");
+                if text.contains(&want) {
+                    break at;
+                }
+            });
+            samples.push(done.duration_since(t).as_secs_f64() * 1e3);
+        }
+        samples.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        let pct = |p: f64| samples[((samples.len() as f64 * p) as usize).min(samples.len() - 1)];
+        println!("p50 {}", pct(0.50));
+        println!("p99 {}", pct(0.99));
+        println!("max {}", samples[samples.len() - 1]);
+    });
+}
+
+fn main() {
+    let args = args();
+    if let Some(pos) = args.iter().position(|a| a == "--child-sync") {
+        let n = args[pos + 1].parse().unwrap();
+        child_sync(n, Backend::parse(&args[pos + 2]).unwrap());
         return;
     }
-    let ns = testkit::netns::Netns::new("ppb");
-    let full_apply = restore(&ns.name, &full.text);
-    let part_apply = restore(&ns.name, &part.text);
-    let again = restore(&ns.name, &render(&cfg, &state, &part.nat_chains).text);
-    println!(
-        "  iptables-restore --noflush: full {full_apply:.0} ms, partial {part_apply:.0} ms, full again {again:.0} ms"
-    );
+    if let Some(pos) = args.iter().position(|a| a == "--child-latency") {
+        child_latency(Backend::parse(&args[pos + 1]).unwrap());
+        return;
+    }
+    let positional: Vec<&String> = args.iter().filter(|a| !a.starts_with("--")).collect();
+    let sizes: Vec<usize> = positional
+        .first()
+        .map(|s| s.split(',').map(|n| n.parse().expect("SIZES: comma-separated numbers")).collect())
+        .unwrap_or_else(|| vec![1000, 10000]);
+    let backends: Vec<Backend> = positional
+        .get(1)
+        .map(|s| s.split(',').map(|b| Backend::parse(b).unwrap()).collect())
+        .unwrap_or_else(|| vec![Backend::Legacy, Backend::Nft]);
+    let limit = limit();
+    let cfg = config();
+    let root = testkit::netns::root_or_explain();
+    for &n in &sizes {
+        let mut state = services(n, 10);
+        let t = Instant::now();
+        let full = render(&cfg, &state, &BTreeSet::new());
+        let render_ms = t.elapsed().as_secs_f64() * 1e3;
+        state[n / 2].endpoints.pop();
+        let changed: BTreeSet<String> = [service_key(&state[n / 2].port)].into();
+        let t = Instant::now();
+        let part = render_partial(&cfg, &state, &full.nat_chains, &changed);
+        let part_render_ms = t.elapsed().as_secs_f64() * 1e3;
+        println!("{n} Services × 10 endpoints: {} lines, {} KiB", full.text.lines().count(), full.text.len() / 1024);
+        println!(
+            "  render: full {render_ms:.1} ms, partial (1 endpoint removed) {part_render_ms:.2} ms, {} lines",
+            part.text.lines().count()
+        );
+        if !root {
+            continue;
+        }
+        for &backend in &backends {
+            let b = backend.name();
+            // Fresh namespaces: a restore must not find the chains an earlier one created.
+            let ns = testkit::netns::Netns::new("ppb");
+            let bare = restore(&ns.name, b, &full.text, limit);
+            drop(ns);
+            let batches = batches(&parse(&full.text), (IptablesCmd { backend }).batch_lines());
+            let bare_batches = if batches.len() > 1 {
+                let ns = testkit::netns::Netns::new("ppb");
+                let t = Instant::now();
+                let all = batches.iter().all(|text| restore(&ns.name, b, text, limit).is_some());
+                all.then(|| t.elapsed().as_secs_f64() * 1e3)
+            } else {
+                bare
+            };
+            let ns = testkit::netns::Netns::new("ppb");
+            let out = in_netns(&ns.name, &["--child-sync", &n.to_string(), b], limit);
+            let (sync_ms, partial_ms) = (get(&out, "full"), get(&out, "partial"));
+            let ratio = |base: Option<f64>| match (sync_ms, base) {
+                (Some(s), Some(b)) => format!("{:.2}", s / b),
+                _ => "-".into(),
+            };
+            if batches.len() > 1 {
+                println!(
+                    "  {b:>6}: full sync {} | bare restore: one input {} (ratio {}), the same {} batches {} (ratio {})",
+                    show(sync_ms, limit),
+                    show(bare, limit),
+                    ratio(bare),
+                    batches.len(),
+                    show(bare_batches, limit),
+                    ratio(bare_batches)
+                );
+            } else {
+                println!(
+                    "  {b:>6}: full sync {} | bare restore {} (ratio {})",
+                    show(sync_ms, limit),
+                    show(bare, limit),
+                    ratio(bare)
+                );
+            }
+            println!("  {b:>6}: sync after one endpoint change {}", show(partial_ms, limit));
+        }
+    }
+    if !root {
+        return;
+    }
+    println!("event → rules applied, 100 Services × 10 endpoints, 200 EndpointSlice changes:");
+    for &backend in &backends {
+        let ns = testkit::netns::Netns::new("ppb");
+        let out = in_netns(&ns.name, &["--child-latency", backend.name()], limit);
+        let f = |k: &str| get(&out, k).map(|v| format!("{v:.1} ms")).unwrap_or("-".into());
+        println!("  {:>6}: p50 {}, p99 {}, max {}", backend.name(), f("p50"), f("p99"), f("max"));
+    }
 }

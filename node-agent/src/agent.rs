@@ -45,9 +45,20 @@ pub struct AgentConfig {
     pub proxy: Option<ProxyConfig>,
 }
 
-/// The service proxy's settings (iptables mode).
+/// How Services are implemented on the node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProxyMode {
+    /// kube-proxy's iptables mode (DNAT in the kernel).
+    Iptables,
+    /// kube-proxy's old userspace mode (a proxy socket per service port).
+    Userspace,
+}
+
+/// The service proxy's settings.
 #[derive(Debug, Clone)]
 pub struct ProxyConfig {
+    pub mode: ProxyMode,
+    pub backend: crate::proxy::sync::Backend,
     pub cluster_cidr: Option<ipnet::IpNet>,
     pub masquerade_external: bool,
     pub min_sync: Duration,
@@ -137,29 +148,68 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()>) -> Result
     tokio::spawn(pods::run_pods(deps, pods_store, None));
 
     if let Some(p) = &cfg.proxy {
+        use crate::proxy::{sync, userspace};
+        let ipt = Arc::new(sync::IptablesCmd { backend: p.backend });
+        if sync::other_backend_in_use(p.backend) {
+            return Err(AgentError::Config(format!(
+                "this namespace holds service proxy rules of the other iptables backend; remove them with \
+                 `node-agent --cleanup --iptables-backend {}` or start with that backend (never both: the kernel \
+                 would apply both rulesets)",
+                if p.backend == sync::Backend::Nft { "legacy" } else { "nft" }
+            )));
+        }
         let services: Arc<Store<core::Service>> = Store::new();
         let slices: Arc<Store<k8s_openapi::api::discovery::v1::EndpointSlice>> = Store::new();
         tokio::spawn(reflector::run(client.clone(), Filter::default(), services.clone()));
         tokio::spawn(reflector::run(client.clone(), Filter::default(), slices.clone()));
-        let render = crate::proxy::iptables::RenderConfig {
-            node_name: cfg.node_name.clone(),
-            node_ips: vec![cfg.node_ip],
-            cluster_cidr: p.cluster_cidr,
-            masquerade_external: p.masquerade_external,
-            random_fully: crate::proxy::sync::iptables_supports_random_fully(),
-        };
-        tracing::info!(mode = "iptables", masquerade_external = p.masquerade_external, "service proxy");
-        let proxier = crate::proxy::sync::Proxier {
-            ipt: Arc::new(crate::proxy::sync::IptablesCmd),
-            render,
-            services,
-            slices,
-            health: health.clone(),
-            period: cfg.sync_period,
-            min_interval: p.min_sync,
-            health_check_bind: Some(std::net::IpAddr::from([0, 0, 0, 0])),
-        };
-        tokio::spawn(crate::proxy::sync::run_proxier(proxier, None));
+        match p.mode {
+            ProxyMode::Iptables => {
+                // Leftovers of the userspace mode would take the traffic first.
+                {
+                    let ipt = ipt.clone();
+                    tokio::task::spawn_blocking(move || userspace::cleanup(&*ipt))
+                        .await
+                        .map_err(|e| AgentError::Process(e.to_string()))??;
+                }
+                let render = crate::proxy::iptables::RenderConfig {
+                    node_name: cfg.node_name.clone(),
+                    node_ips: vec![cfg.node_ip],
+                    cluster_cidr: p.cluster_cidr,
+                    masquerade_external: p.masquerade_external,
+                    random_fully: sync::iptables_supports_random_fully(),
+                };
+                tracing::info!(
+                    mode = "iptables",
+                    backend = p.backend.name(),
+                    masquerade_external = p.masquerade_external,
+                    "service proxy"
+                );
+                let proxier = sync::Proxier {
+                    ipt,
+                    render,
+                    services,
+                    slices,
+                    health: health.clone(),
+                    period: cfg.sync_period,
+                    min_interval: p.min_sync,
+                    health_check_bind: Some(std::net::IpAddr::from([0, 0, 0, 0])),
+                };
+                tokio::spawn(sync::run_proxier(proxier, None));
+            }
+            ProxyMode::Userspace => {
+                tracing::info!(mode = "userspace", backend = p.backend.name(), "service proxy");
+                let proxier = userspace::UserspaceProxier {
+                    ipt,
+                    node_name: cfg.node_name.clone(),
+                    node_ip: cfg.node_ip,
+                    services,
+                    slices,
+                    health: health.clone(),
+                    period: cfg.sync_period,
+                };
+                tokio::spawn(userspace::run(proxier, None));
+            }
+        }
     }
 
     node::run_heartbeats(client, desired, cfg.heartbeat, shutdown).await;

@@ -56,9 +56,13 @@ struct Args {
     /// A label of the Node (repeatable, KEY=VALUE).
     #[arg(long = "node-label")]
     node_labels: Vec<String>,
-    /// Service proxy mode: `iptables` (kube-proxy's iptables mode) or `none`.
+    /// Service proxy mode: `iptables` (kube-proxy's iptables mode), `userspace` (its old
+    /// userspace mode: a proxy socket per service port) or `none`.
     #[arg(long, default_value = "iptables")]
     proxy_mode: String,
+    /// iptables backend: `nft` or `legacy` (never both in one namespace).
+    #[arg(long, default_value = "nft")]
+    iptables_backend: String,
     /// The pod network: traffic to a ClusterIP from outside it is masqueraded.
     #[arg(long, default_value = "10.244.0.0/16")]
     cluster_cidr: String,
@@ -88,13 +92,25 @@ async fn main() {
 async fn run() -> Result<()> {
     let args = Args::parse();
     tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::new(&args.log)).with_target(false).init();
+    let backend = node_agent::proxy::sync::Backend::parse(&args.iptables_backend)
+        .map_err(|e| anyhow::anyhow!("--iptables-backend: {e}"))?;
     if args.cleanup {
-        node_agent::proxy::sync::cleanup(&node_agent::proxy::sync::IptablesCmd)?;
-        println!("removed the service proxy's iptables chains and rules");
+        let ipt = node_agent::proxy::sync::IptablesCmd { backend };
+        node_agent::proxy::userspace::cleanup(&ipt)?;
+        node_agent::proxy::sync::cleanup(&ipt)?;
+        println!("removed the service proxy's iptables chains and rules ({} backend)", backend.name());
         return Ok(());
     }
-    let proxy = match args.proxy_mode.as_str() {
-        "iptables" => Some(agent::ProxyConfig {
+    let mode = match args.proxy_mode.as_str() {
+        "iptables" => Some(agent::ProxyMode::Iptables),
+        "userspace" => Some(agent::ProxyMode::Userspace),
+        "none" => None,
+        other => bail!("--proxy-mode {other:?}: expected iptables, userspace or none"),
+    };
+    let proxy = match mode {
+        Some(mode) => Some(agent::ProxyConfig {
+            mode,
+            backend,
             cluster_cidr: Some(
                 args.cluster_cidr
                     .parse()
@@ -103,9 +119,7 @@ async fn run() -> Result<()> {
             masquerade_external: args.masquerade,
             min_sync: Duration::from_secs_f64(args.min_sync_seconds.max(0.0)),
         }),
-        "none" => None,
-        "userspace" => bail!("--proxy-mode userspace is not built yet; use iptables or none"),
-        other => bail!("--proxy-mode {other:?}: expected iptables or none"),
+        None => None,
     };
     if args.heartbeat_seconds == 0 || args.sync_period_seconds == 0 {
         bail!("--heartbeat-seconds and --sync-period-seconds must be at least 1");

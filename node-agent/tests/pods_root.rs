@@ -245,6 +245,31 @@ async fn services_reach_pods_through_the_iptables_proxy() {
     let (ok, page) = n1.run(&["curl", "-sS", "--max-time", "5", &format!("http://{}:{np}/", node_ip(2))]);
     assert!(ok && page.contains("pod: default/web-"), "{page}");
 
+    // A restarted agent's full sync finds its jumps in `iptables-save` and adds none twice.
+    c.nodes[0].stop_agent();
+    c.nodes[0].start_agent();
+    c.wait_for(20, "node-1's proxy synced again", |c| {
+        c.nodes[0].log().matches("service proxy").count() == 2 && {
+            let (ok, page) = c.nodes[0].run(&["curl", "-sS", "--max-time", "2", &format!("http://{cip}/")]);
+            ok && page.contains("pod: default/web-")
+        }
+    })
+    .await;
+    let saved = c.nodes[0].run(&["iptables-save"]).1;
+    for jump in ["-j KUBE-SERVICES", "-j KUBE-POSTROUTING", "-j KUBE-EXTERNAL-SERVICES", "-j KUBE-PROXY-FIREWALL"] {
+        let from_builtin = saved
+            .lines()
+            .filter(|l| {
+                l.ends_with(jump)
+                    && ["-A INPUT ", "-A FORWARD ", "-A OUTPUT ", "-A PREROUTING ", "-A POSTROUTING "]
+                        .iter()
+                        .any(|p| l.starts_with(p))
+            })
+            .count();
+        let expected = sync_jumps_to(jump);
+        assert_eq!(from_builtin, expected, "{jump} jumps after a restart:\n{saved}");
+    }
+
     // --cleanup removes everything the proxy made.
     c.nodes[0].stop_agent();
     let (ok, out) = c.nodes[0].run(&[env!("CARGO_BIN_EXE_node-agent"), "--cleanup"]);
@@ -253,6 +278,11 @@ async fn services_reach_pods_through_the_iptables_proxy() {
     assert!(!left.contains("KUBE-"), "{left}");
     drop(c);
     assert_eq!(host_state(), before, "the host namespace changed");
+}
+
+/// How many jumps from built-in chains kube-proxy installs to the chain `-j CHAIN` names.
+fn sync_jumps_to(jump: &str) -> usize {
+    node_agent::proxy::sync::JUMPS.iter().filter(|j| jump == format!("-j {}", j.to)).count()
 }
 
 async fn create_service(c: &Cluster, body: serde_json::Value) {

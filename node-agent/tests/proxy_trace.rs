@@ -28,8 +28,8 @@ impl Iptables for Fake {
     fn restore(&self, text: &str) -> node_agent::Result<()> {
         self.0.lock().unwrap().restore(text).map_err(err)
     }
-    fn chains(&self, table: &str) -> node_agent::Result<BTreeSet<String>> {
-        Ok(self.0.lock().unwrap().chains(table))
+    fn save(&self, table: &str) -> node_agent::Result<String> {
+        Ok(self.0.lock().unwrap().save(table))
     }
     fn ensure_chain(&self, table: &str, chain: &str) -> node_agent::Result<()> {
         self.0.lock().unwrap().ensure_chain(table, chain);
@@ -37,6 +37,9 @@ impl Iptables for Fake {
     }
     fn ensure_rule_first(&self, table: &str, chain: &str, rule: &[&str]) -> node_agent::Result<()> {
         self.0.lock().unwrap().ensure_rule_first(table, chain, rule).map_err(err)
+    }
+    fn ensure_rule_last(&self, table: &str, chain: &str, rule: &[&str]) -> node_agent::Result<()> {
+        self.0.lock().unwrap().ensure_rule_last(table, chain, rule).map_err(err)
     }
     fn delete_rule(&self, table: &str, chain: &str, rule: &[&str]) -> node_agent::Result<()> {
         self.0.lock().unwrap().delete_rule(table, chain, rule);
@@ -213,7 +216,8 @@ async fn the_sync_loop_waits_for_lists_then_syncs_partially_and_repairs_a_flushe
             services: services.clone(),
             slices: slices.clone(),
             health,
-            period: Duration::from_secs(3600),
+            // The canary check runs every period.
+            period: Duration::from_millis(200),
             min_interval: Duration::ZERO,
             health_check_bind: None,
         },
@@ -239,9 +243,9 @@ async fn the_sync_loop_waits_for_lists_then_syncs_partially_and_repairs_a_flushe
     }
     assert_eq!(seps(&fake), 1);
 
-    // Someone flushes everything (canary gone): the next sync is full and puts it all back.
+    // Someone flushes everything (canary gone): the canary check forces a full sync that puts
+    // it all back.
     *fake.0.lock().unwrap() = FakeIptables::default();
-    replace(&services, vec![service("web")]);
     for _ in 0..100 {
         if seps(&fake) == 1 && fake.chains("nat").unwrap().contains(sync::CANARY) {
             break;
@@ -250,4 +254,88 @@ async fn the_sync_loop_waits_for_lists_then_syncs_partially_and_repairs_a_flushe
     }
     assert_eq!(seps(&fake), 1);
     assert!(fake.0.lock().unwrap().rules("nat", "PREROUTING")[0].contains("-j KUBE-SERVICES"));
+}
+
+/// The fake, restoring in batches of at most `lines` lines (as the nft backend does).
+struct Batched {
+    inner: Fake,
+    lines: usize,
+    restores: std::sync::atomic::AtomicUsize,
+}
+
+impl Iptables for Batched {
+    fn restore(&self, text: &str) -> node_agent::Result<()> {
+        self.restores.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.inner.restore(text)
+    }
+    fn save(&self, table: &str) -> node_agent::Result<String> {
+        self.inner.save(table)
+    }
+    fn ensure_chain(&self, table: &str, chain: &str) -> node_agent::Result<()> {
+        self.inner.ensure_chain(table, chain)
+    }
+    fn ensure_rule_first(&self, table: &str, chain: &str, rule: &[&str]) -> node_agent::Result<()> {
+        self.inner.ensure_rule_first(table, chain, rule)
+    }
+    fn ensure_rule_last(&self, table: &str, chain: &str, rule: &[&str]) -> node_agent::Result<()> {
+        self.inner.ensure_rule_last(table, chain, rule)
+    }
+    fn delete_rule(&self, table: &str, chain: &str, rule: &[&str]) -> node_agent::Result<()> {
+        self.inner.delete_rule(table, chain, rule)
+    }
+    fn delete_chain(&self, table: &str, chain: &str) -> node_agent::Result<()> {
+        self.inner.delete_chain(table, chain)
+    }
+    fn batch_lines(&self) -> Option<usize> {
+        Some(self.lines)
+    }
+}
+
+fn dump(f: &FakeIptables) -> Vec<(String, String, Vec<String>)> {
+    let mut out = vec![];
+    for table in ["filter", "nat", "mangle"] {
+        for chain in f.chains(table) {
+            out.push((table.to_string(), chain.clone(), f.rules(table, &chain)));
+        }
+    }
+    out
+}
+
+/// Batched full syncs and minimized partial syncs end in exactly the tables one full restore of
+/// the same state gives, and a partial sync after one endpoint change writes one small batch.
+#[test]
+fn batched_and_minimized_syncs_equal_one_full_restore() {
+    let mut states: Vec<ServiceState> = (0..30)
+        .map(|i| {
+            let mut p = port(&format!("svc-{i}"));
+            p.cluster_ip = Some(format!("10.96.1.{}", i + 1).parse().unwrap());
+            p.node_port = Some(30100 + i);
+            p.external_policy_local = i % 3 == 0;
+            let list: Vec<(String, &str)> =
+                (0..3).map(|j| (format!("10.244.{}.{}", j + 1, i + 10), ["node-1", "node-2", "node-3"][j])).collect();
+            let refs: Vec<(&str, &str)> = list.iter().map(|(a, b)| (a.as_str(), *b)).collect();
+            ServiceState { port: p, endpoints: eps(&refs) }
+        })
+        .collect();
+    let batched = Batched { inner: Fake::default(), lines: 40, restores: Default::default() };
+    let mut applied = node_agent::proxy::restore::Applied::default();
+    let count = |b: &Batched| b.restores.swap(0, std::sync::atomic::Ordering::Relaxed);
+    sync::sync_once(&batched, &cfg(), &states, &BTreeSet::new(), true, &mut applied).unwrap();
+    assert!(count(&batched) > 10, "a full sync of this size is cut into batches");
+
+    // One endpoint goes away: a partial sync.
+    states[7].endpoints.pop();
+    let changed: BTreeSet<String> = [node_agent::proxy::iptables::service_key(&states[7].port)].into();
+    sync::sync_once(&batched, &cfg(), &states, &changed, false, &mut applied).unwrap();
+    assert_eq!(count(&batched), 1, "one small restore");
+
+    let expected = programmed(&states);
+    assert_eq!(dump(&batched.inner.0.lock().unwrap()), dump(&expected));
+    // Another full sync finds every jump in place: nothing duplicated.
+    sync::sync_once(&batched, &cfg(), &states, &BTreeSet::new(), true, &mut applied).unwrap();
+    count(&batched);
+    assert_eq!(dump(&batched.inner.0.lock().unwrap()), dump(&expected));
+    // Nothing changed: nothing written.
+    sync::sync_once(&batched, &cfg(), &states, &BTreeSet::new(), false, &mut applied).unwrap();
+    assert_eq!(count(&batched), 0);
 }

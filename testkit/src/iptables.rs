@@ -127,6 +127,18 @@ impl FakeIptables {
                     let rules = chains.get_mut(chain).ok_or_else(|| at(format!("no chain {chain}")))?;
                     rules.push(words[2..].to_vec());
                 }
+                Some("-I") => {
+                    let chain = words.get(1).ok_or_else(|| at("-I without a chain".into()))?;
+                    let (pos, rest) = match words.get(2).and_then(|w| w.parse::<usize>().ok()) {
+                        Some(n) => (n.max(1) - 1, 3),
+                        None => (0, 2),
+                    };
+                    let rules = chains.get_mut(chain).ok_or_else(|| at(format!("no chain {chain}")))?;
+                    if pos > rules.len() {
+                        return Err(at(format!("index {} past the end of {chain}", pos + 1)));
+                    }
+                    rules.insert(pos, words[rest..].to_vec());
+                }
                 Some("-X") => {
                     let chain = words.get(1).ok_or_else(|| at("-X without a chain".into()))?;
                     if is_builtin(table, chain) {
@@ -157,6 +169,25 @@ impl FakeIptables {
         self.tables.get(table).map(|t| t.keys().cloned().collect()).unwrap_or_default()
     }
 
+    /// `iptables-save -t TABLE` (rules as they were written, words with spaces quoted).
+    pub fn save(&self, table: &str) -> String {
+        let Some(t) = self.tables.get(table) else { return String::new() };
+        let mut out = format!("*{table}\n");
+        for chain in t.keys() {
+            let policy = if is_builtin(table, chain) { "ACCEPT" } else { "-" };
+            out.push_str(&format!(":{chain} {policy} [0:0]\n"));
+        }
+        for (chain, rules) in t {
+            for r in rules {
+                let words: Vec<String> =
+                    r.iter().map(|w| if w.contains(' ') { format!("\"{w}\"") } else { w.clone() }).collect();
+                out.push_str(&format!("-A {chain} {}\n", words.join(" ")));
+            }
+        }
+        out.push_str("COMMIT\n");
+        out
+    }
+
     /// Rules of a chain as text (`-A CHAIN …` without the prefix).
     pub fn rules(&self, table: &str, chain: &str) -> Vec<String> {
         self.tables
@@ -179,6 +210,16 @@ impl FakeIptables {
         let rules = self.tables.get_mut(table).and_then(|t| t.get_mut(chain)).ok_or(format!("no chain {chain}"))?;
         if !rules.contains(&rule) {
             rules.insert(0, rule);
+        }
+        Ok(())
+    }
+
+    /// `iptables -C` then `-A`.
+    pub fn ensure_rule_last(&mut self, table: &str, chain: &str, rule: &[&str]) -> Result<(), String> {
+        let rule: Vec<String> = rule.iter().map(|s| s.to_string()).collect();
+        let rules = self.tables.get_mut(table).and_then(|t| t.get_mut(chain)).ok_or(format!("no chain {chain}"))?;
+        if !rules.contains(&rule) {
+            rules.push(rule);
         }
         Ok(())
     }

@@ -5,5 +5,7 @@
 pub mod iptables;
 pub mod model;
 pub mod names;
+pub mod restore;
 pub mod service_health;
 pub mod sync;
+pub mod userspace;
