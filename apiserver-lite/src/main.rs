@@ -21,6 +21,14 @@ struct Args {
     /// gRPC listen address ("off" disables gRPC).
     #[arg(long, default_value = "127.0.0.1:6444")]
     grpc_listen: String,
+    /// A network namespace (e.g. /run/netns/NAME) in which `--grpc-listen` and every
+    /// `--netns-listen` are bound: one process serves kubectl on the host and the node agents
+    /// inside a lab (a socket stays in the namespace it was created in).
+    #[arg(long)]
+    netns: Option<PathBuf>,
+    /// REST listen address inside `--netns` (repeatable).
+    #[arg(long, requires = "netns")]
+    netns_listen: Vec<SocketAddr>,
     /// Address published as the `default/kubernetes` endpoint and in discovery.
     #[arg(long)]
     advertise_address: Option<SocketAddr>,
@@ -118,11 +126,18 @@ async fn run() -> Result<()> {
     for addr in &args.listen {
         rest.push(tokio::net::TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))?);
     }
+    for addr in &args.netns_listen {
+        let ns = args.netns.as_deref().expect("clap requires --netns");
+        rest.push(tokio::net::TcpListener::from_std(bind_in_netns(ns, *addr)?)?);
+    }
     let grpc = match args.grpc_listen.as_str() {
         "off" | "" => None,
         a => {
             let addr: SocketAddr = a.parse().with_context(|| format!("invalid --grpc-listen {a}"))?;
-            Some(tokio::net::TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))?)
+            Some(match &args.netns {
+                Some(ns) => tokio::net::TcpListener::from_std(bind_in_netns(ns, addr)?)?,
+                None => tokio::net::TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))?,
+            })
         }
     };
     tracing::info!(rest = ?args.listen, grpc = %args.grpc_listen, data_dir = %args.data_dir.display(), "apiserver-lite starting");
@@ -137,4 +152,21 @@ async fn run() -> Result<()> {
     };
     apiserver_lite::serve(cfg, rest, grpc, shutdown).await?;
     Ok(())
+}
+
+/// Binds a TCP listener inside the network namespace at `ns`, from a short-lived thread (setns
+/// moves only the calling thread, so the process itself stays where it is).
+fn bind_in_netns(ns: &std::path::Path, addr: SocketAddr) -> Result<std::net::TcpListener> {
+    let ns = ns.to_path_buf();
+    std::thread::spawn(move || -> Result<std::net::TcpListener> {
+        let f = std::fs::File::open(&ns).with_context(|| format!("cannot open --netns {}", ns.display()))?;
+        nix::sched::setns(&f, nix::sched::CloneFlags::CLONE_NEWNET)
+            .with_context(|| format!("cannot enter the network namespace {}", ns.display()))?;
+        let l = std::net::TcpListener::bind(addr)
+            .with_context(|| format!("cannot listen on {addr} in {}", ns.display()))?;
+        l.set_nonblocking(true)?;
+        Ok(l)
+    })
+    .join()
+    .map_err(|_| anyhow::anyhow!("the bind thread panicked"))?
 }

@@ -36,19 +36,23 @@ pub struct TableInput {
 /// Parses a restore input as the renderer writes it (every chain it fills is declared).
 pub fn parse(text: &str) -> Vec<TableInput> {
     let mut tables: Vec<TableInput> = vec![];
+    // Chain name → index in the current table (10,000 Services declare 110,000 chains).
+    let mut index: std::collections::HashMap<String, usize> = Default::default();
     for line in text.lines() {
         if let Some(name) = line.strip_prefix('*') {
             tables.push(TableInput { name: name.to_string(), ..Default::default() });
+            index.clear();
             continue;
         }
         let Some(table) = tables.last_mut() else { continue };
         if let Some(decl) = line.strip_prefix(':') {
             let name = decl.split_whitespace().next().unwrap_or_default().to_string();
+            index.insert(name.clone(), table.chains.len());
             table.chains.push(ChainBlock { name, rules: vec![] });
         } else if let Some(rest) = line.strip_prefix("-A ") {
             let chain = rest.split_whitespace().next().unwrap_or_default();
-            if let Some(block) = table.chains.iter_mut().find(|c| c.name == chain) {
-                block.rules.push(line.to_string());
+            if let Some(&i) = index.get(chain) {
+                table.chains[i].rules.push(line.to_string());
             }
         } else if let Some(chain) = line.strip_prefix("-X ") {
             table.deletes.push(chain.trim().to_string());
@@ -175,8 +179,9 @@ pub fn batches(tables: &[TableInput], max_lines: Option<usize>) -> Vec<String> {
     for t in tables {
         // A stale chain is emptied in the batch that deletes it, after everything that jumped to
         // it was rewritten.
+        let deleted: BTreeSet<&str> = t.deletes.iter().map(String::as_str).collect();
         let (stale, live): (Vec<&ChainBlock>, Vec<&ChainBlock>) =
-            dependency_order(t).into_iter().partition(|c| t.deletes.contains(&c.name));
+            dependency_order(t).into_iter().partition(|c| deleted.contains(c.name.as_str()));
         let mut batch: Vec<&ChainBlock> = vec![];
         let mut lines = 0;
         for c in live {
