@@ -136,7 +136,9 @@ async fn run() -> Result<()> {
             let addr: SocketAddr = a.parse().with_context(|| format!("invalid --grpc-listen {a}"))?;
             Some(match &args.netns {
                 Some(ns) => tokio::net::TcpListener::from_std(bind_in_netns(ns, addr)?)?,
-                None => tokio::net::TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))?,
+                None => {
+                    tokio::net::TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))?
+                }
             })
         }
     };

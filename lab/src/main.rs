@@ -1,0 +1,184 @@
+//! `podpath`: all-in-one multi-node labs in network namespaces.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+use podpath_lab as lab;
+
+#[derive(Parser)]
+#[command(name = "podpath", version, about = "Kubernetes service networking labs on one Linux host")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(clap::Args)]
+struct Which {
+    /// The lab's name (two labs with different names run side by side).
+    #[arg(long, default_value = "lab")]
+    name: String,
+    /// Where the lab keeps its state (default /var/lib/podpath/NAME).
+    #[arg(long)]
+    state_dir: Option<PathBuf>,
+}
+
+impl Which {
+    fn dir(&self) -> PathBuf {
+        self.state_dir.clone().unwrap_or_else(|| lab::default_state_dir(&self.name))
+    }
+    fn state(&self) -> Result<lab::LabState> {
+        lab::load_state(&self.dir())?.with_context(|| {
+            format!("no lab named {:?} (start one with `sudo podpath up --name {}`)", self.name, self.name)
+        })
+    }
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Build the lab: namespaces, API server, one node agent per node; wait until every node is Ready.
+    Up {
+        #[command(flatten)]
+        which: Which,
+        /// Number of nodes.
+        #[arg(long, default_value_t = 3)]
+        nodes: usize,
+        /// Service proxy of the nodes: iptables or userspace.
+        #[arg(long, default_value = "iptables")]
+        proxy_mode: String,
+        /// Host port for kubectl (default: a free one).
+        #[arg(long, default_value_t = 0)]
+        api_port: u16,
+    },
+    /// Show the lab's processes and nodes.
+    Status {
+        #[command(flatten)]
+        which: Which,
+    },
+    /// Run a command on a host of the lab: client, gateway, control-plane, node-N or pod/NS/NAME.
+    Exec {
+        #[command(flatten)]
+        which: Which,
+        host: String,
+        #[arg(last = true, required = true)]
+        cmd: Vec<String>,
+    },
+    /// curl from the external client (extra curl options may follow the URL).
+    Curl {
+        #[command(flatten)]
+        which: Which,
+        url: String,
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        curl_args: Vec<String>,
+    },
+    /// Print a component's log: apiserver-lite or node-N.
+    Logs {
+        #[command(flatten)]
+        which: Which,
+        component: String,
+    },
+    /// Print the path of the lab's kubeconfig.
+    Kubeconfig {
+        #[command(flatten)]
+        which: Which,
+    },
+    /// Stop every process of the lab and remove its namespaces and state.
+    Down {
+        #[command(flatten)]
+        which: Which,
+        /// Keep the state directory (API data, logs).
+        #[arg(long)]
+        keep_data: bool,
+    },
+}
+
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("podpath: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn exec(argv: &[String]) -> Result<()> {
+    let status = Command::new(&argv[0]).args(&argv[1..]).status().with_context(|| format!("cannot run {}", argv[0]))?;
+    std::process::exit(status.code().unwrap_or(1));
+}
+
+fn run() -> Result<()> {
+    match Cli::parse().cmd {
+        Cmd::Up { which, nodes, proxy_mode, api_port } => {
+            lab::preflight()?;
+            let exe = std::env::current_exe()?;
+            let bin_dir = exe.parent().map(PathBuf::from).unwrap_or_default();
+            let dir = which.dir();
+            let opts = lab::UpOptions {
+                name: which.name.clone(),
+                nodes,
+                proxy_mode,
+                state_dir: dir.clone(),
+                bin_dir,
+                api_port,
+            };
+            lab::up(&opts, &mut |line| eprintln!("• {line}"))?;
+            let kc = lab::kubeconfig_path(&dir);
+            println!("\nlab {:?} is up. Try:", which.name);
+            println!("  export KUBECONFIG={}", kc.display());
+            println!("  kubectl run web --image=podpath/echo --port=8080 && kubectl expose pod web --type=NodePort --port=80 --target-port=8080");
+            println!("  sudo podpath curl http://192.168.56.11:$(kubectl get svc web -o jsonpath='{{.spec.ports[0].nodePort}}')/");
+            println!("  sudo podpath exec node-1 -- iptables-save -t nat");
+            println!(
+                "  sudo podpath down{}",
+                if which.name == "lab" { String::new() } else { format!(" --name {}", which.name) }
+            );
+        }
+        Cmd::Status { which } => {
+            let st = which.state()?;
+            let ready = lab::nodes_ready(&st);
+            println!("lab {:?}: {} nodes, {} proxy, API {}", st.name, st.nodes, st.proxy_mode, st.api);
+            println!("{:<16} {:>8}  {:<8} NODE", "COMPONENT", "PID", "STATE");
+            for (c, pid, alive) in lab::status(&st) {
+                let node = if c.starts_with("node-") {
+                    if ready.contains(&c) {
+                        "Ready"
+                    } else {
+                        "NotReady"
+                    }
+                } else {
+                    ""
+                };
+                println!("{c:<16} {pid:>8}  {:<8} {node}", if alive { "running" } else { "dead" });
+            }
+        }
+        Cmd::Exec { which, host, cmd } => {
+            lab::preflight()?;
+            exec(&lab::exec_argv(&which.state()?, &host, &cmd)?)?;
+        }
+        Cmd::Curl { which, url, curl_args } => {
+            lab::preflight()?;
+            let mut cmd = vec!["curl".to_string(), "-sS".into(), "--max-time".into(), "10".into()];
+            cmd.extend(curl_args);
+            cmd.push(url);
+            exec(&lab::exec_argv(&which.state()?, "client", &cmd)?)?;
+        }
+        Cmd::Logs { which, component } => {
+            let st = which.state()?;
+            if !st.procs.iter().any(|p| p.component == component) {
+                let names: Vec<&str> = st.procs.iter().map(|p| p.component.as_str()).collect();
+                bail!("no component {component:?}: {}", names.join(", "));
+            }
+            let path = which.dir().join("logs").join(format!("{component}.log"));
+            print!("{}", std::fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?);
+        }
+        Cmd::Kubeconfig { which } => {
+            which.state()?;
+            println!("{}", lab::kubeconfig_path(&which.dir()).display());
+        }
+        Cmd::Down { which, keep_data } => {
+            lab::preflight()?;
+            let st = lab::down(&which.dir(), keep_data)?;
+            println!("lab {:?} is down (processes stopped, {} namespaces removed)", st.name, st.namespaces.len());
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,224 @@
+//! The lab's topology as data (pure): namespaces, links, addresses, routes and sysctls, from the
+//! address plan of docs/architecture.md. `apply` turns it into `ip` commands in one place.
+
+use std::net::Ipv4Addr;
+
+/// One host of the lab (a network namespace).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Host {
+    /// What users type: `client`, `gateway`, `control-plane`, `node-1`, … (`underlay` is
+    /// internal: the bridge).
+    pub role: String,
+    /// The namespace: `pp-<lab>-<role>`.
+    pub netns: String,
+}
+
+/// A veth pair: `a_if` in `a`, `b_if` in `b` (names are per namespace, so short and fixed).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Link {
+    pub a: String,
+    pub a_if: String,
+    pub b: String,
+    pub b_if: String,
+    /// Enslave `a_if` to this bridge in `a`.
+    pub a_bridge: Option<String>,
+}
+
+/// An address on an interface of a namespace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Addr {
+    pub netns: String,
+    pub dev: String,
+    pub cidr: String,
+}
+
+/// A default route.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DefaultRoute {
+    pub netns: String,
+    pub via: Ipv4Addr,
+}
+
+/// The whole topology.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plan {
+    pub lab: String,
+    pub hosts: Vec<Host>,
+    pub links: Vec<Link>,
+    pub addrs: Vec<Addr>,
+    pub routes: Vec<DefaultRoute>,
+    /// Namespaces that forward packets (gateway, nodes).
+    pub forwarding: Vec<String>,
+    pub nodes: Vec<NodeSpec>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeSpec {
+    pub name: String,
+    pub netns: String,
+    pub ip: Ipv4Addr,
+}
+
+pub const UNDERLAY_PREFIX: [u8; 3] = [192, 168, 56];
+pub const GATEWAY_UNDERLAY: Ipv4Addr = Ipv4Addr::new(192, 168, 56, 2);
+pub const CONTROL_PLANE: Ipv4Addr = Ipv4Addr::new(192, 168, 56, 10);
+pub const GATEWAY_EXTERNAL: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 1);
+pub const CLIENT: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 10);
+pub const API_PORT: u16 = 6443;
+pub const GRPC_PORT: u16 = 6444;
+/// Nodes get .11 … .(10+N): at most 200 keeps them below .211 and inside the /24.
+pub const MAX_NODES: usize = 200;
+
+/// `pp-<lab>-<role>`.
+pub fn netns_name(lab: &str, role: &str) -> String {
+    format!("pp-{lab}-{role}")
+}
+
+pub fn node_ip(i: usize) -> Ipv4Addr {
+    let [a, b, c] = UNDERLAY_PREFIX;
+    Ipv4Addr::new(a, b, c, 10 + i as u8)
+}
+
+/// Lab names go into namespace names, state paths and chain-free identifiers: keep them short
+/// and plain.
+pub fn check_name(name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= 20
+        && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        && !name.starts_with('-');
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("lab name {name:?}: use 1–20 lowercase letters, digits or '-'"))
+    }
+}
+
+impl Plan {
+    pub fn new(lab: &str, nodes: usize) -> Plan {
+        let ns = |role: &str| netns_name(lab, role);
+        let mut hosts = vec![];
+        for role in ["underlay", "gateway", "client", "control-plane"] {
+            hosts.push(Host { role: role.into(), netns: ns(role) });
+        }
+        let mut node_specs = vec![];
+        for i in 1..=nodes {
+            let name = format!("node-{i}");
+            hosts.push(Host { role: name.clone(), netns: ns(&name) });
+            node_specs.push(NodeSpec { name: name.clone(), netns: ns(&name), ip: node_ip(i) });
+        }
+        let ul = ns("underlay");
+        let on_bridge = |port: &str, host: &str| Link {
+            a: ul.clone(),
+            a_if: port.into(),
+            b: ns(host),
+            b_if: "eth0".into(),
+            a_bridge: Some("br0".into()),
+        };
+        let mut links = vec![on_bridge("gw", "gateway"), on_bridge("cp", "control-plane")];
+        for n in &node_specs {
+            links.push(on_bridge(&format!("n{}", &n.name[5..]), &n.name));
+        }
+        // The client's only link is to the gateway: it reaches nodes and LB IPs through it.
+        links.push(Link {
+            a: ns("gateway"),
+            a_if: "eth1".into(),
+            b: ns("client"),
+            b_if: "eth0".into(),
+            a_bridge: None,
+        });
+        let mut addrs = vec![
+            Addr { netns: ns("gateway"), dev: "eth0".into(), cidr: format!("{GATEWAY_UNDERLAY}/24") },
+            Addr { netns: ns("gateway"), dev: "eth1".into(), cidr: format!("{GATEWAY_EXTERNAL}/24") },
+            Addr { netns: ns("client"), dev: "eth0".into(), cidr: format!("{CLIENT}/24") },
+            Addr { netns: ns("control-plane"), dev: "eth0".into(), cidr: format!("{CONTROL_PLANE}/24") },
+        ];
+        let mut routes = vec![
+            DefaultRoute { netns: ns("client"), via: GATEWAY_EXTERNAL },
+            DefaultRoute { netns: ns("control-plane"), via: GATEWAY_UNDERLAY },
+        ];
+        for n in &node_specs {
+            addrs.push(Addr { netns: n.netns.clone(), dev: "eth0".into(), cidr: format!("{}/24", n.ip) });
+            routes.push(DefaultRoute { netns: n.netns.clone(), via: GATEWAY_UNDERLAY });
+        }
+        let mut forwarding = vec![ns("gateway")];
+        forwarding.extend(node_specs.iter().map(|n| n.netns.clone()));
+        Plan { lab: lab.into(), hosts, links, addrs, routes, forwarding, nodes: node_specs }
+    }
+
+    /// The namespace of a host as users name it.
+    pub fn netns_of(&self, role: &str) -> Option<&str> {
+        self.hosts.iter().find(|h| h.role == role && h.role != "underlay").map(|h| h.netns.as_str())
+    }
+
+    /// The commands that build it, in order (each an argv).
+    pub fn commands(&self) -> Vec<Vec<String>> {
+        let v = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<String>>();
+        let mut out = vec![];
+        for h in &self.hosts {
+            out.push(v(&["ip", "netns", "add", &h.netns]));
+            out.push(v(&["ip", "-n", &h.netns, "link", "set", "lo", "up"]));
+        }
+        let ul = netns_name(&self.lab, "underlay");
+        out.push(v(&["ip", "-n", &ul, "link", "add", "br0", "type", "bridge"]));
+        out.push(v(&["ip", "-n", &ul, "link", "set", "br0", "up"]));
+        for l in &self.links {
+            out.push(v(&[
+                "ip", "-n", &l.a, "link", "add", &l.a_if, "type", "veth", "peer", "name", &l.b_if, "netns", &l.b,
+            ]));
+            if let Some(br) = &l.a_bridge {
+                out.push(v(&["ip", "-n", &l.a, "link", "set", &l.a_if, "master", br]));
+            }
+            out.push(v(&["ip", "-n", &l.a, "link", "set", &l.a_if, "up"]));
+            out.push(v(&["ip", "-n", &l.b, "link", "set", &l.b_if, "up"]));
+        }
+        for a in &self.addrs {
+            out.push(v(&["ip", "-n", &a.netns, "addr", "add", &a.cidr, "dev", &a.dev]));
+        }
+        for r in &self.routes {
+            out.push(v(&["ip", "-n", &r.netns, "route", "add", "default", "via", &r.via.to_string()]));
+        }
+        for ns in &self.forwarding {
+            out.push(v(&["ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv4.ip_forward=1"]));
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeSet;
+
+    #[test]
+    fn three_nodes_follow_the_address_plan() {
+        let p = Plan::new("lab", 3);
+        let roles: Vec<&str> = p.hosts.iter().map(|h| h.role.as_str()).collect();
+        assert_eq!(roles, ["underlay", "gateway", "client", "control-plane", "node-1", "node-2", "node-3"]);
+        assert!(p.hosts.iter().all(|h| h.netns.starts_with("pp-lab-")), "every name carries the lab's");
+        assert_eq!(p.nodes[1].ip, Ipv4Addr::new(192, 168, 56, 12));
+        let ips: Vec<&str> = p.addrs.iter().map(|a| a.cidr.as_str()).collect();
+        let unique: BTreeSet<&&str> = ips.iter().collect();
+        assert_eq!(unique.len(), ips.len(), "unique addresses: {ips:?}");
+        assert!(
+            ips.contains(&"203.0.113.10/24") && ips.contains(&"192.168.56.2/24") && ips.contains(&"192.168.56.13/24")
+        );
+        // The client is linked only to the gateway.
+        let client = netns_name("lab", "client");
+        let client_links: Vec<&Link> = p.links.iter().filter(|l| l.a == client || l.b == client).collect();
+        assert_eq!(client_links.len(), 1);
+        assert_eq!(client_links[0].a, netns_name("lab", "gateway"));
+        for l in &p.links {
+            assert!(l.a_if.len() <= 15 && l.b_if.len() <= 15);
+        }
+        assert_eq!(p.netns_of("node-2"), Some("pp-lab-node-2"));
+        assert_eq!(p.netns_of("underlay"), None, "internal");
+    }
+
+    #[test]
+    fn names_are_checked() {
+        assert!(check_name("lab").is_ok() && check_name("a-2").is_ok());
+        for bad in ["", "Lab", "a b", "-x", "a/b", "averyveryverylongname1"] {
+            assert!(check_name(bad).is_err(), "{bad}");
+        }
+    }
+}
