@@ -77,7 +77,7 @@ fn jump_target(rule: &[String]) -> Option<&str> {
     rule.iter().position(|w| w == "-j").and_then(|i| rule.get(i + 1)).map(String::as_str)
 }
 
-const TARGETS: [&str; 8] = ["ACCEPT", "DROP", "REJECT", "RETURN", "DNAT", "MARK", "MASQUERADE", "SNAT"];
+const TARGETS: [&str; 9] = ["ACCEPT", "DROP", "REJECT", "RETURN", "DNAT", "MARK", "MASQUERADE", "SNAT", "REDIRECT"];
 
 impl FakeIptables {
     /// `iptables-restore --noflush`.
@@ -506,5 +506,75 @@ mod tests {
         );
         let pod = t.trace("nat", "PREROUTING", pkt("10.244.2.3"));
         assert_eq!(pod.packet.mark, 0, "pod traffic is not masqueraded");
+    }
+}
+
+/// Problems of a restore input as kube-proxy's own tests define them: a rule that jumps to a
+/// chain the input does not declare, or to a declared chain with no rules, and a declared chain
+/// nothing jumps to. `entry` names the chains reached from built-in chains (their jumps are not
+/// in the input) and chains allowed to be empty (kube-proxy always writes them).
+pub fn lint(text: &str, entry: &[&str]) -> Vec<String> {
+    let mut problems = vec![];
+    let mut table = String::new();
+    let mut declared: BTreeMap<(String, String), usize> = BTreeMap::new();
+    let mut jumps: Vec<(String, String, String)> = vec![];
+    let mut deleted: BTreeSet<(String, String)> = BTreeSet::new();
+    for line in text.lines() {
+        if let Some(t) = line.strip_prefix('*') {
+            table = t.to_string();
+        } else if let Some(decl) = line.strip_prefix(':') {
+            let name = decl.split_whitespace().next().unwrap_or_default();
+            declared.insert((table.clone(), name.to_string()), 0);
+        } else if line.starts_with("-A ") {
+            let words = split_words(line);
+            let chain = words.get(1).cloned().unwrap_or_default();
+            *declared.entry((table.clone(), chain.clone())).or_default() += 1;
+            if let Some(target) = words.iter().position(|w| w == "-j").and_then(|i| words.get(i + 1)) {
+                if !TARGETS.contains(&target.as_str()) {
+                    jumps.push((table.clone(), chain, target.clone()));
+                }
+            }
+        } else if let Some(chain) = line.strip_prefix("-X ") {
+            deleted.insert((table.clone(), chain.trim().to_string()));
+        }
+    }
+    for (t, from, to) in &jumps {
+        match declared.get(&(t.clone(), to.clone())) {
+            None => problems.push(format!("{t}: {from} jumps to {to}, which is not declared")),
+            Some(0) if !entry.contains(&to.as_str()) => {
+                problems.push(format!("{t}: {from} jumps to {to}, which is empty"))
+            }
+            _ => {}
+        }
+    }
+    for (t, c) in declared.keys() {
+        let used = jumps.iter().any(|(jt, _, to)| jt == t && to == c);
+        if !used && !entry.contains(&c.as_str()) && !deleted.contains(&(t.clone(), c.clone())) {
+            problems.push(format!("{t}: chain {c} is declared but nothing jumps to it"));
+        }
+    }
+    problems
+}
+
+#[cfg(test)]
+mod lint_tests {
+    use super::lint;
+
+    #[test]
+    fn lint_finds_missing_empty_and_unused_chains() {
+        let text =
+            "*nat\n:KUBE-SERVICES - [0:0]\n:KUBE-SVC-A - [0:0]\n:KUBE-SEP-EMPTY - [0:0]\n:KUBE-SEP-LOST - [0:0]\n\
+                    :KUBE-SEP-OLD - [0:0]\n-A KUBE-SERVICES -j KUBE-SVC-A\n-A KUBE-SVC-A -j KUBE-SEP-EMPTY\n\
+                    -A KUBE-SVC-A -j KUBE-SEP-MISSING\n-A KUBE-SEP-LOST -j DNAT --to-destination 10.0.0.1:80\n\
+                    -X KUBE-SEP-OLD\nCOMMIT\n";
+        let problems = lint(text, &["KUBE-SERVICES"]);
+        assert_eq!(
+            problems,
+            [
+                "nat: KUBE-SVC-A jumps to KUBE-SEP-EMPTY, which is empty",
+                "nat: KUBE-SVC-A jumps to KUBE-SEP-MISSING, which is not declared",
+                "nat: chain KUBE-SEP-LOST is declared but nothing jumps to it",
+            ]
+        );
     }
 }

@@ -145,32 +145,40 @@ fn render_inner(
                 filter_services.push_str(&to("KUBE-SERVICES", &internal_comment, cip, internal_target));
             }
         }
+        // External destinations go to the EXT chain whenever there are endpoints: with
+        // externalTrafficPolicy Local and none on this node, EXT still short-circuits pod and
+        // node traffic to the cluster endpoints, and what it does not DNAT is dropped in filter.
         // External IPs.
         for eip in &sp.external_ips {
-            if has_external {
+            if has_endpoints {
                 nat_services.push_str(&to("KUBE-SERVICES", &format!("{spn} external IP"), eip, &ext_chain));
-            } else {
+            }
+            if !has_external {
                 filter_external.push_str(&to("KUBE-EXTERNAL-SERVICES", &external_comment, eip, external_target));
             }
         }
         // Load-balancer IPs.
         for lip in &sp.load_balancer_ips {
-            if has_external {
+            if has_endpoints {
                 nat_services.push_str(&to("KUBE-SERVICES", &format!("{spn} loadbalancer IP"), lip, lb_chain));
                 if !sp.source_ranges.is_empty() {
                     let text = format!("{spn} traffic not accepted by {fw_chain}");
                     filter_firewall.push_str(&to("KUBE-PROXY-FIREWALL", &text, lip, "DROP"));
                 }
-            } else {
+            }
+        }
+        if !has_external {
+            for lip in &sp.load_balancer_ips {
                 filter_external.push_str(&to("KUBE-EXTERNAL-SERVICES", &external_comment, lip, external_target));
             }
         }
         // NodePort.
         if let Some(np) = sp.node_port {
-            if has_external {
+            if has_endpoints {
                 writeln!(nat_nodeports, "-A KUBE-NODEPORTS {} {pm} --dport {np} -j {ext_chain}", comment(&spn))
                     .unwrap();
-            } else {
+            }
+            if !has_external {
                 writeln!(
                     filter_external,
                     "-A KUBE-EXTERNAL-SERVICES {} -m addrtype --dst-type LOCAL {pm} --dport {np} -j {external_target}",
@@ -479,6 +487,31 @@ mod tests {
         }
         assert!(out.nat_chains.contains("KUBE-SVC-XPGD46QRK7WJZT7O"));
         assert!(!out.nat_chains.contains("KUBE-SEP-STALESTALESTALE"));
+        assert_eq!(testkit::iptables::lint(&out.text, TOP_LEVEL), Vec::<String>::new());
+    }
+
+    /// Chains reached from built-in chains, or always written (kube-proxy's layout).
+    const TOP_LEVEL: &[&str] = &[
+        "KUBE-SERVICES",
+        "KUBE-EXTERNAL-SERVICES",
+        "KUBE-NODEPORTS",
+        "KUBE-FORWARD",
+        "KUBE-PROXY-FIREWALL",
+        "KUBE-POSTROUTING",
+        "KUBE-MARK-MASQ",
+    ];
+
+    #[test]
+    fn every_single_service_renders_without_lint_problems() {
+        // Each service of the golden set alone, with and without endpoints: no dangling,
+        // empty or unused chain in any combination.
+        for st in services() {
+            for eps in [st.endpoints.clone(), vec![]] {
+                let one = ServiceState { port: st.port.clone(), endpoints: eps };
+                let out = render(&cfg(), &[one], &BTreeSet::new());
+                assert_eq!(testkit::iptables::lint(&out.text, TOP_LEVEL), Vec::<String>::new(), "{}", st.port.spn());
+            }
+        }
     }
 
     #[test]

@@ -586,6 +586,8 @@ mod tests {
             std::fs::write(path, &out).unwrap();
             panic!("the ruleset differs from testdata/userspace.rules; the new one is in {path}");
         }
+        let chains = [PORTALS_CONTAINER, PORTALS_HOST, NODEPORT_CONTAINER, NODEPORT_HOST, NODEPORT_NON_LOCAL];
+        assert_eq!(testkit::iptables::lint(&out, &chains), Vec::<String>::new());
     }
 
     #[test]
