@@ -106,8 +106,13 @@ async fn pods_on_two_nodes_network_probes_restarts_deletion_and_agent_restart() 
     let url = format!("http://{}:10256", node_ip(1));
     let (ok, health) = n1.run(&["curl", "-sS", "-i", "--max-time", "5", &format!("{url}/healthz")]);
     assert!(ok && health.starts_with("HTTP/1.1 200") && health.contains("\"nodeEligible\":true"), "{health}");
-    let metrics = n1.run(&["curl", "-sS", "--max-time", "5", &format!("{url}/metrics")]).1;
-    assert!(metrics.contains("podpath_node_pods_running 2"), "{metrics}");
+    // The gauge is set by the pod workers after they report status: wait for it, not race it.
+    let metrics_url = format!("{url}/metrics");
+    c.wait_for(10, "podpath_node_pods_running 2", |c| {
+        c.nodes[0].run(&["curl", "-sS", "--max-time", "5", &metrics_url]).1.contains("podpath_node_pods_running 2")
+    })
+    .await;
+    let metrics = n1.run(&["curl", "-sS", "--max-time", "5", &metrics_url]).1;
     assert!(metrics.contains("podpath_node_cni_operation_duration_seconds_count{operation=\"ADD\",result=\"success\"}"));
 
     // Agent restart: pods keep running, same PIDs and IPs; a pod deleted meanwhile is cleaned up.

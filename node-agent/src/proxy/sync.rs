@@ -417,12 +417,11 @@ pub fn sync_once<I: Iptables + ?Sized>(
     full: bool,
     applied: &mut restore::Applied,
 ) -> Result<()> {
-    let (rendered, tables) = if full {
+    let tables = if full {
         applied.clear();
         let nat = ipt.save("nat")?;
         let filter = ipt.save("filter")?;
-        let rendered = render(cfg, state, &saved_chains(&nat));
-        let mut tables = restore::parse(&rendered.text);
+        let mut tables = restore::parse(&render(cfg, state, &saved_chains(&nat)).text);
         for t in tables.iter_mut() {
             let saved = if t.name == "nat" { &nat } else { &filter };
             t.inserts = missing_jumps(&t.name, saved);
@@ -433,13 +432,11 @@ pub fn sync_once<I: Iptables + ?Sized>(
             chains: vec![restore::ChainBlock { name: CANARY.into(), rules: vec![] }],
             ..Default::default()
         });
-        (rendered, tables)
+        tables
     } else {
         let rendered = render_partial(cfg, state, &applied.chains("nat"), changed);
-        let tables = restore::minimize(&restore::parse(&rendered.text), applied);
-        (rendered, tables)
+        restore::minimize(&restore::parse(&rendered.text), applied)
     };
-    drop(rendered);
     for batch in restore::batches(&tables, ipt.batch_lines()) {
         ipt.restore(&batch)?;
     }
