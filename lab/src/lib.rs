@@ -39,6 +39,8 @@ pub struct UpOptions {
     pub name: String,
     pub nodes: usize,
     pub proxy_mode: String,
+    /// How lb-sim delivers LoadBalancer IPs: `passthrough` or `nodeport`.
+    pub lb_mode: String,
     pub state_dir: PathBuf,
     /// Where `apiserver-lite`, `node-agent`, `podpath-workload` and the CNI plugins are.
     pub bin_dir: PathBuf,
@@ -61,10 +63,19 @@ pub struct LabState {
     pub name: String,
     pub nodes: usize,
     pub proxy_mode: String,
+    #[serde(default = "default_lb_mode")]
+    pub lb_mode: String,
     pub api: String,
     pub namespaces: Vec<String>,
     pub procs: Vec<Proc>,
 }
+
+fn default_lb_mode() -> String {
+    "passthrough".into()
+}
+
+/// Where lb-sim serves its status, inside the gateway's namespace.
+pub const LB_STATUS: &str = "127.0.0.1:9900";
 
 /// Default state directory of a lab.
 pub fn default_state_dir(name: &str) -> PathBuf {
@@ -202,7 +213,10 @@ pub fn up(opts: &UpOptions, progress: &mut dyn FnMut(&str)) -> Result<LabState> 
     if !matches!(opts.proxy_mode.as_str(), "iptables" | "userspace") {
         return Err(LabError::Usage(format!("--proxy-mode {:?}: expected iptables or userspace", opts.proxy_mode)));
     }
-    for bin in ["apiserver-lite", "node-agent", "podpath-workload", "podpath-bridge", "podpath-ipam"] {
+    if !matches!(opts.lb_mode.as_str(), "passthrough" | "nodeport") {
+        return Err(LabError::Usage(format!("--lb-mode {:?}: expected passthrough or nodeport", opts.lb_mode)));
+    }
+    for bin in ["apiserver-lite", "node-agent", "lb-sim", "podpath-workload", "podpath-bridge", "podpath-ipam"] {
         if !opts.bin_dir.join(bin).is_file() {
             return Err(LabError::Usage(format!(
                 "{bin} is not in {} (build with `cargo build --release`)",
@@ -241,6 +255,7 @@ pub fn up(opts: &UpOptions, progress: &mut dyn FnMut(&str)) -> Result<LabState> 
         name: opts.name.clone(),
         nodes: opts.nodes,
         proxy_mode: opts.proxy_mode.clone(),
+        lb_mode: opts.lb_mode.clone(),
         api: api.to_string(),
         namespaces: p.hosts.iter().map(|h| h.netns.clone()).collect(),
         procs: vec![],
@@ -346,6 +361,28 @@ fn start(opts: &UpOptions, p: &Plan, st: &mut LabState, api: SocketAddr, progres
             LabError::NotReady(format!("{e}; not running: {} (see `podpath logs`)", dead.join(", ")))
         }
     })?;
+    let gw = p.netns_of("gateway").expect("planned");
+    progress(&format!("gateway: lb-sim ({} load balancers, health checks on :10256)", opts.lb_mode));
+    let lb = vec![
+        s("ip"),
+        s("netns"),
+        s("exec"),
+        gw.to_string(),
+        bin("lb-sim"),
+        s("--apiserver"),
+        format!("{}:{}", plan::CONTROL_PLANE, plan::GRPC_PORT),
+        s("--mode"),
+        opts.lb_mode.clone(),
+        s("--status-listen"),
+        s(LB_STATUS),
+    ];
+    st.procs.push(spawn("lb-sim", &lb, &logs.join("lb-sim.log"), &[])?);
+    save_state(&opts.state_dir, st)?;
+    let nodes = p.nodes.len();
+    wait_until(Duration::from_secs(10), "lb-sim to see every node", || {
+        lb_status_in(gw).is_ok_and(|s| s["nodes"].as_array().is_some_and(|n| n.len() == nodes))
+    })
+    .map_err(|e| with_log(e, &logs.join("lb-sim.log")))?;
     std::fs::write(kubeconfig_path(&opts.state_dir), kubeconfig(&opts.name, api))
         .map_err(io("write the kubeconfig"))?;
     progress(&format!("ready: {} nodes in {:.1} s", p.nodes.len(), t0.elapsed().as_secs_f64()));
@@ -469,7 +506,96 @@ pub fn status(st: &LabState) -> Vec<(String, i32, bool)> {
     st.procs.iter().map(|p| (p.component.clone(), p.pid, alive(p))).collect()
 }
 
+/// One HTTP GET from inside a network namespace of the lab (a helper thread enters it; the
+/// socket stays there).
+pub fn http_get_in(netns: &str, addr: SocketAddr, path: &str) -> Result<(u16, String)> {
+    let (netns, path) = (netns.to_string(), path.to_string());
+    std::thread::spawn(move || -> Result<(u16, String)> {
+        let f = std::fs::File::open(format!("/run/netns/{netns}")).map_err(io(format!("open namespace {netns}")))?;
+        nix::sched::setns(&f, nix::sched::CloneFlags::CLONE_NEWNET)
+            .map_err(|e| io(format!("enter namespace {netns}"))(e.into()))?;
+        http_get(addr, &path).map_err(io(format!("GET http://{addr}{path} in {netns}")))
+    })
+    .join()
+    .map_err(|_| LabError::NotReady("the HTTP helper thread panicked".into()))?
+}
+
+fn lb_status_in(gateway_netns: &str) -> Result<serde_json::Value> {
+    let (code, body) = http_get_in(gateway_netns, LB_STATUS.parse().expect("constant"), "/status")?;
+    if code != 200 {
+        return Err(LabError::NotReady(format!("lb-sim status answered HTTP {code}")));
+    }
+    serde_json::from_str(&body).map_err(|e| LabError::NotReady(format!("lb-sim status is not JSON: {e}")))
+}
+
+/// lb-sim's status document (`GET /status` in the gateway's namespace).
+pub fn lb_status(st: &LabState) -> Result<serde_json::Value> {
+    let p = Plan::new(&st.name, st.nodes);
+    lb_status_in(p.netns_of("gateway").expect("planned"))
+}
+
 /// Ready nodes according to the API server.
 pub fn nodes_ready(st: &LabState) -> Vec<String> {
     st.api.parse().map(ready_nodes).unwrap_or_default()
+}
+
+/// lb-sim's status as a table: one row per frontend, its backends with their health (`*`:
+/// gets traffic).
+pub fn lb_table(doc: &serde_json::Value) -> String {
+    let mut rows = vec![["VIP", "SERVICE", "KIND", "VIA", "PORTS", "BACKENDS"].map(String::from).to_vec()];
+    for f in doc["frontends"].as_array().into_iter().flatten() {
+        let s = |k: &str| f[k].as_str().unwrap_or_default().to_string();
+        let ports: Vec<&str> = f["ports"].as_array().into_iter().flatten().filter_map(|p| p.as_str()).collect();
+        let backends: Vec<String> = f["backends"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|b| {
+                let star = if b["inRotation"] == true { "*" } else { "" };
+                format!("{}{star} {}", b["node"].as_str().unwrap_or_default(), b["health"].as_str().unwrap_or_default())
+            })
+            .collect();
+        let mut via = s("delivery");
+        if let Some(pin) = f["pinned"].as_str() {
+            via = format!("{via} (pinned to {pin})");
+        }
+        rows.push(vec![s("vip"), s("service"), s("kind"), via, ports.join(","), backends.join(", ")]);
+    }
+    let widths: Vec<usize> = (0..6).map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0)).collect();
+    let mut out = format!("load balancers ({} mode):\n", doc["mode"].as_str().unwrap_or("?"));
+    for r in &rows {
+        let line: Vec<String> = r.iter().zip(&widths).map(|(cell, w)| format!("{cell:<w$}")).collect();
+        out.push_str(line.join("  ").trim_end());
+        out.push('\n');
+    }
+    if rows.len() == 1 {
+        out.push_str("(no LoadBalancer IPs or externalIPs yet)\n");
+    }
+    if let Some(e) = doc["error"].as_str() {
+        out.push_str(&format!("last error: {e}\n"));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_lb_table_shows_every_frontend_with_its_backends() {
+        let doc = serde_json::json!({"mode": "passthrough", "nodes": [], "frontends": [
+            {"vip": "198.51.100.1", "service": "default/contour", "kind": "LoadBalancer", "delivery": "route",
+             "ports": ["http 80/TCP→30080", "https 443/TCP→30443"],
+             "backends": [{"node": "node-1", "target": "192.168.56.11", "check": "", "health": "healthy", "inRotation": true},
+                          {"node": "node-2", "target": "192.168.56.12", "check": "", "health": "unhealthy", "inRotation": false}]},
+            {"vip": "169.10.10.1", "service": "default/svc-test-1", "kind": "ExternalIP", "delivery": "route",
+             "pinned": "node-2", "ports": ["80/TCP"], "backends": []}]});
+        let t = lb_table(&doc);
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(lines[0], "load balancers (passthrough mode):");
+        assert!(lines[1].starts_with("VIP "), "{t}");
+        assert!(lines[2].contains("default/contour") && lines[2].contains("node-1* healthy, node-2 unhealthy"), "{t}");
+        assert!(lines[3].contains("route (pinned to node-2)"), "{t}");
+        assert_eq!(lines[1].find("SERVICE"), lines[2].find("default/contour"), "columns line up");
+    }
 }

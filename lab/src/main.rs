@@ -37,7 +37,8 @@ impl Which {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Build the lab: namespaces, API server, one node agent per node; wait until every node is Ready.
+    /// Build the lab: namespaces, API server, one node agent per node, the gateway's lb-sim;
+    /// wait until every node is Ready.
     Up {
         #[command(flatten)]
         which: Which,
@@ -47,6 +48,10 @@ enum Cmd {
         /// Service proxy of the nodes: iptables or userspace.
         #[arg(long, default_value = "iptables")]
         proxy_mode: String,
+        /// How the gateway delivers LoadBalancer IPs: passthrough (routed to a node unchanged,
+        /// GKE/MetalLB style) or nodeport (proxied to node IP:nodePort, classic cloud LB).
+        #[arg(long, default_value = "passthrough")]
+        lb_mode: String,
         /// Host port for kubectl (default: a free one).
         #[arg(long, default_value_t = 0)]
         api_port: u16,
@@ -72,7 +77,7 @@ enum Cmd {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         curl_args: Vec<String>,
     },
-    /// Print a component's log: apiserver-lite or node-N.
+    /// Print a component's log: apiserver-lite, lb-sim or node-N.
     Logs {
         #[command(flatten)]
         which: Which,
@@ -107,7 +112,7 @@ fn exec(argv: &[String]) -> Result<()> {
 
 fn run() -> Result<()> {
     match Cli::parse().cmd {
-        Cmd::Up { which, nodes, proxy_mode, api_port } => {
+        Cmd::Up { which, nodes, proxy_mode, lb_mode, api_port } => {
             lab::preflight()?;
             let exe = std::env::current_exe()?;
             let bin_dir = exe.parent().map(PathBuf::from).unwrap_or_default();
@@ -116,6 +121,7 @@ fn run() -> Result<()> {
                 name: which.name.clone(),
                 nodes,
                 proxy_mode,
+                lb_mode,
                 state_dir: dir.clone(),
                 bin_dir,
                 api_port,
@@ -124,8 +130,9 @@ fn run() -> Result<()> {
             let kc = lab::kubeconfig_path(&dir);
             println!("\nlab {:?} is up. Try:", which.name);
             println!("  export KUBECONFIG={}", kc.display());
-            println!("  kubectl run web --image=podpath/echo --port=8080 && kubectl expose pod web --type=NodePort --port=80 --target-port=8080");
-            println!("  sudo podpath curl http://192.168.56.11:$(kubectl get svc web -o jsonpath='{{.spec.ports[0].nodePort}}')/");
+            println!("  kubectl run web --image=podpath/echo --port=8080 && kubectl expose pod web --type=LoadBalancer --port=80 --target-port=8080");
+            println!("  sudo podpath curl http://$(kubectl get svc web -o jsonpath='{{.status.loadBalancer.ingress[0].ip}}')/");
+            println!("  sudo podpath status");
             println!("  sudo podpath exec node-1 -- iptables-save -t nat");
             println!(
                 "  sudo podpath down{}",
@@ -135,7 +142,10 @@ fn run() -> Result<()> {
         Cmd::Status { which } => {
             let st = which.state()?;
             let ready = lab::nodes_ready(&st);
-            println!("lab {:?}: {} nodes, {} proxy, API {}", st.name, st.nodes, st.proxy_mode, st.api);
+            println!(
+                "lab {:?}: {} nodes, {} proxy, {} load balancers, API {}",
+                st.name, st.nodes, st.proxy_mode, st.lb_mode, st.api
+            );
             println!("{:<16} {:>8}  {:<8} NODE", "COMPONENT", "PID", "STATE");
             for (c, pid, alive) in lab::status(&st) {
                 let node = if c.starts_with("node-") {
@@ -148,6 +158,10 @@ fn run() -> Result<()> {
                     ""
                 };
                 println!("{c:<16} {pid:>8}  {:<8} {node}", if alive { "running" } else { "dead" });
+            }
+            match lab::lb_status(&st) {
+                Ok(doc) => print!("\n{}", lab::lb_table(&doc)),
+                Err(e) => println!("\nload balancers: unknown ({e})"),
             }
         }
         Cmd::Exec { which, host, cmd } => {

@@ -1,1 +1,23 @@
-//! placeholder
+//! lb-sim: the simulated world outside the cluster, run in the gateway's network namespace
+//! (or on the gateway VM).
+//!
+//! - [`model`]: what the gateway should do, as a pure function of Services, Nodes and health:
+//!   frontends (LoadBalancer IPs and externalIPs), their backends, and from those the routes
+//!   (passthrough) and the NodePort proxies (nodeport mode);
+//! - [`health`]: cloud-LB-style health checks of every node (`:10256/healthz`, or the
+//!   Service's `healthCheckNodePort` for `externalTrafficPolicy: Local`);
+//! - [`routing`]: the gateway's routes as resilient nexthop groups (a withdrawn node moves only
+//!   its own flows), planned purely against what the kernel holds, applied with `ip -batch`;
+//! - [`proxy`]: the nodeport-mode TCP load balancer (`LB IP:port` → `node IP:nodePort`);
+//! - [`status`]: the JSON status endpoint;
+//! - [`run`]: everything assembled.
+
+pub mod error;
+pub mod health;
+pub mod model;
+pub mod proxy;
+pub mod routing;
+pub mod run;
+pub mod status;
+
+pub use error::{LbError, Result};

@@ -1,0 +1,84 @@
+//! `lb-sim`: the lab's gateway between the "internet" client and the nodes, and its cloud-style
+//! load balancers (passthrough routes or NodePort proxies) with health checks.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use lb_sim::model::Mode;
+use lb_sim::run::{self, Config};
+
+/// podpath's simulated gateway and load balancers.
+#[derive(Parser, Debug)]
+#[command(name = "lb-sim", version)]
+struct Args {
+    /// gRPC address of apiserver-lite.
+    #[arg(long, default_value = "127.0.0.1:6444")]
+    apiserver: String,
+    /// File with the bearer token the API server wants.
+    #[arg(long)]
+    token_file: Option<PathBuf>,
+    /// `passthrough`: route LoadBalancer IPs and externalIPs to healthy nodes, packets
+    /// unchanged (GKE/MetalLB style). `nodeport`: proxy `LB IP:port` to `node IP:nodePort` of
+    /// healthy nodes (classic cloud LB); externalIPs are still routed.
+    #[arg(long, default_value = "passthrough")]
+    mode: String,
+    /// Address of the JSON status endpoint (`GET /status`); empty to disable.
+    #[arg(long, default_value = "127.0.0.1:9900")]
+    status_listen: String,
+    /// kube-proxy's health port on the nodes (checked for `externalTrafficPolicy: Cluster`).
+    #[arg(long, default_value_t = 10256)]
+    node_health_port: u16,
+    /// Remove lb-sim's routes and addresses from this namespace, then exit.
+    #[arg(long)]
+    cleanup: bool,
+    /// Log filter (RUST_LOG syntax).
+    #[arg(long, env = "PODPATH_LOG", default_value = "info")]
+    log: String,
+}
+
+#[tokio::main(worker_threads = 2)]
+async fn main() {
+    if let Err(e) = start().await {
+        eprintln!("lb-sim: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+async fn start() -> Result<()> {
+    let args = Args::parse();
+    tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::new(&args.log)).with_target(false).init();
+    if args.cleanup {
+        let n = lb_sim::routing::sync(&lb_sim::routing::IpCommand, &lb_sim::routing::Wanted::default())?;
+        println!("removed lb-sim's routes, nexthops and addresses ({n} changes)");
+        return Ok(());
+    }
+    let mode: Mode = args.mode.parse().map_err(|e: String| anyhow::anyhow!("--mode: {e}"))?;
+    let status_listen: Option<SocketAddr> = match args.status_listen.as_str() {
+        "" => None,
+        a => Some(a.parse().with_context(|| format!("--status-listen {a:?} is not IP:PORT"))?),
+    };
+    let token = match &args.token_file {
+        Some(p) => Some(
+            std::fs::read_to_string(p)
+                .with_context(|| format!("cannot read --token-file {}", p.display()))?
+                .trim()
+                .to_string(),
+        ),
+        None => None,
+    };
+    let cfg = Config { apiserver: args.apiserver, token, mode, status_listen, node_health_port: args.node_health_port };
+    let shutdown = async {
+        let mut term =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("signal handler");
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {},
+            _ = term.recv() => {},
+        }
+        tracing::info!("stopping");
+    };
+    run::run(cfg, Arc::new(lb_sim::routing::IpCommand), shutdown).await?;
+    Ok(())
+}

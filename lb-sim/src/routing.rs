@@ -1,0 +1,413 @@
+//! The gateway's own routing state: passthrough routes and the proxies' addresses.
+//!
+//! Each VIP is a route `VIP nhid G proto 78` to a **resilient** nexthop group `G` of the nodes
+//! in rotation. Unlike a plain multipath route, a resilient group keeps every hash bucket where
+//! it is when a member leaves (only the leaving node's buckets move) and gives a returning node
+//! only buckets that have been idle, so connections to healthy nodes are never moved to a node
+//! without their conntrack state. [`plan`] is pure: what the kernel holds ([`Observed`]) and
+//! what is wanted in, `ip -batch` lines out; [`Ip`] is the one place that runs them.
+//! Everything lb-sim owns carries `proto 78` (routes, nexthops) or the address label
+//! `lo:pplb`, so it recognises its own state after a restart and never touches anything else.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Write;
+use std::net::IpAddr;
+use std::process::{Command, Stdio};
+
+use serde_json::Value;
+
+use crate::error::{LbError, Result};
+
+/// `proto` of lb-sim's routes and nexthops (unassigned in iproute2's rt_protos; the node agent
+/// uses 77).
+pub const PROTO: u8 = 78;
+/// The label of the proxies' addresses on `lo`.
+pub const ADDRESS_LABEL: &str = "lo:pplb";
+/// Group ids start here; node nexthops use ids below.
+pub const FIRST_GROUP_ID: u32 = 0x10000;
+/// Buckets per group: enough for an even spread over a lab's nodes.
+pub const BUCKETS: u32 = 64;
+
+/// What lb-sim owns in the kernel right now.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Observed {
+    /// Node nexthops: id → gateway.
+    pub nexthops: BTreeMap<u32, IpAddr>,
+    /// Groups: id → member ids (sorted).
+    pub groups: BTreeMap<u32, Vec<u32>>,
+    /// Routes: destination → nexthop group id (None: a route of ours without one).
+    pub routes: BTreeMap<IpAddr, Option<u32>>,
+    /// Addresses with [`ADDRESS_LABEL`].
+    pub addresses: BTreeSet<IpAddr>,
+}
+
+/// What lb-sim wants: VIP → node IPs, and the addresses the proxies listen on.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Wanted {
+    pub routes: BTreeMap<IpAddr, BTreeSet<IpAddr>>,
+    pub addresses: BTreeSet<IpAddr>,
+}
+
+fn host_prefix(ip: &IpAddr) -> String {
+    format!("{ip}/{}", if ip.is_ipv4() { 32 } else { 128 })
+}
+
+fn first_free(used: impl Fn(u32) -> bool, from: u32) -> u32 {
+    (from..).find(|id| !used(*id)).expect("a free nexthop id")
+}
+
+/// The `ip -batch` lines that turn `have` into `want`. `devices` names the interface each node
+/// IP is reached through (nexthops need one). Order: node nexthops, groups, routes, then
+/// removals (routes before the groups they use, groups before their members).
+pub fn plan(want: &Wanted, have: &Observed, devices: &BTreeMap<IpAddr, String>, idle_timer: u32) -> Vec<String> {
+    let mut lines = Vec::new();
+    let mut node_ids: BTreeMap<IpAddr, u32> = have.nexthops.iter().map(|(id, ip)| (*ip, *id)).collect();
+    let needed: BTreeSet<IpAddr> = want.routes.values().flatten().copied().collect();
+    for ip in &needed {
+        if node_ids.contains_key(ip) {
+            continue;
+        }
+        let id = first_free(|id| have.nexthops.contains_key(&id) || node_ids.values().any(|v| *v == id), 1);
+        node_ids.insert(*ip, id);
+        let dev = devices.get(ip).map(|d| format!(" dev {d}")).unwrap_or_default();
+        lines.push(format!("nexthop replace id {id} via {ip}{dev} proto {PROTO}"));
+    }
+    let mut used_groups = BTreeSet::new();
+    let mut new_groups = BTreeSet::new();
+    for (vip, nodes) in &want.routes {
+        let members: Vec<u32> = {
+            let mut m: Vec<u32> = nodes.iter().map(|ip| node_ids[ip]).collect();
+            m.sort_unstable();
+            m
+        };
+        let current = have.routes.get(vip).copied().flatten().filter(|g| have.groups.contains_key(g));
+        let group = current.unwrap_or_else(|| {
+            let g = first_free(|id| have.groups.contains_key(&id) || new_groups.contains(&id), FIRST_GROUP_ID);
+            new_groups.insert(g);
+            g
+        });
+        used_groups.insert(group);
+        if have.groups.get(&group) != Some(&members) {
+            let list = members.iter().map(u32::to_string).collect::<Vec<_>>().join("/");
+            lines.push(format!(
+                "nexthop replace id {group} group {list} type resilient buckets {BUCKETS} idle_timer {idle_timer} proto {PROTO}"
+            ));
+        }
+        if have.routes.get(vip) != Some(&Some(group)) {
+            lines.push(format!("route replace {} nhid {group} proto {PROTO}", host_prefix(vip)));
+        }
+    }
+    for ip in want.addresses.difference(&have.addresses) {
+        lines.push(format!("address add {} dev lo label {ADDRESS_LABEL}", host_prefix(ip)));
+    }
+    for vip in have.routes.keys().filter(|v| !want.routes.contains_key(v)) {
+        lines.push(format!("route del {} proto {PROTO}", host_prefix(vip)));
+    }
+    for g in have.groups.keys().filter(|g| !used_groups.contains(g)) {
+        lines.push(format!("nexthop del id {g}"));
+    }
+    for (id, ip) in &have.nexthops {
+        if !needed.contains(ip) {
+            lines.push(format!("nexthop del id {id}"));
+        }
+    }
+    for ip in have.addresses.difference(&want.addresses) {
+        lines.push(format!("address del {} dev lo label {ADDRESS_LABEL}", host_prefix(ip)));
+    }
+    lines
+}
+
+/// Reads `ip -j nexthop show proto 78`.
+pub fn parse_nexthops(json: &str, into: &mut Observed) -> std::result::Result<(), String> {
+    for nh in parse_array(json)? {
+        let id = nh["id"].as_u64().and_then(|i| u32::try_from(i).ok()).ok_or("a nexthop without an id")?;
+        if let Some(group) = nh["group"].as_array() {
+            let mut members: Vec<u32> =
+                group.iter().filter_map(|m| m["id"].as_u64().and_then(|i| u32::try_from(i).ok())).collect();
+            members.sort_unstable();
+            into.groups.insert(id, members);
+        } else if let Some(gw) = nh["gateway"].as_str().and_then(|g| g.parse().ok()) {
+            into.nexthops.insert(id, gw);
+        }
+    }
+    Ok(())
+}
+
+/// Reads `ip -j route show proto 78` (IPv4 or IPv6).
+pub fn parse_routes(json: &str, into: &mut Observed) -> std::result::Result<(), String> {
+    for r in parse_array(json)? {
+        let Some(dst) = r["dst"].as_str() else { continue };
+        let ip = dst.split('/').next().unwrap_or(dst);
+        let Ok(ip) = ip.parse::<IpAddr>() else { continue };
+        into.routes.insert(ip, r["nhid"].as_u64().and_then(|i| u32::try_from(i).ok()));
+    }
+    Ok(())
+}
+
+/// Reads `ip -j address show dev lo`: the addresses labelled [`ADDRESS_LABEL`].
+pub fn parse_addresses(json: &str, into: &mut Observed) -> std::result::Result<(), String> {
+    for link in parse_array(json)? {
+        for a in link["addr_info"].as_array().into_iter().flatten() {
+            if a["label"].as_str() == Some(ADDRESS_LABEL) {
+                if let Some(ip) = a["local"].as_str().and_then(|l| l.parse().ok()) {
+                    into.addresses.insert(ip);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn parse_array(json: &str) -> std::result::Result<Vec<Value>, String> {
+    if json.trim().is_empty() {
+        return Ok(Vec::new());
+    }
+    match serde_json::from_str(json) {
+        Ok(Value::Array(a)) => Ok(a),
+        Ok(_) => Err("not a JSON array".into()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// The gateway's routing state, behind one small trait so the loop can be tested without root.
+pub trait Ip: Send + Sync + 'static {
+    fn observe(&self) -> Result<Observed>;
+    /// The interface `ip` is reached through.
+    fn device_for(&self, ip: IpAddr) -> Result<String>;
+    fn apply(&self, lines: &[String]) -> Result<()>;
+}
+
+/// Runs iproute2's `ip` in the current network namespace.
+pub struct IpCommand;
+
+fn run_ip(args: &[&str], what: &str) -> Result<String> {
+    let out = Command::new("ip")
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| LbError::io(format!("run `ip` to {what} (is iproute2 installed?)"), e))?;
+    if !out.status.success() {
+        return Err(LbError::Ip { what: what.into(), detail: String::from_utf8_lossy(&out.stderr).trim().to_string() });
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+impl Ip for IpCommand {
+    fn observe(&self) -> Result<Observed> {
+        let mut o = Observed::default();
+        fn bad(what: &'static str) -> impl Fn(String) -> LbError {
+            move |detail| LbError::Ip { what: format!("read {what}"), detail }
+        }
+        parse_nexthops(&run_ip(&["-j", "nexthop", "show", "proto", "78"], "list nexthops")?, &mut o)
+            .map_err(bad("nexthops"))?;
+        for family in ["-4", "-6"] {
+            parse_routes(&run_ip(&[family, "-j", "route", "show", "proto", "78"], "list routes")?, &mut o)
+                .map_err(bad("routes"))?;
+        }
+        parse_addresses(&run_ip(&["-j", "address", "show", "dev", "lo"], "list addresses")?, &mut o)
+            .map_err(bad("addresses"))?;
+        Ok(o)
+    }
+
+    fn device_for(&self, ip: IpAddr) -> Result<String> {
+        let out = run_ip(&["-j", "route", "get", &ip.to_string()], &format!("find the route to node {ip}"))?;
+        parse_array(&out)
+            .ok()
+            .and_then(|a| a.first().and_then(|r| r["dev"].as_str().map(str::to_string)))
+            .ok_or_else(|| LbError::Ip { what: format!("find the route to node {ip}"), detail: out.trim().into() })
+    }
+
+    fn apply(&self, lines: &[String]) -> Result<()> {
+        if lines.is_empty() {
+            return Ok(());
+        }
+        let what = format!("apply {} route changes ({})", lines.len(), lines[0]);
+        let mut child = Command::new("ip")
+            .args(["-batch", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| LbError::io("run `ip -batch` (is iproute2 installed?)", e))?;
+        let mut input = lines.join("\n");
+        input.push('\n');
+        child
+            .stdin
+            .take()
+            .expect("piped stdin")
+            .write_all(input.as_bytes())
+            .map_err(|e| LbError::io("write to `ip -batch`", e))?;
+        let out = child.wait_with_output().map_err(|e| LbError::io("wait for `ip -batch`", e))?;
+        if !out.status.success() {
+            return Err(LbError::Ip { what, detail: String::from_utf8_lossy(&out.stderr).trim().to_string() });
+        }
+        Ok(())
+    }
+}
+
+/// Brings the kernel to `want`; returns the number of lines applied.
+pub fn sync(ip: &impl Ip, want: &Wanted) -> Result<usize> {
+    let have = ip.observe()?;
+    let known: BTreeSet<IpAddr> = have.nexthops.values().copied().collect();
+    let mut devices = BTreeMap::new();
+    for node in want.routes.values().flatten().filter(|n| !known.contains(n)) {
+        if !devices.contains_key(node) {
+            devices.insert(*node, ip.device_for(*node)?);
+        }
+    }
+    let lines = plan(want, &have, &devices, crate::run::IDLE_TIMER_SECONDS);
+    ip.apply(&lines)?;
+    for l in &lines {
+        tracing::info!(change = %l, "gateway routing");
+    }
+    Ok(lines.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    fn want(routes: &[(&str, &[&str])], addresses: &[&str]) -> Wanted {
+        Wanted {
+            routes: routes.iter().map(|(v, ns)| (ip(v), ns.iter().map(|n| ip(n)).collect())).collect(),
+            addresses: addresses.iter().map(|a| ip(a)).collect(),
+        }
+    }
+
+    fn devices() -> BTreeMap<IpAddr, String> {
+        ["192.168.56.11", "192.168.56.12", "192.168.56.13"].iter().map(|n| (ip(n), "eth0".to_string())).collect()
+    }
+
+    /// Applies plan lines to an [`Observed`] the way the kernel would (enough for these tests).
+    fn apply(o: &mut Observed, lines: &[String]) {
+        for l in lines {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            match (w[0], w[1]) {
+                ("nexthop", "replace") if w[4] == "group" => {
+                    let id = w[3].parse().unwrap();
+                    let m = w[5].split('/').map(|x| x.parse().unwrap()).collect();
+                    o.groups.insert(id, m);
+                }
+                ("nexthop", "replace") => {
+                    o.nexthops.insert(w[3].parse().unwrap(), ip(w[5]));
+                }
+                ("nexthop", "del") => {
+                    let id: u32 = w[3].parse().unwrap();
+                    assert!(!o.groups.values().any(|m| m.contains(&id)), "{id} is still in a group");
+                    assert!(!o.routes.values().any(|g| *g == Some(id)), "{id} is still routed");
+                    o.groups.remove(&id);
+                    o.nexthops.remove(&id);
+                }
+                ("route", "replace") => {
+                    o.routes.insert(ip(w[2].split('/').next().unwrap()), Some(w[4].parse().unwrap()));
+                }
+                ("route", "del") => {
+                    o.routes.remove(&ip(w[2].split('/').next().unwrap()));
+                }
+                ("address", "add") => {
+                    o.addresses.insert(ip(w[2].split('/').next().unwrap()));
+                }
+                ("address", "del") => {
+                    o.addresses.remove(&ip(w[2].split('/').next().unwrap()));
+                }
+                _ => panic!("unexpected line {l}"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_new_vip_gets_node_nexthops_a_resilient_group_and_a_route() {
+        let w = want(&[("198.51.100.1", &["192.168.56.11", "192.168.56.12"])], &[]);
+        let lines = plan(&w, &Observed::default(), &devices(), 5);
+        assert_eq!(
+            lines,
+            vec![
+                "nexthop replace id 1 via 192.168.56.11 dev eth0 proto 78",
+                "nexthop replace id 2 via 192.168.56.12 dev eth0 proto 78",
+                "nexthop replace id 65536 group 1/2 type resilient buckets 64 idle_timer 5 proto 78",
+                "route replace 198.51.100.1/32 nhid 65536 proto 78",
+            ]
+        );
+        let mut o = Observed::default();
+        apply(&mut o, &lines);
+        assert!(plan(&w, &o, &devices(), 5).is_empty(), "a second plan changes nothing");
+    }
+
+    #[test]
+    fn withdrawing_a_node_replaces_the_same_group_and_keeps_the_route() {
+        let mut o = Observed::default();
+        let all = want(&[("198.51.100.1", &["192.168.56.11", "192.168.56.12", "192.168.56.13"])], &[]);
+        let lines = plan(&all, &o, &devices(), 5);
+        apply(&mut o, &lines);
+        let two = want(&[("198.51.100.1", &["192.168.56.11", "192.168.56.13"])], &[]);
+        let lines = plan(&two, &o, &devices(), 5);
+        assert_eq!(
+            lines,
+            vec![
+                "nexthop replace id 65536 group 1/3 type resilient buckets 64 idle_timer 5 proto 78",
+                "nexthop del id 2",
+            ]
+        );
+        apply(&mut o, &lines);
+        // The node comes back: a new nexthop, the same group.
+        let lines = plan(&all, &o, &devices(), 5);
+        assert_eq!(lines[0], "nexthop replace id 2 via 192.168.56.12 dev eth0 proto 78");
+        assert_eq!(lines[1], "nexthop replace id 65536 group 1/2/3 type resilient buckets 64 idle_timer 5 proto 78");
+        assert_eq!(lines.len(), 2);
+    }
+
+    #[test]
+    fn removals_come_after_everything_that_uses_them() {
+        let mut o = Observed::default();
+        let w = want(&[("198.51.100.1", &["192.168.56.11"]), ("169.10.10.1", &["192.168.56.12"])], &["198.51.100.2"]);
+        let lines = plan(&w, &o, &devices(), 5);
+        apply(&mut o, &lines);
+        assert_eq!(o.addresses, [ip("198.51.100.2")].into());
+        assert_eq!(o.groups.len(), 2);
+        let lines = plan(&Wanted::default(), &o, &devices(), 5);
+        apply(&mut o, &lines);
+        assert_eq!(o, Observed::default());
+        assert!(
+            lines.iter().position(|l| l.starts_with("route del"))
+                < lines.iter().position(|l| l.starts_with("nexthop del"))
+        );
+    }
+
+    #[test]
+    fn group_ids_do_not_collide_with_groups_the_kernel_holds() {
+        let mut o = Observed::default();
+        o.groups.insert(FIRST_GROUP_ID, vec![]);
+        o.routes.insert(ip("198.51.100.9"), Some(FIRST_GROUP_ID));
+        let w = want(&[("198.51.100.1", &["192.168.56.11"])], &[]);
+        let lines = plan(&w, &o, &devices(), 5);
+        assert!(lines.contains(&"route replace 198.51.100.1/32 nhid 65537 proto 78".to_string()), "{lines:?}");
+    }
+
+    #[test]
+    fn parses_what_ip_prints() {
+        let mut o = Observed::default();
+        parse_nexthops(
+            r#"[{"id":1,"gateway":"192.168.56.11","dev":"d0","scope":"link","protocol":"78","flags":[]},
+                {"id":100,"group":[{"id":3},{"id":1}],"type":"resilient","protocol":"78","flags":[]}]"#,
+            &mut o,
+        )
+        .unwrap();
+        parse_routes(r#"[{"dst":"198.51.100.1","nhid":100,"flags":[]}]"#, &mut o).unwrap();
+        parse_routes("", &mut o).unwrap();
+        parse_addresses(
+            r#"[{"ifname":"lo","addr_info":[{"family":"inet","local":"127.0.0.1","label":"lo"},
+                {"family":"inet","local":"198.51.100.9","prefixlen":32,"label":"lo:pplb"}]}]"#,
+            &mut o,
+        )
+        .unwrap();
+        assert_eq!(o.nexthops, [(1, ip("192.168.56.11"))].into());
+        assert_eq!(o.groups, [(100, vec![1, 3])].into());
+        assert_eq!(o.routes, [(ip("198.51.100.1"), Some(100))].into());
+        assert_eq!(o.addresses, [ip("198.51.100.9")].into());
+        assert!(parse_routes("{", &mut o).is_err());
+    }
+}

@@ -1,0 +1,143 @@
+//! lb-sim assembled: watch Services and Nodes, check the nodes' health, and keep the gateway's
+//! routes, addresses and NodePort proxies in line with both.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use api::k8s_openapi::api::core::v1 as core;
+use node_agent::client::ApiClient;
+use node_agent::reflector::{self, Filter, Store};
+
+use crate::error::{LbError, Result};
+use crate::health::{self, Checker};
+use crate::model::{self, Check, Mode};
+use crate::proxy::Proxies;
+use crate::routing::{self, Ip, Wanted};
+use crate::status::{self, Status};
+
+/// Seconds a hash bucket must be idle before a returning node may take it over: short enough
+/// that a node is back in use within seconds in a quiet lab, long enough not to move a
+/// connection that is busy.
+pub const IDLE_TIMER_SECONDS: u32 = 5;
+/// Routes are compared with the kernel at least this often (someone may have changed them).
+pub const RESYNC: Duration = Duration::from_secs(10);
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// gRPC address of apiserver-lite.
+    pub apiserver: String,
+    pub token: Option<String>,
+    pub mode: Mode,
+    /// Where `GET /status` is served (None: nowhere).
+    pub status_listen: Option<SocketAddr>,
+    /// kube-proxy's health port on the nodes.
+    pub node_health_port: u16,
+}
+
+/// Connects to the API server, retrying for up to `patience` (the gateway may start first).
+async fn connect(cfg: &Config, patience: Duration) -> Result<ApiClient> {
+    let deadline = tokio::time::Instant::now() + patience;
+    loop {
+        match ApiClient::connect(&cfg.apiserver, cfg.token.as_deref()).await {
+            Ok(c) => return Ok(c),
+            Err(e) if tokio::time::Instant::now() < deadline => {
+                tracing::warn!(error = %e, "API server not reachable yet; retrying");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// Spreads flows over a multipath group by their ports too, not only by addresses (every lab
+/// client has the same address). Per network namespace.
+fn hash_by_ports() {
+    for path in ["/proc/sys/net/ipv4/fib_multipath_hash_policy", "/proc/sys/net/ipv6/fib_multipath_hash_policy"] {
+        if let Err(e) = std::fs::write(path, "1") {
+            tracing::warn!(path, error = %e, "cannot hash multipath routes by port; all of one client's flows take one node");
+        }
+    }
+}
+
+/// Runs until `shutdown`, then removes the routes, addresses and listeners it made.
+pub async fn run<I: Ip>(cfg: Config, ip: Arc<I>, shutdown: impl std::future::Future<Output = ()>) -> Result<()> {
+    let client = connect(&cfg, Duration::from_secs(30)).await?;
+    let services = Store::<core::Service>::new();
+    let nodes = Store::<core::Node>::new();
+    tokio::spawn(reflector::run(client.clone(), Filter::default(), services.clone()));
+    tokio::spawn(reflector::run(client, Filter::default(), nodes.clone()));
+    let status = Arc::new(RwLock::new(status::Shared {
+        doc: Status { mode: cfg.mode.to_string(), ..Status::default() },
+        counters: Default::default(),
+    }));
+    if let Some(addr) = cfg.status_listen {
+        let l = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| LbError::io(format!("listen on {addr} (--status-listen)"), e))?;
+        tracing::info!(%addr, "status on GET /status");
+        tokio::spawn(status::serve(l, status.clone()));
+    }
+    hash_by_ports();
+    services.wait_synced().await;
+    nodes.wait_synced().await;
+    tracing::info!(mode = %cfg.mode, "watching Services and Nodes");
+
+    let checker = Checker::new(health::INTERVAL, health::TIMEOUT);
+    let mut svc_changes = services.changes();
+    let mut node_changes = nodes.changes();
+    let mut health_changes = checker.changes();
+    let mut proxies = Proxies::default();
+    let mut applied: Option<Wanted> = None;
+    let mut resync = tokio::time::interval(RESYNC);
+    resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tokio::pin!(shutdown);
+    loop {
+        let lb_nodes = model::lb_nodes(&nodes.list());
+        let frontends = model::frontends(&services.list(), &lb_nodes, cfg.mode, cfg.node_health_port);
+        checker.set_targets(model::checks(&frontends).iter());
+        let healthy = |c: &Check| checker.healthy(c);
+        let want =
+            Wanted { routes: model::routes(&frontends, &healthy), addresses: model::local_addresses(&frontends) };
+        let mut errors = Vec::new();
+        if applied.as_ref() != Some(&want) {
+            let (ip2, want2) = (ip.clone(), want.clone());
+            match tokio::task::spawn_blocking(move || routing::sync(ip2.as_ref(), &want2)).await.expect("routing task")
+            {
+                Ok(_) => applied = Some(want),
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot update the gateway's routes; retrying");
+                    errors.push(e.to_string());
+                    applied = None;
+                }
+            }
+        }
+        errors.extend(proxies.set(&model::proxies(&frontends, &healthy)).await);
+        for e in &errors {
+            tracing::warn!(error = %e, "gateway not fully in line with the Services");
+        }
+        let mut doc = status::build(cfg.mode, &lb_nodes, &frontends, &checker.snapshot(), |a| proxies.counters(a));
+        doc.error = errors.first().cloned();
+        *status.write().expect("status lock") = status::Shared { doc, counters: proxies.counter_handles() };
+
+        tokio::select! {
+            _ = &mut shutdown => break,
+            _ = svc_changes.changed() => {},
+            _ = node_changes.changed() => {},
+            _ = health_changes.changed() => {},
+            _ = resync.tick() => {
+                applied = None;
+                if !errors.is_empty() {
+                    tracing::info!("retrying after errors");
+                }
+            },
+        }
+    }
+    proxies.stop_all();
+    let ip2 = ip.clone();
+    tokio::task::spawn_blocking(move || routing::sync(ip2.as_ref(), &Wanted::default()))
+        .await
+        .expect("routing task")?;
+    tracing::info!("removed the gateway's routes and addresses");
+    Ok(())
+}
