@@ -159,3 +159,134 @@ pub fn http_get(addr: SocketAddr, path: &str) -> Result<(u16, String)> {
 pub fn text(o: &Output) -> (String, String) {
     (String::from_utf8_lossy(&o.stdout).into_owned(), String::from_utf8_lossy(&o.stderr).into_owned())
 }
+
+static LAB_COUNTER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// A lab made by the real `podpath up` (its own name and state directory), taken down by
+/// `podpath down` when dropped, however the test ends.
+pub struct Lab {
+    pub name: String,
+    pub state: PathBuf,
+    pub kubeconfig: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+/// `podpath ARGS`: (success, stdout + stderr).
+pub fn podpath(args: &[&str]) -> (bool, String) {
+    let out = Command::new(bin("podpath")).args(args).output().expect("run podpath");
+    let (o, e) = text(&out);
+    (out.status.success(), format!("{o}{e}"))
+}
+
+impl Lab {
+    /// `podpath up` with a name unique to this process and call (`tag` ≤ 8 characters).
+    pub fn up(tag: &str, args: &[&str]) -> Result<Lab> {
+        let n = LAB_COUNTER.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let name = format!("{tag}-{}{n}", std::process::id() % 100_000);
+        let dir = tempfile::Builder::new().prefix("podpath-lab-").tempdir()?;
+        let state = dir.path().join("state");
+        let mut argv = vec!["up", "--name", &name, "--state-dir", state.to_str().context("utf-8 path")?];
+        argv.extend_from_slice(args);
+        let (ok, out) = podpath(&argv);
+        let lab = Lab { kubeconfig: state.join("kubeconfig"), name, state, _dir: dir };
+        if !ok {
+            bail!("podpath up {args:?}: {out}");
+        }
+        Ok(lab)
+    }
+
+    /// `podpath CMD --name … --state-dir … REST`.
+    pub fn run(&self, cmd: &str, rest: &[&str]) -> (bool, String) {
+        let mut v = vec![cmd, "--name", &self.name, "--state-dir", self.state.to_str().expect("utf-8 path")];
+        v.extend_from_slice(rest);
+        podpath(&v)
+    }
+
+    /// A command on a host of the lab (client, gateway, node-N, pod/NS/NAME); must succeed.
+    pub fn exec(&self, host: &str, cmd: &[&str]) -> String {
+        let mut v = vec![host, "--"];
+        v.extend_from_slice(cmd);
+        let (ok, out) = self.run("exec", &v);
+        assert!(ok, "podpath exec {host} {cmd:?}: {out}");
+        out
+    }
+
+    /// curl from the external client: (exit code, output). `-sS --max-time 10` are set.
+    pub fn curl(&self, args: &[&str]) -> (i32, String) {
+        let mut v = vec!["client", "--", "curl", "-sS", "--max-time", "10"];
+        v.extend_from_slice(args);
+        let out = Command::new(bin("podpath"))
+            .args(["exec", "--name", &self.name, "--state-dir", self.state.to_str().expect("utf-8 path")])
+            .args(&v)
+            .output()
+            .expect("run podpath");
+        let (o, e) = text(&out);
+        (out.status.code().unwrap_or(-1), format!("{o}{e}"))
+    }
+
+    /// kubectl against the lab; must succeed; stdout.
+    pub fn kubectl(&self, args: &[&str]) -> String {
+        let out =
+            Command::new("kubectl").arg("--kubeconfig").arg(&self.kubeconfig).args(args).output().expect("run kubectl");
+        let (o, e) = text(&out);
+        assert!(out.status.success(), "kubectl {args:?}: {e}");
+        o
+    }
+
+    /// `kubectl apply -f -` of `yaml`.
+    pub fn apply(&self, yaml: &str) -> String {
+        let mut child = Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .args(["apply", "-f", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run kubectl");
+        child.stdin.take().expect("stdin").write_all(yaml.as_bytes()).expect("write yaml");
+        let out = child.wait_with_output().expect("kubectl apply");
+        let (o, e) = text(&out);
+        assert!(out.status.success(), "kubectl apply: {e}\n{yaml}");
+        o
+    }
+
+    /// lb-sim's status document.
+    pub fn lb_status(&self) -> serde_json::Value {
+        let out = self.exec("gateway", &["curl", "-sS", "--max-time", "5", "http://127.0.0.1:9900/status"]);
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("lb-sim status is not JSON ({e}): {out}"))
+    }
+
+    /// The recorded PID of a component (`apiserver-lite`, `lb-sim`, `node-N`).
+    pub fn pid(&self, component: &str) -> i32 {
+        let st: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(self.state.join("lab.json")).expect("lab.json"))
+                .expect("json");
+        st["procs"]
+            .as_array()
+            .and_then(|ps| ps.iter().find(|p| p["component"] == component))
+            .and_then(|p| p["pid"].as_i64())
+            .unwrap_or_else(|| panic!("no component {component}")) as i32
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        let (ok, out) = self.run("down", &[]);
+        if !ok && !out.contains("no lab state") {
+            eprintln!("podpath down {}: {out}", self.name);
+        }
+    }
+}
+
+/// Polls `f` every 100 ms until it returns `Some`, or fails after `limit` with the last value.
+pub fn wait_for<T>(limit: Duration, what: &str, mut f: impl FnMut() -> std::result::Result<T, String>) -> T {
+    let t = Instant::now();
+    loop {
+        match f() {
+            Ok(v) => return v,
+            Err(last) if t.elapsed() >= limit => panic!("timed out after {limit:?} waiting for {what}; last: {last}"),
+            Err(_) => std::thread::sleep(Duration::from_millis(100)),
+        }
+    }
+}

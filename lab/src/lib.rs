@@ -41,6 +41,8 @@ pub struct UpOptions {
     pub proxy_mode: String,
     /// How lb-sim delivers LoadBalancer IPs: `passthrough` or `nodeport`.
     pub lb_mode: String,
+    /// `false` leaves out the nodes' masquerade of external traffic (the scenario-4 lesson).
+    pub masquerade: bool,
     pub state_dir: PathBuf,
     /// Where `apiserver-lite`, `node-agent`, `podpath-workload` and the CNI plugins are.
     pub bin_dir: PathBuf,
@@ -339,6 +341,7 @@ fn start(opts: &UpOptions, p: &Plan, st: &mut LabState, api: SocketAddr, progres
             s("1"),
             s("--proxy-mode"),
             opts.proxy_mode.clone(),
+            format!("--masquerade={}", opts.masquerade),
         ];
         st.procs.push(spawn(
             &n.name,

@@ -52,6 +52,11 @@ enum Cmd {
         /// GKE/MetalLB style) or nodeport (proxied to node IP:nodePort, classic cloud LB).
         #[arg(long, default_value = "passthrough")]
         lb_mode: String,
+        /// `false`: the nodes do not masquerade external traffic they forward to pods on other
+        /// nodes (requests through a node without the pod then time out: the lesson of the
+        /// "networking 101" walkthrough).
+        #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+        masquerade: bool,
         /// Host port for kubectl (default: a free one).
         #[arg(long, default_value_t = 0)]
         api_port: u16,
@@ -112,7 +117,7 @@ fn exec(argv: &[String]) -> Result<()> {
 
 fn run() -> Result<()> {
     match Cli::parse().cmd {
-        Cmd::Up { which, nodes, proxy_mode, lb_mode, api_port } => {
+        Cmd::Up { which, nodes, proxy_mode, lb_mode, masquerade, api_port } => {
             lab::preflight()?;
             let exe = std::env::current_exe()?;
             let bin_dir = exe.parent().map(PathBuf::from).unwrap_or_default();
@@ -122,22 +127,27 @@ fn run() -> Result<()> {
                 nodes,
                 proxy_mode,
                 lb_mode,
+                masquerade,
                 state_dir: dir.clone(),
                 bin_dir,
                 api_port,
             };
             lab::up(&opts, &mut |line| eprintln!("• {line}"))?;
             let kc = lab::kubeconfig_path(&dir);
+            let mut f = String::new();
+            if which.name != "lab" {
+                f += &format!(" --name {}", which.name);
+            }
+            if let Some(d) = &which.state_dir {
+                f += &format!(" --state-dir {}", d.display());
+            }
             println!("\nlab {:?} is up. Try:", which.name);
             println!("  export KUBECONFIG={}", kc.display());
             println!("  kubectl run web --image=podpath/echo --port=8080 && kubectl expose pod web --type=LoadBalancer --port=80 --target-port=8080");
-            println!("  sudo podpath curl http://$(kubectl get svc web -o jsonpath='{{.status.loadBalancer.ingress[0].ip}}')/");
-            println!("  sudo podpath status");
-            println!("  sudo podpath exec node-1 -- iptables-save -t nat");
-            println!(
-                "  sudo podpath down{}",
-                if which.name == "lab" { String::new() } else { format!(" --name {}", which.name) }
-            );
+            println!("  sudo podpath curl{f} http://$(kubectl get svc web -o jsonpath='{{.status.loadBalancer.ingress[0].ip}}')/");
+            println!("  sudo podpath status{f}");
+            println!("  sudo podpath exec{f} node-1 -- iptables-save -t nat");
+            println!("  sudo podpath down{f}");
         }
         Cmd::Status { which } => {
             let st = which.state()?;

@@ -51,7 +51,7 @@ async fn start() -> Result<()> {
     let args = Args::parse();
     tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::new(&args.log)).with_target(false).init();
     if args.cleanup {
-        let n = lb_sim::routing::sync(&lb_sim::routing::IpCommand, &lb_sim::routing::Wanted::default())?;
+        let n = lb_sim::routing::sync(&lb_sim::routing::IpCommand::default(), &lb_sim::routing::Wanted::default())?;
         println!("removed lb-sim's routes, nexthops and addresses ({n} changes)");
         return Ok(());
     }
@@ -79,6 +79,6 @@ async fn start() -> Result<()> {
         }
         tracing::info!("stopping");
     };
-    run::run(cfg, Arc::new(lb_sim::routing::IpCommand), shutdown).await?;
+    run::run(cfg, Arc::new(lb_sim::routing::IpCommand::default()), shutdown).await?;
     Ok(())
 }

@@ -177,11 +177,28 @@ pub trait Ip: Send + Sync + 'static {
     fn apply(&self, lines: &[String]) -> Result<()>;
 }
 
-/// Runs iproute2's `ip` in the current network namespace.
-pub struct IpCommand;
+/// Runs iproute2's `ip` in the current network namespace, or in a named one (`ip -n`).
+#[derive(Debug, Clone, Default)]
+pub struct IpCommand {
+    pub netns: Option<String>,
+}
 
-fn run_ip(args: &[&str], what: &str) -> Result<String> {
-    let out = Command::new("ip")
+impl IpCommand {
+    fn command(&self) -> Command {
+        let mut c = Command::new("ip");
+        if let Some(ns) = &self.netns {
+            c.args(["-n", ns]);
+        }
+        c
+    }
+
+    fn run(&self, args: &[&str], what: &str) -> Result<String> {
+        run_ip(self.command(), args, what)
+    }
+}
+
+fn run_ip(mut cmd: Command, args: &[&str], what: &str) -> Result<String> {
+    let out = cmd
         .args(args)
         .stdin(Stdio::null())
         .output()
@@ -198,19 +215,19 @@ impl Ip for IpCommand {
         fn bad(what: &'static str) -> impl Fn(String) -> LbError {
             move |detail| LbError::Ip { what: format!("read {what}"), detail }
         }
-        parse_nexthops(&run_ip(&["-j", "nexthop", "show", "proto", "78"], "list nexthops")?, &mut o)
+        parse_nexthops(&self.run(&["-j", "nexthop", "show", "proto", "78"], "list nexthops")?, &mut o)
             .map_err(bad("nexthops"))?;
         for family in ["-4", "-6"] {
-            parse_routes(&run_ip(&[family, "-j", "route", "show", "proto", "78"], "list routes")?, &mut o)
+            parse_routes(&self.run(&[family, "-j", "route", "show", "proto", "78"], "list routes")?, &mut o)
                 .map_err(bad("routes"))?;
         }
-        parse_addresses(&run_ip(&["-j", "address", "show", "dev", "lo"], "list addresses")?, &mut o)
+        parse_addresses(&self.run(&["-j", "address", "show", "dev", "lo"], "list addresses")?, &mut o)
             .map_err(bad("addresses"))?;
         Ok(o)
     }
 
     fn device_for(&self, ip: IpAddr) -> Result<String> {
-        let out = run_ip(&["-j", "route", "get", &ip.to_string()], &format!("find the route to node {ip}"))?;
+        let out = self.run(&["-j", "route", "get", &ip.to_string()], &format!("find the route to node {ip}"))?;
         parse_array(&out)
             .ok()
             .and_then(|a| a.first().and_then(|r| r["dev"].as_str().map(str::to_string)))
@@ -222,7 +239,8 @@ impl Ip for IpCommand {
             return Ok(());
         }
         let what = format!("apply {} route changes ({})", lines.len(), lines[0]);
-        let mut child = Command::new("ip")
+        let mut child = self
+            .command()
             .args(["-batch", "-"])
             .stdin(Stdio::piped())
             .stdout(Stdio::null())

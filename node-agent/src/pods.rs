@@ -158,16 +158,22 @@ pub fn load_records(state_dir: &Path) -> Vec<PodRecord> {
 /// or a test that is going away stops them. Returns how many processes were signalled.
 pub fn kill_recorded_processes(state_dir: &Path) -> usize {
     let procs = crate::process::LinuxProcesses::default();
-    let mut n = 0;
+    let mut killed = Vec::new();
     for r in load_records(state_dir) {
         for p in r.containers.values().filter_map(|c| c.process).chain([r.sandbox]) {
             if procs.alive(p) {
                 procs.signal(p, Sig::Kill);
-                n += 1;
+                killed.push(p);
             }
         }
     }
-    n
+    // SIGKILL is asynchronous: wait (briefly) until they have exited, so the caller can remove
+    // their namespaces and files knowing nothing uses them.
+    let t = std::time::Instant::now();
+    while killed.iter().any(|p| procs.alive(*p)) && t.elapsed() < std::time::Duration::from_secs(2) {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    killed.len()
 }
 
 fn save_record(cfg: &PodsConfig, r: &PodRecord) -> Result<()> {

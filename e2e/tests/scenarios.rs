@@ -1,0 +1,382 @@
+//! The walkthroughs of docs/scenarios.md, end to end: a real `podpath up` lab (apiserver-lite,
+//! node agents, lb-sim, each in its namespace), objects created with the real kubectl, requests
+//! made with curl from the lab's external client. Root only (CI runs as root).
+//!
+//! Each test builds its own lab with a unique name; the `Lab` guard takes it down however the
+//! test ends.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use podpath_e2e::{wait_for, Lab};
+use testkit::netns::{host_state, root_or_explain};
+
+/// The line of an `iptables-save` holding every fragment (iptables-save orders matches its own
+/// way, so the test does not depend on the order).
+fn rule<'a>(rules: &'a str, fragments: &[&str]) -> Option<&'a str> {
+    rules.lines().find(|l| fragments.iter().all(|f| l.contains(f)))
+}
+
+fn must_rule<'a>(rules: &'a str, fragments: &[&str]) -> &'a str {
+    rule(rules, fragments).unwrap_or_else(|| panic!("no rule with {fragments:?} in:\n{rules}"))
+}
+
+/// A field of the echo page (`pod: default/x` → `default/x`).
+fn field<'a>(page: &'a str, name: &str) -> Option<&'a str> {
+    page.lines().find_map(|l| l.strip_prefix(&format!("{name}: ")))
+}
+
+/// curls `url` from the client until it answers, returns the page.
+fn curl_ok(lab: &Lab, url: &str, extra: &[&str]) -> String {
+    wait_for(Duration::from_secs(30), &format!("{url} to answer"), || {
+        let mut args = extra.to_vec();
+        args.push(url);
+        match lab.curl(&args) {
+            (0, page) if !page.is_empty() => Ok(page),
+            (code, out) => Err(format!("curl exit {code}: {out}")),
+        }
+    })
+}
+
+fn pod(name: &str, node: &str, labels: &str, args: &str, ports: &[u16]) -> String {
+    let ports: Vec<String> = ports.iter().map(|p| format!("{{containerPort: {p}}}")).collect();
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, labels: {{{labels}}}}}\nspec:\n  nodeName: {node}\n  containers:\n  - name: main\n    image: podpath/echo\n    args: [{args}]\n    ports: [{}]\n---\n",
+        ports.join(", ")
+    )
+}
+
+fn wait_pods_ready(lab: &Lab, pods: &[&str]) {
+    for p in pods {
+        lab.kubectl(&["wait", "--for=condition=Ready", &format!("pod/{p}"), "--timeout=60s"]);
+    }
+}
+
+#[test]
+fn scenario_1_passthrough_load_balancer_contour() {
+    if !root_or_explain() {
+        return;
+    }
+    let lab = Lab::up("s1", &["--nodes", "3"]).expect("podpath up");
+    let mut yaml = pod("contour-1", "node-1", "app: contour", "\"--https-port\", \"8443\"", &[8080, 8443]);
+    yaml += &pod("contour-2", "node-2", "app: contour", "\"--https-port\", \"8443\"", &[8080, 8443]);
+    yaml += &pod("client", "node-3", "app: client", "", &[8080]);
+    yaml += "apiVersion: v1\nkind: Service\nmetadata: {name: contour}\nspec:\n  type: LoadBalancer\n  selector: {app: contour}\n  ports:\n  - {name: http, port: 80, targetPort: 8080}\n  - {name: https, port: 443, targetPort: 8443}\n---\n";
+    yaml += "apiVersion: v1\nkind: Service\nmetadata: {name: sticky}\nspec:\n  selector: {app: contour}\n  sessionAffinity: ClientIP\n  ports:\n  - {port: 80, targetPort: 8080}\n";
+    lab.apply(&yaml);
+    wait_pods_ready(&lab, &["contour-1", "contour-2", "client"]);
+
+    // kubectl shows the allocated external IP and both nodePorts.
+    let row = lab.kubectl(&["get", "svc", "contour", "--no-headers"]);
+    let cols: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(cols[1], "LoadBalancer", "{row}");
+    assert!(cols[2].starts_with("10.9") || cols[2].starts_with("10.1"), "cluster IP from 10.96.0.0/12: {row}");
+    let lb_ip = cols[3];
+    assert!(lb_ip.starts_with("198.51.100."), "EXTERNAL-IP from the pool: {row}");
+    let ports: Vec<&str> = cols[4].split(',').collect();
+    assert_eq!(ports.len(), 2, "{row}");
+    for (p, svc_port) in ports.iter().zip(["80", "443"]) {
+        let (sp, rest) = p.split_once(':').expect("port:nodePort/TCP");
+        let np: u16 = rest.strip_suffix("/TCP").and_then(|n| n.parse().ok()).expect("nodePort/TCP");
+        assert!(sp == svc_port && (30000..=32767).contains(&np), "{row}");
+    }
+
+    // Through the gateway's passthrough route to a pod, over HTTP and HTTPS.
+    let page = curl_ok(&lab, &format!("http://{lb_ip}/"), &[]);
+    assert!(field(&page, "pod").is_some_and(|p| p.starts_with("default/contour-")), "{page}");
+    let page = curl_ok(&lab, &format!("https://{lb_ip}/"), &["-k"]);
+    assert!(field(&page, "pod").is_some_and(|p| p.starts_with("default/contour-")), "{page}");
+    // Many connections: both pods answer, and more than one node received them (the gateway
+    // spreads flows over its nexthop group by port).
+    let (mut pods, mut via) = (BTreeSet::new(), BTreeSet::new());
+    for _ in 0..24 {
+        let page = curl_ok(&lab, &format!("http://{lb_ip}/"), &[]);
+        pods.insert(field(&page, "pod").unwrap_or_default().to_string());
+        via.insert(field(&page, "client").unwrap_or_default().rsplit_once(':').unwrap_or_default().0.to_string());
+    }
+    assert_eq!(pods.len(), 2, "both pods answer: {pods:?}");
+    assert!(via.len() >= 2, "flows reach more than one node: {via:?}");
+    let routes = lab.exec("gateway", &["ip", "route", "show", lb_ip]);
+    assert!(routes.contains("nhid") && routes.contains("proto 78"), "{routes}");
+
+    // node-3 runs neither pod: the packet arrives for the LB IP and port 80, nothing listens
+    // there, the nat rules carry it to a pod.
+    let listening = lab.exec("node-3", &["ss", "-ltnH"]);
+    assert!(!listening.lines().any(|l| l.contains(":80 ") || l.contains(":443 ")), "{listening}");
+    let rules = lab.exec("node-3", &["iptables-save", "-t", "nat"]);
+    let lb_rule = must_rule(
+        &rules,
+        &[&format!("-d {lb_ip}/32"), "\"default/contour:http loadbalancer IP\"", "--dport 80", "-j KUBE-EXT-"],
+    );
+    let ext = lb_rule.rsplit(' ').next().unwrap();
+    must_rule(&rules, &[&format!("-A {ext} "), "-j KUBE-MARK-MASQ"]);
+    let svc = &must_rule(&rules, &[&format!("-A {ext} "), "-j KUBE-SVC-"]).rsplit(' ').next().unwrap().to_string();
+    for p in ["contour-1", "contour-2"] {
+        let ip = lab.kubectl(&["get", "pod", p, "-o", "jsonpath={.status.podIP}"]);
+        let sep_line = must_rule(&rules, &[&format!("-A {svc} "), "-j KUBE-SEP-", &format!("{ip}:8080")]);
+        let sep = sep_line.rsplit(' ').next().unwrap();
+        must_rule(&rules, &[&format!("-A {sep} "), "DNAT", &format!("--to-destination {ip}:8080")]);
+        must_rule(&rules, &[&format!("-A {sep} "), &format!("-s {ip}/32"), "-j KUBE-MARK-MASQ"]);
+    }
+    let np = lab.kubectl(&["get", "svc", "contour", "-o", "jsonpath={.spec.ports[0].nodePort}"]);
+    must_rule(&rules, &["-A KUBE-NODEPORTS", "\"default/contour:http\"", &format!("--dport {np}")]);
+
+    // lb-sim's view: one frontend, routed, three healthy nodes.
+    let status = lab.lb_status();
+    let f = status["frontends"].as_array().unwrap().iter().find(|f| f["vip"] == lb_ip).expect("frontend");
+    assert_eq!(f["delivery"], "route");
+    assert_eq!(f["backends"].as_array().unwrap().iter().filter(|b| b["inRotation"] == true).count(), 3, "{f}");
+    let (ok, table) = lab.run("status", &[]);
+    assert!(ok && table.contains(lb_ip) && table.contains("node-3* healthy"), "{table}");
+
+    // ClusterIP from a pod on another node, and ClientIP session affinity.
+    let cip = lab.kubectl(&["get", "svc", "contour", "-o", "jsonpath={.spec.clusterIP}"]);
+    let page = lab.exec("pod/default/client", &["curl", "-sS", "--max-time", "5", &format!("http://{cip}/")]);
+    assert!(field(&page, "pod").is_some_and(|p| p.starts_with("default/contour-")), "{page}");
+    let sticky = lab.kubectl(&["get", "svc", "sticky", "-o", "jsonpath={.spec.clusterIP}"]);
+    let mut seen = BTreeSet::new();
+    for _ in 0..10 {
+        let page = lab.exec("pod/default/client", &["curl", "-sS", "--max-time", "5", &format!("http://{sticky}/")]);
+        seen.insert(field(&page, "pod").unwrap_or_default().to_string());
+    }
+    assert_eq!(seen.len(), 1, "ClientIP affinity keeps one pod: {seen:?}");
+}
+
+#[test]
+fn scenario_2_userspace_proxy_behind_a_nodeport_load_balancer() {
+    if !root_or_explain() {
+        return;
+    }
+    let lab =
+        Lab::up("s2", &["--nodes", "2", "--proxy-mode", "userspace", "--lb-mode", "nodeport"]).expect("podpath up");
+    let mut yaml = pod(
+        "cloud-nginx-1",
+        "node-1",
+        "app: cloud-nginx",
+        "\"--redirect-to-https\", \"80\", \"--https-port\", \"443\"",
+        &[80, 443],
+    );
+    // Selected, Ready, but nothing listens on 80/443: the proxy must retry past it.
+    yaml += &pod("cloud-nginx-dead", "node-2", "app: cloud-nginx", "", &[8080]);
+    yaml += "apiVersion: v1\nkind: Service\nmetadata: {name: cloud-nginx}\nspec:\n  type: LoadBalancer\n  selector: {app: cloud-nginx}\n  ports:\n  - {name: http-server, port: 80, targetPort: 80}\n  - {name: https-server, port: 443, targetPort: 443}\n";
+    lab.apply(&yaml);
+    wait_pods_ready(&lab, &["cloud-nginx-1", "cloud-nginx-dead"]);
+    let lb_ip = wait_for(Duration::from_secs(10), "an LB IP", || {
+        let ip = lab.kubectl(&["get", "svc", "cloud-nginx", "-o", "jsonpath={.status.loadBalancer.ingress[0].ip}"]);
+        if ip.is_empty() {
+            Err("none".into())
+        } else {
+            Ok(ip)
+        }
+    });
+    let np = lab.kubectl(&["get", "svc", "cloud-nginx", "-o", "jsonpath={.spec.ports[0].nodePort}"]);
+
+    // LB → NodePort → proxy port → pod: every request answered with the pod's 301.
+    let fmt = "%{http_code} %{redirect_url}";
+    let first = curl_ok(&lab, &format!("http://{lb_ip}/"), &["-o", "/dev/null", "-w", fmt]);
+    assert_eq!(first, format!("301 https://{lb_ip}/"));
+    for _ in 0..16 {
+        let (code, out) = lab.curl(&["-o", "/dev/null", "-w", fmt, &format!("http://{lb_ip}/")]);
+        assert_eq!((code, out.as_str()), (0, format!("301 https://{lb_ip}/").as_str()));
+    }
+    let page = curl_ok(&lab, &format!("https://{lb_ip}/"), &["-k"]);
+    assert_eq!(field(&page, "pod"), Some("default/cloud-nginx-1"), "{page}");
+    let logs = lab.run("logs", &["node-1"]).1 + &lab.run("logs", &["node-2"]).1;
+    assert!(logs.contains("trying the next endpoint"), "the dead pod was tried and skipped");
+
+    // Straight to a NodePort and to the proxy port of a node.
+    let (code, out) = lab.curl(&["-o", "/dev/null", "-w", "%{http_code}", &format!("http://192.168.56.12:{np}/")]);
+    assert_eq!((code, out.as_str()), (0, "301"));
+    let rules = lab.exec("node-1", &["iptables-save", "-t", "nat"]);
+    for chain in ["KUBE-PORTALS-CONTAINER", "KUBE-PORTALS-HOST", "KUBE-NODEPORT-CONTAINER", "KUBE-NODEPORT-HOST"] {
+        assert!(rules.contains(&format!(":{chain} ")), "{chain} missing:\n{rules}");
+    }
+    let portal = must_rule(&rules, &["-A KUBE-PORTALS-CONTAINER", &format!("-d {lb_ip}/32"), "--dport 80", "REDIRECT"]);
+    let proxy_port = portal.rsplit(' ').next().unwrap().to_string();
+    must_rule(&rules, &["-A KUBE-NODEPORT-CONTAINER", &format!("--dport {np}"), &format!("--to-ports {proxy_port}")]);
+    let (code, out) =
+        lab.curl(&["-o", "/dev/null", "-w", "%{http_code}", &format!("http://192.168.56.11:{proxy_port}/")]);
+    assert_eq!((code, out.as_str()), (0, "301"));
+    // The agent holds the NodePort itself.
+    let sockets = lab.exec("node-1", &["ss", "-ltnpH"]);
+    assert!(
+        sockets.lines().any(|l| l.contains(&format!(":{np} ")) && l.contains("node-agent")),
+        "NodePort {np} not held by node-agent:\n{sockets}"
+    );
+
+    // The LB proxied the connections to node IP:nodePort of healthy nodes.
+    let status = lab.lb_status();
+    let f = status["frontends"].as_array().unwrap().iter().find(|f| f["vip"] == lb_ip).expect("frontend");
+    assert_eq!(f["delivery"], "proxy");
+    assert!(
+        f["backends"][0]["target"].as_str().unwrap().ends_with(&format!(
+            ":{np},{}",
+            lab.kubectl(&["get", "svc", "cloud-nginx", "-o", "jsonpath={.spec.ports[1].nodePort}"])
+        )),
+        "{f}"
+    );
+    assert!(f["connections"][1].as_u64().unwrap() >= 17, "{f}");
+    let addrs = lab.exec("gateway", &["ip", "-o", "addr", "show", "dev", "lo"]);
+    assert!(addrs.contains(&format!("{lb_ip}/32")) && addrs.contains("lo:pplb"), "{addrs}");
+}
+
+#[test]
+fn scenario_3_external_ip_node_port_selector_and_node_failure() {
+    if !root_or_explain() {
+        return;
+    }
+    let lab = Lab::up("s3", &["--nodes", "3"]).expect("podpath up");
+    let mut yaml = pod("web-v1", "node-1", "app: web-front-end, version: v1", "\"--message\", \"v1\"", &[8080]);
+    yaml += &pod("web-v2", "node-1", "app: web-front-end, version: v2", "\"--message\", \"v2\"", &[8080]);
+    yaml += "apiVersion: v1\nkind: Service\nmetadata:\n  name: svc-test-1\n  annotations: {podpath.dev/route-to-node: node-2}\nspec:\n  selector: {app: web-front-end, version: v2}\n  externalIPs: [169.10.10.1]\n  ports:\n  - {port: 80, targetPort: 8080}\n---\n";
+    yaml += "apiVersion: v1\nkind: Service\nmetadata: {name: web-lb}\nspec:\n  type: LoadBalancer\n  selector: {app: web-front-end}\n  ports:\n  - {port: 80, targetPort: 8080}\n";
+    lab.apply(&yaml);
+    wait_pods_ready(&lab, &["web-v1", "web-v2"]);
+
+    // The gateway routes the external IP to node-2, which runs none of the pods; node-2 DNATs
+    // and masquerades, so the pod sees node-2 as its client.
+    let route = wait_for(Duration::from_secs(10), "the external IP's route", || {
+        let r = lab.exec("gateway", &["ip", "route", "get", "169.10.10.1"]);
+        if r.contains("via 192.168.56.12") {
+            Ok(r)
+        } else {
+            Err(r)
+        }
+    });
+    assert!(route.contains("dev eth0"), "{route}");
+    let page = curl_ok(&lab, "http://169.10.10.1/", &[]);
+    assert!(page.contains("v2") && field(&page, "pod") == Some("default/web-v2"), "{page}");
+    assert!(field(&page, "client").is_some_and(|c| c.starts_with("192.168.56.12:")), "{page}");
+    let rules = lab.exec("node-2", &["iptables-save", "-t", "nat"]);
+    let ext_rule = must_rule(&rules, &["-d 169.10.10.1/32", "\"default/svc-test-1 external IP\"", "--dport 80"]);
+    let ext = ext_rule.rsplit(' ').next().unwrap();
+    must_rule(&rules, &[&format!("-A {ext} "), "-j KUBE-MARK-MASQ"]);
+    must_rule(&rules, &["-A KUBE-MARK-MASQ", "0x4000"]);
+
+    // NodePort with nodePort 30000: the same ClusterIP, and every node answers.
+    let cip = lab.kubectl(&["get", "svc", "svc-test-1", "-o", "jsonpath={.spec.clusterIP}"]);
+    lab.kubectl(&[
+        "patch",
+        "svc",
+        "svc-test-1",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"type":"NodePort","ports":[{"port":80,"targetPort":8080,"nodePort":30000}]}}"#,
+    ]);
+    assert_eq!(lab.kubectl(&["get", "svc", "svc-test-1", "-o", "jsonpath={.spec.clusterIP}"]), cip);
+    for node in ["192.168.56.11", "192.168.56.12", "192.168.56.13"] {
+        let page = curl_ok(&lab, &format!("http://{node}:30000/"), &[]);
+        assert_eq!(field(&page, "pod"), Some("default/web-v2"), "{node}: {page}");
+    }
+
+    // The selector moves from v2 to v1: the traffic follows.
+    lab.kubectl(&["patch", "svc", "svc-test-1", "--type=merge", "-p", r#"{"spec":{"selector":{"version":"v1"}}}"#]);
+    wait_for(Duration::from_secs(15), "v1 to answer", || {
+        let (_, page) = lab.curl(&["http://169.10.10.1/"]);
+        if field(&page, "pod") == Some("default/web-v1") {
+            Ok(())
+        } else {
+            Err(page)
+        }
+    });
+
+    // A node whose agent dies fails its health check: the LB withdraws it, requests go on.
+    let lb_ip = lab.kubectl(&["get", "svc", "web-lb", "-o", "jsonpath={.status.loadBalancer.ingress[0].ip}"]);
+    curl_ok(&lab, &format!("http://{lb_ip}/"), &[]);
+    let pid = lab.pid("node-3");
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL)
+        .expect("kill node-3's agent");
+    let t = Instant::now();
+    wait_for(Duration::from_secs(10), "node-3 to be withdrawn", || {
+        let nh = lab.exec("gateway", &["ip", "nexthop", "show"]);
+        if nh.contains("192.168.56.13") {
+            Err(nh)
+        } else {
+            Ok(())
+        }
+    });
+    eprintln!("node-3 withdrawn {:.2} s after its agent was killed", t.elapsed().as_secs_f64());
+    let status = lab.lb_status();
+    let f = status["frontends"].as_array().unwrap().iter().find(|f| f["vip"] == lb_ip.as_str()).expect("frontend");
+    let n3 = f["backends"].as_array().unwrap().iter().find(|b| b["node"] == "node-3").expect("node-3");
+    assert_eq!((n3["health"].as_str(), n3["inRotation"].as_bool()), (Some("unhealthy"), Some(false)), "{f}");
+    for _ in 0..12 {
+        let (code, page) = lab.curl(&[&format!("http://{lb_ip}/")]);
+        assert!(code == 0 && field(&page, "pod").is_some(), "exit {code}: {page}");
+    }
+}
+
+#[test]
+fn scenario_3_without_masquerade_the_request_through_another_node_hangs() {
+    if !root_or_explain() {
+        return;
+    }
+    let lab = Lab::up("s3m", &["--nodes", "2", "--masquerade", "false"]).expect("podpath up");
+    let mut yaml = pod("web", "node-1", "app: web", "", &[8080]);
+    yaml += "apiVersion: v1\nkind: Service\nmetadata:\n  name: web\n  annotations: {podpath.dev/route-to-node: node-1}\nspec:\n  selector: {app: web}\n  externalIPs: [169.10.10.1]\n  ports:\n  - {port: 80, targetPort: 8080}\n";
+    lab.apply(&yaml);
+    wait_pods_ready(&lab, &["web"]);
+    // Routed to the pod's own node, the reply goes back the way it came: it works.
+    let page = curl_ok(&lab, "http://169.10.10.1/", &[]);
+    assert!(field(&page, "client").is_some_and(|c| c.starts_with("203.0.113.10:")), "the pod sees the client: {page}");
+    // Routed to node-2: node-2 DNATs without masquerading, the pod answers the client straight
+    // from its own IP, the client drops that, the connection never completes.
+    lab.kubectl(&["annotate", "--overwrite", "svc", "web", "podpath.dev/route-to-node=node-2"]);
+    wait_for(Duration::from_secs(10), "the route to move to node-2", || {
+        let r = lab.exec("gateway", &["ip", "route", "get", "169.10.10.1"]);
+        if r.contains("via 192.168.56.12") {
+            Ok(())
+        } else {
+            Err(r)
+        }
+    });
+    let (code, out) = lab.curl(&["--max-time", "3", "http://169.10.10.1/"]);
+    assert_eq!(code, 28, "curl must time out (exit 28): {out}");
+    let rules = lab.exec("node-2", &["iptables-save", "-t", "nat"]);
+    assert!(rule(&rules, &["\"default/web external IP\"", "-j KUBE-MARK-MASQ"]).is_none(), "no masquerade:\n{rules}");
+}
+
+#[test]
+fn up_and_down_leave_the_host_unchanged_and_nothing_behind() {
+    if !root_or_explain() {
+        return;
+    }
+    let before = host_state();
+    let lab = Lab::up("hd", &["--nodes", "2"]).expect("podpath up");
+    lab.kubectl(&[
+        "run",
+        "web",
+        "--image=podpath/echo",
+        "--port=8080",
+        "--overrides",
+        r#"{"spec":{"nodeName":"node-2"}}"#,
+    ]);
+    lab.kubectl(&["expose", "pod", "web", "--type=LoadBalancer", "--port=80", "--target-port=8080"]);
+    lab.kubectl(&["wait", "--for=condition=Ready", "pod/web", "--timeout=60s"]);
+    let lb_ip = wait_for(Duration::from_secs(10), "an LB IP", || {
+        let ip = lab.kubectl(&["get", "svc", "web", "-o", "jsonpath={.status.loadBalancer.ingress[0].ip}"]);
+        if ip.is_empty() {
+            Err("none".into())
+        } else {
+            Ok(ip)
+        }
+    });
+    curl_ok(&lab, &format!("http://{lb_ip}/"), &[]);
+    let workload: i32 = lab
+        .kubectl(&["get", "pod", "web", "-o", "jsonpath={.status.containerStatuses[0].containerID}"])
+        .trim_start_matches("podpath://")
+        .parse()
+        .expect("workload pid");
+    let pids: Vec<i32> =
+        ["apiserver-lite", "node-1", "node-2", "lb-sim"].iter().map(|c| lab.pid(c)).chain([workload]).collect();
+    let (name, state) = (lab.name.clone(), lab.state.clone());
+    let (ok, out) = lab.run("down", &[]);
+    assert!(ok, "{out}");
+    let left = testkit::netns::must(&["ip", "netns", "list"]);
+    assert!(!left.contains(&format!("pp-{name}-")), "namespaces left: {left}");
+    for pid in pids {
+        assert!(node_agent::process::start_time(pid).is_none(), "process {pid} still runs");
+    }
+    assert!(!state.exists(), "state left in {}", state.display());
+    assert_eq!(host_state(), before, "the host namespace changed");
+}
