@@ -1,0 +1,349 @@
+//! Lab benchmark (root; prints figures, asserts nothing about speed):
+//!
+//! 1. `podpath up` until every node is Ready (and lb-sim has seen them), 3 and 10 nodes.
+//! 2. The whole lab's memory with 3 nodes and 30 pods: RSS and PSS of every process of the lab
+//!    (API server, agents, lb-sim, and the pods' sandboxes and workloads).
+//! 3. Service create → first successful request from the external client through the LB IP,
+//!    p50/p99 over 50 LoadBalancer Services (created through the REST API, requests made from a
+//!    thread inside the client's namespace).
+//! 4. Requests/s from the client through the LB path (gateway → node → DNAT/proxy → pod)
+//!    against straight to the pod IP (gateway → node → pod: the bench adds a route for the
+//!    pod CIDR to the gateway of its own lab), same load generator, same run; iptables and
+//!    userspace proxy modes. New connection per request, 8 concurrent clients.
+//!
+//! Run: `cargo build --release --workspace --bins && sudo cargo bench -p podpath-e2e --bench lab`
+//! Arguments: `-- up|memory|latency|throughput` to run only some parts; env
+//! `PODPATH_BENCH_SECONDS` (default 3) per throughput measurement.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use podpath_e2e::{wait_for, Lab};
+
+fn api(lab: &Lab) -> SocketAddr {
+    let st: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(lab.state.join("lab.json")).unwrap()).unwrap();
+    st["api"].as_str().unwrap().parse().unwrap()
+}
+
+/// One HTTP/1.0 request; (status, body).
+fn request(addr: SocketAddr, method: &str, path: &str, body: &str) -> std::io::Result<(u16, String)> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(
+        s,
+        "{method} {path} HTTP/1.0\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )?;
+    let mut buf = String::new();
+    s.read_to_string(&mut buf)?;
+    let code = buf.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    Ok((code, buf.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default()))
+}
+
+/// Runs `f` on a thread inside the lab host's network namespace.
+fn in_netns<T: Send + 'static>(lab: &Lab, host: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let path = format!("/run/netns/pp-{}-{host}", lab.name);
+    std::thread::spawn(move || {
+        let ns = std::fs::File::open(&path).expect("lab namespace");
+        nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
+        f()
+    })
+    .join()
+    .expect("netns thread")
+}
+
+fn enter(lab: &Lab, host: &str) -> std::fs::File {
+    std::fs::File::open(format!("/run/netns/pp-{}-{host}", lab.name)).expect("lab namespace")
+}
+
+fn pod_json(name: &str, node: &str, app: &str) -> String {
+    serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "labels": {"app": app}},
+        "spec": {"nodeName": node, "containers": [{"name": "main", "image": "podpath/echo", "ports": [{"containerPort": 8080}]}]}
+    })
+    .to_string()
+}
+
+fn create_pods(lab: &Lab, n: usize, nodes: usize) {
+    let a = api(lab);
+    for i in 0..n {
+        let body = pod_json(&format!("p{i}"), &format!("node-{}", i % nodes + 1), &format!("app{}", i % 10));
+        let (code, out) = request(a, "POST", "/api/v1/namespaces/default/pods", &body).unwrap();
+        assert_eq!(code, 201, "{out}");
+    }
+    wait_for(Duration::from_secs(120), "pods Ready", || {
+        let (_, body) = request(a, "GET", "/api/v1/namespaces/default/pods", "").map_err(|e| e.to_string())?;
+        let v: serde_json::Value = serde_json::from_str(&body).map_err(|e| e.to_string())?;
+        let ready = v["items"]
+            .as_array()
+            .map(|items| {
+                items
+                    .iter()
+                    .filter(|p| {
+                        p["status"]["conditions"]
+                            .as_array()
+                            .is_some_and(|cs| cs.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"))
+                    })
+                    .count()
+            })
+            .unwrap_or(0);
+        if ready == n {
+            Ok(())
+        } else {
+            Err(format!("{ready}/{n} ready"))
+        }
+    });
+}
+
+fn up(nodes: usize, extra: &[&str]) -> (Lab, f64) {
+    let n = nodes.to_string();
+    let mut args = vec!["--nodes", n.as_str()];
+    args.extend_from_slice(extra);
+    let t = Instant::now();
+    let lab = Lab::up("bench", &args).expect("podpath up");
+    (lab, t.elapsed().as_secs_f64())
+}
+
+fn bench_up() {
+    for nodes in [3usize, 10] {
+        let mut walls = Vec::new();
+        for _ in 0..3 {
+            let (lab, wall) = up(nodes, &[]);
+            walls.push(wall);
+            drop(lab);
+        }
+        walls.sort_by(f64::total_cmp);
+        println!(
+            "podpath up, {nodes} nodes → all Ready + lb-sim synced: median {:.2} s (runs: {})",
+            walls[1],
+            walls.iter().map(|w| format!("{w:.2}")).collect::<Vec<_>>().join(", ")
+        );
+    }
+}
+
+fn descendants(roots: &[i32]) -> Vec<i32> {
+    let mut parent = std::collections::HashMap::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else { continue };
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let Some(i) = stat.rfind(')') else { continue };
+        let ppid: i32 = stat[i + 1..].split_whitespace().nth(1).and_then(|p| p.parse().ok()).unwrap_or(0);
+        parent.insert(pid, ppid);
+    }
+    let mut out: Vec<i32> = roots.to_vec();
+    let mut changed = true;
+    while changed {
+        changed = false;
+        for (pid, pp) in &parent {
+            if out.contains(pp) && !out.contains(pid) {
+                out.push(*pid);
+                changed = true;
+            }
+        }
+    }
+    out
+}
+
+fn kib(pid: i32, file: &str, key: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/{file}"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix(key))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+fn bench_memory() {
+    let (lab, _) = up(3, &[]);
+    create_pods(&lab, 30, 3);
+    std::thread::sleep(Duration::from_secs(3));
+    let components = ["apiserver-lite", "node-1", "node-2", "node-3", "lb-sim"];
+    let roots: Vec<i32> = components.iter().map(|c| lab.pid(c)).collect();
+    let mut total_rss = 0;
+    let mut total_pss = 0;
+    for (c, pid) in components.iter().zip(&roots) {
+        let (rss, pss) = (kib(*pid, "status", "VmRSS:"), kib(*pid, "smaps_rollup", "Pss:"));
+        println!("  {c:<15} RSS {:>6.1} MiB  PSS {:>6.1} MiB", rss as f64 / 1024.0, pss as f64 / 1024.0);
+        total_rss += rss;
+        total_pss += pss;
+    }
+    let pods: Vec<i32> = descendants(&roots).into_iter().filter(|p| !roots.contains(p)).collect();
+    let (prss, ppss): (u64, u64) = pods
+        .iter()
+        .map(|p| (kib(*p, "status", "VmRSS:"), kib(*p, "smaps_rollup", "Pss:")))
+        .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
+    println!(
+        "  {:<15} RSS {:>6.1} MiB  PSS {:>6.1} MiB  ({} processes: sandboxes and workloads)",
+        "30 pods",
+        prss as f64 / 1024.0,
+        ppss as f64 / 1024.0,
+        pods.len()
+    );
+    println!(
+        "whole lab, 3 nodes + 30 pods: RSS sum {:.1} MiB, PSS sum {:.1} MiB (components alone: RSS {:.1} MiB)",
+        (total_rss + prss) as f64 / 1024.0,
+        (total_pss + ppss) as f64 / 1024.0,
+        total_rss as f64 / 1024.0
+    );
+}
+
+/// One GET; a lost SYN is given up after `connect` (in the lab a SYN-ACK comes back in well
+/// under a millisecond, so a short timeout measures when the path works, not TCP's retry timer).
+fn get_ok_within(addr: SocketAddr, connect: Duration) -> bool {
+    let Ok(mut s) = TcpStream::connect_timeout(&addr, connect) else { return false };
+    let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
+    if s.write_all(b"GET / HTTP/1.0\r\n\r\n").is_err() {
+        return false;
+    }
+    let mut head = [0u8; 12];
+    s.read_exact(&mut head).is_ok() && &head[9..12] == b"200"
+}
+
+fn get_ok(addr: SocketAddr) -> bool {
+    get_ok_within(addr, Duration::from_millis(200))
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+fn bench_latency() {
+    let (lab, _) = up(3, &[]);
+    create_pods(&lab, 10, 3);
+    let a = api(&lab);
+    let client = enter(&lab, "client");
+    let mut ms = Vec::new();
+    for i in 0..50 {
+        let body = serde_json::json!({
+            "apiVersion": "v1", "kind": "Service", "metadata": {"name": format!("s{i}")},
+            "spec": {"type": "LoadBalancer", "selector": {"app": format!("app{}", i % 10)},
+                     "ports": [{"port": 80, "targetPort": 8080}]}
+        })
+        .to_string();
+        let t = Instant::now();
+        let (code, out) = request(a, "POST", "/api/v1/namespaces/default/services", &body).unwrap();
+        assert_eq!(code, 201, "{out}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let ip = v["status"]["loadBalancer"]["ingress"][0]["ip"].as_str().expect("LB IP at create").to_string();
+        let addr: SocketAddr = format!("{ip}:80").parse().unwrap();
+        let ns = client.try_clone().unwrap();
+        let elapsed = std::thread::spawn(move || {
+            nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
+            while !get_ok_within(addr, Duration::from_millis(10)) {
+                assert!(t.elapsed() < Duration::from_secs(20), "service {addr} never answered");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            t.elapsed()
+        })
+        .join()
+        .unwrap();
+        ms.push(elapsed.as_secs_f64() * 1000.0);
+    }
+    let mut sorted = ms.clone();
+    sorted.sort_by(f64::total_cmp);
+    println!(
+        "Service create → first 200 through the LB IP from the client, 50 Services: p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms",
+        percentile(&sorted, 0.5),
+        percentile(&sorted, 0.99),
+        sorted[sorted.len() - 1]
+    );
+}
+
+/// `workers` threads in the client's namespace, each a new connection per request, for
+/// `seconds`: requests/s answered 200.
+fn load(lab: &Lab, target: SocketAddr, workers: usize, seconds: f64) -> (f64, u64) {
+    let ok = Arc::new(AtomicU64::new(0));
+    let failed = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let threads: Vec<_> = (0..workers)
+        .map(|_| {
+            let (ns, ok, failed, stop) = (enter(lab, "client"), ok.clone(), failed.clone(), stop.clone());
+            std::thread::spawn(move || {
+                nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
+                while !stop.load(Ordering::Relaxed) {
+                    if get_ok(target) {
+                        ok.fetch_add(1, Ordering::Relaxed);
+                    } else {
+                        failed.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            })
+        })
+        .collect();
+    let t = Instant::now();
+    std::thread::sleep(Duration::from_secs_f64(seconds));
+    stop.store(true, Ordering::Relaxed);
+    for th in threads {
+        th.join().unwrap();
+    }
+    (ok.load(Ordering::Relaxed) as f64 / t.elapsed().as_secs_f64(), failed.load(Ordering::Relaxed))
+}
+
+fn bench_throughput() {
+    let seconds: f64 = std::env::var("PODPATH_BENCH_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(3.0);
+    for mode in ["iptables", "userspace"] {
+        let (lab, _) = up(3, &["--proxy-mode", mode]);
+        create_pods(&lab, 1, 3);
+        let a = api(&lab);
+        // Pinned to the pod's node, so both paths cross the same hops and differ only by the
+        // service proxy.
+        let body = serde_json::json!({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": "web", "annotations": {"podpath.dev/route-to-node": "node-1"}},
+            "spec": {"type": "LoadBalancer", "selector": {"app": "app0"}, "ports": [{"port": 80, "targetPort": 8080}]}
+        })
+        .to_string();
+        let (code, out) = request(a, "POST", "/api/v1/namespaces/default/services", &body).unwrap();
+        assert_eq!(code, 201, "{out}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let lb: SocketAddr =
+            format!("{}:80", v["status"]["loadBalancer"]["ingress"][0]["ip"].as_str().unwrap()).parse().unwrap();
+        let (_, pod) = request(a, "GET", "/api/v1/namespaces/default/pods/p0", "").unwrap();
+        let pod: serde_json::Value = serde_json::from_str(&pod).unwrap();
+        let pod_addr: SocketAddr = format!("{}:8080", pod["status"]["podIP"].as_str().unwrap()).parse().unwrap();
+        // The gateway may reach node-1's pods directly (a lab namespace: the host is untouched).
+        lab.exec("gateway", &["ip", "route", "add", "10.244.1.0/24", "via", "192.168.56.11"]);
+        in_netns(&lab, "client", move || {
+            let t = Instant::now();
+            while !(get_ok(lb) && get_ok(pod_addr)) {
+                assert!(t.elapsed() < Duration::from_secs(20), "paths never answered");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        });
+        let (direct, f1) = load(&lab, pod_addr, 8, seconds);
+        let (via_lb, f2) = load(&lab, lb, 8, seconds);
+        let (direct2, f3) = load(&lab, pod_addr, 8, seconds);
+        let direct = (direct + direct2) / 2.0;
+        println!(
+            "{mode:<9} req/s, new connection each: LB IP → node-1 → pod {via_lb:>7.0}; pod IP straight {direct:>7.0}; ratio {:.2} (failed requests: {})",
+            via_lb / direct,
+            f1 + f2 + f3
+        );
+    }
+}
+
+fn main() {
+    if !testkit::netns::root_or_explain() {
+        return;
+    }
+    let only: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
+    let run = |part: &str| only.is_empty() || only.iter().any(|o| o == part);
+    if run("up") {
+        bench_up();
+    }
+    if run("memory") {
+        bench_memory();
+    }
+    if run("latency") {
+        bench_latency();
+    }
+    if run("throughput") {
+        bench_throughput();
+    }
+}
