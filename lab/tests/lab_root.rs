@@ -2,60 +2,10 @@
 //! with the real kubectl, curled from each lab's external client through its gateway, `exec`
 //! into a node and a pod, `status`, `down` — and the host namespace unchanged, nothing left.
 
-use std::path::Path;
 use std::process::Command;
 
+use podpath_e2e::Lab;
 use testkit::netns::{host_state, root_or_explain};
-
-fn podpath(args: &[&str]) -> (bool, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_podpath")).args(args).output().expect("run podpath");
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    (out.status.success(), text)
-}
-
-fn kubectl(kubeconfig: &Path, args: &[&str]) -> String {
-    let out = Command::new("kubectl").arg("--kubeconfig").arg(kubeconfig).args(args).output().expect("run kubectl");
-    assert!(out.status.success(), "kubectl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// Takes a lab down when the test ends, however it ends.
-struct Lab {
-    name: String,
-    state: String,
-    _dir: tempfile::TempDir,
-}
-
-impl Lab {
-    fn up(name: &str, nodes: &str) -> Lab {
-        let dir = tempfile::tempdir().unwrap();
-        let state = dir.path().join("state");
-        let (ok, out) = podpath(&["up", "--name", name, "--state-dir", state.to_str().unwrap(), "--nodes", nodes]);
-        assert!(ok, "podpath up: {out}");
-        assert!(out.contains("ready: "), "{out}");
-        Lab { name: name.into(), state: state.display().to_string(), _dir: dir }
-    }
-    fn args<'a>(&'a self, cmd: &'a str, rest: &[&'a str]) -> Vec<&'a str> {
-        let mut v = vec![cmd, "--name", &self.name, "--state-dir", &self.state];
-        v.extend_from_slice(rest);
-        v
-    }
-    fn run(&self, cmd: &str, rest: &[&str]) -> (bool, String) {
-        podpath(&self.args(cmd, rest))
-    }
-    fn kubeconfig(&self) -> std::path::PathBuf {
-        Path::new(&self.state).join("kubeconfig")
-    }
-}
-
-impl Drop for Lab {
-    fn drop(&mut self) {
-        let (ok, out) = self.run("down", &[]);
-        if !ok && !out.contains("no lab state") {
-            eprintln!("podpath down {}: {out}", self.name);
-        }
-    }
-}
 
 #[test]
 fn two_labs_side_by_side_serve_a_node_port_to_their_clients() {
@@ -63,9 +13,8 @@ fn two_labs_side_by_side_serve_a_node_port_to_their_clients() {
         return;
     }
     let before = host_state();
-    let tag = std::process::id() % 100000;
-    let a = Lab::up(&format!("a{tag}"), "2");
-    let b = Lab::up(&format!("b{tag}"), "1");
+    let a = Lab::up("a", &["--nodes", "2"]).expect("podpath up a");
+    let b = Lab::up("b", &["--nodes", "1"]).expect("podpath up b");
 
     // The same name again is refused, and nothing of the running lab is touched.
     let (ok, out) = a.run("up", &[]);
@@ -74,13 +23,11 @@ fn two_labs_side_by_side_serve_a_node_port_to_their_clients() {
     assert!(ok && out.matches("running").count() == 4 && out.matches(" Ready").count() == 2, "{out}");
 
     for lab in [&a, &b] {
-        let kc = lab.kubeconfig();
-        kubectl(&kc, &["run", "web", "--image=podpath/echo", "--port=8080"]);
-        kubectl(&kc, &["expose", "pod", "web", "--type=NodePort", "--port=80", "--target-port=8080"]);
-        kubectl(&kc, &["wait", "--for=condition=Ready", "pod/web", "--timeout=60s"]);
+        lab.kubectl(&["run", "web", "--image=podpath/echo", "--port=8080"]);
+        lab.kubectl(&["expose", "pod", "web", "--type=NodePort", "--port=80", "--target-port=8080"]);
+        lab.kubectl(&["wait", "--for=condition=Ready", "pod/web", "--timeout=60s"]);
     }
-    let kc = a.kubeconfig();
-    let np = kubectl(&kc, &["get", "svc", "web", "-o", "jsonpath={.spec.ports[0].nodePort}"]);
+    let np = a.kubectl(&["get", "svc", "web", "-o", "jsonpath={.spec.ports[0].nodePort}"]);
     // Through the gateway to both nodes; node-2 forwards to the pod on node-1 with masquerade.
     for node in ["192.168.56.11", "192.168.56.12"] {
         let (ok, page) = a.run("curl", &[&format!("http://{node}:{np}/")]);
@@ -90,7 +37,7 @@ fn two_labs_side_by_side_serve_a_node_port_to_their_clients() {
         "curl",
         &[&format!(
             "http://192.168.56.11:{}/",
-            kubectl(&b.kubeconfig(), &["get", "svc", "web", "-o", "jsonpath={.spec.ports[0].nodePort}"])
+            b.kubectl(&["get", "svc", "web", "-o", "jsonpath={.spec.ports[0].nodePort}"])
         )],
     );
     assert!(ok && page.contains("pod: default/web"), "{page}");
