@@ -46,6 +46,50 @@ fn pod(name: &str, node: &str, labels: &str, args: &str, ports: &[u16]) -> Strin
     )
 }
 
+/// `n` TCP connections from the external client (opened by a thread inside its namespace; a
+/// socket stays in the namespace it was made in).
+fn keepalive_connections(lab: &Lab, to: &str, n: usize) -> Vec<std::net::TcpStream> {
+    let ns = std::fs::File::open(format!("/run/netns/pp-{}-client", lab.name)).expect("client namespace");
+    let to: std::net::SocketAddr = to.parse().expect("address");
+    std::thread::spawn(move || {
+        nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET).expect("enter the client namespace");
+        (0..n)
+            .map(|_| {
+                let s = std::net::TcpStream::connect_timeout(&to, Duration::from_secs(5)).expect("connect");
+                s.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+                s
+            })
+            .collect()
+    })
+    .join()
+    .expect("client thread")
+}
+
+/// One HTTP/1.1 request on a kept-alive connection: the body, or None if the connection broke.
+fn keepalive_get(s: &mut std::net::TcpStream) -> Option<String> {
+    use std::io::{Read, Write};
+    s.write_all(b"GET / HTTP/1.1\r\nHost: lb\r\n\r\n").ok()?;
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let n = s.read(&mut chunk).ok()?;
+        if n == 0 {
+            return None;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        let text = String::from_utf8_lossy(&buf).to_string();
+        if let Some((head, body)) = text.split_once("\r\n\r\n") {
+            let len: usize = head
+                .lines()
+                .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().to_string()))
+                .and_then(|v| v.parse().ok())?;
+            if body.len() >= len {
+                return head.starts_with("HTTP/1.1 200").then(|| body.to_string());
+            }
+        }
+    }
+}
+
 fn wait_pods_ready(lab: &Lab, pods: &[&str]) {
     for p in pods {
         lab.kubectl(&["wait", "--for=condition=Ready", &format!("pod/{p}"), "--timeout=60s"]);
@@ -281,8 +325,17 @@ fn scenario_3_external_ip_node_port_selector_and_node_failure() {
     });
 
     // A node whose agent dies fails its health check: the LB withdraws it, requests go on.
+    // Connections in flight through healthy nodes must not notice.
     let lb_ip = lab.kubectl(&["get", "svc", "web-lb", "-o", "jsonpath={.status.loadBalancer.ingress[0].ip}"]);
     curl_ok(&lab, &format!("http://{lb_ip}/"), &[]);
+    let mut open = keepalive_connections(&lab, &format!("{lb_ip}:80"), 24);
+    let via: Vec<String> = open
+        .iter_mut()
+        .map(|c| {
+            let page = keepalive_get(c).expect("first request on a kept-alive connection");
+            field(&page, "client").unwrap_or_default().rsplit_once(':').unwrap_or_default().0.to_string()
+        })
+        .collect();
     let pid = lab.pid("node-3");
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL)
         .expect("kill node-3's agent");
@@ -300,6 +353,17 @@ fn scenario_3_external_ip_node_port_selector_and_node_failure() {
     let f = status["frontends"].as_array().unwrap().iter().find(|f| f["vip"] == lb_ip.as_str()).expect("frontend");
     let n3 = f["backends"].as_array().unwrap().iter().find(|b| b["node"] == "node-3").expect("node-3");
     assert_eq!((n3["health"].as_str(), n3["inRotation"].as_bool()), (Some("unhealthy"), Some(false)), "{f}");
+    let through_healthy: Vec<usize> = (0..open.len()).filter(|i| via[*i] != "192.168.56.13").collect();
+    assert!(!through_healthy.is_empty(), "no connection went through node-1 or node-2: {via:?}");
+    for i in &through_healthy {
+        let page = keepalive_get(&mut open[*i]);
+        assert!(page.is_some(), "connection {i} through {} broke when node-3 was withdrawn", via[*i]);
+    }
+    eprintln!(
+        "{} of {} kept-alive connections went through healthy nodes; all survived node-3's withdrawal",
+        through_healthy.len(),
+        open.len()
+    );
     for _ in 0..12 {
         let (code, page) = lab.curl(&[&format!("http://{lb_ip}/")]);
         assert!(code == 0 && field(&page, "pod").is_some(), "exit {code}: {page}");
