@@ -90,6 +90,18 @@ fn keepalive_get(s: &mut std::net::TcpStream) -> Option<String> {
     }
 }
 
+/// The LoadBalancer IP of a Service, once allocated.
+fn lb_ip(lab: &Lab, service: &str) -> String {
+    wait_for(Duration::from_secs(10), &format!("an LB IP for {service}"), || {
+        let ip = lab.kubectl(&["get", "svc", service, "-o", "jsonpath={.status.loadBalancer.ingress[0].ip}"]);
+        if ip.is_empty() {
+            Err("none yet".into())
+        } else {
+            Ok(ip)
+        }
+    })
+}
+
 fn wait_pods_ready(lab: &Lab, pods: &[&str]) {
     for p in pods {
         lab.kubectl(&["wait", "--for=condition=Ready", &format!("pod/{p}"), "--timeout=60s"]);
@@ -205,14 +217,7 @@ fn scenario_2_userspace_proxy_behind_a_nodeport_load_balancer() {
     yaml += "apiVersion: v1\nkind: Service\nmetadata: {name: cloud-nginx}\nspec:\n  type: LoadBalancer\n  selector: {app: cloud-nginx}\n  ports:\n  - {name: http-server, port: 80, targetPort: 80}\n  - {name: https-server, port: 443, targetPort: 443}\n";
     lab.apply(&yaml);
     wait_pods_ready(&lab, &["cloud-nginx-1", "cloud-nginx-dead"]);
-    let lb_ip = wait_for(Duration::from_secs(10), "an LB IP", || {
-        let ip = lab.kubectl(&["get", "svc", "cloud-nginx", "-o", "jsonpath={.status.loadBalancer.ingress[0].ip}"]);
-        if ip.is_empty() {
-            Err("none".into())
-        } else {
-            Ok(ip)
-        }
-    });
+    let lb_ip = lb_ip(&lab, "cloud-nginx");
     let np = lab.kubectl(&["get", "svc", "cloud-nginx", "-o", "jsonpath={.spec.ports[0].nodePort}"]);
 
     // LB → NodePort → proxy port → pod: every request answered with the pod's 301.
@@ -326,7 +331,7 @@ fn scenario_3_external_ip_node_port_selector_and_node_failure() {
 
     // A node whose agent dies fails its health check: the LB withdraws it, requests go on.
     // Connections in flight through healthy nodes must not notice.
-    let lb_ip = lab.kubectl(&["get", "svc", "web-lb", "-o", "jsonpath={.status.loadBalancer.ingress[0].ip}"]);
+    let lb_ip = lb_ip(&lab, "web-lb");
     curl_ok(&lab, &format!("http://{lb_ip}/"), &[]);
     let mut open = keepalive_connections(&lab, &format!("{lb_ip}:80"), 24);
     let via: Vec<String> = open
@@ -417,14 +422,7 @@ fn up_and_down_leave_the_host_unchanged_and_nothing_behind() {
     ]);
     lab.kubectl(&["expose", "pod", "web", "--type=LoadBalancer", "--port=80", "--target-port=8080"]);
     lab.kubectl(&["wait", "--for=condition=Ready", "pod/web", "--timeout=60s"]);
-    let lb_ip = wait_for(Duration::from_secs(10), "an LB IP", || {
-        let ip = lab.kubectl(&["get", "svc", "web", "-o", "jsonpath={.status.loadBalancer.ingress[0].ip}"]);
-        if ip.is_empty() {
-            Err("none".into())
-        } else {
-            Ok(ip)
-        }
-    });
+    let lb_ip = lb_ip(&lab, "web");
     curl_ok(&lab, &format!("http://{lb_ip}/"), &[]);
     let workload: i32 = lab
         .kubectl(&["get", "pod", "web", "-o", "jsonpath={.status.containerStatuses[0].containerID}"])

@@ -60,23 +60,10 @@ async fn start() -> Result<()> {
         "" => None,
         a => Some(a.parse().with_context(|| format!("--status-listen {a:?} is not IP:PORT"))?),
     };
-    let token = match &args.token_file {
-        Some(p) => Some(
-            std::fs::read_to_string(p)
-                .with_context(|| format!("cannot read --token-file {}", p.display()))?
-                .trim()
-                .to_string(),
-        ),
-        None => None,
-    };
+    let token = node_agent::daemon::read_token(args.token_file.as_deref())?;
     let cfg = Config { apiserver: args.apiserver, token, mode, status_listen, node_health_port: args.node_health_port };
     let shutdown = async {
-        let mut term =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("signal handler");
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {},
-            _ = term.recv() => {},
-        }
+        node_agent::daemon::stop_signal().await;
         tracing::info!("stopping");
     };
     run::run(cfg, Arc::new(lb_sim::routing::IpCommand::default()), shutdown).await?;

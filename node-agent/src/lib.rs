@@ -9,11 +9,13 @@
 //! - [`podstatus`]: the pod status, computed purely;
 //! - [`process`], [`cni`], [`routes`]: side effects behind small traits;
 //! - [`echo`]: the built-in `podpath/echo` workload;
-//! - [`health`], [`metrics`]: `:10256`.
+//! - [`health`], [`metrics`]: `:10256`;
+//! - [`daemon`]: token file and stop signal, shared with lb-sim.
 
 pub mod agent;
 pub mod client;
 pub mod cni;
+pub mod daemon;
 pub mod echo;
 pub mod error;
 pub mod health;

@@ -127,15 +127,7 @@ async fn run() -> Result<()> {
     if !(args.restart_backoff_seconds > 0.0 && args.restart_backoff_seconds <= 300.0) {
         bail!("--restart-backoff-seconds must be in (0, 300]");
     }
-    let token = match &args.token_file {
-        Some(p) => Some(
-            std::fs::read_to_string(p)
-                .with_context(|| format!("cannot read --token-file {}", p.display()))?
-                .trim()
-                .to_string(),
-        ),
-        None => None,
-    };
+    let token = node_agent::daemon::read_token(args.token_file.as_deref())?;
     let mut labels = BTreeMap::new();
     for l in &args.node_labels {
         let (k, v) = l.split_once('=').with_context(|| format!("--node-label {l:?} is not KEY=VALUE"))?;
@@ -169,12 +161,7 @@ async fn run() -> Result<()> {
         proxy,
     };
     let shutdown = async {
-        let mut term =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("signal handler");
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {},
-            _ = term.recv() => {},
-        }
+        node_agent::daemon::stop_signal().await;
         tracing::info!("stopping: reporting NotReady (pods keep running)");
     };
     agent::run(cfg, shutdown).await?;
