@@ -27,6 +27,10 @@ pub const ADDRESS_LABEL: &str = "lo:pplb";
 pub const FIRST_GROUP_ID: u32 = 0x10000;
 /// Buckets per group: enough for an even spread over a lab's nodes.
 pub const BUCKETS: u32 = 64;
+/// Seconds a hash bucket must be idle before a returning node may take it over: short enough
+/// that a node is back in use within seconds in a quiet lab, long enough not to move a
+/// connection that is busy.
+pub const IDLE_TIMER_SECONDS: u32 = 5;
 
 /// What lb-sim owns in the kernel right now.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -273,7 +277,7 @@ pub fn sync(ip: &impl Ip, want: &Wanted) -> Result<usize> {
             devices.insert(*node, ip.device_for(*node)?);
         }
     }
-    let lines = plan(want, &have, &devices, crate::run::IDLE_TIMER_SECONDS);
+    let lines = plan(want, &have, &devices, IDLE_TIMER_SECONDS);
     ip.apply(&lines)?;
     for l in &lines {
         tracing::info!(change = %l, "gateway routing");

@@ -16,10 +16,6 @@ use crate::proxy::Proxies;
 use crate::routing::{self, Ip, Wanted};
 use crate::status::{self, Status};
 
-/// Seconds a hash bucket must be idle before a returning node may take it over: short enough
-/// that a node is back in use within seconds in a quiet lab, long enough not to move a
-/// connection that is busy.
-pub const IDLE_TIMER_SECONDS: u32 = 5;
 /// Routes are compared with the kernel at least this often (someone may have changed them).
 pub const RESYNC: Duration = Duration::from_secs(10);
 
