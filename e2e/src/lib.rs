@@ -3,7 +3,10 @@
 //! [`ApiServer`] starts the `apiserver-lite` binary on free loopback ports with a private data
 //! directory, kubeconfig and kubectl cache directory, and stops it (by PID) when dropped.
 //! Binaries are found next to the test executable (`target/<profile>/`), or in
-//! `PODPATH_BIN_DIR`.
+//! `PODPATH_BIN_DIR`. [`Lab`] is a lab made by the real `podpath up`; [`vagrant`] runs the
+//! Vagrantfile's machines and provisioners in namespaces.
+
+pub mod vagrant;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};

@@ -1,0 +1,320 @@
+//! The Vagrant lab without VMs: Vagrant validates the Vagrantfile under both providers, the
+//! machines it defines follow the all-in-one lab's address plan, the scripts pass shellcheck,
+//! and the Vagrantfile's own provisioners, run in namespaces with chroots of a Debian root
+//! filesystem, bring up a lab whose LoadBalancer Service answers the client.
+//!
+//! Needs Debian's `vagrant` (with its Ruby), `shellcheck` and `debootstrap` packages; the
+//! namespace test needs root and, the first time, the Debian archive (the root filesystem is
+//! kept in `target/vagrant-rootfs`). The real `vagrant up` on VMs is `vagrant/test/libvirt-up.sh`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::Ipv4Addr;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use podpath_e2e::vagrant::{self, check_topology, load_machines, repo_root, NetnsVagrant, Subnet};
+use podpath_e2e::{bin, text, wait_for};
+
+const NODE_NET: Subnet = Subnet {
+    network: Ipv4Addr::new(192, 168, 56, 0),
+    prefix: 24,
+    // The hypervisor's address for the host on the host-only network.
+    reserved: &[Ipv4Addr::new(192, 168, 56, 1)],
+};
+const CLIENT_NET: Subnet = Subnet {
+    network: Ipv4Addr::new(203, 0, 113, 0),
+    prefix: 24,
+    // What the Vagrantfile gives the host on libvirt's client network.
+    reserved: &[Ipv4Addr::new(203, 0, 113, 254)],
+};
+
+/// The directory of the workspace's binaries (the Vagrantfile's `bin_dir` in these tests).
+fn bin_dir() -> String {
+    bin("node-agent").parent().expect("bin dir").display().to_string()
+}
+
+/// `vagrant ARGS` in the repository with private Vagrant state; (success, output).
+fn vagrant(args: &[&str], env: &[(&str, &str)], home: &Path) -> (bool, String) {
+    let out = Command::new("vagrant")
+        .args(args)
+        .current_dir(repo_root())
+        .env("VAGRANT_HOME", home.join("home"))
+        .env("VAGRANT_DOTFILE_PATH", home.join("dotfile"))
+        .env("VAGRANT_CHECKPOINT_DISABLE", "1")
+        .env_remove("VAGRANT_DEFAULT_PROVIDER")
+        .envs(env.iter().copied())
+        .output()
+        .expect("run vagrant (apt-get install vagrant)");
+    let (o, e) = text(&out);
+    (out.status.success(), format!("{o}{e}"))
+}
+
+#[test]
+fn vagrantfile_validates_under_both_providers_and_refuses_bad_settings() {
+    let home = tempfile::tempdir().unwrap();
+    let dir = bin_dir();
+    let bins = [("LAB_BIN_DIR", dir.as_str())];
+    let (ok, out) = vagrant(&["validate", "-p"], &bins, home.path());
+    assert!(ok && out.contains("validated successfully"), "{out}");
+    // The provider blocks are only checked for the active provider: libvirt (Debian's
+    // vagrant-libvirt), then VirtualBox through a stand-in VBoxManage.
+    let (ok, out) = vagrant(&["validate"], &bins, home.path());
+    assert!(ok, "libvirt: {out}");
+    let stub = home.path().join("stub");
+    std::fs::create_dir_all(&stub).unwrap();
+    std::fs::write(stub.join("VBoxManage"), "#!/bin/sh\necho 7.0.14r161095\n").unwrap();
+    std::fs::set_permissions(stub.join("VBoxManage"), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let path = format!("{}:{}", stub.display(), std::env::var("PATH").unwrap_or_default());
+    let (ok, out) = vagrant(
+        &["validate"],
+        &[("LAB_BIN_DIR", &dir), ("PATH", &path), ("VAGRANT_DEFAULT_PROVIDER", "virtualbox")],
+        home.path(),
+    );
+    assert!(ok, "virtualbox: {out}");
+
+    let (ok, out) = vagrant(&["status", "--machine-readable"], &[("LAB_NODES", "1")], home.path());
+    assert!(ok, "{out}");
+    let states: Vec<&str> = out.lines().filter(|l| l.contains(",state,")).filter_map(|l| l.split(',').nth(1)).collect();
+    assert_eq!(states, ["control-plane", "node-1", "gateway", "client"]);
+
+    // Bad settings: one line that names the setting, and nothing created.
+    for (env, want) in [
+        (("LAB_NODES", "12"), "podpath: nodes is \"12\": expected a whole number from 1 to 9"),
+        (("LAB_PROXY_MODE", "ipvs"), "podpath: proxy_mode is \"ipvs\": expected iptables or userspace"),
+        (("LAB_LB_MODE", "l7"), "podpath: lb_mode is \"l7\": expected passthrough or nodeport"),
+        (("LAB_MEMORY", "lots"), "podpath: memory of control-plane is \"lots\""),
+        (("LAB_LIBVIRT_DRIVER", "xen"), "podpath: libvirt_driver is \"xen\": expected kvm or qemu"),
+    ] {
+        let (ok, out) = vagrant(&["validate", "-p"], &[env], home.path());
+        assert!(!ok && out.contains(want), "{env:?}: {out}");
+    }
+    let settings = home.path().join("settings.yaml");
+    std::fs::write(&settings, "nodes: 2\nbox: ''\n").unwrap();
+    let (ok, out) = vagrant(&["validate", "-p"], &[("LAB_SETTINGS", settings.to_str().unwrap())], home.path());
+    assert!(!ok && out.contains("podpath: proxy_mode is nil"), "{out}");
+    let fresh = tempfile::tempdir().unwrap();
+    let (ok, out) = vagrant(&["up", "--no-provision"], &[("LAB_BIN_DIR", "/nonexistent")], fresh.path());
+    assert!(!ok && out.contains("missing in /nonexistent: run `cargo build --release` first"), "{out}");
+    let (_, ids) = testkit::netns::sh(&["find", &fresh.path().to_string_lossy(), "-name", "id"]);
+    assert!(ids.trim().is_empty(), "no machine created: {ids}");
+}
+
+/// (machine name → its addresses) of the all-in-one lab's plan.
+fn all_in_one_addresses(nodes: usize) -> BTreeMap<String, BTreeSet<String>> {
+    let plan = podpath_lab::plan::Plan::new("x", nodes);
+    let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for h in plan.hosts.iter().filter(|h| h.role != "underlay") {
+        let ips = plan.addrs.iter().filter(|a| a.netns == h.netns).map(|a| a.cidr.trim_end_matches("/24").to_string());
+        out.entry(h.role.clone()).or_default().extend(ips);
+    }
+    out
+}
+
+#[test]
+fn machines_follow_the_all_in_one_address_plan() {
+    let dir = bin_dir();
+    for nodes in [1, 3, 9] {
+        let n = nodes.to_string();
+        let machines = load_machines(&repo_root(), &[("LAB_NODES", &n), ("LAB_BIN_DIR", &dir)]).unwrap();
+        let problems = check_topology(&machines, &[NODE_NET, CLIENT_NET]);
+        assert!(problems.is_empty(), "{nodes} nodes:\n{}", problems.join("\n"));
+        let vagrant: BTreeMap<String, BTreeSet<String>> = machines
+            .iter()
+            .map(|m| (m.name.clone(), m.networks.iter().filter_map(|n| n.ip.clone()).collect()))
+            .collect();
+        assert_eq!(vagrant, all_in_one_addresses(nodes), "{nodes} nodes: same names and addresses as `podpath up`");
+        // Each role gets exactly the binaries it runs, and then its provisioning script.
+        for m in &machines {
+            let uploads: Vec<String> = m
+                .provisioners
+                .iter()
+                .filter_map(|p| p.source.as_ref())
+                .filter_map(|s| s.file_name().map(|f| f.to_string_lossy().into_owned()))
+                .collect();
+            let want: &[&str] = match m.name.as_str() {
+                "control-plane" => &["apiserver-lite"],
+                "gateway" => &["lb-sim"],
+                "client" => &[],
+                _ => &["node-agent", "podpath-workload", "podpath-bridge", "podpath-ipam"],
+            };
+            assert_eq!(uploads, want, "{}", m.name);
+            let last = m.provisioners.last().expect("a provisioner");
+            assert_eq!(last.kind, "shell");
+            assert!(last.path.as_ref().is_some_and(|p| p.ends_with("vagrant/provision.sh")));
+            assert_eq!(last.env["LAB_NAME"], m.name);
+            assert!(m.synced_folders.iter().all(|f| f.disabled), "no synced folder needed: {:?}", m.synced_folders);
+        }
+    }
+}
+
+#[test]
+fn scripts_pass_shellcheck() {
+    let root = repo_root();
+    let scripts = ["vagrant/provision.sh", "vagrant/test/rootfs.sh", "vagrant/test/libvirt-up.sh", "scripts/demo"];
+    let out = Command::new("shellcheck")
+        .args(scripts.iter().map(|s| root.join(s)))
+        .output()
+        .expect("run shellcheck (apt-get install shellcheck)");
+    let (o, e) = text(&out);
+    assert!(out.status.success(), "shellcheck:\n{o}{e}");
+    for s in scripts {
+        let (ok, out) = testkit::netns::sh(&["bash", "-n", &root.join(s).to_string_lossy()]);
+        assert!(ok, "{s}: {out}");
+    }
+}
+
+fn field<'a>(page: &'a str, name: &str) -> Option<&'a str> {
+    page.lines().find_map(|l| l.strip_prefix(&format!("{name}: ")))
+}
+
+#[test]
+fn provisioners_bring_up_the_lab_in_namespaces() {
+    if !testkit::netns::root_or_explain() {
+        return;
+    }
+    let host_before = testkit::netns::host_state();
+    let rootfs = vagrant::ensure_rootfs(&repo_root().join("target/vagrant-rootfs")).unwrap();
+    let dir = bin_dir();
+    let machines = load_machines(&repo_root(), &[("LAB_NODES", "2"), ("LAB_BIN_DIR", &dir)]).unwrap();
+    let prefix = testkit::netns::unique("vg");
+    let lab = NetnsVagrant::create(&machines, &rootfs, &prefix, Some("192.168.56.1")).unwrap();
+    let t = std::time::Instant::now();
+    for m in &machines {
+        let out = lab.provision(&m.name).unwrap_or_else(|e| panic!("{e:#}"));
+        assert!(out.contains(&format!("podpath[{}]: {} ready", role(&m.name), m.name)), "{out}");
+    }
+    eprintln!("provisioned {} machines in {:.1} s", machines.len(), t.elapsed().as_secs_f64());
+
+    // kubectl from the "host" end of the node network, with the committed kubeconfig.
+    let kubeconfig = repo_root().join("vagrant/kubeconfig");
+    let kubectl = |args: &[&str]| -> String {
+        let mut argv = vec!["kubectl", "--kubeconfig", kubeconfig.to_str().unwrap()];
+        argv.extend_from_slice(args);
+        let (ok, out) = lab.host_exec(&argv);
+        assert!(ok, "kubectl {args:?}: {out}");
+        out
+    };
+    wait_for(Duration::from_secs(30), "both nodes Ready", || {
+        let out = kubectl(&["get", "nodes", "--no-headers"]);
+        let ready = out.lines().filter(|l| l.split_whitespace().nth(1) == Some("Ready")).count();
+        if ready == 2 {
+            Ok(())
+        } else {
+            Err(out)
+        }
+    });
+    let files = tempfile::tempdir().unwrap();
+    let manifest = files.path().join("echo.yaml");
+    std::fs::write(&manifest, ECHO).unwrap();
+    kubectl(&["apply", "-f", manifest.to_str().unwrap()]);
+    let lb_ip = wait_for(Duration::from_secs(30), "an EXTERNAL-IP", || {
+        let ip = kubectl(&["get", "svc", "echo", "-o", "jsonpath={.status.loadBalancer.ingress[0].ip}"]);
+        if ip.starts_with("198.51.100.") {
+            Ok(ip)
+        } else {
+            Err(ip)
+        }
+    });
+    let url = format!("http://{lb_ip}/");
+    let curl = |url: &str| lab.exec("client", &["curl", "-sS", "--max-time", "5", url]);
+    let page = wait_for(Duration::from_secs(30), "the LB IP to answer from the client", || match curl(&url) {
+        (true, page) if field(&page, "pod").is_some() => Ok(page),
+        (_, out) => Err(out),
+    });
+    assert_eq!(field(&page, "pod"), Some("default/echo"), "{page}");
+    // Through the gateway onto node-2 (no pod there), kube-proxy NAT to node-1's pod.
+    let via: BTreeSet<String> = (0..12)
+        .filter_map(|_| curl(&url).1.lines().find_map(|l| l.strip_prefix("client: ").map(str::to_string)))
+        .map(|c| c.rsplit_once(':').map(|(ip, _)| ip.to_string()).unwrap_or(c))
+        .collect();
+    assert_eq!(via, BTreeSet::from(["192.168.56.12".to_string()]), "masqueraded by node-2");
+    let (ok, status) = lab.exec("gateway", &["curl", "-sS", "http://127.0.0.1:9900/status"]);
+    assert!(ok, "{status}");
+    let status: serde_json::Value = serde_json::from_str(&status).unwrap();
+    assert_eq!(status["nodes"].as_array().map(Vec::len), Some(2), "{status}");
+    let (_, routes) = lab.exec("gateway", &["ip", "route", "show", &lb_ip]);
+    assert!(routes.contains("nhid") && routes.contains("proto 78"), "gateway routes the LB IP to the nodes: {routes}");
+    // The client's traffic to anywhere else stops at the gateway: nothing routes to an uplink.
+    let (_, fwd) = lab.exec("gateway", &["iptables", "-S", "PODPATH-LAB-ONLY"]);
+    assert!(fwd.contains("-j REJECT"), "{fwd}");
+    let (ok, out) = lab.exec("client", &["curl", "-sS", "--max-time", "3", "http://192.0.2.1/"]);
+    assert!(!ok, "{out}");
+
+    // Provisioning again changes nothing: the same service processes, one hosts block, one
+    // FORWARD jump, and the Service still answers.
+    let services = lab.services();
+    assert_eq!(
+        services.iter().map(|(m, s, _)| format!("{m}/{s}")).collect::<Vec<_>>(),
+        ["control-plane/apiserver-lite", "gateway/lb-sim", "node-1/node-agent", "node-2/node-agent"]
+    );
+    for m in &machines {
+        lab.provision(&m.name).unwrap_or_else(|e| panic!("again: {e:#}"));
+    }
+    assert_eq!(lab.services(), services, "no restart without a change");
+    let (_, hosts) = lab.exec("node-1", &["cat", "/etc/hosts"]);
+    assert_eq!(hosts.matches("# podpath lab begin").count(), 1, "{hosts}");
+    assert!(hosts.contains("192.168.56.12 node-2") && hosts.contains("203.0.113.10 client"), "{hosts}");
+    let (_, forward) = lab.exec("gateway", &["iptables", "-S", "FORWARD"]);
+    assert_eq!(forward.matches("PODPATH-LAB-ONLY").count(), 1, "{forward}");
+    let (ok, page) = curl(&url);
+    assert!(ok && field(&page, "pod") == Some("default/echo"), "{page}");
+
+    // A changed setting restarts only what it concerns.
+    let node1 = lab.machine("node-1").machine.clone();
+    let mut changed = node1.clone();
+    for p in &mut changed.provisioners {
+        if let Some(v) = p.env.get_mut("LAB_PROXY_MODE") {
+            *v = "userspace".into();
+        }
+    }
+    let out = lab.provision_machine(&changed).unwrap_or_else(|e| panic!("{e:#}"));
+    assert!(out.contains("started node-agent"), "{out}");
+    let after = lab.services();
+    let pid = |svcs: &[(String, String, i32)], m: &str| svcs.iter().find(|s| s.0 == m).map(|s| s.2);
+    assert_ne!(pid(&after, "node-1"), pid(&services, "node-1"));
+    assert_eq!(pid(&after, "node-2"), pid(&services, "node-2"));
+
+    let work_pids = lab.processes_inside();
+    assert!(work_pids.len() >= 6, "services and the pod's processes run in the chroots: {work_pids:?}");
+    let prefix_ns = format!("{prefix}-");
+    drop(lab);
+    let (_, netns) = testkit::netns::sh(&["ip", "netns", "list"]);
+    assert!(!netns.contains(&prefix_ns), "namespaces left: {netns}");
+    let left: Vec<i32> = work_pids.into_iter().filter(|p| Path::new(&format!("/proc/{p}")).exists()).collect();
+    assert!(left.iter().all(|p| !is_running(*p)), "processes left: {left:?}");
+    assert_eq!(testkit::netns::host_state(), host_before, "the host namespace is unchanged");
+}
+
+fn is_running(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .is_ok_and(|s| s.rsplit_once(") ").is_some_and(|(_, rest)| !rest.starts_with('Z')))
+}
+
+fn role(machine: &str) -> &str {
+    if machine.starts_with("node-") {
+        "node"
+    } else {
+        machine
+    }
+}
+
+const ECHO: &str = "\
+apiVersion: v1
+kind: Pod
+metadata: {name: echo, labels: {app: echo}}
+spec:
+  nodeName: node-1
+  containers:
+  - name: main
+    image: podpath/echo
+    ports: [{containerPort: 8080}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: echo, annotations: {podpath.dev/route-to-node: node-2}}
+spec:
+  type: LoadBalancer
+  selector: {app: echo}
+  ports: [{name: http, port: 80, targetPort: 8080}]
+";

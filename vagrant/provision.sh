@@ -1,0 +1,255 @@
+#!/usr/bin/env bash
+# Provisions one machine of the Vagrant lab: `provision.sh ROLE` with ROLE control-plane, node,
+# gateway or client; the rest comes from the environment the Vagrantfile sets (LAB_*).
+#
+# One self-contained script because Vagrant's shell provisioner uploads only the script itself.
+# It works offline (the binaries were uploaded by the file provisioner; apt runs only if a tool
+# is missing), is idempotent (re-running changes nothing and restarts a service only when its
+# binary or command line changed), and runs services under systemd when the machine has it or
+# as background processes when it does not, so the same script is tested without VMs.
+set -euo pipefail
+
+ROLE=${1:?usage: provision.sh control-plane|node|gateway|client}
+: "${LAB_NAME:?}" "${LAB_IP:?}" "${LAB_HOSTS:?}" "${LAB_CONTROL_PLANE:?}" "${LAB_GATEWAY:?}"
+: "${LAB_GATEWAY_EXTERNAL:?}" "${LAB_NODE_NET:?}" "${LAB_CLIENT_NET:?}"
+LAB_PROXY_MODE=${LAB_PROXY_MODE:-iptables}
+LAB_LB_MODE=${LAB_LB_MODE:-passthrough}
+LAB_MASQUERADE=${LAB_MASQUERADE:-true}
+LAB_UPLOAD_DIR=${LAB_UPLOAD_DIR:-/tmp/podpath-bin}
+BIN=/usr/local/bin
+CNI_BIN=/opt/cni/bin
+ETC=/etc/podpath
+RUN=/run/podpath
+LOGS=/var/log/podpath
+API_PORT=6443
+GRPC_PORT=6444
+
+say() { echo "podpath[$ROLE]: $*"; }
+die() { echo "podpath[$ROLE]: error: $*" >&2; exit 1; }
+
+has_systemd() { [ -d /run/systemd/system ]; }
+
+# Installs missing Debian packages; a box that has them never touches the network.
+need() { # need COMMAND PACKAGE ...
+  local missing=() cmd pkg
+  while [ $# -gt 0 ]; do
+    cmd=$1 pkg=$2; shift 2
+    command -v "$cmd" >/dev/null || missing+=("$pkg")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  command -v apt-get >/dev/null || die "missing ${missing[*]} and no apt-get to install them"
+  say "installing ${missing[*]}"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null ||
+    die "could not install ${missing[*]} (the box needs them, or network access to a Debian mirror)"
+}
+
+CHANGED_BINARIES=()
+# install_bin NAME DIR: copies an uploaded binary into place if it differs.
+install_bin() {
+  local src="$LAB_UPLOAD_DIR/$1" dst="$2/$1"
+  [ -f "$src" ] || [ -x "$dst" ] || die "$src was not uploaded (is it in the Vagrantfile's bin_dir?)"
+  [ -f "$src" ] || return 0
+  if ! cmp -s "$src" "$dst"; then
+    install -D -m 0755 "$src" "$dst"
+    CHANGED_BINARIES+=("$1")
+    say "installed $dst"
+  fi
+}
+
+# Every lab host by name, in a marked block of /etc/hosts that is replaced, never appended to.
+write_hosts() {
+  local block tmp
+  block=$(printf '%s\n' "# podpath lab begin"; tr ',' '\n' <<<"$LAB_HOSTS"; printf '%s\n' "# podpath lab end")
+  tmp=$(mktemp)
+  sed '/^# podpath lab begin$/,/^# podpath lab end$/d' /etc/hosts >"$tmp"
+  printf '%s\n' "$block" >>"$tmp"
+  cmp -s "$tmp" /etc/hosts || cat "$tmp" >/etc/hosts # cat keeps the inode (a bind mount in some sandboxes)
+  rm -f "$tmp"
+}
+
+# write_if_changed FILE: stdin into FILE; status 0 when it changed.
+write_if_changed() {
+  local tmp
+  tmp=$(mktemp)
+  cat >"$tmp"
+  if cmp -s "$tmp" "$1" 2>/dev/null; then
+    rm -f "$tmp"
+    return 1
+  fi
+  mkdir -p "$(dirname "$1")"
+  mv "$tmp" "$1"
+  chmod 0644 "$1"
+}
+
+# The lab's sysctls and routes, in a script that a oneshot unit re-applies at boot.
+NET_SCRIPT=$ETC/net-up
+write_net_script() { # stdin: the body
+  {
+    echo "#!/bin/sh"
+    echo "# Written by podpath's vagrant/provision.sh ($ROLE): this machine's lab sysctls and routes."
+    echo "set -e"
+    cat
+  } | write_if_changed "$NET_SCRIPT" || true
+  chmod 0755 "$NET_SCRIPT"
+  "$NET_SCRIPT"
+  if has_systemd; then
+    unit podpath-net "[Unit]
+Description=podpath lab sysctls and routes
+After=network-online.target
+Wants=network-online.target
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=$NET_SCRIPT
+
+[Install]
+WantedBy=multi-user.target" || true
+    systemctl enable -q podpath-net.service
+  fi
+}
+
+# unit NAME TEXT: writes a systemd unit; status 0 when it changed.
+unit() {
+  if printf '%s\n' "$2" | write_if_changed "/etc/systemd/system/$1.service"; then
+    systemctl daemon-reload
+    return 0
+  fi
+  return 1
+}
+
+# service NAME KILLMODE COMMAND...: runs COMMAND as a service, restarted when its command line or
+# one of the binaries installed in this run changed.
+service() {
+  local name=$1 killmode=$2; shift 2
+  local cmdline changed=false b
+  cmdline=$(printf '%q ' "$@")
+  for b in "${CHANGED_BINARIES[@]}"; do
+    [ "$b" = "$(basename "$1")" ] && changed=true
+  done
+  if has_systemd; then
+    unit "podpath-$name" "[Unit]
+Description=podpath $name
+After=network-online.target podpath-net.service
+Wants=network-online.target
+
+[Service]
+ExecStart=$cmdline
+Restart=always
+RestartSec=1
+# node-agent: pods are its children and must outlive an agent restart, as with kubelet.
+KillMode=$killmode
+
+[Install]
+WantedBy=multi-user.target" && changed=true
+    systemctl enable -q "podpath-$name.service"
+    if $changed; then systemctl restart "podpath-$name.service"; else systemctl start "podpath-$name.service"; fi
+    return 0
+  fi
+  # No systemd: a background process with a pid file (the record a harness stops it by).
+  mkdir -p "$RUN" "$LOGS"
+  printf '%s\n' "$cmdline" | write_if_changed "$ETC/$name.cmdline" && changed=true
+  local pidfile=$RUN/$name.pid pid=""
+  [ -f "$pidfile" ] && pid=$(cat "$pidfile")
+  if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
+    $changed || return 0
+    kill "$pid"
+    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  fi
+  setsid "$@" >>"$LOGS/$name.log" 2>&1 </dev/null &
+  echo $! >"$pidfile"
+  say "started $name (pid $!, log $LOGS/$name.log)"
+}
+
+# wait_http NAME URL [CODES]: waits until URL answers (with one of CODES, default any code).
+wait_http() {
+  local name=$1 url=$2 codes=${3:-} code
+  for _ in $(seq 100); do
+    code=$(curl -s -o /dev/null -m 1 -w '%{http_code}' "$url" || true)
+    if [ "$code" != 000 ] && { [ -z "$codes" ] || [[ " $codes " == *" $code "* ]]; }; then
+      say "$name answers on $url ($code)"
+      return 0
+    fi
+    sleep 0.2
+  done
+  if has_systemd; then journalctl -u "podpath-$name" -n 20 --no-pager >&2 || true; else tail -n 20 "$LOGS/$name.log" >&2 || true; fi
+  die "$name does not answer on $url after 20 s"
+}
+
+control_plane() {
+  need ip iproute2 curl curl
+  install_bin apiserver-lite "$BIN"
+  write_hosts
+  service apiserver-lite control-group "$BIN/apiserver-lite" --data-dir /var/lib/podpath/apiserver \
+    --listen "$LAB_IP:$API_PORT" --listen "127.0.0.1:$API_PORT" --grpc-listen "$LAB_IP:$GRPC_PORT" \
+    --advertise-address "$LAB_IP:$API_PORT" --node-monitor-grace-period 10s
+  wait_http apiserver-lite "http://127.0.0.1:$API_PORT/readyz" 200
+  say "kubectl: server http://$LAB_IP:$API_PORT (vagrant/kubeconfig)"
+}
+
+node() {
+  need ip iproute2 iptables iptables iptables-restore iptables curl curl nsenter util-linux conntrack conntrack
+  local b
+  for b in node-agent podpath-workload; do install_bin "$b" "$BIN"; done
+  for b in podpath-bridge podpath-ipam; do install_bin "$b" "$CNI_BIN"; done
+  write_hosts
+  # Pods' replies to the client network go back through the gateway (the masquerade=false
+  # exercise); bridged pod traffic is seen by iptables (ClusterIP hairpin on one node).
+  write_net_script <<EOF
+ip route replace $LAB_CLIENT_NET via $LAB_GATEWAY
+modprobe br_netfilter 2>/dev/null || true
+if [ -e /proc/sys/net/bridge/bridge-nf-call-iptables ]; then sysctl -qw net.bridge.bridge-nf-call-iptables=1; fi
+EOF
+  service node-agent process "$BIN/node-agent" --node-name "$LAB_NAME" --node-ip "$LAB_IP" \
+    --apiserver "$LAB_CONTROL_PLANE:$GRPC_PORT" --state-dir /var/lib/podpath/node \
+    --cni-conf-dir /etc/cni/net.d --cni-bin-dir "$CNI_BIN" --healthz-bind-address "$LAB_IP:10256" \
+    --heartbeat-seconds 2 --restart-backoff-seconds 1 --proxy-mode "$LAB_PROXY_MODE" \
+    "--masquerade=$LAB_MASQUERADE"
+  # /livez answers as soon as the agent runs; Ready needs the API server, which may still be
+  # starting when VMs are provisioned in parallel.
+  wait_http node-agent "http://$LAB_IP:10256/livez"
+}
+
+gateway() {
+  need ip iproute2 iptables iptables curl curl
+  install_bin lb-sim "$BIN"
+  write_hosts
+  # Forward only between the lab's two networks: a VM's other NIC (Vagrant's NAT) is an uplink.
+  write_net_script <<EOF
+sysctl -qw net.ipv4.ip_forward=1
+iptables -N PODPATH-LAB-ONLY 2>/dev/null || iptables -F PODPATH-LAB-ONLY
+iptables -C FORWARD -j PODPATH-LAB-ONLY 2>/dev/null || iptables -I FORWARD -j PODPATH-LAB-ONLY
+for ip in $LAB_GATEWAY $LAB_GATEWAY_EXTERNAL; do
+  dev=\$(ip -o -4 addr show | awk -v ip="\$ip" '\$4 ~ "^"ip"/" {print \$2; exit}')
+  [ -n "\$dev" ] || { echo "no interface has \$ip" >&2; exit 1; }
+  iptables -A PODPATH-LAB-ONLY -o "\$dev" -j RETURN
+done
+iptables -A PODPATH-LAB-ONLY -j REJECT --reject-with icmp-net-unreachable
+EOF
+  service lb-sim control-group "$BIN/lb-sim" --apiserver "$LAB_CONTROL_PLANE:$GRPC_PORT" \
+    --mode "$LAB_LB_MODE" --status-listen 127.0.0.1:9900
+  wait_http lb-sim http://127.0.0.1:9900/healthz 200
+}
+
+client() {
+  need ip iproute2 curl curl
+  write_hosts
+  # Everything outside the client's own networks goes to the gateway, as in the all-in-one lab.
+  # Two /1 routes instead of a default: they beat the management NIC's DHCP default without
+  # fighting over it, and `vagrant ssh` still reaches the on-link management network.
+  write_net_script <<EOF
+ip route replace 0.0.0.0/1 via $LAB_GATEWAY_EXTERNAL
+ip route replace 128.0.0.0/1 via $LAB_GATEWAY_EXTERNAL
+EOF
+}
+
+[ "$(id -u)" = 0 ] || die "run as root (Vagrant's shell provisioner is privileged by default)"
+mkdir -p "$ETC"
+case "$ROLE" in
+  control-plane) control_plane ;;
+  node) node ;;
+  gateway) gateway ;;
+  client) client ;;
+  *) die "unknown role $ROLE (expected control-plane, node, gateway or client)" ;;
+esac
+say "$LAB_NAME ready ($LAB_IP)"
