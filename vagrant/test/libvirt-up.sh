@@ -1,0 +1,245 @@
+#!/usr/bin/env bash
+# The Vagrant lab on real VMs, end to end: `vagrant up --provider=libvirt` with the project's
+# Vagrantfile, kubectl from the host side, a LoadBalancer Service curled from the client VM,
+# `vagrant provision` again, `vagrant destroy`. Prints the time of every phase.
+#
+# Made for a Linux machine without usable KVM (QEMU software emulation, TCG) and without
+# systemd: it installs vagrant, libvirt and QEMU, builds a Debian 12 box locally (debootstrap,
+# no bootloader: the VMs boot its kernel directly), and runs libvirtd, virtlogd, the VMs and
+# vagrant itself inside a network namespace of its own, so the host's network namespace gets
+# no bridge, address or firewall rule. About 15 minutes on 2 cores; too slow for every CI run.
+#
+# Usage: sudo vagrant/test/libvirt-up.sh [--keep]       (--keep: leave the lab up, print how
+#        to reach it and how to remove it)
+# Env:   LAB_NODES (default 2), WORK (default target/vagrant-libvirt: box, pool, Vagrant home),
+#        LAB_LIBVIRT_DRIVER (default qemu; kvm where hardware virtualisation works).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+KEEP=false
+[ "${1:-}" = --keep ] && KEEP=true
+[ "$(id -u)" = 0 ] || { echo "libvirt-up.sh: run as root (it starts libvirtd and creates a namespace)" >&2; exit 1; }
+WORK=${WORK:-$ROOT/target/vagrant-libvirt}
+export LAB_NODES=${LAB_NODES:-2}
+export LAB_LIBVIRT_DRIVER=${LAB_LIBVIRT_DRIVER:-qemu}
+export LAB_BOX=podpath/debian12-local
+export VAGRANT_HOME=$WORK/vagrant.d
+export VAGRANT_CHECKPOINT_DISABLE=1
+NS=ppvirt-$$
+BOX=$WORK/box
+START=$(date +%s)
+LAST=$START
+
+phase() { # phase NAME: prints the time the previous phase took
+  local now
+  now=$(date +%s)
+  echo "==> [$((now - START)) s, previous step $((now - LAST)) s] $*"
+  LAST=$now
+}
+in_ns() { ip netns exec "$NS" "$@"; }
+
+mirror() { awk '/^URIs:/ {print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null || echo http://deb.debian.org/debian; }
+
+install_packages() {
+  phase "packages: vagrant, libvirt, QEMU (TCG), debootstrap"
+  export DEBIAN_FRONTEND=noninteractive
+  local qemu=()
+  if ! command -v qemu-system-x86_64 >/dev/null; then
+    # This image's qemu-utils comes from bookworm-backports and breaks bookworm's
+    # qemu-system-common, so QEMU must come from there too (only these packages).
+    local src=/etc/apt/sources.list.d/podpath-bookworm-backports.sources
+    printf 'Types: deb\nURIs: %s\nSuites: bookworm-backports\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' "$(mirror)" >"$src"
+    qemu=(qemu-system-x86/bookworm-backports qemu-system-common/bookworm-backports
+      qemu-system-data/bookworm-backports seabios/bookworm-backports)
+  fi
+  apt-get update -qq
+  apt-get install -y -qq vagrant >/dev/null
+  apt-get install -y -qq --no-install-recommends libvirt-daemon-system libvirt-daemon-system-sysv \
+    libvirt-daemon-driver-qemu libvirt-clients dnsmasq-base debootstrap e2fsprogs qemu-utils "${qemu[@]}" >/dev/null
+  rm -f /etc/apt/sources.list.d/podpath-bookworm-backports.sources
+}
+
+build_box() {
+  if [ -f "$BOX/box.img" ] && [ -f "$BOX/vmlinuz" ]; then
+    phase "box: reusing $BOX"
+  else
+    phase "box: debootstrap Debian 12 with a kernel, systemd and sshd"
+    local r=$BOX/rootfs key
+    rm -rf "$BOX"
+    mkdir -p "$BOX"
+    debootstrap --variant=minbase \
+      --include=systemd-sysv,udev,linux-image-amd64,openssh-server,sudo,ifupdown,isc-dhcp-client,iproute2,iptables,conntrack,curl,ca-certificates,netbase,kmod,procps \
+      bookworm "$r" "$(mirror)" >"$BOX/debootstrap.log" 2>&1 || { tail "$BOX/debootstrap.log"; exit 1; }
+    phase "box: vagrant user, insecure key, network, disk image"
+    echo podpath-box >"$r/etc/hostname"
+    printf '127.0.0.1 localhost\n127.0.1.1 podpath-box\n' >"$r/etc/hosts"
+    echo '/dev/vda / ext4 defaults 0 1' >"$r/etc/fstab"
+    mkdir -p "$r/etc/network/interfaces.d"
+    printf 'source /etc/network/interfaces.d/*\nauto lo\niface lo inet loopback\nallow-hotplug eth0\niface eth0 inet dhcp\n' >"$r/etc/network/interfaces"
+    chroot "$r" useradd -m -s /bin/bash vagrant
+    echo 'vagrant ALL=(ALL) NOPASSWD:ALL' >"$r/etc/sudoers.d/vagrant"
+    chmod 0440 "$r/etc/sudoers.d/vagrant"
+    key=$(find /usr/share/rubygems-integration -path '*vagrant-*/keys/vagrant.pub' | head -n 1)
+    install -d -m 0700 -o 1000 -g 1000 "$r/home/vagrant/.ssh"
+    install -m 0600 -o 1000 -g 1000 "$key" "$r/home/vagrant/.ssh/authorized_keys"
+    echo 'UseDNS no' >"$r/etc/ssh/sshd_config.d/podpath.conf"
+    rm -f "$r"/var/cache/apt/archives/*.deb
+    cp "$r"/boot/vmlinuz-* "$BOX/vmlinuz"
+    cp "$r"/boot/initrd.img-* "$BOX/initrd.img"
+    truncate -s 4G "$BOX/disk.raw"
+    mkfs.ext4 -q -F -d "$r" "$BOX/disk.raw" # filled from the directory: no loop device, no mount
+    qemu-img convert -O qcow2 "$BOX/disk.raw" "$BOX/box.img"
+    rm -rf "$BOX/disk.raw" "$r"
+  fi
+  chmod 0755 "$WORK" "$BOX"
+  chmod 0644 "$BOX/vmlinuz" "$BOX/initrd.img"
+  if ! vagrant box list 2>/dev/null | grep -q "^$LAB_BOX "; then
+    phase "box: vagrant box add $LAB_BOX"
+    echo '{"provider": "libvirt", "format": "qcow2", "virtual_size": 4}' >"$BOX/metadata.json"
+    tar -C "$BOX" -cf "$BOX/podpath.box" metadata.json box.img
+    vagrant box add -q --name "$LAB_BOX" "$BOX/podpath.box"
+    rm -f "$BOX/podpath.box"
+  fi
+  # Test-only settings Vagrant reads before the project's Vagrantfile: QEMU's plain qemu64 CPU
+  # (TCG), the box's kernel booted directly, an isolated management network.
+  cat >"$VAGRANT_HOME/Vagrantfile" <<EOF
+Vagrant.configure("2") do |config|
+  config.vm.boot_timeout = 1200
+  config.vm.provider :libvirt do |lv|
+    lv.cpu_mode = "custom"
+    lv.cpu_model = "qemu64"
+    lv.kernel = "$BOX/vmlinuz"
+    lv.initrd = "$BOX/initrd.img"
+    lv.cmd_line = "root=/dev/vda rw console=ttyS0 net.ifnames=0"
+    lv.management_network_mode = "none"
+    lv.storage_pool_name = "podpath"
+  end
+end
+EOF
+}
+
+HOST_BEFORE=""
+host_state() { ip -o link; ip -o addr; ip route; iptables-save 2>/dev/null | grep -v '^#' | sed 's/ \[[0-9:]*\]$//'; }
+
+start_libvirt() {
+  phase "libvirtd and virtlogd in namespace $NS"
+  if [ -S /run/libvirt/libvirt-sock ] && virsh -c qemu:///system version >/dev/null 2>&1; then
+    echo "libvirt-up.sh: a libvirtd is already running; this script starts its own" >&2
+    exit 1
+  fi
+  HOST_BEFORE=$(host_state)
+  ip netns add "$NS"
+  in_ns ip link set lo up
+  in_ns virtlogd -d -p "$WORK/virtlogd.pid"
+  in_ns libvirtd -d -p "$WORK/libvirtd.pid"
+  for _ in $(seq 50); do virsh -c qemu:///system version >/dev/null 2>&1 && break; sleep 0.2; done
+  mkdir -p "$WORK/pool"
+  virsh -q pool-define-as podpath dir --target "$WORK/pool" >/dev/null
+  virsh -q pool-start podpath >/dev/null
+}
+
+cleanup() {
+  local rc=$?
+  set +e
+  if $KEEP && [ "$rc" = 0 ]; then
+    echo "the lab is up. Reach it with:  sudo ip netns exec $NS env VAGRANT_HOME=$VAGRANT_HOME LAB_NODES=$LAB_NODES LAB_BOX=$LAB_BOX LAB_LIBVIRT_DRIVER=$LAB_LIBVIRT_DRIVER vagrant ssh client"
+    echo "remove it with the same prefix and: vagrant destroy -f; then kill $(cat "$WORK/libvirtd.pid") $(cat "$WORK/virtlogd.pid"); ip netns del $NS"
+    return
+  fi
+  phase "cleanup"
+  if [ -f "$WORK/libvirtd.pid" ]; then
+    in_ns vagrant destroy -f >/dev/null 2>&1
+    virsh -q pool-destroy podpath >/dev/null 2>&1
+    virsh -q pool-undefine podpath >/dev/null 2>&1
+    for n in podpath-nodes podpath-external vagrant-libvirt; do
+      virsh -q net-destroy "$n" >/dev/null 2>&1
+      virsh -q net-undefine "$n" >/dev/null 2>&1
+    done
+    for d in libvirtd virtlogd; do
+      [ -f "$WORK/$d.pid" ] && kill "$(cat "$WORK/$d.pid")" 2>/dev/null
+      rm -f "$WORK/$d.pid"
+    done
+  fi
+  ip netns del "$NS" 2>/dev/null
+  if [ -n "$HOST_BEFORE" ]; then
+    if [ "$(host_state)" = "$HOST_BEFORE" ]; then echo "host network namespace unchanged"; else
+      echo "the host network namespace changed:"; diff <(echo "$HOST_BEFORE") <(host_state); rc=1
+    fi
+  fi
+  phase "done (exit $rc)"
+  exit "$rc"
+}
+
+install_packages
+phase "cargo build --release (the binaries the file provisioner uploads)"
+cargo build --release --workspace --bins --locked -q
+mkdir -p "$WORK" "$VAGRANT_HOME"
+build_box
+trap cleanup EXIT
+start_libvirt
+
+phase "vagrant up --provider=libvirt ($LAB_NODES nodes, driver $LAB_LIBVIRT_DRIVER)"
+if ! in_ns vagrant up --provider=libvirt >"$WORK/up.log" 2>&1; then
+  tail -n 40 "$WORK/up.log" >&2
+  echo "vagrant up failed; the whole log is $WORK/up.log" >&2
+  exit 1
+fi
+grep -E '^==> [a-z0-9-]+: (Creating image|Machine booted|Running provisioner: podpath)|podpath\[' "$WORK/up.log" || true
+in_ns vagrant status
+
+phase "kubectl from the host side of the node network (192.168.56.1)"
+kubectl() { in_ns env KUBECONFIG="$ROOT/vagrant/kubeconfig" kubectl "$@"; }
+for _ in $(seq 60); do
+  [ "$(kubectl get nodes --no-headers 2>/dev/null | awk '$2 == "Ready"' | wc -l)" = "$LAB_NODES" ] && break
+  sleep 2
+done
+kubectl get nodes -o wide
+kubectl apply -f - <<'EOF'
+apiVersion: v1
+kind: Pod
+metadata: {name: echo, labels: {app: echo}}
+spec:
+  nodeName: node-1
+  containers:
+  - name: main
+    image: podpath/echo
+    ports: [{containerPort: 8080}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: echo}
+spec:
+  type: LoadBalancer
+  selector: {app: echo}
+  ports: [{name: http, port: 80, targetPort: 8080}]
+EOF
+LB=""
+for _ in $(seq 60); do
+  LB=$(kubectl get svc echo -o jsonpath='{.status.loadBalancer.ingress[0].ip}' 2>/dev/null || true)
+  [ -n "$LB" ] && break
+  sleep 1
+done
+kubectl get pods,svc -o wide
+[ -n "$LB" ] || { echo "the Service got no LoadBalancer IP" >&2; exit 1; }
+
+phase "curl http://$LB/ from the client VM (client → gateway → node → pod)"
+ok=false
+for _ in $(seq 60); do
+  if in_ns vagrant ssh client -c "curl -sS --max-time 5 http://$LB/" 2>/dev/null | tee "$WORK/curl.out" | grep -q '^pod: default/echo'; then
+    ok=true
+    break
+  fi
+  sleep 2
+done
+cat "$WORK/curl.out"
+$ok || { echo "the client VM got no answer from http://$LB/" >&2; exit 1; }
+in_ns vagrant ssh gateway -c "ip route show $LB; curl -sS http://127.0.0.1:9900/status" 2>/dev/null | head -c 2000
+echo
+
+phase "vagrant provision (again: idempotent)"
+in_ns vagrant provision >"$WORK/provision.log" 2>&1 || { tail -n 30 "$WORK/provision.log" >&2; exit 1; }
+grep -E 'podpath\[' "$WORK/provision.log" || true
+in_ns vagrant ssh client -c "curl -sS --max-time 5 http://$LB/" 2>/dev/null | grep '^pod: default/echo'
+
+phase "vagrant destroy -f"
+if ! $KEEP; then in_ns vagrant destroy -f >/dev/null; fi
