@@ -88,6 +88,9 @@ write_net_script() { # stdin: the body
     echo "#!/bin/sh"
     echo "# Written by podpath's vagrant/provision.sh ($ROLE): this machine's lab sysctls and routes."
     echo "set -e"
+    # At boot the lab NIC may come up after this runs: retry a failing step for up to 30 s.
+    # shellcheck disable=SC2016 # written for the generated script, expanded there
+    echo 'retry() { for _ in $(seq 30); do "$@" 2>/dev/null && return 0; sleep 1; done; "$@"; }'
     cat
   } | write_if_changed "$NET_SCRIPT" || true
   chmod 0755 "$NET_SCRIPT"
@@ -132,6 +135,8 @@ service() {
 Description=podpath $name
 After=network-online.target podpath-net.service
 Wants=network-online.target
+# Always restart, however often: a component must come back once its peer does.
+StartLimitIntervalSec=0
 
 [Service]
 ExecStart=$cmdline
@@ -196,7 +201,7 @@ node() {
   # Pods' replies to the client network go back through the gateway (the masquerade=false
   # exercise); bridged pod traffic is seen by iptables (ClusterIP hairpin on one node).
   write_net_script <<EOF
-ip route replace $LAB_CLIENT_NET via $LAB_GATEWAY
+retry ip route replace $LAB_CLIENT_NET via $LAB_GATEWAY
 modprobe br_netfilter 2>/dev/null || true
 if [ -e /proc/sys/net/bridge/bridge-nf-call-iptables ]; then sysctl -qw net.bridge.bridge-nf-call-iptables=1; fi
 EOF
@@ -219,9 +224,9 @@ gateway() {
 sysctl -qw net.ipv4.ip_forward=1
 iptables -N PODPATH-LAB-ONLY 2>/dev/null || iptables -F PODPATH-LAB-ONLY
 iptables -C FORWARD -j PODPATH-LAB-ONLY 2>/dev/null || iptables -I FORWARD -j PODPATH-LAB-ONLY
+dev_of() { ip -o -4 addr show | awk -v ip="\$1" '\$4 ~ "^"ip"/" {print \$2; exit}' | grep .; }
 for ip in $LAB_GATEWAY $LAB_GATEWAY_EXTERNAL; do
-  dev=\$(ip -o -4 addr show | awk -v ip="\$ip" '\$4 ~ "^"ip"/" {print \$2; exit}')
-  [ -n "\$dev" ] || { echo "no interface has \$ip" >&2; exit 1; }
+  dev=\$(retry dev_of "\$ip") || { echo "no interface has \$ip" >&2; exit 1; }
   iptables -A PODPATH-LAB-ONLY -o "\$dev" -j RETURN
 done
 iptables -A PODPATH-LAB-ONLY -j REJECT --reject-with icmp-net-unreachable
@@ -238,8 +243,8 @@ client() {
   # Two /1 routes instead of a default: they beat the management NIC's DHCP default without
   # fighting over it, and `vagrant ssh` still reaches the on-link management network.
   write_net_script <<EOF
-ip route replace 0.0.0.0/1 via $LAB_GATEWAY_EXTERNAL
-ip route replace 128.0.0.0/1 via $LAB_GATEWAY_EXTERNAL
+retry ip route replace 0.0.0.0/1 via $LAB_GATEWAY_EXTERNAL
+retry ip route replace 128.0.0.0/1 via $LAB_GATEWAY_EXTERNAL
 EOF
 }
 

@@ -442,8 +442,8 @@ impl NetnsVagrant {
     }
 }
 
-fn alive(pid: i32) -> bool {
-    // A zombie has exited: it only waits for its parent (gone, so init reaps it).
+/// Whether process `pid` runs (a zombie has exited: it only waits for its parent).
+pub fn alive(pid: i32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .is_ok_and(|s| s.rsplit_once(") ").is_some_and(|(_, rest)| !rest.starts_with('Z')))
 }

@@ -204,10 +204,7 @@ fn provisioners_bring_up_the_lab_in_namespaces() {
             Err(out)
         }
     });
-    let files = tempfile::tempdir().unwrap();
-    let manifest = files.path().join("echo.yaml");
-    std::fs::write(&manifest, ECHO).unwrap();
-    kubectl(&["apply", "-f", manifest.to_str().unwrap()]);
+    kubectl(&["apply", "-f", &repo_root().join("vagrant/test/echo.yaml").to_string_lossy()]);
     let lb_ip = wait_for(Duration::from_secs(30), "an EXTERNAL-IP", || {
         let ip = kubectl(&["get", "svc", "echo", "-o", "jsonpath={.status.loadBalancer.ingress[0].ip}"]);
         if ip.starts_with("198.51.100.") {
@@ -282,13 +279,8 @@ fn provisioners_bring_up_the_lab_in_namespaces() {
     let (_, netns) = testkit::netns::sh(&["ip", "netns", "list"]);
     assert!(!netns.contains(&prefix_ns), "namespaces left: {netns}");
     let left: Vec<i32> = work_pids.into_iter().filter(|p| Path::new(&format!("/proc/{p}")).exists()).collect();
-    assert!(left.iter().all(|p| !is_running(*p)), "processes left: {left:?}");
+    assert!(left.iter().all(|p| !vagrant::alive(*p)), "processes left: {left:?}");
     assert_eq!(testkit::netns::host_state(), host_before, "the host namespace is unchanged");
-}
-
-fn is_running(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .is_ok_and(|s| s.rsplit_once(") ").is_some_and(|(_, rest)| !rest.starts_with('Z')))
 }
 
 fn role(machine: &str) -> &str {
@@ -298,23 +290,3 @@ fn role(machine: &str) -> &str {
         machine
     }
 }
-
-const ECHO: &str = "\
-apiVersion: v1
-kind: Pod
-metadata: {name: echo, labels: {app: echo}}
-spec:
-  nodeName: node-1
-  containers:
-  - name: main
-    image: podpath/echo
-    ports: [{containerPort: 8080}]
----
-apiVersion: v1
-kind: Service
-metadata: {name: echo, annotations: {podpath.dev/route-to-node: node-2}}
-spec:
-  type: LoadBalancer
-  selector: {app: echo}
-  ports: [{name: http, port: 80, targetPort: 8080}]
-";

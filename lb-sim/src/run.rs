@@ -31,21 +31,6 @@ pub struct Config {
     pub node_health_port: u16,
 }
 
-/// Connects to the API server, retrying for up to `patience` (the gateway may start first).
-async fn connect(cfg: &Config, patience: Duration) -> Result<ApiClient> {
-    let deadline = tokio::time::Instant::now() + patience;
-    loop {
-        match ApiClient::connect(&cfg.apiserver, cfg.token.as_deref()).await {
-            Ok(c) => return Ok(c),
-            Err(e) if tokio::time::Instant::now() < deadline => {
-                tracing::warn!(error = %e, "API server not reachable yet; retrying");
-                tokio::time::sleep(Duration::from_millis(500)).await;
-            }
-            Err(e) => return Err(e.into()),
-        }
-    }
-}
-
 /// Spreads flows over a multipath group by their ports too, not only by addresses (every lab
 /// client has the same address). Per network namespace.
 fn hash_by_ports() {
@@ -58,7 +43,9 @@ fn hash_by_ports() {
 
 /// Runs until `shutdown`, then removes the routes, addresses and listeners it made.
 pub async fn run<I: Ip>(cfg: Config, ip: Arc<I>, shutdown: impl std::future::Future<Output = ()>) -> Result<()> {
-    let client = connect(&cfg, Duration::from_secs(30)).await?;
+    // The gateway may start first; give up after 30 s so a wrong address is reported.
+    let client =
+        ApiClient::connect_patiently(&cfg.apiserver, cfg.token.as_deref(), Some(Duration::from_secs(30))).await?;
     let services = Store::<core::Service>::new();
     let nodes = Store::<core::Node>::new();
     tokio::spawn(reflector::run(client.clone(), Filter::default(), services.clone()));

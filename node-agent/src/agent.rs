@@ -88,7 +88,12 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()>) -> Result
         tasks.spawn(health::serve(listener, health.clone(), stopped()));
     }
 
-    let client = ApiClient::connect(&cfg.apiserver, cfg.token.as_deref()).await?;
+    // Wait for the API server as long as it takes (as kubelet does), unless told to stop.
+    tokio::pin!(shutdown);
+    let client = tokio::select! {
+        c = ApiClient::connect_patiently(&cfg.apiserver, cfg.token.as_deref(), None) => c?,
+        () = &mut shutdown => return Ok(()),
+    };
     let node_cfg = NodeConfig {
         name: cfg.node_name.clone(),
         internal_ip: cfg.node_ip,

@@ -57,6 +57,26 @@ impl ApiClient {
             watch: WatchClient::with_interceptor(channel, auth),
         })
     }
+
+    /// [`ApiClient::connect`], retried every 500 ms for up to `patience` (`None`: until it
+    /// works): components may start before the API server, e.g. VMs booting in parallel.
+    pub async fn connect_patiently(addr: &str, token: Option<&str>, patience: Option<Duration>) -> Result<ApiClient> {
+        let deadline = patience.map(|p| tokio::time::Instant::now() + p);
+        for attempt in 0u64.. {
+            match ApiClient::connect(addr, token).await {
+                Ok(c) => return Ok(c),
+                Err(e) if deadline.is_none_or(|d| tokio::time::Instant::now() < d) => {
+                    // Once, then every 10 s: a log line per attempt would bury everything else.
+                    if attempt % 20 == 0 {
+                        tracing::warn!(error = %e, "API server not reachable yet; retrying");
+                    }
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        unreachable!("the attempts never run out")
+    }
 }
 
 impl crate::pods::PodApi for ApiClient {

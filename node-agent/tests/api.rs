@@ -112,3 +112,29 @@ async fn the_reflector_follows_pods_of_its_node() {
     .await
     .expect("the deletion arrives");
 }
+
+#[tokio::test]
+async fn connecting_waits_for_a_late_api_server_and_gives_up_after_its_patience() {
+    // A port nothing listens on yet: reserved, then released.
+    let addr = TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap();
+    let err = ApiClient::connect_patiently(&addr.to_string(), None, Some(Duration::from_millis(600))).await.err();
+    assert!(err.is_some_and(|e| e.to_string().contains(&format!("cannot connect to the API server at {addr}"))));
+
+    let dir = tempfile::tempdir().unwrap();
+    let late = async {
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        let srv = apiserver_lite::start(&apiserver_lite::Config::new(dir.path().to_path_buf())).await.unwrap();
+        let grpc = TcpListener::bind(addr).await.unwrap();
+        tokio::spawn(apiserver_lite::grpc::serve_grpc(
+            srv.registry.clone(),
+            None,
+            3 << 20,
+            grpc,
+            std::future::pending(),
+        ));
+    };
+    let target = addr.to_string();
+    let (client, ()) = tokio::join!(ApiClient::connect_patiently(&target, None, None), late);
+    let desired = node::node_object(&cfg("node-late"), &node::host_facts());
+    assert!(node::register(&client.unwrap(), &desired).await.is_ok(), "a working client once the server is up");
+}

@@ -97,7 +97,7 @@ build_box() {
     phase "box: vagrant box add $LAB_BOX"
     echo '{"provider": "libvirt", "format": "qcow2", "virtual_size": 4}' >"$BOX/metadata.json"
     tar -C "$BOX" -cf "$BOX/podpath.box" metadata.json box.img
-    vagrant box add -q --name "$LAB_BOX" "$BOX/podpath.box"
+    vagrant box add --name "$LAB_BOX" "$BOX/podpath.box" >/dev/null
     rm -f "$BOX/podpath.box"
   fi
   # Test-only settings Vagrant reads before the project's Vagrantfile: QEMU's plain qemu64 CPU
@@ -119,7 +119,13 @@ EOF
 }
 
 HOST_BEFORE=""
-host_state() { ip -o link; ip -o addr; ip route; iptables-save 2>/dev/null | grep -v '^#' | sed 's/ \[[0-9:]*\]$//'; }
+# The host namespace's links, addresses, routes and firewall (without counters).
+host_state() {
+  ip -o link
+  ip -o addr
+  ip route
+  iptables-save 2>/dev/null | { grep -v '^#' || true; } | sed 's/ \[[0-9:]*\]$//'
+}
 
 start_libvirt() {
   phase "libvirtd and virtlogd in namespace $NS"
@@ -176,6 +182,7 @@ cargo build --release --workspace --bins --locked -q
 mkdir -p "$WORK" "$VAGRANT_HOME"
 build_box
 trap cleanup EXIT
+trap 'exit 130' INT TERM
 start_libvirt
 
 phase "vagrant up --provider=libvirt ($LAB_NODES nodes, driver $LAB_LIBVIRT_DRIVER)"
@@ -194,25 +201,7 @@ for _ in $(seq 60); do
   sleep 2
 done
 kubectl get nodes -o wide
-kubectl apply -f - <<'EOF'
-apiVersion: v1
-kind: Pod
-metadata: {name: echo, labels: {app: echo}}
-spec:
-  nodeName: node-1
-  containers:
-  - name: main
-    image: podpath/echo
-    ports: [{containerPort: 8080}]
----
-apiVersion: v1
-kind: Service
-metadata: {name: echo}
-spec:
-  type: LoadBalancer
-  selector: {app: echo}
-  ports: [{name: http, port: 80, targetPort: 8080}]
-EOF
+kubectl apply -f "$ROOT/vagrant/test/echo.yaml" # one pod on node-1, its LB IP routed to node-2
 LB=""
 for _ in $(seq 60); do
   LB=$(kubectl get svc echo -o jsonpath='{.status.loadBalancer.ingress[0].ip}' 2>/dev/null || true)
@@ -222,7 +211,7 @@ done
 kubectl get pods,svc -o wide
 [ -n "$LB" ] || { echo "the Service got no LoadBalancer IP" >&2; exit 1; }
 
-phase "curl http://$LB/ from the client VM (client → gateway → node → pod)"
+phase "curl http://$LB/ from the client VM (client → gateway → node-2 → NAT → node-1 → pod)"
 ok=false
 for _ in $(seq 60); do
   if in_ns vagrant ssh client -c "curl -sS --max-time 5 http://$LB/" 2>/dev/null | tee "$WORK/curl.out" | grep -q '^pod: default/echo'; then
@@ -240,6 +229,25 @@ phase "vagrant provision (again: idempotent)"
 in_ns vagrant provision >"$WORK/provision.log" 2>&1 || { tail -n 30 "$WORK/provision.log" >&2; exit 1; }
 grep -E 'podpath\[' "$WORK/provision.log" || true
 in_ns vagrant ssh client -c "curl -sS --max-time 5 http://$LB/" 2>/dev/null | grep '^pod: default/echo'
+in_ns vagrant ssh node-1 -c 'systemctl is-active podpath-net podpath-node-agent' 2>/dev/null
+
+phase "vagrant reload node-2 (units, sysctls and routes come back at boot)"
+in_ns vagrant reload node-2 >"$WORK/reload.log" 2>&1 || { tail -n 30 "$WORK/reload.log" >&2; exit 1; }
+in_ns vagrant ssh node-2 -c 'systemctl is-active podpath-net podpath-node-agent; ip route show 203.0.113.0/24' 2>/dev/null
+for _ in $(seq 60); do
+  [ "$(kubectl get nodes --no-headers 2>/dev/null | awk '$2 == "Ready"' | wc -l)" = "$LAB_NODES" ] && break
+  sleep 2
+done
+kubectl get nodes
+ok=false
+for _ in $(seq 30); do
+  if in_ns vagrant ssh client -c "curl -sS --max-time 5 http://$LB/" 2>/dev/null | grep '^pod: default/echo'; then
+    ok=true
+    break
+  fi
+  sleep 2
+done
+$ok || { echo "no answer from http://$LB/ after node-2's reboot" >&2; exit 1; }
 
 phase "vagrant destroy -f"
 if ! $KEEP; then in_ns vagrant destroy -f >/dev/null; fi
