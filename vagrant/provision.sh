@@ -94,8 +94,9 @@ write_net_script() { # stdin: the body
     cat
   } | write_if_changed "$NET_SCRIPT" || true
   chmod 0755 "$NET_SCRIPT"
-  "$NET_SCRIPT"
-  if has_systemd; then
+  if ! has_systemd; then
+    "$NET_SCRIPT"
+  else
     unit podpath-net "[Unit]
 Description=podpath lab sysctls and routes
 After=network-online.target
@@ -109,6 +110,9 @@ ExecStart=$NET_SCRIPT
 [Install]
 WantedBy=multi-user.target" || true
     systemctl enable -q podpath-net.service
+    # Runs the script now too (it is idempotent), so the unit reads "active" from the start.
+    systemctl restart podpath-net.service ||
+      { journalctl -u podpath-net -n 10 --no-pager >&2 || true; die "$NET_SCRIPT failed"; }
   fi
 }
 

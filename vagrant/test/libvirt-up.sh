@@ -226,10 +226,14 @@ in_ns vagrant ssh gateway -c "ip route show $LB; curl -sS http://127.0.0.1:9900/
 echo
 
 phase "vagrant provision (again: idempotent)"
+main_pids() { in_ns vagrant ssh "$1" -c 'systemctl show -p MainPID --value podpath-node-agent podpath-net' 2>/dev/null; }
+before=$(main_pids node-1)
 in_ns vagrant provision >"$WORK/provision.log" 2>&1 || { tail -n 30 "$WORK/provision.log" >&2; exit 1; }
 grep -E 'podpath\[' "$WORK/provision.log" || true
 in_ns vagrant ssh client -c "curl -sS --max-time 5 http://$LB/" 2>/dev/null | grep '^pod: default/echo'
 in_ns vagrant ssh node-1 -c 'systemctl is-active podpath-net podpath-node-agent' 2>/dev/null
+[ "$(main_pids node-1)" = "$before" ] || { echo "provisioning again restarted node-1's agent" >&2; exit 1; }
+echo "node-1's agent kept its PID ($(echo "$before" | head -n 1))"
 
 phase "vagrant reload node-2 (units, sysctls and routes come back at boot)"
 in_ns vagrant reload node-2 >"$WORK/reload.log" 2>&1 || { tail -n 30 "$WORK/reload.log" >&2; exit 1; }
