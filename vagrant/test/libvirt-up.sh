@@ -226,18 +226,20 @@ in_ns vagrant ssh gateway -c "ip route show $LB; curl -sS http://127.0.0.1:9900/
 echo
 
 phase "vagrant provision (again: idempotent)"
-main_pids() { in_ns vagrant ssh "$1" -c 'systemctl show -p MainPID --value podpath-node-agent podpath-net' 2>/dev/null; }
+main_pids() { in_ns vagrant ssh "$1" -c 'sudo systemctl show -p MainPID --value podpath-node-agent' 2>&1 | grep -v '^==>' || true; }
 before=$(main_pids node-1)
+[[ "$before" =~ ^[0-9]+$ ]] || { echo "cannot read node-1's agent PID: $before" >&2; exit 1; }
+echo "node-1's agent: PID $before"
 in_ns vagrant provision >"$WORK/provision.log" 2>&1 || { tail -n 30 "$WORK/provision.log" >&2; exit 1; }
 grep -E 'podpath\[' "$WORK/provision.log" || true
 in_ns vagrant ssh client -c "curl -sS --max-time 5 http://$LB/" 2>/dev/null | grep '^pod: default/echo'
-in_ns vagrant ssh node-1 -c 'systemctl is-active podpath-net podpath-node-agent' 2>/dev/null
+in_ns vagrant ssh node-1 -c 'sudo systemctl is-active podpath-net podpath-node-agent' 2>/dev/null
 [ "$(main_pids node-1)" = "$before" ] || { echo "provisioning again restarted node-1's agent" >&2; exit 1; }
-echo "node-1's agent kept its PID ($(echo "$before" | head -n 1))"
+echo "node-1's agent kept its PID"
 
 phase "vagrant reload node-2 (units, sysctls and routes come back at boot)"
 in_ns vagrant reload node-2 >"$WORK/reload.log" 2>&1 || { tail -n 30 "$WORK/reload.log" >&2; exit 1; }
-in_ns vagrant ssh node-2 -c 'systemctl is-active podpath-net podpath-node-agent; ip route show 203.0.113.0/24' 2>/dev/null
+in_ns vagrant ssh node-2 -c 'sudo systemctl is-active podpath-net podpath-node-agent; ip route show 203.0.113.0/24' 2>/dev/null
 for _ in $(seq 60); do
   [ "$(kubectl get nodes --no-headers 2>/dev/null | awk '$2 == "Ready"' | wc -l)" = "$LAB_NODES" ] && break
   sleep 2
