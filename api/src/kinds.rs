@@ -13,6 +13,8 @@ pub enum Kind {
     Endpoints,
     EndpointSlice,
     Event,
+    Deployment,
+    ReplicaSet,
 }
 
 /// Discovery facts about one kind.
@@ -120,11 +122,49 @@ pub static KINDS: &[KindInfo] = &[
         categories: &[],
         has_status: false,
     },
+    KindInfo {
+        kind: Kind::Deployment,
+        group: "apps",
+        version: "v1",
+        name: "Deployment",
+        plural: "deployments",
+        singular: "deployment",
+        namespaced: true,
+        short_names: &["deploy"],
+        categories: &["all"],
+        has_status: true,
+    },
+    KindInfo {
+        kind: Kind::ReplicaSet,
+        group: "apps",
+        version: "v1",
+        name: "ReplicaSet",
+        plural: "replicasets",
+        singular: "replicaset",
+        namespaced: true,
+        short_names: &["rs"],
+        categories: &["all"],
+        has_status: true,
+    },
 ];
 
 impl Kind {
-    pub const ALL: [Kind; 7] =
-        [Kind::Namespace, Kind::Node, Kind::Service, Kind::Pod, Kind::Endpoints, Kind::EndpointSlice, Kind::Event];
+    pub const ALL: [Kind; 9] = [
+        Kind::Namespace,
+        Kind::Node,
+        Kind::Service,
+        Kind::Pod,
+        Kind::Endpoints,
+        Kind::EndpointSlice,
+        Kind::Event,
+        Kind::Deployment,
+        Kind::ReplicaSet,
+    ];
+
+    /// Whether the kind has a `/scale` subresource (autoscaling/v1 Scale).
+    pub fn has_scale(self) -> bool {
+        matches!(self, Kind::Deployment | Kind::ReplicaSet)
+    }
 
     pub fn info(self) -> &'static KindInfo {
         KINDS.iter().find(|k| k.kind == self).expect("every kind is registered")

@@ -4,6 +4,7 @@
 //!
 //! Start with [`Kind`] (what is served) and [`ApiObject`] (what each kind does).
 
+pub mod apps;
 pub mod convert;
 pub mod kinds;
 pub mod objects;

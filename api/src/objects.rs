@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{
-    Container, Endpoints, Event, Namespace, Node, Pod, PodStatus, Probe, Service, ServiceStatus,
+    Container, Endpoints, Event, Namespace, Node, Pod, PodSpec, PodStatus, Probe, Service, ServiceStatus,
 };
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -49,7 +49,7 @@ pub trait ApiObject: Serialize + DeserializeOwned + Clone + Send + Sync + 'stati
 }
 
 /// Validates `metadata`: the name rule of the kind, labels and annotations.
-fn validate_meta(meta: &ObjectMeta, name_rule: fn(&str) -> Vec<String>, out: &mut Vec<Cause>) {
+pub(crate) fn validate_meta(meta: &ObjectMeta, name_rule: fn(&str) -> Vec<String>, out: &mut Vec<Cause>) {
     let path = FieldPath::root("metadata");
     match meta.name.as_deref() {
         None | Some("") => out.push(v::required(&path.child("name"), "name or generateName is required")),
@@ -599,6 +599,51 @@ fn pod_spec_mutable_view(pod: &Pod) -> Value {
     spec
 }
 
+/// The API server's defaults for a pod spec (pods and the templates of workloads).
+pub(crate) fn default_pod_spec(spec: &mut PodSpec) {
+    spec.restart_policy.get_or_insert_with(|| "Always".into());
+    spec.dns_policy.get_or_insert_with(|| "ClusterFirst".into());
+    spec.scheduler_name.get_or_insert_with(|| "default-scheduler".into());
+    spec.termination_grace_period_seconds.get_or_insert(30);
+    spec.security_context.get_or_insert_with(Default::default);
+    spec.enable_service_links.get_or_insert(true);
+    spec.service_account_name.get_or_insert_with(|| "default".into());
+    spec.priority.get_or_insert(0);
+    spec.preemption_policy.get_or_insert_with(|| "PreemptLowerPriority".into());
+    for c in spec.containers.iter_mut().chain(spec.init_containers.iter_mut().flatten()) {
+        default_container(c);
+    }
+}
+
+/// Validates a pod spec at `spec_path` (pods and the templates of workloads).
+pub(crate) fn validate_pod_spec(spec: &PodSpec, spec_path: &FieldPath, out: &mut Vec<Cause>) {
+    if spec.containers.is_empty() {
+        out.push(v::required(&spec_path.child("containers"), ""));
+    }
+    let mut port_names = BTreeSet::new();
+    validate_containers(&spec.containers, &spec_path.child("containers"), &mut port_names, out);
+    if let Some(init) = &spec.init_containers {
+        validate_containers(init, &spec_path.child("initContainers"), &mut port_names, out);
+    }
+    if let Some(rp) = spec.restart_policy.as_deref() {
+        if !["Always", "OnFailure", "Never"].contains(&rp) {
+            out.push(v::not_supported(&spec_path.child("restartPolicy"), rp, &["Always", "OnFailure", "Never"]));
+        }
+    }
+    if let Some(dp) = spec.dns_policy.as_deref() {
+        const DNS: [&str; 4] = ["ClusterFirst", "ClusterFirstWithHostNet", "Default", "None"];
+        if !DNS.contains(&dp) {
+            out.push(v::not_supported(&spec_path.child("dnsPolicy"), dp, &DNS));
+        }
+    }
+    if let Some(node) = spec.node_name.as_deref().filter(|n| !n.is_empty()) {
+        v::push_all(out, &spec_path.child("nodeName"), node, v::dns1123_subdomain(node));
+    }
+    if let Some(g) = spec.termination_grace_period_seconds.filter(|g| *g < 0) {
+        out.push(v::invalid(&spec_path.child("terminationGracePeriodSeconds"), &g, "must be >= 0"));
+    }
+}
+
 impl ApiObject for Pod {
     const KIND: Kind = Kind::Pod;
 
@@ -610,19 +655,7 @@ impl ApiObject for Pod {
     }
 
     fn apply_defaults(&mut self) {
-        let spec = self.spec.get_or_insert_with(Default::default);
-        spec.restart_policy.get_or_insert_with(|| "Always".into());
-        spec.dns_policy.get_or_insert_with(|| "ClusterFirst".into());
-        spec.scheduler_name.get_or_insert_with(|| "default-scheduler".into());
-        spec.termination_grace_period_seconds.get_or_insert(30);
-        spec.security_context.get_or_insert_with(Default::default);
-        spec.enable_service_links.get_or_insert(true);
-        spec.service_account_name.get_or_insert_with(|| "default".into());
-        spec.priority.get_or_insert(0);
-        spec.preemption_policy.get_or_insert_with(|| "PreemptLowerPriority".into());
-        for c in spec.containers.iter_mut().chain(spec.init_containers.iter_mut().flatten()) {
-            default_container(c);
-        }
+        default_pod_spec(self.spec.get_or_insert_with(Default::default));
     }
 
     fn prepare_for_create(&mut self) {
@@ -641,31 +674,7 @@ impl ApiObject for Pod {
             out.push(v::required(&spec_path, ""));
             return out;
         };
-        if spec.containers.is_empty() {
-            out.push(v::required(&spec_path.child("containers"), ""));
-        }
-        let mut port_names = BTreeSet::new();
-        validate_containers(&spec.containers, &spec_path.child("containers"), &mut port_names, &mut out);
-        if let Some(init) = &spec.init_containers {
-            validate_containers(init, &spec_path.child("initContainers"), &mut port_names, &mut out);
-        }
-        if let Some(rp) = spec.restart_policy.as_deref() {
-            if !["Always", "OnFailure", "Never"].contains(&rp) {
-                out.push(v::not_supported(&spec_path.child("restartPolicy"), rp, &["Always", "OnFailure", "Never"]));
-            }
-        }
-        if let Some(dp) = spec.dns_policy.as_deref() {
-            const DNS: [&str; 4] = ["ClusterFirst", "ClusterFirstWithHostNet", "Default", "None"];
-            if !DNS.contains(&dp) {
-                out.push(v::not_supported(&spec_path.child("dnsPolicy"), dp, &DNS));
-            }
-        }
-        if let Some(node) = spec.node_name.as_deref().filter(|n| !n.is_empty()) {
-            v::push_all(&mut out, &spec_path.child("nodeName"), node, v::dns1123_subdomain(node));
-        }
-        if let Some(g) = spec.termination_grace_period_seconds.filter(|g| *g < 0) {
-            out.push(v::invalid(&spec_path.child("terminationGracePeriodSeconds"), &g, "must be >= 0"));
-        }
+        validate_pod_spec(spec, &spec_path, &mut out);
         if let Some(old) = old {
             let mut before = pod_spec_mutable_view(old);
             let after = pod_spec_mutable_view(self);
@@ -1185,6 +1194,14 @@ macro_rules! with_kind_type {
             }
             $crate::Kind::Event => {
                 type $t = ::k8s_openapi::api::core::v1::Event;
+                $body
+            }
+            $crate::Kind::Deployment => {
+                type $t = ::k8s_openapi::api::apps::v1::Deployment;
+                $body
+            }
+            $crate::Kind::ReplicaSet => {
+                type $t = ::k8s_openapi::api::apps::v1::ReplicaSet;
                 $body
             }
         }

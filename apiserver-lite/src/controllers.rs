@@ -1,6 +1,6 @@
 //! Controllers that run inside the API server, as kube-controller-manager and kube-scheduler
-//! would: endpoints (Endpoints + EndpointSlices), a scheduler, namespace lifecycle, node health
-//! and pod garbage collection. They follow the store's durable event log and also resync
+//! would: endpoints (Endpoints + EndpointSlices), a scheduler, namespace lifecycle, node health,
+//! pod garbage collection, and Deployments/ReplicaSets ([`crate::workloads`]). They follow the store's durable event log and also resync
 //! periodically, so a missed event heals itself.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -100,7 +100,15 @@ pub async fn run(reg: Arc<Registry>, cfg: ControllerConfig) {
                 match reg.store.events_since(seen, upto) {
                     Ok(events) => {
                         for ev in events {
-                            if matches!(ev.kind, Kind::Service | Kind::Pod | Kind::Node | Kind::Namespace) {
+                            if matches!(
+                                ev.kind,
+                                Kind::Service
+                                    | Kind::Pod
+                                    | Kind::Node
+                                    | Kind::Namespace
+                                    | Kind::Deployment
+                                    | Kind::ReplicaSet
+                            ) {
                                 dirty.note(ev.kind, &ev.object(), ev.prev().as_ref());
                             }
                         }
@@ -130,6 +138,8 @@ struct Dirty {
     services: BTreeSet<(String, String)>,
     schedule: bool,
     namespaces: bool,
+    /// Namespaces whose Deployments and ReplicaSets need a sync.
+    workloads: BTreeSet<String>,
 }
 
 impl Dirty {
@@ -140,7 +150,14 @@ impl Dirty {
             Kind::Service => {
                 self.services.insert((ns, name));
             }
+            Kind::Deployment | Kind::ReplicaSet => {
+                self.workloads.insert(ns);
+            }
             Kind::Pod => {
+                let owned = |o: &Value| o["metadata"]["ownerReferences"].as_array().is_some_and(|l| !l.is_empty());
+                if owned(obj) || prev.is_some_and(owned) {
+                    self.workloads.insert(ns.clone());
+                }
                 let entry = self.pod_namespaces.entry(ns).or_default();
                 entry.push(obj.clone());
                 if let Some(p) = prev {
@@ -167,6 +184,16 @@ async fn reconcile(reg: &Registry, cfg: &ControllerConfig, dirty: &mut Dirty) ->
     }
     if all || periodic || std::mem::take(&mut dirty.schedule) {
         schedule(reg).await?;
+    }
+    let mut workloads = std::mem::take(&mut dirty.workloads);
+    if all {
+        for kind in [Kind::Deployment, Kind::ReplicaSet] {
+            let (objs, _) = reg.store.list(kind, None)?;
+            workloads.extend(objs.iter().map(|o| ns_name(o).0));
+        }
+    }
+    for ns in &workloads {
+        crate::workloads::sync_namespace(reg, ns).await?;
     }
     let mut services: BTreeSet<(String, String)> = std::mem::take(&mut dirty.services);
     let pod_namespaces = std::mem::take(&mut dirty.pod_namespaces);
@@ -218,7 +245,7 @@ fn ns_name(obj: &Value) -> (String, String) {
 /// A resolved port of a Service for one pod: (service port name, target port, protocol).
 type PortKey = Vec<(String, i32, String)>;
 
-fn pod_is_ready(pod: &Pod) -> bool {
+pub(crate) fn pod_is_ready(pod: &Pod) -> bool {
     pod.status
         .as_ref()
         .and_then(|s| s.conditions.as_ref())

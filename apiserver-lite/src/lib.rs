@@ -17,6 +17,7 @@ pub mod registry;
 pub mod rest;
 pub mod store;
 pub mod watch;
+pub mod workloads;
 
 use std::future::Future;
 use std::path::PathBuf;

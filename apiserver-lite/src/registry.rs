@@ -54,6 +54,8 @@ pub struct WriteOptions {
 pub enum Subresource {
     Main,
     Status,
+    /// `…/scale` of Deployments and ReplicaSets: an autoscaling/v1 Scale view of `spec.replicas`.
+    Scale,
 }
 
 /// Options of a delete request.
@@ -229,6 +231,43 @@ impl Registry {
     }
 
     /// Waits for durability of a committed write and returns its outcome.
+    /// Changes a workload's `spec.replicas` through its Scale: `change` gets the current Scale
+    /// and returns the wanted one (a PUT body, or the current one patched). Returns the new Scale.
+    pub async fn update_scale(
+        &self,
+        kind: Kind,
+        ns: &str,
+        name: &str,
+        change: impl FnOnce(&Value) -> Result<Value, ApiError>,
+        opts: &WriteOptions,
+    ) -> Result<Value, ApiError> {
+        let g = self.store.lock().await;
+        let old = self.store.get(kind, ns, name)?.ok_or_else(|| ApiError::not_found(kind, name))?;
+        let wanted = change(&scale_of(&old))?;
+        if let Some(rv) = wanted.pointer("/metadata/resourceVersion").and_then(Value::as_str).filter(|r| !r.is_empty())
+        {
+            if Some(rv) != meta_str(&old, "resourceVersion") {
+                return Err(ApiError::Conflict { resource: kind.qualified_resource(), name: name.into(), kind });
+            }
+        }
+        let replicas = match wanted.pointer("/spec/replicas") {
+            None | Some(Value::Null) => 0,
+            Some(n) => match n.as_i64().filter(|n| (0..=i64::from(i32::MAX)).contains(n)) {
+                Some(n) => n,
+                None => {
+                    let path = FieldPath::root("spec").child("replicas");
+                    let cause = v::invalid(&path, n.to_string().as_str(), "must be greater than or equal to 0");
+                    return Err(ApiError::invalid(kind, name, vec![cause]));
+                }
+            },
+        };
+        let mut new = old.clone();
+        new["spec"]["replicas"] = json!(replicas);
+        let out = self.update_locked(&g, kind, old, new, Subresource::Main, opts)?;
+        drop(g);
+        Ok(scale_of(&self.finish(out).await?.object))
+    }
+
     async fn finish(&self, out: Pending) -> Result<Outcome, ApiError> {
         if let Some(rv) = out.rv {
             self.store.sync(rv).await?;
@@ -299,7 +338,7 @@ impl Registry {
         for k in ["resourceVersion", "deletionTimestamp", "deletionGracePeriodSeconds", "selfLink"] {
             meta.remove(k);
         }
-        if matches!(kind, Kind::Service | Kind::Pod) {
+        if matches!(kind, Kind::Service | Kind::Pod | Kind::Deployment | Kind::ReplicaSet) {
             meta.insert("generation".into(), json!(1));
         }
         let owner = alloc::owner(kind, &ns, &name);
@@ -928,4 +967,24 @@ pub fn labels_of(obj: &Value) -> Option<std::collections::BTreeMap<String, Strin
 pub fn random_suffix(n: usize) -> String {
     const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
     (0..n).map(|_| ALPHABET[fastrand::usize(0..ALPHABET.len())] as char).collect()
+}
+
+/// The autoscaling/v1 Scale of a Deployment or ReplicaSet object.
+pub fn scale_of(obj: &Value) -> Value {
+    let meta = &obj["metadata"];
+    let selector = serde_json::from_value(obj["spec"]["selector"].clone())
+        .ok()
+        .map(|s| api::apps::format_selector(Some(&s)))
+        .filter(|s| s != "<none>")
+        .unwrap_or_default();
+    json!({
+        "kind": "Scale",
+        "apiVersion": "autoscaling/v1",
+        "metadata": {
+            "name": meta["name"], "namespace": meta["namespace"], "uid": meta["uid"],
+            "resourceVersion": meta["resourceVersion"], "creationTimestamp": meta["creationTimestamp"],
+        },
+        "spec": {"replicas": obj["spec"]["replicas"].as_i64().unwrap_or(1)},
+        "status": {"replicas": obj["status"]["replicas"].as_i64().unwrap_or(0), "selector": selector},
+    })
 }

@@ -142,6 +142,9 @@ fn parse_target(group: &str, version: &str, rest: &[&str]) -> Option<Target> {
     let kind = |plural: &str| Kind::from_plural(group, version, plural);
     let sub = |s: &str| match s {
         "status" => Some(Subresource::Status),
+        "scale" if matches!(Kind::from_plural(group, version, rest.get(2).copied().unwrap_or("")), Some(k) if k.has_scale()) => {
+            Some(Subresource::Scale)
+        }
         _ => None,
     };
     let t = |k: Kind, ns: Option<&str>, name: Option<&str>, s: Subresource| Target {
@@ -249,6 +252,9 @@ async fn handle_resource(
     if kind.info().namespaced && ns.is_some() && t.name.is_none() && *method == Method::POST {
         // Creating in a namespace: fine. Cluster-wide POST of a namespaced kind is not.
     }
+    if t.sub == Subresource::Scale {
+        return handle_scale(st, method, headers, q, &t, body).await;
+    }
     match (method.clone(), t.name.as_deref()) {
         (Method::GET, None) => {
             let (ls, fs) = selectors(kind, q)?;
@@ -352,6 +358,36 @@ async fn handle_resource(
         }
         _ => Err(ApiError::MethodNotAllowed),
     }
+}
+
+/// `…/deployments/NAME/scale` (and replicasets): GET, PUT and PATCH of an autoscaling/v1 Scale,
+/// which is what `kubectl scale` and autoscalers use.
+async fn handle_scale(
+    st: &RestState,
+    method: &Method,
+    headers: &HeaderMap,
+    q: &BTreeMap<String, String>,
+    t: &Target,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let (ns, name) = (t.namespace.as_deref().unwrap_or(""), t.name.as_deref().unwrap_or(""));
+    let reg = &st.registry;
+    let scale = match *method {
+        Method::GET => crate::registry::scale_of(&reg.get(t.kind, ns, name)?),
+        Method::PUT => {
+            let wanted = parse_body(&body, headers)?;
+            reg.update_scale(t.kind, ns, name, |_| Ok(wanted), &write_options(q)?).await?
+        }
+        Method::PATCH => {
+            let ct = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
+            let ty = PatchType::from_content_type(ct).ok_or(ApiError::UnsupportedMediaType)?;
+            let patch = parse_body(&body, headers)?;
+            let change = |current: &Value| Ok(api::patch::apply_patch(ty, current, &patch)?);
+            reg.update_scale(t.kind, ns, name, change, &write_options(q)?).await?
+        }
+        _ => return Err(ApiError::MethodNotAllowed),
+    };
+    Ok(json_response(StatusCode::OK, &scale))
 }
 
 fn delete_options(body: &Bytes, q: &BTreeMap<String, String>) -> Result<DeleteOptions, ApiError> {
@@ -532,6 +568,13 @@ fn resource_list(group: &str, version: &str) -> Value {
                 .push(json!({"name": format!("{}/status", k.plural), "singularName": "", "namespaced": k.namespaced,
                                   "kind": k.name, "verbs": ["get", "patch", "update"]}));
         }
+        if k.kind.has_scale() {
+            resources.push(
+                json!({"name": format!("{}/scale", k.plural), "singularName": "", "namespaced": k.namespaced,
+                                  "group": "autoscaling", "version": "v1", "kind": "Scale",
+                                  "verbs": ["get", "patch", "update"]}),
+            );
+        }
     }
     json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources})
 }
@@ -566,9 +609,18 @@ fn aggregated(headers: &HeaderMap, core: bool) -> Response {
                     if !k.categories.is_empty() {
                         r["categories"] = json!(k.categories);
                     }
+                    let mut subresources = vec![];
                     if k.has_status {
-                        r["subresources"] =
-                            json!([{"subresource": "status", "responseKind": rk, "verbs": ["get", "patch", "update"]}]);
+                        subresources.push(json!({"subresource": "status", "responseKind": rk,
+                                                 "verbs": ["get", "patch", "update"]}));
+                    }
+                    if k.kind.has_scale() {
+                        subresources.push(json!({"subresource": "scale",
+                            "responseKind": {"group": "autoscaling", "version": "v1", "kind": "Scale"},
+                            "verbs": ["get", "patch", "update"]}));
+                    }
+                    if !subresources.is_empty() {
+                        r["subresources"] = json!(subresources);
                     }
                     r
                 })

@@ -720,7 +720,12 @@ async fn discovery_version_and_openapi() {
     let svc = core["resources"].as_array().unwrap().iter().find(|r| r["name"] == "services").unwrap();
     assert_eq!(svc["shortNames"], json!(["svc"]));
     let (_, apis) = lab.get("/apis").await;
-    assert_eq!(apis["groups"][0]["name"], "discovery.k8s.io");
+    let names: Vec<&str> = apis["groups"].as_array().unwrap().iter().filter_map(|g| g["name"].as_str()).collect();
+    assert_eq!(names, ["apps", "discovery.k8s.io"]);
+    // kubectl scale finds the Scale kind of deployments/scale through discovery.
+    let (_, apps) = lab.get("/apis/apps/v1").await;
+    let scale = apps["resources"].as_array().unwrap().iter().find(|r| r["name"] == "deployments/scale").unwrap();
+    assert_eq!((&scale["group"], &scale["version"], &scale["kind"]), (&json!("autoscaling"), &json!("v1"), &json!("Scale")));
     let accept = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json";
     let req = Request::builder().uri("/api").header("accept", accept).body(Body::empty()).unwrap();
     let resp = lab.app.clone().oneshot(req).await.unwrap();

@@ -288,3 +288,129 @@ fn kubectl_sees_a_node_agent_register_run_a_pod_and_stop() {
     drop(ns);
     assert_eq!(testkit::netns::host_state(), host_before, "the host namespace changed");
 }
+
+/// Plays kubelet for pods that have no node agent: marks new pods Running and Ready, and
+/// finishes the deletion of terminating ones. Stops when `stop` is set.
+fn fake_kubelet(srv: &ApiServer, stop: &std::sync::atomic::AtomicBool) {
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        let o = srv.kubectl(&["get", "pods", "-o", "json"]);
+        let list: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+        for (i, p) in list["items"].as_array().cloned().unwrap_or_default().iter().enumerate() {
+            let name = p["metadata"]["name"].as_str().unwrap_or("");
+            if p["metadata"].get("deletionTimestamp").is_some() {
+                srv.kubectl(&["delete", "pod", name, "--grace-period=0", "--force", "--wait=false"]);
+            } else if p["status"]["phase"] != "Running" {
+                let status = serde_json::json!({"status": {"phase": "Running", "podIP": format!("10.244.9.{}", i + 2),
+                    "conditions": [{"type": "Ready", "status": "True"}]}});
+                srv.kubectl(&["patch", "pod", name, "--subresource=status", "--type=merge", "-p", &status.to_string()]);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn lines_of(out: &str) -> Vec<Vec<String>> {
+    out.lines().map(|l| l.split_whitespace().map(str::to_string).collect()).collect()
+}
+
+#[test]
+fn kubectl_deployment_lifecycle() {
+    assert!(kubectl_available(), "kubectl is required (it ships on the machine image as /usr/bin/kubectl)");
+    let srv = ApiServer::start(&[]).unwrap();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| fake_kubelet(&srv, &stop));
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| deployment_steps(&srv)));
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Err(e) = result {
+            std::panic::resume_unwind(e);
+        }
+    });
+}
+
+fn deployment_steps(srv: &ApiServer) {
+    assert_eq!(
+        ok(srv, &["create", "deployment", "web", "--image=podpath/echo:v1", "--replicas=3", "--port=8080"]),
+        "deployment.apps/web created\n"
+    );
+    let out = ok(srv, &["rollout", "status", "deployment/web", "--timeout=60s"]);
+    assert!(out.ends_with("deployment \"web\" successfully rolled out\n"), "{out}");
+    let rows = lines_of(&ok(srv, &["get", "deploy", "web", "-o", "wide"]));
+    assert_eq!(rows[0], ["NAME", "READY", "UP-TO-DATE", "AVAILABLE", "AGE", "CONTAINERS", "IMAGES", "SELECTOR"]);
+    assert_eq!(rows[1][..4], ["web", "3/3", "3", "3"]);
+    assert_eq!(rows[1][5..], ["echo", "podpath/echo:v1", "app=web"]);
+    let rows = lines_of(&ok(srv, &["get", "rs"]));
+    assert_eq!(rows[0], ["NAME", "DESIRED", "CURRENT", "READY", "AGE"]);
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    let rs1 = rows[1][0].clone();
+    assert!(rs1.starts_with("web-") && rows[1][1..4] == ["3", "3", "3"], "{rows:?}");
+    let pods = ok(srv, &["get", "pods", "-o", "name"]);
+    assert_eq!(pods.lines().count(), 3, "{pods}");
+    for p in pods.lines() {
+        let suffix = p.strip_prefix(&format!("pod/{rs1}-")).unwrap_or_else(|| panic!("{p} is not {rs1}-xxxxx"));
+        assert_eq!(suffix.len(), 5, "{p}");
+    }
+    let owner = ok(
+        srv,
+        &["get", "rs", &rs1, "-o", "jsonpath={.metadata.ownerReferences[0].kind}/{.metadata.ownerReferences[0].name}"],
+    );
+    assert_eq!(owner, "Deployment/web");
+
+    // scale (the scale subresource, found through discovery)
+    assert_eq!(ok(srv, &["scale", "deployment", "web", "--replicas=5"]), "deployment.apps/web scaled\n");
+    ok(srv, &["rollout", "status", "deployment/web", "--timeout=60s"]);
+    assert_eq!(ok(srv, &["get", "pods", "-o", "name"]).lines().count(), 5);
+    assert_eq!(ok(srv, &["get", "deploy", "web", "-o", "jsonpath={.status.availableReplicas}"]), "5");
+
+    // a rolling update to a new image: a second ReplicaSet takes over, the first keeps 0
+    assert_eq!(
+        ok(srv, &["set", "image", "deployment/web", "echo=podpath/echo:v2"]),
+        "deployment.apps/web image updated\n"
+    );
+    let out = ok(srv, &["rollout", "status", "deployment/web", "--timeout=60s"]);
+    assert!(out.ends_with("deployment \"web\" successfully rolled out\n"), "{out}");
+    let rows = lines_of(&ok(srv, &["get", "rs", "--no-headers"]));
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    for r in &rows {
+        let want = if r[0] == rs1 { "0" } else { "5" };
+        assert_eq!(r[1], want, "{rows:?}");
+    }
+    let images = ok(srv, &["get", "pods", "-o", "jsonpath={.items[*].spec.containers[0].image}"]);
+    assert_eq!(images.split_whitespace().collect::<Vec<_>>(), ["podpath/echo:v2"; 5], "every pod runs v2");
+    let history = ok(srv, &["rollout", "history", "deployment/web"]);
+    assert!(history.contains("REVISION") && history.contains("\n1 ") && history.contains("\n2 "), "{history}");
+
+    // expose: the Service selects the Deployment's pods
+    assert_eq!(ok(srv, &["expose", "deployment", "web", "--port=80", "--target-port=8080"]), "service/web exposed\n");
+    assert_eq!(ok(srv, &["get", "svc", "web", "-o", "jsonpath={.spec.selector}"]), r#"{"app":"web"}"#);
+    let all = ok(srv, &["get", "all"]);
+    assert!(all.contains("deployment.apps/web") && all.contains(&format!("replicaset.apps/{rs1}")), "{all}");
+
+    // bad input: a Status with causes, nothing stored
+    let err = fails(srv, &["scale", "deployment", "web", "--replicas=-1"]);
+    assert!(err.contains("replicas"), "{err}");
+    let manifest = srv.dir.path().join("bad.yaml");
+    std::fs::write(
+        &manifest,
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: bad}\nspec:\n  selector: {matchLabels: {app: web2}}\n  template:\n    metadata: {labels: {app: other}}\n    spec: {containers: [{name: c, image: i}]}\n",
+    )
+    .unwrap();
+    let err = fails(srv, &["apply", "-f", manifest.to_str().unwrap()]);
+    assert!(
+        err.contains("spec.template.metadata.labels: Invalid value")
+            && err.contains("`selector` does not match template `labels`"),
+        "{err}"
+    );
+
+    // delete: the ReplicaSets and pods go with it
+    ok(srv, &["delete", "deployment", "web"]);
+    let t = Instant::now();
+    loop {
+        let left = ok(srv, &["get", "rs,pods", "-o", "name"]);
+        if left.trim().is_empty() {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(30), "dependents left: {left}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
