@@ -128,6 +128,13 @@ fn validate_template(
     }
 }
 
+/// apps/v1 selectors are immutable.
+fn selector_unchanged(old: Option<&LabelSelector>, new: &LabelSelector, spec: &FieldPath, out: &mut Vec<Cause>) {
+    if old.is_some_and(|o| o != new) {
+        out.push(v::invalid(&spec.child("selector"), format_selector(Some(new)).as_str(), "field is immutable"));
+    }
+}
+
 fn default_template(template: &mut PodTemplateSpec) {
     default_pod_spec(template.spec.get_or_insert_with(Default::default));
 }
@@ -250,15 +257,7 @@ impl ApiObject for Deployment {
         if let Some(n) = spec.revision_history_limit.filter(|n| *n < 0) {
             out.push(v::invalid(&path.child("revisionHistoryLimit"), &n, "must be greater than or equal to 0"));
         }
-        if let Some(old_sel) = old.and_then(|o| o.spec.as_ref()).map(|s| &s.selector) {
-            if *old_sel != spec.selector {
-                out.push(v::invalid(
-                    &path.child("selector"),
-                    format_selector(Some(&spec.selector)).as_str(),
-                    "field is immutable",
-                ));
-            }
-        }
+        selector_unchanged(old.and_then(|o| o.spec.as_ref()).map(|s| &s.selector), &spec.selector, &path, &mut out);
         out
     }
 
@@ -330,15 +329,7 @@ impl ApiObject for ReplicaSet {
             Some(t) => validate_template(t, Some(&spec.selector), &path.child("template"), &mut out),
             None => out.push(v::required(&path.child("template"), "")),
         }
-        if let Some(old_sel) = old.and_then(|o| o.spec.as_ref()).map(|s| &s.selector) {
-            if *old_sel != spec.selector {
-                out.push(v::invalid(
-                    &path.child("selector"),
-                    format_selector(Some(&spec.selector)).as_str(),
-                    "field is immutable",
-                ));
-            }
-        }
+        selector_unchanged(old.and_then(|o| o.spec.as_ref()).map(|s| &s.selector), &spec.selector, &path, &mut out);
         out
     }
 

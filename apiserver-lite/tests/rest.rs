@@ -725,7 +725,10 @@ async fn discovery_version_and_openapi() {
     // kubectl scale finds the Scale kind of deployments/scale through discovery.
     let (_, apps) = lab.get("/apis/apps/v1").await;
     let scale = apps["resources"].as_array().unwrap().iter().find(|r| r["name"] == "deployments/scale").unwrap();
-    assert_eq!((&scale["group"], &scale["version"], &scale["kind"]), (&json!("autoscaling"), &json!("v1"), &json!("Scale")));
+    assert_eq!(
+        (&scale["group"], &scale["version"], &scale["kind"]),
+        (&json!("autoscaling"), &json!("v1"), &json!("Scale"))
+    );
     let accept = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json";
     let req = Request::builder().uri("/api").header("accept", accept).body(Body::empty()).unwrap();
     let resp = lab.app.clone().oneshot(req).await.unwrap();
