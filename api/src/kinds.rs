@@ -15,6 +15,8 @@ pub enum Kind {
     Event,
     Deployment,
     ReplicaSet,
+    Ingress,
+    IngressClass,
 }
 
 /// Discovery facts about one kind.
@@ -146,10 +148,34 @@ pub static KINDS: &[KindInfo] = &[
         categories: &["all"],
         has_status: true,
     },
+    KindInfo {
+        kind: Kind::Ingress,
+        group: "networking.k8s.io",
+        version: "v1",
+        name: "Ingress",
+        plural: "ingresses",
+        singular: "ingress",
+        namespaced: true,
+        short_names: &["ing"],
+        categories: &[],
+        has_status: true,
+    },
+    KindInfo {
+        kind: Kind::IngressClass,
+        group: "networking.k8s.io",
+        version: "v1",
+        name: "IngressClass",
+        plural: "ingressclasses",
+        singular: "ingressclass",
+        namespaced: false,
+        short_names: &[],
+        categories: &[],
+        has_status: false,
+    },
 ];
 
 impl Kind {
-    pub const ALL: [Kind; 9] = [
+    pub const ALL: [Kind; 11] = [
         Kind::Namespace,
         Kind::Node,
         Kind::Service,
@@ -159,6 +185,8 @@ impl Kind {
         Kind::Event,
         Kind::Deployment,
         Kind::ReplicaSet,
+        Kind::Ingress,
+        Kind::IngressClass,
     ];
 
     /// Whether the kind has a `/scale` subresource (autoscaling/v1 Scale).

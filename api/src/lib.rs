@@ -7,6 +7,7 @@
 pub mod apps;
 pub mod convert;
 pub mod kinds;
+pub mod networking;
 pub mod objects;
 pub mod patch;
 pub mod protobuf;

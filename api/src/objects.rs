@@ -1204,6 +1204,14 @@ macro_rules! with_kind_type {
                 type $t = ::k8s_openapi::api::apps::v1::ReplicaSet;
                 $body
             }
+            $crate::Kind::Ingress => {
+                type $t = ::k8s_openapi::api::networking::v1::Ingress;
+                $body
+            }
+            $crate::Kind::IngressClass => {
+                type $t = ::k8s_openapi::api::networking::v1::IngressClass;
+                $body
+            }
         }
     };
 }

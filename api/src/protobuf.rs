@@ -44,6 +44,16 @@ pub struct Message {
     pub fields: &'static [Field],
 }
 
+/// Go structs embedded with `json:",inline"`: a field of their own in protobuf, their fields
+/// sit in the parent object in JSON. (message, field).
+const INLINE: &[(&str, &str)] = &[
+    ("networking.v1.IngressRule", "ingressRuleValue"),
+    ("core.v1.Probe", "handler"),
+    ("core.v1.Volume", "volumeSource"),
+    ("core.v1.EphemeralContainer", "ephemeralContainerCommon"),
+    ("core.v1.PersistentVolumeSpec", "persistentVolumeSource"),
+];
+
 /// Every protobuf body starts with these four bytes.
 pub const MAGIC: &[u8] = b"k8s\0";
 
@@ -124,7 +134,12 @@ pub fn decode(name: &str, buf: &[u8]) -> Result<Value, Error> {
             }
             _ => {
                 if let Some(v) = values.into_iter().last() {
-                    if field.omit_empty && v.as_str() == Some("") {
+                    if INLINE.contains(&(name, field.json)) {
+                        // An embedded Go struct: its fields belong to this object in JSON.
+                        if let Value::Object(inner) = v {
+                            out.extend(inner);
+                        }
+                    } else if field.omit_empty && v.as_str() == Some("") {
                         out.remove(field.json);
                     } else {
                         out.insert(field.json.to_string(), v);
@@ -423,6 +438,22 @@ mod tests {
         bytes_field(1, b"100m", &mut q);
         assert_eq!(decode("api.resource.Quantity", &q).unwrap(), json!("100m"));
         assert_eq!(base64(b"hello"), "aGVsbG8=");
+    }
+
+    #[test]
+    fn embedded_structs_are_inlined_as_in_json() {
+        // IngressRule { host: "shop.example", ingressRuleValue: { http: { paths: [ { path: "/cart" } ] } } }
+        let mut path = Vec::new();
+        bytes_field(1, b"/cart", &mut path);
+        let mut http = Vec::new();
+        bytes_field(1, &path, &mut http);
+        let mut value = Vec::new();
+        bytes_field(1, &http, &mut value);
+        let mut rule = Vec::new();
+        bytes_field(1, b"shop.example", &mut rule);
+        bytes_field(2, &value, &mut rule);
+        let v = decode("networking.v1.IngressRule", &rule).unwrap();
+        assert_eq!(v, serde_json::json!({"host": "shop.example", "http": {"paths": [{"path": "/cart"}]}}));
     }
 
     #[test]

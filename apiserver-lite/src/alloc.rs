@@ -93,6 +93,15 @@ pub fn owned_keys(kind: api::Kind, obj: &Value, ranges: &Ranges) -> BTreeSet<Str
                 }
             }
         }
+        api::Kind::Ingress => {
+            let ips =
+                obj.pointer("/status/loadBalancer/ingress").and_then(Value::as_array).cloned().unwrap_or_default();
+            for ip in ips.iter().filter_map(|i| i["ip"].as_str()) {
+                if ip.parse::<Ipv4Addr>().is_ok_and(|a| ranges.lb_pool.contains(&a)) {
+                    keys.insert(lb_ip_key(ip));
+                }
+            }
+        }
         api::Kind::Node => {
             let Ok(node) = serde_json::from_value::<Node>(obj.clone()) else { return keys };
             if let Some(c) = node.spec.and_then(|s| s.pod_cidr) {

@@ -56,6 +56,15 @@ pub async fn bootstrap(reg: &Registry, apiserver_endpoint: Option<(String, u16)>
         });
         reg.create(Kind::Service, Some("default"), svc, &WriteOptions::default()).await?;
     }
+    // The lab's L7 load balancer, as the default IngressClass.
+    if reg.store.get(Kind::IngressClass, "", api::networking::LAB_CLASS)?.is_none() {
+        let class = json!({
+            "metadata": {"name": api::networking::LAB_CLASS,
+                         "annotations": {api::networking::DEFAULT_CLASS_ANNOTATION: "true"}},
+            "spec": {"controller": api::networking::LAB_CONTROLLER},
+        });
+        reg.create(Kind::IngressClass, None, class, &WriteOptions::default()).await?;
+    }
     // The apiserver's own endpoints, as the real apiserver maintains them (the Service has
     // no selector, so the endpoints controller leaves them alone).
     if let Some((ip, port)) = apiserver_endpoint {

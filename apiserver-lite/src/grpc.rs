@@ -246,7 +246,7 @@ fn proto_object(kind: Kind, v: Value) -> Result<pb::watch_event::Object, Status>
         Kind::Namespace => Object::Namespace(from_value::<core::Namespace>(v)?),
         Kind::Endpoints => Object::Endpoints(from_value::<core::Endpoints>(v)?),
         Kind::EndpointSlice => Object::EndpointSlice(from_value::<discovery::EndpointSlice>(v)?),
-        Kind::Event | Kind::Deployment | Kind::ReplicaSet => {
+        Kind::Event | Kind::Deployment | Kind::ReplicaSet | Kind::Ingress | Kind::IngressClass => {
             return Err(Status::unimplemented(format!("{kind} objects are not watchable over gRPC")))
         }
     })

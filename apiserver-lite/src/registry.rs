@@ -613,6 +613,7 @@ impl Registry {
             match T::KIND {
                 Kind::Service => self.allocate_service(&mut value, old, claims, &mut causes)?,
                 Kind::Node => self.allocate_node(&mut value, old, claims, &mut causes)?,
+                Kind::Ingress => self.allocate_ingress(&mut value, claims)?,
                 _ => {}
             }
             if causes.is_empty() {
@@ -835,6 +836,22 @@ impl Registry {
     }
 
     /// A node's pod CIDR, assigned at registration and immutable afterwards.
+    /// An address from the LoadBalancer pool for an Ingress of the lab's class, as a cloud's
+    /// L7 load balancer gets one: written to `status.loadBalancer.ingress`, kept for its life.
+    fn allocate_ingress(&self, value: &mut Value, claims: &mut Claims) -> Result<(), ApiError> {
+        let ing: api::k8s_openapi::api::networking::v1::Ingress = serde_json::from_value(value.clone())?;
+        let has_ip = value.pointer("/status/loadBalancer/ingress/0/ip").is_some_and(|ip| ip.is_string());
+        if has_ip || !api::networking::is_lab_ingress(&ing) {
+            return Ok(());
+        }
+        let alloc = self.alloc.lock().map_err(|_| ApiError::internal("allocator lock poisoned"))?;
+        // A full pool leaves the Ingress without an address, as a cloud would.
+        if let Ok(ip) = alloc.lb_ip(None, claims) {
+            value["status"] = json!({"loadBalancer": {"ingress": [{"ip": ip.to_string()}]}});
+        }
+        Ok(())
+    }
+
     fn allocate_node(
         &self,
         value: &mut Value,

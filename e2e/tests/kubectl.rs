@@ -414,3 +414,44 @@ fn deployment_steps(srv: &ApiServer) {
         std::thread::sleep(Duration::from_millis(200));
     }
 }
+
+#[test]
+fn kubectl_ingress_and_ingress_class() {
+    assert!(kubectl_available(), "kubectl is required (it ships on the machine image as /usr/bin/kubectl)");
+    let srv = ApiServer::start(&[]).unwrap();
+    let rows = lines_of(&ok(&srv, &["get", "ingressclass"]));
+    assert_eq!(rows[0], ["NAME", "CONTROLLER", "PARAMETERS", "AGE"]);
+    assert_eq!(rows[1][..3], ["podpath", "podpath.dev/lb-sim", "<none>"]);
+
+    assert_eq!(
+        ok(&srv, &["create", "ingress", "shop", "--rule=shop.example/cart*=cart:80", "--default-backend=web:80"]),
+        "ingress.networking.k8s.io/shop created\n"
+    );
+    let rows = lines_of(&ok(&srv, &["get", "ing", "shop"]));
+    assert_eq!(rows[0], ["NAME", "CLASS", "HOSTS", "ADDRESS", "PORTS", "AGE"]);
+    assert_eq!(rows[1][..3], ["shop", "<none>", "shop.example"]);
+    let address = rows[1][3].clone();
+    assert!(address.starts_with("198.51.100."), "an address from the LoadBalancer pool: {rows:?}");
+    assert_eq!(rows[1][4], "80");
+    let rule = ok(&srv, &["get", "ing", "shop", "-o", "jsonpath={.spec.rules[0].http.paths[0].pathType} {.spec.rules[0].http.paths[0].path} {.spec.defaultBackend.service.name}"]);
+    assert_eq!(rule, "Prefix /cart web");
+
+    // Another class is somebody else's: no address from the lab.
+    let manifest = srv.dir.path().join("other.yaml");
+    std::fs::write(&manifest, "apiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {name: other}\nspec:\n  ingressClassName: nginx\n  defaultBackend: {service: {name: web, port: {number: 80}}}\n").unwrap();
+    ok(&srv, &["apply", "-f", manifest.to_str().unwrap()]);
+    assert_eq!(ok(&srv, &["get", "ing", "other", "-o", "jsonpath={.status.loadBalancer.ingress}"]), "");
+
+    let bad = srv.dir.path().join("bad.yaml");
+    std::fs::write(&bad, "apiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {name: bad}\nspec:\n  rules:\n  - http:\n      paths:\n      - {path: cart, pathType: Prefix, backend: {service: {name: cart, port: {number: 80}}}}\n").unwrap();
+    let err = fails(&srv, &["apply", "-f", bad.to_str().unwrap()]);
+    assert!(
+        err.contains("spec.rules[0].http.paths[0].path: Invalid value: \"cart\": must be an absolute path"),
+        "{err}"
+    );
+
+    // Deleting the Ingress frees its address for the next one.
+    ok(&srv, &["delete", "ingress", "shop"]);
+    ok(&srv, &["create", "ingress", "again", "--default-backend=web:80"]);
+    assert_eq!(ok(&srv, &["get", "ing", "again", "-o", "jsonpath={.status.loadBalancer.ingress[0].ip}"]), address);
+}
