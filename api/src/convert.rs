@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1 as core;
 use k8s_openapi::api::discovery::v1 as discovery;
+use k8s_openapi::api::networking::v1 as api_networking;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1 as meta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde::de::DeserializeOwned;
@@ -890,6 +891,34 @@ impl ProtoConvert for core::Namespace {
             spec: opt_list(&p.finalizers).map(|f| core::NamespaceSpec { finalizers: Some(f) }),
             status: p.phase.clone().map(|phase| core::NamespaceStatus { phase: Some(phase), conditions: None }),
         })
+    }
+}
+
+// === Ingress and Secret: metadata typed, the rest in extra_json ===
+
+impl ProtoConvert for api_networking::Ingress {
+    type Proto = pb::Ingress;
+    extra_accessors!();
+
+    fn to_typed(&self) -> pb::Ingress {
+        pb::Ingress { metadata: Some(object_meta(&self.metadata)), extra_json: String::new() }
+    }
+
+    fn from_typed(p: &pb::Ingress) -> Result<Self, Error> {
+        Ok(api_networking::Ingress { metadata: object_meta_back(&p.metadata)?, spec: None, status: None })
+    }
+}
+
+impl ProtoConvert for core::Secret {
+    type Proto = pb::Secret;
+    extra_accessors!();
+
+    fn to_typed(&self) -> pb::Secret {
+        pb::Secret { metadata: Some(object_meta(&self.metadata)), extra_json: String::new() }
+    }
+
+    fn from_typed(p: &pb::Secret) -> Result<Self, Error> {
+        Ok(core::Secret { metadata: object_meta_back(&p.metadata)?, ..Default::default() })
     }
 }
 

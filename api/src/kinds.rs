@@ -17,6 +17,7 @@ pub enum Kind {
     ReplicaSet,
     Ingress,
     IngressClass,
+    Secret,
 }
 
 /// Discovery facts about one kind.
@@ -172,10 +173,22 @@ pub static KINDS: &[KindInfo] = &[
         categories: &[],
         has_status: false,
     },
+    KindInfo {
+        kind: Kind::Secret,
+        group: "",
+        version: "v1",
+        name: "Secret",
+        plural: "secrets",
+        singular: "secret",
+        namespaced: true,
+        short_names: &[],
+        categories: &[],
+        has_status: false,
+    },
 ];
 
 impl Kind {
-    pub const ALL: [Kind; 11] = [
+    pub const ALL: [Kind; 12] = [
         Kind::Namespace,
         Kind::Node,
         Kind::Service,
@@ -187,6 +200,7 @@ impl Kind {
         Kind::ReplicaSet,
         Kind::Ingress,
         Kind::IngressClass,
+        Kind::Secret,
     ];
 
     /// Whether the kind has a `/scale` subresource (autoscaling/v1 Scale).

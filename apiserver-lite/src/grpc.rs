@@ -233,6 +233,8 @@ fn kind_of(k: i32) -> Result<Kind, Status> {
         Ok(pb::Kind::Namespace) => Ok(Kind::Namespace),
         Ok(pb::Kind::Endpoints) => Ok(Kind::Endpoints),
         Ok(pb::Kind::EndpointSlice) => Ok(Kind::EndpointSlice),
+        Ok(pb::Kind::Ingress) => Ok(Kind::Ingress),
+        Ok(pb::Kind::Secret) => Ok(Kind::Secret),
         _ => Err(Status::invalid_argument("kind is required")),
     }
 }
@@ -246,7 +248,9 @@ fn proto_object(kind: Kind, v: Value) -> Result<pb::watch_event::Object, Status>
         Kind::Namespace => Object::Namespace(from_value::<core::Namespace>(v)?),
         Kind::Endpoints => Object::Endpoints(from_value::<core::Endpoints>(v)?),
         Kind::EndpointSlice => Object::EndpointSlice(from_value::<discovery::EndpointSlice>(v)?),
-        Kind::Event | Kind::Deployment | Kind::ReplicaSet | Kind::Ingress | Kind::IngressClass => {
+        Kind::Ingress => Object::Ingress(from_value::<api::k8s_openapi::api::networking::v1::Ingress>(v)?),
+        Kind::Secret => Object::Secret(from_value::<core::Secret>(v)?),
+        Kind::Event | Kind::Deployment | Kind::ReplicaSet | Kind::IngressClass => {
             return Err(Status::unimplemented(format!("{kind} objects are not watchable over gRPC")))
         }
     })

@@ -59,6 +59,8 @@ watched!(core::Pod, Pod, Pod, "pods");
 watched!(core::Node, Node, Node, "nodes");
 watched!(core::Service, Service, Service, "services");
 watched!(discovery::EndpointSlice, EndpointSlice, EndpointSlice, "endpointslices");
+watched!(api::k8s_openapi::api::networking::v1::Ingress, Ingress, Ingress, "ingresses");
+watched!(core::Secret, Secret, Secret, "secrets");
 
 /// Where a watch stands.
 #[derive(Debug, Clone, PartialEq)]

@@ -138,3 +138,46 @@ async fn connecting_waits_for_a_late_api_server_and_gives_up_after_its_patience(
     let desired = node::node_object(&cfg("node-late"), &node::host_facts());
     assert!(node::register(&client.unwrap(), &desired).await.is_ok(), "a working client once the server is up");
 }
+
+#[tokio::test]
+async fn ingresses_and_tls_secrets_arrive_whole_over_grpc() {
+    use api::k8s_openapi::api::networking::v1::Ingress;
+    let s = server().await;
+    let client = ApiClient::connect(&s.grpc, None).await.unwrap();
+    let ingresses = Store::<Ingress>::new();
+    let secrets = Store::<core::Secret>::new();
+    tokio::spawn(reflector::run(client.clone(), Filter::default(), ingresses.clone()));
+    tokio::spawn(reflector::run(client.clone(), Filter::default(), secrets.clone()));
+    let opts = apiserver_lite::registry::WriteOptions::default();
+    let ing = serde_json::json!({"metadata": {"name": "shop"}, "spec": {
+        "tls": [{"hosts": ["shop.example"], "secretName": "shop-tls"}],
+        "rules": [{"host": "shop.example", "http": {"paths": [
+            {"path": "/cart", "pathType": "Prefix", "backend": {"service": {"name": "cart", "port": {"number": 80}}}}]}}]}});
+    s.registry.create(api::Kind::Ingress, Some("default"), ing, &opts).await.unwrap();
+    let secret = serde_json::json!({"metadata": {"name": "shop-tls"}, "type": "kubernetes.io/tls",
+        "data": {"tls.crt": "Y2VydA==", "tls.key": "a2V5"}});
+    s.registry.create(api::Kind::Secret, Some("default"), secret, &opts).await.unwrap();
+    let mut changes = ingresses.changes();
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while ingresses.get("default/shop").is_none() {
+            changes.changed().await.unwrap();
+        }
+    })
+    .await
+    .expect("the Ingress arrives");
+    let got = ingresses.get("default/shop").unwrap();
+    let spec = got.spec.as_ref().unwrap();
+    assert_eq!(spec.rules.as_ref().unwrap()[0].http.as_ref().unwrap().paths[0].path.as_deref(), Some("/cart"));
+    let ip = got.status.and_then(|s| s.load_balancer).and_then(|l| l.ingress).map(|i| i[0].ip.clone());
+    assert_eq!(ip, Some(Some("198.51.100.1".to_string())), "the lab's class gets a pool address");
+    let mut changes = secrets.changes();
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while secrets.get("default/shop-tls").is_none() {
+            changes.changed().await.unwrap();
+        }
+    })
+    .await
+    .expect("the Secret arrives");
+    let data = secrets.get("default/shop-tls").unwrap().data.unwrap();
+    assert_eq!(data["tls.crt"].0, b"cert");
+}
