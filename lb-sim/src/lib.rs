@@ -14,6 +14,7 @@
 
 pub mod error;
 pub mod health;
+pub mod l7;
 pub mod model;
 pub mod proxy;
 pub mod routing;
