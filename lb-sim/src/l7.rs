@@ -212,7 +212,7 @@ pub fn sites(ingresses: &[Ingress], services: &[core::Service], secrets: &[core:
         });
         out.push(Site { vip, ingress: name, rules, default, tls });
     }
-    out.sort_by(|a, b| a.vip.cmp(&b.vip));
+    out.sort_by_key(|s| s.vip);
     out.dedup_by(|a, b| a.vip == b.vip);
     out
 }
