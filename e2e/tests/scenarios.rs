@@ -442,3 +442,94 @@ fn up_and_down_leave_the_host_unchanged_and_nothing_behind() {
     assert!(!state.exists(), "state left in {}", state.display());
     assert_eq!(host_state(), before, "the host namespace changed");
 }
+
+/// Scenario 3: an Ingress behind the GCLB-style L7 load balancer. Two Deployments behind
+/// NodePort Services; the Ingress sends `/cart` to one and everything else (default backend)
+/// to the other; the client's requests go client → LB IP → node IP:nodePort → pod.
+#[test]
+fn scenario_3_ingress_through_the_l7_load_balancer() {
+    if !root_or_explain() {
+        return;
+    }
+    let lab = Lab::up("sc3", &["--nodes", "2"]).expect("podpath up");
+    lab.kubectl(&["create", "deployment", "web", "--image=podpath/echo", "--replicas=2", "--port=8080"]);
+    lab.kubectl(&["create", "deployment", "cart", "--image=podpath/echo", "--replicas=1", "--port=8080"]);
+    lab.kubectl(&["expose", "deployment", "web", "--type=NodePort", "--port=80", "--target-port=8080"]);
+    lab.kubectl(&["expose", "deployment", "cart", "--type=NodePort", "--port=80", "--target-port=8080"]);
+    lab.kubectl(&["rollout", "status", "deployment/web", "--timeout=60s"]);
+    lab.kubectl(&["rollout", "status", "deployment/cart", "--timeout=60s"]);
+    lab.apply(
+        "apiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {name: shop}\nspec:\n  \
+         defaultBackend: {service: {name: web, port: {number: 80}}}\n  \
+         tls: [{hosts: [shop.example]}]\n  \
+         rules:\n  - http:\n      paths:\n      - {path: /cart, pathType: Prefix, backend: {service: {name: cart, port: {number: 80}}}}\n",
+    );
+    let rows: Vec<String> =
+        lab.kubectl(&["get", "ingress", "shop", "--no-headers"]).split_whitespace().map(str::to_string).collect();
+    let vip = rows[3].clone();
+    assert!(vip.starts_with("198.51.100."), "ADDRESS from the LB pool: {rows:?}");
+    assert_eq!(rows[4], "80,", "PORTS with tls: {rows:?}");
+
+    // The default backend, then the path rule, each through a node's NodePort.
+    let page = curl_ok(&lab, &format!("http://{vip}/"), &[]);
+    assert!(field(&page, "pod").is_some_and(|p| p.starts_with("default/web-")), "{page}");
+    assert!(
+        page.contains(&format!("x-forwarded-for: 203.0.113.10, {vip}")),
+        "the pod sees the client and the LB: {page}"
+    );
+    assert!(page.contains("x-forwarded-proto: http\n"), "{page}");
+    let client = field(&page, "client").unwrap_or_default();
+    assert!(
+        client.starts_with("10.244.") || client.starts_with("192.168.56."),
+        "from a node, not the client: {client}"
+    );
+    let page = curl_ok(&lab, &format!("http://{vip}/cart/items"), &[]);
+    assert!(field(&page, "pod").is_some_and(|p| p.starts_with("default/cart-")), "{page}");
+    // HTTPS with the generated certificate (no Secret named).
+    let page = curl_ok(&lab, &format!("https://{vip}/cart"), &["-k"]);
+    assert!(field(&page, "pod").is_some_and(|p| p.starts_with("default/cart-")), "{page}");
+    assert!(page.contains("x-forwarded-proto: https\n"), "{page}");
+    // Requests spread over both web pods, through both nodes.
+    let mut pods = BTreeSet::new();
+    for _ in 0..16 {
+        let (_, page) = lab.curl(&[&format!("http://{vip}/")]);
+        pods.insert(field(&page, "pod").unwrap_or_default().to_string());
+    }
+    assert_eq!(pods.len(), 2, "{pods:?}");
+
+    // The routing table in lb-sim's status.
+    let status = lab.lb_status();
+    let site = &status["ingresses"][0];
+    assert_eq!(site["ingress"], "default/shop");
+    assert_eq!(site["listeners"], "http+https");
+    assert_eq!(site["certificate"], "generated");
+    let rules = site["rules"].to_string();
+    assert!(rules.contains("* /cart (Prefix) → default/cart:80 (nodePort 3"), "{rules}");
+    assert_eq!(site["nodesInRotation"], serde_json::json!(["node-1", "node-2"]));
+
+    // A Service without a NodePort: a clear 503; an Ingress without a default backend: 404.
+    lab.kubectl(&["create", "service", "clusterip", "internal", "--tcp=80:8080"]);
+    lab.apply(
+        "apiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {name: strict}\nspec:\n  rules:\n  - host: strict.example\n    http:\n      paths:\n      - {path: /x, pathType: Exact, backend: {service: {name: internal, port: {number: 80}}}}\n",
+    );
+    let strict_vip = wait_for(Duration::from_secs(10), "the second Ingress's address", || {
+        let ip = lab.kubectl(&["get", "ingress", "strict", "-o", "jsonpath={.status.loadBalancer.ingress[0].ip}"]);
+        if ip.is_empty() {
+            Err("none".into())
+        } else {
+            Ok(ip)
+        }
+    });
+    let code = |args: &[&str]| {
+        let mut a = vec!["-o", "/dev/null", "-w", "%{http_code}"];
+        a.extend_from_slice(args);
+        wait_for(Duration::from_secs(10), "an answer", || match lab.curl(&a) {
+            (0, out) if out.trim() != "000" => Ok(out.trim().to_string()),
+            (c, out) => Err(format!("curl {c}: {out}")),
+        })
+    };
+    assert_eq!(code(&["-H", "Host: strict.example", &format!("http://{strict_vip}/y")]), "404");
+    assert_eq!(code(&["-H", "Host: strict.example", &format!("http://{strict_vip}/x")]), "503");
+    let (_, page) = lab.curl(&["-H", "Host: strict.example", &format!("http://{strict_vip}/x")]);
+    assert!(page.contains("Service default/internal port 80 has no NodePort"), "{page}");
+}

@@ -15,6 +15,7 @@
 pub mod error;
 pub mod health;
 pub mod l7;
+pub mod l7_proxy;
 pub mod model;
 pub mod proxy;
 pub mod routing;

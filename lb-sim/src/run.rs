@@ -1,16 +1,19 @@
 //! lb-sim assembled: watch Services and Nodes, check the nodes' health, and keep the gateway's
 //! routes, addresses and NodePort proxies in line with both.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use api::k8s_openapi::api::core::v1 as core;
+use api::k8s_openapi::api::networking::v1::Ingress;
 use node_agent::client::ApiClient;
 use node_agent::reflector::{self, Filter, Store};
 
 use crate::error::{LbError, Result};
 use crate::health::{self, Checker};
+use crate::l7;
+use crate::l7_proxy::Sites;
 use crate::model::{self, Check, Mode};
 use crate::proxy::Proxies;
 use crate::routing::{self, Ip, Wanted};
@@ -48,8 +51,12 @@ pub async fn run<I: Ip>(cfg: Config, ip: Arc<I>, shutdown: impl std::future::Fut
         ApiClient::connect_patiently(&cfg.apiserver, cfg.token.as_deref(), Some(Duration::from_secs(30))).await?;
     let services = Store::<core::Service>::new();
     let nodes = Store::<core::Node>::new();
+    let ingresses = Store::<Ingress>::new();
+    let secrets = Store::<core::Secret>::new();
     tokio::spawn(reflector::run(client.clone(), Filter::default(), services.clone()));
-    tokio::spawn(reflector::run(client, Filter::default(), nodes.clone()));
+    tokio::spawn(reflector::run(client.clone(), Filter::default(), nodes.clone()));
+    tokio::spawn(reflector::run(client.clone(), Filter::default(), ingresses.clone()));
+    tokio::spawn(reflector::run(client, Filter::default(), secrets.clone()));
     let status = Arc::new(RwLock::new(status::Shared {
         doc: Status { mode: cfg.mode.to_string(), ..Status::default() },
         counters: Default::default(),
@@ -64,24 +71,42 @@ pub async fn run<I: Ip>(cfg: Config, ip: Arc<I>, shutdown: impl std::future::Fut
     hash_by_ports();
     services.wait_synced().await;
     nodes.wait_synced().await;
-    tracing::info!(mode = %cfg.mode, "watching Services and Nodes");
+    ingresses.wait_synced().await;
+    secrets.wait_synced().await;
+    tracing::info!(mode = %cfg.mode, "watching Services, Nodes, Ingresses and Secrets");
 
     let checker = Checker::new(health::INTERVAL, health::TIMEOUT);
     let mut svc_changes = services.changes();
     let mut node_changes = nodes.changes();
     let mut health_changes = checker.changes();
+    let mut ingress_changes = ingresses.changes();
+    let mut secret_changes = secrets.changes();
     let mut proxies = Proxies::default();
+    let mut l7 = Sites::default();
     let mut applied: Option<Wanted> = None;
     let mut resync = tokio::time::interval(RESYNC);
     resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tokio::pin!(shutdown);
     loop {
         let lb_nodes = model::lb_nodes(&nodes.list());
-        let frontends = model::frontends(&services.list(), &lb_nodes, cfg.mode, cfg.node_health_port);
-        checker.set_targets(model::checks(&frontends).iter());
+        let svc_list = services.list();
+        let frontends = model::frontends(&svc_list, &lb_nodes, cfg.mode, cfg.node_health_port);
+        let sites = l7::sites(&ingresses.list(), &svc_list, &secrets.list());
+        // The L7 load balancer checks every node the way kube-proxy answers for it.
+        let node_checks: Vec<(String, IpAddr, Check)> = lb_nodes
+            .iter()
+            .map(|n| (n.name.clone(), n.ip, Check { ip: n.ip, port: cfg.node_health_port, path: "/healthz".into() }))
+            .collect();
+        let mut checks = model::checks(&frontends);
+        if !sites.is_empty() {
+            checks.extend(node_checks.iter().map(|(_, _, c)| c.clone()));
+        }
+        checker.set_targets(checks.iter());
         let healthy = |c: &Check| checker.healthy(c);
-        let want =
-            Wanted { routes: model::routes(&frontends, &healthy), addresses: model::local_addresses(&frontends) };
+        let rotation: Vec<&(String, IpAddr, Check)> = node_checks.iter().filter(|(_, _, c)| healthy(c)).collect();
+        let mut addresses = model::local_addresses(&frontends);
+        addresses.extend(sites.iter().map(|s| s.vip));
+        let want = Wanted { routes: model::routes(&frontends, &healthy), addresses };
         let mut errors = Vec::new();
         if applied.as_ref() != Some(&want) {
             let (ip2, want2) = (ip.clone(), want.clone());
@@ -96,10 +121,14 @@ pub async fn run<I: Ip>(cfg: Config, ip: Arc<I>, shutdown: impl std::future::Fut
             }
         }
         errors.extend(proxies.set(&model::proxies(&frontends, &healthy)).await);
+        let rotation_ips: Vec<IpAddr> = rotation.iter().map(|(_, ip, _)| *ip).collect();
+        errors.extend(l7.set(&sites, &rotation_ips).await);
         for e in &errors {
             tracing::warn!(error = %e, "gateway not fully in line with the Services");
         }
         let mut doc = status::build(cfg.mode, &lb_nodes, &frontends, &checker.snapshot(), |a| proxies.counters(a));
+        let rotation_names: Vec<String> = rotation.iter().map(|(n, _, _)| n.clone()).collect();
+        doc.ingresses = status::sites(&sites, &rotation_names, |v| l7.counts(v), |v| l7.tls_note(v));
         doc.error = errors.first().cloned();
         *status.write().expect("status lock") = status::Shared { doc, counters: proxies.counter_handles() };
 
@@ -108,6 +137,8 @@ pub async fn run<I: Ip>(cfg: Config, ip: Arc<I>, shutdown: impl std::future::Fut
             _ = svc_changes.changed() => {},
             _ = node_changes.changed() => {},
             _ = health_changes.changed() => {},
+            _ = ingress_changes.changed() => {},
+            _ = secret_changes.changed() => {},
             _ = resync.tick() => {
                 applied = None;
                 if !errors.is_empty() {
@@ -117,6 +148,7 @@ pub async fn run<I: Ip>(cfg: Config, ip: Arc<I>, shutdown: impl std::future::Fut
         }
     }
     proxies.stop_all();
+    l7.stop_all();
     let ip2 = ip.clone();
     tokio::task::spawn_blocking(move || routing::sync(ip2.as_ref(), &Wanted::default()))
         .await

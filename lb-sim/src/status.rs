@@ -22,6 +22,9 @@ pub struct Status {
     pub mode: String,
     pub nodes: Vec<NodeStatus>,
     pub frontends: Vec<FrontendStatus>,
+    /// The L7 load balancer's sites, one per Ingress of the lab's class.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ingresses: Vec<SiteStatus>,
     /// The last error applying routes or opening listeners (cleared by the next success).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
@@ -68,6 +71,80 @@ pub struct BackendStatus {
     pub in_rotation: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
+}
+
+/// One L7 site: its routing table as served, and what it answered.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct SiteStatus {
+    pub vip: String,
+    pub ingress: String,
+    /// `http`, or `http+https`.
+    pub listeners: String,
+    /// `secret NAMESPACE/NAME` or `generated`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub certificate: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub certificate_note: Option<String>,
+    /// `HOST PATH (TYPE) → SERVICE:PORT (nodePort N)`, in match order within each host.
+    pub rules: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub default_backend: Option<String>,
+    pub nodes_in_rotation: Vec<String>,
+    #[serde(default)]
+    pub requests: BTreeMap<String, u64>,
+}
+
+fn target_text(t: &crate::l7::Target) -> String {
+    let np = t.node_port.map(|n| format!("nodePort {n}")).unwrap_or_else(|| "no nodePort".into());
+    format!("{}:{} ({np})", t.service, t.port)
+}
+
+/// The status of the L7 sites.
+pub fn sites(
+    sites: &[crate::l7::Site],
+    in_rotation: &[String],
+    counts: impl Fn(&std::net::IpAddr) -> Option<crate::l7_proxy::SiteCounts>,
+    note: impl Fn(&std::net::IpAddr) -> Option<String>,
+) -> Vec<SiteStatus> {
+    use crate::l7::{Certificate, PathKind};
+    sites
+        .iter()
+        .map(|s| {
+            let rules = s
+                .rules
+                .iter()
+                .flat_map(|r| {
+                    let host = if r.host.is_empty() { "*".to_string() } else { r.host.clone() };
+                    r.paths.iter().map(move |p| {
+                        let kind = if p.kind == PathKind::Exact { "Exact" } else { "Prefix" };
+                        format!("{host} {} ({kind}) → {}", p.path, target_text(&p.target))
+                    })
+                })
+                .collect();
+            let c = counts(&s.vip).unwrap_or_default();
+            SiteStatus {
+                vip: s.vip.to_string(),
+                ingress: s.ingress.clone(),
+                listeners: if s.tls.is_some() { "http+https" } else { "http" }.into(),
+                certificate: s.tls.as_ref().map(|t| match t {
+                    Certificate::Secret { secret, .. } => format!("secret {secret}"),
+                    Certificate::Generated { .. } => "generated".into(),
+                }),
+                certificate_note: note(&s.vip),
+                rules,
+                default_backend: s.default.as_ref().map(target_text),
+                nodes_in_rotation: in_rotation.to_vec(),
+                requests: BTreeMap::from([
+                    ("total".to_string(), c.requests),
+                    ("proxied".to_string(), c.proxied),
+                    ("notFound".to_string(), c.not_found),
+                    ("unavailable".to_string(), c.unavailable),
+                    ("badGateway".to_string(), c.bad_gateway),
+                ]),
+            }
+        })
+        .collect()
 }
 
 /// Builds the document. `counters` gives a proxy frontend's connection counters.
@@ -144,6 +221,7 @@ pub fn build(
         mode: mode.to_string(),
         nodes: nodes.iter().map(|n| NodeStatus { name: n.name.clone(), ip: n.ip.to_string() }).collect(),
         frontends,
+        ingresses: Vec::new(),
         error: None,
     }
 }

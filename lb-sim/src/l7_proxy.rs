@@ -1,0 +1,330 @@
+//! Serves the L7 sites of [`crate::l7`]: an HTTP/1.1 reverse proxy on `VIP:80`, and on
+//! `VIP:443` (TLS) for Ingresses with `tls`. Each request is routed, sent to
+//! `node IP:nodePort` of a node in rotation (round-robin, the next node when one does not
+//! accept), with `X-Forwarded-For: <client>, <LB IP>` and `X-Forwarded-Proto`, as GCLB does.
+//! Requests it cannot place get a page that says why: 404 (no rule), 503 (no NodePort, no
+//! healthy node), 502 (no node accepted).
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock};
+
+use bytes::Bytes;
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::header::{HeaderValue, HOST};
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use serde::Serialize;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinHandle;
+
+use crate::l7::{Certificate, Route, Site};
+use crate::proxy::{ATTEMPTS, CONNECT_TIMEOUT};
+
+type Body = BoxBody<Bytes, hyper::Error>;
+
+/// What one site has answered.
+#[derive(Debug, Default)]
+pub struct SiteCounters {
+    pub requests: AtomicU64,
+    pub proxied: AtomicU64,
+    pub not_found: AtomicU64,
+    pub unavailable: AtomicU64,
+    pub bad_gateway: AtomicU64,
+}
+
+/// A snapshot of [`SiteCounters`].
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct SiteCounts {
+    pub requests: u64,
+    pub proxied: u64,
+    pub not_found: u64,
+    pub unavailable: u64,
+    pub bad_gateway: u64,
+}
+
+impl SiteCounters {
+    pub fn snapshot(&self) -> SiteCounts {
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        SiteCounts {
+            requests: l(&self.requests),
+            proxied: l(&self.proxied),
+            not_found: l(&self.not_found),
+            unavailable: l(&self.unavailable),
+            bad_gateway: l(&self.bad_gateway),
+        }
+    }
+}
+
+/// What the request handlers read: the site and the nodes in rotation.
+struct Live {
+    site: Site,
+    nodes: Vec<IpAddr>,
+}
+
+struct Running {
+    live: Arc<RwLock<Arc<Live>>>,
+    tasks: Vec<JoinHandle<()>>,
+    tls: Option<Certificate>,
+    counters: Arc<SiteCounters>,
+    /// Why the site's certificate is not the one asked for, if it is not.
+    tls_note: Option<String>,
+}
+
+/// The running sites, by address.
+#[derive(Default)]
+pub struct Sites {
+    running: BTreeMap<IpAddr, Running>,
+}
+
+impl Sites {
+    /// Makes the listeners match `sites`, sending to `nodes` (the nodes in rotation). A site
+    /// that cannot be bound yet is reported and retried at the next call.
+    pub async fn set(&mut self, sites: &[Site], nodes: &[IpAddr]) -> Vec<String> {
+        let mut errors = Vec::new();
+        self.running.retain(|vip, r| {
+            let keep = sites.iter().any(|s| s.vip == *vip && s.tls == r.tls);
+            if !keep {
+                r.tasks.iter().for_each(JoinHandle::abort);
+                tracing::info!(%vip, "stopped L7 site");
+            }
+            keep
+        });
+        for site in sites {
+            let live = Arc::new(Live { site: site.clone(), nodes: nodes.to_vec() });
+            if let Some(r) = self.running.get(&site.vip) {
+                *r.live.write().expect("site lock") = live;
+                continue;
+            }
+            match start(site, live).await {
+                Ok(r) => {
+                    tracing::info!(vip = %site.vip, ingress = %site.ingress, https = site.tls.is_some(), "L7 site listening");
+                    self.running.insert(site.vip, r);
+                }
+                Err(e) => errors.push(e),
+            }
+        }
+        errors
+    }
+
+    pub fn counts(&self, vip: &IpAddr) -> Option<SiteCounts> {
+        self.running.get(vip).map(|r| r.counters.snapshot())
+    }
+
+    pub fn tls_note(&self, vip: &IpAddr) -> Option<String> {
+        self.running.get(vip).and_then(|r| r.tls_note.clone())
+    }
+
+    pub fn stop_all(&mut self) {
+        for r in self.running.values() {
+            r.tasks.iter().for_each(JoinHandle::abort);
+        }
+        self.running.clear();
+    }
+}
+
+async fn start(site: &Site, live: Arc<Live>) -> Result<Running, String> {
+    let live = Arc::new(RwLock::new(live));
+    let counters = Arc::new(SiteCounters::default());
+    let http = TcpListener::bind((site.vip, 80)).await.map_err(|e| format!("cannot listen on {}:80: {e}", site.vip))?;
+    let mut tasks = vec![tokio::spawn(serve(http, None, live.clone(), counters.clone()))];
+    let mut tls_note = None;
+    if let Some(cert) = &site.tls {
+        let (acceptor, note) = tls_acceptor(cert)?;
+        tls_note = note;
+        let https = match TcpListener::bind((site.vip, 443)).await {
+            Ok(l) => l,
+            Err(e) => {
+                tasks.iter().for_each(JoinHandle::abort);
+                return Err(format!("cannot listen on {}:443: {e}", site.vip));
+            }
+        };
+        tasks.push(tokio::spawn(serve(https, Some(acceptor), live.clone(), counters.clone())));
+    }
+    Ok(Running { live, tasks, tls: site.tls.clone(), counters, tls_note })
+}
+
+/// The TLS acceptor of a certificate; a Secret that does not parse falls back to a generated
+/// certificate, with a note saying so.
+fn tls_acceptor(cert: &Certificate) -> Result<(tokio_rustls::TlsAcceptor, Option<String>), String> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let (chain, key, note) = match cert {
+        Certificate::Secret { secret, cert_pem, key_pem } => {
+            let chain: Result<Vec<CertificateDer<'static>>, _> = CertificateDer::pem_slice_iter(cert_pem).collect();
+            match (chain, PrivateKeyDer::from_pem_slice(key_pem)) {
+                (Ok(chain), Ok(key)) if !chain.is_empty() => (chain, key, None),
+                _ => {
+                    let (c, k) = generated(&[])?;
+                    (c, k, Some(format!("Secret {secret} holds no PEM certificate and key: serving a generated one")))
+                }
+            }
+        }
+        Certificate::Generated { names, missing } => {
+            let (c, k) = generated(names)?;
+            let note = missing.as_ref().map(|s| format!("Secret {s} not found: serving a generated certificate"));
+            (c, k, note)
+        }
+    };
+    let config = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .map_err(|e| format!("unusable certificate: {e}"))?;
+    Ok((tokio_rustls::TlsAcceptor::from(Arc::new(config)), note))
+}
+
+type Generated = (Vec<rustls::pki_types::CertificateDer<'static>>, rustls::pki_types::PrivateKeyDer<'static>);
+
+fn generated(names: &[String]) -> Result<Generated, String> {
+    let mut names = names.to_vec();
+    if names.is_empty() {
+        names.push("localhost".into());
+    }
+    let cert = rcgen::generate_simple_self_signed(names).map_err(|e| format!("cannot make a certificate: {e}"))?;
+    let key = rustls::pki_types::PrivateKeyDer::try_from(cert.signing_key.serialize_der())
+        .map_err(|e| format!("bad generated key: {e}"))?;
+    Ok((vec![cert.cert.der().clone()], key))
+}
+
+async fn serve(
+    listener: TcpListener,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    live: Arc<RwLock<Arc<Live>>>,
+    counters: Arc<SiteCounters>,
+) {
+    let next = Arc::new(AtomicUsize::new(0));
+    loop {
+        let Ok((stream, peer)) = listener.accept().await else { continue };
+        let (live, counters, next, tls) = (live.clone(), counters.clone(), next.clone(), tls.clone());
+        tokio::spawn(async move {
+            let https = tls.is_some();
+            let svc = hyper::service::service_fn(move |req| {
+                let current = live.read().expect("site lock").clone();
+                handle(req, peer, https, current, counters.clone(), next.clone())
+            });
+            let http = hyper::server::conn::http1::Builder::new();
+            match tls {
+                Some(acceptor) => {
+                    if let Ok(stream) = acceptor.accept(stream).await {
+                        let _ = http.serve_connection(TokioIo::new(stream), svc).await;
+                    }
+                }
+                None => {
+                    let _ = http.serve_connection(TokioIo::new(stream), svc).await;
+                }
+            }
+        });
+    }
+}
+
+fn page(code: StatusCode, text: String) -> Response<Body> {
+    let body = format!("{} {}\n\n{text}\n", code.as_u16(), code.canonical_reason().unwrap_or(""));
+    let mut r = Response::new(Full::new(Bytes::from(body)).map_err(|never| match never {}).boxed());
+    *r.status_mut() = code;
+    r.headers_mut().insert("content-type", HeaderValue::from_static("text/plain; charset=utf-8"));
+    r.headers_mut().insert("via", HeaderValue::from_static("1.1 podpath-lb-sim"));
+    r
+}
+
+async fn handle(
+    mut req: Request<Incoming>,
+    peer: SocketAddr,
+    https: bool,
+    live: Arc<Live>,
+    counters: Arc<SiteCounters>,
+    next: Arc<AtomicUsize>,
+) -> Result<Response<Body>, Infallible> {
+    counters.requests.fetch_add(1, Ordering::Relaxed);
+    let host = req
+        .headers()
+        .get(HOST)
+        .and_then(|h| h.to_str().ok())
+        .map(str::to_string)
+        .or_else(|| req.uri().host().map(str::to_string))
+        .unwrap_or_default();
+    let path = req.uri().path().to_string();
+    let site = &live.site;
+    let target = match site.route(&host, &path) {
+        Route::To(t) => t.clone(),
+        Route::NotFound => {
+            counters.not_found.fetch_add(1, Ordering::Relaxed);
+            let text = format!(
+                "No rule of Ingress {} matches host {host:?} and path {path:?}, and it has no default backend.",
+                site.ingress
+            );
+            return Ok(page(StatusCode::NOT_FOUND, text));
+        }
+    };
+    let Some(node_port) = target.node_port else {
+        counters.unavailable.fetch_add(1, Ordering::Relaxed);
+        let text = format!(
+            "Service {} port {} has no NodePort: the load balancer reaches Services through their NodePorts \
+             (type NodePort or LoadBalancer), or the Service does not exist.",
+            target.service, target.port
+        );
+        return Ok(page(StatusCode::SERVICE_UNAVAILABLE, text));
+    };
+    if live.nodes.is_empty() {
+        counters.unavailable.fetch_add(1, Ordering::Relaxed);
+        let text = format!("No healthy node to send {} to (Ingress {}).", target.service, site.ingress);
+        return Ok(page(StatusCode::SERVICE_UNAVAILABLE, text));
+    }
+    // As GCLB: the client, then the load balancer's own address.
+    let forwarded = match req.headers().get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
+        Some(prior) => format!("{prior}, {}, {}", peer.ip(), site.vip),
+        None => format!("{}, {}", peer.ip(), site.vip),
+    };
+    let headers = req.headers_mut();
+    if let Ok(v) = HeaderValue::from_str(&forwarded) {
+        headers.insert("x-forwarded-for", v);
+    }
+    headers.insert("x-forwarded-proto", HeaderValue::from_static(if https { "https" } else { "http" }));
+    headers.insert("via", HeaderValue::from_static("1.1 podpath-lb-sim"));
+    let start = next.fetch_add(1, Ordering::Relaxed);
+    let mut last_error = String::new();
+    for i in 0..ATTEMPTS.min(live.nodes.len()) {
+        let node = live.nodes[(start + i) % live.nodes.len()];
+        let addr = SocketAddr::new(node, node_port);
+        let stream = match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr)).await {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => {
+                last_error = format!("{addr}: {e}");
+                continue;
+            }
+            Err(_) => {
+                last_error = format!("{addr}: no answer in {} ms", CONNECT_TIMEOUT.as_millis());
+                continue;
+            }
+        };
+        let (mut sender, conn) = match hyper::client::conn::http1::handshake(TokioIo::new(stream)).await {
+            Ok(x) => x,
+            Err(e) => {
+                last_error = format!("{addr}: {e}");
+                continue;
+            }
+        };
+        tokio::spawn(conn);
+        // The request body can be sent once: after a connection is made, failures are final.
+        return Ok(match sender.send_request(req).await {
+            Ok(resp) => {
+                counters.proxied.fetch_add(1, Ordering::Relaxed);
+                resp.map(BodyExt::boxed)
+            }
+            Err(e) => {
+                counters.bad_gateway.fetch_add(1, Ordering::Relaxed);
+                page(StatusCode::BAD_GATEWAY, format!("{} via {addr} failed: {e}", target.service))
+            }
+        });
+    }
+    counters.bad_gateway.fetch_add(1, Ordering::Relaxed);
+    let text =
+        format!("No node accepted a connection to {} (NodePort {node_port}); last: {last_error}", target.service);
+    Ok(page(StatusCode::BAD_GATEWAY, text))
+}
