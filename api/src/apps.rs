@@ -180,6 +180,11 @@ fn is_zero(value: Option<&IntOrString>) -> bool {
     }
 }
 
+/// The `-o wide` columns of workloads.
+fn wide_columns() -> [Column; 3] {
+    [col("Containers", "string", 1), col("Images", "string", 1), col("Selector", "string", 1)]
+}
+
 fn containers_and_images(template: Option<&PodTemplateSpec>) -> (String, String) {
     let containers = template.and_then(|t| t.spec.as_ref()).map(|s| s.containers.clone()).unwrap_or_default();
     let names: Vec<String> = containers.iter().map(|c| c.name.clone()).collect();
@@ -268,10 +273,10 @@ impl ApiObject for Deployment {
             col("Up-to-date", "integer", 0),
             col("Available", "integer", 0),
             AGE_COLUMN,
-            col("Containers", "string", 1),
-            col("Images", "string", 1),
-            col("Selector", "string", 1),
         ]
+        .into_iter()
+        .chain(wide_columns())
+        .collect()
     }
 
     fn cells(&self, now: Timestamp) -> Vec<Value> {
@@ -340,10 +345,10 @@ impl ApiObject for ReplicaSet {
             col("Current", "integer", 0),
             col("Ready", "integer", 0),
             AGE_COLUMN,
-            col("Containers", "string", 1),
-            col("Images", "string", 1),
-            col("Selector", "string", 1),
         ]
+        .into_iter()
+        .chain(wide_columns())
+        .collect()
     }
 
     fn cells(&self, now: Timestamp) -> Vec<Value> {

@@ -502,7 +502,7 @@ fn normalized(v: Option<&Value>) -> Value {
     }
 }
 
-async fn delete_quietly(reg: &Registry, kind: Kind, ns: &str, name: &str) -> Result<(), ApiError> {
+pub(crate) async fn delete_quietly(reg: &Registry, kind: Kind, ns: &str, name: &str) -> Result<(), ApiError> {
     match reg.delete(kind, Some(ns), name, &DeleteOptions::default()).await {
         Ok(_) | Err(ApiError::NotFound { .. }) => Ok(()),
         Err(e) => Err(e),
@@ -570,7 +570,7 @@ async fn schedule(reg: &Registry) -> Result<(), ApiError> {
     Ok(())
 }
 
-fn new_time() -> Value {
+pub(crate) fn new_time() -> Value {
     let ts = jiff::Timestamp::now();
     json!(jiff::Timestamp::from_second(ts.as_second()).unwrap_or(ts).to_string())
 }

@@ -13,8 +13,9 @@ use api::k8s_openapi::api::core::v1::Pod;
 use api::Kind;
 use serde_json::{json, Value};
 
+use crate::controllers::{delete_quietly, new_time};
 use crate::error::ApiError;
-use crate::registry::{DeleteOptions, Registry, Subresource, WriteOptions};
+use crate::registry::{Registry, Subresource, WriteOptions};
 
 /// The controller reference of an object: (kind, uid) of its `controller: true` owner.
 fn controller_of(meta: &Value) -> Option<(String, String)> {
@@ -295,14 +296,9 @@ fn deployment_status(d: &Value, owned: &[&Value], new_rs: Option<&Value>, want: 
 
 // === applying the plans ===
 
-fn time_now() -> Value {
-    let ts = jiff::Timestamp::now();
-    json!(jiff::Timestamp::from_second(ts.as_second()).unwrap_or(ts).to_string())
-}
-
 /// Conditions with times: a condition keeps its times while its status, reason and message hold.
 fn with_condition_times(old: &Value, mut status: Value) -> Value {
-    let now = time_now();
+    let now = new_time();
     if let Some(conds) = status["conditions"].as_array_mut() {
         for c in conds {
             let prev = old["status"]["conditions"].as_array().and_then(|l| l.iter().find(|p| p["type"] == c["type"]));
@@ -347,13 +343,6 @@ async fn set_replicas(reg: &Registry, ns: &str, name: &str, n: i64) -> Result<()
         Ok(s)
     };
     match reg.update_scale(Kind::ReplicaSet, ns, name, change, &WriteOptions::default()).await {
-        Ok(_) | Err(ApiError::NotFound { .. }) => Ok(()),
-        Err(e) => Err(e),
-    }
-}
-
-async fn delete_quietly(reg: &Registry, kind: Kind, ns: &str, name: &str) -> Result<(), ApiError> {
-    match reg.delete(kind, Some(ns), name, &DeleteOptions::default()).await {
         Ok(_) | Err(ApiError::NotFound { .. }) => Ok(()),
         Err(e) => Err(e),
     }
