@@ -23,7 +23,8 @@ OA = sorted(glob.glob(f"{REG}/*/k8s-openapi-0.29.0/src/v1_33"))[-1]
 ROOTS = [
     ("core.v1", "Namespace"), ("core.v1", "Service"), ("core.v1", "Pod"), ("core.v1", "Node"),
     ("core.v1", "Endpoints"), ("core.v1", "Event"), ("discovery.v1", "EndpointSlice"),
-    ("apps.v1", "Deployment"), ("networking.v1", "Ingress"), ("networking.v1", "IngressClass"),
+    ("core.v1", "Secret"), ("apps.v1", "Deployment"), ("apps.v1", "ReplicaSet"),
+    ("networking.v1", "Ingress"), ("networking.v1", "IngressClass"),
 ]
 # Messages with a JSON form of their own (handled by the decoder, not the table).
 SPECIAL = {"util.intstr.IntOrString", "api.resource.Quantity", "meta.v1.Time", "meta.v1.MicroTime",

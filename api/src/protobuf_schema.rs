@@ -42,6 +42,33 @@ pub static MESSAGES: &[Message] = &[
         Field { tag: 1, json: "type", kind: Str, repeated: false, omit_empty: true },
         Field { tag: 2, json: "rollingUpdate", kind: Msg("apps.v1.RollingUpdateDeployment"), repeated: false, omit_empty: true },
     ] },
+    Message { name: "apps.v1.ReplicaSet", fields: &[
+        Field { tag: 1, json: "metadata", kind: Msg("meta.v1.ObjectMeta"), repeated: false, omit_empty: false },
+        Field { tag: 2, json: "spec", kind: Msg("apps.v1.ReplicaSetSpec"), repeated: false, omit_empty: true },
+        Field { tag: 3, json: "status", kind: Msg("apps.v1.ReplicaSetStatus"), repeated: false, omit_empty: true },
+    ] },
+    Message { name: "apps.v1.ReplicaSetCondition", fields: &[
+        Field { tag: 1, json: "type", kind: Str, repeated: false, omit_empty: false },
+        Field { tag: 2, json: "status", kind: Str, repeated: false, omit_empty: false },
+        Field { tag: 3, json: "lastTransitionTime", kind: Msg("meta.v1.Time"), repeated: false, omit_empty: true },
+        Field { tag: 4, json: "reason", kind: Str, repeated: false, omit_empty: true },
+        Field { tag: 5, json: "message", kind: Str, repeated: false, omit_empty: true },
+    ] },
+    Message { name: "apps.v1.ReplicaSetSpec", fields: &[
+        Field { tag: 1, json: "replicas", kind: I32, repeated: false, omit_empty: true },
+        Field { tag: 2, json: "selector", kind: Msg("meta.v1.LabelSelector"), repeated: false, omit_empty: false },
+        Field { tag: 3, json: "template", kind: Msg("core.v1.PodTemplateSpec"), repeated: false, omit_empty: true },
+        Field { tag: 4, json: "minReadySeconds", kind: I32, repeated: false, omit_empty: true },
+    ] },
+    Message { name: "apps.v1.ReplicaSetStatus", fields: &[
+        Field { tag: 1, json: "replicas", kind: I32, repeated: false, omit_empty: false },
+        Field { tag: 2, json: "fullyLabeledReplicas", kind: I32, repeated: false, omit_empty: true },
+        Field { tag: 3, json: "observedGeneration", kind: I64, repeated: false, omit_empty: true },
+        Field { tag: 4, json: "readyReplicas", kind: I32, repeated: false, omit_empty: true },
+        Field { tag: 5, json: "availableReplicas", kind: I32, repeated: false, omit_empty: true },
+        Field { tag: 6, json: "conditions", kind: Msg("apps.v1.ReplicaSetCondition"), repeated: true, omit_empty: true },
+        Field { tag: 7, json: "terminatingReplicas", kind: I32, repeated: false, omit_empty: true },
+    ] },
     Message { name: "apps.v1.RollingUpdateDeployment", fields: &[
         Field { tag: 1, json: "maxUnavailable", kind: Msg("util.intstr.IntOrString"), repeated: false, omit_empty: true },
         Field { tag: 2, json: "maxSurge", kind: Msg("util.intstr.IntOrString"), repeated: false, omit_empty: true },
@@ -881,6 +908,13 @@ pub static MESSAGES: &[Message] = &[
     Message { name: "core.v1.SeccompProfile", fields: &[
         Field { tag: 1, json: "type", kind: Str, repeated: false, omit_empty: false },
         Field { tag: 2, json: "localhostProfile", kind: Str, repeated: false, omit_empty: true },
+    ] },
+    Message { name: "core.v1.Secret", fields: &[
+        Field { tag: 1, json: "metadata", kind: Msg("meta.v1.ObjectMeta"), repeated: false, omit_empty: false },
+        Field { tag: 2, json: "data", kind: MapBytes, repeated: false, omit_empty: true },
+        Field { tag: 3, json: "type", kind: Str, repeated: false, omit_empty: true },
+        Field { tag: 4, json: "stringData", kind: MapString, repeated: false, omit_empty: true },
+        Field { tag: 5, json: "immutable", kind: Bool, repeated: false, omit_empty: true },
     ] },
     Message { name: "core.v1.SecretEnvSource", fields: &[
         Field { tag: 1, json: "localObjectReference", kind: Msg("core.v1.LocalObjectReference"), repeated: false, omit_empty: true },

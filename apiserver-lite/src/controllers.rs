@@ -524,7 +524,9 @@ async fn schedule(reg: &Registry) -> Result<(), ApiError> {
     }
     let (nodes, _) = reg.store.list(Kind::Node, None)?;
     let total = nodes.len();
-    let mut candidates: Vec<(usize, String)> = Vec::new();
+    // (pods on it, name, labels) of every node that takes new pods.
+    let mut candidates: Vec<(usize, String, BTreeMap<String, String>)> = Vec::new();
+    let mut not_ready = 0;
     for n in &nodes {
         let node: Node = serde_json::from_value(n.clone())?;
         let schedulable = !node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false);
@@ -535,7 +537,9 @@ async fn schedule(reg: &Registry) -> Result<(), ApiError> {
                 .filter(|p| p.pointer("/spec/nodeName").and_then(Value::as_str) == Some(name.as_str()))
                 .filter(|p| !matches!(p.pointer("/status/phase").and_then(Value::as_str), Some("Succeeded" | "Failed")))
                 .count();
-            candidates.push((count, name));
+            candidates.push((count, name, node.metadata.labels.clone().unwrap_or_default()));
+        } else {
+            not_ready += 1;
         }
     }
     for p in pending {
@@ -546,16 +550,20 @@ async fn schedule(reg: &Registry) -> Result<(), ApiError> {
         if !old.pointer("/spec/nodeName").and_then(Value::as_str).unwrap_or("").is_empty() {
             continue;
         }
+        let selector: BTreeMap<String, String> =
+            serde_json::from_value(old.pointer("/spec/nodeSelector").cloned().unwrap_or(Value::Null))
+                .unwrap_or_default();
         let mut new = old.clone();
-        let condition = match candidates.first_mut() {
-            Some((count, node)) => {
+        let fitting = candidates.iter_mut().find(|(_, _, labels)| node_selector_matches(&selector, labels));
+        let condition = match fitting {
+            Some((count, node, _)) => {
                 new["spec"]["nodeName"] = json!(node);
                 *count += 1;
                 json!({"type": "PodScheduled", "status": "True", "lastTransitionTime": new_time()})
             }
             None => json!({
                 "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-                "message": format!("0/{total} nodes are available: {total} node(s) were not ready."),
+                "message": unschedulable_message(total, not_ready, candidates.len()),
                 "lastTransitionTime": new_time(),
             }),
         };
@@ -568,6 +576,26 @@ async fn schedule(reg: &Registry) -> Result<(), ApiError> {
         reg.sync(pending).await?;
     }
     Ok(())
+}
+
+/// A pod's `nodeSelector` fits a node when the node carries every label with the same value.
+fn node_selector_matches(selector: &BTreeMap<String, String>, labels: &BTreeMap<String, String>) -> bool {
+    selector.iter().all(|(k, v)| labels.get(k) == Some(v))
+}
+
+/// The scheduler's reason, worded as kube-scheduler words it.
+fn unschedulable_message(total: usize, not_ready: usize, ready_but_unfit: usize) -> String {
+    let mut reasons = Vec::new();
+    if ready_but_unfit > 0 {
+        reasons.push(format!("{ready_but_unfit} node(s) didn't match Pod's node affinity/selector"));
+    }
+    if not_ready > 0 {
+        reasons.push(format!("{not_ready} node(s) were not ready"));
+    }
+    if reasons.is_empty() {
+        return "no nodes available to schedule pods".into();
+    }
+    format!("0/{total} nodes are available: {}.", reasons.join(", "))
 }
 
 pub(crate) fn new_time() -> Value {

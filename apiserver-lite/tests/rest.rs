@@ -662,6 +662,48 @@ async fn nodes_get_pod_cidrs_pods_get_scheduled_and_endpoints_follow_ready_pods(
 }
 
 #[tokio::test]
+async fn the_scheduler_honours_node_selectors_and_says_why_a_pod_stays_pending() {
+    let lab = lab().await;
+    for name in ["node-1", "node-2"] {
+        let mut node = ready_node(name);
+        node["metadata"]["labels"] = json!({"kubernetes.io/hostname": name});
+        lab.post("/api/v1/nodes", node).await;
+    }
+    let pod = |name: &str, selector: Value| {
+        json!({"metadata": {"name": name}, "spec": {"nodeSelector": selector,
+               "containers": [{"name": "c", "image": "podpath/echo"}]}})
+    };
+    // Three pods pinned to node-2: spreading would put one elsewhere, the selector must not.
+    for i in 0..3 {
+        lab.post(
+            "/api/v1/namespaces/default/pods",
+            pod(&format!("pinned-{i}"), json!({"kubernetes.io/hostname": "node-2"})),
+        )
+        .await;
+    }
+    for i in 0..3 {
+        let p = lab
+            .eventually(&format!("/api/v1/namespaces/default/pods/pinned-{i}"), |_, v| {
+                v["spec"]["nodeName"].is_string()
+            })
+            .await;
+        assert_eq!(p["spec"]["nodeName"], "node-2", "{p}");
+    }
+    lab.post("/api/v1/namespaces/default/pods", pod("nowhere", json!({"disk": "ssd"}))).await;
+    let p = lab
+        .eventually("/api/v1/namespaces/default/pods/nowhere", |_, v| {
+            v.pointer("/status/conditions/0/reason").is_some()
+        })
+        .await;
+    assert!(p["spec"]["nodeName"].is_null(), "{p}");
+    assert_eq!(p["status"]["conditions"][0]["reason"], "Unschedulable");
+    assert_eq!(
+        p["status"]["conditions"][0]["message"],
+        "0/2 nodes are available: 2 node(s) didn't match Pod's node affinity/selector."
+    );
+}
+
+#[tokio::test]
 async fn silent_nodes_go_not_ready_and_their_pods_are_removed_on_delete() {
     let lab = lab().await;
     lab.post("/api/v1/nodes", ready_node("node-1")).await;

@@ -10,9 +10,12 @@
 //!    against straight to the pod IP (gateway → node → pod: the bench adds a route for the
 //!    pod CIDR to the gateway of its own lab), same load generator, same run; iptables and
 //!    userspace proxy modes. New connection per request, 8 concurrent clients.
+//! 5. Requests/s through the L7 load balancer (client → Ingress address on the gateway, HTTP
+//!    terminated by lb-sim → a node's NodePort → pod) against straight to the pod, same load,
+//!    same run.
 //!
 //! Run: `cargo build --release --workspace --bins && sudo cargo bench -p podpath-e2e --bench lab`
-//! Arguments: `-- up|memory|latency|throughput` to run only some parts; env
+//! Arguments: `-- up|memory|latency|throughput|l7` to run only some parts; env
 //! `PODPATH_BENCH_SECONDS` (default 3) per throughput measurement.
 
 use std::io::{Read, Write};
@@ -328,6 +331,51 @@ fn bench_throughput() {
     }
 }
 
+fn bench_l7() {
+    let seconds: f64 = std::env::var("PODPATH_BENCH_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(3.0);
+    let (lab, _) = up(3, &[]);
+    create_pods(&lab, 1, 3);
+    let a = api(&lab);
+    let svc = serde_json::json!({
+        "apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"},
+        "spec": {"type": "NodePort", "selector": {"app": "app0"}, "ports": [{"port": 80, "targetPort": 8080}]}
+    });
+    let (code, out) = request(a, "POST", "/api/v1/namespaces/default/services", &svc.to_string()).unwrap();
+    assert_eq!(code, 201, "{out}");
+    let ingress = serde_json::json!({
+        "apiVersion": "networking.k8s.io/v1", "kind": "Ingress", "metadata": {"name": "web"},
+        "spec": {"defaultBackend": {"service": {"name": "web", "port": {"number": 80}}}}
+    });
+    let (code, out) =
+        request(a, "POST", "/apis/networking.k8s.io/v1/namespaces/default/ingresses", &ingress.to_string()).unwrap();
+    assert_eq!(code, 201, "{out}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let l7: SocketAddr =
+        format!("{}:80", v["status"]["loadBalancer"]["ingress"][0]["ip"].as_str().expect("address at create"))
+            .parse()
+            .unwrap();
+    let (_, pod) = request(a, "GET", "/api/v1/namespaces/default/pods/p0", "").unwrap();
+    let pod: serde_json::Value = serde_json::from_str(&pod).unwrap();
+    let pod_addr: SocketAddr = format!("{}:8080", pod["status"]["podIP"].as_str().unwrap()).parse().unwrap();
+    lab.exec("gateway", &["ip", "route", "add", "10.244.1.0/24", "via", "192.168.56.11"]);
+    in_netns(&lab, "client", move || {
+        let t = Instant::now();
+        while !(get_ok(l7) && get_ok(pod_addr)) {
+            assert!(t.elapsed() < Duration::from_secs(20), "paths never answered");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    });
+    let (direct, f1) = load(&lab, pod_addr, 8, seconds);
+    let (via_l7, f2) = load(&lab, l7, 8, seconds);
+    let (direct2, f3) = load(&lab, pod_addr, 8, seconds);
+    let direct = (direct + direct2) / 2.0;
+    println!(
+        "L7 LB     req/s, new connection each: Ingress address → lb-sim (HTTP) → node:nodePort (3 nodes, round-robin) → pod {via_l7:>7.0}; pod IP straight {direct:>7.0}; ratio {:.2} (failed requests: {})",
+        via_l7 / direct,
+        f1 + f2 + f3
+    );
+}
+
 fn main() {
     if !testkit::netns::root_or_explain() {
         return;
@@ -345,5 +393,8 @@ fn main() {
     }
     if run("throughput") {
         bench_throughput();
+    }
+    if run("l7") {
+        bench_l7();
     }
 }

@@ -455,3 +455,33 @@ fn kubectl_ingress_and_ingress_class() {
     ok(&srv, &["create", "ingress", "again", "--default-backend=web:80"]);
     assert_eq!(ok(&srv, &["get", "ing", "again", "-o", "jsonpath={.status.loadBalancer.ingress[0].ip}"]), address);
 }
+
+#[test]
+fn kubectl_secrets() {
+    assert!(kubectl_available(), "kubectl is required (it ships on the machine image as /usr/bin/kubectl)");
+    let srv = ApiServer::start(&[]).unwrap();
+    // kubectl's typed create sends protobuf: the byte map must come through as base64 JSON.
+    assert_eq!(
+        ok(&srv, &["create", "secret", "generic", "app", "--from-literal=user=admin", "--from-literal=pass=s3cr3t"]),
+        "secret/app created\n"
+    );
+    let rows = lines_of(&ok(&srv, &["get", "secret", "app"]));
+    assert_eq!(rows[0], ["NAME", "TYPE", "DATA", "AGE"]);
+    assert_eq!(rows[1][..3], ["app", "Opaque", "2"]);
+    assert_eq!(ok(&srv, &["get", "secret", "app", "-o", "jsonpath={.data.user}"]), "YWRtaW4=");
+    // stringData is folded into data.
+    let manifest = srv.dir.path().join("s.yaml");
+    std::fs::write(&manifest, "apiVersion: v1\nkind: Secret\nmetadata: {name: plain}\nstringData: {token: abc}\n")
+        .unwrap();
+    ok(&srv, &["apply", "-f", manifest.to_str().unwrap()]);
+    assert_eq!(ok(&srv, &["get", "secret", "plain", "-o", "jsonpath={.data.token}"]), "YWJj");
+    // A TLS Secret without its key is refused, and nothing is stored.
+    std::fs::write(
+        &manifest,
+        "apiVersion: v1\nkind: Secret\nmetadata: {name: half}\ntype: kubernetes.io/tls\ndata: {tls.crt: Y2VydA==}\n",
+    )
+    .unwrap();
+    let err = fails(&srv, &["apply", "-f", manifest.to_str().unwrap()]);
+    assert!(err.contains("data[tls.key]: Required value"), "{err}");
+    assert!(fails(&srv, &["get", "secret", "half"]).contains("NotFound"));
+}

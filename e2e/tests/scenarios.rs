@@ -46,6 +46,17 @@ fn pod(name: &str, node: &str, labels: &str, args: &str, ports: &[u16]) -> Strin
     )
 }
 
+/// A Deployment of podpath/echo pods answering with `message` (the first line of the page).
+/// `pod_spec` and `container` add fields to the template's pod spec and to its container (YAML
+/// flow mappings, e.g. `nodeSelector: {…}`).
+fn deployment(name: &str, replicas: u32, labels: &str, message: &str, pod_spec: &[&str], container: &[&str]) -> String {
+    let pod_spec: String = pod_spec.iter().map(|f| format!("      {f}\n")).collect();
+    let container: String = container.iter().map(|f| format!("        {f}\n")).collect();
+    format!(
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {{name: {name}}}\nspec:\n  replicas: {replicas}\n  selector:\n    matchLabels: {{{labels}}}\n  template:\n    metadata:\n      labels: {{{labels}}}\n    spec:\n{pod_spec}      containers:\n      - name: main\n        image: podpath/echo\n        args: [--message, {message}]\n        ports: [{{containerPort: 8080}}]\n{container}---\n"
+    )
+}
+
 /// `n` TCP connections from the external client (opened by a thread inside its namespace; a
 /// socket stays in the namespace it was made in).
 fn keepalive_connections(lab: &Lab, to: &str, n: usize) -> Vec<std::net::TcpStream> {
@@ -269,18 +280,26 @@ fn scenario_2_userspace_proxy_behind_a_nodeport_load_balancer() {
     assert!(addrs.contains(&format!("{lb_ip}/32")) && addrs.contains("lo:pplb"), "{addrs}");
 }
 
+/// Scenario 4: two Deployments (v1, v2) of `app=web-front-end`, `svc-test-1` selecting v2 with
+/// an external IP routed to a node that runs none of its pods; then NodePort, then a node
+/// failure behind a LoadBalancer.
 #[test]
-fn scenario_3_external_ip_node_port_selector_and_node_failure() {
+fn scenario_4_external_ip_node_port_selector_and_node_failure() {
     if !root_or_explain() {
         return;
     }
-    let lab = Lab::up("s3", &["--nodes", "3"]).expect("podpath up");
-    let mut yaml = pod("web-v1", "node-1", "app: web-front-end, version: v1", "\"--message\", \"v1\"", &[8080]);
-    yaml += &pod("web-v2", "node-1", "app: web-front-end, version: v2", "\"--message\", \"v2\"", &[8080]);
+    let lab = Lab::up("s4", &["--nodes", "3"]).expect("podpath up");
+    // Both Deployments on node-1 only, so node-2 (where the external IP is routed) has no pod.
+    let on_node_1 = "nodeSelector: {kubernetes.io/hostname: node-1}";
+    let mut yaml = deployment("web-v1", 1, "app: web-front-end, version: v1", "v1", &[on_node_1], &[]);
+    yaml += &deployment("web-v2", 2, "app: web-front-end, version: v2", "v2", &[on_node_1], &[]);
     yaml += "apiVersion: v1\nkind: Service\nmetadata:\n  name: svc-test-1\n  annotations: {podpath.dev/route-to-node: node-2}\nspec:\n  selector: {app: web-front-end, version: v2}\n  externalIPs: [169.10.10.1]\n  ports:\n  - {port: 80, targetPort: 8080}\n---\n";
     yaml += "apiVersion: v1\nkind: Service\nmetadata: {name: web-lb}\nspec:\n  type: LoadBalancer\n  selector: {app: web-front-end}\n  ports:\n  - {port: 80, targetPort: 8080}\n";
     lab.apply(&yaml);
-    wait_pods_ready(&lab, &["web-v1", "web-v2"]);
+    lab.kubectl(&["rollout", "status", "deployment/web-v1", "--timeout=60s"]);
+    lab.kubectl(&["rollout", "status", "deployment/web-v2", "--timeout=60s"]);
+    let nodes = lab.kubectl(&["get", "pods", "-l", "app=web-front-end", "-o", "jsonpath={.items[*].spec.nodeName}"]);
+    assert_eq!(nodes, "node-1 node-1 node-1", "the nodeSelector keeps every pod on node-1");
 
     // The gateway routes the external IP to node-2, which runs none of the pods; node-2 DNATs
     // and masquerades, so the pod sees node-2 as its client.
@@ -294,7 +313,7 @@ fn scenario_3_external_ip_node_port_selector_and_node_failure() {
     });
     assert!(route.contains("dev eth0"), "{route}");
     let page = curl_ok(&lab, "http://169.10.10.1/", &[]);
-    assert!(page.contains("v2") && field(&page, "pod") == Some("default/web-v2"), "{page}");
+    assert!(page.contains("v2") && field(&page, "pod").is_some_and(|p| p.starts_with("default/web-v2-")), "{page}");
     assert!(field(&page, "client").is_some_and(|c| c.starts_with("192.168.56.12:")), "{page}");
     let rules = lab.exec("node-2", &["iptables-save", "-t", "nat"]);
     let ext_rule = must_rule(&rules, &["-d 169.10.10.1/32", "\"default/svc-test-1 external IP\"", "--dport 80"]);
@@ -315,14 +334,14 @@ fn scenario_3_external_ip_node_port_selector_and_node_failure() {
     assert_eq!(lab.kubectl(&["get", "svc", "svc-test-1", "-o", "jsonpath={.spec.clusterIP}"]), cip);
     for node in ["192.168.56.11", "192.168.56.12", "192.168.56.13"] {
         let page = curl_ok(&lab, &format!("http://{node}:30000/"), &[]);
-        assert_eq!(field(&page, "pod"), Some("default/web-v2"), "{node}: {page}");
+        assert!(field(&page, "pod").is_some_and(|p| p.starts_with("default/web-v2-")), "{node}: {page}");
     }
 
     // The selector moves from v2 to v1: the traffic follows.
     lab.kubectl(&["patch", "svc", "svc-test-1", "--type=merge", "-p", r#"{"spec":{"selector":{"version":"v1"}}}"#]);
     wait_for(Duration::from_secs(15), "v1 to answer", || {
         let (_, page) = lab.curl(&["http://169.10.10.1/"]);
-        if field(&page, "pod") == Some("default/web-v1") {
+        if field(&page, "pod").is_some_and(|p| p.starts_with("default/web-v1-")) {
             Ok(())
         } else {
             Err(page)
@@ -376,11 +395,11 @@ fn scenario_3_external_ip_node_port_selector_and_node_failure() {
 }
 
 #[test]
-fn scenario_3_without_masquerade_the_request_through_another_node_hangs() {
+fn scenario_4_without_masquerade_the_request_through_another_node_hangs() {
     if !root_or_explain() {
         return;
     }
-    let lab = Lab::up("s3m", &["--nodes", "2", "--masquerade", "false"]).expect("podpath up");
+    let lab = Lab::up("s4m", &["--nodes", "2", "--masquerade", "false"]).expect("podpath up");
     let mut yaml = pod("web", "node-1", "app: web", "", &[8080]);
     yaml += "apiVersion: v1\nkind: Service\nmetadata:\n  name: web\n  annotations: {podpath.dev/route-to-node: node-1}\nspec:\n  selector: {app: web}\n  externalIPs: [169.10.10.1]\n  ports:\n  - {port: 80, targetPort: 8080}\n";
     lab.apply(&yaml);
@@ -507,6 +526,45 @@ fn scenario_3_ingress_through_the_l7_load_balancer() {
     assert!(rules.contains("* /cart (Prefix) → default/cart:80 (nodePort 3"), "{rules}");
     assert_eq!(site["nodesInRotation"], serde_json::json!(["node-1", "node-2"]));
 
+    // A TLS Secret signed by a CA of the test's own: once the Ingress names it, lb-sim serves
+    // that certificate, which curl verifies against the CA (no -k).
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (ca_pem, crt_pem, key_pem) = ca_and_certificate("shop.example");
+    for (file, pem) in [("ca.crt", &ca_pem), ("tls.crt", &crt_pem), ("tls.key", &key_pem)] {
+        std::fs::write(dir.path().join(file), pem).expect("write PEM");
+    }
+    let path = |f: &str| dir.path().join(f).display().to_string();
+    lab.kubectl(&[
+        "create",
+        "secret",
+        "tls",
+        "shop-tls",
+        &format!("--cert={}", path("tls.crt")),
+        &format!("--key={}", path("tls.key")),
+    ]);
+    lab.kubectl(&[
+        "patch",
+        "ingress",
+        "shop",
+        "--type=json",
+        "-p",
+        r#"[{"op":"add","path":"/spec/tls/0/secretName","value":"shop-tls"}]"#,
+    ]);
+    wait_for(Duration::from_secs(10), "lb-sim to serve the Secret's certificate", || {
+        let c = lab.lb_status()["ingresses"][0]["certificate"].clone();
+        if c == "secret default/shop-tls" {
+            Ok(())
+        } else {
+            Err(c.to_string())
+        }
+    });
+    // curl runs in the client's namespace but reads files of the host's mount namespace.
+    let resolve = format!("shop.example:443:{vip}");
+    let page = curl_ok(&lab, "https://shop.example/cart", &["--cacert", &path("ca.crt"), "--resolve", &resolve]);
+    assert!(field(&page, "pod").is_some_and(|p| p.starts_with("default/cart-")), "{page}");
+    let (code, out) = lab.curl(&["--resolve", &resolve, "https://shop.example/cart"]);
+    assert_eq!(code, 60, "without the CA the certificate is not trusted: {out}");
+
     // A Service without a NodePort: a clear 503; an Ingress without a default backend: 404.
     lab.kubectl(&["create", "service", "clusterip", "internal", "--tcp=80:8080"]);
     lab.apply(
@@ -532,4 +590,119 @@ fn scenario_3_ingress_through_the_l7_load_balancer() {
     assert_eq!(code(&["-H", "Host: strict.example", &format!("http://{strict_vip}/x")]), "503");
     let (_, page) = lab.curl(&["-H", "Host: strict.example", &format!("http://{strict_vip}/x")]);
     assert!(page.contains("Service default/internal port 80 has no NodePort"), "{page}");
+}
+
+/// A CA and a certificate it signs for `host`: (CA PEM, certificate PEM, key PEM).
+fn ca_and_certificate(host: &str) -> (String, String, String) {
+    let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).expect("CA params");
+    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca.distinguished_name.push(rcgen::DnType::CommonName, "podpath test CA");
+    ca.key_usages = vec![rcgen::KeyUsagePurpose::KeyCertSign, rcgen::KeyUsagePurpose::CrlSign];
+    let ca_key = rcgen::KeyPair::generate().expect("CA key");
+    let ca_cert = ca.self_signed(&ca_key).expect("CA certificate");
+    let issuer = rcgen::Issuer::new(ca, ca_key);
+    let key = rcgen::KeyPair::generate().expect("key");
+    let cert =
+        rcgen::CertificateParams::new(vec![host.to_string()]).expect("params").signed_by(&key, &issuer).expect("sign");
+    (ca_cert.pem(), cert.pem(), key.serialize_pem())
+}
+
+/// The `-A KUBE-SVC-…` jumps of a Service in a node's nat table: each rule's probability to
+/// 4 places ("" for the last, which takes what is left).
+fn endpoint_probabilities(lab: &Lab, node: &str, comment: &str) -> Vec<String> {
+    let rules = lab.exec(node, &["iptables-save", "-t", "nat"]);
+    rules
+        .lines()
+        .filter(|l| l.starts_with("-A KUBE-SVC-") && l.contains(comment) && l.contains("-j KUBE-SEP-"))
+        .map(|l| {
+            // iptables-save prints the kernel's 32-bit fixed point back (0.33333333349).
+            let p = l.split("--probability ").nth(1).and_then(|p| p.split(' ').next()?.parse::<f64>().ok());
+            p.map(|p| format!("{p:.4}")).unwrap_or_default()
+        })
+        .collect()
+}
+
+/// Scaling a Deployment changes the endpoint probabilities in every node's rules; a rolling
+/// update (with the usual preStop delay) keeps every request from the client answered.
+#[test]
+fn deployment_scaling_changes_probabilities_and_a_rolling_update_answers_every_request() {
+    if !root_or_explain() {
+        return;
+    }
+    let lab = Lab::up("dep", &["--nodes", "2"]).expect("podpath up");
+    // preStop sleep: the pod keeps serving while every node drops it from its rules, which is
+    // how Deployments roll without refused connections on real clusters too.
+    let mut yaml = deployment("web", 2, "app: web", "v1", &[], &["lifecycle: {preStop: {sleep: {seconds: 2}}}"]);
+    yaml += "apiVersion: v1\nkind: Service\nmetadata: {name: web}\nspec:\n  type: LoadBalancer\n  selector: {app: web}\n  ports:\n  - {name: http, port: 80, targetPort: 8080}\n";
+    lab.apply(&yaml);
+    lab.kubectl(&["rollout", "status", "deployment/web", "--timeout=60s"]);
+    let comment = "\"default/web:http -> ";
+    let expect = |want: &[&str]| {
+        for node in ["node-1", "node-2"] {
+            wait_for(Duration::from_secs(15), &format!("{node}'s rules to have probabilities {want:?}"), || {
+                let got = endpoint_probabilities(&lab, node, comment);
+                if got == want {
+                    Ok(())
+                } else {
+                    Err(format!("{got:?}"))
+                }
+            });
+        }
+    };
+    expect(&["0.5000", ""]);
+    lab.kubectl(&["scale", "deployment/web", "--replicas=3"]);
+    expect(&["0.3333", "0.5000", ""]);
+    lab.kubectl(&["scale", "deployment/web", "--replicas=1"]);
+    expect(&[""]);
+    lab.kubectl(&["scale", "deployment/web", "--replicas=3"]);
+    lab.kubectl(&["rollout", "status", "deployment/web", "--timeout=60s"]);
+    expect(&["0.3333", "0.5000", ""]);
+
+    // The rolling update: v1 → v2 while the client sends one request after another.
+    let url = format!("http://{}/", lb_ip(&lab, "web"));
+    curl_ok(&lab, &url, &[]);
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let (answers, failures) = std::thread::scope(|s| {
+        let client = s.spawn(|| {
+            let (mut answers, mut failures) = (Vec::new(), Vec::new());
+            while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                match lab.curl(&["--max-time", "5", &url]) {
+                    (0, page) if field(&page, "pod").is_some() => answers.push(page),
+                    (code, out) => failures.push(format!("curl exit {code}: {out}")),
+                }
+            }
+            (answers, failures)
+        });
+        lab.kubectl(&[
+            "patch",
+            "deployment/web",
+            "--type=json",
+            "-p",
+            r#"[{"op":"replace","path":"/spec/template/spec/containers/0/args","value":["--message","v2"]}]"#,
+        ]);
+        lab.kubectl(&["rollout", "status", "deployment/web", "--timeout=90s"]);
+        // Until the old pods have finished their preStop and gone.
+        wait_for(Duration::from_secs(30), "only v2 pods", || {
+            let pods = lab.kubectl(&["get", "pods", "-l", "app=web", "--no-headers"]);
+            if pods.lines().count() == 3 {
+                Ok(())
+            } else {
+                Err(pods)
+            }
+        });
+        std::thread::sleep(Duration::from_millis(500));
+        done.store(true, std::sync::atomic::Ordering::SeqCst);
+        client.join().expect("client thread")
+    });
+    let v1 = answers.iter().filter(|p| p.starts_with("v1\n")).count();
+    let v2 = answers.iter().filter(|p| p.starts_with("v2\n")).count();
+    eprintln!(
+        "rolling update: {} requests answered ({v1} by v1, {v2} by v2), {} failed",
+        answers.len(),
+        failures.len()
+    );
+    assert!(failures.is_empty(), "requests failed during the rolling update: {failures:?}");
+    assert!(v1 > 0 && v2 > 0, "both versions answered: v1 {v1}, v2 {v2} of {}", answers.len());
+    assert!(answers.last().is_some_and(|p| p.starts_with("v2\n")), "the last answer is v2: {:?}", answers.last());
+    expect(&["0.3333", "0.5000", ""]);
 }

@@ -329,6 +329,54 @@ fn port_of(port: &k8s_openapi::apimachinery::pkg::util::intstr::IntOrString, c: 
     }
 }
 
+/// A container's `lifecycle.preStop` handler.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PreStop {
+    Sleep(Duration),
+    Check(Check),
+}
+
+/// The preStop handler of a container (sleep, exec in the pod's namespaces, or an HTTP GET to
+/// the pod), if it has one. tcpSocket handlers are deprecated and, as in kubelet, do nothing.
+pub fn pre_stop(c: &core::Container, pod_ip: Option<IpAddr>, sandbox: ProcId, workload_bin: &Path) -> Option<PreStop> {
+    let h = c.lifecycle.as_ref()?.pre_stop.as_ref()?;
+    if let Some(s) = &h.sleep {
+        return Some(PreStop::Sleep(Duration::from_secs(s.seconds.max(0) as u64)));
+    }
+    if let Some(e) = &h.exec {
+        return Some(PreStop::Check(exec_check(sandbox, workload_bin, e)));
+    }
+    http_check(h.http_get.as_ref()?, c, pod_ip?).map(PreStop::Check)
+}
+
+/// An exec action as a check: the command runs inside the pod's namespaces.
+fn exec_check(sandbox: ProcId, workload_bin: &Path, e: &core::ExecAction) -> Check {
+    let mut argv = vec![
+        workload_bin.display().to_string(),
+        "join".into(),
+        "--sandbox".into(),
+        sandbox.pid.to_string(),
+        "--".into(),
+    ];
+    argv.extend(e.command.iter().flatten().cloned());
+    Check::Exec { argv }
+}
+
+/// An httpGet action as a check: to `host` or the pod's IP; a `Host` header becomes the host.
+fn http_check(g: &core::HTTPGetAction, c: &core::Container, pod_ip: IpAddr) -> Option<Check> {
+    let port = port_of(&g.port, c)?;
+    let addr = SocketAddr::new(g.host.as_deref().and_then(|h| h.parse().ok()).unwrap_or(pod_ip), port);
+    let headers: Vec<(String, String)> =
+        g.http_headers.iter().flatten().map(|h| (h.name.clone(), h.value.clone())).collect();
+    let host = headers.iter().find(|(k, _)| k.eq_ignore_ascii_case("host")).map(|(_, v)| v.clone());
+    Some(Check::Http {
+        addr,
+        path: g.path.clone().unwrap_or_else(|| "/".into()),
+        host,
+        headers: headers.into_iter().filter(|(k, _)| !k.eq_ignore_ascii_case("host")).collect(),
+    })
+}
+
 fn readiness(c: &core::Container, pod_ip: Option<IpAddr>, sandbox: ProcId, workload_bin: &Path) -> Readiness {
     let secs = |v: Option<i32>, d: i32| Duration::from_secs(v.unwrap_or(d).max(0) as u64);
     let mut r = Readiness {
@@ -357,28 +405,9 @@ fn readiness(c: &core::Container, pod_ip: Option<IpAddr>, sandbox: ProcId, workl
                     r.checks.push(Check::Tcp(SocketAddr::new(ip, port)));
                 }
             } else if let Some(h) = &p.http_get {
-                if let Some(port) = port_of(&h.port, c) {
-                    let addr = SocketAddr::new(h.host.as_deref().and_then(|h| h.parse().ok()).unwrap_or(ip), port);
-                    let headers: Vec<(String, String)> =
-                        h.http_headers.iter().flatten().map(|h| (h.name.clone(), h.value.clone())).collect();
-                    let host = headers.iter().find(|(k, _)| k.eq_ignore_ascii_case("host")).map(|(_, v)| v.clone());
-                    r.checks.push(Check::Http {
-                        addr,
-                        path: h.path.clone().unwrap_or_else(|| "/".into()),
-                        host,
-                        headers: headers.into_iter().filter(|(k, _)| !k.eq_ignore_ascii_case("host")).collect(),
-                    });
-                }
+                r.checks.extend(http_check(h, c, ip));
             } else if let Some(e) = &p.exec {
-                let mut argv = vec![
-                    workload_bin.display().to_string(),
-                    "join".into(),
-                    "--sandbox".into(),
-                    sandbox.pid.to_string(),
-                    "--".into(),
-                ];
-                argv.extend(e.command.iter().flatten().cloned());
-                r.checks.push(Check::Exec { argv });
+                r.checks.push(exec_check(sandbox, workload_bin, e));
             }
         }
         None => {
@@ -610,6 +639,43 @@ impl<P: Processes, E: PluginExec, A: PodApi, Q: Prober> Deps<P, E, A, Q> {
         ));
     }
 
+    /// One probe or handler: exec runs in the pod's namespaces (killed at `timeout`); the others
+    /// go to the prober.
+    async fn run_check(&self, check: &Check, timeout: Duration) -> bool {
+        match check {
+            Check::Exec { argv } => {
+                let spec = ProcSpec { argv: argv.clone(), env: vec![], log: None };
+                match self.procs.spawn(&spec).await {
+                    Ok(p) => match tokio::time::timeout(timeout, self.procs.wait(p)).await {
+                        Ok(exit) => exit == Exit::Code(0),
+                        Err(_) => {
+                            self.procs.signal(p, Sig::Kill);
+                            false
+                        }
+                    },
+                    Err(_) => false,
+                }
+            }
+            other => self.prober.probe(other, timeout).await,
+        }
+    }
+
+    /// Runs a container's preStop handler, as kubelet does before SIGTERM, within `deadline`
+    /// (the pod's grace period). Its outcome does not matter: termination goes on regardless.
+    async fn run_pre_stop(&self, pod_key: &str, container: &str, hook: &PreStop, deadline: Instant) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let finished = match hook {
+            PreStop::Sleep(d) => {
+                tokio::time::sleep((*d).min(left)).await;
+                *d <= left
+            }
+            PreStop::Check(check) => self.run_check(check, left).await,
+        };
+        if !finished {
+            tracing::warn!(pod = %pod_key, container, "preStop hook failed or ran out of the grace period");
+        }
+    }
+
     async fn run_probes(&self, c: &mut Ctr) {
         let r = &mut c.readiness;
         let now = Instant::now();
@@ -618,23 +684,7 @@ impl<P: Processes, E: PluginExec, A: PodApi, Q: Prober> Deps<P, E, A, Q> {
         }
         let mut ok = true;
         for check in &r.checks {
-            let passed = match check {
-                Check::Exec { argv } => {
-                    let spec = ProcSpec { argv: argv.clone(), env: vec![], log: None };
-                    match self.procs.spawn(&spec).await {
-                        Ok(p) => match tokio::time::timeout(r.timeout, self.procs.wait(p)).await {
-                            Ok(exit) => exit == Exit::Code(0),
-                            Err(_) => {
-                                self.procs.signal(p, Sig::Kill);
-                                false
-                            }
-                        },
-                        Err(_) => false,
-                    }
-                }
-                other => self.prober.probe(other, r.timeout).await,
-            };
-            if !passed {
+            if !self.run_check(check, r.timeout).await {
                 ok = false;
                 break;
             }
@@ -884,10 +934,20 @@ pub async fn pod_worker<P: Processes, E: PluginExec, A: PodApi, Q: Prober>(
         .unwrap_or(30)
         .max(0) as u64;
     let mut running: HashSet<ProcId> = ctrs.iter().filter_map(|c| c.rec.process).collect();
+    let deadline = Instant::now() + Duration::from_secs(grace);
+    // preStop handlers first, all containers at once, inside the grace period: this is what
+    // gives the Service's other nodes time to stop sending new connections here.
+    if let Some(r) = rec.as_ref().filter(|_| current.is_some()) {
+        let hooks = ctrs.iter().filter(|c| c.rec.process.is_some_and(|p| deps.procs.alive(p))).filter_map(|c| {
+            pre_stop(&c.spec, r.pod_ips.first().copied(), r.sandbox, &cfg.workload_bin)
+                .map(|h| (c.spec.name.clone(), h))
+        });
+        let hooks: Vec<(String, PreStop)> = hooks.collect();
+        futures::future::join_all(hooks.iter().map(|(name, h)| deps.run_pre_stop(&pod_key, name, h, deadline))).await;
+    }
     for p in &running {
         deps.procs.signal(*p, Sig::Term);
     }
-    let deadline = Instant::now() + Duration::from_secs(grace);
     while !running.is_empty() {
         tokio::select! {
             Some((_, p, _)) = exit_rx.recv() => { running.remove(&p); }

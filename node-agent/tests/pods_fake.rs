@@ -386,6 +386,98 @@ async fn deletion_terminates_gracefully_then_releases_the_network_and_deletes() 
     assert_eq!(std::fs::read_dir(w.dir.path().join("state/cni/results")).unwrap().count(), 0);
 }
 
+/// Marks the only pod deleted with `grace` seconds, as the API server does.
+fn delete_gracefully(w: &World, grace: i64) {
+    let mut deleting = w.store.list()[0].clone();
+    deleting.metadata.deletion_timestamp =
+        Some(api::k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::now()));
+    deleting.metadata.deletion_grace_period_seconds = Some(grace);
+    w.set_pods(vec![deleting]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn pre_stop_runs_before_sigterm_and_within_the_grace_period() {
+    // sleep: SIGTERM comes when the sleep ends.
+    let w = world();
+    let mut c = echo();
+    c["lifecycle"] = json!({"preStop": {"sleep": {"seconds": 2}}});
+    w.set_pods(vec![pod("web", c)]);
+    w.start();
+    w.until("Running", |w| w.api.last("web").is_some_and(|s| s.phase.as_deref() == Some("Running"))).await;
+    let t0 = tokio::time::Instant::now();
+    delete_gracefully(&w, 5);
+    w.until("SIGTERM", |w| !w.procs.signals().is_empty()).await;
+    assert_eq!(t0.elapsed().as_secs(), 2, "SIGTERM after the preStop sleep");
+    w.until("deleted", |w| !w.api.deleted.lock().unwrap().is_empty()).await;
+
+    // A sleep longer than the grace period is cut at the deadline; SIGKILL follows at once.
+    let w = world();
+    let mut c = echo();
+    c["lifecycle"] = json!({"preStop": {"sleep": {"seconds": 60}}});
+    w.set_pods(vec![pod("web", c)]);
+    w.start();
+    w.until("Running", |w| w.api.last("web").is_some_and(|s| s.phase.as_deref() == Some("Running"))).await;
+    let (workload, _) = w.procs.spawned()[0].clone();
+    w.procs.state.lock().unwrap().stubborn.insert(workload);
+    let t0 = tokio::time::Instant::now();
+    delete_gracefully(&w, 3);
+    w.until("deleted", |w| !w.api.deleted.lock().unwrap().is_empty()).await;
+    assert_eq!(t0.elapsed().as_secs(), 3);
+    let sigs: Vec<Sig> = w.procs.signals().iter().filter(|(p, _)| *p == workload).map(|(_, s)| *s).collect();
+    assert_eq!(sigs, [Sig::Term, Sig::Kill]);
+
+    // exec: the command runs in the pod's namespaces before SIGTERM.
+    let w = world();
+    let mut c = echo();
+    c["lifecycle"] = json!({"preStop": {"exec": {"command": ["/bin/sh", "-c", "nginx -s quit"]}}});
+    w.set_pods(vec![pod("web", c)]);
+    w.start();
+    w.until("Running", |w| w.api.last("web").is_some_and(|s| s.phase.as_deref() == Some("Running"))).await;
+    delete_gracefully(&w, 5);
+    w.until("the hook spawned", |w| w.procs.spawned().len() == 2).await;
+    let (hook, spec) = w.procs.spawned()[1].clone();
+    let sandbox = w.procs.state.lock().unwrap().sandboxes[0];
+    assert_eq!(
+        spec.argv,
+        [
+            "/opt/podpath/podpath-workload",
+            "join",
+            "--sandbox",
+            &sandbox.pid.to_string(),
+            "--",
+            "/bin/sh",
+            "-c",
+            "nginx -s quit"
+        ]
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(w.procs.signals().is_empty(), "no SIGTERM while the hook runs");
+    w.procs.exit(hook, Exit::Code(0));
+    w.until("deleted", |w| !w.api.deleted.lock().unwrap().is_empty()).await;
+    let (workload, _) = w.procs.spawned()[0].clone();
+    let sigs: Vec<Sig> = w.procs.signals().iter().filter(|(p, _)| *p == workload).map(|(_, s)| *s).collect();
+    assert_eq!(sigs, [Sig::Term]);
+}
+
+#[test]
+fn pre_stop_handlers_from_the_spec() {
+    let c: core::Container = serde_json::from_value(json!({"name": "web", "ports": [{"name": "http", "containerPort": 8080}],
+        "lifecycle": {"preStop": {"httpGet": {"path": "/drain", "port": "http", "httpHeaders": [{"name": "Host", "value": "web"}]}}}}))
+    .unwrap();
+    let sandbox = ProcId { pid: 42, start_time: 1 };
+    let ip: IpAddr = "10.244.1.5".parse().unwrap();
+    assert_eq!(
+        pods::pre_stop(&c, Some(ip), sandbox, Path::new("/w")),
+        Some(pods::PreStop::Check(Check::Http {
+            addr: "10.244.1.5:8080".parse().unwrap(),
+            path: "/drain".into(),
+            host: Some("web".into()),
+            headers: vec![]
+        }))
+    );
+    assert_eq!(pods::pre_stop(&core::Container::default(), Some(ip), sandbox, Path::new("/w")), None);
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_restarted_agent_adopts_running_pods_and_cleans_up_deleted_ones() {
     // First agent: two pods.
