@@ -3,6 +3,7 @@
 //! `<state-dir>/lab.json`; `down` undoes exactly that, also when the processes already died.
 
 pub mod plan;
+pub mod trace;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};

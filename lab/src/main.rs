@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 use std::process::Command;
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
@@ -81,6 +82,24 @@ enum Cmd {
         url: String,
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         curl_args: Vec<String>,
+    },
+    /// Follow one real HTTP request through the lab, hop by hop and rule by rule: the kernel's
+    /// trace of every rule its first packet hits on each host, each host's NAT of it
+    /// (conntrack), the routes taken, and the Kubernetes objects behind them.
+    Trace {
+        #[command(flatten)]
+        which: Which,
+        /// http://IP[:PORT]/PATH or IP:PORT (LoadBalancer, external, cluster, node or pod IP).
+        target: String,
+        /// Where the request starts: client, gateway, node-N or pod/NAMESPACE/NAME.
+        #[arg(long, default_value = "client")]
+        from: String,
+        /// text (coloured on a terminal) or json.
+        #[arg(long, short, default_value = "text")]
+        output: String,
+        /// Give up on the request after this many seconds.
+        #[arg(long, default_value_t = 3.0)]
+        timeout: f64,
     },
     /// Print a component's log: apiserver-lite, lb-sim or node-N.
     Logs {
@@ -184,6 +203,30 @@ fn run() -> Result<()> {
             cmd.extend(curl_args);
             cmd.push(url);
             exec(&lab::exec_argv(&which.state()?, "client", &cmd)?)?;
+        }
+        Cmd::Trace { which, target, from, output, timeout } => {
+            lab::preflight()?;
+            if !matches!(output.as_str(), "text" | "json") {
+                bail!("--output {output:?}: use text or json");
+            }
+            if !(timeout > 0.0 && timeout <= 60.0) {
+                bail!("--timeout {timeout}: give 0 < seconds <= 60");
+            }
+            let (dst, path, host_header) = lab::trace::run::parse_target(&target)?;
+            let req =
+                lab::trace::run::Request { from, dst, path, host_header, timeout: Duration::from_secs_f64(timeout) };
+            let t = lab::trace::run::trace(&which.state()?, &req)?;
+            match output.as_str() {
+                "json" => print!("{}", lab::trace::render::json(&t)),
+                _ => {
+                    use std::io::IsTerminal;
+                    let colour = std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none();
+                    print!("{}", lab::trace::render::text(&t, lab::trace::render::Style { colour }));
+                }
+            }
+            if !t.outcome.answered {
+                std::process::exit(2);
+            }
         }
         Cmd::Logs { which, component } => {
             let st = which.state()?;

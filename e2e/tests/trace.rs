@@ -1,0 +1,246 @@
+//! `podpath trace` in real labs: the hops and the decisive rules of each walkthrough's request,
+//! failed requests with where they stopped, and nothing left behind (also on Ctrl-C). Root only.
+
+use std::time::{Duration, Instant};
+
+use podpath_e2e::{bin, wait_for, Lab};
+use testkit::netns::{host_state, root_or_explain};
+
+fn trace_json(lab: &Lab, args: &[&str]) -> (bool, serde_json::Value) {
+    let mut a = vec!["--output", "json"];
+    a.extend_from_slice(args);
+    let (ok, out) = lab.run("trace", &a);
+    let v = serde_json::from_str(&out).unwrap_or_else(|e| panic!("trace output is not JSON ({e}): {out}"));
+    (ok, v)
+}
+
+fn hosts(t: &serde_json::Value) -> Vec<String> {
+    t["hops"].as_array().unwrap().iter().map(|h| h["host"].as_str().unwrap().to_string()).collect()
+}
+
+/// Every step text of a hop, joined.
+fn steps_of(t: &serde_json::Value, host: &str) -> String {
+    let hop = t["hops"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|h| h["host"] == host)
+        .unwrap_or_else(|| panic!("no hop {host}: {t:#}"));
+    hop["steps"].as_array().unwrap().iter().map(|s| s["text"].as_str().unwrap()).collect::<Vec<_>>().join("\n")
+}
+
+/// No trace chain in any namespace of the lab.
+fn assert_no_trace_rules(lab: &Lab) {
+    for h in ["client", "gateway", "node-1", "node-2"] {
+        let raw = lab.exec(h, &["iptables-save", "-t", "raw"]);
+        assert!(!raw.contains("PODPATH-TRACE"), "trace rules left on {h}:\n{raw}");
+    }
+}
+
+fn lb_ip(lab: &Lab, svc: &str) -> String {
+    wait_for(Duration::from_secs(10), "an LB IP", || {
+        let ip = lab.kubectl(&["get", "svc", svc, "-o", "jsonpath={.status.loadBalancer.ingress[0].ip}"]);
+        if ip.is_empty() {
+            Err("none".into())
+        } else {
+            Ok(ip)
+        }
+    })
+}
+
+/// Scenario 1: client → gateway (passthrough) → a node's KUBE-EXT/SVC/SEP chains → pod.
+#[test]
+fn trace_a_load_balancer_request_hop_by_hop_then_with_no_endpoints() {
+    if !root_or_explain() {
+        return;
+    }
+    let before = host_state();
+    let lab = Lab::up("trc", &["--nodes", "2"]).expect("podpath up");
+    lab.kubectl(&["create", "deployment", "web", "--image=podpath/echo", "--replicas=2", "--port=8080"]);
+    lab.kubectl(&["expose", "deployment", "web", "--type=LoadBalancer", "--port=80", "--target-port=8080"]);
+    lab.kubectl(&["rollout", "status", "deployment/web", "--timeout=60s"]);
+    let vip = lb_ip(&lab, "web");
+    let url = format!("http://{vip}/");
+    wait_for(Duration::from_secs(20), "the Service to answer", || match lab.curl(&[&url]) {
+        (0, _) => Ok(()),
+        (c, o) => Err(format!("{c}: {o}")),
+    });
+    let pod_ips = lab.kubectl(&["get", "pods", "-l", "app=web", "-o", "jsonpath={.items[*].status.podIP}"]);
+    let t0 = Instant::now();
+    let (ok, t) = trace_json(&lab, &[&url]);
+    eprintln!("one trace took {:.0} ms", t0.elapsed().as_secs_f64() * 1000.0);
+    assert!(ok, "{t:#}");
+    let path = hosts(&t);
+    assert_eq!(path[..2], ["client", "gateway"], "{t:#}");
+    let entry = path[2].clone();
+    assert!(entry.starts_with("node-"), "{path:?}");
+    assert!(steps_of(&t, "client").starts_with(&format!("route {vip} via 203.0.113.1")));
+    assert!(
+        steps_of(&t, "gateway").starts_with(&format!("route {vip} → {entry} (passthrough LB of default/web")),
+        "{t:#}"
+    );
+    let node = steps_of(&t, &entry);
+    assert!(
+        node.contains("\"default/web loadbalancer IP\"; masquerade mark (externalTrafficPolicy: Cluster)"),
+        "{node}"
+    );
+    assert!(node.contains(" of 2 (") && node.contains("→ KUBE-SEP-"), "{node}");
+    let pod_ip = t["pod"].as_str().map(|p| p.to_string()).expect("a pod got it");
+    assert!(pod_ip.starts_with("default/web-"), "{t:#}");
+    let dnat = t["hops"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|h| h["steps"].as_array().unwrap())
+        .find(|s| s["kind"] == "dnat")
+        .expect("a DNAT step");
+    let to = dnat["text"].as_str().unwrap().split_whitespace().nth(1).unwrap().split(':').next().unwrap().to_string();
+    assert!(pod_ips.split_whitespace().any(|p| p == to), "DNAT to a pod of the Service: {to} vs {pod_ips}");
+    assert_eq!(dnat["object"], "EndpointSlice endpoint of Service default/web");
+    assert!(node.contains("POSTROUTING MASQUERADE → source "), "{node}");
+    assert_eq!(t["outcome"]["status"], 200);
+    // The conntrack entry of the node that translated the flow, and what the pod saw.
+    let ct = t["conntrack"][0].as_str().unwrap();
+    assert!(
+        ct.starts_with(&format!("{entry}: 203.0.113.10:")) && ct.contains(&format!("→{vip}:80 ⇄ {to}:8080→")),
+        "{ct}"
+    );
+    let saw = t["pod_saw"].as_str().unwrap();
+    assert!(
+        saw.starts_with("192.168.56.") || saw.starts_with("10.244."),
+        "the pod sees the node, not the client: {saw}"
+    );
+    assert_no_trace_rules(&lab);
+
+    // Text output: numbered hops, the decisive rule under the DNAT.
+    let (ok, text) = lab.run("trace", &[&url]);
+    assert!(ok, "{text}");
+    assert!(text.starts_with("client 203.0.113.10:"), "{text}");
+    assert!(text.contains("2 gateway") && text.contains("-j DNAT --to-destination"), "{text}");
+    assert!(text.contains("answered 200 in "), "{text}");
+
+    // No endpoints: REJECT on the node the gateway picked, and the trace says so.
+    lab.kubectl(&["scale", "deployment/web", "--replicas=0"]);
+    let (ok, t) = wait_for(Duration::from_secs(15), "the REJECT rule", || {
+        let (ok, t) = trace_json(&lab, &[&url]);
+        if t["stopped"].as_str().is_some_and(|s| s.contains("has no endpoints")) {
+            Ok((ok, t))
+        } else {
+            Err(format!("{t:#}"))
+        }
+    });
+    assert!(!ok, "a failed request exits non-zero");
+    let stop = t["hops"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|h| h["steps"].as_array().unwrap().iter().any(|s| s["kind"] == "stop"));
+    let stop = stop.unwrap_or_else(|| panic!("a hop with a stop step: {t:#}"));
+    assert!(stop["host"].as_str().unwrap().starts_with("node-"), "{t:#}");
+    let step = stop["steps"].as_array().unwrap().iter().find(|s| s["kind"] == "stop").unwrap();
+    assert_eq!(step["text"], "filter KUBE-EXTERNAL-SERVICES: default/web has no endpoints");
+    assert!(step["rule"].as_str().unwrap().ends_with("-j REJECT --reject-with icmp-port-unreachable"));
+    assert!(t["outcome"]["error"].as_str().unwrap().contains("refused"), "{t:#}");
+    assert_no_trace_rules(&lab);
+    drop(lab);
+    assert_eq!(host_state(), before, "the host namespace changed");
+}
+
+/// Scenario 4 without masquerade: the reply leaves the pod's node straight to the client,
+/// which drops it; the trace shows the reply path and says so. Ctrl-C leaves nothing behind.
+#[test]
+fn trace_shows_where_an_unmasqueraded_request_stops_and_ctrl_c_cleans_up() {
+    if !root_or_explain() {
+        return;
+    }
+    let lab = Lab::up("trm", &["--nodes", "2", "--masquerade", "false"]).expect("podpath up");
+    lab.apply(
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: web, labels: {app: web}}\nspec:\n  nodeName: node-1\n  containers:\n  - {name: main, image: podpath/echo, ports: [{containerPort: 8080}]}\n---\n\
+         apiVersion: v1\nkind: Service\nmetadata:\n  name: web\n  annotations: {podpath.dev/route-to-node: node-2}\nspec:\n  selector: {app: web}\n  externalIPs: [169.10.10.1]\n  ports:\n  - {port: 80, targetPort: 8080}\n",
+    );
+    lab.kubectl(&["wait", "--for=condition=Ready", "pod/web", "--timeout=60s"]);
+    wait_for(Duration::from_secs(10), "the route to node-2", || {
+        let r = lab.exec("gateway", &["ip", "route", "get", "169.10.10.1"]);
+        if r.contains("via 192.168.56.12") {
+            Ok(())
+        } else {
+            Err(r)
+        }
+    });
+    let (ok, t) = wait_for(Duration::from_secs(15), "the DNAT on node-2", || {
+        let (ok, t) = trace_json(&lab, &["--timeout", "1", "http://169.10.10.1/"]);
+        if t["hops"].as_array().is_some_and(|h| h.len() >= 4) {
+            Ok((ok, t))
+        } else {
+            Err(format!("{t:#}"))
+        }
+    });
+    assert!(!ok);
+    assert_eq!(hosts(&t), ["client", "gateway", "node-2", "node-1"], "{t:#}");
+    assert!(steps_of(&t, "node-2").contains("DNAT 10.244.1."), "{t:#}");
+    assert!(!steps_of(&t, "node-2").contains("MASQUERADE"), "{t:#}");
+    assert_eq!(t["reply_path"], serde_json::json!(["node-1", "gateway", "client"]), "{t:#}");
+    let stopped = t["stopped"].as_str().unwrap();
+    assert!(
+        stopped.starts_with("the reply reached client from 10.244.1.")
+            && stopped.contains("(pod default/web) instead of 169.10.10.1"),
+        "{stopped}"
+    );
+    assert_no_trace_rules(&lab);
+
+    // Ctrl-C while the probe waits: exit 130, rules and monitors gone.
+    let child = std::process::Command::new(bin("podpath"))
+        .args([
+            "trace",
+            "--name",
+            &lab.name,
+            "--state-dir",
+            lab.state.to_str().unwrap(),
+            "--timeout",
+            "10",
+            "http://169.10.10.1/",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run podpath trace");
+    wait_for(Duration::from_secs(10), "the trace rules", || {
+        let raw = lab.exec("node-1", &["iptables-save", "-t", "raw"]);
+        if raw.contains("PODPATH-TRACE") {
+            Ok(())
+        } else {
+            Err(raw)
+        }
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGINT).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(130), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("trace rules removed"));
+    assert_no_trace_rules(&lab);
+}
+
+#[test]
+fn trace_refuses_bad_targets_with_one_line() {
+    if !root_or_explain() {
+        return;
+    }
+    let lab = Lab::up("trb", &["--nodes", "1"]).expect("podpath up");
+    for (args, want) in [
+        (vec!["example.com"], "give http://IP[:PORT]/PATH or IP:PORT"),
+        (vec!["https://198.51.100.1/"], "trace speaks HTTP only"),
+        (vec!["--from", "node-7", "10.96.0.1:80"], "--from \"node-7\": use client, gateway, node-1…node-1"),
+        (vec!["--output", "svg", "10.96.0.1:80"], "--output \"svg\": use text or json"),
+    ] {
+        let (ok, out) = lab.run("trace", &args);
+        assert!(!ok, "{args:?}: {out}");
+        assert!(out.contains(want) && out.trim().lines().count() == 1, "{args:?}: {out}");
+    }
+    assert_no_trace_rules_1(&lab);
+}
+
+fn assert_no_trace_rules_1(lab: &Lab) {
+    for h in ["client", "gateway", "node-1"] {
+        assert!(!lab.exec(h, &["iptables-save", "-t", "raw"]).contains("PODPATH-TRACE"));
+    }
+}

@@ -1,0 +1,9 @@
+//! `podpath trace`: one real request followed hop by hop, rule by rule. The kernel's netfilter
+//! trace (raw-table `TRACE` rules matching the probe, read back with `xtables-monitor`) shows
+//! every rule the request's first packet hits on every host; conntrack shows each host's NAT of
+//! the flow; `ip route get` shows where each host sent it; the API names the objects.
+
+pub mod model;
+pub mod parse;
+pub mod render;
+pub mod run;

@@ -1,0 +1,288 @@
+//! Parsers (pure) for what the kernel tells a trace: `xtables-monitor --trace` output and
+//! `conntrack -L` lines.
+
+use std::net::{Ipv4Addr, SocketAddrV4};
+
+use serde::Serialize;
+
+/// One rule (or policy) a traced packet hit: `nat:KUBE-SVC-X:rule:0x2b:JUMP:KUBE-SEP-Y  -4 -t
+/// nat -A KUBE-SVC-X …`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RuleHit {
+    pub table: String,
+    pub chain: String,
+    /// `rule`, `policy` or `return`.
+    pub kind: String,
+    /// `ACCEPT`, `DROP`, `CONTINUE`, `JUMP:CHAIN`, `GOTO:CHAIN`, `RETURN`, or empty.
+    pub verdict: String,
+    /// The rule as `iptables-save` prints it (`-A CHAIN …`), for `rule` hits.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rule: Option<String>,
+}
+
+impl RuleHit {
+    /// The chain a `JUMP:`/`GOTO:` verdict enters.
+    pub fn target_chain(&self) -> Option<&str> {
+        self.verdict.strip_prefix("JUMP:").or_else(|| self.verdict.strip_prefix("GOTO:"))
+    }
+    /// The rule's `--comment`, unquoted.
+    pub fn comment(&self) -> Option<String> {
+        comment_of(self.rule.as_deref()?)
+    }
+}
+
+/// The `--comment` of a rule in iptables-save form, unquoted.
+pub fn comment_of(rule: &str) -> Option<String> {
+    let rest = rule.split("--comment ").nth(1)?;
+    Some(match rest.strip_prefix('"') {
+        Some(q) => q.split('"').next().unwrap_or_default().to_string(),
+        None => rest.split(' ').next().unwrap_or_default().to_string(),
+    })
+}
+
+/// A packet at one hook of one namespace, with the rules it hit there.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Observation {
+    /// The kernel's trace id (the same skb keeps it through the hooks of one namespace).
+    pub id: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub iif: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub oif: Option<String>,
+    pub proto: String,
+    pub src: SocketAddrV4,
+    pub dst: SocketAddrV4,
+    pub flags: Vec<String>,
+    pub ttl: u8,
+    pub tos: u8,
+    pub ip_id: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mark: Option<String>,
+    pub hits: Vec<RuleHit>,
+}
+
+impl Observation {
+    pub fn has_flag(&self, f: &str) -> bool {
+        self.flags.iter().any(|x| x == f)
+    }
+    /// A connection's first packet (SYN without ACK).
+    pub fn is_syn(&self) -> bool {
+        self.has_flag("SYN") && !self.has_flag("ACK")
+    }
+    pub fn is_syn_ack(&self) -> bool {
+        self.has_flag("SYN") && self.has_flag("ACK")
+    }
+    /// `table:CHAIN` of the hook (the first hit's base chain).
+    pub fn hook(&self) -> Option<String> {
+        self.hits.first().map(|h| format!("{}:{}", h.table, h.chain))
+    }
+    /// The last verdict that decided the packet's fate here (a DROP, or the last ACCEPT).
+    pub fn final_hit(&self) -> Option<&RuleHit> {
+        self.hits.iter().rev().find(|h| matches!(h.verdict.as_str(), "ACCEPT" | "DROP"))
+    }
+}
+
+/// Parses `xtables-monitor --trace` output. Lines it does not know are skipped (the tool also
+/// prints rule-set change events).
+pub fn parse_monitor(text: &str) -> Vec<Observation> {
+    let mut out: Vec<Observation> = Vec::new();
+    for line in text.lines() {
+        let line = line.trim_start();
+        if let Some(rest) = line.strip_prefix("PACKET: ") {
+            if let Some(o) = parse_packet(rest) {
+                out.push(o);
+            }
+        } else if let Some(rest) = line.strip_prefix("TRACE: ") {
+            let mut parts = rest.splitn(3, ' ');
+            let (_family, id, body) = (parts.next(), parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+            let Some(o) = out.iter_mut().rev().find(|o| o.id == id) else { continue };
+            if let Some(hit) = parse_hit(body) {
+                o.hits.push(hit);
+            }
+        }
+    }
+    out
+}
+
+fn parse_packet(rest: &str) -> Option<Observation> {
+    let mut words = rest.split_whitespace();
+    let _family = words.next()?;
+    let id = words.next()?.to_string();
+    let mut o = Observation {
+        id,
+        iif: None,
+        oif: None,
+        proto: String::new(),
+        src: SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0),
+        dst: SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0),
+        flags: vec![],
+        ttl: 0,
+        tos: 0,
+        ip_id: 0,
+        mark: None,
+        hits: vec![],
+    };
+    let (mut src, mut dst, mut sport, mut dport) = (None, None, 0, 0);
+    for w in words {
+        match w.split_once('=') {
+            Some(("IN", v)) if !v.is_empty() => o.iif = Some(v.into()),
+            Some(("OUT", v)) if !v.is_empty() => o.oif = Some(v.into()),
+            Some(("SRC", v)) => src = v.parse().ok(),
+            Some(("DST", v)) => dst = v.parse().ok(),
+            Some(("SPORT", v)) => sport = v.parse().unwrap_or(0),
+            Some(("DPORT", v)) => dport = v.parse().unwrap_or(0),
+            Some(("TTL", v)) => o.ttl = v.parse().unwrap_or(0),
+            Some(("ID", v)) => o.ip_id = v.parse().unwrap_or(0),
+            Some(("TOS", v)) => o.tos = u8::from_str_radix(v.trim_start_matches("0x"), 16).unwrap_or(0),
+            Some(("MARK", v)) => o.mark = Some(v.into()),
+            Some(("PROTO", v)) => o.proto = v.into(),
+            Some(_) => {}
+            None if w.chars().all(|c| c.is_ascii_uppercase()) && w != "DF" => o.flags.push(w.into()),
+            None => {}
+        }
+    }
+    if o.proto.is_empty() {
+        o.proto = if o.flags.is_empty() { "UDP" } else { "TCP" }.into();
+    }
+    o.src = SocketAddrV4::new(src?, sport);
+    o.dst = SocketAddrV4::new(dst?, dport);
+    Some(o)
+}
+
+fn parse_hit(body: &str) -> Option<RuleHit> {
+    let (head, rule) = match body.split_once("  ") {
+        Some((h, r)) => (h.trim(), Some(r.trim())),
+        None => (body.trim(), None),
+    };
+    let mut f = head.splitn(5, ':');
+    let table = f.next()?.to_string();
+    let chain = f.next()?.to_string();
+    let kind = f.next()?.to_string();
+    let (verdict, rule) = match kind.as_str() {
+        "rule" => {
+            let _handle = f.next();
+            (f.next().unwrap_or("").to_string(), rule.map(save_form))
+        }
+        _ => (f.next().unwrap_or("").to_string(), None),
+    };
+    Some(RuleHit { table, chain, kind, verdict, rule })
+}
+
+/// `-4 -t nat -A CHAIN …` → `-A CHAIN …` (the form of `iptables-save`).
+fn save_form(rule: &str) -> String {
+    let r = rule.strip_prefix("-4 ").unwrap_or(rule);
+    match r.strip_prefix("-t ") {
+        Some(rest) => rest.split_once(' ').map(|(_, r)| r).unwrap_or(rest).to_string(),
+        None => r.to_string(),
+    }
+}
+
+/// A connection-tracking entry: the original direction and the reply direction as the kernel
+/// expects it (NAT shows as the difference).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CtEntry {
+    pub proto: String,
+    pub state: String,
+    pub orig: (SocketAddrV4, SocketAddrV4),
+    pub reply: (SocketAddrV4, SocketAddrV4),
+}
+
+impl CtEntry {
+    /// Whether the kernel translates this flow (DNAT and/or SNAT).
+    pub fn is_natted(&self) -> bool {
+        self.orig != (self.reply.1, self.reply.0)
+    }
+}
+
+/// Parses `conntrack -L` output (tcp and udp entries; others are skipped).
+pub fn parse_conntrack(text: &str) -> Vec<CtEntry> {
+    text.lines().filter_map(parse_ct_line).collect()
+}
+
+fn parse_ct_line(line: &str) -> Option<CtEntry> {
+    let mut words = line.split_whitespace();
+    let proto = words.next()?.to_string();
+    if proto != "tcp" && proto != "udp" {
+        return None;
+    }
+    let mut state = String::new();
+    let (mut ips, mut ports) = (Vec::new(), Vec::new());
+    for w in words {
+        match w.split_once('=') {
+            Some(("src" | "dst", v)) => ips.push(v.parse::<Ipv4Addr>().ok()?),
+            Some(("sport" | "dport", v)) => ports.push(v.parse::<u16>().ok()?),
+            None if w.chars().all(|c| c.is_ascii_uppercase() || c == '_') && !w.is_empty() => state = w.into(),
+            _ => {}
+        }
+    }
+    if ips.len() < 4 || ports.len() < 4 {
+        return None;
+    }
+    let sa = |i: usize| SocketAddrV4::new(ips[i], ports[i]);
+    Some(CtEntry { proto, state, orig: (sa(0), sa(1)), reply: (sa(2), sa(3)) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NODE: &str = r#"PACKET: 2 d1d55715 IN=eth0 MACSRC=8a:10:aa:c2:2f:88 MACDST=9a:ad:3b:c4:8e:76 MACPROTO=0800 SRC=203.0.113.10 DST=198.51.100.1 LEN=60 TOS=0xb4 TTL=63 ID=60600 DF SPORT=45678 DPORT=80 SYN 
+ TRACE: 2 d1d55715 raw:PREROUTING:rule:0x2:CONTINUE  -4 -t raw -A PREROUTING -j PODPATH-TRACE
+ TRACE: 2 d1d55715 raw:PREROUTING:policy:ACCEPT 
+PACKET: 2 d1d55715 IN=eth0 MACSRC=8a:10:aa:c2:2f:88 MACDST=9a:ad:3b:c4:8e:76 MACPROTO=0800 SRC=203.0.113.10 DST=198.51.100.1 LEN=60 TOS=0xb4 TTL=63 ID=60600 DF SPORT=45678 DPORT=80 SYN 
+ TRACE: 2 d1d55715 nat:PREROUTING:rule:0x15:JUMP:KUBE-SERVICES  -4 -t nat -A PREROUTING -m comment --comment "kubernetes service portals" -j KUBE-SERVICES
+ TRACE: 2 d1d55715 nat:KUBE-SERVICES:rule:0x24:JUMP:KUBE-EXT-LOLE4ISW44XBNF3G  -4 -t nat -A KUBE-SERVICES -d 198.51.100.1/32 -p tcp -m comment --comment "default/web loadbalancer IP" -m tcp --dport 80 -j KUBE-EXT-LOLE4ISW44XBNF3G
+ TRACE: 2 d1d55715 nat:KUBE-SEP-5Q3P56IRA2PP7VYF:rule:0x28:ACCEPT  -4 -t nat -A KUBE-SEP-5Q3P56IRA2PP7VYF -p tcp -m comment --comment "default/web" -m tcp -j DNAT --to-destination 10.244.2.2:8080
+ TRACE: 2 d1d55715 nat:KUBE-SERVICES:return:
+PACKET: 2 d1d55715 IN=eth0 OUT=cni0 MACSRC=8a:10:aa:c2:2f:88 MACDST=9a:ad:3b:c4:8e:76 MACPROTO=0800 SRC=203.0.113.10 DST=10.244.2.2 LEN=60 TOS=0xb4 TTL=62 ID=60600 DF SPORT=45678 DPORT=8080 SYN MARK=0x4000 
+ TRACE: 2 d1d55715 filter:KUBE-FORWARD:rule:0x8:ACCEPT  -4 -t filter -A KUBE-FORWARD -m comment --comment "kubernetes forwarding rules" -m mark --mark 0x4000/0x4000 -j ACCEPT
+PACKET: 2 a7ab5471 IN=eth0 SRC=198.51.100.1 DST=203.0.113.10 LEN=52 TOS=0x0 TTL=63 ID=0 DF SPORT=80 DPORT=45678 SYN ACK 
+"#;
+
+    #[test]
+    fn monitor_output_becomes_observations_with_their_rule_hits() {
+        let obs = parse_monitor(NODE);
+        assert_eq!(obs.len(), 4);
+        let nat = &obs[1];
+        assert_eq!((nat.iif.as_deref(), nat.oif.as_deref()), (Some("eth0"), None));
+        assert_eq!(nat.src, "203.0.113.10:45678".parse().unwrap());
+        assert_eq!(nat.dst, "198.51.100.1:80".parse().unwrap());
+        assert!(nat.is_syn() && !nat.is_syn_ack());
+        assert_eq!((nat.ttl, nat.tos, nat.ip_id), (63, 0xb4, 60600));
+        assert_eq!(nat.hook().as_deref(), Some("nat:PREROUTING"));
+        assert_eq!(nat.hits.len(), 4);
+        assert_eq!(nat.hits[1].target_chain(), Some("KUBE-EXT-LOLE4ISW44XBNF3G"));
+        assert_eq!(nat.hits[1].comment().as_deref(), Some("default/web loadbalancer IP"));
+        assert_eq!(
+            nat.hits[2].rule.as_deref(),
+            Some("-A KUBE-SEP-5Q3P56IRA2PP7VYF -p tcp -m comment --comment \"default/web\" -m tcp -j DNAT --to-destination 10.244.2.2:8080")
+        );
+        assert_eq!(nat.hits[3].kind, "return");
+        assert_eq!(nat.final_hit().map(|h| h.chain.as_str()), Some("KUBE-SEP-5Q3P56IRA2PP7VYF"));
+        let fwd = &obs[2];
+        assert_eq!(fwd.oif.as_deref(), Some("cni0"));
+        assert_eq!(fwd.mark.as_deref(), Some("0x4000"));
+        assert!(obs[3].is_syn_ack() && obs[3].hits.is_empty());
+    }
+
+    #[test]
+    fn conntrack_lines_give_both_directions() {
+        let text = "tcp      6 119 TIME_WAIT src=203.0.113.10 dst=198.51.100.1 sport=45678 dport=80 src=10.244.2.2 dst=192.168.56.12 sport=8080 dport=21544 [ASSURED] mark=0 use=1\n\
+                    udp      17 29 src=10.0.0.1 dst=10.0.0.2 sport=53 dport=53 [UNREPLIED] src=10.0.0.2 dst=10.0.0.1 sport=53 dport=53 mark=0 use=1\n\
+                    icmp     1 29 src=10.0.0.1 dst=10.0.0.2 type=8 code=0 id=1 src=10.0.0.2 dst=10.0.0.1 type=0 code=0 id=1 mark=0 use=1\n\
+                    conntrack v1.4.7 (conntrack-tools): 2 flow entries have been shown.\n";
+        let ct = parse_conntrack(text);
+        assert_eq!(ct.len(), 2);
+        assert_eq!(ct[0].state, "TIME_WAIT");
+        assert_eq!(ct[0].reply.1, "192.168.56.12:21544".parse().unwrap());
+        assert!(ct[0].is_natted());
+        assert!(!ct[1].is_natted());
+    }
+
+    #[test]
+    fn comments_quoted_or_not() {
+        assert_eq!(comment_of("-A X -m comment --comment \"a b\" -j Y").as_deref(), Some("a b"));
+        assert_eq!(comment_of("-A X -m comment --comment ab -j Y").as_deref(), Some("ab"));
+        assert_eq!(comment_of("-A X -j Y"), None);
+    }
+}

@@ -1,0 +1,459 @@
+//! The side effects of a trace, in one place: trace rules in every host of the lab, the
+//! kernel's trace monitor in each, the probe connection, conntrack, routes and the API.
+//! Everything installed is removed on every way out, Ctrl-C included.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use super::model::{self, Objects, Observed, Outcome, Trace};
+use super::parse;
+use crate::plan::Plan;
+use crate::{http_get, LabError, LabState, Result};
+
+/// The DSCP the probe's packets carry (0x2d, TOS byte 0xb4): the request's first packet is
+/// recognised by it on every host, also after NAT changed its addresses and ports.
+pub const PROBE_TOS: u32 = 0xb4;
+/// The chain of trace rules in the raw table of every traced host.
+pub const TRACE_CHAIN: &str = "PODPATH-TRACE";
+/// Where the monitor-sync datagrams go (discard port; nothing listens).
+const CANARY_PORT: u16 = 9;
+
+/// What to trace.
+#[derive(Debug, Clone)]
+pub struct Request {
+    /// `client` (default), `gateway`, `node-N` or `pod/NS/NAME`.
+    pub from: String,
+    pub dst: SocketAddrV4,
+    pub path: String,
+    pub host_header: String,
+    pub timeout: Duration,
+}
+
+/// Parses `http://IP[:PORT][/PATH]` or `IP:PORT`.
+pub fn parse_target(target: &str) -> Result<(SocketAddrV4, String, String)> {
+    let usage = || {
+        LabError::Usage(format!(
+            "{target:?}: give http://IP[:PORT]/PATH or IP:PORT (an IPv4 address of the lab: LB, external, cluster or pod IP)"
+        ))
+    };
+    let (rest, default_port) = match target.strip_prefix("http://") {
+        Some(r) => (r, 80),
+        None if target.starts_with("https://") => {
+            return Err(LabError::Usage(format!(
+                "{target:?}: trace speaks HTTP only; use http://IP:443/ to trace the connection"
+            )))
+        }
+        None => (target, 0),
+    };
+    let (hostport, path) = match rest.find('/') {
+        Some(i) => (&rest[..i], rest[i..].to_string()),
+        None => (rest, "/".to_string()),
+    };
+    let (host, port) = match hostport.rsplit_once(':') {
+        Some((h, p)) => (h, p.parse::<u16>().map_err(|_| usage())?),
+        None if default_port != 0 => (hostport, default_port),
+        None => return Err(usage()),
+    };
+    let ip: Ipv4Addr = host.parse().map_err(|_| usage())?;
+    Ok((SocketAddrV4::new(ip, port), path, hostport.to_string()))
+}
+
+fn cmd_output(argv: &[&str]) -> Result<String> {
+    let out = Command::new(argv[0])
+        .args(&argv[1..])
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| LabError::Io { what: format!("cannot run {}", argv[0]), source: e })?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(LabError::Command { cmd: argv.join(" "), stderr: String::from_utf8_lossy(&out.stderr).trim().to_string() })
+    }
+}
+
+fn in_ns(netns: &str, argv: &[&str]) -> Result<String> {
+    let mut v = vec!["ip", "netns", "exec", netns];
+    v.extend_from_slice(argv);
+    cmd_output(&v)
+}
+
+/// The raw-table rules a trace adds (iptables-restore input, applied with `--noflush`):
+/// the probe's SYN (by its DSCP), every SYN-ACK (the reply; filtered afterwards by the flow's
+/// conntrack tuples), and the monitor-sync datagram.
+pub fn trace_rules() -> String {
+    format!(
+        "*raw\n:{TRACE_CHAIN} - [0:0]\n-I PREROUTING 1 -j {TRACE_CHAIN}\n-I OUTPUT 1 -j {TRACE_CHAIN}\n\
+         -A {TRACE_CHAIN} -p tcp -m tcp --tcp-flags SYN,ACK SYN -m tos --tos 0x{PROBE_TOS:02x}/0xfc -j TRACE\n\
+         -A {TRACE_CHAIN} -p tcp -m tcp --tcp-flags SYN,ACK SYN,ACK -j TRACE\n\
+         -A {TRACE_CHAIN} -p udp -m udp --dport {CANARY_PORT} -m tos --tos 0x{PROBE_TOS:02x}/0xfc -j TRACE\n\
+         COMMIT\n"
+    )
+}
+
+/// Removes the trace chain and the jumps to it from a namespace (also left-overs of a trace
+/// that was killed); quiet when there is nothing to remove.
+pub fn remove_rules(netns: &str) {
+    for hook in ["PREROUTING", "OUTPUT"] {
+        while in_ns(netns, &["iptables", "-w", "-t", "raw", "-D", hook, "-j", TRACE_CHAIN]).is_ok() {}
+    }
+    let _ = in_ns(netns, &["iptables", "-w", "-t", "raw", "-F", TRACE_CHAIN]);
+    let _ = in_ns(netns, &["iptables", "-w", "-t", "raw", "-X", TRACE_CHAIN]);
+}
+
+fn install_rules(netns: &str) -> Result<()> {
+    let mut child = Command::new("ip")
+        .args(["netns", "exec", netns, "iptables-restore", "-w", "--noflush"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| LabError::Io { what: "cannot run iptables-restore".into(), source: e })?;
+    child.stdin.take().expect("piped").write_all(trace_rules().as_bytes()).ok();
+    let out = child.wait_with_output().map_err(|e| LabError::Io { what: "iptables-restore".into(), source: e })?;
+    if !out.status.success() {
+        return Err(LabError::Command {
+            cmd: format!("iptables-restore in {netns}"),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        });
+    }
+    Ok(())
+}
+
+/// What a trace has installed and started; `cleanup` undoes it (idempotent).
+#[derive(Default)]
+pub struct Installed {
+    namespaces: Vec<String>,
+    monitors: Vec<Child>,
+}
+
+impl Installed {
+    pub fn cleanup(&mut self) {
+        for m in &mut self.monitors {
+            let _ = m.kill();
+            let _ = m.wait();
+        }
+        self.monitors.clear();
+        for ns in self.namespaces.drain(..) {
+            remove_rules(&ns);
+        }
+    }
+}
+
+/// Removes everything when dropped, and on SIGINT/SIGTERM (a thread waits for them; the
+/// signals are blocked everywhere else).
+pub struct Guard(Arc<Mutex<Installed>>);
+
+impl Guard {
+    pub fn new() -> Guard {
+        let installed = Arc::new(Mutex::new(Installed::default()));
+        let mut set = nix::sys::signal::SigSet::empty();
+        set.add(nix::sys::signal::Signal::SIGINT);
+        set.add(nix::sys::signal::Signal::SIGTERM);
+        if set.thread_block().is_ok() {
+            let shared = installed.clone();
+            std::thread::spawn(move || {
+                if let Ok(sig) = set.wait() {
+                    shared.lock().unwrap_or_else(|e| e.into_inner()).cleanup();
+                    eprintln!("podpath: trace interrupted ({sig}); trace rules removed");
+                    std::process::exit(130);
+                }
+            });
+        }
+        Guard(installed)
+    }
+    fn with<T>(&self, f: impl FnOnce(&mut Installed) -> T) -> T {
+        f(&mut self.0.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+}
+
+impl Default for Guard {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        self.with(|i| i.cleanup());
+    }
+}
+
+/// Runs `f` on a thread inside a network namespace (given by path).
+fn in_netns_thread<T: Send + 'static>(ns_path: String, f: impl FnOnce() -> T + Send + 'static) -> Result<T> {
+    std::thread::spawn(move || -> Result<T> {
+        let file = std::fs::File::open(&ns_path)
+            .map_err(|e| LabError::Io { what: format!("open namespace {ns_path}"), source: e })?;
+        nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
+            .map_err(|e| LabError::Io { what: format!("enter namespace {ns_path}"), source: e.into() })?;
+        Ok(f())
+    })
+    .join()
+    .map_err(|_| LabError::NotReady("a trace helper thread panicked".into()))?
+}
+
+fn send_canary(ns_path: &str) -> Result<()> {
+    in_netns_thread(ns_path.to_string(), || -> std::io::Result<()> {
+        let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::DGRAM, None)?;
+        s.set_tos_v4(PROBE_TOS)?;
+        let to: SocketAddr = SocketAddr::from((Ipv4Addr::LOCALHOST, CANARY_PORT));
+        s.send_to(b"podpath-trace", &to.into())?;
+        Ok(())
+    })?
+    .map_err(|e| LabError::Io { what: "send the trace's sync datagram".into(), source: e })
+}
+
+fn canaries(text: &str) -> usize {
+    text.lines().filter(|l| l.starts_with("PACKET:") && l.contains(&format!("DPORT={CANARY_PORT} "))).count()
+}
+
+/// Waits until every monitor printed `n` sync datagrams: the monitors are subscribed (n = 1),
+/// or have delivered everything that came before (n = 2).
+fn sync_monitors(hosts: &[(String, String)], outputs: &[Arc<Mutex<String>>], n: usize) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut sent_at = Instant::now() - Duration::from_secs(1);
+    loop {
+        let behind: Vec<&str> = hosts
+            .iter()
+            .zip(outputs)
+            .filter(|(_, o)| canaries(&o.lock().unwrap_or_else(|e| e.into_inner())) < n)
+            .map(|((h, _), _)| h.as_str())
+            .collect();
+        if behind.is_empty() {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(LabError::NotReady(format!(
+                "the kernel's trace monitor saw nothing on {} (does this kernel support nf_tables tracing, and is iptables the nft variant?)",
+                behind.join(", ")
+            )));
+        }
+        // Only the first sync may need repeating (a monitor not subscribed yet misses it).
+        if n == 1 && sent_at.elapsed() > Duration::from_millis(200) {
+            for (h, ns) in hosts {
+                if behind.contains(&h.as_str()) {
+                    send_canary(&format!("/run/netns/{ns}"))?;
+                }
+            }
+            sent_at = Instant::now();
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// The probe: one HTTP request with the probe's DSCP, from inside `ns_path`.
+fn probe(ns_path: &str, req: &Request) -> Result<(Option<SocketAddrV4>, Outcome)> {
+    let req = req.clone();
+    in_netns_thread(ns_path.to_string(), move || {
+        let t = Instant::now();
+        let s = match socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None) {
+            Ok(s) => s,
+            Err(e) => return (None, failed(t, format!("socket: {e}"))),
+        };
+        let _ = s.set_tos_v4(PROBE_TOS);
+        // Bind first, so the source port is known even when the connection fails.
+        if let Err(e) = s.bind(&SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)).into()) {
+            return (None, failed(t, format!("bind: {e}")));
+        }
+        let connected = s.connect_timeout(&SocketAddr::V4(req.dst).into(), req.timeout);
+        let local = s.local_addr().ok().and_then(|a| a.as_socket_ipv4());
+        if let Err(e) = connected {
+            return (local, failed(t, e.to_string()));
+        }
+        let local = s.local_addr().ok().and_then(|a| a.as_socket_ipv4());
+        let mut stream: std::net::TcpStream = s.into();
+        let _ = stream.set_read_timeout(Some(req.timeout));
+        let sent = write!(
+            stream,
+            "GET {} HTTP/1.1\r\nHost: {}\r\nUser-Agent: podpath-trace\r\nConnection: close\r\n\r\n",
+            req.path, req.host_header
+        );
+        if let Err(e) = sent {
+            return (local, failed(t, e.to_string()));
+        }
+        let mut buf = Vec::new();
+        let read = stream.read_to_end(&mut buf);
+        let text = String::from_utf8_lossy(&buf);
+        let status = text.split_whitespace().nth(1).and_then(|c| c.parse::<u16>().ok());
+        match (read, status) {
+            (_, Some(code)) => (
+                local,
+                Outcome { answered: true, status: Some(code), millis: t.elapsed().as_secs_f64() * 1000.0, error: None },
+            ),
+            (Err(e), None) => (local, failed(t, e.to_string())),
+            (Ok(_), None) => (local, failed(t, "the connection closed without an HTTP answer".into())),
+        }
+    })
+}
+
+fn failed(t: Instant, error: String) -> Outcome {
+    Outcome { answered: false, status: None, millis: t.elapsed().as_secs_f64() * 1000.0, error: Some(error) }
+}
+
+/// The network namespace (as a path) of a host of the lab or of a pod.
+fn ns_path_of(st: &LabState, plan: &Plan, api: SocketAddr, host: &str) -> Result<String> {
+    if let Some(rest) = host.strip_prefix("pod/") {
+        let (ns, name) =
+            rest.split_once('/').ok_or_else(|| LabError::Usage(format!("{host:?}: use pod/NAMESPACE/NAME")))?;
+        let (code, body) = http_get(api, &format!("/api/v1/namespaces/{ns}/pods/{name}"))
+            .map_err(|e| LabError::Io { what: "ask the API server".into(), source: e })?;
+        if code != 200 {
+            return Err(LabError::Usage(format!("pod {ns}/{name} not found")));
+        }
+        let pod: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+        let pid = pod["status"]["containerStatuses"][0]["containerID"]
+            .as_str()
+            .and_then(|c| c.strip_prefix("podpath://"))
+            .ok_or_else(|| LabError::Usage(format!("pod {ns}/{name} has no running container yet")))?;
+        return Ok(format!("/proc/{pid}/ns/net"));
+    }
+    let ns = plan.netns_of(host).ok_or_else(|| {
+        LabError::Usage(format!(
+            "--from {host:?}: use client, gateway, node-1…node-{}, or pod/NAMESPACE/NAME",
+            st.nodes
+        ))
+    })?;
+    Ok(format!("/run/netns/{ns}"))
+}
+
+fn api_objects(api: SocketAddr) -> Objects {
+    let get = |path: &str| -> serde_json::Value {
+        match http_get(api, path) {
+            Ok((200, body)) => serde_json::from_str(&body).unwrap_or_default(),
+            _ => serde_json::Value::Null,
+        }
+    };
+    let mut o = Objects::default();
+    for p in get("/api/v1/pods")["items"].as_array().into_iter().flatten() {
+        if let Some(ip) = p["status"]["podIP"].as_str().and_then(|i| i.parse().ok()) {
+            let name = format!(
+                "{}/{}",
+                p["metadata"]["namespace"].as_str().unwrap_or(""),
+                p["metadata"]["name"].as_str().unwrap_or("")
+            );
+            o.pods.insert(ip, (name, p["spec"]["nodeName"].as_str().unwrap_or("").to_string()));
+        }
+    }
+    for s in get("/api/v1/services")["items"].as_array().into_iter().flatten() {
+        let name = format!(
+            "{}/{}",
+            s["metadata"]["namespace"].as_str().unwrap_or(""),
+            s["metadata"]["name"].as_str().unwrap_or("")
+        );
+        if let Some(p) = s["spec"]["externalTrafficPolicy"].as_str() {
+            o.traffic_policy.insert(name, p.to_string());
+        }
+    }
+    o
+}
+
+/// Traces one request through the lab.
+pub fn trace(st: &LabState, req: &Request) -> Result<Trace> {
+    let plan = Plan::new(&st.name, st.nodes);
+    let api: SocketAddr = st.api.parse().map_err(|_| LabError::Usage("bad API address in the lab state".into()))?;
+    let src_ns = ns_path_of(st, &plan, api, &req.from)?;
+    let mut hosts: Vec<(String, String)> = vec![("client".into(), String::new()), ("gateway".into(), String::new())];
+    hosts.extend(plan.nodes.iter().map(|n| (n.name.clone(), String::new())));
+    for (h, ns) in &mut hosts {
+        *ns = plan.netns_of(h).expect("planned host").to_string();
+    }
+    // One trace per lab at a time: the probe's DSCP is the same for every trace.
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(std::env::temp_dir().join(format!("podpath-trace-{}.lock", st.name)))
+        .map_err(|e| LabError::Io { what: "open the trace lock".into(), source: e })?;
+    let _lock = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive)
+        .map_err(|(_, e)| LabError::Io { what: "lock the lab for tracing".into(), source: e.into() })?;
+
+    let guard = Guard::new();
+    for (_, ns) in &hosts {
+        remove_rules(ns);
+        guard.with(|i| i.namespaces.push(ns.clone()));
+        install_rules(ns)?;
+    }
+    let mut outputs = Vec::new();
+    for (_, ns) in &hosts {
+        let mut child = Command::new("ip")
+            .args(["netns", "exec", ns, "xtables-monitor", "--trace"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| LabError::Io { what: "cannot run xtables-monitor".into(), source: e })?;
+        let out = Arc::new(Mutex::new(String::new()));
+        let (stdout, sink) = (child.stdout.take().expect("piped"), out.clone());
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(std::result::Result::ok) {
+                let mut s = sink.lock().unwrap_or_else(|e| e.into_inner());
+                s.push_str(&line);
+                s.push('\n');
+            }
+        });
+        guard.with(|i| i.monitors.push(child));
+        outputs.push(out);
+    }
+    sync_monitors(&hosts, &outputs, 1)?;
+    let (local, outcome) = probe(&src_ns, req)?;
+    // A short wait lets a lost request's retransmits and a late reply be seen too.
+    if !outcome.answered {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    for (_, ns) in &hosts {
+        send_canary(&format!("/run/netns/{ns}"))?;
+    }
+    sync_monitors(&hosts, &outputs, 2)?;
+    drop(guard);
+
+    let mut observed = Observed { from: req.from.clone(), src: local, dst: Some(req.dst), ..Default::default() };
+    for ((h, ns), out) in hosts.iter().zip(&outputs) {
+        observed.packets.insert(h.clone(), parse::parse_monitor(&out.lock().unwrap_or_else(|e| e.into_inner())));
+        let ct = in_ns(ns, &["conntrack", "-L", "-p", "tcp"]).unwrap_or_default();
+        observed.conntrack.insert(h.clone(), parse::parse_conntrack(&ct));
+    }
+    let Some(src) = local else {
+        return Err(LabError::NotReady(format!(
+            "the probe could not even start: {}",
+            outcome.error.unwrap_or_default()
+        )));
+    };
+    observed.src = Some(src);
+    let mut objects = api_objects(api);
+    for n in &plan.nodes {
+        objects.nodes.insert(n.ip, n.name.clone());
+    }
+    let t = model::tuples((src, req.dst), &observed.conntrack);
+    let path = model::request_path(&observed, &t);
+    for (host, args) in model::route_queries(&observed, &t, &path) {
+        let ns = &hosts.iter().find(|(h, _)| *h == host).expect("traced host").1;
+        let mut argv = vec!["ip", "route", "get"];
+        argv.extend(args.iter().map(String::as_str));
+        if let Ok(r) = in_ns(ns, &argv) {
+            objects.routes.insert(host.clone(), r);
+        }
+        if host.starts_with("node-") {
+            objects.nat_rules.insert(host.clone(), in_ns(ns, &["iptables-save", "-t", "nat"]).unwrap_or_default());
+        }
+    }
+    if path.iter().any(|h| h == "gateway") {
+        if let Ok(doc) = crate::lb_status(st) {
+            let vip = req.dst.ip().to_string();
+            if let Some(f) = doc["frontends"].as_array().into_iter().flatten().find(|f| f["vip"] == vip.as_str()) {
+                let rotation: Vec<String> = f["backends"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter(|b| b["inRotation"] == true)
+                    .filter_map(|b| b["node"].as_str().map(str::to_string))
+                    .collect();
+                let mode =
+                    format!("{} LB of {}", doc["mode"].as_str().unwrap_or("?"), f["service"].as_str().unwrap_or("?"));
+                objects.lb = Some((mode, rotation));
+            }
+        }
+    }
+    Ok(model::assemble(&observed, &objects, outcome))
+}
