@@ -63,8 +63,7 @@ pub fn text(t: &Trace, style: Style) -> String {
             (true, Some(code)) => style.green(&format!("answered {code} in {:.1} ms", t.outcome.millis)),
             _ => "got the request".to_string(),
         };
-        out += &format!("{}{what}{saw}\n", style.bold(&format!("{n:<2}{:<11}", "pod")),);
-        let _ = pod;
+        out += &format!("{}{what}{saw}\n", style.bold(&format!("{n:<2}{:<11}", "pod")));
     } else if t.outcome.answered {
         out += &format!(
             "{}\n",
