@@ -13,9 +13,11 @@
 //! 5. Requests/s through the L7 load balancer (client → Ingress address on the gateway, HTTP
 //!    terminated by lb-sim → a node's NodePort → pod) against straight to the pod, same load,
 //!    same run.
+//! 6. `podpath trace` on a 3-node lab: wall time of one trace (median and max of 10), and the
+//!    requests/s of other traffic through the same Service with and without traces running.
 //!
 //! Run: `cargo build --release --workspace --bins && sudo cargo bench -p podpath-e2e --bench lab`
-//! Arguments: `-- up|memory|latency|throughput|l7` to run only some parts; env
+//! Arguments: `-- up|memory|latency|throughput|l7|trace` to run only some parts; env
 //! `PODPATH_BENCH_SECONDS` (default 3) per throughput measurement.
 
 use std::io::{Read, Write};
@@ -376,6 +378,65 @@ fn bench_l7() {
     );
 }
 
+fn bench_trace() {
+    let seconds: f64 = std::env::var("PODPATH_BENCH_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(3.0);
+    let (lab, _) = up(3, &[]);
+    create_pods(&lab, 3, 3);
+    let a = api(&lab);
+    let body = serde_json::json!({
+        "apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"},
+        "spec": {"type": "LoadBalancer", "selector": {"app": "app0"}, "ports": [{"port": 80, "targetPort": 8080}]}
+    })
+    .to_string();
+    let (code, out) = request(a, "POST", "/api/v1/namespaces/default/services", &body).unwrap();
+    assert_eq!(code, 201, "{out}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let lb: SocketAddr =
+        format!("{}:80", v["status"]["loadBalancer"]["ingress"][0]["ip"].as_str().unwrap()).parse().unwrap();
+    in_netns(&lab, "client", move || {
+        let t = Instant::now();
+        while !get_ok(lb) {
+            assert!(t.elapsed() < Duration::from_secs(20), "the Service never answered");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    });
+    let url = format!("http://{lb}/");
+    let trace_once = || {
+        let t = Instant::now();
+        let (ok, out) = lab.run("trace", &["--output", "json", &url]);
+        assert!(ok, "trace failed: {out}");
+        t.elapsed().as_secs_f64() * 1000.0
+    };
+    let mut ms: Vec<f64> = (0..10).map(|_| trace_once()).collect();
+    ms.sort_by(f64::total_cmp);
+    println!(
+        "podpath trace, 3-node lab, LoadBalancer request: median {:.0} ms, max {:.0} ms (10 traces)",
+        percentile(&ms, 0.5),
+        ms[ms.len() - 1]
+    );
+    let (quiet, f1) = load(&lab, lb, 8, seconds);
+    let stop = AtomicBool::new(false);
+    let (busy, f2, traces) = std::thread::scope(|s| {
+        let tracer = s.spawn(|| {
+            let mut n = 0;
+            while !stop.load(Ordering::Relaxed) {
+                trace_once();
+                n += 1;
+            }
+            n
+        });
+        let (busy, f2) = load(&lab, lb, 8, seconds);
+        stop.store(true, Ordering::Relaxed);
+        (busy, f2, tracer.join().unwrap())
+    });
+    println!(
+        "other traffic through the same LB IP, 8 clients: {quiet:.0} req/s without tracing, {busy:.0} req/s during {traces} traces (ratio {:.2}; failed requests: {} / {})",
+        busy / quiet,
+        f1,
+        f2
+    );
+}
+
 fn main() {
     if !testkit::netns::root_or_explain() {
         return;
@@ -396,5 +457,8 @@ fn main() {
     }
     if run("l7") {
         bench_l7();
+    }
+    if run("trace") {
+        bench_trace();
     }
 }

@@ -80,30 +80,26 @@ fn in_ns(netns: &str, argv: &[&str]) -> Result<String> {
     cmd_output(&v)
 }
 
-/// The raw-table rules a trace adds (iptables-restore input, applied with `--noflush`):
-/// the probe's SYN (by its DSCP), every SYN-ACK (the reply; filtered afterwards by the flow's
-/// conntrack tuples), and the monitor-sync datagram.
-pub fn trace_rules() -> String {
+/// The raw-table rules a trace adds (iptables-restore input, applied with `--noflush`): the
+/// probe's SYN, recognised by its DSCP on every host (also after NAT changed its addresses);
+/// SYN-ACKs to the probe's port (the reply, wherever it was not translated); and the
+/// monitor-sync datagram. Nothing else is traced, so other traffic costs the monitors nothing.
+pub fn trace_rules(probe_port: u16) -> String {
     format!(
         "*raw\n:{TRACE_CHAIN} - [0:0]\n-I PREROUTING 1 -j {TRACE_CHAIN}\n-I OUTPUT 1 -j {TRACE_CHAIN}\n\
          -A {TRACE_CHAIN} -p tcp -m tcp --tcp-flags SYN,ACK SYN -m tos --tos 0x{PROBE_TOS:02x}/0xfc -j TRACE\n\
-         -A {TRACE_CHAIN} -p tcp -m tcp --tcp-flags SYN,ACK SYN,ACK -j TRACE\n\
+         -A {TRACE_CHAIN} -p tcp -m tcp --dport {probe_port} --tcp-flags SYN,ACK SYN,ACK -j TRACE\n\
          -A {TRACE_CHAIN} -p udp -m udp --dport {CANARY_PORT} -m tos --tos 0x{PROBE_TOS:02x}/0xfc -j TRACE\n\
          COMMIT\n"
     )
 }
 
-/// Removes the trace chain and the jumps to it from a namespace (also left-overs of a trace
-/// that was killed); quiet when there is nothing to remove.
-pub fn remove_rules(netns: &str) {
-    for hook in ["PREROUTING", "OUTPUT"] {
-        while in_ns(netns, &["iptables", "-w", "-t", "raw", "-D", hook, "-j", TRACE_CHAIN]).is_ok() {}
-    }
-    let _ = in_ns(netns, &["iptables", "-w", "-t", "raw", "-F", TRACE_CHAIN]);
-    let _ = in_ns(netns, &["iptables", "-w", "-t", "raw", "-X", TRACE_CHAIN]);
+/// The iptables-restore input that removes a trace's chain and the jumps to it.
+fn removal() -> String {
+    format!("*raw\n-D PREROUTING -j {TRACE_CHAIN}\n-D OUTPUT -j {TRACE_CHAIN}\n-F {TRACE_CHAIN}\n-X {TRACE_CHAIN}\nCOMMIT\n")
 }
 
-fn install_rules(netns: &str) -> Result<()> {
+fn restore(netns: &str, input: &str) -> Result<()> {
     let mut child = Command::new("ip")
         .args(["netns", "exec", netns, "iptables-restore", "-w", "--noflush"])
         .stdin(Stdio::piped())
@@ -111,7 +107,7 @@ fn install_rules(netns: &str) -> Result<()> {
         .stderr(Stdio::piped())
         .spawn()
         .map_err(|e| LabError::Io { what: "cannot run iptables-restore".into(), source: e })?;
-    child.stdin.take().expect("piped").write_all(trace_rules().as_bytes()).ok();
+    child.stdin.take().expect("piped").write_all(input.as_bytes()).ok();
     let out = child.wait_with_output().map_err(|e| LabError::Io { what: "iptables-restore".into(), source: e })?;
     if !out.status.success() {
         return Err(LabError::Command {
@@ -120,6 +116,23 @@ fn install_rules(netns: &str) -> Result<()> {
         });
     }
     Ok(())
+}
+
+/// Removes the trace chain and the jumps to it from a namespace, in one transaction (also
+/// the left-overs of a trace that was killed); quiet when there is nothing to remove.
+pub fn remove_rules(netns: &str) {
+    if restore(netns, &removal()).is_err() {
+        // Not all of it there (a half-installed or half-removed trace): piece by piece.
+        for hook in ["PREROUTING", "OUTPUT"] {
+            while in_ns(netns, &["iptables", "-w", "-t", "raw", "-D", hook, "-j", TRACE_CHAIN]).is_ok() {}
+        }
+        let _ = in_ns(netns, &["iptables", "-w", "-t", "raw", "-F", TRACE_CHAIN]);
+        let _ = in_ns(netns, &["iptables", "-w", "-t", "raw", "-X", TRACE_CHAIN]);
+    }
+}
+
+fn has_rules(netns: &str) -> bool {
+    in_ns(netns, &["iptables", "-w", "-t", "raw", "-S", TRACE_CHAIN]).is_ok()
 }
 
 /// What a trace has installed and started; `cleanup` undoes it (idempotent).
@@ -136,9 +149,12 @@ impl Installed {
             let _ = m.wait();
         }
         self.monitors.clear();
-        for ns in self.namespaces.drain(..) {
-            remove_rules(&ns);
-        }
+        let namespaces: Vec<String> = self.namespaces.drain(..).collect();
+        std::thread::scope(|s| {
+            for ns in &namespaces {
+                s.spawn(move || remove_rules(ns));
+            }
+        });
     }
 }
 
@@ -231,7 +247,7 @@ fn sync_monitors(hosts: &[(String, String)], outputs: &[Arc<Mutex<String>>], n: 
             )));
         }
         // Only the first sync may need repeating (a monitor not subscribed yet misses it).
-        if n == 1 && sent_at.elapsed() > Duration::from_millis(200) {
+        if n == 1 && sent_at.elapsed() > Duration::from_millis(20) {
             for (h, ns) in hosts {
                 if behind.contains(&h.as_str()) {
                     send_canary(&format!("/run/netns/{ns}"))?;
@@ -243,49 +259,51 @@ fn sync_monitors(hosts: &[(String, String)], outputs: &[Arc<Mutex<String>>], n: 
     }
 }
 
-/// The probe: one HTTP request with the probe's DSCP, from inside `ns_path`.
-fn probe(ns_path: &str, req: &Request) -> Result<(Option<SocketAddrV4>, Outcome)> {
-    let req = req.clone();
-    in_netns_thread(ns_path.to_string(), move || {
-        let t = Instant::now();
-        let s = match socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None) {
-            Ok(s) => s,
-            Err(e) => return (None, failed(t, format!("socket: {e}"))),
-        };
-        let _ = s.set_tos_v4(PROBE_TOS);
-        // Bind first, so the source port is known even when the connection fails.
-        if let Err(e) = s.bind(&SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)).into()) {
-            return (None, failed(t, format!("bind: {e}")));
-        }
-        let connected = s.connect_timeout(&SocketAddr::V4(req.dst).into(), req.timeout);
-        let local = s.local_addr().ok().and_then(|a| a.as_socket_ipv4());
-        if let Err(e) = connected {
-            return (local, failed(t, e.to_string()));
-        }
-        let local = s.local_addr().ok().and_then(|a| a.as_socket_ipv4());
-        let mut stream: std::net::TcpStream = s.into();
-        let _ = stream.set_read_timeout(Some(req.timeout));
-        let sent = write!(
-            stream,
-            "GET {} HTTP/1.1\r\nHost: {}\r\nUser-Agent: podpath-trace\r\nConnection: close\r\n\r\n",
-            req.path, req.host_header
-        );
-        if let Err(e) = sent {
-            return (local, failed(t, e.to_string()));
-        }
-        let mut buf = Vec::new();
-        let read = stream.read_to_end(&mut buf);
-        let text = String::from_utf8_lossy(&buf);
-        let status = text.split_whitespace().nth(1).and_then(|c| c.parse::<u16>().ok());
-        match (read, status) {
-            (_, Some(code)) => (
-                local,
-                Outcome { answered: true, status: Some(code), millis: t.elapsed().as_secs_f64() * 1000.0, error: None },
-            ),
-            (Err(e), None) => (local, failed(t, e.to_string())),
-            (Ok(_), None) => (local, failed(t, "the connection closed without an HTTP answer".into())),
-        }
-    })
+/// The probe's socket, made and bound inside the source's namespace (a socket stays in the
+/// namespace it was made in), so its port is known before the trace rules go in.
+fn probe_socket(ns_path: &str) -> Result<(socket2::Socket, SocketAddrV4)> {
+    in_netns_thread(ns_path.to_string(), || -> std::io::Result<(socket2::Socket, SocketAddrV4)> {
+        let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+        s.set_tos_v4(PROBE_TOS)?;
+        s.bind(&SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)).into())?;
+        let local = s.local_addr()?.as_socket_ipv4().ok_or_else(|| std::io::Error::other("not IPv4"))?;
+        Ok((s, local))
+    })?
+    .map_err(|e| LabError::Io { what: "make the probe's socket".into(), source: e })
+}
+
+/// The probe: one HTTP request on the prepared socket; returns the source address it had.
+fn probe(s: socket2::Socket, bound: SocketAddrV4, req: &Request) -> (SocketAddrV4, Outcome) {
+    let t = Instant::now();
+    let connected = s.connect_timeout(&SocketAddr::V4(req.dst).into(), req.timeout);
+    // The source address is chosen at connect time (the port was fixed by bind).
+    let local = s.local_addr().ok().and_then(|a| a.as_socket_ipv4()).filter(|a| !a.ip().is_unspecified());
+    let local = local.unwrap_or(bound);
+    if let Err(e) = connected {
+        return (local, failed(t, e.to_string()));
+    }
+    let mut stream: std::net::TcpStream = s.into();
+    let _ = stream.set_read_timeout(Some(req.timeout));
+    let sent = write!(
+        stream,
+        "GET {} HTTP/1.1\r\nHost: {}\r\nUser-Agent: podpath-trace\r\nConnection: close\r\n\r\n",
+        req.path, req.host_header
+    );
+    if let Err(e) = sent {
+        return (local, failed(t, e.to_string()));
+    }
+    let mut buf = Vec::new();
+    let read = stream.read_to_end(&mut buf);
+    let text = String::from_utf8_lossy(&buf);
+    let status = text.split_whitespace().nth(1).and_then(|c| c.parse::<u16>().ok());
+    match (read, status) {
+        (_, Some(code)) => (
+            local,
+            Outcome { answered: true, status: Some(code), millis: t.elapsed().as_secs_f64() * 1000.0, error: None },
+        ),
+        (Err(e), None) => (local, failed(t, e.to_string())),
+        (Ok(_), None) => (local, failed(t, "the connection closed without an HTTP answer".into())),
+    }
 }
 
 fn failed(t: Instant, error: String) -> Outcome {
@@ -369,12 +387,28 @@ pub fn trace(st: &LabState, req: &Request) -> Result<Trace> {
     let _lock = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive)
         .map_err(|(_, e)| LabError::Io { what: "lock the lab for tracing".into(), source: e.into() })?;
 
+    let (socket, bound) = probe_socket(&src_ns)?;
     let guard = Guard::new();
-    for (_, ns) in &hosts {
-        remove_rules(ns);
-        guard.with(|i| i.namespaces.push(ns.clone()));
-        install_rules(ns)?;
-    }
+    guard.with(|i| i.namespaces.extend(hosts.iter().map(|(_, ns)| ns.clone())));
+    let rules = trace_rules(bound.port());
+    let installed: Vec<Result<()>> = std::thread::scope(|s| {
+        let jobs: Vec<_> = hosts
+            .iter()
+            .map(|(_, ns)| {
+                let rules = &rules;
+                s.spawn(move || {
+                    if has_rules(ns) {
+                        remove_rules(ns);
+                    }
+                    restore(ns, rules)
+                })
+            })
+            .collect();
+        jobs.into_iter()
+            .map(|j| j.join().unwrap_or_else(|_| Err(LabError::NotReady("install thread panicked".into()))))
+            .collect()
+    });
+    installed.into_iter().collect::<Result<Vec<()>>>()?;
     let mut outputs = Vec::new();
     for (_, ns) in &hosts {
         let mut child = Command::new("ip")
@@ -397,7 +431,7 @@ pub fn trace(st: &LabState, req: &Request) -> Result<Trace> {
         outputs.push(out);
     }
     sync_monitors(&hosts, &outputs, 1)?;
-    let (local, outcome) = probe(&src_ns, req)?;
+    let (src, outcome) = probe(socket, bound, req);
     // A short wait lets a lost request's retransmits and a late reply be seen too.
     if !outcome.answered {
         std::thread::sleep(Duration::from_millis(200));
@@ -408,34 +442,49 @@ pub fn trace(st: &LabState, req: &Request) -> Result<Trace> {
     sync_monitors(&hosts, &outputs, 2)?;
     drop(guard);
 
-    let mut observed = Observed { from: req.from.clone(), src: local, dst: Some(req.dst), ..Default::default() };
-    for ((h, ns), out) in hosts.iter().zip(&outputs) {
+    let mut observed = Observed { from: req.from.clone(), src: Some(src), dst: Some(req.dst), ..Default::default() };
+    let conntrack: Vec<String> = std::thread::scope(|s| {
+        let jobs: Vec<_> = hosts
+            .iter()
+            .map(|(_, ns)| s.spawn(move || in_ns(ns, &["conntrack", "-L", "-p", "tcp"]).unwrap_or_default()))
+            .collect();
+        jobs.into_iter().map(|j| j.join().unwrap_or_default()).collect()
+    });
+    for (((h, _), out), ct) in hosts.iter().zip(&outputs).zip(&conntrack) {
         observed.packets.insert(h.clone(), parse::parse_monitor(&out.lock().unwrap_or_else(|e| e.into_inner())));
-        let ct = in_ns(ns, &["conntrack", "-L", "-p", "tcp"]).unwrap_or_default();
-        observed.conntrack.insert(h.clone(), parse::parse_conntrack(&ct));
+        observed.conntrack.insert(h.clone(), parse::parse_conntrack(ct));
     }
-    let Some(src) = local else {
-        return Err(LabError::NotReady(format!(
-            "the probe could not even start: {}",
-            outcome.error.unwrap_or_default()
-        )));
-    };
-    observed.src = Some(src);
     let mut objects = api_objects(api);
     for n in &plan.nodes {
         objects.nodes.insert(n.ip, n.name.clone());
     }
     let t = model::tuples((src, req.dst), &observed.conntrack);
     let path = model::request_path(&observed, &t);
-    for (host, args) in model::route_queries(&observed, &t, &path) {
-        let ns = &hosts.iter().find(|(h, _)| *h == host).expect("traced host").1;
-        let mut argv = vec!["ip", "route", "get"];
-        argv.extend(args.iter().map(String::as_str));
-        if let Ok(r) = in_ns(ns, &argv) {
+    let queries = model::route_queries(&observed, &t, &path);
+    let answers: Vec<(String, Option<String>, Option<String>)> = std::thread::scope(|s| {
+        let jobs: Vec<_> = queries
+            .iter()
+            .map(|(host, args)| {
+                let ns = hosts.iter().find(|(h, _)| h == host).expect("traced host").1.clone();
+                s.spawn(move || {
+                    let mut argv = vec!["ip", "route", "get"];
+                    argv.extend(args.iter().map(String::as_str));
+                    let route = in_ns(&ns, &argv).ok();
+                    let nat = host
+                        .starts_with("node-")
+                        .then(|| in_ns(&ns, &["iptables-save", "-t", "nat"]).unwrap_or_default());
+                    (host.clone(), route, nat)
+                })
+            })
+            .collect();
+        jobs.into_iter().filter_map(|j| j.join().ok()).collect()
+    });
+    for (host, route, nat) in answers {
+        if let Some(r) = route {
             objects.routes.insert(host.clone(), r);
         }
-        if host.starts_with("node-") {
-            objects.nat_rules.insert(host.clone(), in_ns(ns, &["iptables-save", "-t", "nat"]).unwrap_or_default());
+        if let Some(n) = nat {
+            objects.nat_rules.insert(host, n);
         }
     }
     if path.iter().any(|h| h == "gateway") {
