@@ -290,6 +290,24 @@ fn load(lab: &Lab, target: SocketAddr, workers: usize, seconds: f64) -> (f64, u6
     (ok.load(Ordering::Relaxed) as f64 / t.elapsed().as_secs_f64(), failed.load(Ordering::Relaxed))
 }
 
+/// Requests/s to `target` against straight to `pod_addr` (a pod on node-1; the gateway gets a
+/// route to node-1's pod CIDR inside the lab), loads interleaved direct/target/direct:
+/// (target, direct mean, failed requests).
+fn against_direct(lab: &Lab, target: SocketAddr, pod_addr: SocketAddr, seconds: f64) -> (f64, f64, u64) {
+    lab.exec("gateway", &["ip", "route", "add", "10.244.1.0/24", "via", "192.168.56.11"]);
+    in_netns(lab, "client", move || {
+        let t = Instant::now();
+        while !(get_ok(target) && get_ok(pod_addr)) {
+            assert!(t.elapsed() < Duration::from_secs(20), "paths never answered");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    });
+    let (direct, f1) = load(lab, pod_addr, 8, seconds);
+    let (via, f2) = load(lab, target, 8, seconds);
+    let (direct2, f3) = load(lab, pod_addr, 8, seconds);
+    (via, (direct + direct2) / 2.0, f1 + f2 + f3)
+}
+
 fn bench_throughput() {
     let seconds: f64 = std::env::var("PODPATH_BENCH_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(3.0);
     for mode in ["iptables", "userspace"] {
@@ -312,23 +330,11 @@ fn bench_throughput() {
         let (_, pod) = request(a, "GET", "/api/v1/namespaces/default/pods/p0", "").unwrap();
         let pod: serde_json::Value = serde_json::from_str(&pod).unwrap();
         let pod_addr: SocketAddr = format!("{}:8080", pod["status"]["podIP"].as_str().unwrap()).parse().unwrap();
-        // The gateway may reach node-1's pods directly (a lab namespace: the host is untouched).
-        lab.exec("gateway", &["ip", "route", "add", "10.244.1.0/24", "via", "192.168.56.11"]);
-        in_netns(&lab, "client", move || {
-            let t = Instant::now();
-            while !(get_ok(lb) && get_ok(pod_addr)) {
-                assert!(t.elapsed() < Duration::from_secs(20), "paths never answered");
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        });
-        let (direct, f1) = load(&lab, pod_addr, 8, seconds);
-        let (via_lb, f2) = load(&lab, lb, 8, seconds);
-        let (direct2, f3) = load(&lab, pod_addr, 8, seconds);
-        let direct = (direct + direct2) / 2.0;
+        let (via_lb, direct, failed) = against_direct(&lab, lb, pod_addr, seconds);
         println!(
             "{mode:<9} req/s, new connection each: LB IP → node-1 → pod {via_lb:>7.0}; pod IP straight {direct:>7.0}; ratio {:.2} (failed requests: {})",
             via_lb / direct,
-            f1 + f2 + f3
+            failed
         );
     }
 }
@@ -359,22 +365,11 @@ fn bench_l7() {
     let (_, pod) = request(a, "GET", "/api/v1/namespaces/default/pods/p0", "").unwrap();
     let pod: serde_json::Value = serde_json::from_str(&pod).unwrap();
     let pod_addr: SocketAddr = format!("{}:8080", pod["status"]["podIP"].as_str().unwrap()).parse().unwrap();
-    lab.exec("gateway", &["ip", "route", "add", "10.244.1.0/24", "via", "192.168.56.11"]);
-    in_netns(&lab, "client", move || {
-        let t = Instant::now();
-        while !(get_ok(l7) && get_ok(pod_addr)) {
-            assert!(t.elapsed() < Duration::from_secs(20), "paths never answered");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    });
-    let (direct, f1) = load(&lab, pod_addr, 8, seconds);
-    let (via_l7, f2) = load(&lab, l7, 8, seconds);
-    let (direct2, f3) = load(&lab, pod_addr, 8, seconds);
-    let direct = (direct + direct2) / 2.0;
+    let (via_l7, direct, failed) = against_direct(&lab, l7, pod_addr, seconds);
     println!(
         "L7 LB     req/s, new connection each: Ingress address → lb-sim (HTTP) → node:nodePort (3 nodes, round-robin) → pod {via_l7:>7.0}; pod IP straight {direct:>7.0}; ratio {:.2} (failed requests: {})",
         via_l7 / direct,
-        f1 + f2 + f3
+        failed
     );
 }
 
