@@ -290,6 +290,32 @@ fn load(lab: &Lab, target: SocketAddr, workers: usize, seconds: f64) -> (f64, u6
     (ok.load(Ordering::Relaxed) as f64 / t.elapsed().as_secs_f64(), failed.load(Ordering::Relaxed))
 }
 
+/// `PODPATH_BENCH_SECONDS` (default 3): how long each load runs.
+fn bench_seconds() -> f64 {
+    std::env::var("PODPATH_BENCH_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(3.0)
+}
+
+/// POSTs `obj` to `path`; the created object.
+fn create(a: SocketAddr, path: &str, obj: serde_json::Value) -> serde_json::Value {
+    let (code, out) = request(a, "POST", path, &obj.to_string()).unwrap();
+    assert_eq!(code, 201, "{out}");
+    serde_json::from_str(&out).unwrap()
+}
+
+/// Port 80 of the LB address an object got at create.
+fn lb_address(obj: &serde_json::Value) -> SocketAddr {
+    format!("{}:80", obj["status"]["loadBalancer"]["ingress"][0]["ip"].as_str().expect("address at create"))
+        .parse()
+        .unwrap()
+}
+
+/// Port 8080 of a pod's IP.
+fn pod_address(a: SocketAddr, name: &str) -> SocketAddr {
+    let (_, pod) = request(a, "GET", &format!("/api/v1/namespaces/default/pods/{name}"), "").unwrap();
+    let pod: serde_json::Value = serde_json::from_str(&pod).unwrap();
+    format!("{}:8080", pod["status"]["podIP"].as_str().unwrap()).parse().unwrap()
+}
+
 /// Requests/s to `target` against straight to `pod_addr` (a pod on node-1; the gateway gets a
 /// route to node-1's pod CIDR inside the lab), loads interleaved direct/target/direct:
 /// (target, direct mean, failed requests).
@@ -309,27 +335,23 @@ fn against_direct(lab: &Lab, target: SocketAddr, pod_addr: SocketAddr, seconds: 
 }
 
 fn bench_throughput() {
-    let seconds: f64 = std::env::var("PODPATH_BENCH_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(3.0);
+    let seconds = bench_seconds();
     for mode in ["iptables", "userspace"] {
         let (lab, _) = up(3, &["--proxy-mode", mode]);
         create_pods(&lab, 1, 3);
         let a = api(&lab);
         // Pinned to the pod's node, so both paths cross the same hops and differ only by the
         // service proxy.
-        let body = serde_json::json!({
-            "apiVersion": "v1", "kind": "Service",
-            "metadata": {"name": "web", "annotations": {"podpath.dev/route-to-node": "node-1"}},
-            "spec": {"type": "LoadBalancer", "selector": {"app": "app0"}, "ports": [{"port": 80, "targetPort": 8080}]}
-        })
-        .to_string();
-        let (code, out) = request(a, "POST", "/api/v1/namespaces/default/services", &body).unwrap();
-        assert_eq!(code, 201, "{out}");
-        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-        let lb: SocketAddr =
-            format!("{}:80", v["status"]["loadBalancer"]["ingress"][0]["ip"].as_str().unwrap()).parse().unwrap();
-        let (_, pod) = request(a, "GET", "/api/v1/namespaces/default/pods/p0", "").unwrap();
-        let pod: serde_json::Value = serde_json::from_str(&pod).unwrap();
-        let pod_addr: SocketAddr = format!("{}:8080", pod["status"]["podIP"].as_str().unwrap()).parse().unwrap();
+        let svc = create(
+            a,
+            "/api/v1/namespaces/default/services",
+            serde_json::json!({
+                "apiVersion": "v1", "kind": "Service",
+                "metadata": {"name": "web", "annotations": {"podpath.dev/route-to-node": "node-1"}},
+                "spec": {"type": "LoadBalancer", "selector": {"app": "app0"}, "ports": [{"port": 80, "targetPort": 8080}]}
+            }),
+        );
+        let (lb, pod_addr) = (lb_address(&svc), pod_address(a, "p0"));
         let (via_lb, direct, failed) = against_direct(&lab, lb, pod_addr, seconds);
         println!(
             "{mode:<9} req/s, new connection each: LB IP → node-1 → pod {via_lb:>7.0}; pod IP straight {direct:>7.0}; ratio {:.2} (failed requests: {})",
@@ -340,31 +362,27 @@ fn bench_throughput() {
 }
 
 fn bench_l7() {
-    let seconds: f64 = std::env::var("PODPATH_BENCH_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(3.0);
+    let seconds = bench_seconds();
     let (lab, _) = up(3, &[]);
     create_pods(&lab, 1, 3);
     let a = api(&lab);
-    let svc = serde_json::json!({
-        "apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"},
-        "spec": {"type": "NodePort", "selector": {"app": "app0"}, "ports": [{"port": 80, "targetPort": 8080}]}
-    });
-    let (code, out) = request(a, "POST", "/api/v1/namespaces/default/services", &svc.to_string()).unwrap();
-    assert_eq!(code, 201, "{out}");
-    let ingress = serde_json::json!({
-        "apiVersion": "networking.k8s.io/v1", "kind": "Ingress", "metadata": {"name": "web"},
-        "spec": {"defaultBackend": {"service": {"name": "web", "port": {"number": 80}}}}
-    });
-    let (code, out) =
-        request(a, "POST", "/apis/networking.k8s.io/v1/namespaces/default/ingresses", &ingress.to_string()).unwrap();
-    assert_eq!(code, 201, "{out}");
-    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-    let l7: SocketAddr =
-        format!("{}:80", v["status"]["loadBalancer"]["ingress"][0]["ip"].as_str().expect("address at create"))
-            .parse()
-            .unwrap();
-    let (_, pod) = request(a, "GET", "/api/v1/namespaces/default/pods/p0", "").unwrap();
-    let pod: serde_json::Value = serde_json::from_str(&pod).unwrap();
-    let pod_addr: SocketAddr = format!("{}:8080", pod["status"]["podIP"].as_str().unwrap()).parse().unwrap();
+    create(
+        a,
+        "/api/v1/namespaces/default/services",
+        serde_json::json!({
+            "apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"},
+            "spec": {"type": "NodePort", "selector": {"app": "app0"}, "ports": [{"port": 80, "targetPort": 8080}]}
+        }),
+    );
+    let ingress = create(
+        a,
+        "/apis/networking.k8s.io/v1/namespaces/default/ingresses",
+        serde_json::json!({
+            "apiVersion": "networking.k8s.io/v1", "kind": "Ingress", "metadata": {"name": "web"},
+            "spec": {"defaultBackend": {"service": {"name": "web", "port": {"number": 80}}}}
+        }),
+    );
+    let (l7, pod_addr) = (lb_address(&ingress), pod_address(a, "p0"));
     let (via_l7, direct, failed) = against_direct(&lab, l7, pod_addr, seconds);
     println!(
         "L7 LB     req/s, new connection each: Ingress address → lb-sim (HTTP) → node:nodePort (3 nodes, round-robin) → pod {via_l7:>7.0}; pod IP straight {direct:>7.0}; ratio {:.2} (failed requests: {})",
@@ -374,20 +392,19 @@ fn bench_l7() {
 }
 
 fn bench_trace() {
-    let seconds: f64 = std::env::var("PODPATH_BENCH_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(3.0);
+    let seconds = bench_seconds();
     let (lab, _) = up(3, &[]);
     create_pods(&lab, 3, 3);
     let a = api(&lab);
-    let body = serde_json::json!({
-        "apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"},
-        "spec": {"type": "LoadBalancer", "selector": {"app": "app0"}, "ports": [{"port": 80, "targetPort": 8080}]}
-    })
-    .to_string();
-    let (code, out) = request(a, "POST", "/api/v1/namespaces/default/services", &body).unwrap();
-    assert_eq!(code, 201, "{out}");
-    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-    let lb: SocketAddr =
-        format!("{}:80", v["status"]["loadBalancer"]["ingress"][0]["ip"].as_str().unwrap()).parse().unwrap();
+    let svc = create(
+        a,
+        "/api/v1/namespaces/default/services",
+        serde_json::json!({
+            "apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"},
+            "spec": {"type": "LoadBalancer", "selector": {"app": "app0"}, "ports": [{"port": 80, "targetPort": 8080}]}
+        }),
+    );
+    let lb = lb_address(&svc);
     in_netns(&lab, "client", move || {
         let t = Instant::now();
         while !get_ok(lb) {
