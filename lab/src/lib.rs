@@ -513,15 +513,23 @@ pub fn status(st: &LabState) -> Vec<(String, i32, bool)> {
 /// One HTTP GET from inside a network namespace of the lab (a helper thread enters it; the
 /// socket stays there).
 pub fn http_get_in(netns: &str, addr: SocketAddr, path: &str) -> Result<(u16, String)> {
-    let (netns, path) = (netns.to_string(), path.to_string());
-    std::thread::spawn(move || -> Result<(u16, String)> {
-        let f = std::fs::File::open(format!("/run/netns/{netns}")).map_err(io(format!("open namespace {netns}")))?;
-        nix::sched::setns(&f, nix::sched::CloneFlags::CLONE_NEWNET)
-            .map_err(|e| io(format!("enter namespace {netns}"))(e.into()))?;
-        http_get(addr, &path).map_err(io(format!("GET http://{addr}{path} in {netns}")))
+    let (ns, path) = (netns.to_string(), path.to_string());
+    in_netns_thread(format!("/run/netns/{netns}"), move || {
+        http_get(addr, &path).map_err(io(format!("GET http://{addr}{path} in {ns}")))
+    })?
+}
+
+/// Runs `f` on a helper thread inside a network namespace (given by path: `/run/netns/NAME`
+/// or `/proc/PID/ns/net`); sockets made there stay in that namespace.
+pub fn in_netns_thread<T: Send + 'static>(ns_path: String, f: impl FnOnce() -> T + Send + 'static) -> Result<T> {
+    std::thread::spawn(move || -> Result<T> {
+        let file = std::fs::File::open(&ns_path).map_err(io(format!("open namespace {ns_path}")))?;
+        nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
+            .map_err(|e| io(format!("enter namespace {ns_path}"))(e.into()))?;
+        Ok(f())
     })
     .join()
-    .map_err(|_| LabError::NotReady("the HTTP helper thread panicked".into()))?
+    .map_err(|_| LabError::NotReady("a helper thread inside a lab namespace panicked".into()))?
 }
 
 fn lb_status_in(gateway_netns: &str) -> Result<serde_json::Value> {

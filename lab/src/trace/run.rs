@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use super::model::{self, Objects, Observed, Outcome, Trace};
 use super::parse;
 use crate::plan::Plan;
-use crate::{http_get, LabError, LabState, Result};
+use crate::{http_get, in_netns_thread, LabError, LabState, Result};
 
 /// The DSCP the probe's packets carry (0x2d, TOS byte 0xb4): the request's first packet is
 /// recognised by it on every host, also after NAT changed its addresses and ports.
@@ -195,19 +195,6 @@ impl Drop for Guard {
     fn drop(&mut self) {
         self.with(|i| i.cleanup());
     }
-}
-
-/// Runs `f` on a thread inside a network namespace (given by path).
-fn in_netns_thread<T: Send + 'static>(ns_path: String, f: impl FnOnce() -> T + Send + 'static) -> Result<T> {
-    std::thread::spawn(move || -> Result<T> {
-        let file = std::fs::File::open(&ns_path)
-            .map_err(|e| LabError::Io { what: format!("open namespace {ns_path}"), source: e })?;
-        nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
-            .map_err(|e| LabError::Io { what: format!("enter namespace {ns_path}"), source: e.into() })?;
-        Ok(f())
-    })
-    .join()
-    .map_err(|_| LabError::NotReady("a trace helper thread panicked".into()))?
 }
 
 fn send_canary(ns_path: &str) -> Result<()> {
