@@ -19,7 +19,7 @@ use hyper::header::{HeaderValue, HOST};
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use serde::Serialize;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
 use crate::l7::{Certificate, Route, Site};
@@ -203,11 +203,13 @@ async fn serve(
     loop {
         let Ok((stream, peer)) = listener.accept().await else { continue };
         let (live, counters, next, tls) = (live.clone(), counters.clone(), next.clone(), tls.clone());
+        // Upstream connections keep the client's TOS (what lets a trace follow the request).
+        let tos = node_agent::relay::inbound_tos(&stream);
         tokio::spawn(async move {
             let https = tls.is_some();
             let svc = hyper::service::service_fn(move |req| {
                 let current = live.read().expect("site lock").clone();
-                handle(req, peer, https, current, counters.clone(), next.clone())
+                handle(req, Client { peer, tos, https }, current, counters.clone(), next.clone())
             });
             let http = hyper::server::conn::http1::Builder::new();
             match tls {
@@ -233,10 +235,17 @@ fn page(code: StatusCode, text: String) -> Response<Body> {
     r
 }
 
+/// The client connection a request came on.
+#[derive(Clone, Copy)]
+struct Client {
+    peer: SocketAddr,
+    tos: u32,
+    https: bool,
+}
+
 async fn handle(
     mut req: Request<Incoming>,
-    peer: SocketAddr,
-    https: bool,
+    Client { peer, tos, https }: Client,
     live: Arc<Live>,
     counters: Arc<SiteCounters>,
     next: Arc<AtomicUsize>,
@@ -292,7 +301,7 @@ async fn handle(
     for i in 0..ATTEMPTS.min(live.nodes.len()) {
         let node = live.nodes[(start + i) % live.nodes.len()];
         let addr = SocketAddr::new(node, node_port);
-        let stream = match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr)).await {
+        let stream = match tokio::time::timeout(CONNECT_TIMEOUT, node_agent::relay::connect_with_tos(addr, tos)).await {
             Ok(Ok(s)) => s,
             Ok(Err(e)) => {
                 last_error = format!("{addr}: {e}");

@@ -10,7 +10,8 @@
 //! - [`process`], [`cni`], [`routes`]: side effects behind small traits;
 //! - [`echo`]: the built-in `podpath/echo` workload;
 //! - [`health`], [`metrics`]: `:10256`;
-//! - [`daemon`]: token file and stop signal, shared with lb-sim.
+//! - [`daemon`]: token file and stop signal, shared with lb-sim;
+//! - [`relay`]: outgoing relay connections that keep the inbound DSCP (also lb-sim's).
 
 pub mod agent;
 pub mod client;
@@ -26,6 +27,7 @@ pub mod podstatus;
 pub mod process;
 pub mod proxy;
 pub mod reflector;
+pub mod relay;
 pub mod routes;
 
 pub use error::{AgentError, Result};

@@ -7,7 +7,7 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 
 use serde::Serialize;
 
-use super::parse::{CtEntry, Observation, RuleHit};
+use super::parse::{comment_of, CtEntry, Observation, RuleHit};
 
 /// What was observed, per host (`client`, `gateway`, `node-N`).
 #[derive(Debug, Clone, Default)]
@@ -36,6 +36,7 @@ fn rev(t: (SocketAddrV4, SocketAddrV4)) -> (SocketAddrV4, SocketAddrV4) {
 pub fn tuples(start: (SocketAddrV4, SocketAddrV4), conntrack: &BTreeMap<String, Vec<CtEntry>>) -> Tuples {
     let mut t = Tuples::default();
     t.forward.insert(start);
+    t.backward.insert(rev(start));
     loop {
         let before = (t.forward.len(), t.backward.len());
         for e in conntrack.values().flatten() {
@@ -56,10 +57,125 @@ pub fn tuples(start: (SocketAddrV4, SocketAddrV4), conntrack: &BTreeMap<String, 
     }
 }
 
+/// The DSCP the probe's packets carry (0x2d, TOS byte 0xb4): the request's first packet is
+/// recognised by it on every host, also after NAT changed its addresses and ports, and relays
+/// keep it on the connections they open for the request (`node_agent::relay`).
+pub const PROBE_TOS: u32 = 0xb4;
+
 /// The hosts the request's first packet crossed, in order: the sender first, then by the TTL
 /// the packet arrived with (every router on the way takes one off).
 pub fn request_path(observed: &Observed, t: &Tuples) -> Vec<String> {
     path_of(observed, |o| o.is_syn() && t.forward.contains(&(o.src, o.dst)))
+}
+
+/// One TCP connection carrying the request: the probe's own, or one a relay opened for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Leg {
+    /// The connection's first tuple (as its sender made it).
+    pub start: (SocketAddrV4, SocketAddrV4),
+    pub tuples: Tuples,
+    /// The hosts its first packet crossed (the sender first, when traced).
+    pub path: Vec<String>,
+}
+
+impl Leg {
+    fn new(start: (SocketAddrV4, SocketAddrV4), observed: &Observed) -> Leg {
+        let tuples = tuples(start, &observed.conntrack);
+        let path = request_path(observed, &tuples);
+        Leg { start, tuples, path }
+    }
+}
+
+/// A process that accepted a leg and opened its own connection onward: the userspace proxy on
+/// a node, lb-sim's NodePort or L7 load balancer on the gateway.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Relay {
+    pub host: String,
+    /// The address it accepted the connection on (after any REDIRECT).
+    pub accepted_on: SocketAddrV4,
+    /// Its connections for the request, in order, with how each went (`connected`, `refused
+    /// (reset from …)`, `no answer`); the last one is the one the request went on.
+    pub attempts: Vec<(Leg, String)>,
+}
+
+/// The request's connections end to end: `legs[i]` reaches `relays[i]`, which opened `legs[i+1]`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Flow {
+    pub legs: Vec<Leg>,
+    pub relays: Vec<Relay>,
+}
+
+/// How a relay's connection went: a reset back to the relay host means refused; a conntrack
+/// entry that saw both directions, connected. Conntrack forgets a refused connection at once.
+fn attempt_result(observed: &Observed, host: &str, leg: &Leg) -> String {
+    let reset = observed
+        .packets
+        .get(host)
+        .into_iter()
+        .flatten()
+        .find(|o| o.has_flag("RST") && leg.tuples.backward.contains(&(o.src, o.dst)));
+    if let Some(r) = reset {
+        return format!("refused (reset from {})", r.src);
+    }
+    let entry = observed.conntrack.get(host).into_iter().flatten().find(|e| e.orig == leg.start);
+    match entry {
+        Some(e) if e.assured || e.state == "ESTABLISHED" => "connected".into(),
+        Some(e) if e.state == "SYN_SENT" => "no answer".into(),
+        Some(e) => format!("not answered ({})", e.state),
+        // Namespaces without NAT rules track no connections (the gateway).
+        None => "no conntrack entry".into(),
+    }
+}
+
+/// Follows the request through relays: where a leg ends on a host that then opened connections
+/// with the probe's DSCP, those are the relay's attempts, and the last one carries the request on.
+pub fn follow(observed: &Observed) -> Flow {
+    let (Some(src), Some(dst)) = (observed.src, observed.dst) else { return Flow::default() };
+    let mut flow = Flow { legs: vec![Leg::new((src, dst), observed)], relays: vec![] };
+    let mut known: BTreeSet<(SocketAddrV4, SocketAddrV4)> = flow.legs[0].tuples.forward.clone();
+    // Bounded: the lab has at most two relays on a path (gateway, then a node).
+    for _ in 0..4 {
+        let leg = flow.legs.last().expect("one leg at least");
+        let Some(host) = leg.path.last().cloned() else { break };
+        let obs = observed.packets.get(&host).map(Vec::as_slice).unwrap_or_default();
+        // Where it was delivered: the destination after this host's NAT (a REDIRECT to a proxy
+        // port), else the last destination seen.
+        let translated = observed
+            .conntrack
+            .get(&host)
+            .into_iter()
+            .flatten()
+            .find(|e| leg.tuples.forward.contains(&e.orig))
+            .map(|e| e.reply.0);
+        let seen = obs
+            .iter()
+            .filter(|o| o.is_syn() && leg.tuples.forward.contains(&(o.src, o.dst)))
+            .map(|o| o.dst)
+            .next_back();
+        let Some(accepted_on) = translated.or(seen) else { break };
+        let mut starts: Vec<(SocketAddrV4, SocketAddrV4)> = Vec::new();
+        for o in obs {
+            let opened_here = o.is_syn() && o.iif.is_none() && u32::from(o.tos) & 0xfc == PROBE_TOS;
+            if opened_here && !known.contains(&(o.src, o.dst)) && !starts.contains(&(o.src, o.dst)) {
+                starts.push((o.src, o.dst));
+            }
+        }
+        if starts.is_empty() {
+            break;
+        }
+        let attempts: Vec<(Leg, String)> = starts
+            .iter()
+            .map(|s| {
+                let leg = Leg::new(*s, observed);
+                known.extend(leg.tuples.forward.iter().copied());
+                let result = attempt_result(observed, &host, &leg);
+                (leg, result)
+            })
+            .collect();
+        flow.legs.push(attempts.last().expect("non-empty").0.clone());
+        flow.relays.push(Relay { host, accepted_on, attempts });
+    }
+    flow
 }
 
 /// The hosts the reply's first packet (SYN-ACK) crossed, in order.
@@ -83,30 +199,43 @@ fn path_of(observed: &Observed, wanted: impl Fn(&Observation) -> bool) -> Vec<St
     hosts.into_iter().map(|(_, _, h)| h).collect()
 }
 
-/// The route lookups that explain where each host sent the request: (host, `ip route get`
-/// arguments), with the packet's addresses as it left the host (after any DNAT) and the
-/// interface it came in on, so the kernel answers for exactly this packet.
-pub fn route_queries(observed: &Observed, t: &Tuples, path: &[String]) -> Vec<(String, Vec<String>)> {
+/// The route lookups that explain where each host sent the request: ((leg, host), `ip route
+/// get` arguments), with the packet's addresses as it left the host (after any DNAT) and the
+/// interface it came in on, so the kernel answers for exactly this packet. A leg's last host
+/// before a relay delivered it locally: no lookup there.
+pub fn route_queries(observed: &Observed, flow: &Flow) -> Vec<((usize, String), Vec<String>)> {
     let mut out = Vec::new();
-    for host in path {
-        let obs: Vec<&Observation> =
-            observed.packets[host].iter().filter(|o| o.is_syn() && t.forward.contains(&(o.src, o.dst))).collect();
-        let (Some(first), Some(last)) = (obs.first(), obs.last()) else { continue };
-        let mut args = vec![last.dst.ip().to_string()];
-        if let Some(iif) = &first.iif {
-            args.extend(["from".into(), first.src.ip().to_string(), "iif".into(), iif.clone()]);
+    for (k, leg) in flow.legs.iter().enumerate() {
+        let relayed = k < flow.relays.len();
+        for (i, host) in leg.path.iter().enumerate() {
+            if relayed && i + 1 == leg.path.len() {
+                continue;
+            }
+            if let Some(args) = route_query(observed, &leg.tuples, host) {
+                out.push(((k, host.clone()), args));
+            }
         }
-        args.extend([
-            "ipproto".into(),
-            "tcp".into(),
-            "sport".into(),
-            first.src.port().to_string(),
-            "dport".into(),
-            last.dst.port().to_string(),
-        ]);
-        out.push((host.clone(), args));
     }
     out
+}
+
+fn route_query(observed: &Observed, t: &Tuples, host: &str) -> Option<Vec<String>> {
+    let obs: Vec<&Observation> =
+        observed.packets[host].iter().filter(|o| o.is_syn() && t.forward.contains(&(o.src, o.dst))).collect();
+    let (Some(first), Some(last)) = (obs.first(), obs.last()) else { return None };
+    let mut args = vec![last.dst.ip().to_string()];
+    if let Some(iif) = &first.iif {
+        args.extend(["from".into(), first.src.ip().to_string(), "iif".into(), iif.clone()]);
+    }
+    args.extend([
+        "ipproto".into(),
+        "tcp".into(),
+        "sport".into(),
+        first.src.port().to_string(),
+        "dport".into(),
+        last.dst.port().to_string(),
+    ]);
+    Some(args)
 }
 
 /// The Kubernetes side: who owns the addresses the trace meets.
@@ -120,8 +249,8 @@ pub struct Objects {
     pub traffic_policy: BTreeMap<String, String>,
     /// Per host: `iptables-save -t nat` (for rule positions and probabilities).
     pub nat_rules: BTreeMap<String, String>,
-    /// Per host: `ip route get` of the address the request left that host for.
-    pub routes: BTreeMap<String, String>,
+    /// Per (leg, host): `ip route get` of the address the request left that host for.
+    pub routes: BTreeMap<(usize, String), String>,
     /// lb-sim's view of the probe's destination: (mode, chosen or all nodes in rotation).
     pub lb: Option<(String, Vec<String>)>,
 }
@@ -305,6 +434,15 @@ fn node_steps(
                             rule: h.rule.clone(),
                             object: service.as_ref().map(|s| format!("EndpointSlice endpoint of Service {s}")),
                         });
+                    } else if let Some(port) = rule.split("--to-ports ").nth(1) {
+                        relevant = true;
+                        let port = port.split(' ').next().unwrap_or("");
+                        decisive.push(Step {
+                            kind: "dnat".into(),
+                            text: format!("REDIRECT to proxy port {port} (the userspace proxy's socket on this node)"),
+                            rule: h.rule.clone(),
+                            object: service.as_ref().map(|s| format!("Service {s}")),
+                        });
                     } else if rule.contains("MASQUERADE") {
                         relevant = true;
                         decisive.push(Step {
@@ -364,80 +502,102 @@ fn service_of(comment: &str) -> Option<String> {
 /// Assembles the trace.
 pub fn assemble(observed: &Observed, objects: &Objects, outcome: Outcome) -> Trace {
     let (src, dst) = (observed.src.expect("probe source"), observed.dst.expect("probe destination"));
-    let t = tuples((src, dst), &observed.conntrack);
-    let path = request_path(observed, &t);
+    let flow = follow(observed);
     let mut stopped = None;
-    let mut hops = Vec::new();
+    let mut hops: Vec<Hop> = Vec::new();
     let mut pod = None;
     let mut pod_saw = None;
-    for host in &path {
-        let obs: Vec<&Observation> =
-            observed.packets[host].iter().filter(|o| o.is_syn() && t.forward.contains(&(o.src, o.dst))).collect();
-        let mut steps = Vec::new();
-        if host.starts_with("node-") {
-            // The source this host gave the flow, if it masqueraded it.
-            let masq_src = observed.conntrack.get(host).and_then(|cts| {
-                cts.iter().find(|e| t.forward.contains(&e.orig) && e.reply.1.ip() != e.orig.0.ip()).map(|e| e.reply.1)
-            });
-            steps.extend(node_steps(host, &obs, objects, masq_src, &mut stopped));
-        }
-        let next = path.iter().skip_while(|h| *h != host).nth(1);
-        let stopped_here = steps.iter().any(|s| s.kind == "stop");
-        match (host.as_str(), objects.lb.as_ref(), next) {
-            // The gateway's choice among nodes is observed: the node that received the packet.
-            ("gateway", Some((mode, nodes)), Some(next)) => {
-                let dst = obs.last().map(|o| o.dst.ip().to_string()).unwrap_or_default();
-                let others: Vec<&str> = nodes.iter().filter(|n| *n != next).map(String::as_str).collect();
-                let also =
-                    if others.is_empty() { String::new() } else { format!("; {} also in rotation", others.join(", ")) };
-                steps.push(Step {
-                    kind: "lb".into(),
-                    text: format!("route {dst} → {next} ({mode}{also})"),
-                    rule: None,
-                    object: None,
+    for (k, leg) in flow.legs.iter().enumerate() {
+        let t = &leg.tuples;
+        let relay = flow.relays.get(k);
+        for host in &leg.path {
+            let obs: Vec<&Observation> =
+                observed.packets[host].iter().filter(|o| o.is_syn() && t.forward.contains(&(o.src, o.dst))).collect();
+            let mut steps = Vec::new();
+            if host.starts_with("node-") {
+                // The source this host gave the flow, if it masqueraded it.
+                let masq_src = observed.conntrack.get(host).and_then(|cts| {
+                    cts.iter()
+                        .find(|e| t.forward.contains(&e.orig) && e.reply.1.ip() != e.orig.0.ip())
+                        .map(|e| e.reply.1)
                 });
+                steps.extend(node_steps(host, &obs, objects, masq_src, &mut stopped));
             }
-            _ => {
-                if let Some(r) = objects.routes.get(host).filter(|_| !stopped_here) {
-                    steps.push(step("route", route_text(objects, r)));
+            let next = leg.path.iter().skip_while(|h| *h != host).nth(1);
+            let stopped_here = steps.iter().any(|s| s.kind == "stop");
+            match (host.as_str(), objects.lb.as_ref(), next) {
+                // The gateway's choice among nodes is observed: the node that received the packet.
+                ("gateway", Some((mode, nodes)), Some(next)) if k == 0 => {
+                    let dst = obs.last().map(|o| o.dst.ip().to_string()).unwrap_or_default();
+                    steps.push(Step {
+                        kind: "lb".into(),
+                        text: format!("route {dst} → {next} ({mode}{})", also_in_rotation(nodes, next)),
+                        rule: None,
+                        object: None,
+                    });
+                }
+                _ => {
+                    let route = objects.routes.get(&(k, host.clone()));
+                    if let Some(r) = route.filter(|_| !stopped_here) {
+                        steps.push(step("route", route_text(objects, r)));
+                    }
                 }
             }
+            // Delivered to a pod on this host's bridge? Seen as the packet's output interface
+            // where a hook after routing traced it, else told by the route lookup.
+            let bridged = obs
+                .iter()
+                .rev()
+                .find_map(|o| o.oif.clone().filter(|i| i == "cni0" || i.starts_with("veth")).map(|i| (i, o)))
+                .or_else(|| {
+                    let route = objects.routes.get(&(k, host.clone()))?;
+                    let dev = route.lines().next()?.split(" dev ").nth(1)?.split(' ').next()?.to_string();
+                    let last = obs.last()?;
+                    (dev == "cni0" && objects.pods.contains_key(last.dst.ip())).then_some((dev, last))
+                });
+            if let Some((dev, o)) = bridged {
+                let who = objects.pods.get(o.dst.ip()).map(|(p, _)| p.clone());
+                // The source the pod sees: this host's conntrack entry for the packet as delivered,
+                // or the packet's own source when this host did not translate it.
+                let seen = observed.conntrack.get(host).and_then(|cts| {
+                    cts.iter().find(|e| e.reply.0 == o.dst && t.forward.contains(&e.orig)).map(|e| e.reply.1)
+                });
+                steps.push(step(
+                    "deliver",
+                    format!("bridge {dev} → pod {} ({})", who.clone().unwrap_or_else(|| "?".into()), o.dst),
+                ));
+                pod = who;
+                pod_saw = seen.or(Some(o.src)).map(|s| s.to_string());
+            }
+            // A relay's own connection starts on the host that accepted the previous one.
+            match hops.last_mut() {
+                Some(last) if k > 0 && last.host == *host && leg.path.first() == Some(host) => last.steps.extend(steps),
+                _ => hops.push(Hop { host: host.clone(), steps }),
+            }
         }
-        // Delivered to a pod on this host's bridge?
-        if let Some(o) =
-            obs.iter().rev().find(|o| o.oif.as_deref().is_some_and(|i| i == "cni0" || i.starts_with("veth")))
-        {
-            let who = objects.pods.get(o.dst.ip()).map(|(p, _)| p.clone());
-            // The source the pod sees: this host's conntrack entry for the packet as delivered.
-            let seen = observed.conntrack.get(host).and_then(|cts| {
-                cts.iter().find(|e| e.reply.0 == o.dst && t.forward.contains(&e.orig)).map(|e| e.reply.1)
-            });
-            steps.push(step(
-                "deliver",
-                format!(
-                    "bridge {} → pod {} ({})",
-                    o.oif.clone().unwrap_or_default(),
-                    who.clone().unwrap_or_else(|| "?".into()),
-                    o.dst
-                ),
-            ));
-            pod = who;
-            pod_saw = seen.map(|s| s.to_string());
+        if let (Some(relay), Some(last)) = (relay, hops.last_mut()) {
+            last.steps.push(relay_step(relay, objects, outcome.answered));
         }
-        hops.push(Hop { host: host.clone(), steps });
     }
-    let reply = reply_path(observed, &t);
-    // Conntrack of every host that translated the flow.
+    let t = &flow.legs[0].tuples;
+    let reply = reply_path(observed, t);
+    // Conntrack of every host that translated the flow, leg by leg.
     let mut conntrack = Vec::new();
-    for host in &path {
-        for e in observed.conntrack.get(host).into_iter().flatten() {
-            if t.forward.contains(&e.orig) && e.is_natted() {
-                conntrack.push(format!("{host}: {}→{} ⇄ {}→{}", e.orig.0, e.orig.1, e.reply.0, e.reply.1));
+    for leg in &flow.legs {
+        for host in &leg.path {
+            for e in observed.conntrack.get(host).into_iter().flatten() {
+                if leg.tuples.forward.contains(&e.orig) && e.is_natted() {
+                    let line = format!("{host}: {}→{} ⇄ {}→{}", e.orig.0, e.orig.1, e.reply.0, e.reply.1);
+                    if !conntrack.contains(&line) {
+                        conntrack.push(line);
+                    }
+                }
             }
         }
     }
     if !outcome.answered && stopped.is_none() {
-        stopped = Some(explain_failure(observed, &t, &path, &reply, objects));
+        let last_leg = flow.legs.last().expect("one leg at least");
+        stopped = Some(explain_failure(observed, t, &last_leg.path, &reply, objects));
     }
     Trace {
         from: observed.from.clone(),
@@ -451,6 +611,56 @@ pub fn assemble(observed: &Observed, objects: &Objects, outcome: Outcome) -> Tra
         conntrack,
         reply_path: reply,
     }
+}
+
+fn also_in_rotation(nodes: &[String], chosen: &str) -> String {
+    let others: Vec<&str> = nodes.iter().filter(|n| *n != chosen).map(String::as_str).collect();
+    if others.is_empty() {
+        String::new()
+    } else {
+        format!("; {} also in rotation", others.join(", "))
+    }
+}
+
+/// What a relay did: who accepted the connection, and the connections it opened for it.
+fn relay_step(relay: &Relay, objects: &Objects, answered: bool) -> Step {
+    let (who, object) = if relay.host == "gateway" {
+        let mode = objects.lb.as_ref().map(|(m, _)| m.clone()).unwrap_or_else(|| "load balancer".into());
+        (format!("lb-sim ({mode})"), None)
+    } else {
+        // The userspace proxy's port leads back to its Service through the REDIRECT rule.
+        let service = objects.nat_rules.get(&relay.host).and_then(|save| {
+            let to_port = format!("--to-ports {} ", relay.accepted_on.port());
+            let to_dest = format!(":{}", relay.accepted_on.port());
+            save.lines()
+                .find(|l| {
+                    format!("{l} ").contains(&to_port) || (l.contains("--to-destination") && l.ends_with(&to_dest))
+                })
+                .and_then(comment_of)
+        });
+        let text = match &service {
+            Some(s) => format!("node-agent's userspace proxy for {s}"),
+            None => "node-agent's userspace proxy".to_string(),
+        };
+        (text, service.as_deref().and_then(service_of).map(|s| format!("Service {s}")))
+    };
+    let mut lines = vec![format!("{who} accepted on {}", relay.accepted_on)];
+    let many = relay.attempts.len() > 1;
+    for (i, (leg, result)) in relay.attempts.iter().enumerate() {
+        let to = leg.start.1;
+        let name = name_of(objects, *to.ip()).map(|n| format!(" ({n})")).unwrap_or_default();
+        let nth = if many { format!("attempt {}", i + 1) } else { "connection".to_string() };
+        // The connection the answer came back on was made, whatever conntrack kept of it.
+        let result = if answered && i + 1 == relay.attempts.len() { "connected" } else { result.as_str() };
+        let mut line = format!("{nth}: {} → {to}{name} {result}", leg.start.0);
+        if relay.host == "gateway" && i + 1 == relay.attempts.len() {
+            if let (Some((_, nodes)), Some(node)) = (&objects.lb, objects.nodes.get(to.ip())) {
+                line += &also_in_rotation(nodes, node);
+            }
+        }
+        lines.push(line);
+    }
+    Step { kind: "relay".into(), text: lines.join("\n"), rule: None, object }
 }
 
 /// Why a request that got no answer stopped, from where its packets were last seen.
@@ -539,11 +749,11 @@ PACKET: 2 c2 IN=eth0 SRC=10.0.0.1 DST=10.0.0.2 LEN=60 TOS=0x0 TTL=64 ID=9 DF SPO
         o.traffic_policy.insert("default/web".into(), "Cluster".into());
         o.nat_rules.insert("node-3".into(), NAT3.into());
         o.routes.insert(
-            "client".into(),
+            (0, "client".into()),
             "198.51.100.1 via 203.0.113.1 dev eth0 src 203.0.113.10 uid 0\n    cache\n".into(),
         );
-        o.routes.insert("node-3".into(), "10.244.1.5 from 203.0.113.10 via 192.168.56.11 dev eth0\n".into());
-        o.routes.insert("node-1".into(), "10.244.1.5 from 192.168.56.13 dev cni0\n".into());
+        o.routes.insert((0, "node-3".into()), "10.244.1.5 from 203.0.113.10 via 192.168.56.11 dev eth0\n".into());
+        o.routes.insert((0, "node-1".into()), "10.244.1.5 from 192.168.56.13 dev cni0\n".into());
         o.lb = Some(("passthrough LB of default/web".into(), vec!["node-1".into(), "node-2".into(), "node-3".into()]));
         o
     }
@@ -561,7 +771,9 @@ PACKET: 2 c2 IN=eth0 SRC=10.0.0.1 DST=10.0.0.2 LEN=60 TOS=0x0 TTL=64 ID=9 DF SPO
         assert!(t.forward.contains(&fwd("192.168.56.13:5555", "10.244.1.5:8080")), "after masquerade");
         assert!(t.backward.contains(&fwd("10.244.1.5:8080", "192.168.56.13:5555")));
         assert_eq!(request_path(&o, &t), ["client", "gateway", "node-3", "node-1"]);
-        let q = route_queries(&o, &t, &request_path(&o, &t));
+        let flow = follow(&o);
+        assert_eq!((flow.legs.len(), flow.relays.len()), (1, 0), "no relay on this path");
+        let q = route_queries(&o, &flow);
         assert_eq!(q[2].1.join(" "), "10.244.1.5 from 203.0.113.10 iif eth0 ipproto tcp sport 40000 dport 8080");
         assert_eq!(q[0].1.join(" "), "198.51.100.1 ipproto tcp sport 40000 dport 80");
     }
@@ -624,5 +836,78 @@ PACKET: 2 c2 IN=eth0 SRC=10.0.0.1 DST=10.0.0.2 LEN=60 TOS=0x0 TTL=64 ID=9 DF SPO
             ),
             "{stopped}"
         );
+    }
+
+    #[test]
+    fn relays_are_followed_by_the_probes_dscp_with_every_attempt() {
+        // lb-sim on the gateway proxies to node-2's NodePort; node-2's userspace proxy tries a
+        // dead pod (reset), then a pod on node-1.
+        let mut o = Observed {
+            from: "client".into(),
+            src: Some("203.0.113.10:40000".parse().unwrap()),
+            dst: Some("198.51.100.1:80".parse().unwrap()),
+            ..Default::default()
+        };
+        let gateway = format!("{GATEWAY}PACKET: 2 b2 OUT=eth0 SRC=192.168.56.2 DST=192.168.56.12 LEN=60 TOS=0xb4 TTL=64 ID=8 DF SPORT=5000 DPORT=30097 SYN \n");
+        let node2 = r#"PACKET: 2 c1 IN=eth0 SRC=192.168.56.2 DST=192.168.56.12 LEN=60 TOS=0xb4 TTL=64 ID=8 DF SPORT=5000 DPORT=30097 SYN 
+ TRACE: 2 c1 nat:PREROUTING:rule:0x1:JUMP:KUBE-NODEPORT-CONTAINER  -4 -t nat -A PREROUTING -m comment --comment "handle service NodePorts; NOTE: this must be the last rule in the chain" -j KUBE-NODEPORT-CONTAINER
+ TRACE: 2 c1 nat:KUBE-NODEPORT-CONTAINER:rule:0x2:ACCEPT  -4 -t nat -A KUBE-NODEPORT-CONTAINER -p tcp -m comment --comment "default/cloud-nginx:http-server" -m tcp --dport 30097 -j REDIRECT --to-ports 37077
+PACKET: 2 c2 OUT=cni0 SRC=10.244.2.1 DST=10.244.2.2 LEN=60 TOS=0xb4 TTL=64 ID=9 DF SPORT=6000 DPORT=80 SYN 
+PACKET: 2 c3 IN=cni0 SRC=10.244.2.2 DST=10.244.2.1 LEN=40 TOS=0xb4 TTL=64 ID=0 DF SPORT=80 DPORT=6000 ACK RST 
+PACKET: 2 c4 OUT=eth0 SRC=192.168.56.12 DST=10.244.1.2 LEN=60 TOS=0xb4 TTL=64 ID=10 DF SPORT=6001 DPORT=80 SYN 
+"#;
+        let node1 = "PACKET: 2 d1 IN=eth0 OUT=cni0 SRC=192.168.56.12 DST=10.244.1.2 LEN=60 TOS=0xb4 TTL=63 ID=10 DF SPORT=6001 DPORT=80 SYN \n";
+        for (h, text) in [("client", CLIENT), ("gateway", &gateway), ("node-2", node2), ("node-1", node1)] {
+            o.packets.insert(h.into(), parse_monitor(text));
+        }
+        o.conntrack.insert("node-2".into(), parse_conntrack("tcp 6 119 TIME_WAIT src=192.168.56.2 dst=192.168.56.12 sport=5000 dport=30097 src=192.168.56.12 dst=192.168.56.2 sport=37077 dport=5000 [ASSURED] mark=0 use=1\ntcp 6 119 TIME_WAIT src=192.168.56.12 dst=10.244.1.2 sport=6001 dport=80 src=10.244.1.2 dst=192.168.56.12 sport=80 dport=6001 [ASSURED] mark=0 use=1\n"));
+        let flow = follow(&o);
+        assert_eq!(flow.legs.len(), 3);
+        assert_eq!(
+            flow.legs.iter().map(|l| l.path.clone()).collect::<Vec<_>>(),
+            [
+                vec!["client".to_string(), "gateway".into()],
+                vec!["gateway".into(), "node-2".into()],
+                vec!["node-2".into(), "node-1".into()],
+            ]
+        );
+        let results: Vec<&str> = flow.relays[1].attempts.iter().map(|(_, r)| r.as_str()).collect();
+        assert_eq!(results, ["refused (reset from 10.244.2.2:80)", "connected"]);
+        assert_eq!(flow.relays[1].accepted_on, "192.168.56.12:37077".parse().unwrap());
+        let q = route_queries(&o, &flow);
+        let keys: Vec<(usize, &str)> = q.iter().map(|((k, h), _)| (*k, h.as_str())).collect();
+        assert_eq!(
+            keys,
+            [(0, "client"), (1, "gateway"), (2, "node-2"), (2, "node-1")],
+            "no lookup where a relay took over"
+        );
+
+        let mut objects = objects();
+        objects.pods.insert("10.244.2.2".parse().unwrap(), ("default/cloud-nginx-dead".into(), "node-2".into()));
+        objects.pods.insert("10.244.1.2".parse().unwrap(), ("default/cloud-nginx-1".into(), "node-1".into()));
+        objects.nat_rules.insert("node-2".into(), "-A KUBE-NODEPORT-CONTAINER -p tcp -m comment --comment \"default/cloud-nginx:http-server\" -m tcp --dport 30097 -j REDIRECT --to-ports 37077\n".into());
+        objects.lb = Some(("nodeport LB of default/cloud-nginx".into(), vec!["node-1".into(), "node-2".into()]));
+        objects.routes.clear();
+        let trace = assemble(&o, &objects, ok());
+        assert_eq!(
+            trace.hops.iter().map(|h| h.host.as_str()).collect::<Vec<_>>(),
+            ["client", "gateway", "node-2", "node-1"]
+        );
+        let relay = |h: usize| trace.hops[h].steps.iter().find(|s| s.kind == "relay").unwrap().text.clone();
+        assert_eq!(
+            relay(1),
+            "lb-sim (nodeport LB of default/cloud-nginx) accepted on 198.51.100.1:80\nconnection: 192.168.56.2:5000 → 192.168.56.12:30097 (node-2) connected; node-1 also in rotation"
+        );
+        assert_eq!(
+            relay(2),
+            "node-agent's userspace proxy for default/cloud-nginx:http-server accepted on 192.168.56.12:37077\n\
+             attempt 1: 10.244.2.1:6000 → 10.244.2.2:80 (pod default/cloud-nginx-dead) refused (reset from 10.244.2.2:80)\n\
+             attempt 2: 192.168.56.12:6001 → 10.244.1.2:80 (pod default/cloud-nginx-1) connected"
+        );
+        let redirect = trace.hops[2].steps.iter().find(|s| s.kind == "dnat").unwrap();
+        assert_eq!(redirect.object.as_deref(), Some("Service default/cloud-nginx:http-server"));
+        assert!(redirect.text.starts_with("REDIRECT to proxy port 37077"));
+        assert_eq!(trace.pod.as_deref(), Some("default/cloud-nginx-1"));
+        assert_eq!(trace.pod_saw.as_deref(), Some("192.168.56.12:6001"));
     }
 }

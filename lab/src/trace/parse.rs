@@ -183,6 +183,8 @@ fn save_form(rule: &str) -> String {
 pub struct CtEntry {
     pub proto: String,
     pub state: String,
+    /// `[ASSURED]`: traffic was seen both ways (a connection that was answered).
+    pub assured: bool,
     pub orig: (SocketAddrV4, SocketAddrV4),
     pub reply: (SocketAddrV4, SocketAddrV4),
 }
@@ -206,11 +208,13 @@ fn parse_ct_line(line: &str) -> Option<CtEntry> {
         return None;
     }
     let mut state = String::new();
+    let mut assured = false;
     let (mut ips, mut ports) = (Vec::new(), Vec::new());
     for w in words {
         match w.split_once('=') {
             Some(("src" | "dst", v)) => ips.push(v.parse::<Ipv4Addr>().ok()?),
             Some(("sport" | "dport", v)) => ports.push(v.parse::<u16>().ok()?),
+            None if w == "[ASSURED]" => assured = true,
             None if w.chars().all(|c| c.is_ascii_uppercase() || c == '_') && !w.is_empty() => state = w.into(),
             _ => {}
         }
@@ -219,7 +223,7 @@ fn parse_ct_line(line: &str) -> Option<CtEntry> {
         return None;
     }
     let sa = |i: usize| SocketAddrV4::new(ips[i], ports[i]);
-    Some(CtEntry { proto, state, orig: (sa(0), sa(1)), reply: (sa(2), sa(3)) })
+    Some(CtEntry { proto, state, assured, orig: (sa(0), sa(1)), reply: (sa(2), sa(3)) })
 }
 
 #[cfg(test)]
@@ -274,6 +278,7 @@ PACKET: 2 a7ab5471 IN=eth0 SRC=198.51.100.1 DST=203.0.113.10 LEN=52 TOS=0x0 TTL=
         let ct = parse_conntrack(text);
         assert_eq!(ct.len(), 2);
         assert_eq!(ct[0].state, "TIME_WAIT");
+        assert!(ct[0].assured && !ct[1].assured);
         assert_eq!(ct[0].reply.1, "192.168.56.12:21544".parse().unwrap());
         assert!(ct[0].is_natted());
         assert!(!ct[1].is_natted());

@@ -2,6 +2,7 @@
 //! kernel's trace monitor in each, the probe connection, conntrack, routes and the API.
 //! Everything installed is removed on every way out, Ctrl-C included.
 
+use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::process::{Child, Command, Stdio};
@@ -13,9 +14,7 @@ use super::parse;
 use crate::plan::Plan;
 use crate::{http_get, in_netns_thread, LabError, LabState, Result};
 
-/// The DSCP the probe's packets carry (0x2d, TOS byte 0xb4): the request's first packet is
-/// recognised by it on every host, also after NAT changed its addresses and ports.
-pub const PROBE_TOS: u32 = 0xb4;
+pub use super::model::PROBE_TOS;
 /// The chain of trace rules in the raw table of every traced host.
 pub const TRACE_CHAIN: &str = "PODPATH-TRACE";
 /// Where the monitor-sync datagrams go (discard port; nothing listens).
@@ -82,13 +81,15 @@ fn in_ns(netns: &str, argv: &[&str]) -> Result<String> {
 
 /// The raw-table rules a trace adds (iptables-restore input, applied with `--noflush`): the
 /// probe's SYN, recognised by its DSCP on every host (also after NAT changed its addresses);
-/// SYN-ACKs to the probe's port (the reply, wherever it was not translated); and the
-/// monitor-sync datagram. Nothing else is traced, so other traffic costs the monitors nothing.
+/// SYN-ACKs to the probe's port (the reply, wherever it was not translated); resets with the
+/// DSCP (a kernel's reset copies the TOS of the SYN it refuses: a relay's failed attempt); and
+/// the monitor-sync datagram. Nothing else is traced, so other traffic costs the monitors nothing.
 pub fn trace_rules(probe_port: u16) -> String {
     format!(
         "*raw\n:{TRACE_CHAIN} - [0:0]\n-I PREROUTING 1 -j {TRACE_CHAIN}\n-I OUTPUT 1 -j {TRACE_CHAIN}\n\
          -A {TRACE_CHAIN} -p tcp -m tcp --tcp-flags SYN,ACK SYN -m tos --tos 0x{PROBE_TOS:02x}/0xfc -j TRACE\n\
          -A {TRACE_CHAIN} -p tcp -m tcp --dport {probe_port} --tcp-flags SYN,ACK SYN,ACK -j TRACE\n\
+         -A {TRACE_CHAIN} -p tcp -m tcp --tcp-flags RST RST -m tos --tos 0x{PROBE_TOS:02x}/0xfc -j TRACE\n\
          -A {TRACE_CHAIN} -p udp -m udp --dport {CANARY_PORT} -m tos --tos 0x{PROBE_TOS:02x}/0xfc -j TRACE\n\
          COMMIT\n"
     )
@@ -135,11 +136,31 @@ fn has_rules(netns: &str) -> bool {
     in_ns(netns, &["iptables", "-w", "-t", "raw", "-S", TRACE_CHAIN]).is_ok()
 }
 
+/// The per-namespace switch that lets an accepted socket know its SYN's TOS, so relays (the
+/// userspace proxy, lb-sim's NodePort and L7 load balancers) give their own connection the
+/// probe's DSCP (`node_agent::relay`).
+const REFLECT_TOS: &str = "/proc/sys/net/ipv4/tcp_reflect_tos";
+
+/// Sets `tcp_reflect_tos` in a namespace; returns the value it had (None: no such switch in
+/// this kernel, so relays are not followed).
+fn set_reflect_tos(ns: &str, value: &str) -> Option<String> {
+    let value = value.to_string();
+    in_netns_thread(format!("/run/netns/{ns}"), move || {
+        let old = std::fs::read_to_string(REFLECT_TOS).ok()?;
+        std::fs::write(REFLECT_TOS, value).ok()?;
+        Some(old.trim().to_string())
+    })
+    .ok()
+    .flatten()
+}
+
 /// What a trace has installed and started; `cleanup` undoes it (idempotent).
 #[derive(Default)]
 pub struct Installed {
     namespaces: Vec<String>,
     monitors: Vec<Child>,
+    /// Namespaces whose `tcp_reflect_tos` the trace changed, with the value to put back.
+    reflect_tos: Vec<(String, String)>,
 }
 
 impl Installed {
@@ -149,6 +170,9 @@ impl Installed {
             let _ = m.wait();
         }
         self.monitors.clear();
+        for (ns, old) in self.reflect_tos.drain(..) {
+            set_reflect_tos(&ns, &old);
+        }
         let namespaces: Vec<String> = self.namespaces.drain(..).collect();
         std::thread::scope(|s| {
             for ns in &namespaces {
@@ -354,6 +378,27 @@ fn api_objects(api: SocketAddr) -> Objects {
     o
 }
 
+/// lb-sim's view of a VIP: (what balances it, the nodes in rotation); a Service's frontend
+/// (passthrough or nodeport mode) or an Ingress site (L7).
+fn lb_view(doc: &serde_json::Value, vip: &str) -> Option<(String, Vec<String>)> {
+    let strings = |v: &serde_json::Value| -> Vec<String> {
+        v.as_array().into_iter().flatten().filter_map(|s| s.as_str().map(str::to_string)).collect()
+    };
+    if let Some(f) = doc["frontends"].as_array().into_iter().flatten().find(|f| f["vip"] == vip) {
+        let rotation: Vec<String> = f["backends"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|b| b["inRotation"] == true)
+            .filter_map(|b| b["node"].as_str().map(str::to_string))
+            .collect();
+        let mode = format!("{} LB of {}", doc["mode"].as_str().unwrap_or("?"), f["service"].as_str().unwrap_or("?"));
+        return Some((mode, rotation));
+    }
+    let site = doc["ingresses"].as_array().into_iter().flatten().find(|s| s["vip"] == vip)?;
+    Some((format!("L7 LB of Ingress {}", site["ingress"].as_str().unwrap_or("?")), strings(&site["nodesInRotation"])))
+}
+
 /// Traces one request through the lab.
 pub fn trace(st: &LabState, req: &Request) -> Result<Trace> {
     let plan = Plan::new(&st.name, st.nodes);
@@ -396,6 +441,11 @@ pub fn trace(st: &LabState, req: &Request) -> Result<Trace> {
             .collect()
     });
     installed.into_iter().collect::<Result<Vec<()>>>()?;
+    for (_, ns) in &hosts {
+        if let Some(old) = set_reflect_tos(ns, "1") {
+            guard.with(|i| i.reflect_tos.push((ns.clone(), old)));
+        }
+    }
     let mut outputs = Vec::new();
     for (_, ns) in &hosts {
         let mut child = Command::new("ip")
@@ -445,50 +495,43 @@ pub fn trace(st: &LabState, req: &Request) -> Result<Trace> {
     for n in &plan.nodes {
         objects.nodes.insert(n.ip, n.name.clone());
     }
-    let t = model::tuples((src, req.dst), &observed.conntrack);
-    let path = model::request_path(&observed, &t);
-    let queries = model::route_queries(&observed, &t, &path);
-    let answers: Vec<(String, Option<String>, Option<String>)> = std::thread::scope(|s| {
+    let flow = model::follow(&observed);
+    let queries = model::route_queries(&observed, &flow);
+    let answers: Vec<Option<String>> = std::thread::scope(|s| {
         let jobs: Vec<_> = queries
             .iter()
-            .map(|(host, args)| {
+            .map(|((_, host), args)| {
                 let ns = hosts.iter().find(|(h, _)| h == host).expect("traced host").1.clone();
                 s.spawn(move || {
                     let mut argv = vec!["ip", "route", "get"];
                     argv.extend(args.iter().map(String::as_str));
-                    let route = in_ns(&ns, &argv).ok();
-                    let nat = host
-                        .starts_with("node-")
-                        .then(|| in_ns(&ns, &["iptables-save", "-t", "nat"]).unwrap_or_default());
-                    (host.clone(), route, nat)
+                    in_ns(&ns, &argv).ok()
                 })
+            })
+            .collect();
+        jobs.into_iter().map(|j| j.join().ok().flatten()).collect()
+    });
+    for ((key, _), route) in queries.into_iter().zip(answers) {
+        if let Some(r) = route {
+            objects.routes.insert(key, r);
+        }
+    }
+    let traced_nodes: BTreeSet<&String> =
+        flow.legs.iter().flat_map(|l| &l.path).filter(|h| h.starts_with("node-")).collect();
+    let rules: Vec<(String, String)> = std::thread::scope(|s| {
+        let jobs: Vec<_> = traced_nodes
+            .iter()
+            .map(|host| {
+                let ns = hosts.iter().find(|(h, _)| h == *host).expect("traced host").1.clone();
+                s.spawn(move || ((*host).clone(), in_ns(&ns, &["iptables-save", "-t", "nat"]).unwrap_or_default()))
             })
             .collect();
         jobs.into_iter().filter_map(|j| j.join().ok()).collect()
     });
-    for (host, route, nat) in answers {
-        if let Some(r) = route {
-            objects.routes.insert(host.clone(), r);
-        }
-        if let Some(n) = nat {
-            objects.nat_rules.insert(host, n);
-        }
-    }
-    if path.iter().any(|h| h == "gateway") {
+    objects.nat_rules.extend(rules);
+    if flow.legs.iter().any(|l| l.path.iter().any(|h| h == "gateway")) {
         if let Ok(doc) = crate::lb_status(st) {
-            let vip = req.dst.ip().to_string();
-            if let Some(f) = doc["frontends"].as_array().into_iter().flatten().find(|f| f["vip"] == vip.as_str()) {
-                let rotation: Vec<String> = f["backends"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .filter(|b| b["inRotation"] == true)
-                    .filter_map(|b| b["node"].as_str().map(str::to_string))
-                    .collect();
-                let mode =
-                    format!("{} LB of {}", doc["mode"].as_str().unwrap_or("?"), f["service"].as_str().unwrap_or("?"));
-                objects.lb = Some((mode, rotation));
-            }
+            objects.lb = lb_view(&doc, &req.dst.ip().to_string());
         }
     }
     Ok(model::assemble(&observed, &objects, outcome))

@@ -289,11 +289,12 @@ impl Balancer {
     }
 }
 
-/// Connects to an endpoint for `client`, trying up to four with growing timeouts.
-async fn dial(balancer: &Mutex<Balancer>, client: IpAddr, spn: &str) -> Option<TcpStream> {
+/// Connects to an endpoint for `client`, trying up to four with growing timeouts; the
+/// connection keeps the client's TOS (see [`crate::relay`]).
+async fn dial(balancer: &Mutex<Balancer>, client: IpAddr, tos: u32, spn: &str) -> Option<TcpStream> {
     for (i, timeout) in DIAL_TIMEOUTS.iter().enumerate() {
         let ep = balancer.lock().expect("balancer").pick(client, i > 0, Instant::now())?;
-        match tokio::time::timeout(*timeout, TcpStream::connect(ep)).await {
+        match tokio::time::timeout(*timeout, crate::relay::connect_with_tos(ep, tos)).await {
             Ok(Ok(s)) => return Some(s),
             Ok(Err(e)) => {
                 tracing::info!(service = spn, endpoint = %ep, "connect failed ({e}); trying the next endpoint")
@@ -315,7 +316,8 @@ async fn serve_tcp(listener: TcpListener, balancer: Arc<Mutex<Balancer>>, spn: S
         let balancer = balancer.clone();
         let spn = spn.clone();
         tokio::spawn(async move {
-            let Some(mut outbound) = dial(&balancer, client.ip(), &spn).await else {
+            let tos = crate::relay::inbound_tos(&inbound);
+            let Some(mut outbound) = dial(&balancer, client.ip(), tos, &spn).await else {
                 tracing::warn!(service = %spn, %client, "no endpoint accepted the connection; closing it");
                 return;
             };
