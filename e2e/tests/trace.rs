@@ -29,12 +29,26 @@ fn steps_of(t: &serde_json::Value, host: &str) -> String {
     hop["steps"].as_array().unwrap().iter().map(|s| s["text"].as_str().unwrap()).collect::<Vec<_>>().join("\n")
 }
 
-/// No trace chain in any namespace of the lab.
+/// No trace chain in any namespace of the lab, and TOS reflection off again.
 fn assert_no_trace_rules(lab: &Lab) {
     for h in ["client", "gateway", "node-1", "node-2"] {
         let raw = lab.exec(h, &["iptables-save", "-t", "raw"]);
         assert!(!raw.contains("PODPATH-TRACE"), "trace rules left on {h}:\n{raw}");
+        assert_eq!(lab.exec(h, &["cat", "/proc/sys/net/ipv4/tcp_reflect_tos"]).trim(), "0", "{h}");
     }
+}
+
+/// The text of the first step of `kind` in a hop.
+fn step_of(t: &serde_json::Value, host: &str, kind: &str) -> serde_json::Value {
+    t["hops"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|h| h["host"] == host)
+        .flat_map(|h| h["steps"].as_array().unwrap())
+        .find(|s| s["kind"] == kind)
+        .unwrap_or_else(|| panic!("no {kind} step on {host}: {t:#}"))
+        .clone()
 }
 
 fn lb_ip(lab: &Lab, svc: &str) -> String {
@@ -217,6 +231,132 @@ fn trace_shows_where_an_unmasqueraded_request_stops_and_ctrl_c_cleans_up() {
     let out = child.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(130), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(String::from_utf8_lossy(&out.stderr).contains("trace rules removed"));
+    assert_no_trace_rules(&lab);
+}
+
+/// Scenario 2: lb-sim's NodePort proxy on the gateway, then a node's userspace proxy, which
+/// retries past a pod that refuses; every connection of the request is followed.
+#[test]
+fn trace_follows_scenario_2_through_both_proxies_and_a_retry() {
+    if !root_or_explain() {
+        return;
+    }
+    let lab =
+        Lab::up("tr2", &["--nodes", "2", "--proxy-mode", "userspace", "--lb-mode", "nodeport"]).expect("podpath up");
+    lab.apply(
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: cloud-nginx-1, labels: {app: cloud-nginx}}\nspec:\n  nodeName: node-1\n  containers:\n  - {name: main, image: podpath/echo, args: [--redirect-to-https, \"80\", --https-port, \"443\"], ports: [{containerPort: 80}]}\n---\n\
+         apiVersion: v1\nkind: Pod\nmetadata: {name: cloud-nginx-dead, labels: {app: cloud-nginx}}\nspec:\n  nodeName: node-2\n  containers:\n  - {name: main, image: podpath/echo, ports: [{containerPort: 8080}]}\n---\n\
+         apiVersion: v1\nkind: Service\nmetadata: {name: cloud-nginx}\nspec:\n  type: LoadBalancer\n  selector: {app: cloud-nginx}\n  ports:\n  - {name: http-server, port: 80, targetPort: 80}\n",
+    );
+    lab.kubectl(&["wait", "--for=condition=Ready", "pod/cloud-nginx-1", "pod/cloud-nginx-dead", "--timeout=60s"]);
+    let vip = lb_ip(&lab, "cloud-nginx");
+    let np = lab.kubectl(&["get", "svc", "cloud-nginx", "-o", "jsonpath={.spec.ports[0].nodePort}"]);
+    let url = format!("http://{vip}/");
+    wait_for(Duration::from_secs(20), "the Service to answer", || match lab.curl(&[&url]) {
+        (0, _) => Ok(()),
+        (c, o) => Err(format!("{c}: {o}")),
+    });
+    // Each node's proxy takes its endpoints in turn, so within a few requests through the same
+    // node one tries the dead pod first.
+    let mut retried = None;
+    for _ in 0..8 {
+        let (ok, t) = trace_json(&lab, &[&url]);
+        assert!(ok, "{t:#}");
+        assert_eq!(t["outcome"]["status"], 301, "{t:#}");
+        assert_eq!(t["pod"], "default/cloud-nginx-1", "{t:#}");
+        let path = hosts(&t);
+        assert_eq!(path[..2], ["client", "gateway"], "{t:#}");
+        let node = path[2].clone();
+        let node_ip = if node == "node-1" { "192.168.56.11" } else { "192.168.56.12" };
+        let lb = step_of(&t, "gateway", "relay")["text"].as_str().unwrap().to_string();
+        assert!(lb.starts_with(&format!("lb-sim (nodeport LB of default/cloud-nginx) accepted on {vip}:80\n")), "{lb}");
+        assert!(lb.contains(&format!(" → {node_ip}:{np} ({node}) connected")), "{lb}");
+        let redirect = step_of(&t, &node, "dnat");
+        assert!(redirect["text"].as_str().unwrap().starts_with("REDIRECT to proxy port "), "{t:#}");
+        assert_eq!(redirect["object"], "Service default/cloud-nginx:http-server");
+        assert!(redirect["rule"].as_str().unwrap().starts_with("-A KUBE-NODEPORT-CONTAINER"), "{t:#}");
+        let proxy = step_of(&t, &node, "relay")["text"].as_str().unwrap().to_string();
+        assert!(
+            proxy.starts_with("node-agent's userspace proxy for default/cloud-nginx:http-server accepted on "),
+            "{proxy}"
+        );
+        assert!(proxy.lines().last().unwrap().ends_with("(pod default/cloud-nginx-1) connected"), "{proxy}");
+        if proxy.contains("attempt 1: ") {
+            retried = Some(proxy);
+            break;
+        }
+    }
+    let retried = retried.expect("one of 8 requests tried the dead pod first");
+    let lines: Vec<&str> = retried.lines().collect();
+    assert!(
+        lines[1].contains("(pod default/cloud-nginx-dead) refused (reset from 10.244.2.")
+            && lines[2].starts_with("attempt 2: "),
+        "{retried}"
+    );
+    assert_no_trace_rules(&lab);
+}
+
+/// Scenario 3: the L7 load balancer ends the HTTP request and opens its own connection to a
+/// node's NodePort, chosen by the Ingress rule; and a trace from inside a pod to a ClusterIP.
+#[test]
+fn trace_follows_scenario_3_through_the_l7_load_balancer_and_from_a_pod() {
+    if !root_or_explain() {
+        return;
+    }
+    let lab = Lab::up("tr3", &["--nodes", "2"]).expect("podpath up");
+    for d in ["web", "cart"] {
+        lab.kubectl(&["create", "deployment", d, "--image=podpath/echo", "--replicas=1", "--port=8080"]);
+        lab.kubectl(&["expose", "deployment", d, "--type=NodePort", "--port=80", "--target-port=8080"]);
+    }
+    lab.apply(
+        "apiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {name: shop}\nspec:\n  \
+         defaultBackend: {service: {name: web, port: {number: 80}}}\n  \
+         rules:\n  - http:\n      paths:\n      - {path: /cart, pathType: Prefix, backend: {service: {name: cart, port: {number: 80}}}}\n",
+    );
+    lab.kubectl(&["rollout", "status", "deployment/web", "--timeout=60s"]);
+    lab.kubectl(&["rollout", "status", "deployment/cart", "--timeout=60s"]);
+    let vip = wait_for(Duration::from_secs(10), "the Ingress address", || {
+        match lab.kubectl(&["get", "ingress", "shop", "-o", "jsonpath={.status.loadBalancer.ingress[0].ip}"]) {
+            ip if ip.is_empty() => Err("none".to_string()),
+            ip => Ok(ip),
+        }
+    });
+    let url = format!("http://{vip}/cart/items");
+    wait_for(Duration::from_secs(20), "the Ingress to answer", || match lab.curl(&["-f", &url]) {
+        (0, _) => Ok(()),
+        (c, o) => Err(format!("{c}: {o}")),
+    });
+    let np = lab.kubectl(&["get", "svc", "cart", "-o", "jsonpath={.spec.ports[0].nodePort}"]);
+    let (ok, t) = trace_json(&lab, &[&url]);
+    assert!(ok, "{t:#}");
+    assert_eq!(t["outcome"]["status"], 200);
+    let path = hosts(&t);
+    assert_eq!(path[..2], ["client", "gateway"], "{t:#}");
+    let node = path[2].clone();
+    let lb = step_of(&t, "gateway", "relay");
+    let text = lb["text"].as_str().unwrap();
+    assert!(text.starts_with(&format!("lb-sim (L7 LB of Ingress default/shop) accepted on {vip}:80\n")), "{text}");
+    assert!(text.contains(&format!("Ingress rule * /cart (Prefix) → default/cart:80 (nodePort {np})")), "{text}");
+    assert!(text.contains(&format!(":{np} ({node}) connected")), "{text}");
+    assert_eq!(lb["object"], "Service default/cart:80");
+    // The node's NodePort rules DNAT to the cart pod.
+    assert!(steps_of(&t, &node).contains("KUBE-NODEPORTS"), "{t:#}");
+    assert_eq!(step_of(&t, &node, "dnat")["object"], "EndpointSlice endpoint of Service default/cart");
+    assert!(t["pod"].as_str().unwrap().starts_with("default/cart-"), "{t:#}");
+
+    // From the web pod to cart's ClusterIP: the pod's node is the first host traced.
+    let web = lab.kubectl(&["get", "pods", "-l", "app=web", "-o", "jsonpath={.items[0].metadata.name}"]);
+    let web_node = lab.kubectl(&["get", "pods", "-l", "app=web", "-o", "jsonpath={.items[0].spec.nodeName}"]);
+    let cip = lab.kubectl(&["get", "svc", "cart", "-o", "jsonpath={.spec.clusterIP}"]);
+    let from = format!("pod/default/{web}");
+    let (ok, t) = trace_json(&lab, &["--from", &from, &format!("{cip}:80")]);
+    assert!(ok, "{t:#}");
+    assert_eq!(t["from"], from.as_str());
+    assert!(t["src"].as_str().unwrap().starts_with("10.244."), "{t:#}");
+    assert_eq!(hosts(&t)[0], web_node, "{t:#}");
+    assert!(steps_of(&t, &web_node).contains(&format!("\"default/cart cluster IP\"")), "{t:#}");
+    assert_eq!(step_of(&t, &web_node, "dnat")["object"], "EndpointSlice endpoint of Service default/cart");
+    assert!(t["pod"].as_str().unwrap().starts_with("default/cart-"), "{t:#}");
     assert_no_trace_rules(&lab);
 }
 

@@ -253,6 +253,9 @@ pub struct Objects {
     pub routes: BTreeMap<(usize, String), String>,
     /// lb-sim's view of the probe's destination: (mode, chosen or all nodes in rotation).
     pub lb: Option<(String, Vec<String>)>,
+    /// The L7 load balancer's routing table for the probe's destination
+    /// (`HOST PATH (TYPE) → SERVICE:PORT (nodePort N)`, and the default backend).
+    pub lb_routes: Vec<String>,
 }
 
 /// One line of a hop.
@@ -659,6 +662,15 @@ fn relay_step(relay: &Relay, objects: &Objects, answered: bool) -> Step {
             }
         }
         lines.push(line);
+    }
+    // The L7 load balancer's routing decision: the rule that leads to the NodePort it used.
+    let mut object = object;
+    if let Some((leg, _)) = relay.attempts.last().filter(|_| relay.host == "gateway") {
+        let tag = format!("(nodePort {})", leg.start.1.port());
+        if let Some(rule) = objects.lb_routes.iter().find(|r| r.contains(&tag)) {
+            lines.insert(1, format!("Ingress rule {rule}"));
+            object = rule.split("→ ").nth(1).and_then(|s| s.split(' ').next()).map(|s| format!("Service {s}"));
+        }
     }
     Step { kind: "relay".into(), text: lines.join("\n"), rule: None, object }
 }

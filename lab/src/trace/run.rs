@@ -531,7 +531,17 @@ pub fn trace(st: &LabState, req: &Request) -> Result<Trace> {
     objects.nat_rules.extend(rules);
     if flow.legs.iter().any(|l| l.path.iter().any(|h| h == "gateway")) {
         if let Ok(doc) = crate::lb_status(st) {
-            objects.lb = lb_view(&doc, &req.dst.ip().to_string());
+            let vip = req.dst.ip().to_string();
+            objects.lb = lb_view(&doc, &vip);
+            if let Some(site) = doc["ingresses"].as_array().into_iter().flatten().find(|s| s["vip"] == vip.as_str()) {
+                objects.lb_routes = site["rules"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|r| r.as_str().map(str::to_string))
+                    .chain(site["defaultBackend"].as_str().map(|d| format!("default backend → {d}")))
+                    .collect();
+            }
         }
     }
     Ok(model::assemble(&observed, &objects, outcome))
