@@ -354,7 +354,7 @@ fn trace_follows_scenario_3_through_the_l7_load_balancer_and_from_a_pod() {
     assert_eq!(t["from"], from.as_str());
     assert!(t["src"].as_str().unwrap().starts_with("10.244."), "{t:#}");
     assert_eq!(hosts(&t)[0], web_node, "{t:#}");
-    assert!(steps_of(&t, &web_node).contains(&format!("\"default/cart cluster IP\"")), "{t:#}");
+    assert!(steps_of(&t, &web_node).contains("\"default/cart cluster IP\""), "{t:#}");
     assert_eq!(step_of(&t, &web_node, "dnat")["object"], "EndpointSlice endpoint of Service default/cart");
     assert!(t["pod"].as_str().unwrap().starts_with("default/cart-"), "{t:#}");
     assert_no_trace_rules(&lab);
