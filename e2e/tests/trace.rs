@@ -132,6 +132,10 @@ fn trace_a_load_balancer_request_hop_by_hop_then_with_no_endpoints() {
     assert!(text.starts_with("client 203.0.113.10:"), "{text}");
     assert!(text.contains("2 gateway") && text.contains("-j DNAT --to-destination"), "{text}");
     assert!(text.contains("answered 200 in "), "{text}");
+    // The picture: an SVG document with a box per hop.
+    let (ok, svg) = lab.run("trace", &["-o", "svg", &url]);
+    assert!(ok && svg.starts_with("<svg xmlns=\"http://www.w3.org/2000/svg\""), "{svg}");
+    assert!(svg.contains("<g id=\"hop-3\">") && svg.trim_end().ends_with("</svg>"), "{svg}");
 
     // No endpoints: REJECT on the node the gateway picked, and the trace says so.
     lab.kubectl(&["scale", "deployment/web", "--replicas=0"]);
@@ -370,7 +374,7 @@ fn trace_refuses_bad_targets_with_one_line() {
         (vec!["example.com"], "give http://IP[:PORT]/PATH or IP:PORT"),
         (vec!["https://198.51.100.1/"], "trace speaks HTTP only"),
         (vec!["--from", "node-7", "10.96.0.1:80"], "--from \"node-7\": use client, gateway, node-1…node-1"),
-        (vec!["--output", "svg", "10.96.0.1:80"], "--output \"svg\": use text or json"),
+        (vec!["--output", "png", "10.96.0.1:80"], "--output \"png\": use text, json or svg"),
     ] {
         let (ok, out) = lab.run("trace", &args);
         assert!(!ok, "{args:?}: {out}");

@@ -94,7 +94,8 @@ enum Cmd {
         /// Where the request starts: client, gateway, node-N or pod/NAMESPACE/NAME.
         #[arg(long, default_value = "client")]
         from: String,
-        /// text (coloured on a terminal) or json.
+        /// text (coloured on a terminal), json, or svg (a picture of the hops; redirect it to a
+        /// file and open that in a browser).
         #[arg(long, short, default_value = "text")]
         output: String,
         /// Give up on the request after this many seconds.
@@ -206,8 +207,8 @@ fn run() -> Result<()> {
         }
         Cmd::Trace { which, target, from, output, timeout } => {
             lab::preflight()?;
-            if !matches!(output.as_str(), "text" | "json") {
-                bail!("--output {output:?}: use text or json");
+            if !matches!(output.as_str(), "text" | "json" | "svg") {
+                bail!("--output {output:?}: use text, json or svg");
             }
             if !(timeout > 0.0 && timeout <= 60.0) {
                 bail!("--timeout {timeout}: give 0 < seconds <= 60");
@@ -218,6 +219,7 @@ fn run() -> Result<()> {
             let t = lab::trace::run::trace(&which.state()?, &req)?;
             match output.as_str() {
                 "json" => print!("{}", lab::trace::render::json(&t)),
+                "svg" => print!("{}", lab::trace::render::svg(&t)),
                 _ => {
                     use std::io::IsTerminal;
                     let colour = std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none();

@@ -922,4 +922,35 @@ PACKET: 2 c4 OUT=eth0 SRC=192.168.56.12 DST=10.244.1.2 LEN=60 TOS=0xb4 TTL=64 ID
         assert_eq!(trace.pod.as_deref(), Some("default/cloud-nginx-1"));
         assert_eq!(trace.pod_saw.as_deref(), Some("192.168.56.12:6001"));
     }
+
+    #[test]
+    fn the_svg_draws_every_hop_in_order_with_the_path_and_the_decisive_rules() {
+        let trace = assemble(&observed(""), &objects(), ok());
+        let svg = super::super::render::svg(&trace);
+        let doc = roxmltree::Document::parse(&svg).expect("well-formed XML");
+        let root = doc.root_element();
+        assert_eq!(root.tag_name().name(), "svg");
+        assert_eq!(root.tag_name().namespace(), Some("http://www.w3.org/2000/svg"));
+        let boxes: Vec<String> = root
+            .children()
+            .filter(|n| n.has_tag_name("g"))
+            .map(|g| {
+                g.descendants().find(|n| n.attribute("class") == Some("head")).unwrap().text().unwrap().to_string()
+            })
+            .collect();
+        assert_eq!(boxes, ["1 client", "2 gateway", "3 node-3", "4 node-1", "5 pod"]);
+        let arrows = root.children().filter(|n| n.has_tag_name("line") && n.attribute("marker-end").is_some()).count();
+        assert_eq!(arrows, 4, "the path: one arrow between each pair of hops");
+        let texts: Vec<(&str, &str)> = root
+            .descendants()
+            .filter(|n| n.has_tag_name("text"))
+            .map(|n| (n.attribute("class").unwrap_or(""), n.text().unwrap_or("")))
+            .collect();
+        assert!(texts.contains(&("decisive", "DNAT 10.244.1.5:8080 (pod default/web-1)")), "{texts:?}");
+        assert!(texts.iter().any(|(c, t)| *c == "rule" && t.contains("--to-destination 10.244.1.5:8080")), "{texts:?}");
+        assert!(texts.contains(&("ok", "answered 200 in 1.5 ms")));
+        assert!(texts.iter().any(|(_, t)| t.starts_with("conntrack on node-3: ")));
+        // Every line fits its box.
+        assert!(texts.iter().filter(|(c, _)| *c != "title" && *c != "step").all(|(_, t)| t.chars().count() <= 42));
+    }
 }
