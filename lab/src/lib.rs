@@ -2,9 +2,11 @@
 //! `node-agent` per node, each in its namespace, and records what it started in
 //! `<state-dir>/lab.json`; `down` undoes exactly that, also when the processes already died.
 
+pub mod explain;
 pub mod plan;
 pub mod trace;
 
+use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
@@ -538,6 +540,48 @@ fn lb_status_in(gateway_netns: &str) -> Result<serde_json::Value> {
         return Err(LabError::NotReady(format!("lb-sim status answered HTTP {code}")));
     }
     serde_json::from_str(&body).map_err(|e| LabError::NotReady(format!("lb-sim status is not JSON: {e}")))
+}
+
+/// Explains a Service's rules on every node of the lab (`podpath explain`): the Service from
+/// the API, `iptables-save` of the nat and filter tables of each node.
+pub fn explain(st: &LabState, service: &str) -> Result<explain::Explanation> {
+    let (ns, name) = service.split_once('/').unwrap_or(("default", service));
+    if name.is_empty() || ns.is_empty() || name.contains('/') {
+        return Err(LabError::Usage(format!("{service:?}: give a Service as NAME or NAMESPACE/NAME")));
+    }
+    let api: SocketAddr = st.api.parse().map_err(|_| LabError::Usage("bad API address in the lab state".into()))?;
+    let (code, body) = http_get(api, &format!("/api/v1/namespaces/{ns}/services/{name}"))
+        .map_err(io("ask the API server".to_string()))?;
+    match code {
+        200 => {}
+        404 => return Err(LabError::Usage(format!("service {ns}/{name} not found"))),
+        c => return Err(LabError::NotReady(format!("the API server answered HTTP {c} for service {ns}/{name}"))),
+    }
+    let svc: serde_json::Value =
+        serde_json::from_str(&body).map_err(|e| LabError::NotReady(format!("service {ns}/{name}: {e}")))?;
+    let pods = trace::run::pods_by_ip(api).into_iter().map(|(ip, (pod, _))| (ip, pod)).collect();
+    let plan = Plan::new(&st.name, st.nodes);
+    let nodes: Vec<(String, String)> =
+        plan.nodes.iter().map(|n| (n.name.clone(), plan.netns_of(&n.name).expect("planned").to_string())).collect();
+    let saves: Vec<Result<(String, Vec<(String, String)>)>> = std::thread::scope(|s| {
+        let jobs: Vec<_> = nodes
+            .iter()
+            .map(|(node, netns)| {
+                s.spawn(move || -> Result<(String, Vec<(String, String)>)> {
+                    let mut tables = Vec::new();
+                    for table in ["nat", "filter"] {
+                        tables.push((table.to_string(), trace::run::in_ns(netns, &["iptables-save", "-t", table])?));
+                    }
+                    Ok((node.clone(), tables))
+                })
+            })
+            .collect();
+        jobs.into_iter()
+            .map(|j| j.join().unwrap_or_else(|_| Err(LabError::NotReady("a helper thread panicked".into()))))
+            .collect()
+    });
+    let saves: BTreeMap<String, Vec<(String, String)>> = saves.into_iter().collect::<Result<_>>()?;
+    Ok(explain::explain(&svc, &saves, &pods))
 }
 
 /// lb-sim's status document (`GET /status` in the gateway's namespace).

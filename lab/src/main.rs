@@ -102,6 +102,17 @@ enum Cmd {
         #[arg(long, default_value_t = 3.0)]
         timeout: f64,
     },
+    /// Explain a Service's rules on every node, without sending anything: each chain the
+    /// Service has, each rule in words, and the share of new connections each endpoint gets.
+    Explain {
+        #[command(flatten)]
+        which: Which,
+        /// NAME or NAMESPACE/NAME (namespace default).
+        service: String,
+        /// text or json.
+        #[arg(long, short, default_value = "text")]
+        output: String,
+    },
     /// Print a component's log: apiserver-lite, lb-sim or node-N.
     Logs {
         #[command(flatten)]
@@ -228,6 +239,16 @@ fn run() -> Result<()> {
             }
             if !t.outcome.answered {
                 std::process::exit(2);
+            }
+        }
+        Cmd::Explain { which, service, output } => {
+            if !matches!(output.as_str(), "text" | "json") {
+                bail!("--output {output:?}: use text or json");
+            }
+            let e = lab::explain(&which.state()?, &service)?;
+            match output.as_str() {
+                "json" => println!("{}", serde_json::to_string_pretty(&e)?),
+                _ => print!("{}", lab::explain::text(&e)),
             }
         }
         Cmd::Logs { which, component } => {

@@ -2,7 +2,7 @@
 //! kernel's trace monitor in each, the probe connection, conntrack, routes and the API.
 //! Everything installed is removed on every way out, Ctrl-C included.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::process::{Child, Command, Stdio};
@@ -73,7 +73,8 @@ fn cmd_output(argv: &[&str]) -> Result<String> {
     }
 }
 
-fn in_ns(netns: &str, argv: &[&str]) -> Result<String> {
+/// Runs a command in a lab namespace; its standard output.
+pub(crate) fn in_ns(netns: &str, argv: &[&str]) -> Result<String> {
     let mut v = vec!["ip", "netns", "exec", netns];
     v.extend_from_slice(argv);
     cmd_output(&v)
@@ -347,24 +348,32 @@ fn ns_path_of(st: &LabState, plan: &Plan, api: SocketAddr, host: &str) -> Result
     Ok(format!("/run/netns/{ns}"))
 }
 
-fn api_objects(api: SocketAddr) -> Objects {
-    let get = |path: &str| -> serde_json::Value {
-        match http_get(api, path) {
-            Ok((200, body)) => serde_json::from_str(&body).unwrap_or_default(),
-            _ => serde_json::Value::Null,
-        }
-    };
-    let mut o = Objects::default();
-    for p in get("/api/v1/pods")["items"].as_array().into_iter().flatten() {
+fn api_get(api: SocketAddr, path: &str) -> serde_json::Value {
+    match http_get(api, path) {
+        Ok((200, body)) => serde_json::from_str(&body).unwrap_or_default(),
+        _ => serde_json::Value::Null,
+    }
+}
+
+/// Pod IP → (`ns/name`, node), from the API.
+pub(crate) fn pods_by_ip(api: SocketAddr) -> BTreeMap<Ipv4Addr, (String, String)> {
+    let mut pods = BTreeMap::new();
+    for p in api_get(api, "/api/v1/pods")["items"].as_array().into_iter().flatten() {
         if let Some(ip) = p["status"]["podIP"].as_str().and_then(|i| i.parse().ok()) {
             let name = format!(
                 "{}/{}",
                 p["metadata"]["namespace"].as_str().unwrap_or(""),
                 p["metadata"]["name"].as_str().unwrap_or("")
             );
-            o.pods.insert(ip, (name, p["spec"]["nodeName"].as_str().unwrap_or("").to_string()));
+            pods.insert(ip, (name, p["spec"]["nodeName"].as_str().unwrap_or("").to_string()));
         }
     }
+    pods
+}
+
+fn api_objects(api: SocketAddr) -> Objects {
+    let get = |path: &str| api_get(api, path);
+    let mut o = Objects { pods: pods_by_ip(api), ..Default::default() };
     for s in get("/api/v1/services")["items"].as_array().into_iter().flatten() {
         let name = format!(
             "{}/{}",

@@ -1,0 +1,499 @@
+//! `podpath explain SERVICE` (pure): the rules each node holds for one Service, grouped by
+//! chain, each with what it does in words, and the share of new connections each endpoint gets.
+//! Works on `iptables-save` text of both proxy modes, so it explains exactly what is installed.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::Ipv4Addr;
+
+use serde::Serialize;
+
+use crate::trace::parse::comment_of;
+
+/// One rule, as installed, and what it does.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RuleWords {
+    pub rule: String,
+    pub words: String,
+}
+
+/// The rules of one chain that concern the Service.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Chain {
+    pub table: String,
+    pub chain: String,
+    pub purpose: String,
+    pub rules: Vec<RuleWords>,
+    /// For a service chain: each endpoint's share of new connections, in rule order.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub shares: Vec<Share>,
+}
+
+/// An endpoint's share of the new connections a service chain picks for.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Share {
+    pub endpoint: String,
+    /// The rule's own probability (of what the rules before it left).
+    pub rule_probability: f64,
+    /// The endpoint's share of all new connections.
+    pub share: f64,
+}
+
+impl Eq for Share {}
+
+/// The rules of some nodes (those that hold exactly the same rules for the Service).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct NodeGroup {
+    pub nodes: Vec<String>,
+    pub chains: Vec<Chain>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Explanation {
+    /// `ns/name`.
+    pub service: String,
+    /// The Service as the API has it: type, addresses, ports.
+    pub summary: Vec<String>,
+    pub groups: Vec<NodeGroup>,
+}
+
+/// Chains whose rules all belong to one Service (entered from the shared chains).
+fn per_service_chain(chain: &str) -> bool {
+    ["KUBE-SVC-", "KUBE-SVL-", "KUBE-EXT-", "KUBE-FW-", "KUBE-SEP-"].iter().any(|p| chain.starts_with(p))
+}
+
+/// Whether a comment concerns `service` (`ns/name`): `ns/name`, `ns/name:port`, anywhere in it.
+fn mentions(comment: &str, service: &str) -> bool {
+    comment.split(' ').any(|w| w == service || w.strip_prefix(service).is_some_and(|rest| rest.starts_with(':')))
+}
+
+fn arg<'a>(rule: &'a str, flag: &str) -> Option<&'a str> {
+    let mut words = rule.split(' ');
+    while let Some(w) = words.next() {
+        if w == flag {
+            return words.next();
+        }
+    }
+    None
+}
+
+fn negated(rule: &str, flag: &str) -> bool {
+    rule.contains(&format!("! {flag} "))
+}
+
+fn chain_of(rule: &str) -> &str {
+    arg(rule, "-A").unwrap_or("")
+}
+
+/// The rules of a table that concern `service`: those whose comment names it, and every rule
+/// of the per-Service chains they lead to. In `iptables-save` order.
+fn select<'a>(table: &'a str, service: &str) -> Vec<&'a str> {
+    let rules: Vec<&str> = table.lines().filter(|l| l.starts_with("-A ")).collect();
+    let mut chains: BTreeSet<&str> = BTreeSet::new();
+    let mut picked: BTreeSet<usize> = BTreeSet::new();
+    for (i, r) in rules.iter().enumerate() {
+        if comment_of(r).is_some_and(|c| mentions(&c, service)) {
+            picked.insert(i);
+        }
+    }
+    loop {
+        let before = (picked.len(), chains.len());
+        for &i in picked.clone().iter() {
+            if let Some(t) = arg(rules[i], "-j").filter(|t| per_service_chain(t)) {
+                chains.insert(t);
+            }
+            // A per-Service chain named by a picked rule belongs to the Service entirely.
+            let c = chain_of(rules[i]);
+            if per_service_chain(c) {
+                chains.insert(c);
+            }
+        }
+        for (i, r) in rules.iter().enumerate() {
+            if chains.contains(chain_of(r)) {
+                picked.insert(i);
+            }
+        }
+        if (picked.len(), chains.len()) == before {
+            break;
+        }
+    }
+    picked.into_iter().map(|i| rules[i]).collect()
+}
+
+fn walk_rank(chain: &str) -> usize {
+    let ranks = [
+        "KUBE-SERVICES",
+        "KUBE-PORTALS-",
+        "KUBE-NODEPORTS",
+        "KUBE-NODEPORT-",
+        "KUBE-EXTERNAL-SERVICES",
+        "KUBE-PROXY-FIREWALL",
+        "KUBE-FW-",
+        "KUBE-EXT-",
+        "KUBE-SVC-",
+        "KUBE-SVL-",
+        "KUBE-SEP-",
+    ];
+    ranks.iter().position(|r| chain.starts_with(r)).unwrap_or(ranks.len())
+}
+
+/// What a chain is for.
+fn purpose(table: &str, chain: &str) -> String {
+    let p = match chain {
+        "KUBE-SERVICES" if table == "filter" => "refuses traffic to Service ports without endpoints",
+        "KUBE-SERVICES" => "the entry for every packet to a Service address",
+        "KUBE-NODEPORTS" if table == "filter" => "lets health-check NodePorts in",
+        "KUBE-NODEPORTS" => "packets to this node's NodePorts",
+        "KUBE-EXTERNAL-SERVICES" => "drops external traffic the Service cannot take here",
+        "KUBE-PROXY-FIREWALL" => "drops traffic a load balancer's source ranges do not allow",
+        "KUBE-PORTALS-CONTAINER" => "userspace mode: Service addresses, for traffic arriving at the node",
+        "KUBE-PORTALS-HOST" => "userspace mode: Service addresses, for traffic the node sends",
+        "KUBE-NODEPORT-CONTAINER" => "userspace mode: NodePorts, for traffic arriving at the node",
+        "KUBE-NODEPORT-HOST" => "userspace mode: NodePorts, for traffic the node sends",
+        "KUBE-NODEPORT-NON-LOCAL" => "userspace mode: lets NodePort traffic in",
+        c if c.starts_with("KUBE-SVC-") => "one Service port: picks an endpoint for each new connection",
+        c if c.starts_with("KUBE-SVL-") => "one Service port, node-local endpoints only (traffic policy Local)",
+        c if c.starts_with("KUBE-EXT-") => {
+            "external traffic (load balancer, external IP, NodePort) for one Service port"
+        }
+        c if c.starts_with("KUBE-FW-") => "the load balancer's allowed source ranges",
+        c if c.starts_with("KUBE-SEP-") => "one endpoint: rewrites the destination to it",
+        _ => "",
+    };
+    p.to_string()
+}
+
+fn with_pod(endpoint: &str, pods: &BTreeMap<Ipv4Addr, String>) -> String {
+    let ip = endpoint.split(':').next().and_then(|i| i.parse::<Ipv4Addr>().ok());
+    match ip.and_then(|i| pods.get(&i)) {
+        Some(p) => format!("{endpoint} (pod {p})"),
+        None => endpoint.to_string(),
+    }
+}
+
+/// `to 10.96.0.42:80/tcp` from a rule's destination match.
+fn destination(rule: &str) -> String {
+    let proto = arg(rule, "-p").unwrap_or("tcp");
+    let port = arg(rule, "--dport").unwrap_or("*");
+    match arg(rule, "-d") {
+        Some(d) => format!("{}:{port}/{proto}", d.trim_end_matches("/32")),
+        None if chain_of(rule).contains("NODEPORT") => format!("NodePort {port}/{proto}"),
+        None if rule.contains("--dst-type LOCAL") => format!("any address of this node, port {port}/{proto}"),
+        None => format!("port {port}/{proto}"),
+    }
+}
+
+/// A rule in words.
+pub fn describe(rule: &str, pods: &BTreeMap<Ipv4Addr, String>) -> String {
+    let comment = comment_of(rule).unwrap_or_default();
+    let target = arg(rule, "-j").unwrap_or("");
+    let kind = ["cluster IP", "loadbalancer IP", "external IP"].into_iter().find(|k| comment.ends_with(k));
+    let source = match (arg(rule, "-s"), negated(rule, "-s")) {
+        (Some(s), true) => format!(" from outside {s}"),
+        (Some(s), false) => format!(" from {s}"),
+        (None, _) if rule.contains("--src-type LOCAL") => " from this node itself".to_string(),
+        _ => String::new(),
+    };
+    match target {
+        "KUBE-MARK-MASQ" => match (arg(rule, "-s"), negated(rule, "-s")) {
+            (Some(s), false) if chain_of(rule).starts_with("KUBE-SEP-") => {
+                let s = s.trim_end_matches("/32");
+                format!("the endpoint {s} reaching itself through the Service (hairpin): mark for masquerade")
+            }
+            (Some(s), true) => format!("from outside the pod network {s}: mark for masquerade (0x4000), the reply must come back through this node"),
+            _ if rule.contains("--src-type LOCAL") => "sent by this node: mark for masquerade".to_string(),
+            _ => "mark for masquerade (0x4000): the pod will see this node as the client (externalTrafficPolicy: Cluster)".to_string(),
+        },
+        "KUBE-MARK-DROP" => "mark for drop".to_string(),
+        "DNAT" if chain_of(rule).starts_with("KUBE-PORTALS-") || chain_of(rule).starts_with("KUBE-NODEPORT-") => {
+            let to = arg(rule, "--to-destination").unwrap_or("?");
+            let port = to.rsplit(':').next().unwrap_or("?");
+            format!("{}: to the userspace proxy's port {port} (DNAT to {to}, this node)", destination(rule))
+        }
+        "DNAT" => {
+            let to = arg(rule, "--to-destination").unwrap_or("?");
+            let affinity = if rule.contains("--set") { "; remember the client for session affinity" } else { "" };
+            format!("rewrite the destination to {}{affinity}", with_pod(to, pods))
+        }
+        "REDIRECT" => format!(
+            "{}: redirect to the userspace proxy's port {} on this node",
+            destination(rule),
+            arg(rule, "--to-ports").unwrap_or("?")
+        ),
+        "REJECT" => format!("{}: reject ({comment})", destination(rule)),
+        "DROP" => format!("{}: drop ({comment})", destination(rule)),
+        "ACCEPT" => format!("{}: accept", destination(rule)),
+        t if t.starts_with("KUBE-SEP-") => {
+            let ep = comment.split(" -> ").nth(1).map(|e| with_pod(e, pods)).unwrap_or_else(|| t.to_string());
+            if rule.contains("--rcheck") {
+                let secs = arg(rule, "--seconds").unwrap_or("?");
+                format!("a client that used {ep} in the last {secs} s goes back to it (session affinity)")
+            } else if let Some(p) = arg(rule, "--probability") {
+                format!("endpoint {ep} with probability {}", short(p.parse().unwrap_or(0.0)))
+            } else {
+                format!("endpoint {ep} (all that is left)")
+            }
+        }
+        t if t.starts_with("KUBE-") => {
+            let what = match kind {
+                Some(k) => format!("to {} ({k})", destination(rule)),
+                None if chain_of(rule) == "KUBE-NODEPORTS" => format!("to {}", destination(rule)),
+                None if arg(rule, "-d").is_some() || arg(rule, "--dport").is_some() => format!("to {}", destination(rule)),
+                None if !source.is_empty() => source.trim_start().to_string(),
+                None => "everything else".to_string(),
+            };
+            let what = if kind.is_some() || chain_of(rule) == "KUBE-NODEPORTS" { format!("{what}{source}") } else { what };
+            format!("{what} → {t}")
+        }
+        "" => format!("no verdict ({comment})"),
+        t => format!("{} → {t}", destination(rule)),
+    }
+}
+
+fn short(p: f64) -> String {
+    let s = format!("{p:.4}");
+    s.trim_end_matches('0').trim_end_matches('.').to_string()
+}
+
+/// Each endpoint's share of new connections in a service chain: the rule's probability of what
+/// the rules before it left over.
+fn shares(rules: &[&str], pods: &BTreeMap<Ipv4Addr, String>) -> Vec<Share> {
+    let mut left = 1.0;
+    let mut out = Vec::new();
+    for r in rules {
+        let Some(t) = arg(r, "-j").filter(|t| t.starts_with("KUBE-SEP-")) else { continue };
+        if r.contains("--rcheck") {
+            continue;
+        }
+        let p = arg(r, "--probability").and_then(|p| p.parse::<f64>().ok()).unwrap_or(1.0);
+        let endpoint = comment_of(r)
+            .and_then(|c| c.split(" -> ").nth(1).map(|e| with_pod(e, pods)))
+            .unwrap_or_else(|| t.to_string());
+        out.push(Share { endpoint, rule_probability: p, share: left * p });
+        left *= 1.0 - p;
+    }
+    out
+}
+
+/// The chains of one node for the Service.
+fn node_chains(saves: &[(&str, &str)], service: &str, pods: &BTreeMap<Ipv4Addr, String>) -> Vec<Chain> {
+    let mut chains: Vec<Chain> = Vec::new();
+    for (table, save) in saves {
+        let picked = select(save, service);
+        let mut order: Vec<&str> = Vec::new();
+        for r in &picked {
+            let c = chain_of(r);
+            if !order.contains(&c) {
+                order.push(c);
+            }
+        }
+        // In the order a packet meets them: entry chains, then per-Service chains down to the
+        // endpoints (iptables-save lists chains in its own order).
+        order.sort_by_key(|c| walk_rank(c));
+        for c in order {
+            let rules: Vec<&str> = picked.iter().copied().filter(|r| chain_of(r) == c).collect();
+            let shares =
+                if c.starts_with("KUBE-SVC-") || c.starts_with("KUBE-SVL-") { shares(&rules, pods) } else { vec![] };
+            chains.push(Chain {
+                table: table.to_string(),
+                chain: c.to_string(),
+                purpose: purpose(table, c),
+                rules: rules.iter().map(|r| RuleWords { rule: r.to_string(), words: describe(r, pods) }).collect(),
+                shares,
+            });
+        }
+    }
+    chains
+}
+
+/// The summary lines of a Service object.
+fn summary(svc: &serde_json::Value) -> Vec<String> {
+    let spec = &svc["spec"];
+    let mut out = Vec::new();
+    let kind = spec["type"].as_str().unwrap_or("ClusterIP");
+    let mut head = format!("type {kind}, cluster IP {}", spec["clusterIP"].as_str().unwrap_or("None"));
+    let lbs: Vec<&str> = svc["status"]["loadBalancer"]["ingress"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|i| i["ip"].as_str())
+        .collect();
+    if !lbs.is_empty() {
+        head += &format!(", load balancer IP {}", lbs.join(", "));
+    }
+    let ext: Vec<&str> = spec["externalIPs"].as_array().into_iter().flatten().filter_map(|i| i.as_str()).collect();
+    if !ext.is_empty() {
+        head += &format!(", external IP {}", ext.join(", "));
+    }
+    if let Some(p) = spec["externalTrafficPolicy"].as_str() {
+        head += &format!(", externalTrafficPolicy {p}");
+    }
+    if spec["sessionAffinity"] == "ClientIP" {
+        head += ", sessionAffinity ClientIP";
+    }
+    out.push(head);
+    for p in spec["ports"].as_array().into_iter().flatten() {
+        let name = p["name"].as_str().map(|n| format!("{n}: ")).unwrap_or_default();
+        let np = p["nodePort"].as_u64().map(|n| format!(", nodePort {n}")).unwrap_or_default();
+        out.push(format!(
+            "port {name}{}/{} → targetPort {}{np}",
+            p["port"],
+            p["protocol"].as_str().unwrap_or("TCP"),
+            p["targetPort"].as_str().map(str::to_string).unwrap_or_else(|| p["targetPort"].to_string()),
+        ));
+    }
+    out
+}
+
+/// Explains the Service's rules on each node (`node → [(table, iptables-save -t table)]`).
+pub fn explain(
+    svc: &serde_json::Value,
+    nodes: &BTreeMap<String, Vec<(String, String)>>,
+    pods: &BTreeMap<Ipv4Addr, String>,
+) -> Explanation {
+    let service = format!(
+        "{}/{}",
+        svc["metadata"]["namespace"].as_str().unwrap_or("default"),
+        svc["metadata"]["name"].as_str().unwrap_or("")
+    );
+    let mut groups: Vec<NodeGroup> = Vec::new();
+    for (node, saves) in nodes {
+        let saves: Vec<(&str, &str)> = saves.iter().map(|(t, s)| (t.as_str(), s.as_str())).collect();
+        let chains = node_chains(&saves, &service, pods);
+        match groups.iter_mut().find(|g| g.chains == chains) {
+            Some(g) => g.nodes.push(node.clone()),
+            None => groups.push(NodeGroup { nodes: vec![node.clone()], chains }),
+        }
+    }
+    Explanation { service, summary: summary(svc), groups }
+}
+
+/// The explanation as text: per group of nodes, each chain with its purpose, each rule in
+/// words with the rule itself under it, and the endpoints' shares.
+pub fn text(e: &Explanation) -> String {
+    let mut out = format!("Service {}\n", e.service);
+    for s in &e.summary {
+        out += &format!("  {s}\n");
+    }
+    for g in &e.groups {
+        let same = if g.nodes.len() > 1 { " (the same rules on each)" } else { "" };
+        out += &format!("\n{}{same}\n", g.nodes.join(", "));
+        if g.chains.is_empty() {
+            out += "  no rules for this Service\n";
+        }
+        for c in &g.chains {
+            out += &format!("  {} {}: {}\n", c.table, c.chain, c.purpose);
+            for r in &c.rules {
+                out += &format!("    {}\n      {}\n", r.words, r.rule);
+            }
+            if !c.shares.is_empty() {
+                out += "    new connections:";
+                for s in &c.shares {
+                    out += &format!(" {} {:.1}%;", s.endpoint, s.share * 100.0);
+                }
+                out.pop();
+                out += "\n";
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOLDEN: &str = include_str!("../../node-agent/src/proxy/testdata/golden.rules");
+    const USERSPACE: &str = include_str!("../../node-agent/src/proxy/testdata/userspace.rules");
+
+    fn tables(save: &str) -> Vec<(String, String)> {
+        // Split an iptables-save of several tables into (table, its text).
+        let mut out: Vec<(String, String)> = Vec::new();
+        for line in save.lines() {
+            if let Some(t) = line.strip_prefix('*') {
+                out.push((t.to_string(), String::new()));
+            } else if let Some(last) = out.last_mut() {
+                last.1 += line;
+                last.1.push('\n');
+            }
+        }
+        out
+    }
+
+    fn svc(ns: &str, name: &str) -> serde_json::Value {
+        serde_json::json!({"metadata": {"namespace": ns, "name": name}, "spec": {"type": "ClusterIP", "clusterIP": "10.96.0.41", "ports": [{"name": "p80", "port": 80, "targetPort": 8080}]}})
+    }
+
+    #[test]
+    fn a_service_port_with_two_endpoints_in_words_with_their_shares() {
+        let mut pods = BTreeMap::new();
+        pods.insert("10.244.1.5".parse().unwrap(), "ns1/web-1".to_string());
+        let nodes: BTreeMap<String, Vec<(String, String)>> =
+            [("node-1".to_string(), tables(GOLDEN)), ("node-2".to_string(), tables(GOLDEN))].into();
+        let e = explain(&svc("ns1", "svc1"), &nodes, &pods);
+        assert_eq!(e.groups.len(), 1, "the same rules on both nodes");
+        assert_eq!(e.groups[0].nodes, ["node-1", "node-2"]);
+        let names: Vec<&str> = e.groups[0].chains.iter().map(|c| c.chain.as_str()).collect();
+        assert_eq!(
+            names,
+            ["KUBE-SERVICES", "KUBE-SVC-XPGD46QRK7WJZT7O", "KUBE-SEP-4DLQR6XP64U3IHTN", "KUBE-SEP-FTQDUIX2Y5S6ID6R"]
+        );
+        let words: Vec<&str> =
+            e.groups[0].chains.iter().flat_map(|c| c.rules.iter().map(|r| r.words.as_str())).collect();
+        assert_eq!(
+            words,
+            [
+                "to 10.96.0.41:80/tcp (cluster IP) → KUBE-SVC-XPGD46QRK7WJZT7O",
+                "from outside the pod network 10.244.0.0/16: mark for masquerade (0x4000), the reply must come back through this node",
+                "endpoint 10.244.1.5:8080 (pod ns1/web-1) with probability 0.5",
+                "endpoint 10.244.2.5:8080 (all that is left)",
+                "the endpoint 10.244.1.5 reaching itself through the Service (hairpin): mark for masquerade",
+                "rewrite the destination to 10.244.1.5:8080 (pod ns1/web-1)",
+                "the endpoint 10.244.2.5 reaching itself through the Service (hairpin): mark for masquerade",
+                "rewrite the destination to 10.244.2.5:8080",
+            ]
+        );
+        let shares: Vec<f64> = e.groups[0].chains[1].shares.iter().map(|s| s.share).collect();
+        assert_eq!(shares, [0.5, 0.5]);
+        let text = text(&e);
+        assert!(text.contains("node-1, node-2 (the same rules on each)"), "{text}");
+        assert!(
+            text.contains("new connections: 10.244.1.5:8080 (pod ns1/web-1) 50.0%; 10.244.2.5:8080 50.0%"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn three_endpoints_share_a_third_each_and_other_services_stay_out() {
+        let nodes: BTreeMap<String, Vec<(String, String)>> = [("node-1".to_string(), tables(GOLDEN))].into();
+        let e = explain(&svc("ns5", "svc5"), &nodes, &BTreeMap::new());
+        let chains = &e.groups[0].chains;
+        let svc = chains.iter().find(|c| c.chain.starts_with("KUBE-SVC-")).unwrap();
+        assert_eq!(svc.shares.len(), 3);
+        assert!(svc.shares.iter().all(|s| (s.share - 1.0 / 3.0).abs() < 1e-6), "{:?}", svc.shares);
+        // Its firewall chain and the filter rule that drops what the source ranges refuse.
+        assert!(chains.iter().any(|c| c.chain.starts_with("KUBE-FW-")));
+        let fw = chains.iter().find(|c| c.table == "filter" && c.chain == "KUBE-PROXY-FIREWALL").unwrap();
+        assert!(
+            fw.rules[0].words.starts_with("198.51.100.8:80/tcp: drop (ns5/svc5:p80 traffic not accepted"),
+            "{fw:?}"
+        );
+        let all: String = chains.iter().flat_map(|c| c.rules.iter().map(|r| r.rule.clone())).collect();
+        assert!(!all.contains("ns1/svc1") && !all.contains("ns2/svc2"), "{all}");
+    }
+
+    #[test]
+    fn nodes_with_different_rules_are_shown_apart_and_userspace_rules_are_explained() {
+        let nodes: BTreeMap<String, Vec<(String, String)>> =
+            [("node-1".to_string(), tables(GOLDEN)), ("node-2".to_string(), tables(USERSPACE))].into();
+        let any = USERSPACE.lines().find(|l| l.contains("REDIRECT --to-ports")).expect("a REDIRECT in the fixture");
+        let spn = comment_of(any).unwrap();
+        let (ns, rest) = spn.split_once('/').unwrap();
+        let name = rest.split(':').next().unwrap();
+        let e = explain(&svc(ns, name), &nodes, &BTreeMap::new());
+        assert!(e.groups.iter().all(|g| g.nodes.len() == 1), "{e:?}");
+        let user = e.groups.iter().find(|g| g.nodes == ["node-2"]).unwrap();
+        let words: Vec<&str> = user.chains.iter().flat_map(|c| c.rules.iter().map(|r| r.words.as_str())).collect();
+        assert!(words.iter().any(|w| w.contains(": redirect to the userspace proxy's port ")), "{words:?}");
+        assert!(user.chains.iter().any(|c| c.purpose.starts_with("userspace mode: ")));
+    }
+}
