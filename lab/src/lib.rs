@@ -542,6 +542,35 @@ fn lb_status_in(gateway_netns: &str) -> Result<serde_json::Value> {
     serde_json::from_str(&body).map_err(|e| LabError::NotReady(format!("lb-sim status is not JSON: {e}")))
 }
 
+/// Per node: each table's `iptables-save` text.
+pub type NodeTables = BTreeMap<String, Vec<(String, String)>>;
+
+/// `iptables-save` of `tables` on every node of the lab, read in parallel.
+pub fn node_tables(st: &LabState, tables: &[&str]) -> Result<NodeTables> {
+    let plan = Plan::new(&st.name, st.nodes);
+    let nodes: Vec<(String, String)> =
+        plan.nodes.iter().map(|n| (n.name.clone(), plan.netns_of(&n.name).expect("planned").to_string())).collect();
+    type OneNode = (String, Vec<(String, String)>);
+    let saves: Vec<Result<OneNode>> = std::thread::scope(|s| {
+        let jobs: Vec<_> = nodes
+            .iter()
+            .map(|(node, netns)| {
+                s.spawn(move || -> Result<OneNode> {
+                    let mut out = Vec::new();
+                    for table in tables {
+                        out.push((table.to_string(), trace::run::in_ns(netns, &["iptables-save", "-t", table])?));
+                    }
+                    Ok((node.clone(), out))
+                })
+            })
+            .collect();
+        jobs.into_iter()
+            .map(|j| j.join().unwrap_or_else(|_| Err(LabError::NotReady("a helper thread panicked".into()))))
+            .collect()
+    });
+    saves.into_iter().collect()
+}
+
 /// Explains a Service's rules on every node of the lab (`podpath explain`): the Service from
 /// the API, `iptables-save` of the nat and filter tables of each node.
 pub fn explain(st: &LabState, service: &str) -> Result<explain::Explanation> {
@@ -560,27 +589,7 @@ pub fn explain(st: &LabState, service: &str) -> Result<explain::Explanation> {
     let svc: serde_json::Value =
         serde_json::from_str(&body).map_err(|e| LabError::NotReady(format!("service {ns}/{name}: {e}")))?;
     let pods = trace::run::pods_by_ip(api).into_iter().map(|(ip, (pod, _))| (ip, pod)).collect();
-    let plan = Plan::new(&st.name, st.nodes);
-    let nodes: Vec<(String, String)> =
-        plan.nodes.iter().map(|n| (n.name.clone(), plan.netns_of(&n.name).expect("planned").to_string())).collect();
-    let saves: Vec<Result<(String, Vec<(String, String)>)>> = std::thread::scope(|s| {
-        let jobs: Vec<_> = nodes
-            .iter()
-            .map(|(node, netns)| {
-                s.spawn(move || -> Result<(String, Vec<(String, String)>)> {
-                    let mut tables = Vec::new();
-                    for table in ["nat", "filter"] {
-                        tables.push((table.to_string(), trace::run::in_ns(netns, &["iptables-save", "-t", table])?));
-                    }
-                    Ok((node.clone(), tables))
-                })
-            })
-            .collect();
-        jobs.into_iter()
-            .map(|j| j.join().unwrap_or_else(|_| Err(LabError::NotReady("a helper thread panicked".into()))))
-            .collect()
-    });
-    let saves: BTreeMap<String, Vec<(String, String)>> = saves.into_iter().collect::<Result<_>>()?;
+    let saves = node_tables(st, &["nat", "filter"])?;
     Ok(explain::explain(&svc, &saves, &pods))
 }
 
