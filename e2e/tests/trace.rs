@@ -62,7 +62,8 @@ fn lb_ip(lab: &Lab, svc: &str) -> String {
     })
 }
 
-/// Scenario 1: client → gateway (passthrough) → a node's KUBE-EXT/SVC/SEP chains → pod.
+/// Scenario 1: client → gateway (passthrough) → a node's KUBE-EXT/SVC/SEP chains → pod; the
+/// same Service explained, and its rules watched while it scales.
 #[test]
 fn trace_a_load_balancer_request_hop_by_hop_then_with_no_endpoints() {
     if !root_or_explain() {
@@ -137,6 +138,56 @@ fn trace_a_load_balancer_request_hop_by_hop_then_with_no_endpoints() {
     assert!(ok && svg.starts_with("<svg xmlns=\"http://www.w3.org/2000/svg\""), "{svg}");
     assert!(svg.contains("<g id=\"hop-3\">") && svg.trim_end().ends_with("</svg>"), "{svg}");
 
+    // explain: the same rules on both nodes, each endpoint half of the new connections.
+    let (ok, text) = lab.run("explain", &["web"]);
+    assert!(ok, "{text}");
+    assert!(text.starts_with("Service default/web\n  type LoadBalancer, cluster IP 10."), "{text}");
+    assert!(text.contains("\nnode-1, node-2 (the same rules on each)\n"), "{text}");
+    assert!(text.contains(&format!("to {vip}:80/tcp (loadbalancer IP) → KUBE-EXT-")), "{text}");
+    let shares = text.lines().find(|l| l.trim_start().starts_with("new connections: ")).expect("shares");
+    assert_eq!(shares.matches(" 50.0%").count(), 2, "{shares}");
+    let (ok, json) = lab.run("explain", &["-o", "json", "default/web"]);
+    let e: serde_json::Value = serde_json::from_str(&json).expect("JSON");
+    assert!(ok && e["groups"][0]["chains"].as_array().unwrap().iter().any(|c| c["chain"] == "KUBE-SERVICES"));
+
+    // rules --watch: scaling 2 → 3 moves the first endpoint's probability from 1/2 to 1/3.
+    let mut watch = std::process::Command::new(bin("podpath"))
+        .args(["rules", "--watch", "--name", &lab.name, "--state-dir", lab.state.to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("run podpath rules --watch");
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let (stdout, sink) = (watch.stdout.take().unwrap(), seen.clone());
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+            sink.lock().unwrap().push_str(&(line + "\n"));
+        }
+    });
+    wait_for(Duration::from_secs(10), "the watch to start", || {
+        let s = seen.lock().unwrap().clone();
+        if s.starts_with("watching the service proxy's rules (node-1 ") {
+            Ok(())
+        } else {
+            Err(s)
+        }
+    });
+    lab.kubectl(&["scale", "deployment/web", "--replicas=3"]);
+    let report = wait_for(Duration::from_secs(30), "the probabilities to move", || {
+        let s = seen.lock().unwrap().clone();
+        if s.contains("probability 0.5 → 0.3333") {
+            Ok(s)
+        } else {
+            Err(s)
+        }
+    });
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(watch.id() as i32), nix::sys::signal::Signal::SIGTERM).unwrap();
+    let _ = watch.wait();
+    assert!(report.contains("EndpointSlice default/web-"), "{report}");
+    assert!(report.contains("  node-1, node-2:\n"), "both nodes change alike: {report}");
+    assert!(report.contains("+ nat -A KUBE-SVC-"), "the new endpoint's jump: {report}");
+    assert!(report.contains("+ nat -A KUBE-SEP-") && report.contains("-j DNAT --to-destination 10.244."), "{report}");
+
     // No endpoints: REJECT on the node the gateway picked, and the trace says so.
     lab.kubectl(&["scale", "deployment/web", "--replicas=0"]);
     let (ok, t) = wait_for(Duration::from_secs(15), "the REJECT rule", || {
@@ -160,6 +211,9 @@ fn trace_a_load_balancer_request_hop_by_hop_then_with_no_endpoints() {
     assert!(step["rule"].as_str().unwrap().ends_with("-j REJECT --reject-with icmp-port-unreachable"));
     assert!(t["outcome"]["error"].as_str().unwrap().contains("refused"), "{t:#}");
     assert_no_trace_rules(&lab);
+    let (_, text) = lab.run("explain", &["web"]);
+    assert!(text.contains("  filter KUBE-EXTERNAL-SERVICES: "), "{text}");
+    assert!(text.contains(&format!("{vip}:80/tcp: reject (default/web has no endpoints)")), "{text}");
     drop(lab);
     assert_eq!(host_state(), before, "the host namespace changed");
 }
@@ -365,7 +419,7 @@ fn trace_follows_scenario_3_through_the_l7_load_balancer_and_from_a_pod() {
 }
 
 #[test]
-fn trace_refuses_bad_targets_with_one_line() {
+fn trace_and_explain_refuse_bad_input_with_one_line() {
     if !root_or_explain() {
         return;
     }
@@ -379,6 +433,14 @@ fn trace_refuses_bad_targets_with_one_line() {
         let (ok, out) = lab.run("trace", &args);
         assert!(!ok, "{args:?}: {out}");
         assert!(out.contains(want) && out.trim().lines().count() == 1, "{args:?}: {out}");
+    }
+    for (args, want) in [
+        (vec!["nosuch"], "service default/nosuch not found"),
+        (vec!["a/b/c"], "give a Service as NAME or NAMESPACE/NAME"),
+        (vec!["-o", "yaml", "web"], "--output \"yaml\": use text or json"),
+    ] {
+        let (ok, out) = lab.run("explain", &args);
+        assert!(!ok && out.contains(want) && out.trim().lines().count() == 1, "{args:?}: {out}");
     }
     assert_no_trace_rules_1(&lab);
 }

@@ -4,6 +4,7 @@
 
 pub mod explain;
 pub mod plan;
+pub mod rules;
 pub mod trace;
 
 use std::collections::BTreeMap;
@@ -569,6 +570,87 @@ pub fn node_tables(st: &LabState, tables: &[&str]) -> Result<NodeTables> {
             .collect()
     });
     saves.into_iter().collect()
+}
+
+/// Every node's proxy rules (nat and filter) as lines (`rules::proxy_rules`).
+pub fn proxy_rules(st: &LabState) -> Result<BTreeMap<String, Vec<String>>> {
+    Ok(node_tables(st, &["nat", "filter"])?
+        .into_iter()
+        .map(|(node, tables)| (node, tables.iter().flat_map(|(t, save)| rules::proxy_rules(t, save)).collect()))
+        .collect())
+}
+
+/// `Kind ns/name` → resourceVersion of the objects the service proxy renders rules from.
+fn proxy_inputs(api: SocketAddr) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for (kind, path) in [("Service", "/api/v1/services"), ("EndpointSlice", "/apis/discovery.k8s.io/v1/endpointslices")]
+    {
+        let Ok((200, body)) = http_get(api, path) else { continue };
+        let doc: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+        for item in doc["items"].as_array().into_iter().flatten() {
+            let m = &item["metadata"];
+            let key = format!("{kind} {}/{}", m["namespace"].as_str().unwrap_or(""), m["name"].as_str().unwrap_or(""));
+            out.insert(key, m["resourceVersion"].as_str().unwrap_or("").to_string());
+        }
+    }
+    out
+}
+
+/// What changed between two [`proxy_inputs`]: `Service default/web created`, …
+fn input_changes(before: &BTreeMap<String, String>, after: &BTreeMap<String, String>) -> Vec<String> {
+    let mut out = Vec::new();
+    for (k, v) in after {
+        match before.get(k) {
+            None => out.push(format!("{k} created")),
+            Some(old) if old != v => out.push(format!("{k} changed")),
+            _ => {}
+        }
+    }
+    out.extend(before.keys().filter(|k| !after.contains_key(*k)).map(|k| format!("{k} deleted")));
+    out
+}
+
+/// `podpath rules --watch`: after each change of a Service or EndpointSlice in the API, waits
+/// for the nodes' rules to follow (they settle: unchanged for 300 ms, or 3 s pass) and writes
+/// the rule changes of every node. Stops after `count` reports, if given.
+pub fn watch_rules(st: &LabState, count: Option<usize>, out: &mut dyn Write) -> Result<()> {
+    let api: SocketAddr = st.api.parse().map_err(|_| LabError::Usage("bad API address in the lab state".into()))?;
+    let mut rules = proxy_rules(st)?;
+    let mut inputs = proxy_inputs(api);
+    let sizes: Vec<String> = rules.iter().map(|(n, r)| format!("{n} {} rules", r.len())).collect();
+    let w = |out: &mut dyn Write, s: &str| out.write_all(s.as_bytes()).and_then(|_| out.flush());
+    w(out, &format!("watching the service proxy's rules ({}); Ctrl-C stops\n", sizes.join(", ")))
+        .map_err(io("write".to_string()))?;
+    let mut reports = 0;
+    while count.is_none_or(|c| reports < c) {
+        std::thread::sleep(Duration::from_millis(200));
+        let now = proxy_inputs(api);
+        if now == inputs {
+            continue;
+        }
+        let changes = input_changes(&inputs, &now);
+        inputs = now;
+        let (deadline, mut last, mut settled_at) = (Instant::now() + Duration::from_secs(3), rules.clone(), None);
+        while Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(100));
+            let current = proxy_rules(st)?;
+            if current != last {
+                last = current;
+                settled_at = Some(Instant::now());
+            } else if settled_at.is_some_and(|t: Instant| t.elapsed() >= Duration::from_millis(300)) {
+                break;
+            }
+        }
+        let per_node: BTreeMap<String, Vec<rules::Change>> = last
+            .iter()
+            .map(|(node, new)| (node.clone(), rules::diff(rules.get(node).map(Vec::as_slice).unwrap_or_default(), new)))
+            .collect();
+        let when = jiff::Zoned::now().strftime("%H:%M:%S").to_string();
+        w(out, &rules::report(&when, &changes, &per_node)).map_err(io("write".to_string()))?;
+        rules = last;
+        reports += 1;
+    }
+    Ok(())
 }
 
 /// Explains a Service's rules on every node of the lab (`podpath explain`): the Service from

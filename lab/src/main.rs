@@ -113,6 +113,19 @@ enum Cmd {
         #[arg(long, short, default_value = "text")]
         output: String,
     },
+    /// Print the service proxy's rules of every node; with --watch, the rule changes on every
+    /// node after each change of a Service or EndpointSlice (e.g. scaling 2 → 3 replicas moves
+    /// the probabilities 1/2 → 1/3).
+    Rules {
+        #[command(flatten)]
+        which: Which,
+        /// Keep watching and print each change.
+        #[arg(long)]
+        watch: bool,
+        /// With --watch: stop after this many reports.
+        #[arg(long, requires = "watch")]
+        count: Option<usize>,
+    },
     /// Print a component's log: apiserver-lite, lb-sim or node-N.
     Logs {
         #[command(flatten)]
@@ -249,6 +262,19 @@ fn run() -> Result<()> {
             match output.as_str() {
                 "json" => println!("{}", serde_json::to_string_pretty(&e)?),
                 _ => print!("{}", lab::explain::text(&e)),
+            }
+        }
+        Cmd::Rules { which, watch, count } => {
+            let st = which.state()?;
+            if watch {
+                lab::watch_rules(&st, count, &mut std::io::stdout())?;
+            } else {
+                for (node, rules) in lab::proxy_rules(&st)? {
+                    println!("{node} ({} rules)", rules.len());
+                    for r in rules {
+                        println!("  {r}");
+                    }
+                }
             }
         }
         Cmd::Logs { which, component } => {
