@@ -481,18 +481,7 @@ pub fn exec_argv(st: &LabState, host: &str, cmd: &[String]) -> Result<Vec<String
     if let Some(rest) = host.strip_prefix("pod/") {
         let (ns, name) =
             rest.split_once('/').ok_or_else(|| LabError::Usage(format!("{host:?}: use pod/NAMESPACE/NAME")))?;
-        let api: SocketAddr = st.api.parse().map_err(|_| LabError::Usage("bad API address in the state".into()))?;
-        let (code, body) =
-            http_get(api, &format!("/api/v1/namespaces/{ns}/pods/{name}")).map_err(io("ask the API server"))?;
-        if code != 200 {
-            return Err(LabError::Usage(format!("pod {ns}/{name} not found")));
-        }
-        let pod: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
-        let pid = pod["status"]["containerStatuses"][0]["containerID"]
-            .as_str()
-            .and_then(|c| c.strip_prefix("podpath://"))
-            .ok_or_else(|| LabError::Usage(format!("pod {ns}/{name} has no running container yet")))?
-            .to_string();
+        let pid = pod_pid(api_addr(st)?, ns, name)?;
         argv = ["nsenter", "-t", &pid, "-n", "-u", "--"].iter().map(|s| s.to_string()).collect();
     } else {
         let p = Plan::new(&st.name, st.nodes);
@@ -541,6 +530,26 @@ fn lb_status_in(gateway_netns: &str) -> Result<serde_json::Value> {
         return Err(LabError::NotReady(format!("lb-sim status answered HTTP {code}")));
     }
     serde_json::from_str(&body).map_err(|e| LabError::NotReady(format!("lb-sim status is not JSON: {e}")))
+}
+
+/// The API server's address from the lab state.
+pub(crate) fn api_addr(st: &LabState) -> Result<SocketAddr> {
+    st.api.parse().map_err(|_| LabError::Usage(format!("bad API address {:?} in the lab state", st.api)))
+}
+
+/// The PID of a pod's first container (its namespaces are the pod's), from the API.
+pub(crate) fn pod_pid(api: SocketAddr, ns: &str, name: &str) -> Result<String> {
+    let (code, body) =
+        http_get(api, &format!("/api/v1/namespaces/{ns}/pods/{name}")).map_err(io("ask the API server"))?;
+    if code != 200 {
+        return Err(LabError::Usage(format!("pod {ns}/{name} not found")));
+    }
+    let pod: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+    pod["status"]["containerStatuses"][0]["containerID"]
+        .as_str()
+        .and_then(|c| c.strip_prefix("podpath://"))
+        .map(str::to_string)
+        .ok_or_else(|| LabError::Usage(format!("pod {ns}/{name} has no running container yet")))
 }
 
 /// Per node: each table's `iptables-save` text.
@@ -614,7 +623,7 @@ fn input_changes(before: &BTreeMap<String, String>, after: &BTreeMap<String, Str
 /// for the nodes' rules to follow (they settle: unchanged for 300 ms, or 3 s pass) and writes
 /// the rule changes of every node. Stops after `count` reports, if given.
 pub fn watch_rules(st: &LabState, count: Option<usize>, out: &mut dyn Write) -> Result<()> {
-    let api: SocketAddr = st.api.parse().map_err(|_| LabError::Usage("bad API address in the lab state".into()))?;
+    let api = api_addr(st)?;
     let mut rules = proxy_rules(st)?;
     let mut inputs = proxy_inputs(api);
     let sizes: Vec<String> = rules.iter().map(|(n, r)| format!("{n} {} rules", r.len())).collect();
@@ -660,7 +669,7 @@ pub fn explain(st: &LabState, service: &str) -> Result<explain::Explanation> {
     if name.is_empty() || ns.is_empty() || name.contains('/') {
         return Err(LabError::Usage(format!("{service:?}: give a Service as NAME or NAMESPACE/NAME")));
     }
-    let api: SocketAddr = st.api.parse().map_err(|_| LabError::Usage("bad API address in the lab state".into()))?;
+    let api = api_addr(st)?;
     let (code, body) = http_get(api, &format!("/api/v1/namespaces/{ns}/services/{name}"))
         .map_err(io("ask the API server".to_string()))?;
     match code {

@@ -327,16 +327,7 @@ fn ns_path_of(st: &LabState, plan: &Plan, api: SocketAddr, host: &str) -> Result
     if let Some(rest) = host.strip_prefix("pod/") {
         let (ns, name) =
             rest.split_once('/').ok_or_else(|| LabError::Usage(format!("{host:?}: use pod/NAMESPACE/NAME")))?;
-        let (code, body) = http_get(api, &format!("/api/v1/namespaces/{ns}/pods/{name}"))
-            .map_err(|e| LabError::Io { what: "ask the API server".into(), source: e })?;
-        if code != 200 {
-            return Err(LabError::Usage(format!("pod {ns}/{name} not found")));
-        }
-        let pod: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
-        let pid = pod["status"]["containerStatuses"][0]["containerID"]
-            .as_str()
-            .and_then(|c| c.strip_prefix("podpath://"))
-            .ok_or_else(|| LabError::Usage(format!("pod {ns}/{name} has no running container yet")))?;
+        let pid = crate::pod_pid(api, ns, name)?;
         return Ok(format!("/proc/{pid}/ns/net"));
     }
     let ns = plan.netns_of(host).ok_or_else(|| {
@@ -411,7 +402,7 @@ fn lb_view(doc: &serde_json::Value, vip: &str) -> Option<(String, Vec<String>)> 
 /// Traces one request through the lab.
 pub fn trace(st: &LabState, req: &Request) -> Result<Trace> {
     let plan = Plan::new(&st.name, st.nodes);
-    let api: SocketAddr = st.api.parse().map_err(|_| LabError::Usage("bad API address in the lab state".into()))?;
+    let api = crate::api_addr(st)?;
     let src_ns = ns_path_of(st, &plan, api, &req.from)?;
     let mut hosts: Vec<(String, String)> = vec![("client".into(), String::new()), ("gateway".into(), String::new())];
     hosts.extend(plan.nodes.iter().map(|n| (n.name.clone(), String::new())));
