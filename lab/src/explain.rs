@@ -7,6 +7,7 @@ use std::net::Ipv4Addr;
 
 use serde::Serialize;
 
+use crate::trace::model::trim_float;
 use crate::trace::parse::comment_of;
 
 /// One rule, as installed, and what it does.
@@ -228,7 +229,7 @@ pub fn describe(rule: &str, pods: &BTreeMap<Ipv4Addr, String>) -> String {
                 let secs = arg(rule, "--seconds").unwrap_or("?");
                 format!("a client that used {ep} in the last {secs} s goes back to it (session affinity)")
             } else if let Some(p) = arg(rule, "--probability") {
-                format!("endpoint {ep} with probability {}", short(p.parse().unwrap_or(0.0)))
+                format!("endpoint {ep} with probability {}", trim_float(p.parse().unwrap_or(0.0)))
             } else {
                 format!("endpoint {ep} (all that is left)")
             }
@@ -247,11 +248,6 @@ pub fn describe(rule: &str, pods: &BTreeMap<Ipv4Addr, String>) -> String {
         "" => format!("no verdict ({comment})"),
         t => format!("{} → {t}", destination(rule)),
     }
-}
-
-fn short(p: f64) -> String {
-    let s = format!("{p:.4}");
-    s.trim_end_matches('0').trim_end_matches('.').to_string()
 }
 
 /// Each endpoint's share of new connections in a service chain: the rule's probability of what

@@ -594,8 +594,7 @@ fn proxy_inputs(api: SocketAddr) -> BTreeMap<String, String> {
     let mut out = BTreeMap::new();
     for (kind, path) in [("Service", "/api/v1/services"), ("EndpointSlice", "/apis/discovery.k8s.io/v1/endpointslices")]
     {
-        let Ok((200, body)) = http_get(api, path) else { continue };
-        let doc: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+        let doc = trace::run::api_get(api, path);
         for item in doc["items"].as_array().into_iter().flatten() {
             let m = &item["metadata"];
             let key = format!("{kind} {}/{}", m["namespace"].as_str().unwrap_or(""), m["name"].as_str().unwrap_or(""));

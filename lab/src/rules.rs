@@ -32,13 +32,7 @@ fn split_probability(rule: &str) -> (String, Option<String>) {
 }
 
 fn short(p: &str) -> String {
-    match p.parse::<f64>() {
-        Ok(v) => {
-            let s = format!("{v:.4}");
-            s.trim_end_matches('0').trim_end_matches('.').to_string()
-        }
-        Err(_) => p.to_string(),
-    }
+    p.parse::<f64>().map(crate::trace::model::trim_float).unwrap_or_else(|_| p.to_string())
 }
 
 /// The changes from `old` to `new` (each a node's rule lines), in the order of the new rules

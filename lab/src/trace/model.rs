@@ -359,7 +359,9 @@ fn svc_choice(nat_rules: Option<&String>, hit: &RuleHit) -> Option<String> {
     Some(format!("rule {} of {} ({p})", i + 1, jumps.len()))
 }
 
-fn trim_float(p: f64) -> String {
+/// A probability as people read it: at most 4 decimals, no trailing zeros (0.33333333349 →
+/// 0.3333, 0.50000000000 → 0.5).
+pub(crate) fn trim_float(p: f64) -> String {
     let s = format!("{p:.4}");
     s.trim_end_matches('0').trim_end_matches('.').to_string()
 }

@@ -339,7 +339,8 @@ fn ns_path_of(st: &LabState, plan: &Plan, api: SocketAddr, host: &str) -> Result
     Ok(format!("/run/netns/{ns}"))
 }
 
-fn api_get(api: SocketAddr, path: &str) -> serde_json::Value {
+/// A JSON document from the API (Null when it is not there).
+pub(crate) fn api_get(api: SocketAddr, path: &str) -> serde_json::Value {
     match http_get(api, path) {
         Ok((200, body)) => serde_json::from_str(&body).unwrap_or_default(),
         _ => serde_json::Value::Null,
