@@ -222,50 +222,100 @@ impl Drop for Guard {
     }
 }
 
-fn send_canary(ns_path: &str) -> Result<()> {
-    in_netns_thread(ns_path.to_string(), || -> std::io::Result<()> {
-        let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::DGRAM, None)?;
-        s.set_tos_v4(PROBE_TOS)?;
-        let to: SocketAddr = SocketAddr::from((Ipv4Addr::LOCALHOST, CANARY_PORT));
-        s.send_to(b"podpath-trace", &to.into())?;
-        Ok(())
+/// Sends one sync datagram from a namespace, from a source port not in `taken`; returns that
+/// port (it tells this datagram from every earlier one).
+fn send_canary(ns_path: &str, taken: &BTreeSet<u16>) -> Result<u16> {
+    let taken = taken.clone();
+    in_netns_thread(ns_path.to_string(), move || -> std::io::Result<u16> {
+        // An ephemeral port is random; a few tries find one this monitor has not seen yet.
+        for _ in 0..16 {
+            let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::DGRAM, None)?;
+            s.set_tos_v4(PROBE_TOS)?;
+            s.bind(&SocketAddr::from((Ipv4Addr::LOCALHOST, 0)).into())?;
+            let port = s.local_addr()?.as_socket_ipv4().map(|a| a.port()).unwrap_or(0);
+            if taken.contains(&port) {
+                continue;
+            }
+            let to = SocketAddr::from((Ipv4Addr::LOCALHOST, CANARY_PORT));
+            s.send_to(b"podpath-trace", &to.into())?;
+            return Ok(port);
+        }
+        Err(std::io::Error::other("no fresh source port for the sync datagram"))
     })?
     .map_err(|e| LabError::Io { what: "send the trace's sync datagram".into(), source: e })
 }
 
-fn canaries(text: &str) -> usize {
-    text.lines().filter(|l| l.starts_with("PACKET:") && l.contains(&format!("DPORT={CANARY_PORT} "))).count()
+/// The source ports of the sync datagrams a monitor printed. One datagram shows once per hook
+/// it crosses (output, then input over loopback), so datagrams are told apart by port, not
+/// counted by line.
+fn canary_ports(text: &str) -> BTreeSet<u16> {
+    text.lines()
+        .filter(|l| l.starts_with("PACKET:") && l.contains(&format!(" DPORT={CANARY_PORT} ")))
+        .filter_map(|l| l.split_whitespace().find_map(|w| w.strip_prefix("SPORT=")).and_then(|p| p.parse().ok()))
+        .collect()
 }
 
-/// Waits until every monitor printed `n` sync datagrams: the monitors are subscribed (n = 1),
-/// or have delivered everything that came before (n = 2).
-fn sync_monitors(hosts: &[(String, String)], outputs: &[Arc<Mutex<String>>], n: usize) -> Result<()> {
+fn monitor_text(output: &Mutex<String>) -> String {
+    output.lock().unwrap_or_else(|e| e.into_inner()).clone()
+}
+
+fn monitors_silent(behind: &[&str]) -> LabError {
+    LabError::NotReady(format!(
+        "the kernel's trace monitor saw nothing on {} (does this kernel support nf_tables tracing, and is iptables the nft variant?)",
+        behind.join(", ")
+    ))
+}
+
+/// Waits until every monitor is subscribed: it printed a sync datagram. A monitor not
+/// subscribed yet misses one, so they are repeated.
+fn monitors_subscribed(hosts: &[(String, String)], outputs: &[Arc<Mutex<String>>]) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(5);
     let mut sent_at = Instant::now() - Duration::from_secs(1);
     loop {
-        let behind: Vec<&str> = hosts
+        let behind: Vec<(&str, &str)> = hosts
             .iter()
             .zip(outputs)
-            .filter(|(_, o)| canaries(&o.lock().unwrap_or_else(|e| e.into_inner())) < n)
-            .map(|((h, _), _)| h.as_str())
+            .filter(|(_, o)| canary_ports(&monitor_text(o)).is_empty())
+            .map(|((h, ns), _)| (h.as_str(), ns.as_str()))
             .collect();
         if behind.is_empty() {
             return Ok(());
         }
         if Instant::now() > deadline {
-            return Err(LabError::NotReady(format!(
-                "the kernel's trace monitor saw nothing on {} (does this kernel support nf_tables tracing, and is iptables the nft variant?)",
-                behind.join(", ")
-            )));
+            return Err(monitors_silent(&behind.iter().map(|(h, _)| *h).collect::<Vec<_>>()));
         }
-        // Only the first sync may need repeating (a monitor not subscribed yet misses it).
-        if n == 1 && sent_at.elapsed() > Duration::from_millis(20) {
-            for (h, ns) in hosts {
-                if behind.contains(&h.as_str()) {
-                    send_canary(&format!("/run/netns/{ns}"))?;
-                }
+        if sent_at.elapsed() > Duration::from_millis(20) {
+            for (_, ns) in &behind {
+                send_canary(&format!("/run/netns/{ns}"), &BTreeSet::new())?;
             }
             sent_at = Instant::now();
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Waits until every monitor has delivered everything the kernel reported before now: a
+/// fresh sync datagram, sent after the probe, has come out of each (events of one namespace
+/// reach its monitor in order).
+fn monitors_drained(hosts: &[(String, String)], outputs: &[Arc<Mutex<String>>]) -> Result<()> {
+    let mut awaited = Vec::new();
+    for ((_, ns), out) in hosts.iter().zip(outputs) {
+        awaited.push(send_canary(&format!("/run/netns/{ns}"), &canary_ports(&monitor_text(out)))?);
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let behind: Vec<&str> = hosts
+            .iter()
+            .zip(outputs)
+            .zip(&awaited)
+            .filter(|((_, o), port)| !canary_ports(&monitor_text(o)).contains(port))
+            .map(|(((h, _), _), _)| h.as_str())
+            .collect();
+        if behind.is_empty() {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(monitors_silent(&behind));
         }
         std::thread::sleep(Duration::from_millis(5));
     }
@@ -468,16 +518,13 @@ pub fn trace(st: &LabState, req: &Request) -> Result<Trace> {
         guard.with(|i| i.monitors.push(child));
         outputs.push(out);
     }
-    sync_monitors(&hosts, &outputs, 1)?;
+    monitors_subscribed(&hosts, &outputs)?;
     let (src, outcome) = probe(socket, bound, req);
     // A short wait lets a lost request's retransmits and a late reply be seen too.
     if !outcome.answered {
         std::thread::sleep(Duration::from_millis(200));
     }
-    for (_, ns) in &hosts {
-        send_canary(&format!("/run/netns/{ns}"))?;
-    }
-    sync_monitors(&hosts, &outputs, 2)?;
+    monitors_drained(&hosts, &outputs)?;
     drop(guard);
 
     let mut observed = Observed { from: req.from.clone(), src: Some(src), dst: Some(req.dst), ..Default::default() };
@@ -546,4 +593,23 @@ pub fn trace(st: &LabState, req: &Request) -> Result<Trace> {
         }
     }
     Ok(model::assemble(&observed, &objects, outcome))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sync_datagram_seen_at_several_hooks_counts_once_by_its_port() {
+        // What xtables-monitor prints for one datagram to 127.0.0.1:9 (output, then input).
+        let one = "PACKET: 2 c86dc4fa OUT=lo SRC=127.0.0.1 DST=127.0.0.1 LEN=29 TOS=0xb4 TTL=64 ID=21857 DF SPORT=53410 DPORT=9 \n \
+             TRACE: 2 c86dc4fa raw:OUTPUT:policy:ACCEPT \n\
+             PACKET: 2 b8fb2e7c IN=lo LOOPBACK SRC=127.0.0.1 DST=127.0.0.1 LEN=29 TOS=0xb4 TTL=64 ID=21857 DF SPORT=53410 DPORT=9 \n \
+             TRACE: 2 b8fb2e7c raw:PREROUTING:policy:ACCEPT \n";
+        assert_eq!(canary_ports(one), BTreeSet::from([53410]));
+        let probe = "PACKET: 2 0a0b0c0d IN=eth0 SRC=203.0.113.10 DST=10.0.0.1 LEN=60 TOS=0xb4 TTL=63 ID=1 DF SPORT=41000 DPORT=80 SYN \n";
+        let second = one.replace("53410", "53411");
+        assert_eq!(canary_ports(&format!("{one}{probe}{second}")), BTreeSet::from([53410, 53411]));
+        assert!(canary_ports(probe).is_empty());
+    }
 }
