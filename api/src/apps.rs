@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use jiff::Timestamp;
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentStrategy, ReplicaSet, RollingUpdateDeployment};
 use k8s_openapi::api::core::v1::PodTemplateSpec;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde_json::{json, Value};
 
@@ -197,13 +197,6 @@ fn containers_and_images(template: Option<&PodTemplateSpec>) -> (String, String)
 impl ApiObject for Deployment {
     const KIND: Kind = Kind::Deployment;
 
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-
     fn apply_defaults(&mut self) {
         let spec = self.spec.get_or_insert_with(Default::default);
         spec.replicas.get_or_insert(1);
@@ -300,13 +293,6 @@ impl ApiObject for Deployment {
 
 impl ApiObject for ReplicaSet {
     const KIND: Kind = Kind::ReplicaSet;
-
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
 
     fn apply_defaults(&mut self) {
         let spec = self.spec.get_or_insert_with(Default::default);

@@ -53,8 +53,8 @@ pub enum Error {
 /// Decodes a JSON body into the typed object of kind `T`.
 pub fn decode<T: ApiObject>(value: &serde_json::Value) -> Result<T, Error> {
     serde_json::from_value(value.clone()).map_err(|e| Error::Decode {
-        kind: T::KIND.info().name,
-        version: T::KIND.info().version,
+        kind: <T as ApiObject>::KIND.info().name,
+        version: <T as ApiObject>::KIND.info().version,
         message: e.to_string(),
     })
 }
@@ -63,8 +63,8 @@ pub fn decode<T: ApiObject>(value: &serde_json::Value) -> Result<T, Error> {
 pub fn encode<T: ApiObject>(obj: &T) -> serde_json::Value {
     let mut v = serde_json::to_value(obj).unwrap_or_default();
     if let Some(o) = v.as_object_mut() {
-        o.insert("kind".into(), T::KIND.info().name.into());
-        o.insert("apiVersion".into(), T::KIND.api_version().into());
+        o.insert("kind".into(), <T as ApiObject>::KIND.info().name.into());
+        o.insert("apiVersion".into(), <T as ApiObject>::KIND.api_version().into());
     }
     v
 }

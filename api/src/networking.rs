@@ -3,7 +3,6 @@
 
 use jiff::Timestamp;
 use k8s_openapi::api::networking::v1::{Ingress, IngressBackend, IngressClass};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::{json, Value};
 
 use crate::kinds::Kind;
@@ -65,13 +64,6 @@ fn validate_host(host: &str, path: &FieldPath, out: &mut Vec<Cause>) {
 
 impl ApiObject for Ingress {
     const KIND: Kind = Kind::Ingress;
-
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
 
     fn prepare_for_create(&mut self) {
         self.status = None;
@@ -171,13 +163,6 @@ impl ApiObject for Ingress {
 
 impl ApiObject for IngressClass {
     const KIND: Kind = Kind::IngressClass;
-
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
 
     fn validate(&self, old: Option<&Self>) -> Vec<Cause> {
         let mut out = Vec::new();

@@ -19,11 +19,10 @@ use crate::table::{self, col, Column, AGE_COLUMN, NAME_COLUMN};
 use crate::validation::{self as v, Cause, FieldPath};
 
 /// Behaviour shared by every kind apiserver-lite stores.
-pub trait ApiObject: Serialize + DeserializeOwned + Clone + Send + Sync + 'static {
+pub trait ApiObject:
+    k8s_openapi::Metadata<Ty = ObjectMeta> + Serialize + DeserializeOwned + Clone + Send + Sync + 'static
+{
     const KIND: Kind;
-
-    fn meta(&self) -> &ObjectMeta;
-    fn meta_mut(&mut self) -> &mut ObjectMeta;
 
     /// Fills in what the real API server defaults (visible in `-o yaml`).
     fn apply_defaults(&mut self) {}
@@ -43,8 +42,8 @@ pub trait ApiObject: Serialize + DeserializeOwned + Clone + Send + Sync + 'stati
 
     /// Cells in the order of [`ApiObject::columns`].
     fn cells(&self, _now: Timestamp) -> Vec<Value> {
-        let created = self.meta().creation_timestamp.as_ref().map(|t| t.0.to_string());
-        vec![json!(self.meta().name.clone().unwrap_or_default()), json!(created.unwrap_or_default())]
+        let created = self.metadata().creation_timestamp.as_ref().map(|t| t.0.to_string());
+        vec![json!(self.metadata().name.clone().unwrap_or_default()), json!(created.unwrap_or_default())]
     }
 }
 
@@ -117,13 +116,6 @@ pub fn service_is_headless(svc: &Service) -> bool {
 
 impl ApiObject for Service {
     const KIND: Kind = Kind::Service;
-
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
 
     fn apply_defaults(&mut self) {
         let spec = self.spec.get_or_insert_with(Default::default);
@@ -647,13 +639,6 @@ pub(crate) fn validate_pod_spec(spec: &PodSpec, spec_path: &FieldPath, out: &mut
 impl ApiObject for Pod {
     const KIND: Kind = Kind::Pod;
 
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-
     fn apply_defaults(&mut self) {
         default_pod_spec(self.spec.get_or_insert_with(Default::default));
     }
@@ -792,13 +777,6 @@ pub fn node_ready_status(node: &Node) -> &'static str {
 impl ApiObject for Node {
     const KIND: Kind = Kind::Node;
 
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-
     fn validate(&self, _old: Option<&Self>) -> Vec<Cause> {
         let mut out = Vec::new();
         validate_meta(&self.metadata, v::dns1123_subdomain, &mut out);
@@ -892,13 +870,6 @@ impl ApiObject for Node {
 impl ApiObject for Namespace {
     const KIND: Kind = Kind::Namespace;
 
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-
     fn apply_defaults(&mut self) {
         if let Some(name) = self.metadata.name.clone() {
             self.metadata.labels.get_or_insert_with(BTreeMap::new).insert("kubernetes.io/metadata.name".into(), name);
@@ -936,13 +907,6 @@ impl ApiObject for Namespace {
 
 impl ApiObject for Endpoints {
     const KIND: Kind = Kind::Endpoints;
-
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
 
     fn apply_defaults(&mut self) {
         for s in self.subsets.iter_mut().flatten() {
@@ -1027,13 +991,6 @@ fn first_three(list: &[String], empty: &str) -> String {
 impl ApiObject for EndpointSlice {
     const KIND: Kind = Kind::EndpointSlice;
 
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-
     fn apply_defaults(&mut self) {
         for p in self.ports.iter_mut().flatten() {
             p.protocol.get_or_insert_with(|| "TCP".into());
@@ -1113,13 +1070,6 @@ impl ApiObject for EndpointSlice {
 
 impl ApiObject for Event {
     const KIND: Kind = Kind::Event;
-
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
 
     fn validate(&self, _old: Option<&Self>) -> Vec<Cause> {
         let mut out = Vec::new();
@@ -1224,13 +1174,6 @@ macro_rules! with_kind_type {
 
 impl ApiObject for k8s_openapi::api::core::v1::Secret {
     const KIND: Kind = Kind::Secret;
-
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
 
     fn apply_defaults(&mut self) {
         self.type_.get_or_insert_with(|| "Opaque".into());

@@ -593,8 +593,8 @@ impl Registry {
                     return Err(ApiError::BadRequest(format!(
                         "{kind} in version \"{v}\" cannot be handled as a {kind}: strict decoding error: {}",
                         list.join(", "),
-                        kind = T::KIND.info().name,
-                        v = T::KIND.info().version
+                        kind = <T as ApiObject>::KIND.info().name,
+                        v = <T as ApiObject>::KIND.info().version
                     )));
                 }
                 warnings.extend(unknown.iter().map(|f| format!("unknown field \"{f}\"")));
@@ -606,11 +606,11 @@ impl Registry {
             Some(o) => obj.prepare_for_update(o),
         }
         obj.apply_defaults();
-        let name = obj.meta().name.clone().unwrap_or_default();
+        let name = obj.metadata().name.clone().unwrap_or_default();
         let mut causes = obj.validate(old_typed.as_ref());
         if causes.is_empty() && sub == Subresource::Main {
             let mut value = serde_json::to_value(&obj)?;
-            match T::KIND {
+            match <T as ApiObject>::KIND {
                 Kind::Service => self.allocate_service(&mut value, old, claims, &mut causes)?,
                 Kind::Node => self.allocate_node(&mut value, old, claims, &mut causes)?,
                 Kind::Ingress => self.allocate_ingress(&mut value, claims)?,
@@ -622,7 +622,7 @@ impl Registry {
             }
         }
         if !causes.is_empty() {
-            return Err(ApiError::invalid(T::KIND, &name, causes));
+            return Err(ApiError::invalid(<T as ApiObject>::KIND, &name, causes));
         }
         Ok((api::encode(&obj), warnings))
     }
