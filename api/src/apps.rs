@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use jiff::Timestamp;
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentStrategy, ReplicaSet, RollingUpdateDeployment};
 use k8s_openapi::api::core::v1::PodTemplateSpec;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde_json::{json, Value};
 
@@ -181,15 +181,34 @@ fn is_zero(value: Option<&IntOrString>) -> bool {
 }
 
 /// The `-o wide` columns of workloads.
-fn wide_columns() -> [Column; 3] {
-    [col("Containers", "string", 1), col("Images", "string", 1), col("Selector", "string", 1)]
+/// A workload's table (Deployment, ReplicaSet): name, its three replica counts, age; with
+/// `-o wide` also its containers, images and selector.
+fn workload_columns(counts: [Column; 3]) -> Vec<Column> {
+    let wide = [col("Containers", "string", 1), col("Images", "string", 1), col("Selector", "string", 1)];
+    [NAME_COLUMN].into_iter().chain(counts).chain([AGE_COLUMN]).chain(wide).collect()
 }
 
-fn containers_and_images(template: Option<&PodTemplateSpec>) -> (String, String) {
-    let containers = template.and_then(|t| t.spec.as_ref()).map(|s| s.containers.clone()).unwrap_or_default();
-    let names: Vec<String> = containers.iter().map(|c| c.name.clone()).collect();
-    let images: Vec<String> = containers.iter().map(|c| c.image.clone().unwrap_or_default()).collect();
-    (names.join(","), images.join(","))
+/// Cells in the order of [`workload_columns`].
+fn workload_cells(
+    meta: &ObjectMeta,
+    counts: [Value; 3],
+    template: Option<&PodTemplateSpec>,
+    selector: &LabelSelector,
+    now: Timestamp,
+) -> Vec<Value> {
+    let containers = template.and_then(|t| t.spec.as_ref()).map(|s| s.containers.as_slice()).unwrap_or_default();
+    let names: Vec<&str> = containers.iter().map(|c| c.name.as_str()).collect();
+    let images: Vec<&str> = containers.iter().map(|c| c.image.as_deref().unwrap_or_default()).collect();
+    [json!(meta.name.clone().unwrap_or_default())]
+        .into_iter()
+        .chain(counts)
+        .chain([
+            table::age(meta.creation_timestamp.as_ref(), now),
+            json!(names.join(",")),
+            json!(images.join(",")),
+            json!(format_selector(Some(selector))),
+        ])
+        .collect()
 }
 
 // === Deployment ===
@@ -260,32 +279,18 @@ impl ApiObject for Deployment {
     }
 
     fn columns() -> Vec<Column> {
-        vec![
-            NAME_COLUMN,
-            col("Ready", "string", 0),
-            col("Up-to-date", "integer", 0),
-            col("Available", "integer", 0),
-            AGE_COLUMN,
-        ]
-        .into_iter()
-        .chain(wide_columns())
-        .collect()
+        workload_columns([col("Ready", "string", 0), col("Up-to-date", "integer", 0), col("Available", "integer", 0)])
     }
 
     fn cells(&self, now: Timestamp) -> Vec<Value> {
         let spec = self.spec.clone().unwrap_or_default();
         let status = self.status.clone().unwrap_or_default();
-        let (containers, images) = containers_and_images(Some(&spec.template));
-        vec![
-            json!(self.metadata.name.clone().unwrap_or_default()),
+        let counts = [
             json!(format!("{}/{}", status.ready_replicas.unwrap_or(0), spec.replicas.unwrap_or(1))),
             json!(status.updated_replicas.unwrap_or(0)),
             json!(status.available_replicas.unwrap_or(0)),
-            table::age(self.metadata.creation_timestamp.as_ref(), now),
-            json!(containers),
-            json!(images),
-            json!(format_selector(Some(&spec.selector))),
-        ]
+        ];
+        workload_cells(&self.metadata, counts, Some(&spec.template), &spec.selector, now)
     }
 }
 
@@ -325,32 +330,15 @@ impl ApiObject for ReplicaSet {
     }
 
     fn columns() -> Vec<Column> {
-        vec![
-            NAME_COLUMN,
-            col("Desired", "integer", 0),
-            col("Current", "integer", 0),
-            col("Ready", "integer", 0),
-            AGE_COLUMN,
-        ]
-        .into_iter()
-        .chain(wide_columns())
-        .collect()
+        workload_columns([col("Desired", "integer", 0), col("Current", "integer", 0), col("Ready", "integer", 0)])
     }
 
     fn cells(&self, now: Timestamp) -> Vec<Value> {
         let spec = self.spec.clone().unwrap_or_default();
         let status = self.status.clone().unwrap_or_default();
-        let (containers, images) = containers_and_images(spec.template.as_ref());
-        vec![
-            json!(self.metadata.name.clone().unwrap_or_default()),
-            json!(spec.replicas.unwrap_or(1)),
-            json!(status.replicas),
-            json!(status.ready_replicas.unwrap_or(0)),
-            table::age(self.metadata.creation_timestamp.as_ref(), now),
-            json!(containers),
-            json!(images),
-            json!(format_selector(Some(&spec.selector))),
-        ]
+        let counts =
+            [json!(spec.replicas.unwrap_or(1)), json!(status.replicas), json!(status.ready_replicas.unwrap_or(0))];
+        workload_cells(&self.metadata, counts, spec.template.as_ref(), &spec.selector, now)
     }
 }
 
