@@ -302,6 +302,18 @@ fn create(a: SocketAddr, path: &str, obj: serde_json::Value) -> serde_json::Valu
     serde_json::from_str(&out).unwrap()
 }
 
+/// Service `web` (port 80 → 8080 of the `app0` pods) of a type, with annotations.
+fn create_web_service(a: SocketAddr, type_: &str, annotations: serde_json::Value) -> serde_json::Value {
+    create(
+        a,
+        "/api/v1/namespaces/default/services",
+        serde_json::json!({
+            "apiVersion": "v1", "kind": "Service", "metadata": {"name": "web", "annotations": annotations},
+            "spec": {"type": type_, "selector": {"app": "app0"}, "ports": [{"port": 80, "targetPort": 8080}]}
+        }),
+    )
+}
+
 /// Port 80 of the LB address an object got at create.
 fn lb_address(obj: &serde_json::Value) -> SocketAddr {
     format!("{}:80", obj["status"]["loadBalancer"]["ingress"][0]["ip"].as_str().expect("address at create"))
@@ -342,15 +354,7 @@ fn bench_throughput() {
         let a = api(&lab);
         // Pinned to the pod's node, so both paths cross the same hops and differ only by the
         // service proxy.
-        let svc = create(
-            a,
-            "/api/v1/namespaces/default/services",
-            serde_json::json!({
-                "apiVersion": "v1", "kind": "Service",
-                "metadata": {"name": "web", "annotations": {"podpath.dev/route-to-node": "node-1"}},
-                "spec": {"type": "LoadBalancer", "selector": {"app": "app0"}, "ports": [{"port": 80, "targetPort": 8080}]}
-            }),
-        );
+        let svc = create_web_service(a, "LoadBalancer", serde_json::json!({"podpath.dev/route-to-node": "node-1"}));
         let (lb, pod_addr) = (lb_address(&svc), pod_address(a, "p0"));
         let (via_lb, direct, failed) = against_direct(&lab, lb, pod_addr, seconds);
         println!(
@@ -366,14 +370,7 @@ fn bench_l7() {
     let (lab, _) = up(3, &[]);
     create_pods(&lab, 1, 3);
     let a = api(&lab);
-    create(
-        a,
-        "/api/v1/namespaces/default/services",
-        serde_json::json!({
-            "apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"},
-            "spec": {"type": "NodePort", "selector": {"app": "app0"}, "ports": [{"port": 80, "targetPort": 8080}]}
-        }),
-    );
+    create_web_service(a, "NodePort", serde_json::json!({}));
     let ingress = create(
         a,
         "/apis/networking.k8s.io/v1/namespaces/default/ingresses",
@@ -396,14 +393,7 @@ fn bench_trace() {
     let (lab, _) = up(3, &[]);
     create_pods(&lab, 3, 3);
     let a = api(&lab);
-    let svc = create(
-        a,
-        "/api/v1/namespaces/default/services",
-        serde_json::json!({
-            "apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"},
-            "spec": {"type": "LoadBalancer", "selector": {"app": "app0"}, "ports": [{"port": 80, "targetPort": 8080}]}
-        }),
-    );
+    let svc = create_web_service(a, "LoadBalancer", serde_json::json!({}));
     let lb = lb_address(&svc);
     in_netns(&lab, "client", move || {
         let t = Instant::now();
