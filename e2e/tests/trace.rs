@@ -352,6 +352,20 @@ fn trace_follows_scenario_2_through_both_proxies_and_a_retry() {
         "{retried}"
     );
     assert_no_trace_rules(&lab);
+
+    // explain: in userspace mode the rules only redirect; it says the proxy picks among both
+    // Ready pods (the dead one too: it is Ready but listens on 8080, so port 80 refuses).
+    let (ok, text) = lab.run("explain", &["cloud-nginx"]);
+    assert!(ok, "{text}");
+    assert!(text.contains("redirect to the userspace proxy's port "), "{text}");
+    let picks = text.lines().skip_while(|l| !l.starts_with("  endpoints: node-agent's userspace proxy")).nth(1);
+    let picks = picks.unwrap_or_else(|| panic!("who picks the endpoint: {text}"));
+    assert!(
+        picks.starts_with("    port http-server (80/TCP): ")
+            && picks.contains("(pod default/cloud-nginx-1)")
+            && picks.contains(":80 (pod default/cloud-nginx-dead)"),
+        "{picks}"
+    );
 }
 
 /// Scenario 3: the L7 load balancer ends the HTTP request and opens its own connection to a

@@ -46,6 +46,18 @@ impl Eq for Share {}
 pub struct NodeGroup {
     pub nodes: Vec<String>,
     pub chains: Vec<Chain>,
+    /// Userspace mode: the rules only redirect to node-agent's proxy socket, and the proxy
+    /// picks the endpoint (see [`Explanation::endpoints`]).
+    #[serde(rename = "endpointPickedByUserspaceProxy")]
+    pub userspace: bool,
+}
+
+/// The ready endpoints of one Service port, from its EndpointSlices.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PortEndpoints {
+    /// `http (80/TCP)` or `80/TCP`.
+    pub port: String,
+    pub endpoints: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -54,6 +66,10 @@ pub struct Explanation {
     pub service: String,
     /// The Service as the API has it: type, addresses, ports.
     pub summary: Vec<String>,
+    /// Seconds a client keeps its endpoint (sessionAffinity ClientIP).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub affinity_seconds: Option<u64>,
+    pub endpoints: Vec<PortEndpoints>,
     pub groups: Vec<NodeGroup>,
 }
 
@@ -340,9 +356,49 @@ fn summary(svc: &serde_json::Value) -> Vec<String> {
     out
 }
 
-/// Explains the Service's rules on each node (`node → [(table, iptables-save -t table)]`).
+/// Each Service port's ready endpoints in its EndpointSlices (a slice port matches a Service
+/// port by name, as both are unnamed for a single-port Service).
+fn port_endpoints(
+    svc: &serde_json::Value,
+    slices: &[serde_json::Value],
+    pods: &BTreeMap<Ipv4Addr, String>,
+) -> Vec<PortEndpoints> {
+    let mut out = Vec::new();
+    for p in svc["spec"]["ports"].as_array().into_iter().flatten() {
+        let name = p["name"].as_str().unwrap_or("");
+        let number = format!("{}/{}", p["port"], p["protocol"].as_str().unwrap_or("TCP"));
+        let port = if name.is_empty() { number } else { format!("{name} ({number})") };
+        let mut endpoints = Vec::new();
+        for slice in slices {
+            let Some(target) = slice["ports"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|sp| sp["name"].as_str().unwrap_or("") == name)
+                .and_then(|sp| sp["port"].as_u64())
+            else {
+                continue;
+            };
+            for e in slice["endpoints"].as_array().into_iter().flatten() {
+                // Ready unless it says otherwise (the EndpointSlice API's rule).
+                if e["conditions"]["ready"] == false {
+                    continue;
+                }
+                for a in e["addresses"].as_array().into_iter().flatten().filter_map(|a| a.as_str()) {
+                    endpoints.push(with_pod(&format!("{a}:{target}"), pods));
+                }
+            }
+        }
+        out.push(PortEndpoints { port, endpoints });
+    }
+    out
+}
+
+/// Explains the Service's rules on each node (`node → [(table, iptables-save -t table)]`),
+/// with its endpoints from its EndpointSlices.
 pub fn explain(
     svc: &serde_json::Value,
+    slices: &[serde_json::Value],
     nodes: &BTreeMap<String, Vec<(String, String)>>,
     pods: &BTreeMap<Ipv4Addr, String>,
 ) -> Explanation {
@@ -357,10 +413,21 @@ pub fn explain(
         let chains = node_chains(&saves, &service, pods);
         match groups.iter_mut().find(|g| g.chains == chains) {
             Some(g) => g.nodes.push(node.clone()),
-            None => groups.push(NodeGroup { nodes: vec![node.clone()], chains }),
+            None => {
+                let userspace = chains.iter().any(|c| c.rules.iter().any(|r| r.rule.contains(" --to-ports ")));
+                groups.push(NodeGroup { nodes: vec![node.clone()], chains, userspace })
+            }
         }
     }
-    Explanation { service, summary: summary(svc), groups }
+    let affinity_seconds = (svc["spec"]["sessionAffinity"] == "ClientIP")
+        .then(|| svc["spec"]["sessionAffinityConfig"]["clientIP"]["timeoutSeconds"].as_u64().unwrap_or(10800));
+    Explanation {
+        service,
+        summary: summary(svc),
+        affinity_seconds,
+        endpoints: port_endpoints(svc, slices, pods),
+        groups,
+    }
 }
 
 /// The explanation as text: per group of nodes, each chain with its purpose, each rule in
@@ -388,6 +455,18 @@ pub fn text(e: &Explanation) -> String {
                 }
                 out.pop();
                 out += "\n";
+            }
+        }
+        if g.userspace {
+            out += "  endpoints: node-agent's userspace proxy on the node picks one for each new connection, not \
+                    iptables: the next in turn (round robin), and the next again after a refused connect";
+            if let Some(secs) = e.affinity_seconds {
+                out += &format!("; a client keeps its endpoint for {secs} s (ClientIP affinity)");
+            }
+            out += "\n";
+            for p in &e.endpoints {
+                let list = if p.endpoints.is_empty() { "none ready".to_string() } else { p.endpoints.join(", ") };
+                out += &format!("    port {}: {list}\n", p.port);
             }
         }
     }
@@ -425,7 +504,7 @@ mod tests {
         pods.insert("10.244.1.5".parse().unwrap(), "ns1/web-1".to_string());
         let nodes: BTreeMap<String, Vec<(String, String)>> =
             [("node-1".to_string(), tables(GOLDEN)), ("node-2".to_string(), tables(GOLDEN))].into();
-        let e = explain(&svc("ns1", "svc1"), &nodes, &pods);
+        let e = explain(&svc("ns1", "svc1"), &[], &nodes, &pods);
         assert_eq!(e.groups.len(), 1, "the same rules on both nodes");
         assert_eq!(e.groups[0].nodes, ["node-1", "node-2"]);
         let names: Vec<&str> = e.groups[0].chains.iter().map(|c| c.chain.as_str()).collect();
@@ -461,7 +540,7 @@ mod tests {
     #[test]
     fn three_endpoints_share_a_third_each_and_other_services_stay_out() {
         let nodes: BTreeMap<String, Vec<(String, String)>> = [("node-1".to_string(), tables(GOLDEN))].into();
-        let e = explain(&svc("ns5", "svc5"), &nodes, &BTreeMap::new());
+        let e = explain(&svc("ns5", "svc5"), &[], &nodes, &BTreeMap::new());
         let chains = &e.groups[0].chains;
         let svc = chains.iter().find(|c| c.chain.starts_with("KUBE-SVC-")).unwrap();
         assert_eq!(svc.shares.len(), 3);
@@ -485,11 +564,39 @@ mod tests {
         let spn = comment_of(any).unwrap();
         let (ns, rest) = spn.split_once('/').unwrap();
         let name = rest.split(':').next().unwrap();
-        let e = explain(&svc(ns, name), &nodes, &BTreeMap::new());
+        // Two slices; a not-ready endpoint and a port of another name are left out.
+        let slices = [
+            serde_json::json!({"ports": [{"name": "p80", "port": 8080}], "endpoints": [
+                {"addresses": ["10.244.1.5"], "conditions": {"ready": true}},
+                {"addresses": ["10.244.2.9"], "conditions": {"ready": false}}]}),
+            serde_json::json!({"ports": [{"name": "other", "port": 9999}], "endpoints": [{"addresses": ["10.244.3.3"]}]}),
+            serde_json::json!({"ports": [{"name": "p80", "port": 8080}], "endpoints": [{"addresses": ["10.244.2.5"]}]}),
+        ];
+        let pods = BTreeMap::from([("10.244.1.5".parse().unwrap(), "ns1/web-1".to_string())]);
+        let mut service = svc(ns, name);
+        service["spec"]["sessionAffinity"] = "ClientIP".into();
+        let e = explain(&service, &slices, &nodes, &pods);
         assert!(e.groups.iter().all(|g| g.nodes.len() == 1), "{e:?}");
         let user = e.groups.iter().find(|g| g.nodes == ["node-2"]).unwrap();
         let words: Vec<&str> = user.chains.iter().flat_map(|c| c.rules.iter().map(|r| r.words.as_str())).collect();
         assert!(words.iter().any(|w| w.contains(": redirect to the userspace proxy's port ")), "{words:?}");
         assert!(user.chains.iter().any(|c| c.purpose.starts_with("userspace mode: ")));
+        // Who picks the endpoint: the proxy (node-2), iptables (node-1).
+        assert!(user.userspace);
+        assert!(!e.groups.iter().find(|g| g.nodes == ["node-1"]).unwrap().userspace);
+        assert_eq!(
+            e.endpoints,
+            [PortEndpoints {
+                port: "p80 (80/TCP)".into(),
+                endpoints: vec!["10.244.1.5:8080 (pod ns1/web-1)".into(), "10.244.2.5:8080".into()]
+            }]
+        );
+        let text = text(&e);
+        let picks = text.split("\nnode-2\n").nth(1).expect("node-2's part");
+        assert!(
+            picks.contains("  endpoints: node-agent's userspace proxy on the node picks one for each new connection, not iptables: the next in turn (round robin), and the next again after a refused connect; a client keeps its endpoint for 10800 s (ClientIP affinity)\n    port p80 (80/TCP): 10.244.1.5:8080 (pod ns1/web-1), 10.244.2.5:8080\n"),
+            "{text}"
+        );
+        assert!(!text.split("\nnode-2\n").next().unwrap().contains("userspace proxy on the node picks"), "{text}");
     }
 }

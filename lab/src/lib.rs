@@ -679,8 +679,13 @@ pub fn explain(st: &LabState, service: &str) -> Result<explain::Explanation> {
     let svc: serde_json::Value =
         serde_json::from_str(&body).map_err(|e| LabError::NotReady(format!("service {ns}/{name}: {e}")))?;
     let pods = trace::run::pods_by_ip(api).into_iter().map(|(ip, (pod, _))| (ip, pod)).collect();
+    let slices = trace::run::api_get(
+        api,
+        &format!("/apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices?labelSelector=kubernetes.io%2Fservice-name%3D{name}"),
+    );
+    let slices = slices["items"].as_array().cloned().unwrap_or_default();
     let saves = node_tables(st, &["nat", "filter"])?;
-    Ok(explain::explain(&svc, &saves, &pods))
+    Ok(explain::explain(&svc, &slices, &saves, &pods))
 }
 
 /// lb-sim's status document (`GET /status` in the gateway's namespace).
