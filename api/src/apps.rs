@@ -139,9 +139,22 @@ fn default_template(template: &mut PodTemplateSpec) {
     default_pod_spec(template.spec.get_or_insert_with(Default::default));
 }
 
-fn validate_replicas(replicas: Option<i32>, path: &FieldPath, out: &mut Vec<Cause>) {
+/// What Deployments and ReplicaSets check alike in their spec: replicas, the selector, and a
+/// template that matches it.
+fn validate_replicated(
+    replicas: Option<i32>,
+    selector: &LabelSelector,
+    template: Option<&PodTemplateSpec>,
+    spec: &FieldPath,
+    out: &mut Vec<Cause>,
+) {
     if let Some(r) = replicas.filter(|r| *r < 0) {
-        out.push(v::invalid(path, &r, "must be greater than or equal to 0"));
+        out.push(v::invalid(&spec.child("replicas"), &r, "must be greater than or equal to 0"));
+    }
+    validate_selector(Some(selector), &spec.child("selector"), out);
+    match template {
+        Some(t) => validate_template(t, Some(selector), &spec.child("template"), out),
+        None => out.push(v::required(&spec.child("template"), "")),
     }
 }
 
@@ -243,9 +256,7 @@ impl ApiObject for Deployment {
             out.push(v::required(&path, ""));
             return out;
         };
-        validate_replicas(spec.replicas, &path.child("replicas"), &mut out);
-        validate_selector(Some(&spec.selector), &path.child("selector"), &mut out);
-        validate_template(&spec.template, Some(&spec.selector), &path.child("template"), &mut out);
+        validate_replicated(spec.replicas, &spec.selector, Some(&spec.template), &path, &mut out);
         if let Some(strategy) = &spec.strategy {
             let sp = path.child("strategy");
             match strategy.type_.as_deref() {
@@ -319,12 +330,7 @@ impl ApiObject for ReplicaSet {
             out.push(v::required(&path, ""));
             return out;
         };
-        validate_replicas(spec.replicas, &path.child("replicas"), &mut out);
-        validate_selector(Some(&spec.selector), &path.child("selector"), &mut out);
-        match &spec.template {
-            Some(t) => validate_template(t, Some(&spec.selector), &path.child("template"), &mut out),
-            None => out.push(v::required(&path.child("template"), "")),
-        }
+        validate_replicated(spec.replicas, &spec.selector, spec.template.as_ref(), &path, &mut out);
         selector_unchanged(old.and_then(|o| o.spec.as_ref()).map(|s| &s.selector), &spec.selector, &path, &mut out);
         out
     }
