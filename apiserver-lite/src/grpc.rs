@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use api::convert::{from_proto, to_proto, ProtoConvert};
 use api::k8s_openapi::api::core::v1 as core;
-use api::k8s_openapi::api::discovery::v1 as discovery;
 use api::proto as pb;
 use api::selector::{FieldSelector, LabelSelector};
 use api::Kind;
@@ -226,34 +225,17 @@ impl pb::nodes_server::Nodes for Grpc {
 type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::WatchEvent, Status>> + Send>>;
 
 fn kind_of(k: i32) -> Result<Kind, Status> {
-    match pb::Kind::try_from(k) {
-        Ok(pb::Kind::Service) => Ok(Kind::Service),
-        Ok(pb::Kind::Pod) => Ok(Kind::Pod),
-        Ok(pb::Kind::Node) => Ok(Kind::Node),
-        Ok(pb::Kind::Namespace) => Ok(Kind::Namespace),
-        Ok(pb::Kind::Endpoints) => Ok(Kind::Endpoints),
-        Ok(pb::Kind::EndpointSlice) => Ok(Kind::EndpointSlice),
-        Ok(pb::Kind::Ingress) => Ok(Kind::Ingress),
-        Ok(pb::Kind::Secret) => Ok(Kind::Secret),
-        _ => Err(Status::invalid_argument("kind is required")),
-    }
+    pb::Kind::try_from(k)
+        .ok()
+        .and_then(api::convert::kind_of)
+        .ok_or_else(|| Status::invalid_argument("kind is required"))
 }
 
 fn proto_object(kind: Kind, v: Value) -> Result<pb::watch_event::Object, Status> {
-    use pb::watch_event::Object;
-    Ok(match kind {
-        Kind::Service => Object::Service(from_value::<core::Service>(v)?),
-        Kind::Pod => Object::Pod(from_value::<core::Pod>(v)?),
-        Kind::Node => Object::Node(from_value::<core::Node>(v)?),
-        Kind::Namespace => Object::Namespace(from_value::<core::Namespace>(v)?),
-        Kind::Endpoints => Object::Endpoints(from_value::<core::Endpoints>(v)?),
-        Kind::EndpointSlice => Object::EndpointSlice(from_value::<discovery::EndpointSlice>(v)?),
-        Kind::Ingress => Object::Ingress(from_value::<api::k8s_openapi::api::networking::v1::Ingress>(v)?),
-        Kind::Secret => Object::Secret(from_value::<core::Secret>(v)?),
-        Kind::Event | Kind::Deployment | Kind::ReplicaSet | Kind::IngressClass => {
-            return Err(Status::unimplemented(format!("{kind} objects are not watchable over gRPC")))
-        }
-    })
+    match api::convert::event_object(kind, v) {
+        Some(o) => o.map_err(|e| Status::internal(e.to_string())),
+        None => Err(Status::unimplemented(format!("{kind} objects are not watchable over gRPC"))),
+    }
 }
 
 #[tonic::async_trait]

@@ -29,6 +29,20 @@ pub fn bin(name: &str) -> PathBuf {
     p
 }
 
+/// Stops the pods a node agent recorded under `agent_state_dir` (`node-agent --kill-pods`):
+/// pods outlive their agent, so a test that ends stops them this way. Failures are printed,
+/// not raised (this runs in `Drop`).
+pub fn kill_pods(agent_state_dir: &Path) {
+    if !agent_state_dir.exists() {
+        return;
+    }
+    match Command::new(bin("node-agent")).arg("--kill-pods").arg("--state-dir").arg(agent_state_dir).output() {
+        Ok(o) if o.status.success() => {}
+        Ok(o) => eprintln!("node-agent --kill-pods: {}", String::from_utf8_lossy(&o.stderr).trim()),
+        Err(e) => eprintln!("cannot run node-agent --kill-pods: {e}"),
+    }
+}
+
 /// A free TCP port on 127.0.0.1 (bound and released; a race with other processes is possible
 /// but unlikely, and start-up retries once).
 pub fn free_port() -> u16 {

@@ -426,7 +426,7 @@ impl NetnsVagrant {
         }
         // The pods the node agents ran (sandboxes and workloads), as `podpath down` does.
         for b in &self.machines {
-            node_agent::pods::kill_recorded_processes(&b.root.join("var/lib/podpath/node"));
+            crate::kill_pods(&b.root.join("var/lib/podpath/node"));
         }
         for ns in self.namespaces.iter().rev() {
             let _ = sh(&["ip", "netns", "del", ns]);

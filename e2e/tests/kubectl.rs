@@ -247,7 +247,7 @@ fn kubectl_sees_a_node_agent_register_run_a_pod_and_stop() {
     struct Pods(std::path::PathBuf);
     impl Drop for Pods {
         fn drop(&mut self) {
-            node_agent::pods::kill_recorded_processes(&self.0);
+            podpath_e2e::kill_pods(&self.0);
         }
     }
     let _pods = Pods(state.path().join("agent"));

@@ -456,7 +456,7 @@ fn up_and_down_leave_the_host_unchanged_and_nothing_behind() {
     let left = testkit::netns::must(&["ip", "netns", "list"]);
     assert!(!left.contains(&format!("pp-{name}-")), "namespaces left: {left}");
     for pid in pids {
-        assert!(node_agent::process::start_time(pid).is_none(), "process {pid} still runs");
+        assert!(podpath_client::daemon::start_time(pid).is_none(), "process {pid} still runs");
     }
     assert!(!state.exists(), "state left in {}", state.display());
     assert_eq!(host_state(), before, "the host namespace changed");

@@ -74,6 +74,10 @@ pub struct LabState {
     pub api: String,
     pub namespaces: Vec<String>,
     pub procs: Vec<Proc>,
+    /// Where the lab's binaries are (`down` asks `node-agent` to stop the pods it recorded);
+    /// absent in the state of labs made before it was recorded: this program's directory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bin_dir: Option<PathBuf>,
 }
 
 fn default_lb_mode() -> String {
@@ -158,7 +162,7 @@ fn spawn(component: &str, argv: &[String], log: &Path, env: &[(&str, &Path)]) ->
     }
     let child = cmd.spawn().map_err(io(format!("start {component}")))?;
     let pid = child.id() as i32;
-    let start_time = node_agent::process::start_time(pid).unwrap_or(0);
+    let start_time = podpath_client::daemon::start_time(pid).unwrap_or(0);
     Ok(Proc { component: component.into(), pid, start_time })
 }
 
@@ -168,7 +172,7 @@ fn alive(p: &Proc) -> bool {
         .ok()
         .and_then(|s| s.rfind(')').map(|i| s[i + 1..].trim_start().starts_with('Z')))
         .unwrap_or(true);
-    !zombie && node_agent::process::start_time(p.pid) == Some(p.start_time)
+    !zombie && podpath_client::daemon::start_time(p.pid) == Some(p.start_time)
 }
 
 /// One HTTP/1.0 GET (no chunking): status and body.
@@ -265,6 +269,7 @@ pub fn up(opts: &UpOptions, progress: &mut dyn FnMut(&str)) -> Result<LabState> 
         api: api.to_string(),
         namespaces: p.hosts.iter().map(|h| h.netns.clone()).collect(),
         procs: vec![],
+        bin_dir: Some(opts.bin_dir.clone()),
     };
     save_state(&opts.state_dir, &st)?;
     match start(opts, &p, &mut st, api, progress) {
@@ -438,9 +443,19 @@ pub fn down(state_dir: &Path, keep_data: bool) -> Result<LabState> {
     for p in st.procs.iter().rev() {
         stop(p);
     }
+    // Pods outlive their agent on purpose: the agent's binary stops what it recorded.
+    let bin_dir = match &st.bin_dir {
+        Some(d) => d.clone(),
+        None => {
+            std::env::current_exe().map_err(io("find this program"))?.parent().map(PathBuf::from).unwrap_or_default()
+        }
+    };
+    let mut failed = None;
     for n in 1..=st.nodes {
         let dir = state_dir.join("nodes").join(format!("node-{n}")).join("agent");
-        node_agent::pods::kill_recorded_processes(&dir);
+        if let Err(e) = kill_pods(&bin_dir, &dir) {
+            failed.get_or_insert(e);
+        }
     }
     let existing = run(&["ip".into(), "netns".into(), "list".into()]).unwrap_or_default();
     for ns in &st.namespaces {
@@ -448,12 +463,26 @@ pub fn down(state_dir: &Path, keep_data: bool) -> Result<LabState> {
             run(&["ip".into(), "netns".into(), "del".into(), ns.clone()])?;
         }
     }
+    if let Some(e) = failed {
+        // The state stays, so a second `down` can finish the job.
+        return Err(e);
+    }
     if !keep_data {
         std::fs::remove_dir_all(state_dir).map_err(io(format!("remove {}", state_dir.display())))?;
     } else {
         let _ = std::fs::remove_file(state_file(state_dir));
     }
     Ok(st)
+}
+
+/// `node-agent --kill-pods` on one agent's state directory: SIGKILLs the pod processes it
+/// recorded (each checked against its start time) and waits until they are gone.
+pub fn kill_pods(bin_dir: &Path, agent_state_dir: &Path) -> Result<()> {
+    if !agent_state_dir.exists() {
+        return Ok(());
+    }
+    let agent = bin_dir.join("node-agent").display().to_string();
+    run(&[agent, "--kill-pods".into(), "--state-dir".into(), agent_state_dir.display().to_string()]).map(|_| ())
 }
 
 fn stop(p: &Proc) {

@@ -6,9 +6,9 @@ pub enum LbError {
     /// Bad flags.
     #[error("{0}")]
     Config(String),
-    /// The API client failed (connect, watch).
+    /// The API client failed (connect, token).
     #[error(transparent)]
-    Api(#[from] node_agent::AgentError),
+    Client(#[from] podpath_client::ClientError),
     /// An `ip` command failed; `what` says what it was changing.
     #[error("cannot {what}: {detail}")]
     Ip { what: String, detail: String },

@@ -204,7 +204,7 @@ async fn serve(
         let Ok((stream, peer)) = listener.accept().await else { continue };
         let (live, counters, next, tls) = (live.clone(), counters.clone(), next.clone(), tls.clone());
         // Upstream connections keep the client's TOS (what lets a trace follow the request).
-        let tos = node_agent::relay::inbound_tos(&stream);
+        let tos = podpath_client::relay::inbound_tos(&stream);
         tokio::spawn(async move {
             let https = tls.is_some();
             let svc = hyper::service::service_fn(move |req| {
@@ -301,17 +301,18 @@ async fn handle(
     for i in 0..ATTEMPTS.min(live.nodes.len()) {
         let node = live.nodes[(start + i) % live.nodes.len()];
         let addr = SocketAddr::new(node, node_port);
-        let stream = match tokio::time::timeout(CONNECT_TIMEOUT, node_agent::relay::connect_with_tos(addr, tos)).await {
-            Ok(Ok(s)) => s,
-            Ok(Err(e)) => {
-                last_error = format!("{addr}: {e}");
-                continue;
-            }
-            Err(_) => {
-                last_error = format!("{addr}: no answer in {} ms", CONNECT_TIMEOUT.as_millis());
-                continue;
-            }
-        };
+        let stream =
+            match tokio::time::timeout(CONNECT_TIMEOUT, podpath_client::relay::connect_with_tos(addr, tos)).await {
+                Ok(Ok(s)) => s,
+                Ok(Err(e)) => {
+                    last_error = format!("{addr}: {e}");
+                    continue;
+                }
+                Err(_) => {
+                    last_error = format!("{addr}: no answer in {} ms", CONNECT_TIMEOUT.as_millis());
+                    continue;
+                }
+            };
         let (mut sender, conn) = match hyper::client::conn::http1::handshake(TokioIo::new(stream)).await {
             Ok(x) => x,
             Err(e) => {

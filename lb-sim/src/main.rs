@@ -60,10 +60,10 @@ async fn start() -> Result<()> {
         "" => None,
         a => Some(a.parse().with_context(|| format!("--status-listen {a:?} is not IP:PORT"))?),
     };
-    let token = node_agent::daemon::read_token(args.token_file.as_deref())?;
+    let token = podpath_client::daemon::read_token(args.token_file.as_deref())?;
     let cfg = Config { apiserver: args.apiserver, token, mode, status_listen, node_health_port: args.node_health_port };
     let shutdown = async {
-        node_agent::daemon::stop_signal().await;
+        podpath_client::daemon::stop_signal().await;
         tracing::info!("stopping");
     };
     run::run(cfg, Arc::new(lb_sim::routing::IpCommand::default()), shutdown).await?;

@@ -106,7 +106,7 @@ async fn serve(listener: TcpListener, backends: Arc<RwLock<Vec<SocketAddr>>>, co
         let start = next.fetch_add(1, Ordering::Relaxed);
         let counters = counters.clone();
         tokio::spawn(async move {
-            match connect(&list, start, node_agent::relay::inbound_tos(&client)).await {
+            match connect(&list, start, podpath_client::relay::inbound_tos(&client)).await {
                 Some((mut upstream, to)) => {
                     counters.proxied.fetch_add(1, Ordering::Relaxed);
                     tracing::debug!(%peer, backend = %to, "proxying");
@@ -126,7 +126,7 @@ async fn serve(listener: TcpListener, backends: Arc<RwLock<Vec<SocketAddr>>>, co
 async fn connect(list: &[SocketAddr], start: usize, tos: u32) -> Option<(TcpStream, SocketAddr)> {
     for i in 0..list.len().min(ATTEMPTS) {
         let to = list[(start + i) % list.len()];
-        match tokio::time::timeout(CONNECT_TIMEOUT, node_agent::relay::connect_with_tos(to, tos)).await {
+        match tokio::time::timeout(CONNECT_TIMEOUT, podpath_client::relay::connect_with_tos(to, tos)).await {
             Ok(Ok(s)) => {
                 let _ = s.set_nodelay(true);
                 return Some((s, to));

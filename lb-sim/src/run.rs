@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use api::k8s_openapi::api::core::v1 as core;
 use api::k8s_openapi::api::networking::v1::Ingress;
-use node_agent::client::ApiClient;
-use node_agent::reflector::{self, Filter, Store};
+use podpath_client::reflector::{self, Filter, Store};
+use podpath_client::ApiClient;
 
 use crate::error::{LbError, Result};
 use crate::health::{self, Checker};

@@ -160,7 +160,7 @@ fn get(v: &Option<Vec<(String, f64)>>, key: &str) -> Option<f64> {
 fn child_latency(backend: Backend) {
     use k8s_openapi::api::core::v1 as core;
     use k8s_openapi::api::discovery::v1 as discovery;
-    use node_agent::reflector::{Change, Store, Watched};
+    use podpath_client::reflector::{Change, Store, Watched};
     use std::sync::{mpsc, Arc, Mutex};
 
     struct Watching {

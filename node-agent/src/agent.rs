@@ -9,8 +9,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1 as core;
+use podpath_client::reflector::{self, Filter, Store};
+use podpath_client::ApiClient;
 
-use crate::client::ApiClient;
 use crate::cni::{self, CniRuntime, RealExec};
 use crate::error::{AgentError, Result};
 use crate::health::{self, Health};
@@ -18,7 +19,6 @@ use crate::metrics::Metrics;
 use crate::node::{self, NodeConfig};
 use crate::pods::{self, Deps, NetProber, PodsConfig};
 use crate::process::LinuxProcesses;
-use crate::reflector::{self, Filter, Store};
 use crate::routes::{self, NetlinkRoutes};
 
 /// Everything the agent is configured with.

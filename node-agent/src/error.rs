@@ -3,13 +3,9 @@
 /// Errors of the node agent library. Each names what it concerns.
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
-    /// The API server could not be reached or refused the connection.
-    #[error("cannot connect to the API server at {addr}: {source}")]
-    Connect {
-        addr: String,
-        #[source]
-        source: tonic::transport::Error,
-    },
+    /// The API server could not be reached, or the client is misconfigured.
+    #[error(transparent)]
+    Client(#[from] podpath_client::ClientError),
     /// The API server answered a call with an error.
     #[error("{call} failed: {status}")]
     Api { call: &'static str, status: tonic::Status },
@@ -20,9 +16,6 @@ pub enum AgentError {
         #[source]
         source: api::Error,
     },
-    /// A watch stream ended or failed (the reflector reconnects).
-    #[error("watch of {kind} ended: {reason}")]
-    WatchEnded { kind: &'static str, reason: String },
     /// Bad configuration (flags, token file…).
     #[error("{0}")]
     Config(String),

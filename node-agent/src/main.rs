@@ -16,10 +16,10 @@ use node_agent::agent::{self, AgentConfig};
 #[command(name = "node-agent", version)]
 struct Args {
     /// Name of this node.
-    #[arg(long, required_unless_present = "cleanup")]
+    #[arg(long, required_unless_present_any = ["cleanup", "kill_pods"])]
     node_name: Option<String>,
     /// This node's address on the node network (its InternalIP).
-    #[arg(long, required_unless_present = "cleanup")]
+    #[arg(long, required_unless_present_any = ["cleanup", "kill_pods"])]
     node_ip: Option<IpAddr>,
     /// gRPC address of apiserver-lite.
     #[arg(long, default_value = "127.0.0.1:6444")]
@@ -76,6 +76,11 @@ struct Args {
     /// Remove every iptables chain and rule the proxy created in this namespace, then exit.
     #[arg(long)]
     cleanup: bool,
+    /// SIGKILL every pod process recorded under --state-dir (sandboxes and workloads, each
+    /// checked against its start time), wait until they are gone, then exit. Pods outlive their
+    /// agent on purpose; this is how a lab or a test that goes away stops them.
+    #[arg(long, conflicts_with = "cleanup")]
+    kill_pods: bool,
     /// Log filter (RUST_LOG syntax).
     #[arg(long, env = "PODPATH_LOG", default_value = "info")]
     log: String,
@@ -94,6 +99,11 @@ async fn run() -> Result<()> {
     tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::new(&args.log)).with_target(false).init();
     let backend = node_agent::proxy::sync::Backend::parse(&args.iptables_backend)
         .map_err(|e| anyhow::anyhow!("--iptables-backend: {e}"))?;
+    if args.kill_pods {
+        let killed = node_agent::pods::kill_recorded_processes(&args.state_dir);
+        println!("killed {killed} pod processes recorded in {}", args.state_dir.display());
+        return Ok(());
+    }
     if args.cleanup {
         let ipt = node_agent::proxy::sync::IptablesCmd { backend };
         node_agent::proxy::userspace::cleanup(&ipt)?;
@@ -127,7 +137,7 @@ async fn run() -> Result<()> {
     if !(args.restart_backoff_seconds > 0.0 && args.restart_backoff_seconds <= 300.0) {
         bail!("--restart-backoff-seconds must be in (0, 300]");
     }
-    let token = node_agent::daemon::read_token(args.token_file.as_deref())?;
+    let token = podpath_client::daemon::read_token(args.token_file.as_deref())?;
     let mut labels = BTreeMap::new();
     for l in &args.node_labels {
         let (k, v) = l.split_once('=').with_context(|| format!("--node-label {l:?} is not KEY=VALUE"))?;
@@ -161,7 +171,7 @@ async fn run() -> Result<()> {
         proxy,
     };
     let shutdown = async {
-        node_agent::daemon::stop_signal().await;
+        podpath_client::daemon::stop_signal().await;
         tracing::info!("stopping: reporting NotReady (pods keep running)");
     };
     agent::run(cfg, shutdown).await?;

@@ -11,7 +11,8 @@ use api::k8s_openapi::api::core::v1 as core;
 use api::k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use api::proto as pb;
 
-use crate::client::ApiClient;
+use podpath_client::ApiClient;
+
 use crate::error::{AgentError, Result};
 
 /// The version string the agent reports as kubelet and kube-proxy version.

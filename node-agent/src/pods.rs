@@ -25,7 +25,8 @@ use crate::error::{AgentError, Result};
 use crate::metrics::Metrics;
 use crate::podstatus::{self, ContainerState, ContainerView, PodView, Terminated};
 use crate::process::{netns_path, Exit, ProcId, ProcSpec, Processes, Sig};
-use crate::reflector::Store;
+use podpath_client::reflector::Store;
+use podpath_client::ApiClient;
 
 /// The interface name pods get.
 pub const POD_IFNAME: &str = "eth0";
@@ -56,6 +57,40 @@ pub enum Check {
 /// Runs checks (the real one connects; tests fake it).
 pub trait Prober: Send + Sync + 'static {
     fn probe(&self, check: &Check, timeout: Duration) -> impl Future<Output = bool> + Send;
+}
+
+/// The pod calls over gRPC.
+impl PodApi for ApiClient {
+    async fn update_status(&self, pod: &k8s_openapi::api::core::v1::Pod) -> Result<()> {
+        let mut pods = self.pods.clone();
+        pods.update_status(api::convert::to_proto(pod))
+            .await
+            .map(|_| ())
+            .map_err(|status| AgentError::Api { call: "Pods.UpdateStatus", status })
+    }
+
+    async fn delete(&self, namespace: &str, name: &str, uid: &str) -> Result<()> {
+        let mut pods = self.pods.clone();
+        let req = api::proto::DeleteRequest {
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+            grace_period_seconds: Some(0),
+            precondition_uid: uid.to_string(),
+        };
+        match pods.delete(req).await {
+            Ok(_) => Ok(()),
+            // Already gone, or replaced by a new pod of the same name: nothing of ours to delete.
+            Err(s)
+                if matches!(
+                    s.code(),
+                    tonic::Code::NotFound | tonic::Code::FailedPrecondition | tonic::Code::Aborted
+                ) =>
+            {
+                Ok(())
+            }
+            Err(status) => Err(AgentError::Api { call: "Pods.Delete", status }),
+        }
+    }
 }
 
 impl<T: PodApi> PodApi for Arc<T> {

@@ -15,6 +15,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use tokio::io::AsyncBufReadExt;
 
+use podpath_client::daemon::start_time;
+
 use crate::error::{AgentError, Result};
 
 /// One process the agent started.
@@ -104,19 +106,6 @@ pub fn netns_path(sandbox: ProcId) -> String {
 #[derive(Default)]
 pub struct LinuxProcesses {
     children: Mutex<HashMap<i32, tokio::process::Child>>,
-}
-
-/// Reads a process's start time (clock ticks since boot), `None` if it does not exist.
-pub fn start_time(pid: i32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name (field 2) may contain spaces and parentheses: split after the last ')'.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    // `rest` starts at field 3 (state); a zombie has exited already.
-    if fields.first() == Some(&"Z") {
-        return None;
-    }
-    fields.get(22 - 3)?.parse().ok()
 }
 
 fn command(spec: &ProcSpec) -> Result<tokio::process::Command> {
@@ -253,14 +242,6 @@ pub fn workload_binary() -> Result<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn start_time_of_self_and_of_nobody() {
-        let me = std::process::id() as i32;
-        assert!(start_time(me).unwrap() > 0);
-        assert_eq!(start_time(me), start_time(me));
-        assert_eq!(start_time(i32::MAX), None);
-    }
 
     #[tokio::test]
     async fn spawn_wait_and_signal_a_real_child() {

@@ -13,7 +13,7 @@ use node_agent::cni::{CniRuntime, Network, PluginExec};
 use node_agent::metrics::Metrics;
 use node_agent::pods::{self, Check, Deps, PodApi, PodRecord, PodsConfig, Prober};
 use node_agent::process::{Exit, ProcId, ProcSpec, Processes, Sig};
-use node_agent::reflector::{Change, Store, Watched};
+use podpath_client::reflector::{Change, Store, Watched};
 use serde_json::{json, Value};
 use tokio::sync::Notify;
 

@@ -13,7 +13,7 @@ use node_agent::metrics::Metrics;
 use node_agent::proxy::iptables::{render, RenderConfig, ServiceState};
 use node_agent::proxy::model::{Endpoint, ServicePort};
 use node_agent::proxy::sync::{self, Iptables, Proxier};
-use node_agent::reflector::{Change, Store, Watched};
+use podpath_client::reflector::{Change, Store, Watched};
 use serde_json::json;
 use testkit::iptables::{FakeIptables, Packet, Tracer, Verdict};
 

@@ -59,7 +59,7 @@ pub fn tuples(start: (SocketAddrV4, SocketAddrV4), conntrack: &BTreeMap<String, 
 
 /// The DSCP the probe's packets carry (0x2d, TOS byte 0xb4): the request's first packet is
 /// recognised by it on every host, also after NAT changed its addresses and ports, and relays
-/// keep it on the connections they open for the request (`node_agent::relay`).
+/// keep it on the connections they open for the request (`podpath_client::relay`).
 pub const PROBE_TOS: u32 = 0xb4;
 
 /// The hosts the request's first packet crossed, in order: the sender first, then by the TTL

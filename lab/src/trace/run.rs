@@ -139,7 +139,7 @@ fn has_rules(netns: &str) -> bool {
 
 /// The per-namespace switch that lets an accepted socket know its SYN's TOS, so relays (the
 /// userspace proxy, lb-sim's NodePort and L7 load balancers) give their own connection the
-/// probe's DSCP (`node_agent::relay`).
+/// probe's DSCP (`podpath_client::relay`).
 const REFLECT_TOS: &str = "/proc/sys/net/ipv4/tcp_reflect_tos";
 
 /// Sets `tcp_reflect_tos` in a namespace; returns the value it had (None: no such switch in

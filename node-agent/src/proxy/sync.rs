@@ -11,13 +11,13 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1 as core;
 use k8s_openapi::api::discovery::v1 as discovery;
+use podpath_client::reflector::Store;
 
 use super::iptables::{render, render_partial, service_key, RenderConfig, ServiceState};
 use super::model;
 use super::restore;
 use crate::error::{AgentError, Result};
 use crate::health::Health;
-use crate::reflector::Store;
 
 /// How often a full sync runs when nothing forces one (kube-proxy's `fullSyncPeriod`); between
 /// them, partial syncs and the canary check every sync period.

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1 as core;
 use k8s_openapi::api::discovery::v1 as discovery;
+use podpath_client::reflector::Store;
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
 use tokio::task::JoinHandle;
 
@@ -23,7 +24,6 @@ use super::restore;
 use super::sync::{snapshot, Iptables, CANARY};
 use crate::error::{AgentError, Result};
 use crate::health::Health;
-use crate::reflector::Store;
 
 pub const PORTALS_CONTAINER: &str = "KUBE-PORTALS-CONTAINER";
 pub const PORTALS_HOST: &str = "KUBE-PORTALS-HOST";
@@ -294,7 +294,7 @@ impl Balancer {
 async fn dial(balancer: &Mutex<Balancer>, client: IpAddr, tos: u32, spn: &str) -> Option<TcpStream> {
     for (i, timeout) in DIAL_TIMEOUTS.iter().enumerate() {
         let ep = balancer.lock().expect("balancer").pick(client, i > 0, Instant::now())?;
-        match tokio::time::timeout(*timeout, crate::relay::connect_with_tos(ep, tos)).await {
+        match tokio::time::timeout(*timeout, podpath_client::relay::connect_with_tos(ep, tos)).await {
             Ok(Ok(s)) => return Some(s),
             Ok(Err(e)) => {
                 tracing::info!(service = spn, endpoint = %ep, "connect failed ({e}); trying the next endpoint")
@@ -316,7 +316,7 @@ async fn serve_tcp(listener: TcpListener, balancer: Arc<Mutex<Balancer>>, spn: S
         let balancer = balancer.clone();
         let spn = spn.clone();
         tokio::spawn(async move {
-            let tos = crate::relay::inbound_tos(&inbound);
+            let tos = podpath_client::relay::inbound_tos(&inbound);
             let Some(mut outbound) = dial(&balancer, client.ip(), tos, &spn).await else {
                 tracing::warn!(service = %spn, %client, "no endpoint accepted the connection; closing it");
                 return;

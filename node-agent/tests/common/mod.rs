@@ -245,5 +245,5 @@ pub fn echo_pod(name: &str, node: &str) -> Value {
 }
 
 pub fn pid_alive(pid: i32) -> bool {
-    Path::new(&format!("/proc/{pid}")).exists() && node_agent::process::start_time(pid).is_some()
+    Path::new(&format!("/proc/{pid}")).exists() && podpath_client::daemon::start_time(pid).is_some()
 }

@@ -10,26 +10,19 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use api::convert::{from_proto, ProtoConvert};
-use api::k8s_openapi::api::core::v1 as core;
-use api::k8s_openapi::api::discovery::v1 as discovery;
-use api::k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use api::convert::{from_proto, ProtoKind};
 use api::proto as pb;
-use api::proto::watch_event::{Object, Type};
+use api::proto::watch_event::Type;
 use tokio::sync::watch;
 
-use crate::client::ApiClient;
+use crate::grpc::ApiClient;
 
-/// A kind the agent watches.
-pub trait Watched: ProtoConvert + Clone + Send + Sync + 'static {
-    const KIND: pb::Kind;
-    const NAME: &'static str;
-    fn take(obj: Object) -> Option<Self::Proto>;
-    fn meta(&self) -> &ObjectMeta;
-
+/// A kind a reflector can follow: every kind served over gRPC (`api::convert::ProtoKind`, the
+/// one table of API kinds and proto kinds).
+pub trait Watched: ProtoKind + Clone + Send + Sync + 'static {
     /// `namespace/name` (or `name` for cluster-scoped kinds).
     fn key(&self) -> String {
-        let m = self.meta();
+        let m = self.metadata();
         match m.namespace.as_deref() {
             Some(ns) if !ns.is_empty() => format!("{ns}/{}", m.name.clone().unwrap_or_default()),
             _ => m.name.clone().unwrap_or_default(),
@@ -37,30 +30,12 @@ pub trait Watched: ProtoConvert + Clone + Send + Sync + 'static {
     }
 }
 
-macro_rules! watched {
-    ($t:ty, $kind:ident, $variant:ident, $name:literal) => {
-        impl Watched for $t {
-            const KIND: pb::Kind = pb::Kind::$kind;
-            const NAME: &'static str = $name;
-            fn take(obj: Object) -> Option<Self::Proto> {
-                match obj {
-                    Object::$variant(o) => Some(o),
-                    _ => None,
-                }
-            }
-            fn meta(&self) -> &ObjectMeta {
-                &self.metadata
-            }
-        }
-    };
-}
+impl<T: ProtoKind + Clone + Send + Sync + 'static> Watched for T {}
 
-watched!(core::Pod, Pod, Pod, "pods");
-watched!(core::Node, Node, Node, "nodes");
-watched!(core::Service, Service, Service, "services");
-watched!(discovery::EndpointSlice, EndpointSlice, EndpointSlice, "endpointslices");
-watched!(api::k8s_openapi::api::networking::v1::Ingress, Ingress, Ingress, "ingresses");
-watched!(core::Secret, Secret, Secret, "secrets");
+/// The name of a watched kind in log lines (`pods`).
+fn plural<T: Watched>() -> &'static str {
+    <T as api::ApiObject>::KIND.info().plural
+}
 
 /// Where a watch stands.
 #[derive(Debug, Clone, PartialEq)]
@@ -197,7 +172,7 @@ pub async fn run<T: Watched>(client: ApiClient, filter: Filter, store: Arc<Store
             state = WatchState::Empty;
         }
         let req = pb::WatchRequest {
-            kind: T::KIND as i32,
+            kind: T::PROTO_KIND as i32,
             namespace: filter.namespace.clone(),
             label_selector: filter.label_selector.clone(),
             field_selector: filter.field_selector.clone(),
@@ -212,10 +187,10 @@ pub async fn run<T: Watched>(client: ApiClient, filter: Filter, store: Arc<Store
                         Ok(Some(ev)) => {
                             backoff = Duration::from_millis(200);
                             let event = Type::try_from(ev.r#type).unwrap_or(Type::Unspecified);
-                            let object = match ev.object.and_then(T::take).map(|p| from_proto::<T>(&p)) {
+                            let object = match ev.object.and_then(T::from_event_object).map(|p| from_proto::<T>(&p)) {
                                 Some(Ok(o)) => Some(o),
                                 Some(Err(e)) => {
-                                    tracing::warn!(kind = T::NAME, error = %e, "skipping an object that does not decode");
+                                    tracing::warn!(kind = plural::<T>(), error = %e, "skipping an object that does not decode");
                                     None
                                 }
                                 None => None,
@@ -227,10 +202,10 @@ pub async fn run<T: Watched>(client: ApiClient, filter: Filter, store: Arc<Store
                         Ok(None) => break,
                         Err(status) => {
                             if status.code() == tonic::Code::OutOfRange {
-                                tracing::info!(kind = T::NAME, "watch version expired; relisting");
+                                tracing::info!(kind = plural::<T>(), "watch version expired; relisting");
                                 state = WatchState::Empty;
                             } else {
-                                tracing::warn!(kind = T::NAME, error = %status, "watch failed; reconnecting");
+                                tracing::warn!(kind = plural::<T>(), error = %status, "watch failed; reconnecting");
                             }
                             break;
                         }
@@ -241,7 +216,7 @@ pub async fn run<T: Watched>(client: ApiClient, filter: Filter, store: Arc<Store
                 if status.code() == tonic::Code::OutOfRange {
                     state = WatchState::Empty;
                 }
-                tracing::warn!(kind = T::NAME, error = %status, "cannot watch; retrying in {backoff:?}");
+                tracing::warn!(kind = plural::<T>(), error = %status, "cannot watch; retrying in {backoff:?}");
             }
         }
         tokio::time::sleep(backoff).await;
@@ -252,6 +227,7 @@ pub async fn run<T: Watched>(client: ApiClient, filter: Filter, store: Arc<Store
 #[cfg(test)]
 mod tests {
     use super::*;
+    use api::k8s_openapi::api::core::v1 as core;
     use serde_json::json;
 
     fn pod(name: &str) -> core::Pod {

@@ -9,7 +9,7 @@ use tonic::metadata::MetadataValue;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 
-use crate::error::{AgentError, Result};
+use crate::error::{ClientError, Result};
 
 /// Adds `authorization: Bearer …` to every call when a token is configured.
 #[derive(Clone)]
@@ -39,17 +39,17 @@ impl ApiClient {
     pub async fn connect(addr: &str, token: Option<&str>) -> Result<ApiClient> {
         let url = format!("http://{addr}");
         let endpoint = Endpoint::from_shared(url.clone())
-            .map_err(|e| AgentError::Config(format!("invalid --apiserver {addr}: {e}")))?
+            .map_err(|e| ClientError::Config(format!("invalid --apiserver {addr}: {e}")))?
             .connect_timeout(Duration::from_secs(5))
             .tcp_nodelay(true)
             .http2_keep_alive_interval(Duration::from_secs(30));
         let channel =
-            endpoint.connect().await.map_err(|source| AgentError::Connect { addr: addr.to_string(), source })?;
+            endpoint.connect().await.map_err(|source| ClientError::Connect { addr: addr.to_string(), source })?;
         let auth = Auth(
             token
                 .map(|t| format!("Bearer {t}").parse())
                 .transpose()
-                .map_err(|_| AgentError::Config("the token contains characters a header cannot carry".into()))?,
+                .map_err(|_| ClientError::Config("the token contains characters a header cannot carry".into()))?,
         );
         Ok(ApiClient {
             nodes: NodesClient::with_interceptor(channel.clone(), auth.clone()),
@@ -76,38 +76,5 @@ impl ApiClient {
             }
         }
         unreachable!("the attempts never run out")
-    }
-}
-
-impl crate::pods::PodApi for ApiClient {
-    async fn update_status(&self, pod: &k8s_openapi::api::core::v1::Pod) -> Result<()> {
-        let mut pods = self.pods.clone();
-        pods.update_status(api::convert::to_proto(pod))
-            .await
-            .map(|_| ())
-            .map_err(|status| AgentError::Api { call: "Pods.UpdateStatus", status })
-    }
-
-    async fn delete(&self, namespace: &str, name: &str, uid: &str) -> Result<()> {
-        let mut pods = self.pods.clone();
-        let req = api::proto::DeleteRequest {
-            namespace: namespace.to_string(),
-            name: name.to_string(),
-            grace_period_seconds: Some(0),
-            precondition_uid: uid.to_string(),
-        };
-        match pods.delete(req).await {
-            Ok(_) => Ok(()),
-            // Already gone, or replaced by a new pod of the same name: nothing of ours to delete.
-            Err(s)
-                if matches!(
-                    s.code(),
-                    tonic::Code::NotFound | tonic::Code::FailedPrecondition | tonic::Code::Aborted
-                ) =>
-            {
-                Ok(())
-            }
-            Err(status) => Err(AgentError::Api { call: "Pods.Delete", status }),
-        }
     }
 }

@@ -1,0 +1,35 @@
+//! Ingress and Secret: metadata typed, the rest in `extra_json` (only lb-sim reads them).
+
+use k8s_openapi::api::core::v1 as core;
+use k8s_openapi::api::networking::v1 as api_networking;
+
+use super::meta::*;
+use super::ProtoConvert;
+use crate::proto as pb;
+use crate::Error;
+
+impl ProtoConvert for api_networking::Ingress {
+    type Proto = pb::Ingress;
+    extra_accessors!();
+
+    fn to_typed(&self) -> pb::Ingress {
+        pb::Ingress { metadata: Some(object_meta(&self.metadata)), extra_json: String::new() }
+    }
+
+    fn from_typed(p: &pb::Ingress) -> Result<Self, Error> {
+        Ok(api_networking::Ingress { metadata: object_meta_back(&p.metadata)?, spec: None, status: None })
+    }
+}
+
+impl ProtoConvert for core::Secret {
+    type Proto = pb::Secret;
+    extra_accessors!();
+
+    fn to_typed(&self) -> pb::Secret {
+        pb::Secret { metadata: Some(object_meta(&self.metadata)), extra_json: String::new() }
+    }
+
+    fn from_typed(p: &pb::Secret) -> Result<Self, Error> {
+        Ok(core::Secret { metadata: object_meta_back(&p.metadata)?, ..Default::default() })
+    }
+}

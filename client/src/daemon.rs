@@ -1,0 +1,53 @@
+//! What every podpath daemon does at start and stop (the node agent, lb-sim): read the bearer
+//! token, wait for SIGTERM or Ctrl-C; and how podpath knows its processes (the agent its pods',
+//! the lab its components): by PID *and* start time, so a reused PID is never mistaken for one.
+
+use std::path::Path;
+
+use crate::error::{ClientError, Result};
+
+/// The token in `--token-file`, trimmed; None without the flag.
+pub fn read_token(path: Option<&Path>) -> Result<Option<String>> {
+    path.map(|p| {
+        std::fs::read_to_string(p)
+            .map(|t| t.trim().to_string())
+            .map_err(|e| ClientError::Config(format!("cannot read --token-file {}: {e}", p.display())))
+    })
+    .transpose()
+}
+
+/// Resolves on SIGTERM or SIGINT.
+pub async fn stop_signal() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("signal handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {},
+        _ = term.recv() => {},
+    }
+}
+
+/// A process's start time (field 22 of `/proc/PID/stat`, in clock ticks since boot); None when
+/// it does not exist or has exited (a zombie).
+pub fn start_time(pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may contain spaces and parentheses: split after the last ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // `rest` starts at field 3 (state); a zombie has exited already.
+    if fields.first() == Some(&"Z") {
+        return None;
+    }
+    fields.get(22 - 3)?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn start_time_of_self_and_of_nobody() {
+        let me = std::process::id() as i32;
+        assert!(start_time(me).unwrap() > 0);
+        assert_eq!(start_time(me), start_time(me));
+        assert_eq!(start_time(i32::MAX), None);
+    }
+}

@@ -1,0 +1,18 @@
+//! What every podpath component that talks to the API server shares (the node agent, lb-sim,
+//! the lab's CLI, the DNS server):
+//!
+//! - [`ApiClient`]: the gRPC client of apiserver-lite, with the bearer token;
+//! - [`reflector`]: watched, locally cached objects (list + watch, resume, relist), for every
+//!   kind served over gRPC (`api::convert::ProtoKind`);
+//! - [`daemon`]: token file, stop signal, and processes known by PID + start time;
+//! - [`relay`]: outgoing relay connections that keep the inbound DSCP (the userspace proxy's,
+//!   lb-sim's), so `podpath trace` follows a request through them.
+
+pub mod daemon;
+pub mod error;
+pub mod grpc;
+pub mod reflector;
+pub mod relay;
+
+pub use error::{ClientError, Result};
+pub use grpc::ApiClient;

@@ -1,0 +1,137 @@
+//! The client crate against an in-process apiserver-lite on 127.0.0.1:0: connecting to a late
+//! server, and reflectors following pods, Ingresses and Secrets over gRPC watches.
+
+use std::time::Duration;
+
+use api::k8s_openapi::api::core::v1 as core;
+use podpath_client::reflector::{self, Filter, Store};
+use podpath_client::ApiClient;
+use tokio::net::TcpListener;
+
+struct Server {
+    grpc: String,
+    registry: std::sync::Arc<apiserver_lite::registry::Registry>,
+    _dir: tempfile::TempDir,
+}
+
+async fn server() -> Server {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = apiserver_lite::Config::new(dir.path().to_path_buf());
+    let srv = apiserver_lite::start(&cfg).await.unwrap();
+    let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = grpc.local_addr().unwrap().to_string();
+    let registry = srv.registry.clone();
+    tokio::spawn(apiserver_lite::grpc::serve_grpc(srv.registry.clone(), None, 3 << 20, grpc, std::future::pending()));
+    Server { grpc: addr, registry, _dir: dir }
+}
+
+#[tokio::test]
+async fn the_reflector_follows_pods_of_its_node() {
+    let s = server().await;
+    let client = ApiClient::connect(&s.grpc, None).await.unwrap();
+    let store = Store::<core::Pod>::new();
+    let filter = Filter { field_selector: "spec.nodeName=node-1".into(), ..Default::default() };
+    tokio::spawn(reflector::run(client.clone(), filter, store.clone()));
+    store.wait_synced().await;
+    assert!(store.list().is_empty());
+    let mut changes = store.changes();
+    let opts = apiserver_lite::registry::WriteOptions::default();
+    for (name, node) in [("mine", "node-1"), ("theirs", "node-2")] {
+        let pod = serde_json::json!({"metadata": {"name": name}, "spec": {"nodeName": node, "containers": [{"name": "c", "image": "podpath/echo"}]}});
+        s.registry.create(api::Kind::Pod, Some("default"), pod, &opts).await.unwrap();
+    }
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while store.get("default/mine").is_none() {
+            changes.changed().await.unwrap();
+        }
+    })
+    .await
+    .expect("the pod arrives");
+    assert!(store.get("default/theirs").is_none(), "other nodes' pods are filtered out");
+    s.registry
+        .delete(
+            api::Kind::Pod,
+            Some("default"),
+            "mine",
+            &apiserver_lite::registry::DeleteOptions { grace_period_seconds: Some(0), ..Default::default() },
+        )
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while store.get("default/mine").is_some() {
+            changes.changed().await.unwrap();
+        }
+    })
+    .await
+    .expect("the deletion arrives");
+}
+
+#[tokio::test]
+async fn connecting_waits_for_a_late_api_server_and_gives_up_after_its_patience() {
+    // A port nothing listens on yet: reserved, then released.
+    let addr = TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap();
+    let err = ApiClient::connect_patiently(&addr.to_string(), None, Some(Duration::from_millis(600))).await.err();
+    assert!(err.is_some_and(|e| e.to_string().contains(&format!("cannot connect to the API server at {addr}"))));
+
+    let dir = tempfile::tempdir().unwrap();
+    let late = async {
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        let srv = apiserver_lite::start(&apiserver_lite::Config::new(dir.path().to_path_buf())).await.unwrap();
+        let grpc = TcpListener::bind(addr).await.unwrap();
+        tokio::spawn(apiserver_lite::grpc::serve_grpc(
+            srv.registry.clone(),
+            None,
+            3 << 20,
+            grpc,
+            std::future::pending(),
+        ));
+    };
+    let target = addr.to_string();
+    let (client, ()) = tokio::join!(ApiClient::connect_patiently(&target, None, None), late);
+    let mut nodes = client.unwrap().nodes;
+    let listed = nodes.list(api::proto::ListRequest::default()).await;
+    assert!(listed.is_ok(), "a working client once the server is up");
+}
+
+#[tokio::test]
+async fn ingresses_and_tls_secrets_arrive_whole_over_grpc() {
+    use api::k8s_openapi::api::networking::v1::Ingress;
+    let s = server().await;
+    let client = ApiClient::connect(&s.grpc, None).await.unwrap();
+    let ingresses = Store::<Ingress>::new();
+    let secrets = Store::<core::Secret>::new();
+    tokio::spawn(reflector::run(client.clone(), Filter::default(), ingresses.clone()));
+    tokio::spawn(reflector::run(client.clone(), Filter::default(), secrets.clone()));
+    let opts = apiserver_lite::registry::WriteOptions::default();
+    let ing = serde_json::json!({"metadata": {"name": "shop"}, "spec": {
+        "tls": [{"hosts": ["shop.example"], "secretName": "shop-tls"}],
+        "rules": [{"host": "shop.example", "http": {"paths": [
+            {"path": "/cart", "pathType": "Prefix", "backend": {"service": {"name": "cart", "port": {"number": 80}}}}]}}]}});
+    s.registry.create(api::Kind::Ingress, Some("default"), ing, &opts).await.unwrap();
+    let secret = serde_json::json!({"metadata": {"name": "shop-tls"}, "type": "kubernetes.io/tls",
+        "data": {"tls.crt": "Y2VydA==", "tls.key": "a2V5"}});
+    s.registry.create(api::Kind::Secret, Some("default"), secret, &opts).await.unwrap();
+    let mut changes = ingresses.changes();
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while ingresses.get("default/shop").is_none() {
+            changes.changed().await.unwrap();
+        }
+    })
+    .await
+    .expect("the Ingress arrives");
+    let got = ingresses.get("default/shop").unwrap();
+    let spec = got.spec.as_ref().unwrap();
+    assert_eq!(spec.rules.as_ref().unwrap()[0].http.as_ref().unwrap().paths[0].path.as_deref(), Some("/cart"));
+    let ip = got.status.and_then(|s| s.load_balancer).and_then(|l| l.ingress).map(|i| i[0].ip.clone());
+    assert_eq!(ip, Some(Some("198.51.100.1".to_string())), "the lab's class gets a pool address");
+    let mut changes = secrets.changes();
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while secrets.get("default/shop-tls").is_none() {
+            changes.changed().await.unwrap();
+        }
+    })
+    .await
+    .expect("the Secret arrives");
+    let data = secrets.get("default/shop-tls").unwrap().data.unwrap();
+    assert_eq!(data["tls.crt"].0, b"cert");
+}
