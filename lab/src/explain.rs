@@ -5,10 +5,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
 
+use podpath_ruleset::{Addr, Match, RecentOp, Rule, Target};
 use serde::Serialize;
 
 use crate::trace::model::trim_float;
-use crate::trace::parse::comment_of;
 
 /// One rule, as installed, and what it does.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -83,49 +83,46 @@ fn mentions(comment: &str, service: &str) -> bool {
     comment.split(' ').any(|w| w == service || w.strip_prefix(service).is_some_and(|rest| rest.starts_with(':')))
 }
 
-fn arg<'a>(rule: &'a str, flag: &str) -> Option<&'a str> {
-    let mut words = rule.split(' ');
-    while let Some(w) = words.next() {
-        if w == flag {
-            return words.next();
-        }
-    }
-    None
+/// A rule of `iptables-save` output: its line as the kernel lists it (what is shown) and the
+/// rule in the model (what is read).
+struct Saved<'a> {
+    line: &'a str,
+    rule: Rule,
 }
 
-fn negated(rule: &str, flag: &str) -> bool {
-    rule.contains(&format!("! {flag} "))
-}
-
-fn chain_of(rule: &str) -> &str {
-    arg(rule, "-A").unwrap_or("")
+/// The `-A` lines of a table's `iptables-save`, each parsed by the workspace's one parser.
+fn saved(table: &str) -> Vec<Saved<'_>> {
+    table
+        .lines()
+        .filter(|l| l.starts_with("-A "))
+        .filter_map(|line| podpath_ruleset::text::parse_rule_line(line).ok().map(|rule| Saved { line, rule }))
+        .collect()
 }
 
 /// The rules of a table that concern `service`: those whose comment names it, and every rule
 /// of the per-Service chains they lead to. In `iptables-save` order.
-fn select<'a>(table: &'a str, service: &str) -> Vec<&'a str> {
-    let rules: Vec<&str> = table.lines().filter(|l| l.starts_with("-A ")).collect();
+fn select<'a>(rules: &'a [Saved<'a>], service: &str) -> Vec<&'a Saved<'a>> {
     let mut chains: BTreeSet<&str> = BTreeSet::new();
     let mut picked: BTreeSet<usize> = BTreeSet::new();
     for (i, r) in rules.iter().enumerate() {
-        if comment_of(r).is_some_and(|c| mentions(&c, service)) {
+        if r.rule.comment_text().is_some_and(|c| mentions(c, service)) {
             picked.insert(i);
         }
     }
     loop {
         let before = (picked.len(), chains.len());
         for &i in picked.clone().iter() {
-            if let Some(t) = arg(rules[i], "-j").filter(|t| per_service_chain(t)) {
+            if let Some(t) = rules[i].rule.jump_target().filter(|t| per_service_chain(t)) {
                 chains.insert(t);
             }
             // A per-Service chain named by a picked rule belongs to the Service entirely.
-            let c = chain_of(rules[i]);
+            let c = rules[i].rule.chain.as_str();
             if per_service_chain(c) {
                 chains.insert(c);
             }
         }
         for (i, r) in rules.iter().enumerate() {
-            if chains.contains(chain_of(r)) {
+            if chains.contains(r.rule.chain.as_str()) {
                 picked.insert(i);
             }
         }
@@ -133,7 +130,7 @@ fn select<'a>(table: &'a str, service: &str) -> Vec<&'a str> {
             break;
         }
     }
-    picked.into_iter().map(|i| rules[i]).collect()
+    picked.into_iter().map(|i| &rules[i]).collect()
 }
 
 fn walk_rank(chain: &str) -> usize {
@@ -187,97 +184,115 @@ fn with_pod(endpoint: &str, pods: &BTreeMap<Ipv4Addr, String>) -> String {
     }
 }
 
+/// An address as people read it (a `/32` network is a host).
+fn addr_text(a: &Addr) -> String {
+    a.to_string().trim_end_matches("/32").to_string()
+}
+
+fn is_local(rule: &Rule, source: bool) -> bool {
+    rule.addr_type(source) == Some(("LOCAL", false))
+}
+
 /// `to 10.96.0.42:80/tcp` from a rule's destination match.
-fn destination(rule: &str) -> String {
-    let proto = arg(rule, "-p").unwrap_or("tcp");
-    let port = arg(rule, "--dport").unwrap_or("*");
-    match arg(rule, "-d") {
-        Some(d) => format!("{}:{port}/{proto}", d.trim_end_matches("/32")),
-        None if chain_of(rule).contains("NODEPORT") => format!("NodePort {port}/{proto}"),
-        None if rule.contains("--dst-type LOCAL") => format!("any address of this node, port {port}/{proto}"),
+fn destination(rule: &Rule) -> String {
+    let proto = rule.protocol().unwrap_or("tcp");
+    let port = rule.destination_port().unwrap_or("*");
+    match rule.destination() {
+        Some((d, _)) => format!("{}:{port}/{proto}", addr_text(&d)),
+        None if rule.chain.contains("NODEPORT") => format!("NodePort {port}/{proto}"),
+        None if is_local(rule, false) => format!("any address of this node, port {port}/{proto}"),
         None => format!("port {port}/{proto}"),
     }
 }
 
+/// The `--rcheck` of a session-affinity rule: its seconds.
+fn affinity_check(rule: &Rule) -> Option<Option<u32>> {
+    rule.matches.iter().find_map(|m| match m {
+        Match::Recent { op: RecentOp::Check { seconds, .. }, .. } => Some(*seconds),
+        _ => None,
+    })
+}
+
 /// A rule in words.
-pub fn describe(rule: &str, pods: &BTreeMap<Ipv4Addr, String>) -> String {
-    let comment = comment_of(rule).unwrap_or_default();
-    let target = arg(rule, "-j").unwrap_or("");
+pub fn describe(rule: &Rule, pods: &BTreeMap<Ipv4Addr, String>) -> String {
+    let comment = rule.comment_text().unwrap_or_default();
+    let target = rule.target.as_ref().map(Target::name).unwrap_or("");
+    let chain = rule.chain.as_str();
     let kind = ["cluster IP", "loadbalancer IP", "external IP"].into_iter().find(|k| comment.ends_with(k));
-    let source = match (arg(rule, "-s"), negated(rule, "-s")) {
-        (Some(s), true) => format!(" from outside {s}"),
-        (Some(s), false) => format!(" from {s}"),
-        (None, _) if rule.contains("--src-type LOCAL") => " from this node itself".to_string(),
-        _ => String::new(),
+    let source = match rule.source() {
+        Some((s, true)) => format!(" from outside {s}"),
+        Some((s, false)) => format!(" from {s}"),
+        None if is_local(rule, true) => " from this node itself".to_string(),
+        None => String::new(),
     };
-    match target {
-        "KUBE-MARK-MASQ" => match (arg(rule, "-s"), negated(rule, "-s")) {
-            (Some(s), false) if chain_of(rule).starts_with("KUBE-SEP-") => {
-                let s = s.trim_end_matches("/32");
+    match (target, &rule.target) {
+        ("KUBE-MARK-MASQ", _) => match rule.source() {
+            Some((s, false)) if chain.starts_with("KUBE-SEP-") => {
+                let s = addr_text(&s);
                 format!("the endpoint {s} reaching itself through the Service (hairpin): mark for masquerade")
             }
-            (Some(s), true) => format!("from outside the pod network {s}: mark for masquerade (0x4000), the reply must come back through this node"),
-            _ if rule.contains("--src-type LOCAL") => "sent by this node: mark for masquerade".to_string(),
+            Some((s, true)) => format!("from outside the pod network {s}: mark for masquerade (0x4000), the reply must come back through this node"),
+            _ if is_local(rule, true) => "sent by this node: mark for masquerade".to_string(),
             _ => "mark for masquerade (0x4000): the pod will see this node as the client (externalTrafficPolicy: Cluster)".to_string(),
         },
-        "KUBE-MARK-DROP" => "mark for drop".to_string(),
-        "DNAT" if chain_of(rule).starts_with("KUBE-PORTALS-") || chain_of(rule).starts_with("KUBE-NODEPORT-") => {
-            let to = arg(rule, "--to-destination").unwrap_or("?");
+        ("KUBE-MARK-DROP", _) => "mark for drop".to_string(),
+        (_, Some(Target::Dnat { to })) if chain.starts_with("KUBE-PORTALS-") || chain.starts_with("KUBE-NODEPORT-") => {
             let port = to.rsplit(':').next().unwrap_or("?");
             format!("{}: to the userspace proxy's port {port} (DNAT to {to}, this node)", destination(rule))
         }
-        "DNAT" => {
-            let to = arg(rule, "--to-destination").unwrap_or("?");
-            let affinity = if rule.contains("--set") { "; remember the client for session affinity" } else { "" };
+        (_, Some(Target::Dnat { to })) => {
+            let set = rule.matches.iter().any(|m| matches!(m, Match::Recent { op: RecentOp::Set, .. }));
+            let affinity = if set { "; remember the client for session affinity" } else { "" };
             format!("rewrite the destination to {}{affinity}", with_pod(to, pods))
         }
-        "REDIRECT" => format!(
-            "{}: redirect to the userspace proxy's port {} on this node",
-            destination(rule),
-            arg(rule, "--to-ports").unwrap_or("?")
-        ),
-        "REJECT" => format!("{}: reject ({comment})", destination(rule)),
-        "DROP" => format!("{}: drop ({comment})", destination(rule)),
-        "ACCEPT" => format!("{}: accept", destination(rule)),
-        t if t.starts_with("KUBE-SEP-") => {
+        (_, Some(Target::Redirect { to_ports })) => {
+            format!("{}: redirect to the userspace proxy's port {to_ports} on this node", destination(rule))
+        }
+        ("REJECT", _) => format!("{}: reject ({comment})", destination(rule)),
+        ("DROP", _) => format!("{}: drop ({comment})", destination(rule)),
+        ("ACCEPT", _) => format!("{}: accept", destination(rule)),
+        (t, _) if t.starts_with("KUBE-SEP-") => {
             let ep = comment.split(" -> ").nth(1).map(|e| with_pod(e, pods)).unwrap_or_else(|| t.to_string());
-            if rule.contains("--rcheck") {
-                let secs = arg(rule, "--seconds").unwrap_or("?");
+            if let Some(secs) = affinity_check(rule) {
+                let secs = secs.map(|s| s.to_string()).unwrap_or_else(|| "?".into());
                 format!("a client that used {ep} in the last {secs} s goes back to it (session affinity)")
-            } else if let Some(p) = arg(rule, "--probability") {
-                format!("endpoint {ep} with probability {}", trim_float(p.parse().unwrap_or(0.0)))
+            } else if let Some(p) = rule.probability() {
+                format!("endpoint {ep} with probability {}", trim_float(p))
             } else {
                 format!("endpoint {ep} (all that is left)")
             }
         }
-        t if t.starts_with("KUBE-") => {
+        (t, _) if t.starts_with("KUBE-") => {
             let what = match kind {
                 Some(k) => format!("to {} ({k})", destination(rule)),
-                None if chain_of(rule) == "KUBE-NODEPORTS" => format!("to {}", destination(rule)),
-                None if arg(rule, "-d").is_some() || arg(rule, "--dport").is_some() => format!("to {}", destination(rule)),
+                None if chain == "KUBE-NODEPORTS" => format!("to {}", destination(rule)),
+                None if rule.destination().is_some() || rule.destination_port().is_some() => {
+                    format!("to {}", destination(rule))
+                }
                 None if !source.is_empty() => source.trim_start().to_string(),
                 None => "everything else".to_string(),
             };
-            let what = if kind.is_some() || chain_of(rule) == "KUBE-NODEPORTS" { format!("{what}{source}") } else { what };
+            let what = if kind.is_some() || chain == "KUBE-NODEPORTS" { format!("{what}{source}") } else { what };
             format!("{what} → {t}")
         }
-        "" => format!("no verdict ({comment})"),
-        t => format!("{} → {t}", destination(rule)),
+        ("", _) => format!("no verdict ({comment})"),
+        (t, _) => format!("{} → {t}", destination(rule)),
     }
 }
 
 /// Each endpoint's share of new connections in a service chain: the rule's probability of what
 /// the rules before it left over.
-fn shares(rules: &[&str], pods: &BTreeMap<Ipv4Addr, String>) -> Vec<Share> {
+fn shares(rules: &[&Rule], pods: &BTreeMap<Ipv4Addr, String>) -> Vec<Share> {
     let mut left = 1.0;
     let mut out = Vec::new();
     for r in rules {
-        let Some(t) = arg(r, "-j").filter(|t| t.starts_with("KUBE-SEP-")) else { continue };
-        if r.contains("--rcheck") {
+        let Some(t) = r.jump_target().filter(|t| t.starts_with("KUBE-SEP-")) else { continue };
+        if affinity_check(r).is_some() {
             continue;
         }
-        let p = arg(r, "--probability").and_then(|p| p.parse::<f64>().ok()).unwrap_or(1.0);
-        let endpoint = comment_of(r)
+        let p = r.probability().unwrap_or(1.0);
+        let endpoint = r
+            .comment_text()
             .and_then(|c| c.split(" -> ").nth(1).map(|e| with_pod(e, pods)))
             .unwrap_or_else(|| t.to_string());
         out.push(Share { endpoint, rule_probability: p, share: left * p });
@@ -290,10 +305,11 @@ fn shares(rules: &[&str], pods: &BTreeMap<Ipv4Addr, String>) -> Vec<Share> {
 fn node_chains(saves: &[(&str, &str)], service: &str, pods: &BTreeMap<Ipv4Addr, String>) -> Vec<Chain> {
     let mut chains: Vec<Chain> = Vec::new();
     for (table, save) in saves {
-        let picked = select(save, service);
+        let rules = saved(save);
+        let picked = select(&rules, service);
         let mut order: Vec<&str> = Vec::new();
         for r in &picked {
-            let c = chain_of(r);
+            let c = r.rule.chain.as_str();
             if !order.contains(&c) {
                 order.push(c);
             }
@@ -302,14 +318,18 @@ fn node_chains(saves: &[(&str, &str)], service: &str, pods: &BTreeMap<Ipv4Addr, 
         // endpoints (iptables-save lists chains in its own order).
         order.sort_by_key(|c| walk_rank(c));
         for c in order {
-            let rules: Vec<&str> = picked.iter().copied().filter(|r| chain_of(r) == c).collect();
+            let in_chain: Vec<&Saved> = picked.iter().copied().filter(|r| r.rule.chain == c).collect();
+            let typed: Vec<&Rule> = in_chain.iter().map(|r| &r.rule).collect();
             let shares =
-                if c.starts_with("KUBE-SVC-") || c.starts_with("KUBE-SVL-") { shares(&rules, pods) } else { vec![] };
+                if c.starts_with("KUBE-SVC-") || c.starts_with("KUBE-SVL-") { shares(&typed, pods) } else { vec![] };
             chains.push(Chain {
                 table: table.to_string(),
                 chain: c.to_string(),
                 purpose: purpose(table, c),
-                rules: rules.iter().map(|r| RuleWords { rule: r.to_string(), words: describe(r, pods) }).collect(),
+                rules: in_chain
+                    .iter()
+                    .map(|r| RuleWords { rule: r.line.to_string(), words: describe(&r.rule, pods) })
+                    .collect(),
                 shares,
             });
         }
@@ -561,7 +581,8 @@ mod tests {
         let nodes: BTreeMap<String, Vec<(String, String)>> =
             [("node-1".to_string(), tables(GOLDEN)), ("node-2".to_string(), tables(USERSPACE))].into();
         let any = USERSPACE.lines().find(|l| l.contains("REDIRECT --to-ports")).expect("a REDIRECT in the fixture");
-        let spn = comment_of(any).unwrap();
+        let any = podpath_ruleset::text::parse_rule_line(any).unwrap();
+        let spn = any.comment_text().unwrap();
         let (ns, rest) = spn.split_once('/').unwrap();
         let name = rest.split(':').next().unwrap();
         // Two slices; a not-ready endpoint and a port of another name are left out.

@@ -597,7 +597,12 @@ pub fn node_tables(st: &LabState, tables: &[&str]) -> Result<NodeTables> {
                 s.spawn(move || -> Result<OneNode> {
                     let mut out = Vec::new();
                     for table in tables {
-                        out.push((table.to_string(), trace::run::in_ns(netns, &["iptables-save", "-t", table])?));
+                        let ipt = podpath_ruleset::Iptables::new(podpath_ruleset::Backend::System).in_netns(netns);
+                        let save = ipt.save_text(table).map_err(|e| LabError::Command {
+                            cmd: format!("iptables-save -t {table} in {netns}"),
+                            stderr: e.to_string(),
+                        })?;
+                        out.push((table.to_string(), save));
                     }
                     Ok((node.clone(), out))
                 })

@@ -4,12 +4,21 @@
 
 use std::collections::BTreeMap;
 
+use podpath_ruleset::{Match, Rule};
 use serde::Serialize;
 
 /// The proxy's rules in `iptables-save` output of one table, prefixed with the table
-/// (`nat -A KUBE-SVC-… …`): rules in KUBE-* chains and the jumps into them.
+/// (`nat -A KUBE-SVC-… …`): rules in KUBE-* chains and the jumps into them, as the kernel lists
+/// them.
 pub fn proxy_rules(table: &str, save: &str) -> Vec<String> {
-    save.lines().filter(|l| l.starts_with("-A ") && l.contains("KUBE-")).map(|l| format!("{table} {l}")).collect()
+    save.lines()
+        .filter(|l| l.starts_with("-A "))
+        .filter(|l| {
+            podpath_ruleset::text::parse_rule_line(l)
+                .is_ok_and(|r| r.chain.starts_with("KUBE-") || r.jump_target().is_some_and(|t| t.starts_with("KUBE-")))
+        })
+        .map(|l| format!("{table} {l}"))
+        .collect()
 }
 
 /// One change between two snapshots of a node's rules.
@@ -20,19 +29,17 @@ pub struct Change {
     pub text: String,
 }
 
-/// A rule without its `--probability` value, and the value.
-fn split_probability(rule: &str) -> (String, Option<String>) {
-    match rule.split_once("--probability ") {
-        Some((head, rest)) => {
-            let (p, tail) = rest.split_once(' ').unwrap_or((rest, ""));
-            (format!("{head}--probability * {tail}").trim_end().to_string(), Some(p.to_string()))
-        }
-        None => (rule.to_string(), None),
-    }
+/// A `table -A …` line as (table, the rule without its probability, the probability).
+fn split_probability(line: &str) -> Option<(&str, Rule, Option<f64>)> {
+    let (table, rule) = line.split_once(' ')?;
+    let mut rule = podpath_ruleset::text::parse_rule_line(rule).ok()?;
+    let p = rule.probability();
+    rule.matches.retain(|m| !matches!(m, Match::Probability(_)));
+    Some((table, rule, p))
 }
 
-fn short(p: &str) -> String {
-    p.parse::<f64>().map(crate::trace::model::trim_float).unwrap_or_else(|_| p.to_string())
+fn short(p: Option<f64>) -> String {
+    p.map(crate::trace::model::trim_float).unwrap_or_else(|| "the rest".into())
 }
 
 /// The changes from `old` to `new` (each a node's rule lines), in the order of the new rules
@@ -42,23 +49,27 @@ pub fn diff(old: &[String], new: &[String]) -> Vec<Change> {
     let removed: Vec<&String> = old.iter().filter(|r| !new.contains(r)).collect();
     let added: Vec<&String> = new.iter().filter(|r| !old.contains(r)).collect();
     // Pairs: the same rule once its probability is set aside.
-    let key = |r: &str| -> String {
-        let (k, _) = split_probability(r);
-        k.replace(" -m statistic --mode random --probability *", "")
-    };
+    let removed_keys: Vec<_> = removed.iter().map(|r| split_probability(r)).collect();
     let mut paired_old = vec![false; removed.len()];
     let mut changes: Vec<Change> = Vec::new();
     let mut adds: Vec<Change> = Vec::new();
     for a in &added {
-        let k = key(a);
-        match removed.iter().enumerate().find(|(i, r)| !paired_old[*i] && key(r) == k) {
-            Some((i, r)) => {
+        let key = split_probability(a);
+        let pair = key.as_ref().and_then(|(table, rule, _)| {
+            removed_keys
+                .iter()
+                .enumerate()
+                .find(|(i, k)| !paired_old[*i] && k.as_ref().is_some_and(|(t, r, _)| t == table && r == rule))
+        });
+        match (pair, &key) {
+            (Some((i, Some((_, _, from)))), Some((table, rule, to))) => {
                 paired_old[i] = true;
-                let from = split_probability(r).1.map(|p| short(&p)).unwrap_or_else(|| "the rest".into());
-                let to = split_probability(a).1.map(|p| short(&p)).unwrap_or_else(|| "the rest".into());
-                adds.push(Change { op: '~', text: format!("{k}: probability {from} → {to}") });
+                adds.push(Change {
+                    op: '~',
+                    text: format!("{table} {rule}: probability {} → {}", short(*from), short(*to)),
+                });
             }
-            None => adds.push(Change { op: '+', text: a.to_string() }),
+            _ => adds.push(Change { op: '+', text: a.to_string() }),
         }
     }
     for (i, r) in removed.iter().enumerate() {

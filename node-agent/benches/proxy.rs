@@ -16,14 +16,15 @@
 //! `PODPATH_BENCH_LIMIT_SECONDS` (default 300) is stopped and reported as such.
 
 use std::collections::BTreeSet;
-use std::io::Write;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use node_agent::proxy::iptables::{render, render_partial, service_key, RenderConfig, ServiceState};
+use node_agent::proxy::kernel::{IptablesKernel, Kernel};
 use node_agent::proxy::model::{Endpoint, ServicePort};
-use node_agent::proxy::restore::{batches, parse, Applied};
-use node_agent::proxy::sync::{sync_once, Backend, Iptables, IptablesCmd};
+use node_agent::proxy::sync::sync_once;
+use podpath_ruleset::plan::{batches, Applied};
+use podpath_ruleset::{Backend, Iptables, Ruleset, Table};
 
 fn services(n: usize, eps: usize) -> Vec<ServiceState> {
     (0..n)
@@ -57,34 +58,30 @@ fn config() -> RenderConfig {
     }
 }
 
-/// Milliseconds one `iptables-<backend>-restore --noflush` of `text` takes in `ns`, or `None`
-/// when it ran past `limit` (it is then killed).
-fn restore(ns: &str, backend: &str, text: &str, limit: Duration) -> Option<f64> {
-    let t = Instant::now();
-    let mut child = Command::new("ip")
-        .args(["netns", "exec", ns, &format!("iptables-{backend}-restore"), "--noflush"])
-        .stdin(Stdio::piped())
-        .spawn()
-        .expect("iptables-restore");
-    let mut stdin = child.stdin.take().unwrap();
-    let text = text.to_string();
-    let writer = std::thread::spawn(move || {
-        let _ = stdin.write_all(text.as_bytes());
-    });
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            let _ = writer.join();
-            assert!(status.success(), "iptables-{backend}-restore failed");
-            return Some(t.elapsed().as_secs_f64() * 1e3);
-        }
-        if t.elapsed() > limit {
-            let _ = child.kill();
-            let _ = child.wait();
-            let _ = writer.join();
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(5));
+/// Milliseconds the restores of `inputs` (one after the other) take in `ns`, or `None` when they
+/// ran past `limit` (the child doing them is then killed).
+fn restore(ns: &str, backend: Backend, inputs: &[Ruleset], limit: Duration) -> Option<f64> {
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = vec!["--child-restore".to_string(), backend.name().to_string()];
+    for (i, rs) in inputs.iter().enumerate() {
+        let path = dir.path().join(format!("{i}.rules"));
+        std::fs::write(&path, rs.to_string()).unwrap();
+        args.push(path.display().to_string());
     }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    get(&in_netns(ns, &args, limit), "restore")
+}
+
+/// In the namespace: restores the given files in order (each parsed first, not timed).
+fn child_restore(backend: Backend, files: &[String]) {
+    let inputs: Vec<Ruleset> =
+        files.iter().map(|f| podpath_ruleset::parse(&std::fs::read_to_string(f).unwrap()).unwrap()).collect();
+    let ipt = Iptables::new(backend);
+    let t = Instant::now();
+    for rs in &inputs {
+        ipt.restore(rs).expect("iptables-restore");
+    }
+    println!("restore {}", t.elapsed().as_secs_f64() * 1e3);
 }
 
 fn show(ms: Option<f64>, limit: Duration) -> String {
@@ -105,7 +102,7 @@ fn limit() -> Duration {
 
 /// In the namespace: the proxier's full sync, then a sync after one endpoint change.
 fn child_sync(n: usize, backend: Backend) {
-    let ipt = IptablesCmd { backend };
+    let ipt = IptablesKernel::new(backend);
     let cfg = config();
     let mut state = services(n, 10);
     let mut applied = Applied::default();
@@ -164,35 +161,20 @@ fn child_latency(backend: Backend) {
     use std::sync::{mpsc, Arc, Mutex};
 
     struct Watching {
-        inner: IptablesCmd,
+        inner: IptablesKernel,
         applied: Mutex<mpsc::Sender<(Instant, String)>>,
     }
-    impl Iptables for Watching {
-        fn restore(&self, text: &str) -> node_agent::Result<()> {
-            self.inner.restore(text)?;
-            let _ = self.applied.lock().unwrap().send((Instant::now(), text.to_string()));
+    impl Kernel for Watching {
+        fn save(&self, table: &str, chain: Option<&str>) -> node_agent::Result<Table> {
+            self.inner.save(table, chain)
+        }
+        fn restore(&self, rs: &Ruleset) -> node_agent::Result<()> {
+            self.inner.restore(rs)?;
+            let _ = self.applied.lock().unwrap().send((Instant::now(), rs.to_string()));
             Ok(())
         }
-        fn save(&self, table: &str) -> node_agent::Result<String> {
-            self.inner.save(table)
-        }
-        fn ensure_chain(&self, table: &str, chain: &str) -> node_agent::Result<()> {
-            self.inner.ensure_chain(table, chain)
-        }
-        fn ensure_rule_first(&self, table: &str, chain: &str, rule: &[&str]) -> node_agent::Result<()> {
-            self.inner.ensure_rule_first(table, chain, rule)
-        }
-        fn ensure_rule_last(&self, table: &str, chain: &str, rule: &[&str]) -> node_agent::Result<()> {
-            self.inner.ensure_rule_last(table, chain, rule)
-        }
-        fn delete_rule(&self, table: &str, chain: &str, rule: &[&str]) -> node_agent::Result<()> {
-            self.inner.delete_rule(table, chain, rule)
-        }
-        fn delete_chain(&self, table: &str, chain: &str) -> node_agent::Result<()> {
-            self.inner.delete_chain(table, chain)
-        }
-        fn has_chain(&self, table: &str, chain: &str) -> node_agent::Result<bool> {
-            self.inner.has_chain(table, chain)
+        fn clear_conntrack(&self, deletes: &[Vec<String>]) {
+            self.inner.clear_conntrack(deletes)
         }
         fn batch_lines(&self) -> Option<usize> {
             self.inner.batch_lines()
@@ -235,7 +217,7 @@ fn child_latency(backend: Backend) {
         let (synced_tx, synced_rx) = tokio::sync::oneshot::channel();
         tokio::spawn(node_agent::proxy::sync::run_proxier(
             node_agent::proxy::sync::Proxier {
-                ipt: Arc::new(Watching { inner: IptablesCmd { backend }, applied: Mutex::new(tx) }),
+                kernel: Arc::new(Watching { inner: IptablesKernel::new(backend), applied: Mutex::new(tx) }),
                 render: config(),
                 services: services.clone(),
                 slices: slices.clone(),
@@ -278,11 +260,15 @@ fn main() {
     let args = args();
     if let Some(pos) = args.iter().position(|a| a == "--child-sync") {
         let n = args[pos + 1].parse().unwrap();
-        child_sync(n, Backend::parse(&args[pos + 2]).unwrap());
+        child_sync(n, args[pos + 2].parse().unwrap());
+        return;
+    }
+    if let Some(pos) = args.iter().position(|a| a == "--child-restore") {
+        child_restore(args[pos + 1].parse().unwrap(), &args[pos + 2..]);
         return;
     }
     if let Some(pos) = args.iter().position(|a| a == "--child-latency") {
-        child_latency(Backend::parse(&args[pos + 1]).unwrap());
+        child_latency(args[pos + 1].parse().unwrap());
         return;
     }
     let positional: Vec<&String> = args.iter().filter(|a| !a.starts_with("--")).collect();
@@ -292,7 +278,7 @@ fn main() {
         .unwrap_or_else(|| vec![1000, 10000]);
     let backends: Vec<Backend> = positional
         .get(1)
-        .map(|s| s.split(',').map(|b| Backend::parse(b).unwrap()).collect())
+        .map(|s| s.split(',').map(|b| b.parse().unwrap()).collect())
         .unwrap_or_else(|| vec![Backend::Legacy, Backend::Nft]);
     let limit = limit();
     let cfg = config();
@@ -307,10 +293,11 @@ fn main() {
         let t = Instant::now();
         let part = render_partial(&cfg, &state, &full.nat_chains, &changed);
         let part_render_ms = t.elapsed().as_secs_f64() * 1e3;
-        println!("{n} Services × 10 endpoints: {} lines, {} KiB", full.text.lines().count(), full.text.len() / 1024);
+        let (full_text, part_text) = (full.ruleset.to_string(), part.ruleset.to_string());
+        println!("{n} Services × 10 endpoints: {} lines, {} KiB", full_text.lines().count(), full_text.len() / 1024);
         println!(
             "  render: full {render_ms:.1} ms, partial (1 endpoint removed) {part_render_ms:.2} ms, {} lines",
-            part.text.lines().count()
+            part_text.lines().count()
         );
         if !root {
             continue;
@@ -319,14 +306,12 @@ fn main() {
             let b = backend.name();
             // Fresh namespaces: a restore must not find the chains an earlier one created.
             let ns = testkit::netns::Netns::new("ppb");
-            let bare = restore(&ns.name, b, &full.text, limit);
+            let bare = restore(&ns.name, backend, std::slice::from_ref(&full.ruleset), limit);
             drop(ns);
-            let batches = batches(&parse(&full.text), (IptablesCmd { backend }).batch_lines());
+            let batches = batches(&full.ruleset, IptablesKernel::new(backend).batch_lines());
             let bare_batches = if batches.len() > 1 {
                 let ns = testkit::netns::Netns::new("ppb");
-                let t = Instant::now();
-                let all = batches.iter().all(|text| restore(&ns.name, b, text, limit).is_some());
-                all.then(|| t.elapsed().as_secs_f64() * 1e3)
+                restore(&ns.name, backend, &batches, limit)
             } else {
                 bare
             };

@@ -46,7 +46,7 @@ pub struct AgentConfig {
 }
 
 /// How Services are implemented on the node.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum ProxyMode {
     /// kube-proxy's iptables mode (DNAT in the kernel).
     Iptables,
@@ -58,7 +58,7 @@ pub enum ProxyMode {
 #[derive(Debug, Clone)]
 pub struct ProxyConfig {
     pub mode: ProxyMode,
-    pub backend: crate::proxy::sync::Backend,
+    pub backend: podpath_ruleset::Backend,
     pub cluster_cidr: Option<ipnet::IpNet>,
     pub masquerade_external: bool,
     pub min_sync: Duration,
@@ -153,14 +153,14 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()>) -> Result
     tokio::spawn(pods::run_pods(deps, pods_store, None));
 
     if let Some(p) = &cfg.proxy {
-        use crate::proxy::{sync, userspace};
-        let ipt = Arc::new(sync::IptablesCmd { backend: p.backend });
-        if sync::other_backend_in_use(p.backend) {
+        use crate::proxy::{kernel::IptablesKernel, sync, userspace};
+        let kernel = Arc::new(IptablesKernel::new(p.backend));
+        if podpath_ruleset::exec::other_backend_holds(p.backend, sync::CANARY) {
             return Err(AgentError::Config(format!(
                 "this namespace holds service proxy rules of the other iptables backend; remove them with \
                  `node-agent --cleanup --iptables-backend {}` or start with that backend (never both: the kernel \
                  would apply both rulesets)",
-                if p.backend == sync::Backend::Nft { "legacy" } else { "nft" }
+                if p.backend == podpath_ruleset::Backend::Nft { "legacy" } else { "nft" }
             )));
         }
         let services: Arc<Store<core::Service>> = Store::new();
@@ -171,8 +171,8 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()>) -> Result
             ProxyMode::Iptables => {
                 // Leftovers of the userspace mode would take the traffic first.
                 {
-                    let ipt = ipt.clone();
-                    tokio::task::spawn_blocking(move || userspace::cleanup(&*ipt))
+                    let kernel = kernel.clone();
+                    tokio::task::spawn_blocking(move || userspace::cleanup(&*kernel))
                         .await
                         .map_err(|e| AgentError::Process(e.to_string()))??;
                 }
@@ -181,7 +181,7 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()>) -> Result
                     node_ips: vec![cfg.node_ip],
                     cluster_cidr: p.cluster_cidr,
                     masquerade_external: p.masquerade_external,
-                    random_fully: sync::iptables_supports_random_fully(),
+                    random_fully: kernel.ipt.supports_random_fully(),
                 };
                 tracing::info!(
                     mode = "iptables",
@@ -190,7 +190,7 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()>) -> Result
                     "service proxy"
                 );
                 let proxier = sync::Proxier {
-                    ipt,
+                    kernel,
                     render,
                     services,
                     slices,
@@ -204,7 +204,7 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()>) -> Result
             ProxyMode::Userspace => {
                 tracing::info!(mode = "userspace", backend = p.backend.name(), "service proxy");
                 let proxier = userspace::UserspaceProxier {
-                    ipt,
+                    kernel,
                     node_name: cfg.node_name.clone(),
                     node_ip: cfg.node_ip,
                     services,

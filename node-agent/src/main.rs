@@ -9,7 +9,16 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
-use node_agent::agent::{self, AgentConfig};
+use node_agent::agent::{self, AgentConfig, ProxyMode};
+use podpath_ruleset::Backend;
+
+/// `--proxy-mode`: a mode, or no service proxy at all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum ProxyModeArg {
+    Iptables,
+    Userspace,
+    None,
+}
 
 /// podpath node agent.
 #[derive(Parser, Debug)]
@@ -58,11 +67,11 @@ struct Args {
     node_labels: Vec<String>,
     /// Service proxy mode: `iptables` (kube-proxy's iptables mode), `userspace` (its old
     /// userspace mode: a proxy socket per service port) or `none`.
-    #[arg(long, default_value = "iptables")]
-    proxy_mode: String,
-    /// iptables backend: `nft` or `legacy` (never both in one namespace).
-    #[arg(long, default_value = "nft")]
-    iptables_backend: String,
+    #[arg(long, value_enum, default_value_t = ProxyModeArg::Iptables)]
+    proxy_mode: ProxyModeArg,
+    /// iptables backend (never both in one namespace).
+    #[arg(long, value_enum, default_value_t = Backend::Nft)]
+    iptables_backend: Backend,
     /// The pod network: traffic to a ClusterIP from outside it is masqueraded.
     #[arg(long, default_value = "10.244.0.0/16")]
     cluster_cidr: String,
@@ -97,25 +106,23 @@ async fn main() {
 async fn run() -> Result<()> {
     let args = Args::parse();
     tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::new(&args.log)).with_target(false).init();
-    let backend = node_agent::proxy::sync::Backend::parse(&args.iptables_backend)
-        .map_err(|e| anyhow::anyhow!("--iptables-backend: {e}"))?;
+    let backend = args.iptables_backend;
     if args.kill_pods {
         let killed = node_agent::pods::kill_recorded_processes(&args.state_dir);
         println!("killed {killed} pod processes recorded in {}", args.state_dir.display());
         return Ok(());
     }
     if args.cleanup {
-        let ipt = node_agent::proxy::sync::IptablesCmd { backend };
-        node_agent::proxy::userspace::cleanup(&ipt)?;
-        node_agent::proxy::sync::cleanup(&ipt)?;
+        let kernel = node_agent::proxy::kernel::IptablesKernel::new(backend);
+        node_agent::proxy::userspace::cleanup(&kernel)?;
+        node_agent::proxy::sync::cleanup(&kernel)?;
         println!("removed the service proxy's iptables chains and rules ({} backend)", backend.name());
         return Ok(());
     }
-    let mode = match args.proxy_mode.as_str() {
-        "iptables" => Some(agent::ProxyMode::Iptables),
-        "userspace" => Some(agent::ProxyMode::Userspace),
-        "none" => None,
-        other => bail!("--proxy-mode {other:?}: expected iptables, userspace or none"),
+    let mode = match args.proxy_mode {
+        ProxyModeArg::Iptables => Some(ProxyMode::Iptables),
+        ProxyModeArg::Userspace => Some(ProxyMode::Userspace),
+        ProxyModeArg::None => None,
     };
     let proxy = match mode {
         Some(mode) => Some(agent::ProxyConfig {

@@ -3,24 +3,11 @@
 //! rules look like on a real node (reference/kube-proxy.md §1.4.13).
 
 use std::collections::BTreeSet;
-use std::io::Write;
-use std::process::{Command, Stdio};
 
 use node_agent::proxy::iptables::{render, RenderConfig, ServiceState};
 use node_agent::proxy::model::{Endpoint, ServicePort};
+use podpath_ruleset::{Backend, Iptables};
 use testkit::netns::{host_state, root_or_explain, Netns};
-
-fn restore(ns: &Netns, text: &str) -> (bool, String) {
-    let mut child = Command::new("ip")
-        .args(["netns", "exec", &ns.name, "iptables-restore", "--noflush"])
-        .stdin(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("iptables-restore");
-    child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
-    let out = child.wait_with_output().unwrap();
-    (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
-}
 
 fn svc(endpoints: usize) -> ServiceState {
     let port = ServicePort {
@@ -59,25 +46,22 @@ fn the_kernel_takes_every_rule_and_stale_chains_go() {
         masquerade_external: true,
         random_fully: true,
     };
+    let ipt = Iptables::new(Backend::System).in_netns(&ns.name);
     let first = render(&cfg, &[svc(3)], &BTreeSet::new());
-    let (ok, err) = restore(&ns, &first.text);
-    assert!(ok, "iptables-restore refused the ruleset: {err}\n{}", first.text);
-    let saved = ns.run(&["iptables-save", "-t", "nat"]).1;
+    if let Err(e) = ipt.restore(&first.ruleset) {
+        panic!("iptables-restore refused the ruleset: {e}\n{}", first.ruleset);
+    }
+    let saved = ipt.save_text("nat").unwrap();
     // kube-proxy's rules as engineers see them on real nodes.
     assert!(saved.contains("-A KUBE-MARK-MASQ -j MARK --set-xmark 0x4000/0x4000"), "{saved}");
     assert!(saved.contains("--probability 0.33333333349"), "{saved}");
     assert!(saved.contains("-A KUBE-SERVICES -d 10.96.0.42/32 -p tcp -m comment --comment \"default/contour:http cluster IP\" -m tcp --dport 80 -j KUBE-SVC-"), "{saved}");
     // One endpoint fewer: its chain is stale and removed in the same restore.
-    let existing: BTreeSet<String> = saved
-        .lines()
-        .filter_map(|l| l.strip_prefix(':'))
-        .filter_map(|l| l.split_whitespace().next())
-        .map(str::to_string)
-        .collect();
+    let existing: BTreeSet<String> =
+        podpath_ruleset::parse(&saved).unwrap().tables[0].chains.iter().map(|c| c.name.clone()).collect();
     let second = render(&cfg, &[svc(2)], &existing);
-    let (ok, err) = restore(&ns, &second.text);
-    assert!(ok, "{err}");
-    let saved = ns.run(&["iptables-save", "-t", "nat"]).1;
+    ipt.restore(&second.ruleset).unwrap();
+    let saved = ipt.save_text("nat").unwrap();
     let seps = saved.lines().filter(|l| l.starts_with(":KUBE-SEP-")).count();
     assert_eq!(seps, 2, "{saved}");
     assert!(saved.contains("--probability 0.50000000000"));

@@ -10,10 +10,13 @@ use api::k8s_openapi::api::core::v1 as core;
 use api::k8s_openapi::api::discovery::v1 as discovery;
 use node_agent::health::Health;
 use node_agent::metrics::Metrics;
-use node_agent::proxy::iptables::{render, RenderConfig, ServiceState};
+use node_agent::proxy::iptables::{RenderConfig, ServiceState};
+use node_agent::proxy::kernel::Kernel;
 use node_agent::proxy::model::{Endpoint, ServicePort};
-use node_agent::proxy::sync::{self, Iptables, Proxier};
+use node_agent::proxy::sync::{self, Proxier};
 use podpath_client::reflector::{Change, Store, Watched};
+use podpath_ruleset::plan::Applied;
+use podpath_ruleset::{Ruleset, Table};
 use serde_json::json;
 use testkit::iptables::{FakeIptables, Packet, Tracer, Verdict};
 
@@ -24,30 +27,23 @@ fn err(e: String) -> node_agent::AgentError {
     node_agent::AgentError::Process(e)
 }
 
-impl Iptables for Fake {
-    fn restore(&self, text: &str) -> node_agent::Result<()> {
-        self.0.lock().unwrap().restore(text).map_err(err)
+impl Kernel for Fake {
+    fn save(&self, table: &str, chain: Option<&str>) -> node_agent::Result<Table> {
+        let f = self.0.lock().unwrap();
+        Ok(match chain {
+            None => f.save(table),
+            Some(c) => f.save_chain(table, c),
+        })
     }
-    fn save(&self, table: &str) -> node_agent::Result<String> {
-        Ok(self.0.lock().unwrap().save(table))
+    fn restore(&self, rs: &Ruleset) -> node_agent::Result<()> {
+        self.0.lock().unwrap().restore(rs).map_err(err)
     }
-    fn ensure_chain(&self, table: &str, chain: &str) -> node_agent::Result<()> {
-        self.0.lock().unwrap().ensure_chain(table, chain);
-        Ok(())
-    }
-    fn ensure_rule_first(&self, table: &str, chain: &str, rule: &[&str]) -> node_agent::Result<()> {
-        self.0.lock().unwrap().ensure_rule_first(table, chain, rule).map_err(err)
-    }
-    fn ensure_rule_last(&self, table: &str, chain: &str, rule: &[&str]) -> node_agent::Result<()> {
-        self.0.lock().unwrap().ensure_rule_last(table, chain, rule).map_err(err)
-    }
-    fn delete_rule(&self, table: &str, chain: &str, rule: &[&str]) -> node_agent::Result<()> {
-        self.0.lock().unwrap().delete_rule(table, chain, rule);
-        Ok(())
-    }
-    fn delete_chain(&self, table: &str, chain: &str) -> node_agent::Result<()> {
-        self.0.lock().unwrap().delete_chain(table, chain);
-        Ok(())
+    fn clear_conntrack(&self, _deletes: &[Vec<String>]) {}
+}
+
+impl Fake {
+    fn chains(&self, table: &str) -> BTreeSet<String> {
+        self.0.lock().unwrap().chains(table)
     }
 }
 
@@ -84,10 +80,10 @@ fn eps(list: &[(&str, &str)]) -> Vec<Endpoint> {
         .collect()
 }
 
+/// The tables after one full sync.
 fn programmed(states: &[ServiceState]) -> FakeIptables {
     let f = Fake::default();
-    sync::ensure_jumps(&f).unwrap();
-    f.restore(&render(&cfg(), states, &f.chains("nat").unwrap()).text).unwrap();
+    sync::sync_once(&f, &cfg(), states, &BTreeSet::new(), true, &mut Applied::default()).unwrap();
     f.0.into_inner().unwrap()
 }
 
@@ -211,7 +207,7 @@ async fn the_sync_loop_waits_for_lists_then_syncs_partially_and_repairs_a_flushe
     let (tx, rx) = tokio::sync::oneshot::channel();
     tokio::spawn(sync::run_proxier(
         Proxier {
-            ipt: fake.clone(),
+            kernel: fake.clone(),
             render: cfg(),
             services: services.clone(),
             slices: slices.clone(),
@@ -226,10 +222,10 @@ async fn the_sync_loop_waits_for_lists_then_syncs_partially_and_repairs_a_flushe
     tokio::time::sleep(Duration::from_millis(100)).await;
     replace(&services, vec![service("web")]);
     tokio::time::sleep(Duration::from_millis(100)).await;
-    assert!(fake.chains("nat").unwrap().iter().all(|c| !c.starts_with("KUBE-")), "nothing before both lists");
+    assert!(fake.chains("nat").iter().all(|c| !c.starts_with("KUBE-")), "nothing before both lists");
     replace(&slices, vec![slice("web", &["10.244.2.5", "10.244.2.6"])]);
     rx.await.unwrap();
-    let seps = |f: &Fake| f.chains("nat").unwrap().into_iter().filter(|c| c.starts_with("KUBE-SEP-")).count();
+    let seps = |f: &Fake| f.chains("nat").into_iter().filter(|c| c.starts_with("KUBE-SEP-")).count();
     assert_eq!(seps(&fake), 2);
     assert!(fake.0.lock().unwrap().rules("nat", "PREROUTING")[0].contains("-j KUBE-SERVICES"));
 
@@ -247,7 +243,7 @@ async fn the_sync_loop_waits_for_lists_then_syncs_partially_and_repairs_a_flushe
     // it all back.
     *fake.0.lock().unwrap() = FakeIptables::default();
     for _ in 0..100 {
-        if seps(&fake) == 1 && fake.chains("nat").unwrap().contains(sync::CANARY) {
+        if seps(&fake) == 1 && fake.chains("nat").contains(sync::CANARY) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -263,29 +259,15 @@ struct Batched {
     restores: std::sync::atomic::AtomicUsize,
 }
 
-impl Iptables for Batched {
-    fn restore(&self, text: &str) -> node_agent::Result<()> {
+impl Kernel for Batched {
+    fn save(&self, table: &str, chain: Option<&str>) -> node_agent::Result<Table> {
+        self.inner.save(table, chain)
+    }
+    fn restore(&self, rs: &Ruleset) -> node_agent::Result<()> {
         self.restores.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        self.inner.restore(text)
+        self.inner.restore(rs)
     }
-    fn save(&self, table: &str) -> node_agent::Result<String> {
-        self.inner.save(table)
-    }
-    fn ensure_chain(&self, table: &str, chain: &str) -> node_agent::Result<()> {
-        self.inner.ensure_chain(table, chain)
-    }
-    fn ensure_rule_first(&self, table: &str, chain: &str, rule: &[&str]) -> node_agent::Result<()> {
-        self.inner.ensure_rule_first(table, chain, rule)
-    }
-    fn ensure_rule_last(&self, table: &str, chain: &str, rule: &[&str]) -> node_agent::Result<()> {
-        self.inner.ensure_rule_last(table, chain, rule)
-    }
-    fn delete_rule(&self, table: &str, chain: &str, rule: &[&str]) -> node_agent::Result<()> {
-        self.inner.delete_rule(table, chain, rule)
-    }
-    fn delete_chain(&self, table: &str, chain: &str) -> node_agent::Result<()> {
-        self.inner.delete_chain(table, chain)
-    }
+    fn clear_conntrack(&self, _deletes: &[Vec<String>]) {}
     fn batch_lines(&self) -> Option<usize> {
         Some(self.lines)
     }
@@ -318,7 +300,7 @@ fn batched_and_minimized_syncs_equal_one_full_restore() {
         })
         .collect();
     let batched = Batched { inner: Fake::default(), lines: 40, restores: Default::default() };
-    let mut applied = node_agent::proxy::restore::Applied::default();
+    let mut applied = Applied::default();
     let count = |b: &Batched| b.restores.swap(0, std::sync::atomic::Ordering::Relaxed);
     sync::sync_once(&batched, &cfg(), &states, &BTreeSet::new(), true, &mut applied).unwrap();
     assert!(count(&batched) > 10, "a full sync of this size is cut into batches");

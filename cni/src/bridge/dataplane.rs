@@ -4,14 +4,13 @@
 //! Everything here runs in the network namespace the plugin was started in (the node's) and in
 //! `CNI_NETNS`; nothing else is touched.
 
-use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::os::fd::AsRawFd;
 use std::path::Path;
-use std::process::{Command, Stdio};
 
 use futures::TryStreamExt;
 use ipnet::IpNet;
+use podpath_ruleset::{Addr, Backend, Command as RuleCommand, Family, Iptables, Match, Rule, Ruleset, Table};
 use rtnetlink::packet_route::link::{InfoData, InfoVeth, LinkAttribute, LinkMessage};
 use rtnetlink::packet_route::route::RouteProtocol;
 use rtnetlink::{Handle, LinkBridge, LinkBridgePort, LinkUnspec, LinkVeth, RouteMessageBuilder};
@@ -318,80 +317,74 @@ impl Dataplane for Netlink {
     }
 
     fn setup_masq(&mut self, chain: &str, comment: &str, ips: &[IpConfig]) -> Result<()> {
-        let mut v4 = String::new();
-        let mut v6 = String::new();
-        for ip in ips {
-            let (out, multicast, host) = match ip.address {
-                IpNet::V4(_) => (&mut v4, "224.0.0.0/4", 32),
-                IpNet::V6(_) => (&mut v6, "ff00::/8", 128),
-            };
-            let net = ip.address.trunc();
-            out.push_str(&format!("-A {chain} -d {net} -m comment --comment {comment:?} -j ACCEPT\n"));
-            out.push_str(&format!("-A {chain} ! -d {multicast} -m comment --comment {comment:?} -j MASQUERADE\n"));
-            out.push_str(&format!(
-                "-A POSTROUTING -s {}/{host} -m comment --comment {comment:?} -j {chain}\n",
-                ip.address.addr()
-            ));
-        }
-        for (bin, rules) in [("iptables-restore", v4), ("ip6tables-restore", v6)] {
-            if !rules.is_empty() {
-                restore(bin, &format!("*nat\n:{chain} - [0:0]\n{rules}COMMIT\n"))?;
+        for family in [Family::V4, Family::V6] {
+            let mut nat = Table::new("nat");
+            for ip in ips.iter().filter(|ip| family_of(ip.address.addr()) == family) {
+                let multicast: IpNet = match family {
+                    Family::V4 => "224.0.0.0/4".parse().expect("valid"),
+                    Family::V6 => "ff00::/8".parse().expect("valid"),
+                };
+                nat.append(Rule::new(chain).dst(Addr::Net(ip.address.trunc())).comment(comment).jump("ACCEPT"));
+                nat.append(
+                    Rule::new(chain)
+                        .with(Match::Destination { addr: Addr::Net(multicast), negated: true })
+                        .comment(comment)
+                        .jump("MASQUERADE"),
+                );
+                nat.append(Rule::new("POSTROUTING").src(host_net(ip.address.addr())).comment(comment).jump(chain));
+            }
+            if !nat.commands.is_empty() {
+                nat.declare(chain);
+                iptables(family).restore(&Ruleset { tables: vec![nat] }).map_err(restore_failed)?;
             }
         }
         Ok(())
     }
 
     fn teardown_masq(&mut self, chain: &str, comment: &str, known: &[IpConfig]) -> Result<()> {
+        // The jumps, then the chain, in one restore.
+        let removal = |jumps: Vec<Rule>| {
+            let mut nat = Table::new("nat");
+            nat.commands.extend(jumps.into_iter().map(RuleCommand::Delete));
+            nat.commands.push(RuleCommand::Flush(chain.to_string()));
+            nat.commands.push(RuleCommand::DeleteChain(chain.to_string()));
+            Ruleset { tables: vec![nat] }
+        };
         if !known.is_empty() {
-            let mut v4 = String::new();
-            let mut v6 = String::new();
-            for ip in known {
-                let (out, host) = if ip.address.addr().is_ipv4() { (&mut v4, 32) } else { (&mut v6, 128) };
-                out.push_str(&format!(
-                    "-D POSTROUTING -s {}/{host} -m comment --comment {comment:?} -j {chain}\n",
-                    ip.address.addr()
-                ));
-            }
-            let fast = [("iptables-restore", v4), ("ip6tables-restore", v6)]
-                .into_iter()
-                .filter(|(_, rules)| !rules.is_empty())
-                .all(|(bin, rules)| restore(bin, &format!("*nat\n{rules}-F {chain}\n-X {chain}\nCOMMIT\n")).is_ok());
+            let fast = [Family::V4, Family::V6].into_iter().all(|family| {
+                let jumps: Vec<Rule> = known
+                    .iter()
+                    .filter(|ip| family_of(ip.address.addr()) == family)
+                    .map(|ip| Rule::new("POSTROUTING").src(host_net(ip.address.addr())).comment(comment).jump(chain))
+                    .collect();
+                jumps.is_empty() || iptables(family).restore(&removal(jumps)).is_ok()
+            });
             if fast {
                 return Ok(());
             }
         }
         // Without the addresses (or when the rules were not as recorded): find the jumps.
-        for (save, rest) in [("iptables-save", "iptables-restore"), ("ip6tables-save", "ip6tables-restore")] {
-            let out = match Command::new(tool(save)).args(["-t", "nat"]).output() {
-                Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout).into_owned(),
-                // No ip6tables (or no nat table for it): nothing of ours can be there.
-                _ => continue,
-            };
-            if !out.lines().any(|l| l.starts_with(&format!(":{chain} "))) {
+        for family in [Family::V4, Family::V6] {
+            // No ip6tables (or no nat table for it): nothing of ours can be there.
+            let Some(saved) = saved_nat(family) else { continue };
+            if !saved.declares(chain) {
                 continue;
             }
-            let mut payload = String::from("*nat\n");
-            for l in out.lines().filter(|l| l.starts_with("-A POSTROUTING ") && l.ends_with(&format!("-j {chain}"))) {
-                payload.push_str(&format!("-D {}\n", &l[3..]));
-            }
-            payload.push_str(&format!("-F {chain}\n-X {chain}\nCOMMIT\n"));
-            restore(rest, &payload)?;
+            let jumps = saved.chain_rules("POSTROUTING").filter(|r| r.jump_target() == Some(chain)).cloned().collect();
+            iptables(family).restore(&removal(jumps)).map_err(restore_failed)?;
         }
         Ok(())
     }
 
     fn masq_attachments(&mut self, network: &str) -> Result<Vec<String>> {
-        let prefix = format!("--comment \"name: \\\"{network}\\\" id: \\\"");
+        let prefix = format!("name: \"{network}\" id: \"");
         let mut ids = Vec::new();
-        for save in ["iptables-save", "ip6tables-save"] {
-            let Ok(o) = Command::new(tool(save)).args(["-t", "nat"]).output() else { continue };
-            for line in String::from_utf8_lossy(&o.stdout).lines().filter(|l| l.starts_with("-A POSTROUTING ")) {
-                if let Some(rest) = line.split(&prefix).nth(1) {
-                    if let Some(id) = rest.split("\\\"").next() {
-                        if !ids.iter().any(|i| i == id) {
-                            ids.push(id.to_string());
-                        }
-                    }
+        for family in [Family::V4, Family::V6] {
+            let Some(saved) = saved_nat(family) else { continue };
+            for r in saved.chain_rules("POSTROUTING") {
+                let id = r.comment_text().and_then(|c| c.strip_prefix(&prefix)).and_then(|rest| rest.split('"').next());
+                if let Some(id) = id.filter(|id| !ids.iter().any(|i| i == id)) {
+                    ids.push(id.to_string());
                 }
             }
         }
@@ -491,42 +484,30 @@ impl Dataplane for Netlink {
     }
 }
 
-/// Finds a system tool through PATH, then the usual sbin/bin directories (runtimes may run
-/// plugins with an empty environment).
-fn tool(name: &str) -> std::path::PathBuf {
-    let path = std::env::var("PATH").unwrap_or_default();
-    let found = path
-        .split(':')
-        .filter(|d| !d.is_empty())
-        .chain(["/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"])
-        .map(|d| Path::new(d).join(name))
-        .find(|p| p.is_file());
-    found.unwrap_or_else(|| std::path::PathBuf::from(name))
+/// The system's iptables (or ip6tables), as the reference plugins use it.
+fn iptables(family: Family) -> Iptables {
+    Iptables { family, ..Iptables::new(Backend::System) }
 }
 
-/// Applies an iptables-restore payload without flushing other chains; on failure the error
-/// carries the payload.
-fn restore(bin: &str, payload: &str) -> Result<()> {
-    let mut child = Command::new(tool(bin))
-        .args(["--noflush", "-w", "5"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| internal(format!("cannot run {bin}"), e))?;
-    child
-        .stdin
-        .take()
-        .expect("piped")
-        .write_all(payload.as_bytes())
-        .map_err(|e| internal(format!("cannot write to {bin}"), e))?;
-    let out = child.wait_with_output().map_err(|e| internal(format!("{bin} failed"), e))?;
-    if !out.status.success() {
-        return Err(CniError::new(
-            code::INTERNAL,
-            format!("{bin} failed: {}", String::from_utf8_lossy(&out.stderr).trim()),
-        )
-        .with_details(payload.to_string()));
+/// The nat table of a family, as saved; None without that family's iptables.
+fn saved_nat(family: Family) -> Option<Table> {
+    iptables(family).save("nat").ok().and_then(|rs| rs.tables.into_iter().next())
+}
+
+fn family_of(ip: IpAddr) -> Family {
+    if ip.is_ipv4() {
+        Family::V4
+    } else {
+        Family::V6
     }
-    Ok(())
+}
+
+/// `10.244.1.2/32` (`…/128`): an address as its own network.
+fn host_net(ip: IpAddr) -> Addr {
+    Addr::Net(IpNet::from(ip))
+}
+
+/// A failed iptables-restore, with the input line it rejected.
+fn restore_failed(e: podpath_ruleset::RulesetError) -> CniError {
+    CniError::new(code::INTERNAL, "iptables-restore failed").with_details(e.to_string())
 }

@@ -5,9 +5,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{Ipv4Addr, SocketAddrV4};
 
+use podpath_ruleset::{Match, RecentOp, Rule, Target};
 use serde::Serialize;
 
-use super::parse::{comment_of, CtEntry, Observation, RuleHit};
+use super::parse::{CtEntry, Observation, RuleHit};
 
 /// What was observed, per host (`client`, `gateway`, `node-N`).
 #[derive(Debug, Clone, Default)]
@@ -338,20 +339,32 @@ fn route_text(objects: &Objects, raw: &str) -> String {
     }
 }
 
+/// The rules of `iptables-save` output (its `-A` lines; the workspace's one parser).
+fn saved_rules(save: &str) -> Vec<Rule> {
+    save.lines()
+        .filter(|l| l.starts_with("-A "))
+        .filter_map(|l| podpath_ruleset::text::parse_rule_line(l).ok())
+        .collect()
+}
+
+/// A session-affinity check (`-m recent --rcheck`): not one of the endpoint choices.
+fn is_affinity_check(r: &Rule) -> bool {
+    r.matches.iter().any(|m| matches!(m, Match::Recent { op: RecentOp::Check { .. }, .. }))
+}
+
 /// The position of a KUBE-SVC jump among its chain's endpoint jumps and its probability:
 /// `rule 2 of 3 (probability 0.5)`.
 fn svc_choice(nat_rules: Option<&String>, hit: &RuleHit) -> Option<String> {
-    let rule = hit.rule.as_deref()?;
-    let save = nat_rules?;
-    let prefix = format!("-A {} ", hit.chain);
-    let jumps: Vec<&str> = save
-        .lines()
-        .filter(|l| l.starts_with(&prefix) && l.contains("-j KUBE-SEP-") && !l.contains("--rcheck"))
+    let rule = hit.parsed.as_ref()?;
+    let saved = saved_rules(nat_rules?);
+    let jumps: Vec<&Rule> = saved
+        .iter()
+        .filter(|r| r.chain == hit.chain && !is_affinity_check(r))
+        .filter(|r| r.jump_target().is_some_and(|t| t.starts_with("KUBE-SEP-")))
         .collect();
     let target = hit.target_chain()?;
-    let i = jumps.iter().position(|l| l.ends_with(&format!("-j {target}")))?;
-    let p = rule.split("--probability ").nth(1).and_then(|p| p.split(' ').next()?.parse::<f64>().ok());
-    let p = match p {
+    let i = jumps.iter().position(|r| r.jump_target() == Some(target))?;
+    let p = match rule.probability() {
         Some(p) => format!("probability {}", trim_float(p)),
         None if jumps.len() == 1 => "the only endpoint".to_string(),
         None => "the rest".to_string(),
@@ -427,10 +440,8 @@ fn node_steps(
                     }
                 }
                 ("nat", None) if h.verdict == "ACCEPT" => {
-                    let rule = h.rule.clone().unwrap_or_default();
-                    if let Some(to) = rule.split("--to-destination ").nth(1) {
+                    if let Some(Target::Dnat { to }) = h.target() {
                         relevant = true;
-                        let to = to.split(' ').next().unwrap_or("");
                         let ip = to.split(':').next().and_then(|i| i.parse::<Ipv4Addr>().ok());
                         let who = ip.and_then(|i| name_of(objects, i)).map(|n| format!(" ({n})")).unwrap_or_default();
                         decisive.push(Step {
@@ -439,16 +450,15 @@ fn node_steps(
                             rule: h.rule.clone(),
                             object: service.as_ref().map(|s| format!("EndpointSlice endpoint of Service {s}")),
                         });
-                    } else if let Some(port) = rule.split("--to-ports ").nth(1) {
+                    } else if let Some(Target::Redirect { to_ports: port }) = h.target() {
                         relevant = true;
-                        let port = port.split(' ').next().unwrap_or("");
                         decisive.push(Step {
                             kind: "dnat".into(),
                             text: format!("REDIRECT to proxy port {port} (the userspace proxy's socket on this node)"),
                             rule: h.rule.clone(),
                             object: service.as_ref().map(|s| format!("Service {s}")),
                         });
-                    } else if rule.contains("MASQUERADE") {
+                    } else if matches!(h.target(), Some(Target::Masquerade { .. })) {
                         relevant = true;
                         decisive.push(Step {
                             kind: "snat".into(),
@@ -634,14 +644,16 @@ fn relay_step(relay: &Relay, objects: &Objects, answered: bool) -> Step {
         (format!("lb-sim ({mode})"), None)
     } else {
         // The userspace proxy's port leads back to its Service through the REDIRECT rule.
+        let port = relay.accepted_on.port();
         let service = objects.nat_rules.get(&relay.host).and_then(|save| {
-            let to_port = format!("--to-ports {} ", relay.accepted_on.port());
-            let to_dest = format!(":{}", relay.accepted_on.port());
-            save.lines()
-                .find(|l| {
-                    format!("{l} ").contains(&to_port) || (l.contains("--to-destination") && l.ends_with(&to_dest))
+            saved_rules(save)
+                .into_iter()
+                .find(|r| match &r.target {
+                    Some(Target::Redirect { to_ports }) => to_ports.parse() == Ok(port),
+                    Some(Target::Dnat { to }) => to.parse::<SocketAddrV4>().is_ok_and(|a| a.port() == port),
+                    _ => false,
                 })
-                .and_then(comment_of)
+                .and_then(|r| r.comment_text().map(str::to_string))
         });
         let text = match &service {
             Some(s) => format!("node-agent's userspace proxy for {s}"),

@@ -3,11 +3,12 @@
 
 use std::net::{Ipv4Addr, SocketAddrV4};
 
+use podpath_ruleset::{Rule, Target};
 use serde::Serialize;
 
 /// One rule (or policy) a traced packet hit: `nat:KUBE-SVC-X:rule:0x2b:JUMP:KUBE-SEP-Y  -4 -t
 /// nat -A KUBE-SVC-X …`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct RuleHit {
     pub table: String,
     pub chain: String,
@@ -18,6 +19,9 @@ pub struct RuleHit {
     /// The rule as `iptables-save` prints it (`-A CHAIN …`), for `rule` hits.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rule: Option<String>,
+    /// The same rule in the ruleset model (the workspace's one parser of iptables rules).
+    #[serde(skip)]
+    pub parsed: Option<Rule>,
 }
 
 impl RuleHit {
@@ -25,23 +29,18 @@ impl RuleHit {
     pub fn target_chain(&self) -> Option<&str> {
         self.verdict.strip_prefix("JUMP:").or_else(|| self.verdict.strip_prefix("GOTO:"))
     }
-    /// The rule's `--comment`, unquoted.
+    /// The rule's `--comment`.
     pub fn comment(&self) -> Option<String> {
-        comment_of(self.rule.as_deref()?)
+        self.parsed.as_ref()?.comment_text().map(str::to_string)
+    }
+    /// The rule's target (DNAT, REDIRECT, MASQUERADE…).
+    pub fn target(&self) -> Option<&Target> {
+        self.parsed.as_ref()?.target.as_ref()
     }
 }
 
-/// The `--comment` of a rule in iptables-save form, unquoted.
-pub fn comment_of(rule: &str) -> Option<String> {
-    let rest = rule.split("--comment ").nth(1)?;
-    Some(match rest.strip_prefix('"') {
-        Some(q) => q.split('"').next().unwrap_or_default().to_string(),
-        None => rest.split(' ').next().unwrap_or_default().to_string(),
-    })
-}
-
 /// A packet at one hook of one namespace, with the rules it hit there.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Observation {
     /// The kernel's trace id (the same skb keeps it through the hooks of one namespace).
     pub id: String,
@@ -165,7 +164,8 @@ fn parse_hit(body: &str) -> Option<RuleHit> {
         }
         _ => (f.next().unwrap_or("").to_string(), None),
     };
-    Some(RuleHit { table, chain, kind, verdict, rule })
+    let parsed = rule.as_deref().and_then(|r| podpath_ruleset::text::parse_rule_line(r).ok());
+    Some(RuleHit { table, chain, kind, verdict, rule, parsed })
 }
 
 /// `-4 -t nat -A CHAIN …` → `-A CHAIN …` (the form of `iptables-save`).
@@ -286,6 +286,7 @@ PACKET: 2 a7ab5471 IN=eth0 SRC=198.51.100.1 DST=203.0.113.10 LEN=52 TOS=0x0 TTL=
 
     #[test]
     fn comments_quoted_or_not() {
+        let comment_of = |rule: &str| parse_hit(&format!("nat:X:rule:0x1:JUMP:Y  -4 -t nat {rule}"))?.comment();
         assert_eq!(comment_of("-A X -m comment --comment \"a b\" -j Y").as_deref(), Some("a b"));
         assert_eq!(comment_of("-A X -m comment --comment ab -j Y").as_deref(), Some("ab"));
         assert_eq!(comment_of("-A X -j Y"), None);

@@ -9,6 +9,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use podpath_ruleset::{Backend, Command as RuleCommand, Iptables, Match, Rule, Ruleset, Table, Target};
+
 use super::model::{self, Objects, Observed, Outcome, Trace};
 use super::parse;
 use crate::plan::Plan;
@@ -80,61 +82,60 @@ pub(crate) fn in_ns(netns: &str, argv: &[&str]) -> Result<String> {
     cmd_output(&v)
 }
 
-/// The raw-table rules a trace adds (iptables-restore input, applied with `--noflush`): the
-/// probe's SYN, recognised by its DSCP on every host (also after NAT changed its addresses);
-/// SYN-ACKs to the probe's port (the reply, wherever it was not translated); resets with the
-/// DSCP (a kernel's reset copies the TOS of the SYN it refuses: a relay's failed attempt); and
-/// the monitor-sync datagram. Nothing else is traced, so other traffic costs the monitors nothing.
-pub fn trace_rules(probe_port: u16) -> String {
-    format!(
-        "*raw\n:{TRACE_CHAIN} - [0:0]\n-I PREROUTING 1 -j {TRACE_CHAIN}\n-I OUTPUT 1 -j {TRACE_CHAIN}\n\
-         -A {TRACE_CHAIN} -p tcp -m tcp --tcp-flags SYN,ACK SYN -m tos --tos 0x{PROBE_TOS:02x}/0xfc -j TRACE\n\
-         -A {TRACE_CHAIN} -p tcp -m tcp --dport {probe_port} --tcp-flags SYN,ACK SYN,ACK -j TRACE\n\
-         -A {TRACE_CHAIN} -p tcp -m tcp --tcp-flags RST RST -m tos --tos 0x{PROBE_TOS:02x}/0xfc -j TRACE\n\
-         -A {TRACE_CHAIN} -p udp -m udp --dport {CANARY_PORT} -m tos --tos 0x{PROBE_TOS:02x}/0xfc -j TRACE\n\
-         COMMIT\n"
-    )
-}
-
-/// The iptables-restore input that removes a trace's chain and the jumps to it.
-fn removal() -> String {
-    format!("*raw\n-D PREROUTING -j {TRACE_CHAIN}\n-D OUTPUT -j {TRACE_CHAIN}\n-F {TRACE_CHAIN}\n-X {TRACE_CHAIN}\nCOMMIT\n")
-}
-
-fn restore(netns: &str, input: &str) -> Result<()> {
-    let mut child = Command::new("ip")
-        .args(["netns", "exec", netns, "iptables-restore", "-w", "--noflush"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| LabError::Io { what: "cannot run iptables-restore".into(), source: e })?;
-    child.stdin.take().expect("piped").write_all(input.as_bytes()).ok();
-    let out = child.wait_with_output().map_err(|e| LabError::Io { what: "iptables-restore".into(), source: e })?;
-    if !out.status.success() {
-        return Err(LabError::Command {
-            cmd: format!("iptables-restore in {netns}"),
-            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
-        });
+/// The raw-table rules a trace adds (applied with `--noflush`): the probe's SYN, recognised by
+/// its DSCP on every host (also after NAT changed its addresses); SYN-ACKs to the probe's port
+/// (the reply, wherever it was not translated); resets with the DSCP (a kernel's reset copies the
+/// TOS of the SYN it refuses: a relay's failed attempt); and the monitor-sync datagram. Nothing
+/// else is traced, so other traffic costs the monitors nothing.
+pub fn trace_rules(probe_port: u16) -> Ruleset {
+    let tos = Match::Tos(format!("0x{PROBE_TOS:02x}/0xfc"));
+    let proto = |p: &str| {
+        Rule::new(TRACE_CHAIN).with(Match::Protocol { proto: p.into(), negated: false }).with(Match::Module(p.into()))
+    };
+    let flags = |mask: &str, set: &str| Match::TcpFlags { mask: mask.into(), set: set.into(), negated: false };
+    let mut raw = Table::new("raw");
+    raw.declare(TRACE_CHAIN);
+    for hook in ["PREROUTING", "OUTPUT"] {
+        raw.commands.push(RuleCommand::Insert { position: 1, rule: Rule::new(hook).jump(TRACE_CHAIN) });
     }
-    Ok(())
+    raw.append(proto("tcp").with(flags("SYN,ACK", "SYN")).with(tos.clone()).target(Target::Trace));
+    raw.append(proto("tcp").dport(probe_port).with(flags("SYN,ACK", "SYN,ACK")).target(Target::Trace));
+    raw.append(proto("tcp").with(flags("RST", "RST")).with(tos.clone()).target(Target::Trace));
+    raw.append(proto("udp").dport(CANARY_PORT).with(tos).target(Target::Trace));
+    Ruleset { tables: vec![raw] }
+}
+
+/// `iptables` in a lab namespace (the system's, as the lab's nodes use it).
+fn iptables(netns: &str) -> Iptables {
+    Iptables::new(Backend::System).in_netns(netns)
+}
+
+/// What removes a trace's chain and every jump to it from a raw table as saved: one transaction.
+fn removal(saved: &Table) -> Ruleset {
+    let mut raw = Table::new("raw");
+    for r in saved.rules().filter(|r| r.jump_target() == Some(TRACE_CHAIN)) {
+        raw.commands.push(RuleCommand::Delete(r.clone()));
+    }
+    if saved.declares(TRACE_CHAIN) {
+        raw.commands.push(RuleCommand::Flush(TRACE_CHAIN.into()));
+        raw.commands.push(RuleCommand::DeleteChain(TRACE_CHAIN.into()));
+    }
+    Ruleset { tables: if raw.commands.is_empty() { vec![] } else { vec![raw] } }
 }
 
 /// Removes the trace chain and the jumps to it from a namespace, in one transaction (also
 /// the left-overs of a trace that was killed); quiet when there is nothing to remove.
 pub fn remove_rules(netns: &str) {
-    if restore(netns, &removal()).is_err() {
-        // Not all of it there (a half-installed or half-removed trace): piece by piece.
-        for hook in ["PREROUTING", "OUTPUT"] {
-            while in_ns(netns, &["iptables", "-w", "-t", "raw", "-D", hook, "-j", TRACE_CHAIN]).is_ok() {}
-        }
-        let _ = in_ns(netns, &["iptables", "-w", "-t", "raw", "-F", TRACE_CHAIN]);
-        let _ = in_ns(netns, &["iptables", "-w", "-t", "raw", "-X", TRACE_CHAIN]);
+    let ipt = iptables(netns);
+    let Some(saved) = ipt.save("raw").ok().and_then(|rs| rs.tables.into_iter().next()) else { return };
+    let plan = removal(&saved);
+    if !plan.tables.is_empty() {
+        let _ = ipt.restore(&plan);
     }
 }
 
 fn has_rules(netns: &str) -> bool {
-    in_ns(netns, &["iptables", "-w", "-t", "raw", "-S", TRACE_CHAIN]).is_ok()
+    iptables(netns).list_chain("raw", TRACE_CHAIN).is_ok_and(|c| c.is_some())
 }
 
 /// The per-namespace switch that lets an accepted socket know its SYN's TOS, so relays (the
@@ -483,7 +484,10 @@ pub fn trace(st: &LabState, req: &Request) -> Result<Trace> {
                     if has_rules(ns) {
                         remove_rules(ns);
                     }
-                    restore(ns, rules)
+                    iptables(ns).restore(rules).map_err(|e| LabError::Command {
+                        cmd: format!("iptables-restore in {ns}"),
+                        stderr: e.to_string(),
+                    })
                 })
             })
             .collect();
@@ -571,7 +575,7 @@ pub fn trace(st: &LabState, req: &Request) -> Result<Trace> {
             .iter()
             .map(|host| {
                 let ns = hosts.iter().find(|(h, _)| h == *host).expect("traced host").1.clone();
-                s.spawn(move || ((*host).clone(), in_ns(&ns, &["iptables-save", "-t", "nat"]).unwrap_or_default()))
+                s.spawn(move || ((*host).clone(), iptables(&ns).save_text("nat").unwrap_or_default()))
             })
             .collect();
         jobs.into_iter().filter_map(|j| j.join().ok()).collect()

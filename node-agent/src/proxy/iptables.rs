@@ -1,17 +1,22 @@
-//! The whole `iptables-restore` input of kube-proxy's iptables mode, rendered purely from one
-//! snapshot (reference/kube-proxy.md §1.1–1.4: chain layout, names, rule shapes, comments).
+//! kube-proxy's iptables mode, rendered purely from one snapshot into the ruleset model
+//! (reference/kube-proxy.md §1.1–1.4: chain layout, names, rule shapes, comments). Printed, the
+//! ruleset is the `iptables-restore` input kube-proxy would write, byte for byte.
+//!
+//! One function per chain kind: the entry points of a service port in the shared chains
+//! ([`entries`]), its `KUBE-SVC`/`KUBE-SVL` masquerade rule, `KUBE-EXT`, `KUBE-FW`, the endpoint
+//! choice and the `KUBE-SEP` chains; [`render`] assembles them with the fixed chains.
 
 use std::collections::BTreeSet;
-use std::fmt::Write;
 use std::net::IpAddr;
 
 use ipnet::IpNet;
+use podpath_ruleset::{Addr, Command, MarkOp, Match, RecentOp, Rule, Ruleset, Table, Target};
 
 use super::model::{categorize, Endpoint, ServicePort};
 use super::names;
 
 /// `1 << masqueradeBit` with kube-proxy's default bit 14.
-pub const MASQ_MARK: &str = "0x4000";
+pub const MASQ_MARK: u32 = 0x4000;
 
 /// Settings that shape the rules.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,27 +39,15 @@ pub struct ServiceState {
     pub endpoints: Vec<Endpoint>,
 }
 
-fn comment(text: &str) -> String {
-    if text.contains(' ') {
-        format!("-m comment --comment \"{text}\"")
-    } else {
-        format!("-m comment --comment {text}")
-    }
-}
-
-fn host(ip: &IpAddr) -> String {
-    ip.to_string()
-}
-
-/// Probability of rule `i` of `n` (kube-proxy: `%0.10f` of `1/(n-i)`).
-pub fn probability(i: usize, n: usize) -> String {
-    format!("{:.10}", 1.0 / (n - i) as f64)
+/// Probability of rule `i` of `n` (kube-proxy: `1/(n-i)`, printed as `%0.10f`).
+pub fn probability(i: usize, n: usize) -> f64 {
+    1.0 / (n - i) as f64
 }
 
 /// The rendered tables and the nat chains they own (for stale-chain cleanup next time).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Rendered {
-    pub text: String,
+    pub ruleset: Ruleset,
     pub nat_chains: BTreeSet<String>,
 }
 
@@ -63,8 +56,13 @@ pub fn service_key(sp: &ServicePort) -> String {
     format!("{} {}", sp.spn(), sp.protocol)
 }
 
-/// Renders filter then nat. `existing_nat_chains` are the chains `iptables-save -t nat` shows
-/// now: those of ours that are no longer used are flushed and deleted in the same restore.
+/// The filter and nat chains kube-proxy always writes, in its order.
+pub const FILTER_CHAINS: [&str; 5] =
+    ["KUBE-NODEPORTS", "KUBE-SERVICES", "KUBE-EXTERNAL-SERVICES", "KUBE-FORWARD", "KUBE-PROXY-FIREWALL"];
+pub const NAT_CHAINS: [&str; 4] = ["KUBE-NODEPORTS", "KUBE-SERVICES", "KUBE-MARK-MASQ", "KUBE-POSTROUTING"];
+
+/// Renders filter then nat. `existing_nat_chains` are the chains the kernel holds now: those
+/// of ours that are no longer used are flushed and deleted in the same restore.
 pub fn render(cfg: &RenderConfig, services: &[ServiceState], existing_nat_chains: &BTreeSet<String>) -> Rendered {
     render_inner(cfg, services, existing_nat_chains, None)
 }
@@ -81,326 +79,404 @@ pub fn render_partial(
     render_inner(cfg, services, existing_nat_chains, Some(changed))
 }
 
+/// The rules of every service port, gathered per place they go, in the order they are written.
+#[derive(Default)]
+struct Parts {
+    filter_nodeports: Vec<Rule>,
+    filter_services: Vec<Rule>,
+    filter_external: Vec<Rule>,
+    filter_firewall: Vec<Rule>,
+    nat_nodeports: Vec<Rule>,
+    nat_services: Vec<Rule>,
+    /// Per-service nat chains written this time, in kube-proxy's order, and their rules.
+    nat_chains: Vec<String>,
+    nat_rules: Vec<Rule>,
+    /// Per-service chains left as they are (partial sync): still ours, not stale.
+    kept: Vec<String>,
+}
+
+/// What the rules of one service port depend on, worked out once.
+struct Port<'a> {
+    sp: &'a ServicePort,
+    spn: String,
+    svc_chain: String,
+    svl_chain: String,
+    ext_chain: String,
+    fw_chain: String,
+    cluster_eps: Vec<Endpoint>,
+    local_eps: Vec<Endpoint>,
+}
+
+impl<'a> Port<'a> {
+    fn new(cfg: &RenderConfig, st: &'a ServiceState) -> Port<'a> {
+        let sp = &st.port;
+        let spn = sp.spn();
+        let hash = names::service_hash(&spn, &sp.protocol);
+        let (cluster_eps, local_eps) = categorize(&st.endpoints, &cfg.node_name);
+        Port {
+            sp,
+            spn,
+            svc_chain: format!("KUBE-SVC-{hash}"),
+            svl_chain: format!("KUBE-SVL-{hash}"),
+            ext_chain: format!("KUBE-EXT-{hash}"),
+            fw_chain: format!("KUBE-FW-{hash}"),
+            cluster_eps,
+            local_eps,
+        }
+    }
+    fn has_endpoints(&self) -> bool {
+        !self.cluster_eps.is_empty() || !self.local_eps.is_empty()
+    }
+    fn uses_cluster(&self) -> bool {
+        !self.cluster_eps.is_empty() && self.sp.uses_cluster_endpoints()
+    }
+    fn uses_local(&self) -> bool {
+        !self.local_eps.is_empty() && self.sp.uses_local_endpoints()
+    }
+    fn uses_ext(&self) -> bool {
+        self.has_endpoints() && self.sp.externally_accessible()
+    }
+    fn uses_fw(&self) -> bool {
+        self.uses_ext() && !self.sp.source_ranges.is_empty()
+    }
+    fn has_internal(&self) -> bool {
+        !(if self.sp.internal_policy_local { &self.local_eps } else { &self.cluster_eps }).is_empty()
+    }
+    fn has_external(&self) -> bool {
+        !(if self.sp.external_policy_local { &self.local_eps } else { &self.cluster_eps }).is_empty()
+    }
+    fn internal_chain(&self) -> &str {
+        if self.sp.internal_policy_local {
+            &self.svl_chain
+        } else {
+            &self.svc_chain
+        }
+    }
+    fn external_policy_chain(&self) -> &str {
+        if self.sp.external_policy_local {
+            &self.svl_chain
+        } else {
+            &self.svc_chain
+        }
+    }
+    /// Where load-balancer IPs lead: the firewall chain when source ranges are set.
+    fn lb_chain(&self) -> &str {
+        if self.sp.source_ranges.is_empty() {
+            &self.ext_chain
+        } else {
+            &self.fw_chain
+        }
+    }
+    /// REJECT (no endpoints at all) or DROP (none on this node), with its comment.
+    fn no_endpoints(&self) -> (&'static str, String) {
+        if self.has_endpoints() {
+            ("DROP", format!("{} has no local endpoints", self.spn))
+        } else {
+            ("REJECT", format!("{} has no endpoints", self.spn))
+        }
+    }
+    /// `-A CHAIN <comment> -m P -p P -d IP --dport PORT -j TARGET`: one service address.
+    fn to(&self, chain: &str, text: &str, ip: &IpAddr, target: &str) -> Rule {
+        Rule::new(chain).comment(text).proto(&self.sp.protocol).dst(Addr::Host(*ip)).dport(self.sp.port).jump(target)
+    }
+    /// `-A CHAIN <comment> -m P -p P [--dst-type LOCAL] --dport PORT -j TARGET`: a node port.
+    fn node_port(&self, chain: &str, text: &str, port: u16, local_only: bool, target: &str) -> Rule {
+        let r = Rule::new(chain).comment(text);
+        let r = if local_only { r.dst_type("LOCAL") } else { r };
+        r.proto(&self.sp.protocol).dport(port).jump(target)
+    }
+    fn sep_chain(&self, e: &Endpoint) -> String {
+        names::endpoint_chain(&self.spn, &self.sp.protocol, &e.addr())
+    }
+    /// The endpoints a service chain picks from: (chain, endpoints) for SVC and SVL in use.
+    fn picking(&self) -> Vec<(&str, &[Endpoint])> {
+        let mut out: Vec<(&str, &[Endpoint])> = vec![];
+        if self.uses_cluster() {
+            out.push((&self.svc_chain, &self.cluster_eps));
+        }
+        if self.uses_local() {
+            out.push((&self.svl_chain, &self.local_eps));
+        }
+        out
+    }
+}
+
+/// A service port's entry points in the shared chains: `KUBE-SERVICES` (ClusterIP, external
+/// and load-balancer IPs), `KUBE-NODEPORTS`, and the filter chains that reject or drop what has
+/// no endpoints and what a source range does not allow.
+fn entries(p: &Port<'_>, out: &mut Parts) {
+    let sp = p.sp;
+    let spn = &p.spn;
+    let (no_eps_target, no_eps_comment) = p.no_endpoints();
+    if let Some(cip) = &sp.cluster_ip {
+        if p.has_internal() {
+            out.nat_services.push(p.to("KUBE-SERVICES", &format!("{spn} cluster IP"), cip, p.internal_chain()));
+        } else {
+            out.filter_services.push(p.to("KUBE-SERVICES", &no_eps_comment, cip, no_eps_target));
+        }
+    }
+    // External destinations go to the EXT chain whenever there are endpoints: with
+    // externalTrafficPolicy Local and none on this node, EXT still short-circuits pod and node
+    // traffic to the cluster endpoints, and what it does not DNAT is dropped in filter.
+    for eip in &sp.external_ips {
+        if p.has_endpoints() {
+            out.nat_services.push(p.to("KUBE-SERVICES", &format!("{spn} external IP"), eip, &p.ext_chain));
+        }
+        if !p.has_external() {
+            out.filter_external.push(p.to("KUBE-EXTERNAL-SERVICES", &no_eps_comment, eip, no_eps_target));
+        }
+    }
+    for lip in &sp.load_balancer_ips {
+        if p.has_endpoints() {
+            out.nat_services.push(p.to("KUBE-SERVICES", &format!("{spn} loadbalancer IP"), lip, p.lb_chain()));
+            if !sp.source_ranges.is_empty() {
+                let text = format!("{spn} traffic not accepted by {}", p.fw_chain);
+                out.filter_firewall.push(p.to("KUBE-PROXY-FIREWALL", &text, lip, "DROP"));
+            }
+        }
+    }
+    if !p.has_external() {
+        for lip in &sp.load_balancer_ips {
+            out.filter_external.push(p.to("KUBE-EXTERNAL-SERVICES", &no_eps_comment, lip, no_eps_target));
+        }
+    }
+    if let Some(np) = sp.node_port {
+        if p.has_endpoints() {
+            out.nat_nodeports.push(p.node_port("KUBE-NODEPORTS", spn, np, false, &p.ext_chain));
+        }
+        if !p.has_external() {
+            out.filter_external.push(p.node_port("KUBE-EXTERNAL-SERVICES", &no_eps_comment, np, true, no_eps_target));
+        }
+    }
+    if let Some(hc) = sp.health_check_node_port {
+        let rule = Rule::new("KUBE-NODEPORTS").comment(format!("{spn} health check node port")).proto("tcp");
+        out.filter_nodeports.push(rule.dport(hc).jump("ACCEPT"));
+    }
+}
+
+/// The per-service nat chains in use, in kube-proxy's order of declaration.
+fn service_chains(p: &Port<'_>) -> Vec<String> {
+    let mut chains = vec![];
+    chains.extend(p.uses_cluster().then(|| p.svc_chain.clone()));
+    chains.extend(p.uses_local().then(|| p.svl_chain.clone()));
+    chains.extend(p.uses_ext().then(|| p.ext_chain.clone()));
+    chains.extend(p.uses_fw().then(|| p.fw_chain.clone()));
+    chains
+}
+
+/// The `KUBE-SEP` chains in use (each endpoint once, even when both SVC and SVL pick it).
+fn used_endpoints(p: &Port<'_>) -> BTreeSet<Endpoint> {
+    p.picking().into_iter().flat_map(|(_, eps)| eps.iter().cloned()).collect()
+}
+
+/// Off-cluster clients of the ClusterIP are masqueraded: the first rule of its chain.
+fn cluster_ip_masquerade(cfg: &RenderConfig, p: &Port<'_>, out: &mut Vec<Rule>) {
+    let (Some(cip), true, Some(cidr)) = (&p.sp.cluster_ip, p.has_internal(), &cfg.cluster_cidr) else { return };
+    let rule = Rule::new(p.internal_chain())
+        .comment(format!("{} cluster IP", p.spn))
+        .proto(&p.sp.protocol)
+        .dst(Addr::Host(*cip))
+        .dport(p.sp.port)
+        .not_src(Addr::Net(*cidr));
+    out.push(rule.jump("KUBE-MARK-MASQ"));
+}
+
+/// `KUBE-EXT`: masquerade external traffic (or, with externalTrafficPolicy Local, send pod and
+/// node traffic the cluster-wide way), then pick an endpoint by the external policy.
+fn ext_chain(cfg: &RenderConfig, p: &Port<'_>, out: &mut Vec<Rule>) {
+    if !p.uses_ext() {
+        return;
+    }
+    let (spn, ext) = (&p.spn, p.ext_chain.as_str());
+    if !p.sp.external_policy_local {
+        if cfg.masquerade_external {
+            let text = format!("masquerade traffic for {spn} external destinations");
+            out.push(Rule::new(ext).comment(text).jump("KUBE-MARK-MASQ"));
+        }
+    } else {
+        if let Some(cidr) = &cfg.cluster_cidr {
+            let text = format!("pod traffic for {spn} external destinations");
+            out.push(Rule::new(ext).comment(text).src(Addr::Net(*cidr)).jump(&p.svc_chain));
+        }
+        let text = format!("masquerade LOCAL traffic for {spn} external destinations");
+        out.push(Rule::new(ext).comment(text).src_type("LOCAL").jump("KUBE-MARK-MASQ"));
+        let text = format!("route LOCAL traffic for {spn} external destinations");
+        out.push(Rule::new(ext).comment(text).src_type("LOCAL").jump(&p.svc_chain));
+    }
+    if p.has_external() {
+        out.push(Rule::new(ext).jump(p.external_policy_chain()));
+    }
+}
+
+/// `KUBE-FW`: load-balancer traffic from the allowed source ranges goes on to `KUBE-EXT`; the
+/// rest falls through (and `KUBE-PROXY-FIREWALL` drops it in filter).
+fn fw_chain(cfg: &RenderConfig, p: &Port<'_>, out: &mut Vec<Rule>) {
+    if !p.uses_fw() {
+        return;
+    }
+    let (spn, fw, ext) = (&p.spn, p.fw_chain.as_str(), p.ext_chain.as_str());
+    for range in &p.sp.source_ranges {
+        out.push(Rule::new(fw).comment(format!("{spn} loadbalancer IP")).src(Addr::Net(*range)).jump(ext));
+    }
+    // VIP-style LBs: the node itself sends with the LB IP as source.
+    if p.sp.source_ranges.iter().any(|r| cfg.node_ips.iter().any(|ip| r.contains(ip))) {
+        for lip in &p.sp.load_balancer_ips {
+            out.push(Rule::new(fw).comment(format!("{spn} loadbalancer IP")).src(Addr::Host(*lip)).jump(ext));
+        }
+    }
+    out.push(Rule::new(fw).comment(format!("other traffic to {spn} will be dropped by KUBE-PROXY-FIREWALL")));
+}
+
+/// `KUBE-SVC`/`KUBE-SVL`: affinity first (a client seen recently goes back to its endpoint),
+/// then each endpoint with kube-proxy's chained probabilities (1/n, 1/(n-1), …, the rest).
+fn endpoint_choice(p: &Port<'_>, out: &mut Vec<Rule>) {
+    for (chain, eps) in p.picking() {
+        let with_sep: Vec<(String, &Endpoint)> = eps.iter().map(|e| (p.sep_chain(e), e)).collect();
+        if let Some(secs) = p.sp.affinity_seconds {
+            for (sep, e) in &with_sep {
+                let recent = Match::Recent {
+                    name: sep.clone(),
+                    op: RecentOp::Check { seconds: u32::try_from(secs).ok(), reap: true },
+                    extra: vec![],
+                };
+                out.push(Rule::new(chain).comment(format!("{} -> {}", p.spn, e.addr())).with(recent).jump(sep));
+            }
+        }
+        let n = with_sep.len();
+        for (i, (sep, e)) in with_sep.iter().enumerate() {
+            let rule = Rule::new(chain).comment(format!("{} -> {}", p.spn, e.addr()));
+            let rule = if i + 1 < n { rule.with(Match::Probability(probability(i, n))) } else { rule };
+            out.push(rule.jump(sep));
+        }
+    }
+}
+
+/// `KUBE-SEP`: hairpin traffic (the endpoint reaching itself) is masqueraded, then DNAT (and the
+/// affinity list noted).
+fn endpoint_chains(p: &Port<'_>, out: &mut Vec<Rule>) {
+    for e in used_endpoints(p) {
+        let sep = p.sep_chain(&e);
+        out.push(Rule::new(&sep).comment(&p.spn).src(Addr::Host(e.ip)).jump("KUBE-MARK-MASQ"));
+        let mut dnat = Rule::new(&sep).comment(&p.spn);
+        if p.sp.affinity_seconds.is_some() {
+            dnat = dnat.with(Match::Recent { name: sep.clone(), op: RecentOp::Set, extra: vec![] });
+        }
+        out.push(dnat.proto(&p.sp.protocol).target(Target::Dnat { to: e.addr() }));
+    }
+}
+
+/// Everything of one service port.
+fn service_port(cfg: &RenderConfig, st: &ServiceState, emit: bool, out: &mut Parts) {
+    let p = Port::new(cfg, st);
+    entries(&p, out);
+    if !p.has_endpoints() {
+        return;
+    }
+    if !emit {
+        // Unchanged since the last sync: its chains stay as they are in the kernel; only their
+        // names are needed (so they are not taken for stale ones).
+        out.kept.extend(service_chains(&p));
+        out.kept.extend(used_endpoints(&p).iter().map(|e| p.sep_chain(e)).collect::<BTreeSet<_>>());
+        return;
+    }
+    out.nat_chains.extend(service_chains(&p));
+    out.nat_chains.extend(used_endpoints(&p).iter().map(|e| p.sep_chain(e)));
+    let rules = &mut out.nat_rules;
+    cluster_ip_masquerade(cfg, &p, rules);
+    ext_chain(cfg, &p, rules);
+    fw_chain(cfg, &p, rules);
+    endpoint_choice(&p, rules);
+    endpoint_chains(&p, rules);
+}
+
+/// The fixed filter table with the service ports' rules.
+fn filter_table(parts: &mut Parts) -> Table {
+    let mut t = Table::new("filter");
+    for c in FILTER_CHAINS {
+        t.declare(c);
+    }
+    let rules = std::mem::take(&mut parts.filter_nodeports)
+        .into_iter()
+        .chain(std::mem::take(&mut parts.filter_services))
+        .chain(std::mem::take(&mut parts.filter_external))
+        .chain([
+            Rule::new("KUBE-FORWARD").ct_state(&["INVALID"]).jump("DROP"),
+            Rule::new("KUBE-FORWARD")
+                .comment("kubernetes forwarding rules")
+                .with(Match::Mark { value: MASQ_MARK, mask: Some(MASQ_MARK), negated: false })
+                .jump("ACCEPT"),
+            Rule::new("KUBE-FORWARD")
+                .comment("kubernetes forwarding conntrack rule")
+                .ct_state(&["RELATED", "ESTABLISHED"])
+                .jump("ACCEPT"),
+        ])
+        .chain(std::mem::take(&mut parts.filter_firewall));
+    for r in rules {
+        t.append(r);
+    }
+    t
+}
+
+/// The nat table: fixed chains, the service ports' chains, stale chains emptied and deleted.
+fn nat_table(cfg: &RenderConfig, parts: Parts, existing: &BTreeSet<String>) -> (Table, BTreeSet<String>) {
+    let mut t = Table::new("nat");
+    for c in NAT_CHAINS {
+        t.declare(c);
+    }
+    let active: BTreeSet<String> = parts.nat_chains.iter().chain(&parts.kept).cloned().collect();
+    for c in &parts.nat_chains {
+        t.declare(c.clone());
+    }
+    let stale: Vec<&String> = existing.iter().filter(|c| names::is_service_chain(c) && !active.contains(*c)).collect();
+    for c in &stale {
+        t.declare(c.to_string());
+    }
+    for r in parts.nat_nodeports.into_iter().chain(parts.nat_services) {
+        t.append(r);
+    }
+    t.append(
+        Rule::new("KUBE-SERVICES")
+            .comment("kubernetes service nodeports; NOTE: this must be the last rule in this chain")
+            .dst_type("LOCAL")
+            .jump("KUBE-NODEPORTS"),
+    );
+    t.append(Rule::new("KUBE-MARK-MASQ").target(Target::Mark(MarkOp::Or(MASQ_MARK))));
+    t.append(
+        Rule::new("KUBE-POSTROUTING")
+            .with(Match::Mark { value: MASQ_MARK, mask: Some(MASQ_MARK), negated: true })
+            .jump("RETURN"),
+    );
+    t.append(Rule::new("KUBE-POSTROUTING").target(Target::Mark(MarkOp::Xor(MASQ_MARK))));
+    t.append(
+        Rule::new("KUBE-POSTROUTING")
+            .comment("kubernetes service traffic requiring SNAT")
+            .target(Target::Masquerade { random_fully: cfg.random_fully }),
+    );
+    for r in parts.nat_rules {
+        t.append(r);
+    }
+    for c in stale {
+        t.commands.push(Command::DeleteChain(c.clone()));
+    }
+    (t, active)
+}
+
 fn render_inner(
     cfg: &RenderConfig,
     services: &[ServiceState],
     existing_nat_chains: &BTreeSet<String>,
     only: Option<&BTreeSet<String>>,
 ) -> Rendered {
-    let mut kept: Vec<String> = vec![];
-    let mut filter = String::new();
-    let mut nat_chains: Vec<String> = vec![];
-    let mut nat = String::new();
-    let mut filter_nodeports = String::new();
-    let mut filter_services = String::new();
-    let mut filter_external = String::new();
-    let mut filter_firewall = String::new();
-    let mut nat_services = String::new();
-    let mut nat_nodeports = String::new();
-
     let mut sorted: Vec<&ServiceState> = services.iter().collect();
     sorted.sort_by_key(|s| (s.port.spn(), s.port.protocol.clone()));
-
+    let mut parts = Parts::default();
     for st in sorted {
-        let sp = &st.port;
-        let spn = sp.spn();
-        let mut service_chains: Vec<String> = vec![];
-        let emit = only.is_none_or(|set| set.contains(&service_key(sp)));
-        let proto = &sp.protocol;
-        let pm = format!("-m {proto} -p {proto}");
-        let hash = names::service_hash(&spn, proto);
-        let svc_chain = format!("KUBE-SVC-{hash}");
-        let svl_chain = format!("KUBE-SVL-{hash}");
-        let ext_chain = format!("KUBE-EXT-{hash}");
-        let fw_chain = format!("KUBE-FW-{hash}");
-
-        let (cluster_eps, local_eps) = categorize(&st.endpoints, &cfg.node_name);
-        let uses_cluster = !cluster_eps.is_empty() && sp.uses_cluster_endpoints();
-        let uses_local = !local_eps.is_empty() && sp.uses_local_endpoints();
-        let internal_eps = if sp.internal_policy_local { &local_eps } else { &cluster_eps };
-        let external_eps = if sp.external_policy_local { &local_eps } else { &cluster_eps };
-        let has_endpoints = !cluster_eps.is_empty() || !local_eps.is_empty();
-        let has_internal = !internal_eps.is_empty();
-        let has_external = !external_eps.is_empty();
-        let internal_chain = if sp.internal_policy_local { &svl_chain } else { &svc_chain };
-        let external_policy_chain = if sp.external_policy_local { &svl_chain } else { &svc_chain };
-        let uses_ext = has_endpoints && sp.externally_accessible();
-        let lb_chain = if sp.source_ranges.is_empty() { &ext_chain } else { &fw_chain };
-
-        let (internal_target, internal_comment, external_target, external_comment) = if !has_endpoints {
-            ("REJECT", format!("{spn} has no endpoints"), "REJECT", format!("{spn} has no endpoints"))
-        } else {
-            ("DROP", format!("{spn} has no local endpoints"), "DROP", format!("{spn} has no local endpoints"))
-        };
-
-        // One service address and port: `-A CHAIN <comment> -m P -p P -d IP --dport PORT -j TARGET`.
-        let to = |chain: &str, text: &str, ip: &IpAddr, target: &str| {
-            format!("-A {chain} {} {pm} -d {} --dport {} -j {target}\n", comment(text), host(ip), sp.port)
-        };
-        // ClusterIP.
-        if let Some(cip) = &sp.cluster_ip {
-            if has_internal {
-                nat_services.push_str(&to("KUBE-SERVICES", &format!("{spn} cluster IP"), cip, internal_chain));
-            } else {
-                filter_services.push_str(&to("KUBE-SERVICES", &internal_comment, cip, internal_target));
-            }
-        }
-        // External destinations go to the EXT chain whenever there are endpoints: with
-        // externalTrafficPolicy Local and none on this node, EXT still short-circuits pod and
-        // node traffic to the cluster endpoints, and what it does not DNAT is dropped in filter.
-        // External IPs.
-        for eip in &sp.external_ips {
-            if has_endpoints {
-                nat_services.push_str(&to("KUBE-SERVICES", &format!("{spn} external IP"), eip, &ext_chain));
-            }
-            if !has_external {
-                filter_external.push_str(&to("KUBE-EXTERNAL-SERVICES", &external_comment, eip, external_target));
-            }
-        }
-        // Load-balancer IPs.
-        for lip in &sp.load_balancer_ips {
-            if has_endpoints {
-                nat_services.push_str(&to("KUBE-SERVICES", &format!("{spn} loadbalancer IP"), lip, lb_chain));
-                if !sp.source_ranges.is_empty() {
-                    let text = format!("{spn} traffic not accepted by {fw_chain}");
-                    filter_firewall.push_str(&to("KUBE-PROXY-FIREWALL", &text, lip, "DROP"));
-                }
-            }
-        }
-        if !has_external {
-            for lip in &sp.load_balancer_ips {
-                filter_external.push_str(&to("KUBE-EXTERNAL-SERVICES", &external_comment, lip, external_target));
-            }
-        }
-        // NodePort.
-        if let Some(np) = sp.node_port {
-            if has_endpoints {
-                writeln!(nat_nodeports, "-A KUBE-NODEPORTS {} {pm} --dport {np} -j {ext_chain}", comment(&spn))
-                    .unwrap();
-            }
-            if !has_external {
-                writeln!(
-                    filter_external,
-                    "-A KUBE-EXTERNAL-SERVICES {} -m addrtype --dst-type LOCAL {pm} --dport {np} -j {external_target}",
-                    comment(&external_comment)
-                )
-                .unwrap();
-            }
-        }
-        if let Some(hc) = sp.health_check_node_port {
-            writeln!(
-                filter_nodeports,
-                "-A KUBE-NODEPORTS {} -m tcp -p tcp --dport {hc} -j ACCEPT",
-                comment(&format!("{spn} health check node port"))
-            )
-            .unwrap();
-        }
-        if !has_endpoints {
-            continue;
-        }
-        if !emit {
-            // Unchanged since the last sync: its chains stay as they are in the kernel; only
-            // their names are needed (so they are not taken for stale ones).
-            kept.extend(uses_cluster.then(|| svc_chain.clone()));
-            kept.extend(uses_local.then(|| svl_chain.clone()));
-            kept.extend(uses_ext.then(|| ext_chain.clone()));
-            kept.extend((uses_ext && !sp.source_ranges.is_empty()).then(|| fw_chain.clone()));
-            let used = cluster_eps.iter().filter(|_| uses_cluster).chain(local_eps.iter().filter(|_| uses_local));
-            kept.extend(used.map(|e| names::endpoint_chain(&spn, proto, &e.addr())).collect::<BTreeSet<_>>());
-            continue;
-        }
-
-        // The per-service nat chains, declared in kube-proxy's order.
-        let mut chain_rules = String::new();
-        if uses_cluster {
-            service_chains.push(svc_chain.clone());
-        }
-        if uses_local {
-            service_chains.push(svl_chain.clone());
-        }
-        if uses_ext {
-            service_chains.push(ext_chain.clone());
-        }
-        if uses_ext && !sp.source_ranges.is_empty() {
-            service_chains.push(fw_chain.clone());
-        }
-
-        // Off-cluster clients of the ClusterIP are masqueraded (first rule of its chain).
-        if let (Some(cip), true) = (&sp.cluster_ip, has_internal) {
-            if let Some(cidr) = &cfg.cluster_cidr {
-                writeln!(
-                    chain_rules,
-                    "-A {internal_chain} {} {pm} -d {} --dport {} ! -s {cidr} -j KUBE-MARK-MASQ",
-                    comment(&format!("{spn} cluster IP")),
-                    host(cip),
-                    sp.port
-                )
-                .unwrap();
-            }
-        }
-
-        if uses_ext {
-            if !sp.external_policy_local {
-                if cfg.masquerade_external {
-                    writeln!(
-                        chain_rules,
-                        "-A {ext_chain} {} -j KUBE-MARK-MASQ",
-                        comment(&format!("masquerade traffic for {spn} external destinations"))
-                    )
-                    .unwrap();
-                }
-            } else {
-                if let Some(cidr) = &cfg.cluster_cidr {
-                    writeln!(
-                        chain_rules,
-                        "-A {ext_chain} {} -s {cidr} -j {svc_chain}",
-                        comment(&format!("pod traffic for {spn} external destinations"))
-                    )
-                    .unwrap();
-                }
-                writeln!(
-                    chain_rules,
-                    "-A {ext_chain} {} -m addrtype --src-type LOCAL -j KUBE-MARK-MASQ",
-                    comment(&format!("masquerade LOCAL traffic for {spn} external destinations"))
-                )
-                .unwrap();
-                writeln!(
-                    chain_rules,
-                    "-A {ext_chain} {} -m addrtype --src-type LOCAL -j {svc_chain}",
-                    comment(&format!("route LOCAL traffic for {spn} external destinations"))
-                )
-                .unwrap();
-            }
-            if has_external {
-                writeln!(chain_rules, "-A {ext_chain} -j {external_policy_chain}").unwrap();
-            }
-            if !sp.source_ranges.is_empty() {
-                for range in &sp.source_ranges {
-                    writeln!(
-                        chain_rules,
-                        "-A {fw_chain} {} -s {range} -j {ext_chain}",
-                        comment(&format!("{spn} loadbalancer IP"))
-                    )
-                    .unwrap();
-                }
-                // VIP-style LBs: the node itself sends with the LB IP as source.
-                if sp.source_ranges.iter().any(|r| cfg.node_ips.iter().any(|ip| r.contains(ip))) {
-                    for lip in &sp.load_balancer_ips {
-                        writeln!(
-                            chain_rules,
-                            "-A {fw_chain} {} -s {} -j {ext_chain}",
-                            comment(&format!("{spn} loadbalancer IP")),
-                            host(lip)
-                        )
-                        .unwrap();
-                    }
-                }
-                writeln!(
-                    chain_rules,
-                    "-A {fw_chain} {}",
-                    comment(&format!("other traffic to {spn} will be dropped by KUBE-PROXY-FIREWALL"))
-                )
-                .unwrap();
-            }
-        }
-
-        let mut used: BTreeSet<Endpoint> = BTreeSet::new();
-        for (chain, eps, active) in [(&svc_chain, &cluster_eps, uses_cluster), (&svl_chain, &local_eps, uses_local)] {
-            if !active {
-                continue;
-            }
-            let with_sep: Vec<(String, &Endpoint)> =
-                eps.iter().map(|e| (names::endpoint_chain(&spn, proto, &e.addr()), e)).collect();
-            if let Some(secs) = sp.affinity_seconds {
-                for (sep, e) in &with_sep {
-                    writeln!(
-                        chain_rules,
-                        "-A {chain} {} -m recent --name {sep} --rcheck --seconds {secs} --reap -j {sep}",
-                        comment(&format!("{spn} -> {}", e.addr()))
-                    )
-                    .unwrap();
-                }
-            }
-            let n = with_sep.len();
-            for (i, (sep, e)) in with_sep.iter().enumerate() {
-                let stat = if i + 1 < n {
-                    format!(" -m statistic --mode random --probability {}", probability(i, n))
-                } else {
-                    String::new()
-                };
-                writeln!(chain_rules, "-A {chain} {}{stat} -j {sep}", comment(&format!("{spn} -> {}", e.addr())))
-                    .unwrap();
-                used.insert((*e).clone());
-            }
-        }
-        for e in &used {
-            let sep = names::endpoint_chain(&spn, proto, &e.addr());
-            service_chains.push(sep.clone());
-            writeln!(chain_rules, "-A {sep} {} -s {} -j KUBE-MARK-MASQ", comment(&spn), host(&e.ip)).unwrap();
-            let recent =
-                if sp.affinity_seconds.is_some() { format!(" -m recent --name {sep} --set") } else { String::new() };
-            writeln!(chain_rules, "-A {sep} {}{recent} {pm} -j DNAT --to-destination {}", comment(&spn), e.addr())
-                .unwrap();
-        }
-        nat_chains.extend(service_chains);
-        nat.push_str(&chain_rules);
+        let emit = only.is_none_or(|set| set.contains(&service_key(&st.port)));
+        service_port(cfg, st, emit, &mut parts);
     }
-
-    // filter
-    filter.push_str("*filter\n");
-    for c in ["KUBE-NODEPORTS", "KUBE-SERVICES", "KUBE-EXTERNAL-SERVICES", "KUBE-FORWARD", "KUBE-PROXY-FIREWALL"] {
-        writeln!(filter, ":{c} - [0:0]").unwrap();
-    }
-    filter.push_str(&filter_nodeports);
-    filter.push_str(&filter_services);
-    filter.push_str(&filter_external);
-    filter.push_str("-A KUBE-FORWARD -m conntrack --ctstate INVALID -j DROP\n");
-    writeln!(
-        filter,
-        "-A KUBE-FORWARD -m comment --comment \"kubernetes forwarding rules\" -m mark --mark {MASQ_MARK}/{MASQ_MARK} -j ACCEPT"
-    )
-    .unwrap();
-    filter.push_str(
-        "-A KUBE-FORWARD -m comment --comment \"kubernetes forwarding conntrack rule\" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT\n",
-    );
-    filter.push_str(&filter_firewall);
-    filter.push_str("COMMIT\n");
-
-    // nat
-    let mut out = filter;
-    out.push_str("*nat\n");
-    for c in ["KUBE-NODEPORTS", "KUBE-SERVICES", "KUBE-MARK-MASQ", "KUBE-POSTROUTING"] {
-        writeln!(out, ":{c} - [0:0]").unwrap();
-    }
-    let active: BTreeSet<String> = nat_chains.iter().chain(&kept).cloned().collect();
-    for c in &nat_chains {
-        writeln!(out, ":{c} - [0:0]").unwrap();
-    }
-    let stale: Vec<&String> =
-        existing_nat_chains.iter().filter(|c| names::is_service_chain(c) && !active.contains(*c)).collect();
-    for c in &stale {
-        writeln!(out, ":{c} - [0:0]").unwrap();
-    }
-    out.push_str(&nat_nodeports);
-    out.push_str(&nat_services);
-    out.push_str(
-        "-A KUBE-SERVICES -m comment --comment \"kubernetes service nodeports; NOTE: this must be the last rule in this chain\" -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS\n",
-    );
-    writeln!(out, "-A KUBE-MARK-MASQ -j MARK --or-mark {MASQ_MARK}").unwrap();
-    writeln!(out, "-A KUBE-POSTROUTING -m mark ! --mark {MASQ_MARK}/{MASQ_MARK} -j RETURN").unwrap();
-    writeln!(out, "-A KUBE-POSTROUTING -j MARK --xor-mark {MASQ_MARK}").unwrap();
-    writeln!(
-        out,
-        "-A KUBE-POSTROUTING -m comment --comment \"kubernetes service traffic requiring SNAT\" -j MASQUERADE{}",
-        if cfg.random_fully { " --random-fully" } else { "" }
-    )
-    .unwrap();
-    out.push_str(&nat);
-    for c in &stale {
-        writeln!(out, "-X {c}").unwrap();
-    }
-    out.push_str("COMMIT\n");
-    Rendered { text: out, nat_chains: active }
+    let filter = filter_table(&mut parts);
+    let (nat, nat_chains) = nat_table(cfg, parts, existing_nat_chains);
+    Rendered { ruleset: Ruleset { tables: vec![filter, nat] }, nat_chains }
 }
 
 #[cfg(test)]
@@ -479,15 +555,16 @@ mod tests {
         let existing: BTreeSet<String> =
             ["KUBE-SEP-STALESTALESTALE", "KUBE-SERVICES", "OTHER-CHAIN"].map(String::from).into();
         let out = render(&cfg(), &services(), &existing);
+        let text = out.ruleset.to_string();
         let golden = include_str!("testdata/golden.rules");
-        if out.text != golden {
+        if text != golden {
             let path = concat!(env!("CARGO_MANIFEST_DIR"), "/src/proxy/testdata/golden.rules.new");
-            std::fs::write(path, &out.text).unwrap();
+            std::fs::write(path, &text).unwrap();
             panic!("the ruleset differs from testdata/golden.rules; the new one is in {path}");
         }
         assert!(out.nat_chains.contains("KUBE-SVC-XPGD46QRK7WJZT7O"));
         assert!(!out.nat_chains.contains("KUBE-SEP-STALESTALESTALE"));
-        assert_eq!(testkit::iptables::lint(&out.text, TOP_LEVEL), Vec::<String>::new());
+        assert_eq!(podpath_ruleset::lint::lint(&out.ruleset, TOP_LEVEL), Vec::<String>::new());
     }
 
     /// Chains reached from built-in chains, or always written (kube-proxy's layout).
@@ -509,7 +586,12 @@ mod tests {
             for eps in [st.endpoints.clone(), vec![]] {
                 let one = ServiceState { port: st.port.clone(), endpoints: eps };
                 let out = render(&cfg(), &[one], &BTreeSet::new());
-                assert_eq!(testkit::iptables::lint(&out.text, TOP_LEVEL), Vec::<String>::new(), "{}", st.port.spn());
+                assert_eq!(
+                    podpath_ruleset::lint::lint(&out.ruleset, TOP_LEVEL),
+                    Vec::<String>::new(),
+                    "{}",
+                    st.port.spn()
+                );
             }
         }
     }
@@ -520,30 +602,32 @@ mod tests {
         let full = render(&cfg(), &all, &BTreeSet::new());
         let changed: BTreeSet<String> = [service_key(&all[0].port)].into();
         let part = render_partial(&cfg(), &all, &full.nat_chains, &changed);
+        let (full_text, part_text) = (full.ruleset.to_string(), part.ruleset.to_string());
         assert_eq!(part.nat_chains, full.nat_chains, "unchanged chains stay active (not stale)");
-        assert!(part.text.contains(":KUBE-SVC-XPGD46QRK7WJZT7O - [0:0]"));
-        assert!(part.text.contains("-A KUBE-SVC-XPGD46QRK7WJZT7O "));
-        assert!(!part.text.contains("KUBE-SVC-NUKIZ6OKUXPJNT4C -"), "svc5's chain is not touched");
+        assert!(part_text.contains(":KUBE-SVC-XPGD46QRK7WJZT7O - [0:0]"));
+        assert!(part_text.contains("-A KUBE-SVC-XPGD46QRK7WJZT7O "));
+        assert!(!part_text.contains("KUBE-SVC-NUKIZ6OKUXPJNT4C -"), "svc5's chain is not touched");
         // The top-level chains are complete either way.
         let top = |t: &str| {
             t.lines().filter(|l| l.starts_with("-A KUBE-SERVICES") || l.starts_with("-A KUBE-NODEPORTS")).count()
         };
-        assert_eq!(top(&part.text), top(&full.text));
-        assert!(!part.text.contains("-X "), "nothing is stale");
+        assert_eq!(top(&part_text), top(&full_text));
+        assert!(!part_text.contains("-X "), "nothing is stale");
     }
 
     #[test]
     fn probabilities_are_kube_proxys() {
-        assert_eq!(probability(0, 2), "0.5000000000");
-        assert_eq!(probability(0, 3), "0.3333333333");
-        assert_eq!(probability(1, 3), "0.5000000000");
+        let printed = |i, n| Rule::new("X").with(Match::Probability(probability(i, n))).to_string();
+        assert_eq!(printed(0, 2), "-A X -m statistic --mode random --probability 0.5000000000");
+        assert_eq!(printed(0, 3), "-A X -m statistic --mode random --probability 0.3333333333");
+        assert_eq!(printed(1, 3), "-A X -m statistic --mode random --probability 0.5000000000");
     }
 
     #[test]
     fn masquerade_knob_removes_only_the_external_masquerade() {
         let mut c = cfg();
         c.masquerade_external = false;
-        let out = render(&c, &services(), &BTreeSet::new()).text;
+        let out = render(&c, &services(), &BTreeSet::new()).ruleset.to_string();
         assert!(!out.contains("masquerade traffic for"));
         assert!(out.contains("! -s 10.244.0.0/16 -j KUBE-MARK-MASQ"), "the ClusterIP masquerade stays");
     }

@@ -1,11 +1,13 @@
-//! The service proxy (kube-proxy's half of the node agent), iptables mode: chain naming, the
-//! Service/EndpointSlice model, the pure iptables-restore renderer and the sync loop. Partial
-//! syncs, UDP conntrack cleanup and the userspace mode follow.
+//! The service proxy (kube-proxy's half of the node agent): chain naming ([`names`]), the
+//! Service/EndpointSlice model ([`model`]), the pure renderers into `podpath_ruleset`'s model
+//! (iptables mode: [`iptables`]; userspace mode: [`userspace`]), the kernel behind one trait
+//! ([`kernel`]), the iptables proxier's sync loop ([`sync`]) and healthCheckNodePort servers
+//! ([`service_health`]).
 
 pub mod iptables;
+pub mod kernel;
 pub mod model;
 pub mod names;
-pub mod restore;
 pub mod service_health;
 pub mod sync;
 pub mod userspace;

@@ -3,11 +3,11 @@
 //! the endpoints with retries on a failed connect, ClientIP affinity kept in memory, and every
 //! NodePort held open as a socket so nothing else on the node can take it.
 //!
-//! The rules are rendered purely ([`render`]) and written with one `iptables-restore` per sync
-//! (kube-proxy wrote them one by one with `iptables -C/-A`; the resulting rules are the same).
+//! The rules are rendered purely ([`render`]) into the ruleset model and written with one
+//! `iptables-restore` per sync (kube-proxy wrote them one by one with `iptables -C/-A`; the
+//! resulting rules are the same).
 
 use std::collections::{BTreeMap, HashMap};
-use std::fmt::Write;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -15,13 +15,14 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1 as core;
 use k8s_openapi::api::discovery::v1 as discovery;
 use podpath_client::reflector::Store;
+use podpath_ruleset::{plan, Addr, Match, Rule, Ruleset, Table, Target};
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
 use tokio::task::JoinHandle;
 
 use super::iptables::ServiceState;
+use super::kernel::{missing_jumps, removal, Jump, Kernel};
 use super::model::{categorize, ServicePort};
-use super::restore;
-use super::sync::{snapshot, Iptables, CANARY};
+use super::sync::{snapshot, CANARY};
 use crate::error::{AgentError, Result};
 use crate::health::Health;
 
@@ -39,98 +40,80 @@ pub const DIAL_TIMEOUTS: [Duration; 4] =
 /// How long a UDP client's "connection" lives without traffic (kube-proxy's `--udp-timeout`).
 pub const UDP_IDLE_TIMEOUT: Duration = Duration::from_millis(250);
 
-/// A jump from a built-in chain into a userspace chain (kube-proxy's `iptablesInit`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct UserspaceJump {
-    pub table: &'static str,
-    pub from: &'static str,
-    pub to: &'static str,
-    /// Prepended (`true`) or appended.
-    pub first: bool,
-    /// With `-m addrtype --dst-type LOCAL` (the NodePort chains).
-    pub local_only: bool,
-    pub comment: &'static str,
-}
-
 const PORTALS_COMMENT: &str = "handle ClusterIPs; NOTE: this must be before the NodePort rules";
 const NODEPORTS_COMMENT: &str = "handle service NodePorts; NOTE: this must be the last rule in the chain";
 
 /// Every jump the userspace mode installs, in kube-proxy's order.
-pub const USERSPACE_JUMPS: &[UserspaceJump] = &[
-    UserspaceJump {
+pub const USERSPACE_JUMPS: &[Jump] = &[
+    Jump {
         table: "nat",
         from: "OUTPUT",
         to: PORTALS_HOST,
         first: true,
+        new_only: false,
         local_only: false,
         comment: PORTALS_COMMENT,
     },
-    UserspaceJump {
+    Jump {
         table: "nat",
         from: "PREROUTING",
         to: PORTALS_CONTAINER,
         first: true,
+        new_only: false,
         local_only: false,
         comment: PORTALS_COMMENT,
     },
-    UserspaceJump {
+    Jump {
         table: "nat",
         from: "OUTPUT",
         to: NODEPORT_HOST,
         first: false,
+        new_only: false,
         local_only: true,
         comment: NODEPORTS_COMMENT,
     },
-    UserspaceJump {
+    Jump {
         table: "nat",
         from: "PREROUTING",
         to: NODEPORT_CONTAINER,
         first: false,
+        new_only: false,
         local_only: true,
         comment: NODEPORTS_COMMENT,
     },
-    UserspaceJump {
+    Jump {
         table: "filter",
         from: "INPUT",
         to: NODEPORT_NON_LOCAL,
         first: true,
+        new_only: false,
         local_only: false,
         comment: "Ensure that non-local NodePort traffic can flow",
     },
 ];
 
-pub fn jump_rule(j: &UserspaceJump) -> Vec<&'static str> {
-    let mut r: Vec<&str> = if j.local_only { vec!["-m", "addrtype", "--dst-type", "LOCAL"] } else { vec![] };
-    r.extend_from_slice(&["-m", "comment", "--comment", j.comment, "-j", j.to]);
-    r
-}
-
-/// Creates the userspace chains, the jumps into them and the canaries.
-pub fn ensure_jumps<I: Iptables + ?Sized>(ipt: &I) -> Result<()> {
-    for j in USERSPACE_JUMPS {
-        ipt.ensure_chain(j.table, j.to)?;
-        if j.first {
-            ipt.ensure_rule_first(j.table, j.from, &jump_rule(j))?;
-        } else {
-            ipt.ensure_rule_last(j.table, j.from, &jump_rule(j))?;
-        }
+/// Adds to `rs` the jumps into the userspace chains that the kernel's tables lack, and the
+/// canaries.
+pub fn add_jumps<K: Kernel + ?Sized>(k: &K, rs: &mut Ruleset) -> Result<()> {
+    for name in ["nat", "filter"] {
+        let saved = k.save(name, None)?;
+        let t = rs.table_mut(name);
+        t.commands.extend(missing_jumps(USERSPACE_JUMPS, name, &saved));
+        t.declare(CANARY);
     }
-    for table in ["mangle", "nat", "filter"] {
-        ipt.ensure_chain(table, CANARY)?;
-    }
+    rs.table_mut("mangle").declare(CANARY);
     Ok(())
 }
 
-/// Removes the userspace mode's jumps and chains (when the iptables mode takes over, and on
-/// `--cleanup`).
-pub fn cleanup<I: Iptables + ?Sized>(ipt: &I) -> Result<()> {
-    for j in USERSPACE_JUMPS {
-        ipt.delete_rule(j.table, j.from, &jump_rule(j))?;
+/// Removes the userspace mode's jumps and chains in one restore (when the iptables mode takes
+/// over, and on `--cleanup`).
+pub fn cleanup<K: Kernel + ?Sized>(k: &K) -> Result<()> {
+    let saved = ["nat", "filter"].iter().map(|t| k.save(t, None)).collect::<Result<Vec<Table>>>()?;
+    let plan = removal(USERSPACE_JUMPS, &saved, |t, c| USERSPACE_JUMPS.iter().any(|j| j.table == t && j.to == c));
+    if plan.tables.is_empty() {
+        return Ok(());
     }
-    for j in USERSPACE_JUMPS {
-        ipt.delete_chain(j.table, j.to)?;
-    }
-    Ok(())
+    k.restore(&plan)
 }
 
 /// A service port with the proxy port its socket listens on and whether this node holds its
@@ -142,85 +125,84 @@ pub struct Portal {
     pub node_port_held: bool,
 }
 
-/// kube-proxy's `iptablesCommonPortalArgs`.
-fn portal_args(
-    out: &mut String,
+/// kube-proxy's `iptablesCommonPortalArgs`: `-m comment --comment SPN -p P -m P --dport PORT
+/// [-d IP/32] [-m physdev ! --physdev-is-in] [-m addrtype --dst-type LOCAL]`.
+fn portal(
     chain: &str,
     sp: &ServicePort,
     dest: Option<IpAddr>,
     port: u16,
     physdev_not_in: bool,
     dst_local: bool,
-) {
+) -> Rule {
     let p = &sp.protocol;
-    let _ = write!(out, "-A {chain} -m comment --comment {} -p {p} -m {p} --dport {port}", sp.spn());
+    let mut r = Rule::new(chain)
+        .comment(sp.spn())
+        .with(Match::Protocol { proto: p.clone(), negated: false })
+        .with(Match::Module(p.clone()))
+        .dport(port);
     if let Some(ip) = dest {
-        let bits = if ip.is_ipv4() { 32 } else { 128 };
-        let _ = write!(out, " -d {ip}/{bits}");
+        r = r.dst(Addr::Net(ipnet::IpNet::from(ip)));
     }
     if physdev_not_in {
-        out.push_str(" -m physdev ! --physdev-is-in");
+        r = r.with(Match::PhysdevIsIn { negated: true });
     }
     if dst_local {
-        out.push_str(" -m addrtype --dst-type LOCAL");
+        r = r.dst_type("LOCAL");
     }
+    r
 }
 
 /// Traffic arriving at the node: REDIRECT to the proxy port (the proxy listens on every address).
-fn to_container(out: &mut String, proxy_port: u16) {
-    let _ = writeln!(out, " -j REDIRECT --to-ports {proxy_port}");
+fn to_container(r: Rule, proxy_port: u16) -> Rule {
+    r.target(Target::Redirect { to_ports: proxy_port.to_string() })
 }
 
 /// Traffic the node itself sends: DNAT to the node's address (REDIRECT to 127.0.0.1 broke the
 /// replies).
-fn to_host(out: &mut String, node_ip: IpAddr, proxy_port: u16) {
-    let _ = writeln!(out, " -j DNAT --to-destination {}", SocketAddr::new(node_ip, proxy_port));
+fn to_host(r: Rule, node_ip: IpAddr, proxy_port: u16) -> Rule {
+    r.target(Target::Dnat { to: SocketAddr::new(node_ip, proxy_port).to_string() })
 }
 
 /// The whole userspace ruleset (filter and nat) as one `iptables-restore --noflush` input.
-pub fn render(node_ip: IpAddr, portals: &[Portal]) -> String {
-    let mut filter = String::new();
-    let mut container = String::new();
-    let mut host = String::new();
-    let mut np_container = String::new();
-    let mut np_host = String::new();
+pub fn render(node_ip: IpAddr, portals: &[Portal]) -> Ruleset {
+    let mut filter = vec![];
+    let mut container = vec![];
+    let mut host = vec![];
+    let mut np_container = vec![];
+    let mut np_host = vec![];
     for Portal { port: sp, proxy_port, node_port_held } in portals {
         let pp = *proxy_port;
         if let Some(cip) = sp.cluster_ip {
-            portal_args(&mut container, PORTALS_CONTAINER, sp, Some(cip), sp.port, false, false);
-            to_container(&mut container, pp);
-            portal_args(&mut host, PORTALS_HOST, sp, Some(cip), sp.port, false, false);
-            to_host(&mut host, node_ip, pp);
+            container.push(to_container(portal(PORTALS_CONTAINER, sp, Some(cip), sp.port, false, false), pp));
+            host.push(to_host(portal(PORTALS_HOST, sp, Some(cip), sp.port, false, false), node_ip, pp));
         }
         for ip in &sp.external_ips {
             // From off the machine (not bridged from a local pod), and to a local address.
-            portal_args(&mut container, PORTALS_CONTAINER, sp, Some(*ip), sp.port, true, false);
-            to_container(&mut container, pp);
-            portal_args(&mut container, PORTALS_CONTAINER, sp, Some(*ip), sp.port, false, true);
-            to_container(&mut container, pp);
-            portal_args(&mut host, PORTALS_HOST, sp, Some(*ip), sp.port, false, true);
-            to_host(&mut host, node_ip, pp);
+            container.push(to_container(portal(PORTALS_CONTAINER, sp, Some(*ip), sp.port, true, false), pp));
+            container.push(to_container(portal(PORTALS_CONTAINER, sp, Some(*ip), sp.port, false, true), pp));
+            host.push(to_host(portal(PORTALS_HOST, sp, Some(*ip), sp.port, false, true), node_ip, pp));
         }
         for ip in &sp.load_balancer_ips {
-            portal_args(&mut container, PORTALS_CONTAINER, sp, Some(*ip), sp.port, false, false);
-            to_container(&mut container, pp);
-            portal_args(&mut host, PORTALS_HOST, sp, Some(*ip), sp.port, false, false);
-            to_host(&mut host, node_ip, pp);
+            container.push(to_container(portal(PORTALS_CONTAINER, sp, Some(*ip), sp.port, false, false), pp));
+            host.push(to_host(portal(PORTALS_HOST, sp, Some(*ip), sp.port, false, false), node_ip, pp));
         }
         if let (Some(np), true) = (sp.node_port, *node_port_held) {
-            portal_args(&mut np_container, NODEPORT_CONTAINER, sp, None, np, false, false);
-            to_container(&mut np_container, pp);
-            portal_args(&mut np_host, NODEPORT_HOST, sp, None, np, false, false);
-            to_host(&mut np_host, node_ip, pp);
-            portal_args(&mut filter, NODEPORT_NON_LOCAL, sp, None, pp, false, false);
-            filter.push_str(" -m state --state NEW -j ACCEPT\n");
+            np_container.push(to_container(portal(NODEPORT_CONTAINER, sp, None, np, false, false), pp));
+            np_host.push(to_host(portal(NODEPORT_HOST, sp, None, np, false, false), node_ip, pp));
+            let accept = portal(NODEPORT_NON_LOCAL, sp, None, pp, false, false);
+            filter.push(accept.with(Match::State { states: vec!["NEW".into()] }).jump("ACCEPT"));
         }
     }
-    format!(
-        "*filter\n:{NODEPORT_NON_LOCAL} - [0:0]\n{filter}COMMIT\n*nat\n:{PORTALS_CONTAINER} - [0:0]\n\
-         :{PORTALS_HOST} - [0:0]\n:{NODEPORT_CONTAINER} - [0:0]\n:{NODEPORT_HOST} - [0:0]\n\
-         {container}{host}{np_container}{np_host}COMMIT\n"
-    )
+    let mut f = Table::new("filter");
+    f.declare(NODEPORT_NON_LOCAL);
+    filter.into_iter().for_each(|r| f.append(r));
+    let mut nat = Table::new("nat");
+    for c in [PORTALS_CONTAINER, PORTALS_HOST, NODEPORT_CONTAINER, NODEPORT_HOST] {
+        nat.declare(c);
+    }
+    container.into_iter().chain(host).chain(np_container).chain(np_host).for_each(|r| nat.append(r));
+    Ruleset { tables: vec![f, nat] }
 }
 
 /// Round-robin over a service port's endpoints with optional ClientIP affinity (kube-proxy's
@@ -404,8 +386,8 @@ fn endpoint_addrs(st: &ServiceState, node: &str) -> Vec<SocketAddr> {
 }
 
 /// The userspace proxier's settings and inputs.
-pub struct UserspaceProxier<I> {
-    pub ipt: Arc<I>,
+pub struct UserspaceProxier<K> {
+    pub kernel: Arc<K>,
     pub node_name: String,
     pub node_ip: IpAddr,
     pub services: Arc<Store<core::Service>>,
@@ -417,8 +399,8 @@ pub struct UserspaceProxier<I> {
 
 /// Runs the userspace proxier until the stores' watches end; `synced` fires after the first
 /// successful sync.
-pub async fn run(p: UserspaceProxier<impl Iptables>, synced: Option<tokio::sync::oneshot::Sender<()>>) {
-    let UserspaceProxier { ipt, node_name, node_ip, services, slices, health, period } = p;
+pub async fn run(p: UserspaceProxier<impl Kernel>, synced: Option<tokio::sync::oneshot::Sender<()>>) {
+    let UserspaceProxier { kernel, node_name, node_ip, services, slices, health, period } = p;
     services.wait_synced().await;
     slices.wait_synced().await;
     let mut synced = synced;
@@ -488,20 +470,21 @@ pub async fn run(p: UserspaceProxier<impl Iptables>, synced: Option<tokio::sync:
         // A NodePort is released when its Service goes, changes port, or stops being a NodePort.
         held.retain(|slot, (owner, _)| wanted_slots.contains(&(slot.clone(), owner.clone())));
 
-        let text = render(node_ip, &portals);
-        let ipt2 = ipt.clone();
+        let mut rs = render(node_ip, &portals);
+        let kernel2 = kernel.clone();
         let ensure = first;
         let result = tokio::task::spawn_blocking(move || -> Result<()> {
-            let canary_gone = !ipt2.chains("nat")?.contains(CANARY);
+            let k = &*kernel2;
+            let canary_gone = !k.save("nat", Some(CANARY))?.declares(CANARY);
             if ensure {
                 // Switching from the iptables mode: its rules would take the traffic first.
-                super::sync::cleanup(&*ipt2)?;
+                super::sync::cleanup(k)?;
             }
             if ensure || canary_gone {
-                ensure_jumps(&*ipt2)?;
+                add_jumps(k, &mut rs)?;
             }
-            for batch in restore::batches(&restore::parse(&text), ipt2.batch_lines()) {
-                ipt2.restore(&batch)?;
+            for batch in plan::batches(&rs, k.batch_lines()) {
+                k.restore(&batch)?;
             }
             Ok(())
         })
@@ -581,7 +564,8 @@ mod tests {
 
     #[test]
     fn whole_userspace_ruleset_golden() {
-        let out = render("192.168.56.11".parse().unwrap(), &portals());
+        let rs = render("192.168.56.11".parse().unwrap(), &portals());
+        let out = rs.to_string();
         let golden = include_str!("testdata/userspace.rules");
         if out != golden {
             let path = concat!(env!("CARGO_MANIFEST_DIR"), "/src/proxy/testdata/userspace.rules.new");
@@ -589,7 +573,7 @@ mod tests {
             panic!("the ruleset differs from testdata/userspace.rules; the new one is in {path}");
         }
         let chains = [PORTALS_CONTAINER, PORTALS_HOST, NODEPORT_CONTAINER, NODEPORT_HOST, NODEPORT_NON_LOCAL];
-        assert_eq!(testkit::iptables::lint(&out, &chains), Vec::<String>::new());
+        assert_eq!(podpath_ruleset::lint::lint(&rs, &chains), Vec::<String>::new());
     }
 
     #[test]

@@ -1,0 +1,27 @@
+//! podpath's ruleset model and everything that reads or writes it:
+//!
+//! - [`model`]: [`Ruleset`] → [`Table`] (declared chains, then commands) → [`Rule`] (typed
+//!   [`Match`]es and a [`Target`]), with builders the renderers use and accessors the readers
+//!   use (comment, jump target, probability, DNAT destination…);
+//! - [`text`]: the one printer (restore input, kube-proxy's rule text byte for byte) and the one
+//!   parser (`iptables-save` output and restore input);
+//! - [`plan`]: how much of a ruleset a sync sends and in how many restores (partial syncs,
+//!   batches for iptables-nft, stale chains last);
+//! - [`lint`]: kube-proxy's structural checks (dangling, empty and unused chains);
+//! - [`exec`]: the one place that runs `iptables-save` and `iptables-restore`.
+//!
+//! Everything but [`exec`] is pure. The service proxy renders into this model and applies it
+//! through [`exec`]; the test fake (`testkit::iptables`) applies it with restore semantics; the
+//! lab's `trace`, `explain` and `rules` read the kernel's rules through [`text::parse`].
+
+pub mod error;
+pub mod exec;
+pub mod lint;
+pub mod model;
+pub mod plan;
+pub mod text;
+
+pub use error::{Result, RulesetError};
+pub use exec::{Backend, Family, Iptables};
+pub use model::{Addr, ChainDecl, Command, MarkOp, Match, RecentOp, Rule, Ruleset, Table, Target};
+pub use text::parse;
