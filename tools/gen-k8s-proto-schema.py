@@ -19,13 +19,10 @@ REG = os.path.expanduser("~/.cargo/registry/src")
 PB = sorted(glob.glob(f"{REG}/*/k8s-pb-0.9.0/src"))[-1]
 OA = sorted(glob.glob(f"{REG}/*/k8s-openapi-0.29.0/src/v1_33"))[-1]
 
-# Kinds whose protobuf bodies are decoded, by (package, message).
-ROOTS = [
-    ("core.v1", "Namespace"), ("core.v1", "Service"), ("core.v1", "Pod"), ("core.v1", "Node"),
-    ("core.v1", "Endpoints"), ("core.v1", "Event"), ("discovery.v1", "EndpointSlice"),
-    ("core.v1", "Secret"), ("apps.v1", "Deployment"), ("apps.v1", "ReplicaSet"),
-    ("networking.v1", "Ingress"), ("networking.v1", "IngressClass"),
-]
+# The API groups podpath serves: every object kind of them (a message with an ObjectMeta
+# `metadata`) is decoded, so serving another kind of these groups needs no new table (the decoder
+# refuses kinds the server does not serve).
+GROUPS = ["core.v1", "apps.v1", "discovery.v1", "networking.v1"]
 # Messages with a JSON form of their own (handled by the decoder, not the table).
 SPECIAL = {"util.intstr.IntOrString", "api.resource.Quantity", "meta.v1.Time", "meta.v1.MicroTime",
            "runtime.RawExtension", "meta.v1.Duration", "meta.v1.FieldsV1"}
@@ -131,7 +128,9 @@ def json_name(snake):
     parts = snake.split("_")
     return parts[0] + "".join(p.capitalize() for p in parts[1:])
 
-reachable, todo = [], [f"{p}.{n}" for p, n in ROOTS]
+roots = sorted(m for m, fields in messages.items()
+               if m.rsplit(".", 1)[0] in GROUPS and any(f[1] == "metadata" and f[4] == "meta.v1.ObjectMeta" for f in fields))
+reachable, todo = [], roots
 while todo:
     m = todo.pop()
     if m in reachable or m in SPECIAL:

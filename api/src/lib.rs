@@ -2,13 +2,14 @@
 //! `k8s-openapi`), their defaulting and validation, server-side Table printing, patch
 //! semantics, selectors, and the gRPC proto with conversions. No I/O happens here.
 //!
-//! Start with [`Kind`] (what is served) and [`ApiObject`] (what each kind does).
+//! Start with [`kinds`]: one file per served kind, behind [`ApiObject`], and the one list that
+//! makes [`Kind`]. [`alloc`] is what kinds allocate; [`convert`] their gRPC form.
 
+pub mod alloc;
 pub mod apps;
 pub mod convert;
 pub mod kinds;
 pub mod networking;
-pub mod objects;
 pub mod patch;
 pub mod protobuf;
 #[rustfmt::skip]
@@ -27,8 +28,7 @@ pub mod proto {
     pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("podpath_descriptor");
 }
 
-pub use kinds::{Kind, KindInfo};
-pub use objects::ApiObject;
+pub use kinds::{ApiObject, DeleteContext, DeletePlan, Kind, KindInfo};
 pub use validation::{Cause, FieldPath};
 
 pub use k8s_openapi;

@@ -4,6 +4,46 @@
 use crate::protobuf::{Field, Kind::*, Message};
 
 pub static MESSAGES: &[Message] = &[
+    Message { name: "apps.v1.ControllerRevision", fields: &[
+        Field { tag: 1, json: "metadata", kind: Msg("meta.v1.ObjectMeta"), repeated: false, omit_empty: false },
+        Field { tag: 2, json: "data", kind: Msg("runtime.RawExtension"), repeated: false, omit_empty: true },
+        Field { tag: 3, json: "revision", kind: I64, repeated: false, omit_empty: false },
+    ] },
+    Message { name: "apps.v1.DaemonSet", fields: &[
+        Field { tag: 1, json: "metadata", kind: Msg("meta.v1.ObjectMeta"), repeated: false, omit_empty: false },
+        Field { tag: 2, json: "spec", kind: Msg("apps.v1.DaemonSetSpec"), repeated: false, omit_empty: true },
+        Field { tag: 3, json: "status", kind: Msg("apps.v1.DaemonSetStatus"), repeated: false, omit_empty: true },
+    ] },
+    Message { name: "apps.v1.DaemonSetCondition", fields: &[
+        Field { tag: 1, json: "type", kind: Str, repeated: false, omit_empty: false },
+        Field { tag: 2, json: "status", kind: Str, repeated: false, omit_empty: false },
+        Field { tag: 3, json: "lastTransitionTime", kind: Msg("meta.v1.Time"), repeated: false, omit_empty: true },
+        Field { tag: 4, json: "reason", kind: Str, repeated: false, omit_empty: true },
+        Field { tag: 5, json: "message", kind: Str, repeated: false, omit_empty: true },
+    ] },
+    Message { name: "apps.v1.DaemonSetSpec", fields: &[
+        Field { tag: 1, json: "selector", kind: Msg("meta.v1.LabelSelector"), repeated: false, omit_empty: false },
+        Field { tag: 2, json: "template", kind: Msg("core.v1.PodTemplateSpec"), repeated: false, omit_empty: false },
+        Field { tag: 3, json: "updateStrategy", kind: Msg("apps.v1.DaemonSetUpdateStrategy"), repeated: false, omit_empty: true },
+        Field { tag: 4, json: "minReadySeconds", kind: I32, repeated: false, omit_empty: true },
+        Field { tag: 6, json: "revisionHistoryLimit", kind: I32, repeated: false, omit_empty: true },
+    ] },
+    Message { name: "apps.v1.DaemonSetStatus", fields: &[
+        Field { tag: 1, json: "currentNumberScheduled", kind: I32, repeated: false, omit_empty: false },
+        Field { tag: 2, json: "numberMisscheduled", kind: I32, repeated: false, omit_empty: false },
+        Field { tag: 3, json: "desiredNumberScheduled", kind: I32, repeated: false, omit_empty: false },
+        Field { tag: 4, json: "numberReady", kind: I32, repeated: false, omit_empty: false },
+        Field { tag: 5, json: "observedGeneration", kind: I64, repeated: false, omit_empty: true },
+        Field { tag: 6, json: "updatedNumberScheduled", kind: I32, repeated: false, omit_empty: true },
+        Field { tag: 7, json: "numberAvailable", kind: I32, repeated: false, omit_empty: true },
+        Field { tag: 8, json: "numberUnavailable", kind: I32, repeated: false, omit_empty: true },
+        Field { tag: 9, json: "collisionCount", kind: I32, repeated: false, omit_empty: true },
+        Field { tag: 10, json: "conditions", kind: Msg("apps.v1.DaemonSetCondition"), repeated: true, omit_empty: true },
+    ] },
+    Message { name: "apps.v1.DaemonSetUpdateStrategy", fields: &[
+        Field { tag: 1, json: "type", kind: Str, repeated: false, omit_empty: true },
+        Field { tag: 2, json: "rollingUpdate", kind: Msg("apps.v1.RollingUpdateDaemonSet"), repeated: false, omit_empty: true },
+    ] },
     Message { name: "apps.v1.Deployment", fields: &[
         Field { tag: 1, json: "metadata", kind: Msg("meta.v1.ObjectMeta"), repeated: false, omit_empty: false },
         Field { tag: 2, json: "spec", kind: Msg("apps.v1.DeploymentSpec"), repeated: false, omit_empty: true },
@@ -69,9 +109,65 @@ pub static MESSAGES: &[Message] = &[
         Field { tag: 6, json: "conditions", kind: Msg("apps.v1.ReplicaSetCondition"), repeated: true, omit_empty: true },
         Field { tag: 7, json: "terminatingReplicas", kind: I32, repeated: false, omit_empty: true },
     ] },
+    Message { name: "apps.v1.RollingUpdateDaemonSet", fields: &[
+        Field { tag: 1, json: "maxUnavailable", kind: Msg("util.intstr.IntOrString"), repeated: false, omit_empty: true },
+        Field { tag: 2, json: "maxSurge", kind: Msg("util.intstr.IntOrString"), repeated: false, omit_empty: true },
+    ] },
     Message { name: "apps.v1.RollingUpdateDeployment", fields: &[
         Field { tag: 1, json: "maxUnavailable", kind: Msg("util.intstr.IntOrString"), repeated: false, omit_empty: true },
         Field { tag: 2, json: "maxSurge", kind: Msg("util.intstr.IntOrString"), repeated: false, omit_empty: true },
+    ] },
+    Message { name: "apps.v1.RollingUpdateStatefulSetStrategy", fields: &[
+        Field { tag: 1, json: "partition", kind: I32, repeated: false, omit_empty: true },
+        Field { tag: 2, json: "maxUnavailable", kind: Msg("util.intstr.IntOrString"), repeated: false, omit_empty: true },
+    ] },
+    Message { name: "apps.v1.StatefulSet", fields: &[
+        Field { tag: 1, json: "metadata", kind: Msg("meta.v1.ObjectMeta"), repeated: false, omit_empty: false },
+        Field { tag: 2, json: "spec", kind: Msg("apps.v1.StatefulSetSpec"), repeated: false, omit_empty: true },
+        Field { tag: 3, json: "status", kind: Msg("apps.v1.StatefulSetStatus"), repeated: false, omit_empty: true },
+    ] },
+    Message { name: "apps.v1.StatefulSetCondition", fields: &[
+        Field { tag: 1, json: "type", kind: Str, repeated: false, omit_empty: false },
+        Field { tag: 2, json: "status", kind: Str, repeated: false, omit_empty: false },
+        Field { tag: 3, json: "lastTransitionTime", kind: Msg("meta.v1.Time"), repeated: false, omit_empty: true },
+        Field { tag: 4, json: "reason", kind: Str, repeated: false, omit_empty: true },
+        Field { tag: 5, json: "message", kind: Str, repeated: false, omit_empty: true },
+    ] },
+    Message { name: "apps.v1.StatefulSetOrdinals", fields: &[
+        Field { tag: 1, json: "start", kind: I32, repeated: false, omit_empty: true },
+    ] },
+    Message { name: "apps.v1.StatefulSetPersistentVolumeClaimRetentionPolicy", fields: &[
+        Field { tag: 1, json: "whenDeleted", kind: Str, repeated: false, omit_empty: true },
+        Field { tag: 2, json: "whenScaled", kind: Str, repeated: false, omit_empty: true },
+    ] },
+    Message { name: "apps.v1.StatefulSetSpec", fields: &[
+        Field { tag: 1, json: "replicas", kind: I32, repeated: false, omit_empty: true },
+        Field { tag: 2, json: "selector", kind: Msg("meta.v1.LabelSelector"), repeated: false, omit_empty: false },
+        Field { tag: 3, json: "template", kind: Msg("core.v1.PodTemplateSpec"), repeated: false, omit_empty: false },
+        Field { tag: 4, json: "volumeClaimTemplates", kind: Msg("core.v1.PersistentVolumeClaim"), repeated: true, omit_empty: true },
+        Field { tag: 5, json: "serviceName", kind: Str, repeated: false, omit_empty: true },
+        Field { tag: 6, json: "podManagementPolicy", kind: Str, repeated: false, omit_empty: true },
+        Field { tag: 7, json: "updateStrategy", kind: Msg("apps.v1.StatefulSetUpdateStrategy"), repeated: false, omit_empty: true },
+        Field { tag: 8, json: "revisionHistoryLimit", kind: I32, repeated: false, omit_empty: true },
+        Field { tag: 9, json: "minReadySeconds", kind: I32, repeated: false, omit_empty: true },
+        Field { tag: 10, json: "persistentVolumeClaimRetentionPolicy", kind: Msg("apps.v1.StatefulSetPersistentVolumeClaimRetentionPolicy"), repeated: false, omit_empty: true },
+        Field { tag: 11, json: "ordinals", kind: Msg("apps.v1.StatefulSetOrdinals"), repeated: false, omit_empty: true },
+    ] },
+    Message { name: "apps.v1.StatefulSetStatus", fields: &[
+        Field { tag: 1, json: "observedGeneration", kind: I64, repeated: false, omit_empty: true },
+        Field { tag: 2, json: "replicas", kind: I32, repeated: false, omit_empty: false },
+        Field { tag: 3, json: "readyReplicas", kind: I32, repeated: false, omit_empty: true },
+        Field { tag: 4, json: "currentReplicas", kind: I32, repeated: false, omit_empty: true },
+        Field { tag: 5, json: "updatedReplicas", kind: I32, repeated: false, omit_empty: true },
+        Field { tag: 6, json: "currentRevision", kind: Str, repeated: false, omit_empty: true },
+        Field { tag: 7, json: "updateRevision", kind: Str, repeated: false, omit_empty: true },
+        Field { tag: 9, json: "collisionCount", kind: I32, repeated: false, omit_empty: true },
+        Field { tag: 10, json: "conditions", kind: Msg("apps.v1.StatefulSetCondition"), repeated: true, omit_empty: true },
+        Field { tag: 11, json: "availableReplicas", kind: I32, repeated: false, omit_empty: true },
+    ] },
+    Message { name: "apps.v1.StatefulSetUpdateStrategy", fields: &[
+        Field { tag: 1, json: "type", kind: Str, repeated: false, omit_empty: true },
+        Field { tag: 2, json: "rollingUpdate", kind: Msg("apps.v1.RollingUpdateStatefulSetStrategy"), repeated: false, omit_empty: true },
     ] },
     Message { name: "core.v1.Affinity", fields: &[
         Field { tag: 1, json: "nodeAffinity", kind: Msg("core.v1.NodeAffinity"), repeated: false, omit_empty: true },
@@ -100,10 +196,32 @@ pub static MESSAGES: &[Message] = &[
         Field { tag: 5, json: "readOnly", kind: Bool, repeated: false, omit_empty: true },
         Field { tag: 6, json: "kind", kind: Str, repeated: false, omit_empty: true },
     ] },
+    Message { name: "core.v1.AzureFilePersistentVolumeSource", fields: &[
+        Field { tag: 1, json: "secretName", kind: Str, repeated: false, omit_empty: false },
+        Field { tag: 2, json: "shareName", kind: Str, repeated: false, omit_empty: false },
+        Field { tag: 3, json: "readOnly", kind: Bool, repeated: false, omit_empty: true },
+        Field { tag: 4, json: "secretNamespace", kind: Str, repeated: false, omit_empty: true },
+    ] },
     Message { name: "core.v1.AzureFileVolumeSource", fields: &[
         Field { tag: 1, json: "secretName", kind: Str, repeated: false, omit_empty: false },
         Field { tag: 2, json: "shareName", kind: Str, repeated: false, omit_empty: false },
         Field { tag: 3, json: "readOnly", kind: Bool, repeated: false, omit_empty: true },
+    ] },
+    Message { name: "core.v1.Binding", fields: &[
+        Field { tag: 1, json: "metadata", kind: Msg("meta.v1.ObjectMeta"), repeated: false, omit_empty: false },
+        Field { tag: 2, json: "target", kind: Msg("core.v1.ObjectReference"), repeated: false, omit_empty: false },
+    ] },
+    Message { name: "core.v1.CSIPersistentVolumeSource", fields: &[
+        Field { tag: 1, json: "driver", kind: Str, repeated: false, omit_empty: false },
+        Field { tag: 2, json: "volumeHandle", kind: Str, repeated: false, omit_empty: false },
+        Field { tag: 3, json: "readOnly", kind: Bool, repeated: false, omit_empty: true },
+        Field { tag: 4, json: "fsType", kind: Str, repeated: false, omit_empty: true },
+        Field { tag: 5, json: "volumeAttributes", kind: MapString, repeated: false, omit_empty: true },
+        Field { tag: 6, json: "controllerPublishSecretRef", kind: Msg("core.v1.SecretReference"), repeated: false, omit_empty: true },
+        Field { tag: 7, json: "nodeStageSecretRef", kind: Msg("core.v1.SecretReference"), repeated: false, omit_empty: true },
+        Field { tag: 8, json: "nodePublishSecretRef", kind: Msg("core.v1.SecretReference"), repeated: false, omit_empty: true },
+        Field { tag: 9, json: "controllerExpandSecretRef", kind: Msg("core.v1.SecretReference"), repeated: false, omit_empty: true },
+        Field { tag: 10, json: "nodeExpandSecretRef", kind: Msg("core.v1.SecretReference"), repeated: false, omit_empty: true },
     ] },
     Message { name: "core.v1.CSIVolumeSource", fields: &[
         Field { tag: 1, json: "driver", kind: Str, repeated: false, omit_empty: false },
@@ -116,6 +234,14 @@ pub static MESSAGES: &[Message] = &[
         Field { tag: 1, json: "add", kind: Str, repeated: true, omit_empty: true },
         Field { tag: 2, json: "drop", kind: Str, repeated: true, omit_empty: true },
     ] },
+    Message { name: "core.v1.CephFsPersistentVolumeSource", fields: &[
+        Field { tag: 1, json: "monitors", kind: Str, repeated: true, omit_empty: true },
+        Field { tag: 2, json: "path", kind: Str, repeated: false, omit_empty: true },
+        Field { tag: 3, json: "user", kind: Str, repeated: false, omit_empty: true },
+        Field { tag: 4, json: "secretFile", kind: Str, repeated: false, omit_empty: true },
+        Field { tag: 5, json: "secretRef", kind: Msg("core.v1.SecretReference"), repeated: false, omit_empty: true },
+        Field { tag: 6, json: "readOnly", kind: Bool, repeated: false, omit_empty: true },
+    ] },
     Message { name: "core.v1.CephFsVolumeSource", fields: &[
         Field { tag: 1, json: "monitors", kind: Str, repeated: true, omit_empty: true },
         Field { tag: 2, json: "path", kind: Str, repeated: false, omit_empty: true },
@@ -123,6 +249,12 @@ pub static MESSAGES: &[Message] = &[
         Field { tag: 4, json: "secretFile", kind: Str, repeated: false, omit_empty: true },
         Field { tag: 5, json: "secretRef", kind: Msg("core.v1.LocalObjectReference"), repeated: false, omit_empty: true },
         Field { tag: 6, json: "readOnly", kind: Bool, repeated: false, omit_empty: true },
+    ] },
+    Message { name: "core.v1.CinderPersistentVolumeSource", fields: &[
+        Field { tag: 1, json: "volumeID", kind: Str, repeated: false, omit_empty: false },
+        Field { tag: 2, json: "fsType", kind: Str, repeated: false, omit_empty: true },
+        Field { tag: 3, json: "readOnly", kind: Bool, repeated: false, omit_empty: true },
+        Field { tag: 4, json: "secretRef", kind: Msg("core.v1.SecretReference"), repeated: false, omit_empty: true },
     ] },
     Message { name: "core.v1.CinderVolumeSource", fields: &[
         Field { tag: 1, json: "volumeID", kind: Str, repeated: false, omit_empty: false },
@@ -139,6 +271,22 @@ pub static MESSAGES: &[Message] = &[
         Field { tag: 3, json: "labelSelector", kind: Msg("meta.v1.LabelSelector"), repeated: false, omit_empty: true },
         Field { tag: 4, json: "path", kind: Str, repeated: false, omit_empty: false },
         Field { tag: 5, json: "optional", kind: Bool, repeated: false, omit_empty: true },
+    ] },
+    Message { name: "core.v1.ComponentCondition", fields: &[
+        Field { tag: 1, json: "type", kind: Str, repeated: false, omit_empty: false },
+        Field { tag: 2, json: "status", kind: Str, repeated: false, omit_empty: false },
+        Field { tag: 3, json: "message", kind: Str, repeated: false, omit_empty: true },
+        Field { tag: 4, json: "error", kind: Str, repeated: false, omit_empty: true },
+    ] },
+    Message { name: "core.v1.ComponentStatus", fields: &[
+        Field { tag: 1, json: "metadata", kind: Msg("meta.v1.ObjectMeta"), repeated: false, omit_empty: false },
+        Field { tag: 2, json: "conditions", kind: Msg("core.v1.ComponentCondition"), repeated: true, omit_empty: true },
+    ] },
+    Message { name: "core.v1.ConfigMap", fields: &[
+        Field { tag: 1, json: "metadata", kind: Msg("meta.v1.ObjectMeta"), repeated: false, omit_empty: false },
+        Field { tag: 2, json: "data", kind: MapString, repeated: false, omit_empty: true },
+        Field { tag: 3, json: "binaryData", kind: MapBytes, repeated: false, omit_empty: true },
+        Field { tag: 4, json: "immutable", kind: Bool, repeated: false, omit_empty: true },
     ] },
     Message { name: "core.v1.ConfigMapEnvSource", fields: &[
         Field { tag: 1, json: "localObjectReference", kind: Msg("core.v1.LocalObjectReference"), repeated: false, omit_empty: true },
@@ -396,6 +544,13 @@ pub static MESSAGES: &[Message] = &[
         Field { tag: 3, json: "key", kind: Str, repeated: false, omit_empty: true },
         Field { tag: 4, json: "optional", kind: Bool, repeated: false, omit_empty: true },
     ] },
+    Message { name: "core.v1.FlexPersistentVolumeSource", fields: &[
+        Field { tag: 1, json: "driver", kind: Str, repeated: false, omit_empty: false },
+        Field { tag: 2, json: "fsType", kind: Str, repeated: false, omit_empty: true },
+        Field { tag: 3, json: "secretRef", kind: Msg("core.v1.SecretReference"), repeated: false, omit_empty: true },
+        Field { tag: 4, json: "readOnly", kind: Bool, repeated: false, omit_empty: true },
+        Field { tag: 5, json: "options", kind: MapString, repeated: false, omit_empty: true },
+    ] },
     Message { name: "core.v1.FlexVolumeSource", fields: &[
         Field { tag: 1, json: "driver", kind: Str, repeated: false, omit_empty: false },
         Field { tag: 2, json: "fsType", kind: Str, repeated: false, omit_empty: true },
@@ -417,6 +572,12 @@ pub static MESSAGES: &[Message] = &[
         Field { tag: 1, json: "repository", kind: Str, repeated: false, omit_empty: false },
         Field { tag: 2, json: "revision", kind: Str, repeated: false, omit_empty: true },
         Field { tag: 3, json: "directory", kind: Str, repeated: false, omit_empty: true },
+    ] },
+    Message { name: "core.v1.GlusterfsPersistentVolumeSource", fields: &[
+        Field { tag: 1, json: "endpoints", kind: Str, repeated: false, omit_empty: false },
+        Field { tag: 2, json: "path", kind: Str, repeated: false, omit_empty: false },
+        Field { tag: 3, json: "readOnly", kind: Bool, repeated: false, omit_empty: true },
+        Field { tag: 4, json: "endpointsNamespace", kind: Str, repeated: false, omit_empty: true },
     ] },
     Message { name: "core.v1.GlusterfsVolumeSource", fields: &[
         Field { tag: 1, json: "endpoints", kind: Str, repeated: false, omit_empty: false },
@@ -453,6 +614,19 @@ pub static MESSAGES: &[Message] = &[
         Field { tag: 1, json: "reference", kind: Str, repeated: false, omit_empty: true },
         Field { tag: 2, json: "pullPolicy", kind: Str, repeated: false, omit_empty: true },
     ] },
+    Message { name: "core.v1.IscsiPersistentVolumeSource", fields: &[
+        Field { tag: 1, json: "targetPortal", kind: Str, repeated: false, omit_empty: true },
+        Field { tag: 2, json: "iqn", kind: Str, repeated: false, omit_empty: true },
+        Field { tag: 3, json: "lun", kind: I32, repeated: false, omit_empty: true },
+        Field { tag: 4, json: "iscsiInterface", kind: Str, repeated: false, omit_empty: true },
+        Field { tag: 5, json: "fsType", kind: Str, repeated: false, omit_empty: true },
+        Field { tag: 6, json: "readOnly", kind: Bool, repeated: false, omit_empty: true },
+        Field { tag: 7, json: "portals", kind: Str, repeated: true, omit_empty: true },
+        Field { tag: 8, json: "chapAuthDiscovery", kind: Bool, repeated: false, omit_empty: true },
+        Field { tag: 10, json: "secretRef", kind: Msg("core.v1.SecretReference"), repeated: false, omit_empty: true },
+        Field { tag: 11, json: "chapAuthSession", kind: Bool, repeated: false, omit_empty: true },
+        Field { tag: 12, json: "initiatorName", kind: Str, repeated: false, omit_empty: true },
+    ] },
     Message { name: "core.v1.IscsiVolumeSource", fields: &[
         Field { tag: 1, json: "targetPortal", kind: Str, repeated: false, omit_empty: true },
         Field { tag: 2, json: "iqn", kind: Str, repeated: false, omit_empty: true },
@@ -482,6 +656,21 @@ pub static MESSAGES: &[Message] = &[
         Field { tag: 3, json: "tcpSocket", kind: Msg("core.v1.TcpSocketAction"), repeated: false, omit_empty: true },
         Field { tag: 4, json: "sleep", kind: Msg("core.v1.SleepAction"), repeated: false, omit_empty: true },
     ] },
+    Message { name: "core.v1.LimitRange", fields: &[
+        Field { tag: 1, json: "metadata", kind: Msg("meta.v1.ObjectMeta"), repeated: false, omit_empty: false },
+        Field { tag: 2, json: "spec", kind: Msg("core.v1.LimitRangeSpec"), repeated: false, omit_empty: true },
+    ] },
+    Message { name: "core.v1.LimitRangeItem", fields: &[
+        Field { tag: 1, json: "type", kind: Str, repeated: false, omit_empty: false },
+        Field { tag: 2, json: "max", kind: MapMsg("api.resource.Quantity"), repeated: false, omit_empty: true },
+        Field { tag: 3, json: "min", kind: MapMsg("api.resource.Quantity"), repeated: false, omit_empty: true },
+        Field { tag: 4, json: "default", kind: MapMsg("api.resource.Quantity"), repeated: false, omit_empty: true },
+        Field { tag: 5, json: "defaultRequest", kind: MapMsg("api.resource.Quantity"), repeated: false, omit_empty: true },
+        Field { tag: 6, json: "maxLimitRequestRatio", kind: MapMsg("api.resource.Quantity"), repeated: false, omit_empty: true },
+    ] },
+    Message { name: "core.v1.LimitRangeSpec", fields: &[
+        Field { tag: 1, json: "limits", kind: Msg("core.v1.LimitRangeItem"), repeated: true, omit_empty: false },
+    ] },
     Message { name: "core.v1.LinuxContainerUser", fields: &[
         Field { tag: 1, json: "uid", kind: I64, repeated: false, omit_empty: false },
         Field { tag: 2, json: "gid", kind: I64, repeated: false, omit_empty: false },
@@ -498,6 +687,14 @@ pub static MESSAGES: &[Message] = &[
     ] },
     Message { name: "core.v1.LocalObjectReference", fields: &[
         Field { tag: 1, json: "name", kind: Str, repeated: false, omit_empty: false },
+    ] },
+    Message { name: "core.v1.LocalVolumeSource", fields: &[
+        Field { tag: 1, json: "path", kind: Str, repeated: false, omit_empty: false },
+        Field { tag: 2, json: "fsType", kind: Str, repeated: false, omit_empty: true },
+    ] },
+    Message { name: "core.v1.ModifyVolumeStatus", fields: &[
+        Field { tag: 1, json: "targetVolumeAttributesClassName", kind: Str, repeated: false, omit_empty: true },
+        Field { tag: 2, json: "status", kind: Str, repeated: false, omit_empty: false },
     ] },
     Message { name: "core.v1.Namespace", fields: &[
         Field { tag: 1, json: "metadata", kind: Msg("meta.v1.ObjectMeta"), repeated: false, omit_empty: false },
@@ -633,6 +830,24 @@ pub static MESSAGES: &[Message] = &[
         Field { tag: 6, json: "resourceVersion", kind: Str, repeated: false, omit_empty: true },
         Field { tag: 7, json: "fieldPath", kind: Str, repeated: false, omit_empty: true },
     ] },
+    Message { name: "core.v1.PersistentVolume", fields: &[
+        Field { tag: 1, json: "metadata", kind: Msg("meta.v1.ObjectMeta"), repeated: false, omit_empty: false },
+        Field { tag: 2, json: "spec", kind: Msg("core.v1.PersistentVolumeSpec"), repeated: false, omit_empty: true },
+        Field { tag: 3, json: "status", kind: Msg("core.v1.PersistentVolumeStatus"), repeated: false, omit_empty: true },
+    ] },
+    Message { name: "core.v1.PersistentVolumeClaim", fields: &[
+        Field { tag: 1, json: "metadata", kind: Msg("meta.v1.ObjectMeta"), repeated: false, omit_empty: false },
+        Field { tag: 2, json: "spec", kind: Msg("core.v1.PersistentVolumeClaimSpec"), repeated: false, omit_empty: true },
+        Field { tag: 3, json: "status", kind: Msg("core.v1.PersistentVolumeClaimStatus"), repeated: false, omit_empty: true },
+    ] },
+    Message { name: "core.v1.PersistentVolumeClaimCondition", fields: &[
+        Field { tag: 1, json: "type", kind: Str, repeated: false, omit_empty: false },
+        Field { tag: 2, json: "status", kind: Str, repeated: false, omit_empty: false },
+        Field { tag: 3, json: "lastProbeTime", kind: Msg("meta.v1.Time"), repeated: false, omit_empty: true },
+        Field { tag: 4, json: "lastTransitionTime", kind: Msg("meta.v1.Time"), repeated: false, omit_empty: true },
+        Field { tag: 5, json: "reason", kind: Str, repeated: false, omit_empty: true },
+        Field { tag: 6, json: "message", kind: Str, repeated: false, omit_empty: true },
+    ] },
     Message { name: "core.v1.PersistentVolumeClaimSpec", fields: &[
         Field { tag: 1, json: "accessModes", kind: Str, repeated: true, omit_empty: true },
         Field { tag: 2, json: "resources", kind: Msg("core.v1.VolumeResourceRequirements"), repeated: false, omit_empty: true },
@@ -644,6 +859,16 @@ pub static MESSAGES: &[Message] = &[
         Field { tag: 8, json: "dataSourceRef", kind: Msg("core.v1.TypedObjectReference"), repeated: false, omit_empty: true },
         Field { tag: 9, json: "volumeAttributesClassName", kind: Str, repeated: false, omit_empty: true },
     ] },
+    Message { name: "core.v1.PersistentVolumeClaimStatus", fields: &[
+        Field { tag: 1, json: "phase", kind: Str, repeated: false, omit_empty: true },
+        Field { tag: 2, json: "accessModes", kind: Str, repeated: true, omit_empty: true },
+        Field { tag: 3, json: "capacity", kind: MapMsg("api.resource.Quantity"), repeated: false, omit_empty: true },
+        Field { tag: 4, json: "conditions", kind: Msg("core.v1.PersistentVolumeClaimCondition"), repeated: true, omit_empty: true },
+        Field { tag: 5, json: "allocatedResources", kind: MapMsg("api.resource.Quantity"), repeated: false, omit_empty: true },
+        Field { tag: 7, json: "allocatedResourceStatuses", kind: MapString, repeated: false, omit_empty: true },
+        Field { tag: 8, json: "currentVolumeAttributesClassName", kind: Str, repeated: false, omit_empty: true },
+        Field { tag: 9, json: "modifyVolumeStatus", kind: Msg("core.v1.ModifyVolumeStatus"), repeated: false, omit_empty: true },
+    ] },
     Message { name: "core.v1.PersistentVolumeClaimTemplate", fields: &[
         Field { tag: 1, json: "metadata", kind: Msg("meta.v1.ObjectMeta"), repeated: false, omit_empty: true },
         Field { tag: 2, json: "spec", kind: Msg("core.v1.PersistentVolumeClaimSpec"), repeated: false, omit_empty: false },
@@ -651,6 +876,48 @@ pub static MESSAGES: &[Message] = &[
     Message { name: "core.v1.PersistentVolumeClaimVolumeSource", fields: &[
         Field { tag: 1, json: "claimName", kind: Str, repeated: false, omit_empty: false },
         Field { tag: 2, json: "readOnly", kind: Bool, repeated: false, omit_empty: true },
+    ] },
+    Message { name: "core.v1.PersistentVolumeSource", fields: &[
+        Field { tag: 1, json: "gcePersistentDisk", kind: Msg("core.v1.GcePersistentDiskVolumeSource"), repeated: false, omit_empty: true },
+        Field { tag: 2, json: "awsElasticBlockStore", kind: Msg("core.v1.AwsElasticBlockStoreVolumeSource"), repeated: false, omit_empty: true },
+        Field { tag: 3, json: "hostPath", kind: Msg("core.v1.HostPathVolumeSource"), repeated: false, omit_empty: true },
+        Field { tag: 4, json: "glusterfs", kind: Msg("core.v1.GlusterfsPersistentVolumeSource"), repeated: false, omit_empty: true },
+        Field { tag: 5, json: "nfs", kind: Msg("core.v1.NfsVolumeSource"), repeated: false, omit_empty: true },
+        Field { tag: 6, json: "rbd", kind: Msg("core.v1.RbdPersistentVolumeSource"), repeated: false, omit_empty: true },
+        Field { tag: 7, json: "iscsi", kind: Msg("core.v1.IscsiPersistentVolumeSource"), repeated: false, omit_empty: true },
+        Field { tag: 8, json: "cinder", kind: Msg("core.v1.CinderPersistentVolumeSource"), repeated: false, omit_empty: true },
+        Field { tag: 9, json: "cephfs", kind: Msg("core.v1.CephFsPersistentVolumeSource"), repeated: false, omit_empty: true },
+        Field { tag: 10, json: "fc", kind: Msg("core.v1.FcVolumeSource"), repeated: false, omit_empty: true },
+        Field { tag: 11, json: "flocker", kind: Msg("core.v1.FlockerVolumeSource"), repeated: false, omit_empty: true },
+        Field { tag: 12, json: "flexVolume", kind: Msg("core.v1.FlexPersistentVolumeSource"), repeated: false, omit_empty: true },
+        Field { tag: 13, json: "azureFile", kind: Msg("core.v1.AzureFilePersistentVolumeSource"), repeated: false, omit_empty: true },
+        Field { tag: 14, json: "vsphereVolume", kind: Msg("core.v1.VsphereVirtualDiskVolumeSource"), repeated: false, omit_empty: true },
+        Field { tag: 15, json: "quobyte", kind: Msg("core.v1.QuobyteVolumeSource"), repeated: false, omit_empty: true },
+        Field { tag: 16, json: "azureDisk", kind: Msg("core.v1.AzureDiskVolumeSource"), repeated: false, omit_empty: true },
+        Field { tag: 17, json: "photonPersistentDisk", kind: Msg("core.v1.PhotonPersistentDiskVolumeSource"), repeated: false, omit_empty: true },
+        Field { tag: 18, json: "portworxVolume", kind: Msg("core.v1.PortworxVolumeSource"), repeated: false, omit_empty: true },
+        Field { tag: 19, json: "scaleIO", kind: Msg("core.v1.ScaleIoPersistentVolumeSource"), repeated: false, omit_empty: true },
+        Field { tag: 20, json: "local", kind: Msg("core.v1.LocalVolumeSource"), repeated: false, omit_empty: true },
+        Field { tag: 21, json: "storageos", kind: Msg("core.v1.StorageOsPersistentVolumeSource"), repeated: false, omit_empty: true },
+        Field { tag: 22, json: "csi", kind: Msg("core.v1.CSIPersistentVolumeSource"), repeated: false, omit_empty: true },
+    ] },
+    Message { name: "core.v1.PersistentVolumeSpec", fields: &[
+        Field { tag: 1, json: "capacity", kind: MapMsg("api.resource.Quantity"), repeated: false, omit_empty: true },
+        Field { tag: 2, json: "persistentVolumeSource", kind: Msg("core.v1.PersistentVolumeSource"), repeated: false, omit_empty: true },
+        Field { tag: 3, json: "accessModes", kind: Str, repeated: true, omit_empty: true },
+        Field { tag: 4, json: "claimRef", kind: Msg("core.v1.ObjectReference"), repeated: false, omit_empty: true },
+        Field { tag: 5, json: "persistentVolumeReclaimPolicy", kind: Str, repeated: false, omit_empty: true },
+        Field { tag: 6, json: "storageClassName", kind: Str, repeated: false, omit_empty: true },
+        Field { tag: 7, json: "mountOptions", kind: Str, repeated: true, omit_empty: true },
+        Field { tag: 8, json: "volumeMode", kind: Str, repeated: false, omit_empty: true },
+        Field { tag: 9, json: "nodeAffinity", kind: Msg("core.v1.VolumeNodeAffinity"), repeated: false, omit_empty: true },
+        Field { tag: 10, json: "volumeAttributesClassName", kind: Str, repeated: false, omit_empty: true },
+    ] },
+    Message { name: "core.v1.PersistentVolumeStatus", fields: &[
+        Field { tag: 1, json: "phase", kind: Str, repeated: false, omit_empty: true },
+        Field { tag: 2, json: "message", kind: Str, repeated: false, omit_empty: true },
+        Field { tag: 3, json: "reason", kind: Str, repeated: false, omit_empty: true },
+        Field { tag: 4, json: "lastPhaseTransitionTime", kind: Msg("meta.v1.Time"), repeated: false, omit_empty: true },
     ] },
     Message { name: "core.v1.PhotonPersistentDiskVolumeSource", fields: &[
         Field { tag: 1, json: "pdID", kind: Str, repeated: false, omit_empty: false },
@@ -810,6 +1077,14 @@ pub static MESSAGES: &[Message] = &[
         Field { tag: 19, json: "allocatedResources", kind: MapMsg("api.resource.Quantity"), repeated: false, omit_empty: true },
         Field { tag: 20, json: "resources", kind: Msg("core.v1.ResourceRequirements"), repeated: false, omit_empty: true },
     ] },
+    Message { name: "core.v1.PodStatusResult", fields: &[
+        Field { tag: 1, json: "metadata", kind: Msg("meta.v1.ObjectMeta"), repeated: false, omit_empty: true },
+        Field { tag: 2, json: "status", kind: Msg("core.v1.PodStatus"), repeated: false, omit_empty: true },
+    ] },
+    Message { name: "core.v1.PodTemplate", fields: &[
+        Field { tag: 1, json: "metadata", kind: Msg("meta.v1.ObjectMeta"), repeated: false, omit_empty: false },
+        Field { tag: 2, json: "template", kind: Msg("core.v1.PodTemplateSpec"), repeated: false, omit_empty: true },
+    ] },
     Message { name: "core.v1.PodTemplateSpec", fields: &[
         Field { tag: 1, json: "metadata", kind: Msg("meta.v1.ObjectMeta"), repeated: false, omit_empty: true },
         Field { tag: 2, json: "spec", kind: Msg("core.v1.PodSpec"), repeated: false, omit_empty: true },
@@ -855,6 +1130,21 @@ pub static MESSAGES: &[Message] = &[
         Field { tag: 5, json: "group", kind: Str, repeated: false, omit_empty: true },
         Field { tag: 6, json: "tenant", kind: Str, repeated: false, omit_empty: true },
     ] },
+    Message { name: "core.v1.RangeAllocation", fields: &[
+        Field { tag: 1, json: "metadata", kind: Msg("meta.v1.ObjectMeta"), repeated: false, omit_empty: true },
+        Field { tag: 2, json: "range", kind: Str, repeated: false, omit_empty: true },
+        Field { tag: 3, json: "data", kind: Bytes, repeated: false, omit_empty: true },
+    ] },
+    Message { name: "core.v1.RbdPersistentVolumeSource", fields: &[
+        Field { tag: 1, json: "monitors", kind: Str, repeated: true, omit_empty: true },
+        Field { tag: 2, json: "image", kind: Str, repeated: false, omit_empty: true },
+        Field { tag: 3, json: "fsType", kind: Str, repeated: false, omit_empty: true },
+        Field { tag: 4, json: "pool", kind: Str, repeated: false, omit_empty: true },
+        Field { tag: 5, json: "user", kind: Str, repeated: false, omit_empty: true },
+        Field { tag: 6, json: "keyring", kind: Str, repeated: false, omit_empty: true },
+        Field { tag: 7, json: "secretRef", kind: Msg("core.v1.SecretReference"), repeated: false, omit_empty: true },
+        Field { tag: 8, json: "readOnly", kind: Bool, repeated: false, omit_empty: true },
+    ] },
     Message { name: "core.v1.RbdVolumeSource", fields: &[
         Field { tag: 1, json: "monitors", kind: Str, repeated: true, omit_empty: true },
         Field { tag: 2, json: "image", kind: Str, repeated: false, omit_empty: true },
@@ -864,6 +1154,32 @@ pub static MESSAGES: &[Message] = &[
         Field { tag: 6, json: "keyring", kind: Str, repeated: false, omit_empty: true },
         Field { tag: 7, json: "secretRef", kind: Msg("core.v1.LocalObjectReference"), repeated: false, omit_empty: true },
         Field { tag: 8, json: "readOnly", kind: Bool, repeated: false, omit_empty: true },
+    ] },
+    Message { name: "core.v1.ReplicationController", fields: &[
+        Field { tag: 1, json: "metadata", kind: Msg("meta.v1.ObjectMeta"), repeated: false, omit_empty: false },
+        Field { tag: 2, json: "spec", kind: Msg("core.v1.ReplicationControllerSpec"), repeated: false, omit_empty: true },
+        Field { tag: 3, json: "status", kind: Msg("core.v1.ReplicationControllerStatus"), repeated: false, omit_empty: true },
+    ] },
+    Message { name: "core.v1.ReplicationControllerCondition", fields: &[
+        Field { tag: 1, json: "type", kind: Str, repeated: false, omit_empty: false },
+        Field { tag: 2, json: "status", kind: Str, repeated: false, omit_empty: false },
+        Field { tag: 3, json: "lastTransitionTime", kind: Msg("meta.v1.Time"), repeated: false, omit_empty: true },
+        Field { tag: 4, json: "reason", kind: Str, repeated: false, omit_empty: true },
+        Field { tag: 5, json: "message", kind: Str, repeated: false, omit_empty: true },
+    ] },
+    Message { name: "core.v1.ReplicationControllerSpec", fields: &[
+        Field { tag: 1, json: "replicas", kind: I32, repeated: false, omit_empty: true },
+        Field { tag: 2, json: "selector", kind: MapString, repeated: false, omit_empty: true },
+        Field { tag: 3, json: "template", kind: Msg("core.v1.PodTemplateSpec"), repeated: false, omit_empty: true },
+        Field { tag: 4, json: "minReadySeconds", kind: I32, repeated: false, omit_empty: true },
+    ] },
+    Message { name: "core.v1.ReplicationControllerStatus", fields: &[
+        Field { tag: 1, json: "replicas", kind: I32, repeated: false, omit_empty: false },
+        Field { tag: 2, json: "fullyLabeledReplicas", kind: I32, repeated: false, omit_empty: true },
+        Field { tag: 3, json: "observedGeneration", kind: I64, repeated: false, omit_empty: true },
+        Field { tag: 4, json: "readyReplicas", kind: I32, repeated: false, omit_empty: true },
+        Field { tag: 5, json: "availableReplicas", kind: I32, repeated: false, omit_empty: true },
+        Field { tag: 6, json: "conditions", kind: Msg("core.v1.ReplicationControllerCondition"), repeated: true, omit_empty: true },
     ] },
     Message { name: "core.v1.ResourceClaim", fields: &[
         Field { tag: 1, json: "name", kind: Str, repeated: false, omit_empty: false },
@@ -878,6 +1194,20 @@ pub static MESSAGES: &[Message] = &[
         Field { tag: 1, json: "resourceID", kind: Str, repeated: false, omit_empty: false },
         Field { tag: 2, json: "health", kind: Str, repeated: false, omit_empty: true },
     ] },
+    Message { name: "core.v1.ResourceQuota", fields: &[
+        Field { tag: 1, json: "metadata", kind: Msg("meta.v1.ObjectMeta"), repeated: false, omit_empty: false },
+        Field { tag: 2, json: "spec", kind: Msg("core.v1.ResourceQuotaSpec"), repeated: false, omit_empty: true },
+        Field { tag: 3, json: "status", kind: Msg("core.v1.ResourceQuotaStatus"), repeated: false, omit_empty: true },
+    ] },
+    Message { name: "core.v1.ResourceQuotaSpec", fields: &[
+        Field { tag: 1, json: "hard", kind: MapMsg("api.resource.Quantity"), repeated: false, omit_empty: true },
+        Field { tag: 2, json: "scopes", kind: Str, repeated: true, omit_empty: true },
+        Field { tag: 3, json: "scopeSelector", kind: Msg("core.v1.ScopeSelector"), repeated: false, omit_empty: true },
+    ] },
+    Message { name: "core.v1.ResourceQuotaStatus", fields: &[
+        Field { tag: 1, json: "hard", kind: MapMsg("api.resource.Quantity"), repeated: false, omit_empty: true },
+        Field { tag: 2, json: "used", kind: MapMsg("api.resource.Quantity"), repeated: false, omit_empty: true },
+    ] },
     Message { name: "core.v1.ResourceRequirements", fields: &[
         Field { tag: 1, json: "limits", kind: MapMsg("api.resource.Quantity"), repeated: false, omit_empty: true },
         Field { tag: 2, json: "requests", kind: MapMsg("api.resource.Quantity"), repeated: false, omit_empty: true },
@@ -886,6 +1216,18 @@ pub static MESSAGES: &[Message] = &[
     Message { name: "core.v1.ResourceStatus", fields: &[
         Field { tag: 1, json: "name", kind: Str, repeated: false, omit_empty: false },
         Field { tag: 2, json: "resources", kind: Msg("core.v1.ResourceHealth"), repeated: true, omit_empty: true },
+    ] },
+    Message { name: "core.v1.ScaleIoPersistentVolumeSource", fields: &[
+        Field { tag: 1, json: "gateway", kind: Str, repeated: false, omit_empty: true },
+        Field { tag: 2, json: "system", kind: Str, repeated: false, omit_empty: true },
+        Field { tag: 3, json: "secretRef", kind: Msg("core.v1.SecretReference"), repeated: false, omit_empty: true },
+        Field { tag: 4, json: "sslEnabled", kind: Bool, repeated: false, omit_empty: true },
+        Field { tag: 5, json: "protectionDomain", kind: Str, repeated: false, omit_empty: true },
+        Field { tag: 6, json: "storagePool", kind: Str, repeated: false, omit_empty: true },
+        Field { tag: 7, json: "storageMode", kind: Str, repeated: false, omit_empty: true },
+        Field { tag: 8, json: "volumeName", kind: Str, repeated: false, omit_empty: true },
+        Field { tag: 9, json: "fsType", kind: Str, repeated: false, omit_empty: true },
+        Field { tag: 10, json: "readOnly", kind: Bool, repeated: false, omit_empty: true },
     ] },
     Message { name: "core.v1.ScaleIoVolumeSource", fields: &[
         Field { tag: 1, json: "gateway", kind: Str, repeated: false, omit_empty: true },
@@ -898,6 +1240,14 @@ pub static MESSAGES: &[Message] = &[
         Field { tag: 8, json: "volumeName", kind: Str, repeated: false, omit_empty: true },
         Field { tag: 9, json: "fsType", kind: Str, repeated: false, omit_empty: true },
         Field { tag: 10, json: "readOnly", kind: Bool, repeated: false, omit_empty: true },
+    ] },
+    Message { name: "core.v1.ScopeSelector", fields: &[
+        Field { tag: 1, json: "matchExpressions", kind: Msg("core.v1.ScopedResourceSelectorRequirement"), repeated: true, omit_empty: true },
+    ] },
+    Message { name: "core.v1.ScopedResourceSelectorRequirement", fields: &[
+        Field { tag: 1, json: "scopeName", kind: Str, repeated: false, omit_empty: false },
+        Field { tag: 2, json: "operator", kind: Str, repeated: false, omit_empty: false },
+        Field { tag: 3, json: "values", kind: Str, repeated: true, omit_empty: true },
     ] },
     Message { name: "core.v1.SeLinuxOptions", fields: &[
         Field { tag: 1, json: "user", kind: Str, repeated: false, omit_empty: true },
@@ -930,6 +1280,10 @@ pub static MESSAGES: &[Message] = &[
         Field { tag: 2, json: "items", kind: Msg("core.v1.KeyToPath"), repeated: true, omit_empty: true },
         Field { tag: 4, json: "optional", kind: Bool, repeated: false, omit_empty: true },
     ] },
+    Message { name: "core.v1.SecretReference", fields: &[
+        Field { tag: 1, json: "name", kind: Str, repeated: false, omit_empty: true },
+        Field { tag: 2, json: "namespace", kind: Str, repeated: false, omit_empty: true },
+    ] },
     Message { name: "core.v1.SecretVolumeSource", fields: &[
         Field { tag: 1, json: "secretName", kind: Str, repeated: false, omit_empty: true },
         Field { tag: 2, json: "items", kind: Msg("core.v1.KeyToPath"), repeated: true, omit_empty: true },
@@ -954,6 +1308,12 @@ pub static MESSAGES: &[Message] = &[
         Field { tag: 1, json: "metadata", kind: Msg("meta.v1.ObjectMeta"), repeated: false, omit_empty: false },
         Field { tag: 2, json: "spec", kind: Msg("core.v1.ServiceSpec"), repeated: false, omit_empty: true },
         Field { tag: 3, json: "status", kind: Msg("core.v1.ServiceStatus"), repeated: false, omit_empty: true },
+    ] },
+    Message { name: "core.v1.ServiceAccount", fields: &[
+        Field { tag: 1, json: "metadata", kind: Msg("meta.v1.ObjectMeta"), repeated: false, omit_empty: false },
+        Field { tag: 2, json: "secrets", kind: Msg("core.v1.ObjectReference"), repeated: true, omit_empty: true },
+        Field { tag: 3, json: "imagePullSecrets", kind: Msg("core.v1.LocalObjectReference"), repeated: true, omit_empty: true },
+        Field { tag: 4, json: "automountServiceAccountToken", kind: Bool, repeated: false, omit_empty: true },
     ] },
     Message { name: "core.v1.ServiceAccountTokenProjection", fields: &[
         Field { tag: 1, json: "audience", kind: Str, repeated: false, omit_empty: true },
@@ -999,6 +1359,13 @@ pub static MESSAGES: &[Message] = &[
     ] },
     Message { name: "core.v1.SleepAction", fields: &[
         Field { tag: 1, json: "seconds", kind: I64, repeated: false, omit_empty: false },
+    ] },
+    Message { name: "core.v1.StorageOsPersistentVolumeSource", fields: &[
+        Field { tag: 1, json: "volumeName", kind: Str, repeated: false, omit_empty: true },
+        Field { tag: 2, json: "volumeNamespace", kind: Str, repeated: false, omit_empty: true },
+        Field { tag: 3, json: "fsType", kind: Str, repeated: false, omit_empty: true },
+        Field { tag: 4, json: "readOnly", kind: Bool, repeated: false, omit_empty: true },
+        Field { tag: 5, json: "secretRef", kind: Msg("core.v1.ObjectReference"), repeated: false, omit_empty: true },
     ] },
     Message { name: "core.v1.StorageOsVolumeSource", fields: &[
         Field { tag: 1, json: "volumeName", kind: Str, repeated: false, omit_empty: true },
@@ -1071,6 +1438,9 @@ pub static MESSAGES: &[Message] = &[
         Field { tag: 2, json: "mountPath", kind: Str, repeated: false, omit_empty: false },
         Field { tag: 3, json: "readOnly", kind: Bool, repeated: false, omit_empty: true },
         Field { tag: 4, json: "recursiveReadOnly", kind: Str, repeated: false, omit_empty: true },
+    ] },
+    Message { name: "core.v1.VolumeNodeAffinity", fields: &[
+        Field { tag: 1, json: "required", kind: Msg("core.v1.NodeSelector"), repeated: false, omit_empty: true },
     ] },
     Message { name: "core.v1.VolumeProjection", fields: &[
         Field { tag: 1, json: "secret", kind: Msg("core.v1.SecretProjection"), repeated: false, omit_empty: true },
@@ -1233,6 +1603,13 @@ pub static MESSAGES: &[Message] = &[
     Message { name: "networking.v1.HttpIngressRuleValue", fields: &[
         Field { tag: 1, json: "paths", kind: Msg("networking.v1.HttpIngressPath"), repeated: true, omit_empty: true },
     ] },
+    Message { name: "networking.v1.IPAddress", fields: &[
+        Field { tag: 1, json: "metadata", kind: Msg("meta.v1.ObjectMeta"), repeated: false, omit_empty: false },
+        Field { tag: 2, json: "spec", kind: Msg("networking.v1.IPAddressSpec"), repeated: false, omit_empty: true },
+    ] },
+    Message { name: "networking.v1.IPAddressSpec", fields: &[
+        Field { tag: 1, json: "parentRef", kind: Msg("networking.v1.ParentReference"), repeated: false, omit_empty: false },
+    ] },
     Message { name: "networking.v1.Ingress", fields: &[
         Field { tag: 1, json: "metadata", kind: Msg("meta.v1.ObjectMeta"), repeated: false, omit_empty: false },
         Field { tag: 2, json: "spec", kind: Msg("networking.v1.IngressSpec"), repeated: false, omit_empty: true },
@@ -1294,8 +1671,57 @@ pub static MESSAGES: &[Message] = &[
         Field { tag: 1, json: "hosts", kind: Str, repeated: true, omit_empty: true },
         Field { tag: 2, json: "secretName", kind: Str, repeated: false, omit_empty: true },
     ] },
+    Message { name: "networking.v1.IpBlock", fields: &[
+        Field { tag: 1, json: "cidr", kind: Str, repeated: false, omit_empty: true },
+        Field { tag: 2, json: "except", kind: Str, repeated: true, omit_empty: true },
+    ] },
+    Message { name: "networking.v1.NetworkPolicy", fields: &[
+        Field { tag: 1, json: "metadata", kind: Msg("meta.v1.ObjectMeta"), repeated: false, omit_empty: false },
+        Field { tag: 2, json: "spec", kind: Msg("networking.v1.NetworkPolicySpec"), repeated: false, omit_empty: true },
+    ] },
+    Message { name: "networking.v1.NetworkPolicyEgressRule", fields: &[
+        Field { tag: 1, json: "ports", kind: Msg("networking.v1.NetworkPolicyPort"), repeated: true, omit_empty: true },
+        Field { tag: 2, json: "to", kind: Msg("networking.v1.NetworkPolicyPeer"), repeated: true, omit_empty: true },
+    ] },
+    Message { name: "networking.v1.NetworkPolicyIngressRule", fields: &[
+        Field { tag: 1, json: "ports", kind: Msg("networking.v1.NetworkPolicyPort"), repeated: true, omit_empty: true },
+        Field { tag: 2, json: "from", kind: Msg("networking.v1.NetworkPolicyPeer"), repeated: true, omit_empty: true },
+    ] },
+    Message { name: "networking.v1.NetworkPolicyPeer", fields: &[
+        Field { tag: 1, json: "podSelector", kind: Msg("meta.v1.LabelSelector"), repeated: false, omit_empty: true },
+        Field { tag: 2, json: "namespaceSelector", kind: Msg("meta.v1.LabelSelector"), repeated: false, omit_empty: true },
+        Field { tag: 3, json: "ipBlock", kind: Msg("networking.v1.IpBlock"), repeated: false, omit_empty: true },
+    ] },
+    Message { name: "networking.v1.NetworkPolicyPort", fields: &[
+        Field { tag: 1, json: "protocol", kind: Str, repeated: false, omit_empty: true },
+        Field { tag: 2, json: "port", kind: Msg("util.intstr.IntOrString"), repeated: false, omit_empty: true },
+        Field { tag: 3, json: "endPort", kind: I32, repeated: false, omit_empty: true },
+    ] },
+    Message { name: "networking.v1.NetworkPolicySpec", fields: &[
+        Field { tag: 1, json: "podSelector", kind: Msg("meta.v1.LabelSelector"), repeated: false, omit_empty: true },
+        Field { tag: 2, json: "ingress", kind: Msg("networking.v1.NetworkPolicyIngressRule"), repeated: true, omit_empty: true },
+        Field { tag: 3, json: "egress", kind: Msg("networking.v1.NetworkPolicyEgressRule"), repeated: true, omit_empty: true },
+        Field { tag: 4, json: "policyTypes", kind: Str, repeated: true, omit_empty: true },
+    ] },
+    Message { name: "networking.v1.ParentReference", fields: &[
+        Field { tag: 1, json: "group", kind: Str, repeated: false, omit_empty: true },
+        Field { tag: 2, json: "resource", kind: Str, repeated: false, omit_empty: false },
+        Field { tag: 3, json: "namespace", kind: Str, repeated: false, omit_empty: true },
+        Field { tag: 4, json: "name", kind: Str, repeated: false, omit_empty: false },
+    ] },
     Message { name: "networking.v1.ServiceBackendPort", fields: &[
         Field { tag: 1, json: "name", kind: Str, repeated: false, omit_empty: true },
         Field { tag: 2, json: "number", kind: I32, repeated: false, omit_empty: true },
+    ] },
+    Message { name: "networking.v1.ServiceCIDR", fields: &[
+        Field { tag: 1, json: "metadata", kind: Msg("meta.v1.ObjectMeta"), repeated: false, omit_empty: false },
+        Field { tag: 2, json: "spec", kind: Msg("networking.v1.ServiceCIDRSpec"), repeated: false, omit_empty: true },
+        Field { tag: 3, json: "status", kind: Msg("networking.v1.ServiceCIDRStatus"), repeated: false, omit_empty: true },
+    ] },
+    Message { name: "networking.v1.ServiceCIDRSpec", fields: &[
+        Field { tag: 1, json: "cidrs", kind: Str, repeated: true, omit_empty: true },
+    ] },
+    Message { name: "networking.v1.ServiceCIDRStatus", fields: &[
+        Field { tag: 1, json: "conditions", kind: Msg("meta.v1.Condition"), repeated: true, omit_empty: true },
     ] },
 ];

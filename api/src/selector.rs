@@ -125,39 +125,6 @@ fn parse_set(part: &str) -> Option<(&str, &str, bool)> {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct FieldSelector(Vec<(String, String, bool)>);
 
-/// The fields each kind supports in field selectors (besides metadata.name and metadata.namespace).
-fn kind_fields(kind: Kind) -> &'static [&'static str] {
-    match kind {
-        Kind::Pod => &[
-            "spec.nodeName",
-            "spec.restartPolicy",
-            "spec.schedulerName",
-            "spec.serviceAccountName",
-            "spec.hostNetwork",
-            "status.phase",
-            "status.podIP",
-            "status.nominatedNodeName",
-        ],
-        Kind::Event => &[
-            "involvedObject.kind",
-            "involvedObject.namespace",
-            "involvedObject.name",
-            "involvedObject.uid",
-            "involvedObject.apiVersion",
-            "involvedObject.resourceVersion",
-            "involvedObject.fieldPath",
-            "reason",
-            "reportingComponent",
-            "source",
-            "type",
-        ],
-        Kind::Node => &["spec.unschedulable"],
-        Kind::Namespace => &["status.phase"],
-        Kind::Service => &["spec.clusterIP", "spec.type"],
-        _ => &[],
-    }
-}
-
 impl FieldSelector {
     pub fn parse(s: &str, kind: Kind) -> Result<Self, Error> {
         let mut terms = Vec::new();
@@ -170,7 +137,10 @@ impl FieldSelector {
                 return Err(Error::Selector(format!("invalid selector: '{s}'; can't understand '{part}'")));
             };
             let field = field.trim();
-            if field != "metadata.name" && field != "metadata.namespace" && !kind_fields(kind).contains(&field) {
+            if field != "metadata.name"
+                && field != "metadata.namespace"
+                && !kind.info().field_selectors.contains(&field)
+            {
                 return Err(Error::Selector(format!("field label not supported: {field}")));
             }
             terms.push((field.to_string(), value.trim().to_string(), negated));

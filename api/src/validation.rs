@@ -280,6 +280,24 @@ pub fn annotations(map: &BTreeMap<String, String>, path: &FieldPath, out: &mut V
     }
 }
 
+/// The rule for the keys of Secrets and ConfigMaps (the API server's `IsConfigMapKey`).
+pub fn config_key(k: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    if k.len() > 253 {
+        out.push("must be no more than 253 characters".to_string());
+    }
+    if k.is_empty() || !k.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')) {
+        out.push("a valid config key must consist of alphanumeric characters, '-', '_' or '.'".to_string());
+    }
+    match k {
+        "." => out.push("must not be '.'".to_string()),
+        ".." => out.push("must not be '..'".to_string()),
+        _ if k.starts_with("..") => out.push("must not start with '..'".to_string()),
+        _ => {}
+    }
+    out
+}
+
 /// Pushes one `Invalid value` cause per message in `errs`.
 pub fn push_all(out: &mut Vec<Cause>, path: &FieldPath, value: &str, errs: Vec<String>) {
     for e in errs {

@@ -6,111 +6,14 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
-use std::ops::RangeInclusive;
 
-use api::k8s_openapi::api::core::v1::{Node, Service};
+use api::alloc::Allocate;
+pub use api::alloc::{cluster_ip_key, lb_ip_key, node_port_key, pod_cidr_key, AllocError, Ranges};
 use ipnet::Ipv4Net;
-use serde_json::Value;
-
-/// The ranges the server allocates from.
-#[derive(Clone, Debug)]
-pub struct Ranges {
-    pub service_cidr: Ipv4Net,
-    pub node_ports: RangeInclusive<u16>,
-    pub lb_pool: Ipv4Net,
-    pub cluster_cidr: Ipv4Net,
-    /// Prefix length of each node's pod CIDR.
-    pub node_cidr_prefix: u8,
-}
-
-impl Default for Ranges {
-    fn default() -> Self {
-        Ranges {
-            service_cidr: "10.96.0.0/12".parse().expect("valid"),
-            node_ports: 30000..=32767,
-            lb_pool: "198.51.100.0/24".parse().expect("valid"),
-            cluster_cidr: "10.244.0.0/16".parse().expect("valid"),
-            node_cidr_prefix: 24,
-        }
-    }
-}
-
-/// Why an allocation failed.
-#[derive(Debug, PartialEq, Eq)]
-pub enum AllocError {
-    /// The requested value is outside the range; carries the range's text.
-    NotInRange(String),
-    AlreadyAllocated,
-    Full,
-}
-
-pub fn cluster_ip_key(ip: &str) -> String {
-    format!("clusterip/{ip}")
-}
-pub fn node_port_key(port: i32) -> String {
-    format!("nodeport/{port}")
-}
-pub fn lb_ip_key(ip: &str) -> String {
-    format!("lbip/{ip}")
-}
-pub fn pod_cidr_key(cidr: &str) -> String {
-    format!("podcidr/{cidr}")
-}
 
 /// The owner string recorded with an allocation.
 pub fn owner(kind: api::Kind, ns: &str, name: &str) -> String {
     format!("{}/{}/{}", kind.info().name, ns, name)
-}
-
-/// Every allocation key an object holds, derived from the object itself.
-pub fn owned_keys(kind: api::Kind, obj: &Value, ranges: &Ranges) -> BTreeSet<String> {
-    let mut keys = BTreeSet::new();
-    match kind {
-        api::Kind::Service => {
-            let Ok(svc) = serde_json::from_value::<Service>(obj.clone()) else { return keys };
-            let spec = svc.spec.unwrap_or_default();
-            for ip in spec.cluster_ips.iter().flatten().chain(spec.cluster_ip.iter()) {
-                if let Ok(addr) = ip.parse::<Ipv4Addr>() {
-                    if ranges.service_cidr.contains(&addr) {
-                        keys.insert(cluster_ip_key(ip));
-                    }
-                }
-            }
-            for p in spec.ports.iter().flatten() {
-                if let Some(np) = p.node_port.filter(|n| *n != 0) {
-                    keys.insert(node_port_key(np));
-                }
-            }
-            if let Some(hc) = spec.health_check_node_port.filter(|n| *n != 0) {
-                keys.insert(node_port_key(hc));
-            }
-            let ingress = svc.status.and_then(|s| s.load_balancer).and_then(|l| l.ingress).unwrap_or_default();
-            for ing in ingress {
-                if let Some(ip) = ing.ip {
-                    if ip.parse::<Ipv4Addr>().is_ok_and(|a| ranges.lb_pool.contains(&a)) {
-                        keys.insert(lb_ip_key(&ip));
-                    }
-                }
-            }
-        }
-        api::Kind::Ingress => {
-            let ips =
-                obj.pointer("/status/loadBalancer/ingress").and_then(Value::as_array).cloned().unwrap_or_default();
-            for ip in ips.iter().filter_map(|i| i["ip"].as_str()) {
-                if ip.parse::<Ipv4Addr>().is_ok_and(|a| ranges.lb_pool.contains(&a)) {
-                    keys.insert(lb_ip_key(ip));
-                }
-            }
-        }
-        api::Kind::Node => {
-            let Ok(node) = serde_json::from_value::<Node>(obj.clone()) else { return keys };
-            if let Some(c) = node.spec.and_then(|s| s.pod_cidr) {
-                keys.insert(pod_cidr_key(&c));
-            }
-        }
-        _ => {}
-    }
-    keys
 }
 
 /// The allocation table. Only touched while the store's writer lock is held.
@@ -218,6 +121,39 @@ impl Allocators {
             }
         }
         Err(AllocError::Full)
+    }
+}
+
+/// One write's allocations, as a kind asks for them: the table (its lock held) and the claims
+/// of the transaction.
+pub struct Claiming<'a> {
+    pub table: &'a Allocators,
+    pub claims: &'a mut Claims,
+}
+
+impl Allocate for Claiming<'_> {
+    fn ranges(&self) -> &Ranges {
+        &self.table.ranges
+    }
+    fn cluster_ip(&mut self, requested: Option<Ipv4Addr>) -> Result<Ipv4Addr, AllocError> {
+        self.table.cluster_ip(requested, self.claims)
+    }
+    fn node_port(&mut self, requested: Option<i32>) -> Result<i32, AllocError> {
+        self.table.node_port(requested, self.claims)
+    }
+    fn lb_ip(&mut self, requested: Option<Ipv4Addr>) -> Result<Ipv4Addr, AllocError> {
+        self.table.lb_ip(requested, self.claims)
+    }
+    fn pod_cidr(&mut self, node_name: &str) -> Result<Ipv4Net, AllocError> {
+        self.table.pod_cidr(node_name, self.claims)
+    }
+    fn claim_pod_cidr(&mut self, cidr: &str) -> Result<(), AllocError> {
+        let key = pod_cidr_key(cidr);
+        if self.table.owner_of(&key).is_some_and(|o| o != self.claims.owner) {
+            return Err(AllocError::AlreadyAllocated);
+        }
+        self.claims.added.insert(key);
+        Ok(())
     }
 }
 

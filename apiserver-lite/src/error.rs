@@ -163,7 +163,7 @@ impl IntoResponse for ApiError {
             tracing::error!(error = %self, "request failed");
         }
         let code = StatusCode::from_u16(self.code()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        crate::rest::json_response(code, &self.status())
+        crate::response::json_response(code, &self.status())
     }
 }
 

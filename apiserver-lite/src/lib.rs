@@ -5,7 +5,8 @@
 //! - [`registry`]: create/update/patch/delete/get/list shared by both, with
 //!   [`alloc`] (ClusterIPs, NodePorts, LB IPs, pod CIDRs);
 //! - [`store`]: sled storage, the resourceVersion counter and the watch event log;
-//! - [`watch`]: the watch loop; [`controllers`]: endpoints, scheduler, namespaces, node health.
+//! - [`watch`]: the watch loop; [`controllers`]: endpoints, scheduler, namespaces and service
+//!   accounts, node health, Deployments and ReplicaSets.
 //!
 //! Start with [`serve`]: it takes already-bound listeners and a shutdown future.
 
@@ -14,10 +15,10 @@ pub mod controllers;
 pub mod error;
 pub mod grpc;
 pub mod registry;
+pub mod response;
 pub mod rest;
 pub mod store;
 pub mod watch;
-pub mod workloads;
 
 use std::future::Future;
 use std::path::PathBuf;

@@ -4,19 +4,18 @@
 //! commit → release the lock → fsync (shared with concurrent writers) → answer.
 
 use std::collections::BTreeSet;
-use std::net::Ipv4Addr;
 use std::sync::{Arc, Mutex};
 
-use api::k8s_openapi::api::core::v1::{Node, Service};
+use api::alloc::Exhausted;
+use api::k8s_openapi::api::core::v1::Node;
 use api::k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use api::objects::{service_is_headless, service_type, service_wants_node_ports};
 use api::patch::PatchType;
 use api::selector::{FieldSelector, LabelSelector};
 use api::validation::{self as v, FieldPath};
-use api::{ApiObject, Kind};
+use api::{ApiObject, DeleteContext, DeletePlan, Kind};
 use serde_json::{json, Value};
 
-use crate::alloc::{self, AllocError, Allocators, Claims, Ranges};
+use crate::alloc::{self, Allocators, Claiming, Claims, Ranges};
 use crate::error::ApiError;
 use crate::store::{Op, Store, WriteGuard};
 
@@ -75,9 +74,6 @@ pub struct Outcome {
     pub warnings: Vec<String>,
 }
 
-/// Namespaces that exist from the start and may not be deleted.
-pub const PROTECTED_NAMESPACES: [&str; 3] = ["default", "kube-system", "kube-public"];
-
 pub struct Registry {
     pub store: Arc<Store>,
     alloc: Mutex<Allocators>,
@@ -87,6 +83,11 @@ fn now() -> Time {
     // Kubernetes timestamps have second precision.
     let ts = jiff::Timestamp::now();
     Time(jiff::Timestamp::from_second(ts.as_second()).unwrap_or(ts))
+}
+
+/// A timestamp as stored: RFC 3339 with second precision.
+fn time_json(t: jiff::Timestamp) -> Value {
+    serde_json::to_value(Time(jiff::Timestamp::from_second(t.as_second()).unwrap_or(t))).unwrap_or_default()
 }
 
 fn now_json() -> Value {
@@ -338,14 +339,14 @@ impl Registry {
         for k in ["resourceVersion", "deletionTimestamp", "deletionGracePeriodSeconds", "selfLink"] {
             meta.remove(k);
         }
-        if matches!(kind, Kind::Service | Kind::Pod | Kind::Deployment | Kind::ReplicaSet) {
+        if kind.info().has_generation {
             meta.insert("generation".into(), json!(1));
         }
         let owner = alloc::owner(kind, &ns, &name);
         let mut claims = Claims::new(owner.clone());
-        let (object, warnings) =
+        let admitted =
             api::with_kind_type!(kind, T => self.admit::<T>(body, None, Subresource::Main, opts, &mut claims)?);
-        self.commit_write(g, kind, None, object, warnings, true, claims, opts)
+        self.commit_write(g, kind, None, admitted, true, claims, opts)
     }
 
     pub(crate) fn update_locked(
@@ -409,19 +410,20 @@ impl Registry {
         }
         let owner = alloc::owner(kind, &obj_ns(&old), &name);
         let mut claims = Claims::new(owner);
-        let (mut object, warnings) =
-            api::with_kind_type!(kind, T => self.admit::<T>(new, Some(&old), sub, opts, &mut claims)?);
+        let mut admitted = api::with_kind_type!(kind, T => self.admit::<T>(new, Some(&old), sub, opts, &mut claims)?);
+        let object = &mut admitted.object;
         // No change: no write, no event, same resourceVersion (as the real server does).
         object["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"].clone();
-        if object == old {
-            return Ok(Pending { rv: None, outcome: Outcome { object, created: false, warnings } });
+        if *object == old {
+            let outcome = Outcome { object: admitted.object, created: false, warnings: admitted.warnings };
+            return Ok(Pending { rv: None, outcome });
         }
         if old.get("spec") != object.get("spec") {
             if let Some(gen) = old["metadata"]["generation"].as_i64() {
                 object["metadata"]["generation"] = json!(gen + 1);
             }
         }
-        self.commit_write(g, kind, Some(old), object, warnings, false, claims, opts)
+        self.commit_write(g, kind, Some(old), admitted, false, claims, opts)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -430,15 +432,12 @@ impl Registry {
         g: &WriteGuard<'_>,
         kind: Kind,
         old: Option<Value>,
-        object: Value,
-        warnings: Vec<String>,
+        admitted: Admitted,
         created: bool,
         claims: Claims,
         opts: &WriteOptions,
     ) -> Result<Pending, ApiError> {
-        let ranges = self.ranges();
-        let before = old.as_ref().map(|o| alloc::owned_keys(kind, o, &ranges)).unwrap_or_default();
-        let after = alloc::owned_keys(kind, &object, &ranges);
+        let Admitted { object, warnings, before, after } = admitted;
         if opts.dry_run {
             return Ok(Pending { rv: None, outcome: Outcome { object, created, warnings } });
         }
@@ -465,53 +464,34 @@ impl Registry {
         opts: &DeleteOptions,
     ) -> Result<Pending, ApiError> {
         let name = meta_str(&old, "name").unwrap_or("").to_string();
-        match kind {
-            Kind::Namespace => {
-                if PROTECTED_NAMESPACES.contains(&name.as_str()) {
-                    return Err(ApiError::Forbidden {
-                        resource: "namespaces".into(),
-                        name,
-                        message: "this namespace may not be deleted".into(),
-                    });
-                }
-                // The namespace controller deletes the contents, then the namespace.
-                if old["metadata"].get("deletionTimestamp").is_none() {
-                    let mut ns_obj = old.clone();
-                    ns_obj["metadata"]["deletionTimestamp"] = now_json();
-                    ns_obj["status"]["phase"] = json!("Terminating");
-                    return self.put_raw(g, kind, Some(old), ns_obj);
-                }
-                return Ok(Pending { rv: None, outcome: Outcome { object: old, created: false, warnings: vec![] } });
+        let node_ready = |node: &str| self.node_is_ready(node).unwrap_or(false);
+        let ctx = DeleteContext {
+            grace_period_seconds: opts.grace_period_seconds,
+            now: jiff::Timestamp::now(),
+            node_ready: &node_ready,
+        };
+        // A stored object that does not decode any more can still be removed.
+        let plan = api::with_kind_type!(kind, T => api::decode::<T>(&old).map(|o| o.deletion(&ctx)).unwrap_or(DeletePlan::Remove));
+        match plan {
+            DeletePlan::Remove => self.finalize_delete(g, kind, old),
+            DeletePlan::AlreadyDeleting => {
+                Ok(Pending { rv: None, outcome: Outcome { object: old, created: false, warnings: vec![] } })
             }
-            Kind::Pod => {
-                let grace = opts
-                    .grace_period_seconds
-                    .or_else(|| old.pointer("/spec/terminationGracePeriodSeconds").and_then(Value::as_i64))
-                    .unwrap_or(30);
-                let node = old.pointer("/spec/nodeName").and_then(Value::as_str).unwrap_or("");
-                let phase = old.pointer("/status/phase").and_then(Value::as_str).unwrap_or("");
-                let terminal = phase == "Succeeded" || phase == "Failed";
-                // A pod on a live node terminates gracefully: its node agent stops the workload
-                // and then deletes the pod with grace period 0.
-                if grace > 0 && !node.is_empty() && !terminal && self.node_is_ready(node)? {
-                    if old["metadata"].get("deletionTimestamp").is_some() {
-                        return Ok(Pending {
-                            rv: None,
-                            outcome: Outcome { object: old, created: false, warnings: vec![] },
-                        });
-                    }
-                    let mut pod = old.clone();
-                    let deadline = jiff::Timestamp::now() + jiff::SignedDuration::from_secs(grace);
-                    pod["metadata"]["deletionTimestamp"] = serde_json::to_value(Time(
-                        jiff::Timestamp::from_second(deadline.as_second()).unwrap_or(deadline),
-                    ))?;
-                    pod["metadata"]["deletionGracePeriodSeconds"] = json!(grace);
-                    return self.put_raw(g, kind, Some(old), pod);
-                }
+            DeletePlan::Forbidden(message) => {
+                Err(ApiError::Forbidden { resource: kind.qualified_resource(), name, message })
             }
-            _ => {}
+            DeletePlan::MarkDeleting { at, grace_seconds, phase } => {
+                let mut marked = old.clone();
+                marked["metadata"]["deletionTimestamp"] = time_json(at);
+                if let Some(grace) = grace_seconds {
+                    marked["metadata"]["deletionGracePeriodSeconds"] = json!(grace);
+                }
+                if let Some(phase) = phase {
+                    marked["status"]["phase"] = json!(phase);
+                }
+                self.put_raw(g, kind, Some(old), marked)
+            }
         }
-        self.finalize_delete(g, kind, old)
     }
 
     /// Removes an object now and releases what it held.
@@ -519,7 +499,8 @@ impl Registry {
         let name = meta_str(&old, "name").unwrap_or("").to_string();
         let ns = obj_ns(&old);
         let ranges = self.ranges();
-        let released = alloc::owned_keys(kind, &old, &ranges);
+        let released =
+            api::with_kind_type!(kind, T => api::decode::<T>(&old).map(|o| o.allocations(&ranges)).unwrap_or_default());
         let owner = alloc::owner(kind, &ns, &name);
         let mut ops: Vec<Op> = released.iter().map(|k| Op::Alloc { key: k.clone(), owner: None }).collect();
         ops.push(Op::Delete { kind, object: old });
@@ -556,7 +537,7 @@ impl Registry {
     fn node_is_ready(&self, name: &str) -> Result<bool, ApiError> {
         Ok(match self.store.get(Kind::Node, "", name)? {
             Some(n) => serde_json::from_value::<Node>(n)
-                .map(|n| api::objects::node_ready_status(&n) == "Ready")
+                .map(|n| api::kinds::node::node_ready_status(&n) == "Ready")
                 .unwrap_or(false),
             None => false,
         })
@@ -574,7 +555,7 @@ impl Registry {
         }
     }
 
-    /// Decodes, defaults, validates and allocates. Returns the object to store and warnings.
+    /// Decodes, defaults, validates and allocates.
     fn admit<T: ApiObject>(
         &self,
         body: Value,
@@ -582,7 +563,7 @@ impl Registry {
         sub: Subresource,
         opts: &WriteOptions,
         claims: &mut Claims,
-    ) -> Result<(Value, Vec<String>), ApiError> {
+    ) -> Result<Admitted, ApiError> {
         let mut obj: T = api::decode(&body)?;
         let mut warnings = Vec::new();
         if opts.field_validation != FieldValidation::Ignore {
@@ -608,299 +589,33 @@ impl Registry {
         obj.apply_defaults();
         let name = obj.metadata().name.clone().unwrap_or_default();
         let mut causes = obj.validate(old_typed.as_ref());
+        let ranges = self.ranges();
         if causes.is_empty() && sub == Subresource::Main {
-            let mut value = serde_json::to_value(&obj)?;
-            match <T as ApiObject>::KIND {
-                Kind::Service => self.allocate_service(&mut value, old, claims, &mut causes)?,
-                Kind::Node => self.allocate_node(&mut value, old, claims, &mut causes)?,
-                Kind::Ingress => self.allocate_ingress(&mut value, claims)?,
-                _ => {}
-            }
-            if causes.is_empty() {
-                let obj: T = api::decode(&value)?;
-                return Ok((api::encode(&obj), warnings));
-            }
+            let table = self.alloc.lock().map_err(|_| ApiError::internal("allocator lock poisoned"))?;
+            let mut claiming = Claiming { table: &table, claims };
+            obj.allocate(old_typed.as_ref(), &mut claiming, &mut causes)
+                .map_err(|Exhausted(m)| ApiError::RangeFull(m))?;
         }
         if !causes.is_empty() {
             return Err(ApiError::invalid(<T as ApiObject>::KIND, &name, causes));
         }
-        Ok((api::encode(&obj), warnings))
-    }
-
-    /// ClusterIP, NodePorts, healthCheckNodePort and LoadBalancer IP for a Service.
-    fn allocate_service(
-        &self,
-        value: &mut Value,
-        old: Option<&Value>,
-        claims: &mut Claims,
-        causes: &mut Vec<Cause>,
-    ) -> Result<(), ApiError> {
-        let alloc = self.alloc.lock().map_err(|_| ApiError::internal("allocator lock poisoned"))?;
-        let mut svc: Service = serde_json::from_value(value.clone())?;
-        let old: Option<Service> = old.map(|o| serde_json::from_value(o.clone())).transpose()?;
-        let ty = service_type(&svc).to_string();
-        let headless = service_is_headless(&svc);
-        let wants_node_ports = service_wants_node_ports(&svc);
-        let old_spec = old.as_ref().and_then(|o| o.spec.clone()).unwrap_or_default();
-        let spec_path = FieldPath::root("spec");
-        let spec = svc.spec.get_or_insert_with(Default::default);
-
-        // ClusterIP: kept once set, honoured when requested, allocated otherwise.
-        let old_ip = old_spec.cluster_ip.clone().filter(|ip| !ip.is_empty() && ip != "None");
-        if ty == "ExternalName" {
-            spec.cluster_ip = None;
-            spec.cluster_ips = None;
-            spec.ip_families = None;
-            spec.ip_family_policy = None;
-        } else {
-            let requested = spec
-                .cluster_ip
-                .clone()
-                .filter(|ip| !ip.is_empty())
-                .or_else(|| spec.cluster_ips.as_ref().and_then(|ips| ips.first().cloned()));
-            let ip = if headless {
-                Some("None".to_string())
-            } else {
-                match (&old_ip, requested) {
-                    (Some(o), Some(r)) if *o != r => {
-                        causes.push(v::invalid(
-                            &spec_path.child("clusterIPs").index(0),
-                            [r].as_slice(),
-                            "may not change once set",
-                        ));
-                        None
-                    }
-                    (Some(o), _) => Some(o.clone()),
-                    (None, requested) => {
-                        let parsed = match requested.as_deref().map(str::parse::<Ipv4Addr>) {
-                            Some(Err(_)) => None, // validation already reported it
-                            Some(Ok(ip)) => Some(Some(ip)),
-                            None => Some(None),
-                        };
-                        match parsed {
-                            None => None,
-                            Some(req) => match alloc.cluster_ip(req, claims) {
-                                Ok(ip) => Some(ip.to_string()),
-                                Err(e) => {
-                                    let shown = req.map(|i| i.to_string()).unwrap_or_default();
-                                    let detail = match e {
-                                        AllocError::NotInRange(r) => format!(
-                                            "failed to allocate IP {shown}: the provided IP ({shown}) is not in the valid range. The range of valid IPs is {r}"
-                                        ),
-                                        AllocError::AlreadyAllocated => {
-                                            format!("failed to allocate IP {shown}: provided IP is already allocated")
-                                        }
-                                        AllocError::Full => {
-                                            return Err(ApiError::RangeFull(
-                                                "Internal error occurred: failed to allocate a serviceIP: range is full".into(),
-                                            ))
-                                        }
-                                    };
-                                    causes.push(v::invalid(
-                                        &spec_path.child("clusterIPs"),
-                                        [shown].as_slice(),
-                                        &detail,
-                                    ));
-                                    None
-                                }
-                            },
-                        }
-                    }
-                }
-            };
-            if let Some(ip) = ip {
-                spec.cluster_ip = Some(ip.clone());
-                spec.cluster_ips = Some(vec![ip]);
-                spec.ip_families = Some(vec!["IPv4".into()]);
-                spec.ip_family_policy.get_or_insert_with(|| "SingleStack".into());
-            }
-        }
-
-        // NodePorts.
-        let old_ports = old_spec.ports.clone().unwrap_or_default();
-        for (i, port) in spec.ports.iter_mut().flatten().enumerate() {
-            let path = spec_path.child("ports").index(i).child("nodePort");
-            let proto = port.protocol.clone().unwrap_or_else(|| "TCP".into());
-            let old_np = old_ports
-                .iter()
-                .find(|p| p.port == port.port && p.protocol.clone().unwrap_or_else(|| "TCP".into()) == proto)
-                .and_then(|p| p.node_port)
-                .filter(|n| *n != 0);
-            let requested = port.node_port.filter(|n| *n != 0);
-            if !wants_node_ports && (requested.is_none() || ty != "LoadBalancer") {
-                // Only a LoadBalancer without automatic NodePorts may still ask for one.
-                port.node_port = None;
-                continue;
-            }
-            let want = requested.or(old_np);
-            let already_ours = want.is_some_and(|p| old_ports.iter().any(|o| o.node_port == Some(p)));
-            if already_ours {
-                port.node_port = want;
-                continue;
-            }
-            match alloc.node_port(want, claims) {
-                Ok(p) => port.node_port = Some(p),
-                Err(AllocError::NotInRange(r)) => causes.push(v::invalid(
-                    &path,
-                    &want.unwrap_or_default(),
-                    &format!("provided port is not in the valid range. The range of valid ports is {r}"),
-                )),
-                Err(AllocError::AlreadyAllocated) => {
-                    causes.push(v::invalid(&path, &want.unwrap_or_default(), "provided port is already allocated"))
-                }
-                Err(AllocError::Full) => {
-                    return Err(ApiError::RangeFull(
-                        "Internal error occurred: failed to allocate a nodePort: range is full".into(),
-                    ))
-                }
-            }
-        }
-
-        // healthCheckNodePort for LoadBalancer + externalTrafficPolicy: Local.
-        if ty == "LoadBalancer" && spec.external_traffic_policy.as_deref() == Some("Local") {
-            let old_hc = old_spec.health_check_node_port.filter(|n| *n != 0);
-            let want = spec.health_check_node_port.filter(|n| *n != 0).or(old_hc);
-            if want.is_some() && want == old_hc {
-                spec.health_check_node_port = want;
-            } else {
-                match alloc.node_port(want, claims) {
-                    Ok(p) => spec.health_check_node_port = Some(p),
-                    Err(AllocError::Full) => {
-                        return Err(ApiError::RangeFull(
-                            "Internal error occurred: failed to allocate a nodePort: range is full".into(),
-                        ))
-                    }
-                    Err(e) => causes.push(v::invalid(
-                        &spec_path.child("healthCheckNodePort"),
-                        &want.unwrap_or_default(),
-                        if e == AllocError::AlreadyAllocated {
-                            "provided port is already allocated"
-                        } else {
-                            "provided port is not in the valid range"
-                        },
-                    )),
-                }
-            }
-        } else {
-            spec.health_check_node_port = None;
-        }
-        // LoadBalancer IP, like a cloud controller: written to status.loadBalancer.ingress.
-        let status = svc.status.get_or_insert_with(Default::default);
-        let lb = status.load_balancer.get_or_insert_with(Default::default);
-        let spec = svc.spec.as_ref().expect("spec was set above");
-        if ty == "LoadBalancer" && spec.load_balancer_class.is_none() {
-            let current = lb.ingress.as_ref().and_then(|i| i.first()).and_then(|i| i.ip.clone());
-            let requested = spec.load_balancer_ip.clone().filter(|ip| !ip.is_empty());
-            let keep = current.is_some() && (requested.is_none() || requested == current);
-            if !keep {
-                let req = requested.as_deref().and_then(|ip| ip.parse::<Ipv4Addr>().ok());
-                let pool = alloc.ranges.lb_pool;
-                let ip = match (req, requested.as_deref()) {
-                    // An address outside the pool is the user's own: publish it as is.
-                    (Some(r), _) if !pool.contains(&r) => Some(r.to_string()),
-                    (req, _) => match alloc.lb_ip(req, claims) {
-                        Ok(ip) => Some(ip.to_string()),
-                        Err(AllocError::AlreadyAllocated) => {
-                            causes.push(v::invalid(
-                                &spec_path.child("loadBalancerIP"),
-                                requested.as_deref().unwrap_or(""),
-                                "provided IP is already allocated",
-                            ));
-                            None
-                        }
-                        Err(AllocError::NotInRange(r)) => {
-                            causes.push(v::invalid(
-                                &spec_path.child("loadBalancerIP"),
-                                requested.as_deref().unwrap_or(""),
-                                &format!("may not be the network or broadcast address of the pool {r}"),
-                            ));
-                            None
-                        }
-                        // A full pool leaves the Service pending, as a cloud would.
-                        Err(AllocError::Full) => None,
-                    },
-                };
-                lb.ingress = ip.map(|ip| {
-                    vec![api::k8s_openapi::api::core::v1::LoadBalancerIngress {
-                        ip: Some(ip),
-                        ip_mode: Some("VIP".into()),
-                        ..Default::default()
-                    }]
-                });
-            }
-        } else {
-            lb.ingress = None;
-        }
-        *value = serde_json::to_value(&svc)?;
-        Ok(())
-    }
-
-    /// A node's pod CIDR, assigned at registration and immutable afterwards.
-    /// An address from the LoadBalancer pool for an Ingress of the lab's class, as a cloud's
-    /// L7 load balancer gets one: written to `status.loadBalancer.ingress`, kept for its life.
-    fn allocate_ingress(&self, value: &mut Value, claims: &mut Claims) -> Result<(), ApiError> {
-        let ing: api::k8s_openapi::api::networking::v1::Ingress = serde_json::from_value(value.clone())?;
-        let has_ip = value.pointer("/status/loadBalancer/ingress/0/ip").is_some_and(|ip| ip.is_string());
-        if has_ip || !api::networking::is_lab_ingress(&ing) {
-            return Ok(());
-        }
-        let alloc = self.alloc.lock().map_err(|_| ApiError::internal("allocator lock poisoned"))?;
-        // A full pool leaves the Ingress without an address, as a cloud would.
-        if let Ok(ip) = alloc.lb_ip(None, claims) {
-            value["status"] = json!({"loadBalancer": {"ingress": [{"ip": ip.to_string()}]}});
-        }
-        Ok(())
-    }
-
-    fn allocate_node(
-        &self,
-        value: &mut Value,
-        old: Option<&Value>,
-        claims: &mut Claims,
-        causes: &mut Vec<Cause>,
-    ) -> Result<(), ApiError> {
-        let alloc = self.alloc.lock().map_err(|_| ApiError::internal("allocator lock poisoned"))?;
-        let mut node: Node = serde_json::from_value(value.clone())?;
-        let old_cidr = old.and_then(|o| o.pointer("/spec/podCIDR")).and_then(Value::as_str).map(str::to_string);
-        let name = node.metadata.name.clone().unwrap_or_default();
-        let spec = node.spec.get_or_insert_with(Default::default);
-        let requested = spec.pod_cidr.clone().filter(|c| !c.is_empty());
-        let cidr = match (old_cidr, requested) {
-            (Some(o), Some(r)) if o != r => {
-                causes.push(v::forbidden(&FieldPath::root("spec").child("podCIDRs"), "node updates may not change podCIDR except from \"\" to valid"));
-                return Ok(());
-            }
-            (Some(o), _) => o,
-            (None, Some(r)) => {
-                let in_range = r.parse::<ipnet::Ipv4Net>().is_ok_and(|n| alloc.ranges.cluster_cidr.contains(&n));
-                let key = alloc::pod_cidr_key(&r);
-                if in_range && alloc.owner_of(&key).is_some_and(|o| *o != claims.owner) {
-                    causes.push(v::invalid(&FieldPath::root("spec").child("podCIDR"), r.as_str(), "is already assigned to another node"));
-                    return Ok(());
-                }
-                if in_range {
-                    claims.added.insert(key);
-                }
-                r
-            }
-            (None, None) => match alloc.pod_cidr(&name, claims) {
-                Ok(c) => c.to_string(),
-                Err(_) => {
-                    return Err(ApiError::RangeFull(format!(
-                        "Internal error occurred: failed to allocate a pod CIDR for node {name}: the cluster CIDR {} is full",
-                        alloc.ranges.cluster_cidr
-                    )))
-                }
-            },
-        };
-        spec.pod_cidr = Some(cidr.clone());
-        spec.pod_cidrs = Some(vec![cidr]);
-        *value = serde_json::to_value(&node)?;
-        Ok(())
+        Ok(Admitted {
+            object: api::encode(&obj),
+            warnings,
+            before: old_typed.map(|o| o.allocations(&ranges)).unwrap_or_default(),
+            after: obj.allocations(&ranges),
+        })
     }
 }
 
-use api::Cause;
+/// An admitted object: what to store, the warnings for the client, and the allocations the
+/// object held before the write and holds after it.
+struct Admitted {
+    object: Value,
+    warnings: Vec<String>,
+    before: BTreeSet<String>,
+    after: BTreeSet<String>,
+}
 
 /// A write that is committed but maybe not durable yet.
 pub struct Pending {

@@ -20,6 +20,7 @@ use serde_json::{json, Value};
 
 use crate::error::ApiError;
 use crate::registry::{DeleteOptions, FieldValidation, Registry, Subresource, WriteOptions};
+use crate::response::json_response;
 use crate::watch::{WatchFilter, WatchItem, WatchSpec};
 
 /// What the REST layer needs.
@@ -36,15 +37,6 @@ pub struct RestState {
 
 pub fn router(state: RestState) -> Router {
     Router::new().fallback(handle).with_state(state)
-}
-
-pub fn json_response(code: StatusCode, body: &Value) -> Response {
-    let mut bytes = serde_json::to_vec(body).unwrap_or_default();
-    bytes.push(b'\n');
-    let mut r = Response::new(Body::from(bytes));
-    *r.status_mut() = code;
-    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    r
 }
 
 async fn handle(State(st): State<RestState>, req: Request) -> Response {
@@ -525,10 +517,14 @@ fn arch() -> &'static str {
     }
 }
 
+/// The discovery facts of every served kind.
+fn served() -> impl Iterator<Item = &'static api::KindInfo> {
+    Kind::ALL.iter().map(|k| k.info())
+}
+
 /// The non-core group versions served.
 fn groups() -> Vec<(&'static str, &'static str)> {
-    let mut gv: Vec<(&str, &str)> =
-        api::kinds::KINDS.iter().filter(|k| !k.group.is_empty()).map(|k| (k.group, k.version)).collect();
+    let mut gv: Vec<(&str, &str)> = served().filter(|k| !k.group.is_empty()).map(|k| (k.group, k.version)).collect();
     gv.sort();
     gv.dedup();
     gv
@@ -553,7 +549,7 @@ fn api_groups() -> Value {
 fn resource_list(group: &str, version: &str) -> Value {
     let gv = if group.is_empty() { version.to_string() } else { format!("{group}/{version}") };
     let mut resources = Vec::new();
-    for k in api::kinds::KINDS.iter().filter(|k| k.group == group && k.version == version) {
+    for k in served().filter(|k| k.group == group && k.version == version) {
         let mut r = json!({"name": k.plural, "singularName": k.singular, "namespaced": k.namespaced, "kind": k.name,
                            "verbs": Kind::verbs()});
         if !k.short_names.is_empty() {
@@ -568,7 +564,7 @@ fn resource_list(group: &str, version: &str) -> Value {
                 .push(json!({"name": format!("{}/status", k.plural), "singularName": "", "namespaced": k.namespaced,
                                   "kind": k.name, "verbs": ["get", "patch", "update"]}));
         }
-        if k.kind.has_scale() {
+        if k.has_scale {
             resources.push(
                 json!({"name": format!("{}/scale", k.plural), "singularName": "", "namespaced": k.namespaced,
                                   "group": "autoscaling", "version": "v1", "kind": "Scale",
@@ -595,8 +591,7 @@ fn aggregated(headers: &HeaderMap, core: bool) -> Response {
     let items: Vec<Value> = gvs
         .into_iter()
         .map(|(g, v)| {
-            let resources: Vec<Value> = api::kinds::KINDS
-                .iter()
+            let resources: Vec<Value> = served()
                 .filter(|k| k.group == g && k.version == v)
                 .map(|k| {
                     let rk = json!({"group": g, "version": v, "kind": k.name});
@@ -614,7 +609,7 @@ fn aggregated(headers: &HeaderMap, core: bool) -> Response {
                         subresources.push(json!({"subresource": "status", "responseKind": rk,
                                                  "verbs": ["get", "patch", "update"]}));
                     }
-                    if k.kind.has_scale() {
+                    if k.has_scale {
                         subresources.push(json!({"subresource": "scale",
                             "responseKind": {"group": "autoscaling", "version": "v1", "kind": "Scale"},
                             "verbs": ["get", "patch", "update"]}));
@@ -643,7 +638,7 @@ fn aggregated(headers: &HeaderMap, core: bool) -> Response {
 /// Changes whenever the served kinds change, so kubectl's OpenAPI cache is refreshed.
 fn openapi_hash() -> String {
     let mut h: u64 = 1469598103934665603;
-    for k in api::kinds::KINDS {
+    for k in served() {
         for b in format!("{}/{}/{}/{}", k.group, k.version, k.plural, env!("CARGO_PKG_VERSION")).bytes() {
             h = (h ^ b as u64).wrapping_mul(1099511628211);
         }
@@ -668,7 +663,7 @@ fn openapi_index() -> Value {
 /// parameter, which is what tells kubectl to leave validation to the server.
 fn openapi_doc(group: &str, version: &str) -> Value {
     let mut paths = serde_json::Map::new();
-    for k in api::kinds::KINDS.iter().filter(|k| k.group == group && k.version == version) {
+    for k in served().filter(|k| k.group == group && k.version == version) {
         let prefix = if group.is_empty() { format!("/api/{version}") } else { format!("/apis/{group}/{version}") };
         let path = if k.namespaced {
             format!("{prefix}/namespaces/{{namespace}}/{}/{{name}}", k.plural)

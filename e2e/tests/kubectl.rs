@@ -485,3 +485,60 @@ fn kubectl_secrets() {
     assert!(err.contains("data[tls.key]: Required value"), "{err}");
     assert!(fails(&srv, &["get", "secret", "half"]).contains("NotFound"));
 }
+
+/// ConfigMaps and ServiceAccounts, added as one file and one list entry each: kubectl's typed
+/// `create` (protobuf bodies), `get` tables, `apply`, the `default` ServiceAccount of every
+/// namespace (re-created when deleted), and an immutable ConfigMap refusing a change.
+#[test]
+fn configmaps_and_service_accounts() {
+    assert!(kubectl_available(), "kubectl is required (it ships on the machine image as /usr/bin/kubectl)");
+    let srv = ApiServer::start(&[]).unwrap();
+    assert_eq!(
+        ok(&srv, &["create", "configmap", "game", "--from-literal=lives=3", "--from-literal=level=7"]),
+        "configmap/game created\n"
+    );
+    let out = ok(&srv, &["get", "cm", "game"]);
+    let rows: Vec<Vec<&str>> = out.lines().map(|l| l.split_whitespace().collect()).collect();
+    assert_eq!(rows[0], ["NAME", "DATA", "AGE"]);
+    assert_eq!(rows[1][..2], ["game", "2"]);
+    let cm: serde_json::Value = serde_json::from_str(&ok(&srv, &["get", "configmap", "game", "-o", "json"])).unwrap();
+    assert_eq!(cm["data"], serde_json::json!({"level": "7", "lives": "3"}));
+
+    // Every namespace has its default ServiceAccount, new ones too, and a deleted one comes back.
+    let wait_for = |args: &[&str], want: &dyn Fn(&str) -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let o = srv.kubectl(args);
+            let (out, _) = text(&o);
+            if o.status.success() && want(&out) {
+                return out;
+            }
+            assert!(Instant::now() < deadline, "kubectl {args:?} never gave what was wanted: {out}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    let out = wait_for(&["get", "sa"], &|o| o.lines().any(|l| l.starts_with("default ")));
+    assert_eq!(out.lines().next().unwrap().split_whitespace().collect::<Vec<_>>(), ["NAME", "SECRETS", "AGE"]);
+    ok(&srv, &["create", "namespace", "shop"]);
+    wait_for(&["get", "serviceaccount", "default", "-n", "shop"], &|_| true);
+    assert_eq!(ok(&srv, &["create", "serviceaccount", "robot", "-n", "shop"]), "serviceaccount/robot created\n");
+    ok(&srv, &["delete", "sa", "default", "-n", "shop"]);
+    wait_for(&["get", "sa", "-n", "shop", "-o", "name"], &|o| o.contains("serviceaccount/default"));
+
+    // An immutable ConfigMap refuses a change, with the API server's words.
+    let manifest = srv.dir.path().join("frozen.yaml");
+    std::fs::write(
+        &manifest,
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: frozen}\nimmutable: true\ndata: {a: \"1\"}\n",
+    )
+    .unwrap();
+    let m = manifest.to_str().unwrap();
+    assert_eq!(ok(&srv, &["apply", "-f", m]), "configmap/frozen created\n");
+    std::fs::write(
+        &manifest,
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: frozen}\nimmutable: true\ndata: {a: \"2\"}\n",
+    )
+    .unwrap();
+    let err = fails(&srv, &["apply", "-f", m]);
+    assert!(err.contains("data: Forbidden: field is immutable when `immutable` is set"), "{err}");
+}

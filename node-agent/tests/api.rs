@@ -60,7 +60,7 @@ async fn registers_heartbeats_and_reports_not_ready_on_stop() {
         .clone();
     assert_eq!(ready.status, "True");
     assert!(ready.last_heartbeat_time.is_some());
-    assert_eq!(api::objects::node_ready_status(&stored), "Ready");
+    assert_eq!(api::kinds::node::node_ready_status(&stored), "Ready");
     // Re-registration keeps the pod CIDR.
     assert_eq!(
         node::register(&client, &desired).await.unwrap().spec.unwrap().pod_cidr.as_deref(),
@@ -69,5 +69,5 @@ async fn registers_heartbeats_and_reports_not_ready_on_stop() {
     stop_tx.send(()).unwrap();
     hb.await.unwrap();
     let stored: core::Node = serde_json::from_value(s.registry.get(api::Kind::Node, "", "node-1").unwrap()).unwrap();
-    assert_eq!(api::objects::node_ready_status(&stored), "NotReady");
+    assert_eq!(api::kinds::node::node_ready_status(&stored), "NotReady");
 }

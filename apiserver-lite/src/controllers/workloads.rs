@@ -10,10 +10,11 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use api::apps::{scaled_value, POD_TEMPLATE_HASH, REVISION_ANNOTATION};
 use api::k8s_openapi::api::core::v1::Pod;
+use api::kinds::pod::pod_is_ready;
 use api::Kind;
 use serde_json::{json, Value};
 
-use crate::controllers::{delete_quietly, new_time};
+use super::write::{delete_quietly, new_time};
 use crate::error::ApiError;
 use crate::registry::{Registry, Subresource, WriteOptions};
 
@@ -63,7 +64,7 @@ fn is_terminating(obj: &Value) -> bool {
 }
 
 fn pod_ready(pod: &Value) -> bool {
-    serde_json::from_value::<Pod>(pod.clone()).ok().is_some_and(|p| crate::controllers::pod_is_ready(&p))
+    serde_json::from_value::<Pod>(pod.clone()).ok().is_some_and(|p| pod_is_ready(&p))
 }
 
 fn replicas(obj: &Value) -> i64 {

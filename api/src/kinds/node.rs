@@ -1,0 +1,172 @@
+//! core/v1 Nodes: validation, the pod CIDR a node gets, and the Table kubectl prints.
+
+use std::collections::BTreeSet;
+
+use jiff::Timestamp;
+use serde_json::{json, Value};
+
+use ipnet::Ipv4Net;
+
+use super::{validate_meta, ApiObject, Kind, KindInfo};
+use crate::alloc::{pod_cidr_key, AllocKey, Allocate, Exhausted, Ranges};
+use crate::table::{self, col, Column, AGE_COLUMN, NAME_COLUMN};
+use crate::validation::{self as v, Cause, FieldPath};
+
+pub use k8s_openapi::api::core::v1::Node;
+
+/// The node STATUS as kubectl prints it: `Ready` when the Ready condition is True, `NotReady`
+/// when it is False or Unknown, `Unknown` when there is no Ready condition.
+pub fn node_ready_status(node: &Node) -> &'static str {
+    let cond =
+        node.status.as_ref().and_then(|s| s.conditions.as_ref()).and_then(|c| c.iter().find(|c| c.type_ == "Ready"));
+    match cond.map(|c| c.status.as_str()) {
+        Some("True") => "Ready",
+        Some(_) => "NotReady",
+        None => "Unknown",
+    }
+}
+
+impl ApiObject for Node {
+    const KIND: Kind = Kind::Node;
+    const INFO: KindInfo = KindInfo {
+        namespaced: false,
+        short_names: &["no"],
+        has_status: true,
+        field_selectors: &["spec.unschedulable"],
+        ..KindInfo::core("Node", "nodes", "node")
+    };
+
+    fn validate(&self, _old: Option<&Self>) -> Vec<Cause> {
+        let mut out = Vec::new();
+        validate_meta(&self.metadata, v::dns1123_subdomain, &mut out);
+        let spec_path = FieldPath::root("spec");
+        if let Some(spec) = &self.spec {
+            if let Some(c) = spec.pod_cidr.as_deref().filter(|c| !c.is_empty()) {
+                if !v::valid_cidr(c) {
+                    out.push(v::invalid(&spec_path.child("podCIDR"), c, v::CIDR_MSG));
+                }
+            }
+            for (i, c) in spec.pod_cidrs.iter().flatten().enumerate() {
+                if !v::valid_cidr(c) {
+                    out.push(v::invalid(&spec_path.child("podCIDRs").index(i), c.as_str(), v::CIDR_MSG));
+                }
+            }
+        }
+        const ADDRESS_TYPES: [&str; 5] = ["ExternalDNS", "ExternalIP", "Hostname", "InternalDNS", "InternalIP"];
+        let status = self.status.as_ref();
+        for (i, a) in status.and_then(|s| s.addresses.as_ref()).into_iter().flatten().enumerate() {
+            let path = FieldPath::root("status").child("addresses").index(i);
+            if !ADDRESS_TYPES.contains(&a.type_.as_str()) {
+                out.push(v::not_supported(&path.child("type"), a.type_.as_str(), &ADDRESS_TYPES));
+            }
+            if a.type_.ends_with("IP") && v::valid_ip(&a.address).is_none() {
+                out.push(v::invalid(&path.child("address"), a.address.as_str(), v::IP_MSG));
+            }
+        }
+        out
+    }
+
+    /// The node's pod CIDR: assigned at registration (`node-N` gets subnet N), the one it asks
+    /// for when free, immutable afterwards.
+    fn allocate(&mut self, old: Option<&Self>, alloc: &mut dyn Allocate, causes: &mut Vec<Cause>) -> Result<(), Exhausted> {
+        let old_cidr = old.and_then(|o| o.spec.as_ref()).and_then(|s| s.pod_cidr.clone());
+        let name = self.metadata.name.clone().unwrap_or_default();
+        let spec = self.spec.get_or_insert_with(Default::default);
+        let requested = spec.pod_cidr.clone().filter(|c| !c.is_empty());
+        let cidr = match (old_cidr, requested) {
+            (Some(o), Some(r)) if o != r => {
+                causes.push(v::forbidden(
+                    &FieldPath::root("spec").child("podCIDRs"),
+                    "node updates may not change podCIDR except from \"\" to valid",
+                ));
+                return Ok(());
+            }
+            (Some(o), _) => o,
+            (None, Some(r)) => {
+                let in_range = r.parse::<Ipv4Net>().is_ok_and(|n| alloc.ranges().cluster_cidr.contains(&n));
+                if in_range && alloc.claim_pod_cidr(&r).is_err() {
+                    causes.push(v::invalid(
+                        &FieldPath::root("spec").child("podCIDR"),
+                        r.as_str(),
+                        "is already assigned to another node",
+                    ));
+                    return Ok(());
+                }
+                r
+            }
+            (None, None) => match alloc.pod_cidr(&name) {
+                Ok(c) => c.to_string(),
+                Err(_) => {
+                    return Err(Exhausted(format!(
+                        "Internal error occurred: failed to allocate a pod CIDR for node {name}: the cluster CIDR {} is full",
+                        alloc.ranges().cluster_cidr
+                    )))
+                }
+            },
+        };
+        spec.pod_cidr = Some(cidr.clone());
+        spec.pod_cidrs = Some(vec![cidr]);
+        Ok(())
+    }
+
+    fn allocations(&self, _ranges: &Ranges) -> BTreeSet<AllocKey> {
+        self.spec.as_ref().and_then(|s| s.pod_cidr.as_deref()).map(pod_cidr_key).into_iter().collect()
+    }
+
+    fn columns() -> Vec<Column> {
+        vec![
+            NAME_COLUMN,
+            col("Status", "string", 0),
+            col("Roles", "string", 0),
+            AGE_COLUMN,
+            col("Version", "string", 0),
+            col("Internal-IP", "string", 1),
+            col("External-IP", "string", 1),
+            col("OS-Image", "string", 1),
+            col("Kernel-Version", "string", 1),
+            col("Container-Runtime", "string", 1),
+        ]
+    }
+
+    fn cells(&self, now: Timestamp) -> Vec<Value> {
+        let mut status = node_ready_status(self).to_string();
+        if self.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false) {
+            status.push_str(",SchedulingDisabled");
+        }
+        let mut roles: BTreeSet<String> = BTreeSet::new();
+        for (k, v) in self.metadata.labels.iter().flatten() {
+            if let Some(role) = k.strip_prefix("node-role.kubernetes.io/") {
+                if !role.is_empty() {
+                    roles.insert(role.to_string());
+                }
+            } else if k == "kubernetes.io/role" && !v.is_empty() {
+                roles.insert(v.clone());
+            }
+        }
+        let roles =
+            if roles.is_empty() { "<none>".to_string() } else { roles.into_iter().collect::<Vec<_>>().join(",") };
+        let st = self.status.clone().unwrap_or_default();
+        let info = st.node_info.clone().unwrap_or_default();
+        let addr = |t: &str| {
+            st.addresses
+                .iter()
+                .flatten()
+                .find(|a| a.type_ == t)
+                .map(|a| a.address.clone())
+                .unwrap_or_else(|| "<none>".into())
+        };
+        let or_unknown = |s: &str| if s.is_empty() { "<unknown>".to_string() } else { s.to_string() };
+        vec![
+            json!(self.metadata.name.clone().unwrap_or_default()),
+            json!(status),
+            json!(roles),
+            table::age(self.metadata.creation_timestamp.as_ref(), now),
+            json!(info.kubelet_version),
+            json!(addr("InternalIP")),
+            json!(addr("ExternalIP")),
+            json!(or_unknown(&info.os_image)),
+            json!(or_unknown(&info.kernel_version)),
+            json!(or_unknown(&info.container_runtime_version)),
+        ]
+    }
+}

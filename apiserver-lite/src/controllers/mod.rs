@@ -1,0 +1,261 @@
+//! Controllers that run inside the API server, as kube-controller-manager and kube-scheduler
+//! would, one module each: [`endpoints`] (Endpoints + EndpointSlices), [`scheduler`], [`nodes`]
+//! (node health, pod garbage collection), [`namespaces`] (lifecycle, default ServiceAccounts) and
+//! [`workloads`] (Deployments, ReplicaSets). The endpoints controller, the scheduler and the
+//! workload controllers decide purely (`plan_*`: objects in, a plan out); their `sync` functions
+//! read and write. All follow the store's durable event log and also resync periodically, so a
+//! missed event heals itself.
+
+pub mod endpoints;
+pub mod namespaces;
+pub mod nodes;
+pub mod scheduler;
+pub mod workloads;
+mod write;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use api::selector::LabelSelector;
+use api::Kind;
+use serde_json::{json, Value};
+
+use endpoints::{sync_endpoints, MANAGED_BY, SERVICE_NAME_LABEL};
+use write::{ns_name, upsert};
+
+use crate::error::ApiError;
+use crate::registry::{labels_of, Registry, WriteOptions};
+
+/// Timing of the controllers.
+#[derive(Clone, Debug)]
+pub struct ControllerConfig {
+    /// A node whose heartbeat is older than this goes NotReady (`--node-monitor-grace-period`).
+    pub node_monitor_grace: Duration,
+    /// How often everything is reconciled regardless of events.
+    pub resync: Duration,
+    /// Extra time a gracefully deleted pod gets before it is removed forcibly.
+    pub pod_gc_slack: Duration,
+}
+
+impl Default for ControllerConfig {
+    fn default() -> Self {
+        ControllerConfig {
+            node_monitor_grace: Duration::from_secs(40),
+            resync: Duration::from_secs(30),
+            pod_gc_slack: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Creates the namespaces that always exist and the `default/kubernetes` Service.
+pub async fn bootstrap(reg: &Registry, apiserver_endpoint: Option<(String, u16)>) -> Result<(), ApiError> {
+    for ns in api::kinds::namespace::PROTECTED_NAMESPACES {
+        if reg.store.get(Kind::Namespace, "", ns)?.is_none() {
+            reg.create(Kind::Namespace, None, json!({"metadata": {"name": ns}}), &WriteOptions::default()).await?;
+        }
+    }
+    if reg.store.get(Kind::Service, "default", "kubernetes")?.is_none() {
+        let first = reg.ranges().service_cidr.hosts().next().map(|ip| ip.to_string()).unwrap_or_default();
+        let svc = json!({
+            "metadata": {"name": "kubernetes", "labels": {"component": "apiserver", "provider": "kubernetes"}},
+            "spec": {"type": "ClusterIP", "clusterIP": first,
+                     "ports": [{"name": "https", "port": 443, "protocol": "TCP", "targetPort": 6443}]}
+        });
+        reg.create(Kind::Service, Some("default"), svc, &WriteOptions::default()).await?;
+    }
+    // The lab's L7 load balancer, as the default IngressClass.
+    if reg.store.get(Kind::IngressClass, "", api::networking::LAB_CLASS)?.is_none() {
+        let class = json!({
+            "metadata": {"name": api::networking::LAB_CLASS,
+                         "annotations": {api::networking::DEFAULT_CLASS_ANNOTATION: "true"}},
+            "spec": {"controller": api::networking::LAB_CONTROLLER},
+        });
+        reg.create(Kind::IngressClass, None, class, &WriteOptions::default()).await?;
+    }
+    // The apiserver's own endpoints, as the real apiserver maintains them (the Service has
+    // no selector, so the endpoints controller leaves them alone).
+    if let Some((ip, port)) = apiserver_endpoint {
+        let subsets =
+            json!([{"addresses": [{"ip": ip}], "ports": [{"name": "https", "port": port, "protocol": "TCP"}]}]);
+        let endpoints = json!({"metadata": {"name": "kubernetes", "namespace": "default"}, "subsets": subsets});
+        upsert(reg, Kind::Endpoints, "default", "kubernetes", endpoints, &["subsets"]).await?;
+        let slice = json!({
+            "metadata": {"name": "kubernetes", "namespace": "default",
+                         "labels": {SERVICE_NAME_LABEL: "kubernetes", MANAGED_BY: "apiserver-lite"}},
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": [ip], "conditions": {"ready": true, "serving": true, "terminating": false}}],
+            "ports": [{"name": "https", "port": port, "protocol": "TCP"}],
+        });
+        upsert(reg, Kind::EndpointSlice, "default", "kubernetes", slice, &["endpoints", "ports", "addressType"])
+            .await?;
+    }
+    Ok(())
+}
+
+/// Runs every controller until the process ends.
+pub async fn run(reg: Arc<Registry>, cfg: ControllerConfig) {
+    let mut durable = reg.store.subscribe();
+    let mut seen = reg.store.durable_rv();
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let mut last_resync = tokio::time::Instant::now();
+    // First pass reconciles everything.
+    let mut dirty = Dirty { all: true, ..Default::default() };
+    loop {
+        if let Err(e) = reconcile(&reg, &cfg, &mut dirty).await {
+            tracing::warn!(error = %e, "controller pass failed; will retry");
+            dirty.all = true;
+        }
+        tokio::select! {
+            changed = durable.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                // Let a burst of writes settle into one pass.
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                let upto = reg.store.durable_rv();
+                match reg.store.events_since(seen, upto) {
+                    Ok(events) => {
+                        for ev in events {
+                            if matches!(
+                                ev.kind,
+                                Kind::Service
+                                    | Kind::Pod
+                                    | Kind::Node
+                                    | Kind::Namespace
+                                    | Kind::Deployment
+                                    | Kind::ReplicaSet
+                                    | Kind::ServiceAccount
+                            ) {
+                                dirty.note(ev.kind, &ev.object(), ev.prev().as_ref());
+                            }
+                        }
+                    }
+                    Err(_) => dirty.all = true,
+                }
+                seen = upto;
+            }
+            _ = tick.tick() => {
+                dirty.periodic = true;
+                if last_resync.elapsed() >= cfg.resync {
+                    last_resync = tokio::time::Instant::now();
+                    dirty.all = true;
+                }
+            }
+        }
+    }
+}
+
+/// What needs reconciling.
+#[derive(Default)]
+struct Dirty {
+    all: bool,
+    periodic: bool,
+    /// Namespaces whose Services need their endpoints recomputed (pods changed there).
+    pod_namespaces: BTreeMap<String, Vec<Value>>,
+    services: BTreeSet<(String, String)>,
+    schedule: bool,
+    namespaces: bool,
+    /// Namespaces may lack their default ServiceAccount.
+    service_accounts: bool,
+    /// Namespaces whose Deployments and ReplicaSets need a sync.
+    workloads: BTreeSet<String>,
+}
+
+impl Dirty {
+    fn note(&mut self, kind: Kind, obj: &Value, prev: Option<&Value>) {
+        let ns = obj["metadata"]["namespace"].as_str().unwrap_or("").to_string();
+        let name = obj["metadata"]["name"].as_str().unwrap_or("").to_string();
+        match kind {
+            Kind::Service => {
+                self.services.insert((ns, name));
+            }
+            Kind::Deployment | Kind::ReplicaSet => {
+                self.workloads.insert(ns);
+            }
+            Kind::Pod => {
+                let owned = |o: &Value| o["metadata"]["ownerReferences"].as_array().is_some_and(|l| !l.is_empty());
+                if owned(obj) || prev.is_some_and(owned) {
+                    self.workloads.insert(ns.clone());
+                }
+                let entry = self.pod_namespaces.entry(ns).or_default();
+                entry.push(obj.clone());
+                if let Some(p) = prev {
+                    entry.push(p.clone());
+                }
+                self.schedule = true;
+            }
+            Kind::Node => self.schedule = true,
+            Kind::Namespace => {
+                self.namespaces = true;
+                self.service_accounts = true;
+            }
+            Kind::ServiceAccount => self.service_accounts = true,
+            _ => {}
+        }
+    }
+}
+
+async fn reconcile(reg: &Registry, cfg: &ControllerConfig, dirty: &mut Dirty) -> Result<(), ApiError> {
+    let all = std::mem::take(&mut dirty.all);
+    let periodic = std::mem::take(&mut dirty.periodic);
+    if all || periodic {
+        nodes::node_health(reg, cfg.node_monitor_grace).await?;
+        nodes::pod_gc(reg, cfg.pod_gc_slack).await?;
+    }
+    if all || periodic || std::mem::take(&mut dirty.namespaces) {
+        namespaces::namespace_lifecycle(reg).await?;
+    }
+    if all || std::mem::take(&mut dirty.service_accounts) {
+        namespaces::service_accounts(reg).await?;
+    }
+    if all || periodic || std::mem::take(&mut dirty.schedule) {
+        scheduler::schedule(reg).await?;
+    }
+    let mut workloads = std::mem::take(&mut dirty.workloads);
+    if all {
+        for kind in [Kind::Deployment, Kind::ReplicaSet] {
+            let (objs, _) = reg.store.list(kind, None)?;
+            workloads.extend(objs.iter().map(|o| ns_name(o).0));
+        }
+    }
+    for ns in &workloads {
+        workloads::sync_namespace(reg, ns).await?;
+    }
+    let mut services: BTreeSet<(String, String)> = std::mem::take(&mut dirty.services);
+    let pod_namespaces = std::mem::take(&mut dirty.pod_namespaces);
+    if all {
+        let (svcs, _) = reg.store.list(Kind::Service, None)?;
+        services.extend(svcs.iter().map(ns_name));
+        // Slices whose Service is gone.
+        let (slices, _) = reg.store.list(Kind::EndpointSlice, None)?;
+        for s in &slices {
+            if let Some(svc) = s
+                .pointer(&format!("/metadata/labels/{}", SERVICE_NAME_LABEL.replace('/', "~1")))
+                .and_then(Value::as_str)
+            {
+                services.insert((s["metadata"]["namespace"].as_str().unwrap_or("").into(), svc.into()));
+            }
+        }
+    } else {
+        for (ns, pods) in pod_namespaces {
+            let (svcs, _) = reg.store.list(Kind::Service, Some(&ns))?;
+            for svc in svcs {
+                let Some(sel) = svc
+                    .pointer("/spec/selector")
+                    .and_then(|s| serde_json::from_value::<BTreeMap<String, String>>(s.clone()).ok())
+                else {
+                    continue;
+                };
+                let sel = LabelSelector::from_map(&sel);
+                if pods.iter().any(|p| sel.matches(labels_of(p).as_ref())) {
+                    services.insert(ns_name(&svc));
+                }
+            }
+        }
+    }
+    for (ns, name) in services {
+        sync_endpoints(reg, &ns, &name).await?;
+    }
+    Ok(())
+}

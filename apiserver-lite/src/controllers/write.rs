@@ -1,0 +1,111 @@
+//! What the controllers share to write: create-or-update of controller-owned objects, quiet
+//! deletes, conditions and timestamps.
+
+use api::Kind;
+use serde_json::{json, Value};
+
+use crate::error::ApiError;
+use crate::registry::{DeleteOptions, Registry, Subresource, WriteOptions};
+
+/// `(namespace, name)` of a stored object.
+pub(crate) fn ns_name(obj: &Value) -> (String, String) {
+    (
+        obj["metadata"]["namespace"].as_str().unwrap_or("").to_string(),
+        obj["metadata"]["name"].as_str().unwrap_or("").to_string(),
+    )
+}
+
+/// Creates or updates a controller-owned object when the `fields` (or labels) differ.
+pub(crate) async fn upsert(
+    reg: &Registry,
+    kind: Kind,
+    ns: &str,
+    name: &str,
+    desired: Value,
+    fields: &[&str],
+) -> Result<(), ApiError> {
+    let g = reg.store.lock().await;
+    let pending = match reg.store.get(kind, ns, name)? {
+        None => Some(reg.create_locked(&g, kind, Some(ns), desired, &WriteOptions::default())?),
+        Some(old) => {
+            let mut new = old.clone();
+            let mut changed = old["metadata"].get("labels") != desired["metadata"].get("labels");
+            new["metadata"]["labels"] = desired["metadata"]["labels"].clone();
+            if let Some(o) = desired["metadata"].get("ownerReferences") {
+                new["metadata"]["ownerReferences"] = o.clone();
+            }
+            for f in fields {
+                let want = desired.get(*f);
+                // Compare after defaulting (protocol etc.) by looking at what we would store.
+                if normalized(old.get(*f)) != normalized(want) {
+                    changed = true;
+                }
+                match want {
+                    Some(v) => new[*f] = v.clone(),
+                    None => {
+                        new.as_object_mut().map(|o| o.remove(*f));
+                    }
+                }
+            }
+            if changed {
+                Some(reg.update_locked(&g, kind, old, new, Subresource::Main, &WriteOptions::default())?)
+            } else {
+                None
+            }
+        }
+    };
+    drop(g);
+    if let Some(p) = pending {
+        reg.sync(p).await?;
+    }
+    Ok(())
+}
+
+fn normalized(v: Option<&Value>) -> Value {
+    match v {
+        None | Some(Value::Null) => Value::Null,
+        Some(Value::Array(a)) if a.is_empty() => Value::Null,
+        Some(v) => v.clone(),
+    }
+}
+
+pub(crate) async fn delete_quietly(reg: &Registry, kind: Kind, ns: &str, name: &str) -> Result<(), ApiError> {
+    match reg.delete(kind, Some(ns), name, &DeleteOptions::default()).await {
+        Ok(_) | Err(ApiError::NotFound { .. }) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+pub(crate) fn new_time() -> Value {
+    let ts = jiff::Timestamp::now();
+    json!(jiff::Timestamp::from_second(ts.as_second()).unwrap_or(ts).to_string())
+}
+
+/// Sets a condition in `status.conditions`, keeping lastTransitionTime when the status holds.
+pub(crate) fn set_condition(obj: &mut Value, cond: Value) {
+    if !obj["status"].is_object() {
+        obj["status"] = json!({});
+    }
+    let list = obj["status"]["conditions"].as_array().cloned().unwrap_or_default();
+    let mut out = Vec::new();
+    let mut found = false;
+    for c in list {
+        if c["type"] == cond["type"] {
+            found = true;
+            if c["status"] == cond["status"]
+                && c.get("reason") == cond.get("reason")
+                && c.get("message") == cond.get("message")
+            {
+                out.push(c);
+            } else {
+                out.push(cond.clone());
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    if !found {
+        out.push(cond);
+    }
+    obj["status"]["conditions"] = json!(out);
+}
