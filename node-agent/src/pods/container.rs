@@ -1,0 +1,232 @@
+//! One container's life inside its pod's worker: started (or why not), exited and restarted
+//! with back-off as its restart policy says, probed for readiness, and its preStop handler.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1 as core;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use super::launch::{launch, readiness, Launch, PreStop, Readiness, DEFAULT_PROBE_RETRY};
+use super::record::{save_record, ContainerRecord, PodRecord};
+use super::worker::watch_exit;
+use super::{key, uid, Check, Deps, PodApi, Prober};
+use crate::cni::PluginExec;
+use crate::podstatus::{ContainerState, ContainerView, Terminated};
+use crate::process::{Exit, ProcId, ProcSpec, Processes, Sig};
+
+/// A container while its pod worker runs.
+pub(super) struct Ctr {
+    pub(super) spec: core::Container,
+    pub(super) rec: ContainerRecord,
+    pub(super) waiting: Option<(String, Option<String>)>,
+    pub(super) ready: bool,
+    pub(super) readiness: Readiness,
+    pub(super) next_start: Option<Instant>,
+    pub(super) backoff: Duration,
+}
+
+impl Ctr {
+    pub(super) fn view(&self) -> ContainerView {
+        let state = match (&self.rec.process, &self.waiting) {
+            (Some(_), _) => ContainerState::Running { started_at: self.rec.started_at.unwrap_or_else(Timestamp::now) },
+            (None, Some((reason, message))) => {
+                ContainerState::Waiting { reason: reason.clone(), message: message.clone() }
+            }
+            (None, None) if self.rec.done => ContainerState::Terminated(self.rec.last.clone().unwrap_or(Terminated {
+                exit_code: 0,
+                signal: None,
+                reason: "Completed".into(),
+                message: None,
+                started_at: None,
+                finished_at: Timestamp::now(),
+                container_id: None,
+            })),
+            (None, None) => ContainerState::Waiting { reason: "ContainerCreating".into(), message: None },
+        };
+        let last_terminated = if self.rec.done { None } else { self.rec.last.clone() };
+        ContainerView {
+            name: self.spec.name.clone(),
+            image: self.spec.image.clone().unwrap_or_default(),
+            state,
+            last_terminated,
+            ready: self.ready && self.rec.process.is_some(),
+            restart_count: self.rec.restart_count,
+            container_id: self.rec.process.map(|p| format!("podpath://{}", p.pid)),
+            will_restart: !self.rec.done,
+        }
+    }
+}
+
+fn restarts(policy: Option<&str>, exit_code: i32) -> bool {
+    match policy.unwrap_or("Always") {
+        "Never" => false,
+        "OnFailure" => exit_code != 0,
+        _ => true,
+    }
+}
+
+pub(super) type ExitMsg = (String, ProcId, Exit);
+
+impl<P: Processes, E: PluginExec, A: PodApi, Q: Prober> Deps<P, E, A, Q> {
+    pub(super) async fn start_container(
+        &self,
+        pod: &core::Pod,
+        rec: &mut PodRecord,
+        c: &mut Ctr,
+        exits: &mpsc::UnboundedSender<ExitMsg>,
+        deps: &Arc<Self>,
+    ) {
+        let ip = rec.pod_ips.first().map(|i| i.to_string()).unwrap_or_default();
+        c.next_start = None;
+        let first_start = c.rec.last.is_none() && c.rec.started_at.is_none();
+        match launch(&self.cfg, pod, &c.spec, rec.sandbox, &ip) {
+            Launch::Cannot { reason, message } => {
+                c.waiting = Some((reason, Some(message)));
+                // Like an image pull, look again later (the pod cannot change, but a record
+                // of the attempt keeps the status honest).
+                c.next_start = Some(Instant::now() + self.cfg.backoff_max);
+            }
+            Launch::StartError(message) => {
+                let now = Timestamp::now();
+                if !first_start {
+                    c.rec.restart_count += 1;
+                }
+                c.rec.last = Some(Terminated {
+                    exit_code: 128,
+                    signal: None,
+                    reason: "StartError".into(),
+                    message: Some(message),
+                    started_at: None,
+                    finished_at: now,
+                    container_id: None,
+                });
+                self.after_exit(pod, c, 128);
+            }
+            Launch::Run(spec) => match self.procs.spawn(&spec).await {
+                Ok(p) => {
+                    if !first_start {
+                        c.rec.restart_count += 1;
+                    }
+                    c.rec.process = Some(p);
+                    c.rec.started_at = Some(Timestamp::now());
+                    c.waiting = None;
+                    c.ready = false;
+                    c.readiness = readiness(&c.spec, rec.pod_ips.first().copied(), rec.sandbox, &self.cfg.workload_bin);
+                    c.readiness.next = Some(Instant::now() + c.readiness.initial_delay);
+                    watch_exit(deps, c.spec.name.clone(), p, exits.clone());
+                }
+                Err(e) => {
+                    tracing::warn!(pod = %key(pod), container = %c.spec.name, "cannot start: {e}");
+                    self.metrics.sync_error("start");
+                    c.waiting = Some(("CreateContainerError".into(), Some(e.to_string())));
+                    c.next_start = Some(Instant::now() + c.backoff);
+                    c.backoff = (c.backoff * 2).min(self.cfg.backoff_max);
+                }
+            },
+        }
+        rec.containers.insert(c.spec.name.clone(), c.rec.clone());
+        if let Err(e) = save_record(&self.cfg, rec) {
+            tracing::warn!(pod = %key(pod), "{e}");
+        }
+    }
+
+    /// Restart decision after the container's process ended (its `last` is set).
+    pub(super) fn after_exit(&self, pod: &core::Pod, c: &mut Ctr, exit_code: i32) {
+        c.ready = false;
+        c.rec.process = None;
+        let policy = pod.spec.as_ref().and_then(|s| s.restart_policy.as_deref());
+        if !restarts(policy, exit_code) {
+            c.rec.done = true;
+            c.waiting = None;
+            return;
+        }
+        // A container that ran for a while starts its back-off over (kubelet: 10 minutes).
+        let ran = c.rec.started_at.map(|s| Timestamp::now().duration_since(s).as_secs()).unwrap_or(0);
+        if ran > 600 {
+            c.backoff = self.cfg.backoff_base;
+        }
+        let delay = c.backoff;
+        c.backoff = (c.backoff * 2).min(self.cfg.backoff_max);
+        c.next_start = Some(Instant::now() + delay);
+        c.waiting = Some((
+            "CrashLoopBackOff".into(),
+            Some(format!(
+                "back-off {}s restarting failed container={} pod={}_{}({})",
+                delay.as_secs(),
+                c.spec.name,
+                pod.metadata.name.as_deref().unwrap_or(""),
+                pod.metadata.namespace.as_deref().unwrap_or("default"),
+                uid(pod)
+            )),
+        ));
+    }
+
+    /// One probe or handler: exec runs in the pod's namespaces (killed at `timeout`); the others
+    /// go to the prober.
+    pub(super) async fn run_check(&self, check: &Check, timeout: Duration) -> bool {
+        match check {
+            Check::Exec { argv } => {
+                let spec = ProcSpec { argv: argv.clone(), env: vec![], log: None };
+                match self.procs.spawn(&spec).await {
+                    Ok(p) => match tokio::time::timeout(timeout, self.procs.wait(p)).await {
+                        Ok(exit) => exit == Exit::Code(0),
+                        Err(_) => {
+                            self.procs.signal(p, Sig::Kill);
+                            false
+                        }
+                    },
+                    Err(_) => false,
+                }
+            }
+            other => self.prober.probe(other, timeout).await,
+        }
+    }
+
+    /// Runs a container's preStop handler, as kubelet does before SIGTERM, within `deadline`
+    /// (the pod's grace period). Its outcome does not matter: termination goes on regardless.
+    pub(super) async fn run_pre_stop(&self, pod_key: &str, container: &str, hook: &PreStop, deadline: Instant) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let finished = match hook {
+            PreStop::Sleep(d) => {
+                tokio::time::sleep((*d).min(left)).await;
+                *d <= left
+            }
+            PreStop::Check(check) => self.run_check(check, left).await,
+        };
+        if !finished {
+            tracing::warn!(pod = %pod_key, container, "preStop hook failed or ran out of the grace period");
+        }
+    }
+
+    pub(super) async fn run_probes(&self, c: &mut Ctr) {
+        let r = &mut c.readiness;
+        let now = Instant::now();
+        if c.rec.process.is_none() || r.next.is_none_or(|n| n > now) {
+            return;
+        }
+        let mut ok = true;
+        for check in &r.checks {
+            if !self.run_check(check, r.timeout).await {
+                ok = false;
+                break;
+            }
+        }
+        if ok {
+            r.successes += 1;
+            r.failures = 0;
+            if r.successes >= r.success_threshold {
+                c.ready = true;
+            }
+        } else {
+            r.failures += 1;
+            r.successes = 0;
+            if r.failures >= r.failure_threshold || !c.ready {
+                c.ready = false;
+            }
+        }
+        r.next = Some(Instant::now() + if !r.explicit && !c.ready { DEFAULT_PROBE_RETRY } else { r.period });
+    }
+}

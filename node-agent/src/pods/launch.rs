@@ -1,0 +1,248 @@
+//! What a container runs and how it is checked, decided from its spec: the workload's argv and
+//! environment ([`launch`]), its readiness checks, and its preStop handler.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::Path;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1 as core;
+use tokio::time::Instant;
+
+use super::{is_echo_image, uid, Check, PodsConfig};
+use crate::process::{ProcId, ProcSpec};
+
+/// How a container's process is started, or why it cannot be.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Launch {
+    Run(ProcSpec),
+    /// Kubernetes-style waiting reason and message (no program to run).
+    Cannot {
+        reason: String,
+        message: String,
+    },
+    /// The program does not exist: a start error (exit 128), retried with back-off.
+    StartError(String),
+}
+
+fn find_program(name: &str) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    let ok = |p: &Path| p.metadata().is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
+    if name.contains('/') {
+        return ok(Path::new(name));
+    }
+    std::env::var_os("PATH").is_some_and(|paths| std::env::split_paths(&paths).any(|d| ok(&d.join(name))))
+}
+
+/// The environment of a workload: the pod's identity (podpath/echo reads it) and the
+/// container's `env` (plain values and the common `fieldRef`s).
+pub fn workload_env(
+    pod: &core::Pod,
+    c: &core::Container,
+    pod_ip: &str,
+    node: &str,
+    host_ip: &str,
+) -> Vec<(String, String)> {
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    let ns = pod.metadata.namespace.clone().unwrap_or_else(|| "default".into());
+    let mut env = vec![
+        ("HOSTNAME".to_string(), name.clone()),
+        ("POD_NAME".to_string(), name.clone()),
+        ("POD_NAMESPACE".to_string(), ns.clone()),
+        ("POD_IP".to_string(), pod_ip.to_string()),
+        ("NODE_NAME".to_string(), node.to_string()),
+    ];
+    for e in c.env.iter().flatten() {
+        let value = match (&e.value, e.value_from.as_ref().and_then(|v| v.field_ref.as_ref())) {
+            (Some(v), _) => v.clone(),
+            (None, Some(f)) => match f.field_path.as_str() {
+                "metadata.name" => name.clone(),
+                "metadata.namespace" => ns.clone(),
+                "metadata.uid" => uid(pod),
+                "spec.nodeName" => node.to_string(),
+                "status.podIP" => pod_ip.to_string(),
+                "status.hostIP" => host_ip.to_string(),
+                _ => String::new(),
+            },
+            _ => String::new(),
+        };
+        env.retain(|(k, _)| *k != e.name);
+        env.push((e.name.clone(), value));
+    }
+    env
+}
+
+/// Decides how to run a container (pure apart from looking the program up in `PATH`).
+pub fn launch(cfg: &PodsConfig, pod: &core::Pod, c: &core::Container, sandbox: ProcId, pod_ip: &str) -> Launch {
+    let image = c.image.clone().unwrap_or_default();
+    let command: Vec<String> = c.command.clone().unwrap_or_default();
+    let args: Vec<String> = c.args.clone().unwrap_or_default();
+    let bin = cfg.workload_bin.display().to_string();
+    let argv = if !command.is_empty() {
+        if !find_program(&command[0]) {
+            return Launch::StartError(format!(
+                "failed to start the container process: exec: {:?}: executable file not found in $PATH",
+                command[0]
+            ));
+        }
+        let mut argv = vec![bin, "join".into(), "--sandbox".into(), sandbox.pid.to_string(), "--".into()];
+        argv.extend(command);
+        argv.extend(args);
+        argv
+    } else if is_echo_image(&image) {
+        let mut argv = vec![bin, "echo".into(), "--sandbox".into(), sandbox.pid.to_string()];
+        for p in c.ports.iter().flatten() {
+            if p.protocol.as_deref().unwrap_or("TCP") == "TCP" {
+                argv.push("--port".into());
+                argv.push(p.container_port.to_string());
+            }
+        }
+        argv.push("--".into());
+        argv.extend(args);
+        argv
+    } else {
+        return Launch::Cannot {
+            reason: "ErrImagePull".into(),
+            message: format!(
+                "podpath runs no container images: {image:?} is not built in. Use image podpath/echo, \
+                 or give the container a command (a program on the node) to run in the pod's namespaces"
+            ),
+        };
+    };
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    let ns = pod.metadata.namespace.clone().unwrap_or_else(|| "default".into());
+    Launch::Run(ProcSpec {
+        argv,
+        env: workload_env(pod, c, pod_ip, &cfg.node_name, &cfg.node_ip.to_string()),
+        log: Some(cfg.log_path(&ns, &name, &uid(pod), &c.name)),
+    })
+}
+
+/// Readiness checking of one container.
+#[derive(Debug, Clone)]
+pub(super) struct Readiness {
+    pub(super) checks: Vec<Check>,
+    pub(super) explicit: bool,
+    pub(super) initial_delay: Duration,
+    pub(super) period: Duration,
+    pub(super) timeout: Duration,
+    pub(super) success_threshold: u32,
+    pub(super) failure_threshold: u32,
+    pub(super) successes: u32,
+    pub(super) failures: u32,
+    pub(super) next: Option<Instant>,
+}
+
+/// While no explicit probe exists, "ready" means the container ports accept connections; this
+/// is how often that is tried until it first succeeds.
+pub(super) const DEFAULT_PROBE_RETRY: Duration = Duration::from_millis(50);
+const DEFAULT_PROBE_PERIOD: Duration = Duration::from_secs(10);
+
+fn port_of(port: &k8s_openapi::apimachinery::pkg::util::intstr::IntOrString, c: &core::Container) -> Option<u16> {
+    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+    match port {
+        IntOrString::Int(p) => u16::try_from(*p).ok(),
+        IntOrString::String(name) => c
+            .ports
+            .iter()
+            .flatten()
+            .find(|p| p.name.as_deref() == Some(name))
+            .and_then(|p| u16::try_from(p.container_port).ok()),
+    }
+}
+
+/// A container's `lifecycle.preStop` handler.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PreStop {
+    Sleep(Duration),
+    Check(Check),
+}
+
+/// The preStop handler of a container (sleep, exec in the pod's namespaces, or an HTTP GET to
+/// the pod), if it has one. tcpSocket handlers are deprecated and, as in kubelet, do nothing.
+pub fn pre_stop(c: &core::Container, pod_ip: Option<IpAddr>, sandbox: ProcId, workload_bin: &Path) -> Option<PreStop> {
+    let h = c.lifecycle.as_ref()?.pre_stop.as_ref()?;
+    if let Some(s) = &h.sleep {
+        return Some(PreStop::Sleep(Duration::from_secs(s.seconds.max(0) as u64)));
+    }
+    if let Some(e) = &h.exec {
+        return Some(PreStop::Check(exec_check(sandbox, workload_bin, e)));
+    }
+    http_check(h.http_get.as_ref()?, c, pod_ip?).map(PreStop::Check)
+}
+
+/// An exec action as a check: the command runs inside the pod's namespaces.
+fn exec_check(sandbox: ProcId, workload_bin: &Path, e: &core::ExecAction) -> Check {
+    let mut argv = vec![
+        workload_bin.display().to_string(),
+        "join".into(),
+        "--sandbox".into(),
+        sandbox.pid.to_string(),
+        "--".into(),
+    ];
+    argv.extend(e.command.iter().flatten().cloned());
+    Check::Exec { argv }
+}
+
+/// An httpGet action as a check: to `host` or the pod's IP; a `Host` header becomes the host.
+fn http_check(g: &core::HTTPGetAction, c: &core::Container, pod_ip: IpAddr) -> Option<Check> {
+    let port = port_of(&g.port, c)?;
+    let addr = SocketAddr::new(g.host.as_deref().and_then(|h| h.parse().ok()).unwrap_or(pod_ip), port);
+    let headers: Vec<(String, String)> =
+        g.http_headers.iter().flatten().map(|h| (h.name.clone(), h.value.clone())).collect();
+    let host = headers.iter().find(|(k, _)| k.eq_ignore_ascii_case("host")).map(|(_, v)| v.clone());
+    Some(Check::Http {
+        addr,
+        path: g.path.clone().unwrap_or_else(|| "/".into()),
+        host,
+        headers: headers.into_iter().filter(|(k, _)| !k.eq_ignore_ascii_case("host")).collect(),
+    })
+}
+
+pub(super) fn readiness(
+    c: &core::Container,
+    pod_ip: Option<IpAddr>,
+    sandbox: ProcId,
+    workload_bin: &Path,
+) -> Readiness {
+    let secs = |v: Option<i32>, d: i32| Duration::from_secs(v.unwrap_or(d).max(0) as u64);
+    let mut r = Readiness {
+        checks: vec![],
+        explicit: false,
+        initial_delay: Duration::ZERO,
+        period: DEFAULT_PROBE_PERIOD,
+        timeout: Duration::from_secs(1),
+        success_threshold: 1,
+        failure_threshold: 3,
+        successes: 0,
+        failures: 0,
+        next: None,
+    };
+    let Some(ip) = pod_ip else { return r };
+    match &c.readiness_probe {
+        Some(p) => {
+            r.explicit = true;
+            r.initial_delay = secs(p.initial_delay_seconds, 0);
+            r.period = secs(p.period_seconds, 10).max(Duration::from_secs(1));
+            r.timeout = secs(p.timeout_seconds, 1).max(Duration::from_secs(1));
+            r.success_threshold = p.success_threshold.unwrap_or(1).max(1) as u32;
+            r.failure_threshold = p.failure_threshold.unwrap_or(3).max(1) as u32;
+            if let Some(t) = &p.tcp_socket {
+                if let Some(port) = port_of(&t.port, c) {
+                    r.checks.push(Check::Tcp(SocketAddr::new(ip, port)));
+                }
+            } else if let Some(h) = &p.http_get {
+                r.checks.extend(http_check(h, c, ip));
+            } else if let Some(e) = &p.exec {
+                r.checks.push(exec_check(sandbox, workload_bin, e));
+            }
+        }
+        None => {
+            for p in c.ports.iter().flatten().filter(|p| p.protocol.as_deref().unwrap_or("TCP") == "TCP") {
+                if let Ok(port) = u16::try_from(p.container_port) {
+                    r.checks.push(Check::Tcp(SocketAddr::new(ip, port)));
+                }
+            }
+        }
+    }
+    r
+}
