@@ -5,12 +5,14 @@
 //! - [`reflector`]: watched, locally cached objects (list + watch, resume, relist), for every
 //!   kind served over gRPC (`api::convert::ProtoKind`);
 //! - [`daemon`]: token file, stop signal, and processes known by PID + start time;
+//! - [`http`]: the workspace's one small HTTP/1.1 client (on hyper);
 //! - [`relay`]: outgoing relay connections that keep the inbound DSCP (the userspace proxy's,
 //!   lb-sim's), so `podpath trace` follows a request through them.
 
 pub mod daemon;
 pub mod error;
 pub mod grpc;
+pub mod http;
 pub mod reflector;
 pub mod relay;
 

@@ -7,8 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use podpath_client::http;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -54,32 +53,15 @@ impl HealthState {
     }
 }
 
-/// One HTTP/1.0 `GET`; `Ok` on a 200 within `timeout`.
+/// One `GET` of the check's path; `Ok` on a 200 within `timeout`.
 pub async fn probe(check: &Check, timeout: Duration) -> Result<(), String> {
     let addr = std::net::SocketAddr::new(check.ip, check.port);
-    let attempt = async {
-        let mut s = TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
-        let req = format!("GET {} HTTP/1.0\r\nHost: {addr}\r\nUser-Agent: podpath-lb-sim\r\n\r\n", check.path);
-        s.write_all(req.as_bytes()).await.map_err(|e| e.to_string())?;
-        let mut head = [0u8; 32];
-        let mut n = 0;
-        while n < 12 {
-            let r = s.read(&mut head[n..]).await.map_err(|e| e.to_string())?;
-            if r == 0 {
-                return Err("connection closed before a status line".to_string());
-            }
-            n += r;
-        }
-        let line = String::from_utf8_lossy(&head[..n]);
-        match line.split_whitespace().nth(1) {
-            Some("200") => Ok(()),
-            Some(code) => Err(format!("HTTP {code}")),
-            None => Err("not an HTTP answer".to_string()),
-        }
-    };
-    match tokio::time::timeout(timeout, attempt).await {
-        Ok(r) => r,
-        Err(_) => Err(format!("no answer within {timeout:?}")),
+    let headers = [("User-Agent", "podpath-lb-sim")];
+    let req = http::Request { headers: &headers, ..http::Request::get(&check.path) };
+    match http::request(addr, &req, timeout).await {
+        Ok(r) if r.status == 200 => Ok(()),
+        Ok(r) => Err(format!("HTTP {}", r.status)),
+        Err(e) => Err(e.to_string()),
     }
 }
 
@@ -175,6 +157,7 @@ impl Drop for Checker {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     #[test]
     fn the_first_result_counts_then_fall_and_rise_thresholds_apply() {

@@ -378,7 +378,7 @@ fn ns_path_of(st: &LabState, plan: &Plan, api: SocketAddr, host: &str) -> Result
     if let Some(rest) = host.strip_prefix("pod/") {
         let (ns, name) =
             rest.split_once('/').ok_or_else(|| LabError::Usage(format!("{host:?}: use pod/NAMESPACE/NAME")))?;
-        let pid = crate::pod_pid(api, ns, name)?;
+        let pid = crate::hosts::pod_pid(api, ns, name)?;
         return Ok(format!("/proc/{pid}/ns/net"));
     }
     let ns = plan.netns_of(host).ok_or_else(|| {
@@ -454,7 +454,7 @@ fn lb_view(doc: &serde_json::Value, vip: &str) -> Option<(String, Vec<String>)> 
 /// Traces one request through the lab.
 pub fn trace(st: &LabState, req: &Request) -> Result<Trace> {
     let plan = Plan::new(&st.name, st.nodes);
-    let api = crate::api_addr(st)?;
+    let api = crate::state::api_addr(st)?;
     let src_ns = ns_path_of(st, &plan, api, &req.from)?;
     let mut hosts: Vec<(String, String)> = vec![("client".into(), String::new()), ("gateway".into(), String::new())];
     hosts.extend(plan.nodes.iter().map(|n| (n.name.clone(), String::new())));

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use podpath_client::ApiClient;
+use podpath_client::{http, ApiClient};
 
 use super::{Check, PodApi, Prober};
 use crate::error::{AgentError, Result};
@@ -48,40 +48,19 @@ pub struct NetProber;
 
 impl Prober for NetProber {
     async fn probe(&self, check: &Check, timeout: Duration) -> bool {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let attempt = async {
-            match check {
-                Check::Tcp(addr) => tokio::net::TcpStream::connect(addr).await.is_ok(),
-                Check::Http { addr, path, host, headers } => {
-                    let Ok(mut s) = tokio::net::TcpStream::connect(addr).await else { return false };
-                    let mut req = format!(
-                        "GET {path} HTTP/1.1\r\nHost: {}\r\nUser-Agent: kube-probe/1.33\r\nAccept: */*\r\nConnection: close\r\n",
-                        host.clone().unwrap_or_else(|| addr.to_string())
-                    );
-                    for (k, v) in headers {
-                        req.push_str(&format!("{k}: {v}\r\n"));
-                    }
-                    req.push_str("\r\n");
-                    if s.write_all(req.as_bytes()).await.is_err() {
-                        return false;
-                    }
-                    let mut buf = [0u8; 32];
-                    let mut n = 0;
-                    while n < 12 {
-                        match s.read(&mut buf[n..]).await {
-                            Ok(0) | Err(_) => break,
-                            Ok(k) => n += k,
-                        }
-                    }
-                    let line = String::from_utf8_lossy(&buf[..n]);
-                    line.split_whitespace()
-                        .nth(1)
-                        .and_then(|c| c.parse::<u16>().ok())
-                        .is_some_and(|c| (200..400).contains(&c))
-                }
-                Check::Exec { .. } => false,
+        match check {
+            Check::Tcp(addr) => {
+                tokio::time::timeout(timeout, tokio::net::TcpStream::connect(addr)).await.is_ok_and(|r| r.is_ok())
             }
-        };
-        tokio::time::timeout(timeout, attempt).await.unwrap_or(false)
+            Check::Http { addr, path, host, headers } => {
+                let host = host.clone().unwrap_or_else(|| addr.to_string());
+                let mut all: Vec<(&str, &str)> =
+                    vec![("Host", &host), ("User-Agent", "kube-probe/1.33"), ("Accept", "*/*"), ("Connection", "close")];
+                all.extend(headers.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+                let req = http::Request { headers: &all, ..http::Request::get(path) };
+                http::request(*addr, &req, timeout).await.is_ok_and(|r| (200..400).contains(&r.status))
+            }
+            Check::Exec { .. } => false,
+        }
     }
 }

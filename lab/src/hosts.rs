@@ -1,0 +1,159 @@
+//! Reaching into a lab's hosts: a command run in a host's (or a pod's) namespaces, HTTP from
+//! the host or from inside a namespace, lb-sim's status, the API's view of the nodes.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use podpath_client::http;
+
+use crate::plan::Plan;
+use crate::state::{api_addr, LabState, LB_STATUS};
+use crate::{io, LabError, Result};
+
+/// One GET (JSON accepted) from here: status and body.
+pub fn http_get(addr: SocketAddr, path: &str) -> Result<(u16, String)> {
+    let headers = [("Accept", "application/json")];
+    let req = http::Request { headers: &headers, ..http::Request::get(path) };
+    let r = http::blocking(addr, &req, Duration::from_secs(5))?;
+    Ok((r.status, r.text()))
+}
+
+/// The argv that runs `cmd` on a host of the lab: `client`, `gateway`, `control-plane`,
+/// `node-N`, or `pod/NS/NAME` (its namespaces entered through its workload's PID).
+pub fn exec_argv(st: &LabState, host: &str, cmd: &[String]) -> Result<Vec<String>> {
+    let mut argv: Vec<String>;
+    if let Some(rest) = host.strip_prefix("pod/") {
+        let (ns, name) =
+            rest.split_once('/').ok_or_else(|| LabError::Usage(format!("{host:?}: use pod/NAMESPACE/NAME")))?;
+        let pid = pod_pid(api_addr(st)?, ns, name)?;
+        argv = ["nsenter", "-t", &pid, "-n", "-u", "--"].iter().map(|s| s.to_string()).collect();
+    } else {
+        let p = Plan::new(&st.name, st.nodes);
+        let ns = p.netns_of(host).ok_or_else(|| {
+            LabError::Usage(format!(
+                "no host {host:?} in lab {:?}: client, gateway, control-plane, node-1…node-{}, pod/NS/NAME",
+                st.name, st.nodes
+            ))
+        })?;
+        argv = ["ip", "netns", "exec", ns].iter().map(|s| s.to_string()).collect();
+    }
+    argv.extend(cmd.iter().cloned());
+    Ok(argv)
+}
+
+/// One HTTP GET from inside a network namespace of the lab (a helper thread enters it; the
+/// socket stays there).
+pub fn http_get_in(netns: &str, addr: SocketAddr, path: &str) -> Result<(u16, String)> {
+    let (ns, path) = (netns.to_string(), path.to_string());
+    in_netns_thread(format!("/run/netns/{netns}"), move || {
+        http_get(addr, &path).map_err(|e| LabError::NotReady(format!("{e} (in {ns})")))
+    })?
+}
+
+/// Runs `f` on a helper thread inside a network namespace (given by path: `/run/netns/NAME`
+/// or `/proc/PID/ns/net`); sockets made there stay in that namespace.
+pub fn in_netns_thread<T: Send + 'static>(ns_path: String, f: impl FnOnce() -> T + Send + 'static) -> Result<T> {
+    std::thread::spawn(move || -> Result<T> {
+        let file = std::fs::File::open(&ns_path).map_err(io(format!("open namespace {ns_path}")))?;
+        nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
+            .map_err(|e| io(format!("enter namespace {ns_path}"))(e.into()))?;
+        Ok(f())
+    })
+    .join()
+    .map_err(|_| LabError::NotReady("a helper thread inside a lab namespace panicked".into()))?
+}
+
+pub(crate) fn lb_status_in(gateway_netns: &str) -> Result<serde_json::Value> {
+    let (code, body) = http_get_in(gateway_netns, LB_STATUS.parse().expect("constant"), "/status")?;
+    if code != 200 {
+        return Err(LabError::NotReady(format!("lb-sim status answered HTTP {code}")));
+    }
+    serde_json::from_str(&body).map_err(|e| LabError::NotReady(format!("lb-sim status is not JSON: {e}")))
+}
+
+/// The PID of a pod's first container (its namespaces are the pod's), from the API.
+pub(crate) fn pod_pid(api: SocketAddr, ns: &str, name: &str) -> Result<String> {
+    let (code, body) =
+        http_get(api, &format!("/api/v1/namespaces/{ns}/pods/{name}"))?;
+    if code != 200 {
+        return Err(LabError::Usage(format!("pod {ns}/{name} not found")));
+    }
+    let pod: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+    pod["status"]["containerStatuses"][0]["containerID"]
+        .as_str()
+        .and_then(|c| c.strip_prefix("podpath://"))
+        .map(str::to_string)
+        .ok_or_else(|| LabError::Usage(format!("pod {ns}/{name} has no running container yet")))
+}
+
+/// lb-sim's status document (`GET /status` in the gateway's namespace).
+pub fn lb_status(st: &LabState) -> Result<serde_json::Value> {
+    let p = Plan::new(&st.name, st.nodes);
+    lb_status_in(p.netns_of("gateway").expect("planned"))
+}
+
+/// Ready nodes according to the API server.
+pub fn nodes_ready(st: &LabState) -> Vec<String> {
+    st.api.parse().map(crate::up::ready_nodes).unwrap_or_default()
+}
+
+/// lb-sim's status as a table: one row per frontend, its backends with their health (`*`:
+/// gets traffic).
+pub fn lb_table(doc: &serde_json::Value) -> String {
+    let mut rows = vec![["VIP", "SERVICE", "KIND", "VIA", "PORTS", "BACKENDS"].map(String::from).to_vec()];
+    for f in doc["frontends"].as_array().into_iter().flatten() {
+        let s = |k: &str| f[k].as_str().unwrap_or_default().to_string();
+        let ports: Vec<&str> = f["ports"].as_array().into_iter().flatten().filter_map(|p| p.as_str()).collect();
+        let backends: Vec<String> = f["backends"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|b| {
+                let star = if b["inRotation"] == true { "*" } else { "" };
+                format!("{}{star} {}", b["node"].as_str().unwrap_or_default(), b["health"].as_str().unwrap_or_default())
+            })
+            .collect();
+        let mut via = s("delivery");
+        if let Some(pin) = f["pinned"].as_str() {
+            via = format!("{via} (pinned to {pin})");
+        }
+        rows.push(vec![s("vip"), s("service"), s("kind"), via, ports.join(","), backends.join(", ")]);
+    }
+    let widths: Vec<usize> = (0..6).map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0)).collect();
+    let mut out = format!("load balancers ({} mode):\n", doc["mode"].as_str().unwrap_or("?"));
+    for r in &rows {
+        let line: Vec<String> = r.iter().zip(&widths).map(|(cell, w)| format!("{cell:<w$}")).collect();
+        out.push_str(line.join("  ").trim_end());
+        out.push('\n');
+    }
+    if rows.len() == 1 {
+        out.push_str("(no LoadBalancer IPs or externalIPs yet)\n");
+    }
+    if let Some(e) = doc["error"].as_str() {
+        out.push_str(&format!("last error: {e}\n"));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_lb_table_shows_every_frontend_with_its_backends() {
+        let doc = serde_json::json!({"mode": "passthrough", "nodes": [], "frontends": [
+            {"vip": "198.51.100.1", "service": "default/contour", "kind": "LoadBalancer", "delivery": "route",
+             "ports": ["http 80/TCP→30080", "https 443/TCP→30443"],
+             "backends": [{"node": "node-1", "target": "192.168.56.11", "check": "", "health": "healthy", "inRotation": true},
+                          {"node": "node-2", "target": "192.168.56.12", "check": "", "health": "unhealthy", "inRotation": false}]},
+            {"vip": "169.10.10.1", "service": "default/svc-test-1", "kind": "ExternalIP", "delivery": "route",
+             "pinned": "node-2", "ports": ["80/TCP"], "backends": []}]});
+        let t = lb_table(&doc);
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(lines[0], "load balancers (passthrough mode):");
+        assert!(lines[1].starts_with("VIP "), "{t}");
+        assert!(lines[2].contains("default/contour") && lines[2].contains("node-1* healthy, node-2 unhealthy"), "{t}");
+        assert!(lines[3].contains("route (pinned to node-2)"), "{t}");
+        assert_eq!(lines[1].find("SERVICE"), lines[2].find("default/contour"), "columns line up");
+    }
+}

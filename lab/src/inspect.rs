@@ -1,0 +1,153 @@
+//! The service proxy's rules on every node as the kernel holds them: read (`iptables-save`, in
+//! parallel), watched for changes after API changes (`podpath rules --watch`), and explained
+//! for one Service (`podpath explain`).
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use crate::hosts::http_get;
+use crate::plan::Plan;
+use crate::state::{api_addr, LabState};
+use crate::{io, rules, trace, LabError, Result};
+
+/// Per node: each table's `iptables-save` text.
+pub type NodeTables = BTreeMap<String, Vec<(String, String)>>;
+
+/// `iptables-save` of `tables` on every node of the lab, read in parallel.
+pub fn node_tables(st: &LabState, tables: &[&str]) -> Result<NodeTables> {
+    let plan = Plan::new(&st.name, st.nodes);
+    let nodes: Vec<(String, String)> =
+        plan.nodes.iter().map(|n| (n.name.clone(), plan.netns_of(&n.name).expect("planned").to_string())).collect();
+    type OneNode = (String, Vec<(String, String)>);
+    let saves: Vec<Result<OneNode>> = std::thread::scope(|s| {
+        let jobs: Vec<_> = nodes
+            .iter()
+            .map(|(node, netns)| {
+                s.spawn(move || -> Result<OneNode> {
+                    let mut out = Vec::new();
+                    for table in tables {
+                        let ipt = podpath_ruleset::Iptables::new(podpath_ruleset::Backend::System).in_netns(netns);
+                        let save = ipt.save_text(table).map_err(|e| LabError::Command {
+                            cmd: format!("iptables-save -t {table} in {netns}"),
+                            stderr: e.to_string(),
+                        })?;
+                        out.push((table.to_string(), save));
+                    }
+                    Ok((node.clone(), out))
+                })
+            })
+            .collect();
+        jobs.into_iter()
+            .map(|j| j.join().unwrap_or_else(|_| Err(LabError::NotReady("a helper thread panicked".into()))))
+            .collect()
+    });
+    saves.into_iter().collect()
+}
+
+/// Every node's proxy rules (nat and filter) as lines (`rules::proxy_rules`).
+pub fn proxy_rules(st: &LabState) -> Result<BTreeMap<String, Vec<String>>> {
+    Ok(node_tables(st, &["nat", "filter"])?
+        .into_iter()
+        .map(|(node, tables)| (node, tables.iter().flat_map(|(t, save)| rules::proxy_rules(t, save)).collect()))
+        .collect())
+}
+
+/// `Kind ns/name` → resourceVersion of the objects the service proxy renders rules from.
+fn proxy_inputs(api: SocketAddr) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for (kind, path) in [("Service", "/api/v1/services"), ("EndpointSlice", "/apis/discovery.k8s.io/v1/endpointslices")]
+    {
+        let doc = trace::run::api_get(api, path);
+        for item in doc["items"].as_array().into_iter().flatten() {
+            let m = &item["metadata"];
+            let key = format!("{kind} {}/{}", m["namespace"].as_str().unwrap_or(""), m["name"].as_str().unwrap_or(""));
+            out.insert(key, m["resourceVersion"].as_str().unwrap_or("").to_string());
+        }
+    }
+    out
+}
+
+/// What changed between two [`proxy_inputs`]: `Service default/web created`, …
+fn input_changes(before: &BTreeMap<String, String>, after: &BTreeMap<String, String>) -> Vec<String> {
+    let mut out = Vec::new();
+    for (k, v) in after {
+        match before.get(k) {
+            None => out.push(format!("{k} created")),
+            Some(old) if old != v => out.push(format!("{k} changed")),
+            _ => {}
+        }
+    }
+    out.extend(before.keys().filter(|k| !after.contains_key(*k)).map(|k| format!("{k} deleted")));
+    out
+}
+
+/// `podpath rules --watch`: after each change of a Service or EndpointSlice in the API, waits
+/// for the nodes' rules to follow (they settle: unchanged for 300 ms, or 3 s pass) and writes
+/// the rule changes of every node. Stops after `count` reports, if given.
+pub fn watch_rules(st: &LabState, count: Option<usize>, out: &mut dyn Write) -> Result<()> {
+    let api = api_addr(st)?;
+    let mut rules = proxy_rules(st)?;
+    let mut inputs = proxy_inputs(api);
+    let sizes: Vec<String> = rules.iter().map(|(n, r)| format!("{n} {} rules", r.len())).collect();
+    let w = |out: &mut dyn Write, s: &str| out.write_all(s.as_bytes()).and_then(|_| out.flush());
+    w(out, &format!("watching the service proxy's rules ({}); Ctrl-C stops\n", sizes.join(", ")))
+        .map_err(io("write".to_string()))?;
+    let mut reports = 0;
+    while count.is_none_or(|c| reports < c) {
+        std::thread::sleep(Duration::from_millis(200));
+        let now = proxy_inputs(api);
+        if now == inputs {
+            continue;
+        }
+        let changes = input_changes(&inputs, &now);
+        inputs = now;
+        let (deadline, mut last, mut settled_at) = (Instant::now() + Duration::from_secs(3), rules.clone(), None);
+        while Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(100));
+            let current = proxy_rules(st)?;
+            if current != last {
+                last = current;
+                settled_at = Some(Instant::now());
+            } else if settled_at.is_some_and(|t: Instant| t.elapsed() >= Duration::from_millis(300)) {
+                break;
+            }
+        }
+        let per_node: BTreeMap<String, Vec<rules::Change>> = last
+            .iter()
+            .map(|(node, new)| (node.clone(), rules::diff(rules.get(node).map(Vec::as_slice).unwrap_or_default(), new)))
+            .collect();
+        let when = jiff::Zoned::now().strftime("%H:%M:%S").to_string();
+        w(out, &rules::report(&when, &changes, &per_node)).map_err(io("write".to_string()))?;
+        rules = last;
+        reports += 1;
+    }
+    Ok(())
+}
+
+/// Explains a Service's rules on every node of the lab (`podpath explain`): the Service from
+/// the API, `iptables-save` of the nat and filter tables of each node.
+pub fn explain(st: &LabState, service: &str) -> Result<crate::explain::Explanation> {
+    let (ns, name) = service.split_once('/').unwrap_or(("default", service));
+    if name.is_empty() || ns.is_empty() || name.contains('/') {
+        return Err(LabError::Usage(format!("{service:?}: give a Service as NAME or NAMESPACE/NAME")));
+    }
+    let api = api_addr(st)?;
+    let (code, body) = http_get(api, &format!("/api/v1/namespaces/{ns}/services/{name}"))?;
+    match code {
+        200 => {}
+        404 => return Err(LabError::Usage(format!("service {ns}/{name} not found"))),
+        c => return Err(LabError::NotReady(format!("the API server answered HTTP {c} for service {ns}/{name}"))),
+    }
+    let svc: serde_json::Value =
+        serde_json::from_str(&body).map_err(|e| LabError::NotReady(format!("service {ns}/{name}: {e}")))?;
+    let pods = trace::run::pods_by_ip(api).into_iter().map(|(ip, (pod, _))| (ip, pod)).collect();
+    let slices = trace::run::api_get(
+        api,
+        &format!("/apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices?labelSelector=kubernetes.io%2Fservice-name%3D{name}"),
+    );
+    let slices = slices["items"].as_array().cloned().unwrap_or_default();
+    let saves = node_tables(st, &["nat", "filter"])?;
+    Ok(crate::explain::explain(&svc, &slices, &saves, &pods))
+}

@@ -1,0 +1,393 @@
+//! `podpath up` and `down`: the topology ([`crate::plan`]) built, `apiserver-lite`, one
+//! `node-agent` per node and lb-sim started in their namespaces and recorded before they are
+//! waited for, so `down` (and a failed `up`) stops exactly what was started, dead or alive.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::hosts::{http_get, lb_status_in};
+use crate::plan::{self, Plan};
+use crate::state::{alive, kubeconfig, kubeconfig_path, load_state, save_state, state_file, LabState, Proc, LB_STATUS};
+use crate::{io, LabError, Result};
+
+/// What `up` is asked for.
+#[derive(Debug, Clone)]
+pub struct UpOptions {
+    pub name: String,
+    pub nodes: usize,
+    pub proxy_mode: String,
+    /// How lb-sim delivers LoadBalancer IPs: `passthrough` or `nodeport`.
+    pub lb_mode: String,
+    /// `false` leaves out the nodes' masquerade of external traffic (the scenario-4 lesson).
+    pub masquerade: bool,
+    pub state_dir: PathBuf,
+    /// Where `apiserver-lite`, `node-agent`, `podpath-workload` and the CNI plugins are.
+    pub bin_dir: PathBuf,
+    /// Host port for kubectl (0: any free one).
+    pub api_port: u16,
+}
+
+pub(crate) fn run(argv: &[String]) -> Result<String> {
+    let out = Command::new(&argv[0])
+        .args(&argv[1..])
+        .stdin(Stdio::null())
+        .output()
+        .map_err(io(format!("cannot run {}", argv[0])))?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(LabError::Command { cmd: argv.join(" "), stderr: String::from_utf8_lossy(&out.stderr).trim().to_string() })
+    }
+}
+
+/// Checks that we can build a lab here: root, and the tools we drive.
+pub fn preflight() -> Result<()> {
+    if !nix::unistd::geteuid().is_root() {
+        return Err(LabError::Usage("podpath needs root to create network namespaces (run it with sudo)".into()));
+    }
+    for tool in ["ip", "iptables", "nsenter"] {
+        let found = std::env::var_os("PATH")
+            .map(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
+            .unwrap_or(false);
+        if !found {
+            return Err(LabError::Usage(format!(
+                "`{tool}` is not installed (apt-get install iproute2 iptables util-linux)"
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn spawn(component: &str, argv: &[String], log: &Path, env: &[(&str, &Path)]) -> Result<Proc> {
+    use std::os::unix::process::CommandExt;
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .map_err(io(format!("open {}", log.display())))?;
+    let mut cmd = Command::new(&argv[0]);
+    cmd.args(&argv[1..])
+        .stdin(Stdio::null())
+        .stdout(file.try_clone().map_err(io("log file"))?)
+        .stderr(file)
+        // Its own process group: Ctrl-C on `podpath up` does not reach the lab.
+        .process_group(0);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let child = cmd.spawn().map_err(io(format!("start {component}")))?;
+    let pid = child.id() as i32;
+    let start_time = podpath_client::daemon::start_time(pid).unwrap_or(0);
+    Ok(Proc { component: component.into(), pid, start_time })
+}
+
+pub(crate) fn ready_nodes(api: SocketAddr) -> Vec<String> {
+    let Ok((200, body)) = http_get(api, "/api/v1/nodes") else { return vec![] };
+    let Ok(v) = serde_json::from_str::<serde_json::Value>(&body) else { return vec![] };
+    v["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|n| {
+            n["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|c| c["type"] == "Ready" && c["status"] == "True")
+        })
+        .filter_map(|n| n["metadata"]["name"].as_str().map(str::to_string))
+        .collect()
+}
+
+fn free_port() -> Result<u16> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(io("pick a free port"))?;
+    Ok(l.local_addr().map_err(io("pick a free port"))?.port())
+}
+
+/// Builds the lab; on any failure removes what it made. `progress` gets one line per step.
+pub fn up(opts: &UpOptions, progress: &mut dyn FnMut(&str)) -> Result<LabState> {
+    plan::check_name(&opts.name).map_err(LabError::Usage)?;
+    if opts.nodes == 0 || opts.nodes > plan::MAX_NODES {
+        return Err(LabError::Usage(format!("--nodes {}: use 1 to {}", opts.nodes, plan::MAX_NODES)));
+    }
+    if !matches!(opts.proxy_mode.as_str(), "iptables" | "userspace") {
+        return Err(LabError::Usage(format!("--proxy-mode {:?}: expected iptables or userspace", opts.proxy_mode)));
+    }
+    if !matches!(opts.lb_mode.as_str(), "passthrough" | "nodeport") {
+        return Err(LabError::Usage(format!("--lb-mode {:?}: expected passthrough or nodeport", opts.lb_mode)));
+    }
+    for bin in ["apiserver-lite", "node-agent", "lb-sim", "podpath-workload", "podpath-bridge", "podpath-ipam"] {
+        if !opts.bin_dir.join(bin).is_file() {
+            return Err(LabError::Usage(format!(
+                "{bin} is not in {} (build with `cargo build --release`)",
+                opts.bin_dir.display()
+            )));
+        }
+    }
+    if let Some(st) = load_state(&opts.state_dir)? {
+        let running = st.procs.iter().any(alive);
+        return Err(LabError::Usage(format!(
+            "a lab named {:?} already exists{} (state in {}); run `podpath down --name {}` first",
+            st.name,
+            if running { " and is running" } else { "" },
+            opts.state_dir.display(),
+            st.name
+        )));
+    }
+    let p = Plan::new(&opts.name, opts.nodes);
+    let taken: Vec<String> = run(&["ip".into(), "netns".into(), "list".into()])?
+        .lines()
+        .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+        .filter(|n| p.hosts.iter().any(|h| &h.netns == n))
+        .collect();
+    if !taken.is_empty() {
+        return Err(LabError::Usage(format!(
+            "namespaces of a lab named {:?} exist without its state ({}); run `podpath down --name {}`",
+            opts.name,
+            taken.join(", "),
+            opts.name
+        )));
+    }
+    std::fs::create_dir_all(opts.state_dir.join("logs")).map_err(io(format!("create {}", opts.state_dir.display())))?;
+    let api_port = if opts.api_port == 0 { free_port()? } else { opts.api_port };
+    let api: SocketAddr = ([127, 0, 0, 1], api_port).into();
+    let mut st = LabState {
+        name: opts.name.clone(),
+        nodes: opts.nodes,
+        proxy_mode: opts.proxy_mode.clone(),
+        lb_mode: opts.lb_mode.clone(),
+        api: api.to_string(),
+        namespaces: p.hosts.iter().map(|h| h.netns.clone()).collect(),
+        procs: vec![],
+        bin_dir: Some(opts.bin_dir.clone()),
+    };
+    save_state(&opts.state_dir, &st)?;
+    match start(opts, &p, &mut st, api, progress) {
+        Ok(()) => Ok(st),
+        Err(e) => {
+            progress("failed; removing what was made");
+            let _ = down(&opts.state_dir, false);
+            Err(e)
+        }
+    }
+}
+
+fn start(opts: &UpOptions, p: &Plan, st: &mut LabState, api: SocketAddr, progress: &mut dyn FnMut(&str)) -> Result<()> {
+    let t0 = Instant::now();
+    progress(&format!(
+        "network: {} namespaces (client, gateway, control plane, {} nodes)",
+        p.hosts.len(),
+        p.nodes.len()
+    ));
+    for argv in p.commands() {
+        run(&argv)?;
+    }
+    let bin = |b: &str| opts.bin_dir.join(b).display().to_string();
+    let s = |x: &str| x.to_string();
+    let logs = opts.state_dir.join("logs");
+    let cp = p.netns_of("control-plane").expect("planned");
+    progress(&format!("apiserver-lite: kubectl on {api}, node agents on {}:{}", plan::CONTROL_PLANE, plan::GRPC_PORT));
+    let apiserver = vec![
+        bin("apiserver-lite"),
+        s("--data-dir"),
+        opts.state_dir.join("apiserver").display().to_string(),
+        s("--listen"),
+        api.to_string(),
+        s("--netns"),
+        format!("/run/netns/{cp}"),
+        s("--netns-listen"),
+        format!("{}:{}", plan::CONTROL_PLANE, plan::API_PORT),
+        s("--grpc-listen"),
+        format!("{}:{}", plan::CONTROL_PLANE, plan::GRPC_PORT),
+        s("--node-monitor-grace-period"),
+        s("10s"),
+    ];
+    st.procs.push(spawn("apiserver-lite", &apiserver, &logs.join("apiserver-lite.log"), &[])?);
+    save_state(&opts.state_dir, st)?;
+    wait_until(Duration::from_secs(10), "apiserver-lite to answer", || {
+        matches!(http_get(api, "/readyz"), Ok((200, _)))
+    })
+    .map_err(|e| with_log(e, &logs.join("apiserver-lite.log")))?;
+
+    let workload = opts.bin_dir.join("podpath-workload");
+    for n in &p.nodes {
+        progress(&format!("{}: node-agent at {} ({} proxy)", n.name, n.ip, opts.proxy_mode));
+        let dir = opts.state_dir.join("nodes").join(&n.name);
+        std::fs::create_dir_all(dir.join("cni")).map_err(io(format!("create {}", dir.display())))?;
+        let argv = vec![
+            s("ip"),
+            s("netns"),
+            s("exec"),
+            n.netns.clone(),
+            bin("node-agent"),
+            s("--node-name"),
+            n.name.clone(),
+            s("--node-ip"),
+            n.ip.to_string(),
+            s("--apiserver"),
+            format!("{}:{}", plan::CONTROL_PLANE, plan::GRPC_PORT),
+            s("--state-dir"),
+            dir.join("agent").display().to_string(),
+            s("--cni-conf-dir"),
+            dir.join("cni").display().to_string(),
+            s("--cni-bin-dir"),
+            format!("{}:/opt/cni/bin:/usr/lib/cni", opts.bin_dir.display()),
+            s("--healthz-bind-address"),
+            format!("{}:10256", n.ip),
+            s("--heartbeat-seconds"),
+            s("2"),
+            s("--restart-backoff-seconds"),
+            s("1"),
+            s("--proxy-mode"),
+            opts.proxy_mode.clone(),
+            format!("--masquerade={}", opts.masquerade),
+        ];
+        st.procs.push(spawn(
+            &n.name,
+            &argv,
+            &logs.join(format!("{}.log", n.name)),
+            &[("PODPATH_WORKLOAD", &workload)],
+        )?);
+        save_state(&opts.state_dir, st)?;
+    }
+    let want: Vec<String> = p.nodes.iter().map(|n| n.name.clone()).collect();
+    wait_until(Duration::from_secs(30), "every node to be Ready", || {
+        let ready = ready_nodes(api);
+        want.iter().all(|n| ready.contains(n))
+    })
+    .map_err(|e| {
+        let dead: Vec<&str> = st.procs.iter().filter(|p| !alive(p)).map(|p| p.component.as_str()).collect();
+        if dead.is_empty() {
+            e
+        } else {
+            LabError::NotReady(format!("{e}; not running: {} (see `podpath logs`)", dead.join(", ")))
+        }
+    })?;
+    let gw = p.netns_of("gateway").expect("planned");
+    progress(&format!("gateway: lb-sim ({} load balancers, health checks on :10256)", opts.lb_mode));
+    let lb = vec![
+        s("ip"),
+        s("netns"),
+        s("exec"),
+        gw.to_string(),
+        bin("lb-sim"),
+        s("--apiserver"),
+        format!("{}:{}", plan::CONTROL_PLANE, plan::GRPC_PORT),
+        s("--mode"),
+        opts.lb_mode.clone(),
+        s("--status-listen"),
+        s(LB_STATUS),
+    ];
+    st.procs.push(spawn("lb-sim", &lb, &logs.join("lb-sim.log"), &[])?);
+    save_state(&opts.state_dir, st)?;
+    let nodes = p.nodes.len();
+    wait_until(Duration::from_secs(10), "lb-sim to see every node", || {
+        lb_status_in(gw).is_ok_and(|s| s["nodes"].as_array().is_some_and(|n| n.len() == nodes))
+    })
+    .map_err(|e| with_log(e, &logs.join("lb-sim.log")))?;
+    std::fs::write(kubeconfig_path(&opts.state_dir), kubeconfig(&opts.name, api))
+        .map_err(io("write the kubeconfig"))?;
+    progress(&format!("ready: {} nodes in {:.1} s", p.nodes.len(), t0.elapsed().as_secs_f64()));
+    Ok(())
+}
+
+fn with_log(e: LabError, log: &Path) -> LabError {
+    let tail: String = std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .rev()
+        .take(3)
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .collect::<Vec<_>>()
+        .join(" | ");
+    LabError::NotReady(format!("{e}; {}: {tail}", log.display()))
+}
+
+fn wait_until(limit: Duration, what: &str, mut f: impl FnMut() -> bool) -> Result<()> {
+    let t = Instant::now();
+    while t.elapsed() < limit {
+        if f() {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Err(LabError::NotReady(format!("timed out after {} s waiting for {what}", limit.as_secs())))
+}
+
+/// Stops every process of the lab (by PID, checking its start time), the pods' processes the
+/// agents recorded, removes the lab's namespaces, and (unless `keep_data`) its state.
+pub fn down(state_dir: &Path, keep_data: bool) -> Result<LabState> {
+    let st = load_state(state_dir)?
+        .ok_or_else(|| LabError::Usage(format!("no lab state in {} (nothing to take down)", state_dir.display())))?;
+    // Agents first (they would restart pods), then the API server.
+    for p in st.procs.iter().rev() {
+        stop(p);
+    }
+    // Pods outlive their agent on purpose: the agent's binary stops what it recorded.
+    let bin_dir = match &st.bin_dir {
+        Some(d) => d.clone(),
+        None => {
+            std::env::current_exe().map_err(io("find this program"))?.parent().map(PathBuf::from).unwrap_or_default()
+        }
+    };
+    let mut failed = None;
+    for n in 1..=st.nodes {
+        let dir = state_dir.join("nodes").join(format!("node-{n}")).join("agent");
+        if let Err(e) = kill_pods(&bin_dir, &dir) {
+            failed.get_or_insert(e);
+        }
+    }
+    let existing = run(&["ip".into(), "netns".into(), "list".into()]).unwrap_or_default();
+    for ns in &st.namespaces {
+        if existing.lines().any(|l| l.split_whitespace().next() == Some(ns.as_str())) {
+            run(&["ip".into(), "netns".into(), "del".into(), ns.clone()])?;
+        }
+    }
+    if let Some(e) = failed {
+        // The state stays, so a second `down` can finish the job.
+        return Err(e);
+    }
+    if !keep_data {
+        std::fs::remove_dir_all(state_dir).map_err(io(format!("remove {}", state_dir.display())))?;
+    } else {
+        let _ = std::fs::remove_file(state_file(state_dir));
+    }
+    Ok(st)
+}
+
+/// `node-agent --kill-pods` on one agent's state directory: SIGKILLs the pod processes it
+/// recorded (each checked against its start time) and waits until they are gone.
+pub fn kill_pods(bin_dir: &Path, agent_state_dir: &Path) -> Result<()> {
+    if !agent_state_dir.exists() {
+        return Ok(());
+    }
+    let agent = bin_dir.join("node-agent").display().to_string();
+    run(&[agent, "--kill-pods".into(), "--state-dir".into(), agent_state_dir.display().to_string()]).map(|_| ())
+}
+
+fn stop(p: &Proc) {
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+    if !alive(p) {
+        return;
+    }
+    let _ = kill(Pid::from_raw(p.pid), Signal::SIGTERM);
+    let t = Instant::now();
+    while alive(p) && t.elapsed() < Duration::from_secs(5) {
+        // Reap it if it is our child (it is not, after `up` exited; then /proc tells).
+        let _ = nix::sys::wait::waitpid(Pid::from_raw(p.pid), Some(nix::sys::wait::WaitPidFlag::WNOHANG));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    if alive(p) {
+        let _ = kill(Pid::from_raw(p.pid), Signal::SIGKILL);
+    }
+}
+
+/// Per component: running or not.
+pub fn status(st: &LabState) -> Vec<(String, i32, bool)> {
+    st.procs.iter().map(|p| (p.component.clone(), p.pid, alive(p))).collect()
+}
