@@ -139,9 +139,10 @@ pub async fn get(addr: SocketAddr, path: &str, timeout: Duration) -> Result<Resp
 
 /// One request from synchronous code (on a runtime of its own for the call).
 pub fn blocking(addr: SocketAddr, req: &Request<'_>, timeout: Duration) -> Result<Response, HttpError> {
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|source| {
-        HttpError::Connect { addr, source }
-    })?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|source| HttpError::Connect { addr, source })?;
     rt.block_on(request(addr, req, timeout))
 }
 

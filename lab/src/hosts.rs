@@ -73,8 +73,7 @@ pub(crate) fn lb_status_in(gateway_netns: &str) -> Result<serde_json::Value> {
 
 /// The PID of a pod's first container (its namespaces are the pod's), from the API.
 pub(crate) fn pod_pid(api: SocketAddr, ns: &str, name: &str) -> Result<String> {
-    let (code, body) =
-        http_get(api, &format!("/api/v1/namespaces/{ns}/pods/{name}"))?;
+    let (code, body) = http_get(api, &format!("/api/v1/namespaces/{ns}/pods/{name}"))?;
     if code != 200 {
         return Err(LabError::Usage(format!("pod {ns}/{name} not found")));
     }

@@ -54,8 +54,12 @@ impl Prober for NetProber {
             }
             Check::Http { addr, path, host, headers } => {
                 let host = host.clone().unwrap_or_else(|| addr.to_string());
-                let mut all: Vec<(&str, &str)> =
-                    vec![("Host", &host), ("User-Agent", "kube-probe/1.33"), ("Accept", "*/*"), ("Connection", "close")];
+                let mut all: Vec<(&str, &str)> = vec![
+                    ("Host", &host),
+                    ("User-Agent", "kube-probe/1.33"),
+                    ("Accept", "*/*"),
+                    ("Connection", "close"),
+                ];
                 all.extend(headers.iter().map(|(k, v)| (k.as_str(), v.as_str())));
                 let req = http::Request { headers: &all, ..http::Request::get(path) };
                 http::request(*addr, &req, timeout).await.is_ok_and(|r| (200..400).contains(&r.status))
