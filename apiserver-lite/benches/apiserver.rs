@@ -13,8 +13,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::TcpStream;
+use http_body_util::BodyExt;
+use podpath_client::http;
 use tokio::sync::Mutex;
 
 fn server_binary() -> PathBuf {
@@ -73,43 +73,18 @@ fn rss_mib(pid: u32) -> f64 {
     kb / 1024.0
 }
 
-/// A keep-alive HTTP/1.1 connection that sends requests and reads Content-Length responses.
-struct Conn {
-    reader: BufReader<TcpStream>,
-    addr: SocketAddr,
-}
+/// A kept-alive connection sending JSON requests.
+struct Conn(http::Conn);
 
 impl Conn {
     async fn open(addr: SocketAddr) -> Conn {
-        let s = TcpStream::connect(addr).await.unwrap();
-        s.set_nodelay(true).unwrap();
-        Conn { reader: BufReader::new(s), addr }
+        Conn(http::Conn::connect(addr).await.unwrap())
     }
 
     async fn request(&mut self, method: &str, path: &str, body: &str) -> (u16, Vec<u8>) {
-        let req = format!(
-            "{method} {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nAccept: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-            self.addr,
-            body.len()
-        );
-        self.reader.get_mut().write_all(req.as_bytes()).await.unwrap();
-        let mut status_line = String::new();
-        self.reader.read_line(&mut status_line).await.unwrap();
-        let code: u16 = status_line.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-        let mut len = 0usize;
-        loop {
-            let mut line = String::new();
-            self.reader.read_line(&mut line).await.unwrap();
-            if line == "\r\n" || line.is_empty() {
-                break;
-            }
-            if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
-                len = v.trim().parse().unwrap_or(0);
-            }
-        }
-        let mut body = vec![0; len];
-        self.reader.read_exact(&mut body).await.unwrap();
-        (code, body)
+        let headers = [("Content-Type", "application/json"), ("Accept", "application/json")];
+        let r = self.0.send(&http::Request { method, path, headers: &headers, body: body.as_bytes() }).await.unwrap();
+        (r.status, r.body.to_vec())
     }
 }
 
@@ -152,36 +127,18 @@ async fn create_many(addr: SocketAddr, total: usize, clients: usize) -> Duration
 
 /// Opens a watch and records when each ADDED Service name arrives.
 async fn watcher(addr: SocketAddr, rv: String, expect: usize) -> Vec<(String, Instant)> {
-    let mut s = TcpStream::connect(addr).await.unwrap();
-    s.set_nodelay(true).unwrap();
-    let req = format!(
-        "GET {SVCS}?watch=true&resourceVersion={rv} HTTP/1.1\r\nHost: {addr}\r\nAccept: application/json\r\n\r\n"
-    );
-    s.write_all(req.as_bytes()).await.unwrap();
-    let mut r = BufReader::new(s);
-    loop {
-        let mut line = String::new();
-        r.read_line(&mut line).await.unwrap();
-        if line == "\r\n" {
-            break;
-        }
-    }
+    let mut conn = http::Conn::connect(addr).await.unwrap();
+    let path = format!("{SVCS}?watch=true&resourceVersion={rv}");
+    let headers = [("Accept", "application/json")];
+    let mut body =
+        conn.stream(&http::Request { headers: &headers, ..http::Request::get(&path) }).await.unwrap().into_body();
     let mut seen = Vec::new();
     let mut pending = Vec::new();
     while seen.len() < expect {
-        // Chunked encoding: size line, data, CRLF.
-        let mut size = String::new();
-        if r.read_line(&mut size).await.unwrap() == 0 {
-            break;
-        }
-        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
-        if n == 0 {
-            continue;
-        }
-        let mut data = vec![0; n + 2];
-        r.read_exact(&mut data).await.unwrap();
+        let Some(frame) = body.frame().await else { break };
+        let Ok(data) = frame.unwrap().into_data() else { continue };
         let now = Instant::now();
-        pending.extend_from_slice(&data[..n]);
+        pending.extend_from_slice(&data);
         while let Some(i) = pending.iter().position(|b| *b == b'\n') {
             let line: Vec<u8> = pending.drain(..=i).collect();
             let v: serde_json::Value = serde_json::from_slice(&line).unwrap();

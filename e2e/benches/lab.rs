@@ -26,6 +26,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use podpath_client::http;
 use podpath_e2e::{wait_for, Lab};
 
 fn api(lab: &Lab) -> SocketAddr {
@@ -34,19 +35,12 @@ fn api(lab: &Lab) -> SocketAddr {
     st["api"].as_str().unwrap().parse().unwrap()
 }
 
-/// One HTTP/1.0 request; (status, body).
-fn request(addr: SocketAddr, method: &str, path: &str, body: &str) -> std::io::Result<(u16, String)> {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
-    s.set_read_timeout(Some(Duration::from_secs(5)))?;
-    write!(
-        s,
-        "{method} {path} HTTP/1.0\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )?;
-    let mut buf = String::new();
-    s.read_to_string(&mut buf)?;
-    let code = buf.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    Ok((code, buf.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default()))
+/// One request to the API; (status, body).
+fn request(addr: SocketAddr, method: &str, path: &str, body: &str) -> Result<(u16, String), http::HttpError> {
+    let headers = [("Content-Type", "application/json")];
+    let req = http::Request { method, path, headers: &headers, body: body.as_bytes() };
+    let r = http::blocking(addr, &req, Duration::from_secs(5))?;
+    Ok((r.status, r.text()))
 }
 
 /// Runs `f` on a thread inside the lab host's network namespace.
@@ -200,6 +194,7 @@ fn bench_memory() {
 
 /// One GET; a lost SYN is given up after `connect` (in the lab a SYN-ACK comes back in well
 /// under a millisecond, so a short timeout measures when the path works, not TCP's retry timer).
+/// A raw socket rather than the HTTP helper: the connect needs its own, shorter timeout.
 fn get_ok_within(addr: SocketAddr, connect: Duration) -> bool {
     let Ok(mut s) = TcpStream::connect_timeout(&addr, connect) else { return false };
     let _ = s.set_read_timeout(Some(Duration::from_millis(500)));

@@ -8,13 +8,14 @@
 
 pub mod vagrant;
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::io::Write;
+use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+use podpath_client::http;
 
 /// The path of a workspace binary.
 pub fn bin(name: &str) -> PathBuf {
@@ -160,16 +161,12 @@ pub fn kubeconfig_text(rest: SocketAddr) -> String {
     )
 }
 
-/// A minimal HTTP/1.1 GET (keeps the harness free of an HTTP client dependency).
+/// One GET (JSON accepted): status and body.
 pub fn http_get(addr: SocketAddr, path: &str) -> Result<(u16, String)> {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
-    s.set_read_timeout(Some(Duration::from_secs(10)))?;
-    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nAccept: application/json\r\nConnection: close\r\n\r\n")?;
-    let mut buf = String::new();
-    s.read_to_string(&mut buf)?;
-    let code = buf.split_whitespace().nth(1).and_then(|c| c.parse().ok()).context("HTTP status line")?;
-    let body = buf.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
-    Ok((code, body))
+    let headers = [("Accept", "application/json")];
+    let req = http::Request { headers: &headers, ..http::Request::get(path) };
+    let r = http::blocking(addr, &req, Duration::from_secs(10))?;
+    Ok((r.status, r.text()))
 }
 
 /// stdout and stderr of a command, for assertion messages.

@@ -8,6 +8,7 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
+use podpath_client::http;
 use podpath_e2e::{wait_for, Lab};
 use testkit::netns::{host_state, root_or_explain};
 
@@ -57,47 +58,49 @@ fn deployment(name: &str, replicas: u32, labels: &str, message: &str, pod_spec: 
     )
 }
 
-/// `n` TCP connections from the external client (opened by a thread inside its namespace; a
-/// socket stays in the namespace it was made in).
-fn keepalive_connections(lab: &Lab, to: &str, n: usize) -> Vec<std::net::TcpStream> {
-    let ns = std::fs::File::open(format!("/run/netns/pp-{}-client", lab.name)).expect("client namespace");
-    let to: std::net::SocketAddr = to.parse().expect("address");
-    std::thread::spawn(move || {
-        nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET).expect("enter the client namespace");
-        (0..n)
-            .map(|_| {
-                let s = std::net::TcpStream::connect_timeout(&to, Duration::from_secs(5)).expect("connect");
-                s.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
-                s
-            })
-            .collect()
-    })
-    .join()
-    .expect("client thread")
+/// Kept-alive HTTP/1.1 connections from the external client (sockets made by a thread inside
+/// its namespace stay there), driven by a runtime of their own.
+struct KeptAlive {
+    rt: tokio::runtime::Runtime,
+    conns: Vec<http::Conn>,
 }
 
-/// One HTTP/1.1 request on a kept-alive connection: the body, or None if the connection broke.
-fn keepalive_get(s: &mut std::net::TcpStream) -> Option<String> {
-    use std::io::{Read, Write};
-    s.write_all(b"GET / HTTP/1.1\r\nHost: lb\r\n\r\n").ok()?;
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 4096];
-    loop {
-        let n = s.read(&mut chunk).ok()?;
-        if n == 0 {
-            return None;
-        }
-        buf.extend_from_slice(&chunk[..n]);
-        let text = String::from_utf8_lossy(&buf).to_string();
-        if let Some((head, body)) = text.split_once("\r\n\r\n") {
-            let len: usize = head
-                .lines()
-                .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().to_string()))
-                .and_then(|v| v.parse().ok())?;
-            if body.len() >= len {
-                return head.starts_with("HTTP/1.1 200").then(|| body.to_string());
+impl KeptAlive {
+    fn open(lab: &Lab, to: &str, n: usize) -> KeptAlive {
+        let ns = std::fs::File::open(format!("/run/netns/pp-{}-client", lab.name)).expect("client namespace");
+        let to: std::net::SocketAddr = to.parse().expect("address");
+        let sockets: Vec<std::net::TcpStream> = std::thread::spawn(move || {
+            nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET).expect("enter the client namespace");
+            (0..n)
+                .map(|_| std::net::TcpStream::connect_timeout(&to, Duration::from_secs(5)).expect("connect"))
+                .collect()
+        })
+        .join()
+        .expect("client thread");
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+        let conns = rt.block_on(async {
+            let mut conns = Vec::new();
+            for s in sockets {
+                s.set_nonblocking(true).expect("non-blocking socket");
+                let s = tokio::net::TcpStream::from_std(s).expect("socket");
+                conns.push(http::Conn::over(to, s).await.expect("HTTP connection"));
             }
-        }
+            conns
+        });
+        KeptAlive { rt, conns }
+    }
+
+    /// One request on connection `i`: the body of a 200, or None if the connection broke.
+    fn get(&mut self, i: usize) -> Option<String> {
+        let headers = [("Host", "lb")];
+        let req = http::Request { headers: &headers, ..http::Request::get("/") };
+        let conn = &mut self.conns[i];
+        let r = self
+            .rt
+            .block_on(async { tokio::time::timeout(Duration::from_secs(5), conn.send(&req)).await })
+            .ok()?
+            .ok()?;
+        (r.status == 200).then(|| r.text())
     }
 }
 
@@ -352,11 +355,10 @@ fn scenario_4_external_ip_node_port_selector_and_node_failure() {
     // Connections in flight through healthy nodes must not notice.
     let lb_ip = lb_ip(&lab, "web-lb");
     curl_ok(&lab, &format!("http://{lb_ip}/"), &[]);
-    let mut open = keepalive_connections(&lab, &format!("{lb_ip}:80"), 24);
-    let via: Vec<String> = open
-        .iter_mut()
-        .map(|c| {
-            let page = keepalive_get(c).expect("first request on a kept-alive connection");
+    let mut open = KeptAlive::open(&lab, &format!("{lb_ip}:80"), 24);
+    let via: Vec<String> = (0..open.conns.len())
+        .map(|i| {
+            let page = open.get(i).expect("first request on a kept-alive connection");
             field(&page, "client").unwrap_or_default().rsplit_once(':').unwrap_or_default().0.to_string()
         })
         .collect();
@@ -377,16 +379,16 @@ fn scenario_4_external_ip_node_port_selector_and_node_failure() {
     let f = status["frontends"].as_array().unwrap().iter().find(|f| f["vip"] == lb_ip.as_str()).expect("frontend");
     let n3 = f["backends"].as_array().unwrap().iter().find(|b| b["node"] == "node-3").expect("node-3");
     assert_eq!((n3["health"].as_str(), n3["inRotation"].as_bool()), (Some("unhealthy"), Some(false)), "{f}");
-    let through_healthy: Vec<usize> = (0..open.len()).filter(|i| via[*i] != "192.168.56.13").collect();
+    let through_healthy: Vec<usize> = (0..open.conns.len()).filter(|i| via[*i] != "192.168.56.13").collect();
     assert!(!through_healthy.is_empty(), "no connection went through node-1 or node-2: {via:?}");
     for i in &through_healthy {
-        let page = keepalive_get(&mut open[*i]);
+        let page = open.get(*i);
         assert!(page.is_some(), "connection {i} through {} broke when node-3 was withdrawn", via[*i]);
     }
     eprintln!(
         "{} of {} kept-alive connections went through healthy nodes; all survived node-3's withdrawal",
         through_healthy.len(),
-        open.len()
+        open.conns.len()
     );
     for _ in 0..12 {
         let (code, page) = lab.curl(&[&format!("http://{lb_ip}/")]);
