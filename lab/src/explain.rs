@@ -8,7 +8,7 @@ use std::net::Ipv4Addr;
 use podpath_ruleset::{Addr, Match, RecentOp, Rule, Target};
 use serde::Serialize;
 
-use crate::trace::model::trim_float;
+use crate::trace::steps::trim_float;
 
 /// One rule, as installed, and what it does.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

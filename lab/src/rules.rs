@@ -39,7 +39,7 @@ fn split_probability(line: &str) -> Option<(&str, Rule, Option<f64>)> {
 }
 
 fn short(p: Option<f64>) -> String {
-    p.map(crate::trace::model::trim_float).unwrap_or_else(|| "the rest".into())
+    p.map(crate::trace::steps::trim_float).unwrap_or_else(|| "the rest".into())
 }
 
 /// The changes from `old` to `new` (each a node's rule lines), in the order of the new rules

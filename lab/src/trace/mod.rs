@@ -2,8 +2,15 @@
 //! trace (raw-table `TRACE` rules matching the probe, read back with `xtables-monitor`) shows
 //! every rule the request's first packet hits on every host; conntrack shows each host's NAT of
 //! the flow; `ip route get` shows where each host sent it; the API names the objects.
+//!
+//! [`run`] does the side effects (rules, probe, monitor, conntrack, API reads); [`parse`] reads
+//! what they printed; [`flow`], [`steps`] and [`assemble`] turn that into a [`model::Trace`]
+//! (pure); [`render`] prints it.
 
+pub mod assemble;
+pub mod flow;
 pub mod model;
 pub mod parse;
 pub mod render;
 pub mod run;
+pub mod steps;

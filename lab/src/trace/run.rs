@@ -11,12 +11,13 @@ use std::time::{Duration, Instant};
 
 use podpath_ruleset::{Backend, Command as RuleCommand, Iptables, Match, Rule, Ruleset, Table, Target};
 
-use super::model::{self, Objects, Observed, Outcome, Trace};
+use super::flow::{self, Observed};
+use super::model::{Objects, Outcome, Trace};
 use super::parse;
 use crate::plan::Plan;
 use crate::{http_get, in_netns_thread, LabError, LabState, Result};
 
-pub use super::model::PROBE_TOS;
+pub use super::flow::PROBE_TOS;
 /// The chain of trace rules in the raw table of every traced host.
 pub const TRACE_CHAIN: &str = "PODPATH-TRACE";
 /// Where the monitor-sync datagrams go (discard port; nothing listens).
@@ -547,8 +548,8 @@ pub fn trace(st: &LabState, req: &Request) -> Result<Trace> {
     for n in &plan.nodes {
         objects.nodes.insert(n.ip, n.name.clone());
     }
-    let flow = model::follow(&observed);
-    let queries = model::route_queries(&observed, &flow);
+    let flow = flow::follow(&observed);
+    let queries = flow::route_queries(&observed, &flow);
     let answers: Vec<Option<String>> = std::thread::scope(|s| {
         let jobs: Vec<_> = queries
             .iter()
@@ -596,7 +597,7 @@ pub fn trace(st: &LabState, req: &Request) -> Result<Trace> {
             }
         }
     }
-    Ok(model::assemble(&observed, &objects, outcome))
+    Ok(super::assemble::assemble(&observed, &objects, outcome))
 }
 
 #[cfg(test)]

@@ -1,0 +1,184 @@
+//! A node's rule hits in words (pure): which chain walk mattered, which endpoint a Service chain
+//! chose and with what probability, what NAT and filtering did, and the object behind each.
+
+use std::net::{Ipv4Addr, SocketAddrV4};
+
+use podpath_ruleset::{Match, RecentOp, Rule, Target};
+
+use super::model::{name_of, Objects, Step};
+use super::parse::{Observation, RuleHit};
+
+/// The rules of `iptables-save` output (its `-A` lines; the workspace's one parser).
+pub(crate) fn saved_rules(save: &str) -> Vec<Rule> {
+    save.lines()
+        .filter(|l| l.starts_with("-A "))
+        .filter_map(|l| podpath_ruleset::text::parse_rule_line(l).ok())
+        .collect()
+}
+
+/// A session-affinity check (`-m recent --rcheck`): not one of the endpoint choices.
+fn is_affinity_check(r: &Rule) -> bool {
+    r.matches.iter().any(|m| matches!(m, Match::Recent { op: RecentOp::Check { .. }, .. }))
+}
+
+/// The position of a KUBE-SVC jump among its chain's endpoint jumps and its probability:
+/// `rule 2 of 3 (probability 0.5)`.
+fn svc_choice(nat_rules: Option<&String>, hit: &RuleHit) -> Option<String> {
+    let rule = hit.parsed.as_ref()?;
+    let saved = saved_rules(nat_rules?);
+    let jumps: Vec<&Rule> = saved
+        .iter()
+        .filter(|r| r.chain == hit.chain && !is_affinity_check(r))
+        .filter(|r| r.jump_target().is_some_and(|t| t.starts_with("KUBE-SEP-")))
+        .collect();
+    let target = hit.target_chain()?;
+    let i = jumps.iter().position(|r| r.jump_target() == Some(target))?;
+    let p = match rule.probability() {
+        Some(p) => format!("probability {}", trim_float(p)),
+        None if jumps.len() == 1 => "the only endpoint".to_string(),
+        None => "the rest".to_string(),
+    };
+    Some(format!("rule {} of {} ({p})", i + 1, jumps.len()))
+}
+
+/// A probability as people read it: at most 4 decimals, no trailing zeros (0.33333333349 →
+/// 0.3333, 0.50000000000 → 0.5).
+pub(crate) fn trim_float(p: f64) -> String {
+    let s = format!("{p:.4}");
+    s.trim_end_matches('0').trim_end_matches('.').to_string()
+}
+
+/// Words for a node's nat/filter rule hits on the request's first packet. A walk through the
+/// chains is shown only when it concerned a Service or changed the packet; generic hops
+/// (`kubernetes service portals` that matched nothing) would only hide what mattered.
+pub(crate) fn node_steps(
+    host: &str,
+    obs: &[&Observation],
+    objects: &Objects,
+    masq_src: Option<SocketAddrV4>,
+    stopped: &mut Option<String>,
+) -> Vec<Step> {
+    let mut steps = Vec::new();
+    let nat = objects.nat_rules.get(host);
+    let mut service: Option<String> = None;
+    for o in obs {
+        let Some(hook) = o.hook() else { continue };
+        if hook.starts_with("raw:") {
+            continue;
+        }
+        let mut words: Vec<String> = Vec::new();
+        let mut decisive: Vec<Step> = Vec::new();
+        let mut relevant = false;
+        for (k, h) in o.hits.iter().enumerate() {
+            if h.kind != "rule" {
+                continue;
+            }
+            // A jump into a chain that matched nothing there and returned is left out.
+            let next_rule = o.hits[k + 1..].iter().find(|n| n.kind == "rule");
+            if h.target_chain().is_some_and(|t| next_rule.is_none_or(|n| n.chain != t))
+                && h.target_chain() != Some("KUBE-MARK-MASQ")
+            {
+                continue;
+            }
+            let comment = h.comment();
+            if let Some(svc) = comment.as_deref().and_then(service_of) {
+                service = Some(svc);
+                relevant = true;
+            }
+            let specific =
+                comment.as_deref().filter(|c| !c.starts_with("kubernetes ") && !c.starts_with("masquerade traffic"));
+            match (h.table.as_str(), h.target_chain()) {
+                ("nat", Some("KUBE-MARK-MASQ")) => {
+                    let policy =
+                        service.as_deref().and_then(|s| objects.traffic_policy.get(s.split(':').next().unwrap_or(s)));
+                    let note = match policy {
+                        Some(p) => format!("; masquerade mark (externalTrafficPolicy: {p})"),
+                        None => "; masquerade mark (KUBE-MARK-MASQ 0x4000)".to_string(),
+                    };
+                    append(&mut words, &note);
+                }
+                ("nat", Some(t)) if t.starts_with("KUBE-SEP-") => {
+                    append(&mut words, &format!(" {} → {t}", svc_choice(nat, h).unwrap_or_default()));
+                }
+                (_, Some(t)) => {
+                    let c = specific.map(|c| format!(" \"{c}\"")).unwrap_or_default();
+                    if words.is_empty() {
+                        words.push(format!("{} {} → {t}{c}", h.table, h.chain));
+                    } else {
+                        words.push(format!("→ {t}{c}"));
+                    }
+                }
+                ("nat", None) if h.verdict == "ACCEPT" => {
+                    if let Some(Target::Dnat { to }) = h.target() {
+                        relevant = true;
+                        let ip = to.split(':').next().and_then(|i| i.parse::<Ipv4Addr>().ok());
+                        let who = ip.and_then(|i| name_of(objects, i)).map(|n| format!(" ({n})")).unwrap_or_default();
+                        decisive.push(Step {
+                            kind: "dnat".into(),
+                            text: format!("DNAT {to}{who}"),
+                            rule: h.rule.clone(),
+                            object: service.as_ref().map(|s| format!("EndpointSlice endpoint of Service {s}")),
+                        });
+                    } else if let Some(Target::Redirect { to_ports: port }) = h.target() {
+                        relevant = true;
+                        decisive.push(Step {
+                            kind: "dnat".into(),
+                            text: format!("REDIRECT to proxy port {port} (the userspace proxy's socket on this node)"),
+                            rule: h.rule.clone(),
+                            object: service.as_ref().map(|s| format!("Service {s}")),
+                        });
+                    } else if matches!(h.target(), Some(Target::Masquerade { .. })) {
+                        relevant = true;
+                        decisive.push(Step {
+                            kind: "snat".into(),
+                            text: format!(
+                                "POSTROUTING MASQUERADE{}",
+                                masq_src.map(|a| format!(" → source {a}")).unwrap_or_default()
+                            ),
+                            rule: h.rule.clone(),
+                            object: service.as_ref().map(|s| format!("Service {s}")),
+                        });
+                    }
+                }
+                ("filter", None) if h.verdict == "DROP" => {
+                    relevant = true;
+                    let c = comment.clone().unwrap_or_else(|| "dropped".into());
+                    let text = format!("{} {}: {c}", h.table, h.chain);
+                    *stopped = Some(format!("{host}: {text}"));
+                    decisive.push(Step {
+                        kind: "stop".into(),
+                        text,
+                        rule: h.rule.clone(),
+                        object: service.as_ref().map(|s| format!("Service {s}")),
+                    });
+                }
+                _ => {}
+            }
+        }
+        if relevant && !words.is_empty() {
+            steps.push(Step {
+                kind: "chain".into(),
+                text: words.join("\n"),
+                rule: None,
+                object: service.as_ref().map(|s| format!("Service {s}")),
+            });
+        }
+        steps.extend(decisive);
+    }
+    steps
+}
+
+/// Adds to the walk's current line (a chain's annotations stay on the chain's line).
+fn append(words: &mut Vec<String>, more: &str) {
+    match words.last_mut() {
+        Some(last) => last.push_str(more),
+        None => words.push(more.trim_start_matches("; ").trim().to_string()),
+    }
+}
+
+/// `default/web:http loadbalancer IP` → `default/web:http`; `default/web -> 10.0.0.1:80` →
+/// `default/web`.
+pub(crate) fn service_of(comment: &str) -> Option<String> {
+    let first = comment.split(' ').next()?;
+    (first.contains('/') && !first.starts_with("kubernetes")).then(|| first.to_string())
+}
