@@ -19,8 +19,9 @@ use std::collections::BTreeSet;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use node_agent::proxy::iptables::{render, render_partial, service_key, RenderConfig, ServiceState};
+use node_agent::proxy::iptables::{render, render_partial, RenderConfig, ServiceState};
 use node_agent::proxy::kernel::{IptablesKernel, Kernel};
+use node_agent::proxy::model::ServiceKey;
 use node_agent::proxy::model::{Endpoint, ServicePort};
 use node_agent::proxy::sync::sync_once;
 use podpath_ruleset::plan::{batches, Applied};
@@ -110,7 +111,7 @@ fn child_sync(n: usize, backend: Backend) {
     sync_once(&ipt, &cfg, &state, &BTreeSet::new(), true, &mut applied).expect("full sync");
     println!("full {}", t.elapsed().as_secs_f64() * 1e3);
     state[n / 2].endpoints.pop();
-    let changed: BTreeSet<String> = [service_key(&state[n / 2].port)].into();
+    let changed: BTreeSet<ServiceKey> = [state[n / 2].port.key()].into();
     let t = Instant::now();
     sync_once(&ipt, &cfg, &state, &changed, false, &mut applied).expect("partial sync");
     println!("partial {}", t.elapsed().as_secs_f64() * 1e3);
@@ -289,7 +290,7 @@ fn main() {
         let full = render(&cfg, &state, &BTreeSet::new());
         let render_ms = t.elapsed().as_secs_f64() * 1e3;
         state[n / 2].endpoints.pop();
-        let changed: BTreeSet<String> = [service_key(&state[n / 2].port)].into();
+        let changed: BTreeSet<ServiceKey> = [state[n / 2].port.key()].into();
         let t = Instant::now();
         let part = render_partial(&cfg, &state, &full.nat_chains, &changed);
         let part_render_ms = t.elapsed().as_secs_f64() * 1e3;

@@ -307,7 +307,7 @@ fn batched_and_minimized_syncs_equal_one_full_restore() {
 
     // One endpoint goes away: a partial sync.
     states[7].endpoints.pop();
-    let changed: BTreeSet<String> = [node_agent::proxy::iptables::service_key(&states[7].port)].into();
+    let changed: BTreeSet<node_agent::proxy::model::ServiceKey> = [states[7].port.key()].into();
     sync::sync_once(&batched, &cfg(), &states, &changed, false, &mut applied).unwrap();
     assert_eq!(count(&batched), 1, "one small restore");
 

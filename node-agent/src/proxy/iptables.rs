@@ -12,7 +12,7 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 use podpath_ruleset::{Addr, Command, MarkOp, Match, RecentOp, Rule, Ruleset, Table, Target};
 
-use super::model::{categorize, Endpoint, ServicePort};
+use super::model::{categorize, Endpoint, ServiceKey, ServicePort};
 use super::names;
 
 /// `1 << masqueradeBit` with kube-proxy's default bit 14.
@@ -51,11 +51,6 @@ pub struct Rendered {
     pub nat_chains: BTreeSet<String>,
 }
 
-/// Identifies a service port across syncs (what a partial sync compares).
-pub fn service_key(sp: &ServicePort) -> String {
-    format!("{} {}", sp.spn(), sp.protocol)
-}
-
 /// The filter and nat chains kube-proxy always writes, in its order.
 pub const FILTER_CHAINS: [&str; 5] =
     ["KUBE-NODEPORTS", "KUBE-SERVICES", "KUBE-EXTERNAL-SERVICES", "KUBE-FORWARD", "KUBE-PROXY-FIREWALL"];
@@ -74,7 +69,7 @@ pub fn render_partial(
     cfg: &RenderConfig,
     services: &[ServiceState],
     existing_nat_chains: &BTreeSet<String>,
-    changed: &BTreeSet<String>,
+    changed: &BTreeSet<ServiceKey>,
 ) -> Rendered {
     render_inner(cfg, services, existing_nat_chains, Some(changed))
 }
@@ -110,7 +105,7 @@ struct Port<'a> {
 impl<'a> Port<'a> {
     fn new(cfg: &RenderConfig, st: &'a ServiceState) -> Port<'a> {
         let sp = &st.port;
-        let spn = sp.spn();
+        let spn = sp.spn().to_string();
         let hash = names::service_hash(&spn, &sp.protocol);
         let (cluster_eps, local_eps) = categorize(&st.endpoints, &cfg.node_name);
         Port {
@@ -465,13 +460,14 @@ fn render_inner(
     cfg: &RenderConfig,
     services: &[ServiceState],
     existing_nat_chains: &BTreeSet<String>,
-    only: Option<&BTreeSet<String>>,
+    only: Option<&BTreeSet<ServiceKey>>,
 ) -> Rendered {
     let mut sorted: Vec<&ServiceState> = services.iter().collect();
-    sorted.sort_by_key(|s| (s.port.spn(), s.port.protocol.clone()));
+    // In the order of the printed names (kube-proxy's goldens), not of their fields.
+    sorted.sort_by_cached_key(|s| (s.port.spn().to_string(), s.port.protocol.clone()));
     let mut parts = Parts::default();
     for st in sorted {
-        let emit = only.is_none_or(|set| set.contains(&service_key(&st.port)));
+        let emit = only.is_none_or(|set| set.contains(&st.port.key()));
         service_port(cfg, st, emit, &mut parts);
     }
     let filter = filter_table(&mut parts);
@@ -600,7 +596,7 @@ mod tests {
     fn a_partial_sync_rewrites_only_the_changed_services_chains() {
         let all = services();
         let full = render(&cfg(), &all, &BTreeSet::new());
-        let changed: BTreeSet<String> = [service_key(&all[0].port)].into();
+        let changed: BTreeSet<ServiceKey> = [all[0].port.key()].into();
         let part = render_partial(&cfg(), &all, &full.nat_chains, &changed);
         let (full_text, part_text) = (full.ruleset.to_string(), part.ruleset.to_string());
         assert_eq!(part.nat_chains, full.nat_chains, "unchanged chains stay active (not stale)");

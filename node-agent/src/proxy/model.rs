@@ -2,20 +2,57 @@
 //! information kube-proxy's `ServicePort` and `Endpoint` carry).
 
 use std::collections::BTreeMap;
+use std::fmt;
 use std::net::IpAddr;
 
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1 as core;
 use k8s_openapi::api::discovery::v1 as discovery;
 
-use super::names;
+/// kube-proxy's `ServicePortName`: one port of one Service, by the Service's namespace and
+/// name and the port's name (empty for a Service's only, unnamed port). Prints as
+/// `namespace/name[:port]`, the form rule comments and chain-name hashes use.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ServicePortName {
+    pub namespace: String,
+    pub name: String,
+    pub port: String,
+}
+
+impl ServicePortName {
+    pub fn new(namespace: &str, name: &str, port: &str) -> ServicePortName {
+        ServicePortName { namespace: namespace.into(), name: name.into(), port: port.into() }
+    }
+}
+
+impl fmt::Display for ServicePortName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)?;
+        if !self.port.is_empty() {
+            write!(f, ":{}", self.port)?;
+        }
+        Ok(())
+    }
+}
+
+/// Identifies a service port across syncs (what a partial sync compares, what the userspace
+/// proxy keys its sockets by): the port and its protocol.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ServiceKey {
+    pub name: ServicePortName,
+    pub protocol: String,
+}
+
+impl fmt::Display for ServiceKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}", self.name, self.protocol)
+    }
+}
 
 /// One port of one Service.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServicePort {
-    pub namespace: String,
-    pub name: String,
-    pub port_name: String,
+    pub id: ServicePortName,
     /// `tcp`, `udp` or `sctp`.
     pub protocol: String,
     pub cluster_ip: Option<IpAddr>,
@@ -36,9 +73,7 @@ impl ServicePort {
     /// other fields are public to set.
     pub fn new(namespace: &str, name: &str, port_name: &str, protocol: &str, port: u16) -> ServicePort {
         ServicePort {
-            namespace: namespace.into(),
-            name: name.into(),
-            port_name: port_name.into(),
+            id: ServicePortName::new(namespace, name, port_name),
             protocol: protocol.to_ascii_lowercase(),
             cluster_ip: None,
             port,
@@ -53,9 +88,12 @@ impl ServicePort {
         }
     }
 
-    /// `namespace/name[:port]`.
-    pub fn spn(&self) -> String {
-        names::service_port_name(&self.namespace, &self.name, &self.port_name)
+    /// The port's name (prints `namespace/name[:port]`).
+    pub fn spn(&self) -> &ServicePortName {
+        &self.id
+    }
+    pub fn key(&self) -> ServiceKey {
+        ServiceKey { name: self.id.clone(), protocol: self.protocol.clone() }
     }
     /// Reachable from outside: a NodePort, external IPs or load-balancer IPs.
     pub fn externally_accessible(&self) -> bool {
@@ -121,9 +159,7 @@ pub fn service_ports(svc: &core::Service) -> Vec<ServicePort> {
     for p in spec.ports.iter().flatten() {
         let Ok(port) = u16::try_from(p.port) else { continue };
         out.push(ServicePort {
-            namespace: ns.clone(),
-            name: name.clone(),
-            port_name: p.name.clone().unwrap_or_default(),
+            id: ServicePortName::new(&ns, &name, p.name.as_deref().unwrap_or_default()),
             protocol: p.protocol.as_deref().unwrap_or("TCP").to_ascii_lowercase(),
             cluster_ip,
             port,
@@ -154,11 +190,11 @@ pub fn endpoints(sp: &ServicePort, slices: &[discovery::EndpointSlice]) -> Vec<E
     for s in slices {
         let labels = s.metadata.labels.as_ref();
         let owner = labels.and_then(|l| l.get("kubernetes.io/service-name"));
-        if owner != Some(&sp.name) || s.metadata.namespace.as_deref().unwrap_or("default") != sp.namespace {
+        if owner != Some(&sp.id.name) || s.metadata.namespace.as_deref().unwrap_or("default") != sp.id.namespace {
             continue;
         }
         let Some(port) = s.ports.iter().flatten().find(|p| {
-            p.name.as_deref().unwrap_or("") == sp.port_name
+            p.name.as_deref().unwrap_or("") == sp.id.port
                 && p.protocol.as_deref().unwrap_or("TCP").eq_ignore_ascii_case(&sp.protocol)
         }) else {
             continue;

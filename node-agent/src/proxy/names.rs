@@ -3,15 +3,6 @@
 
 use sha2::{Digest, Sha256};
 
-/// `namespace/name` plus `:port` when the port has a name (kube-proxy's `ServicePortName`).
-pub fn service_port_name(namespace: &str, name: &str, port_name: &str) -> String {
-    if port_name.is_empty() {
-        format!("{namespace}/{name}")
-    } else {
-        format!("{namespace}/{name}:{port_name}")
-    }
-}
-
 fn hash16(input: &str) -> String {
     let digest = Sha256::digest(input.as_bytes());
     data_encoding::BASE32.encode(&digest)[..16].to_string()
@@ -37,16 +28,17 @@ pub fn is_service_chain(name: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::proxy::model::ServicePortName;
 
     /// The values of kube-proxy's own golden tests.
     #[test]
     fn names_match_kube_proxy() {
-        let spn = service_port_name("ns1", "svc1", "p80");
+        let spn = ServicePortName::new("ns1", "svc1", "p80").to_string();
         assert_eq!(format!("KUBE-SVC-{}", service_hash(&spn, "TCP")), "KUBE-SVC-XPGD46QRK7WJZT7O");
         assert_eq!(endpoint_chain(&spn, "tcp", "10.180.0.1:80"), "KUBE-SEP-SXIVWICOYRO3J4NJ");
         assert_eq!(service_hash("ns4/svc4:p80", "tcp"), "4SW47YFZTEDKD3PK");
         assert_eq!(service_hash("ns5/svc5:p80", "tcp"), "NUKIZ6OKUXPJNT4C");
-        assert_eq!(service_port_name("default", "web", ""), "default/web");
+        assert_eq!(ServicePortName::new("default", "web", "").to_string(), "default/web");
         assert!(is_service_chain("KUBE-FW-NUKIZ6OKUXPJNT4C") && !is_service_chain("KUBE-SERVICES"));
     }
 }

@@ -30,8 +30,8 @@ pub fn wanted(states: &[ServiceState], node: &str) -> BTreeMap<u16, HealthTarget
         let Some(port) = s.port.health_check_node_port else { continue };
         let local = s.endpoints.iter().filter(|e| e.ready && e.node.as_deref() == Some(node)).count();
         let entry = out.entry(port).or_insert(HealthTarget {
-            namespace: s.port.namespace.clone(),
-            name: s.port.name.clone(),
+            namespace: s.port.id.namespace.clone(),
+            name: s.port.id.name.clone(),
             local_endpoints: 0,
         });
         // Several ports of one Service share the check; endpoints are per pod, count them once.

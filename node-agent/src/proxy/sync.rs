@@ -14,9 +14,10 @@ use podpath_client::reflector::Store;
 use podpath_ruleset::plan::{self, Applied};
 use podpath_ruleset::Table;
 
-use super::iptables::{render, render_partial, service_key, RenderConfig, ServiceState};
+use super::iptables::{render, render_partial, RenderConfig, ServiceState};
 use super::kernel::{missing_jumps, removal, Jump, Kernel};
 use super::model;
+use super::model::ServiceKey;
 use crate::error::{AgentError, Result};
 use crate::health::Health;
 
@@ -79,7 +80,7 @@ pub fn cleanup<K: Kernel + ?Sized>(k: &K) -> Result<()> {
 /// `conntrack` arguments that remove UDP flows a sync made stale (kube-proxy clears them after
 /// each sync, since UDP has no connection end): flows DNATed to an endpoint that went away, and
 /// flows to a service IP created while it had no endpoints (they would keep being rejected).
-pub fn stale_udp_flows(prev: &BTreeMap<String, ServiceState>, now: &[ServiceState]) -> Vec<Vec<String>> {
+pub fn stale_udp_flows(prev: &BTreeMap<ServiceKey, ServiceState>, now: &[ServiceState]) -> Vec<Vec<String>> {
     let mut out = vec![];
     let ips = |st: &ServiceState| -> Vec<String> {
         st.port
@@ -92,7 +93,7 @@ pub fn stale_udp_flows(prev: &BTreeMap<String, ServiceState>, now: &[ServiceStat
     };
     let s = |x: &str| x.to_string();
     for st in now.iter().filter(|st| st.port.protocol == "udp") {
-        let before = prev.get(&service_key(&st.port));
+        let before = prev.get(&st.port.key());
         let had = before.map(|b| !b.endpoints.is_empty()).unwrap_or(false);
         if !had && !st.endpoints.is_empty() {
             for ip in ips(st) {
@@ -101,7 +102,7 @@ pub fn stale_udp_flows(prev: &BTreeMap<String, ServiceState>, now: &[ServiceStat
         }
     }
     for (key, old) in prev.iter().filter(|(_, o)| o.port.protocol == "udp") {
-        let current = now.iter().find(|st| &service_key(&st.port) == key);
+        let current = now.iter().find(|st| &st.port.key() == key);
         for ep in &old.endpoints {
             if current.is_some_and(|c| c.endpoints.iter().any(|e| e.ip == ep.ip && e.port == ep.port)) {
                 continue;
@@ -133,7 +134,7 @@ pub fn sync_once<K: Kernel + ?Sized>(
     k: &K,
     cfg: &RenderConfig,
     state: &[ServiceState],
-    changed: &BTreeSet<String>,
+    changed: &BTreeSet<ServiceKey>,
     full: bool,
     applied: &mut Applied,
 ) -> Result<()> {
@@ -205,7 +206,7 @@ pub async fn run_proxier<K: Kernel>(p: Proxier<K>, synced: Option<tokio::sync::o
     let mut slice_changes = slices.changes();
     let mut last_full = tokio::time::Instant::now();
     // What the kernel holds since the last successful sync (partial syncs compare against it).
-    let mut last: BTreeMap<String, ServiceState> = BTreeMap::new();
+    let mut last: BTreeMap<ServiceKey, ServiceState> = BTreeMap::new();
     // The chains the kernel holds (partial syncs leave out the ones that did not change).
     let mut applied = Some(Applied::default());
     loop {
@@ -215,13 +216,10 @@ pub async fn run_proxier<K: Kernel>(p: Proxier<K>, synced: Option<tokio::sync::o
         let kernel2 = kernel.clone();
         let cfg2 = cfg.clone();
         let need_full = full;
-        let changed: BTreeSet<String> = state
-            .iter()
-            .filter(|st| last.get(&service_key(&st.port)) != Some(*st))
-            .map(|st| service_key(&st.port))
-            .collect();
+        let changed: BTreeSet<ServiceKey> =
+            state.iter().filter(|st| last.get(&st.port.key()) != Some(*st)).map(|st| st.port.key()).collect();
         let stale = stale_udp_flows(&last, &state);
-        let next: BTreeMap<String, ServiceState> = state.iter().map(|st| (service_key(&st.port), st.clone())).collect();
+        let next: BTreeMap<ServiceKey, ServiceState> = state.iter().map(|st| (st.port.key(), st.clone())).collect();
         let mut held = applied.take().unwrap_or_default();
         let result = tokio::task::spawn_blocking(move || -> (Result<()>, Applied) {
             let r = sync_once(&*kernel2, &cfg2, &state, &changed, need_full, &mut held);
@@ -305,8 +303,8 @@ mod tests {
         }
     }
 
-    fn map(states: &[ServiceState]) -> BTreeMap<String, ServiceState> {
-        states.iter().map(|s| (service_key(&s.port), s.clone())).collect()
+    fn map(states: &[ServiceState]) -> BTreeMap<ServiceKey, ServiceState> {
+        states.iter().map(|s| (s.port.key(), s.clone())).collect()
     }
 
     #[test]

@@ -21,7 +21,7 @@ use tokio::task::JoinHandle;
 
 use super::iptables::ServiceState;
 use super::kernel::{missing_jumps, removal, Jump, Kernel};
-use super::model::{categorize, ServicePort};
+use super::model::{categorize, ServiceKey, ServicePort, ServicePortName};
 use super::sync::{snapshot, CANARY};
 use crate::error::{AgentError, Result};
 use crate::health::Health;
@@ -137,7 +137,7 @@ fn portal(
 ) -> Rule {
     let p = &sp.protocol;
     let mut r = Rule::new(chain)
-        .comment(sp.spn())
+        .comment(sp.spn().to_string())
         .with(Match::Protocol { proto: p.clone(), negated: false })
         .with(Match::Module(p.clone()))
         .dport(port);
@@ -273,16 +273,16 @@ impl Balancer {
 
 /// Connects to an endpoint for `client`, trying up to four with growing timeouts; the
 /// connection keeps the client's TOS (see [`crate::relay`]).
-async fn dial(balancer: &Mutex<Balancer>, client: IpAddr, tos: u32, spn: &str) -> Option<TcpStream> {
+async fn dial(balancer: &Mutex<Balancer>, client: IpAddr, tos: u32, spn: &ServicePortName) -> Option<TcpStream> {
     for (i, timeout) in DIAL_TIMEOUTS.iter().enumerate() {
         let ep = balancer.lock().expect("balancer").pick(client, i > 0, Instant::now())?;
         match tokio::time::timeout(*timeout, podpath_client::relay::connect_with_tos(ep, tos)).await {
             Ok(Ok(s)) => return Some(s),
             Ok(Err(e)) => {
-                tracing::info!(service = spn, endpoint = %ep, "connect failed ({e}); trying the next endpoint")
+                tracing::info!(service = %spn, endpoint = %ep, "connect failed ({e}); trying the next endpoint")
             }
             Err(_) => tracing::info!(
-                service = spn,
+                service = %spn,
                 endpoint = %ep,
                 "connect timed out after {} ms; trying the next endpoint",
                 timeout.as_millis()
@@ -292,7 +292,7 @@ async fn dial(balancer: &Mutex<Balancer>, client: IpAddr, tos: u32, spn: &str) -
     None
 }
 
-async fn serve_tcp(listener: TcpListener, balancer: Arc<Mutex<Balancer>>, spn: String) {
+async fn serve_tcp(listener: TcpListener, balancer: Arc<Mutex<Balancer>>, spn: ServicePortName) {
     loop {
         let Ok((mut inbound, client)) = listener.accept().await else { continue };
         let balancer = balancer.clone();
@@ -310,7 +310,7 @@ async fn serve_tcp(listener: TcpListener, balancer: Arc<Mutex<Balancer>>, spn: S
 
 /// UDP: one connected socket per client toward its endpoint, replies sent back from the proxy
 /// socket, forgotten after [`UDP_IDLE_TIMEOUT`] without traffic (kube-proxy's `ClientCache`).
-async fn serve_udp(socket: UdpSocket, balancer: Arc<Mutex<Balancer>>, spn: String) {
+async fn serve_udp(socket: UdpSocket, balancer: Arc<Mutex<Balancer>>, spn: ServicePortName) {
     let socket = Arc::new(socket);
     let clients: Arc<Mutex<HashMap<SocketAddr, Arc<UdpSocket>>>> = Default::default();
     let mut buf = vec![0u8; 4096];
@@ -368,11 +368,11 @@ async fn open_socket(sp: &ServicePort) -> std::io::Result<ProxySocket> {
     let (proxy_port, task) = match sp.protocol.as_str() {
         "udp" => {
             let s = UdpSocket::bind(any).await?;
-            (s.local_addr()?.port(), tokio::spawn(serve_udp(s, balancer.clone(), sp.spn())))
+            (s.local_addr()?.port(), tokio::spawn(serve_udp(s, balancer.clone(), sp.spn().clone())))
         }
         _ => {
             let l = TcpListener::bind(any).await?;
-            (l.local_addr()?.port(), tokio::spawn(serve_tcp(l, balancer.clone(), sp.spn())))
+            (l.local_addr()?.port(), tokio::spawn(serve_tcp(l, balancer.clone(), sp.spn().clone())))
         }
     };
     Ok(ProxySocket { proxy_port, balancer, task })
@@ -404,9 +404,9 @@ pub async fn run(p: UserspaceProxier<impl Kernel>, synced: Option<tokio::sync::o
     services.wait_synced().await;
     slices.wait_synced().await;
     let mut synced = synced;
-    let mut sockets: BTreeMap<String, ProxySocket> = BTreeMap::new();
+    let mut sockets: BTreeMap<ServiceKey, ProxySocket> = BTreeMap::new();
     // NodePort → (owning service port, the held socket).
-    let mut held: BTreeMap<(u16, String), (String, HeldPort)> = BTreeMap::new();
+    let mut held: BTreeMap<(u16, String), (ServiceKey, HeldPort)> = BTreeMap::new();
     let mut svc_changes = services.changes();
     let mut slice_changes = slices.changes();
     let mut first = true;
@@ -416,7 +416,7 @@ pub async fn run(p: UserspaceProxier<impl Kernel>, synced: Option<tokio::sync::o
         let mut wanted_keys = std::collections::BTreeSet::new();
         let mut wanted_slots = std::collections::BTreeSet::new();
         for st in state.iter().filter(|st| matches!(st.port.protocol.as_str(), "tcp" | "udp")) {
-            let key = super::iptables::service_key(&st.port);
+            let key = st.port.key();
             wanted_keys.insert(key.clone());
             if !sockets.contains_key(&key) {
                 match open_socket(&st.port).await {
