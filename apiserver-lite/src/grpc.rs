@@ -16,6 +16,7 @@ use tonic::{Request, Response, Status};
 
 use crate::error::ApiError;
 use crate::registry::{DeleteOptions, Registry, Subresource, WriteOptions};
+use crate::store::EventType;
 use crate::watch::{WatchFilter, WatchItem, WatchSpec};
 
 #[derive(Clone)]
@@ -267,9 +268,9 @@ impl pb::watch_server::Watch for Grpc {
                     WatchItem::Event(t, obj) => {
                         let rv = obj["metadata"]["resourceVersion"].as_str().unwrap_or("").to_string();
                         let type_ = match t {
-                            "ADDED" => pb::watch_event::Type::Added,
-                            "MODIFIED" => pb::watch_event::Type::Modified,
-                            _ => pb::watch_event::Type::Deleted,
+                            EventType::Added => pb::watch_event::Type::Added,
+                            EventType::Modified => pb::watch_event::Type::Modified,
+                            EventType::Deleted => pb::watch_event::Type::Deleted,
                         };
                         proto_object(kind, obj).map(|o| pb::WatchEvent {
                             r#type: type_ as i32,

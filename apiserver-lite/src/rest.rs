@@ -474,7 +474,7 @@ async fn watch(
                     } else {
                         with_type_meta(kind, obj)
                     };
-                    json!({"type": t, "object": object})
+                    json!({"type": t.as_str(), "object": object})
                 }
                 // A REST watch without resourceVersion has no end-of-snapshot marker.
                 WatchItem::Synced(_) => continue,

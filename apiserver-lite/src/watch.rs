@@ -16,8 +16,8 @@ use crate::store::{EventType, StoredEvent};
 /// One thing a watcher receives.
 #[derive(Debug)]
 pub enum WatchItem {
-    /// Added, modified or deleted object (type is `ADDED`, `MODIFIED` or `DELETED`).
-    Event(&'static str, Value),
+    /// An added, modified or deleted object (as this watcher's selectors see it).
+    Event(EventType, Value),
     /// The snapshot sent for a watch without a resourceVersion is complete.
     Synced(u64),
     /// No change up to this version.
@@ -46,20 +46,20 @@ impl WatchFilter {
 
     /// The event type and object to send for `ev`, if any. An object that starts or stops
     /// matching the selectors is ADDED or DELETED for this watcher, as the real server does.
-    pub fn apply(&self, ev: &StoredEvent) -> Option<(&'static str, Value)> {
+    pub fn apply(&self, ev: &StoredEvent) -> Option<(EventType, Value)> {
         if ev.kind != self.kind {
             return None;
         }
         let object = ev.object();
         let now = self.matches(&object);
         match ev.type_ {
-            EventType::Added | EventType::Deleted => now.then(|| (ev.type_.as_str(), object)),
+            EventType::Added | EventType::Deleted => now.then(|| (ev.type_, object)),
             EventType::Modified => {
                 let before = ev.prev().map(|p| self.matches(&p));
                 match (before, now) {
-                    (Some(false), true) => Some(("ADDED", object)),
-                    (Some(true), false) => Some(("DELETED", object)),
-                    (_, true) => Some(("MODIFIED", object)),
+                    (Some(false), true) => Some((EventType::Added, object)),
+                    (Some(true), false) => Some((EventType::Deleted, object)),
+                    (_, true) => Some((EventType::Modified, object)),
                     _ => None,
                 }
             }
@@ -93,7 +93,7 @@ pub fn start(registry: Arc<Registry>, spec: WatchSpec) -> mpsc::Receiver<WatchIt
                     return;
                 };
                 for item in items {
-                    if tx.send(WatchItem::Event("ADDED", item)).await.is_err() {
+                    if tx.send(WatchItem::Event(EventType::Added, item)).await.is_err() {
                         return;
                     }
                 }
@@ -169,12 +169,12 @@ mod tests {
         };
         let web = json!({"app": "web"});
         let db = json!({"app": "db"});
-        assert_eq!(f.apply(&ev(EventType::Modified, web.clone(), Some(db.clone()))).unwrap().0, "ADDED");
-        assert_eq!(f.apply(&ev(EventType::Modified, db.clone(), Some(web.clone()))).unwrap().0, "DELETED");
-        assert_eq!(f.apply(&ev(EventType::Modified, web.clone(), Some(web.clone()))).unwrap().0, "MODIFIED");
-        assert_eq!(f.apply(&ev(EventType::Modified, web.clone(), None)).unwrap().0, "MODIFIED");
+        assert_eq!(f.apply(&ev(EventType::Modified, web.clone(), Some(db.clone()))).unwrap().0, EventType::Added);
+        assert_eq!(f.apply(&ev(EventType::Modified, db.clone(), Some(web.clone()))).unwrap().0, EventType::Deleted);
+        assert_eq!(f.apply(&ev(EventType::Modified, web.clone(), Some(web.clone()))).unwrap().0, EventType::Modified);
+        assert_eq!(f.apply(&ev(EventType::Modified, web.clone(), None)).unwrap().0, EventType::Modified);
         assert!(f.apply(&ev(EventType::Modified, db.clone(), Some(db.clone()))).is_none());
         assert!(f.apply(&ev(EventType::Added, db, None)).is_none());
-        assert_eq!(f.apply(&ev(EventType::Deleted, web, None)).unwrap().0, "DELETED");
+        assert_eq!(f.apply(&ev(EventType::Deleted, web, None)).unwrap().0, EventType::Deleted);
     }
 }

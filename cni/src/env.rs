@@ -26,7 +26,9 @@ impl EnvSource for HashMap<String, String> {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// `CNI_COMMAND`: what the runtime asks a plugin to do (the plugins parse it, the node agent
+/// sends it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Command {
     Add,
     Del,
@@ -46,6 +48,12 @@ impl Command {
             Command::Gc => "GC",
             Command::Version => "VERSION",
         }
+    }
+}
+
+impl std::fmt::Display for Command {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 

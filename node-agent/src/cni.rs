@@ -9,6 +9,7 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
+use podpath_cni::env::Command;
 use serde_json::{json, Value};
 use tokio::io::AsyncWriteExt;
 
@@ -229,11 +230,11 @@ pub struct Cached {
 }
 
 impl<E: PluginExec> CniRuntime<E> {
-    fn find_plugin(&self, kind: &str) -> Result<PathBuf> {
+    fn find_plugin(&self, command: Command, kind: &str, att: &Attachment) -> Result<PathBuf> {
         self.bin_dirs.iter().map(|d| d.join(kind)).find(|p| p.is_file()).ok_or_else(|| AgentError::Cni {
-            command: "lookup",
+            command,
             plugin: kind.to_string(),
-            container_id: String::new(),
+            container_id: att.container_id.clone(),
             code: 0,
             msg: format!(
                 "plugin {kind:?} not found in {}",
@@ -245,14 +246,14 @@ impl<E: PluginExec> CniRuntime<E> {
 
     async fn call(
         &self,
-        command: &'static str,
+        command: Command,
         net: &Network,
         index: usize,
         att: &Attachment,
         prev: Option<&Value>,
     ) -> Result<Vec<u8>> {
         let kind = net.plugins[index]["type"].as_str().unwrap_or_default().to_string();
-        let plugin = self.find_plugin(&kind)?;
+        let plugin = self.find_plugin(command, &kind, att)?;
         let path = std::env::join_paths(&self.bin_dirs).map(|p| p.to_string_lossy().into_owned()).unwrap_or_default();
         let env = vec![
             ("CNI_COMMAND", command.to_string()),
@@ -266,12 +267,7 @@ impl<E: PluginExec> CniRuntime<E> {
         self.exec.exec(&plugin, env, stdin).await.map_err(|(status, stdout)| {
             let err: Value = serde_json::from_slice(&stdout).unwrap_or(Value::Null);
             AgentError::Cni {
-                command: match command {
-                    "ADD" => "ADD",
-                    "DEL" => "DEL",
-                    "CHECK" => "CHECK",
-                    _ => "GC",
-                },
+                command,
                 plugin: kind.clone(),
                 container_id: att.container_id.clone(),
                 code: err["code"].as_u64().unwrap_or(0) as u32,
@@ -289,10 +285,10 @@ impl<E: PluginExec> CniRuntime<E> {
     pub async fn add(&self, net: &Network, att: &Attachment) -> Result<Value> {
         let mut prev: Option<Value> = None;
         for i in 0..net.plugins.len() {
-            match self.call("ADD", net, i, att, prev.as_ref()).await {
+            match self.call(Command::Add, net, i, att, prev.as_ref()).await {
                 Ok(out) => {
                     let result: Value = serde_json::from_slice(&out).map_err(|e| AgentError::Cni {
-                        command: "ADD",
+                        command: Command::Add,
                         plugin: net.plugins[i]["type"].as_str().unwrap_or_default().into(),
                         container_id: att.container_id.clone(),
                         code: 0,
@@ -317,7 +313,7 @@ impl<E: PluginExec> CniRuntime<E> {
     async fn del_chain(&self, net: &Network, att: &Attachment, prev: Option<&Value>) -> Result<()> {
         let mut first_error = None;
         for i in (0..net.plugins.len()).rev() {
-            if let Err(e) = self.call("DEL", net, i, att, prev).await {
+            if let Err(e) = self.call(Command::Del, net, i, att, prev).await {
                 first_error.get_or_insert(e);
             }
         }
@@ -414,7 +410,7 @@ impl<E: PluginExec> CniRuntime<E> {
             for i in 0..net.plugins.len() {
                 let mut gc_net = net.clone();
                 gc_net.plugins[i]["cni.dev/valid-attachments"] = json!(valid);
-                if let Err(e) = self.call("GC", &gc_net, i, &att, None).await {
+                if let Err(e) = self.call(Command::Gc, &gc_net, i, &att, None).await {
                     tracing::warn!("CNI GC of {}: {e}", net.plugins[i]["type"]);
                 }
             }

@@ -31,7 +31,14 @@ pub enum AgentError {
     Process(String),
     /// A CNI plugin failed (its error code and message, as the spec defines them).
     #[error("CNI {command} of {plugin} for {container_id} failed: {msg}{}", details.as_deref().map(|d| format!(" ({d})")).unwrap_or_default())]
-    Cni { command: &'static str, plugin: String, container_id: String, code: u32, msg: String, details: Option<String> },
+    Cni {
+        command: podpath_cni::env::Command,
+        plugin: String,
+        container_id: String,
+        code: u32,
+        msg: String,
+        details: Option<String>,
+    },
     /// A route or sysctl of the node could not be changed.
     #[error("{what}: {source}")]
     Network {

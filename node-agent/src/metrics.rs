@@ -80,8 +80,9 @@ impl Metrics {
         }
     }
 
-    pub fn observe_cni(&self, operation: &str, took: Duration, ok: bool) {
-        let labels = CniLabels { operation: operation.into(), result: if ok { "success" } else { "error" }.into() };
+    pub fn observe_cni(&self, operation: podpath_cni::env::Command, took: Duration, ok: bool) {
+        let labels =
+            CniLabels { operation: operation.as_str().into(), result: if ok { "success" } else { "error" }.into() };
         self.cni_seconds.get_or_create(&labels).observe(took.as_secs_f64());
     }
 

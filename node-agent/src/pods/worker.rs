@@ -16,6 +16,8 @@ use super::container::{Ctr, ExitMsg};
 use super::launch::{pre_stop, readiness, PreStop};
 use super::record::{save_record, PodRecord};
 use super::{key, uid, Deps, PodApi, PodsConfig, Prober, POD_IFNAME};
+use podpath_cni::env::Command;
+
 use crate::cni::{self, Attachment, PluginExec};
 use crate::error::{AgentError, Result};
 use crate::podstatus::{self, PodView, Terminated};
@@ -41,7 +43,7 @@ impl<P: Processes, E: PluginExec, A: PodApi, Q: Prober> Deps<P, E, A, Q> {
         let att = self.attachment(&ns, &name, &uid(pod), Some(sandbox));
         let started = std::time::Instant::now();
         let result = self.cni.add(&self.network, &att).await;
-        self.metrics.observe_cni("ADD", started.elapsed(), result.is_ok());
+        self.metrics.observe_cni(Command::Add, started.elapsed(), result.is_ok());
         let result = match result {
             Ok(r) => r,
             Err(e) => {
@@ -69,7 +71,7 @@ impl<P: Processes, E: PluginExec, A: PodApi, Q: Prober> Deps<P, E, A, Q> {
         let att = self.attachment(&rec.namespace, &rec.name, &rec.uid, sandbox);
         let started = std::time::Instant::now();
         let r = self.cni.del(&self.network, &att).await;
-        self.metrics.observe_cni("DEL", started.elapsed(), r.is_ok());
+        self.metrics.observe_cni(Command::Del, started.elapsed(), r.is_ok());
         r?;
         self.procs.signal(rec.sandbox, Sig::Kill);
         self.procs.wait(rec.sandbox).await;
