@@ -18,7 +18,9 @@ pub mod up;
 
 pub use hosts::{exec_argv, http_get, http_get_in, in_netns_thread, lb_status, lb_table, nodes_ready};
 pub use inspect::{explain, node_tables, proxy_rules, watch_rules, NodeTables};
-pub use state::{default_state_dir, kubeconfig, kubeconfig_path, load_state, LabState, Proc, LB_STATUS};
+pub use state::{
+    default_state_dir, kubeconfig, kubeconfig_path, load_state, LabState, LbMode, Proc, ProxyMode, LB_STATUS,
+};
 pub use up::{down, kill_pods, preflight, status, up, UpOptions};
 
 /// Errors of the lab. Each names what it concerns.

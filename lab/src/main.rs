@@ -7,6 +7,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use podpath_lab as lab;
+use podpath_lab::{LbMode, ProxyMode};
 
 #[derive(Parser)]
 #[command(name = "podpath", version, about = "Kubernetes service networking labs on one Linux host")]
@@ -46,13 +47,12 @@ enum Cmd {
         /// Number of nodes.
         #[arg(long, default_value_t = 3)]
         nodes: usize,
-        /// Service proxy of the nodes: iptables or userspace.
-        #[arg(long, default_value = "iptables")]
-        proxy_mode: String,
-        /// How the gateway delivers LoadBalancer IPs: passthrough (routed to a node unchanged,
-        /// GKE/MetalLB style) or nodeport (proxied to node IP:nodePort, classic cloud LB).
-        #[arg(long, default_value = "passthrough")]
-        lb_mode: String,
+        /// Service proxy of the nodes.
+        #[arg(long, value_enum, default_value_t = ProxyMode::Iptables)]
+        proxy_mode: ProxyMode,
+        /// How the gateway delivers LoadBalancer IPs.
+        #[arg(long, value_enum, default_value_t = LbMode::Passthrough)]
+        lb_mode: LbMode,
         /// `false`: the nodes do not masquerade external traffic they forward to pods on other
         /// nodes (requests through a node without the pod then time out: the lesson of the
         /// "networking 101" walkthrough).

@@ -22,9 +22,9 @@ pub struct Proc {
 pub struct LabState {
     pub name: String,
     pub nodes: usize,
-    pub proxy_mode: String,
-    #[serde(default = "default_lb_mode")]
-    pub lb_mode: String,
+    pub proxy_mode: ProxyMode,
+    #[serde(default)]
+    pub lb_mode: LbMode,
     pub api: String,
     pub namespaces: Vec<String>,
     pub procs: Vec<Proc>,
@@ -34,8 +34,44 @@ pub struct LabState {
     pub bin_dir: Option<PathBuf>,
 }
 
-fn default_lb_mode() -> String {
-    "passthrough".into()
+/// The nodes' service proxy (`node-agent --proxy-mode`). The lab keeps its own list of the
+/// modes: it drives the components through their command lines, never links them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum ProxyMode {
+    /// kube-proxy's iptables mode (DNAT in the kernel).
+    #[default]
+    Iptables,
+    /// kube-proxy's old userspace mode (a proxy socket per service port).
+    Userspace,
+}
+
+/// How the gateway delivers LoadBalancer IPs (`lb-sim --mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LbMode {
+    /// Routed to a healthy node, the packet unchanged (GKE/MetalLB style).
+    #[default]
+    Passthrough,
+    /// Proxied to `node IP:nodePort` of healthy nodes (classic cloud LB).
+    Nodeport,
+}
+
+/// The word a mode has on command lines (`iptables`, `nodeport`).
+pub fn flag_value(v: &impl clap::ValueEnum) -> String {
+    v.to_possible_value().map(|p| p.get_name().to_string()).unwrap_or_default()
+}
+
+impl std::fmt::Display for ProxyMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&flag_value(self))
+    }
+}
+
+impl std::fmt::Display for LbMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&flag_value(self))
+    }
 }
 
 /// Where lb-sim serves its status, inside the gateway's namespace.

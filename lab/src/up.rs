@@ -9,7 +9,10 @@ use std::time::{Duration, Instant};
 
 use crate::hosts::{http_get, lb_status_in};
 use crate::plan::{self, Plan};
-use crate::state::{alive, kubeconfig, kubeconfig_path, load_state, save_state, state_file, LabState, Proc, LB_STATUS};
+use crate::state::{
+    alive, kubeconfig, kubeconfig_path, load_state, save_state, state_file, LabState, LbMode, Proc, ProxyMode,
+    LB_STATUS,
+};
 use crate::{io, LabError, Result};
 
 /// What `up` is asked for.
@@ -17,9 +20,8 @@ use crate::{io, LabError, Result};
 pub struct UpOptions {
     pub name: String,
     pub nodes: usize,
-    pub proxy_mode: String,
-    /// How lb-sim delivers LoadBalancer IPs: `passthrough` or `nodeport`.
-    pub lb_mode: String,
+    pub proxy_mode: ProxyMode,
+    pub lb_mode: LbMode,
     /// `false` leaves out the nodes' masquerade of external traffic (the scenario-4 lesson).
     pub masquerade: bool,
     pub state_dir: PathBuf,
@@ -112,12 +114,6 @@ pub fn up(opts: &UpOptions, progress: &mut dyn FnMut(&str)) -> Result<LabState> 
     if opts.nodes == 0 || opts.nodes > plan::MAX_NODES {
         return Err(LabError::Usage(format!("--nodes {}: use 1 to {}", opts.nodes, plan::MAX_NODES)));
     }
-    if !matches!(opts.proxy_mode.as_str(), "iptables" | "userspace") {
-        return Err(LabError::Usage(format!("--proxy-mode {:?}: expected iptables or userspace", opts.proxy_mode)));
-    }
-    if !matches!(opts.lb_mode.as_str(), "passthrough" | "nodeport") {
-        return Err(LabError::Usage(format!("--lb-mode {:?}: expected passthrough or nodeport", opts.lb_mode)));
-    }
     for bin in ["apiserver-lite", "node-agent", "lb-sim", "podpath-workload", "podpath-bridge", "podpath-ipam"] {
         if !opts.bin_dir.join(bin).is_file() {
             return Err(LabError::Usage(format!(
@@ -156,8 +152,8 @@ pub fn up(opts: &UpOptions, progress: &mut dyn FnMut(&str)) -> Result<LabState> 
     let mut st = LabState {
         name: opts.name.clone(),
         nodes: opts.nodes,
-        proxy_mode: opts.proxy_mode.clone(),
-        lb_mode: opts.lb_mode.clone(),
+        proxy_mode: opts.proxy_mode,
+        lb_mode: opts.lb_mode,
         api: api.to_string(),
         namespaces: p.hosts.iter().map(|h| h.netns.clone()).collect(),
         procs: vec![],
@@ -241,7 +237,7 @@ fn start(opts: &UpOptions, p: &Plan, st: &mut LabState, api: SocketAddr, progres
             s("--restart-backoff-seconds"),
             s("1"),
             s("--proxy-mode"),
-            opts.proxy_mode.clone(),
+            opts.proxy_mode.to_string(),
             format!("--masquerade={}", opts.masquerade),
         ];
         st.procs.push(spawn(
@@ -276,7 +272,7 @@ fn start(opts: &UpOptions, p: &Plan, st: &mut LabState, api: SocketAddr, progres
         s("--apiserver"),
         format!("{}:{}", plan::CONTROL_PLANE, plan::GRPC_PORT),
         s("--mode"),
-        opts.lb_mode.clone(),
+        opts.lb_mode.to_string(),
         s("--status-listen"),
         s(LB_STATUS),
     ];

@@ -23,8 +23,8 @@ struct Args {
     /// `passthrough`: route LoadBalancer IPs and externalIPs to healthy nodes, packets
     /// unchanged (GKE/MetalLB style). `nodeport`: proxy `LB IP:port` to `node IP:nodePort` of
     /// healthy nodes (classic cloud LB); externalIPs are still routed.
-    #[arg(long, default_value = "passthrough")]
-    mode: String,
+    #[arg(long, value_enum, default_value_t = Mode::Passthrough)]
+    mode: Mode,
     /// Address of the JSON status endpoint (`GET /status`); empty to disable.
     #[arg(long, default_value = "127.0.0.1:9900")]
     status_listen: String,
@@ -55,7 +55,7 @@ async fn start() -> Result<()> {
         println!("removed lb-sim's routes, nexthops and addresses ({n} changes)");
         return Ok(());
     }
-    let mode: Mode = args.mode.parse().map_err(|e: String| anyhow::anyhow!("--mode: {e}"))?;
+    let mode = args.mode;
     let status_listen: Option<SocketAddr> = match args.status_listen.as_str() {
         "" => None,
         a => Some(a.parse().with_context(|| format!("--status-listen {a:?} is not IP:PORT"))?),

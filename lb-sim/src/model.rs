@@ -19,24 +19,13 @@ pub const ROUTE_TO_NODE: &str = "podpath.dev/route-to-node";
 pub const EXCLUDE_FROM_LB: &str = "node.kubernetes.io/exclude-from-external-load-balancers";
 
 /// How LoadBalancer IPs reach the cluster.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum Mode {
     /// GKE/MetalLB style: a route to a node, the packet unchanged.
     Passthrough,
     /// Classic cloud LB style: the LB connects to `node IP:nodePort`.
     Nodeport,
-}
-
-impl std::str::FromStr for Mode {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Mode, String> {
-        match s {
-            "passthrough" => Ok(Mode::Passthrough),
-            "nodeport" => Ok(Mode::Nodeport),
-            _ => Err(format!("unknown LB mode {s:?} (expected passthrough or nodeport)")),
-        }
-    }
 }
 
 impl std::fmt::Display for Mode {
