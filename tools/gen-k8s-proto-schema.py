@@ -22,7 +22,7 @@ OA = sorted(glob.glob(f"{REG}/*/k8s-openapi-0.29.0/src/v1_33"))[-1]
 # The API groups podpath serves: every object kind of them (a message with an ObjectMeta
 # `metadata`) is decoded, so serving another kind of these groups needs no new table (the decoder
 # refuses kinds the server does not serve).
-GROUPS = ["core.v1", "apps.v1", "discovery.v1", "networking.v1"]
+GROUPS = ["core.v1", "apps.v1", "batch.v1", "discovery.v1", "networking.v1"]
 # Messages with a JSON form of their own (handled by the decoder, not the table).
 SPECIAL = {"util.intstr.IntOrString", "api.resource.Quantity", "meta.v1.Time", "meta.v1.MicroTime",
            "runtime.RawExtension", "meta.v1.Duration", "meta.v1.FieldsV1"}

@@ -1,6 +1,6 @@
-//! What apps/v1 workloads (Deployments, ReplicaSets) share: label selectors (formatted and
-//! matched), template and replica validation, surge arithmetic, and their Table columns. The
-//! kinds themselves are `kinds::deployment` and `kinds::replicaset`; their controllers are in
+//! What workloads (apps/v1, batch/v1, ReplicationControllers) share: label selectors (formatted
+//! and matched), template and replica validation, surge arithmetic, and their Table columns.
+//! The kinds themselves are in `kinds`; the Deployment and ReplicaSet controllers are in
 //! apiserver-lite.
 
 use std::collections::BTreeMap;
@@ -63,13 +63,15 @@ fn selector_is_empty(sel: &LabelSelector) -> bool {
     sel.match_labels.as_ref().is_none_or(BTreeMap::is_empty) && sel.match_expressions.as_ref().is_none_or(Vec::is_empty)
 }
 
-fn validate_selector(sel: Option<&LabelSelector>, path: &FieldPath, out: &mut Vec<Cause>) {
+/// A workload's selector: required, not empty (`for_kind` ends the API server's message: its
+/// `deployment`, `daemonset`, `statefulset`), valid labels and expressions.
+pub(crate) fn validate_selector(sel: Option<&LabelSelector>, for_kind: &str, path: &FieldPath, out: &mut Vec<Cause>) {
     let Some(sel) = sel else {
         out.push(v::required(path, ""));
         return;
     };
     if selector_is_empty(sel) {
-        out.push(v::invalid(path, &format_selector(Some(sel)), "empty selector is invalid for deployment"));
+        out.push(v::invalid(path, &format_selector(Some(sel)), &format!("empty selector is invalid for {for_kind}")));
     }
     if let Some(labels) = &sel.match_labels {
         v::labels(labels, &path.child("matchLabels"), out);
@@ -94,11 +96,15 @@ fn validate_selector(sel: Option<&LabelSelector>, path: &FieldPath, out: &mut Ve
     }
 }
 
+/// The restart policy of long-running workloads' pods.
+pub(crate) const ALWAYS: &[&str] = &["Always"];
+
 /// The template of a workload: labels that match the selector, a valid pod spec whose restart
-/// policy is Always.
+/// policy is one of `restart` (Always for long-running workloads, OnFailure or Never for Jobs).
 pub(crate) fn validate_template(
     template: &PodTemplateSpec,
     selector: Option<&LabelSelector>,
+    restart: &[&str],
     path: &FieldPath,
     out: &mut Vec<Cause>,
 ) {
@@ -121,8 +127,8 @@ pub(crate) fn validate_template(
         None => out.push(v::required(&spec_path, "")),
         Some(spec) => {
             validate_pod_spec(spec, &spec_path, out);
-            if let Some(rp) = spec.restart_policy.as_deref().filter(|rp| *rp != "Always") {
-                out.push(v::not_supported(&spec_path.child("restartPolicy"), rp, &["Always"]));
+            if let Some(rp) = spec.restart_policy.as_deref().filter(|rp| !restart.contains(rp)) {
+                out.push(v::not_supported(&spec_path.child("restartPolicy"), rp, restart));
             }
         }
     }
@@ -144,9 +150,10 @@ pub(crate) fn default_template(template: &mut PodTemplateSpec) {
     default_pod_spec(template.spec.get_or_insert_with(Default::default));
 }
 
-/// What Deployments and ReplicaSets check alike in their spec: replicas, the selector, and a
+/// What Deployments, ReplicaSets and StatefulSets check alike in their spec: replicas, the selector, and a
 /// template that matches it.
 pub(crate) fn validate_replicated(
+    for_kind: &str,
     replicas: Option<i32>,
     selector: &LabelSelector,
     template: Option<&PodTemplateSpec>,
@@ -156,9 +163,9 @@ pub(crate) fn validate_replicated(
     if let Some(r) = replicas.filter(|r| *r < 0) {
         out.push(v::invalid(&spec.child("replicas"), &r, "must be greater than or equal to 0"));
     }
-    validate_selector(Some(selector), &spec.child("selector"), out);
+    validate_selector(Some(selector), for_kind, &spec.child("selector"), out);
     match template {
-        Some(t) => validate_template(t, Some(selector), &spec.child("template"), out),
+        Some(t) => validate_template(t, Some(selector), ALWAYS, &spec.child("template"), out),
         None => out.push(v::required(&spec.child("template"), "")),
     }
 }

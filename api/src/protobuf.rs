@@ -471,7 +471,7 @@ mod tests {
         assert!(decode_body(&body).is_err());
         let mut tm = Vec::new();
         bytes_field(1, b"v1", &mut tm);
-        bytes_field(2, b"PersistentVolumeClaim", &mut tm);
+        bytes_field(2, b"LimitRange", &mut tm);
         let mut u = MAGIC.to_vec();
         bytes_field(1, &tm, &mut u);
         assert!(decode_body(&u).is_err(), "kinds that are not served are refused");

@@ -582,6 +582,13 @@ impl Registry {
             }
         }
         let old_typed: Option<T> = old.map(api::decode).transpose()?;
+        let info = <T as ApiObject>::KIND.info();
+        if info.no_controller && old.is_none() && sub == Subresource::Main {
+            warnings.push(format!(
+                "podpath runs no controller for {}: this object is stored and served, nothing acts on it",
+                info.plural
+            ));
+        }
         match &old_typed {
             None => obj.prepare_for_create(),
             Some(o) => obj.prepare_for_update(o),

@@ -53,7 +53,7 @@ impl WatchFilter {
         let object = ev.object();
         let now = self.matches(&object);
         match ev.type_ {
-            EventType::Added | EventType::Deleted => now.then(|| (ev.type_, object)),
+            EventType::Added | EventType::Deleted => now.then_some((ev.type_, object)),
             EventType::Modified => {
                 let before = ev.prev().map(|p| self.matches(&p));
                 match (before, now) {

@@ -542,3 +542,101 @@ fn configmaps_and_service_accounts() {
     let err = fails(&srv, &["apply", "-f", m]);
     assert!(err.contains("data: Forbidden: field is immutable when `immutable` is set"), "{err}");
 }
+
+/// `kubectl apply --prune -l` with kubectl's default prune list: kubectl lists every kind of
+/// that list (PVCs, PVs, ReplicationControllers, Jobs, CronJobs, DaemonSets, StatefulSets among
+/// them), so all must be served; the kinds no podpath component acts on say so when created.
+#[test]
+fn apply_prune_with_kubectls_default_list_and_the_kinds_it_needs() {
+    assert!(kubectl_available(), "kubectl is required (it ships on the machine image as /usr/bin/kubectl)");
+    let srv = ApiServer::start(&[]).unwrap();
+    let dir = srv.dir.path().join("manifests");
+    std::fs::create_dir(&dir).unwrap();
+    let d = dir.to_str().unwrap();
+    let cm = |name: &str| {
+        format!(
+            "apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: {name}, labels: {{app: demo}}}}\ndata: {{a: \"1\"}}\n"
+        )
+    };
+    std::fs::write(dir.join("one.yaml"), cm("one")).unwrap();
+    std::fs::write(dir.join("two.yaml"), cm("two")).unwrap();
+    let out = ok(&srv, &["apply", "-f", d, "-l", "app=demo", "--prune"]);
+    assert_eq!(out, "configmap/one created\nconfigmap/two created\n");
+    std::fs::remove_file(dir.join("two.yaml")).unwrap();
+    let out = ok(&srv, &["apply", "-f", d, "-l", "app=demo", "--prune"]);
+    assert_eq!(out, "configmap/one unchanged\nconfigmap/two pruned\n");
+    assert_eq!(ok(&srv, &["get", "cm", "-l", "app=demo", "-o", "name"]), "configmap/one\n");
+
+    // Each kind of the list is served: created, listed with kubectl's columns, deleted.
+    let o = srv.kubectl(&["create", "job", "pi", "--image=busybox", "--", "echo", "hi"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{out}{err}");
+    assert_eq!(out, "job.batch/pi created\n");
+    assert!(err.contains("Warning: podpath runs no controller for jobs"), "{err}");
+    ok(&srv, &["create", "cronjob", "tick", "--image=busybox", "--schedule=*/5 * * * *", "--", "date"]);
+    let err = fails(&srv, &["create", "cronjob", "bad", "--image=busybox", "--schedule=nope"]);
+    assert!(err.contains("spec.schedule: Invalid value: \"nope\": expected exactly 5 fields, found 1: nope"), "{err}");
+    std::fs::write(dir.join("kinds.yaml"), PRUNE_KINDS).unwrap();
+    ok(&srv, &["apply", "-f", dir.join("kinds.yaml").to_str().unwrap()]);
+    let headers = |what: &str| -> Vec<String> {
+        let out = ok(&srv, &["get", what]);
+        out.lines().next().unwrap_or("").split("  ").map(|h| h.trim().to_string()).filter(|h| !h.is_empty()).collect()
+    };
+    assert_eq!(headers("statefulsets"), ["NAME", "READY", "AGE"]);
+    assert_eq!(
+        headers("ds"),
+        ["NAME", "DESIRED", "CURRENT", "READY", "UP-TO-DATE", "AVAILABLE", "NODE SELECTOR", "AGE"]
+    );
+    assert_eq!(headers("jobs"), ["NAME", "STATUS", "COMPLETIONS", "DURATION", "AGE"]);
+    assert_eq!(headers("cj"), ["NAME", "SCHEDULE", "TIMEZONE", "SUSPEND", "ACTIVE", "LAST SCHEDULE", "AGE"]);
+    assert_eq!(headers("rc"), ["NAME", "DESIRED", "CURRENT", "READY", "AGE"]);
+    assert_eq!(
+        headers("pvc"),
+        ["NAME", "STATUS", "VOLUME", "CAPACITY", "ACCESS MODES", "STORAGECLASS", "VOLUMEATTRIBUTESCLASS", "AGE"]
+    );
+    let pv = ok(&srv, &["get", "pv", "pv1", "--no-headers"]);
+    assert_eq!(pv.split_whitespace().take(5).collect::<Vec<_>>(), ["pv1", "5Gi", "RWO", "Retain", "Pending"]);
+    assert_eq!(ok(&srv, &["scale", "sts", "db", "--replicas=3"]), "statefulset.apps/db scaled\n");
+    assert_eq!(ok(&srv, &["get", "sts", "db", "-o", "jsonpath={.spec.replicas}"]), "3");
+    ok(&srv, &["delete", "job,cronjob,sts,ds,rc,pvc", "--all"]);
+    ok(&srv, &["delete", "pv", "pv1"]);
+    assert_eq!(ok(&srv, &["get", "job,cronjob,sts,ds,rc,pvc,pv", "-o", "name"]), "");
+}
+
+const PRUNE_KINDS: &str = "apiVersion: apps/v1
+kind: StatefulSet
+metadata: {name: db}
+spec:
+  selector: {matchLabels: {app: db}}
+  serviceName: db
+  template:
+    metadata: {labels: {app: db}}
+    spec: {containers: [{name: c, image: x}]}
+---
+apiVersion: apps/v1
+kind: DaemonSet
+metadata: {name: agent}
+spec:
+  selector: {matchLabels: {app: agent}}
+  template:
+    metadata: {labels: {app: agent}}
+    spec: {containers: [{name: c, image: x}]}
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: data}
+spec: {accessModes: [ReadWriteOnce], resources: {requests: {storage: 1Gi}}}
+---
+apiVersion: v1
+kind: PersistentVolume
+metadata: {name: pv1}
+spec: {capacity: {storage: 5Gi}, accessModes: [ReadWriteOnce], hostPath: {path: /data}}
+---
+apiVersion: v1
+kind: ReplicationController
+metadata: {name: old}
+spec:
+  template:
+    metadata: {labels: {app: old}}
+    spec: {containers: [{name: c, image: x}]}
+";

@@ -52,7 +52,7 @@ impl ApiObject for Deployment {
             out.push(v::required(&path, ""));
             return out;
         };
-        validate_replicated(spec.replicas, &spec.selector, Some(&spec.template), &path, &mut out);
+        validate_replicated("deployment", spec.replicas, &spec.selector, Some(&spec.template), &path, &mut out);
         if let Some(strategy) = &spec.strategy {
             let sp = path.child("strategy");
             match strategy.type_.as_deref() {

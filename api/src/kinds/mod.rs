@@ -41,6 +41,9 @@ pub struct KindInfo {
     pub has_generation: bool,
     /// Fields field selectors may use, besides `metadata.name` and `metadata.namespace`.
     pub field_selectors: &'static [&'static str],
+    /// Stored and served, but no podpath component acts on it (kubectl's default prune list
+    /// needs these kinds): a create answers with a warning that says so.
+    pub no_controller: bool,
 }
 
 impl KindInfo {
@@ -59,6 +62,7 @@ impl KindInfo {
             has_scale: false,
             has_generation: false,
             field_selectors: &[],
+            no_controller: false,
         }
     }
 }
@@ -253,6 +257,13 @@ kinds! { $
     Secret => secret,
     ConfigMap => configmap,
     ServiceAccount => serviceaccount,
+    PersistentVolumeClaim => persistentvolumeclaim,
+    PersistentVolume => persistentvolume,
+    ReplicationController => replicationcontroller,
+    Job => job,
+    CronJob => cronjob,
+    DaemonSet => daemonset,
+    StatefulSet => statefulset,
 }
 
 impl Kind {

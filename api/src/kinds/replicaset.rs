@@ -42,7 +42,7 @@ impl ApiObject for ReplicaSet {
             out.push(v::required(&path, ""));
             return out;
         };
-        validate_replicated(spec.replicas, &spec.selector, spec.template.as_ref(), &path, &mut out);
+        validate_replicated("deployment", spec.replicas, &spec.selector, spec.template.as_ref(), &path, &mut out);
         selector_unchanged(old.and_then(|o| o.spec.as_ref()).map(|s| &s.selector), &spec.selector, &path, &mut out);
         out
     }
