@@ -8,11 +8,12 @@
 //! - `m/rv`                        → the last resourceVersion
 //!
 //! Writers serialise on [`Store::lock`] (read-modify-write must see its own reads unchanged);
-//! `commit` applies the batch and appends the events, and [`Store::sync`] waits until the
-//! write is fsynced before the caller acknowledges. One flusher thread does every flush (group
+//! `commit` applies the batch and appends the events, and [`Store::sync`] waits until sled has
+//! flushed the write before the caller acknowledges (sled 0.34 flushes with `sync_file_range`,
+//! not `fsync`: the write survives a killed server, not yet a power loss — issue 19). One flusher thread does every flush (group
 //! commit): concurrent sled flushes can deadlock with `apply_batch` (each flush holds sled's
 //! read lock while waiting for buffers that another, blocked flush must write). Watchers only
-//! ever see events that are durable.
+//! ever see flushed events.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::path::Path;
