@@ -205,12 +205,22 @@ pub(crate) fn is_zero(value: Option<&IntOrString>) -> bool {
     }
 }
 
-/// The `-o wide` columns of workloads.
-/// A workload's table (Deployment, ReplicaSet): name, its three replica counts, age; with
-/// `-o wide` also its containers, images and selector.
+/// kubectl's `-o wide` columns of the kinds with a pod template: containers, images, selector.
+pub(crate) const WIDE_COLUMNS: [Column; 3] =
+    [col("Containers", "string", 1), col("Images", "string", 1), col("Selector", "string", 1)];
+
+/// The cells of [`WIDE_COLUMNS`]: the template's container names and images, and the selector.
+pub(crate) fn wide_cells(template: Option<&PodTemplateSpec>, selector: Option<&LabelSelector>) -> [Value; 3] {
+    let containers = template.and_then(|t| t.spec.as_ref()).map(|s| s.containers.as_slice()).unwrap_or_default();
+    let names: Vec<&str> = containers.iter().map(|c| c.name.as_str()).collect();
+    let images: Vec<&str> = containers.iter().map(|c| c.image.as_deref().unwrap_or_default()).collect();
+    [json!(names.join(",")), json!(images.join(",")), json!(format_selector(selector))]
+}
+
+/// A workload's table (Deployment, ReplicaSet, ReplicationController): name, its three replica
+/// counts, age; with `-o wide` also its containers, images and selector.
 pub(crate) fn workload_columns(counts: [Column; 3]) -> Vec<Column> {
-    let wide = [col("Containers", "string", 1), col("Images", "string", 1), col("Selector", "string", 1)];
-    [NAME_COLUMN].into_iter().chain(counts).chain([AGE_COLUMN]).chain(wide).collect()
+    [NAME_COLUMN].into_iter().chain(counts).chain([AGE_COLUMN]).chain(WIDE_COLUMNS).collect()
 }
 
 /// Cells in the order of [`workload_columns`].
@@ -221,18 +231,11 @@ pub(crate) fn workload_cells(
     selector: &LabelSelector,
     now: Timestamp,
 ) -> Vec<Value> {
-    let containers = template.and_then(|t| t.spec.as_ref()).map(|s| s.containers.as_slice()).unwrap_or_default();
-    let names: Vec<&str> = containers.iter().map(|c| c.name.as_str()).collect();
-    let images: Vec<&str> = containers.iter().map(|c| c.image.as_deref().unwrap_or_default()).collect();
     [json!(meta.name.clone().unwrap_or_default())]
         .into_iter()
         .chain(counts)
-        .chain([
-            table::age(meta.creation_timestamp.as_ref(), now),
-            json!(names.join(",")),
-            json!(images.join(",")),
-            json!(format_selector(Some(selector))),
-        ])
+        .chain([table::age(meta.creation_timestamp.as_ref(), now)])
+        .chain(wide_cells(template, Some(selector)))
         .collect()
 }
 

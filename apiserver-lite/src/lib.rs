@@ -86,6 +86,18 @@ pub async fn start(cfg: &Config) -> Result<Server, ApiError> {
     Ok(Server { registry, controllers })
 }
 
+/// A server in this process serving gRPC on a free port of 127.0.0.1 until the runtime ends:
+/// what the tests of the components that talk to it over gRPC run against. Returns the
+/// address and the registry (to write objects directly).
+pub async fn serve_grpc_on_loopback(data_dir: PathBuf) -> Result<(String, Arc<registry::Registry>), ApiError> {
+    let srv = start(&Config::new(data_dir)).await?;
+    let listener = TcpListener::bind("127.0.0.1:0").await.map_err(|e| ApiError::internal(format!("bind: {e}")))?;
+    let addr = listener.local_addr().map_err(|e| ApiError::internal(format!("bind: {e}")))?.to_string();
+    let registry = srv.registry.clone();
+    tokio::spawn(grpc::serve_grpc(srv.registry.clone(), None, 3 << 20, listener, std::future::pending()));
+    Ok((addr, registry))
+}
+
 /// Serves REST on every listener in `rest` and gRPC on `grpc` until `shutdown` completes.
 pub async fn serve(
     cfg: Config,

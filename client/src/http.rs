@@ -137,18 +137,52 @@ pub async fn get(addr: SocketAddr, path: &str, timeout: Duration) -> Result<Resp
     request(addr, &Request::get(path), timeout).await
 }
 
-/// One request from synchronous code (on a runtime of its own for the call).
+/// One request from synchronous code (on a runtime of its own for the call). Called from a
+/// thread that drives a runtime (a synchronous helper inside an async test), the call runs on
+/// a scoped thread of its own, since a runtime cannot block inside another; a new thread
+/// inherits its creator's network namespace, so the request leaves from the same one.
 pub fn blocking(addr: SocketAddr, req: &Request<'_>, timeout: Duration) -> Result<Response, HttpError> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|source| HttpError::Connect { addr, source })?;
-    rt.block_on(request(addr, req, timeout))
+    let run = || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|source| HttpError::Connect { addr, source })?;
+        rt.block_on(request(addr, req, timeout))
+    };
+    if tokio::runtime::Handle::try_current().is_err() {
+        return run();
+    }
+    std::thread::scope(|s| s.spawn(run).join()).unwrap_or_else(|_| {
+        Err(HttpError::Exchange {
+            method: req.method.into(),
+            path: req.path.into(),
+            addr,
+            message: "the request's thread panicked".into(),
+        })
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A synchronous helper called inside an async test (the e2e harness does this).
+    #[tokio::test]
+    async fn blocking_works_inside_a_runtime_too() {
+        // This test's runtime is blocked by the call, so the server runs on a thread of its own.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Runtime::new().unwrap();
+            rt.block_on(async move {
+                tx.send(server("inside").await).unwrap();
+                std::future::pending::<()>().await
+            })
+        });
+        let addr = rx.recv().unwrap();
+        let r = blocking(addr, &Request::get("/"), Duration::from_secs(5)).unwrap();
+        assert_eq!(r.status, 200);
+        assert!(r.text().starts_with("inside "), "{}", r.text());
+    }
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     /// A server that answers each request on a connection with `body`, keeping it alive.

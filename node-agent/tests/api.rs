@@ -6,7 +6,6 @@ use std::time::Duration;
 use api::k8s_openapi::api::core::v1 as core;
 use node_agent::node::{self, NodeConfig};
 use podpath_client::ApiClient;
-use tokio::net::TcpListener;
 
 struct Server {
     grpc: String,
@@ -16,13 +15,8 @@ struct Server {
 
 async fn server() -> Server {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = apiserver_lite::Config::new(dir.path().to_path_buf());
-    let srv = apiserver_lite::start(&cfg).await.unwrap();
-    let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = grpc.local_addr().unwrap().to_string();
-    let registry = srv.registry.clone();
-    tokio::spawn(apiserver_lite::grpc::serve_grpc(srv.registry.clone(), None, 3 << 20, grpc, std::future::pending()));
-    Server { grpc: addr, registry, _dir: dir }
+    let (grpc, registry) = apiserver_lite::serve_grpc_on_loopback(dir.path().to_path_buf()).await.unwrap();
+    Server { grpc, registry, _dir: dir }
 }
 
 fn cfg(name: &str) -> NodeConfig {

@@ -6,7 +6,7 @@ use serde_json::{json, Value};
 
 use super::job::{default_job_spec, validate_job_spec};
 use super::{validate_meta, ApiObject, Kind, KindInfo};
-use crate::apps::format_selector;
+use crate::apps::{wide_cells, WIDE_COLUMNS};
 use crate::table::{self, col, Column, AGE_COLUMN, NAME_COLUMN};
 use crate::validation::{self as v, Cause, FieldPath};
 
@@ -102,10 +102,10 @@ impl ApiObject for CronJob {
             col("Active", "integer", 0),
             col("Last Schedule", "string", 0),
             AGE_COLUMN,
-            col("Containers", "string", 1),
-            col("Images", "string", 1),
-            col("Selector", "string", 1),
         ]
+        .into_iter()
+        .chain(WIDE_COLUMNS)
+        .collect()
     }
 
     fn cells(&self, now: Timestamp) -> Vec<Value> {
@@ -115,8 +115,7 @@ impl ApiObject for CronJob {
             table::human_duration(now.duration_since(t.0).as_secs())
         });
         let job = spec.job_template.spec.clone().unwrap_or_default();
-        let containers = job.template.spec.as_ref().map(|s| s.containers.clone()).unwrap_or_default();
-        vec![
+        let cells = [
             json!(self.metadata.name.clone().unwrap_or_default()),
             json!(spec.schedule),
             json!(spec.time_zone.unwrap_or_else(|| "<none>".into())),
@@ -124,10 +123,8 @@ impl ApiObject for CronJob {
             json!(st.active.map_or(0, |a| a.len())),
             json!(last),
             table::age(self.metadata.creation_timestamp.as_ref(), now),
-            json!(containers.iter().map(|c| c.name.as_str()).collect::<Vec<_>>().join(",")),
-            json!(containers.iter().map(|c| c.image.as_deref().unwrap_or_default()).collect::<Vec<_>>().join(",")),
-            json!(format_selector(job.selector.as_ref())),
-        ]
+        ];
+        cells.into_iter().chain(wide_cells(Some(&job.template), job.selector.as_ref())).collect()
     }
 }
 

@@ -5,7 +5,9 @@ use jiff::Timestamp;
 use serde_json::{json, Value};
 
 use super::{validate_meta, ApiObject, Kind, KindInfo};
-use crate::apps::{default_template, selector_unchanged, validate_selector, validate_template, workload_cells, ALWAYS};
+use crate::apps::{
+    default_template, selector_unchanged, validate_selector, validate_template, workload_cells, ALWAYS, WIDE_COLUMNS,
+};
 use crate::table::{col, Column, AGE_COLUMN, NAME_COLUMN};
 use crate::validation::{self as v, Cause, FieldPath};
 
@@ -60,8 +62,7 @@ impl ApiObject for DaemonSet {
 
     fn columns() -> Vec<Column> {
         let counts = ["Desired", "Current", "Ready", "Up-to-date", "Available"].map(|c| col(c, "integer", 0));
-        let wide = [col("Containers", "string", 1), col("Images", "string", 1), col("Selector", "string", 1)];
-        [NAME_COLUMN].into_iter().chain(counts).chain([col("Node Selector", "string", 0), AGE_COLUMN]).chain(wide).collect()
+        [NAME_COLUMN].into_iter().chain(counts).chain([col("Node Selector", "string", 0), AGE_COLUMN]).chain(WIDE_COLUMNS).collect()
     }
 
     fn cells(&self, now: Timestamp) -> Vec<Value> {

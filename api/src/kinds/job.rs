@@ -7,7 +7,7 @@ use k8s_openapi::api::batch::v1::JobSpec;
 use serde_json::{json, Value};
 
 use super::{validate_meta, ApiObject, Kind, KindInfo};
-use crate::apps::{default_template, format_selector, validate_template};
+use crate::apps::{default_template, validate_template, wide_cells, WIDE_COLUMNS};
 use crate::table::{self, col, Column, AGE_COLUMN, NAME_COLUMN};
 use crate::validation::{self as v, Cause, FieldPath};
 
@@ -87,10 +87,10 @@ impl ApiObject for Job {
             col("Completions", "string", 0),
             col("Duration", "string", 0),
             AGE_COLUMN,
-            col("Containers", "string", 1),
-            col("Images", "string", 1),
-            col("Selector", "string", 1),
         ]
+        .into_iter()
+        .chain(WIDE_COLUMNS)
+        .collect()
     }
 
     fn cells(&self, now: Timestamp) -> Vec<Value> {
@@ -115,17 +115,12 @@ impl ApiObject for Job {
             (Some(s), Some(e)) => table::human_duration(e.0.duration_since(s.0).as_secs()),
             (Some(s), None) => table::human_duration(now.duration_since(s.0).as_secs()),
         };
-        let containers = spec.template.spec.as_ref().map(|s| s.containers.as_slice()).unwrap_or_default();
-        vec![
-            json!(self.metadata.name.clone().unwrap_or_default()),
-            json!(status),
-            json!(completions),
-            json!(duration),
-            table::age(self.metadata.creation_timestamp.as_ref(), now),
-            json!(containers.iter().map(|c| c.name.as_str()).collect::<Vec<_>>().join(",")),
-            json!(containers.iter().map(|c| c.image.as_deref().unwrap_or_default()).collect::<Vec<_>>().join(",")),
-            json!(format_selector(spec.selector.as_ref())),
-        ]
+        let name = json!(self.metadata.name.clone().unwrap_or_default());
+        let age = table::age(self.metadata.creation_timestamp.as_ref(), now);
+        [name, json!(status), json!(completions), json!(duration), age]
+            .into_iter()
+            .chain(wide_cells(Some(&spec.template), spec.selector.as_ref()))
+            .collect()
     }
 }
 

@@ -5,7 +5,7 @@ use jiff::Timestamp;
 use serde_json::{json, Value};
 
 use super::{validate_meta, ApiObject, Kind, KindInfo};
-use crate::apps::{default_template, selector_unchanged, validate_replicated};
+use crate::apps::{default_template, selector_unchanged, validate_replicated, wide_cells, WIDE_COLUMNS};
 use crate::table::{self, col, Column, AGE_COLUMN, NAME_COLUMN};
 use crate::validation::{self as v, Cause, FieldPath};
 
@@ -65,20 +65,19 @@ impl ApiObject for StatefulSet {
     }
 
     fn columns() -> Vec<Column> {
-        vec![NAME_COLUMN, col("Ready", "string", 0), AGE_COLUMN, col("Containers", "string", 1), col("Images", "string", 1)]
+        // kubectl shows no selector for StatefulSets, even with `-o wide`.
+        [NAME_COLUMN, col("Ready", "string", 0), AGE_COLUMN].into_iter().chain(WIDE_COLUMNS.into_iter().take(2)).collect()
     }
 
     fn cells(&self, now: Timestamp) -> Vec<Value> {
         let spec = self.spec.clone().unwrap_or_default();
         let ready = self.status.as_ref().and_then(|s| s.ready_replicas).unwrap_or(0);
-        let containers = spec.template.spec.as_ref().map(|s| s.containers.as_slice()).unwrap_or_default();
-        vec![
+        let cells = [
             json!(self.metadata.name.clone().unwrap_or_default()),
             json!(format!("{ready}/{}", spec.replicas.unwrap_or(1))),
             table::age(self.metadata.creation_timestamp.as_ref(), now),
-            json!(containers.iter().map(|c| c.name.as_str()).collect::<Vec<_>>().join(",")),
-            json!(containers.iter().map(|c| c.image.as_deref().unwrap_or_default()).collect::<Vec<_>>().join(",")),
-        ]
+        ];
+        cells.into_iter().chain(wide_cells(Some(&spec.template), None).into_iter().take(2)).collect()
     }
 }
 
