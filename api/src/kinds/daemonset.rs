@@ -4,7 +4,7 @@
 use jiff::Timestamp;
 use serde_json::{json, Value};
 
-use super::{validate_meta, ApiObject, Kind, KindInfo};
+use super::{meta_and_spec, ApiObject, Kind, KindInfo};
 use crate::apps::{
     default_template, selector_unchanged, validate_selector, validate_template, workload_cells, ALWAYS, WIDE_COLUMNS,
 };
@@ -44,10 +44,8 @@ impl ApiObject for DaemonSet {
 
     fn validate(&self, old: Option<&Self>) -> Vec<Cause> {
         let mut out = Vec::new();
-        validate_meta(&self.metadata, v::dns1123_subdomain, &mut out);
         let path = FieldPath::root("spec");
-        let Some(spec) = &self.spec else {
-            out.push(v::required(&path, ""));
+        let Some(spec) = meta_and_spec(&self.metadata, v::dns1123_subdomain, self.spec.as_ref(), &mut out) else {
             return out;
         };
         validate_selector(Some(&spec.selector), "daemonset", &path.child("selector"), &mut out);

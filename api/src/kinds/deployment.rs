@@ -6,7 +6,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use jiff::Timestamp;
 use serde_json::{json, Value};
 
-use super::{validate_meta, ApiObject, Kind, KindInfo};
+use super::{meta_and_spec, ApiObject, Kind, KindInfo};
 use crate::table::{col, Column};
 use crate::validation::{self as v, Cause, FieldPath};
 use crate::apps::{default_template, is_zero, selector_unchanged, validate_int_or_percent, validate_replicated, workload_cells, workload_columns};
@@ -46,10 +46,8 @@ impl ApiObject for Deployment {
 
     fn validate(&self, old: Option<&Self>) -> Vec<Cause> {
         let mut out = Vec::new();
-        validate_meta(&self.metadata, v::dns1123_subdomain, &mut out);
         let path = FieldPath::root("spec");
-        let Some(spec) = &self.spec else {
-            out.push(v::required(&path, ""));
+        let Some(spec) = meta_and_spec(&self.metadata, v::dns1123_subdomain, self.spec.as_ref(), &mut out) else {
             return out;
         };
         validate_replicated("deployment", spec.replicas, &spec.selector, Some(&spec.template), &path, &mut out);

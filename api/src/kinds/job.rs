@@ -6,7 +6,7 @@ use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::JobSpec;
 use serde_json::{json, Value};
 
-use super::{validate_meta, ApiObject, Kind, KindInfo};
+use super::{meta_and_spec, ApiObject, Kind, KindInfo};
 use crate::apps::{default_template, validate_template, wide_cells, WIDE_COLUMNS};
 use crate::table::{self, col, Column, AGE_COLUMN, NAME_COLUMN};
 use crate::validation::{self as v, Cause, FieldPath};
@@ -65,10 +65,8 @@ impl ApiObject for Job {
 
     fn validate(&self, old: Option<&Self>) -> Vec<Cause> {
         let mut out = Vec::new();
-        validate_meta(&self.metadata, v::dns1123_subdomain, &mut out);
         let path = FieldPath::root("spec");
-        let Some(spec) = &self.spec else {
-            out.push(v::required(&path, ""));
+        let Some(spec) = meta_and_spec(&self.metadata, v::dns1123_subdomain, self.spec.as_ref(), &mut out) else {
             return out;
         };
         validate_job_spec(spec, &path, &mut out);

@@ -168,6 +168,21 @@ pub(crate) fn validate_meta(meta: &ObjectMeta, name_rule: fn(&str) -> Vec<String
     }
 }
 
+/// The start of validating a kind whose spec is required: the metadata, then the spec, or a
+/// `spec: Required value` cause when there is none.
+pub(crate) fn meta_and_spec<'a, S>(
+    meta: &ObjectMeta,
+    name_rule: fn(&str) -> Vec<String>,
+    spec: Option<&'a S>,
+    out: &mut Vec<Cause>,
+) -> Option<&'a S> {
+    validate_meta(meta, name_rule, out);
+    if spec.is_none() {
+        out.push(v::required(&FieldPath::root("spec"), ""));
+    }
+    spec
+}
+
 pub(crate) fn validate_protocol(p: Option<&str>, path: &FieldPath, out: &mut Vec<Cause>) {
     match p {
         None => out.push(v::required(path, "")),

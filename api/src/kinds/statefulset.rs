@@ -4,7 +4,7 @@
 use jiff::Timestamp;
 use serde_json::{json, Value};
 
-use super::{validate_meta, ApiObject, Kind, KindInfo};
+use super::{meta_and_spec, ApiObject, Kind, KindInfo};
 use crate::apps::{default_template, selector_unchanged, validate_replicated, wide_cells, WIDE_COLUMNS};
 use crate::table::{self, col, Column, AGE_COLUMN, NAME_COLUMN};
 use crate::validation::{self as v, Cause, FieldPath};
@@ -46,10 +46,8 @@ impl ApiObject for StatefulSet {
 
     fn validate(&self, old: Option<&Self>) -> Vec<Cause> {
         let mut out = Vec::new();
-        validate_meta(&self.metadata, v::dns1123_label, &mut out);
         let path = FieldPath::root("spec");
-        let Some(spec) = &self.spec else {
-            out.push(v::required(&path, ""));
+        let Some(spec) = meta_and_spec(&self.metadata, v::dns1123_label, self.spec.as_ref(), &mut out) else {
             return out;
         };
         validate_replicated("statefulset", spec.replicas, &spec.selector, Some(&spec.template), &path, &mut out);
