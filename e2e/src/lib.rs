@@ -129,9 +129,22 @@ fn spawn(data_dir: &Path, extra: &[String], log_dir: &Path) -> Result<(Child, So
     Err(last.expect("tried"))
 }
 
+/// A child that is killed and reaped when dropped unless taken: a start that fails or panics
+/// half way leaves no server behind.
+struct Starting(Option<Child>);
+
+impl Drop for Starting {
+    fn drop(&mut self) {
+        if let Some(c) = self.0.as_mut() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
 fn spawn_on(data_dir: &Path, args: &[String], log_dir: &Path, rest: SocketAddr) -> Result<(Child, ())> {
     let log = std::fs::OpenOptions::new().create(true).append(true).open(log_dir.join("apiserver.log"))?;
-    let mut child = Command::new(bin("apiserver-lite"))
+    let child = Command::new(bin("apiserver-lite"))
         .arg("--data-dir")
         .arg(data_dir)
         .args(args)
@@ -139,19 +152,18 @@ fn spawn_on(data_dir: &Path, args: &[String], log_dir: &Path, rest: SocketAddr) 
         .stderr(log)
         .spawn()
         .context("starting apiserver-lite")?;
+    let mut starting = Starting(Some(child));
     let deadline = Instant::now() + Duration::from_secs(20);
     while Instant::now() < deadline {
-        if let Some(status) = child.try_wait()? {
+        if let Some(status) = starting.0.as_mut().map(Child::try_wait).transpose()?.flatten() {
             let log = std::fs::read_to_string(log_dir.join("apiserver.log")).unwrap_or_default();
             bail!("apiserver-lite exited with {status}: {log}");
         }
         if matches!(http_get(rest, "/readyz"), Ok((200, _))) {
-            return Ok((child, ()));
+            return Ok((starting.0.take().context("the child")?, ()));
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    let _ = child.kill();
-    let _ = child.wait();
     bail!("apiserver-lite did not become ready on {rest}")
 }
 
