@@ -20,6 +20,10 @@ pub enum ApiError {
     /// Validation failed; kubectl prints the causes.
     #[error("{kind} \"{name}\" is invalid: {}", causes.iter().map(|c| c.to_string()).collect::<Vec<_>>().join(", "))]
     Invalid { kind: Kind, name: String, causes: Vec<Cause> },
+    /// The request's options (`CreateOptions`, `DeleteOptions`, …) are invalid (422, as the real
+    /// server answers an unknown `dryRun`).
+    #[error("{kind}.meta.k8s.io \"\" is invalid: {}", causes.iter().map(|c| c.to_string()).collect::<Vec<_>>().join(", "))]
+    InvalidOptions { kind: &'static str, causes: Vec<Cause> },
     /// A body or query that cannot be understood.
     #[error("{0}")]
     BadRequest(String),
@@ -70,7 +74,7 @@ impl ApiError {
         match self {
             ApiError::NotFound { .. } | ApiError::NoRoute => 404,
             ApiError::AlreadyExists { .. } | ApiError::Conflict { .. } => 409,
-            ApiError::Invalid { .. } => 422,
+            ApiError::Invalid { .. } | ApiError::InvalidOptions { .. } => 422,
             ApiError::BadRequest(_) => 400,
             ApiError::Forbidden { .. } => 403,
             ApiError::Expired { .. } => 410,
@@ -87,7 +91,7 @@ impl ApiError {
             ApiError::NotFound { .. } | ApiError::NoRoute => "NotFound",
             ApiError::AlreadyExists { .. } => "AlreadyExists",
             ApiError::Conflict { .. } => "Conflict",
-            ApiError::Invalid { .. } => "Invalid",
+            ApiError::Invalid { .. } | ApiError::InvalidOptions { .. } => "Invalid",
             ApiError::BadRequest(_) => "BadRequest",
             ApiError::Forbidden { .. } => "Forbidden",
             ApiError::Expired { .. } => "Expired",
@@ -133,6 +137,12 @@ impl ApiError {
                 s["details"] =
                     json!({"name": name, "group": kind.info().group, "kind": kind.info().name, "causes": causes});
             }
+            ApiError::InvalidOptions { kind, causes } => {
+                s["details"] = json!({"group": "meta.k8s.io", "kind": kind, "causes": causes});
+            }
+            // The real server's 404 for a path it does not serve carries empty details; kubectl
+            // (`kubectl debug`) reads them.
+            ApiError::NoRoute => s["details"] = json!({}),
             _ => {}
         }
         s
@@ -174,9 +184,10 @@ impl From<ApiError> for tonic::Status {
             ApiError::NotFound { .. } | ApiError::NoRoute => Code::NotFound,
             ApiError::AlreadyExists { .. } => Code::AlreadyExists,
             ApiError::Conflict { .. } => Code::Aborted,
-            ApiError::Invalid { .. } | ApiError::BadRequest(_) | ApiError::UnsupportedMediaType => {
-                Code::InvalidArgument
-            }
+            ApiError::Invalid { .. }
+            | ApiError::InvalidOptions { .. }
+            | ApiError::BadRequest(_)
+            | ApiError::UnsupportedMediaType => Code::InvalidArgument,
             ApiError::Forbidden { .. } => Code::PermissionDenied,
             ApiError::Expired { .. } => Code::OutOfRange,
             ApiError::MethodNotAllowed => Code::Unimplemented,

@@ -97,6 +97,7 @@ impl Grpc {
             grace_period_seconds: r.grace_period_seconds,
             precondition_uid: (!r.precondition_uid.is_empty()).then(|| r.precondition_uid.clone()),
             precondition_rv: None,
+            dry_run: false,
         };
         from_value::<T>(self.registry.delete(kind, ns, &r.name, &opts).await?)
     }

@@ -61,6 +61,9 @@ pub enum Subresource {
 #[derive(Clone, Debug, Default)]
 pub struct DeleteOptions {
     pub grace_period_seconds: Option<i64>,
+    /// `dryRun=All`: everything a delete checks, nothing written; the answer is the object as
+    /// the delete would leave it.
+    pub dry_run: bool,
     pub precondition_uid: Option<String>,
     pub precondition_rv: Option<String>,
 }
@@ -472,14 +475,15 @@ impl Registry {
         };
         // A stored object that does not decode any more can still be removed.
         let plan = api::with_kind_type!(kind, T => api::decode::<T>(&old).map(|o| o.deletion(&ctx)).unwrap_or(DeletePlan::Remove));
+        let unwritten =
+            |object: Value| Pending { rv: None, outcome: Outcome { object, created: false, warnings: vec![] } };
         match plan {
-            DeletePlan::Remove => self.finalize_delete(g, kind, old),
-            DeletePlan::AlreadyDeleting => {
-                Ok(Pending { rv: None, outcome: Outcome { object: old, created: false, warnings: vec![] } })
-            }
             DeletePlan::Forbidden(message) => {
                 Err(ApiError::Forbidden { resource: kind.qualified_resource(), name, message })
             }
+            DeletePlan::Remove | DeletePlan::AlreadyDeleting if opts.dry_run => Ok(unwritten(old)),
+            DeletePlan::Remove => self.finalize_delete(g, kind, old),
+            DeletePlan::AlreadyDeleting => Ok(unwritten(old)),
             DeletePlan::MarkDeleting { at, grace_seconds, phase } => {
                 let mut marked = old.clone();
                 marked["metadata"]["deletionTimestamp"] = time_json(at);
@@ -488,6 +492,9 @@ impl Registry {
                 }
                 if let Some(phase) = phase {
                     marked["status"]["phase"] = json!(phase);
+                }
+                if opts.dry_run {
+                    return Ok(unwritten(marked));
                 }
                 self.put_raw(g, kind, Some(old), marked)
             }

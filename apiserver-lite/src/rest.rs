@@ -61,7 +61,7 @@ async fn handle(State(st): State<RestState>, req: Request) -> Response {
         .into_owned()
         .filter(|(k, _)| !k.is_empty())
         .collect();
-    let is_watch = query.get("watch").is_some_and(|w| w == "true" || w == "1");
+    let is_watch = query_bool(&query, "watch");
     let timeout = st.request_timeout;
     let fut = dispatch(st, req, path, query);
     if is_watch {
@@ -213,10 +213,33 @@ fn selectors(kind: Kind, q: &BTreeMap<String, String>) -> Result<(LabelSelector,
     Ok((ls, fs))
 }
 
-fn write_options(q: &BTreeMap<String, String>) -> Result<WriteOptions, ApiError> {
+/// A boolean query parameter as the real server reads one: false when absent, empty, `0` or
+/// `false` (any case), true otherwise (`watch=True` is a watch).
+pub(crate) fn query_bool(q: &BTreeMap<String, String>, name: &str) -> bool {
+    q.get(name).is_some_and(|v| !(v.is_empty() || v == "0" || v.eq_ignore_ascii_case("false")))
+}
+
+/// `dryRun`: absent, or `All` (the only stage there is); anything else makes the request's
+/// options (`options_kind`: `CreateOptions`, `DeleteOptions`, …) invalid, and nothing is done.
+fn dry_run(value: Option<&str>, options_kind: &'static str) -> Result<bool, ApiError> {
+    match value {
+        None => Ok(false),
+        Some("All") => Ok(true),
+        Some(other) => Err(ApiError::InvalidOptions {
+            kind: options_kind,
+            causes: vec![api::Cause {
+                reason: "FieldValueNotSupported".into(),
+                field: "dryRun".into(),
+                message: format!("Unsupported value: []string{{{other:?}}}: supported values: \"All\""),
+            }],
+        }),
+    }
+}
+
+fn write_options(q: &BTreeMap<String, String>, options_kind: &'static str) -> Result<WriteOptions, ApiError> {
     Ok(WriteOptions {
         field_validation: FieldValidation::parse(q.get("fieldValidation").map(String::as_str))?,
-        dry_run: q.get("dryRun").is_some_and(|d| d == "All"),
+        dry_run: dry_run(q.get("dryRun").map(String::as_str), options_kind)?,
     })
 }
 
@@ -250,7 +273,7 @@ async fn handle_resource(
     match (method.clone(), t.name.as_deref()) {
         (Method::GET, None) => {
             let (ls, fs) = selectors(kind, q)?;
-            if q.get("watch").is_some_and(|w| w == "true" || w == "1") {
+            if query_bool(q, "watch") {
                 return watch(st, kind, t.namespace.clone(), q, ls, fs, wants_table(headers)).await;
             }
             if !wants_table(headers) && ls.is_empty() && fs.is_empty() {
@@ -300,12 +323,12 @@ async fn handle_resource(
                 return Err(ApiError::MethodNotAllowed);
             }
             let value = parse_body(&body, headers)?;
-            let out = reg.create(kind, ns, value, &write_options(q)?).await?;
+            let out = reg.create(kind, ns, value, &write_options(q, "CreateOptions")?).await?;
             Ok(with_warnings(json_response(StatusCode::CREATED, &out.object), &out.warnings))
         }
         (Method::PUT, Some(name)) => {
             let value = parse_body(&body, headers)?;
-            let out = reg.update(kind, ns, name, value, t.sub, &write_options(q)?).await?;
+            let out = reg.update(kind, ns, name, value, t.sub, &write_options(q, "UpdateOptions")?).await?;
             Ok(with_warnings(json_response(StatusCode::OK, &out.object), &out.warnings))
         }
         (Method::PATCH, Some(name)) => {
@@ -315,7 +338,7 @@ async fn handle_resource(
                 return Err(ApiError::BadRequest("PatchOptions.meta.k8s.io \"\" is invalid: fieldManager: Required value: is required for apply patch".into()));
             }
             let value = parse_body(&body, headers)?;
-            let out = reg.patch(kind, ns, name, ty, value, t.sub, &write_options(q)?).await?;
+            let out = reg.patch(kind, ns, name, ty, value, t.sub, &write_options(q, "PatchOptions")?).await?;
             let code = if out.created { StatusCode::CREATED } else { StatusCode::OK };
             Ok(with_warnings(json_response(code, &out.object), &out.warnings))
         }
@@ -368,14 +391,14 @@ async fn handle_scale(
         Method::GET => crate::registry::scale_of(&reg.get(t.kind, ns, name)?),
         Method::PUT => {
             let wanted = parse_body(&body, headers)?;
-            reg.update_scale(t.kind, ns, name, |_| Ok(wanted), &write_options(q)?).await?
+            reg.update_scale(t.kind, ns, name, |_| Ok(wanted), &write_options(q, "UpdateOptions")?).await?
         }
         Method::PATCH => {
             let ct = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
             let ty = PatchType::from_content_type(ct).ok_or(ApiError::UnsupportedMediaType)?;
             let patch = parse_body(&body, headers)?;
             let change = |current: &Value| Ok(api::patch::apply_patch(ty, current, &patch)?);
-            reg.update_scale(t.kind, ns, name, change, &write_options(q)?).await?
+            reg.update_scale(t.kind, ns, name, change, &write_options(q, "PatchOptions")?).await?
         }
         _ => return Err(ApiError::MethodNotAllowed),
     };
@@ -390,6 +413,15 @@ fn delete_options(body: &Bytes, q: &BTreeMap<String, String>) -> Result<DeleteOp
         opts.grace_period_seconds = v.get("gracePeriodSeconds").and_then(Value::as_i64);
         opts.precondition_uid = v.pointer("/preconditions/uid").and_then(Value::as_str).map(str::to_string);
         opts.precondition_rv = v.pointer("/preconditions/resourceVersion").and_then(Value::as_str).map(str::to_string);
+        // The body's `dryRun` is a list; kubectl sends `["All"]`.
+        if let Some(list) = v.get("dryRun").and_then(Value::as_array) {
+            for d in list {
+                opts.dry_run |= dry_run(Some(d.as_str().unwrap_or("")), "DeleteOptions")?;
+            }
+        }
+    }
+    if let Some(d) = q.get("dryRun") {
+        opts.dry_run |= dry_run(Some(d), "DeleteOptions")?;
     }
     if let Some(g) = q.get("gracePeriodSeconds") {
         opts.grace_period_seconds =
@@ -446,13 +478,16 @@ async fn watch(
         Some(s) => Some(s.parse().map_err(|_| ApiError::BadRequest(format!("invalid resource version: {s}")))?),
     };
     let timeout = match q.get("timeoutSeconds") {
-        Some(t) => {
-            Duration::from_secs(t.parse().map_err(|_| ApiError::BadRequest(format!("invalid timeoutSeconds: {t}")))?)
-        }
+        // An int64 as the real server reads it; a deadline beyond a year is a year (a later
+        // instant does not fit the clock's range).
+        Some(t) => match t.parse::<i64>() {
+            Ok(secs) => Duration::from_secs(secs.clamp(0, 365 * 24 * 3600) as u64),
+            Err(_) => return Err(ApiError::BadRequest(format!("invalid timeoutSeconds: {t}"))),
+        },
         // The real server picks 30–60 minutes when the client gives no timeout.
         None => Duration::from_secs(1800 + fastrand::u64(0..1800)),
     };
-    let bookmarks = q.get("allowWatchBookmarks").is_some_and(|b| b == "true");
+    let bookmarks = query_bool(q, "allowWatchBookmarks");
     let spec = WatchSpec {
         filter: WatchFilter { kind, ns, labels, fields },
         from: requested,

@@ -847,3 +847,64 @@ async fn garbage_never_panics_the_server() {
         assert!(s.is_client_error(), "{path}: {s}");
     }
 }
+
+/// Options and edge values the real server refuses or survives: an unknown `dryRun` is 422 and
+/// writes nothing, `dryRun=All` deletes nothing, boolean parameters read as the real server reads
+/// them, and int64 extremes in a watch timeout or a pod's grace period do not panic.
+#[tokio::test]
+async fn dry_run_booleans_and_int64_extremes_as_the_real_server() {
+    let lab = lab().await;
+    let (s, st) = lab.post(&format!("{SVCS}?dryRun=all"), contour()).await;
+    assert_eq!((s, st["reason"].as_str()), (StatusCode::UNPROCESSABLE_ENTITY, Some("Invalid")), "{st}");
+    assert_eq!(
+        st["message"],
+        "CreateOptions.meta.k8s.io \"\" is invalid: dryRun: Unsupported value: []string{\"all\"}: supported values: \"All\""
+    );
+    assert_eq!(st["details"]["kind"], "CreateOptions");
+    assert_eq!(lab.get(&format!("{SVCS}/contour")).await.0, StatusCode::NOT_FOUND, "nothing stored");
+    let (s, dry) = lab.post(&format!("{SVCS}?dryRun=All"), contour()).await;
+    assert_eq!(s, StatusCode::CREATED, "{dry}");
+    assert_eq!(lab.get(&format!("{SVCS}/contour")).await.0, StatusCode::NOT_FOUND, "a dry run stores nothing");
+
+    let (s, _) = lab.post(SVCS, contour()).await;
+    assert_eq!(s, StatusCode::CREATED);
+    let (s, gone) = lab.delete(&format!("{SVCS}/contour?dryRun=All")).await;
+    assert_eq!((s, gone["metadata"]["name"].as_str()), (StatusCode::OK, Some("contour")));
+    let body = json!({"kind": "DeleteOptions", "apiVersion": "v1", "dryRun": ["All"]});
+    let (s, _) =
+        lab.call("DELETE", &format!("{SVCS}/contour"), Some(body), "application/json", "application/json").await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(lab.get(&format!("{SVCS}/contour")).await.0, StatusCode::OK, "a dry-run delete deletes nothing");
+    let (s, st) = lab.delete(&format!("{SVCS}/contour?dryRun=yes")).await;
+    assert_eq!((s, st["details"]["kind"].as_str()), (StatusCode::UNPROCESSABLE_ENTITY, Some("DeleteOptions")));
+    assert_eq!(lab.get(&format!("{SVCS}/contour")).await.0, StatusCode::OK);
+
+    // `watch=True` is a watch (kubernetes_asyncio sends it); `watch=false` a list.
+    let lines = watch_lines(&lab, &format!("{SVCS}?watch=True"), "application/json", 2).await;
+    assert!(lines.iter().all(|l| l["type"] == "ADDED"), "{lines:?}");
+    let (s, list) = lab.get(&format!("{SVCS}?watch=false")).await;
+    assert_eq!((s, list["kind"].as_str()), (StatusCode::OK, Some("ServiceList")));
+    // int64 extremes: the largest timeout is a watch, past int64 a 400, never a panic.
+    let lines =
+        watch_lines(&lab, &format!("{SVCS}?watch=1&timeoutSeconds=9223372036854775807"), "application/json", 1).await;
+    assert_eq!(lines.len(), 1);
+    let (s, _) = lab.get(&format!("{SVCS}?watch=true&timeoutSeconds=18446744073709551615")).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+
+    // A pod on a Ready node with the largest grace period: marked for deletion, not a panic;
+    // grace 0 then removes it.
+    lab.post("/api/v1/nodes", ready_node("node-1")).await;
+    let pod = json!({"metadata": {"name": "forever"}, "spec": {"nodeName": "node-1",
+        "terminationGracePeriodSeconds": i64::MAX, "containers": [{"name": "c", "image": "podpath/echo"}]}});
+    let (s, p) = lab.post("/api/v1/namespaces/default/pods", pod).await;
+    assert_eq!(s, StatusCode::CREATED, "{p}");
+    let (s, marked) = lab.delete("/api/v1/namespaces/default/pods/forever").await;
+    assert_eq!(s, StatusCode::OK, "{marked}");
+    assert!(marked["metadata"]["deletionTimestamp"].is_string(), "{marked}");
+    let (s, _) = lab.delete("/api/v1/namespaces/default/pods/forever?gracePeriodSeconds=0").await;
+    assert_eq!(s, StatusCode::OK);
+
+    // A path the server does not serve: 404 with (empty) details, which kubectl reads.
+    let (s, st) = lab.get("/api/v1/namespaces/default/pods/forever/ephemeralcontainers").await;
+    assert_eq!((s, &st["details"]), (StatusCode::NOT_FOUND, &json!({})), "{st}");
+}

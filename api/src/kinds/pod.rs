@@ -264,7 +264,8 @@ impl ApiObject for Pod {
         if self.metadata.deletion_timestamp.is_some() {
             return DeletePlan::AlreadyDeleting;
         }
-        let at = ctx.now + jiff::SignedDuration::from_secs(grace);
+        // A grace period past the clock's range (int64 seconds are allowed) ends at its end.
+        let at = ctx.now.checked_add(jiff::SignedDuration::from_secs(grace)).unwrap_or(Timestamp::MAX);
         DeletePlan::MarkDeleting { at, grace_seconds: Some(grace), phase: None }
     }
 

@@ -23,6 +23,10 @@ use crate::error::{AgentError, Result};
 use crate::podstatus::{self, PodView, Terminated};
 use crate::process::{netns_path, Exit, ProcId, Processes, Sig};
 
+/// The longest grace period the agent waits out (int64 seconds are valid in the API; a deadline
+/// past the clock's range cannot be computed): a year.
+const MAX_GRACE_SECONDS: i64 = 365 * 24 * 3600;
+
 impl<P: Processes, E: PluginExec, A: PodApi, Q: Prober> Deps<P, E, A, Q> {
     fn attachment(&self, pod_ns: &str, pod_name: &str, pod_uid: &str, sandbox: Option<ProcId>) -> Attachment {
         Attachment {
@@ -387,7 +391,7 @@ impl<P: Processes, E: PluginExec, A: PodApi, Q: Prober> Worker<P, E, A, Q> {
         let grace = grace
             .or_else(|| self.pod.spec.as_ref().and_then(|s| s.termination_grace_period_seconds))
             .unwrap_or(30)
-            .max(0) as u64;
+            .clamp(0, MAX_GRACE_SECONDS) as u64;
         let deadline = Instant::now() + Duration::from_secs(grace);
         if pod_exists {
             self.run_pre_stop_hooks(deadline).await;
