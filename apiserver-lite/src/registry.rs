@@ -1,7 +1,7 @@
 //! The registry: create, update, patch, delete, get and list for every kind, shared by REST,
 //! gRPC and the in-server controllers. Each write is: take the writer lock → read → decode,
 //! default, validate and allocate (pure functions from `api` plus the allocators) → one store
-//! commit → release the lock → flush (shared with concurrent writers) → answer.
+//! commit → release the lock → flush and fdatasync (shared with concurrent writers) → answer.
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};

@@ -8,12 +8,13 @@
 //! - `m/rv`                        → the last resourceVersion
 //!
 //! Writers serialise on [`Store::lock`] (read-modify-write must see its own reads unchanged);
-//! `commit` applies the batch and appends the events, and [`Store::sync`] waits until sled has
-//! flushed the write before the caller acknowledges (sled 0.34 flushes with `sync_file_range`,
-//! not `fsync`: the write survives a killed server, not yet a power loss — issue 19). One flusher thread does every flush (group
-//! commit): concurrent sled flushes can deadlock with `apply_batch` (each flush holds sled's
-//! read lock while waiting for buffers that another, blocked flush must write). Watchers only
-//! ever see flushed events.
+//! `commit` applies the batch and appends the events, and [`Store::sync`] waits until the write
+//! is on disk before the caller acknowledges: sled flushes its log (with `sync_file_range`, which
+//! neither writes the file's size nor empties the disk's cache), then the flusher `fdatasync`s
+//! the log file, as etcd fsyncs its WAL. One flusher thread does every flush (group commit):
+//! concurrent sled flushes can deadlock with `apply_batch` (each flush holds sled's read lock
+//! while waiting for buffers that another, blocked flush must write). Watchers only ever see
+//! durable events.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::path::Path;
@@ -168,6 +169,7 @@ impl FlushSignal {
 /// The flusher thread: flushes whatever was applied, then publishes it as durable.
 fn run_flusher(
     db: sled::Db,
+    log_file: std::fs::File,
     signal: Arc<FlushSignal>,
     durable: Arc<watch::Sender<u64>>,
     applied_rv: Arc<std::sync::atomic::AtomicU64>,
@@ -177,8 +179,8 @@ fn run_flusher(
         // Everything applied before this read is covered by the flush below.
         let target = applied_rv.load(Ordering::SeqCst);
         loop {
-            match db.flush() {
-                Ok(_) => break,
+            match db.flush().map_err(|e| e.to_string()).and_then(|_| log_file.sync_data().map_err(|e| e.to_string())) {
+                Ok(()) => break,
                 Err(e) => {
                     tracing::error!(error = %e, "flushing the database failed; retrying");
                     std::thread::sleep(std::time::Duration::from_millis(100));
@@ -251,11 +253,15 @@ impl Store {
         let durable = Arc::new(durable);
         let flusher = Arc::new(FlushSignal::default());
         let applied_rv = Arc::new(std::sync::atomic::AtomicU64::new(rv));
+        // sled 0.34 keeps its log in `<path>/db`; syncing any descriptor of it syncs the file.
+        let log_path = dir.join("db").join("db");
+        let log_file = std::fs::File::open(&log_path)
+            .map_err(|e| ApiError::storage(format!("cannot open {} to sync it: {e}", log_path.display())))?;
         let flusher_thread = {
             let (db, flusher, durable, applied_rv) = (db.clone(), flusher.clone(), durable.clone(), applied_rv.clone());
             std::thread::Builder::new()
                 .name("store-flusher".into())
-                .spawn(move || run_flusher(db, flusher, durable, applied_rv))
+                .spawn(move || run_flusher(db, log_file, flusher, durable, applied_rv))
                 .map_err(|e| ApiError::storage(format!("cannot start the flusher thread: {e}")))?
         };
         Ok(Store {
