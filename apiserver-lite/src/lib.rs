@@ -19,6 +19,7 @@ pub mod response;
 pub mod rest;
 pub mod store;
 pub mod watch;
+pub mod yaml;
 
 use std::future::Future;
 use std::path::PathBuf;

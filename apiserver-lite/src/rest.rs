@@ -182,6 +182,10 @@ async fn read_body(req: Request, limit: usize) -> Result<Bytes, ApiError> {
     }
 }
 
+/// How deep a YAML body may nest (found by a linear scan before parsing: libyaml's time grows
+/// with the square of the depth). Real manifests nest a few dozen levels.
+const MAX_YAML_DEPTH: usize = 1000;
+
 /// Parses a request body: JSON, or YAML (server-side apply bodies may be YAML).
 fn parse_body(body: &Bytes, headers: &HeaderMap) -> Result<Value, ApiError> {
     if body.is_empty() {
@@ -194,8 +198,15 @@ fn parse_body(body: &Bytes, headers: &HeaderMap) -> Result<Value, ApiError> {
     }
     match serde_json::from_slice::<Value>(body) {
         Ok(v) => Ok(v),
-        Err(e) if ct.contains("yaml") => serde_yaml::from_slice::<Value>(body)
-            .map_err(|ye| ApiError::BadRequest(format!("the request body is neither JSON ({e}) nor YAML ({ye})"))),
+        Err(e) if ct.contains("yaml") => {
+            if let Some(depth) = crate::yaml::depth_beyond(body, MAX_YAML_DEPTH) {
+                return Err(ApiError::BadRequest(format!(
+                    "the YAML request body is nested {depth} levels deep or more; the limit is {MAX_YAML_DEPTH}"
+                )));
+            }
+            serde_yaml::from_slice::<Value>(body)
+                .map_err(|ye| ApiError::BadRequest(format!("the request body is neither JSON ({e}) nor YAML ({ye})")))
+        }
         Err(e) => Err(ApiError::BadRequest(format!("the request body is not valid JSON: {e}"))),
     }
 }

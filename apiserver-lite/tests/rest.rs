@@ -908,3 +908,41 @@ async fn dry_run_booleans_and_int64_extremes_as_the_real_server() {
     let (s, st) = lab.get("/api/v1/namespaces/default/pods/forever/ephemeralcontainers").await;
     assert_eq!((s, &st["details"]), (StatusCode::NOT_FOUND, &json!({})), "{st}");
 }
+
+/// A YAML body nested far deeper than any manifest is refused before it is parsed (parsing
+/// 100,000 levels took libyaml tens of seconds and stalled the server); ordinary YAML is served.
+#[tokio::test]
+async fn deeply_nested_yaml_is_refused_before_parsing() {
+    let lab = lab().await;
+    let bomb = format!("metadata: {{name: deep}}\ndata: {}{}\n", "[".repeat(100_000), "]".repeat(100_000));
+    for (method, path, ct) in [
+        ("POST", "/api/v1/namespaces/default/configmaps".to_string(), "application/yaml"),
+        (
+            "PATCH",
+            "/api/v1/namespaces/default/configmaps/deep?fieldManager=t".to_string(),
+            "application/apply-patch+yaml",
+        ),
+    ] {
+        let req = Request::builder()
+            .method(method)
+            .uri(&path)
+            .header("content-type", ct)
+            .header("accept", "application/json")
+            .body(Body::from(bomb.clone()))
+            .unwrap();
+        let resp = lab.app.clone().oneshot(req).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::BAD_REQUEST, "{method} {ct}");
+        let body: Value = serde_json::from_slice(&resp.into_body().collect().await.unwrap().to_bytes()).unwrap();
+        assert!(body["message"].as_str().unwrap().contains("nested"), "{body}");
+    }
+    let manifest = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: fine\ndata:\n  a: '1'\n";
+    let req = Request::builder()
+        .method("POST")
+        .uri("/api/v1/namespaces/default/configmaps")
+        .header("content-type", "application/yaml")
+        .header("accept", "application/json")
+        .body(Body::from(manifest))
+        .unwrap();
+    assert_eq!(lab.app.clone().oneshot(req).await.unwrap().status(), StatusCode::CREATED);
+    assert_eq!(lab.get("/api/v1/namespaces/default/configmaps/deep").await.0, StatusCode::NOT_FOUND);
+}
