@@ -4,7 +4,8 @@
 //! - `o/{Kind}/{namespace}/{name}` → object JSON
 //! - `a/{allocator}/{value}`       → owner (`Kind/namespace/name`) of an allocated ClusterIP,
 //!   NodePort, LoadBalancer IP or pod CIDR, written in the same batch as its owner
-//! - `e/{rv:016x}`                 → watch event JSON (the last [`EVENT_LOG_CAPACITY`])
+//! - `e/{rv:016x}`                 → watch event JSON (the last [`EVENT_LOG_CAPACITY`], at most
+//!   [`EVENT_LOG_MAX_BYTES`] of objects in memory)
 //! - `m/rv`                        → the last resourceVersion
 //!
 //! Writers serialise on [`Store::lock`] (read-modify-write must see its own reads unchanged);
@@ -29,6 +30,12 @@ use crate::error::ApiError;
 
 /// How many events are kept for resuming watches (in memory and on disk), by default.
 pub const EVENT_LOG_CAPACITY: usize = 4096;
+
+/// The most the event log holds in memory, in bytes of the objects it keeps (after and before
+/// each change). Past it the oldest events go, whatever their count: 4,096 copies of a large
+/// object would otherwise take gigabytes. A watch that resumes from an event that went gets
+/// 410 Expired and relists, as from a compacted etcd.
+pub const EVENT_LOG_MAX_BYTES: usize = 64 << 20;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum EventType {
@@ -65,6 +72,11 @@ pub struct StoredEvent {
 }
 
 impl StoredEvent {
+    /// The bytes the event keeps in memory.
+    fn size(&self) -> usize {
+        self.object.len() + self.prev.as_ref().map_or(0, |p| p.len())
+    }
+
     pub fn object(&self) -> Value {
         serde_json::from_slice(&self.object).unwrap_or_default()
     }
@@ -124,6 +136,7 @@ pub struct Store {
     applied_rv: Arc<std::sync::atomic::AtomicU64>,
     durable: Arc<watch::Sender<u64>>,
     capacity: usize,
+    max_bytes: usize,
     flusher: Arc<FlushSignal>,
     flusher_thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -211,6 +224,8 @@ impl Drop for Store {
 struct Applied {
     rv: u64,
     log: VecDeque<Arc<StoredEvent>>,
+    /// The sum of the log's event sizes.
+    log_bytes: usize,
 }
 
 /// Proof that the caller holds the writer lock.
@@ -223,6 +238,11 @@ impl Store {
 
     /// Opens the store keeping `capacity` events for watch resumption.
     pub fn open_with(dir: &Path, capacity: usize) -> Result<Store, ApiError> {
+        Self::open_with_limits(dir, capacity, EVENT_LOG_MAX_BYTES)
+    }
+
+    /// Opens the store keeping at most `capacity` events and `max_bytes` of their objects.
+    pub fn open_with_limits(dir: &Path, capacity: usize, max_bytes: usize) -> Result<Store, ApiError> {
         std::fs::create_dir_all(dir)
             .map_err(|e| ApiError::storage(format!("cannot create data dir {}: {e}", dir.display())))?;
         let db = sled::Config::new()
@@ -267,10 +287,11 @@ impl Store {
         Ok(Store {
             db,
             writer: Mutex::new(()),
-            applied: RwLock::new(Applied { rv, log }),
+            applied: RwLock::new(Applied { rv, log_bytes: log.iter().map(|e| e.size()).sum(), log }),
             applied_rv,
             durable,
             capacity: capacity.max(1),
+            max_bytes,
             flusher,
             flusher_thread: Some(flusher_thread),
         })
@@ -382,8 +403,15 @@ impl Store {
             disk.push(b'}');
             batch.insert(format!("e/{:016x}", ev.rv).as_bytes(), disk);
         }
-        // Drop the oldest events beyond the log's capacity in the same batch.
-        let overflow = (applied.log.len() + events.len()).saturating_sub(self.capacity);
+        // Drop the oldest events beyond the log's capacity, in count and in bytes, in the same
+        // batch (the new events stay, even when they alone are over the limit).
+        let mut overflow = (applied.log.len() + events.len()).saturating_sub(self.capacity).min(applied.log.len());
+        let mut bytes = applied.log_bytes + events.iter().map(StoredEvent::size).sum::<usize>()
+            - applied.log.iter().take(overflow).map(|e| e.size()).sum::<usize>();
+        while bytes > self.max_bytes && overflow < applied.log.len() {
+            bytes -= applied.log[overflow].size();
+            overflow += 1;
+        }
         for old in applied.log.iter().take(overflow) {
             batch.remove(format!("e/{:016x}", old.rv).as_bytes());
         }
@@ -392,6 +420,7 @@ impl Store {
         for _ in 0..overflow {
             applied.log.pop_front();
         }
+        applied.log_bytes = bytes;
         applied.log.extend(events.into_iter().map(Arc::new));
         applied.rv = rv;
         self.applied_rv.store(rv, std::sync::atomic::Ordering::SeqCst);
@@ -525,5 +554,33 @@ mod tests {
         assert!(store.events_since(1, last).is_err());
         assert_eq!(store.events_since(last - 5, last).unwrap().len(), 5);
         assert!(store.events_since(last, last).unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn event_log_is_bounded_in_bytes_too() {
+        let dir = tempfile::tempdir().unwrap();
+        let limit = 1 << 20;
+        let store = Store::open_with_limits(dir.path(), EVENT_LOG_CAPACITY, limit).unwrap();
+        let g = store.lock().await;
+        // 100 versions of a 32 KiB object: far below the count limit, far above the byte limit.
+        let mut big = svc("big");
+        big["metadata"]["annotations"] = json!({"a": "x".repeat(32 << 10)});
+        let mut prev = None;
+        for i in 0..100 {
+            big["metadata"]["labels"] = json!({"v": i.to_string()});
+            let (w, _) = store
+                .commit(&g, vec![Op::Put { kind: Kind::Service, object: big.clone(), prev: prev.clone() }])
+                .unwrap();
+            prev = w.into_iter().next().map(Arc::new);
+        }
+        let applied = store.applied.read().unwrap();
+        assert!(applied.log_bytes <= limit, "{}", applied.log_bytes);
+        assert_eq!(applied.log_bytes, applied.log.iter().map(|e| e.size()).sum::<usize>());
+        // Each event keeps the object and its previous version: 64 KiB.
+        assert!((10..=16).contains(&applied.log.len()), "{}", applied.log.len());
+        let last = applied.rv;
+        drop(applied);
+        assert!(store.events_since(last - 50, last).is_err(), "resuming from a dropped event is 410");
+        assert_eq!(store.events_since(last - 3, last).unwrap().len(), 3);
     }
 }
