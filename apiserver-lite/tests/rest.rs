@@ -946,3 +946,38 @@ async fn deeply_nested_yaml_is_refused_before_parsing() {
     assert_eq!(lab.app.clone().oneshot(req).await.unwrap().status(), StatusCode::CREATED);
     assert_eq!(lab.get("/api/v1/namespaces/default/configmaps/deep").await.0, StatusCode::NOT_FOUND);
 }
+
+/// LoadBalancer Services created while the pool is full get the first address that frees up,
+/// oldest first, with no write to the Service itself (a cloud controller's queue).
+#[tokio::test]
+async fn pending_load_balancers_get_freed_addresses_oldest_first() {
+    let lab = lab_with(|c| c.ranges.lb_pool = "198.51.100.0/30".parse().unwrap()).await; // .1 and .2
+    let lb =
+        |name: &str| json!({"metadata": {"name": name}, "spec": {"type": "LoadBalancer", "ports": [{"port": 80}]}});
+    let ip = |v: &Value| v["status"]["loadBalancer"]["ingress"][0]["ip"].as_str().map(str::to_string);
+    for name in ["a", "b"] {
+        let (s, v) = lab.post(SVCS, lb(name)).await;
+        assert_eq!(s, StatusCode::CREATED, "{v}");
+        assert!(ip(&v).is_some(), "{v}");
+    }
+    let (_, c) = lab.post(SVCS, lb("c")).await;
+    assert_eq!(ip(&c), None, "the pool is full: c waits");
+    // One second later, so creation times order them.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let (_, d) = lab.post(SVCS, lb("d")).await;
+    assert_eq!(ip(&d), None);
+    let (_, a) = lab.get(&format!("{SVCS}/a")).await;
+    let freed = ip(&a).unwrap();
+    lab.delete(&format!("{SVCS}/a")).await;
+    let c = lab.eventually(&format!("{SVCS}/c"), |_, v| ip(v).is_some()).await;
+    assert_eq!(ip(&c), Some(freed), "the oldest pending Service gets the freed address");
+    let (_, d) = lab.get(&format!("{SVCS}/d")).await;
+    assert_eq!(ip(&d), None, "the younger one still waits");
+    // A Service that stops being a LoadBalancer frees its address for d.
+    let (_, b) = lab.get(&format!("{SVCS}/b")).await;
+    let (s, v) =
+        lab.patch(&format!("{SVCS}/b"), "application/merge-patch+json", json!({"spec": {"type": "ClusterIP"}})).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let d = lab.eventually(&format!("{SVCS}/d"), |_, v| ip(v).is_some()).await;
+    assert_eq!(ip(&d), ip(&b));
+}

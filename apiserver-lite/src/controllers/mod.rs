@@ -1,12 +1,14 @@
 //! Controllers that run inside the API server, as kube-controller-manager and kube-scheduler
 //! would, one module each: [`endpoints`] (Endpoints + EndpointSlices), [`scheduler`], [`nodes`]
-//! (node health, pod garbage collection), [`namespaces`] (lifecycle, default ServiceAccounts) and
-//! [`workloads`] (Deployments, ReplicaSets). The endpoints controller, the scheduler and the
+//! (node health, pod garbage collection), [`namespaces`] (lifecycle, default ServiceAccounts),
+//! [`load_balancers`] (pending LoadBalancer Services get freed addresses) and [`workloads`]
+//! (Deployments, ReplicaSets). The endpoints controller, the scheduler and the
 //! workload controllers decide purely (`plan_*`: objects in, a plan out); their `sync` functions
 //! read and write. All follow the store's durable event log and also resync periodically, so a
 //! missed event heals itself.
 
 pub mod endpoints;
+pub mod load_balancers;
 pub mod namespaces;
 pub mod nodes;
 pub mod scheduler;
@@ -160,6 +162,8 @@ struct Dirty {
     service_accounts: bool,
     /// Namespaces whose Deployments and ReplicaSets need a sync.
     workloads: BTreeSet<String>,
+    /// A Service changed: a load-balancer address may have been freed.
+    load_balancers: bool,
 }
 
 impl Dirty {
@@ -169,6 +173,7 @@ impl Dirty {
         match kind {
             Kind::Service => {
                 self.services.insert((ns, name));
+                self.load_balancers = true;
             }
             Kind::Deployment | Kind::ReplicaSet => {
                 self.workloads.insert(ns);
@@ -211,6 +216,9 @@ async fn reconcile(reg: &Registry, cfg: &ControllerConfig, dirty: &mut Dirty) ->
     }
     if all || periodic || std::mem::take(&mut dirty.schedule) {
         scheduler::schedule(reg).await?;
+    }
+    if all || std::mem::take(&mut dirty.load_balancers) {
+        load_balancers::retry_pending(reg).await?;
     }
     let mut workloads = std::mem::take(&mut dirty.workloads);
     if all {
