@@ -981,3 +981,23 @@ async fn pending_load_balancers_get_freed_addresses_oldest_first() {
     let d = lab.eventually(&format!("{SVCS}/d"), |_, v| ip(v).is_some()).await;
     assert_eq!(ip(&d), ip(&b));
 }
+
+/// A created workload comes back with a status, empty as the real server's (clients such as kr8s
+/// and the Python client read it at once).
+#[tokio::test]
+async fn created_workloads_carry_an_empty_status() {
+    let lab = lab().await;
+    let template =
+        json!({"metadata": {"labels": {"app": "w"}}, "spec": {"containers": [{"name": "c", "image": "podpath/echo"}]}});
+    let spec = json!({"replicas": 0, "selector": {"matchLabels": {"app": "w"}}, "template": template});
+    let (s, d) = lab
+        .post("/apis/apps/v1/namespaces/default/deployments", json!({"metadata": {"name": "w"}, "spec": spec}))
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{d}");
+    assert_eq!(d["status"], json!({}));
+    let (s, rs) = lab
+        .post("/apis/apps/v1/namespaces/default/replicasets", json!({"metadata": {"name": "r"}, "spec": spec}))
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{rs}");
+    assert_eq!(rs["status"], json!({"replicas": 0}));
+}

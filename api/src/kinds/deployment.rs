@@ -41,7 +41,9 @@ impl ApiObject for Deployment {
     }
 
     fn prepare_for_create(&mut self) {
-        self.status = None;
+        // The real server answers a create with an empty status, which clients (kr8s, the Python
+        // client) expect.
+        self.status = Some(Default::default());
     }
 
     fn validate(&self, old: Option<&Self>) -> Vec<Cause> {

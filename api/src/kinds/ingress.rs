@@ -74,7 +74,9 @@ impl ApiObject for Ingress {
     };
 
     fn prepare_for_create(&mut self) {
-        self.status = None;
+        self.status = Some(k8s_openapi::api::networking::v1::IngressStatus {
+            load_balancer: Some(Default::default()),
+        });
     }
 
     fn validate(&self, _old: Option<&Self>) -> Vec<Cause> {
