@@ -452,6 +452,11 @@ fn lb_view(doc: &serde_json::Value, vip: &str) -> Option<(String, Vec<String>)> 
     Some((format!("L7 LB of Ingress {}", site["ingress"].as_str().unwrap_or("?")), strings(&site["nodesInRotation"])))
 }
 
+/// The file a trace of lab `name` holds locked (`down` removes it with the lab).
+pub(crate) fn lock_path(name: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("podpath-trace-{name}.lock"))
+}
+
 /// Traces one request through the lab.
 pub fn trace(st: &LabState, req: &Request) -> Result<Trace> {
     let plan = Plan::new(&st.name, st.nodes);
@@ -467,7 +472,7 @@ pub fn trace(st: &LabState, req: &Request) -> Result<Trace> {
         .create(true)
         .truncate(false)
         .write(true)
-        .open(std::env::temp_dir().join(format!("podpath-trace-{}.lock", st.name)))
+        .open(lock_path(&st.name))
         .map_err(|e| LabError::Io { what: "open the trace lock".into(), source: e })?;
     let _lock = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive)
         .map_err(|(_, e)| LabError::Io { what: "lock the lab for tracing".into(), source: e.into() })?;
