@@ -1,8 +1,9 @@
-//! The workspace's one small HTTP/1.1 client, on hyper: a GET (or any request) on a fresh
-//! connection ([`get`], [`request`]), the same from synchronous code ([`blocking`]), and a
+//! The workspace's one small HTTP/1.1 client, on hyper: a request on a fresh
+//! connection ([`request`]), the same from synchronous code ([`blocking`]), and a
 //! kept-alive connection for several requests ([`Conn`]). Health checks, probes, the lab's API
-//! reads, the benchmarks' loads and the tests use it; only `podpath trace` sends its probe on
-//! a socket of its own (it needs to choose the socket's TOS and port).
+//! reads, the benchmarks' loads and the tests use it. Two probes keep sockets of their own:
+//! `podpath trace`'s (it chooses the socket's TOS and port) and the lab benchmark's
+//! availability probe (a connect timeout shorter than the response's).
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -132,11 +133,6 @@ pub async fn request(addr: SocketAddr, req: &Request<'_>, timeout: Duration) -> 
     }
 }
 
-/// `GET path` on a fresh connection, within `timeout`.
-pub async fn get(addr: SocketAddr, path: &str, timeout: Duration) -> Result<Response, HttpError> {
-    request(addr, &Request::get(path), timeout).await
-}
-
 /// One request from synchronous code (on a runtime of its own for the call). Called from a
 /// thread that drives a runtime (a synchronous helper inside an async test), the call runs on
 /// a scoped thread of its own, since a runtime cannot block inside another; a new thread
@@ -221,7 +217,7 @@ mod tests {
     #[tokio::test]
     async fn one_request_a_kept_alive_connection_and_a_refused_one() {
         let addr = server("hello").await;
-        let r = get(addr, "/", Duration::from_secs(5)).await.unwrap();
+        let r = request(addr, &Request::get("/"), Duration::from_secs(5)).await.unwrap();
         assert_eq!((r.status, r.text()), (200, format!("hello host: {addr}")));
         let mut conn = Conn::connect(addr).await.unwrap();
         let headers = [("Host", "shop.example")];
@@ -230,7 +226,7 @@ mod tests {
             assert_eq!(r.text(), "hello host: shop.example", "the caller's Host replaces the default");
         }
         let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap();
-        let e = get(closed, "/", Duration::from_secs(5)).await.unwrap_err();
+        let e = request(closed, &Request::get("/"), Duration::from_secs(5)).await.unwrap_err();
         assert!(e.to_string().starts_with(&format!("cannot connect to {closed}")), "{e}");
     }
 

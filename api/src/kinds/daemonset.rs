@@ -39,8 +39,6 @@ impl ApiObject for DaemonSet {
     }
 
     fn prepare_for_create(&mut self) {
-        // The real server answers a create with an empty status, which clients (kr8s, the Python
-        // client) expect.
         self.status = Some(Default::default());
     }
 

@@ -41,8 +41,6 @@ impl ApiObject for Deployment {
     }
 
     fn prepare_for_create(&mut self) {
-        // The real server answers a create with an empty status, which clients (kr8s, the Python
-        // client) expect.
         self.status = Some(Default::default());
     }
 

@@ -103,7 +103,9 @@ pub trait ApiObject:
     /// Fills in what the real API server defaults (visible in `-o yaml`).
     fn apply_defaults(&mut self) {}
 
-    /// Resets what a client may not set on create (mostly status).
+    /// Resets what a client may not set on create (mostly status). Kinds with a status start
+    /// with an empty one, as the real server answers a create (kr8s and the Python client read
+    /// it at once).
     fn prepare_for_create(&mut self) {}
 
     /// Drops what an update leaves behind by accident (fields that belong to an old type).
