@@ -8,6 +8,7 @@
 pub mod alloc;
 pub mod apps;
 pub mod convert;
+pub mod grpc_codec;
 pub mod kinds;
 pub mod networking;
 pub mod patch;

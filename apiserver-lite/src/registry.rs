@@ -392,7 +392,21 @@ impl Registry {
                 }
             }
         }
-        // Identity and system fields stay as stored.
+        // Identity cannot change: a body (or a patch result) naming another object is the
+        // client's mistake, answered as the real server answers it. Empty means "as stored".
+        let old_ns = obj_ns(&old);
+        check_body_identity(kind, Some(old_ns.as_str()).filter(|n| !n.is_empty()), &name, &new)?;
+        if let (Some(n), Some(o)) = (meta_str(&new, "uid").filter(|u| !u.is_empty()), meta_str(&old, "uid")) {
+            if n != o {
+                let path = api::validation::FieldPath::root("metadata").child("uid");
+                return Err(ApiError::invalid(
+                    kind,
+                    &name,
+                    vec![api::validation::invalid(&path, n, "field is immutable")],
+                ));
+            }
+        }
+        // System fields stay as stored.
         for k in [
             "name",
             "namespace",

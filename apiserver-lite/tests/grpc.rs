@@ -213,3 +213,55 @@ async fn token_is_required_when_configured() {
     });
     assert!(authed.list(pb::ListRequest::default()).await.is_ok());
 }
+
+/// Sends raw bytes as the request message, to see what the server makes of garbage.
+#[derive(Default)]
+struct RawCodec;
+
+struct RawEncoder;
+
+impl tonic::codec::Encoder for RawEncoder {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+    fn encode(&mut self, item: Vec<u8>, buf: &mut tonic::codec::EncodeBuf<'_>) -> Result<(), tonic::Status> {
+        use bytes::BufMut;
+        buf.put_slice(&item);
+        Ok(())
+    }
+}
+
+impl tonic::codec::Codec for RawCodec {
+    type Encode = Vec<u8>;
+    type Decode = pb::Service;
+    type Encoder = RawEncoder;
+    type Decoder = tonic_prost::ProstDecoder<pb::Service>;
+    fn encoder(&mut self) -> RawEncoder {
+        RawEncoder
+    }
+    fn decoder(&mut self) -> Self::Decoder {
+        Default::default()
+    }
+}
+
+/// A message that does not decode is the caller's fault: INVALID_ARGUMENT, never INTERNAL, and
+/// nothing is stored.
+#[tokio::test]
+async fn malformed_messages_are_invalid_arguments() {
+    let r = run(None).await;
+    let ch = channel(&r).await;
+    let garbage: [&[u8]; 4] = [
+        &[0xff, 0xff, 0xff],             // a truncated varint tag
+        &[0x0a, 0x7f, 0x01],             // metadata claims 127 bytes, has 1
+        &[0x0a, 0x02, 0x0a, 0x80],       // a field of metadata truncated
+        &[0x12, 0x03, 0xff, 0xfe, 0xfd], // spec with invalid wire data
+    ];
+    for g in garbage {
+        let mut client = tonic::client::Grpc::new(ch.clone());
+        client.ready().await.unwrap();
+        let path = http::uri::PathAndQuery::from_static("/podpath.v1.Services/Create");
+        let err = client.unary(tonic::Request::new(g.to_vec()), path, RawCodec).await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument, "{g:?}: {err:?}");
+    }
+    let list = ServicesClient::new(ch).list(pb::ListRequest::default()).await.unwrap().into_inner();
+    assert!(list.items.iter().all(|s| s.metadata.as_ref().and_then(|m| m.name.as_deref()) == Some("kubernetes")));
+}

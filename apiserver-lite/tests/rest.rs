@@ -1001,3 +1001,37 @@ async fn created_workloads_carry_an_empty_status() {
     assert_eq!(s, StatusCode::CREATED, "{rs}");
     assert_eq!(rs["status"], json!({"replicas": 0}));
 }
+
+/// A patch or update cannot rename, move or re-identify an object: the real server's 400s
+/// (name, namespace) and 422 (uid), and the object stays as it was.
+#[tokio::test]
+async fn patches_cannot_change_an_objects_identity() {
+    let lab = lab().await;
+    let (s, created) = lab.post(SVCS, contour()).await;
+    assert_eq!(s, StatusCode::CREATED);
+    let path = format!("{SVCS}/contour");
+    let jp = "application/json-patch+json";
+    let (s, st) = lab.patch(&path, jp, json!([{"op": "replace", "path": "/metadata/name", "value": "other"}])).await;
+    assert_eq!(
+        (s, st["message"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("the name of the object (other) does not match the name on the URL (contour)"))
+    );
+    let (s, st) =
+        lab.patch(&path, jp, json!([{"op": "replace", "path": "/metadata/namespace", "value": "kube-system"}])).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{st}");
+    assert_eq!(st["message"], "the namespace of the provided object does not match the namespace sent on the request");
+    let (s, st) = lab.patch(&path, jp, json!([{"op": "replace", "path": "/metadata/uid", "value": "x-y-z"}])).await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{st}");
+    assert_eq!(
+        st["message"],
+        "Service \"contour\" is invalid: metadata.uid: Invalid value: \"x-y-z\": field is immutable"
+    );
+    let (s, st) = lab.patch(&path, "application/merge-patch+json", json!({"metadata": {"name": "other"}})).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{st}");
+    let mut renamed = created.clone();
+    renamed["metadata"]["name"] = json!("other");
+    assert_eq!(lab.put(&path, renamed).await.0, StatusCode::BAD_REQUEST);
+    let (_, now) = lab.get(&path).await;
+    assert_eq!(now["metadata"]["resourceVersion"], created["metadata"]["resourceVersion"], "nothing was written");
+    assert_eq!(lab.get(&format!("{SVCS}/other")).await.0, StatusCode::NOT_FOUND);
+}
