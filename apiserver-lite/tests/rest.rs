@@ -699,7 +699,7 @@ async fn the_scheduler_honours_node_selectors_and_says_why_a_pod_stays_pending()
     assert_eq!(p["status"]["conditions"][0]["reason"], "Unschedulable");
     assert_eq!(
         p["status"]["conditions"][0]["message"],
-        "0/2 nodes are available: 2 node(s) didn't match Pod's node affinity/selector."
+        "0/2 nodes are available: 2 node(s) didn't match Pod's node affinity/selector. preemption: 0/2 nodes are available: 2 Preemption is not helpful for scheduling."
     );
 }
 

@@ -26,6 +26,18 @@ pub fn node_ready_status(node: &Node) -> &'static str {
     }
 }
 
+/// Gives each NoExecute taint without `timeAdded` the time it had before (the same key and
+/// effect) or now.
+fn stamp_no_execute_taints(node: &mut Node, old: Option<&Node>) {
+    let old_taints = old.and_then(|o| o.spec.as_ref()).and_then(|s| s.taints.as_deref()).unwrap_or(&[]);
+    for t in node.spec.iter_mut().flat_map(|s| s.taints.iter_mut().flatten()) {
+        if t.effect == "NoExecute" && t.time_added.is_none() {
+            let before = old_taints.iter().find(|o| o.key == t.key && o.effect == t.effect).and_then(|o| o.time_added.clone());
+            t.time_added = Some(before.unwrap_or(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Timestamp::now())));
+        }
+    }
+}
+
 impl ApiObject for Node {
     const KIND: Kind = Kind::Node;
     const INFO: KindInfo = KindInfo {
@@ -51,6 +63,21 @@ impl ApiObject for Node {
                     out.push(v::invalid(&spec_path.child("podCIDRs").index(i), c.as_str(), v::CIDR_MSG));
                 }
             }
+            const EFFECTS: [&str; 3] = ["NoExecute", "NoSchedule", "PreferNoSchedule"];
+            let mut seen = BTreeSet::new();
+            for (i, t) in spec.taints.iter().flatten().enumerate() {
+                let path = spec_path.child("taints").index(i);
+                v::push_all(&mut out, &path.child("key"), &t.key, v::qualified_name(&t.key));
+                if let Some(val) = t.value.as_deref().filter(|v| !v.is_empty()) {
+                    v::push_all(&mut out, &path.child("value"), val, v::label_value(val));
+                }
+                if !EFFECTS.contains(&t.effect.as_str()) {
+                    out.push(v::not_supported(&path.child("effect"), t.effect.as_str(), &EFFECTS));
+                }
+                if !seen.insert((t.key.as_str(), t.effect.as_str())) {
+                    out.push(v::duplicate(&path, format!("{}:{}", t.key, t.effect).as_str()));
+                }
+            }
         }
         const ADDRESS_TYPES: [&str; 5] = ["ExternalDNS", "ExternalIP", "Hostname", "InternalDNS", "InternalIP"];
         let status = self.status.as_ref();
@@ -64,6 +91,15 @@ impl ApiObject for Node {
             }
         }
         out
+    }
+
+    /// `timeAdded` is written for NoExecute taints (tolerationSeconds count from it).
+    fn prepare_for_create(&mut self) {
+        stamp_no_execute_taints(self, None);
+    }
+
+    fn prepare_for_update(&mut self, old: &Self) {
+        stamp_no_execute_taints(self, Some(old));
     }
 
     /// The node's pod CIDR: assigned at registration (`node-N` gets subnet N), the one it asks

@@ -12,6 +12,7 @@ pub mod load_balancers;
 pub mod namespaces;
 pub mod nodes;
 pub mod scheduler;
+pub mod taints;
 pub mod workloads;
 mod write;
 
@@ -216,6 +217,7 @@ async fn reconcile(reg: &Registry, cfg: &ControllerConfig, dirty: &mut Dirty) ->
     }
     if all || periodic || std::mem::take(&mut dirty.schedule) {
         scheduler::schedule(reg).await?;
+        taints::evict(reg).await?;
     }
     if all || std::mem::take(&mut dirty.load_balancers) {
         load_balancers::retry_pending(reg).await?;

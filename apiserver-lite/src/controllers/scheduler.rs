@@ -5,11 +5,14 @@
 
 use std::collections::BTreeMap;
 
-use api::k8s_openapi::api::core::v1::Node;
+use api::k8s_openapi::api::core::v1::{Node, Taint, Toleration};
 use api::kinds::node::node_ready_status;
 use api::Kind;
 use serde_json::{json, Value};
 
+use super::taints::{
+    taints_of, tolerates, tolerations_of, untolerated, untolerated_reason, NO_EXECUTE, NO_SCHEDULE, UNSCHEDULABLE_TAINT,
+};
 use super::write::{new_time, ns_name, set_condition};
 use crate::error::ApiError;
 use crate::registry::Registry;
@@ -35,27 +38,74 @@ fn node_selector_matches(selector: &BTreeMap<String, String>, labels: &BTreeMap<
     selector.iter().all(|(k, v)| labels.get(k) == Some(v))
 }
 
-/// The scheduler's reason, worded as kube-scheduler words it.
-fn unschedulable_message(total: usize, not_ready: usize, ready_but_unfit: usize) -> String {
-    let mut reasons = Vec::new();
-    if ready_but_unfit > 0 {
-        reasons.push(format!("{ready_but_unfit} node(s) didn't match Pod's node affinity/selector"));
+/// Why a node does not take a pod, in kube-scheduler's words (the first filter that fails).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+enum Unfit {
+    NotReady,
+    Cordoned,
+    Taint(String),
+    Selector,
+}
+
+impl Unfit {
+    fn reason(&self) -> String {
+        match self {
+            Unfit::NotReady => "node(s) were not ready".into(),
+            Unfit::Cordoned => "node(s) were unschedulable".into(),
+            Unfit::Taint(r) => r.clone(),
+            Unfit::Selector => "node(s) didn't match Pod's node affinity/selector".into(),
+        }
     }
-    if not_ready > 0 {
-        reasons.push(format!("{not_ready} node(s) were not ready"));
-    }
-    if reasons.is_empty() {
+}
+
+/// The scheduler's message as kube-scheduler builds it: a count per reason, the reasons sorted
+/// as strings, then the preemption verdict (preemption never helps here: no priorities).
+fn unschedulable_message(total: usize, unfit: &[Unfit]) -> String {
+    if total == 0 {
         return "no nodes available to schedule pods".into();
     }
-    format!("0/{total} nodes are available: {}.", reasons.join(", "))
+    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+    for u in unfit {
+        *counts.entry(u.reason()).or_default() += 1;
+    }
+    let mut reasons: Vec<String> = counts.into_iter().map(|(r, n)| format!("{n} {r}")).collect();
+    reasons.sort();
+    format!(
+        "0/{total} nodes are available: {}. preemption: 0/{total} nodes are available: {total} Preemption is not helpful for scheduling.",
+        reasons.join(", ")
+    )
 }
 
 fn bound_node(pod: &Value) -> &str {
     pod.pointer("/spec/nodeName").and_then(Value::as_str).unwrap_or("")
 }
 
+/// Whether `node` takes `pod`, filters in kube-scheduler's order: readiness, cordon (unless the
+/// pod tolerates the unschedulable taint), NoSchedule/NoExecute taints, `nodeSelector`.
+fn fit(pod: &Value, node: &Node, tolerations: &[Toleration]) -> Result<(), Unfit> {
+    if node_ready_status(node) != "Ready" {
+        return Err(Unfit::NotReady);
+    }
+    if node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false) {
+        let cordon = Taint { key: UNSCHEDULABLE_TAINT.into(), effect: NO_SCHEDULE.into(), ..Default::default() };
+        if !tolerations.iter().any(|t| tolerates(t, &cordon)) {
+            return Err(Unfit::Cordoned);
+        }
+    }
+    if let Some(t) = untolerated(taints_of(node), tolerations, &[NO_SCHEDULE, NO_EXECUTE]) {
+        return Err(Unfit::Taint(untolerated_reason(t)));
+    }
+    let selector: BTreeMap<String, String> =
+        serde_json::from_value(pod.pointer("/spec/nodeSelector").cloned().unwrap_or(Value::Null)).unwrap_or_default();
+    let labels = node.metadata.labels.clone().unwrap_or_default();
+    if !node_selector_matches(&selector, &labels) {
+        return Err(Unfit::Selector);
+    }
+    Ok(())
+}
+
 /// Decisions for every pod (of `pods`) that has no node and is not being deleted, in order:
-/// the fewest-pods Ready node its selector fits (counting the pods placed before it). Pure.
+/// the fewest-pods node that takes it (counting the pods placed before it). Pure.
 pub fn plan_schedule(pods: &[Value], nodes: &[Node]) -> Vec<Binding> {
     let pending: Vec<&Value> = pods
         .iter()
@@ -65,36 +115,41 @@ pub fn plan_schedule(pods: &[Value], nodes: &[Node]) -> Vec<Binding> {
     if pending.is_empty() {
         return vec![];
     }
-    // (pods on it, name, labels) of every node that takes new pods.
-    let mut candidates: Vec<(usize, String, BTreeMap<String, String>)> = Vec::new();
-    let mut not_ready = 0;
+    // Pods running on each node.
+    let mut load: BTreeMap<String, usize> = BTreeMap::new();
     for node in nodes {
-        let schedulable = !node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false);
-        if node_ready_status(node) == "Ready" && schedulable {
-            let name = node.metadata.name.clone().unwrap_or_default();
-            let count = pods
-                .iter()
-                .filter(|p| bound_node(p) == name)
-                .filter(|p| !matches!(p.pointer("/status/phase").and_then(Value::as_str), Some("Succeeded" | "Failed")))
-                .count();
-            candidates.push((count, name, node.metadata.labels.clone().unwrap_or_default()));
-        } else {
-            not_ready += 1;
-        }
+        let name = node.metadata.name.clone().unwrap_or_default();
+        let count = pods
+            .iter()
+            .filter(|p| bound_node(p) == name)
+            .filter(|p| !matches!(p.pointer("/status/phase").and_then(Value::as_str), Some("Succeeded" | "Failed")))
+            .count();
+        load.insert(name, count);
     }
     let mut out = Vec::new();
     for p in pending {
         let (namespace, name) = ns_name(p);
-        candidates.sort();
-        let selector: BTreeMap<String, String> =
-            serde_json::from_value(p.pointer("/spec/nodeSelector").cloned().unwrap_or(Value::Null)).unwrap_or_default();
-        let fitting = candidates.iter_mut().find(|(_, _, labels)| node_selector_matches(&selector, labels));
-        let decision = match fitting {
-            Some((count, node, _)) => {
-                *count += 1;
-                Decision::Bind(node.clone())
+        let tolerations = tolerations_of(p);
+        let mut unfit = Vec::new();
+        let mut best: Option<(usize, String)> = None;
+        for node in nodes {
+            let node_name = node.metadata.name.clone().unwrap_or_default();
+            match fit(p, node, &tolerations) {
+                Ok(()) => {
+                    let candidate = (load.get(&node_name).copied().unwrap_or(0), node_name);
+                    if best.as_ref().is_none_or(|b| candidate < *b) {
+                        best = Some(candidate);
+                    }
+                }
+                Err(u) => unfit.push(u),
             }
-            None => Decision::Unschedulable(unschedulable_message(nodes.len(), not_ready, candidates.len())),
+        }
+        let decision = match best {
+            Some((_, node)) => {
+                *load.entry(node.clone()).or_default() += 1;
+                Decision::Bind(node)
+            }
+            None => Decision::Unschedulable(unschedulable_message(nodes.len(), &unfit)),
         };
         out.push(Binding { namespace, name, decision });
     }
@@ -178,7 +233,7 @@ mod tests {
                 (
                     "gpu",
                     &Decision::Unschedulable(
-                        "0/3 nodes are available: 2 node(s) didn't match Pod's node affinity/selector, 1 node(s) were not ready.".into()
+                        "0/3 nodes are available: 1 node(s) were not ready, 2 node(s) didn't match Pod's node affinity/selector. preemption: 0/3 nodes are available: 3 Preemption is not helpful for scheduling.".into()
                     )
                 ),
             ]
@@ -186,5 +241,34 @@ mod tests {
         assert!(plan_schedule(&pods[..1], &nodes).is_empty(), "nothing pending, nothing to do");
         let none = plan_schedule(&pods[1..2], &[]);
         assert_eq!(none[0].decision, Decision::Unschedulable("no nodes available to schedule pods".into()));
+    }
+
+    #[test]
+    fn taints_and_cordons_keep_pods_away_unless_tolerated() {
+        let mut tainted = node("gpu-1", true, json!({}));
+        tainted.spec = Some(
+            serde_json::from_value(json!({"taints": [
+            {"key": "dedicated", "value": "gpu", "effect": "NoSchedule"},
+            {"key": "slow", "effect": "PreferNoSchedule"}]}))
+            .unwrap(),
+        );
+        let mut cordoned = node("node-2", true, json!({}));
+        cordoned.spec = Some(serde_json::from_value(json!({"unschedulable": true})).unwrap());
+        let nodes = [tainted, cordoned];
+        let mut plain = pod("plain", "", json!(null));
+        let mut gpu = pod("gpu", "", json!(null));
+        gpu["spec"]["tolerations"] =
+            json!([{"key": "dedicated", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"}]);
+        let mut daemon = pod("daemon", "", json!(null));
+        daemon["spec"]["tolerations"] =
+            json!([{"key": "node.kubernetes.io/unschedulable", "operator": "Exists", "effect": "NoSchedule"}]);
+        plain["spec"]["tolerations"] = json!([{"key": "dedicated", "value": "cpu"}]);
+        let plan = plan_schedule(&[plain, gpu, daemon], &nodes);
+        assert_eq!(
+            plan[0].decision,
+            Decision::Unschedulable("0/2 nodes are available: 1 node(s) had untolerated taint {dedicated: gpu}, 1 node(s) were unschedulable. preemption: 0/2 nodes are available: 2 Preemption is not helpful for scheduling.".into())
+        );
+        assert_eq!(plan[1].decision, Decision::Bind("gpu-1".into()));
+        assert_eq!(plan[2].decision, Decision::Bind("node-2".into()), "tolerating the cordon taint");
     }
 }
