@@ -23,6 +23,8 @@ OA = sorted(glob.glob(f"{REG}/*/k8s-openapi-0.29.0/src/v1_33"))[-1]
 # `metadata`) is decoded, so serving another kind of these groups needs no new table (the decoder
 # refuses kinds the server does not serve).
 GROUPS = ["core.v1", "apps.v1", "batch.v1", "discovery.v1", "networking.v1"]
+# Request options sent as protobuf bodies (kubectl drain's DELETE sends DeleteOptions).
+OPTIONS = ["meta.v1.DeleteOptions"]
 # Messages with a JSON form of their own (handled by the decoder, not the table).
 SPECIAL = {"util.intstr.IntOrString", "api.resource.Quantity", "meta.v1.Time", "meta.v1.MicroTime",
            "runtime.RawExtension", "meta.v1.Duration", "meta.v1.FieldsV1"}
@@ -130,7 +132,7 @@ def json_name(snake):
 
 roots = sorted(m for m, fields in messages.items()
                if m.rsplit(".", 1)[0] in GROUPS and any(f[1] == "metadata" and f[4] == "meta.v1.ObjectMeta" for f in fields))
-reachable, todo = [], roots
+reachable, todo = [], roots + OPTIONS
 while todo:
     m = todo.pop()
     if m in reachable or m in SPECIAL:

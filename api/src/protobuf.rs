@@ -63,8 +63,8 @@ fn err(msg: impl Into<String>) -> Error {
     Error::Decode { kind: "object", version: "protobuf", message: msg.into() }
 }
 
-/// Decodes a `k8s\0` + `runtime.Unknown` body into the object's JSON (with kind/apiVersion).
-pub fn decode_body(body: &[u8]) -> Result<Value, Error> {
+/// Splits a `k8s\0` + `runtime.Unknown` body into (apiVersion, kind, raw message).
+fn envelope(body: &[u8]) -> Result<(String, String, &[u8]), Error> {
     let rest = body.strip_prefix(MAGIC).ok_or_else(|| err("the protobuf body lacks the k8s magic prefix"))?;
     let mut api_version = String::new();
     let mut kind = String::new();
@@ -89,6 +89,12 @@ pub fn decode_body(body: &[u8]) -> Result<Value, Error> {
             _ => {}
         }
     }
+    Ok((api_version, kind, raw))
+}
+
+/// Decodes a `k8s\0` + `runtime.Unknown` body into the object's JSON (with kind/apiVersion).
+pub fn decode_body(body: &[u8]) -> Result<Value, Error> {
+    let (api_version, kind, raw) = envelope(body)?;
     // The table holds every kind of the served groups; only the kinds served are decoded.
     if crate::Kind::from_name(&kind).is_none_or(|k| k.api_version() != api_version) {
         return Err(err(format!("{api_version} {kind} is not served")));
@@ -104,6 +110,16 @@ pub fn decode_body(body: &[u8]) -> Result<Value, Error> {
         o.insert("kind".into(), Value::String(kind));
     }
     Ok(obj)
+}
+
+/// Decodes a protobuf body holding request options (`DeleteOptions`), which are not objects of
+/// a served kind: meta.k8s.io/v1 (or the core group's `v1`, which client-go also sends).
+pub fn decode_options(body: &[u8], kind: &str) -> Result<Value, Error> {
+    let (api_version, found, raw) = envelope(body)?;
+    if found != kind || !matches!(api_version.as_str(), "meta.k8s.io/v1" | "v1" | "") {
+        return Err(err(format!("expected {kind}, got {api_version} {found}")));
+    }
+    decode(&format!("meta.v1.{kind}"), raw)
 }
 
 fn message(name: &str) -> Option<&'static Message> {

@@ -1648,6 +1648,14 @@ pub static MESSAGES: &[Message] = &[
         Field { tag: 5, json: "reason", kind: Str, repeated: false, omit_empty: false },
         Field { tag: 6, json: "message", kind: Str, repeated: false, omit_empty: false },
     ] },
+    Message { name: "meta.v1.DeleteOptions", fields: &[
+        Field { tag: 1, json: "gracePeriodSeconds", kind: I64, repeated: false, omit_empty: true },
+        Field { tag: 2, json: "preconditions", kind: Msg("meta.v1.Preconditions"), repeated: false, omit_empty: true },
+        Field { tag: 3, json: "orphanDependents", kind: Bool, repeated: false, omit_empty: true },
+        Field { tag: 4, json: "propagationPolicy", kind: Str, repeated: false, omit_empty: true },
+        Field { tag: 5, json: "dryRun", kind: Str, repeated: true, omit_empty: true },
+        Field { tag: 6, json: "ignoreStoreReadErrorWithClusterBreakingPotential", kind: Bool, repeated: false, omit_empty: true },
+    ] },
     Message { name: "meta.v1.LabelSelector", fields: &[
         Field { tag: 1, json: "matchLabels", kind: MapString, repeated: false, omit_empty: true },
         Field { tag: 2, json: "matchExpressions", kind: Msg("meta.v1.LabelSelectorRequirement"), repeated: true, omit_empty: true },
@@ -1690,6 +1698,10 @@ pub static MESSAGES: &[Message] = &[
         Field { tag: 5, json: "apiVersion", kind: Str, repeated: false, omit_empty: false },
         Field { tag: 6, json: "controller", kind: Bool, repeated: false, omit_empty: true },
         Field { tag: 7, json: "blockOwnerDeletion", kind: Bool, repeated: false, omit_empty: true },
+    ] },
+    Message { name: "meta.v1.Preconditions", fields: &[
+        Field { tag: 1, json: "uid", kind: Str, repeated: false, omit_empty: true },
+        Field { tag: 2, json: "resourceVersion", kind: Str, repeated: false, omit_empty: true },
     ] },
     Message { name: "networking.v1.HttpIngressPath", fields: &[
         Field { tag: 1, json: "path", kind: Str, repeated: false, omit_empty: true },

@@ -98,6 +98,7 @@ impl Grpc {
             precondition_uid: (!r.precondition_uid.is_empty()).then(|| r.precondition_uid.clone()),
             precondition_rv: None,
             dry_run: false,
+            orphan: false,
         };
         from_value::<T>(self.registry.delete(kind, ns, &r.name, &opts).await?)
     }

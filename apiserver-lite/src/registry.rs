@@ -66,6 +66,10 @@ pub struct DeleteOptions {
     pub dry_run: bool,
     pub precondition_uid: Option<String>,
     pub precondition_rv: Option<String>,
+    /// `propagationPolicy: Orphan` (`kubectl delete --cascade=orphan`): dependents lose their
+    /// owner reference to the deleted object in the same write, so nothing collects them.
+    /// Background and Foreground both let the controllers collect dependents afterwards.
+    pub orphan: bool,
 }
 
 /// The result of a write.
@@ -496,7 +500,10 @@ impl Registry {
                 Err(ApiError::Forbidden { resource: kind.qualified_resource(), name, message })
             }
             DeletePlan::Remove | DeletePlan::AlreadyDeleting if opts.dry_run => Ok(unwritten(old)),
-            DeletePlan::Remove => self.finalize_delete(g, kind, old),
+            DeletePlan::Remove => {
+                let orphaned = if opts.orphan { self.orphan_dependents(&old)? } else { vec![] };
+                self.finalize_delete_with(g, kind, old, orphaned)
+            }
             DeletePlan::AlreadyDeleting => Ok(unwritten(old)),
             DeletePlan::MarkDeleting { at, grace_seconds, phase } => {
                 let mut marked = old.clone();
@@ -515,8 +522,49 @@ impl Registry {
         }
     }
 
+    /// The writes that take `owner` out of its dependents' `ownerReferences` (dependents live
+    /// in the owner's namespace; the kinds podpath's controllers own are checked).
+    fn orphan_dependents(&self, owner: &Value) -> Result<Vec<Op>, ApiError> {
+        let Some(uid) = meta_str(owner, "uid") else { return Ok(vec![]) };
+        let ns = obj_ns(owner);
+        let mut ops = Vec::new();
+        for kind in [Kind::ReplicaSet, Kind::Pod, Kind::EndpointSlice] {
+            let (objs, _) = self.store.list(kind, if ns.is_empty() { None } else { Some(ns.as_str()) })?;
+            for obj in objs {
+                let Some(refs) = obj["metadata"]["ownerReferences"].as_array() else { continue };
+                if !refs.iter().any(|r| r["uid"] == uid) {
+                    continue;
+                }
+                let kept: Vec<Value> = refs.iter().filter(|r| r["uid"] != uid).cloned().collect();
+                let mut new = obj.clone();
+                match new["metadata"].as_object_mut() {
+                    Some(m) if kept.is_empty() => {
+                        m.remove("ownerReferences");
+                    }
+                    Some(m) => {
+                        m.insert("ownerReferences".into(), Value::Array(kept));
+                    }
+                    None => continue,
+                }
+                ops.push(Op::Put { kind, object: new, prev: Some(Arc::new(obj)) });
+            }
+        }
+        Ok(ops)
+    }
+
     /// Removes an object now and releases what it held.
     pub(crate) fn finalize_delete(&self, g: &WriteGuard<'_>, kind: Kind, old: Value) -> Result<Pending, ApiError> {
+        self.finalize_delete_with(g, kind, old, vec![])
+    }
+
+    /// Removes an object and, in the same commit, makes the `extra` writes.
+    fn finalize_delete_with(
+        &self,
+        g: &WriteGuard<'_>,
+        kind: Kind,
+        old: Value,
+        extra: Vec<Op>,
+    ) -> Result<Pending, ApiError> {
         let name = meta_str(&old, "name").unwrap_or("").to_string();
         let ns = obj_ns(&old);
         let ranges = self.ranges();
@@ -524,6 +572,7 @@ impl Registry {
             api::with_kind_type!(kind, T => api::decode::<T>(&old).map(|o| o.allocations(&ranges)).unwrap_or_default());
         let owner = alloc::owner(kind, &ns, &name);
         let mut ops: Vec<Op> = released.iter().map(|k| Op::Alloc { key: k.clone(), owner: None }).collect();
+        ops.extend(extra);
         ops.push(Op::Delete { kind, object: old });
         let (mut written, rv) = self.store.commit(g, ops)?;
         if let Ok(mut a) = self.alloc.lock() {

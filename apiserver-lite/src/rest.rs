@@ -357,13 +357,13 @@ async fn handle_resource(
             if t.sub != Subresource::Main {
                 return Err(ApiError::MethodNotAllowed);
             }
-            let opts = delete_options(&body, q)?;
+            let opts = delete_options(&body, headers, q)?;
             let obj = reg.delete(kind, ns, name, &opts).await?;
             Ok(json_response(StatusCode::OK, &with_type_meta(kind, obj)))
         }
         (Method::DELETE, None) => {
             let (ls, fs) = selectors(kind, q)?;
-            let opts = delete_options(&body, q)?;
+            let opts = delete_options(&body, headers, q)?;
             let (items, _) = reg.list(kind, ns, &ls, &fs)?;
             let mut deleted = Vec::new();
             for item in items {
@@ -416,11 +416,17 @@ async fn handle_scale(
     Ok(json_response(StatusCode::OK, &scale))
 }
 
-fn delete_options(body: &Bytes, q: &BTreeMap<String, String>) -> Result<DeleteOptions, ApiError> {
+fn delete_options(body: &Bytes, headers: &HeaderMap, q: &BTreeMap<String, String>) -> Result<DeleteOptions, ApiError> {
     let mut opts = DeleteOptions::default();
+    let mut policy = None;
     if !body.is_empty() {
-        let v: Value =
-            serde_json::from_slice(body).map_err(|e| ApiError::BadRequest(format!("invalid DeleteOptions: {e}")))?;
+        // kubectl's typed clients (drain's pod deletions) send DeleteOptions as protobuf.
+        let ct = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
+        let v: Value = if ct.starts_with("application/vnd.kubernetes.protobuf") {
+            api::protobuf::decode_options(body, "DeleteOptions")?
+        } else {
+            serde_json::from_slice(body).map_err(|e| ApiError::BadRequest(format!("invalid DeleteOptions: {e}")))?
+        };
         opts.grace_period_seconds = v.get("gracePeriodSeconds").and_then(Value::as_i64);
         opts.precondition_uid = v.pointer("/preconditions/uid").and_then(Value::as_str).map(str::to_string);
         opts.precondition_rv = v.pointer("/preconditions/resourceVersion").and_then(Value::as_str).map(str::to_string);
@@ -430,6 +436,20 @@ fn delete_options(body: &Bytes, q: &BTreeMap<String, String>) -> Result<DeleteOp
                 opts.dry_run |= dry_run(Some(d.as_str().unwrap_or("")), "DeleteOptions")?;
             }
         }
+        policy = v.get("propagationPolicy").and_then(Value::as_str).map(str::to_string);
+        if v.get("orphanDependents").and_then(Value::as_bool) == Some(true) {
+            if policy.is_some() {
+                return Err(ApiError::InvalidOptions {
+                    kind: "DeleteOptions",
+                    causes: vec![api::validation::invalid(
+                        &api::FieldPath::root("propagationPolicy"),
+                        policy.as_deref().unwrap_or(""),
+                        "orphanDependents and deletionPropagation cannot be both set",
+                    )],
+                });
+            }
+            policy = Some("Orphan".into());
+        }
     }
     if let Some(d) = q.get("dryRun") {
         opts.dry_run |= dry_run(Some(d), "DeleteOptions")?;
@@ -437,6 +457,26 @@ fn delete_options(body: &Bytes, q: &BTreeMap<String, String>) -> Result<DeleteOp
     if let Some(g) = q.get("gracePeriodSeconds") {
         opts.grace_period_seconds =
             Some(g.parse().map_err(|_| ApiError::BadRequest(format!("invalid gracePeriodSeconds: {g}")))?);
+    }
+    if let Some(p) = q.get("propagationPolicy") {
+        policy = Some(p.clone());
+    }
+    if q.get("orphanDependents").is_some_and(|o| o == "true") {
+        policy = Some("Orphan".into());
+    }
+    match policy.as_deref() {
+        None | Some("Background" | "Foreground") => {}
+        Some("Orphan") => opts.orphan = true,
+        Some(other) => {
+            return Err(ApiError::InvalidOptions {
+                kind: "DeleteOptions",
+                causes: vec![api::validation::not_supported(
+                    &api::FieldPath::root("propagationPolicy"),
+                    other,
+                    &["Foreground", "Background", "Orphan", "nil"],
+                )],
+            })
+        }
     }
     Ok(opts)
 }

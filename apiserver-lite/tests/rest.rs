@@ -1035,3 +1035,23 @@ async fn patches_cannot_change_an_objects_identity() {
     assert_eq!(now["metadata"]["resourceVersion"], created["metadata"]["resourceVersion"], "nothing was written");
     assert_eq!(lab.get(&format!("{SVCS}/other")).await.0, StatusCode::NOT_FOUND);
 }
+
+/// `propagationPolicy` as the real server reads it: a value it does not know is 422 and
+/// deletes nothing; `orphanDependents` with a policy is refused.
+#[tokio::test]
+async fn delete_propagation_policy_is_validated() {
+    let lab = lab().await;
+    lab.post(SVCS, contour()).await;
+    let path = format!("{SVCS}/contour");
+    let (s, st) = lab.delete(&format!("{path}?propagationPolicy=Sideways")).await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{st}");
+    assert_eq!(st["message"], "DeleteOptions.meta.k8s.io \"\" is invalid: propagationPolicy: Unsupported value: \"Sideways\": supported values: \"Foreground\", \"Background\", \"Orphan\", \"nil\"");
+    let body = json!({"kind": "DeleteOptions", "apiVersion": "v1", "orphanDependents": true, "propagationPolicy": "Background"});
+    let (s, _) = lab.call("DELETE", &path, Some(body), "application/json", "application/json").await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(lab.get(&path).await.0, StatusCode::OK, "nothing deleted");
+    let body = json!({"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Foreground"});
+    let (s, _) = lab.call("DELETE", &path, Some(body), "application/json", "application/json").await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(lab.get(&path).await.0, StatusCode::NOT_FOUND);
+}

@@ -640,3 +640,134 @@ spec:
     metadata: {labels: {app: old}}
     spec: {containers: [{name: c, image: x}]}
 ";
+
+/// A Node that reports Ready (its heartbeat is fresh for the node monitor's 40 s grace).
+fn ready_node(srv: &ApiServer, name: &str, labels: &str) {
+    let manifest = srv.dir.path().join(format!("{name}.yaml"));
+    std::fs::write(&manifest, format!("apiVersion: v1\nkind: Node\nmetadata:\n  name: {name}\n  labels: {labels}\n"))
+        .unwrap();
+    ok(srv, &["create", "-f", manifest.to_str().unwrap()]);
+    let now = jiff::Timestamp::now().to_string();
+    let status = serde_json::json!({"status": {"conditions": [
+        {"type": "Ready", "status": "True", "lastHeartbeatTime": now, "lastTransitionTime": now}]}});
+    ok(srv, &["patch", "node", name, "--subresource=status", "--type=merge", "-p", &status.to_string()]);
+}
+
+/// Waits until `f` holds for kubectl's output of `args`; returns that output.
+fn wait_until(srv: &ApiServer, args: &[&str], f: impl Fn(&str) -> bool) -> String {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let out = ok(srv, args);
+        if f(&out) {
+            return out;
+        }
+        assert!(Instant::now() < deadline, "kubectl {args:?} never satisfied the test: {out}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Node operations with the real kubectl: `taint` (NoSchedule keeps pods away unless they
+/// tolerate it, NoExecute evicts them), `drain` (cordon, then pod deletions whose DeleteOptions
+/// kubectl sends as protobuf) and `delete --cascade=orphan` (dependents stay, unowned).
+#[test]
+fn kubectl_taint_drain_and_orphaning_delete() {
+    assert!(kubectl_available(), "kubectl is required (it ships on the machine image as /usr/bin/kubectl)");
+    let srv = ApiServer::start(&[]).unwrap();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| fake_kubelet(&srv, &stop));
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| node_operation_steps(&srv)));
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Err(e) = result {
+            std::panic::resume_unwind(e);
+        }
+    });
+}
+
+fn node_operation_steps(srv: &ApiServer) {
+    ready_node(srv, "node-1", "{disk: gpu}");
+    ready_node(srv, "node-2", "{}");
+    let nodes_of = |sel: &str| ok(srv, &["get", "pods", "-l", sel, "-o", "jsonpath={.items[*].spec.nodeName}"]);
+
+    // NoSchedule: new pods go elsewhere; a pod that needs the node waits with the reason.
+    assert_eq!(ok(srv, &["taint", "nodes", "node-1", "dedicated=gpu:NoSchedule"]), "node/node-1 tainted\n");
+    ok(srv, &["create", "deployment", "web", "--image=podpath/echo", "--replicas=3"]);
+    let placed = wait_until(srv, &["get", "pods", "-l", "app=web", "-o", "jsonpath={.items[*].spec.nodeName}"], |o| {
+        o.split_whitespace().count() == 3
+    });
+    assert!(placed.split_whitespace().all(|n| n == "node-2"), "{placed}");
+    let needs_gpu = |name: &str, tolerations: &str| {
+        format!("{{\"apiVersion\": \"v1\", \"spec\": {{\"nodeSelector\": {{\"disk\": \"gpu\"}}, \"tolerations\": {tolerations}, \"containers\": [{{\"name\": \"{name}\", \"image\": \"podpath/echo\"}}]}}}}")
+    };
+    ok(
+        srv,
+        &[
+            "run",
+            "plain",
+            "--image=podpath/echo",
+            "--labels=role=plain",
+            &format!("--overrides={}", needs_gpu("plain", "[]")),
+        ],
+    );
+    let reason = wait_until(
+        srv,
+        &["get", "pod", "plain", "-o", "jsonpath={.status.conditions[?(@.type==\"PodScheduled\")].message}"],
+        |o| !o.is_empty(),
+    );
+    assert_eq!(reason, "0/2 nodes are available: 1 node(s) didn't match Pod's node affinity/selector, 1 node(s) had untolerated taint {dedicated: gpu}. preemption: 0/2 nodes are available: 2 Preemption is not helpful for scheduling.");
+    let toleration = r#"[{"key": "dedicated", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"}]"#;
+    ok(
+        srv,
+        &[
+            "run",
+            "tolerant",
+            "--image=podpath/echo",
+            "--labels=role=tolerant",
+            &format!("--overrides={}", needs_gpu("tolerant", toleration)),
+        ],
+    );
+    assert_eq!(
+        wait_until(srv, &["get", "pod", "tolerant", "-o", "jsonpath={.spec.nodeName}"], |o| !o.is_empty()),
+        "node-1"
+    );
+    assert_eq!(ok(srv, &["taint", "nodes", "node-1", "dedicated=gpu:NoSchedule-"]), "node/node-1 untainted\n");
+    assert_eq!(
+        wait_until(srv, &["get", "pod", "plain", "-o", "jsonpath={.spec.nodeName}"], |o| !o.is_empty()),
+        "node-1"
+    );
+
+    // NoExecute: the pods on node-2 are evicted and come back on node-1.
+    ok(srv, &["taint", "nodes", "node-2", "maint=now:NoExecute"]);
+    let taint: serde_json::Value =
+        serde_json::from_str(&ok(srv, &["get", "node", "node-2", "-o", "jsonpath={.spec.taints[0]}"])).unwrap();
+    assert!(taint["timeAdded"].is_string(), "NoExecute taints get timeAdded: {taint}");
+    wait_until(srv, &["get", "pods", "-l", "app=web", "-o", "jsonpath={.items[*].spec.nodeName}"], |o| {
+        o.split_whitespace().count() == 3 && o.split_whitespace().all(|n| n == "node-1")
+    });
+    ok(srv, &["taint", "nodes", "node-2", "maint-"]);
+
+    // drain: cordon, delete every pod (protobuf DeleteOptions), the Deployment replaces them
+    // on the other node.
+    let o = srv.kubectl(&["drain", "node-1", "--ignore-daemonsets", "--force", "--timeout=30s"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{out}{err}");
+    assert!(out.starts_with("node/node-1 cordoned\n") && out.ends_with("node/node-1 drained\n"), "{out}");
+    assert_eq!(ok(srv, &["get", "node", "node-1", "-o", "jsonpath={.spec.unschedulable}"]), "true");
+    wait_until(srv, &["get", "pods", "-l", "app=web", "-o", "jsonpath={.items[*].spec.nodeName}"], |o| {
+        o.split_whitespace().count() == 3 && o.split_whitespace().all(|n| n == "node-2")
+    });
+    assert_eq!(nodes_of("role in (plain,tolerant)"), "", "bare pods are gone for good");
+    assert_eq!(ok(srv, &["uncordon", "node-1"]), "node/node-1 uncordoned\n");
+
+    // --cascade=orphan: the ReplicaSet and its pods stay, without the owner reference.
+    let rs = ok(srv, &["get", "rs", "-l", "app=web", "-o", "jsonpath={.items[0].metadata.name}"]);
+    assert_eq!(ok(srv, &["delete", "deployment", "web", "--cascade=orphan"]), "deployment.apps \"web\" deleted\n");
+    std::thread::sleep(Duration::from_secs(2)); // a collector would have struck by now
+    let left: serde_json::Value = serde_json::from_str(&ok(srv, &["get", "rs", &rs, "-o", "json"])).unwrap();
+    assert!(left["metadata"].get("ownerReferences").is_none(), "{left}");
+    assert_eq!(nodes_of("app=web").split_whitespace().count(), 3);
+    let err = fails(srv, &["delete", "rs", &rs, "--cascade=sideways"]);
+    assert!(err.contains("invalid cascade value"), "{err}");
+    ok(srv, &["delete", "rs", &rs]);
+    wait_until(srv, &["get", "pods", "-l", "app=web", "-o", "name"], str::is_empty);
+}
