@@ -56,6 +56,43 @@ const INLINE: &[(&str, &str)] = &[
     ("core.v1.PersistentVolumeSpec", "persistentVolumeSource"),
 ];
 
+/// Fields that are plain (not pointer) values with `omitempty` in Kubernetes' Go types: Go's
+/// protobuf always writes them, its JSON leaves them out at their zero value, so a zero here
+/// means "absent" (a kubectl-created Deployment must not show `generation: 0` or `stdin: false`).
+/// Pointer fields are not listed: their zero is a value (`replicas: 0`, `runAsUser: 0`).
+const ZERO_IS_ABSENT: &[(&str, &str)] = &[
+    ("meta.v1.ObjectMeta", "generation"),
+    ("core.v1.Container", "stdin"),
+    ("core.v1.Container", "stdinOnce"),
+    ("core.v1.Container", "tty"),
+    ("core.v1.Container", "workingDir"),
+    ("core.v1.ContainerPort", "hostPort"),
+    ("core.v1.PodSpec", "hostNetwork"),
+    ("core.v1.PodSpec", "hostPID"),
+    ("core.v1.PodSpec", "hostIPC"),
+    ("core.v1.Probe", "initialDelaySeconds"),
+    ("core.v1.Probe", "timeoutSeconds"),
+    ("core.v1.Probe", "periodSeconds"),
+    ("core.v1.Probe", "successThreshold"),
+    ("core.v1.Probe", "failureThreshold"),
+    ("core.v1.ServiceSpec", "publishNotReadyAddresses"),
+    ("core.v1.ServiceSpec", "healthCheckNodePort"),
+    ("core.v1.ServicePort", "nodePort"),
+    ("core.v1.NodeSpec", "unschedulable"),
+    ("apps.v1.DeploymentSpec", "minReadySeconds"),
+    ("apps.v1.DeploymentSpec", "paused"),
+    ("apps.v1.ReplicaSetSpec", "minReadySeconds"),
+];
+
+fn is_zero(v: &Value) -> bool {
+    match v {
+        Value::Bool(b) => !b,
+        Value::Number(n) => n.as_f64() == Some(0.0),
+        Value::String(s) => s.is_empty(),
+        _ => false,
+    }
+}
+
 /// Every protobuf body starts with these four bytes.
 pub const MAGIC: &[u8] = b"k8s\0";
 
@@ -161,7 +198,9 @@ pub fn decode(name: &str, buf: &[u8]) -> Result<Value, Error> {
                         if let Value::Object(inner) = v {
                             out.extend(inner);
                         }
-                    } else if field.omit_empty && v.as_str() == Some("") {
+                    } else if (field.omit_empty && v.as_str() == Some(""))
+                        || (is_zero(&v) && ZERO_IS_ABSENT.contains(&(name, field.json)))
+                    {
                         out.remove(field.json);
                     } else {
                         out.insert(field.json.to_string(), v);
@@ -507,5 +546,18 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn zero_is_absent_names_real_scalar_fields() {
+        for (m, f) in ZERO_IS_ABSENT.iter().chain(INLINE) {
+            let msg = message(m).unwrap_or_else(|| panic!("{m}"));
+            assert!(msg.fields.iter().any(|x| x.json == *f), "{m}.{f}");
+        }
+        // generation 0 and stdin false vanish, replicas 0 (a pointer) stays.
+        let meta = [0x38, 0x00]; // field 7 (generation) = 0
+        assert_eq!(decode("meta.v1.ObjectMeta", &meta).unwrap(), serde_json::json!({}));
+        let spec = [0x08, 0x00]; // field 1 (replicas) = 0
+        assert_eq!(decode("apps.v1.DeploymentSpec", &spec).unwrap(), serde_json::json!({"replicas": 0}));
     }
 }

@@ -380,6 +380,40 @@ fn deployment_steps(srv: &ApiServer) {
     let history = ok(srv, &["rollout", "history", "deployment/web"]);
     assert!(history.contains("REVISION") && history.contains("\n1 ") && history.contains("\n2 "), "{history}");
 
+    // rollout undo: back to revision 1 by reusing its ReplicaSet, which becomes revision 3
+    // (history lists each template once)
+    assert_eq!(ok(srv, &["rollout", "undo", "deployment/web"]), "deployment.apps/web rolled back\n");
+    ok(srv, &["rollout", "status", "deployment/web", "--timeout=60s"]);
+    let rows = lines_of(&ok(srv, &["get", "rs", "--no-headers"]));
+    assert_eq!(rows.len(), 2, "no new ReplicaSet: {rows:?}");
+    assert!(rows.iter().any(|r| r[0] == rs1 && r[1] == "5"), "{rows:?}");
+    let history = ok(srv, &["rollout", "history", "deployment/web"]);
+    assert!(!history.contains("\n1 ") && history.contains("\n2 ") && history.contains("\n3 "), "{history}");
+    let images = ok(srv, &["get", "pods", "-o", "jsonpath={.items[*].spec.containers[0].image}"]);
+    assert_eq!(images.split_whitespace().collect::<Vec<_>>(), ["podpath/echo:v1"; 5]);
+
+    // rollout pause: a template change rolls nothing out (scaling still works) until resume
+    assert_eq!(ok(srv, &["rollout", "pause", "deployment/web"]), "deployment.apps/web paused\n");
+    ok(srv, &["set", "image", "deployment/web", "echo=podpath/echo:v3"]);
+    ok(srv, &["scale", "deployment", "web", "--replicas=4"]);
+    let reason = wait_until(
+        srv,
+        &["get", "deploy", "web", "-o", "jsonpath={.status.conditions[?(@.type==\"Progressing\")].reason}"],
+        |r| r == "DeploymentPaused",
+    );
+    assert_eq!(reason, "DeploymentPaused");
+    wait_until(srv, &["get", "pods", "-o", "name"], |o| o.lines().count() == 4);
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(lines_of(&ok(srv, &["get", "rs", "--no-headers"])).len(), 2, "paused: no new ReplicaSet");
+    let images = ok(srv, &["get", "pods", "-o", "jsonpath={.items[*].spec.containers[0].image}"]);
+    assert_eq!(images.split_whitespace().collect::<Vec<_>>(), ["podpath/echo:v1"; 4]);
+    assert_eq!(ok(srv, &["rollout", "resume", "deployment/web"]), "deployment.apps/web resumed\n");
+    ok(srv, &["rollout", "status", "deployment/web", "--timeout=60s"]);
+    assert_eq!(lines_of(&ok(srv, &["get", "rs", "--no-headers"])).len(), 3);
+    wait_until(srv, &["get", "pods", "-o", "jsonpath={.items[*].spec.containers[0].image}"], |o| {
+        o.split_whitespace().collect::<Vec<_>>() == ["podpath/echo:v3"; 4]
+    });
+
     // expose: the Service selects the Deployment's pods
     assert_eq!(ok(srv, &["expose", "deployment", "web", "--port=80", "--target-port=8080"]), "service/web exposed\n");
     assert_eq!(ok(srv, &["get", "svc", "web", "-o", "jsonpath={.spec.selector}"]), r#"{"app":"web"}"#);

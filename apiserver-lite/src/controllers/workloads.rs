@@ -39,12 +39,25 @@ fn name_of(obj: &Value) -> String {
     obj["metadata"]["name"].as_str().unwrap_or("").to_string()
 }
 
-/// The pod template without the hash label: what two templates are compared by.
+/// The pod template without the hash label and without nulls (`kubectl rollout undo` sends
+/// `creationTimestamp: null`): what two templates are compared by, as the controller compares
+/// typed templates.
 fn template_identity(template: &Value) -> Value {
+    fn drop_nulls(v: &mut Value) {
+        match v {
+            Value::Object(m) => {
+                m.retain(|_, x| !x.is_null());
+                m.values_mut().for_each(drop_nulls);
+            }
+            Value::Array(a) => a.iter_mut().for_each(drop_nulls),
+            _ => {}
+        }
+    }
     let mut t = template.clone();
     if let Some(labels) = t.pointer_mut("/metadata/labels").and_then(Value::as_object_mut) {
         labels.remove(POD_TEMPLATE_HASH);
     }
+    drop_nulls(&mut t);
     t
 }
 
@@ -144,6 +157,9 @@ pub struct DeploymentPlan {
     pub delete: Vec<String>,
     /// The Deployment's revision annotation.
     pub revision: String,
+    /// An old ReplicaSet whose template is current again (`rollout undo`): it takes the next
+    /// revision, so history lists each template once.
+    pub revise: Option<String>,
     pub status: Value,
 }
 
@@ -172,6 +188,9 @@ pub fn plan_deployment(d: &Value, owned: &[&Value]) -> DeploymentPlan {
     let old_pods: i64 = old.iter().map(|rs| status_i64(rs, "replicas")).sum();
     let mut plan = DeploymentPlan::default();
     let max_revision = owned.iter().map(|rs| revision(rs)).max().unwrap_or(0);
+    if d["spec"]["paused"] == true {
+        return plan_paused(d, owned, new_rs, want, max_unavailable, max_revision);
+    }
 
     // The new ReplicaSet: created, then scaled up as far as the surge allows.
     let (new_name, new_replicas, new_available) = match new_rs {
@@ -209,6 +228,10 @@ pub fn plan_deployment(d: &Value, owned: &[&Value]) -> DeploymentPlan {
         }
     };
     plan.revision = match new_rs {
+        Some(rs) if revision(rs) < max_revision => {
+            plan.revise = Some(name_of(rs));
+            (max_revision + 1).to_string()
+        }
         Some(rs) => revision(rs).to_string(),
         None => (max_revision + 1).to_string(),
     };
@@ -259,6 +282,39 @@ pub fn plan_deployment(d: &Value, owned: &[&Value]) -> DeploymentPlan {
         plan.delete = idle.iter().take(idle.len() - limit).map(|rs| name_of(rs)).collect();
     }
     plan.status = deployment_status(d, owned, new_rs, want, max_unavailable);
+    plan
+}
+
+/// A paused Deployment rolls nothing out (no new ReplicaSet for a changed template, no old one
+/// scaled down) but still follows `replicas`: the difference goes to the newest ReplicaSet that
+/// has pods, as the controller's scaling of a paused rollout does when one ReplicaSet is active.
+fn plan_paused(
+    d: &Value,
+    owned: &[&Value],
+    new_rs: Option<&Value>,
+    want: i64,
+    max_unavailable: i64,
+    max_revision: i64,
+) -> DeploymentPlan {
+    let mut plan = DeploymentPlan {
+        revision: d["metadata"]["annotations"][REVISION_ANNOTATION]
+            .as_str()
+            .map(str::to_string)
+            .unwrap_or_else(|| max_revision.to_string()),
+        ..Default::default()
+    };
+    let total: i64 = owned.iter().map(|rs| replicas(rs)).sum();
+    let target = new_rs
+        .filter(|rs| replicas(rs) > 0)
+        .or_else(|| owned.iter().copied().filter(|rs| replicas(rs) > 0).max_by_key(|rs| revision(rs)))
+        .or(new_rs);
+    if let Some(rs) = target {
+        if total != want {
+            plan.scale.push((name_of(rs), (replicas(rs) + want - total).max(0)));
+        }
+    }
+    plan.status = deployment_status(d, owned, new_rs, want, max_unavailable);
+    plan.status["conditions"][1] = json!({"type": "Progressing", "status": "Unknown", "reason": "DeploymentPaused", "message": "Deployment is paused"});
     plan
 }
 
@@ -349,6 +405,16 @@ async fn set_replicas(reg: &Registry, ns: &str, name: &str, n: i64) -> Result<()
     }
 }
 
+async fn set_revision(reg: &Registry, ns: &str, name: &str, revision: &str) -> Result<(), ApiError> {
+    let Some(rs) = reg.store.get(Kind::ReplicaSet, ns, name)? else { return Ok(()) };
+    let mut new = rs.clone();
+    new["metadata"]["annotations"][REVISION_ANNOTATION] = json!(revision);
+    match reg.update(Kind::ReplicaSet, Some(ns), name, new, Subresource::Main, &WriteOptions::default()).await {
+        Ok(_) | Err(ApiError::Conflict { .. }) | Err(ApiError::NotFound { .. }) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
 /// Brings the Deployments, ReplicaSets and their pods of namespace `ns` one step closer to
 /// what they ask for.
 pub async fn sync_namespace(reg: &Registry, ns: &str) -> Result<(), ApiError> {
@@ -375,6 +441,9 @@ pub async fn sync_namespace(reg: &Registry, ns: &str) -> Result<(), ApiError> {
                 Ok(_) | Err(ApiError::AlreadyExists { .. }) => {}
                 Err(e) => return Err(e),
             }
+        }
+        if let Some(name) = &plan.revise {
+            set_revision(reg, ns, name, &plan.revision).await?;
         }
         for (name, n) in plan.scale {
             set_replicas(reg, ns, &name, n).await?;
@@ -545,6 +614,37 @@ mod tests {
         let plan = plan_deployment(&scaled, &rss.iter().collect::<Vec<_>>());
         assert_eq!(plan.create, None);
         assert_eq!(plan.scale, vec![(name_of(&rss[0]), 5)]);
+    }
+
+    #[test]
+    fn undo_reuses_the_old_replicaset_under_the_next_revision() {
+        let v1 = deployment(2, "echo:v1", rolling(json!("25%"), json!("25%")));
+        let at_v1 = converge(&v1, vec![], 1, 1);
+        let v2 = deployment(2, "echo:v2", rolling(json!("25%"), json!("25%")));
+        let mut at_v2 = converge(&v2, at_v1.clone(), 1, 1);
+        // `rollout undo` writes v1's template back, with a null creationTimestamp.
+        let mut undone = v1.clone();
+        undone["spec"]["template"]["metadata"]["creationTimestamp"] = Value::Null;
+        let plan = plan_deployment(&undone, &at_v2.iter().collect::<Vec<_>>());
+        assert_eq!(plan.create, None, "no new ReplicaSet");
+        assert_eq!((plan.revise.as_deref(), plan.revision.as_str()), (Some(name_of(&at_v1[0]).as_str()), "3"));
+        for rs in at_v2.iter_mut().filter(|r| name_of(r) == name_of(&at_v1[0])) {
+            rs["metadata"]["annotations"][REVISION_ANNOTATION] = json!("3");
+        }
+        let plan = plan_deployment(&undone, &at_v2.iter().collect::<Vec<_>>());
+        assert_eq!((plan.revise, plan.revision.as_str()), (None, "3"), "settled");
+    }
+
+    #[test]
+    fn a_paused_deployment_scales_but_does_not_roll_out() {
+        let v1 = deployment(2, "echo:v1", rolling(json!("25%"), json!("25%")));
+        let at_v1 = converge(&v1, vec![], 1, 1);
+        let mut v2 = deployment(4, "echo:v2", rolling(json!("25%"), json!("25%")));
+        v2["spec"]["paused"] = json!(true);
+        let plan = plan_deployment(&v2, &at_v1.iter().collect::<Vec<_>>());
+        assert_eq!(plan.create, None);
+        assert_eq!(plan.scale, vec![(name_of(&at_v1[0]), 4)]);
+        assert_eq!(plan.status["conditions"][1]["reason"], "DeploymentPaused");
     }
 
     #[test]
