@@ -805,3 +805,30 @@ fn node_operation_steps(srv: &ApiServer) {
     ok(srv, &["delete", "rs", &rs]);
     wait_until(srv, &["get", "pods", "-l", "app=web", "-o", "name"], str::is_empty);
 }
+
+/// What kubectl users hit when a server is careless: a server-side dry-run delete deletes
+/// nothing, a JSON patch cannot rename an object, and `kubectl debug` gets a clean error (its
+/// ephemeral containers are not served) instead of a nil-pointer panic in kubectl.
+#[test]
+fn kubectl_dry_run_renames_and_debug_are_refused_cleanly() {
+    assert!(kubectl_available(), "kubectl is required (it ships on the machine image as /usr/bin/kubectl)");
+    let srv = ApiServer::start(&[]).unwrap();
+    ok(&srv, &["run", "web", "--image=podpath/echo"]);
+    assert_eq!(ok(&srv, &["delete", "pod", "web", "--dry-run=server"]), "pod \"web\" deleted (server dry run)\n");
+    assert_eq!(ok(&srv, &["get", "pod", "web", "-o", "name"]), "pod/web\n", "a dry run deletes nothing");
+    let err = fails(
+        &srv,
+        &["patch", "pod", "web", "--type=json", "-p", r#"[{"op":"replace","path":"/metadata/name","value":"x"}]"#],
+    );
+    assert!(err.contains("the name of the object (x) does not match the name on the URL (web)"), "{err}");
+    let err = fails(
+        &srv,
+        &["patch", "pod", "web", "--type=json", "-p", r#"[{"op":"replace","path":"/metadata/uid","value":"u"}]"#],
+    );
+    assert!(err.contains("metadata.uid: Invalid value: \"u\": field is immutable"), "{err}");
+    let o = srv.kubectl(&["debug", "web", "--image=busybox", "--profile=general"]);
+    let (out, err) = text(&o);
+    assert!(!o.status.success(), "{out}");
+    assert!(err.contains("ephemeral containers are disabled for this cluster"), "{err}");
+    assert!(!err.contains("panic"), "{err}");
+}
