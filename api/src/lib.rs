@@ -10,6 +10,7 @@ pub mod apps;
 pub mod convert;
 pub mod grpc_codec;
 pub mod kinds;
+pub mod managed;
 pub mod networking;
 pub mod patch;
 pub mod protobuf;

@@ -34,7 +34,7 @@ impl PatchType {
 
 /// How a list field merges in a strategic merge patch.
 #[derive(Debug, PartialEq, Eq)]
-enum ListStrategy {
+pub(crate) enum ListStrategy {
     /// Replaced whole (no patch strategy).
     Atomic,
     /// Merged element by element, matching on these keys.
@@ -45,7 +45,7 @@ enum ListStrategy {
 
 /// The merge strategy of the list at `path` (field names from the object root, no indices).
 /// `apply` selects server-side apply's listMapKeys where they differ from patchMergeKey.
-fn list_strategy(path: &[String], apply: bool) -> ListStrategy {
+pub(crate) fn list_strategy(path: &[String], apply: bool) -> ListStrategy {
     let last = path.last().map(String::as_str).unwrap_or("");
     let parent = if path.len() >= 2 { path[path.len() - 2].as_str() } else { "" };
     let is_container_list = |p: &str| matches!(p, "containers" | "initContainers" | "ephemeralContainers");

@@ -17,6 +17,9 @@ pub enum ApiError {
     /// An update carried a stale resourceVersion.
     #[error("Operation cannot be fulfilled on {resource} \"{name}\": the object has been modified; please apply your changes to the latest version and try again")]
     Conflict { resource: String, name: String, kind: Kind },
+    /// Server-side apply would change fields other managers own (409 with one cause per field).
+    #[error("Apply failed with {} conflict{}: {message}", causes.len(), if causes.len() == 1 { "" } else { "s" })]
+    ApplyConflict { message: String, causes: Vec<Cause> },
     /// Validation failed; kubectl prints the causes.
     #[error("{kind} \"{name}\" is invalid: {}", causes.iter().map(|c| c.to_string()).collect::<Vec<_>>().join(", "))]
     Invalid { kind: Kind, name: String, causes: Vec<Cause> },
@@ -73,7 +76,7 @@ impl ApiError {
     pub fn code(&self) -> u16 {
         match self {
             ApiError::NotFound { .. } | ApiError::NoRoute => 404,
-            ApiError::AlreadyExists { .. } | ApiError::Conflict { .. } => 409,
+            ApiError::AlreadyExists { .. } | ApiError::Conflict { .. } | ApiError::ApplyConflict { .. } => 409,
             ApiError::Invalid { .. } | ApiError::InvalidOptions { .. } => 422,
             ApiError::BadRequest(_) => 400,
             ApiError::Forbidden { .. } => 403,
@@ -90,7 +93,7 @@ impl ApiError {
         match self {
             ApiError::NotFound { .. } | ApiError::NoRoute => "NotFound",
             ApiError::AlreadyExists { .. } => "AlreadyExists",
-            ApiError::Conflict { .. } => "Conflict",
+            ApiError::Conflict { .. } | ApiError::ApplyConflict { .. } => "Conflict",
             ApiError::Invalid { .. } | ApiError::InvalidOptions { .. } => "Invalid",
             ApiError::BadRequest(_) => "BadRequest",
             ApiError::Forbidden { .. } => "Forbidden",
@@ -137,6 +140,7 @@ impl ApiError {
                 s["details"] =
                     json!({"name": name, "group": kind.info().group, "kind": kind.info().name, "causes": causes});
             }
+            ApiError::ApplyConflict { causes, .. } => s["details"] = json!({"causes": causes}),
             ApiError::InvalidOptions { kind, causes } => {
                 s["details"] = json!({"group": "meta.k8s.io", "kind": kind, "causes": causes});
             }
@@ -183,7 +187,7 @@ impl From<ApiError> for tonic::Status {
         let code = match &e {
             ApiError::NotFound { .. } | ApiError::NoRoute => Code::NotFound,
             ApiError::AlreadyExists { .. } => Code::AlreadyExists,
-            ApiError::Conflict { .. } => Code::Aborted,
+            ApiError::Conflict { .. } | ApiError::ApplyConflict { .. } => Code::Aborted,
             ApiError::Invalid { .. }
             | ApiError::InvalidOptions { .. }
             | ApiError::BadRequest(_)

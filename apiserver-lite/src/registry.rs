@@ -46,6 +46,13 @@ impl FieldValidation {
 pub struct WriteOptions {
     pub field_validation: FieldValidation,
     pub dry_run: bool,
+    /// Who writes, for `metadata.managedFields`; `None` (the controllers' own writes) leaves
+    /// ownership as it was.
+    pub field_manager: Option<String>,
+    /// Server-side apply: take conflicting fields from their managers instead of failing.
+    pub force: bool,
+    /// Set by [`Registry::patch`] for server-side apply: the applied configuration.
+    pub(crate) apply_config: Option<Value>,
 }
 
 /// The main resource or its `/status` subresource.
@@ -185,6 +192,13 @@ impl Registry {
         opts: &WriteOptions,
     ) -> Result<Outcome, ApiError> {
         let g = self.store.lock().await;
+        let applied;
+        let opts = if ty == PatchType::Apply && sub == Subresource::Main {
+            applied = WriteOptions { apply_config: Some(patch.clone()), ..opts.clone() };
+            &applied
+        } else {
+            opts
+        };
         let out = match self.store.get(kind, ns.unwrap_or(""), name)? {
             None if ty == PatchType::Apply && sub == Subresource::Main => {
                 check_body_identity(kind, ns, name, &patch)?;
@@ -195,10 +209,17 @@ impl Registry {
             }
             None => return Err(ApiError::not_found(kind, name)),
             Some(old) => {
-                if ty == PatchType::Apply {
+                let mut new = if ty == PatchType::Apply && sub == Subresource::Main {
                     check_body_identity(kind, ns, name, &patch)?;
-                }
-                let mut new = api::patch::apply_patch(ty, &old, &patch)?;
+                    let manager = opts.field_manager.as_deref().unwrap_or("");
+                    let (pruned, conflicts) = api::managed::prepare_apply(&old, &patch, manager);
+                    if !conflicts.is_empty() && !opts.force {
+                        return Err(apply_conflict(&conflicts));
+                    }
+                    api::patch::strategic_merge(&pruned, &patch, true)?
+                } else {
+                    api::patch::apply_patch(ty, &old, &patch)?
+                };
                 ensure_object_shape(&mut new)?;
                 if ty == PatchType::Apply {
                     // Apply bodies carry no resourceVersion precondition unless they say so.
@@ -351,8 +372,9 @@ impl Registry {
         }
         let owner = alloc::owner(kind, &ns, &name);
         let mut claims = Claims::new(owner.clone());
-        let admitted =
+        let mut admitted =
             api::with_kind_type!(kind, T => self.admit::<T>(body, None, Subresource::Main, opts, &mut claims)?);
+        set_managed_fields(kind, &mut admitted.object, None, Subresource::Main, opts);
         self.commit_write(g, kind, None, admitted, true, claims, opts)
     }
 
@@ -432,6 +454,7 @@ impl Registry {
         let owner = alloc::owner(kind, &obj_ns(&old), &name);
         let mut claims = Claims::new(owner);
         let mut admitted = api::with_kind_type!(kind, T => self.admit::<T>(new, Some(&old), sub, opts, &mut claims)?);
+        set_managed_fields(kind, &mut admitted.object, Some(&old), sub, opts);
         let object = &mut admitted.object;
         // No change: no write, no event, same resourceVersion (as the real server does).
         object["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"].clone();
@@ -748,6 +771,65 @@ fn check_type_meta(kind: Kind, body: &Value) -> Result<(), ApiError> {
 }
 
 /// Rejects a PUT/apply body whose name or namespace is not the URL's.
+/// Writes `metadata.managedFields` of a written object: a manager's write moves ownership
+/// ([`api::managed::after_write`]); the controllers' writes and subresource writes keep it.
+fn set_managed_fields(kind: Kind, object: &mut Value, old: Option<&Value>, sub: Subresource, opts: &WriteOptions) {
+    let manager = opts.field_manager.as_deref().filter(|_| sub == Subresource::Main);
+    let entries = match manager {
+        None => old.and_then(|o| o.pointer("/metadata/managedFields")).cloned(),
+        Some(manager) => {
+            let write = match &opts.apply_config {
+                Some(config) => api::managed::Write::Apply { manager, config },
+                None => api::managed::Write::Update { manager },
+            };
+            let now = now_json();
+            let entries =
+                api::managed::after_write(old, object, &write, &kind.api_version(), now.as_str().unwrap_or(""));
+            (!entries.is_empty()).then(|| api::managed::entries_json(&entries))
+        }
+    };
+    if let Some(m) = object["metadata"].as_object_mut() {
+        match entries {
+            Some(e) => m.insert("managedFields".into(), e),
+            None => m.remove("managedFields"),
+        };
+    }
+}
+
+/// The 409 of an apply that would change other managers' fields, worded as the real server's.
+fn apply_conflict(conflicts: &[api::managed::Conflict]) -> ApiError {
+    let who = |c: &api::managed::Conflict| format!("{:?} using {}", c.manager, c.api_version);
+    let causes: Vec<api::Cause> = conflicts
+        .iter()
+        .map(|c| api::Cause {
+            reason: "FieldManagerConflict".into(),
+            message: format!("conflict with {}", who(c)),
+            field: api::managed::display(&c.path),
+        })
+        .collect();
+    let message = match conflicts {
+        [c] => format!("conflict with {}: {}", who(c), api::managed::display(&c.path)),
+        _ => {
+            let mut by_manager: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+            for c in conflicts {
+                by_manager.entry(who(c)).or_default().push(api::managed::display(&c.path));
+            }
+            let mut m = String::from("conflicts with");
+            let single = by_manager.len() == 1;
+            for (manager, paths) in by_manager {
+                m.push_str(if single { " " } else { "\n" });
+                m.push_str(&manager);
+                m.push(':');
+                for p in paths {
+                    m.push_str(&format!("\n- {p}"));
+                }
+            }
+            m
+        }
+    };
+    ApiError::ApplyConflict { message, causes }
+}
+
 fn check_body_identity(kind: Kind, ns: Option<&str>, name: &str, body: &Value) -> Result<(), ApiError> {
     if let Some(n) = meta_str(body, "name").filter(|n| !n.is_empty()) {
         if n != name {

@@ -247,11 +247,42 @@ fn dry_run(value: Option<&str>, options_kind: &'static str) -> Result<bool, ApiE
     }
 }
 
-fn write_options(q: &BTreeMap<String, String>, options_kind: &'static str) -> Result<WriteOptions, ApiError> {
+fn write_options(
+    q: &BTreeMap<String, String>,
+    headers: &HeaderMap,
+    options_kind: &'static str,
+) -> Result<WriteOptions, ApiError> {
     Ok(WriteOptions {
         field_validation: FieldValidation::parse(q.get("fieldValidation").map(String::as_str))?,
         dry_run: dry_run(q.get("dryRun").map(String::as_str), options_kind)?,
+        field_manager: Some(field_manager(q, headers, options_kind)?),
+        force: query_bool(q, "force"),
+        ..Default::default()
     })
+}
+
+/// The writer's field manager: `fieldManager`, else the User-Agent up to its first `/` (as the
+/// real server names managers of clients that do not say).
+fn field_manager(
+    q: &BTreeMap<String, String>,
+    headers: &HeaderMap,
+    options_kind: &'static str,
+) -> Result<String, ApiError> {
+    if let Some(m) = q.get("fieldManager") {
+        if m.chars().count() > 128 || m.chars().any(|c| c.is_control()) {
+            return Err(ApiError::InvalidOptions {
+                kind: options_kind,
+                causes: vec![api::validation::invalid(
+                    &api::FieldPath::root("fieldManager"),
+                    m.as_str(),
+                    "must be at most 128 printable characters",
+                )],
+            });
+        }
+        return Ok(m.clone());
+    }
+    let agent = headers.get(header::USER_AGENT).and_then(|v| v.to_str().ok()).unwrap_or("unknown");
+    Ok(agent.split('/').next().unwrap_or("unknown").chars().take(128).collect())
 }
 
 fn with_warnings(mut r: Response, warnings: &[String]) -> Response {
@@ -334,12 +365,12 @@ async fn handle_resource(
                 return Err(ApiError::MethodNotAllowed);
             }
             let value = parse_body(&body, headers)?;
-            let out = reg.create(kind, ns, value, &write_options(q, "CreateOptions")?).await?;
+            let out = reg.create(kind, ns, value, &write_options(q, headers, "CreateOptions")?).await?;
             Ok(with_warnings(json_response(StatusCode::CREATED, &out.object), &out.warnings))
         }
         (Method::PUT, Some(name)) => {
             let value = parse_body(&body, headers)?;
-            let out = reg.update(kind, ns, name, value, t.sub, &write_options(q, "UpdateOptions")?).await?;
+            let out = reg.update(kind, ns, name, value, t.sub, &write_options(q, headers, "UpdateOptions")?).await?;
             Ok(with_warnings(json_response(StatusCode::OK, &out.object), &out.warnings))
         }
         (Method::PATCH, Some(name)) => {
@@ -349,7 +380,7 @@ async fn handle_resource(
                 return Err(ApiError::BadRequest("PatchOptions.meta.k8s.io \"\" is invalid: fieldManager: Required value: is required for apply patch".into()));
             }
             let value = parse_body(&body, headers)?;
-            let out = reg.patch(kind, ns, name, ty, value, t.sub, &write_options(q, "PatchOptions")?).await?;
+            let out = reg.patch(kind, ns, name, ty, value, t.sub, &write_options(q, headers, "PatchOptions")?).await?;
             let code = if out.created { StatusCode::CREATED } else { StatusCode::OK };
             Ok(with_warnings(json_response(code, &out.object), &out.warnings))
         }
@@ -402,14 +433,14 @@ async fn handle_scale(
         Method::GET => crate::registry::scale_of(&reg.get(t.kind, ns, name)?),
         Method::PUT => {
             let wanted = parse_body(&body, headers)?;
-            reg.update_scale(t.kind, ns, name, |_| Ok(wanted), &write_options(q, "UpdateOptions")?).await?
+            reg.update_scale(t.kind, ns, name, |_| Ok(wanted), &write_options(q, headers, "UpdateOptions")?).await?
         }
         Method::PATCH => {
             let ct = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
             let ty = PatchType::from_content_type(ct).ok_or(ApiError::UnsupportedMediaType)?;
             let patch = parse_body(&body, headers)?;
             let change = |current: &Value| Ok(api::patch::apply_patch(ty, current, &patch)?);
-            reg.update_scale(t.kind, ns, name, change, &write_options(q, "PatchOptions")?).await?
+            reg.update_scale(t.kind, ns, name, change, &write_options(q, headers, "PatchOptions")?).await?
         }
         _ => return Err(ApiError::MethodNotAllowed),
     };

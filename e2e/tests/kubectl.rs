@@ -832,3 +832,69 @@ fn kubectl_dry_run_renames_and_debug_are_refused_cleanly() {
     assert!(err.contains("ephemeral containers are disabled for this cluster"), "{err}");
     assert!(!err.contains("panic"), "{err}");
 }
+
+/// Server-side apply with managedFields, through the real kubectl: a changed port replaces the
+/// one applied before (it used to fail as a duplicate name), a removed containerPort goes, a
+/// field another manager changed is a 409 conflict naming it, and `--force-conflicts` takes it.
+#[test]
+fn kubectl_server_side_apply_tracks_field_managers() {
+    assert!(kubectl_available(), "kubectl is required (it ships on the machine image as /usr/bin/kubectl)");
+    let srv = ApiServer::start(&[]).unwrap();
+    let apply = |name: &str, yaml: String, extra: &[&str]| {
+        let path = srv.dir.path().join(name);
+        std::fs::write(&path, yaml).unwrap();
+        let mut args = vec!["apply", "--server-side", "-f", path.to_str().unwrap()];
+        args.extend(extra);
+        srv.kubectl(&args)
+    };
+    let svc = |port: u16| {
+        format!("apiVersion: v1\nkind: Service\nmetadata:\n  name: web\nspec:\n  selector: {{app: web}}\n  ports:\n  - name: http\n    port: {port}\n    targetPort: 8080\n")
+    };
+    assert!(apply("svc.yaml", svc(80), &[]).status.success());
+    let o = apply("svc.yaml", svc(8081), &[]);
+    assert!(o.status.success(), "{:?}", text(&o));
+    let ports: serde_json::Value =
+        serde_json::from_str(&ok(&srv, &["get", "svc", "web", "-o", "jsonpath={.spec.ports}"])).unwrap();
+    assert_eq!(ports, serde_json::json!([{"name": "http", "port": 8081, "protocol": "TCP", "targetPort": 8080}]));
+
+    // Another manager changes a field the apply owns: re-applying conflicts, forcing takes it.
+    ok(
+        &srv,
+        &[
+            "patch",
+            "svc",
+            "web",
+            "--type=json",
+            "-p",
+            r#"[{"op":"replace","path":"/spec/ports/0/targetPort","value":9090}]"#,
+        ],
+    );
+    let o = apply("svc.yaml", svc(8081), &[]);
+    let (_, err) = text(&o);
+    assert!(!o.status.success());
+    assert!(err.contains(r#"Apply failed with 1 conflict: conflict with "kubectl-patch" using v1: .spec.ports[port=8081,protocol="TCP"].targetPort"#), "{err}");
+    assert!(err.contains("--force-conflicts"), "kubectl recognised the conflict: {err}");
+    assert_eq!(
+        ok(&srv, &["get", "svc", "web", "-o", "jsonpath={.spec.ports[0].targetPort}"]),
+        "9090",
+        "nothing applied"
+    );
+    assert!(apply("svc.yaml", svc(8081), &["--force-conflicts"]).status.success());
+    assert_eq!(ok(&srv, &["get", "svc", "web", "-o", "jsonpath={.spec.ports[0].targetPort}"]), "8080");
+    let managers = ok(
+        &srv,
+        &["get", "svc", "web", "--show-managed-fields", "-o", "jsonpath={.metadata.managedFields[*].manager}"],
+    );
+    assert_eq!(managers, "kubectl", "the patcher's only field was taken");
+
+    // A Deployment's containerPort removed from the manifest goes from the object.
+    let dep = |ports: &str| {
+        format!("apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: d\nspec:\n  selector: {{matchLabels: {{app: d}}}}\n  template:\n    metadata: {{labels: {{app: d}}}}\n    spec:\n      containers:\n      - name: c\n        image: podpath/echo\n        ports: {ports}\n")
+    };
+    assert!(apply("d.yaml", dep("[{containerPort: 8080}, {containerPort: 9090}]"), &[]).status.success());
+    assert!(apply("d.yaml", dep("[{containerPort: 8081}]"), &[]).status.success());
+    assert_eq!(
+        ok(&srv, &["get", "deploy", "d", "-o", "jsonpath={.spec.template.spec.containers[0].ports[*].containerPort}"]),
+        "8081"
+    );
+}
