@@ -145,8 +145,16 @@ impl ApiObject for Node {
         Ok(())
     }
 
-    fn allocations(&self, _ranges: &Ranges) -> BTreeSet<AllocKey> {
-        self.spec.as_ref().and_then(|s| s.pod_cidr.as_deref()).map(pod_cidr_key).into_iter().collect()
+    /// Only a CIDR inside the cluster CIDR is allocated; one outside it is the node's own
+    /// business (the allocator never hands it out).
+    fn allocations(&self, ranges: &Ranges) -> BTreeSet<AllocKey> {
+        self.spec
+            .as_ref()
+            .and_then(|s| s.pod_cidr.as_deref())
+            .filter(|c| c.parse::<Ipv4Net>().is_ok_and(|n| ranges.cluster_cidr.contains(&n)))
+            .map(pod_cidr_key)
+            .into_iter()
+            .collect()
     }
 
     fn columns() -> Vec<Column> {
