@@ -294,7 +294,7 @@ async fn malformed_messages_are_invalid_arguments() {
         let bytes: Vec<u8> = (0..rng.usize(0..64)).map(|_| rng.u8(..)).collect();
         let mut client = tonic::client::Grpc::new(ch.clone());
         client.ready().await.unwrap();
-        let path = http::uri::PathAndQuery::from_maybe_shared(method.to_string()).unwrap();
+        let path = http::uri::PathAndQuery::from_maybe_shared(method).unwrap();
         let call = client.unary(tonic::Request::new(bytes.clone()), path, RawCodec);
         let code = match tokio::time::timeout(Duration::from_secs(10), call).await.expect("an answer") {
             Ok(_) => tonic::Code::Ok,
