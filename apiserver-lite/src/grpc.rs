@@ -308,6 +308,7 @@ pub async fn serve_grpc(
     registry: Arc<Registry>,
     token: Option<Arc<str>>,
     max_message_bytes: usize,
+    tls: Option<crate::tls::Identity>,
     listener: tokio::net::TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), ApiError> {
@@ -319,10 +320,18 @@ pub async fn serve_grpc(
         .build_v1()
         .map_err(|e| ApiError::internal(format!("gRPC reflection: {e}")))?;
     let limit = max_message_bytes;
-    tonic::transport::Server::builder()
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(id) = tls {
+        let identity = tonic::transport::Identity::from_pem(&id.cert_pem, &id.key_pem);
+        builder = builder
+            .tls_config(tonic::transport::ServerTlsConfig::new().identity(identity))
+            .map_err(|e| ApiError::internal(format!("gRPC TLS: {e}")))?;
+    }
+    builder
         // Watch streams of node agents stay open for as long as the agent runs.
         .timeout(Duration::from_secs(3600 * 24 * 365))
-        .add_service(reflection)
+        // Reflection describes the API: for authenticated callers only.
+        .add_service(InterceptedService::new(reflection, check.clone()))
         .add_service(InterceptedService::new(
             pb::services_server::ServicesServer::new(svc.clone()).max_decoding_message_size(limit),
             check.clone(),

@@ -18,6 +18,7 @@ pub mod registry;
 pub mod response;
 pub mod rest;
 pub mod store;
+pub mod tls;
 pub mod watch;
 pub mod yaml;
 
@@ -44,6 +45,8 @@ pub struct Config {
     pub advertise: Option<std::net::SocketAddr>,
     /// Events kept for resuming watches.
     pub event_log_capacity: usize,
+    /// Serve REST and gRPC over TLS with this identity; `None` is plain HTTP (`--insecure-http`).
+    pub tls: Option<tls::Identity>,
 }
 
 impl Config {
@@ -57,6 +60,7 @@ impl Config {
             request_timeout: Duration::from_secs(60),
             advertise: None,
             event_log_capacity: store::EVENT_LOG_CAPACITY,
+            tls: None,
         }
     }
 }
@@ -95,7 +99,7 @@ pub async fn serve_grpc_on_loopback(data_dir: PathBuf) -> Result<(String, Arc<re
     let listener = TcpListener::bind("127.0.0.1:0").await.map_err(|e| ApiError::internal(format!("bind: {e}")))?;
     let addr = listener.local_addr().map_err(|e| ApiError::internal(format!("bind: {e}")))?.to_string();
     let registry = srv.registry.clone();
-    tokio::spawn(grpc::serve_grpc(srv.registry.clone(), None, 3 << 20, listener, std::future::pending()));
+    tokio::spawn(grpc::serve_grpc(srv.registry.clone(), None, 3 << 20, None, listener, std::future::pending()));
     Ok((addr, registry))
 }
 
@@ -122,23 +126,33 @@ pub async fn serve(
     };
     let shutdown = shutdown.shared();
     let mut tasks = Vec::new();
+    let tls_config = cfg.tls.as_ref().map(tls::server_config).transpose()?;
     for l in rest {
-        // Watch events are small writes: without NODELAY, Nagle and delayed ACKs hold them back.
-        let l = axum::serve::ListenerExt::tap_io(l, |tcp: &mut tokio::net::TcpStream| {
-            let _ = tcp.set_nodelay(true);
-        });
         let app = rest::router(state.clone());
         let sd = shutdown.clone();
+        let served = match &tls_config {
+            Some(c) => {
+                let l = tls::TlsListener::new(l, c.clone()).map_err(|e| ApiError::internal(format!("REST listener: {e}")))?;
+                tokio::spawn(async move { axum::serve(l, app).with_graceful_shutdown(sd).await })
+            }
+            None => {
+                // Watch events are small writes: without NODELAY, Nagle and delayed ACKs hold them back.
+                let l = axum::serve::ListenerExt::tap_io(l, |tcp: &mut tokio::net::TcpStream| {
+                    let _ = tcp.set_nodelay(true);
+                });
+                tokio::spawn(async move { axum::serve(l, app).with_graceful_shutdown(sd).await })
+            }
+        };
         tasks.push(tokio::spawn(async move {
-            axum::serve(l, app)
-                .with_graceful_shutdown(sd)
+            served
                 .await
+                .map_err(|e| ApiError::internal(format!("REST server task: {e}")))?
                 .map_err(|e| ApiError::internal(format!("REST server: {e}")))
         }));
     }
     if let Some(l) = grpc {
         let (registry, sd, limit) = (server.registry.clone(), shutdown.clone(), cfg.max_body_bytes);
-        tasks.push(tokio::spawn(grpc::serve_grpc(registry, token, limit, l, sd)));
+        tasks.push(tokio::spawn(grpc::serve_grpc(registry, token, limit, cfg.tls.clone(), l, sd)));
     }
     for t in tasks {
         t.await.map_err(|e| ApiError::internal(format!("server task: {e}")))??;

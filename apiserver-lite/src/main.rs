@@ -53,6 +53,20 @@ struct Args {
     /// File holding a bearer token every client must present (REST and gRPC).
     #[arg(long)]
     token_file: Option<PathBuf>,
+    /// Serve plain HTTP (REST and gRPC) instead of TLS: for a trusted loopback only.
+    #[arg(long)]
+    insecure_http: bool,
+    /// Serving certificate (PEM); with `--tls-private-key-file`. Without them the server makes
+    /// a lab CA and a certificate for its names and addresses in `--cert-dir`.
+    #[arg(long, requires = "tls_private_key_file", conflicts_with = "insecure_http")]
+    tls_cert_file: Option<PathBuf>,
+    /// The serving certificate's private key (PEM).
+    #[arg(long, requires = "tls_cert_file")]
+    tls_private_key_file: Option<PathBuf>,
+    /// Where the generated CA (`ca.crt`, for clients) and serving certificate go
+    /// [default: DATA_DIR/pki].
+    #[arg(long)]
+    cert_dir: Option<PathBuf>,
     /// Largest accepted request body, in bytes.
     #[arg(long, default_value_t = 3 << 20)]
     max_request_bytes: usize,
@@ -122,6 +136,24 @@ async fn run() -> Result<()> {
     cfg.max_body_bytes = args.max_request_bytes;
     cfg.advertise = args.advertise_address;
     cfg.event_log_capacity = args.event_log_capacity;
+    cfg.tls = if args.insecure_http {
+        None
+    } else if let (Some(c), Some(k)) = (&args.tls_cert_file, &args.tls_private_key_file) {
+        Some(apiserver_lite::tls::identity_from_files(c, k)?)
+    } else {
+        // Every address the API is reached on goes in the certificate.
+        let mut hosts: Vec<String> = args.listen.iter().chain(&args.netns_listen).map(|a| a.ip().to_string()).collect();
+        hosts.extend(args.advertise_address.map(|a| a.ip().to_string()));
+        if let Ok(a) = args.grpc_listen.parse::<SocketAddr>() {
+            hosts.push(a.ip().to_string());
+        }
+        if let Some(first) = args.service_cluster_ip_range.hosts().next() {
+            hosts.push(first.to_string());
+        }
+        hosts.retain(|h| h != "0.0.0.0");
+        let dir = args.cert_dir.clone().unwrap_or_else(|| args.data_dir.join("pki"));
+        Some(apiserver_lite::tls::generated_identity(&dir, &hosts)?)
+    };
     let mut rest = Vec::new();
     for addr in &args.listen {
         rest.push(tokio::net::TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))?);
@@ -142,7 +174,8 @@ async fn run() -> Result<()> {
             })
         }
     };
-    tracing::info!(rest = ?args.listen, grpc = %args.grpc_listen, data_dir = %args.data_dir.display(), "apiserver-lite starting");
+    let scheme = if cfg.tls.is_some() { "https" } else { "http" };
+    tracing::info!(rest = ?args.listen, grpc = %args.grpc_listen, scheme, data_dir = %args.data_dir.display(), "apiserver-lite starting");
     let shutdown = async {
         let mut term =
             tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("signal handler");

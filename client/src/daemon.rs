@@ -16,6 +16,20 @@ pub fn read_token(path: Option<&Path>) -> Result<Option<String>> {
     .transpose()
 }
 
+/// The API server's CA certificate from `--apiserver-ca-file` (PEM); None without the flag
+/// (plain HTTP to an `--insecure-http` server).
+pub fn read_ca(path: Option<&Path>) -> Result<Option<String>> {
+    path.map(|p| {
+        let pem = std::fs::read_to_string(p)
+            .map_err(|e| ClientError::Config(format!("cannot read --apiserver-ca-file {}: {e}", p.display())))?;
+        if !pem.contains("-----BEGIN CERTIFICATE-----") {
+            return Err(ClientError::Config(format!("--apiserver-ca-file {}: no PEM certificate in it", p.display())));
+        }
+        Ok(pem)
+    })
+    .transpose()
+}
+
 /// Resolves on SIGTERM or SIGINT.
 pub async fn stop_signal() {
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("signal handler");

@@ -7,7 +7,7 @@ use api::proto::pods_client::PodsClient;
 use api::proto::watch_client::WatchClient;
 use tonic::metadata::MetadataValue;
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 
 use crate::error::{ClientError, Result};
 
@@ -36,13 +36,19 @@ pub struct ApiClient {
 
 impl ApiClient {
     /// Connects to `addr` (`host:port`); the connection is re-established lazily after failures.
-    pub async fn connect(addr: &str, token: Option<&str>) -> Result<ApiClient> {
-        let url = format!("http://{addr}");
-        let endpoint = Endpoint::from_shared(url.clone())
+    /// With `ca_pem` the connection is TLS and the server's certificate must be the API's
+    /// (`kubernetes` among its names) signed by that CA; without, plain HTTP/2.
+    pub async fn connect(addr: &str, token: Option<&str>, ca_pem: Option<&str>) -> Result<ApiClient> {
+        let scheme = if ca_pem.is_some() { "https" } else { "http" };
+        let mut endpoint = Endpoint::from_shared(format!("{scheme}://{addr}"))
             .map_err(|e| ClientError::Config(format!("invalid --apiserver {addr}: {e}")))?
             .connect_timeout(Duration::from_secs(5))
             .tcp_nodelay(true)
             .http2_keep_alive_interval(Duration::from_secs(30));
+        if let Some(ca) = ca_pem {
+            let tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca)).domain_name("kubernetes");
+            endpoint = endpoint.tls_config(tls).map_err(|e| ClientError::Config(format!("TLS to {addr}: {e}")))?;
+        }
         let channel =
             endpoint.connect().await.map_err(|source| ClientError::Connect { addr: addr.to_string(), source })?;
         let auth = Auth(
@@ -60,10 +66,15 @@ impl ApiClient {
 
     /// [`ApiClient::connect`], retried every 500 ms for up to `patience` (`None`: until it
     /// works): components may start before the API server, e.g. VMs booting in parallel.
-    pub async fn connect_patiently(addr: &str, token: Option<&str>, patience: Option<Duration>) -> Result<ApiClient> {
+    pub async fn connect_patiently(
+        addr: &str,
+        token: Option<&str>,
+        ca_pem: Option<&str>,
+        patience: Option<Duration>,
+    ) -> Result<ApiClient> {
         let deadline = patience.map(|p| tokio::time::Instant::now() + p);
         for attempt in 0u64.. {
-            match ApiClient::connect(addr, token).await {
+            match ApiClient::connect(addr, token, ca_pem).await {
                 Ok(c) => return Ok(c),
                 Err(e) if deadline.is_none_or(|d| tokio::time::Instant::now() < d) => {
                     // Once, then every 10 s: a log line per attempt would bury everything else.

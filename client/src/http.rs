@@ -27,6 +27,49 @@ pub enum HttpError {
     Exchange { method: String, path: String, addr: SocketAddr, message: String },
     #[error("{method} {path} to {addr}: no answer within {timeout:?}")]
     Timeout { method: String, path: String, addr: SocketAddr, timeout: Duration },
+    #[error("TLS to {addr}: {message}")]
+    Tls { addr: SocketAddr, message: String },
+    #[error("TLS settings: {0}")]
+    TlsConfig(String),
+}
+
+/// TLS to a server whose certificate the given CA signed, checked for a server name (the API
+/// server's certificate carries `kubernetes` whatever address it is reached on).
+#[derive(Clone)]
+pub struct Tls {
+    connector: tokio_rustls::TlsConnector,
+    server_name: rustls::pki_types::ServerName<'static>,
+}
+
+impl std::fmt::Debug for Tls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Tls({:?})", self.server_name)
+    }
+}
+
+impl Tls {
+    /// Trusts the certificates in `ca_pem` only.
+    pub fn new(ca_pem: &str, server_name: &str) -> Result<Tls, HttpError> {
+        use rustls::pki_types::pem::PemObject;
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in rustls::pki_types::CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+            let cert = cert.map_err(|e| HttpError::TlsConfig(format!("CA certificate: {e}")))?;
+            roots.add(cert).map_err(|e| HttpError::TlsConfig(format!("CA certificate: {e}")))?;
+        }
+        if roots.is_empty() {
+            return Err(HttpError::TlsConfig("no CA certificate in the PEM".into()));
+        }
+        let mut config =
+            rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(rustls::crypto::ring::default_provider()))
+                .with_safe_default_protocol_versions()
+                .map_err(|e| HttpError::TlsConfig(e.to_string()))?
+                .with_root_certificates(roots)
+                .with_no_client_auth();
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        let server_name = rustls::pki_types::ServerName::try_from(server_name.to_string())
+            .map_err(|e| HttpError::TlsConfig(format!("server name {server_name:?}: {e}")))?;
+        Ok(Tls { connector: tokio_rustls::TlsConnector::from(std::sync::Arc::new(config)), server_name })
+    }
 }
 
 /// A response: status and body (read whole).
@@ -68,13 +111,36 @@ pub struct Conn {
 impl Conn {
     /// Connects to `addr`.
     pub async fn connect(addr: SocketAddr) -> Result<Conn, HttpError> {
+        Self::connect_via(addr, None).await
+    }
+
+    /// Connects to `addr`, over TLS when `tls` is given.
+    pub async fn connect_via(addr: SocketAddr, tls: Option<&Tls>) -> Result<Conn, HttpError> {
         let stream = TcpStream::connect(addr).await.map_err(|source| HttpError::Connect { addr, source })?;
-        Self::over(addr, stream).await
+        match tls {
+            None => Self::over(addr, stream).await,
+            Some(t) => {
+                let _ = stream.set_nodelay(true);
+                let s = t
+                    .connector
+                    .connect(t.server_name.clone(), stream)
+                    .await
+                    .map_err(|e| HttpError::Tls { addr, message: e.to_string() })?;
+                Self::over_io(addr, s).await
+            }
+        }
     }
 
     /// Runs HTTP/1.1 over a connected stream (a socket set up by the caller).
     pub async fn over(addr: SocketAddr, stream: TcpStream) -> Result<Conn, HttpError> {
         let _ = stream.set_nodelay(true);
+        Self::over_io(addr, stream).await
+    }
+
+    async fn over_io<I>(addr: SocketAddr, stream: I) -> Result<Conn, HttpError>
+    where
+        I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
         let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(|e| {
             HttpError::Exchange { method: "CONNECT".into(), path: String::new(), addr, message: e.to_string() }
         })?;
@@ -123,8 +189,18 @@ impl Conn {
 
 /// One request on a fresh connection (closed afterwards), within `timeout`.
 pub async fn request(addr: SocketAddr, req: &Request<'_>, timeout: Duration) -> Result<Response, HttpError> {
+    request_via(addr, None, req, timeout).await
+}
+
+/// [`request`], over TLS when `tls` is given.
+pub async fn request_via(
+    addr: SocketAddr,
+    tls: Option<&Tls>,
+    req: &Request<'_>,
+    timeout: Duration,
+) -> Result<Response, HttpError> {
     let exchange = async {
-        let mut conn = Conn::connect(addr).await?;
+        let mut conn = Conn::connect_via(addr, tls).await?;
         conn.send(req).await
     };
     match tokio::time::timeout(timeout, exchange).await {
@@ -138,12 +214,22 @@ pub async fn request(addr: SocketAddr, req: &Request<'_>, timeout: Duration) -> 
 /// a scoped thread of its own, since a runtime cannot block inside another; a new thread
 /// inherits its creator's network namespace, so the request leaves from the same one.
 pub fn blocking(addr: SocketAddr, req: &Request<'_>, timeout: Duration) -> Result<Response, HttpError> {
+    blocking_via(addr, None, req, timeout)
+}
+
+/// [`blocking`], over TLS when `tls` is given.
+pub fn blocking_via(
+    addr: SocketAddr,
+    tls: Option<&Tls>,
+    req: &Request<'_>,
+    timeout: Duration,
+) -> Result<Response, HttpError> {
     let run = || {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .map_err(|source| HttpError::Connect { addr, source })?;
-        rt.block_on(request(addr, req, timeout))
+        rt.block_on(request_via(addr, tls, req, timeout))
     };
     if tokio::runtime::Handle::try_current().is_err() {
         return run();

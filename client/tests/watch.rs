@@ -23,7 +23,7 @@ async fn server() -> Server {
 #[tokio::test]
 async fn the_reflector_follows_pods_of_its_node() {
     let s = server().await;
-    let client = ApiClient::connect(&s.grpc, None).await.unwrap();
+    let client = ApiClient::connect(&s.grpc, None, None).await.unwrap();
     let store = Store::<core::Pod>::new();
     let filter = Filter { field_selector: "spec.nodeName=node-1".into(), ..Default::default() };
     tokio::spawn(reflector::run(client.clone(), filter, store.clone()));
@@ -65,7 +65,7 @@ async fn the_reflector_follows_pods_of_its_node() {
 async fn connecting_waits_for_a_late_api_server_and_gives_up_after_its_patience() {
     // A port nothing listens on yet: reserved, then released.
     let addr = TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap();
-    let err = ApiClient::connect_patiently(&addr.to_string(), None, Some(Duration::from_millis(600))).await.err();
+    let err = ApiClient::connect_patiently(&addr.to_string(), None, None, Some(Duration::from_millis(600))).await.err();
     assert!(err.is_some_and(|e| e.to_string().contains(&format!("cannot connect to the API server at {addr}"))));
 
     let dir = tempfile::tempdir().unwrap();
@@ -82,7 +82,7 @@ async fn connecting_waits_for_a_late_api_server_and_gives_up_after_its_patience(
         ));
     };
     let target = addr.to_string();
-    let (client, ()) = tokio::join!(ApiClient::connect_patiently(&target, None, None), late);
+    let (client, ()) = tokio::join!(ApiClient::connect_patiently(&target, None, None, None), late);
     let mut nodes = client.unwrap().nodes;
     let listed = nodes.list(api::proto::ListRequest::default()).await;
     assert!(listed.is_ok(), "a working client once the server is up");
@@ -92,7 +92,7 @@ async fn connecting_waits_for_a_late_api_server_and_gives_up_after_its_patience(
 async fn ingresses_and_tls_secrets_arrive_whole_over_grpc() {
     use api::k8s_openapi::api::networking::v1::Ingress;
     let s = server().await;
-    let client = ApiClient::connect(&s.grpc, None).await.unwrap();
+    let client = ApiClient::connect(&s.grpc, None, None).await.unwrap();
     let ingresses = Store::<Ingress>::new();
     let secrets = Store::<core::Secret>::new();
     tokio::spawn(reflector::run(client.clone(), Filter::default(), ingresses.clone()));

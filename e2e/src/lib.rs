@@ -50,7 +50,8 @@ pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free port")
 }
 
-/// A running `apiserver-lite` process.
+/// A running `apiserver-lite` process: over TLS with its generated lab CA and a bearer token,
+/// as the server runs by default, unless started with `--insecure-http`.
 pub struct ApiServer {
     child: Child,
     pub rest: SocketAddr,
@@ -58,18 +59,32 @@ pub struct ApiServer {
     pub dir: tempfile::TempDir,
     pub data_dir: PathBuf,
     pub kubeconfig: PathBuf,
+    /// The CA's PEM (None: plain HTTP).
+    pub ca_pem: Option<String>,
+    pub token: Option<String>,
     extra_args: Vec<String>,
 }
+
+/// The bearer token the harness gives servers it starts over TLS.
+const TOKEN: &str = "podpath-e2e-token";
 
 impl ApiServer {
     pub fn start(extra_args: &[&str]) -> Result<ApiServer> {
         let dir = tempfile::Builder::new().prefix("podpath-e2e-").tempdir()?;
         let data_dir = dir.path().join("data");
-        let extra: Vec<String> = extra_args.iter().map(|s| s.to_string()).collect();
-        let (child, rest, grpc) = spawn(&data_dir, &extra, dir.path())?;
+        let mut extra: Vec<String> = extra_args.iter().map(|s| s.to_string()).collect();
+        let tls = !extra.iter().any(|a| a == "--insecure-http");
+        let token = tls.then(|| TOKEN.to_string());
+        if tls {
+            let token_file = dir.path().join("token");
+            std::fs::write(&token_file, TOKEN)?;
+            extra.extend(["--token-file".into(), token_file.display().to_string()]);
+        }
+        let (child, rest, grpc) = spawn(&data_dir, &extra, dir.path(), tls)?;
+        let ca_pem = if tls { Some(std::fs::read_to_string(data_dir.join("pki/ca.crt"))?) } else { None };
         let kubeconfig = dir.path().join("kubeconfig");
-        std::fs::write(&kubeconfig, kubeconfig_text(rest))?;
-        Ok(ApiServer { child, rest, grpc, dir, data_dir, kubeconfig, extra_args: extra })
+        std::fs::write(&kubeconfig, kubeconfig_text(rest, ca_pem.as_deref(), token.as_deref()))?;
+        Ok(ApiServer { child, rest, grpc, dir, data_dir, kubeconfig, ca_pem, token, extra_args: extra })
     }
 
     pub fn pid(&self) -> u32 {
@@ -83,8 +98,9 @@ impl ApiServer {
         self.child.wait()?;
         let mut args = self.extra_args.clone();
         args.extend(["--listen".into(), self.rest.to_string(), "--grpc-listen".into(), self.grpc.to_string()]);
-        let (child, ()) = spawn_on(&self.data_dir, &args, self.dir.path(), self.rest)?;
+        let (child, ()) = spawn_on(&self.data_dir, &args, self.dir.path(), self.rest, self.ca_pem.is_some())?;
         self.child = child;
+        // The CA stays; the serving certificate is new, signed by it.
         Ok(())
     }
 
@@ -101,9 +117,26 @@ impl ApiServer {
         c
     }
 
-    /// GET over plain HTTP/1.1; returns the status code and body.
+    /// TLS settings for talking to this server (None: plain HTTP).
+    pub fn tls(&self) -> Option<http::Tls> {
+        self.ca_pem.as_deref().map(|ca| http::Tls::new(ca, "kubernetes").expect("the lab CA"))
+    }
+
+    /// One request with the token, over TLS unless the server is plain: status and body.
+    pub fn request(&self, method: &str, path: &str, body: &[u8]) -> Result<http::Response> {
+        let auth = self.token.as_ref().map(|t| format!("Bearer {t}"));
+        let mut headers = vec![("Accept", "application/json"), ("Content-Type", "application/json")];
+        if let Some(a) = &auth {
+            headers.push(("Authorization", a.as_str()));
+        }
+        let req = http::Request { method, path, headers: &headers, body };
+        Ok(http::blocking_via(self.rest, self.tls().as_ref(), &req, Duration::from_secs(10))?)
+    }
+
+    /// GET with the token; returns the status code and body.
     pub fn http_get(&self, path: &str) -> Result<(u16, String)> {
-        http_get(self.rest, path)
+        let r = self.request("GET", path, b"")?;
+        Ok((r.status, r.text()))
     }
 }
 
@@ -114,14 +147,14 @@ impl Drop for ApiServer {
     }
 }
 
-fn spawn(data_dir: &Path, extra: &[String], log_dir: &Path) -> Result<(Child, SocketAddr, SocketAddr)> {
+fn spawn(data_dir: &Path, extra: &[String], log_dir: &Path, tls: bool) -> Result<(Child, SocketAddr, SocketAddr)> {
     let mut last = None;
     for _ in 0..3 {
         let rest: SocketAddr = format!("127.0.0.1:{}", free_port()).parse()?;
         let grpc: SocketAddr = format!("127.0.0.1:{}", free_port()).parse()?;
         let mut args = extra.to_vec();
         args.extend(["--listen".into(), rest.to_string(), "--grpc-listen".into(), grpc.to_string()]);
-        match spawn_on(data_dir, &args, log_dir, rest) {
+        match spawn_on(data_dir, &args, log_dir, rest, tls) {
             Ok(child) => return Ok((child.0, rest, grpc)),
             Err(e) => last = Some(e),
         }
@@ -142,7 +175,17 @@ impl Drop for Starting {
     }
 }
 
-fn spawn_on(data_dir: &Path, args: &[String], log_dir: &Path, rest: SocketAddr) -> Result<(Child, ())> {
+/// Whether the server at `rest` answers `/readyz` (over TLS with the CA in `data_dir`).
+fn ready(rest: SocketAddr, data_dir: &Path, tls: bool) -> bool {
+    if !tls {
+        return matches!(http_get(rest, "/readyz"), Ok((200, _)));
+    }
+    let Ok(ca) = std::fs::read_to_string(data_dir.join("pki/ca.crt")) else { return false };
+    let Ok(t) = http::Tls::new(&ca, "kubernetes") else { return false };
+    http::blocking_via(rest, Some(&t), &http::Request::get("/readyz"), Duration::from_secs(5)).is_ok_and(|r| r.status == 200)
+}
+
+fn spawn_on(data_dir: &Path, args: &[String], log_dir: &Path, rest: SocketAddr, tls: bool) -> Result<(Child, ())> {
     let log = std::fs::OpenOptions::new().create(true).append(true).open(log_dir.join("apiserver.log"))?;
     let child = Command::new(bin("apiserver-lite"))
         .arg("--data-dir")
@@ -159,7 +202,7 @@ fn spawn_on(data_dir: &Path, args: &[String], log_dir: &Path, rest: SocketAddr) 
             let log = std::fs::read_to_string(log_dir.join("apiserver.log")).unwrap_or_default();
             bail!("apiserver-lite exited with {status}: {log}");
         }
-        if matches!(http_get(rest, "/readyz"), Ok((200, _))) {
+        if ready(rest, data_dir, tls) {
             return Ok((starting.0.take().context("the child")?, ()));
         }
         std::thread::sleep(Duration::from_millis(50));
@@ -167,9 +210,19 @@ fn spawn_on(data_dir: &Path, args: &[String], log_dir: &Path, rest: SocketAddr) 
     bail!("apiserver-lite did not become ready on {rest}")
 }
 
-pub fn kubeconfig_text(rest: SocketAddr) -> String {
+/// A kubeconfig for the server at `rest`: https with the CA's data and the token, or plain http.
+pub fn kubeconfig_text(rest: SocketAddr, ca_pem: Option<&str>, token: Option<&str>) -> String {
+    use base64::Engine;
+    let (scheme, ca) = match ca_pem {
+        Some(pem) => (
+            "https",
+            format!("\n    certificate-authority-data: {}", base64::engine::general_purpose::STANDARD.encode(pem)),
+        ),
+        None => ("http", String::new()),
+    };
+    let user = token.map(|t| format!("{{token: {t}}}")).unwrap_or_else(|| "{}".into());
     format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: lab\n  cluster:\n    server: http://{rest}\nusers:\n- name: lab\n  user: {{}}\ncontexts:\n- name: lab\n  context:\n    cluster: lab\n    user: lab\n    namespace: default\ncurrent-context: lab\n"
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: lab\n  cluster:\n    server: {scheme}://{rest}{ca}\nusers:\n- name: lab\n  user: {user}\ncontexts:\n- name: lab\n  context:\n    cluster: lab\n    user: lab\n    namespace: default\ncurrent-context: lab\n"
     )
 }
 

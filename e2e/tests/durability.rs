@@ -24,7 +24,8 @@ fn a_create_is_fdatasynced_before_it_is_acknowledged() {
         .arg(bin("apiserver-lite"))
         .arg("--data-dir")
         .arg(dir.path().join("data"))
-        .args(["--listen", &rest.to_string(), "--grpc-listen", "off"])
+        // Plain HTTP, explicitly: the test reads the request and the answer in the syscalls.
+        .args(["--listen", &rest.to_string(), "--grpc-listen", "off", "--insecure-http"])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -112,11 +113,12 @@ fn acknowledged_writes_and_unique_allocations_survive_kill_9_under_concurrent_wr
     let mut attempted = 0usize;
     for round in 0..3 {
         let stop = AtomicBool::new(false);
-        let rest = srv.rest;
+        let (rest, tls) = (srv.rest, srv.tls());
+        let auth = format!("Bearer {}", srv.token.clone().unwrap_or_default());
         let tried = std::sync::atomic::AtomicUsize::new(0);
         std::thread::scope(|s| {
             for w in 0..WRITERS {
-                let (stop, acked, tried) = (&stop, &acked, &tried);
+                let (stop, acked, tried, tls, auth) = (&stop, &acked, &tried, &tls, &auth);
                 s.spawn(move || {
                     let mut i = 0;
                     while !stop.load(Ordering::Relaxed) {
@@ -126,14 +128,14 @@ fn acknowledged_writes_and_unique_allocations_survive_kill_9_under_concurrent_wr
                         let body = format!(
                             r#"{{"metadata":{{"name":"{name}"}},"spec":{{"type":"NodePort","ports":[{{"port":80}}]}}}}"#
                         );
-                        let headers = [("Content-Type", "application/json")];
+                        let headers = [("Content-Type", "application/json"), ("Authorization", auth.as_str())];
                         let req = http::Request {
                             method: "POST",
                             path: "/api/v1/namespaces/default/services",
                             headers: &headers,
                             body: body.as_bytes(),
                         };
-                        match http::blocking(rest, &req, Duration::from_secs(5)) {
+                        match http::blocking_via(rest, tls.as_ref(), &req, Duration::from_secs(5)) {
                             Ok(r) if r.status == 201 => {
                                 let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
                                 let ip = v["spec"]["clusterIP"].as_str().unwrap().to_string();

@@ -235,6 +235,11 @@ fn kubectl_sees_a_node_agent_register_run_a_pod_and_stop() {
         .arg(podpath_e2e::bin("node-agent"))
         .args(["--node-name", "node-1", "--node-ip", "192.168.56.11", "--heartbeat-seconds", "1"])
         .args(["--apiserver", "127.0.0.1:6444", "--healthz-bind-address", "127.0.0.1:10256"])
+        // TLS to the API, verified against the server's lab CA, with its token.
+        .arg("--apiserver-ca-file")
+        .arg(srv.data_dir.join("pki/ca.crt"))
+        .arg("--token-file")
+        .arg(srv.dir.path().join("token"))
         .arg("--state-dir")
         .arg(state.path().join("agent"))
         .arg("--cni-conf-dir")

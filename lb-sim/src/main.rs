@@ -20,6 +20,10 @@ struct Args {
     /// File with the bearer token the API server wants.
     #[arg(long)]
     token_file: Option<PathBuf>,
+    /// The API server's CA certificate (PEM; the lab's is `STATE/apiserver/pki/ca.crt`): the
+    /// connection is TLS and verified. Without it, plain HTTP (an `--insecure-http` server).
+    #[arg(long)]
+    apiserver_ca_file: Option<PathBuf>,
     /// `passthrough`: route LoadBalancer IPs and externalIPs to healthy nodes, packets
     /// unchanged (GKE/MetalLB style). `nodeport`: proxy `LB IP:port` to `node IP:nodePort` of
     /// healthy nodes (classic cloud LB); externalIPs are still routed.
@@ -61,7 +65,8 @@ async fn start() -> Result<()> {
         a => Some(a.parse().with_context(|| format!("--status-listen {a:?} is not IP:PORT"))?),
     };
     let token = podpath_client::daemon::read_token(args.token_file.as_deref())?;
-    let cfg = Config { apiserver: args.apiserver, token, mode, status_listen, node_health_port: args.node_health_port };
+    let ca = podpath_client::daemon::read_ca(args.apiserver_ca_file.as_deref())?;
+    let cfg = Config { apiserver: args.apiserver, token, ca, mode, status_listen, node_health_port: args.node_health_port };
     let shutdown = async {
         podpath_client::daemon::stop_signal().await;
         tracing::info!("stopping");

@@ -27,6 +27,8 @@ pub struct Config {
     /// gRPC address of apiserver-lite.
     pub apiserver: String,
     pub token: Option<String>,
+    /// The API server's CA (PEM): TLS to the API; None: plain HTTP.
+    pub ca: Option<String>,
     pub mode: Mode,
     /// Where `GET /status` is served (None: nowhere).
     pub status_listen: Option<SocketAddr>,
@@ -48,7 +50,7 @@ fn hash_by_ports() {
 pub async fn run<I: Ip>(cfg: Config, ip: Arc<I>, shutdown: impl std::future::Future<Output = ()>) -> Result<()> {
     // The gateway may start first; give up after 30 s so a wrong address is reported.
     let client =
-        ApiClient::connect_patiently(&cfg.apiserver, cfg.token.as_deref(), Some(Duration::from_secs(30))).await?;
+        ApiClient::connect_patiently(&cfg.apiserver, cfg.token.as_deref(), cfg.ca.as_deref(), Some(Duration::from_secs(30))).await?;
     let services = Store::<core::Service>::new();
     let nodes = Store::<core::Node>::new();
     let ingresses = Store::<Ingress>::new();

@@ -28,6 +28,8 @@ pub struct AgentConfig {
     pub node_ip: IpAddr,
     pub apiserver: String,
     pub token: Option<String>,
+    /// The API server's CA (PEM): TLS to the API; None: plain HTTP.
+    pub ca: Option<String>,
     pub heartbeat: Duration,
     pub max_pods: u32,
     pub labels: BTreeMap<String, String>,
@@ -91,7 +93,7 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()>) -> Result
     // Wait for the API server as long as it takes (as kubelet does), unless told to stop.
     tokio::pin!(shutdown);
     let client = tokio::select! {
-        c = ApiClient::connect_patiently(&cfg.apiserver, cfg.token.as_deref(), None) => c?,
+        c = ApiClient::connect_patiently(&cfg.apiserver, cfg.token.as_deref(), cfg.ca.as_deref(), None) => c?,
         () = &mut shutdown => return Ok(()),
     };
     let node_cfg = NodeConfig {

@@ -36,6 +36,10 @@ struct Args {
     /// File with the bearer token the API server wants.
     #[arg(long)]
     token_file: Option<PathBuf>,
+    /// The API server's CA certificate (PEM; the lab's is `STATE/apiserver/pki/ca.crt`): the
+    /// connection is TLS and verified. Without it, plain HTTP (an `--insecure-http` server).
+    #[arg(long)]
+    apiserver_ca_file: Option<PathBuf>,
     /// Where the agent keeps pod records, the CNI cache, IPAM state and pod logs.
     #[arg(long, default_value = "/var/lib/podpath/node")]
     state_dir: PathBuf,
@@ -145,6 +149,7 @@ async fn run() -> Result<()> {
         bail!("--restart-backoff-seconds must be in (0, 300]");
     }
     let token = podpath_client::daemon::read_token(args.token_file.as_deref())?;
+    let ca = podpath_client::daemon::read_ca(args.apiserver_ca_file.as_deref())?;
     let mut labels = BTreeMap::new();
     for l in &args.node_labels {
         let (k, v) = l.split_once('=').with_context(|| format!("--node-label {l:?} is not KEY=VALUE"))?;
@@ -164,6 +169,7 @@ async fn run() -> Result<()> {
         node_ip: args.node_ip.expect("required by clap"),
         apiserver: args.apiserver,
         token,
+        ca,
         heartbeat: Duration::from_secs(args.heartbeat_seconds),
         max_pods: args.max_pods,
         labels,

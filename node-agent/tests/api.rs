@@ -31,7 +31,7 @@ fn cfg(name: &str) -> NodeConfig {
 #[tokio::test]
 async fn registers_heartbeats_and_reports_not_ready_on_stop() {
     let s = server().await;
-    let client = ApiClient::connect(&s.grpc, None).await.unwrap();
+    let client = ApiClient::connect(&s.grpc, None, None).await.unwrap();
     let desired = node::node_object(&cfg("node-1"), &node::host_facts());
     let n = node::register(&client, &desired).await.unwrap();
     assert_eq!(n.spec.unwrap().pod_cidr.as_deref(), Some("10.244.1.0/24"));
