@@ -191,7 +191,8 @@ control_plane() {
   write_hosts
   service apiserver-lite control-group "$BIN/apiserver-lite" --data-dir /var/lib/podpath/apiserver \
     --listen "$LAB_IP:$API_PORT" --listen "127.0.0.1:$API_PORT" --grpc-listen "$LAB_IP:$GRPC_PORT" \
-    --advertise-address "$LAB_IP:$API_PORT" --node-monitor-grace-period 10s
+    --advertise-address "$LAB_IP:$API_PORT" --node-monitor-grace-period 10s \
+    --insecure-http  # plain HTTP on the private network: the VMs share no CA yet (the netns lab uses TLS)
   wait_http apiserver-lite "http://127.0.0.1:$API_PORT/readyz" 200
   say "kubectl: server http://$LAB_IP:$API_PORT (vagrant/kubeconfig)"
 }

@@ -48,7 +48,8 @@ fn start_server() -> Server {
     let child = Command::new(server_binary())
         .arg("--data-dir")
         .arg(dir.path().join("data"))
-        .args(["--listen", &addr.to_string(), "--grpc-listen", "off", "--log", "info"])
+        // Plain HTTP, explicitly: this measures the server, not TLS.
+        .args(["--listen", &addr.to_string(), "--grpc-listen", "off", "--log", "info", "--insecure-http"])
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
         .spawn()

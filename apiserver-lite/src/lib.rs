@@ -132,7 +132,8 @@ pub async fn serve(
         let sd = shutdown.clone();
         let served = match &tls_config {
             Some(c) => {
-                let l = tls::TlsListener::new(l, c.clone()).map_err(|e| ApiError::internal(format!("REST listener: {e}")))?;
+                let l = tls::TlsListener::new(l, c.clone())
+                    .map_err(|e| ApiError::internal(format!("REST listener: {e}")))?;
                 tokio::spawn(async move { axum::serve(l, app).with_graceful_shutdown(sd).await })
             }
             None => {

@@ -71,7 +71,9 @@ fn write_private(path: &Path, text: &str) -> Result<(), ApiError> {
         .mode(0o600)
         .open(&tmp)
         .map_err(|e| tls_err(&format!("write {}", tmp.display()), e))?;
-    f.write_all(text.as_bytes()).and_then(|()| f.sync_all()).map_err(|e| tls_err(&format!("write {}", tmp.display()), e))?;
+    f.write_all(text.as_bytes())
+        .and_then(|()| f.sync_all())
+        .map_err(|e| tls_err(&format!("write {}", tmp.display()), e))?;
     std::fs::rename(&tmp, path).map_err(|e| tls_err(&format!("write {}", path.display()), e))
 }
 
@@ -82,7 +84,9 @@ pub fn generated_identity(dir: &Path, hosts: &[String]) -> Result<Identity, ApiE
     std::fs::create_dir_all(dir).map_err(|e| tls_err(&format!("create {}", dir.display()), e))?;
     let (ca_cert, ca_key) = (dir.join(CA_CERT), dir.join(CA_KEY));
     let ca_key_pair = match std::fs::read_to_string(&ca_key) {
-        Ok(pem) if ca_cert.exists() => KeyPair::from_pem(&pem).map_err(|e| tls_err(&format!("read {}", ca_key.display()), e))?,
+        Ok(pem) if ca_cert.exists() => {
+            KeyPair::from_pem(&pem).map_err(|e| tls_err(&format!("read {}", ca_key.display()), e))?
+        }
         _ => {
             let key = KeyPair::generate().map_err(|e| tls_err("CA key", e))?;
             let cert = ca_params()?.self_signed(&key).map_err(|e| tls_err("CA certificate", e))?;

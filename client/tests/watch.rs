@@ -77,6 +77,7 @@ async fn connecting_waits_for_a_late_api_server_and_gives_up_after_its_patience(
             srv.registry.clone(),
             None,
             3 << 20,
+            None,
             grpc,
             std::future::pending(),
         ));
@@ -129,4 +130,41 @@ async fn ingresses_and_tls_secrets_arrive_whole_over_grpc() {
     .expect("the Secret arrives");
     let data = secrets.get("default/shop-tls").unwrap().data.unwrap();
     assert_eq!(data["tls.crt"].0, b"cert");
+}
+
+/// Over TLS the client trusts the lab CA it is given and nothing else: the right CA connects
+/// and lists, another CA or plain HTTP does not.
+#[tokio::test]
+async fn tls_connections_verify_the_lab_ca() {
+    let dir = tempfile::tempdir().unwrap();
+    let id = apiserver_lite::tls::generated_identity(&dir.path().join("pki"), &["127.0.0.1".into()]).unwrap();
+    let ca = std::fs::read_to_string(dir.path().join("pki/ca.crt")).unwrap();
+    let other = tempfile::tempdir().unwrap();
+    apiserver_lite::tls::generated_identity(other.path(), &[]).unwrap();
+    let other_ca = std::fs::read_to_string(other.path().join("ca.crt")).unwrap();
+    let srv = apiserver_lite::start(&apiserver_lite::Config::new(dir.path().join("data"))).await.unwrap();
+    let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = grpc.local_addr().unwrap().to_string();
+    tokio::spawn(apiserver_lite::grpc::serve_grpc(
+        srv.registry.clone(),
+        Some("s3cret".into()),
+        3 << 20,
+        Some(id),
+        grpc,
+        std::future::pending(),
+    ));
+    let mut c =
+        ApiClient::connect_patiently(&addr, Some("s3cret"), Some(&ca), Some(Duration::from_secs(5))).await.unwrap();
+    let nodes = c.nodes.list(api::proto::ListRequest::default()).await.unwrap().into_inner();
+    assert!(nodes.items.is_empty());
+    assert!(ApiClient::connect(&addr, Some("s3cret"), Some(&other_ca)).await.is_err(), "a CA that did not sign it");
+    let plain = ApiClient::connect(&addr, Some("s3cret"), None).await;
+    let refused = match plain {
+        Err(_) => true,
+        Ok(mut c) => c.nodes.list(api::proto::ListRequest::default()).await.is_err(),
+    };
+    assert!(refused, "plain HTTP/2 to a TLS server");
+    let mut anonymous = ApiClient::connect(&addr, None, Some(&ca)).await.unwrap();
+    let err = anonymous.nodes.list(api::proto::ListRequest::default()).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unauthenticated);
 }

@@ -26,21 +26,17 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use podpath_client::http;
 use podpath_e2e::{wait_for, Lab};
+use podpath_lab::state::ApiAccess;
 
-fn api(lab: &Lab) -> SocketAddr {
-    let st: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(lab.state.join("lab.json")).unwrap()).unwrap();
-    st["api"].as_str().unwrap().parse().unwrap()
+fn api(lab: &Lab) -> ApiAccess {
+    let st = podpath_lab::state::load_state(&lab.state).expect("lab state").expect("a lab");
+    ApiAccess::of(&st).expect("the lab's API access")
 }
 
 /// One request to the API; (status, body).
-fn request(addr: SocketAddr, method: &str, path: &str, body: &str) -> Result<(u16, String), http::HttpError> {
-    let headers = [("Content-Type", "application/json")];
-    let req = http::Request { method, path, headers: &headers, body: body.as_bytes() };
-    let r = http::blocking(addr, &req, Duration::from_secs(5))?;
-    Ok((r.status, r.text()))
+fn request(api: &ApiAccess, method: &str, path: &str, body: &str) -> Result<(u16, String), podpath_lab::LabError> {
+    api.request(method, path, body)
 }
 
 /// Runs `f` on a thread inside the lab host's network namespace.
@@ -69,7 +65,7 @@ fn pod_json(name: &str, node: &str, app: &str) -> String {
 }
 
 fn create_pods(lab: &Lab, n: usize, nodes: usize) {
-    let a = api(lab);
+    let a = &api(lab);
     for i in 0..n {
         let body = pod_json(&format!("p{i}"), &format!("node-{}", i % nodes + 1), &format!("app{}", i % 10));
         let (code, out) = request(a, "POST", "/api/v1/namespaces/default/pods", &body).unwrap();
@@ -216,7 +212,7 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 fn bench_latency() {
     let (lab, _) = up(3, &[]);
     create_pods(&lab, 10, 3);
-    let a = api(&lab);
+    let a = &api(&lab);
     let client = enter(&lab, "client");
     let mut ms = Vec::new();
     for i in 0..50 {
@@ -291,14 +287,14 @@ fn bench_seconds() -> f64 {
 }
 
 /// POSTs `obj` to `path`; the created object.
-fn create(a: SocketAddr, path: &str, obj: serde_json::Value) -> serde_json::Value {
+fn create(a: &ApiAccess, path: &str, obj: serde_json::Value) -> serde_json::Value {
     let (code, out) = request(a, "POST", path, &obj.to_string()).unwrap();
     assert_eq!(code, 201, "{out}");
     serde_json::from_str(&out).unwrap()
 }
 
 /// Service `web` (port 80 → 8080 of the `app0` pods) of a type, with annotations.
-fn create_web_service(a: SocketAddr, type_: &str, annotations: serde_json::Value) -> serde_json::Value {
+fn create_web_service(a: &ApiAccess, type_: &str, annotations: serde_json::Value) -> serde_json::Value {
     create(
         a,
         "/api/v1/namespaces/default/services",
@@ -317,7 +313,7 @@ fn lb_address(obj: &serde_json::Value) -> SocketAddr {
 }
 
 /// Port 8080 of a pod's IP.
-fn pod_address(a: SocketAddr, name: &str) -> SocketAddr {
+fn pod_address(a: &ApiAccess, name: &str) -> SocketAddr {
     let (_, pod) = request(a, "GET", &format!("/api/v1/namespaces/default/pods/{name}"), "").unwrap();
     let pod: serde_json::Value = serde_json::from_str(&pod).unwrap();
     format!("{}:8080", pod["status"]["podIP"].as_str().unwrap()).parse().unwrap()
@@ -346,7 +342,7 @@ fn bench_throughput() {
     for mode in ["iptables", "userspace"] {
         let (lab, _) = up(3, &["--proxy-mode", mode]);
         create_pods(&lab, 1, 3);
-        let a = api(&lab);
+        let a = &api(&lab);
         // Pinned to the pod's node, so both paths cross the same hops and differ only by the
         // service proxy.
         let svc = create_web_service(a, "LoadBalancer", serde_json::json!({"podpath.dev/route-to-node": "node-1"}));
@@ -364,7 +360,7 @@ fn bench_l7() {
     let seconds = bench_seconds();
     let (lab, _) = up(3, &[]);
     create_pods(&lab, 1, 3);
-    let a = api(&lab);
+    let a = &api(&lab);
     create_web_service(a, "NodePort", serde_json::json!({}));
     let ingress = create(
         a,
@@ -387,7 +383,7 @@ fn bench_trace() {
     let seconds = bench_seconds();
     let (lab, _) = up(3, &[]);
     create_pods(&lab, 3, 3);
-    let a = api(&lab);
+    let a = &api(&lab);
     let svc = create_web_service(a, "LoadBalancer", serde_json::json!({}));
     let lb = lb_address(&svc);
     in_netns(&lab, "client", move || {

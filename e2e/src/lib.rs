@@ -182,7 +182,8 @@ fn ready(rest: SocketAddr, data_dir: &Path, tls: bool) -> bool {
     }
     let Ok(ca) = std::fs::read_to_string(data_dir.join("pki/ca.crt")) else { return false };
     let Ok(t) = http::Tls::new(&ca, "kubernetes") else { return false };
-    http::blocking_via(rest, Some(&t), &http::Request::get("/readyz"), Duration::from_secs(5)).is_ok_and(|r| r.status == 200)
+    http::blocking_via(rest, Some(&t), &http::Request::get("/readyz"), Duration::from_secs(5))
+        .is_ok_and(|r| r.status == 200)
 }
 
 fn spawn_on(data_dir: &Path, args: &[String], log_dir: &Path, rest: SocketAddr, tls: bool) -> Result<(Child, ())> {

@@ -7,7 +7,7 @@ use std::time::Duration;
 use podpath_client::http;
 
 use crate::plan::Plan;
-use crate::state::{api_addr, LabState, LB_STATUS};
+use crate::state::{ApiAccess, LabState, LB_STATUS};
 use crate::{io, LabError, Result};
 
 /// One GET (JSON accepted) from here: status and body.
@@ -25,7 +25,7 @@ pub fn exec_argv(st: &LabState, host: &str, cmd: &[String]) -> Result<Vec<String
     if let Some(rest) = host.strip_prefix("pod/") {
         let (ns, name) =
             rest.split_once('/').ok_or_else(|| LabError::Usage(format!("{host:?}: use pod/NAMESPACE/NAME")))?;
-        let pid = pod_pid(api_addr(st)?, ns, name)?;
+        let pid = pod_pid(&ApiAccess::of(st)?, ns, name)?;
         argv = ["nsenter", "-t", &pid, "-n", "-u", "--"].iter().map(|s| s.to_string()).collect();
     } else {
         let p = Plan::new(&st.name, st.nodes);
@@ -72,8 +72,8 @@ pub(crate) fn lb_status_in(gateway_netns: &str) -> Result<serde_json::Value> {
 }
 
 /// The PID of a pod's first container (its namespaces are the pod's), from the API.
-pub(crate) fn pod_pid(api: SocketAddr, ns: &str, name: &str) -> Result<String> {
-    let (code, body) = http_get(api, &format!("/api/v1/namespaces/{ns}/pods/{name}"))?;
+pub(crate) fn pod_pid(api: &ApiAccess, ns: &str, name: &str) -> Result<String> {
+    let (code, body) = api.get(&format!("/api/v1/namespaces/{ns}/pods/{name}"))?;
     if code != 200 {
         return Err(LabError::Usage(format!("pod {ns}/{name} not found")));
     }
@@ -93,7 +93,7 @@ pub fn lb_status(st: &LabState) -> Result<serde_json::Value> {
 
 /// Ready nodes according to the API server.
 pub fn nodes_ready(st: &LabState) -> Vec<String> {
-    st.api.parse().map(crate::up::ready_nodes).unwrap_or_default()
+    ApiAccess::of(st).map(|a| crate::up::ready_nodes(&a)).unwrap_or_default()
 }
 
 /// lb-sim's status as a table: one row per frontend, its backends with their health (`*`:

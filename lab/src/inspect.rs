@@ -4,12 +4,10 @@
 
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use crate::hosts::http_get;
 use crate::plan::Plan;
-use crate::state::{api_addr, LabState};
+use crate::state::{ApiAccess, LabState};
 use crate::{io, rules, trace, LabError, Result};
 
 /// Per node: each table's `iptables-save` text.
@@ -55,7 +53,7 @@ pub fn proxy_rules(st: &LabState) -> Result<BTreeMap<String, Vec<String>>> {
 }
 
 /// `Kind ns/name` → resourceVersion of the objects the service proxy renders rules from.
-fn proxy_inputs(api: SocketAddr) -> BTreeMap<String, String> {
+fn proxy_inputs(api: &ApiAccess) -> BTreeMap<String, String> {
     let mut out = BTreeMap::new();
     for (kind, path) in [("Service", "/api/v1/services"), ("EndpointSlice", "/apis/discovery.k8s.io/v1/endpointslices")]
     {
@@ -87,7 +85,8 @@ fn input_changes(before: &BTreeMap<String, String>, after: &BTreeMap<String, Str
 /// for the nodes' rules to follow (they settle: unchanged for 300 ms, or 3 s pass) and writes
 /// the rule changes of every node. Stops after `count` reports, if given.
 pub fn watch_rules(st: &LabState, count: Option<usize>, out: &mut dyn Write) -> Result<()> {
-    let api = api_addr(st)?;
+    let api = ApiAccess::of(st)?;
+    let api = &api;
     let mut rules = proxy_rules(st)?;
     let mut inputs = proxy_inputs(api);
     let sizes: Vec<String> = rules.iter().map(|(n, r)| format!("{n} {} rules", r.len())).collect();
@@ -133,8 +132,9 @@ pub fn explain(st: &LabState, service: &str) -> Result<crate::explain::Explanati
     if name.is_empty() || ns.is_empty() || name.contains('/') {
         return Err(LabError::Usage(format!("{service:?}: give a Service as NAME or NAMESPACE/NAME")));
     }
-    let api = api_addr(st)?;
-    let (code, body) = http_get(api, &format!("/api/v1/namespaces/{ns}/services/{name}"))?;
+    let api = ApiAccess::of(st)?;
+    let api = &api;
+    let (code, body) = api.get(&format!("/api/v1/namespaces/{ns}/services/{name}"))?;
     match code {
         200 => {}
         404 => return Err(LabError::Usage(format!("service {ns}/{name} not found"))),

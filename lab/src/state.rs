@@ -6,6 +6,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use podpath_client::http;
+
 use crate::{io, LabError, Result};
 
 /// A process the lab started.
@@ -26,6 +28,12 @@ pub struct LabState {
     #[serde(default)]
     pub lb_mode: LbMode,
     pub api: String,
+    /// The API server's CA (TLS); absent for a lab made before the API spoke TLS.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<PathBuf>,
+    /// The bearer token every component presents to the API.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_file: Option<PathBuf>,
     pub namespaces: Vec<String>,
     pub procs: Vec<Proc>,
     /// Where the lab's binaries are (`down` asks `node-agent` to stop the pods it recorded);
@@ -115,15 +123,60 @@ pub fn kubeconfig_path(state_dir: &Path) -> PathBuf {
     state_dir.join("kubeconfig")
 }
 
-pub fn kubeconfig(name: &str, api: SocketAddr) -> String {
+/// The lab's kubeconfig: https with the lab CA's certificate and the lab's bearer token.
+pub fn kubeconfig(name: &str, api: SocketAddr, ca_pem: &str, token: &str) -> String {
+    use base64::Engine;
+    let ca = base64::engine::general_purpose::STANDARD.encode(ca_pem);
     format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: podpath-{name}\n  cluster:\n    server: http://{api}\n\
-         users:\n- name: podpath-{name}\n  user: {{}}\ncontexts:\n- name: podpath-{name}\n  context:\n    \
-         cluster: podpath-{name}\n    user: podpath-{name}\n    namespace: default\ncurrent-context: podpath-{name}\n"
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: podpath-{name}\n  cluster:\n    server: https://{api}\n\
+         \x20   certificate-authority-data: {ca}\nusers:\n- name: podpath-{name}\n  user:\n    token: {token}\n\
+         contexts:\n- name: podpath-{name}\n  context:\n    cluster: podpath-{name}\n    user: podpath-{name}\n    \
+         namespace: default\ncurrent-context: podpath-{name}\n"
     )
 }
 
-/// The API server's address from the lab state.
-pub(crate) fn api_addr(st: &LabState) -> Result<SocketAddr> {
-    st.api.parse().map_err(|_| LabError::Usage(format!("bad API address {:?} in the lab state", st.api)))
+/// How the CLI reaches a lab's API: its address, TLS with the lab CA, the bearer token.
+pub struct ApiAccess {
+    pub addr: SocketAddr,
+    tls: Option<http::Tls>,
+    auth: Option<String>,
+}
+
+impl ApiAccess {
+    /// From what the lab state records (a lab without a CA is reached over plain HTTP).
+    pub fn of(st: &LabState) -> Result<ApiAccess> {
+        let addr =
+            st.api.parse().map_err(|_| LabError::Usage(format!("bad API address {:?} in the lab state", st.api)))?;
+        let tls = match &st.ca_file {
+            Some(f) => {
+                let pem = std::fs::read_to_string(f).map_err(io(format!("read the lab CA {}", f.display())))?;
+                Some(http::Tls::new(&pem, "kubernetes")?)
+            }
+            None => None,
+        };
+        let auth = match &st.token_file {
+            Some(f) => Some(format!(
+                "Bearer {}",
+                std::fs::read_to_string(f).map_err(io(format!("read the lab token {}", f.display())))?.trim()
+            )),
+            None => None,
+        };
+        Ok(ApiAccess { addr, tls, auth })
+    }
+
+    /// One GET (JSON accepted): status and body.
+    pub fn get(&self, path: &str) -> Result<(u16, String)> {
+        self.request("GET", path, "")
+    }
+
+    /// One request with a JSON body (none when empty): status and body.
+    pub fn request(&self, method: &str, path: &str, body: &str) -> Result<(u16, String)> {
+        let mut headers = vec![("Accept", "application/json"), ("Content-Type", "application/json")];
+        if let Some(a) = &self.auth {
+            headers.push(("Authorization", a.as_str()));
+        }
+        let req = http::Request { method, path, headers: &headers, body: body.as_bytes() };
+        let r = http::blocking_via(self.addr, self.tls.as_ref(), &req, std::time::Duration::from_secs(5))?;
+        Ok((r.status, r.text()))
+    }
 }

@@ -7,11 +7,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::hosts::{http_get, lb_status_in};
+use crate::hosts::lb_status_in;
 use crate::plan::{self, Plan};
 use crate::state::{
-    alive, kubeconfig, kubeconfig_path, load_state, save_state, state_file, LabState, LbMode, Proc, ProxyMode,
-    LB_STATUS,
+    alive, kubeconfig, kubeconfig_path, load_state, save_state, state_file, ApiAccess, LabState, LbMode, Proc,
+    ProxyMode, LB_STATUS,
 };
 use crate::{io, LabError, Result};
 
@@ -85,8 +85,25 @@ fn spawn(component: &str, argv: &[String], log: &Path, env: &[(&str, &Path)]) ->
     Ok(Proc { component: component.into(), pid, start_time })
 }
 
-pub(crate) fn ready_nodes(api: SocketAddr) -> Vec<String> {
-    let Ok((200, body)) = http_get(api, "/api/v1/nodes") else { return vec![] };
+/// A fresh random bearer token in `path` (mode 0600).
+fn write_token(path: &Path) -> Result<()> {
+    use std::io::{Read, Write};
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut raw = [0u8; 16];
+    std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut raw)).map_err(io("read /dev/urandom"))?;
+    let token: String = raw.iter().map(|b| format!("{b:02x}")).collect();
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(io(format!("write {}", path.display())))?;
+    f.write_all(token.as_bytes()).map_err(io(format!("write {}", path.display())))
+}
+
+pub(crate) fn ready_nodes(api: &ApiAccess) -> Vec<String> {
+    let Ok((200, body)) = api.get("/api/v1/nodes") else { return vec![] };
     let Ok(v) = serde_json::from_str::<serde_json::Value>(&body) else { return vec![] };
     v["items"]
         .as_array()
@@ -149,12 +166,17 @@ pub fn up(opts: &UpOptions, progress: &mut dyn FnMut(&str)) -> Result<LabState> 
     std::fs::create_dir_all(opts.state_dir.join("logs")).map_err(io(format!("create {}", opts.state_dir.display())))?;
     let api_port = if opts.api_port == 0 { free_port()? } else { opts.api_port };
     let api: SocketAddr = ([127, 0, 0, 1], api_port).into();
+    // The lab's bearer token; the API server makes its CA in its cert directory.
+    let token_file = opts.state_dir.join("token");
+    write_token(&token_file)?;
     let mut st = LabState {
         name: opts.name.clone(),
         nodes: opts.nodes,
         proxy_mode: opts.proxy_mode,
         lb_mode: opts.lb_mode,
         api: api.to_string(),
+        ca_file: Some(opts.state_dir.join("apiserver").join("pki").join("ca.crt")),
+        token_file: Some(token_file),
         namespaces: p.hosts.iter().map(|h| h.netns.clone()).collect(),
         procs: vec![],
         bin_dir: Some(opts.bin_dir.clone()),
@@ -172,6 +194,7 @@ pub fn up(opts: &UpOptions, progress: &mut dyn FnMut(&str)) -> Result<LabState> 
 
 fn start(opts: &UpOptions, p: &Plan, st: &mut LabState, api: SocketAddr, progress: &mut dyn FnMut(&str)) -> Result<()> {
     let t0 = Instant::now();
+    let token_file = st.token_file.clone().expect("set by up").display().to_string();
     progress(&format!(
         "network: {} namespaces (client, gateway, control plane, {} nodes)",
         p.hosts.len(),
@@ -199,13 +222,18 @@ fn start(opts: &UpOptions, p: &Plan, st: &mut LabState, api: SocketAddr, progres
         format!("{}:{}", plan::CONTROL_PLANE, plan::GRPC_PORT),
         s("--node-monitor-grace-period"),
         s("10s"),
+        s("--token-file"),
+        token_file.clone(),
     ];
     st.procs.push(spawn("apiserver-lite", &apiserver, &logs.join("apiserver-lite.log"), &[])?);
     save_state(&opts.state_dir, st)?;
+    // Over TLS with the CA the server made (once it has made it).
     wait_until(Duration::from_secs(10), "apiserver-lite to answer", || {
-        matches!(http_get(api, "/readyz"), Ok((200, _)))
+        ApiAccess::of(st).is_ok_and(|a| matches!(a.get("/readyz"), Ok((200, _))))
     })
     .map_err(|e| with_log(e, &logs.join("apiserver-lite.log")))?;
+    let access = ApiAccess::of(st)?;
+    let ca_file = st.ca_file.clone().expect("set above").display().to_string();
 
     let workload = opts.bin_dir.join("podpath-workload");
     for n in &p.nodes {
@@ -224,6 +252,10 @@ fn start(opts: &UpOptions, p: &Plan, st: &mut LabState, api: SocketAddr, progres
             n.ip.to_string(),
             s("--apiserver"),
             format!("{}:{}", plan::CONTROL_PLANE, plan::GRPC_PORT),
+            s("--apiserver-ca-file"),
+            ca_file.clone(),
+            s("--token-file"),
+            token_file.clone(),
             s("--state-dir"),
             dir.join("agent").display().to_string(),
             s("--cni-conf-dir"),
@@ -250,7 +282,7 @@ fn start(opts: &UpOptions, p: &Plan, st: &mut LabState, api: SocketAddr, progres
     }
     let want: Vec<String> = p.nodes.iter().map(|n| n.name.clone()).collect();
     wait_until(Duration::from_secs(30), "every node to be Ready", || {
-        let ready = ready_nodes(api);
+        let ready = ready_nodes(&access);
         want.iter().all(|n| ready.contains(n))
     })
     .map_err(|e| {
@@ -271,6 +303,10 @@ fn start(opts: &UpOptions, p: &Plan, st: &mut LabState, api: SocketAddr, progres
         bin("lb-sim"),
         s("--apiserver"),
         format!("{}:{}", plan::CONTROL_PLANE, plan::GRPC_PORT),
+        s("--apiserver-ca-file"),
+        ca_file.clone(),
+        s("--token-file"),
+        token_file.clone(),
         s("--mode"),
         opts.lb_mode.to_string(),
         s("--status-listen"),
@@ -283,7 +319,9 @@ fn start(opts: &UpOptions, p: &Plan, st: &mut LabState, api: SocketAddr, progres
         lb_status_in(gw).is_ok_and(|s| s["nodes"].as_array().is_some_and(|n| n.len() == nodes))
     })
     .map_err(|e| with_log(e, &logs.join("lb-sim.log")))?;
-    std::fs::write(kubeconfig_path(&opts.state_dir), kubeconfig(&opts.name, api))
+    let ca_pem = std::fs::read_to_string(&ca_file).map_err(io(format!("read {ca_file}")))?;
+    let token = std::fs::read_to_string(&token_file).map_err(io(format!("read {token_file}")))?;
+    std::fs::write(kubeconfig_path(&opts.state_dir), kubeconfig(&opts.name, api, &ca_pem, token.trim()))
         .map_err(io("write the kubeconfig"))?;
     progress(&format!("ready: {} nodes in {:.1} s", p.nodes.len(), t0.elapsed().as_secs_f64()));
     Ok(())

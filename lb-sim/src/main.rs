@@ -66,7 +66,8 @@ async fn start() -> Result<()> {
     };
     let token = podpath_client::daemon::read_token(args.token_file.as_deref())?;
     let ca = podpath_client::daemon::read_ca(args.apiserver_ca_file.as_deref())?;
-    let cfg = Config { apiserver: args.apiserver, token, ca, mode, status_listen, node_health_port: args.node_health_port };
+    let cfg =
+        Config { apiserver: args.apiserver, token, ca, mode, status_listen, node_health_port: args.node_health_port };
     let shutdown = async {
         podpath_client::daemon::stop_signal().await;
         tracing::info!("stopping");

@@ -49,8 +49,13 @@ fn hash_by_ports() {
 /// Runs until `shutdown`, then removes the routes, addresses and listeners it made.
 pub async fn run<I: Ip>(cfg: Config, ip: Arc<I>, shutdown: impl std::future::Future<Output = ()>) -> Result<()> {
     // The gateway may start first; give up after 30 s so a wrong address is reported.
-    let client =
-        ApiClient::connect_patiently(&cfg.apiserver, cfg.token.as_deref(), cfg.ca.as_deref(), Some(Duration::from_secs(30))).await?;
+    let client = ApiClient::connect_patiently(
+        &cfg.apiserver,
+        cfg.token.as_deref(),
+        cfg.ca.as_deref(),
+        Some(Duration::from_secs(30)),
+    )
+    .await?;
     let services = Store::<core::Service>::new();
     let nodes = Store::<core::Node>::new();
     let ingresses = Store::<Ingress>::new();

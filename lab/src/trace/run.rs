@@ -15,7 +15,8 @@ use super::flow::{self, Observed};
 use super::model::{Objects, Outcome, Trace};
 use super::parse;
 use crate::plan::Plan;
-use crate::{http_get, in_netns_thread, LabError, LabState, Result};
+use crate::state::ApiAccess;
+use crate::{in_netns_thread, LabError, LabState, Result};
 
 pub use super::flow::PROBE_TOS;
 /// The chain of trace rules in the raw table of every traced host.
@@ -375,7 +376,7 @@ fn failed(t: Instant, error: String) -> Outcome {
 }
 
 /// The network namespace (as a path) of a host of the lab or of a pod.
-fn ns_path_of(st: &LabState, plan: &Plan, api: SocketAddr, host: &str) -> Result<String> {
+fn ns_path_of(st: &LabState, plan: &Plan, api: &ApiAccess, host: &str) -> Result<String> {
     if let Some(rest) = host.strip_prefix("pod/") {
         let (ns, name) =
             rest.split_once('/').ok_or_else(|| LabError::Usage(format!("{host:?}: use pod/NAMESPACE/NAME")))?;
@@ -392,15 +393,15 @@ fn ns_path_of(st: &LabState, plan: &Plan, api: SocketAddr, host: &str) -> Result
 }
 
 /// A JSON document from the API (Null when it is not there).
-pub(crate) fn api_get(api: SocketAddr, path: &str) -> serde_json::Value {
-    match http_get(api, path) {
+pub(crate) fn api_get(api: &ApiAccess, path: &str) -> serde_json::Value {
+    match api.get(path) {
         Ok((200, body)) => serde_json::from_str(&body).unwrap_or_default(),
         _ => serde_json::Value::Null,
     }
 }
 
 /// Pod IP → (`ns/name`, node), from the API.
-pub(crate) fn pods_by_ip(api: SocketAddr) -> BTreeMap<Ipv4Addr, (String, String)> {
+pub(crate) fn pods_by_ip(api: &ApiAccess) -> BTreeMap<Ipv4Addr, (String, String)> {
     let mut pods = BTreeMap::new();
     for p in api_get(api, "/api/v1/pods")["items"].as_array().into_iter().flatten() {
         if let Some(ip) = p["status"]["podIP"].as_str().and_then(|i| i.parse().ok()) {
@@ -415,7 +416,7 @@ pub(crate) fn pods_by_ip(api: SocketAddr) -> BTreeMap<Ipv4Addr, (String, String)
     pods
 }
 
-fn api_objects(api: SocketAddr) -> Objects {
+fn api_objects(api: &ApiAccess) -> Objects {
     let get = |path: &str| api_get(api, path);
     let mut o = Objects { pods: pods_by_ip(api), ..Default::default() };
     for s in get("/api/v1/services")["items"].as_array().into_iter().flatten() {
@@ -460,7 +461,8 @@ pub(crate) fn lock_path(name: &str) -> std::path::PathBuf {
 /// Traces one request through the lab.
 pub fn trace(st: &LabState, req: &Request) -> Result<Trace> {
     let plan = Plan::new(&st.name, st.nodes);
-    let api = crate::state::api_addr(st)?;
+    let api = crate::state::ApiAccess::of(st)?;
+    let api = &api;
     let src_ns = ns_path_of(st, &plan, api, &req.from)?;
     let mut hosts: Vec<(String, String)> = vec![("client".into(), String::new()), ("gateway".into(), String::new())];
     hosts.extend(plan.nodes.iter().map(|n| (n.name.clone(), String::new())));

@@ -160,6 +160,7 @@ impl Cluster {
             server.registry.clone(),
             None,
             3 << 20,
+            None,
             listener,
             std::future::pending(),
         ));

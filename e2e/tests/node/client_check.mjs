@@ -1,0 +1,61 @@
+// Drives apiserver-lite with the official JavaScript client, @kubernetes/client-node, through
+// the kubeconfig the test wrote (https, the lab CA's data, a bearer token).
+// Usage: node client_check.mjs KUBECONFIG. Prints one line per step; exits non-zero on failure.
+import * as k8s from '@kubernetes/client-node';
+
+const step = (msg) => console.log(msg);
+const kc = new k8s.KubeConfig();
+kc.loadFromFile(process.argv[2]);
+const core = kc.makeApiClient(k8s.CoreV1Api);
+const apps = kc.makeApiClient(k8s.AppsV1Api);
+
+const namespaces = await core.listNamespace();
+if (!namespaces.items.some((n) => n.metadata.name === 'kube-system')) throw new Error('no kube-system');
+step(`namespaces: ${namespaces.items.length}`);
+
+// A watch from now: the created Service arrives as ADDED.
+const seen = [];
+const watch = new k8s.Watch(kc);
+const req = await watch.watch('/api/v1/namespaces/default/services', { allowWatchBookmarks: true },
+  (type, obj) => seen.push(`${type} ${obj.metadata.name}`), () => {});
+
+const svc = await core.createNamespacedService({
+  namespace: 'default',
+  body: { metadata: { name: 'node-web', labels: { app: 'node' } },
+          spec: { type: 'NodePort', selector: { app: 'node' }, ports: [{ name: 'http', port: 80, targetPort: 8080 }] } },
+});
+if (!(svc.spec.ports[0].nodePort >= 30000)) throw new Error(`no nodePort: ${JSON.stringify(svc.spec)}`);
+step(`created service node-web: clusterIP ${svc.spec.clusterIP}, nodePort ${svc.spec.ports[0].nodePort}`);
+
+const dep = await apps.createNamespacedDeployment({
+  namespace: 'default',
+  body: { metadata: { name: 'node-dep' },
+          spec: { replicas: 2, selector: { matchLabels: { app: 'node' } },
+                  template: { metadata: { labels: { app: 'node' } }, spec: { containers: [{ name: 'c', image: 'podpath/echo' }] } } } },
+});
+if (dep.status === undefined) throw new Error('a created Deployment has a status');
+step(`created deployment node-dep (generation ${dep.metadata.generation})`);
+
+const patched = await core.patchNamespacedService(
+  { name: 'node-web', namespace: 'default', body: { metadata: { labels: { tier: 'web' } } } },
+  k8s.setHeaderOptions('Content-Type', k8s.PatchStrategy.MergePatch));
+if (patched.metadata.labels.tier !== 'web') throw new Error('merge patch lost');
+step('patched labels');
+
+try {
+  await core.readNamespacedService({ name: 'missing', namespace: 'default' });
+  throw new Error('read of a missing Service succeeded');
+} catch (e) {
+  if (e.code !== 404) throw e;
+  step('missing service: 404');
+}
+
+for (let i = 0; i < 50 && !seen.includes('ADDED node-web'); i++) await new Promise((r) => setTimeout(r, 100));
+req.abort();
+if (!seen.includes('ADDED node-web')) throw new Error(`watch saw ${seen}`);
+step(`watch: ${seen.join(', ')}`);
+
+await core.deleteNamespacedService({ name: 'node-web', namespace: 'default' });
+await apps.deleteNamespacedDeployment({ name: 'node-dep', namespace: 'default' });
+step('deleted');
+console.log('node client: ok');

@@ -1,0 +1,47 @@
+//! The official JavaScript client, `@kubernetes/client-node` from the npm registry (installed
+//! by the test under the target directory, cached), against a real apiserver-lite process with
+//! the kubeconfig users get: https, the lab CA, a bearer token. It refused podpath's plain-HTTP
+//! kubeconfig before the API spoke TLS.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use podpath_e2e::{text, ApiServer};
+
+/// 1.4: 2.x needs Node.js 22 (its HTTP stack uses zstd); Debian 13 ships Node.js 20.
+const CLIENT: &str = "@kubernetes/client-node@1.4.0";
+
+/// A directory with the client installed (on first use; later runs reuse it).
+fn modules() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.ancestors().nth(3).unwrap().join("e2e-node");
+    let marker = dir.join(".installed");
+    if std::fs::read_to_string(&marker).ok().as_deref() == Some(CLIENT) {
+        return dir;
+    }
+    std::fs::create_dir_all(&dir).unwrap();
+    // A package.json of its own: npm installs here, not in a parent project.
+    std::fs::write(dir.join("package.json"), r#"{"name": "podpath-e2e-node", "private": true}"#).unwrap();
+    let o = Command::new("npm")
+        .args(["install", "--no-audit", "--no-fund", "--loglevel=error", "--prefix"])
+        .arg(&dir)
+        .arg(CLIENT)
+        .output()
+        .expect("npm runs (.ci/run installs nodejs and npm)");
+    assert!(o.status.success(), "npm install {CLIENT} failed: {:?}", text(&o));
+    std::fs::write(&marker, CLIENT).unwrap();
+    dir
+}
+
+#[test]
+fn node_client_over_tls_with_the_lab_ca() {
+    let dir = modules();
+    let srv = ApiServer::start(&[]).unwrap();
+    // The script goes next to node_modules so that `import` finds the client.
+    let script = dir.join("client_check.mjs");
+    std::fs::copy(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/node/client_check.mjs"), &script).unwrap();
+    let o = Command::new("node").arg(&script).arg(&srv.kubeconfig).env("HOME", srv.dir.path()).output().unwrap();
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "node client failed:\n{out}\n{err}");
+    assert!(out.contains("node client: ok"), "{out}");
+}
