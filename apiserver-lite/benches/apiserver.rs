@@ -199,6 +199,9 @@ async fn main() {
         total + 1,
         rss_mib(pid)
     );
+    // Idle: what the server holds, once transient allocations are given back.
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    println!("RSS idle with them (7 s later): {:.1} MiB", rss_mib(pid));
     let t = Instant::now();
     let (code, body) = c.request("GET", SVCS, "").await;
     assert_eq!(code, 200);
@@ -249,6 +252,8 @@ async fn main() {
         lat.last().copied().unwrap_or(f64::NAN)
     );
     println!("RSS at end: {:.1} MiB", rss_mib(pid));
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    println!("RSS idle at end (7 s later): {:.1} MiB", rss_mib(pid));
 }
 
 fn num_cpus() -> usize {

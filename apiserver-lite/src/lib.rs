@@ -14,6 +14,7 @@ pub mod alloc;
 pub mod controllers;
 pub mod error;
 pub mod grpc;
+pub mod memory;
 pub mod registry;
 pub mod response;
 pub mod rest;
