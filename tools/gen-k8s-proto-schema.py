@@ -23,8 +23,9 @@ OA = sorted(glob.glob(f"{REG}/*/k8s-openapi-0.29.0/src/v1_33"))[-1]
 # `metadata`) is decoded, so serving another kind of these groups needs no new table (the decoder
 # refuses kinds the server does not serve).
 GROUPS = ["core.v1", "apps.v1", "batch.v1", "discovery.v1", "networking.v1"]
-# Request options sent as protobuf bodies (kubectl drain's DELETE sends DeleteOptions).
-OPTIONS = ["meta.v1.DeleteOptions"]
+# Request bodies that are not objects of a served kind: DeleteOptions (kubectl drain's DELETE
+# sends it) and the pods/eviction subresource's Eviction (drain's POST).
+OPTIONS = ["meta.v1.DeleteOptions", "policy.v1.Eviction"]
 # Messages with a JSON form of their own (handled by the decoder, not the table).
 SPECIAL = {"util.intstr.IntOrString", "api.resource.Quantity", "meta.v1.Time", "meta.v1.MicroTime",
            "runtime.RawExtension", "meta.v1.Duration", "meta.v1.FieldsV1"}

@@ -149,6 +149,13 @@ pub fn decode_body(body: &[u8]) -> Result<Value, Error> {
     Ok(obj)
 }
 
+/// Decodes a protobuf body holding one message of the table that is not an object of a served
+/// kind (`policy.v1.Eviction`), whatever TypeMeta it names.
+pub fn decode_message(body: &[u8], message: &str) -> Result<Value, Error> {
+    let (_, _, raw) = envelope(body)?;
+    decode(message, raw)
+}
+
 /// Decodes a protobuf body holding request options (`DeleteOptions`), which are not objects of
 /// a served kind: meta.k8s.io/v1 (or the core group's `v1`, which client-go also sends).
 pub fn decode_options(body: &[u8], kind: &str) -> Result<Value, Error> {

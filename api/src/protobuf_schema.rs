@@ -1832,4 +1832,8 @@ pub static MESSAGES: &[Message] = &[
     Message { name: "networking.v1.ServiceCIDRStatus", fields: &[
         Field { tag: 1, json: "conditions", kind: Msg("meta.v1.Condition"), repeated: true, omit_empty: true },
     ] },
+    Message { name: "policy.v1.Eviction", fields: &[
+        Field { tag: 1, json: "metadata", kind: Msg("meta.v1.ObjectMeta"), repeated: false, omit_empty: false },
+        Field { tag: 2, json: "deleteOptions", kind: Msg("meta.v1.DeleteOptions"), repeated: false, omit_empty: true },
+    ] },
 ];

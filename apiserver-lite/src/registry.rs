@@ -62,6 +62,8 @@ pub enum Subresource {
     Status,
     /// `…/scale` of Deployments and ReplicaSets: an autoscaling/v1 Scale view of `spec.replicas`.
     Scale,
+    /// `pods/NAME/eviction`: a policy/v1 Eviction, which deletes the pod (`kubectl drain`).
+    Eviction,
 }
 
 /// Options of a delete request.

@@ -134,6 +134,7 @@ fn parse_target(group: &str, version: &str, rest: &[&str]) -> Option<Target> {
     let kind = |plural: &str| Kind::from_plural(group, version, plural);
     let sub = |s: &str| match s {
         "status" => Some(Subresource::Status),
+        "eviction" if group.is_empty() && rest.get(2) == Some(&"pods") => Some(Subresource::Eviction),
         "scale" if matches!(Kind::from_plural(group, version, rest.get(2).copied().unwrap_or("")), Some(k) if k.has_scale()) => {
             Some(Subresource::Scale)
         }
@@ -312,6 +313,9 @@ async fn handle_resource(
     if t.sub == Subresource::Scale {
         return handle_scale(st, method, headers, q, &t, body).await;
     }
+    if t.sub == Subresource::Eviction {
+        return handle_eviction(st, method, headers, q, &t, body).await;
+    }
     match (method.clone(), t.name.as_deref()) {
         (Method::GET, None) => {
             let (ls, fs) = selectors(kind, q)?;
@@ -445,6 +449,45 @@ async fn handle_scale(
         _ => return Err(ApiError::MethodNotAllowed),
     };
     Ok(json_response(StatusCode::OK, &scale))
+}
+
+/// `POST pods/NAME/eviction` with a policy/v1 Eviction (JSON or protobuf): the pod is deleted
+/// with the Eviction's DeleteOptions, as the real server does when no PodDisruptionBudget
+/// stands in the way (podpath serves none). Answers 201 with a success Status.
+async fn handle_eviction(
+    st: &RestState,
+    method: &Method,
+    headers: &HeaderMap,
+    q: &BTreeMap<String, String>,
+    t: &Target,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    if *method != Method::POST {
+        return Err(ApiError::MethodNotAllowed);
+    }
+    let (ns, name) = (t.namespace.as_deref().unwrap_or("default"), t.name.as_deref().unwrap_or(""));
+    let ct = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
+    let eviction: Value = if ct.starts_with("application/vnd.kubernetes.protobuf") {
+        api::protobuf::decode_message(&body, "policy.v1.Eviction")?
+    } else {
+        parse_body(&body, headers)?
+    };
+    if let Some(n) = eviction.pointer("/metadata/name").and_then(Value::as_str).filter(|n| !n.is_empty()) {
+        if n != name {
+            return Err(ApiError::BadRequest(format!(
+                "name in URL does not match name in Eviction object: {name} != {n}"
+            )));
+        }
+    }
+    // The Eviction's deleteOptions, in the shape DELETE takes them.
+    let options = eviction.get("deleteOptions").cloned().unwrap_or(json!({}));
+    let mut opts = delete_options(&Bytes::from(options.to_string()), &HeaderMap::new(), q)?;
+    opts.dry_run |= dry_run(q.get("dryRun").map(String::as_str), "CreateOptions")?;
+    st.registry.delete(Kind::Pod, Some(ns), name, &opts).await?;
+    Ok(json_response(
+        StatusCode::CREATED,
+        &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}),
+    ))
 }
 
 fn delete_options(body: &Bytes, headers: &HeaderMap, q: &BTreeMap<String, String>) -> Result<DeleteOptions, ApiError> {
@@ -688,6 +731,11 @@ fn resource_list(group: &str, version: &str) -> Value {
                                   "verbs": ["get", "patch", "update"]}),
             );
         }
+        // kubectl drain looks for this entry before it evicts instead of deleting.
+        if k.name == "Pod" {
+            resources.push(json!({"name": "pods/eviction", "singularName": "", "namespaced": true,
+                                  "group": "policy", "version": "v1", "kind": "Eviction", "verbs": ["create"]}));
+        }
     }
     json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources})
 }
@@ -730,6 +778,11 @@ fn aggregated(headers: &HeaderMap, core: bool) -> Response {
                         subresources.push(json!({"subresource": "scale",
                             "responseKind": {"group": "autoscaling", "version": "v1", "kind": "Scale"},
                             "verbs": ["get", "patch", "update"]}));
+                    }
+                    if k.name == "Pod" {
+                        subresources.push(json!({"subresource": "eviction",
+                            "responseKind": {"group": "policy", "version": "v1", "kind": "Eviction"},
+                            "verbs": ["create"]}));
                     }
                     if !subresources.is_empty() {
                         r["subresources"] = json!(subresources);

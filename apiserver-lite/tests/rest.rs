@@ -1055,3 +1055,60 @@ async fn delete_propagation_policy_is_validated() {
     assert_eq!(s, StatusCode::OK);
     assert_eq!(lab.get(&path).await.0, StatusCode::NOT_FOUND);
 }
+
+/// `k8s\0` + runtime.Unknown{typeMeta{apiVersion, kind}, raw}, as client-go's protobuf codec
+/// writes a body.
+fn protobuf_envelope(api_version: &str, kind: &str, raw: &[u8]) -> Vec<u8> {
+    let mut tm = vec![0x0a, api_version.len() as u8];
+    tm.extend_from_slice(api_version.as_bytes());
+    tm.extend_from_slice(&[0x12, kind.len() as u8]);
+    tm.extend_from_slice(kind.as_bytes());
+    let mut out = b"k8s\0".to_vec();
+    out.extend_from_slice(&[0x0a, tm.len() as u8]);
+    out.extend_from_slice(&tm);
+    out.extend_from_slice(&[0x12, raw.len() as u8]);
+    out.extend_from_slice(raw);
+    out
+}
+
+/// DeleteOptions and a pods/eviction Eviction sent as protobuf (kubectl's typed clients do):
+/// the options are read (dryRun, gracePeriodSeconds) and the eviction deletes the pod.
+#[tokio::test]
+async fn protobuf_delete_options_and_evictions() {
+    let lab = lab().await;
+    lab.post("/api/v1/nodes", ready_node("node-1")).await;
+    let pod =
+        json!({"metadata": {"name": "p"}, "spec": {"nodeName": "node-1", "containers": [{"name": "c", "image": "i"}]}});
+    assert_eq!(lab.post("/api/v1/namespaces/default/pods", pod).await.0, StatusCode::CREATED);
+    let send = |method: &str, path: &str, body: Vec<u8>| {
+        let req = Request::builder()
+            .method(method)
+            .uri(path)
+            .header("content-type", "application/vnd.kubernetes.protobuf")
+            .header("accept", "application/json")
+            .body(Body::from(body))
+            .unwrap();
+        let app = lab.app.clone();
+        async move {
+            let resp = app.oneshot(req).await.unwrap();
+            let status = resp.status();
+            let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+            (status, serde_json::from_slice::<Value>(&bytes).unwrap_or(Value::Null))
+        }
+    };
+    // DeleteOptions{dryRun: ["All"]}: field 5.
+    let dry = protobuf_envelope("meta.k8s.io/v1", "DeleteOptions", &[0x2a, 0x03, b'A', b'l', b'l']);
+    let (s, _) = send("DELETE", "/api/v1/namespaces/default/pods/p", dry).await;
+    assert_eq!(s, StatusCode::OK);
+    let (_, p) = lab.get("/api/v1/namespaces/default/pods/p").await;
+    assert!(p["metadata"].get("deletionTimestamp").is_none(), "a dry run: {p}");
+    // Eviction{deleteOptions{gracePeriodSeconds: 0}}: field 2 holding field 1 = 0.
+    let eviction = protobuf_envelope("policy/v1", "Eviction", &[0x12, 0x02, 0x08, 0x00]);
+    let (s, st) = send("POST", "/api/v1/namespaces/default/pods/p/eviction", eviction).await;
+    assert_eq!((s, st["status"].as_str()), (StatusCode::CREATED, Some("Success")), "{st}");
+    assert_eq!(lab.get("/api/v1/namespaces/default/pods/p").await.0, StatusCode::NOT_FOUND, "grace 0: gone");
+    let (s, _) =
+        send("POST", "/api/v1/namespaces/default/pods/p/eviction", protobuf_envelope("policy/v1", "Eviction", &[]))
+            .await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+}

@@ -706,8 +706,8 @@ fn wait_until(srv: &ApiServer, args: &[&str], f: impl Fn(&str) -> bool) -> Strin
 }
 
 /// Node operations with the real kubectl: `taint` (NoSchedule keeps pods away unless they
-/// tolerate it, NoExecute evicts them), `drain` (cordon, then pod deletions whose DeleteOptions
-/// kubectl sends as protobuf) and `delete --cascade=orphan` (dependents stay, unowned).
+/// tolerate it, NoExecute evicts them), `drain` (cordon, then a protobuf Eviction per pod) and
+/// `delete --cascade=orphan` (dependents stay, unowned).
 #[test]
 fn kubectl_taint_drain_and_orphaning_delete() {
     assert!(kubectl_available(), "kubectl is required (it ships on the machine image as /usr/bin/kubectl)");
@@ -791,6 +791,8 @@ fn node_operation_steps(srv: &ApiServer) {
     let (out, err) = text(&o);
     assert!(o.status.success(), "{out}{err}");
     assert!(out.starts_with("node/node-1 cordoned\n") && out.ends_with("node/node-1 drained\n"), "{out}");
+    // Through the eviction subresource (discovery offers pods/eviction), not plain deletes.
+    assert!(out.contains("evicting pod default/") && out.contains(" evicted\n"), "{out}");
     assert_eq!(ok(srv, &["get", "node", "node-1", "-o", "jsonpath={.spec.unschedulable}"]), "true");
     wait_until(srv, &["get", "pods", "-l", "app=web", "-o", "jsonpath={.items[*].spec.nodeName}"], |o| {
         o.split_whitespace().count() == 3 && o.split_whitespace().all(|n| n == "node-2")
