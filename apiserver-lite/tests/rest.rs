@@ -1112,3 +1112,25 @@ async fn protobuf_delete_options_and_evictions() {
             .await;
     assert_eq!(s, StatusCode::NOT_FOUND);
 }
+
+/// The real server's size limits: annotations over 256 KiB in total are 422, a body over
+/// `--max-request-bytes` (3 MiB by default) is 413; neither stores anything.
+#[tokio::test]
+async fn objects_and_bodies_over_the_limits_are_refused() {
+    let lab = lab().await;
+    let mut svc = contour();
+    svc["metadata"]["annotations"] = json!({"a": "x".repeat(200 << 10), "b": "y".repeat(100 << 10)});
+    let (s, st) = lab.post(SVCS, svc).await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{st}");
+    assert_eq!(st["details"]["causes"][0]["field"], "metadata.annotations");
+    assert!(
+        st["message"].as_str().unwrap().contains("metadata.annotations: Too long: may not be more than 262144 bytes"),
+        "{st}"
+    );
+    let mut huge = contour();
+    huge["metadata"]["labels"] = json!({"x": "y"});
+    huge["spec"]["externalIPs"] = json!(vec!["1.2.3.4"; 400_000]);
+    let (s, st) = lab.post(SVCS, huge).await;
+    assert_eq!((s, st["reason"].as_str()), (StatusCode::PAYLOAD_TOO_LARGE, Some("RequestEntityTooLarge")));
+    assert_eq!(lab.get(&format!("{SVCS}/contour")).await.0, StatusCode::NOT_FOUND);
+}
