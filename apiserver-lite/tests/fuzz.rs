@@ -17,6 +17,8 @@ use http_body_util::BodyExt;
 use serde_json::{json, Value};
 use tower::ServiceExt;
 
+mod common;
+
 const KINDS: [(&str, &str); 6] = [
     ("/api/v1/namespaces/default/services", "Service"),
     ("/api/v1/namespaces/default/pods", "Pod"),
@@ -135,35 +137,14 @@ fn mutate_bytes(mut b: Vec<u8>, rng: &mut fastrand::Rng) -> Vec<u8> {
     b
 }
 
-/// `k8s\0` + runtime.Unknown{typeMeta{apiVersion, kind}, raw}.
+/// A protobuf body of `kind` around `raw`.
 fn protobuf_body(kind: &str, raw: &[u8]) -> Vec<u8> {
-    let api_version = if kind == "Deployment" {
-        "apps/v1"
-    } else if kind == "Ingress" {
-        "networking.k8s.io/v1"
-    } else {
-        "v1"
+    let api_version = match kind {
+        "Deployment" => "apps/v1",
+        "Ingress" => "networking.k8s.io/v1",
+        _ => "v1",
     };
-    let mut tm = vec![0x0a, api_version.len() as u8];
-    tm.extend_from_slice(api_version.as_bytes());
-    tm.extend_from_slice(&[0x12, kind.len() as u8]);
-    tm.extend_from_slice(kind.as_bytes());
-    let mut out = b"k8s\0".to_vec();
-    out.extend_from_slice(&[0x0a, tm.len() as u8]);
-    out.extend_from_slice(&tm);
-    out.push(0x12);
-    let mut len = raw.len();
-    loop {
-        let byte = (len & 0x7f) as u8;
-        len >>= 7;
-        if len == 0 {
-            out.push(byte);
-            break;
-        }
-        out.push(byte | 0x80);
-    }
-    out.extend_from_slice(raw);
-    out
+    common::protobuf_envelope(api_version, kind, raw)
 }
 
 const QUERY_KEYS: [&str; 12] = [

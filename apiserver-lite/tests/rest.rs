@@ -15,6 +15,9 @@ use http_body_util::BodyExt;
 use serde_json::{json, Value};
 use tower::ServiceExt;
 
+mod common;
+use common::protobuf_envelope;
+
 const TABLE: &str = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json";
 
 struct Lab {
@@ -1054,21 +1057,6 @@ async fn delete_propagation_policy_is_validated() {
     let (s, _) = lab.call("DELETE", &path, Some(body), "application/json", "application/json").await;
     assert_eq!(s, StatusCode::OK);
     assert_eq!(lab.get(&path).await.0, StatusCode::NOT_FOUND);
-}
-
-/// `k8s\0` + runtime.Unknown{typeMeta{apiVersion, kind}, raw}, as client-go's protobuf codec
-/// writes a body.
-fn protobuf_envelope(api_version: &str, kind: &str, raw: &[u8]) -> Vec<u8> {
-    let mut tm = vec![0x0a, api_version.len() as u8];
-    tm.extend_from_slice(api_version.as_bytes());
-    tm.extend_from_slice(&[0x12, kind.len() as u8]);
-    tm.extend_from_slice(kind.as_bytes());
-    let mut out = b"k8s\0".to_vec();
-    out.extend_from_slice(&[0x0a, tm.len() as u8]);
-    out.extend_from_slice(&tm);
-    out.extend_from_slice(&[0x12, raw.len() as u8]);
-    out.extend_from_slice(raw);
-    out
 }
 
 /// DeleteOptions and a pods/eviction Eviction sent as protobuf (kubectl's typed clients do):
