@@ -91,6 +91,17 @@ def main(kubeconfig):
     assert deleted.metadata.name == "py-svc"
     step("delete")
 
+    # A created Deployment comes back with a status the client can read (it broke on none).
+    apps = client.AppsV1Api()
+    dep = {"metadata": {"name": "py-dep"},
+           "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "py"}},
+                    "template": {"metadata": {"labels": {"app": "py"}},
+                                 "spec": {"containers": [{"name": "c", "image": "podpath/echo"}]}}}}
+    created = apps.create_namespaced_deployment("default", dep)
+    assert created.status is not None, created
+    apps.delete_namespaced_deployment("py-dep", "default")
+    step("deployment: created with a status, deleted")
+
     t.join(timeout=15)
     assert ("ADDED", "py-svc") in seen and ("DELETED", "py-svc") in seen, seen
     assert ("MODIFIED", "py-svc") in seen, seen
