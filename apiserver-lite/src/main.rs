@@ -47,6 +47,9 @@ struct Args {
     /// Prefix length of each node's pod CIDR.
     #[arg(long, default_value_t = 24)]
     node_cidr_mask_size: u8,
+    /// How long Events are kept after their last occurrence.
+    #[arg(long, default_value = "1h", value_parser = parse_duration)]
+    event_ttl: Duration,
     /// Seconds without a heartbeat before a node goes NotReady.
     #[arg(long, default_value = "40s", value_parser = parse_duration)]
     node_monitor_grace_period: Duration,
@@ -84,8 +87,9 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     match unit {
         "s" | "" => Ok(Duration::from_secs(n)),
         "ms" => Ok(Duration::from_millis(n)),
-        "m" => Ok(Duration::from_secs(n * 60)),
-        _ => Err(format!("invalid duration unit in {s} (use ms, s or m)")),
+        "m" => Ok(Duration::from_secs(n.saturating_mul(60))),
+        "h" => Ok(Duration::from_secs(n.saturating_mul(3600))),
+        _ => Err(format!("invalid duration unit in {s} (use ms, s, m or h)")),
     }
 }
 
@@ -133,6 +137,7 @@ async fn run() -> Result<()> {
         node_cidr_prefix: args.node_cidr_mask_size,
     };
     cfg.controllers.node_monitor_grace = args.node_monitor_grace_period;
+    cfg.controllers.event_ttl = args.event_ttl;
     cfg.token = token;
     cfg.max_body_bytes = args.max_request_bytes;
     cfg.advertise = args.advertise_address;

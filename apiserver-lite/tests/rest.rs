@@ -1122,3 +1122,49 @@ async fn objects_and_bodies_over_the_limits_are_refused() {
     assert_eq!((s, st["reason"].as_str()), (StatusCode::PAYLOAD_TOO_LARGE, Some("RequestEntityTooLarge")));
     assert_eq!(lab.get(&format!("{SVCS}/contour")).await.0, StatusCode::NOT_FOUND);
 }
+
+/// Events as `kubectl describe` reads them: the scheduler's, the controllers', aggregated into
+/// one Event with a count when repeated, found by involvedObject field selectors, and gone
+/// after `--event-ttl`.
+#[tokio::test]
+async fn events_are_recorded_aggregated_and_expire() {
+    use apiserver_lite::controllers::events::{record, EventType, Report};
+    let lab = lab_with(|c| {
+        c.controllers.event_ttl = Duration::from_secs(2);
+        c.controllers.resync = Duration::from_secs(1);
+    })
+    .await;
+    let pod = json!({"metadata": {"name": "lonely"}, "spec": {"containers": [{"name": "c", "image": "i"}]}});
+    let (_, created) = lab.post("/api/v1/namespaces/default/pods", pod).await;
+    let uid = created["metadata"]["uid"].as_str().unwrap().to_string();
+    let selector = format!(
+        "/api/v1/namespaces/default/events?fieldSelector=involvedObject.name%3Dlonely,involvedObject.namespace%3Ddefault,involvedObject.kind%3DPod,involvedObject.uid%3D{uid}"
+    );
+    let events = lab.eventually(&selector, |_, v| v["items"].as_array().is_some_and(|i| !i.is_empty())).await;
+    let e = &events["items"][0];
+    assert_eq!((e["type"].as_str(), e["reason"].as_str()), (Some("Warning"), Some("FailedScheduling")));
+    assert_eq!(e["source"]["component"], "default-scheduler");
+    // The same report again: one Event, count 2.
+    let reg = lab.server.as_ref().unwrap().registry.clone();
+    let (_, stored) = lab.get("/api/v1/namespaces/default/pods/lonely").await;
+    for _ in 0..2 {
+        let r = Report {
+            component: "test",
+            object: &stored,
+            kind: api::Kind::Pod,
+            type_: EventType::Normal,
+            reason: "Poked",
+            message: "poked".into(),
+        };
+        record(&reg, r).await;
+    }
+    let (_, list) = lab.get("/api/v1/namespaces/default/events?fieldSelector=reason%3DPoked").await;
+    let items = list["items"].as_array().unwrap();
+    assert_eq!(items.len(), 1, "{list}");
+    assert_eq!(items[0]["count"], 2);
+    // Past the TTL (2 s) a resync removes them.
+    lab.eventually("/api/v1/namespaces/default/events?fieldSelector=reason%3DPoked", |_, v| {
+        v["items"].as_array().is_some_and(|i| i.is_empty())
+    })
+    .await;
+}

@@ -361,6 +361,18 @@ fn deployment_steps(srv: &ApiServer) {
     );
     assert_eq!(owner, "Deployment/web");
 
+    // describe tells the story in Events, as the real controllers write them.
+    let describe = ok(srv, &["describe", "deployment", "web"]);
+    assert!(
+        describe.contains("Normal  ScalingReplicaSet  ")
+            && describe.contains(&format!("deployment-controller  Scaled up replica set {rs1} from 0 to 3")),
+        "{describe}"
+    );
+    let describe = ok(srv, &["describe", "rs", &rs1]);
+    assert!(describe.contains("SuccessfulCreate") && describe.contains(&format!("Created pod: {rs1}-")), "{describe}");
+    let events = ok(srv, &["get", "events"]);
+    assert!(events.contains("replicaset/") && events.contains("deployment/web"), "{events}");
+
     // scale (the scale subresource, found through discovery)
     assert_eq!(ok(srv, &["scale", "deployment", "web", "--replicas=5"]), "deployment.apps/web scaled\n");
     ok(srv, &["rollout", "status", "deployment/web", "--timeout=60s"]);

@@ -8,6 +8,7 @@
 //! missed event heals itself.
 
 pub mod endpoints;
+pub mod events;
 pub mod load_balancers;
 pub mod namespaces;
 pub mod nodes;
@@ -39,6 +40,10 @@ pub struct ControllerConfig {
     pub resync: Duration,
     /// Extra time a gracefully deleted pod gets before it is removed forcibly.
     pub pod_gc_slack: Duration,
+    /// Events whose last occurrence is older go (`--event-ttl`).
+    pub event_ttl: Duration,
+    /// At most this many Events are kept; the oldest go first.
+    pub max_events: usize,
 }
 
 impl Default for ControllerConfig {
@@ -47,6 +52,8 @@ impl Default for ControllerConfig {
             node_monitor_grace: Duration::from_secs(40),
             resync: Duration::from_secs(30),
             pod_gc_slack: Duration::from_secs(30),
+            event_ttl: Duration::from_secs(3600),
+            max_events: 10_000,
         }
     }
 }
@@ -208,6 +215,9 @@ async fn reconcile(reg: &Registry, cfg: &ControllerConfig, dirty: &mut Dirty) ->
     if all || periodic {
         nodes::node_health(reg, cfg.node_monitor_grace).await?;
         nodes::pod_gc(reg, cfg.pod_gc_slack).await?;
+    }
+    if all {
+        events::expire(reg, cfg.event_ttl, cfg.max_events).await?;
     }
     if all || periodic || std::mem::take(&mut dirty.namespaces) {
         namespaces::namespace_lifecycle(reg).await?;

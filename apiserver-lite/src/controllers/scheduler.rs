@@ -10,6 +10,7 @@ use api::kinds::node::node_ready_status;
 use api::Kind;
 use serde_json::{json, Value};
 
+use super::events::{record, EventType, Report};
 use super::taints::{
     taints_of, tolerates, tolerations_of, untolerated, untolerated_reason, NO_EXECUTE, NO_SCHEDULE, UNSCHEDULABLE_TAINT,
 };
@@ -172,15 +173,22 @@ pub(crate) async fn schedule(reg: &Registry) -> Result<(), ApiError> {
             continue;
         }
         let mut new = old.clone();
-        let condition = match b.decision {
+        let (condition, event) = match b.decision {
             Decision::Bind(node) => {
+                let message = format!("Successfully assigned {}/{} to {node}", b.namespace, b.name);
                 new["spec"]["nodeName"] = json!(node);
-                json!({"type": "PodScheduled", "status": "True", "lastTransitionTime": new_time()})
+                (
+                    json!({"type": "PodScheduled", "status": "True", "lastTransitionTime": new_time()}),
+                    (EventType::Normal, "Scheduled", message),
+                )
             }
-            Decision::Unschedulable(message) => json!({
-                "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-                "message": message, "lastTransitionTime": new_time(),
-            }),
+            Decision::Unschedulable(message) => (
+                json!({
+                    "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                    "message": message, "lastTransitionTime": new_time(),
+                }),
+                (EventType::Warning, "FailedScheduling", message),
+            ),
         };
         set_condition(&mut new, condition);
         if new == old {
@@ -188,7 +196,10 @@ pub(crate) async fn schedule(reg: &Registry) -> Result<(), ApiError> {
         }
         let pending = reg.put_raw(&g, Kind::Pod, Some(old), new)?;
         drop(g);
-        reg.sync(pending).await?;
+        let pod = reg.sync(pending).await?;
+        let (type_, reason, message) = event;
+        record(reg, Report { component: "default-scheduler", object: &pod, kind: Kind::Pod, type_, reason, message })
+            .await;
     }
     Ok(())
 }

@@ -6,6 +6,7 @@ use api::k8s_openapi::api::core::v1::{Node, Taint, Toleration};
 use api::Kind;
 use serde_json::Value;
 
+use super::events::{record, EventType, Report};
 use super::write::ns_name;
 use crate::error::ApiError;
 use crate::registry::{DeleteOptions, Registry};
@@ -123,7 +124,19 @@ pub(crate) async fn evict(reg: &Registry) -> Result<(), ApiError> {
     for e in plan_evictions(&pods, &nodes, jiff::Timestamp::now()) {
         tracing::info!(pod = %format!("{}/{}", e.namespace, e.name), node = %e.node, taint = %e.taint, "evicting pod: untolerated NoExecute taint");
         match reg.delete(Kind::Pod, Some(&e.namespace), &e.name, &DeleteOptions::default()).await {
-            Ok(_) | Err(ApiError::NotFound { .. }) => {}
+            Ok(pod) => {
+                let message = format!("Marking for deletion Pod {}/{}", e.namespace, e.name);
+                let report = Report {
+                    component: "taint-eviction-controller",
+                    object: &pod,
+                    kind: Kind::Pod,
+                    type_: EventType::Normal,
+                    reason: "TaintManagerEviction",
+                    message,
+                };
+                record(reg, report).await;
+            }
+            Err(ApiError::NotFound { .. }) => {}
             Err(e) => return Err(e),
         }
     }

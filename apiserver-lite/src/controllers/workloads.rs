@@ -14,6 +14,7 @@ use api::kinds::pod::pod_is_ready;
 use api::Kind;
 use serde_json::{json, Value};
 
+use super::events::{record, EventType, Report};
 use super::write::{delete_quietly, new_time};
 use crate::error::ApiError;
 use crate::registry::{Registry, Subresource, WriteOptions};
@@ -436,9 +437,23 @@ pub async fn sync_namespace(reg: &Registry, ns: &str) -> Result<(), ApiError> {
             .filter(|rs| controller_of(&rs["metadata"]).is_some_and(|(k, u)| k == "Deployment" && u == uid))
             .collect();
         let plan = plan_deployment(d, &owned);
+        let scaled = |name: &str, from: i64, to: i64| Report {
+            component: "deployment-controller",
+            object: d,
+            kind: Kind::Deployment,
+            type_: EventType::Normal,
+            reason: "ScalingReplicaSet",
+            message: format!("Scaled {} replica set {name} from {from} to {to}", if to > from { "up" } else { "down" }),
+        };
         if let Some(rs) = plan.create {
+            let (name, to) = (name_of(&rs), replicas(&rs));
             match reg.create(Kind::ReplicaSet, Some(ns), rs, &WriteOptions::default()).await {
-                Ok(_) | Err(ApiError::AlreadyExists { .. }) => {}
+                Ok(_) => {
+                    if to > 0 {
+                        record(reg, scaled(&name, 0, to)).await;
+                    }
+                }
+                Err(ApiError::AlreadyExists { .. }) => {}
                 Err(e) => return Err(e),
             }
         }
@@ -446,7 +461,9 @@ pub async fn sync_namespace(reg: &Registry, ns: &str) -> Result<(), ApiError> {
             set_revision(reg, ns, name, &plan.revision).await?;
         }
         for (name, n) in plan.scale {
+            let from = owned.iter().find(|rs| name_of(rs) == name).map(|rs| replicas(rs)).unwrap_or(0);
             set_replicas(reg, ns, &name, n).await?;
+            record(reg, scaled(&name, from, n)).await;
         }
         for name in plan.delete {
             delete_quietly(reg, Kind::ReplicaSet, ns, &name).await?;
@@ -488,11 +505,21 @@ pub async fn sync_namespace(reg: &Registry, ns: &str) -> Result<(), ApiError> {
         let uid = rs["metadata"]["uid"].as_str().unwrap_or("").to_string();
         let owned = by_owner.get(&uid).cloned().unwrap_or_default();
         let plan = plan_replicaset(rs, &owned);
+        let report = |reason: &'static str, message: String| Report {
+            component: "replicaset-controller",
+            object: rs,
+            kind: Kind::ReplicaSet,
+            type_: EventType::Normal,
+            reason,
+            message,
+        };
         for _ in 0..plan.create {
-            reg.create(Kind::Pod, Some(ns), pod_for(rs), &WriteOptions::default()).await?;
+            let pod = reg.create(Kind::Pod, Some(ns), pod_for(rs), &WriteOptions::default()).await?;
+            record(reg, report("SuccessfulCreate", format!("Created pod: {}", name_of(&pod.object)))).await;
         }
         for name in &plan.delete {
             delete_quietly(reg, Kind::Pod, ns, name).await?;
+            record(reg, report("SuccessfulDelete", format!("Deleted pod: {name}"))).await;
         }
         write_status(reg, Kind::ReplicaSet, rs, plan.status).await?;
     }
