@@ -9,9 +9,11 @@ pub mod alloc;
 pub mod apps;
 pub mod convert;
 pub mod grpc_codec;
+#[macro_use]
 pub mod kinds;
 pub mod managed;
 pub mod networking;
+pub mod openapi;
 pub mod patch;
 pub mod protobuf;
 #[rustfmt::skip]

@@ -829,9 +829,24 @@ fn openapi_index() -> Value {
     json!({"paths": paths})
 }
 
-/// A minimal OpenAPI v3 document: one PATCH operation per kind with the `fieldValidation`
-/// parameter, which is what tells kubectl to leave validation to the server.
+/// The OpenAPI v3 document of a group/version: the kinds' real schemas (`kubectl explain`) and
+/// one PATCH operation per kind with the `fieldValidation` parameter, which is what tells
+/// kubectl to leave validation to the server. Built once per group/version.
 fn openapi_doc(group: &str, version: &str) -> Value {
+    static DOCS: std::sync::OnceLock<std::sync::Mutex<BTreeMap<String, Arc<Value>>>> = std::sync::OnceLock::new();
+    let cache = DOCS.get_or_init(Default::default);
+    let key = format!("{group}/{version}");
+    if let Some(doc) = cache.lock().ok().and_then(|c| c.get(&key).cloned()) {
+        return (*doc).clone();
+    }
+    let doc = build_openapi_doc(group, version);
+    if let Ok(mut c) = cache.lock() {
+        c.insert(key, Arc::new(doc.clone()));
+    }
+    doc
+}
+
+fn build_openapi_doc(group: &str, version: &str) -> Value {
     let mut paths = serde_json::Map::new();
     for k in served().filter(|k| k.group == group && k.version == version) {
         let prefix = if group.is_empty() { format!("/api/{version}") } else { format!("/apis/{group}/{version}") };
@@ -854,5 +869,5 @@ fn openapi_doc(group: &str, version: &str) -> Value {
         paths.insert(path, json!({"patch": op}));
     }
     json!({"openapi": "3.0.0", "info": {"title": "Kubernetes", "version": "v1.32.0"},
-           "paths": paths, "components": {"schemas": {}}})
+           "paths": paths, "components": {"schemas": api::openapi::schemas(group, version)}})
 }

@@ -84,6 +84,13 @@ fn kubectl_service_lifecycle() {
             .map(|p| p["nodePort"].as_i64().unwrap())
             .collect();
 
+    // explain reads the served OpenAPI v3 schemas (generated from the Kubernetes types).
+    let explain = ok(&srv, &["explain", "service.spec.ports"]);
+    assert!(explain.contains("FIELD: ports <[]ServicePort>") && explain.contains("nodePort\t<integer>"), "{explain}");
+    assert!(explain.contains("The port on each node on which this service is exposed"), "{explain}");
+    let explain = ok(&srv, &["explain", "deployment.spec.strategy.rollingUpdate"]);
+    assert!(explain.contains("GROUP:      apps") && explain.contains("maxSurge"), "{explain}");
+
     // re-apply unchanged, then a changed manifest
     assert_eq!(ok(&srv, &["apply", "-f", m]), "service/contour unchanged\n");
     std::fs::write(&manifest, CONTOUR.replace("targetPort: 8443", "targetPort: 9443")).unwrap();

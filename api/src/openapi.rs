@@ -1,0 +1,131 @@
+//! OpenAPI v3 documents of the served kinds, with the real schemas: generated from
+//! k8s-openapi's types (their JSON Schemas carry the Kubernetes field descriptions), so
+//! `kubectl explain` and client-side tooling read what they read from a real server. Pure.
+
+use serde_json::{json, Map, Value};
+
+use crate::Kind;
+
+/// `components.schemas` for the kinds of one group/version: every schema the kinds reach,
+/// named as the real server names them (`io.k8s.api.core.v1.ServiceSpec`), each kind's own
+/// schema marked with its `x-kubernetes-group-version-kind`.
+pub fn schemas(group: &str, version: &str) -> Map<String, Value> {
+    let settings = schemars::generate::SchemaSettings::openapi3();
+    let mut generator = settings.into_generator();
+    let kinds: Vec<Kind> =
+        Kind::ALL.iter().copied().filter(|k| k.info().group == group && k.info().version == version).collect();
+    let mut names = Vec::new();
+    for k in &kinds {
+        let name = with_kind_type!(*k, T => {
+            generator.subschema_for::<T>();
+            <T as schemars::JsonSchema>::schema_name().into_owned()
+        });
+        names.push((name, *k));
+    }
+    let mut defs: Map<String, Value> = generator.take_definitions(true).into_iter().collect();
+    for (name, k) in &names {
+        if let Some(Value::Object(schema)) = defs.get_mut(name) {
+            schema.insert(
+                "x-kubernetes-group-version-kind".into(),
+                json!([{"group": group, "version": version, "kind": k.info().name}]),
+            );
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        mark_lists(&mut defs, name, &mut Vec::new(), &mut seen);
+    }
+    defs
+}
+
+const REF_PREFIX: &str = "#/components/schemas/";
+
+/// The definition a property schema refers to (`$ref`, or `allOf: [{$ref}]` when the property
+/// adds a description).
+fn ref_of(prop: &Value) -> Option<String> {
+    prop.get("$ref")
+        .or_else(|| prop.pointer("/allOf/0/$ref"))
+        .and_then(Value::as_str)
+        .and_then(|r| r.strip_prefix(REF_PREFIX))
+        .map(str::to_string)
+}
+
+/// Adds the list extensions the real schemas carry (`x-kubernetes-patch-merge-key`,
+/// `x-kubernetes-patch-strategy`, `x-kubernetes-list-type`, `x-kubernetes-list-map-keys`) to
+/// every list reachable from definition `name` at field path `path`, from the one list-key
+/// table strategic merge and server-side apply use: kubectl computes client-side apply patches
+/// from them (without, a re-applied manifest with a list of ports is "configured", not
+/// "unchanged").
+fn mark_lists(
+    defs: &mut Map<String, Value>,
+    name: &str,
+    path: &mut Vec<String>,
+    seen: &mut std::collections::BTreeSet<(String, Vec<String>)>,
+) {
+    use crate::patch::{list_strategy, ListStrategy};
+    if path.len() > 16 || !seen.insert((name.to_string(), path.clone())) {
+        return;
+    }
+    let Some(props) = defs.get(name).and_then(|d| d.get("properties")).and_then(Value::as_object).cloned() else {
+        return;
+    };
+    for (field, prop) in props {
+        path.push(field.clone());
+        if prop.get("type").and_then(Value::as_str) == Some("array") {
+            let ext = match (list_strategy(path, false), list_strategy(path, true)) {
+                (ListStrategy::MergeBy(merge), ListStrategy::MergeBy(keys)) => json!({
+                    "x-kubernetes-patch-strategy": "merge", "x-kubernetes-patch-merge-key": merge[0],
+                    "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": keys,
+                }),
+                (ListStrategy::PrimitiveSet, _) => {
+                    json!({"x-kubernetes-patch-strategy": "merge", "x-kubernetes-list-type": "set"})
+                }
+                _ => json!({"x-kubernetes-list-type": "atomic"}),
+            };
+            if let Some(Value::Object(p)) =
+                defs.get_mut(name).and_then(|d| d.get_mut("properties")).and_then(|p| p.get_mut(&field))
+            {
+                p.extend(ext.as_object().cloned().unwrap_or_default());
+            }
+            if let Some(item) = prop.get("items").and_then(ref_of) {
+                mark_lists(defs, &item, path, seen);
+            }
+        } else if let Some(target) = ref_of(&prop) {
+            mark_lists(defs, &target, path, seen);
+        }
+        path.pop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn core_v1_has_the_service_schema_with_descriptions_and_refs_that_resolve() {
+        let defs = schemas("", "v1");
+        let svc = &defs["io.k8s.api.core.v1.Service"];
+        assert_eq!(svc["x-kubernetes-group-version-kind"][0]["kind"], "Service");
+        let spec_ref = svc.pointer("/properties/spec/$ref").or_else(|| svc.pointer("/properties/spec/allOf/0/$ref"));
+        assert_eq!(
+            spec_ref.and_then(Value::as_str),
+            Some("#/components/schemas/io.k8s.api.core.v1.ServiceSpec"),
+            "{svc}"
+        );
+        let port = &defs["io.k8s.api.core.v1.ServicePort"];
+        assert!(port["properties"]["nodePort"]["description"].as_str().unwrap().contains("NodePort"));
+        let ports = &defs["io.k8s.api.core.v1.ServiceSpec"]["properties"]["ports"];
+        assert_eq!(ports["x-kubernetes-patch-merge-key"], "port");
+        assert_eq!(ports["x-kubernetes-list-map-keys"], json!(["port", "protocol"]));
+        let containers = &defs["io.k8s.api.core.v1.PodSpec"]["properties"]["containers"];
+        assert_eq!(containers["x-kubernetes-patch-merge-key"], "name");
+        let container_ports = &defs["io.k8s.api.core.v1.Container"]["properties"]["ports"];
+        assert_eq!(container_ports["x-kubernetes-list-map-keys"], json!(["containerPort", "protocol"]));
+        let finalizers = &defs["io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta"]["properties"]["finalizers"];
+        assert_eq!(finalizers["x-kubernetes-list-type"], "set");
+        // Every reference names a schema of the document.
+        let text = serde_json::to_string(&defs).unwrap();
+        for r in text.split("\"$ref\":\"#/components/schemas/").skip(1) {
+            let name = &r[..r.find('"').unwrap()];
+            assert!(defs.contains_key(name), "dangling $ref {name}");
+        }
+    }
+}
