@@ -14,6 +14,7 @@ pub mod alloc;
 pub mod controllers;
 pub mod error;
 pub mod grpc;
+pub mod logs;
 pub mod memory;
 pub mod registry;
 pub mod response;
@@ -48,6 +49,8 @@ pub struct Config {
     pub event_log_capacity: usize,
     /// Serve REST and gRPC over TLS with this identity; `None` is plain HTTP (`--insecure-http`).
     pub tls: Option<tls::Identity>,
+    /// The network namespace node agents are reached from (`pods/log`; the lab's control plane).
+    pub kubelet_netns: Option<PathBuf>,
 }
 
 impl Config {
@@ -62,6 +65,7 @@ impl Config {
             advertise: None,
             event_log_capacity: store::EVENT_LOG_CAPACITY,
             tls: None,
+            kubelet_netns: None,
         }
     }
 }
@@ -124,6 +128,7 @@ pub async fn serve(
         max_body_bytes: cfg.max_body_bytes,
         request_timeout: cfg.request_timeout,
         advertise,
+        kubelet_netns: cfg.kubelet_netns.clone(),
     };
     let shutdown = shutdown.shared();
     let mut tasks = Vec::new();

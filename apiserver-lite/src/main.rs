@@ -138,6 +138,8 @@ async fn run() -> Result<()> {
     };
     cfg.controllers.node_monitor_grace = args.node_monitor_grace_period;
     cfg.controllers.event_ttl = args.event_ttl;
+    // Node agents listen in the lab's network, reached from the control plane's namespace.
+    cfg.kubelet_netns = args.netns.clone();
     cfg.token = token;
     cfg.max_body_bytes = args.max_request_bytes;
     cfg.advertise = args.advertise_address;

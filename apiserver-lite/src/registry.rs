@@ -64,6 +64,8 @@ pub enum Subresource {
     Scale,
     /// `pods/NAME/eviction`: a policy/v1 Eviction, which deletes the pod (`kubectl drain`).
     Eviction,
+    /// `pods/NAME/log`: the container's log, from its node agent.
+    Log,
 }
 
 /// Options of a delete request.

@@ -33,6 +33,8 @@ pub struct RestState {
     pub request_timeout: Duration,
     /// `host:port` that discovery advertises.
     pub advertise: String,
+    /// The network namespace node agents are reached from (`pods/log`); None: this one.
+    pub kubelet_netns: Option<std::path::PathBuf>,
 }
 
 pub fn router(state: RestState) -> Router {
@@ -61,7 +63,8 @@ async fn handle(State(st): State<RestState>, req: Request) -> Response {
         .into_owned()
         .filter(|(k, _)| !k.is_empty())
         .collect();
-    let is_watch = query_bool(&query, "watch");
+    // Watches and followed logs stream for as long as the client reads.
+    let is_watch = query_bool(&query, "watch") || (path.ends_with("/log") && query_bool(&query, "follow"));
     let timeout = st.request_timeout;
     let fut = dispatch(st, req, path, query);
     if is_watch {
@@ -134,6 +137,7 @@ fn parse_target(group: &str, version: &str, rest: &[&str]) -> Option<Target> {
     let kind = |plural: &str| Kind::from_plural(group, version, plural);
     let sub = |s: &str| match s {
         "status" => Some(Subresource::Status),
+        "log" if group.is_empty() && rest.get(2) == Some(&"pods") => Some(Subresource::Log),
         "eviction" if group.is_empty() && rest.get(2) == Some(&"pods") => Some(Subresource::Eviction),
         "scale" if matches!(Kind::from_plural(group, version, rest.get(2).copied().unwrap_or("")), Some(k) if k.has_scale()) => {
             Some(Subresource::Scale)
@@ -227,7 +231,7 @@ fn selectors(kind: Kind, q: &BTreeMap<String, String>) -> Result<(LabelSelector,
 
 /// A boolean query parameter as the real server reads one: false when absent, empty, `0` or
 /// `false` (any case), true otherwise (`watch=True` is a watch).
-pub(crate) fn query_bool(q: &BTreeMap<String, String>, name: &str) -> bool {
+pub fn query_bool(q: &BTreeMap<String, String>, name: &str) -> bool {
     q.get(name).is_some_and(|v| !(v.is_empty() || v == "0" || v.eq_ignore_ascii_case("false")))
 }
 
@@ -312,6 +316,12 @@ async fn handle_resource(
     }
     if t.sub == Subresource::Scale {
         return handle_scale(st, method, headers, q, &t, body).await;
+    }
+    if t.sub == Subresource::Log {
+        if *method != Method::GET {
+            return Err(ApiError::MethodNotAllowed);
+        }
+        return crate::logs::handle(st, ns.unwrap_or("default"), t.name.as_deref().unwrap_or(""), q).await;
     }
     if t.sub == Subresource::Eviction {
         return handle_eviction(st, method, headers, q, &t, body).await;
@@ -735,6 +745,8 @@ fn resource_list(group: &str, version: &str) -> Value {
         if k.name == "Pod" {
             resources.push(json!({"name": "pods/eviction", "singularName": "", "namespaced": true,
                                   "group": "policy", "version": "v1", "kind": "Eviction", "verbs": ["create"]}));
+            resources.push(json!({"name": "pods/log", "singularName": "", "namespaced": true,
+                                  "kind": "Pod", "verbs": ["get"]}));
         }
     }
     json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources})
@@ -783,6 +795,8 @@ fn aggregated(headers: &HeaderMap, core: bool) -> Response {
                         subresources.push(json!({"subresource": "eviction",
                             "responseKind": {"group": "policy", "version": "v1", "kind": "Eviction"},
                             "verbs": ["create"]}));
+                        subresources.push(json!({"subresource": "log",
+                            "responseKind": {"group": "", "version": "v1", "kind": "Pod"}, "verbs": ["get"]}));
                     }
                     if !subresources.is_empty() {
                         r["subresources"] = json!(subresources);

@@ -195,6 +195,7 @@ async fn fuzzed_requests_never_panic_hang_500_or_store_refused_objects() {
         max_body_bytes: 64 << 10,
         request_timeout: cfg.request_timeout,
         advertise: "127.0.0.1:6443".into(),
+        kubelet_netns: None,
     });
     let send = |method: &str, path: &str, ct: &str, body: Vec<u8>| {
         let app = app.clone();

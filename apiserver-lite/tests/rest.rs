@@ -50,6 +50,7 @@ fn app_for(server: &Server, cfg: &Config) -> Router {
         max_body_bytes: cfg.max_body_bytes,
         request_timeout: cfg.request_timeout,
         advertise: "127.0.0.1:6443".into(),
+        kubelet_netns: None,
     })
 }
 

@@ -38,6 +38,8 @@ pub struct AgentConfig {
     pub cni_bin_dirs: Vec<PathBuf>,
     /// `None`: no health server.
     pub healthz_bind: Option<SocketAddr>,
+    /// The kubelet API's port on the node IP (container logs for `pods/log`); 0: none.
+    pub kubelet_port: u16,
     /// Full resync period of routes (health timeout is twice this).
     pub sync_period: Duration,
     pub backoff_base: Duration,
@@ -101,6 +103,7 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()>) -> Result
         internal_ip: cfg.node_ip,
         max_pods: cfg.max_pods,
         labels: cfg.labels.clone(),
+        kubelet_port: cfg.kubelet_port,
     };
     let desired = node::node_object(&node_cfg, &node::host_facts());
     let registered = node::register(&client, &desired).await?;
@@ -132,15 +135,31 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()>) -> Result
     routes::RouteTable::enable_forwarding(&table)?;
     tokio::spawn(sync_routes_forever(table, nodes_store, cfg.node_name.clone(), cfg.sync_period, health.clone()));
 
+    let pods_cfg = PodsConfig {
+        node_name: cfg.node_name.clone(),
+        node_ip: cfg.node_ip,
+        state_dir: cfg.state_dir.clone(),
+        workload_bin: cfg.workload_bin.clone(),
+        backoff_base: cfg.backoff_base,
+        backoff_max: cfg.backoff_max,
+    };
+    if cfg.kubelet_port != 0 {
+        let addr = SocketAddr::new(cfg.node_ip, cfg.kubelet_port);
+        // Without it only `kubectl logs` is missing: a node IP that is not (yet) on a local
+        // interface is no reason to refuse to run pods.
+        match tokio::net::TcpListener::bind(addr).await {
+            Ok(listener) => {
+                tracing::info!(%addr, "kubelet API (container logs)");
+                let token = cfg.token.as_deref().map(Arc::from);
+                tasks.spawn(crate::kubelet::serve(listener, pods_cfg.clone(), token, stopped()));
+            }
+            Err(e) => {
+                tracing::warn!(%addr, error = %e, "cannot serve the kubelet API; kubectl logs will not reach this node")
+            }
+        }
+    }
     let deps = Arc::new(Deps {
-        cfg: PodsConfig {
-            node_name: cfg.node_name.clone(),
-            node_ip: cfg.node_ip,
-            state_dir: cfg.state_dir.clone(),
-            workload_bin: cfg.workload_bin.clone(),
-            backoff_base: cfg.backoff_base,
-            backoff_max: cfg.backoff_max,
-        },
+        cfg: pods_cfg,
         procs: LinuxProcesses::default(),
         cni: CniRuntime {
             exec: RealExec,

@@ -16,6 +16,7 @@ pub mod cni;
 pub mod echo;
 pub mod error;
 pub mod health;
+pub mod kubelet;
 pub mod metrics;
 pub mod node;
 pub mod pods;

@@ -54,6 +54,9 @@ struct Args {
     /// Health and metrics address (`/healthz`, `/livez`, `/metrics`); empty to disable.
     #[arg(long, default_value = "0.0.0.0:10256")]
     healthz_bind_address: String,
+    /// Port of the kubelet API (container logs for `kubectl logs`) on `--node-ip`; 0 disables.
+    #[arg(long, default_value_t = 10250)]
+    kubelet_port: u16,
     /// Seconds between heartbeats.
     #[arg(long, default_value_t = 10)]
     heartbeat_seconds: u64,
@@ -177,6 +180,7 @@ async fn run() -> Result<()> {
         cni_conf_dir: args.cni_conf_dir,
         cni_bin_dirs,
         healthz_bind,
+        kubelet_port: args.kubelet_port,
         sync_period: Duration::from_secs(args.sync_period_seconds),
         backoff_base: Duration::from_secs_f64(args.restart_backoff_seconds),
         backoff_max: Duration::from_secs(300),

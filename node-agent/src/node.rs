@@ -68,6 +68,8 @@ pub struct NodeConfig {
     pub internal_ip: IpAddr,
     pub max_pods: u32,
     pub labels: BTreeMap<String, String>,
+    /// The kubelet API's port (0: none), published as `status.daemonEndpoints`.
+    pub kubelet_port: u16,
 }
 
 fn ready_condition(ready: bool) -> pb::Condition {
@@ -114,6 +116,9 @@ pub fn node_object(cfg: &NodeConfig, facts: &HostFacts) -> core::Node {
             }]),
             allocatable: Some(capacity.clone()),
             capacity: Some(capacity),
+            daemon_endpoints: (cfg.kubelet_port != 0).then(|| core::NodeDaemonEndpoints {
+                kubelet_endpoint: Some(core::DaemonEndpoint { port: i32::from(cfg.kubelet_port) }),
+            }),
             node_info: Some(core::NodeSystemInfo {
                 architecture: facts.architecture.clone(),
                 boot_id: facts.boot_id.clone(),
@@ -207,9 +212,11 @@ mod tests {
             internal_ip: "192.168.56.11".parse().unwrap(),
             max_pods: 110,
             labels: BTreeMap::new(),
+            kubelet_port: 10250,
         };
         let n = node_object(&cfg, &facts);
         let v = serde_json::to_value(&n).unwrap();
+        assert_eq!(v.pointer("/status/daemonEndpoints/kubeletEndpoint/Port"), Some(&serde_json::json!(10250)));
         for f in [
             "architecture",
             "bootID",

@@ -25,6 +25,7 @@ fn cfg(name: &str) -> NodeConfig {
         internal_ip: "192.168.56.11".parse().unwrap(),
         max_pods: 110,
         labels: Default::default(),
+        kubelet_port: 0,
     }
 }
 

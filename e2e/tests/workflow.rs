@@ -1,0 +1,66 @@
+//! What a new user does first in a cluster, in a real `podpath up` lab with the real kubectl:
+//! read a pod's logs (`pods/log`, proxied by the API server to the node agent), and see in
+//! `kubectl describe` what the scheduler did. Root only (CI runs as root).
+
+use std::process::Command;
+use std::time::Duration;
+
+use podpath_e2e::{text, Lab};
+use testkit::netns::root_or_explain;
+
+#[test]
+fn kubectl_logs_tail_limit_follow_and_errors() {
+    if !root_or_explain() {
+        return;
+    }
+    let lab = Lab::up("logs", &["--nodes", "1"]).unwrap();
+    // A container that runs a program of the node in the pod's namespaces and prints a line
+    // every 200 ms.
+    lab.kubectl(&[
+        "run",
+        "ticker",
+        "--image=busybox",
+        "--command",
+        "--",
+        "sh",
+        "-c",
+        "i=0; while true; do echo tick $i; i=$((i+1)); sleep 0.2; done",
+    ]);
+    lab.kubectl(&["wait", "--for=condition=Ready", "pod/ticker", "--timeout=60s"]);
+    std::thread::sleep(Duration::from_millis(1500));
+    let all = lab.kubectl(&["logs", "ticker"]);
+    assert!(all.starts_with("tick 0\ntick 1\n"), "{all}");
+    let tail = lab.kubectl(&["logs", "ticker", "--tail=2"]);
+    assert_eq!(tail.lines().count(), 2, "{tail}");
+    assert!(tail.lines().all(|l| l.starts_with("tick ")), "{tail}");
+    assert_eq!(lab.kubectl(&["logs", "ticker", "--limit-bytes=9"]), "tick 0\nti");
+
+    // -f streams what comes next until the client stops reading.
+    let follow = Command::new("timeout")
+        .args(["3", "kubectl", "--kubeconfig"])
+        .arg(&lab.kubeconfig)
+        .args(["logs", "-f", "ticker", "--tail=1"])
+        .output()
+        .unwrap();
+    let (out, err) = text(&follow);
+    assert_eq!(follow.status.code(), Some(124), "still streaming when timeout stopped it: {out}{err}");
+    let n: Vec<u64> = out.lines().filter_map(|l| l.strip_prefix("tick ")?.parse().ok()).collect();
+    assert!(n.len() >= 8, "about 15 lines in 3 s: {out}");
+    assert!(n.windows(2).all(|w| w[1] == w[0] + 1), "in order, none lost: {n:?}");
+
+    // The real server's refusals.
+    let fails = |args: &[&str]| {
+        let o = Command::new("kubectl").arg("--kubeconfig").arg(&lab.kubeconfig).args(args).output().unwrap();
+        assert!(!o.status.success(), "kubectl {args:?} should fail");
+        text(&o).1
+    };
+    let err = fails(&["logs", "ticker", "--previous"]);
+    assert!(err.contains("previous terminated container \"ticker\" in pod \"ticker\" not found"), "{err}");
+    let err = fails(&["logs", "nope"]);
+    assert!(err.contains("pods \"nope\" not found"), "{err}");
+
+    // describe shows the scheduler's event.
+    let describe = lab.kubectl(&["describe", "pod", "ticker"]);
+    assert!(describe.contains("Successfully assigned default/ticker to node-1"), "{describe}");
+    lab.kubectl(&["delete", "pod", "ticker", "--grace-period=1"]);
+}
