@@ -64,3 +64,20 @@ fn kubectl_logs_tail_limit_follow_and_errors() {
     assert!(describe.contains("Successfully assigned default/ticker to node-1"), "{describe}");
     lab.kubectl(&["delete", "pod", "ticker", "--grace-period=1"]);
 }
+
+/// `podpath doctor` on a machine that runs labs (CI's): every check passes, exit 0, and trying
+/// the kernel features left the host as it was.
+#[test]
+fn podpath_doctor_says_ready_and_changes_nothing() {
+    if !root_or_explain() {
+        return;
+    }
+    let before = testkit::netns::host_state();
+    let (ok, out) = podpath_e2e::podpath(&["doctor"]);
+    assert!(ok, "{out}");
+    for line in ["ok      kernel: veth pairs", "ok      kernel: iptables nat table", "ok      `iptables` on the PATH"] {
+        assert!(out.contains(line), "{out}");
+    }
+    assert!(out.ends_with("ready: `sudo podpath up` can build a lab here\n"), "{out}");
+    assert_eq!(testkit::netns::host_state(), before, "doctor changed the host's network namespace");
+}

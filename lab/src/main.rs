@@ -62,6 +62,9 @@ enum Cmd {
         #[arg(long, default_value_t = 0)]
         api_port: u16,
     },
+    /// Check this machine: root, the tools the lab runs, and the kernel features it needs
+    /// (tried in a throwaway network namespace); say what to install. Exit 1 when not ready.
+    Doctor,
     /// Show the lab's processes and nodes.
     Status {
         #[command(flatten)]
@@ -192,6 +195,14 @@ fn run() -> Result<()> {
             println!("  sudo podpath status{f}");
             println!("  sudo podpath exec{f} node-1 -- iptables-save -t nat");
             println!("  sudo podpath down{f}");
+        }
+        Cmd::Doctor => {
+            let (root, tools, kernel) = lab::doctor::gather();
+            let (text, ready) = lab::doctor::report(&lab::doctor::checks(root, &tools, &kernel));
+            print!("{text}");
+            if !ready {
+                std::process::exit(1);
+            }
         }
         Cmd::Status { which } => {
             let st = which.state()?;

@@ -55,7 +55,7 @@ pub fn preflight() -> Result<()> {
             .unwrap_or(false);
         if !found {
             return Err(LabError::Usage(format!(
-                "`{tool}` is not installed (apt-get install iproute2 iptables util-linux)"
+                "`{tool}` is not installed (apt-get install iproute2 iptables util-linux; `sudo podpath doctor` checks all the lab needs)"
             )));
         }
     }
