@@ -129,70 +129,68 @@ fn find_item(list: &[Value], token: &str) -> Option<usize> {
     })
 }
 
-/// The value a path names in `obj` (for `.`, the list item).
-pub fn value_at<'a>(obj: &'a Value, path: &[String]) -> Option<&'a Value> {
+/// One step into a JSON value: a map key or a list index.
+enum Step<'a> {
+    Key(&'a str),
+    Index(usize),
+}
+
+/// The steps a path takes in `obj` (`.` is the list item itself: no step); None when a token
+/// names nothing there.
+fn steps<'p>(obj: &Value, path: &'p [String]) -> Option<Vec<Step<'p>>> {
     let mut cur = obj;
-    for t in path {
-        if t == "." {
-            continue;
-        }
-        cur = if let Some(f) = t.strip_prefix("f:") {
-            cur.get(f)?
+    let mut out = Vec::new();
+    for t in path.iter().filter(|t| *t != ".") {
+        let step = if let Some(f) = t.strip_prefix("f:") {
+            Step::Key(f)
         } else if t.starts_with("k:") {
-            let list = cur.as_array()?;
-            &list[find_item(list, t)?]
+            Step::Index(find_item(cur.as_array()?, t)?)
         } else if let Some(v) = t.strip_prefix("v:") {
             let want: Value = serde_json::from_str(v).ok()?;
-            cur.as_array()?.iter().find(|x| **x == want)?
+            Step::Index(cur.as_array()?.iter().position(|x| *x == want)?)
         } else {
             return None;
         };
+        cur = match step {
+            Step::Key(k) => cur.get(k)?,
+            Step::Index(i) => cur.get(i)?,
+        };
+        out.push(step);
     }
-    Some(cur)
+    Some(out)
 }
 
-/// Removes what a path names from `obj` (nothing when it is not there).
-fn remove_at(obj: &mut Value, path: &[String]) {
-    let Some((last, parent_path)) = path.split_last() else { return };
-    if last == "." {
-        // The list item itself: remove it from its list.
-        let Some((key, list_path)) = parent_path.split_last() else { return };
-        if let Some(Value::Array(list)) = value_at_mut(obj, list_path) {
-            if let Some(i) = find_item(list, key) {
-                list.remove(i);
-            }
-        }
-        return;
-    }
-    let Some(parent) = value_at_mut(obj, parent_path) else { return };
-    if let Some(f) = last.strip_prefix("f:") {
-        if let Some(m) = parent.as_object_mut() {
-            m.remove(f);
-        }
-    } else if let Some(v) = last.strip_prefix("v:") {
-        if let (Ok(want), Some(list)) = (serde_json::from_str::<Value>(v), parent.as_array_mut()) {
-            list.retain(|x| *x != want);
-        }
-    }
+/// The value a path names in `obj` (for `.`, the list item).
+pub fn value_at<'a>(obj: &'a Value, path: &[String]) -> Option<&'a Value> {
+    steps(obj, path)?.into_iter().try_fold(obj, |cur, s| match s {
+        Step::Key(k) => cur.get(k),
+        Step::Index(i) => cur.get(i),
+    })
 }
 
 fn value_at_mut<'a>(obj: &'a mut Value, path: &[String]) -> Option<&'a mut Value> {
-    let mut cur = obj;
-    for t in path {
-        if t == "." {
-            continue;
+    steps(obj, path)?.into_iter().try_fold(obj, |cur, s| match s {
+        Step::Key(k) => cur.get_mut(k),
+        Step::Index(i) => cur.get_mut(i),
+    })
+}
+
+/// Removes what a path names from `obj` (nothing when it is not there): a map field, or the
+/// list item or set member the last token names.
+fn remove_at(obj: &mut Value, path: &[String]) {
+    let path = path.strip_suffix(&[".".to_string()]).unwrap_or(path);
+    let Some((last, parent_path)) = path.split_last() else { return };
+    let Some(steps) = steps(obj, path) else { return };
+    let Some(parent) = value_at_mut(obj, parent_path) else { return };
+    match (steps.last(), parent) {
+        (Some(Step::Key(_)), Value::Object(m)) => {
+            m.remove(last.strip_prefix("f:").unwrap_or(last));
         }
-        cur = if let Some(f) = t.strip_prefix("f:") {
-            cur.get_mut(f)?
-        } else if t.starts_with("k:") {
-            let list = cur.as_array_mut()?;
-            let i = find_item(list, t)?;
-            &mut list[i]
-        } else {
-            return None;
-        };
+        (Some(Step::Index(i)), Value::Array(list)) => {
+            list.remove(*i);
+        }
+        _ => {}
     }
-    Some(cur)
 }
 
 /// A path as the API server prints it in a conflict: `.spec.ports[port=80,protocol="TCP"].name`.

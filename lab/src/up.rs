@@ -234,13 +234,22 @@ fn start(opts: &UpOptions, p: &Plan, st: &mut LabState, api: SocketAddr, progres
     .map_err(|e| with_log(e, &logs.join("apiserver-lite.log")))?;
     let access = ApiAccess::of(st)?;
     let ca_file = st.ca_file.clone().expect("set above").display().to_string();
+    // How node agents and lb-sim reach the API: its gRPC address, TLS with the lab CA, the token.
+    let api_client = [
+        s("--apiserver"),
+        format!("{}:{}", plan::CONTROL_PLANE, plan::GRPC_PORT),
+        s("--apiserver-ca-file"),
+        ca_file.clone(),
+        s("--token-file"),
+        token_file.clone(),
+    ];
 
     let workload = opts.bin_dir.join("podpath-workload");
     for n in &p.nodes {
         progress(&format!("{}: node-agent at {} ({} proxy)", n.name, n.ip, opts.proxy_mode));
         let dir = opts.state_dir.join("nodes").join(&n.name);
         std::fs::create_dir_all(dir.join("cni")).map_err(io(format!("create {}", dir.display())))?;
-        let argv = vec![
+        let mut argv = vec![
             s("ip"),
             s("netns"),
             s("exec"),
@@ -250,12 +259,6 @@ fn start(opts: &UpOptions, p: &Plan, st: &mut LabState, api: SocketAddr, progres
             n.name.clone(),
             s("--node-ip"),
             n.ip.to_string(),
-            s("--apiserver"),
-            format!("{}:{}", plan::CONTROL_PLANE, plan::GRPC_PORT),
-            s("--apiserver-ca-file"),
-            ca_file.clone(),
-            s("--token-file"),
-            token_file.clone(),
             s("--state-dir"),
             dir.join("agent").display().to_string(),
             s("--cni-conf-dir"),
@@ -272,6 +275,7 @@ fn start(opts: &UpOptions, p: &Plan, st: &mut LabState, api: SocketAddr, progres
             opts.proxy_mode.to_string(),
             format!("--masquerade={}", opts.masquerade),
         ];
+        argv.extend(api_client.iter().cloned());
         st.procs.push(spawn(
             &n.name,
             &argv,
@@ -295,23 +299,18 @@ fn start(opts: &UpOptions, p: &Plan, st: &mut LabState, api: SocketAddr, progres
     })?;
     let gw = p.netns_of("gateway").expect("planned");
     progress(&format!("gateway: lb-sim ({} load balancers, health checks on :10256)", opts.lb_mode));
-    let lb = vec![
+    let mut lb = vec![
         s("ip"),
         s("netns"),
         s("exec"),
         gw.to_string(),
         bin("lb-sim"),
-        s("--apiserver"),
-        format!("{}:{}", plan::CONTROL_PLANE, plan::GRPC_PORT),
-        s("--apiserver-ca-file"),
-        ca_file.clone(),
-        s("--token-file"),
-        token_file.clone(),
         s("--mode"),
         opts.lb_mode.to_string(),
         s("--status-listen"),
         s(LB_STATUS),
     ];
+    lb.extend(api_client.iter().cloned());
     st.procs.push(spawn("lb-sim", &lb, &logs.join("lb-sim.log"), &[])?);
     save_state(&opts.state_dir, st)?;
     let nodes = p.nodes.len();
