@@ -12,6 +12,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use futures::StreamExt;
 use serde::Deserialize;
 
 use crate::pods::load_records;
@@ -119,8 +120,6 @@ async fn container_logs(
         .chain(tokio_stream::wrappers::ReceiverStream::new(rx));
     (ok, Body::from_stream(stream)).into_response()
 }
-
-use futures::StreamExt;
 
 /// Sends what is appended to `path` from `offset` on, polling every 200 ms, until the receiver
 /// is gone, `budget` bytes are sent, or the pod is gone from this node.
