@@ -20,6 +20,7 @@ pub mod registry;
 pub mod response;
 pub mod rest;
 pub mod store;
+pub mod streaming;
 pub mod tls;
 pub mod watch;
 pub mod yaml;

@@ -22,24 +22,7 @@ use crate::rest::{query_bool, RestState};
 pub fn plan(pod: &Value, node: Option<&Value>, q: &BTreeMap<String, String>) -> Result<(SocketAddr, String), ApiError> {
     let name = pod["metadata"]["name"].as_str().unwrap_or("");
     let ns = pod["metadata"]["namespace"].as_str().unwrap_or("");
-    let containers: Vec<&str> = pod
-        .pointer("/spec/containers")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .filter_map(|c| c["name"].as_str())
-        .collect();
-    let container = match q.get("container").filter(|c| !c.is_empty()) {
-        Some(c) if containers.contains(&c.as_str()) => c.clone(),
-        Some(c) => return Err(ApiError::BadRequest(format!("container {c} is not valid for pod {name}"))),
-        None if containers.len() == 1 => containers[0].to_string(),
-        None => {
-            return Err(ApiError::BadRequest(format!(
-                "a container name must be specified for pod {name}, choose one of: [{}]",
-                containers.join(" ")
-            )))
-        }
-    };
+    let container = container_of(pod, q.get("container").map(String::as_str))?;
     if query_bool(q, "previous") {
         return Err(ApiError::BadRequest(format!(
             "previous terminated container \"{container}\" in pod \"{name}\" not found"
@@ -65,21 +48,7 @@ pub fn plan(pod: &Value, node: Option<&Value>, q: &BTreeMap<String, String>) -> 
             "container \"{container}\" in pod \"{name}\" is waiting to start: {reason}"
         )));
     }
-    let node_name = pod.pointer("/spec/nodeName").and_then(Value::as_str).unwrap_or("");
-    let node =
-        node.ok_or_else(|| ApiError::BadRequest(format!("pod {name}'s node {node_name:?} is not registered")))?;
-    let ip = node
-        .pointer("/status/addresses")
-        .and_then(Value::as_array)
-        .and_then(|a| a.iter().find(|a| a["type"] == "InternalIP"))
-        .and_then(|a| a["address"].as_str())
-        .and_then(|a| a.parse().ok())
-        .ok_or_else(|| ApiError::BadRequest(format!("node {node_name} has no InternalIP")))?;
-    let port = node
-        .pointer("/status/daemonEndpoints/kubeletEndpoint/Port")
-        .and_then(Value::as_u64)
-        .filter(|p| *p > 0 && *p <= 65535)
-        .ok_or_else(|| ApiError::BadRequest(format!("the node agent of {node_name} serves no kubelet API")))?;
+    let addr = kubelet_addr(pod, node)?;
     let mut query = Vec::new();
     if query_bool(q, "follow") {
         query.push("follow=true".to_string());
@@ -104,12 +73,57 @@ pub fn plan(pod: &Value, node: Option<&Value>, q: &BTreeMap<String, String>) -> 
     if !query.is_empty() {
         path = format!("{path}?{}", query.join("&"));
     }
-    Ok((SocketAddr::new(ip, port as u16), path))
+    Ok((addr, path))
+}
+
+/// The container a request names, or the pod's only one; the real server's 400s otherwise. Pure.
+pub fn container_of(pod: &Value, requested: Option<&str>) -> Result<String, ApiError> {
+    let name = pod["metadata"]["name"].as_str().unwrap_or("");
+    let containers: Vec<&str> = pod
+        .pointer("/spec/containers")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c["name"].as_str())
+        .collect();
+    match requested.filter(|c| !c.is_empty()) {
+        Some(c) if containers.contains(&c) => Ok(c.to_string()),
+        Some(c) => Err(ApiError::BadRequest(format!("container {c} is not valid for pod {name}"))),
+        None if containers.len() == 1 => Ok(containers[0].to_string()),
+        None => Err(ApiError::BadRequest(format!(
+            "a container name must be specified for pod {name}, choose one of: [{}]",
+            containers.join(" ")
+        ))),
+    }
+}
+
+/// The address of the kubelet API of the pod's node (its InternalIP and published port). Pure.
+pub fn kubelet_addr(pod: &Value, node: Option<&Value>) -> Result<SocketAddr, ApiError> {
+    let name = pod["metadata"]["name"].as_str().unwrap_or("");
+    let node_name = pod.pointer("/spec/nodeName").and_then(Value::as_str).unwrap_or("");
+    if node_name.is_empty() {
+        return Err(ApiError::BadRequest(format!("pod {name} does not have a host assigned")));
+    }
+    let node =
+        node.ok_or_else(|| ApiError::BadRequest(format!("pod {name}'s node {node_name:?} is not registered")))?;
+    let ip = node
+        .pointer("/status/addresses")
+        .and_then(Value::as_array)
+        .and_then(|a| a.iter().find(|a| a["type"] == "InternalIP"))
+        .and_then(|a| a["address"].as_str())
+        .and_then(|a| a.parse().ok())
+        .ok_or_else(|| ApiError::BadRequest(format!("node {node_name} has no InternalIP")))?;
+    let port = node
+        .pointer("/status/daemonEndpoints/kubeletEndpoint/Port")
+        .and_then(Value::as_u64)
+        .filter(|p| *p > 0 && *p <= 65535)
+        .ok_or_else(|| ApiError::BadRequest(format!("the node agent of {node_name} serves no kubelet API")))?;
+    Ok(SocketAddr::new(ip, port as u16))
 }
 
 /// A TCP connection to `addr`, made inside `netns` when given (setns moves only the thread
 /// that connects, a short-lived one).
-async fn dial(addr: SocketAddr, netns: Option<PathBuf>) -> std::io::Result<tokio::net::TcpStream> {
+pub(crate) async fn dial(addr: SocketAddr, netns: Option<PathBuf>) -> std::io::Result<tokio::net::TcpStream> {
     let Some(ns) = netns else { return tokio::net::TcpStream::connect(addr).await };
     let stream = tokio::task::spawn_blocking(move || {
         std::thread::spawn(move || -> std::io::Result<std::net::TcpStream> {

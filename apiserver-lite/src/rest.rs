@@ -64,7 +64,9 @@ async fn handle(State(st): State<RestState>, req: Request) -> Response {
         .filter(|(k, _)| !k.is_empty())
         .collect();
     // Watches and followed logs stream for as long as the client reads.
-    let is_watch = query_bool(&query, "watch") || (path.ends_with("/log") && query_bool(&query, "follow"));
+    let is_watch = query_bool(&query, "watch")
+        || (path.ends_with("/log") && query_bool(&query, "follow"))
+        || path.rsplit('/').next().and_then(crate::streaming::Verb::from_subresource).is_some();
     let timeout = st.request_timeout;
     let fut = dispatch(st, req, path, query);
     if is_watch {
@@ -128,6 +130,14 @@ async fn dispatch(
         ["apis", g, v, rest @ ..] => (g, v, rest),
         _ => return Err(ApiError::NoRoute),
     };
+    if let ([], ["namespaces", ns, "pods", name, sub]) = (group.as_bytes(), rest) {
+        if let Some(verb) = crate::streaming::Verb::from_subresource(sub) {
+            if method != Method::GET && method != Method::POST {
+                return Err(ApiError::MethodNotAllowed);
+            }
+            return crate::streaming::handle(&st, verb, ns, name, req).await;
+        }
+    }
     let target = parse_target(group, version, rest).ok_or(ApiError::NoRoute)?;
     let body = read_body(req, st.max_body_bytes).await?;
     handle_resource(&st, &method, &headers, &query, target, body).await
@@ -747,6 +757,12 @@ fn resource_list(group: &str, version: &str) -> Value {
                                   "group": "policy", "version": "v1", "kind": "Eviction", "verbs": ["create"]}));
             resources.push(json!({"name": "pods/log", "singularName": "", "namespaced": true,
                                   "kind": "Pod", "verbs": ["get"]}));
+            for sub in ["attach", "exec", "portforward"] {
+                let kind = if sub == "portforward" { "PodPortForwardOptions" } else { "PodExecOptions" };
+                let kind = if sub == "attach" { "PodAttachOptions" } else { kind };
+                resources.push(json!({"name": format!("pods/{sub}"), "singularName": "", "namespaced": true,
+                                      "kind": kind, "verbs": ["create", "get"]}));
+            }
         }
     }
     json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources})
@@ -797,6 +813,15 @@ fn aggregated(headers: &HeaderMap, core: bool) -> Response {
                             "verbs": ["create"]}));
                         subresources.push(json!({"subresource": "log",
                             "responseKind": {"group": "", "version": "v1", "kind": "Pod"}, "verbs": ["get"]}));
+                        for (sub, kind) in [
+                            ("attach", "PodAttachOptions"),
+                            ("exec", "PodExecOptions"),
+                            ("portforward", "PodPortForwardOptions"),
+                        ] {
+                            subresources.push(json!({"subresource": sub,
+                                "responseKind": {"group": "", "version": "v1", "kind": kind},
+                                "verbs": ["create", "get"]}));
+                        }
                     }
                     if !subresources.is_empty() {
                         r["subresources"] = json!(subresources);

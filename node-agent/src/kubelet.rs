@@ -1,22 +1,28 @@
 //! The node agent's own API, kubelet's role on `:10250`: container logs for the API server's
 //! `pods/log` (`GET /containerLogs/{namespace}/{pod}/{container}`, with `follow`, `tailLines`,
-//! `limitBytes`). The API server is the only caller: it presents the lab's bearer token.
-//! Selecting what to send is pure ([`select`]); [`serve`] reads the files.
+//! `limitBytes`), and the streaming endpoints behind `pods/exec`, `pods/attach` and
+//! `pods/portforward` (`/exec/…`, `/attach/…`, `/portForward/{namespace}/{pod}`, upgraded to a
+//! WebSocket or SPDY; see [`crate::stream`]). The API server is the only caller: it presents the
+//! lab's bearer token. Selecting what to send is pure ([`select`]); [`serve`] reads the files.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
+use axum::extract::{FromRequestParts, Request};
 use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{any, get};
 use futures::StreamExt;
 use serde::Deserialize;
 
 use crate::pods::load_records;
+use crate::pods::PodRecord;
 use crate::pods::PodsConfig;
+use crate::process::{ProcId, Processes};
+use crate::stream::{self, exec::ExecOptions};
 
 /// The options of a log request, as kubelet takes them.
 #[derive(Debug, Default, Deserialize)]
@@ -68,26 +74,207 @@ fn error(code: StatusCode, message: String) -> Response {
     (code, [(header::CONTENT_TYPE, "text/plain; charset=utf-8")], message).into_response()
 }
 
+/// A refusal: kubelet's status and plain-text message.
+type Refused = (StatusCode, String);
+
+impl Kubelet {
+    /// The API server's bearer token, when the agent has one.
+    fn authorize(&self, headers: &HeaderMap) -> Result<(), Refused> {
+        let Some(token) = &self.token else { return Ok(()) };
+        let ok = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .is_some_and(|t| t.trim() == &**token);
+        if ok {
+            Ok(())
+        } else {
+            Err((StatusCode::UNAUTHORIZED, "Unauthorized".into()))
+        }
+    }
+
+    /// The record of a pod on this node, or kubelet's 404.
+    async fn pod(&self, ns: &str, pod: &str) -> Result<PodRecord, Refused> {
+        let state_dir = self.pods.state_dir.clone();
+        let records = tokio::task::spawn_blocking(move || load_records(&state_dir)).await.unwrap_or_default();
+        records
+            .into_iter()
+            .find(|r| r.namespace == ns && r.name == pod)
+            .ok_or_else(|| (StatusCode::NOT_FOUND, format!("pod does not exist: {ns}/{pod} is not on this node")))
+    }
+
+    /// The pod's record and its running container's process, or kubelet's `container not found`.
+    async fn running(&self, ns: &str, pod: &str, container: &str) -> Result<(PodRecord, ProcId), Refused> {
+        let rec = self.pod(ns, pod).await?;
+        let procs = crate::process::LinuxProcesses::default();
+        match rec.containers.get(container).and_then(|c| c.process).filter(|p| procs.alive(*p)) {
+            Some(p) => Ok((rec, p)),
+            None => Err((StatusCode::NOT_FOUND, format!("container not found ({container:?})"))),
+        }
+    }
+}
+
+/// An upgraded connection, with the subprotocol agreed.
+enum Conn {
+    Ws(Box<axum::extract::ws::WebSocket>, Option<String>),
+    Spdy(hyper_util::rt::TokioIo<hyper::upgrade::Upgraded>, String),
+}
+
+/// Upgrades `req` to a WebSocket (offering `ws_protocols`) or to SPDY/3.1 (offering
+/// `spdy_protocols` as `X-Stream-Protocol-Version`) and hands the connection to `handle`;
+/// answers as kubelet does when neither fits.
+async fn upgrade<F, Fut>(
+    req: Request,
+    ws_protocols: &'static [&'static str],
+    spdy_protocols: &'static [&'static str],
+    handle: F,
+) -> Response
+where
+    F: FnOnce(Conn) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let upgrade_to = req.headers().get(header::UPGRADE).and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+    if upgrade_to.eq_ignore_ascii_case("websocket") {
+        let offered = req
+            .headers()
+            .get_all(header::SEC_WEBSOCKET_PROTOCOL)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .map(|p| p.trim().to_string())
+            .filter(|p| !p.is_empty())
+            .collect::<Vec<_>>();
+        let (mut parts, _) = req.into_parts();
+        let ws = match axum::extract::ws::WebSocketUpgrade::from_request_parts(&mut parts, &()).await {
+            Ok(ws) => ws.protocols(ws_protocols.iter().copied()),
+            Err(e) => return e.into_response(),
+        };
+        let chosen = ws.selected_protocol().and_then(|p| p.to_str().ok()).map(str::to_string);
+        if chosen.is_none() && !offered.is_empty() {
+            return error(
+                StatusCode::BAD_REQUEST,
+                format!("requested protocol(s) are not supported: {offered:?}; supports {ws_protocols:?}"),
+            );
+        }
+        return ws.on_upgrade(move |socket| handle(Conn::Ws(Box::new(socket), chosen)));
+    }
+    if upgrade_to.eq_ignore_ascii_case("SPDY/3.1") {
+        let offered: Vec<String> = req
+            .headers()
+            .get_all("x-stream-protocol-version")
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .map(|p| p.trim().to_string())
+            .collect();
+        let Some(chosen) = offered.iter().find(|p| spdy_protocols.contains(&p.as_str())).cloned() else {
+            return (
+                StatusCode::FORBIDDEN,
+                [("x-accepted-stream-protocol-versions", spdy_protocols.join(","))],
+                format!(
+                    "unable to upgrade: unable to negotiate protocol: client supports {offered:?}, server accepts {spdy_protocols:?}"
+                ),
+            )
+                .into_response();
+        };
+        let mut req = req;
+        let on = hyper::upgrade::on(&mut req);
+        let protocol = chosen.clone();
+        tokio::spawn(async move {
+            match on.await {
+                Ok(u) => handle(Conn::Spdy(hyper_util::rt::TokioIo::new(u), protocol)).await,
+                Err(e) => tracing::debug!("SPDY upgrade failed: {e}"),
+            }
+        });
+        return Response::builder()
+            .status(StatusCode::SWITCHING_PROTOCOLS)
+            .header(header::CONNECTION, "Upgrade")
+            .header(header::UPGRADE, "SPDY/3.1")
+            .header("x-stream-protocol-version", chosen)
+            .body(Body::empty())
+            .unwrap_or_default();
+    }
+    error(StatusCode::BAD_REQUEST, "Upgrade request required".into())
+}
+
+fn spdy_version(protocol: &str) -> u8 {
+    stream::channel::Proto::from_name(Some(protocol)).map_or(1, |p| p.version)
+}
+
+async fn exec(
+    State(k): State<Kubelet>,
+    Path((ns, pod, container)): Path<(String, String, String)>,
+    req: Request,
+) -> Response {
+    if let Err((code, msg)) = k.authorize(req.headers()) {
+        return error(code, msg);
+    }
+    let opts = match ExecOptions::parse(req.uri().query().unwrap_or("")) {
+        Ok(o) if o.command.is_empty() => return error(StatusCode::BAD_REQUEST, "you must specify a command".into()),
+        Ok(o) => o,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e),
+    };
+    let (rec, _) = match k.running(&ns, &pod, &container).await {
+        Ok(r) => r,
+        Err((code, msg)) => return error(code, msg),
+    };
+    let target = stream::exec_target(k.pods.workload_bin.clone(), rec.sandbox.pid, &pod, opts.tty);
+    upgrade(req, stream::channel::EXEC_PROTOCOLS, stream::SPDY_EXEC_PROTOCOLS, move |conn| async move {
+        let o = opts.clone();
+        let run = move |i, out| async move { stream::exec::run(&target, &o, i, out).await };
+        match conn {
+            Conn::Ws(ws, p) => {
+                let proto = stream::channel::Proto::from_name(p.as_deref())
+                    .unwrap_or(stream::channel::Proto { version: 1, base64: false });
+                stream::exec_ws(*ws, proto, opts, run).await
+            }
+            Conn::Spdy(io, p) => stream::exec_spdy(io, spdy_version(&p), opts, run).await,
+        }
+    })
+    .await
+}
+
+async fn port_forward(State(k): State<Kubelet>, Path((ns, pod)): Path<(String, String)>, req: Request) -> Response {
+    if let Err((code, msg)) = k.authorize(req.headers()) {
+        return error(code, msg);
+    }
+    let rec = match k.pod(&ns, &pod).await {
+        Ok(r) => r,
+        Err((code, msg)) => return error(code, msg),
+    };
+    let ports = match stream::portforward::parse_ports(req.uri().query().unwrap_or("")) {
+        Ok(p) => p,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e),
+    };
+    let target = stream::PodRef { name: format!("{ns}/{pod}"), uid: rec.uid.clone(), sandbox_pid: rec.sandbox.pid };
+    upgrade(req, stream::channel::PORTFORWARD_PROTOCOLS, &[stream::SPDY_PORTFORWARD_PROTOCOL], move |conn| async move {
+        match conn {
+            Conn::Ws(ws, Some(p)) if p == stream::channel::SPDY_TUNNEL => {
+                stream::portforward_spdy(stream::ws_bytes(*ws), target).await
+            }
+            Conn::Ws(ws, p) => {
+                let proto = stream::channel::Proto::from_name(p.as_deref())
+                    .unwrap_or(stream::channel::Proto { version: 1, base64: false });
+                stream::portforward_ws(*ws, proto, ports, target).await
+            }
+            Conn::Spdy(io, _) => stream::portforward_spdy(io, target).await,
+        }
+    })
+    .await
+}
+
 async fn container_logs(
     State(k): State<Kubelet>,
     Path((ns, pod, container)): Path<(String, String, String)>,
     Query(opts): Query<LogOptions>,
     headers: HeaderMap,
 ) -> Response {
-    if let Some(token) = &k.token {
-        let ok = headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .is_some_and(|t| t.trim() == &**token);
-        if !ok {
-            return error(StatusCode::UNAUTHORIZED, "Unauthorized".into());
-        }
+    if let Err((code, msg)) = k.authorize(&headers) {
+        return error(code, msg);
     }
-    let state_dir = k.pods.state_dir.clone();
-    let records = tokio::task::spawn_blocking(move || load_records(&state_dir)).await.unwrap_or_default();
-    let Some(rec) = records.iter().find(|r| r.namespace == ns && r.name == pod) else {
-        return error(StatusCode::NOT_FOUND, format!("pod {ns}/{pod} is not running on this node"));
+    let rec = match k.pod(&ns, &pod).await {
+        Ok(r) => r,
+        Err((code, msg)) => return error(code, msg),
     };
     if !rec.containers.contains_key(&container) {
         return error(StatusCode::NOT_FOUND, format!("container {container:?} is not in pod {ns}/{pod}"));
@@ -172,6 +359,8 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let app = axum::Router::new()
         .route("/containerLogs/{ns}/{pod}/{container}", get(container_logs))
+        .route("/exec/{ns}/{pod}/{container}", any(exec))
+        .route("/portForward/{ns}/{pod}", any(port_forward))
         .with_state(Kubelet { pods, token });
     axum::serve(listener, app).with_graceful_shutdown(shutdown).await
 }

@@ -24,5 +24,6 @@ pub mod podstatus;
 pub mod process;
 pub mod proxy;
 pub mod routes;
+pub mod stream;
 
 pub use error::{AgentError, Result};

@@ -4,7 +4,8 @@
 //!   pod's network and UTS namespaces, sets the hostname, brings `lo` up, prints `ready`, and
 //!   then only holds the namespaces until it is stopped. CNI attaches the pod network to
 //!   `/proc/<pid>/ns/net`; no bind mount is needed, so nothing leaks if the agent dies.
-//! - `join --sandbox PID -- CMD ARGS…`: enters the sandbox's namespaces and execs a program.
+//! - `join --sandbox PID [--tty] -- CMD ARGS…`: enters the sandbox's namespaces and execs a
+//!   program (with `--tty`, its terminal on stdin becomes the session's controlling terminal).
 //! - `echo --sandbox PID [--port P]… [-- IMAGE-ARGS…]`: enters them and runs `podpath/echo`.
 //!
 //! Every mode starts its own session, so signals aimed at the agent's terminal or process group
@@ -37,6 +38,9 @@ enum Mode {
     Join {
         #[arg(long)]
         sandbox: i32,
+        /// Make stdin (a terminal) the controlling terminal of the new session (`exec -t`).
+        #[arg(long)]
+        tty: bool,
         #[arg(last = true, required = true)]
         command: Vec<String>,
     },
@@ -66,8 +70,12 @@ fn run(args: Args) -> Result<(), String> {
     let _ = nix::unistd::setsid();
     match args.mode {
         Mode::Sandbox { hostname } => sandbox(&hostname),
-        Mode::Join { sandbox, command } => {
+        Mode::Join { sandbox, tty, command } => {
             join(sandbox)?;
+            if tty {
+                rustix::process::ioctl_tiocsctty(std::io::stdin())
+                    .map_err(|e| format!("cannot make the terminal the controlling one: {e}"))?;
+            }
             let argv: Vec<CString> = command
                 .iter()
                 .map(|a| CString::new(a.as_str()).map_err(|_| format!("argument {a:?} contains a NUL byte")))
