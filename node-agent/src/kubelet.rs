@@ -234,6 +234,41 @@ async fn exec(
     .await
 }
 
+async fn attach(
+    State(k): State<Kubelet>,
+    Path((ns, pod, container)): Path<(String, String, String)>,
+    req: Request,
+) -> Response {
+    if let Err((code, msg)) = k.authorize(req.headers()) {
+        return error(code, msg);
+    }
+    let opts = match ExecOptions::parse(req.uri().query().unwrap_or("")) {
+        Ok(o) => o,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e),
+    };
+    let (rec, proc_id) = match k.running(&ns, &pod, &container).await {
+        Ok(r) => r,
+        Err((code, msg)) => return error(code, msg),
+    };
+    let socket = k.pods.attach_socket(&rec.uid, &container).filter(|s| s.exists());
+    let log = k.pods.log_path(&ns, &pod, &rec.uid, &container);
+    upgrade(req, stream::channel::EXEC_PROTOCOLS, stream::SPDY_EXEC_PROTOCOLS, move |conn| async move {
+        let run = move |i, out| async move {
+            let alive = move || crate::process::LinuxProcesses::default().alive(proc_id);
+            stream::console::attach(socket.as_deref(), &log, alive, i, out).await
+        };
+        match conn {
+            Conn::Ws(ws, p) => {
+                let proto = stream::channel::Proto::from_name(p.as_deref())
+                    .unwrap_or(stream::channel::Proto { version: 1, base64: false });
+                stream::exec_ws(*ws, proto, opts, run).await
+            }
+            Conn::Spdy(io, p) => stream::exec_spdy(io, spdy_version(&p), opts, run).await,
+        }
+    })
+    .await
+}
+
 async fn port_forward(State(k): State<Kubelet>, Path((ns, pod)): Path<(String, String)>, req: Request) -> Response {
     if let Err((code, msg)) = k.authorize(req.headers()) {
         return error(code, msg);
@@ -360,6 +395,7 @@ pub async fn serve(
     let app = axum::Router::new()
         .route("/containerLogs/{ns}/{pod}/{container}", get(container_logs))
         .route("/exec/{ns}/{pod}/{container}", any(exec))
+        .route("/attach/{ns}/{pod}/{container}", any(attach))
         .route("/portForward/{ns}/{pod}", any(port_forward))
         .with_state(Kubelet { pods, token });
     axum::serve(listener, app).with_graceful_shutdown(shutdown).await

@@ -38,9 +38,16 @@ enum Mode {
     Join {
         #[arg(long)]
         sandbox: i32,
-        /// Make stdin (a terminal) the controlling terminal of the new session (`exec -t`).
+        /// Make stdin (a terminal) the controlling terminal of the new session (`exec -t`); with
+        /// --console, give the command a terminal.
         #[arg(long)]
         tty: bool,
+        /// Run the command under a console that `kubectl attach` reaches through this socket.
+        #[arg(long)]
+        console: Option<std::path::PathBuf>,
+        /// With --console: close the command's stdin when the first attached client closes its own.
+        #[arg(long)]
+        stdin_once: bool,
         #[arg(last = true, required = true)]
         command: Vec<String>,
     },
@@ -70,7 +77,21 @@ fn run(args: Args) -> Result<(), String> {
     let _ = nix::unistd::setsid();
     match args.mode {
         Mode::Sandbox { hostname } => sandbox(&hostname),
-        Mode::Join { sandbox, tty, command } => {
+        Mode::Join { sandbox, tty, console: Some(socket), stdin_once, command } => {
+            join(sandbox)?;
+            let exe = std::env::current_exe().map_err(|e| format!("cannot find myself: {e}"))?;
+            let mut argv = vec![exe.display().to_string(), "join".into(), "--sandbox".into(), sandbox.to_string()];
+            if tty {
+                argv.push("--tty".into());
+            }
+            argv.push("--".into());
+            argv.extend(command);
+            let opts = node_agent::stream::console::ConsoleOptions { socket, tty, stdin_once, argv };
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
+            let code = rt.block_on(node_agent::stream::console::run(opts))?;
+            std::process::exit(code);
+        }
+        Mode::Join { sandbox, tty, command, .. } => {
             join(sandbox)?;
             if tty {
                 rustix::process::ioctl_tiocsctty(std::io::stdin())

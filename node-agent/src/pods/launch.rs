@@ -84,7 +84,23 @@ pub fn launch(cfg: &PodsConfig, pod: &core::Pod, c: &core::Container, sandbox: P
                 command[0]
             ));
         }
-        let mut argv = vec![bin, "join".into(), "--sandbox".into(), sandbox.pid.to_string(), "--".into()];
+        let mut argv = vec![bin, "join".into(), "--sandbox".into(), sandbox.pid.to_string()];
+        // stdin or a terminal: the container runs under its console, which `kubectl attach` reaches.
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        let console = (c.stdin == Some(true) || c.tty == Some(true)).then(|| cfg.attach_socket(&uid(pod), &c.name)).flatten();
+        if let Some(socket) = console {
+            argv.push("--console".into());
+            argv.push(socket.display().to_string());
+            if c.tty == Some(true) {
+                argv.push("--tty".into());
+            }
+            if c.stdin_once == Some(true) {
+                argv.push("--stdin-once".into());
+            }
+        } else if c.stdin == Some(true) || c.tty == Some(true) {
+            tracing::warn!(pod = %name, container = %c.name, "the state directory is too deep for a console socket: kubectl attach will show output only");
+        }
+        argv.push("--".into());
         argv.extend(command);
         argv.extend(args);
         argv

@@ -106,6 +106,15 @@ impl PodsConfig {
     fn record_path(&self, uid: &str) -> PathBuf {
         self.records_dir().join(format!("{uid}.json"))
     }
+    /// The Unix socket of a container's console (containers with `stdin` or `tty`), or None when
+    /// the state directory is too deep for a socket path (108 bytes).
+    pub fn attach_socket(&self, uid: &str, container: &str) -> Option<PathBuf> {
+        use sha2::Digest;
+        let hash = sha2::Sha256::digest(format!("{uid}/{container}").as_bytes());
+        let name: String = hash.iter().take(8).map(|b| format!("{b:02x}")).collect();
+        let p = self.state_dir.join("attach").join(format!("{name}.sock"));
+        (p.as_os_str().len() < 108).then_some(p)
+    }
     /// Where a pod's container logs go.
     pub fn log_path(&self, namespace: &str, name: &str, uid: &str, container: &str) -> PathBuf {
         self.state_dir.join("logs").join(format!("{namespace}_{name}_{uid}")).join(format!("{container}.log"))

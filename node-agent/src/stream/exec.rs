@@ -144,15 +144,15 @@ impl Drop for GroupGuard {
 
 /// A pseudo terminal's master side: the descriptor (for window sizes) and two non-blocking
 /// duplicates tokio reads and writes like pipe ends (epoll treats a pty master alike).
-struct Pty {
-    master: OwnedFd,
-    rd: tokio::net::unix::pipe::Receiver,
-    wr: tokio::net::unix::pipe::Sender,
+pub(crate) struct Pty {
+    pub(crate) master: OwnedFd,
+    pub(crate) rd: tokio::net::unix::pipe::Receiver,
+    pub(crate) wr: tokio::net::unix::pipe::Sender,
 }
 
 impl Pty {
     /// A new pair: the master and the slave.
-    fn open() -> std::io::Result<(Pty, OwnedFd)> {
+    pub(crate) fn open() -> std::io::Result<(Pty, OwnedFd)> {
         use rustix::pty::{grantpt, openpt, ptsname, unlockpt, OpenptFlags};
         let master = openpt(OpenptFlags::RDWR | OpenptFlags::NOCTTY | OpenptFlags::CLOEXEC)?;
         grantpt(&master)?;
@@ -170,7 +170,7 @@ impl Pty {
     }
 }
 
-fn resize(master: &OwnedFd, width: u16, height: u16) {
+pub(crate) fn resize(master: &OwnedFd, width: u16, height: u16) {
     let ws = rustix::termios::Winsize { ws_row: height, ws_col: width, ws_xpixel: 0, ws_ypixel: 0 };
     let _ = rustix::termios::tcsetwinsize(master, ws);
 }

@@ -5,6 +5,7 @@
 //! pod is in [`exec`] and [`portforward`]; this module joins them.
 
 pub mod channel;
+pub mod console;
 pub mod exec;
 pub mod portforward;
 pub mod spdy;

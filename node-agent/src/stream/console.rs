@@ -1,0 +1,317 @@
+//! The console of a container that asked for `stdin` or `tty` (the role of conmon in CRI-O):
+//! `podpath-workload join --console SOCKET` holds the container's terminal (or its stdin and
+//! output pipes), copies the output to the container log, and lets `kubectl attach` clients in
+//! through a Unix socket. Because the console, not the agent, holds the terminal, a restarted
+//! agent can attach again.
+//!
+//! The socket speaks small frames, `[kind][length u32 BE][payload]`: from the client stdin
+//! (0), a resize (1, width and height as u16 BE) or the end of stdin (2); from the console
+//! stdout (1) or stderr (2).
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use bytes::{Buf, Bytes, BytesMut};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::{broadcast, mpsc};
+
+use super::exec::{resize, Input, Outcome, Output, Pty};
+
+pub const TO_STDIN: u8 = 0;
+pub const TO_RESIZE: u8 = 1;
+pub const TO_STDIN_EOF: u8 = 2;
+pub const FROM_STDOUT: u8 = 1;
+pub const FROM_STDERR: u8 = 2;
+const MAX_FRAME: usize = 1 << 20;
+
+/// One frame. Pure.
+pub fn frame(kind: u8, data: &[u8]) -> Vec<u8> {
+    let mut f = Vec::with_capacity(5 + data.len());
+    f.push(kind);
+    f.extend_from_slice(&(data.len() as u32).to_be_bytes());
+    f.extend_from_slice(data);
+    f
+}
+
+/// Splits the first whole frame off `buf`. Pure; `Err` for a frame over 1 MiB.
+pub fn parse_frame(buf: &mut BytesMut) -> Result<Option<(u8, Bytes)>, String> {
+    if buf.len() < 5 {
+        return Ok(None);
+    }
+    let len = u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize;
+    if len > MAX_FRAME {
+        return Err(format!("a console frame of {len} bytes is over the limit"));
+    }
+    if buf.len() < 5 + len {
+        return Ok(None);
+    }
+    let kind = buf[0];
+    buf.advance(5);
+    Ok(Some((kind, buf.split_to(len).freeze())))
+}
+
+/// How the console runs its container.
+#[derive(Debug, Clone)]
+pub struct ConsoleOptions {
+    pub socket: PathBuf,
+    pub tty: bool,
+    /// Close the container's stdin when the first attached client closes its own (`stdinOnce`).
+    pub stdin_once: bool,
+    /// The container's process (a `join` that enters the sandbox and execs the command).
+    pub argv: Vec<String>,
+}
+
+async fn pump_out<R: AsyncRead + Unpin>(mut r: R, kind: u8, tx: broadcast::Sender<(u8, Bytes)>) {
+    let mut log = tokio::io::stdout();
+    let mut buf = vec![0u8; 32 << 10];
+    while let Ok(n) = r.read(&mut buf).await {
+        if n == 0 {
+            break;
+        }
+        let _ = log.write_all(&buf[..n]).await;
+        let _ = log.flush().await;
+        let _ = tx.send((kind, Bytes::copy_from_slice(&buf[..n])));
+    }
+}
+
+/// Runs the console until its container exits; returns the container's exit code.
+pub async fn run(opts: ConsoleOptions) -> Result<i32, String> {
+    if let Some(dir) = opts.socket.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    }
+    let _ = std::fs::remove_file(&opts.socket);
+    let listener = UnixListener::bind(&opts.socket).map_err(|e| format!("cannot listen on {}: {e}", opts.socket.display()))?;
+    let _socket = RemoveOnDrop(opts.socket.clone());
+    let (program, args) = opts.argv.split_first().ok_or("no command")?;
+    let mut cmd = tokio::process::Command::new(program);
+    cmd.args(args).kill_on_drop(true);
+    let (out_tx, _) = broadcast::channel::<(u8, Bytes)>(256);
+    let (in_tx, mut in_rx) = mpsc::channel::<Input>(64);
+    let mut pumps = tokio::task::JoinSet::new();
+    let mut pty_parts = None;
+    if opts.tty {
+        let (pty, slave) = Pty::open().map_err(|e| format!("cannot allocate a terminal: {e}"))?;
+        let dup = |fd: &std::os::fd::OwnedFd| {
+            std::os::fd::AsFd::as_fd(fd).try_clone_to_owned().map(Stdio::from).map_err(|e| e.to_string())
+        };
+        cmd.stdin(dup(&slave)?).stdout(dup(&slave)?).stderr(Stdio::from(slave));
+        resize(&pty.master, 80, 24);
+        pty_parts = Some(pty);
+    } else {
+        cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    }
+    let mut child = cmd.spawn().map_err(|e| format!("cannot start {program}: {e}"))?;
+    drop(cmd);
+    let child_pid = child.id().map(|p| p as i32);
+    let mut stdin_pipe = child.stdin.take();
+    let (master, mut pty_wr) = match pty_parts {
+        Some(Pty { master, rd, wr }) => {
+            pumps.spawn(pump_out(rd, FROM_STDOUT, out_tx.clone()));
+            (Some(master), Some(wr))
+        }
+        None => {
+            if let Some(o) = child.stdout.take() {
+                pumps.spawn(pump_out(o, FROM_STDOUT, out_tx.clone()));
+            }
+            if let Some(e) = child.stderr.take() {
+                pumps.spawn(pump_out(e, FROM_STDERR, out_tx.clone()));
+            }
+            (None, None)
+        }
+    };
+    let accept = {
+        let (out_tx, in_tx) = (out_tx.clone(), in_tx.clone());
+        let stdin_once = opts.stdin_once;
+        tokio::spawn(async move {
+            while let Ok((conn, _)) = listener.accept().await {
+                tokio::spawn(serve_client(conn, out_tx.subscribe(), in_tx.clone(), stdin_once));
+            }
+        })
+    };
+    drop(in_tx);
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).map_err(|e| e.to_string())?;
+    let status = loop {
+        tokio::select! {
+            st = child.wait() => break st,
+            _ = term.recv() => {
+                // The agent stops the container through its console: pass it on.
+                if let Some(pid) = child_pid {
+                    let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGTERM);
+                }
+            }
+            Some(i) = in_rx.recv() => match i {
+                Input::Stdin(b) => {
+                    if let Some(w) = pty_wr.as_mut() {
+                        let _ = w.write_all(&b).await;
+                    } else if let Some(w) = stdin_pipe.as_mut() {
+                        if w.write_all(&b).await.is_err() {
+                            stdin_pipe = None;
+                        }
+                    }
+                }
+                Input::StdinClosed => stdin_pipe = None,
+                Input::Resize { width, height } => {
+                    if let Some(m) = &master {
+                        resize(m, width, height);
+                    }
+                }
+            },
+        }
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(2), async { while pumps.join_next().await.is_some() {} }).await;
+    accept.abort();
+    use std::os::unix::process::ExitStatusExt;
+    let s = status.map_err(|e| e.to_string())?;
+    Ok(s.code().unwrap_or_else(|| 128 + s.signal().unwrap_or(9)))
+}
+
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+async fn serve_client(conn: UnixStream, mut out: broadcast::Receiver<(u8, Bytes)>, input: mpsc::Sender<Input>, stdin_once: bool) {
+    let (mut rd, mut wr) = conn.into_split();
+    let writer = tokio::spawn(async move {
+        loop {
+            match out.recv().await {
+                Ok((kind, data)) => {
+                    if wr.write_all(&frame(kind, &data)).await.is_err() {
+                        return;
+                    }
+                }
+                // A slow client misses output rather than holding the container back.
+                Err(broadcast::error::RecvError::Lagged(_)) => continue,
+                Err(broadcast::error::RecvError::Closed) => return,
+            }
+        }
+    });
+    let mut buf = BytesMut::with_capacity(8 << 10);
+    let mut closed_stdin = false;
+    'read: while rd.read_buf(&mut buf).await.is_ok_and(|n| n > 0) {
+        while let Ok(Some((kind, data))) = parse_frame(&mut buf) {
+            let i = match kind {
+                TO_STDIN => Input::Stdin(data),
+                TO_RESIZE if data.len() == 4 => Input::Resize {
+                    width: u16::from_be_bytes([data[0], data[1]]),
+                    height: u16::from_be_bytes([data[2], data[3]]),
+                },
+                TO_STDIN_EOF => {
+                    closed_stdin = true;
+                    if !stdin_once {
+                        continue;
+                    }
+                    Input::StdinClosed
+                }
+                _ => continue,
+            };
+            if input.send(i).await.is_err() {
+                break 'read;
+            }
+        }
+    }
+    if stdin_once && !closed_stdin {
+        let _ = input.send(Input::StdinClosed).await;
+    }
+    writer.abort();
+}
+
+/// `kubectl attach` on the node: through the container's console when it has one, otherwise
+/// the container's output as it is written to its log (what attach shows of a container that
+/// has no stdin). Ends when the container's output ends or the client goes.
+pub async fn attach(
+    socket: Option<&Path>,
+    log: &Path,
+    alive: impl Fn() -> bool,
+    mut input: mpsc::Receiver<Input>,
+    out: mpsc::Sender<Output>,
+) -> Outcome {
+    if let Some(conn) = match socket {
+        Some(s) => UnixStream::connect(s).await.ok(),
+        None => None,
+    } {
+        let (mut rd, mut wr) = conn.into_split();
+        let mut buf = BytesMut::with_capacity(32 << 10);
+        loop {
+            tokio::select! {
+                r = rd.read_buf(&mut buf) => {
+                    if !r.is_ok_and(|n| n > 0) {
+                        return Outcome::Exited(0);
+                    }
+                    while let Ok(Some((kind, data))) = parse_frame(&mut buf) {
+                        let o = if kind == FROM_STDERR { Output::Stderr(data) } else { Output::Stdout(data) };
+                        if out.send(o).await.is_err() {
+                            return Outcome::Failed("the client went away".into());
+                        }
+                    }
+                }
+                i = input.recv() => {
+                    let f = match i {
+                        Some(Input::Stdin(b)) => frame(TO_STDIN, &b),
+                        Some(Input::StdinClosed) => frame(TO_STDIN_EOF, &[]),
+                        Some(Input::Resize { width, height }) => {
+                            let mut p = width.to_be_bytes().to_vec();
+                            p.extend_from_slice(&height.to_be_bytes());
+                            frame(TO_RESIZE, &p)
+                        }
+                        None => return Outcome::Failed("the client went away".into()),
+                    };
+                    if wr.write_all(&f).await.is_err() {
+                        return Outcome::Exited(0);
+                    }
+                }
+            }
+        }
+    }
+    // No console: follow the log from its current end.
+    let mut offset = tokio::fs::metadata(log).await.map(|m| m.len()).unwrap_or(0);
+    let mut tick = tokio::time::interval(Duration::from_millis(200));
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {
+                if let Ok(mut f) = tokio::fs::File::open(log).await {
+                    use tokio::io::AsyncSeekExt;
+                    let len = f.metadata().await.map(|m| m.len()).unwrap_or(offset);
+                    if len > offset && f.seek(std::io::SeekFrom::Start(offset)).await.is_ok() {
+                        let mut chunk = Vec::new();
+                        if (&mut f).take(len - offset).read_to_end(&mut chunk).await.is_ok() {
+                            offset += chunk.len() as u64;
+                            if out.send(Output::Stdout(chunk.into())).await.is_err() {
+                                return Outcome::Failed("the client went away".into());
+                            }
+                        }
+                    }
+                }
+                if !alive() {
+                    return Outcome::Exited(0);
+                }
+            }
+            i = input.recv() => if i.is_none() {
+                return Outcome::Failed("the client went away".into());
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_round_trip() {
+        let mut b = BytesMut::new();
+        b.extend_from_slice(&frame(TO_STDIN, b"ls\n"));
+        b.extend_from_slice(&frame(TO_STDIN_EOF, b""));
+        b.extend_from_slice(&frame(TO_STDIN, b"partial")[..4]);
+        assert_eq!(parse_frame(&mut b).unwrap(), Some((TO_STDIN, Bytes::from_static(b"ls\n"))));
+        assert_eq!(parse_frame(&mut b).unwrap(), Some((TO_STDIN_EOF, Bytes::new())));
+        assert_eq!(parse_frame(&mut b).unwrap(), None);
+        let mut huge = BytesMut::from(&[0u8, 0xff, 0xff, 0xff, 0xff][..]);
+        assert!(parse_frame(&mut huge).is_err());
+    }
+}
