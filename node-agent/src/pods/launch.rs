@@ -87,7 +87,8 @@ pub fn launch(cfg: &PodsConfig, pod: &core::Pod, c: &core::Container, sandbox: P
         let mut argv = vec![bin, "join".into(), "--sandbox".into(), sandbox.pid.to_string()];
         // stdin or a terminal: the container runs under its console, which `kubectl attach` reaches.
         let name = pod.metadata.name.clone().unwrap_or_default();
-        let console = (c.stdin == Some(true) || c.tty == Some(true)).then(|| cfg.attach_socket(&uid(pod), &c.name)).flatten();
+        let console =
+            (c.stdin == Some(true) || c.tty == Some(true)).then(|| cfg.attach_socket(&uid(pod), &c.name)).flatten();
         if let Some(socket) = console {
             argv.push("--console".into());
             argv.push(socket.display().to_string());

@@ -82,7 +82,8 @@ pub async fn run(opts: ConsoleOptions) -> Result<i32, String> {
         std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     }
     let _ = std::fs::remove_file(&opts.socket);
-    let listener = UnixListener::bind(&opts.socket).map_err(|e| format!("cannot listen on {}: {e}", opts.socket.display()))?;
+    let listener =
+        UnixListener::bind(&opts.socket).map_err(|e| format!("cannot listen on {}: {e}", opts.socket.display()))?;
     let _socket = RemoveOnDrop(opts.socket.clone());
     let (program, args) = opts.argv.split_first().ok_or("no command")?;
     let mut cmd = tokio::process::Command::new(program);
@@ -131,7 +132,8 @@ pub async fn run(opts: ConsoleOptions) -> Result<i32, String> {
         })
     };
     drop(in_tx);
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).map_err(|e| e.to_string())?;
+    let mut term =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).map_err(|e| e.to_string())?;
     let status = loop {
         tokio::select! {
             st = child.wait() => break st,
@@ -175,7 +177,12 @@ impl Drop for RemoveOnDrop {
     }
 }
 
-async fn serve_client(conn: UnixStream, mut out: broadcast::Receiver<(u8, Bytes)>, input: mpsc::Sender<Input>, stdin_once: bool) {
+async fn serve_client(
+    conn: UnixStream,
+    mut out: broadcast::Receiver<(u8, Bytes)>,
+    input: mpsc::Sender<Input>,
+    stdin_once: bool,
+) {
     let (mut rd, mut wr) = conn.into_split();
     let writer = tokio::spawn(async move {
         loop {
