@@ -6,7 +6,8 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-use podpath_e2e::{text, ApiServer};
+use podpath_e2e::{text, ApiServer, Lab};
+use testkit::netns::root_or_explain;
 
 /// 1.4: 2.x needs Node.js 22 (its HTTP stack uses zstd); Debian 13 ships Node.js 20.
 const CLIENT: &str = "@kubernetes/client-node@1.4.0";
@@ -44,4 +45,25 @@ fn node_client_over_tls_with_the_lab_ca() {
     let (out, err) = text(&o);
     assert!(o.status.success(), "node client failed:\n{out}\n{err}");
     assert!(out.contains("node client: ok"), "{out}");
+}
+
+/// The client's Exec, pod log and PortForward against a real lab. Root only.
+#[test]
+fn node_client_exec_logs_and_port_forward_in_a_lab() {
+    if !root_or_explain() {
+        return;
+    }
+    let dir = modules();
+    let lab = Lab::up("jsstream", &["--nodes", "1"]).unwrap();
+    lab.kubectl(&["run", "web", "--image=podpath/echo", "--port=8080"]);
+    lab.kubectl(&["run", "ticker", "--image=busybox", "--command", "--", "sh", "-c", "i=0; while true; do echo tick $i; i=$((i+1)); sleep 0.2; done"]);
+    lab.kubectl(&["wait", "--for=condition=Ready", "pod/web", "pod/ticker", "--timeout=60s"]);
+    std::thread::sleep(std::time::Duration::from_millis(600));
+    let script = dir.join("stream_check.mjs");
+    std::fs::copy(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/node/stream_check.mjs"), &script).unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let o = Command::new("node").arg(&script).arg(&lab.kubeconfig).env("HOME", home.path()).output().unwrap();
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "node streaming failed:\n{out}\n{err}");
+    assert!(out.contains("node streaming: ok"), "{out}");
 }

@@ -5,7 +5,8 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-use podpath_e2e::{text, ApiServer};
+use podpath_e2e::{text, ApiServer, Lab};
+use testkit::netns::root_or_explain;
 
 /// The pinned clients: `kubernetes` as shared/reference/kubectl-surface.md was checked with,
 /// and the async ones users reported failures with.
@@ -62,4 +63,25 @@ fn async_python_clients_watch_and_create_deployments() {
     let (out, err) = text(&o);
     assert!(o.status.success(), "async python clients failed:\n{out}\n{err}");
     assert!(out.contains("async clients: ok"), "{out}");
+}
+
+/// The official client's streaming calls (`stream()` exec over WebSockets, pod logs,
+/// `portforward`) against a real lab. Root only.
+#[test]
+fn python_client_exec_logs_and_port_forward_in_a_lab() {
+    if !root_or_explain() {
+        return;
+    }
+    let python = venv();
+    let lab = Lab::up("pystream", &["--nodes", "1"]).unwrap();
+    lab.kubectl(&["run", "web", "--image=podpath/echo", "--port=8080"]);
+    lab.kubectl(&["run", "ticker", "--image=busybox", "--command", "--", "sh", "-c", "i=0; while true; do echo tick $i; i=$((i+1)); sleep 0.2; done"]);
+    lab.kubectl(&["wait", "--for=condition=Ready", "pod/web", "pod/ticker", "--timeout=60s"]);
+    std::thread::sleep(std::time::Duration::from_millis(600));
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/stream_check.py");
+    let home = tempfile::tempdir().unwrap();
+    let o = Command::new(python).arg(script).arg(&lab.kubeconfig).env("HOME", home.path()).output().unwrap();
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "python streaming failed:\n{out}\n{err}");
+    assert!(out.contains("python streaming: ok"), "{out}");
 }
