@@ -187,7 +187,7 @@ pub async fn handle(st: &RestState, verb: Verb, ns: &str, name: &str, mut req: R
             return;
         }
         // Ends when either side closes; both sockets are dropped with this task.
-        let _ = tokio::io::copy_bidirectional(&mut client, &mut agent).await;
+        let _ = tokio::io::copy_bidirectional_with_sizes(&mut client, &mut agent, 256 << 10, 256 << 10).await;
     });
     resp.body(Body::empty()).map_err(|e| ApiError::internal(e.to_string()))
 }

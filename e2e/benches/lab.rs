@@ -39,16 +39,8 @@ fn request(api: &ApiAccess, method: &str, path: &str, body: &str) -> Result<(u16
     api.request(method, path, body)
 }
 
-/// Runs `f` on a thread inside the lab host's network namespace.
 fn in_netns<T: Send + 'static>(lab: &Lab, host: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let path = format!("/run/netns/pp-{}-{host}", lab.name);
-    std::thread::spawn(move || {
-        let ns = std::fs::File::open(&path).expect("lab namespace");
-        nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
-        f()
-    })
-    .join()
-    .expect("netns thread")
+    lab.in_netns(host, f)
 }
 
 fn enter(lab: &Lab, host: &str) -> std::fs::File {

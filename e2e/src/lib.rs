@@ -304,6 +304,18 @@ impl Lab {
         (out.status.code().unwrap_or(-1), format!("{o}{e}"))
     }
 
+    /// Runs `f` on a thread inside the network namespace of a host of the lab (`node-1`, …).
+    pub fn in_netns<T: Send + 'static>(&self, host: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+        let path = format!("/run/netns/pp-{}-{host}", self.name);
+        std::thread::spawn(move || {
+            let ns = std::fs::File::open(&path).expect("lab namespace");
+            nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
+            f()
+        })
+        .join()
+        .expect("netns thread")
+    }
+
     /// kubectl against the lab; must succeed; stdout.
     pub fn kubectl(&self, args: &[&str]) -> String {
         let out =

@@ -10,7 +10,7 @@ use std::io::Write;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use podpath_e2e::{text, Lab};
+use podpath_e2e::{free_port, text, Lab};
 use testkit::netns::root_or_explain;
 
 /// kubectl against the lab, with the protocol chosen.
@@ -54,10 +54,6 @@ fn in_terminal(lab: &Lab, spdy: bool, line: &str, stdin: &str) -> Output {
         c.env("KUBECTL_REMOTE_COMMAND_WEBSOCKETS", "false");
     }
     run_with_stdin(c, stdin)
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 fn curl(port: u16) -> (bool, String) {
@@ -220,7 +216,8 @@ fn kubectl_port_forward_to_a_pod_a_service_and_a_deployment() {
         for target in [format!("pod/{pod}"), "svc/web".to_string(), "deploy/web".to_string()] {
             // A service port is mapped to its target port, as kubectl does.
             let remote = if target.starts_with("svc/") { "80" } else { "8080" };
-            let (a, b) = (free_port(), free_port());
+            let a = free_port();
+            let b = std::iter::repeat_with(free_port).find(|b| *b != a).unwrap();
             let pf = port_forward(&lab, spdy, &target, &[format!("{a}:{remote}"), format!("{b}:{remote}")]);
             for port in [a, b, a] {
                 let (ok, out) = curl(port);

@@ -260,7 +260,7 @@ async fn splice(
         let _ = wr.shutdown().await;
     };
     let down = async move {
-        let mut buf = vec![0u8; 32 << 10];
+        let mut buf = vec![0u8; 256 << 10];
         while let Ok(n) = rd.read(&mut buf).await {
             if n == 0 || !to_client(Bytes::copy_from_slice(&buf[..n])).await {
                 return;
@@ -407,7 +407,7 @@ pub fn ws_bytes(ws: WebSocket) -> tokio::io::DuplexStream {
         let _ = wr.shutdown().await;
     });
     tokio::spawn(async move {
-        let mut buf = vec![0u8; 32 << 10];
+        let mut buf = vec![0u8; 256 << 10];
         while let Ok(n) = rd.read(&mut buf).await {
             if n == 0 || sink.send(Message::Binary(Bytes::copy_from_slice(&buf[..n]))).await.is_err() {
                 break;

@@ -25,7 +25,7 @@ const MAX_FRAME: usize = 1 << 24;
 /// A header block that inflates beyond this is refused.
 const MAX_HEADER_BYTES: usize = 256 << 10;
 /// Outgoing data is cut into frames of at most this many bytes.
-const MAX_DATA_FRAME: usize = 32 << 10;
+const MAX_DATA_FRAME: usize = 256 << 10;
 
 /// A protocol error; the session ends with it.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
