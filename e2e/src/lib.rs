@@ -316,6 +316,23 @@ impl Lab {
         .expect("netns thread")
     }
 
+    /// Runs pod `name`: a program of the node that prints `tick N` every 200 ms.
+    pub fn run_ticker(&self, name: &str) {
+        let script = "i=0; while true; do echo tick $i; i=$((i+1)); sleep 0.2; done";
+        self.kubectl(&["run", name, "--image=busybox", "--command", "--", "sh", "-c", script]);
+    }
+
+    /// A one-node lab with pods `web` (podpath/echo on 8080) and `ticker`, both Ready and the
+    /// ticker's log a few lines long: what the client libraries' streaming tests work on.
+    pub fn with_web_and_ticker(tag: &str) -> Result<Lab> {
+        let lab = Lab::up(tag, &["--nodes", "1"])?;
+        lab.kubectl(&["run", "web", "--image=podpath/echo", "--port=8080"]);
+        lab.run_ticker("ticker");
+        lab.kubectl(&["wait", "--for=condition=Ready", "pod/web", "pod/ticker", "--timeout=60s"]);
+        std::thread::sleep(Duration::from_millis(600));
+        Ok(lab)
+    }
+
     /// kubectl against the lab; must succeed; stdout.
     pub fn kubectl(&self, args: &[&str]) -> String {
         let out =

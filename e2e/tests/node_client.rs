@@ -54,20 +54,7 @@ fn node_client_exec_logs_and_port_forward_in_a_lab() {
         return;
     }
     let dir = modules();
-    let lab = Lab::up("jsstream", &["--nodes", "1"]).unwrap();
-    lab.kubectl(&["run", "web", "--image=podpath/echo", "--port=8080"]);
-    lab.kubectl(&[
-        "run",
-        "ticker",
-        "--image=busybox",
-        "--command",
-        "--",
-        "sh",
-        "-c",
-        "i=0; while true; do echo tick $i; i=$((i+1)); sleep 0.2; done",
-    ]);
-    lab.kubectl(&["wait", "--for=condition=Ready", "pod/web", "pod/ticker", "--timeout=60s"]);
-    std::thread::sleep(std::time::Duration::from_millis(600));
+    let lab = Lab::with_web_and_ticker("jsstream").unwrap();
     let script = dir.join("stream_check.mjs");
     std::fs::copy(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/node/stream_check.mjs"), &script).unwrap();
     let home = tempfile::tempdir().unwrap();

@@ -73,20 +73,7 @@ fn python_client_exec_logs_and_port_forward_in_a_lab() {
         return;
     }
     let python = venv();
-    let lab = Lab::up("pystream", &["--nodes", "1"]).unwrap();
-    lab.kubectl(&["run", "web", "--image=podpath/echo", "--port=8080"]);
-    lab.kubectl(&[
-        "run",
-        "ticker",
-        "--image=busybox",
-        "--command",
-        "--",
-        "sh",
-        "-c",
-        "i=0; while true; do echo tick $i; i=$((i+1)); sleep 0.2; done",
-    ]);
-    lab.kubectl(&["wait", "--for=condition=Ready", "pod/web", "pod/ticker", "--timeout=60s"]);
-    std::thread::sleep(std::time::Duration::from_millis(600));
+    let lab = Lab::with_web_and_ticker("pystream").unwrap();
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/stream_check.py");
     let home = tempfile::tempdir().unwrap();
     let o = Command::new(python).arg(script).arg(&lab.kubeconfig).env("HOME", home.path()).output().unwrap();

@@ -168,16 +168,7 @@ fn kubectl_exec_cp_attach_and_run_over_websockets_and_spdy() {
     let o = wait_bounded(child, Duration::from_secs(20));
     let out = text(&o).0;
     assert!(out.contains("got one\ngot two\n"), "attach -i: {out} {}", text(&o).1);
-    lab.kubectl(&[
-        "run",
-        "ticker",
-        "--image=busybox",
-        "--command",
-        "--",
-        "sh",
-        "-c",
-        "i=0; while true; do echo tick $i; i=$((i+1)); sleep 0.2; done",
-    ]);
+    lab.run_ticker("ticker");
     lab.kubectl(&["wait", "--for=condition=Ready", "pod/ticker", "--timeout=60s"]);
     let o = Command::new("timeout")
         .args(["2", "kubectl", "--kubeconfig"])

@@ -16,16 +16,7 @@ fn kubectl_logs_tail_limit_follow_and_errors() {
     let lab = Lab::up("logs", &["--nodes", "1"]).unwrap();
     // A container that runs a program of the node in the pod's namespaces and prints a line
     // every 200 ms.
-    lab.kubectl(&[
-        "run",
-        "ticker",
-        "--image=busybox",
-        "--command",
-        "--",
-        "sh",
-        "-c",
-        "i=0; while true; do echo tick $i; i=$((i+1)); sleep 0.2; done",
-    ]);
+    lab.run_ticker("ticker");
     lab.kubectl(&["wait", "--for=condition=Ready", "pod/ticker", "--timeout=60s"]);
     std::thread::sleep(Duration::from_millis(1500));
     let all = lab.kubectl(&["logs", "ticker"]);

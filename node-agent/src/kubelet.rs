@@ -197,6 +197,23 @@ where
     error(StatusCode::BAD_REQUEST, "Upgrade request required".into())
 }
 
+/// Exec or attach over whichever protocol the client got.
+async fn serve_exec<F, Fut>(conn: Conn, opts: ExecOptions, run: F)
+where
+    F: FnOnce(tokio::sync::mpsc::Receiver<stream::exec::Input>, tokio::sync::mpsc::Sender<stream::exec::Output>) -> Fut,
+    Fut: std::future::Future<Output = stream::exec::Outcome>,
+{
+    match conn {
+        Conn::Ws(ws, p) => stream::exec_ws(*ws, ws_proto(p.as_deref()), opts, run).await,
+        Conn::Spdy(io, p) => stream::exec_spdy(io, spdy_version(&p), opts, run).await,
+    }
+}
+
+/// The channel protocol of a WebSocket subprotocol (none: `channel.k8s.io`).
+fn ws_proto(name: Option<&str>) -> stream::channel::Proto {
+    stream::channel::Proto::from_name(name).unwrap_or(stream::channel::Proto { version: 1, base64: false })
+}
+
 fn spdy_version(protocol: &str) -> u8 {
     stream::channel::Proto::from_name(Some(protocol)).map_or(1, |p| p.version)
 }
@@ -222,14 +239,7 @@ async fn exec(
     upgrade(req, stream::channel::EXEC_PROTOCOLS, stream::SPDY_EXEC_PROTOCOLS, move |conn| async move {
         let o = opts.clone();
         let run = move |i, out| async move { stream::exec::run(&target, &o, i, out).await };
-        match conn {
-            Conn::Ws(ws, p) => {
-                let proto = stream::channel::Proto::from_name(p.as_deref())
-                    .unwrap_or(stream::channel::Proto { version: 1, base64: false });
-                stream::exec_ws(*ws, proto, opts, run).await
-            }
-            Conn::Spdy(io, p) => stream::exec_spdy(io, spdy_version(&p), opts, run).await,
-        }
+        serve_exec(conn, opts, run).await
     })
     .await
 }
@@ -257,14 +267,7 @@ async fn attach(
             let alive = move || crate::process::LinuxProcesses::default().alive(proc_id);
             stream::console::attach(socket.as_deref(), &log, alive, i, out).await
         };
-        match conn {
-            Conn::Ws(ws, p) => {
-                let proto = stream::channel::Proto::from_name(p.as_deref())
-                    .unwrap_or(stream::channel::Proto { version: 1, base64: false });
-                stream::exec_ws(*ws, proto, opts, run).await
-            }
-            Conn::Spdy(io, p) => stream::exec_spdy(io, spdy_version(&p), opts, run).await,
-        }
+        serve_exec(conn, opts, run).await
     })
     .await
 }
@@ -287,11 +290,7 @@ async fn port_forward(State(k): State<Kubelet>, Path((ns, pod)): Path<(String, S
             Conn::Ws(ws, Some(p)) if p == stream::channel::SPDY_TUNNEL => {
                 stream::portforward_spdy(stream::ws_bytes(*ws), target).await
             }
-            Conn::Ws(ws, p) => {
-                let proto = stream::channel::Proto::from_name(p.as_deref())
-                    .unwrap_or(stream::channel::Proto { version: 1, base64: false });
-                stream::portforward_ws(*ws, proto, ports, target).await
-            }
+            Conn::Ws(ws, p) => stream::portforward_ws(*ws, ws_proto(p.as_deref()), ports, target).await,
             Conn::Spdy(io, _) => stream::portforward_spdy(io, target).await,
         }
     })

@@ -43,6 +43,17 @@ async fn finish_ws(mut sink: futures::stream::SplitSink<WebSocket, Message>) {
     let _ = sink.close().await;
 }
 
+/// A client message's channel and payload; `None` when the client closes, `Some(None)` for
+/// messages that carry none (pings, undecodable ones).
+fn decode(proto: Proto, msg: &Message) -> Option<Option<(u8, Vec<u8>)>> {
+    match msg {
+        Message::Binary(b) => Some(proto.decode(Some(b), None)),
+        Message::Text(t) => Some(proto.decode(None, Some(t.as_str()))),
+        Message::Close(_) => None,
+        _ => Some(None),
+    }
+}
+
 fn ws_message(proto: Proto, channel: u8, data: &[u8]) -> Message {
     match proto.encode(channel, data) {
         Ok(b) => Message::Binary(Bytes::from(b)),
@@ -62,12 +73,7 @@ where
     // Ends (dropping in_tx, which stops the command) when the client goes away.
     let reader = tokio::spawn(async move {
         while let Some(Ok(msg)) = source.next().await {
-            let decoded = match &msg {
-                Message::Binary(b) => proto.decode(Some(b), None),
-                Message::Text(t) => proto.decode(None, Some(t.as_str())),
-                Message::Close(_) => break,
-                _ => continue,
-            };
+            let Some(decoded) = decode(proto, &msg) else { break };
             let inputs = match decoded {
                 Some((STDIN, data)) => vec![Input::Stdin(data.into())],
                 Some((RESIZE, data)) => channel::terminal_sizes(&data)
@@ -367,12 +373,7 @@ pub async fn portforward_ws(ws: WebSocket, proto: Proto, ports: Vec<u16>, pod: P
     drop(msg_tx);
     let reader = async {
         while let Some(Ok(msg)) = source.next().await {
-            let decoded = match &msg {
-                Message::Binary(b) => proto.decode(Some(b), None),
-                Message::Text(t) => proto.decode(None, Some(t.as_str())),
-                Message::Close(_) => break,
-                _ => continue,
-            };
+            let Some(decoded) = decode(proto, &msg) else { break };
             if let Some((ch, data)) = decoded {
                 if ch % 2 == 0 {
                     if let Some(tx) = to_pod.get((ch / 2) as usize) {
