@@ -114,6 +114,23 @@ impl Kubelet {
     }
 }
 
+impl Kubelet {
+    /// What exec and attach check first: the token, the options, the running container.
+    async fn stream_request(
+        &self,
+        headers: &HeaderMap,
+        query: &str,
+        ns: &str,
+        pod: &str,
+        container: &str,
+    ) -> Result<(ExecOptions, PodRecord, ProcId), Refused> {
+        self.authorize(headers)?;
+        let opts = ExecOptions::parse(query).map_err(|e| (StatusCode::BAD_REQUEST, e))?;
+        let (rec, p) = self.running(ns, pod, container).await?;
+        Ok((opts, rec, p))
+    }
+}
+
 /// An upgraded connection, with the subprotocol agreed.
 enum Conn {
     Ws(Box<axum::extract::ws::WebSocket>, Option<String>),
@@ -223,16 +240,12 @@ async fn exec(
     Path((ns, pod, container)): Path<(String, String, String)>,
     req: Request,
 ) -> Response {
-    if let Err((code, msg)) = k.authorize(req.headers()) {
-        return error(code, msg);
-    }
-    let opts = match ExecOptions::parse(req.uri().query().unwrap_or("")) {
-        Ok(o) if o.command.is_empty() => return error(StatusCode::BAD_REQUEST, "you must specify a command".into()),
+    let (opts, rec, _) = match k
+        .stream_request(req.headers(), req.uri().query().unwrap_or(""), &ns, &pod, &container)
+        .await
+    {
+        Ok(o) if o.0.command.is_empty() => return error(StatusCode::BAD_REQUEST, "you must specify a command".into()),
         Ok(o) => o,
-        Err(e) => return error(StatusCode::BAD_REQUEST, e),
-    };
-    let (rec, _) = match k.running(&ns, &pod, &container).await {
-        Ok(r) => r,
         Err((code, msg)) => return error(code, msg),
     };
     let target = stream::exec_target(k.pods.workload_bin.clone(), rec.sandbox.pid, &pod, opts.tty);
@@ -249,17 +262,11 @@ async fn attach(
     Path((ns, pod, container)): Path<(String, String, String)>,
     req: Request,
 ) -> Response {
-    if let Err((code, msg)) = k.authorize(req.headers()) {
-        return error(code, msg);
-    }
-    let opts = match ExecOptions::parse(req.uri().query().unwrap_or("")) {
-        Ok(o) => o,
-        Err(e) => return error(StatusCode::BAD_REQUEST, e),
-    };
-    let (rec, proc_id) = match k.running(&ns, &pod, &container).await {
-        Ok(r) => r,
-        Err((code, msg)) => return error(code, msg),
-    };
+    let (opts, rec, proc_id) =
+        match k.stream_request(req.headers(), req.uri().query().unwrap_or(""), &ns, &pod, &container).await {
+            Ok(o) => o,
+            Err((code, msg)) => return error(code, msg),
+        };
     let socket = k.pods.attach_socket(&rec.uid, &container).filter(|s| s.exists());
     let log = k.pods.log_path(&ns, &pod, &rec.uid, &container);
     upgrade(req, stream::channel::EXEC_PROTOCOLS, stream::SPDY_EXEC_PROTOCOLS, move |conn| async move {

@@ -24,7 +24,8 @@ pub enum Launch {
     StartError(String),
 }
 
-fn find_program(name: &str) -> bool {
+/// Whether `name` is an executable file (a path, or found in `PATH`).
+pub fn find_program(name: &str) -> bool {
     use std::os::unix::fs::PermissionsExt;
     let ok = |p: &Path| p.metadata().is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
     if name.contains('/') {

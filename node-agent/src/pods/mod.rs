@@ -35,7 +35,7 @@ use crate::error::Result;
 use crate::metrics::Metrics;
 use crate::process::Processes;
 
-pub use launch::{launch, pre_stop, workload_env, Launch, PreStop};
+pub use launch::{find_program, launch, pre_stop, workload_env, Launch, PreStop};
 pub use net::NetProber;
 pub use record::{kill_recorded_processes, load_records, ContainerRecord, PodRecord};
 pub use worker::pod_worker;

@@ -17,7 +17,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{broadcast, mpsc};
 
-use super::exec::{resize, Input, Outcome, Output, Pty};
+use super::exec::{resize, slave_stdio, Input, Outcome, Output, Pty};
 
 pub const TO_STDIN: u8 = 0;
 pub const TO_RESIZE: u8 = 1;
@@ -94,10 +94,8 @@ pub async fn run(opts: ConsoleOptions) -> Result<i32, String> {
     let mut pty_parts = None;
     if opts.tty {
         let (pty, slave) = Pty::open().map_err(|e| format!("cannot allocate a terminal: {e}"))?;
-        let dup = |fd: &std::os::fd::OwnedFd| {
-            std::os::fd::AsFd::as_fd(fd).try_clone_to_owned().map(Stdio::from).map_err(|e| e.to_string())
-        };
-        cmd.stdin(dup(&slave)?).stdout(dup(&slave)?).stderr(Stdio::from(slave));
+        let [i, o, e] = slave_stdio(slave).map_err(|e| format!("cannot allocate a terminal: {e}"))?;
+        cmd.stdin(i).stdout(o).stderr(e);
         resize(&pty.master, 80, 24);
         pty_parts = Some(pty);
     } else {

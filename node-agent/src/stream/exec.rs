@@ -121,15 +121,6 @@ pub struct Target {
     pub env: Vec<(String, String)>,
 }
 
-fn find_program(name: &str) -> bool {
-    use std::os::unix::fs::PermissionsExt;
-    let ok = |p: &std::path::Path| p.metadata().is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
-    if name.contains('/') {
-        return ok(std::path::Path::new(name));
-    }
-    std::env::var_os("PATH").is_some_and(|paths| std::env::split_paths(&paths).any(|d| ok(&d.join(name))))
-}
-
 /// Kills the command's whole process group (it leads its own session) when dropped, so a
 /// client that goes away mid-stream leaves nothing running on the node.
 struct GroupGuard(Option<i32>);
@@ -170,6 +161,12 @@ impl Pty {
     }
 }
 
+/// A terminal's slave side as a command's stdin, stdout and stderr.
+pub(crate) fn slave_stdio(slave: OwnedFd) -> std::io::Result<[Stdio; 3]> {
+    let dup = |fd: &OwnedFd| fd.as_fd().try_clone_to_owned().map(Stdio::from);
+    Ok([dup(&slave)?, dup(&slave)?, Stdio::from(slave)])
+}
+
 pub(crate) fn resize(master: &OwnedFd, width: u16, height: u16) {
     let ws = rustix::termios::Winsize { ws_row: height, ws_col: width, ws_xpixel: 0, ws_ypixel: 0 };
     let _ = rustix::termios::tcsetwinsize(master, ws);
@@ -187,7 +184,7 @@ pub async fn run(
     let Some(program) = opts.command.first() else {
         return Outcome::Failed("no command given".into());
     };
-    if !find_program(program) {
+    if !crate::pods::find_program(program) {
         return Outcome::Failed(format!(
             "failed to exec in container: failed to start exec: exec: {program:?}: executable file not found in $PATH"
         ));
@@ -199,17 +196,12 @@ pub async fn run(
     }
     cmd.arg("--").args(&opts.command).env_clear().envs(target.env.iter().cloned()).kill_on_drop(true);
     let pty = if opts.tty {
-        let (pty, slave) = match Pty::open() {
+        let (pty, slave) = match Pty::open().and_then(|(pty, slave)| Ok((pty, slave_stdio(slave)?))) {
             Ok(p) => p,
             Err(e) => return Outcome::Failed(format!("cannot allocate a terminal: {e}")),
         };
-        let dup = |fd: &OwnedFd| fd.as_fd().try_clone_to_owned().map(Stdio::from);
-        match (dup(&slave), dup(&slave)) {
-            (Ok(a), Ok(b)) => {
-                cmd.stdin(a).stdout(b).stderr(Stdio::from(slave));
-            }
-            (Err(e), _) | (_, Err(e)) => return Outcome::Failed(format!("cannot allocate a terminal: {e}")),
-        }
+        let [i, o, e] = slave;
+        cmd.stdin(i).stdout(o).stderr(e);
         resize(&pty.master, 80, 24);
         Some(pty)
     } else {
