@@ -14,6 +14,7 @@ use futures::Stream;
 use serde_json::{json, Value};
 use tonic::{Request, Response, Status};
 
+use crate::controllers::events::{self, try_record, Report};
 use crate::error::ApiError;
 use crate::registry::{DeleteOptions, Registry, Subresource, WriteOptions};
 use crate::store::EventType;
@@ -225,6 +226,49 @@ impl pb::nodes_server::Nodes for Grpc {
     }
 }
 
+#[tonic::async_trait]
+impl pb::events_server::Events for Grpc {
+    /// Kubelet's and the load balancer's events: the server builds and aggregates the Event.
+    async fn record(&self, r: Request<pb::EventReport>) -> Result<Response<pb::EventRecorded>, Status> {
+        let e = r.into_inner();
+        let kind = kind_of(e.kind)?;
+        for (field, value) in [("name", &e.name), ("reason", &e.reason), ("component", &e.component)] {
+            if value.is_empty() {
+                return Err(Status::invalid_argument(format!("event about {kind} {:?}: {field} is required", e.name)));
+            }
+        }
+        // events.k8s.io/v1 caps the note at 1 kB; a longer message is the reporter's bug.
+        if e.message.len() > MAX_EVENT_MESSAGE {
+            return Err(Status::invalid_argument(format!(
+                "event {} about {kind} {}: message is {} bytes, at most {MAX_EVENT_MESSAGE} allowed",
+                e.reason,
+                e.name,
+                e.message.len()
+            )));
+        }
+        let mut meta = json!({"name": e.name, "uid": e.uid, "resourceVersion": e.resource_version});
+        if kind.info().namespaced {
+            meta["namespace"] = json!(if e.namespace.is_empty() { "default" } else { e.namespace.as_str() });
+        }
+        let object = json!({ "metadata": meta });
+        let report = Report {
+            component: &e.component,
+            host: Some(e.host.as_str()).filter(|h| !h.is_empty()),
+            object: &object,
+            kind,
+            field_path: Some(e.field_path.as_str()).filter(|f| !f.is_empty()),
+            type_: if e.warning { events::EventType::Warning } else { events::EventType::Normal },
+            reason: &e.reason,
+            message: e.message.clone(),
+        };
+        let (name, count) = try_record(&self.registry, &report).await?;
+        Ok(Response::new(pb::EventRecorded { name, count: i32::try_from(count).unwrap_or(i32::MAX) }))
+    }
+}
+
+/// The longest event message accepted (events.k8s.io/v1's limit on `note`).
+pub const MAX_EVENT_MESSAGE: usize = 1024;
+
 type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::WatchEvent, Status>> + Send>>;
 
 fn kind_of(k: i32) -> Result<Kind, Status> {
@@ -342,6 +386,10 @@ pub async fn serve_grpc(
         ))
         .add_service(InterceptedService::new(
             pb::nodes_server::NodesServer::new(svc.clone()).max_decoding_message_size(limit),
+            check.clone(),
+        ))
+        .add_service(InterceptedService::new(
+            pb::events_server::EventsServer::new(svc.clone()).max_decoding_message_size(limit),
             check.clone(),
         ))
         .add_service(InterceptedService::new(

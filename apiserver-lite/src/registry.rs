@@ -95,6 +95,8 @@ pub struct Outcome {
 pub struct Registry {
     pub store: Arc<Store>,
     alloc: Mutex<Allocators>,
+    /// Which Event a repeated report goes into.
+    pub(crate) events: crate::controllers::events::Correlator,
 }
 
 fn now() -> Time {
@@ -124,7 +126,7 @@ fn obj_ns(obj: &Value) -> String {
 impl Registry {
     pub fn open(store: Arc<Store>, ranges: Ranges) -> Result<Registry, ApiError> {
         let used = store.allocations()?;
-        Ok(Registry { store, alloc: Mutex::new(Allocators::new(ranges, used)) })
+        Ok(Registry { store, alloc: Mutex::new(Allocators::new(ranges, used)), events: Default::default() })
     }
 
     pub fn ranges(&self) -> Ranges {

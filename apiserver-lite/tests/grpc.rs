@@ -307,3 +307,52 @@ async fn malformed_messages_are_invalid_arguments() {
     let list = ServicesClient::new(ch).list(pb::ListRequest::default()).await.unwrap().into_inner();
     assert!(list.items.iter().all(|s| s.metadata.as_ref().and_then(|m| m.name.as_deref()) == Some("kubernetes")));
 }
+
+#[tokio::test]
+async fn events_from_agents_are_built_aggregated_and_checked() {
+    use api::proto::events_client::EventsClient;
+    let r = run(None).await;
+    let ch = channel(&r).await;
+    let svc = ServicesClient::new(ch.clone()).create(web_service()).await.unwrap().into_inner();
+    let meta = svc.metadata.unwrap();
+    let mut events = EventsClient::new(ch);
+    let report = pb::EventReport {
+        kind: pb::Kind::Service.into(),
+        namespace: "default".into(),
+        name: "web".into(),
+        uid: meta.uid.clone().unwrap(),
+        resource_version: meta.resource_version.clone().unwrap(),
+        field_path: String::new(),
+        warning: false,
+        reason: "EnsuredLoadBalancer".into(),
+        message: "Ensured load balancer".into(),
+        component: "service-controller".into(),
+        host: String::new(),
+    };
+    let first = events.record(report.clone()).await.unwrap().into_inner();
+    let again = events.record(report.clone()).await.unwrap().into_inner();
+    assert_eq!((first.count, again.count), (1, 2), "a repeat is counted, not a new Event");
+    assert_eq!(first.name, again.name);
+    let kubelet = pb::EventReport {
+        kind: pb::Kind::Pod.into(),
+        name: "web-1".into(),
+        field_path: "spec.containers{web}".into(),
+        reason: "Started".into(),
+        message: "Started container web".into(),
+        component: "kubelet".into(),
+        host: "node-1".into(),
+        ..report.clone()
+    };
+    let started = events.record(kubelet).await.unwrap().into_inner();
+    assert_ne!(started.name, first.name);
+    // Bad reports are refused with the object named, and nothing is written.
+    let long = pb::EventReport { message: "x".repeat(1025), ..report.clone() };
+    let err = events.record(long).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(err.message().contains("EnsuredLoadBalancer about Service web: message is 1025 bytes"), "{}", err.message());
+    let no_reason = pb::EventReport { reason: String::new(), ..report.clone() };
+    let err = events.record(no_reason).await.unwrap_err();
+    assert!(err.message().contains("reason is required"), "{}", err.message());
+    let no_kind = pb::EventReport { kind: 0, ..report };
+    assert_eq!(events.record(no_kind).await.unwrap_err().code(), tonic::Code::InvalidArgument);
+}

@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use api::proto::events_client::EventsClient;
 use api::proto::nodes_client::NodesClient;
 use api::proto::pods_client::PodsClient;
 use api::proto::watch_client::WatchClient;
@@ -32,6 +33,7 @@ pub struct ApiClient {
     pub nodes: NodesClient<Svc>,
     pub pods: PodsClient<Svc>,
     pub watch: WatchClient<Svc>,
+    pub events: EventsClient<Svc>,
 }
 
 impl ApiClient {
@@ -60,7 +62,8 @@ impl ApiClient {
         Ok(ApiClient {
             nodes: NodesClient::with_interceptor(channel.clone(), auth.clone()),
             pods: PodsClient::with_interceptor(channel.clone(), auth.clone()),
-            watch: WatchClient::with_interceptor(channel, auth),
+            watch: WatchClient::with_interceptor(channel.clone(), auth.clone()),
+            events: EventsClient::with_interceptor(channel, auth),
         })
     }
 

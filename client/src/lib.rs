@@ -4,6 +4,7 @@
 //! - [`ApiClient`]: the gRPC client of apiserver-lite, with the bearer token;
 //! - [`reflector`]: watched, locally cached objects (list + watch, resume, relist), for every
 //!   kind served over gRPC (`api::convert::ProtoKind`);
+//! - [`events`]: events reported from outside the API server (kubelet's, the load balancer's);
 //! - [`daemon`]: token file, stop signal, and processes known by PID + start time;
 //! - [`http`]: the workspace's one small HTTP/1.1 client (on hyper);
 //! - [`relay`]: outgoing relay connections that keep the inbound DSCP (the userspace proxy's,
@@ -11,6 +12,7 @@
 
 pub mod daemon;
 pub mod error;
+pub mod events;
 pub mod grpc;
 pub mod http;
 pub mod reflector;

@@ -394,6 +394,25 @@ fn scenario_4_external_ip_node_port_selector_and_node_failure() {
         let (code, page) = lab.curl(&[&format!("http://{lb_ip}/")]);
         assert!(code == 0 && field(&page, "pod").is_some(), "exit {code}: {page}");
     }
+    // `kubectl describe svc` tells the story: ensured by the service controller, node-3
+    // withdrawn by the load balancer's checks.
+    let describe = wait_for(Duration::from_secs(10), "the withdrawal event", || {
+        let d = lab.kubectl(&["describe", "svc", "web-lb"]);
+        if d.contains("NodeWithdrawn") {
+            Ok(d)
+        } else {
+            Err(d)
+        }
+    });
+    for want in [
+        "Normal   EnsuringLoadBalancer",
+        "service-controller  Ensuring load balancer",
+        "Normal   EnsuredLoadBalancer",
+        "service-controller  Ensured load balancer",
+        &format!("lb-sim              Node node-3 withdrawn from load balancer {lb_ip}: health check http://192.168.56.13:10256/healthz failed"),
+    ] {
+        assert!(describe.contains(want), "describe lacks {want:?}:\n{describe}");
+    }
 }
 
 #[test]

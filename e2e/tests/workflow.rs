@@ -50,10 +50,45 @@ fn kubectl_logs_tail_limit_follow_and_errors() {
     let err = fails(&["logs", "nope"]);
     assert!(err.contains("pods \"nope\" not found"), "{err}");
 
-    // describe shows the scheduler's event.
+    // describe shows what the scheduler and the node's agent (kubelet's role) did.
     let describe = lab.kubectl(&["describe", "pod", "ticker"]);
-    assert!(describe.contains("Successfully assigned default/ticker to node-1"), "{describe}");
+    for want in [
+        "default-scheduler  Successfully assigned default/ticker to node-1",
+        "Normal  Pulled ",
+        "kubelet            Container image \"busybox\" already present on machine",
+        "Normal  Created ",
+        "kubelet            Created container: ticker",
+        "Normal  Started ",
+        "kubelet            Started container ticker",
+    ] {
+        assert!(describe.contains(want), "describe lacks {want:?}:\n{describe}");
+    }
     lab.kubectl(&["delete", "pod", "ticker", "--grace-period=1"]);
+    // The events outlive the pod: its termination, then a crash loop and a failing probe.
+    let events = lab.kubectl(&["get", "events", "--field-selector", "involvedObject.name=ticker", "-o", "json"]);
+    let events: serde_json::Value = serde_json::from_str(&events).unwrap();
+    let killing = events["items"].as_array().unwrap().iter().find(|e| e["reason"] == "Killing").expect("Killing");
+    assert_eq!(killing["message"], "Stopping container ticker");
+    assert_eq!(killing["involvedObject"]["fieldPath"], "spec.containers{ticker}");
+    assert_eq!((killing["source"]["component"].as_str(), killing["source"]["host"].as_str()), (Some("kubelet"), Some("node-1")));
+
+    lab.apply(
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: crash}\nspec:\n  containers:\n  - name: c\n    image: busybox\n    command: [sh, -c, 'exit 3']\n---\n\
+         apiVersion: v1\nkind: Pod\nmetadata: {name: unready}\nspec:\n  containers:\n  - name: web\n    image: podpath/echo\n    ports: [{containerPort: 8080}]\n    readinessProbe: {httpGet: {path: /, port: 9999}, periodSeconds: 1}\n",
+    );
+    let crash = podpath_e2e::wait_for(Duration::from_secs(30), "BackOff and Unhealthy", || {
+        let d = lab.kubectl(&["describe", "pod", "crash"]) + &lab.kubectl(&["describe", "pod", "unready"]);
+        if d.contains("Back-off restarting") && d.contains("Unhealthy") {
+            Ok(d)
+        } else {
+            Err(d)
+        }
+    });
+    assert!(crash.contains("Back-off restarting failed container c in pod crash_default("), "{crash}");
+    assert!(crash.contains("Readiness probe failed: Get \"http://10.244."), "{crash}");
+    assert!(crash.contains(":9999/\": dial tcp 10.244."), "{crash}");
+    assert!(crash.contains(":9999: connect: connection refused"), "{crash}");
+    lab.kubectl(&["delete", "pod", "crash", "unready", "--grace-period=1"]);
 }
 
 /// `podpath doctor` on a machine that runs labs (CI's): every check passes, exit 0, and trying

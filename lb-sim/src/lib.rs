@@ -13,6 +13,7 @@
 //! - [`run`]: everything assembled.
 
 pub mod error;
+pub mod events;
 pub mod health;
 pub mod l7;
 pub mod l7_proxy;

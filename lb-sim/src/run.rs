@@ -7,10 +7,13 @@ use std::time::Duration;
 
 use api::k8s_openapi::api::core::v1 as core;
 use api::k8s_openapi::api::networking::v1::Ingress;
+use api::k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use podpath_client::events::{Recorder, Report};
 use podpath_client::reflector::{self, Filter, Store};
 use podpath_client::ApiClient;
 
 use crate::error::{LbError, Result};
+use crate::events::{self, Reporter};
 use crate::health::{self, Checker};
 use crate::l7;
 use crate::l7_proxy::Sites;
@@ -63,7 +66,11 @@ pub async fn run<I: Ip>(cfg: Config, ip: Arc<I>, shutdown: impl std::future::Fut
     tokio::spawn(reflector::run(client.clone(), Filter::default(), services.clone()));
     tokio::spawn(reflector::run(client.clone(), Filter::default(), nodes.clone()));
     tokio::spawn(reflector::run(client.clone(), Filter::default(), ingresses.clone()));
-    tokio::spawn(reflector::run(client, Filter::default(), secrets.clone()));
+    tokio::spawn(reflector::run(client.clone(), Filter::default(), secrets.clone()));
+    let recorder = Recorders {
+        service_controller: Recorder::start(&client, Reporter::ServiceController.component(), None),
+        lb_sim: Recorder::start(&client, Reporter::LbSim.component(), None),
+    };
     let status = Arc::new(RwLock::new(status::Shared {
         doc: Status { mode: cfg.mode.to_string(), ..Status::default() },
         counters: Default::default(),
@@ -91,6 +98,7 @@ pub async fn run<I: Ip>(cfg: Config, ip: Arc<I>, shutdown: impl std::future::Fut
     let mut proxies = Proxies::default();
     let mut l7 = Sites::default();
     let mut applied: Option<Wanted> = None;
+    let mut seen = events::Seen::default();
     let mut resync = tokio::time::interval(RESYNC);
     resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tokio::pin!(shutdown);
@@ -133,6 +141,20 @@ pub async fn run<I: Ip>(cfg: Config, ip: Arc<I>, shutdown: impl std::future::Fut
         for e in &errors {
             tracing::warn!(error = %e, "gateway not fully in line with the Services");
         }
+        let ingress_list = ingresses.list();
+        let site_versions: Vec<(String, String)> = sites
+            .iter()
+            .filter_map(|s| {
+                let ing = ingress_list.iter().find(|i| key_of(&i.metadata) == s.ingress)?;
+                Some((s.ingress.clone(), ing.metadata.resource_version.clone().unwrap_or_default()))
+            })
+            .collect();
+        let now = events::observe(&frontends, &checker.snapshot(), &site_versions);
+        let (evs, kept) = events::diff(&seen, &now, errors.first().map(String::as_str));
+        seen = kept;
+        for e in evs {
+            recorder.emit(e, &svc_list, &ingress_list);
+        }
         let mut doc = status::build(cfg.mode, &lb_nodes, &frontends, &checker.snapshot(), |a| proxies.counters(a));
         let rotation_names: Vec<String> = rotation.iter().map(|(n, _, _)| n.clone()).collect();
         doc.ingresses = status::sites(&sites, &rotation_names, |v| l7.counts(v), |v| l7.tls_note(v));
@@ -162,4 +184,44 @@ pub async fn run<I: Ip>(cfg: Config, ip: Arc<I>, shutdown: impl std::future::Fut
         .expect("routing task")?;
     tracing::info!("removed the gateway's routes and addresses");
     Ok(())
+}
+
+fn key_of(m: &ObjectMeta) -> String {
+    format!("{}/{}", m.namespace.as_deref().unwrap_or("default"), m.name.as_deref().unwrap_or(""))
+}
+
+/// The two reporters lb-sim writes events as.
+struct Recorders {
+    service_controller: Recorder,
+    lb_sim: Recorder,
+}
+
+impl Recorders {
+    /// Sends `e` about the object it names (skipped if the object is gone meanwhile).
+    fn emit(&self, e: events::Event, services: &[core::Service], ingresses: &[Ingress]) {
+        let (kind, meta) = match e.object {
+            events::Object::Service => {
+                (api::proto::Kind::Service, services.iter().map(|s| &s.metadata).find(|m| key_of(m) == e.key))
+            }
+            events::Object::Ingress => {
+                (api::proto::Kind::Ingress, ingresses.iter().map(|i| &i.metadata).find(|m| key_of(m) == e.key))
+            }
+        };
+        let Some(meta) = meta else { return };
+        let report = Report {
+            kind,
+            namespace: meta.namespace.clone().unwrap_or_else(|| "default".into()),
+            name: meta.name.clone().unwrap_or_default(),
+            uid: meta.uid.clone().unwrap_or_default(),
+            resource_version: meta.resource_version.clone().unwrap_or_default(),
+            field_path: None,
+            warning: e.warning,
+            reason: e.reason,
+            message: e.message,
+        };
+        match e.reporter {
+            Reporter::ServiceController => self.service_controller.emit(report),
+            Reporter::LbSim => self.lb_sim.emit(report),
+        }
+    }
 }

@@ -158,6 +158,7 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()>) -> Result
             }
         }
     }
+    let events = podpath_client::events::Recorder::start(&client, "kubelet", Some(cfg.node_name.clone()));
     let deps = Arc::new(Deps {
         cfg: pods_cfg,
         procs: LinuxProcesses::default(),
@@ -170,6 +171,7 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()>) -> Result
         api: client.clone(),
         prober: NetProber,
         metrics: metrics.clone(),
+        events,
     });
     tokio::spawn(pods::run_pods(deps, pods_store, None));
 

@@ -12,6 +12,7 @@ use api::k8s_openapi::api::core::v1 as core;
 use node_agent::cni::{CniRuntime, Network, PluginExec};
 use node_agent::metrics::Metrics;
 use node_agent::pods::{self, Check, Deps, PodApi, PodRecord, PodsConfig, Prober};
+use podpath_client::events::{Recorder, Report};
 use node_agent::process::{Exit, ProcId, ProcSpec, Processes, Sig};
 use podpath_client::reflector::{Change, Store, Watched};
 use serde_json::{json, Value};
@@ -162,8 +163,12 @@ impl PodApi for FakeApi {
 struct FakeProber(AtomicBool);
 
 impl Prober for FakeProber {
-    async fn probe(&self, _check: &Check, _timeout: Duration) -> bool {
-        self.0.load(Ordering::SeqCst)
+    async fn probe(&self, check: &Check, _timeout: Duration) -> Result<(), String> {
+        match check {
+            _ if self.0.load(Ordering::SeqCst) => Ok(()),
+            Check::Tcp(addr) => Err(format!("dial tcp {addr}: connect: connection refused")),
+            _ => Err("refused".into()),
+        }
     }
 }
 
@@ -177,6 +182,7 @@ struct World {
     prober: Arc<FakeProber>,
     store: Arc<Store<core::Pod>>,
     dir: tempfile::TempDir,
+    events: Mutex<(tokio::sync::mpsc::Receiver<Report>, Vec<Report>)>,
 }
 
 fn network(dir: &Path) -> Network {
@@ -195,6 +201,7 @@ fn world() -> World {
     let (procs, exec, api) =
         (Arc::new(FakeProcs::default()), Arc::new(FakeExec::default()), Arc::new(FakeApi::default()));
     let prober = Arc::new(FakeProber(AtomicBool::new(true)));
+    let (sink, events) = Recorder::channel(1000);
     let deps = Arc::new(Deps {
         cfg: PodsConfig {
             node_name: "node-1".into(),
@@ -210,8 +217,9 @@ fn world() -> World {
         api: api.clone(),
         prober: prober.clone(),
         metrics: Arc::new(Metrics::new()),
+        events: sink,
     });
-    World { deps, procs, exec, api, prober, store: Store::new(), dir }
+    World { deps, procs, exec, api, prober, store: Store::new(), dir, events: Mutex::new((events, Vec::new())) }
 }
 
 impl World {
@@ -229,6 +237,20 @@ impl World {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         panic!("never happened: {what}");
+    }
+    /// Every event reported so far, as `container reason: message` (`-` without a container).
+    fn events(&self) -> Vec<String> {
+        let mut g = self.events.lock().unwrap();
+        while let Ok(e) = g.0.try_recv() {
+            g.1.push(e);
+        }
+        g.1.iter()
+            .map(|e| {
+                let kind = if e.warning { "Warning" } else { "Normal" };
+                let container = e.field_path.as_deref().and_then(|f| f.strip_prefix("spec.containers{")?.strip_suffix('}'));
+                format!("{}/{} {} {kind} {}: {}", e.namespace, e.name, container.unwrap_or("-"), e.reason, e.message)
+            })
+            .collect()
     }
     fn records(&self) -> Vec<PodRecord> {
         pods::load_records(&self.deps.cfg.state_dir)
@@ -291,6 +313,15 @@ async fn a_pod_gets_a_sandbox_network_workload_and_a_ready_status() {
     assert_eq!(recs.len(), 1);
     assert_eq!(recs[0].pod_ips, vec!["10.244.1.2".parse::<IpAddr>().unwrap()]);
     assert_eq!(std::fs::read_dir(w.dir.path().join("state/cni/results")).unwrap().count(), 1);
+    // kubelet's events, in kubelet's words.
+    assert_eq!(
+        w.events(),
+        [
+            "default/web web Normal Pulled: Container image \"podpath/echo\" already present on machine",
+            "default/web web Normal Created: Created container: web",
+            "default/web web Normal Started: Started container web",
+        ]
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -304,6 +335,12 @@ async fn not_ready_while_the_probe_fails() {
     w.until("Running", |w| w.api.last("web").is_some_and(|s| s.phase.as_deref() == Some("Running"))).await;
     tokio::time::sleep(Duration::from_secs(10)).await;
     assert!(!cs(&w.api.last("web").unwrap()).ready);
+    let unhealthy: Vec<String> = w.events().into_iter().filter(|e| e.contains("Unhealthy")).collect();
+    assert!(unhealthy.len() >= 4, "one per failed probe: {unhealthy:?}");
+    assert_eq!(
+        unhealthy[0],
+        "default/web web Warning Unhealthy: Readiness probe failed: dial tcp 10.244.1.2:8080: connect: connection refused"
+    );
     w.prober.0.store(true, Ordering::SeqCst);
     w.until("Ready", |w| cs(&w.api.last("web").unwrap()).ready).await;
 }
@@ -334,6 +371,12 @@ async fn a_crashing_container_restarts_with_doubling_back_off() {
     let s = w.api.last("crash").unwrap();
     assert_eq!(s.phase.as_deref(), Some("Running"));
     assert_eq!(cs(&s).last_state.as_ref().unwrap().terminated.as_ref().unwrap().exit_code, 3);
+    let backoff: Vec<String> = w.events().into_iter().filter(|e| e.contains("BackOff")).collect();
+    assert_eq!(backoff.len(), 3, "one per crash: {backoff:?}");
+    assert_eq!(
+        backoff[0],
+        "default/crash c Warning BackOff: Back-off restarting failed container c in pod crash_default(uid-crash)"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -353,6 +396,9 @@ async fn restart_policy_never_and_an_image_without_a_program() {
     let waiting = cs(&s).state.clone().unwrap().waiting.unwrap();
     assert_eq!(waiting.reason.as_deref(), Some("ErrImagePull"));
     assert!(waiting.message.unwrap().contains("podpath/echo"));
+    let failed: Vec<String> = w.events().into_iter().filter(|e| e.starts_with("default/nginx")).collect();
+    assert!(failed[0].starts_with("default/nginx c Warning Failed: Failed to pull image \"nginx\": podpath runs no"), "{failed:?}");
+    assert_eq!(failed[1], "default/nginx c Warning Failed: Error: ErrImagePull");
     tokio::time::sleep(Duration::from_secs(60)).await;
     assert_eq!(w.procs.spawned().len(), 1, "a Never pod is not restarted");
 }
@@ -375,6 +421,7 @@ async fn deletion_terminates_gracefully_then_releases_the_network_and_deletes() 
     assert_eq!(t0.elapsed().as_secs(), 3, "SIGKILL only after the grace period");
     let sigs: Vec<Sig> = w.procs.signals().iter().filter(|(p, _)| *p == workload).map(|(_, s)| *s).collect();
     assert_eq!(sigs, [Sig::Term, Sig::Kill]);
+    assert!(w.events().contains(&"default/web web Normal Killing: Stopping container web".to_string()));
     // DEL ran in reverse order with the cached result, then the sandbox went.
     let dels = w.exec.calls("DEL");
     assert_eq!(dels.iter().map(|c| c.0.as_str()).collect::<Vec<_>>(), ["portmap", "podpath-bridge"]);
@@ -506,6 +553,7 @@ async fn a_restarted_agent_adopts_running_pods_and_cleans_up_deleted_ones() {
         api: w2.api.clone(),
         prober: w.prober.clone(),
         metrics: Arc::new(Metrics::new()),
+        events: w2.deps.events.clone(),
     });
     w2.set_pods(vec![pod("keep", echo())]);
     let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();

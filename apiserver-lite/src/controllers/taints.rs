@@ -128,8 +128,10 @@ pub(crate) async fn evict(reg: &Registry) -> Result<(), ApiError> {
                 let message = format!("Marking for deletion Pod {}/{}", e.namespace, e.name);
                 let report = Report {
                     component: "taint-eviction-controller",
+                    host: None,
                     object: &pod,
                     kind: Kind::Pod,
+                    field_path: None,
                     type_: EventType::Normal,
                     reason: "TaintManagerEviction",
                     message,

@@ -439,8 +439,10 @@ pub async fn sync_namespace(reg: &Registry, ns: &str) -> Result<(), ApiError> {
         let plan = plan_deployment(d, &owned);
         let scaled = |name: &str, from: i64, to: i64| Report {
             component: "deployment-controller",
+            host: None,
             object: d,
             kind: Kind::Deployment,
+            field_path: None,
             type_: EventType::Normal,
             reason: "ScalingReplicaSet",
             message: format!("Scaled {} replica set {name} from {from} to {to}", if to > from { "up" } else { "down" }),
@@ -507,8 +509,10 @@ pub async fn sync_namespace(reg: &Registry, ns: &str) -> Result<(), ApiError> {
         let plan = plan_replicaset(rs, &owned);
         let report = |reason: &'static str, message: String| Report {
             component: "replicaset-controller",
+            host: None,
             object: rs,
             kind: Kind::ReplicaSet,
+            field_path: None,
             type_: EventType::Normal,
             reason,
             message,

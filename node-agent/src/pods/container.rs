@@ -84,12 +84,17 @@ impl<P: Processes, E: PluginExec, A: PodApi, Q: Prober> Deps<P, E, A, Q> {
         let first_start = c.rec.last.is_none() && c.rec.started_at.is_none();
         match launch(&self.cfg, pod, &c.spec, rec.sandbox, &ip) {
             Launch::Cannot { reason, message } => {
+                let image = c.spec.image.clone().unwrap_or_default();
+                let name = Some(c.spec.name.as_str());
+                self.event(pod, name, true, "Failed", format!("Failed to pull image {image:?}: {message}"));
+                self.event(pod, name, true, "Failed", format!("Error: {reason}"));
                 c.waiting = Some((reason, Some(message)));
                 // Like an image pull, look again later (the pod cannot change, but a record
                 // of the attempt keeps the status honest).
                 c.next_start = Some(Instant::now() + self.cfg.backoff_max);
             }
             Launch::StartError(message) => {
+                self.event(pod, Some(&c.spec.name), true, "Failed", format!("Error: {message}"));
                 let now = Timestamp::now();
                 if !first_start {
                     c.rec.restart_count += 1;
@@ -107,6 +112,11 @@ impl<P: Processes, E: PluginExec, A: PodApi, Q: Prober> Deps<P, E, A, Q> {
             }
             Launch::Run(spec) => match self.procs.spawn(&spec).await {
                 Ok(p) => {
+                    let (name, image) = (c.spec.name.as_str(), c.spec.image.as_deref().unwrap_or(""));
+                    // No image is pulled: the program is on the node, as a present image is.
+                    self.event(pod, Some(name), false, "Pulled", format!("Container image {image:?} already present on machine"));
+                    self.event(pod, Some(name), false, "Created", format!("Created container: {name}"));
+                    self.event(pod, Some(name), false, "Started", format!("Started container {name}"));
                     if !first_start {
                         c.rec.restart_count += 1;
                     }
@@ -120,6 +130,7 @@ impl<P: Processes, E: PluginExec, A: PodApi, Q: Prober> Deps<P, E, A, Q> {
                 }
                 Err(e) => {
                     tracing::warn!(pod = %key(pod), container = %c.spec.name, "cannot start: {e}");
+                    self.event(pod, Some(&c.spec.name), true, "Failed", format!("Error: {e}"));
                     self.metrics.sync_error("start");
                     c.waiting = Some(("CreateContainerError".into(), Some(e.to_string())));
                     c.next_start = Some(Instant::now() + c.backoff);
@@ -150,35 +161,46 @@ impl<P: Processes, E: PluginExec, A: PodApi, Q: Prober> Deps<P, E, A, Q> {
         }
         let delay = c.backoff;
         c.backoff = (c.backoff * 2).min(self.cfg.backoff_max);
+        let pod_text = format!(
+            "{}_{}({})",
+            pod.metadata.name.as_deref().unwrap_or(""),
+            pod.metadata.namespace.as_deref().unwrap_or("default"),
+            uid(pod)
+        );
+        self.event(
+            pod,
+            Some(&c.spec.name),
+            true,
+            "BackOff",
+            format!("Back-off restarting failed container {} in pod {pod_text}", c.spec.name),
+        );
         c.next_start = Some(Instant::now() + delay);
         c.waiting = Some((
             "CrashLoopBackOff".into(),
-            Some(format!(
-                "back-off {}s restarting failed container={} pod={}_{}({})",
-                delay.as_secs(),
-                c.spec.name,
-                pod.metadata.name.as_deref().unwrap_or(""),
-                pod.metadata.namespace.as_deref().unwrap_or("default"),
-                uid(pod)
-            )),
+            Some(format!("back-off {}s restarting failed container={} pod={pod_text}", delay.as_secs(), c.spec.name)),
         ));
     }
 
     /// One probe or handler: exec runs in the pod's namespaces (killed at `timeout`); the others
-    /// go to the prober.
-    pub(super) async fn run_check(&self, check: &Check, timeout: Duration) -> bool {
+    /// go to the prober. A failure says why.
+    pub(super) async fn run_check(&self, check: &Check, timeout: Duration) -> Result<(), String> {
         match check {
             Check::Exec { argv } => {
                 let spec = ProcSpec { argv: argv.clone(), env: vec![], log: None };
+                // The argv is `podpath-workload join … -- COMMAND`: the user's command is after `--`.
+                let command = argv.iter().position(|a| a == "--").map_or(&argv[..], |i| &argv[i + 1..]);
                 match self.procs.spawn(&spec).await {
                     Ok(p) => match tokio::time::timeout(timeout, self.procs.wait(p)).await {
-                        Ok(exit) => exit == Exit::Code(0),
+                        Ok(Exit::Code(0)) => Ok(()),
+                        Ok(Exit::Code(n)) => Err(format!("command {command:?} exited with {n}")),
+                        Ok(Exit::Signal(n)) => Err(format!("command {command:?} was killed by signal {n}")),
+                        Ok(Exit::Unknown) => Err(format!("command {command:?} ended with an unknown status")),
                         Err(_) => {
                             self.procs.signal(p, Sig::Kill);
-                            false
+                            Err(format!("command {command:?} timed out"))
                         }
                     },
-                    Err(_) => false,
+                    Err(e) => Err(format!("command {command:?} could not start: {e}")),
                 }
             }
             other => self.prober.probe(other, timeout).await,
@@ -194,27 +216,31 @@ impl<P: Processes, E: PluginExec, A: PodApi, Q: Prober> Deps<P, E, A, Q> {
                 tokio::time::sleep((*d).min(left)).await;
                 *d <= left
             }
-            PreStop::Check(check) => self.run_check(check, left).await,
+            PreStop::Check(check) => self.run_check(check, left).await.is_ok(),
         };
         if !finished {
             tracing::warn!(pod = %pod_key, container, "preStop hook failed or ran out of the grace period");
         }
     }
 
-    pub(super) async fn run_probes(&self, c: &mut Ctr) {
+    pub(super) async fn run_probes(&self, pod: &core::Pod, c: &mut Ctr) {
         let r = &mut c.readiness;
         let now = Instant::now();
         if c.rec.process.is_none() || r.next.is_none_or(|n| n > now) {
             return;
         }
-        let mut ok = true;
+        let mut failure = None;
         for check in &r.checks {
-            if !self.run_check(check, r.timeout).await {
-                ok = false;
+            if let Err(why) = self.run_check(check, r.timeout).await {
+                failure = Some(why);
                 break;
             }
         }
-        if ok {
+        // Only a probe the user wrote is reported: the implicit port check is podpath's own.
+        if let (Some(why), true) = (&failure, r.explicit) {
+            self.event(pod, Some(&c.spec.name), true, "Unhealthy", format!("Readiness probe failed: {why}"));
+        }
+        if failure.is_none() {
             r.successes += 1;
             r.failures = 0;
             if r.successes >= r.success_threshold {

@@ -27,6 +27,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1 as core;
+use podpath_client::events::{Recorder, Report};
 use podpath_client::reflector::Store;
 use tokio::sync::watch;
 
@@ -66,10 +67,12 @@ pub enum Check {
     Exec { argv: Vec<String> },
 }
 
-/// Runs checks (the real one connects; tests fake it).
+/// Runs checks (the real one connects; tests fake it). A failure says why, in kubelet's words
+/// (`HTTP probe failed with statuscode: 500`): it becomes the `Unhealthy` event's message.
 pub trait Prober: Send + Sync + 'static {
-    fn probe(&self, check: &Check, timeout: Duration) -> impl Future<Output = bool> + Send;
+    fn probe(&self, check: &Check, timeout: Duration) -> impl Future<Output = std::result::Result<(), String>> + Send;
 }
+
 
 impl<T: PodApi> PodApi for Arc<T> {
     fn update_status(&self, pod: &core::Pod) -> impl Future<Output = Result<()>> + Send {
@@ -81,7 +84,7 @@ impl<T: PodApi> PodApi for Arc<T> {
 }
 
 impl<T: Prober> Prober for Arc<T> {
-    fn probe(&self, check: &Check, timeout: Duration) -> impl Future<Output = bool> + Send {
+    fn probe(&self, check: &Check, timeout: Duration) -> impl Future<Output = std::result::Result<(), String>> + Send {
         (**self).probe(check, timeout)
     }
 }
@@ -130,6 +133,25 @@ pub struct Deps<P, E, A, Q> {
     pub api: A,
     pub prober: Q,
     pub metrics: Arc<Metrics>,
+    /// kubelet's events about the pods.
+    pub events: Recorder,
+}
+
+impl<P, E, A, Q> Deps<P, E, A, Q> {
+    /// Reports an event about `pod` (and one of its containers).
+    fn event(&self, pod: &core::Pod, container: Option<&str>, warning: bool, reason: &'static str, message: String) {
+        self.events.emit(Report {
+            kind: api::proto::Kind::Pod,
+            namespace: pod.metadata.namespace.clone().unwrap_or_else(|| "default".into()),
+            name: pod.metadata.name.clone().unwrap_or_default(),
+            uid: uid(pod),
+            resource_version: pod.metadata.resource_version.clone().unwrap_or_default(),
+            field_path: container.map(|c| format!("spec.containers{{{c}}}")),
+            warning,
+            reason,
+            message,
+        });
+    }
 }
 
 /// `namespace/name` of a pod, for logs.

@@ -47,11 +47,13 @@ impl PodApi for ApiClient {
 pub struct NetProber;
 
 impl Prober for NetProber {
-    async fn probe(&self, check: &Check, timeout: Duration) -> bool {
+    async fn probe(&self, check: &Check, timeout: Duration) -> std::result::Result<(), String> {
         match check {
-            Check::Tcp(addr) => {
-                tokio::time::timeout(timeout, tokio::net::TcpStream::connect(addr)).await.is_ok_and(|r| r.is_ok())
-            }
+            Check::Tcp(addr) => match tokio::time::timeout(timeout, tokio::net::TcpStream::connect(addr)).await {
+                Ok(Ok(_)) => Ok(()),
+                Ok(Err(e)) => Err(format!("dial tcp {addr}: connect: {}", io_text(&e))),
+                Err(_) => Err(format!("dial tcp {addr}: i/o timeout")),
+            },
             Check::Http { addr, path, host, headers } => {
                 let host = host.clone().unwrap_or_else(|| addr.to_string());
                 let mut all: Vec<(&str, &str)> = vec![
@@ -62,9 +64,32 @@ impl Prober for NetProber {
                 ];
                 all.extend(headers.iter().map(|(k, v)| (k.as_str(), v.as_str())));
                 let req = http::Request { headers: &all, ..http::Request::get(path) };
-                http::request(*addr, &req, timeout).await.is_ok_and(|r| (200..400).contains(&r.status))
+                match http::request(*addr, &req, timeout).await {
+                    Ok(r) if (200..400).contains(&r.status) => Ok(()),
+                    Ok(r) => Err(format!("HTTP probe failed with statuscode: {}", r.status)),
+                    Err(e) => Err(format!("Get \"http://{addr}{path}\": {}", go_error(&e))),
+                }
             }
-            Check::Exec { .. } => false,
+            Check::Exec { argv } => Err(format!("exec probe {argv:?} is not run by the network prober")),
         }
+    }
+}
+
+/// A failed HTTP exchange as Go's client words it (`dial tcp …: connect: connection refused`).
+fn go_error(e: &http::HttpError) -> String {
+    match e {
+        http::HttpError::Connect { addr, source } => format!("dial tcp {addr}: connect: {}", io_text(source)),
+        http::HttpError::Timeout { .. } => "context deadline exceeded (Client.Timeout exceeded while awaiting headers)".into(),
+        other => other.to_string(),
+    }
+}
+
+/// An I/O error as Go prints a syscall error (`connection refused`), without Rust's
+/// `(os error 111)` suffix.
+fn io_text(e: &std::io::Error) -> String {
+    let text = e.to_string();
+    match text.find(" (os error") {
+        Some(i) => text[..i].to_lowercase(),
+        None => text,
     }
 }

@@ -265,7 +265,7 @@ impl<P: Processes, E: PluginExec, A: PodApi, Q: Prober> Worker<P, E, A, Q> {
                 }
             }
             for c in ctrs.iter_mut() {
-                deps.run_probes(c).await;
+                deps.run_probes(pod, c).await;
             }
         }
         self.deps.metrics.set_running(&self.pod_key, self.ctrs.iter().any(|c| c.rec.process.is_some()));
@@ -281,6 +281,7 @@ impl<P: Processes, E: PluginExec, A: PodApi, Q: Prober> Worker<P, E, A, Q> {
             }
             Err(e) => {
                 tracing::warn!(pod = %self.pod_key, "cannot create the pod sandbox: {e}");
+                self.deps.event(&self.pod, None, true, "FailedCreatePodSandBox", format!("Failed to create pod sandbox: {e}"));
                 self.deps.metrics.sync_error("sandbox");
                 for c in &mut self.ctrs {
                     c.waiting =
@@ -440,6 +441,9 @@ impl<P: Processes, E: PluginExec, A: PodApi, Q: Prober> Worker<P, E, A, Q> {
     /// have exited.
     async fn stop_processes(&mut self, deadline: Instant) {
         let mut running: HashSet<ProcId> = self.ctrs.iter().filter_map(|c| c.rec.process).collect();
+        for c in self.ctrs.iter().filter(|c| c.rec.process.is_some()) {
+            self.deps.event(&self.pod, Some(&c.spec.name), false, "Killing", format!("Stopping container {}", c.spec.name));
+        }
         for p in &running {
             self.deps.procs.signal(*p, Sig::Term);
         }
