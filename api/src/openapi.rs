@@ -38,6 +38,40 @@ pub fn schemas(group: &str, version: &str) -> Map<String, Value> {
 
 const REF_PREFIX: &str = "#/components/schemas/";
 
+/// The `definitions` of an OpenAPI v2 (Swagger 2.0) document for the given group/versions: the
+/// same schemas as v3 (they use nothing v2 lacks), their references rewritten to
+/// `#/definitions/`.
+pub fn definitions_v2(group_versions: &[(&str, &str)]) -> Map<String, Value> {
+    let mut defs = Map::new();
+    for (g, v) in group_versions {
+        for (name, mut schema) in schemas(g, v) {
+            rewrite_refs(&mut schema);
+            // Shared schemas (ObjectMeta …) are the same in every group: the first one stays.
+            defs.entry(name).or_insert(schema);
+        }
+    }
+    defs
+}
+
+fn rewrite_refs(v: &mut Value) {
+    match v {
+        Value::Object(m) => {
+            for (k, val) in m.iter_mut() {
+                match (k.as_str(), val) {
+                    ("$ref", Value::String(r)) => {
+                        if let Some(name) = r.strip_prefix(REF_PREFIX) {
+                            *r = format!("#/definitions/{name}");
+                        }
+                    }
+                    (_, val) => rewrite_refs(val),
+                }
+            }
+        }
+        Value::Array(a) => a.iter_mut().for_each(rewrite_refs),
+        _ => {}
+    }
+}
+
 /// The definition a property schema refers to (`$ref`, or `allOf: [{$ref}]` when the property
 /// adds a description).
 fn ref_of(prop: &Value) -> Option<String> {
@@ -124,6 +158,20 @@ mod tests {
         // Every reference names a schema of the document.
         let text = serde_json::to_string(&defs).unwrap();
         for r in text.split("\"$ref\":\"#/components/schemas/").skip(1) {
+            let name = &r[..r.find('"').unwrap()];
+            assert!(defs.contains_key(name), "dangling $ref {name}");
+        }
+    }
+
+    #[test]
+    fn v2_definitions_cover_every_group_and_refer_within_themselves() {
+        let defs = definitions_v2(&[("", "v1"), ("apps", "v1"), ("networking.k8s.io", "v1")]);
+        for name in ["io.k8s.api.core.v1.Service", "io.k8s.api.apps.v1.Deployment", "io.k8s.api.networking.v1.Ingress"] {
+            assert!(defs[name]["x-kubernetes-group-version-kind"].is_array(), "{name}");
+        }
+        let text = serde_json::to_string(&defs).unwrap();
+        assert!(!text.contains("#/components/"), "a v3 reference is left");
+        for r in text.split("\"$ref\":\"#/definitions/").skip(1) {
             let name = &r[..r.find('"').unwrap()];
             assert!(defs.contains_key(name), "dangling $ref {name}");
         }

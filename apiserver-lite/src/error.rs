@@ -41,6 +41,9 @@ pub enum ApiError {
     UnsupportedMediaType,
     #[error("the server does not allow this method on the requested resource")]
     MethodNotAllowed,
+    /// No media type the client accepts is served.
+    #[error("{0}")]
+    NotAcceptable(String),
     #[error("Unauthorized")]
     Unauthorized,
     /// No such path.
@@ -83,6 +86,7 @@ impl ApiError {
             ApiError::Expired { .. } => 410,
             ApiError::UnsupportedMediaType => 415,
             ApiError::MethodNotAllowed => 405,
+            ApiError::NotAcceptable(_) => 406,
             ApiError::Unauthorized => 401,
             ApiError::TooLarge(_) => 413,
             ApiError::RangeFull(_) | ApiError::Storage(_) | ApiError::Internal(_) => 500,
@@ -100,6 +104,7 @@ impl ApiError {
             ApiError::Expired { .. } => "Expired",
             ApiError::UnsupportedMediaType => "UnsupportedMediaType",
             ApiError::MethodNotAllowed => "MethodNotAllowed",
+            ApiError::NotAcceptable(_) => "NotAcceptable",
             ApiError::Unauthorized => "Unauthorized",
             ApiError::TooLarge(_) => "RequestEntityTooLarge",
             ApiError::RangeFull(_) | ApiError::Storage(_) | ApiError::Internal(_) => "InternalError",
@@ -194,7 +199,7 @@ impl From<ApiError> for tonic::Status {
             | ApiError::UnsupportedMediaType => Code::InvalidArgument,
             ApiError::Forbidden { .. } => Code::PermissionDenied,
             ApiError::Expired { .. } => Code::OutOfRange,
-            ApiError::MethodNotAllowed => Code::Unimplemented,
+            ApiError::MethodNotAllowed | ApiError::NotAcceptable(_) => Code::Unimplemented,
             ApiError::Unauthorized => Code::Unauthenticated,
             ApiError::TooLarge(_) => Code::ResourceExhausted,
             ApiError::RangeFull(_) => Code::ResourceExhausted,

@@ -118,6 +118,10 @@ async fn dispatch(
         ["apis", g, v] if groups().iter().any(|(gg, vv)| gg == g && vv == v) => {
             return get_only(json_response(StatusCode::OK, &resource_list(g, v)))
         }
+        ["openapi", "v2"] => {
+            accepts_json(&headers, "/openapi/v2")?;
+            return get_only(json_response(StatusCode::OK, &openapi_v2()));
+        }
         ["openapi", "v3"] => return get_only(json_response(StatusCode::OK, &openapi_index())),
         ["openapi", "v3", "api", "v1"] => return get_only(json_response(StatusCode::OK, &openapi_doc("", "v1"))),
         ["openapi", "v3", "apis", g, v] if groups().iter().any(|(gg, vv)| gg == g && vv == v) => {
@@ -885,15 +889,63 @@ fn openapi_doc(group: &str, version: &str) -> Value {
     doc
 }
 
+/// The path of one object of a kind (`/api/v1/namespaces/{namespace}/services/{name}`).
+fn object_path(k: &api::KindInfo) -> String {
+    let prefix = if k.group.is_empty() { format!("/api/{}", k.version) } else { format!("/apis/{}/{}", k.group, k.version) };
+    if k.namespaced {
+        format!("{prefix}/namespaces/{{namespace}}/{}/{{name}}", k.plural)
+    } else {
+        format!("{prefix}/{}/{{name}}", k.plural)
+    }
+}
+
+/// The OpenAPI v2 (Swagger 2.0) document, in JSON: every served kind's definition and its PATCH
+/// operation. Built once.
+fn openapi_v2() -> Value {
+    static DOC: std::sync::OnceLock<Value> = std::sync::OnceLock::new();
+    DOC.get_or_init(|| {
+        let mut gvs = vec![("", "v1")];
+        gvs.extend(groups());
+        let mut paths = serde_json::Map::new();
+        for k in served() {
+            let op = json!({
+                "x-kubernetes-group-version-kind": {"group": k.group, "version": k.version, "kind": k.name},
+                "consumes": ["application/json-patch+json", "application/merge-patch+json",
+                             "application/strategic-merge-patch+json", "application/apply-patch+yaml"],
+                "produces": ["application/json", "application/yaml"],
+                "parameters": [{"name": "fieldValidation", "in": "query", "type": "string", "uniqueItems": true},
+                               {"name": "fieldManager", "in": "query", "type": "string", "uniqueItems": true},
+                               {"name": "body", "in": "body", "required": true, "schema": {"type": "object"}}],
+                "responses": {"200": {"description": "OK"}}
+            });
+            paths.insert(object_path(&k), json!({"patch": op}));
+        }
+        json!({"swagger": "2.0", "info": {"title": "Kubernetes", "version": "v1.32.0"},
+               "paths": paths, "definitions": api::openapi::definitions_v2(&gvs)})
+    })
+    .clone()
+}
+
+/// The OpenAPI v2 document is served as JSON only: a client that accepts nothing else (kubectl's
+/// `--output plaintext-openapiv2` asks for the protobuf form) gets 406, not bytes it cannot read.
+fn accepts_json(headers: &HeaderMap, what: &str) -> Result<(), ApiError> {
+    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).unwrap_or("*/*");
+    let ok = accept.split(',').map(|t| t.split(';').next().unwrap_or("").trim()).any(|t| {
+        matches!(t, "" | "*/*" | "application/*" | "application/json")
+    });
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::NotAcceptable(format!(
+            "{what} is served as application/json only (the protobuf form is not implemented); requested: {accept}"
+        )))
+    }
+}
+
 fn build_openapi_doc(group: &str, version: &str) -> Value {
     let mut paths = serde_json::Map::new();
     for k in served().filter(|k| k.group == group && k.version == version) {
-        let prefix = if group.is_empty() { format!("/api/{version}") } else { format!("/apis/{group}/{version}") };
-        let path = if k.namespaced {
-            format!("{prefix}/namespaces/{{namespace}}/{}/{{name}}", k.plural)
-        } else {
-            format!("{prefix}/{}/{{name}}", k.plural)
-        };
+        let path = object_path(&k);
         let op = json!({
             "x-kubernetes-group-version-kind": {"group": group, "version": version, "kind": k.name},
             "parameters": [{"name": "fieldValidation", "in": "query", "schema": {"type": "string", "uniqueItems": true}},

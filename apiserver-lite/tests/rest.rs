@@ -790,6 +790,22 @@ async fn discovery_version_and_openapi() {
     let op = &doc["paths"]["/api/v1/namespaces/{namespace}/services/{name}"]["patch"];
     assert_eq!(op["x-kubernetes-group-version-kind"]["kind"], "Service");
     assert!(op["parameters"].as_array().unwrap().iter().any(|p| p["name"] == "fieldValidation"));
+    // OpenAPI v2, in JSON: the same schemas for every group.
+    let (code, v2) = lab.get("/openapi/v2").await;
+    assert_eq!(code, 200);
+    assert_eq!(v2["swagger"], "2.0");
+    let defs = &v2["definitions"];
+    assert!(defs["io.k8s.api.core.v1.ServiceSpec"]["properties"]["ports"]["description"].is_string());
+    assert_eq!(defs["io.k8s.api.apps.v1.Deployment"]["x-kubernetes-group-version-kind"][0]["kind"], "Deployment");
+    assert!(v2["paths"]["/apis/networking.k8s.io/v1/namespaces/{namespace}/ingresses/{name}"]["patch"].is_object());
+    // Only JSON: the protobuf form is refused, not sent as JSON.
+    let pb = "application/com.github.proto-openapi.spec.v2@v1.0+protobuf";
+    let req = Request::builder().uri("/openapi/v2").header("accept", pb).body(Body::empty()).unwrap();
+    let resp = lab.app.clone().oneshot(req).await.unwrap();
+    assert_eq!(resp.status(), 406);
+    let body: Value = serde_json::from_slice(&resp.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    assert_eq!(body["reason"], "NotAcceptable");
+    assert!(body["message"].as_str().unwrap().contains("application/json only"), "{body}");
 }
 
 #[tokio::test]
@@ -1151,8 +1167,10 @@ async fn events_are_recorded_aggregated_and_expire() {
     for _ in 0..2 {
         let r = Report {
             component: "test",
+            host: Some("node-1"),
             object: &stored,
             kind: api::Kind::Pod,
+            field_path: Some("spec.containers{c}"),
             type_: EventType::Normal,
             reason: "Poked",
             message: "poked".into(),
@@ -1163,6 +1181,12 @@ async fn events_are_recorded_aggregated_and_expire() {
     let items = list["items"].as_array().unwrap();
     assert_eq!(items.len(), 1, "{list}");
     assert_eq!(items[0]["count"], 2);
+    assert_eq!((items[0]["source"]["host"].as_str(), items[0]["reportingInstance"].as_str()), (Some("node-1"), Some("node-1")));
+    assert_eq!(items[0]["involvedObject"]["fieldPath"], "spec.containers{c}");
+    let name = items[0]["metadata"]["name"].as_str().unwrap();
+    let nanos = i128::from_str_radix(name.strip_prefix("lonely.").unwrap(), 16).unwrap();
+    let age = jiff::Timestamp::now().as_nanosecond() - nanos;
+    assert!((0..60_000_000_000).contains(&age), "named by the time it was first seen, as client-go names: {name}");
     // Past the TTL (2 s) a resync removes them.
     lab.eventually("/api/v1/namespaces/default/events?fieldSelector=reason%3DPoked", |_, v| {
         v["items"].as_array().is_some_and(|i| i.is_empty())
