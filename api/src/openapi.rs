@@ -14,20 +14,26 @@ pub fn schemas(group: &str, version: &str) -> Map<String, Value> {
     let mut generator = settings.into_generator();
     let kinds: Vec<Kind> =
         Kind::ALL.iter().copied().filter(|k| k.info().group == group && k.info().version == version).collect();
-    let mut names = Vec::new();
+    let mut names: Vec<(String, &'static str)> = Vec::new();
     for k in &kinds {
         let name = with_kind_type!(*k, T => {
             generator.subschema_for::<T>();
             <T as schemars::JsonSchema>::schema_name().into_owned()
         });
-        names.push((name, *k));
+        names.push((name, k.info().name));
+    }
+    // events.k8s.io/v1 serves the core Events in another version (no kind of its own).
+    if (group, version) == ("events.k8s.io", "v1") {
+        type EventV1 = k8s_openapi::api::events::v1::Event;
+        generator.subschema_for::<EventV1>();
+        names.push((<EventV1 as schemars::JsonSchema>::schema_name().into_owned(), "Event"));
     }
     let mut defs: Map<String, Value> = generator.take_definitions(true).into_iter().collect();
-    for (name, k) in &names {
+    for (name, kind) in &names {
         if let Some(Value::Object(schema)) = defs.get_mut(name) {
             schema.insert(
                 "x-kubernetes-group-version-kind".into(),
-                json!([{"group": group, "version": version, "kind": k.info().name}]),
+                json!([{"group": group, "version": version, "kind": kind}]),
             );
         }
         let mut seen = std::collections::BTreeSet::new();
@@ -165,8 +171,13 @@ mod tests {
 
     #[test]
     fn v2_definitions_cover_every_group_and_refer_within_themselves() {
-        let defs = definitions_v2(&[("", "v1"), ("apps", "v1"), ("networking.k8s.io", "v1")]);
-        for name in ["io.k8s.api.core.v1.Service", "io.k8s.api.apps.v1.Deployment", "io.k8s.api.networking.v1.Ingress"] {
+        let defs = definitions_v2(&[("", "v1"), ("apps", "v1"), ("networking.k8s.io", "v1"), ("events.k8s.io", "v1")]);
+        for name in [
+            "io.k8s.api.core.v1.Service",
+            "io.k8s.api.apps.v1.Deployment",
+            "io.k8s.api.networking.v1.Ingress",
+            "io.k8s.api.events.v1.Event",
+        ] {
             assert!(defs[name]["x-kubernetes-group-version-kind"].is_array(), "{name}");
         }
         let text = serde_json::to_string(&defs).unwrap();

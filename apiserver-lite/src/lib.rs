@@ -13,6 +13,7 @@
 pub mod alloc;
 pub mod controllers;
 pub mod error;
+pub mod events_v1;
 pub mod grpc;
 pub mod logs;
 pub mod memory;

@@ -67,6 +67,16 @@ async fn handle(State(st): State<RestState>, req: Request) -> Response {
     let is_watch = query_bool(&query, "watch")
         || (path.ends_with("/log") && query_bool(&query, "follow"))
         || path.rsplit('/').next().and_then(crate::streaming::Verb::from_subresource).is_some();
+    if let Some(core) = crate::events_v1::core_path(&path) {
+        // events.k8s.io/v1: served by the core/v1 handlers, converted both ways.
+        return match crate::events_v1::to_core_request(req, &core, st.max_body_bytes).await {
+            Ok(req) => {
+                let resp = Box::pin(handle(State(st), req)).await;
+                crate::events_v1::to_v1_response(resp, is_watch).await
+            }
+            Err(refused) => refused,
+        };
+    }
     let timeout = st.request_timeout;
     let fut = dispatch(st, req, path, query);
     if is_watch {
@@ -702,8 +712,10 @@ fn arch() -> &'static str {
 }
 
 /// The discovery facts of every served kind.
+/// Every resource discovery and OpenAPI describe: the kinds, and events.k8s.io/v1 Events (the
+/// core Events in another version).
 fn served() -> impl Iterator<Item = &'static api::KindInfo> {
-    Kind::ALL.iter().map(|k| k.info())
+    Kind::ALL.iter().map(|k| k.info()).chain(std::iter::once(&crate::events_v1::INFO))
 }
 
 /// The non-core group versions served.
@@ -891,7 +903,8 @@ fn openapi_doc(group: &str, version: &str) -> Value {
 
 /// The path of one object of a kind (`/api/v1/namespaces/{namespace}/services/{name}`).
 fn object_path(k: &api::KindInfo) -> String {
-    let prefix = if k.group.is_empty() { format!("/api/{}", k.version) } else { format!("/apis/{}/{}", k.group, k.version) };
+    let prefix =
+        if k.group.is_empty() { format!("/api/{}", k.version) } else { format!("/apis/{}/{}", k.group, k.version) };
     if k.namespaced {
         format!("{prefix}/namespaces/{{namespace}}/{}/{{name}}", k.plural)
     } else {
@@ -918,7 +931,7 @@ fn openapi_v2() -> Value {
                                {"name": "body", "in": "body", "required": true, "schema": {"type": "object"}}],
                 "responses": {"200": {"description": "OK"}}
             });
-            paths.insert(object_path(&k), json!({"patch": op}));
+            paths.insert(object_path(k), json!({"patch": op}));
         }
         json!({"swagger": "2.0", "info": {"title": "Kubernetes", "version": "v1.32.0"},
                "paths": paths, "definitions": api::openapi::definitions_v2(&gvs)})
@@ -930,9 +943,10 @@ fn openapi_v2() -> Value {
 /// `--output plaintext-openapiv2` asks for the protobuf form) gets 406, not bytes it cannot read.
 fn accepts_json(headers: &HeaderMap, what: &str) -> Result<(), ApiError> {
     let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).unwrap_or("*/*");
-    let ok = accept.split(',').map(|t| t.split(';').next().unwrap_or("").trim()).any(|t| {
-        matches!(t, "" | "*/*" | "application/*" | "application/json")
-    });
+    let ok = accept
+        .split(',')
+        .map(|t| t.split(';').next().unwrap_or("").trim())
+        .any(|t| matches!(t, "" | "*/*" | "application/*" | "application/json"));
     if ok {
         Ok(())
     } else {
@@ -945,7 +959,7 @@ fn accepts_json(headers: &HeaderMap, what: &str) -> Result<(), ApiError> {
 fn build_openapi_doc(group: &str, version: &str) -> Value {
     let mut paths = serde_json::Map::new();
     for k in served().filter(|k| k.group == group && k.version == version) {
-        let path = object_path(&k);
+        let path = object_path(k);
         let op = json!({
             "x-kubernetes-group-version-kind": {"group": group, "version": version, "kind": k.name},
             "parameters": [{"name": "fieldValidation", "in": "query", "schema": {"type": "string", "uniqueItems": true}},

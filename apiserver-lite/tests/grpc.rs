@@ -349,7 +349,11 @@ async fn events_from_agents_are_built_aggregated_and_checked() {
     let long = pb::EventReport { message: "x".repeat(1025), ..report.clone() };
     let err = events.record(long).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::InvalidArgument);
-    assert!(err.message().contains("EnsuredLoadBalancer about Service web: message is 1025 bytes"), "{}", err.message());
+    assert!(
+        err.message().contains("EnsuredLoadBalancer about Service web: message is 1025 bytes"),
+        "{}",
+        err.message()
+    );
     let no_reason = pb::EventReport { reason: String::new(), ..report.clone() };
     let err = events.record(no_reason).await.unwrap_err();
     assert!(err.message().contains("reason is required"), "{}", err.message());

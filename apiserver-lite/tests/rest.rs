@@ -767,7 +767,7 @@ async fn discovery_version_and_openapi() {
     assert_eq!(svc["shortNames"], json!(["svc"]));
     let (_, apis) = lab.get("/apis").await;
     let names: Vec<&str> = apis["groups"].as_array().unwrap().iter().filter_map(|g| g["name"].as_str()).collect();
-    assert_eq!(names, ["apps", "batch", "discovery.k8s.io", "networking.k8s.io"]);
+    assert_eq!(names, ["apps", "batch", "discovery.k8s.io", "events.k8s.io", "networking.k8s.io"]);
     // kubectl scale finds the Scale kind of deployments/scale through discovery.
     let (_, apps) = lab.get("/apis/apps/v1").await;
     let scale = apps["resources"].as_array().unwrap().iter().find(|r| r["name"] == "deployments/scale").unwrap();
@@ -1181,7 +1181,10 @@ async fn events_are_recorded_aggregated_and_expire() {
     let items = list["items"].as_array().unwrap();
     assert_eq!(items.len(), 1, "{list}");
     assert_eq!(items[0]["count"], 2);
-    assert_eq!((items[0]["source"]["host"].as_str(), items[0]["reportingInstance"].as_str()), (Some("node-1"), Some("node-1")));
+    assert_eq!(
+        (items[0]["source"]["host"].as_str(), items[0]["reportingInstance"].as_str()),
+        (Some("node-1"), Some("node-1"))
+    );
     assert_eq!(items[0]["involvedObject"]["fieldPath"], "spec.containers{c}");
     let name = items[0]["metadata"]["name"].as_str().unwrap();
     let nanos = i128::from_str_radix(name.strip_prefix("lonely.").unwrap(), 16).unwrap();
@@ -1192,4 +1195,78 @@ async fn events_are_recorded_aggregated_and_expire() {
         v["items"].as_array().is_some_and(|i| i.is_empty())
     })
     .await;
+}
+
+#[tokio::test]
+async fn events_k8s_io_v1_serves_the_same_events_in_its_own_fields() {
+    let lab = lab().await;
+    let core = json!({"metadata": {"name": "web.1"}, "involvedObject": {"kind": "Pod", "name": "web", "namespace": "default"},
+                      "reason": "Started", "message": "Started container web", "type": "Normal",
+                      "source": {"component": "kubelet", "host": "node-1"}, "count": 3});
+    let (code, _) = lab.post("/api/v1/namespaces/default/events", core).await;
+    assert_eq!(code, 201);
+    let (code, e) = lab.get("/apis/events.k8s.io/v1/namespaces/default/events/web.1").await;
+    assert_eq!(code, 200, "{e}");
+    assert_eq!(e["apiVersion"], "events.k8s.io/v1");
+    assert_eq!((e["note"].as_str(), e["regarding"]["name"].as_str()), (Some("Started container web"), Some("web")));
+    assert_eq!((e["deprecatedCount"].as_i64(), e["deprecatedSource"]["host"].as_str()), (Some(3), Some("node-1")));
+    // Lists, with a field selector on the version's own field names.
+    let (_, list) = lab.get("/apis/events.k8s.io/v1/events?fieldSelector=regarding.name%3Dweb").await;
+    assert_eq!(list["apiVersion"], "events.k8s.io/v1");
+    assert_eq!(list["items"].as_array().unwrap().len(), 1, "{list}");
+    assert_eq!(list["items"][0]["note"], "Started container web");
+    let (_, none) = lab.get("/apis/events.k8s.io/v1/events?fieldSelector=regarding.name%3Dother").await;
+    assert!(none["items"].as_array().unwrap().is_empty());
+    // A create gets this version's checks, with its own names in the Status.
+    let (code, st) = lab
+        .post(
+            "/apis/events.k8s.io/v1/namespaces/default/events",
+            json!({"metadata": {"name": "bad"}, "type": "Normal"}),
+        )
+        .await;
+    assert_eq!(code, 422);
+    assert_eq!(
+        (st["details"]["group"].as_str(), st["details"]["kind"].as_str()),
+        (Some("events.k8s.io"), Some("Event"))
+    );
+    assert!(
+        st["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("Event.events.k8s.io \"bad\" is invalid: eventTime: Required value"),
+        "{st}"
+    );
+    let v1 = json!({"apiVersion": "events.k8s.io/v1", "kind": "Event", "metadata": {"name": "web.2"},
+                    "eventTime": "2026-11-24T10:00:00.000000Z", "reportingController": "example.com/poker",
+                    "reportingInstance": "poker-1", "action": "Poke", "reason": "Poked", "type": "Warning",
+                    "note": "poked it", "regarding": {"kind": "Pod", "name": "web", "namespace": "default"}});
+    let (code, created) = lab.post("/apis/events.k8s.io/v1/namespaces/default/events", v1).await;
+    assert_eq!(code, 201, "{created}");
+    assert_eq!(created["note"], "poked it");
+    // … and is the same Event in core/v1.
+    let (_, c) = lab.get("/api/v1/namespaces/default/events/web.2").await;
+    assert_eq!(
+        (c["message"].as_str(), c["reportingComponent"].as_str()),
+        (Some("poked it"), Some("example.com/poker"))
+    );
+    assert_eq!(c["involvedObject"]["name"], "web");
+    // A merge patch in this version's names.
+    let (code, p) = lab
+        .patch(
+            "/apis/events.k8s.io/v1/namespaces/default/events/web.2",
+            "application/merge-patch+json",
+            json!({"note": "poked again"}),
+        )
+        .await;
+    assert_eq!(code, 200, "{p}");
+    assert_eq!(p["note"], "poked again");
+    let (_, c) = lab.get("/api/v1/namespaces/default/events/web.2").await;
+    assert_eq!(c["message"], "poked again");
+    // Discovery and OpenAPI describe it.
+    let (_, res) = lab.get("/apis/events.k8s.io/v1").await;
+    assert_eq!(res["resources"][0]["name"], "events");
+    let (_, doc) = lab.get("/openapi/v3/apis/events.k8s.io/v1").await;
+    let schema = &doc["components"]["schemas"]["io.k8s.api.events.v1.Event"];
+    assert_eq!(schema["x-kubernetes-group-version-kind"][0]["group"], "events.k8s.io");
+    assert!(schema["properties"]["note"]["description"].is_string());
 }

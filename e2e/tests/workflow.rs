@@ -63,6 +63,18 @@ fn kubectl_logs_tail_limit_follow_and_errors() {
     ] {
         assert!(describe.contains(want), "describe lacks {want:?}:\n{describe}");
     }
+    // The same Events through events.k8s.io/v1, with that version's field names and schema.
+    let v1 =
+        lab.kubectl(&["get", "events.v1.events.k8s.io", "--field-selector", "regarding.name=ticker", "-o", "json"]);
+    let v1: serde_json::Value = serde_json::from_str(&v1).unwrap();
+    let started = v1["items"].as_array().unwrap().iter().find(|e| e["reason"] == "Started").expect("Started");
+    assert_eq!(
+        (started["apiVersion"].as_str(), started["note"].as_str()),
+        (Some("events.k8s.io/v1"), Some("Started container ticker"))
+    );
+    assert_eq!(started["reportingController"], "kubelet");
+    let explain = lab.kubectl(&["explain", "events.regarding", "--api-version=events.k8s.io/v1"]);
+    assert!(explain.contains("GROUP:      events.k8s.io") && explain.contains("FIELD: regarding"), "{explain}");
     lab.kubectl(&["delete", "pod", "ticker", "--grace-period=1"]);
     // The events outlive the pod: its termination, then a crash loop and a failing probe.
     let events = lab.kubectl(&["get", "events", "--field-selector", "involvedObject.name=ticker", "-o", "json"]);
@@ -70,7 +82,10 @@ fn kubectl_logs_tail_limit_follow_and_errors() {
     let killing = events["items"].as_array().unwrap().iter().find(|e| e["reason"] == "Killing").expect("Killing");
     assert_eq!(killing["message"], "Stopping container ticker");
     assert_eq!(killing["involvedObject"]["fieldPath"], "spec.containers{ticker}");
-    assert_eq!((killing["source"]["component"].as_str(), killing["source"]["host"].as_str()), (Some("kubelet"), Some("node-1")));
+    assert_eq!(
+        (killing["source"]["component"].as_str(), killing["source"]["host"].as_str()),
+        (Some("kubelet"), Some("node-1"))
+    );
 
     lab.apply(
         "apiVersion: v1\nkind: Pod\nmetadata: {name: crash}\nspec:\n  containers:\n  - name: c\n    image: busybox\n    command: [sh, -c, 'exit 3']\n---\n\

@@ -122,7 +122,13 @@ pub fn diff(prev: &Seen, now: &Seen, error: Option<&str>) -> (Vec<Event>, Seen) 
     for (key, lb) in &now.lbs {
         let before = prev.lbs.get(key);
         if before.is_none_or(|b| b.signature != lb.signature) {
-            out.push(ev(key, Reporter::ServiceController, false, "EnsuringLoadBalancer", "Ensuring load balancer".into()));
+            out.push(ev(
+                key,
+                Reporter::ServiceController,
+                false,
+                "EnsuringLoadBalancer",
+                "Ensuring load balancer".into(),
+            ));
             match error {
                 Some(e) => {
                     out.push(ev(
@@ -268,7 +274,10 @@ mod tests {
     fn an_ingress_is_synced_when_new_or_changed() {
         let a = observe(&[], &BTreeMap::new(), &[("default/site".into(), "5".into())]);
         let (evs, seen) = diff(&Seen::default(), &a, None);
-        assert_eq!((evs[0].object, evs[0].reason, evs[0].message.as_str()), (Object::Ingress, "Sync", "Scheduled for sync"));
+        assert_eq!(
+            (evs[0].object, evs[0].reason, evs[0].message.as_str()),
+            (Object::Ingress, "Sync", "Scheduled for sync")
+        );
         assert!(diff(&seen, &a, None).0.is_empty());
         let b = observe(&[], &BTreeMap::new(), &[("default/site".into(), "6".into())]);
         assert_eq!(diff(&seen, &b, None).0.len(), 1);

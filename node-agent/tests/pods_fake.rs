@@ -12,8 +12,8 @@ use api::k8s_openapi::api::core::v1 as core;
 use node_agent::cni::{CniRuntime, Network, PluginExec};
 use node_agent::metrics::Metrics;
 use node_agent::pods::{self, Check, Deps, PodApi, PodRecord, PodsConfig, Prober};
-use podpath_client::events::{Recorder, Report};
 use node_agent::process::{Exit, ProcId, ProcSpec, Processes, Sig};
+use podpath_client::events::{Recorder, Report};
 use podpath_client::reflector::{Change, Store, Watched};
 use serde_json::{json, Value};
 use tokio::sync::Notify;
@@ -247,7 +247,8 @@ impl World {
         g.1.iter()
             .map(|e| {
                 let kind = if e.warning { "Warning" } else { "Normal" };
-                let container = e.field_path.as_deref().and_then(|f| f.strip_prefix("spec.containers{")?.strip_suffix('}'));
+                let container =
+                    e.field_path.as_deref().and_then(|f| f.strip_prefix("spec.containers{")?.strip_suffix('}'));
                 format!("{}/{} {} {kind} {}: {}", e.namespace, e.name, container.unwrap_or("-"), e.reason, e.message)
             })
             .collect()
@@ -397,7 +398,10 @@ async fn restart_policy_never_and_an_image_without_a_program() {
     assert_eq!(waiting.reason.as_deref(), Some("ErrImagePull"));
     assert!(waiting.message.unwrap().contains("podpath/echo"));
     let failed: Vec<String> = w.events().into_iter().filter(|e| e.starts_with("default/nginx")).collect();
-    assert!(failed[0].starts_with("default/nginx c Warning Failed: Failed to pull image \"nginx\": podpath runs no"), "{failed:?}");
+    assert!(
+        failed[0].starts_with("default/nginx c Warning Failed: Failed to pull image \"nginx\": podpath runs no"),
+        "{failed:?}"
+    );
     assert_eq!(failed[1], "default/nginx c Warning Failed: Error: ErrImagePull");
     tokio::time::sleep(Duration::from_secs(60)).await;
     assert_eq!(w.procs.spawned().len(), 1, "a Never pod is not restarted");

@@ -73,7 +73,9 @@ fn event_name(object_name: &str, nanos: i128) -> String {
 /// bounded (client-go's correlator keeps 4096 the same way), the oldest forgotten first. After
 /// a restart a repeat starts a new Event, as it does with a restarted component.
 #[derive(Default)]
-pub struct Correlator(std::sync::Mutex<(std::collections::HashMap<String, String>, std::collections::VecDeque<String>)>);
+pub struct Correlator(
+    std::sync::Mutex<(std::collections::HashMap<String, String>, std::collections::VecDeque<String>)>,
+);
 
 /// How many aggregation keys the correlator keeps.
 const CORRELATOR_KEYS: usize = 4096;

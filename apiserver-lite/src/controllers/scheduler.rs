@@ -198,17 +198,20 @@ pub(crate) async fn schedule(reg: &Registry) -> Result<(), ApiError> {
         drop(g);
         let pod = reg.sync(pending).await?;
         let (type_, reason, message) = event;
-        record(reg, Report {
-            component: "default-scheduler",
-            host: None,
-            object: &pod,
-            kind: Kind::Pod,
-            field_path: None,
-            type_,
-            reason,
-            message,
-        })
-            .await;
+        record(
+            reg,
+            Report {
+                component: "default-scheduler",
+                host: None,
+                object: &pod,
+                kind: Kind::Pod,
+                field_path: None,
+                type_,
+                reason,
+                message,
+            },
+        )
+        .await;
     }
     Ok(())
 }

@@ -114,7 +114,13 @@ impl<P: Processes, E: PluginExec, A: PodApi, Q: Prober> Deps<P, E, A, Q> {
                 Ok(p) => {
                     let (name, image) = (c.spec.name.as_str(), c.spec.image.as_deref().unwrap_or(""));
                     // No image is pulled: the program is on the node, as a present image is.
-                    self.event(pod, Some(name), false, "Pulled", format!("Container image {image:?} already present on machine"));
+                    self.event(
+                        pod,
+                        Some(name),
+                        false,
+                        "Pulled",
+                        format!("Container image {image:?} already present on machine"),
+                    );
                     self.event(pod, Some(name), false, "Created", format!("Created container: {name}"));
                     self.event(pod, Some(name), false, "Started", format!("Started container {name}"));
                     if !first_start {

@@ -73,7 +73,6 @@ pub trait Prober: Send + Sync + 'static {
     fn probe(&self, check: &Check, timeout: Duration) -> impl Future<Output = std::result::Result<(), String>> + Send;
 }
 
-
 impl<T: PodApi> PodApi for Arc<T> {
     fn update_status(&self, pod: &core::Pod) -> impl Future<Output = Result<()>> + Send {
         (**self).update_status(pod)

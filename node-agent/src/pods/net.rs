@@ -79,7 +79,9 @@ impl Prober for NetProber {
 fn go_error(e: &http::HttpError) -> String {
     match e {
         http::HttpError::Connect { addr, source } => format!("dial tcp {addr}: connect: {}", io_text(source)),
-        http::HttpError::Timeout { .. } => "context deadline exceeded (Client.Timeout exceeded while awaiting headers)".into(),
+        http::HttpError::Timeout { .. } => {
+            "context deadline exceeded (Client.Timeout exceeded while awaiting headers)".into()
+        }
         other => other.to_string(),
     }
 }

@@ -281,7 +281,13 @@ impl<P: Processes, E: PluginExec, A: PodApi, Q: Prober> Worker<P, E, A, Q> {
             }
             Err(e) => {
                 tracing::warn!(pod = %self.pod_key, "cannot create the pod sandbox: {e}");
-                self.deps.event(&self.pod, None, true, "FailedCreatePodSandBox", format!("Failed to create pod sandbox: {e}"));
+                self.deps.event(
+                    &self.pod,
+                    None,
+                    true,
+                    "FailedCreatePodSandBox",
+                    format!("Failed to create pod sandbox: {e}"),
+                );
                 self.deps.metrics.sync_error("sandbox");
                 for c in &mut self.ctrs {
                     c.waiting =
@@ -442,7 +448,13 @@ impl<P: Processes, E: PluginExec, A: PodApi, Q: Prober> Worker<P, E, A, Q> {
     async fn stop_processes(&mut self, deadline: Instant) {
         let mut running: HashSet<ProcId> = self.ctrs.iter().filter_map(|c| c.rec.process).collect();
         for c in self.ctrs.iter().filter(|c| c.rec.process.is_some()) {
-            self.deps.event(&self.pod, Some(&c.spec.name), false, "Killing", format!("Stopping container {}", c.spec.name));
+            self.deps.event(
+                &self.pod,
+                Some(&c.spec.name),
+                false,
+                "Killing",
+                format!("Stopping container {}", c.spec.name),
+            );
         }
         for p in &running {
             self.deps.procs.signal(*p, Sig::Term);
