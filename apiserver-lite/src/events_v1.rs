@@ -224,24 +224,13 @@ pub async fn to_core_request(req: Request, core: &str, limit: usize) -> Result<R
     if !has_body {
         return Ok(Request::from_parts(parts, body));
     }
-    let bytes = match http_body_util::Limited::new(body, limit).collect().await {
-        Ok(c) => c.to_bytes(),
-        Err(_) => return Err(ApiError::TooLarge(limit).into_response()),
-    };
+    // The core handlers' own body reading and parsing (limit, JSON, YAML, protobuf).
+    let bytes = crate::rest::read_body(Request::new(body), limit).await.map_err(IntoResponse::into_response)?;
     if bytes.is_empty() {
         return Ok(Request::from_parts(parts, Body::empty()));
     }
     let ct = parts.headers.get(header::CONTENT_TYPE).and_then(|c| c.to_str().ok()).unwrap_or("").to_string();
-    let mut value: Value = match serde_json::from_slice(&bytes) {
-        Ok(v) => v,
-        Err(_) if ct.contains("yaml") => match serde_yaml::from_slice(&bytes) {
-            Ok(v) => v,
-            Err(e) => {
-                return Err(ApiError::BadRequest(format!("the request body is not valid YAML: {e}")).into_response())
-            }
-        },
-        Err(e) => return Err(ApiError::BadRequest(format!("the request body is not valid JSON: {e}")).into_response()),
-    };
+    let mut value = crate::rest::parse_body(&bytes, &parts.headers).map_err(IntoResponse::into_response)?;
     if parts.method == Method::POST {
         let causes = validate_create(&value);
         if !causes.is_empty() {
@@ -259,6 +248,8 @@ pub async fn to_core_request(req: Request, core: &str, limit: usize) -> Result<R
     if ct.contains("yaml") {
         // The apply body is JSON now, which is YAML too.
         parts.headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/apply-patch+yaml"));
+    } else if ct.contains("protobuf") {
+        parts.headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     }
     Ok(Request::from_parts(parts, Body::from(out)))
 }

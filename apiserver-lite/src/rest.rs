@@ -202,7 +202,7 @@ fn parse_target(group: &str, version: &str, rest: &[&str]) -> Option<Target> {
     }
 }
 
-async fn read_body(req: Request, limit: usize) -> Result<Bytes, ApiError> {
+pub(crate) async fn read_body(req: Request, limit: usize) -> Result<Bytes, ApiError> {
     let limited = http_body_util::Limited::new(req.into_body(), limit);
     match limited.collect().await {
         Ok(c) => Ok(c.to_bytes()),
@@ -216,7 +216,7 @@ async fn read_body(req: Request, limit: usize) -> Result<Bytes, ApiError> {
 const MAX_YAML_DEPTH: usize = 1000;
 
 /// Parses a request body: JSON, or YAML (server-side apply bodies may be YAML).
-fn parse_body(body: &Bytes, headers: &HeaderMap) -> Result<Value, ApiError> {
+pub(crate) fn parse_body(body: &Bytes, headers: &HeaderMap) -> Result<Value, ApiError> {
     if body.is_empty() {
         return Err(ApiError::BadRequest("the request body is empty".into()));
     }

@@ -7,9 +7,8 @@ use std::time::Duration;
 
 use api::k8s_openapi::api::core::v1 as core;
 use api::k8s_openapi::api::networking::v1::Ingress;
-use api::k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use podpath_client::events::{Recorder, Report};
-use podpath_client::reflector::{self, Filter, Store};
+use podpath_client::reflector::{self, Filter, Store, Watched};
 use podpath_client::ApiClient;
 
 use crate::error::{LbError, Result};
@@ -145,7 +144,7 @@ pub async fn run<I: Ip>(cfg: Config, ip: Arc<I>, shutdown: impl std::future::Fut
         let site_versions: Vec<(String, String)> = sites
             .iter()
             .filter_map(|s| {
-                let ing = ingress_list.iter().find(|i| key_of(&i.metadata) == s.ingress)?;
+                let ing = ingress_list.iter().find(|i| i.key() == s.ingress)?;
                 Some((s.ingress.clone(), ing.metadata.resource_version.clone().unwrap_or_default()))
             })
             .collect();
@@ -186,10 +185,6 @@ pub async fn run<I: Ip>(cfg: Config, ip: Arc<I>, shutdown: impl std::future::Fut
     Ok(())
 }
 
-fn key_of(m: &ObjectMeta) -> String {
-    format!("{}/{}", m.namespace.as_deref().unwrap_or("default"), m.name.as_deref().unwrap_or(""))
-}
-
 /// The two reporters lb-sim writes events as.
 struct Recorders {
     service_controller: Recorder,
@@ -201,10 +196,10 @@ impl Recorders {
     fn emit(&self, e: events::Event, services: &[core::Service], ingresses: &[Ingress]) {
         let (kind, meta) = match e.object {
             events::Object::Service => {
-                (api::proto::Kind::Service, services.iter().map(|s| &s.metadata).find(|m| key_of(m) == e.key))
+                (api::proto::Kind::Service, services.iter().find(|s| s.key() == e.key).map(|s| &s.metadata))
             }
             events::Object::Ingress => {
-                (api::proto::Kind::Ingress, ingresses.iter().map(|i| &i.metadata).find(|m| key_of(m) == e.key))
+                (api::proto::Kind::Ingress, ingresses.iter().find(|i| i.key() == e.key).map(|i| &i.metadata))
             }
         };
         let Some(meta) = meta else { return };
