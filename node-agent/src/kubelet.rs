@@ -295,10 +295,10 @@ async fn port_forward(State(k): State<Kubelet>, Path((ns, pod)): Path<(String, S
     upgrade(req, stream::channel::PORTFORWARD_PROTOCOLS, &[stream::SPDY_PORTFORWARD_PROTOCOL], move |conn| async move {
         match conn {
             Conn::Ws(ws, Some(p)) if p == stream::channel::SPDY_TUNNEL => {
-                stream::portforward_spdy(stream::ws_bytes(*ws), target).await
+                stream::portforward_spdy(stream::spdy_over_ws(*ws), target).await
             }
             Conn::Ws(ws, p) => stream::portforward_ws(*ws, ws_proto(p.as_deref()), ports, target).await,
-            Conn::Spdy(io, _) => stream::portforward_spdy(io, target).await,
+            Conn::Spdy(io, _) => stream::portforward_spdy(stream::spdy::serve(io), target).await,
         }
     })
     .await

@@ -25,7 +25,7 @@ const MAX_FRAME: usize = 1 << 24;
 /// A header block that inflates beyond this is refused.
 const MAX_HEADER_BYTES: usize = 256 << 10;
 /// Outgoing data is cut into frames of at most this many bytes.
-const MAX_DATA_FRAME: usize = 256 << 10;
+const MAX_DATA_FRAME: usize = 1 << 20;
 
 /// A protocol error; the session ends with it.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -202,12 +202,17 @@ fn control(kind: u16, flags: u8, body: &[u8]) -> Vec<u8> {
     f
 }
 
+/// The 8 bytes in front of a data frame's payload of `len` bytes. Pure.
+pub fn data_head(stream: u32, fin: bool, len: usize) -> [u8; 8] {
+    let s = (stream & 0x7fff_ffff).to_be_bytes();
+    let l = (len as u32).to_be_bytes();
+    [s[0], s[1], s[2], s[3], if fin { FLAG_FIN } else { 0 }, l[1], l[2], l[3]]
+}
+
 /// A data frame. Pure.
 pub fn data_frame(stream: u32, fin: bool, data: &[u8]) -> Vec<u8> {
     let mut f = Vec::with_capacity(8 + data.len());
-    f.extend_from_slice(&(stream & 0x7fff_ffff).to_be_bytes());
-    f.push(if fin { FLAG_FIN } else { 0 });
-    f.extend_from_slice(&(data.len() as u32).to_be_bytes()[1..]);
+    f.extend_from_slice(&data_head(stream, fin, data.len()));
     f.extend_from_slice(data);
     f
 }
@@ -349,6 +354,11 @@ impl Stream {
 
 enum Out {
     Frame(Vec<u8>),
+    /// A data frame, kept as header and payload so the payload is not copied on the way.
+    Data {
+        head: [u8; 8],
+        body: Bytes,
+    },
     /// Send GOAWAY and close the connection.
     Close,
 }
@@ -362,9 +372,13 @@ pub struct Writer {
 
 impl Writer {
     /// Sends `data`; false once the session is gone.
-    pub async fn write(&self, data: &[u8]) -> bool {
-        for chunk in data.chunks(MAX_DATA_FRAME) {
-            if self.out.send(Out::Frame(data_frame(self.id, false, chunk))).await.is_err() {
+    pub async fn write(&self, data: Bytes) -> bool {
+        let mut at = 0;
+        while at < data.len() {
+            let body = data.slice(at..data.len().min(at + MAX_DATA_FRAME));
+            at += body.len();
+            let head = data_head(self.id, false, body.len());
+            if self.out.send(Out::Data { head, body }).await.is_err() {
                 return false;
             }
         }
@@ -395,6 +409,55 @@ impl Session {
     }
 }
 
+/// Where a session's frames go: a byte stream ([`IoSink`]) or WebSocket messages (kubectl's
+/// tunnel, [`WsSink`]).
+pub trait FrameSink: Send + 'static {
+    /// Writes one frame; false once the peer is gone.
+    fn send(&mut self, head: &[u8], body: &[u8]) -> impl std::future::Future<Output = bool> + Send;
+    /// Ends the connection after what was sent.
+    fn finish(self) -> impl std::future::Future<Output = ()> + Send;
+}
+
+/// Where a session's bytes come from.
+pub trait ByteSource: Send + 'static {
+    /// Appends what arrived to `buf`; false at the end of the connection.
+    fn fill(&mut self, buf: &mut BytesMut) -> impl std::future::Future<Output = bool> + Send;
+}
+
+pub struct IoSink<W>(pub W);
+
+impl<W: AsyncWrite + Unpin + Send + 'static> FrameSink for IoSink<W> {
+    async fn send(&mut self, head: &[u8], body: &[u8]) -> bool {
+        // Header and payload in one vectored write where the kernel takes both.
+        let (mut head, mut body) = (head, body);
+        while !head.is_empty() || !body.is_empty() {
+            let slices = [std::io::IoSlice::new(head), std::io::IoSlice::new(body)];
+            match self.0.write_vectored(&slices).await {
+                Ok(0) | Err(_) => return false,
+                Ok(n) => {
+                    let from_head = n.min(head.len());
+                    head = &head[from_head..];
+                    body = &body[n - from_head..];
+                }
+            }
+        }
+        true
+    }
+
+    async fn finish(mut self) {
+        let _ = self.0.shutdown().await;
+    }
+}
+
+pub struct IoSource<R>(pub R);
+
+impl<R: AsyncRead + Unpin + Send + 'static> ByteSource for IoSource<R> {
+    async fn fill(&mut self, buf: &mut BytesMut) -> bool {
+        buf.reserve(16 << 10);
+        matches!(self.0.read_buf(buf).await, Ok(n) if n > 0)
+    }
+}
+
 /// Serves a SPDY session on `io` (the connection after the HTTP upgrade): replies to every
 /// stream the client opens and hands it over. The receiver ends with the connection.
 pub fn serve<IO>(io: IO) -> (Session, mpsc::Receiver<Stream>)
@@ -402,42 +465,45 @@ where
     IO: AsyncRead + AsyncWrite + Send + 'static,
 {
     let (rd, wr) = tokio::io::split(io);
-    let (out_tx, out_rx) = mpsc::channel(64);
+    serve_on(IoSource(rd), IoSink(wr))
+}
+
+/// [`serve`] over any source and sink of the connection's bytes.
+pub fn serve_on(source: impl ByteSource, sink: impl FrameSink) -> (Session, mpsc::Receiver<Stream>) {
+    // Frames waiting for a slow client: at most 16 (8 MiB of port-forward data) per session.
+    let (out_tx, out_rx) = mpsc::channel(16);
     let (accept_tx, accept_rx) = mpsc::channel(16);
-    tokio::spawn(write_loop(wr, out_rx));
-    tokio::spawn(read_loop(rd, out_tx.clone(), accept_tx));
+    tokio::spawn(write_loop(sink, out_rx));
+    tokio::spawn(read_loop(source, out_tx.clone(), accept_tx));
     (Session { out: out_tx }, accept_rx)
 }
 
-async fn write_loop<W: AsyncWrite + Unpin>(mut wr: W, mut rx: mpsc::Receiver<Out>) {
-    // Header blocks of the replies are all empty but must still be deflated in order on the
-    // session's compression stream: replies are encoded here, where frames are ordered.
+async fn write_loop(mut sink: impl FrameSink, mut rx: mpsc::Receiver<Out>) {
     while let Some(out) = rx.recv().await {
-        let bytes = match out {
-            Out::Frame(f) => f,
+        let sent = match out {
+            Out::Frame(f) => sink.send(&f, &[]).await,
+            Out::Data { head, body } => sink.send(&head, &body).await,
             Out::Close => {
-                let _ = wr.write_all(&goaway(0)).await;
+                sink.send(&goaway(0), &[]).await;
                 break;
             }
         };
-        if wr.write_all(&bytes).await.is_err() {
+        if !sent {
             break;
         }
     }
-    let _ = wr.shutdown().await;
+    sink.finish().await;
 }
 
-async fn read_loop<R: AsyncRead + Unpin>(mut rd: R, out: mpsc::Sender<Out>, accept: mpsc::Sender<Stream>) {
+async fn read_loop(mut source: impl ByteSource, out: mpsc::Sender<Out>, accept: mpsc::Sender<Stream>) {
     let mut codec = HeaderCodec::default();
     let mut streams: std::collections::HashMap<u32, mpsc::Sender<Bytes>> = Default::default();
     let mut buf = BytesMut::with_capacity(16 << 10);
     loop {
         let frame = match parse(&mut buf) {
             Ok(Some(f)) => f,
-            Ok(None) => match rd.read_buf(&mut buf).await {
-                Ok(0) | Err(_) => break,
-                Ok(_) => continue,
-            },
+            Ok(None) if source.fill(&mut buf).await => continue,
+            Ok(None) => break,
             Err(e) => {
                 tracing::debug!("{e}");
                 break;
@@ -550,7 +616,7 @@ mod tests {
         assert_eq!(s.header("streamtype"), Some("stdin"));
         assert_eq!(s.data.recv().await.unwrap(), Bytes::from_static(b"in"));
         assert!(s.data.recv().await.is_none(), "FIN ends the stream's data");
-        assert!(s.writer.write(b"out").await);
+        assert!(s.writer.write(Bytes::from_static(b"out")).await);
         s.writer.close().await;
         session.close().await;
         let mut got = Vec::new();
