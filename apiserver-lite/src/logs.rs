@@ -23,57 +23,98 @@ pub fn plan(pod: &Value, node: Option<&Value>, q: &BTreeMap<String, String>) -> 
     let name = pod["metadata"]["name"].as_str().unwrap_or("");
     let ns = pod["metadata"]["namespace"].as_str().unwrap_or("");
     let container = container_of(pod, q.get("container").map(String::as_str))?;
-    if query_bool(q, "previous") {
-        return Err(ApiError::BadRequest(format!(
-            "previous terminated container \"{container}\" in pod \"{name}\" not found"
-        )));
-    }
-    if query_bool(q, "timestamps") || q.contains_key("sinceSeconds") || q.contains_key("sinceTime") {
-        return Err(ApiError::BadRequest(
-            "podpath's runtime keeps no time per log line: timestamps, sinceSeconds and sinceTime are not supported"
-                .into(),
-        ));
-    }
-    let status = pod
-        .pointer("/status/containerStatuses")
-        .and_then(Value::as_array)
-        .and_then(|s| s.iter().find(|c| c["name"] == container.as_str()));
-    let started = status.is_some_and(|s| s["state"].get("running").is_some() || s["state"].get("terminated").is_some());
-    if !started {
-        let reason = status
-            .and_then(|s| s.pointer("/state/waiting/reason"))
-            .and_then(Value::as_str)
-            .unwrap_or("ContainerCreating");
-        return Err(ApiError::BadRequest(format!(
-            "container \"{container}\" in pod \"{name}\" is waiting to start: {reason}"
-        )));
-    }
+    let previous = query_bool(q, "previous");
+    let query = log_query(q, previous)?;
+    check_status(pod, &container, previous)?;
     let addr = kubelet_addr(pod, node)?;
-    let mut query = Vec::new();
-    if query_bool(q, "follow") {
-        query.push("follow=true".to_string());
-    }
-    for key in ["tailLines", "limitBytes"] {
-        if let Some(v) = q.get(key) {
-            let n: i64 = v.parse().map_err(|_| ApiError::BadRequest(format!("invalid {key}: {v}")))?;
-            if n < 0 {
-                return Err(ApiError::InvalidOptions {
-                    kind: "PodLogOptions",
-                    causes: vec![api::validation::invalid(
-                        &api::FieldPath::root(key),
-                        &n,
-                        "must be greater than or equal to 0",
-                    )],
-                });
-            }
-            query.push(format!("{key}={n}"));
-        }
-    }
     let mut path = format!("/containerLogs/{ns}/{name}/{container}");
     if !query.is_empty() {
         path = format!("{path}?{}", query.join("&"));
     }
     Ok((addr, path))
+}
+
+/// The options passed on to the node agent, checked as the real server checks PodLogOptions.
+/// Pure.
+fn log_query(q: &BTreeMap<String, String>, previous: bool) -> Result<Vec<String>, ApiError> {
+    let mut query = Vec::new();
+    for key in ["follow", "timestamps"] {
+        if query_bool(q, key) {
+            query.push(format!("{key}=true"));
+        }
+    }
+    if previous {
+        query.push("previous=true".into());
+    }
+    let mut causes = Vec::new();
+    let mut number = |key: &str, min: i64, detail: &str| -> Result<Option<i64>, ApiError> {
+        let Some(v) = q.get(key) else { return Ok(None) };
+        let n: i64 = v.parse().map_err(|_| ApiError::BadRequest(format!("invalid {key}: {v}")))?;
+        if n < min {
+            causes.push(api::validation::invalid(&api::FieldPath::root(key), &n, detail));
+        }
+        Ok(Some(n))
+    };
+    let tail = number("tailLines", 0, "must be greater than or equal to 0")?;
+    let limit = number("limitBytes", 1, "must be greater than 0")?;
+    let since_seconds = number("sinceSeconds", 1, "must be greater than 0")?;
+    let since_time = match q.get("sinceTime") {
+        Some(t) => Some(t.parse::<jiff::Timestamp>().map_err(|_| {
+            ApiError::BadRequest(format!(
+                "parsing time {t:?} as \"2006-01-02T15:04:05Z07:00\": cannot parse {t:?} as an RFC 3339 time"
+            ))
+        })?),
+        None => None,
+    };
+    if since_seconds.is_some() && since_time.is_some() {
+        causes.push(api::validation::forbidden(
+            &api::FieldPath::root(""),
+            "at most one of `sinceTime` or `sinceSeconds` may be specified",
+        ));
+    }
+    if !causes.is_empty() {
+        return Err(ApiError::InvalidOptions { kind: "PodLogOptions", causes });
+    }
+    for (key, v) in [("tailLines", tail), ("limitBytes", limit), ("sinceSeconds", since_seconds)] {
+        if let Some(n) = v {
+            query.push(format!("{key}={n}"));
+        }
+    }
+    if let Some(t) = since_time {
+        query.push(format!("sinceTime={t}"));
+    }
+    Ok(query)
+}
+
+/// Whether the container has logs to read, from its status, with kubelet's messages: a
+/// running or terminated container has, so has one whose last run ended (crash-looping);
+/// `previous` needs that last run. Pure.
+fn check_status(pod: &Value, container: &str, previous: bool) -> Result<(), ApiError> {
+    let name = pod["metadata"]["name"].as_str().unwrap_or("");
+    let status = pod
+        .pointer("/status/containerStatuses")
+        .and_then(Value::as_array)
+        .and_then(|s| s.iter().find(|c| c["name"] == container));
+    let state = |k: &str| status.and_then(|s| s.pointer(&format!("/state/{k}")));
+    let last_terminated = status.and_then(|s| s.pointer("/lastState/terminated")).is_some();
+    if previous {
+        if !last_terminated {
+            return Err(ApiError::BadRequest(format!(
+                "previous terminated container \"{container}\" in pod \"{name}\" not found"
+            )));
+        }
+        return Ok(());
+    }
+    if state("running").is_some() || state("terminated").is_some() || last_terminated {
+        return Ok(());
+    }
+    let reason = state("waiting").and_then(|w| w["reason"].as_str()).unwrap_or("ContainerCreating");
+    let why = match reason {
+        "ErrImagePull" => "image can't be pulled",
+        "ImagePullBackOff" => "trying and failing to pull image",
+        other => other,
+    };
+    Err(ApiError::BadRequest(format!("container \"{container}\" in pod \"{name}\" is waiting to start: {why}")))
 }
 
 /// The container a request names, or the pod's only one; the real server's 400s otherwise. Pure.
@@ -167,6 +208,7 @@ pub async fn handle(st: &RestState, ns: &str, name: &str, q: &BTreeMap<String, S
         let text = String::from_utf8_lossy(&body).trim().to_string();
         return Err(match code {
             404 => ApiError::BadRequest(format!("the node agent of {node_name} has no such container: {text}")),
+            400 => ApiError::BadRequest(text),
             _ => ApiError::internal(format!("the node agent of {node_name} answered {code}: {text}")),
         });
     }
@@ -228,5 +270,30 @@ mod tests {
         );
         assert!(msg(&pod(&["a"], true), &q(&[("previous", "true")])).contains("previous terminated container \"a\""));
         assert!(msg(&pod(&["a"], true), &q(&[("tailLines", "-1")])).contains("must be greater than or equal to 0"));
+        assert!(msg(&pod(&["a"], true), &q(&[("limitBytes", "0")]))
+            .contains("limitBytes: Invalid value: 0: must be greater than 0"));
+        assert!(msg(&pod(&["a"], true), &q(&[("sinceSeconds", "0")])).contains("must be greater than 0"));
+        assert!(msg(&pod(&["a"], true), &q(&[("sinceSeconds", "5"), ("sinceTime", "2026-11-25T10:00:00Z")]))
+            .contains("at most one of `sinceTime` or `sinceSeconds` may be specified"));
+        assert!(msg(&pod(&["a"], true), &q(&[("sinceTime", "noon")])).contains("parsing time \"noon\""));
+        let mut pulling = pod(&["a"], false);
+        pulling["status"]["containerStatuses"][0]["state"] = json!({"waiting": {"reason": "ErrImagePull"}});
+        assert_eq!(msg(&pulling, &q(&[])), "container \"a\" in pod \"web\" is waiting to start: image can't be pulled");
+    }
+
+    #[test]
+    fn time_options_and_previous_go_to_the_agent() {
+        let mut crashing = pod(&["c"], false);
+        crashing["status"]["containerStatuses"][0]["state"] = json!({"waiting": {"reason": "CrashLoopBackOff"}});
+        crashing["status"]["containerStatuses"][0]["lastState"] = json!({"terminated": {"exitCode": 1}});
+        let qs = q(&[("previous", "true"), ("timestamps", "true"), ("sinceTime", "2026-11-25T10:00:00.25+01:00")]);
+        let (_, path) = plan(&crashing, Some(&node()), &qs).unwrap();
+        assert_eq!(
+            path,
+            "/containerLogs/default/web/c?timestamps=true&previous=true&sinceTime=2026-11-25T09:00:00.25Z"
+        );
+        // A crash-looping container's last run has logs without `previous` too.
+        let (_, path) = plan(&crashing, Some(&node()), &q(&[("sinceSeconds", "60")])).unwrap();
+        assert_eq!(path, "/containerLogs/default/web/c?sinceSeconds=60");
     }
 }

@@ -25,6 +25,31 @@ fn kubectl_logs_tail_limit_follow_and_errors() {
     assert_eq!(tail.lines().count(), 2, "{tail}");
     assert!(tail.lines().all(|l| l.starts_with("tick ")), "{tail}");
     assert_eq!(lab.kubectl(&["logs", "ticker", "--limit-bytes=9"]), "tick 0\nti");
+    // The monitor keeps each line's time (CRI log format): --timestamps, --since, --since-time.
+    let stamped = lab.kubectl(&["logs", "ticker", "--timestamps", "--tail=3"]);
+    let lines: Vec<&str> = stamped.lines().collect();
+    assert_eq!(lines.len(), 3, "{stamped}");
+    let mut times = vec![];
+    for l in &lines {
+        let (t, rest) = l.split_once(' ').unwrap();
+        times.push(t.parse::<jiff::Timestamp>().unwrap_or_else(|e| panic!("{t:?} is not RFC 3339: {e}")));
+        assert!(rest.starts_with("tick "), "{l}");
+    }
+    assert!(times.windows(2).all(|w| w[0] < w[1]), "{stamped}");
+    let recent = lab.kubectl(&["logs", "ticker", "--since=1s"]);
+    let everything = lab.kubectl(&["logs", "ticker"]);
+    assert!(recent.lines().count() <= 7 && everything.lines().count() > recent.lines().count(), "{recent}");
+    assert!(everything.contains(&recent), "the last second's lines are in the log:\n{recent}");
+    // kubectl sends --since-time with whole seconds (metav1.Time): records from that second on.
+    let from = jiff::Timestamp::from_second(times[1].as_second()).unwrap();
+    let since_time = lab.kubectl(&["logs", "ticker", "--timestamps", &format!("--since-time={from}")]);
+    assert!(since_time.contains(lines[1]) && since_time.contains(lines[2]), "{since_time}");
+    for l in since_time.lines() {
+        let t: jiff::Timestamp = l.split_once(' ').unwrap().0.parse().unwrap();
+        assert!(t >= from, "{l} is before {from}");
+    }
+    let future = (jiff::Timestamp::now() + jiff::SignedDuration::from_secs(3600)).to_string();
+    assert_eq!(lab.kubectl(&["logs", "ticker", &format!("--since-time={future}")]), "");
 
     // -f streams what comes next until the client stops reading.
     let follow = Command::new("timeout")
@@ -47,6 +72,10 @@ fn kubectl_logs_tail_limit_follow_and_errors() {
     };
     let err = fails(&["logs", "ticker", "--previous"]);
     assert!(err.contains("previous terminated container \"ticker\" in pod \"ticker\" not found"), "{err}");
+    let err = fails(&["logs", "ticker", "--since=1s", "--since-time=2026-01-01T00:00:00Z"]);
+    assert!(err.contains("at most one of `sinceTime` or `sinceSeconds` may be specified"), "{err}");
+    let err = fails(&["get", "--raw", "/api/v1/namespaces/default/pods/ticker/log?limitBytes=0"]);
+    assert!(err.contains("must be greater than 0"), "{err}");
     let err = fails(&["logs", "nope"]);
     assert!(err.contains("pods \"nope\" not found"), "{err}");
 
@@ -104,6 +133,27 @@ fn kubectl_logs_tail_limit_follow_and_errors() {
     assert!(crash.contains(":9999/\": dial tcp 10.244."), "{crash}");
     assert!(crash.contains(":9999: connect: connection refused"), "{crash}");
     lab.kubectl(&["delete", "pod", "crash", "unready", "--grace-period=1"]);
+
+    // Each run of a container has its own log; --previous reads the run before the current one,
+    // stdout and stderr both.
+    lab.apply(
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: runs}\nspec:\n  containers:\n  - name: c\n    image: busybox\n    command: [sh, -c, 'echo run $(date +%s%N); echo oops >&2; sleep 4; exit 1']\n",
+    );
+    podpath_e2e::wait_for(Duration::from_secs(40), "the second run", || {
+        let s = lab.kubectl(&["get", "pod", "runs", "-o", "jsonpath={.status.containerStatuses[0].restartCount} {.status.containerStatuses[0].state.running.startedAt}"]);
+        if s.starts_with("1 ") && s.len() > 2 {
+            Ok(())
+        } else {
+            Err(s)
+        }
+    });
+    let now = lab.kubectl(&["logs", "runs"]);
+    let before = lab.kubectl(&["logs", "runs", "--previous"]);
+    for log in [&now, &before] {
+        assert!(log.starts_with("run ") && log.ends_with("\noops\n"), "{log}");
+    }
+    assert_ne!(now, before, "two runs, two logs");
+    lab.kubectl(&["delete", "pod", "runs", "--grace-period=1"]);
 }
 
 /// `podpath doctor` on a machine that runs labs (CI's): every check passes, exit 0, and trying

@@ -17,8 +17,9 @@ pub struct Check {
 }
 
 /// The tools the lab runs and the Debian packages that bring them.
-pub const TOOLS: [(&str, &str, bool); 8] = [
+pub const TOOLS: [(&str, &str, bool); 9] = [
     ("ip", "apt-get install iproute2", true),
+    ("sysctl", "apt-get install procps", true),
     ("iptables", "apt-get install iptables", true),
     ("iptables-save", "apt-get install iptables", true),
     ("iptables-restore", "apt-get install iptables", true),
@@ -27,7 +28,8 @@ pub const TOOLS: [(&str, &str, bool); 8] = [
     ("conntrack", "apt-get install conntrack (podpath trace)", false),
     (
         "kubectl",
-        "install kubectl 1.32 (https://kubernetes.io/docs/tasks/tools/); Debian's kubernetes-client is 1.20",
+        "run scripts/install-kubectl, or install kubectl 1.30 or later \
+         (https://kubernetes.io/docs/tasks/tools/); Debian's kubernetes-client is 1.20",
         false,
     ),
 ];
@@ -56,7 +58,7 @@ pub fn gather() -> (bool, Vec<(String, bool)>, KernelFacts) {
     let root = nix::unistd::geteuid().is_root();
     let tools = TOOLS.iter().map(|(t, _, _)| (t.to_string(), on_path(t))).collect();
     let mut kernel = Vec::new();
-    if root && on_path("unshare") && on_path("ip") {
+    if root && on_path("unshare") && on_path("ip") && on_path("sysctl") {
         let probes = [
             ("network namespaces", "true", "a kernel with CONFIG_NET_NS"),
             ("veth pairs", "ip link add pp0 type veth peer name pp1", "modprobe veth"),

@@ -1,9 +1,10 @@
 //! The node agent's own API, kubelet's role on `:10250`: container logs for the API server's
-//! `pods/log` (`GET /containerLogs/{namespace}/{pod}/{container}`, with `follow`, `tailLines`,
-//! `limitBytes`), and the streaming endpoints behind `pods/exec`, `pods/attach` and
+//! `pods/log` (`GET /containerLogs/{namespace}/{pod}/{container}`, with `follow`, `previous`,
+//! `tailLines`, `sinceSeconds`, `sinceTime`, `timestamps`, `limitBytes`, read from the CRI-format
+//! files the containers' monitors write), and the streaming endpoints behind `pods/exec`, `pods/attach` and
 //! `pods/portforward` (`/exec/…`, `/attach/…`, `/portForward/{namespace}/{pod}`, upgraded to a
 //! WebSocket or SPDY; see [`crate::stream`]). The API server is the only caller: it presents the
-//! lab's bearer token. Selecting what to send is pure ([`select`]); [`serve`] reads the files.
+//! lab's bearer token. Selecting what to send is pure ([`log_attempt`], [`crilog::Render`]); [`serve`] reads the files.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -18,9 +19,10 @@ use axum::routing::{any, get};
 use futures::StreamExt;
 use serde::Deserialize;
 
+use crate::crilog;
 use crate::pods::load_records;
-use crate::pods::PodRecord;
 use crate::pods::PodsConfig;
+use crate::pods::{ContainerRecord, PodRecord};
 use crate::process::{ProcId, Processes};
 use crate::stream::{self, exec::ExecOptions};
 
@@ -30,38 +32,42 @@ use crate::stream::{self, exec::ExecOptions};
 pub struct LogOptions {
     #[serde(default)]
     pub follow: bool,
+    #[serde(default)]
+    pub previous: bool,
+    #[serde(default)]
+    pub timestamps: bool,
     pub tail_lines: Option<i64>,
     pub limit_bytes: Option<i64>,
+    pub since_seconds: Option<i64>,
+    pub since_time: Option<String>,
 }
 
-/// What of a log file to send first: the last `tail_lines` lines (all when absent), then at
-/// most `limit_bytes` of them. Pure.
-pub fn select(log: &[u8], opts: &LogOptions) -> Vec<u8> {
-    let mut start = 0;
-    if let Some(n) = opts.tail_lines.filter(|n| *n >= 0) {
-        // Count line ends from the back; a last line without its newline counts as a line.
-        let body = log.strip_suffix(b"\n").unwrap_or(log);
-        start = if n == 0 {
-            log.len()
-        } else {
-            let mut seen = 0;
-            body.iter()
-                .enumerate()
-                .rev()
-                .find(|(_, b)| {
-                    **b == b'\n' && {
-                        seen += 1;
-                        seen == n
-                    }
-                })
-                .map_or(0, |(i, _)| i + 1)
-        };
+impl LogOptions {
+    /// The earliest record to send, from `sinceTime` or `sinceSeconds` before `now`. Pure.
+    pub fn since(&self, now: jiff::Timestamp) -> Result<Option<jiff::Timestamp>, String> {
+        if let Some(t) = &self.since_time {
+            return t.parse().map(Some).map_err(|e| format!("invalid sinceTime {t:?}: {e}"));
+        }
+        Ok(self.since_seconds.and_then(|s| now.checked_sub(jiff::SignedDuration::from_secs(s)).ok()))
     }
-    let mut out = log[start.min(log.len())..].to_vec();
-    if let Some(limit) = opts.limit_bytes.filter(|l| *l >= 0) {
-        out.truncate(limit as usize);
+}
+
+/// Which log file of a container a request reads (its attempt number), from the container's
+/// record: the current or last run, or with `previous` the run before (kubelet's
+/// `lastState.terminated`). Pure; kubelet's message when there is no such run.
+pub fn log_attempt(c: &ContainerRecord, previous: bool, container: &str, pod: &str) -> Result<i32, String> {
+    if !previous {
+        return Ok(c.restart_count);
     }
-    out
+    let attempt = match (c.process.is_some(), c.done) {
+        (true, _) => c.restart_count - 1,
+        (false, false) if c.last.is_some() => c.restart_count,
+        _ => -1,
+    };
+    if attempt < 0 {
+        return Err(format!("previous terminated container {container:?} in pod {pod:?} not found"));
+    }
+    Ok(attempt)
 }
 
 #[derive(Clone)]
@@ -268,7 +274,8 @@ async fn attach(
             Err((code, msg)) => return error(code, msg),
         };
     let socket = k.pods.attach_socket(&rec.uid, &container).filter(|s| s.exists());
-    let log = k.pods.log_path(&ns, &pod, &rec.uid, &container);
+    let attempt = rec.containers.get(&container).map_or(0, |c| c.restart_count);
+    let log = k.pods.log_path(&ns, &pod, &rec.uid, &container, attempt);
     upgrade(req, stream::channel::EXEC_PROTOCOLS, stream::SPDY_EXEC_PROTOCOLS, move |conn| async move {
         let run = move |i, out| async move {
             let alive = move || crate::process::LinuxProcesses::default().alive(proc_id);
@@ -317,74 +324,92 @@ async fn container_logs(
         Ok(r) => r,
         Err((code, msg)) => return error(code, msg),
     };
-    if !rec.containers.contains_key(&container) {
+    let Some(c) = rec.containers.get(&container) else {
         return error(StatusCode::NOT_FOUND, format!("container {container:?} is not in pod {ns}/{pod}"));
-    }
-    let path = k.pods.log_path(&ns, &pod, &rec.uid, &container);
+    };
+    let attempt = match log_attempt(c, opts.previous, &container, &pod) {
+        Ok(a) => a,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e),
+    };
+    let since = match opts.since(jiff::Timestamp::now()) {
+        Ok(s) => s,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e),
+    };
+    let path = k.pods.log_path(&ns, &pod, &rec.uid, &container, attempt);
     let log = match tokio::fs::read(&path).await {
         Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && opts.previous => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                format!("previous terminated container {container:?} in pod {pod:?} not found"),
+            )
+        }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
         Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, format!("cannot read {}: {e}", path.display())),
     };
-    let first = select(&log, &opts);
+    let start = opts.tail_lines.filter(|n| *n >= 0).map_or(0, |n| crilog::tail_start(&log, n as usize));
+    let limit = opts.limit_bytes.filter(|l| *l >= 0).map(|l| l as usize);
+    let mut render = crilog::Render::new(since, opts.timestamps, limit);
+    let first = render.feed(&log[start..]);
     let ok = [(header::CONTENT_TYPE, "text/plain")];
-    if !opts.follow || opts.limit_bytes.is_some_and(|l| first.len() as i64 >= l) {
+    // Follow only what is still being written: the container's current run.
+    let writing = c.process.is_some() && attempt == c.restart_count;
+    if !opts.follow || !writing || render.exhausted() {
         return (ok, first).into_response();
     }
     // Follow: what is written after, until the client goes (the body is dropped with it) or
-    // the pod's record goes.
+    // this run of the container ends.
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(16);
-    let records_dir = k.pods.state_dir.clone();
-    let uid = rec.uid.clone();
-    tokio::spawn(follow(
-        path,
-        log.len() as u64,
-        records_dir,
-        uid,
-        opts.limit_bytes.map(|l| l as usize - first.len()),
-        tx,
-    ));
+    let state_dir = k.pods.state_dir.clone();
+    let (uid, name) = (rec.uid.clone(), container.clone());
+    let still_running = move || {
+        let record = state_dir.join("pods").join(format!("{uid}.json"));
+        std::fs::read(record)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<PodRecord>(&b).ok())
+            .and_then(|r| r.containers.get(&name).cloned())
+            .is_some_and(|c| c.process.is_some() && c.restart_count == attempt)
+    };
+    tokio::spawn(follow(path, log.len() as u64, render, still_running, tx));
     let stream = futures::stream::once(async move { Ok::<_, std::io::Error>(first) })
         .chain(tokio_stream::wrappers::ReceiverStream::new(rx));
     (ok, Body::from_stream(stream)).into_response()
 }
 
-/// Sends what is appended to `path` from `offset` on, polling every 200 ms, until the receiver
-/// is gone, `budget` bytes are sent, or the pod is gone from this node.
+/// Sends what is appended to `path` from `offset` on, rendered, polling every 200 ms, until
+/// the receiver is gone, the byte limit is reached, or the run has ended and all it wrote is
+/// sent.
 async fn follow(
     path: PathBuf,
     mut offset: u64,
-    state_dir: PathBuf,
-    uid: String,
-    mut budget: Option<usize>,
+    mut render: crilog::Render,
+    still_running: impl Fn() -> bool + Send + 'static,
     tx: tokio::sync::mpsc::Sender<Result<Vec<u8>, std::io::Error>>,
 ) {
     use tokio::io::{AsyncReadExt, AsyncSeekExt};
-    let record = state_dir.join("pods").join(format!("{uid}.json"));
     loop {
         if tx.is_closed() {
             return;
         }
+        // Checked before reading, so the last lines of a run that just ended still go out.
+        let running = still_running();
         if let Ok(mut f) = tokio::fs::File::open(&path).await {
             let len = f.metadata().await.map(|m| m.len()).unwrap_or(offset);
-            if len < offset {
-                offset = 0; // truncated
-            }
             if len > offset && f.seek(std::io::SeekFrom::Start(offset)).await.is_ok() {
                 let mut chunk = Vec::new();
-                if f.read_to_end(&mut chunk).await.is_ok() {
+                if (&mut f).take(len - offset).read_to_end(&mut chunk).await.is_ok() {
                     offset += chunk.len() as u64;
-                    if let Some(b) = budget.as_mut() {
-                        chunk.truncate(*b);
-                        *b -= chunk.len();
+                    let out = render.feed(&chunk);
+                    if !out.is_empty() && tx.send(Ok(out)).await.is_err() {
+                        return;
                     }
-                    if tx.send(Ok(chunk)).await.is_err() || budget == Some(0) {
+                    if render.exhausted() {
                         return;
                     }
                 }
             }
         }
-        if !record.exists() {
+        if !running {
             return;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -411,22 +436,42 @@ pub async fn serve(
 mod tests {
     use super::*;
 
-    fn sel(log: &str, tail: Option<i64>, limit: Option<i64>) -> String {
-        let opts = LogOptions { follow: false, tail_lines: tail, limit_bytes: limit };
-        String::from_utf8(select(log.as_bytes(), &opts)).unwrap()
+    #[test]
+    fn since_from_seconds_or_a_time() {
+        let now: jiff::Timestamp = "2026-11-25T10:00:00Z".parse().unwrap();
+        let o = LogOptions { since_seconds: Some(30), ..Default::default() };
+        assert_eq!(o.since(now).unwrap().unwrap().to_string(), "2026-11-25T09:59:30Z");
+        let o = LogOptions { since_time: Some("2026-11-25T09:00:00.5Z".into()), ..Default::default() };
+        assert_eq!(o.since(now).unwrap().unwrap().to_string(), "2026-11-25T09:00:00.5Z");
+        assert!(LogOptions { since_time: Some("yesterday".into()), ..Default::default() }.since(now).is_err());
+        assert_eq!(LogOptions::default().since(now).unwrap(), None);
     }
 
     #[test]
-    fn tail_lines_and_limit_bytes_as_kubelet() {
-        let log = "a\nb\nc\n";
-        assert_eq!(sel(log, None, None), log);
-        assert_eq!(sel(log, Some(2), None), "b\nc\n");
-        assert_eq!(sel(log, Some(1), None), "c\n");
-        assert_eq!(sel(log, Some(0), None), "");
-        assert_eq!(sel(log, Some(10), None), log);
-        assert_eq!(sel("a\nb\nc", Some(1), None), "c", "an unfinished last line counts");
-        assert_eq!(sel(log, None, Some(3)), "a\nb");
-        assert_eq!(sel(log, Some(2), Some(1)), "b");
-        assert_eq!(sel("", Some(3), None), "");
+    fn which_run_a_log_request_reads() {
+        let p = Some(ProcId { pid: 1, start_time: 1 });
+        let last = Some(crate::podstatus::Terminated {
+            exit_code: 1,
+            signal: None,
+            reason: "Error".into(),
+            message: None,
+            started_at: None,
+            finished_at: jiff::Timestamp::UNIX_EPOCH,
+            container_id: None,
+        });
+        let running_first = ContainerRecord { process: p, restart_count: 0, ..Default::default() };
+        assert_eq!(log_attempt(&running_first, false, "c", "p"), Ok(0));
+        assert_eq!(
+            log_attempt(&running_first, true, "c", "p").unwrap_err(),
+            "previous terminated container \"c\" in pod \"p\" not found"
+        );
+        let running_third = ContainerRecord { process: p, restart_count: 2, last: last.clone(), ..Default::default() };
+        assert_eq!(log_attempt(&running_third, true, "c", "p"), Ok(1));
+        // Crash-looping (waiting): both read the run that just ended, as kubelet's lastState.
+        let waiting = ContainerRecord { process: None, restart_count: 2, last: last.clone(), ..Default::default() };
+        assert_eq!(log_attempt(&waiting, false, "c", "p"), Ok(2));
+        assert_eq!(log_attempt(&waiting, true, "c", "p"), Ok(2));
+        let done = ContainerRecord { process: None, restart_count: 0, last, done: true, ..Default::default() };
+        assert!(log_attempt(&done, true, "c", "p").is_err());
     }
 }

@@ -13,6 +13,7 @@
 
 pub mod agent;
 pub mod cni;
+pub mod crilog;
 pub mod echo;
 pub mod error;
 pub mod health;

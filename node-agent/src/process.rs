@@ -192,7 +192,17 @@ impl Processes for LinuxProcesses {
             Sig::Term => nix::sys::signal::Signal::SIGTERM,
             Sig::Kill => nix::sys::signal::Signal::SIGKILL,
         };
+        // SIGTERM goes to the process (a container's monitor passes it on, so the container
+        // may end cleanly); SIGKILL takes the whole tree, as a runtime kills a container's
+        // cgroup, so no process of it outlives its monitor.
+        let tree = match sig {
+            Sig::Term => vec![],
+            Sig::Kill => descendants(p.pid, &process_table()),
+        };
         let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(p.pid), s);
+        for pid in tree {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), s);
+        }
     }
 
     async fn wait(&self, p: ProcId) -> Exit {
@@ -219,6 +229,36 @@ impl Processes for LinuxProcesses {
     }
 }
 
+/// Every process's PID and parent PID, from `/proc`.
+fn process_table() -> Vec<(i32, i32)> {
+    let Ok(dir) = std::fs::read_dir("/proc") else { return vec![] };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter_map(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            // After the command name (which may hold spaces and parentheses): state, then ppid.
+            let ppid = stat[stat.rfind(')')? + 1..].split_whitespace().nth(1)?.parse().ok()?;
+            Some((pid, ppid))
+        })
+        .collect()
+}
+
+/// The processes descending from `root` (children first found, then theirs), from (PID,
+/// parent PID) pairs. Pure.
+pub fn descendants(root: i32, table: &[(i32, i32)]) -> Vec<i32> {
+    let mut out = vec![];
+    let mut frontier = vec![root];
+    while let Some(parent) = frontier.pop() {
+        for &(pid, ppid) in table {
+            if ppid == parent && pid != root && !out.contains(&pid) {
+                out.push(pid);
+                frontier.push(pid);
+            }
+        }
+    }
+    out
+}
+
 /// `podpath-workload`, found next to the running binary (or through `PODPATH_WORKLOAD`).
 pub fn workload_binary() -> Result<PathBuf> {
     if let Some(p) = std::env::var_os("PODPATH_WORKLOAD") {
@@ -242,6 +282,15 @@ pub fn workload_binary() -> Result<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_process_tree_from_the_table() {
+        let table = [(1, 0), (10, 1), (11, 10), (12, 11), (13, 10), (20, 1), (21, 20)];
+        let mut d = descendants(10, &table);
+        d.sort();
+        assert_eq!(d, [11, 12, 13]);
+        assert!(descendants(12, &table).is_empty());
+    }
 
     #[tokio::test]
     async fn spawn_wait_and_signal_a_real_child() {

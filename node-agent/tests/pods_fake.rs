@@ -301,11 +301,26 @@ async fn a_pod_gets_a_sandbox_network_workload_and_a_ready_status() {
     assert_eq!(adds[0].1["_env"]["CNI_IFNAME"], "eth0");
     let sandbox = w.procs.state.lock().unwrap().sandboxes[0];
     assert_eq!(adds[0].1["_env"]["CNI_NETNS"], format!("/proc/{}/ns/net", sandbox.pid));
-    // The workload is the built-in echo joined to the sandbox, with the pod's identity.
+    // The workload is the built-in echo joined to the sandbox, with the pod's identity, under
+    // its monitor writing the log of its first run.
     let (_, spec) = &w.procs.spawned()[0];
+    let log = w.dir.path().join("state/logs/default_web_uid-web/web/0.log");
     assert_eq!(
         spec.argv,
-        ["/opt/podpath/podpath-workload", "echo", "--sandbox", &sandbox.pid.to_string(), "--port", "8080", "--"]
+        [
+            "/opt/podpath/podpath-workload",
+            "monitor",
+            "--log",
+            log.to_str().unwrap(),
+            "--",
+            "/opt/podpath/podpath-workload",
+            "echo",
+            "--sandbox",
+            &sandbox.pid.to_string(),
+            "--port",
+            "8080",
+            "--"
+        ]
     );
     assert!(spec.env.contains(&("POD_IP".into(), "10.244.1.2".into())));
     assert!(spec.env.contains(&("NODE_NAME".into(), "node-1".into())));
@@ -360,6 +375,10 @@ async fn a_crashing_container_restarts_with_doubling_back_off() {
     }
     let gaps: Vec<u64> = started.windows(2).map(|w| (w[1] - w[0]).as_secs()).collect();
     assert_eq!(gaps, [10, 20], "back-off 10 s then 20 s");
+    // Each run logs to its own file, as kubelet's CONTAINER/N.log (`kubectl logs --previous`).
+    let logs: Vec<String> = w.procs.spawned().iter().map(|(_, spec)| spec.argv[3].clone()).collect();
+    assert!(logs[0].ends_with("/default_crash_uid-crash/c/0.log"), "{logs:?}");
+    assert!(logs[1].ends_with("/c/1.log") && logs[2].ends_with("/c/2.log"), "{logs:?}");
     w.until("CrashLoopBackOff with restartCount 2", |w| {
         w.api.last("crash").is_some_and(|s| {
             let c = cs(&s);

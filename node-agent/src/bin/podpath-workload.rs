@@ -6,6 +6,9 @@
 //!   `/proc/<pid>/ns/net`; no bind mount is needed, so nothing leaks if the agent dies.
 //! - `join --sandbox PID [--tty] -- CMD ARGS…`: enters the sandbox's namespaces and execs a
 //!   program (with `--tty`, its terminal on stdin becomes the session's controlling terminal).
+//! - `monitor --log FILE [--console SOCKET [--stdin] [--tty] [--stdin-once]] -- ARGV…`: runs a
+//!   container's process (a `join` or `echo`) with its output written to FILE in the CRI log
+//!   format, and its stdin and terminal reachable for `kubectl attach` through SOCKET.
 //! - `echo --sandbox PID [--port P]… [-- IMAGE-ARGS…]`: enters them and runs `podpath/echo`.
 //!
 //! Every mode starts its own session, so signals aimed at the agent's terminal or process group
@@ -38,15 +41,28 @@ enum Mode {
     Join {
         #[arg(long)]
         sandbox: i32,
-        /// Make stdin (a terminal) the controlling terminal of the new session (`exec -t`); with
-        /// --console, give the command a terminal.
+        /// Make stdin (a terminal) the controlling terminal of the new session (`exec -t`).
         #[arg(long)]
         tty: bool,
-        /// Run the command under a console that `kubectl attach` reaches through this socket.
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
+    /// Run a container's process, writing its output to a CRI-format log (conmon's role).
+    Monitor {
+        /// The container's log (appended).
+        #[arg(long)]
+        log: Option<std::path::PathBuf>,
+        /// Hold the container's stdin/terminal for `kubectl attach` through this socket.
         #[arg(long)]
         console: Option<std::path::PathBuf>,
-        /// With --console: close the command's stdin when the first attached client closes its own.
-        #[arg(long)]
+        /// With --console: the container reads stdin.
+        #[arg(long, requires = "console")]
+        stdin: bool,
+        /// With --console: give the container a terminal.
+        #[arg(long, requires = "console")]
+        tty: bool,
+        /// With --console: close the container's stdin when the first attached client closes its own.
+        #[arg(long, requires = "console")]
         stdin_once: bool,
         #[arg(last = true, required = true)]
         command: Vec<String>,
@@ -77,21 +93,20 @@ fn run(args: Args) -> Result<(), String> {
     let _ = nix::unistd::setsid();
     match args.mode {
         Mode::Sandbox { hostname } => sandbox(&hostname),
-        Mode::Join { sandbox, tty, console: Some(socket), stdin_once, command } => {
-            join(sandbox)?;
-            let exe = std::env::current_exe().map_err(|e| format!("cannot find myself: {e}"))?;
-            let mut argv = vec![exe.display().to_string(), "join".into(), "--sandbox".into(), sandbox.to_string()];
-            if tty {
-                argv.push("--tty".into());
-            }
-            argv.push("--".into());
-            argv.extend(command);
-            let opts = node_agent::stream::console::ConsoleOptions { socket, tty, stdin_once, argv };
+        Mode::Monitor { log, console, stdin, tty, stdin_once, command } => {
+            let opts = node_agent::stream::console::ConsoleOptions {
+                log,
+                socket: console,
+                stdin,
+                tty,
+                stdin_once,
+                argv: command,
+            };
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
             let code = rt.block_on(node_agent::stream::console::run(opts))?;
             std::process::exit(code);
         }
-        Mode::Join { sandbox, tty, command, .. } => {
+        Mode::Join { sandbox, tty, command } => {
             join(sandbox)?;
             if tty {
                 rustix::process::ioctl_tiocsctty(std::io::stdin())

@@ -82,7 +82,8 @@ impl<P: Processes, E: PluginExec, A: PodApi, Q: Prober> Deps<P, E, A, Q> {
         let ip = rec.pod_ips.first().map(|i| i.to_string()).unwrap_or_default();
         c.next_start = None;
         let first_start = c.rec.last.is_none() && c.rec.started_at.is_none();
-        match launch(&self.cfg, pod, &c.spec, rec.sandbox, &ip) {
+        let attempt = if first_start { c.rec.restart_count } else { c.rec.restart_count + 1 };
+        match launch(&self.cfg, pod, &c.spec, rec.sandbox, &ip, attempt) {
             Launch::Cannot { reason, message } => {
                 let image = c.spec.image.clone().unwrap_or_default();
                 let name = Some(c.spec.name.as_str());
@@ -128,6 +129,10 @@ impl<P: Processes, E: PluginExec, A: PodApi, Q: Prober> Deps<P, E, A, Q> {
                     }
                     c.rec.process = Some(p);
                     c.rec.started_at = Some(Timestamp::now());
+                    // kubelet keeps the logs of this attempt and the one before (`--previous`).
+                    let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
+                    let pod_name = pod.metadata.name.as_deref().unwrap_or("");
+                    let _ = std::fs::remove_file(self.cfg.log_path(ns, pod_name, &uid(pod), name, attempt - 2));
                     c.waiting = None;
                     c.ready = false;
                     c.readiness = readiness(&c.spec, rec.pod_ips.first().copied(), rec.sandbox, &self.cfg.workload_bin);

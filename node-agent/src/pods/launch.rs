@@ -72,42 +72,41 @@ pub fn workload_env(
     env
 }
 
-/// Decides how to run a container (pure apart from looking the program up in `PATH`).
-pub fn launch(cfg: &PodsConfig, pod: &core::Pod, c: &core::Container, sandbox: ProcId, pod_ip: &str) -> Launch {
+/// Decides how to run a container (pure apart from looking the program up in `PATH`): the
+/// program joined to the sandbox (a command, or the built-in `podpath/echo`), under its monitor
+/// (`podpath-workload monitor`, the role of conmon): it writes the container's output to the
+/// log of this `attempt` (0 first, then the restart count) in the CRI format, and holds the
+/// container's stdin and terminal for `kubectl attach` when the container asks for them.
+pub fn launch(
+    cfg: &PodsConfig,
+    pod: &core::Pod,
+    c: &core::Container,
+    sandbox: ProcId,
+    pod_ip: &str,
+    attempt: i32,
+) -> Launch {
     let image = c.image.clone().unwrap_or_default();
     let command: Vec<String> = c.command.clone().unwrap_or_default();
     let args: Vec<String> = c.args.clone().unwrap_or_default();
     let bin = cfg.workload_bin.display().to_string();
-    let argv = if !command.is_empty() {
+    let (stdin, tty) = (c.stdin == Some(true), c.tty == Some(true));
+    let inner = if !command.is_empty() {
         if !find_program(&command[0]) {
             return Launch::StartError(format!(
                 "failed to start the container process: exec: {:?}: executable file not found in $PATH",
                 command[0]
             ));
         }
-        let mut argv = vec![bin, "join".into(), "--sandbox".into(), sandbox.pid.to_string()];
-        // stdin or a terminal: the container runs under its console, which `kubectl attach` reaches.
-        let name = pod.metadata.name.clone().unwrap_or_default();
-        let console =
-            (c.stdin == Some(true) || c.tty == Some(true)).then(|| cfg.attach_socket(&uid(pod), &c.name)).flatten();
-        if let Some(socket) = console {
-            argv.push("--console".into());
-            argv.push(socket.display().to_string());
-            if c.tty == Some(true) {
-                argv.push("--tty".into());
-            }
-            if c.stdin_once == Some(true) {
-                argv.push("--stdin-once".into());
-            }
-        } else if c.stdin == Some(true) || c.tty == Some(true) {
-            tracing::warn!(pod = %name, container = %c.name, "the state directory is too deep for a console socket: kubectl attach will show output only");
+        let mut argv = vec![bin.clone(), "join".into(), "--sandbox".into(), sandbox.pid.to_string()];
+        if tty {
+            argv.push("--tty".into());
         }
         argv.push("--".into());
         argv.extend(command);
         argv.extend(args);
         argv
     } else if is_echo_image(&image) {
-        let mut argv = vec![bin, "echo".into(), "--sandbox".into(), sandbox.pid.to_string()];
+        let mut argv = vec![bin.clone(), "echo".into(), "--sandbox".into(), sandbox.pid.to_string()];
         for p in c.ports.iter().flatten() {
             if p.protocol.as_deref().unwrap_or("TCP") == "TCP" {
                 argv.push("--port".into());
@@ -128,10 +127,36 @@ pub fn launch(cfg: &PodsConfig, pod: &core::Pod, c: &core::Container, sandbox: P
     };
     let name = pod.metadata.name.clone().unwrap_or_default();
     let ns = pod.metadata.namespace.clone().unwrap_or_else(|| "default".into());
+    let log = cfg.log_path(&ns, &name, &uid(pod), &c.name, attempt);
+    let mut argv = vec![bin, "monitor".into(), "--log".into(), log.display().to_string()];
+    if stdin || tty {
+        // stdin or a terminal: the monitor's socket is how `kubectl attach` reaches them.
+        match cfg.attach_socket(&uid(pod), &c.name) {
+            Some(socket) => {
+                argv.push("--console".into());
+                argv.push(socket.display().to_string());
+                if stdin {
+                    argv.push("--stdin".into());
+                }
+                if tty {
+                    argv.push("--tty".into());
+                }
+                if c.stdin_once == Some(true) {
+                    argv.push("--stdin-once".into());
+                }
+            }
+            None => {
+                tracing::warn!(pod = %name, container = %c.name, "the state directory is too deep for a console socket: kubectl attach will show output only")
+            }
+        }
+    }
+    argv.push("--".into());
+    argv.extend(inner);
     Launch::Run(ProcSpec {
         argv,
         env: workload_env(pod, c, pod_ip, &cfg.node_name, &cfg.node_ip.to_string()),
-        log: Some(cfg.log_path(&ns, &name, &uid(pod), &c.name)),
+        // The monitor writes the log itself; its own messages (it could not start) go beside it.
+        log: Some(log.with_file_name("monitor.log")),
     })
 }
 

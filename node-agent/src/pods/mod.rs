@@ -117,9 +117,14 @@ impl PodsConfig {
         let p = self.state_dir.join("attach").join(format!("{name}.sock"));
         (p.as_os_str().len() < 108).then_some(p)
     }
-    /// Where a pod's container logs go.
-    pub fn log_path(&self, namespace: &str, name: &str, uid: &str, container: &str) -> PathBuf {
-        self.state_dir.join("logs").join(format!("{namespace}_{name}_{uid}")).join(format!("{container}.log"))
+    /// Where a pod's logs go (kubelet's `/var/log/pods/NS_NAME_UID`).
+    pub fn pod_log_dir(&self, namespace: &str, name: &str, uid: &str) -> PathBuf {
+        self.state_dir.join("logs").join(format!("{namespace}_{name}_{uid}"))
+    }
+    /// The log of a container's `attempt` (0, then its restart count), kubelet's
+    /// `CONTAINER/N.log`.
+    pub fn log_path(&self, namespace: &str, name: &str, uid: &str, container: &str, attempt: i32) -> PathBuf {
+        self.pod_log_dir(namespace, name, uid).join(container).join(format!("{attempt}.log"))
     }
 }
 

@@ -42,7 +42,7 @@ impl<P: Processes, E: PluginExec, A: PodApi, Q: Prober> Deps<P, E, A, Q> {
     async fn create_sandbox(&self, pod: &core::Pod) -> Result<PodRecord> {
         let name = pod.metadata.name.clone().unwrap_or_default();
         let ns = pod.metadata.namespace.clone().unwrap_or_else(|| "default".into());
-        let log = self.cfg.log_path(&ns, &name, &uid(pod), "sandbox");
+        let log = self.cfg.pod_log_dir(&ns, &name, &uid(pod)).join("sandbox.log");
         let sandbox = self.procs.start_sandbox(&name, Some(log)).await?;
         let att = self.attachment(&ns, &name, &uid(pod), Some(sandbox));
         let started = std::time::Instant::now();

@@ -1,8 +1,10 @@
-//! The console of a container that asked for `stdin` or `tty` (the role of conmon in CRI-O):
-//! `podpath-workload join --console SOCKET` holds the container's terminal (or its stdin and
-//! output pipes), copies the output to the container log, and lets `kubectl attach` clients in
-//! through a Unix socket. Because the console, not the agent, holds the terminal, a restarted
-//! agent can attach again.
+//! A container's monitor (the role of conmon in CRI-O): `podpath-workload monitor` starts the
+//! container's process with its output on pipes (or a terminal), writes that output to the
+//! container's log in the CRI format ([`crate::crilog`]), passes SIGTERM on, and reports the
+//! exit code. For a container that asked for `stdin` or `tty` it also holds the stdin and the
+//! terminal and lets `kubectl attach` clients in through a Unix socket (`--console`). Because
+//! the monitor, not the agent, holds all of this, a restarted agent finds the logs still
+//! written and can attach again.
 //!
 //! The socket speaks small frames, `[kind][length u32 BE][payload]`: from the client stdin
 //! (0), a resize (1, width and height as u16 BE) or the end of stdin (2); from the console
@@ -18,6 +20,7 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{broadcast, mpsc};
 
 use super::exec::{resize, slave_stdio, Input, Outcome, Output, Pty};
+use crate::crilog;
 
 pub const TO_STDIN: u8 = 0;
 pub const TO_RESIZE: u8 = 1;
@@ -52,10 +55,15 @@ pub fn parse_frame(buf: &mut BytesMut) -> Result<Option<(u8, Bytes)>, String> {
     Ok(Some((kind, buf.split_to(len).freeze())))
 }
 
-/// How the console runs its container.
+/// How the monitor runs its container.
 #[derive(Debug, Clone)]
 pub struct ConsoleOptions {
-    pub socket: PathBuf,
+    /// The container's log (CRI format, appended).
+    pub log: Option<PathBuf>,
+    /// Where `kubectl attach` reaches the container (containers with `stdin` or `tty`).
+    pub socket: Option<PathBuf>,
+    /// The container reads stdin (otherwise it gets /dev/null).
+    pub stdin: bool,
     pub tty: bool,
     /// Close the container's stdin when the first attached client closes its own (`stdinOnce`).
     pub stdin_once: bool,
@@ -63,28 +71,66 @@ pub struct ConsoleOptions {
     pub argv: Vec<String>,
 }
 
-async fn pump_out<R: AsyncRead + Unpin>(mut r: R, kind: u8, tx: broadcast::Sender<(u8, Bytes)>) {
-    let mut log = tokio::io::stdout();
+/// Copies one output of the container to the log, as CRI records, and to attached clients.
+/// Each record batch is one append, so stdout's and stderr's records never interleave mid-line.
+async fn pump_out<R: AsyncRead + Unpin>(
+    mut r: R,
+    kind: u8,
+    mut log: Option<std::fs::File>,
+    tx: broadcast::Sender<(u8, Bytes)>,
+) {
+    use std::io::Write;
+    let stream = if kind == FROM_STDERR { crilog::Stream::Stderr } else { crilog::Stream::Stdout };
+    let mut enc = crilog::Encoder::new(stream);
     let mut buf = vec![0u8; 32 << 10];
-    while let Ok(n) = r.read(&mut buf).await {
+    let mut records = Vec::new();
+    loop {
+        let n = r.read(&mut buf).await.unwrap_or(0);
+        records.clear();
         if n == 0 {
-            break;
+            enc.finish(jiff::Timestamp::now(), &mut records);
+        } else {
+            enc.push(jiff::Timestamp::now(), &buf[..n], &mut records);
+            let _ = tx.send((kind, Bytes::copy_from_slice(&buf[..n])));
         }
-        let _ = log.write_all(&buf[..n]).await;
-        let _ = log.flush().await;
-        let _ = tx.send((kind, Bytes::copy_from_slice(&buf[..n])));
+        if let (Some(f), false) = (log.as_mut(), records.is_empty()) {
+            if f.write_all(&records).is_err() {
+                log = None; // a full disk loses log lines, never the container
+            }
+        }
+        if n == 0 {
+            return;
+        }
     }
 }
 
-/// Runs the console until its container exits; returns the container's exit code.
+/// Runs the monitor until its container exits; returns the container's exit code.
 pub async fn run(opts: ConsoleOptions) -> Result<i32, String> {
-    if let Some(dir) = opts.socket.parent() {
-        std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    let log = match &opts.log {
+        Some(path) => {
+            if let Some(dir) = path.parent() {
+                std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+            }
+            let f = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .map_err(|e| format!("cannot open the log {}: {e}", path.display()))?;
+            Some(f)
+        }
+        None => None,
+    };
+    let clone_log = || log.as_ref().and_then(|f| f.try_clone().ok());
+    let mut listener = None;
+    let mut _socket = None;
+    if let Some(socket) = &opts.socket {
+        if let Some(dir) = socket.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        }
+        let _ = std::fs::remove_file(socket);
+        listener = Some(UnixListener::bind(socket).map_err(|e| format!("cannot listen on {}: {e}", socket.display()))?);
+        _socket = Some(RemoveOnDrop(socket.clone()));
     }
-    let _ = std::fs::remove_file(&opts.socket);
-    let listener =
-        UnixListener::bind(&opts.socket).map_err(|e| format!("cannot listen on {}: {e}", opts.socket.display()))?;
-    let _socket = RemoveOnDrop(opts.socket.clone());
     let (program, args) = opts.argv.split_first().ok_or("no command")?;
     let mut cmd = tokio::process::Command::new(program);
     cmd.args(args).kill_on_drop(true);
@@ -99,7 +145,9 @@ pub async fn run(opts: ConsoleOptions) -> Result<i32, String> {
         resize(&pty.master, 80, 24);
         pty_parts = Some(pty);
     } else {
-        cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        cmd.stdin(if opts.stdin { Stdio::piped() } else { Stdio::null() })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
     }
     let mut child = cmd.spawn().map_err(|e| format!("cannot start {program}: {e}"))?;
     drop(cmd);
@@ -107,15 +155,15 @@ pub async fn run(opts: ConsoleOptions) -> Result<i32, String> {
     let mut stdin_pipe = child.stdin.take();
     let (master, mut pty_wr) = match pty_parts {
         Some(Pty { master, rd, wr }) => {
-            pumps.spawn(pump_out(rd, FROM_STDOUT, out_tx.clone()));
+            pumps.spawn(pump_out(rd, FROM_STDOUT, clone_log(), out_tx.clone()));
             (Some(master), Some(wr))
         }
         None => {
             if let Some(o) = child.stdout.take() {
-                pumps.spawn(pump_out(o, FROM_STDOUT, out_tx.clone()));
+                pumps.spawn(pump_out(o, FROM_STDOUT, clone_log(), out_tx.clone()));
             }
             if let Some(e) = child.stderr.take() {
-                pumps.spawn(pump_out(e, FROM_STDERR, out_tx.clone()));
+                pumps.spawn(pump_out(e, FROM_STDERR, clone_log(), out_tx.clone()));
             }
             (None, None)
         }
@@ -124,6 +172,7 @@ pub async fn run(opts: ConsoleOptions) -> Result<i32, String> {
         let (out_tx, in_tx) = (out_tx.clone(), in_tx.clone());
         let stdin_once = opts.stdin_once;
         tokio::spawn(async move {
+            let Some(listener) = listener else { return };
             while let Ok((conn, _)) = listener.accept().await {
                 tokio::spawn(serve_client(conn, out_tx.subscribe(), in_tx.clone(), stdin_once));
             }
@@ -276,6 +325,7 @@ pub async fn attach(
     // No console: follow the log from its current end.
     let mut offset = tokio::fs::metadata(log).await.map(|m| m.len()).unwrap_or(0);
     let mut tick = tokio::time::interval(Duration::from_millis(200));
+    let mut rest: Vec<u8> = Vec::new();
     loop {
         tokio::select! {
             _ = tick.tick() => {
@@ -286,8 +336,17 @@ pub async fn attach(
                         let mut chunk = Vec::new();
                         if (&mut f).take(len - offset).read_to_end(&mut chunk).await.is_ok() {
                             offset += chunk.len() as u64;
-                            if out.send(Output::Stdout(chunk.into())).await.is_err() {
-                                return Outcome::Failed("the client went away".into());
+                            rest.extend_from_slice(&chunk);
+                            let end = rest.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
+                            let lines: Vec<u8> = rest.drain(..end).collect();
+                            for r in lines.split(|b| *b == b'\n').filter_map(crilog::parse) {
+                                let o = match r.stream {
+                                    crilog::Stream::Stdout => Output::Stdout(r.output().into()),
+                                    crilog::Stream::Stderr => Output::Stderr(r.output().into()),
+                                };
+                                if out.send(o).await.is_err() {
+                                    return Outcome::Failed("the client went away".into());
+                                }
                             }
                         }
                     }
