@@ -310,6 +310,8 @@ async fn a_pod_gets_a_sandbox_network_workload_and_a_ready_status() {
         [
             "/opt/podpath/podpath-workload",
             "monitor",
+            "--sandbox",
+            &sandbox.pid.to_string(),
             "--log",
             log.to_str().unwrap(),
             "--",
@@ -376,7 +378,7 @@ async fn a_crashing_container_restarts_with_doubling_back_off() {
     let gaps: Vec<u64> = started.windows(2).map(|w| (w[1] - w[0]).as_secs()).collect();
     assert_eq!(gaps, [10, 20], "back-off 10 s then 20 s");
     // Each run logs to its own file, as kubelet's CONTAINER/N.log (`kubectl logs --previous`).
-    let logs: Vec<String> = w.procs.spawned().iter().map(|(_, spec)| spec.argv[3].clone()).collect();
+    let logs: Vec<String> = w.procs.spawned().iter().map(|(_, spec)| spec.argv[5].clone()).collect();
     assert!(logs[0].ends_with("/default_crash_uid-crash/c/0.log"), "{logs:?}");
     assert!(logs[1].ends_with("/c/1.log") && logs[2].ends_with("/c/2.log"), "{logs:?}");
     w.until("CrashLoopBackOff with restartCount 2", |w| {

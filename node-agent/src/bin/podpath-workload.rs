@@ -6,7 +6,7 @@
 //!   `/proc/<pid>/ns/net`; no bind mount is needed, so nothing leaks if the agent dies.
 //! - `join --sandbox PID [--tty] -- CMD ARGS…`: enters the sandbox's namespaces and execs a
 //!   program (with `--tty`, its terminal on stdin becomes the session's controlling terminal).
-//! - `monitor --log FILE [--console SOCKET [--stdin] [--tty] [--stdin-once]] -- ARGV…`: runs a
+//! - `monitor [--sandbox PID] --log FILE [--console SOCKET [--stdin] [--tty] [--stdin-once]] -- ARGV…`: runs a
 //!   container's process (a `join` or `echo`) with its output written to FILE in the CRI log
 //!   format, and its stdin and terminal reachable for `kubectl attach` through SOCKET.
 //! - `echo --sandbox PID [--port P]… [-- IMAGE-ARGS…]`: enters them and runs `podpath/echo`.
@@ -49,6 +49,10 @@ enum Mode {
     },
     /// Run a container's process, writing its output to a CRI-format log (conmon's role).
     Monitor {
+        /// Enter this sandbox's namespaces first, so the monitor's namespaces are the pod's
+        /// (what a container's PID leads to, as for any runtime).
+        #[arg(long)]
+        sandbox: Option<i32>,
         /// The container's log (appended).
         #[arg(long)]
         log: Option<std::path::PathBuf>,
@@ -93,7 +97,10 @@ fn run(args: Args) -> Result<(), String> {
     let _ = nix::unistd::setsid();
     match args.mode {
         Mode::Sandbox { hostname } => sandbox(&hostname),
-        Mode::Monitor { log, console, stdin, tty, stdin_once, command } => {
+        Mode::Monitor { sandbox, log, console, stdin, tty, stdin_once, command } => {
+            if let Some(pid) = sandbox {
+                join(pid)?;
+            }
             let opts = node_agent::stream::console::ConsoleOptions {
                 log,
                 socket: console,

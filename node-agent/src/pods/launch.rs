@@ -128,7 +128,14 @@ pub fn launch(
     let name = pod.metadata.name.clone().unwrap_or_default();
     let ns = pod.metadata.namespace.clone().unwrap_or_else(|| "default".into());
     let log = cfg.log_path(&ns, &name, &uid(pod), &c.name, attempt);
-    let mut argv = vec![bin, "monitor".into(), "--log".into(), log.display().to_string()];
+    let mut argv = vec![
+        bin,
+        "monitor".into(),
+        "--sandbox".into(),
+        sandbox.pid.to_string(),
+        "--log".into(),
+        log.display().to_string(),
+    ];
     if stdin || tty {
         // stdin or a terminal: the monitor's socket is how `kubectl attach` reaches them.
         match cfg.attach_socket(&uid(pod), &c.name) {
