@@ -1,0 +1,2 @@
+pub mod records;
+pub mod server;
