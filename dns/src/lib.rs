@@ -1,2 +1,8 @@
+//! podpath's cluster DNS: the `cluster.local` zone as CoreDNS's `kubernetes` plugin serves it,
+//! built from the API's Services and EndpointSlices ([`records`], pure), answered over UDP and
+//! TCP with hickory-server ([`server`]), kept current by watching the API ([`run`]).
+
+pub mod error;
 pub mod records;
+pub mod run;
 pub mod server;

@@ -1,0 +1,59 @@
+//! `podpath-dns`: the lab's cluster DNS server (CoreDNS's role).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use podpath_client::daemon::{read_ca, read_token, stop_signal};
+use podpath_dns::records::Config;
+use podpath_dns::run::{run, Options};
+
+/// Serves the cluster zone (`<svc>.<ns>.svc.<domain>`, SRV, PTR, pods) from the API server.
+#[derive(Parser, Debug)]
+#[command(name = "podpath-dns", version)]
+struct Args {
+    /// gRPC address of apiserver-lite.
+    #[arg(long, default_value = "127.0.0.1:6444")]
+    apiserver: String,
+    /// File with the bearer token the API server wants.
+    #[arg(long)]
+    token_file: Option<PathBuf>,
+    /// The API server's CA certificate (PEM); without it, plain HTTP.
+    #[arg(long)]
+    apiserver_ca_file: Option<PathBuf>,
+    /// Where to answer, UDP and TCP.
+    #[arg(long, default_value = "0.0.0.0:53")]
+    listen: SocketAddr,
+    /// The cluster domain (kubelet's --cluster-domain).
+    #[arg(long, default_value = "cluster.local")]
+    cluster_domain: String,
+    /// TTL of every answer, in seconds (kubeadm's Corefile sets 30).
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u32).range(0..=3600))]
+    ttl: u32,
+    /// Log filter (RUST_LOG syntax).
+    #[arg(long, env = "PODPATH_LOG", default_value = "info")]
+    log: String,
+}
+
+#[tokio::main(worker_threads = 2)]
+async fn main() {
+    if let Err(e) = start().await {
+        eprintln!("podpath-dns: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+async fn start() -> Result<()> {
+    let args = Args::parse();
+    tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::new(&args.log)).with_target(false).init();
+    let zone = Config::new(&args.cluster_domain, args.ttl).map_err(anyhow::Error::msg)?;
+    let opts = Options {
+        apiserver: args.apiserver,
+        token: read_token(args.token_file.as_deref())?,
+        ca: read_ca(args.apiserver_ca_file.as_deref())?,
+        listen: args.listen,
+        zone,
+    };
+    run(opts, stop_signal()).await.context("podpath-dns")
+}

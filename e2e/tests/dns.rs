@@ -1,0 +1,97 @@
+//! `podpath-dns` as a process against a real API server: Services made with kubectl appear
+//! in the zone, their changes follow, their deletion takes them out; bad flags are refused.
+
+use std::net::{SocketAddr, UdpSocket};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use hickory_proto::op::{Message, Query, ResponseCode};
+use hickory_proto::rr::{Name, RecordType};
+use podpath_e2e::{bin, free_port, wait_for, ApiServer};
+
+struct Dns(Child);
+
+impl Drop for Dns {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn ask(addr: SocketAddr, name: &str, t: RecordType) -> Message {
+    let mut m = Message::query();
+    m.metadata.id = 7;
+    m.add_query(Query::query(Name::from_ascii(name).unwrap(), t));
+    let s = UdpSocket::bind("127.0.0.1:0").unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    s.send_to(&m.to_vec().unwrap(), addr).unwrap();
+    let mut buf = [0u8; 4096];
+    let n = s.recv(&mut buf).expect("an answer within 2 s");
+    Message::from_vec(&buf[..n]).unwrap()
+}
+
+fn ok(api: &ApiServer, args: &[&str]) -> String {
+    let o = api.kubectl(args);
+    assert!(o.status.success(), "kubectl {args:?}: {}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+#[test]
+fn services_made_with_kubectl_are_answered_and_follow_changes() {
+    let api = ApiServer::start(&[]).unwrap();
+    let port = free_port();
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let log = std::fs::File::create(api.dir.path().join("dns.log")).unwrap();
+    let child = Command::new(bin("podpath-dns"))
+        .args(["--apiserver", &api.grpc.to_string(), "--listen", &addr.to_string()])
+        .arg("--token-file")
+        .arg(api.dir.path().join("token"))
+        .arg("--apiserver-ca-file")
+        .arg(api.data_dir.join("pki/ca.crt"))
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let _dns = Dns(child);
+    // The API server's own Service is there from the start.
+    let kubernetes = wait_for(Duration::from_secs(20), "podpath-dns answers", || {
+        std::panic::catch_unwind(|| ask(addr, "kubernetes.default.svc.cluster.local.", RecordType::A))
+            .map_err(|_| "no answer yet".to_string())
+    });
+    assert_eq!(kubernetes.metadata.response_code, ResponseCode::NoError);
+    assert_eq!(kubernetes.answers.len(), 1);
+    ok(&api, &["create", "service", "clusterip", "web", "--tcp=80:8080"]);
+    let ip = ok(&api, &["get", "service", "web", "-o", "jsonpath={.spec.clusterIP}"]);
+    let answer = wait_for(Duration::from_secs(5), "web in the zone", || {
+        let m = ask(addr, "web.default.svc.cluster.local.", RecordType::A);
+        if m.answers.is_empty() {
+            Err(format!("{:?}", m.metadata.response_code))
+        } else {
+            Ok(m)
+        }
+    });
+    assert_eq!(answer.answers[0].to_string(), format!("web.default.svc.cluster.local. 30 IN A {ip}"));
+    // kubectl names the port 80-8080: its SRV record.
+    let srv = ask(addr, "_80-8080._tcp.web.default.svc.cluster.local.", RecordType::SRV);
+    assert_eq!(srv.answers.len(), 1, "{srv:?}");
+    ok(&api, &["delete", "service", "web"]);
+    wait_for(Duration::from_secs(5), "web gone", || {
+        let code = ask(addr, "web.default.svc.cluster.local.", RecordType::A).metadata.response_code;
+        if code == ResponseCode::NXDomain {
+            Ok(())
+        } else {
+            Err(format!("{code:?}"))
+        }
+    });
+    assert_eq!(ask(addr, "example.com.", RecordType::A).metadata.response_code, ResponseCode::Refused);
+}
+
+#[test]
+fn bad_flags_are_refused_with_a_message() {
+    let o = Command::new(bin("podpath-dns")).args(["--ttl", "5000"]).output().unwrap();
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("5000 is not in 0..=3600"), "{o:?}");
+    let o = Command::new(bin("podpath-dns")).args(["--cluster-domain", "bad..domain"]).output().unwrap();
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("invalid cluster domain \"bad..domain\""), "{o:?}");
+}
