@@ -113,7 +113,7 @@ async fn main() {
 
 async fn run() -> Result<()> {
     let args = Args::parse();
-    tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::new(&args.log)).with_target(false).init();
+    podpath_client::daemon::init_logging(&args.log);
     let token = match &args.token_file {
         Some(p) => {
             let t = std::fs::read_to_string(p).with_context(|| format!("cannot read --token-file {}", p.display()))?;

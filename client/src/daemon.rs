@@ -39,6 +39,12 @@ pub async fn stop_signal() {
     }
 }
 
+/// Logs to stderr through `tracing`, filtered by `filter` (RUST_LOG syntax: every daemon's
+/// `--log`), without module paths.
+pub fn init_logging(filter: &str) {
+    tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::new(filter)).with_target(false).init();
+}
+
 /// A process's start time (field 22 of `/proc/PID/stat`, in clock ticks since boot); None when
 /// it does not exist or has exited (a zombie).
 pub fn start_time(pid: i32) -> Option<u64> {

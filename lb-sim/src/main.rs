@@ -53,7 +53,7 @@ async fn main() {
 
 async fn start() -> Result<()> {
     let args = Args::parse();
-    tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::new(&args.log)).with_target(false).init();
+    podpath_client::daemon::init_logging(&args.log);
     if args.cleanup {
         let n = lb_sim::routing::sync(&lb_sim::routing::IpCommand::default(), &lb_sim::routing::Wanted::default())?;
         println!("removed lb-sim's routes, nexthops and addresses ({n} changes)");

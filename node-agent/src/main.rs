@@ -112,7 +112,7 @@ async fn main() {
 
 async fn run() -> Result<()> {
     let args = Args::parse();
-    tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::new(&args.log)).with_target(false).init();
+    podpath_client::daemon::init_logging(&args.log);
     let backend = args.iptables_backend;
     if args.kill_pods {
         let killed = node_agent::pods::kill_recorded_processes(&args.state_dir);

@@ -46,7 +46,7 @@ async fn main() {
 
 async fn start() -> Result<()> {
     let args = Args::parse();
-    tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::new(&args.log)).with_target(false).init();
+    podpath_client::daemon::init_logging(&args.log);
     let zone = Config::new(&args.cluster_domain, args.ttl).map_err(anyhow::Error::msg)?;
     let opts = Options {
         apiserver: args.apiserver,
