@@ -11,6 +11,7 @@ use podpath_client::grpc::ApiClient;
 use podpath_client::reflector::{self, Filter, Store};
 
 use crate::error::{DnsError, Result};
+use crate::metrics::Metrics;
 use crate::records::{Config, Zone};
 use crate::server::{Handler, SharedZone};
 
@@ -24,11 +25,47 @@ pub struct Options {
     pub ca: Option<String>,
     pub listen: SocketAddr,
     pub zone: Config,
+    /// `GET /metrics` (CoreDNS: 9153).
+    pub metrics: Option<SocketAddr>,
+    /// `GET /health` (CoreDNS: 8080), answered while the process serves.
+    pub health: Option<SocketAddr>,
+    /// `GET /ready` (CoreDNS: 8181), answered once the zone is built from a full list.
+    pub ready: Option<SocketAddr>,
+}
+
+/// Serves `path` on `addr` with `body` as its text.
+async fn http(
+    addr: SocketAddr,
+    path: &'static str,
+    body: impl Fn() -> String + Clone + Send + Sync + 'static,
+) -> Result<()> {
+    let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| DnsError::Bind(addr, e))?;
+    let app = axum::Router::new().route(
+        path,
+        axum::routing::get(move || {
+            let body = body.clone();
+            async move { body() }
+        }),
+    );
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            tracing::warn!(%addr, "{path} stopped: {e}");
+        }
+    });
+    Ok(())
 }
 
 /// Binds the sockets first (a wrong address fails at once), then serves until `shutdown`.
 pub async fn run(opts: Options, shutdown: impl std::future::Future<Output = ()>) -> Result<()> {
     let udp = tokio::net::UdpSocket::bind(opts.listen).await.map_err(|e| DnsError::Bind(opts.listen, e))?;
+    let metrics = Arc::new(Metrics::default());
+    if let Some(addr) = opts.metrics {
+        let (m, zone) = (metrics.clone(), opts.zone.domain.to_string());
+        http(addr, "/metrics", move || m.render(&zone)).await?;
+    }
+    if let Some(addr) = opts.health {
+        http(addr, "/health", || "OK".to_string()).await?;
+    }
     let tcp = tokio::net::TcpListener::bind(opts.listen).await.map_err(|e| DnsError::Bind(opts.listen, e))?;
     let client = ApiClient::connect_patiently(&opts.apiserver, opts.token.as_deref(), opts.ca.as_deref(), None)
         .await
@@ -41,7 +78,10 @@ pub async fn run(opts: Options, shutdown: impl std::future::Future<Output = ()>)
     slices.wait_synced().await;
     let shared = SharedZone::new(Zone::build(opts.zone.clone(), &services.list(), &slices.list(), 1));
     tokio::spawn(follow(opts.zone.clone(), services, slices, shared.clone(), 1));
-    let mut server = hickory_server::Server::new(Handler { zone: shared });
+    if let Some(addr) = opts.ready {
+        http(addr, "/ready", || "OK".to_string()).await?;
+    }
+    let mut server = hickory_server::Server::new(Handler { zone: shared, metrics });
     server.register_socket(udp);
     server.register_listener(tcp, Duration::from_secs(10), 64 << 10);
     tracing::info!(listen = %opts.listen, domain = %opts.zone.domain, "serving the cluster zone");

@@ -10,6 +10,7 @@ use hickory_server::proto::rr::Name;
 use hickory_server::server::{Request, RequestHandler, ResponseHandler, ResponseInfo};
 use hickory_server::zone_handler::MessageResponseBuilder;
 
+use crate::metrics::{Metrics, Observation};
 use crate::records::Zone;
 
 /// The zone queries are answered from; cheap to clone, shared with whoever rebuilds it.
@@ -30,9 +31,23 @@ impl SharedZone {
     }
 }
 
-/// Answers queries from a [`SharedZone`].
+/// Answers queries from a [`SharedZone`], counting them.
 pub struct Handler {
     pub zone: SharedZone,
+    pub metrics: Arc<Metrics>,
+}
+
+/// CoreDNS's label for a response code.
+pub fn rcode_label(code: ResponseCode) -> String {
+    match code {
+        ResponseCode::NoError => "NOERROR".into(),
+        ResponseCode::FormErr => "FORMERR".into(),
+        ResponseCode::ServFail => "SERVFAIL".into(),
+        ResponseCode::NXDomain => "NXDOMAIN".into(),
+        ResponseCode::NotImp => "NOTIMP".into(),
+        ResponseCode::Refused => "REFUSED".into(),
+        other => u16::from(other).to_string(),
+    }
 }
 
 #[async_trait::async_trait]
@@ -57,6 +72,12 @@ impl RequestHandler for Handler {
         };
         let name: Name = info.query.name().into();
         let answer = self.zone.get().answer(&name, info.query.query_type());
+        self.metrics.observe(Observation {
+            proto: if request.protocol() == hickory_server::net::xfer::Protocol::Udp { "udp" } else { "tcp" },
+            family: if request.src().is_ipv4() { "1" } else { "2" },
+            qtype: info.query.query_type().to_string(),
+            rcode: rcode_label(answer.code),
+        });
         tracing::debug!(query = %name, qtype = %info.query.query_type(), code = %answer.code, answers = answer.answers.len(), "answered");
         let mut metadata = Metadata::response_from_request(&request.metadata);
         metadata.authoritative = answer.code != ResponseCode::Refused;

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use hickory_proto::op::{Message, Query, ResponseCode};
 use hickory_proto::rr::{Name, RecordType};
-use podpath_e2e::{bin, free_port, wait_for, ApiServer};
+use podpath_e2e::{bin, free_port, http_get, wait_for, ApiServer};
 
 struct Dns(Child);
 
@@ -41,9 +41,12 @@ fn services_made_with_kubectl_are_answered_and_follow_changes() {
     let api = ApiServer::start(&[]).unwrap();
     let port = free_port();
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let side: Vec<SocketAddr> = (0..3).map(|_| format!("127.0.0.1:{}", free_port()).parse().unwrap()).collect();
     let log = std::fs::File::create(api.dir.path().join("dns.log")).unwrap();
     let child = Command::new(bin("podpath-dns"))
         .args(["--apiserver", &api.grpc.to_string(), "--listen", &addr.to_string()])
+        .args(["--metrics-listen", &side[0].to_string(), "--health-listen", &side[1].to_string()])
+        .args(["--ready-listen", &side[2].to_string()])
         .arg("--token-file")
         .arg(api.dir.path().join("token"))
         .arg("--apiserver-ca-file")
@@ -84,6 +87,13 @@ fn services_made_with_kubectl_are_answered_and_follow_changes() {
         }
     });
     assert_eq!(ask(addr, "example.com.", RecordType::A).metadata.response_code, ResponseCode::Refused);
+    // CoreDNS's endpoints: its metric names, health and readiness.
+    let (code, metrics) = http_get(side[0], "/metrics").unwrap();
+    assert_eq!(code, 200);
+    assert!(metrics.contains("proto=\"udp\",family=\"1\",type=\"SRV\"} 1\n"), "{metrics}");
+    assert!(metrics.contains("rcode=\"REFUSED\"} 1\n"), "{metrics}");
+    assert_eq!(http_get(side[1], "/health").unwrap(), (200, "OK".to_string()));
+    assert_eq!(http_get(side[2], "/ready").unwrap(), (200, "OK".to_string()));
 }
 
 #[test]
@@ -94,4 +104,7 @@ fn bad_flags_are_refused_with_a_message() {
     let o = Command::new(bin("podpath-dns")).args(["--cluster-domain", "bad..domain"]).output().unwrap();
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("invalid cluster domain \"bad..domain\""), "{o:?}");
+    let o = Command::new(bin("podpath-dns")).args(["--metrics-listen", "nope"]).output().unwrap();
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--metrics-listen \"nope\" is not an address:port"), "{o:?}");
 }

@@ -31,6 +31,15 @@ struct Args {
     /// TTL of every answer, in seconds (kubeadm's Corefile sets 30).
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u32).range(0..=3600))]
     ttl: u32,
+    /// Where `GET /metrics` answers (CoreDNS's port); empty: nowhere.
+    #[arg(long, default_value = "0.0.0.0:9153")]
+    metrics_listen: String,
+    /// Where `GET /health` answers; empty: nowhere.
+    #[arg(long, default_value = "0.0.0.0:8080")]
+    health_listen: String,
+    /// Where `GET /ready` answers, once the zone is built; empty: nowhere.
+    #[arg(long, default_value = "0.0.0.0:8181")]
+    ready_listen: String,
     /// Log filter (RUST_LOG syntax).
     #[arg(long, env = "PODPATH_LOG", default_value = "info")]
     log: String,
@@ -44,6 +53,14 @@ async fn main() {
     }
 }
 
+/// An optional listen address: empty means none.
+fn addr(flag: &str, v: &str) -> Result<Option<SocketAddr>> {
+    if v.is_empty() {
+        return Ok(None);
+    }
+    v.parse().map(Some).map_err(|_| anyhow::anyhow!("{flag} {v:?} is not an address:port"))
+}
+
 async fn start() -> Result<()> {
     let args = Args::parse();
     podpath_client::daemon::init_logging(&args.log);
@@ -54,6 +71,9 @@ async fn start() -> Result<()> {
         ca: read_ca(args.apiserver_ca_file.as_deref())?,
         listen: args.listen,
         zone,
+        metrics: addr("--metrics-listen", &args.metrics_listen)?,
+        health: addr("--health-listen", &args.health_listen)?,
+        ready: addr("--ready-listen", &args.ready_listen)?,
     };
     run(opts, stop_signal()).await.context("podpath-dns")
 }
