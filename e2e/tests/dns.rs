@@ -22,7 +22,7 @@ fn ask(addr: SocketAddr, name: &str, t: RecordType) -> Message {
     let mut m = Message::query();
     m.metadata.id = 7;
     m.add_query(Query::query(Name::from_ascii(name).unwrap(), t));
-    let s = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let s = UdpSocket::bind(if addr.ip().is_loopback() { "127.0.0.1:0" } else { "0.0.0.0:0" }).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
     s.send_to(&m.to_vec().unwrap(), addr).unwrap();
     let mut buf = [0u8; 4096];
@@ -107,4 +107,68 @@ fn bad_flags_are_refused_with_a_message() {
     let o = Command::new(bin("podpath-dns")).args(["--metrics-listen", "nope"]).output().unwrap();
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("--metrics-listen \"nope\" is not an address:port"), "{o:?}");
+}
+
+/// In a lab: `podpath up` runs the cluster DNS as kubeadm runs CoreDNS, and a query to
+/// 10.96.0.10 from a node goes through the node's service proxy to a DNS pod, over UDP and TCP.
+#[test]
+fn the_lab_serves_cluster_dns_behind_the_kube_dns_service() {
+    if !testkit::netns::root_or_explain() {
+        return;
+    }
+    let lab = podpath_e2e::Lab::up("dnslab", &["--nodes", "2"]).unwrap();
+    lab.kubectl(&[
+        "wait",
+        "-n",
+        "kube-system",
+        "--for=condition=Ready",
+        "pod",
+        "-l",
+        "k8s-app=kube-dns",
+        "--timeout=60s",
+    ]);
+    let endpoints = lab.kubectl(&[
+        "get",
+        "endpointslices",
+        "-n",
+        "kube-system",
+        "-l",
+        "kubernetes.io/service-name=kube-dns",
+        "-o",
+        "jsonpath={.items[*].endpoints[*].addresses[0]}",
+    ]);
+    assert_eq!(endpoints.split_whitespace().count(), 2, "two DNS pods behind kube-dns: {endpoints}");
+    lab.kubectl(&["create", "service", "clusterip", "web", "--tcp=80:8080"]);
+    let web_ip = lab.kubectl(&["get", "service", "web", "-o", "jsonpath={.spec.clusterIP}"]);
+    let answers = lab.in_netns("node-1", move || {
+        let dns: SocketAddr = "10.96.0.10:53".parse().unwrap();
+        let api = ask(dns, "kubernetes.default.svc.cluster.local.", RecordType::A);
+        let web = wait_for(Duration::from_secs(5), "web in the zone", || {
+            let m = ask(dns, "web.default.svc.cluster.local.", RecordType::A);
+            if m.answers.is_empty() {
+                Err(format!("{:?}", m.metadata.response_code))
+            } else {
+                Ok(m)
+            }
+        });
+        // TCP, through the Service's 53/TCP port.
+        let mut q = Message::query();
+        q.metadata.id = 9;
+        q.add_query(Query::query(Name::from_ascii("kube-dns.kube-system.svc.cluster.local.").unwrap(), RecordType::A));
+        let q = q.to_vec().unwrap();
+        let mut s = std::net::TcpStream::connect_timeout(&dns, Duration::from_secs(3)).unwrap();
+        use std::io::{Read, Write};
+        s.write_all(&(q.len() as u16).to_be_bytes()).unwrap();
+        s.write_all(&q).unwrap();
+        let mut len = [0u8; 2];
+        s.read_exact(&mut len).unwrap();
+        let mut buf = vec![0u8; u16::from_be_bytes(len) as usize];
+        s.read_exact(&mut buf).unwrap();
+        let tcp = Message::from_vec(&buf).unwrap();
+        (api, web, tcp)
+    });
+    let (api, web, tcp) = answers;
+    assert_eq!(api.answers[0].to_string(), "kubernetes.default.svc.cluster.local. 30 IN A 10.96.0.1");
+    assert_eq!(web.answers[0].to_string(), format!("web.default.svc.cluster.local. 30 IN A {web_ip}"));
+    assert_eq!(tcp.answers[0].to_string(), "kube-dns.kube-system.svc.cluster.local. 30 IN A 10.96.0.10");
 }

@@ -7,6 +7,7 @@
 //! - [`inspect`]: the nodes' proxy rules, watched and explained ([`rules`], [`explain`]);
 //! - [`trace`]: `podpath trace`.
 
+pub mod dns;
 pub mod doctor;
 pub mod explain;
 pub mod hosts;

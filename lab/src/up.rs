@@ -297,6 +297,7 @@ fn start(opts: &UpOptions, p: &Plan, st: &mut LabState, api: SocketAddr, progres
             LabError::NotReady(format!("{e}; not running: {} (see `podpath logs`)", dead.join(", ")))
         }
     })?;
+    cluster_dns(p, &access, progress)?;
     let gw = p.netns_of("gateway").expect("planned");
     progress(&format!("gateway: lb-sim ({} load balancers, health checks on :10256)", opts.lb_mode));
     let mut lb = vec![
@@ -323,6 +324,26 @@ fn start(opts: &UpOptions, p: &Plan, st: &mut LabState, api: SocketAddr, progres
     std::fs::write(kubeconfig_path(&opts.state_dir), kubeconfig(&opts.name, api, &ca_pem, token.trim()))
         .map_err(io("write the kubeconfig"))?;
     progress(&format!("ready: {} nodes in {:.1} s", p.nodes.len(), t0.elapsed().as_secs_f64()));
+    Ok(())
+}
+
+/// Routes from the control plane to every node's pods, then the cluster DNS objects (not
+/// waited for: its pods become Ready a moment later, as CoreDNS's do).
+fn cluster_dns(p: &Plan, access: &ApiAccess, progress: &mut dyn FnMut(&str)) -> Result<()> {
+    let s = |x: &str| x.to_string();
+    let cp = p.netns_of("control-plane").expect("planned");
+    let (_, body) = access.get("/api/v1/nodes")?;
+    let nodes: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+    for (cidr, via) in crate::dns::control_plane_routes(&nodes) {
+        run(&[s("ip"), s("-n"), cp.to_string(), s("route"), s("replace"), cidr, s("via"), via])?;
+    }
+    progress(&format!("cluster DNS: kube-system/kube-dns at {} (podpath/dns pods)", crate::dns::CLUSTER_DNS));
+    for (path, obj) in crate::dns::objects() {
+        let (code, body) = access.request("POST", path, &obj.to_string())?;
+        if !(200..300).contains(&code) && code != 409 {
+            return Err(LabError::NotReady(format!("cannot create the cluster DNS ({path}): {code} {body}")));
+        }
+    }
     Ok(())
 }
 

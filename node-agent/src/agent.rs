@@ -45,6 +45,9 @@ pub struct AgentConfig {
     pub backoff_base: Duration,
     pub backoff_max: Duration,
     pub workload_bin: PathBuf,
+    /// How a pod of the built-in `podpath/dns` image reaches the API: the agent's own
+    /// `--apiserver`, `--token-file` and `--apiserver-ca-file`.
+    pub api_args: Vec<String>,
     /// `None`: no service proxy.
     pub proxy: Option<ProxyConfig>,
 }
@@ -140,6 +143,7 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()>) -> Result
         node_ip: cfg.node_ip,
         state_dir: cfg.state_dir.clone(),
         workload_bin: cfg.workload_bin.clone(),
+        api_args: cfg.api_args.clone(),
         backoff_base: cfg.backoff_base,
         backoff_max: cfg.backoff_max,
     };

@@ -167,6 +167,13 @@ async fn run() -> Result<()> {
         Some(dirs) => std::env::split_paths(dirs).collect(),
         None => vec![exe_dir.clone(), "/opt/cni/bin".into(), "/usr/lib/cni".into()],
     };
+    let mut api_args = vec!["--apiserver".to_string(), args.apiserver.clone()];
+    if let Some(t) = &args.token_file {
+        api_args.extend(["--token-file".to_string(), t.display().to_string()]);
+    }
+    if let Some(c) = &args.apiserver_ca_file {
+        api_args.extend(["--apiserver-ca-file".to_string(), c.display().to_string()]);
+    }
     let cfg = AgentConfig {
         node_name: args.node_name.unwrap_or_default(),
         node_ip: args.node_ip.expect("required by clap"),
@@ -185,6 +192,7 @@ async fn run() -> Result<()> {
         backoff_base: Duration::from_secs_f64(args.restart_backoff_seconds),
         backoff_max: Duration::from_secs(300),
         workload_bin: node_agent::process::workload_binary()?,
+        api_args,
         proxy,
     };
     let shutdown = async {

@@ -208,6 +208,7 @@ fn world() -> World {
             node_ip: "192.168.56.11".parse().unwrap(),
             state_dir: dir.path().join("state"),
             workload_bin: "/opt/podpath/podpath-workload".into(),
+            api_args: vec!["--apiserver".into(), "192.168.56.10:6444".into()],
             backoff_base: Duration::from_secs(10),
             backoff_max: Duration::from_secs(300),
         },

@@ -8,7 +8,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1 as core;
 use tokio::time::Instant;
 
-use super::{is_echo_image, uid, Check, PodsConfig};
+use super::{is_dns_image, is_echo_image, uid, Check, PodsConfig};
 use crate::process::{ProcId, ProcSpec};
 
 /// How a container's process is started, or why it cannot be.
@@ -105,6 +105,14 @@ pub fn launch(
         argv.extend(command);
         argv.extend(args);
         argv
+    } else if is_dns_image(&image) {
+        // podpath-dns sits next to podpath-workload; it reaches the API as the agent does.
+        let dns = cfg.workload_bin.with_file_name("podpath-dns");
+        let mut argv = vec![bin.clone(), "join".into(), "--sandbox".into(), sandbox.pid.to_string(), "--".into()];
+        argv.push(dns.display().to_string());
+        argv.extend(cfg.api_args.iter().cloned());
+        argv.extend(args);
+        argv
     } else if is_echo_image(&image) {
         let mut argv = vec![bin.clone(), "echo".into(), "--sandbox".into(), sandbox.pid.to_string()];
         for p in c.ports.iter().flatten() {
@@ -120,7 +128,8 @@ pub fn launch(
         return Launch::Cannot {
             reason: "ErrImagePull".into(),
             message: format!(
-                "podpath runs no container images: {image:?} is not built in. Use image podpath/echo, \
+                "podpath runs no container images: {image:?} is not built in. Use image podpath/echo \
+                 (or podpath/dns, the cluster DNS server), \
                  or give the container a command (a program on the node) to run in the pod's namespaces"
             ),
         };

@@ -46,10 +46,19 @@ pub const POD_IFNAME: &str = "eth0";
 
 /// Whether an image is the built-in echo server.
 pub fn is_echo_image(image: &str) -> bool {
+    image_name(image) == "podpath/echo"
+}
+
+/// The built-in cluster DNS server (`podpath-dns`), CoreDNS's role.
+pub fn is_dns_image(image: &str) -> bool {
+    image_name(image) == "podpath/dns"
+}
+
+/// An image reference without registry prefix `docker.io/`, tag and digest.
+fn image_name(image: &str) -> &str {
     let name = image.strip_prefix("docker.io/").unwrap_or(image);
     let name = name.split('@').next().unwrap_or(name);
-    let name = name.rsplit_once(':').filter(|(_, tag)| !tag.contains('/')).map_or(name, |(n, _)| n);
-    name == "podpath/echo"
+    name.rsplit_once(':').filter(|(_, tag)| !tag.contains('/')).map_or(name, |(n, _)| n)
 }
 
 /// The API calls the pod workers make.
@@ -96,6 +105,8 @@ pub struct PodsConfig {
     pub state_dir: PathBuf,
     /// `podpath-workload`.
     pub workload_bin: PathBuf,
+    /// The API access flags a `podpath/dns` pod's server gets (the agent's own).
+    pub api_args: Vec<String>,
     /// First restart delay of a crashed container (doubles up to `backoff_max`).
     pub backoff_base: Duration,
     pub backoff_max: Duration,

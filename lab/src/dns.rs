@@ -1,0 +1,113 @@
+//! The lab's cluster DNS, set up as kubeadm sets up CoreDNS: a `coredns` Deployment of the
+//! built-in `podpath/dns` image in `kube-system` (labels `k8s-app: kube-dns`, ports 53/UDP,
+//! 53/TCP, 9153/TCP, probes on `/health` :8080 and `/ready` :8181) behind the `kube-dns`
+//! Service at the tenth address of the service range. Pure: the objects and the routes the
+//! control plane needs so the DNS pods reach the API (the control plane runs no node agent,
+//! so it learns each node's pod CIDR here, as a node's agent does for the others).
+
+use serde_json::{json, Value};
+
+/// kubeadm's cluster DNS address: the tenth address of the default service range 10.96.0.0/12.
+pub const CLUSTER_DNS: &str = "10.96.0.10";
+
+/// What to create, in order: (collection path, object). An existing one (409) is kept.
+pub fn objects() -> Vec<(&'static str, Value)> {
+    let labels = json!({"k8s-app": "kube-dns"});
+    vec![
+        ("/api/v1/namespaces", json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kube-system"}})),
+        (
+            "/api/v1/namespaces/kube-system/services",
+            json!({
+                "apiVersion": "v1", "kind": "Service",
+                "metadata": {"name": "kube-dns", "namespace": "kube-system",
+                             "labels": {"k8s-app": "kube-dns", "kubernetes.io/name": "CoreDNS"}},
+                "spec": {
+                    "clusterIP": CLUSTER_DNS,
+                    "selector": labels,
+                    "ports": [
+                        {"name": "dns", "port": 53, "protocol": "UDP", "targetPort": 53},
+                        {"name": "dns-tcp", "port": 53, "protocol": "TCP", "targetPort": 53},
+                        {"name": "metrics", "port": 9153, "protocol": "TCP", "targetPort": 9153}
+                    ]
+                }
+            }),
+        ),
+        (
+            "/apis/apps/v1/namespaces/kube-system/deployments",
+            json!({
+                "apiVersion": "apps/v1", "kind": "Deployment",
+                "metadata": {"name": "coredns", "namespace": "kube-system", "labels": labels},
+                "spec": {
+                    "replicas": 2,
+                    "selector": {"matchLabels": labels},
+                    "template": {
+                        "metadata": {"labels": labels},
+                        "spec": {
+                            "dnsPolicy": "Default",
+                            "containers": [{
+                                "name": "coredns",
+                                "image": "podpath/dns",
+                                "ports": [
+                                    {"name": "dns", "containerPort": 53, "protocol": "UDP"},
+                                    {"name": "dns-tcp", "containerPort": 53, "protocol": "TCP"},
+                                    {"name": "metrics", "containerPort": 9153, "protocol": "TCP"}
+                                ],
+                                "livenessProbe": {"httpGet": {"path": "/health", "port": 8080}, "periodSeconds": 10},
+                                "readinessProbe": {"httpGet": {"path": "/ready", "port": 8181}, "periodSeconds": 1}
+                            }]
+                        }
+                    }
+                }
+            }),
+        ),
+    ]
+}
+
+/// `(pod CIDR, node InternalIP)` for every node of a `NodeList`: the routes the control plane
+/// needs to answer pods.
+pub fn control_plane_routes(nodes: &Value) -> Vec<(String, String)> {
+    let mut out = vec![];
+    for n in nodes["items"].as_array().into_iter().flatten() {
+        let cidr = n.pointer("/spec/podCIDR").and_then(Value::as_str);
+        let ip = n
+            .pointer("/status/addresses")
+            .and_then(Value::as_array)
+            .and_then(|a| a.iter().find(|a| a["type"] == "InternalIP"))
+            .and_then(|a| a["address"].as_str());
+        if let (Some(c), Some(i)) = (cidr, ip) {
+            out.push((c.to_string(), i.to_string()));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kubeadms_shape() {
+        let o = objects();
+        let svc = &o[1].1;
+        assert_eq!(svc["spec"]["clusterIP"], "10.96.0.10");
+        let ports: Vec<String> = svc["spec"]["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| format!("{}/{}", p["port"], p["protocol"].as_str().unwrap()))
+            .collect();
+        assert_eq!(ports, ["53/UDP", "53/TCP", "9153/TCP"]);
+        let pod = &o[2].1["spec"]["template"];
+        assert_eq!(pod["metadata"]["labels"], svc["spec"]["selector"]);
+        assert_eq!(pod["spec"]["containers"][0]["image"], "podpath/dns");
+    }
+
+    #[test]
+    fn routes_to_every_nodes_pods() {
+        let nodes = json!({"items": [
+            {"spec": {"podCIDR": "10.244.1.0/24"}, "status": {"addresses": [{"type": "InternalIP", "address": "192.168.56.11"}]}},
+            {"spec": {}, "status": {"addresses": [{"type": "InternalIP", "address": "192.168.56.12"}]}}
+        ]});
+        assert_eq!(control_plane_routes(&nodes), [("10.244.1.0/24".to_string(), "192.168.56.11".to_string())]);
+    }
+}
