@@ -116,6 +116,8 @@ fn the_lab_serves_cluster_dns_behind_the_kube_dns_service() {
     if !testkit::netns::root_or_explain() {
         return;
     }
+    let host_files = || ["/etc/resolv.conf", "/etc/hosts"].map(|f| std::fs::read(f).unwrap_or_default());
+    let before = host_files();
     let lab = podpath_e2e::Lab::up("dnslab", &["--nodes", "2"]).unwrap();
     lab.kubectl(&[
         "wait",
@@ -171,4 +173,37 @@ fn the_lab_serves_cluster_dns_behind_the_kube_dns_service() {
     assert_eq!(api.answers[0].to_string(), "kubernetes.default.svc.cluster.local. 30 IN A 10.96.0.1");
     assert_eq!(web.answers[0].to_string(), format!("web.default.svc.cluster.local. 30 IN A {web_ip}"));
     assert_eq!(tcp.answers[0].to_string(), "kube-dns.kube-system.svc.cluster.local. 30 IN A 10.96.0.10");
+
+    // A pod's own resolv.conf and hosts, as kubelet writes them, in the pod's mount namespace;
+    // its resolver finds Services by short and full names; the node's files stay as they were.
+    lab.apply("apiVersion: v1\nkind: Pod\nmetadata: {name: client}\nspec:\n  hostname: c0\n  subdomain: sub\n  containers:\n  - name: c\n    image: busybox\n    command: [sleep, '3600']\n");
+    lab.kubectl(&["wait", "--for=condition=Ready", "pod/client", "--timeout=30s"]);
+    assert_eq!(
+        lab.kubectl(&["exec", "client", "--", "cat", "/etc/resolv.conf"]),
+        "search default.svc.cluster.local svc.cluster.local cluster.local\nnameserver 10.96.0.10\noptions ndots:5\n"
+    );
+    let pod_ip = lab.kubectl(&["get", "pod", "client", "-o", "jsonpath={.status.podIP}"]);
+    let hosts = lab.kubectl(&["exec", "client", "--", "cat", "/etc/hosts"]);
+    assert!(hosts.contains(&format!("{pod_ip}\tc0.sub.default.svc.cluster.local\tc0\n")), "{hosts}");
+    for name in ["web", "web.default", "web.default.svc.cluster.local"] {
+        let out = lab.kubectl(&["exec", "client", "--", "getent", "hosts", name]);
+        assert!(
+            out.starts_with(&format!("{web_ip} ")) && out.contains("web.default.svc.cluster.local"),
+            "{name}: {out}"
+        );
+    }
+    let dns_pod = lab.kubectl(&[
+        "get",
+        "pods",
+        "-n",
+        "kube-system",
+        "-l",
+        "k8s-app=kube-dns",
+        "-o",
+        "jsonpath={.items[0].metadata.name}",
+    ]);
+    let dns_resolv = lab.kubectl(&["exec", "-n", "kube-system", &dns_pod, "--", "cat", "/etc/resolv.conf"]);
+    assert!(!dns_resolv.contains("10.96.0.10"), "dnsPolicy Default: the node's resolver: {dns_resolv}");
+    drop(lab);
+    assert!(host_files() == before, "the node's /etc/resolv.conf and /etc/hosts are unchanged");
 }

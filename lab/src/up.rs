@@ -274,6 +274,10 @@ fn start(opts: &UpOptions, p: &Plan, st: &mut LabState, api: SocketAddr, progres
             s("--proxy-mode"),
             opts.proxy_mode.to_string(),
             format!("--masquerade={}", opts.masquerade),
+            s("--cluster-dns"),
+            s(crate::dns::CLUSTER_DNS),
+            s("--cluster-domain"),
+            s("cluster.local"),
         ];
         argv.extend(api_client.iter().cloned());
         st.procs.push(spawn(

@@ -48,6 +48,9 @@ pub struct AgentConfig {
     /// How a pod of the built-in `podpath/dns` image reaches the API: the agent's own
     /// `--apiserver`, `--token-file` and `--apiserver-ca-file`.
     pub api_args: Vec<String>,
+    /// kubelet's `--cluster-dns` and `--cluster-domain`.
+    pub cluster_dns: Vec<String>,
+    pub cluster_domain: String,
     /// `None`: no service proxy.
     pub proxy: Option<ProxyConfig>,
 }
@@ -144,6 +147,11 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()>) -> Result
         state_dir: cfg.state_dir.clone(),
         workload_bin: cfg.workload_bin.clone(),
         api_args: cfg.api_args.clone(),
+        cluster_dns: cfg.cluster_dns.clone(),
+        cluster_domain: cfg.cluster_domain.clone(),
+        host_resolv: crate::pods::dnsconf::parse_resolv(
+            &std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default(),
+        ),
         backoff_base: cfg.backoff_base,
         backoff_max: cfg.backoff_max,
     };

@@ -97,6 +97,13 @@ struct Args {
     /// agent on purpose; this is how a lab or a test that goes away stops them.
     #[arg(long, conflicts_with = "cleanup")]
     kill_pods: bool,
+    /// kubelet's `--cluster-dns`: the DNS server(s) of `ClusterFirst` pods, comma-separated
+    /// (kubeadm: the tenth address of the service range). Empty: pods use the node's resolver.
+    #[arg(long, value_delimiter = ',')]
+    cluster_dns: Vec<std::net::IpAddr>,
+    /// kubelet's `--cluster-domain`: the domain pods search in.
+    #[arg(long, default_value = "cluster.local")]
+    cluster_domain: String,
     /// Log filter (RUST_LOG syntax).
     #[arg(long, env = "PODPATH_LOG", default_value = "info")]
     log: String,
@@ -193,6 +200,8 @@ async fn run() -> Result<()> {
         backoff_max: Duration::from_secs(300),
         workload_bin: node_agent::process::workload_binary()?,
         api_args,
+        cluster_dns: args.cluster_dns.iter().map(|ip| ip.to_string()).collect(),
+        cluster_domain: args.cluster_domain.trim_end_matches('.').to_string(),
         proxy,
     };
     let shutdown = async {

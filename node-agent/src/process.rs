@@ -62,11 +62,25 @@ pub enum Sig {
     Kill,
 }
 
+/// Files a sandbox mounts over the node's in its own mount namespace, so the pod's processes
+/// see the pod's resolver settings and hosts (kubelet's role; the node's files stay as they
+/// are).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SandboxFiles {
+    pub resolv_conf: PathBuf,
+    pub hosts: PathBuf,
+}
+
 /// Starting, watching and stopping processes.
 pub trait Processes: Send + Sync + 'static {
     /// Starts the pod's sandbox holding new network and UTS namespaces (hostname set); returns
     /// once they exist.
-    fn start_sandbox(&self, hostname: &str, log: Option<PathBuf>) -> impl Future<Output = Result<ProcId>> + Send;
+    fn start_sandbox(
+        &self,
+        hostname: &str,
+        files: Option<SandboxFiles>,
+        log: Option<PathBuf>,
+    ) -> impl Future<Output = Result<ProcId>> + Send;
     /// Starts a workload process.
     fn spawn(&self, spec: &ProcSpec) -> impl Future<Output = Result<ProcId>> + Send;
     /// Whether the process is still the one we started.
@@ -79,8 +93,13 @@ pub trait Processes: Send + Sync + 'static {
 
 /// Shared implementations (a fake kept by a test as well as by the agent).
 impl<T: Processes> Processes for std::sync::Arc<T> {
-    fn start_sandbox(&self, hostname: &str, log: Option<PathBuf>) -> impl Future<Output = Result<ProcId>> + Send {
-        (**self).start_sandbox(hostname, log)
+    fn start_sandbox(
+        &self,
+        hostname: &str,
+        files: Option<SandboxFiles>,
+        log: Option<PathBuf>,
+    ) -> impl Future<Output = Result<ProcId>> + Send {
+        (**self).start_sandbox(hostname, files, log)
     }
     fn spawn(&self, spec: &ProcSpec) -> impl Future<Output = Result<ProcId>> + Send {
         (**self).spawn(spec)
@@ -149,13 +168,18 @@ impl LinuxProcesses {
 }
 
 impl Processes for LinuxProcesses {
-    async fn start_sandbox(&self, hostname: &str, log: Option<PathBuf>) -> Result<ProcId> {
+    async fn start_sandbox(&self, hostname: &str, files: Option<SandboxFiles>, log: Option<PathBuf>) -> Result<ProcId> {
         let exe = workload_binary()?;
-        let spec = ProcSpec {
-            argv: vec![exe.display().to_string(), "sandbox".into(), "--hostname".into(), hostname.into()],
-            env: vec![],
-            log,
-        };
+        let mut argv = vec![exe.display().to_string(), "sandbox".into(), "--hostname".into(), hostname.into()];
+        if let Some(f) = files {
+            argv.extend([
+                "--resolv-conf".into(),
+                f.resolv_conf.display().to_string(),
+                "--hosts".into(),
+                f.hosts.display().to_string(),
+            ]);
+        }
+        let spec = ProcSpec { argv, env: vec![], log };
         let mut cmd = command(&spec)?;
         cmd.stdout(Stdio::piped());
         let mut child = cmd.spawn().map_err(|e| AgentError::io(format!("start {}", exe.display()), e))?;

@@ -57,7 +57,12 @@ impl FakeProcs {
 }
 
 impl Processes for FakeProcs {
-    async fn start_sandbox(&self, _hostname: &str, _log: Option<std::path::PathBuf>) -> node_agent::Result<ProcId> {
+    async fn start_sandbox(
+        &self,
+        _hostname: &str,
+        _files: Option<node_agent::process::SandboxFiles>,
+        _log: Option<std::path::PathBuf>,
+    ) -> node_agent::Result<ProcId> {
         let id = self.new_id();
         let mut s = self.state.lock().unwrap();
         s.sandboxes.push(id);
@@ -209,6 +214,9 @@ fn world() -> World {
             state_dir: dir.path().join("state"),
             workload_bin: "/opt/podpath/podpath-workload".into(),
             api_args: vec!["--apiserver".into(), "192.168.56.10:6444".into()],
+            cluster_dns: vec!["10.96.0.10".into()],
+            cluster_domain: "cluster.local".into(),
+            host_resolv: Default::default(),
             backoff_base: Duration::from_secs(10),
             backoff_max: Duration::from_secs(300),
         },
@@ -327,6 +335,13 @@ async fn a_pod_gets_a_sandbox_network_workload_and_a_ready_status() {
     );
     assert!(spec.env.contains(&("POD_IP".into(), "10.244.1.2".into())));
     assert!(spec.env.contains(&("NODE_NAME".into(), "node-1".into())));
+    // The pod's resolver and hosts files, which the sandbox mounts (kubelet's ClusterFirst).
+    let etc = w.dir.path().join("state/etc/uid-web");
+    assert_eq!(
+        std::fs::read_to_string(etc.join("resolv.conf")).unwrap(),
+        "search default.svc.cluster.local svc.cluster.local cluster.local\nnameserver 10.96.0.10\noptions ndots:5\n"
+    );
+    assert!(std::fs::read_to_string(etc.join("hosts")).unwrap().ends_with("\n10.244.1.2\tweb\n"));
     // What a restarted agent needs is on disk: the record and the CNI cache.
     let recs = w.records();
     assert_eq!(recs.len(), 1);

@@ -1,7 +1,8 @@
 //! `podpath-workload`: what the node agent runs for a pod, in place of a container runtime.
 //!
-//! - `sandbox --hostname NAME`: the pod's sandbox (Kubernetes' "pause" process). It creates the
-//!   pod's network and UTS namespaces, sets the hostname, brings `lo` up, prints `ready`, and
+//! - `sandbox --hostname NAME [--resolv-conf F --hosts F]`: the pod's sandbox (Kubernetes'
+//!   "pause" process). It creates the pod's network and UTS namespaces (and, with the files, a
+//!   mount namespace where they are mounted over /etc/resolv.conf and /etc/hosts), sets the hostname, brings `lo` up, prints `ready`, and
 //!   then only holds the namespaces until it is stopped. CNI attaches the pod network to
 //!   `/proc/<pid>/ns/net`; no bind mount is needed, so nothing leaks if the agent dies.
 //! - `join --sandbox PID [--tty] -- CMD ARGS…`: enters the sandbox's namespaces and execs a
@@ -36,6 +37,12 @@ enum Mode {
     Sandbox {
         #[arg(long)]
         hostname: String,
+        /// The pod's resolv.conf, mounted over /etc/resolv.conf in a mount namespace of the pod.
+        #[arg(long, requires = "hosts")]
+        resolv_conf: Option<std::path::PathBuf>,
+        /// The pod's hosts file, mounted over /etc/hosts likewise.
+        #[arg(long, requires = "resolv_conf")]
+        hosts: Option<std::path::PathBuf>,
     },
     /// Enter a sandbox's namespaces and exec a program.
     Join {
@@ -96,7 +103,7 @@ fn run(args: Args) -> Result<(), String> {
     // Errors here only mean we already lead a session (e.g. started by setsid).
     let _ = nix::unistd::setsid();
     match args.mode {
-        Mode::Sandbox { hostname } => sandbox(&hostname),
+        Mode::Sandbox { hostname, resolv_conf, hosts } => sandbox(&hostname, resolv_conf.zip(hosts)),
         Mode::Monitor { sandbox, log, console, stdin, tty, stdin_once, command } => {
             if let Some(pid) = sandbox {
                 join(pid)?;
@@ -135,9 +142,22 @@ fn run(args: Args) -> Result<(), String> {
     }
 }
 
-fn sandbox(hostname: &str) -> Result<(), String> {
-    nix::sched::unshare(CloneFlags::CLONE_NEWNET | CloneFlags::CLONE_NEWUTS)
-        .map_err(|e| format!("cannot create the pod's namespaces: {e}"))?;
+fn sandbox(hostname: &str, files: Option<(std::path::PathBuf, std::path::PathBuf)>) -> Result<(), String> {
+    let mut flags = CloneFlags::CLONE_NEWNET | CloneFlags::CLONE_NEWUTS;
+    if files.is_some() {
+        flags |= CloneFlags::CLONE_NEWNS;
+    }
+    nix::sched::unshare(flags).map_err(|e| format!("cannot create the pod's namespaces: {e}"))?;
+    if let Some((resolv_conf, hosts)) = files {
+        use nix::mount::{mount, MsFlags};
+        // Private first, so nothing mounted here reaches the node's own mount namespace.
+        mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
+            .map_err(|e| format!("cannot make the pod's mounts private: {e}"))?;
+        for (file, over) in [(resolv_conf, "/etc/resolv.conf"), (hosts, "/etc/hosts")] {
+            mount(Some(&file), over, None::<&str>, MsFlags::MS_BIND, None::<&str>)
+                .map_err(|e| format!("cannot mount {} over {over}: {e}", file.display()))?;
+        }
+    }
     nix::unistd::sethostname(hostname).map_err(|e| format!("cannot set hostname {hostname:?}: {e}"))?;
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
     rt.block_on(loopback_up())?;
@@ -165,9 +185,12 @@ async fn loopback_up() -> Result<(), String> {
     Ok(())
 }
 
-/// Moves this (still single-threaded) process into the sandbox's network and UTS namespaces.
+/// Moves this (still single-threaded) process into the sandbox's network, UTS and mount
+/// namespaces (the last holds the pod's resolv.conf and hosts).
 fn join(sandbox: i32) -> Result<(), String> {
-    for (ns, flag) in [("net", CloneFlags::CLONE_NEWNET), ("uts", CloneFlags::CLONE_NEWUTS)] {
+    for (ns, flag) in
+        [("net", CloneFlags::CLONE_NEWNET), ("uts", CloneFlags::CLONE_NEWUTS), ("mnt", CloneFlags::CLONE_NEWNS)]
+    {
         let path = format!("/proc/{sandbox}/ns/{ns}");
         let f = File::open(&path).map_err(|e| format!("sandbox {sandbox} is gone ({path}: {e})"))?;
         nix::sched::setns(&f, flag).map_err(|e| format!("cannot enter {path}: {e}"))?;

@@ -14,6 +14,7 @@
 //! `<state-dir>/pods/`; a restarted agent adopts those processes instead of starting new ones.
 
 mod container;
+pub mod dnsconf;
 mod launch;
 mod net;
 mod record;
@@ -107,6 +108,12 @@ pub struct PodsConfig {
     pub workload_bin: PathBuf,
     /// The API access flags a `podpath/dns` pod's server gets (the agent's own).
     pub api_args: Vec<String>,
+    /// kubelet's `--cluster-dns` (empty: `ClusterFirst` pods use the node's resolver).
+    pub cluster_dns: Vec<String>,
+    /// kubelet's `--cluster-domain`.
+    pub cluster_domain: String,
+    /// The node's resolver settings (`Default` pods, and the search domains ClusterFirst adds).
+    pub host_resolv: dnsconf::HostResolv,
     /// First restart delay of a crashed container (doubles up to `backoff_max`).
     pub backoff_base: Duration,
     pub backoff_max: Duration,
@@ -127,6 +134,10 @@ impl PodsConfig {
         let name: String = hash.iter().take(8).map(|b| format!("{b:02x}")).collect();
         let p = self.state_dir.join("attach").join(format!("{name}.sock"));
         (p.as_os_str().len() < 108).then_some(p)
+    }
+    /// Where a pod's `resolv.conf` and `hosts` are kept (mounted into its mount namespace).
+    pub fn pod_etc_dir(&self, uid: &str) -> PathBuf {
+        self.state_dir.join("etc").join(uid)
     }
     /// Where a pod's logs go (kubelet's `/var/log/pods/NS_NAME_UID`).
     pub fn pod_log_dir(&self, namespace: &str, name: &str, uid: &str) -> PathBuf {

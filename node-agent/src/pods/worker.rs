@@ -15,13 +15,13 @@ use tokio::time::Instant;
 use super::container::{Ctr, ExitMsg};
 use super::launch::{pre_stop, readiness, PreStop};
 use super::record::{save_record, PodRecord};
-use super::{key, uid, Deps, PodApi, PodsConfig, Prober, POD_IFNAME};
+use super::{dnsconf, key, uid, Deps, PodApi, PodsConfig, Prober, POD_IFNAME};
 use podpath_cni::env::Command;
 
 use crate::cni::{self, Attachment, PluginExec};
 use crate::error::{AgentError, Result};
 use crate::podstatus::{self, PodView, Terminated};
-use crate::process::{netns_path, Exit, ProcId, Processes, Sig};
+use crate::process::{netns_path, Exit, ProcId, Processes, SandboxFiles, Sig};
 
 /// The longest grace period the agent waits out (int64 seconds are valid in the API; a deadline
 /// past the clock's range cannot be computed): a year.
@@ -43,7 +43,20 @@ impl<P: Processes, E: PluginExec, A: PodApi, Q: Prober> Deps<P, E, A, Q> {
         let name = pod.metadata.name.clone().unwrap_or_default();
         let ns = pod.metadata.namespace.clone().unwrap_or_else(|| "default".into());
         let log = self.cfg.pod_log_dir(&ns, &name, &uid(pod)).join("sandbox.log");
-        let sandbox = self.procs.start_sandbox(&name, Some(log)).await?;
+        // The pod's resolver and hosts files, mounted by the sandbox in its own mount
+        // namespace; `hosts` gets the pod's IPs after CNI, rewritten in place (same inode, so
+        // the mount shows it).
+        let etc = self.cfg.pod_etc_dir(&uid(pod));
+        let files = SandboxFiles { resolv_conf: etc.join("resolv.conf"), hosts: etc.join("hosts") };
+        let resolv = dnsconf::resolv_conf(pod, &self.cfg.cluster_dns, &self.cfg.cluster_domain, &self.cfg.host_resolv);
+        let write = |path: &std::path::Path, text: &str| {
+            std::fs::create_dir_all(&etc)
+                .and_then(|_| std::fs::write(path, text))
+                .map_err(|e| AgentError::io(format!("write {}", path.display()), e))
+        };
+        write(&files.resolv_conf, &resolv)?;
+        write(&files.hosts, &dnsconf::hosts_file(pod, &[], &self.cfg.cluster_domain))?;
+        let sandbox = self.procs.start_sandbox(&name, Some(files.clone()), Some(log)).await?;
         let att = self.attachment(&ns, &name, &uid(pod), Some(sandbox));
         let started = std::time::Instant::now();
         let result = self.cni.add(&self.network, &att).await;
@@ -56,12 +69,15 @@ impl<P: Processes, E: PluginExec, A: PodApi, Q: Prober> Deps<P, E, A, Q> {
                 return Err(e);
             }
         };
+        let pod_ips = cni::result_ips(&result);
+        let ips: Vec<String> = pod_ips.iter().map(|i| i.to_string()).collect();
+        write(&files.hosts, &dnsconf::hosts_file(pod, &ips, &self.cfg.cluster_domain))?;
         let rec = PodRecord {
             uid: uid(pod),
             namespace: ns,
             name,
             sandbox,
-            pod_ips: cni::result_ips(&result),
+            pod_ips,
             start_time: Timestamp::now(),
             containers: BTreeMap::new(),
         };
@@ -82,6 +98,7 @@ impl<P: Processes, E: PluginExec, A: PodApi, Q: Prober> Deps<P, E, A, Q> {
         let _ = std::fs::remove_dir_all(
             self.cfg.state_dir.join("logs").join(format!("{}_{}_{}", rec.namespace, rec.name, rec.uid)),
         );
+        let _ = std::fs::remove_dir_all(self.cfg.pod_etc_dir(&rec.uid));
         match std::fs::remove_file(self.cfg.record_path(&rec.uid)) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(AgentError::io("remove a pod record", e)),
             _ => Ok(()),
