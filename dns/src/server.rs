@@ -6,7 +6,7 @@ use std::sync::{Arc, RwLock};
 
 use hickory_server::net::runtime::Time;
 use hickory_server::proto::op::{Edns, MessageType, Metadata, OpCode, ResponseCode};
-use hickory_server::proto::rr::Name;
+use hickory_server::proto::rr::{DNSClass, Name};
 use hickory_server::server::{Request, RequestHandler, ResponseHandler, ResponseInfo};
 use hickory_server::zone_handler::MessageResponseBuilder;
 
@@ -71,7 +71,17 @@ impl RequestHandler for Handler {
             return send(&mut response, refuse(ResponseCode::FormErr), request).await;
         };
         let name: Name = info.query.name().into();
-        let answer = self.zone.get().answer(&name, info.query.query_type());
+        // The cluster zone is class IN; other classes (CHAOS's version.bind …) are not ours.
+        let answer = if info.query.query_class() == DNSClass::IN {
+            self.zone.get().answer(&name, info.query.query_type())
+        } else {
+            crate::records::Answer {
+                code: ResponseCode::Refused,
+                answers: vec![],
+                authority: vec![],
+                additional: vec![],
+            }
+        };
         self.metrics.observe(Observation {
             proto: if request.protocol() == hickory_server::net::xfer::Protocol::Udp { "udp" } else { "tcp" },
             family: if request.src().is_ipv4() { "1" } else { "2" },

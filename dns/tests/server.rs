@@ -103,6 +103,53 @@ async fn a_large_answer_is_truncated_over_udp_and_whole_over_tcp() {
 }
 
 #[tokio::test]
+async fn other_classes_oversized_and_truncated_messages_and_a_flood() {
+    let (u, t, _) = server(zone(1)).await;
+    // CHAOS class (version.bind): not the cluster's.
+    let mut m = Message::query();
+    m.metadata.id = 1;
+    let mut q = Query::query(Name::from_ascii("version.bind.").unwrap(), RecordType::TXT);
+    q.set_query_class(hickory_proto::rr::DNSClass::CH);
+    m.add_query(q);
+    assert_eq!(udp(u, &m.to_vec().unwrap()).await.metadata.response_code, ResponseCode::Refused);
+    let s = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    // A datagram of 4 KiB of zeros and one cut in the middle of its question.
+    s.send_to(&[0u8; 4096], u).await.unwrap();
+    let whole = query("web.default.svc.cluster.local.", RecordType::A);
+    s.send_to(&whole[..whole.len() - 3], u).await.unwrap();
+    // Over TCP: a length prefix promising more than ever comes, then the connection closes.
+    let mut c = tokio::net::TcpStream::connect(t).await.unwrap();
+    c.write_all(&[0xff, 0xff, 1, 2, 3]).await.unwrap();
+    drop(c);
+    // A flood from one client (bounded: 20,000 datagrams, sent as fast as the socket takes
+    // them) does not stop another client's answers.
+    let flood = tokio::spawn(async move {
+        let s = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        for _ in 0..20_000 {
+            let _ = s.send_to(&whole, u).await;
+        }
+    });
+    // UDP may drop a datagram when the socket's buffer is full: like a resolver, retry after
+    // a second (at most 5 times).
+    for _ in 0..20 {
+        let s = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let q = query("web.default.svc.cluster.local.", RecordType::A);
+        let mut buf = vec![0u8; 4096];
+        let mut answered = None;
+        for _ in 0..5 {
+            s.send_to(&q, u).await.unwrap();
+            if let Ok(Ok(n)) = tokio::time::timeout(Duration::from_secs(1), s.recv(&mut buf)).await {
+                answered = Some(Message::from_vec(&buf[..n]).unwrap());
+                break;
+            }
+        }
+        assert_eq!(answered.expect("answered during the flood").answers.len(), 1);
+    }
+    flood.await.unwrap();
+    assert_eq!(udp(u, &query("web.default.svc.cluster.local.", RecordType::A)).await.answers.len(), 1);
+}
+
+#[tokio::test]
 async fn garbage_does_not_stop_the_server() {
     let (u, _, _) = server(zone(1)).await;
     let s = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();

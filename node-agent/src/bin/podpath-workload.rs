@@ -150,12 +150,20 @@ fn sandbox(hostname: &str, files: Option<(std::path::PathBuf, std::path::PathBuf
     nix::sched::unshare(flags).map_err(|e| format!("cannot create the pod's namespaces: {e}"))?;
     if let Some((resolv_conf, hosts)) = files {
         use nix::mount::{mount, MsFlags};
-        // Private first, so nothing mounted here reaches the node's own mount namespace.
-        mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
-            .map_err(|e| format!("cannot make the pod's mounts private: {e}"))?;
-        for (file, over) in [(resolv_conf, "/etc/resolv.conf"), (hosts, "/etc/hosts")] {
-            mount(Some(&file), over, None::<&str>, MsFlags::MS_BIND, None::<&str>)
-                .map_err(|e| format!("cannot mount {} over {over}: {e}", file.display()))?;
+        // Private first, so nothing mounted here reaches the node's own mount namespace. Where
+        // the root is no mount point (the node is a chroot), it cannot be made private: then
+        // nothing is mounted and the pod sees the node's files, as the warning says.
+        match mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>) {
+            Ok(()) => {
+                for (file, over) in [(resolv_conf, "/etc/resolv.conf"), (hosts, "/etc/hosts")] {
+                    mount(Some(&file), over, None::<&str>, MsFlags::MS_BIND, None::<&str>)
+                        .map_err(|e| format!("cannot mount {} over {over}: {e}", file.display()))?;
+                }
+            }
+            Err(e) => eprintln!(
+                "podpath-workload: the pod keeps the node's /etc/resolv.conf and /etc/hosts: cannot make \
+                 its mounts private ({e}; is / a mount point here?)"
+            ),
         }
     }
     nix::unistd::sethostname(hostname).map_err(|e| format!("cannot set hostname {hostname:?}: {e}"))?;
@@ -188,6 +196,10 @@ async fn loopback_up() -> Result<(), String> {
 /// Moves this (still single-threaded) process into the sandbox's network, UTS and mount
 /// namespaces (the last holds the pod's resolv.conf and hosts).
 fn join(sandbox: i32) -> Result<(), String> {
+    // Entering a mount namespace moves the root to the namespace's own; the sandbox's root
+    // (which differs when the node itself is a chroot) is taken back after, as nsenter --root.
+    let root_path = format!("/proc/{sandbox}/root");
+    let root = File::open(&root_path).map_err(|e| format!("sandbox {sandbox} is gone ({root_path}: {e})"))?;
     for (ns, flag) in
         [("net", CloneFlags::CLONE_NEWNET), ("uts", CloneFlags::CLONE_NEWUTS), ("mnt", CloneFlags::CLONE_NEWNS)]
     {
@@ -195,5 +207,9 @@ fn join(sandbox: i32) -> Result<(), String> {
         let f = File::open(&path).map_err(|e| format!("sandbox {sandbox} is gone ({path}: {e})"))?;
         nix::sched::setns(&f, flag).map_err(|e| format!("cannot enter {path}: {e}"))?;
     }
+    nix::unistd::fchdir(&root)
+        .and_then(|_| nix::unistd::chroot("."))
+        .and_then(|_| nix::unistd::chdir("/"))
+        .map_err(|e| format!("cannot take the sandbox's root ({root_path}): {e}"))?;
     Ok(())
 }
