@@ -2,9 +2,46 @@
 //! token, wait for SIGTERM or Ctrl-C; and how podpath knows its processes (the agent its pods',
 //! the lab its components): by PID *and* start time, so a reused PID is never mistaken for one.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::error::{ClientError, Result};
+
+/// How a daemon reaches the API server: the flags the node agent, lb-sim and podpath-dns take.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ApiFlags {
+    /// gRPC address of apiserver-lite.
+    #[arg(long, default_value = "127.0.0.1:6444")]
+    pub apiserver: String,
+    /// File with the bearer token the API server wants.
+    #[arg(long)]
+    pub token_file: Option<PathBuf>,
+    /// The API server's CA certificate (PEM; the lab's is `STATE/apiserver/pki/ca.crt`): the
+    /// connection is TLS and verified. Without it, plain HTTP (an `--insecure-http` server).
+    #[arg(long)]
+    pub apiserver_ca_file: Option<PathBuf>,
+}
+
+impl ApiFlags {
+    pub fn token(&self) -> Result<Option<String>> {
+        read_token(self.token_file.as_deref())
+    }
+
+    pub fn ca(&self) -> Result<Option<String>> {
+        read_ca(self.apiserver_ca_file.as_deref())
+    }
+
+    /// The same flags as arguments, for a process started with the same access.
+    pub fn to_args(&self) -> Vec<String> {
+        let mut out = vec!["--apiserver".to_string(), self.apiserver.clone()];
+        if let Some(t) = &self.token_file {
+            out.extend(["--token-file".to_string(), t.display().to_string()]);
+        }
+        if let Some(c) = &self.apiserver_ca_file {
+            out.extend(["--apiserver-ca-file".to_string(), c.display().to_string()]);
+        }
+        out
+    }
+}
 
 /// The token in `--token-file`, trimmed; None without the flag.
 pub fn read_token(path: Option<&Path>) -> Result<Option<String>> {

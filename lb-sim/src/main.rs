@@ -2,7 +2,6 @@
 //! load balancers (passthrough routes or NodePort proxies) with health checks.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
@@ -14,16 +13,8 @@ use lb_sim::run::{self, Config};
 #[derive(Parser, Debug)]
 #[command(name = "lb-sim", version)]
 struct Args {
-    /// gRPC address of apiserver-lite.
-    #[arg(long, default_value = "127.0.0.1:6444")]
-    apiserver: String,
-    /// File with the bearer token the API server wants.
-    #[arg(long)]
-    token_file: Option<PathBuf>,
-    /// The API server's CA certificate (PEM; the lab's is `STATE/apiserver/pki/ca.crt`): the
-    /// connection is TLS and verified. Without it, plain HTTP (an `--insecure-http` server).
-    #[arg(long)]
-    apiserver_ca_file: Option<PathBuf>,
+    #[command(flatten)]
+    api: podpath_client::daemon::ApiFlags,
     /// `passthrough`: route LoadBalancer IPs and externalIPs to healthy nodes, packets
     /// unchanged (GKE/MetalLB style). `nodeport`: proxy `LB IP:port` to `node IP:nodePort` of
     /// healthy nodes (classic cloud LB); externalIPs are still routed.
@@ -64,10 +55,16 @@ async fn start() -> Result<()> {
         "" => None,
         a => Some(a.parse().with_context(|| format!("--status-listen {a:?} is not IP:PORT"))?),
     };
-    let token = podpath_client::daemon::read_token(args.token_file.as_deref())?;
-    let ca = podpath_client::daemon::read_ca(args.apiserver_ca_file.as_deref())?;
-    let cfg =
-        Config { apiserver: args.apiserver, token, ca, mode, status_listen, node_health_port: args.node_health_port };
+    let token = args.api.token()?;
+    let ca = args.api.ca()?;
+    let cfg = Config {
+        apiserver: args.api.apiserver,
+        token,
+        ca,
+        mode,
+        status_listen,
+        node_health_port: args.node_health_port,
+    };
     let shutdown = async {
         podpath_client::daemon::stop_signal().await;
         tracing::info!("stopping");

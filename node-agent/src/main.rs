@@ -30,16 +30,8 @@ struct Args {
     /// This node's address on the node network (its InternalIP).
     #[arg(long, required_unless_present_any = ["cleanup", "kill_pods"])]
     node_ip: Option<IpAddr>,
-    /// gRPC address of apiserver-lite.
-    #[arg(long, default_value = "127.0.0.1:6444")]
-    apiserver: String,
-    /// File with the bearer token the API server wants.
-    #[arg(long)]
-    token_file: Option<PathBuf>,
-    /// The API server's CA certificate (PEM; the lab's is `STATE/apiserver/pki/ca.crt`): the
-    /// connection is TLS and verified. Without it, plain HTTP (an `--insecure-http` server).
-    #[arg(long)]
-    apiserver_ca_file: Option<PathBuf>,
+    #[command(flatten)]
+    api: podpath_client::daemon::ApiFlags,
     /// Where the agent keeps pod records, the CNI cache, IPAM state and pod logs.
     #[arg(long, default_value = "/var/lib/podpath/node")]
     state_dir: PathBuf,
@@ -158,8 +150,8 @@ async fn run() -> Result<()> {
     if !(args.restart_backoff_seconds > 0.0 && args.restart_backoff_seconds <= 300.0) {
         bail!("--restart-backoff-seconds must be in (0, 300]");
     }
-    let token = podpath_client::daemon::read_token(args.token_file.as_deref())?;
-    let ca = podpath_client::daemon::read_ca(args.apiserver_ca_file.as_deref())?;
+    let token = args.api.token()?;
+    let ca = args.api.ca()?;
     let mut labels = BTreeMap::new();
     for l in &args.node_labels {
         let (k, v) = l.split_once('=').with_context(|| format!("--node-label {l:?} is not KEY=VALUE"))?;
@@ -174,17 +166,11 @@ async fn run() -> Result<()> {
         Some(dirs) => std::env::split_paths(dirs).collect(),
         None => vec![exe_dir.clone(), "/opt/cni/bin".into(), "/usr/lib/cni".into()],
     };
-    let mut api_args = vec!["--apiserver".to_string(), args.apiserver.clone()];
-    if let Some(t) = &args.token_file {
-        api_args.extend(["--token-file".to_string(), t.display().to_string()]);
-    }
-    if let Some(c) = &args.apiserver_ca_file {
-        api_args.extend(["--apiserver-ca-file".to_string(), c.display().to_string()]);
-    }
+    let api_args = args.api.to_args();
     let cfg = AgentConfig {
         node_name: args.node_name.unwrap_or_default(),
         node_ip: args.node_ip.expect("required by clap"),
-        apiserver: args.apiserver,
+        apiserver: args.api.apiserver,
         token,
         ca,
         heartbeat: Duration::from_secs(args.heartbeat_seconds),

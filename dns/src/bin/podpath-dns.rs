@@ -1,11 +1,10 @@
 //! `podpath-dns`: the lab's cluster DNS server (CoreDNS's role).
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use podpath_client::daemon::{read_ca, read_token, stop_signal};
+use podpath_client::daemon::stop_signal;
 use podpath_dns::records::Config;
 use podpath_dns::run::{run, Options};
 
@@ -13,15 +12,8 @@ use podpath_dns::run::{run, Options};
 #[derive(Parser, Debug)]
 #[command(name = "podpath-dns", version)]
 struct Args {
-    /// gRPC address of apiserver-lite.
-    #[arg(long, default_value = "127.0.0.1:6444")]
-    apiserver: String,
-    /// File with the bearer token the API server wants.
-    #[arg(long)]
-    token_file: Option<PathBuf>,
-    /// The API server's CA certificate (PEM); without it, plain HTTP.
-    #[arg(long)]
-    apiserver_ca_file: Option<PathBuf>,
+    #[command(flatten)]
+    api: podpath_client::daemon::ApiFlags,
     /// Where to answer, UDP and TCP.
     #[arg(long, default_value = "0.0.0.0:53")]
     listen: SocketAddr,
@@ -66,9 +58,9 @@ async fn start() -> Result<()> {
     podpath_client::daemon::init_logging(&args.log);
     let zone = Config::new(&args.cluster_domain, args.ttl).map_err(anyhow::Error::msg)?;
     let opts = Options {
-        apiserver: args.apiserver,
-        token: read_token(args.token_file.as_deref())?,
-        ca: read_ca(args.apiserver_ca_file.as_deref())?,
+        token: args.api.token()?,
+        ca: args.api.ca()?,
+        apiserver: args.api.apiserver,
         listen: args.listen,
         zone,
         metrics: addr("--metrics-listen", &args.metrics_listen)?,

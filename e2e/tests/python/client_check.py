@@ -103,21 +103,23 @@ def main(kubeconfig):
     step("deployment: created with a status, deleted")
 
     # events.k8s.io/v1 through the client's typed EventsV1Api: created in that version, read
-    # back in both.
+    # back in both. About an object no controller writes events for (the Deployment above gets
+    # the controller's ScalingReplicaSet, a legacy event without eventTime, which this client's
+    # model cannot read: a known limit of the Python client, against any server).
     ev1 = client.EventsV1Api()
     from datetime import datetime, timezone
     body = client.EventsV1Event(
-        metadata=client.V1ObjectMeta(name="py-dep.1"),
+        metadata=client.V1ObjectMeta(name="py-ev.1"),
         event_time=datetime.now(timezone.utc), reporting_controller="example.com/py",
         reporting_instance="py-1", action="Check", reason="Checked", type="Normal",
         note="checked by the python client",
-        regarding=client.V1ObjectReference(kind="Deployment", name="py-dep", namespace="default"))
+        regarding=client.V1ObjectReference(kind="ConfigMap", name="py-ev", namespace="default"))
     made = ev1.create_namespaced_event("default", body)
     assert made.note == "checked by the python client", made
-    got = ev1.list_namespaced_event("default", field_selector="regarding.name=py-dep")
-    assert [e.metadata.name for e in got.items] == ["py-dep.1"], got
-    core = v1.read_namespaced_event("py-dep.1", "default")
-    assert core.message == "checked by the python client" and core.involved_object.name == "py-dep", core
+    got = ev1.list_namespaced_event("default", field_selector="regarding.name=py-ev")
+    assert [e.metadata.name for e in got.items] == ["py-ev.1"], got
+    core = v1.read_namespaced_event("py-ev.1", "default")
+    assert core.message == "checked by the python client" and core.involved_object.name == "py-ev", core
     step("events.k8s.io/v1: created, listed by regarding.name, read as core/v1")
 
     t.join(timeout=15)
