@@ -94,9 +94,25 @@ fn main() {
     }
     let before: Vec<i32> = dns_pids();
     let lab = Lab::up("dnsbench", &["--nodes", "1"]).expect("podpath up");
-    lab.kubectl(&["wait", "-n", "kube-system", "--for=condition=Ready", "pod", "-l", "k8s-app=kube-dns", "--timeout=60s"]);
+    lab.kubectl(&[
+        "wait",
+        "-n",
+        "kube-system",
+        "--for=condition=Ready",
+        "pod",
+        "-l",
+        "k8s-app=kube-dns",
+        "--timeout=60s",
+    ]);
     let pod_ip = lab.kubectl(&[
-        "get", "pods", "-n", "kube-system", "-l", "k8s-app=kube-dns", "-o", "jsonpath={.items[0].status.podIP}",
+        "get",
+        "pods",
+        "-n",
+        "kube-system",
+        "-l",
+        "k8s-app=kube-dns",
+        "-o",
+        "jsonpath={.items[0].status.podIP}",
     ]);
     let vip: SocketAddr = "10.96.0.10:53".parse().unwrap();
     let direct: SocketAddr = format!("{pod_ip}:53").parse().unwrap();
