@@ -17,6 +17,9 @@ use crate::server::{Handler, SharedZone};
 
 /// Changes closer together than this are built into one zone.
 const SETTLE: Duration = Duration::from_millis(20);
+/// Under a burst of changes, the zone is rebuilt at most this often (each build is a whole
+/// new zone: building one per event of a 10,000-Service burst only churns memory).
+const MIN_INTERVAL: Duration = Duration::from_millis(250);
 
 /// Where to listen and whom to ask.
 pub struct Options {
@@ -103,12 +106,15 @@ async fn follow(
     mut serial: u32,
 ) {
     let (mut a, mut b) = (services.changes(), slices.changes());
+    let mut last = tokio::time::Instant::now() - MIN_INTERVAL;
     loop {
         tokio::select! {
             r = a.changed() => if r.is_err() { return },
             r = b.changed() => if r.is_err() { return },
         }
         tokio::time::sleep(SETTLE).await;
+        tokio::time::sleep_until(last + MIN_INTERVAL).await;
+        last = tokio::time::Instant::now();
         a.borrow_and_update();
         b.borrow_and_update();
         serial = serial.wrapping_add(1);

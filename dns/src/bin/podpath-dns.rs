@@ -37,7 +37,7 @@ struct Args {
     log: String,
 }
 
-#[tokio::main(worker_threads = 2)]
+#[tokio::main(flavor = "current_thread")]
 async fn main() {
     if let Err(e) = start().await {
         eprintln!("podpath-dns: {e:#}");
