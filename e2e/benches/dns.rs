@@ -94,16 +94,7 @@ fn main() {
     }
     let before: Vec<i32> = dns_pids();
     let lab = Lab::up("dnsbench", &["--nodes", "1"]).expect("podpath up");
-    lab.kubectl(&[
-        "wait",
-        "-n",
-        "kube-system",
-        "--for=condition=Ready",
-        "pod",
-        "-l",
-        "k8s-app=kube-dns",
-        "--timeout=60s",
-    ]);
+    lab.wait_for_cluster_dns();
     let pod_ip = lab.kubectl(&[
         "get",
         "pods",

@@ -275,6 +275,20 @@ impl Lab {
         Ok(lab)
     }
 
+    /// Waits (60 s at most) until the cluster DNS pods `podpath up` creates are Ready.
+    pub fn wait_for_cluster_dns(&self) {
+        self.kubectl(&[
+            "wait",
+            "-n",
+            "kube-system",
+            "--for=condition=Ready",
+            "pod",
+            "-l",
+            "k8s-app=kube-dns",
+            "--timeout=60s",
+        ]);
+    }
+
     /// `podpath CMD --name … --state-dir … REST`.
     pub fn run(&self, cmd: &str, rest: &[&str]) -> (bool, String) {
         let mut v = vec![cmd, "--name", &self.name, "--state-dir", self.state.to_str().expect("utf-8 path")];

@@ -119,16 +119,7 @@ fn the_lab_serves_cluster_dns_behind_the_kube_dns_service() {
     let host_files = || ["/etc/resolv.conf", "/etc/hosts"].map(|f| std::fs::read(f).unwrap_or_default());
     let before = host_files();
     let lab = podpath_e2e::Lab::up("dnslab", &["--nodes", "2"]).unwrap();
-    lab.kubectl(&[
-        "wait",
-        "-n",
-        "kube-system",
-        "--for=condition=Ready",
-        "pod",
-        "-l",
-        "k8s-app=kube-dns",
-        "--timeout=60s",
-    ]);
+    lab.wait_for_cluster_dns();
     let endpoints = lab.kubectl(&[
         "get",
         "endpointslices",

@@ -134,6 +134,23 @@ pub fn tail_start(log: &[u8], n: usize) -> usize {
     0
 }
 
+/// Joins a log file read in pieces into whole lines.
+#[derive(Debug, Default)]
+pub struct Lines {
+    rest: Vec<u8>,
+}
+
+impl Lines {
+    /// The lines `data` completes (without their newlines), after what earlier calls left
+    /// unfinished.
+    pub fn feed(&mut self, data: &[u8]) -> Vec<Vec<u8>> {
+        self.rest.extend_from_slice(data);
+        let Some(end) = self.rest.iter().rposition(|b| *b == b'\n') else { return Vec::new() };
+        let lines: Vec<u8> = self.rest.drain(..=end).collect();
+        lines[..lines.len() - 1].split(|b| *b == b'\n').map(<[u8]>::to_vec).collect()
+    }
+}
+
 /// Renders records for a log request, as kubelet does: records older than `since` are left
 /// out, `timestamps` puts each record's time (RFC 3339, nanoseconds without trailing zeros)
 /// in front, and no more than `limit` bytes go out in all. Fed the file in pieces (`follow`).
@@ -143,26 +160,23 @@ pub struct Render {
     pub timestamps: bool,
     /// Bytes still allowed out; `None`: no limit.
     pub limit: Option<usize>,
-    rest: Vec<u8>,
+    lines: Lines,
 }
 
 impl Render {
     pub fn new(since: Option<Timestamp>, timestamps: bool, limit: Option<usize>) -> Render {
-        Render { since, timestamps, limit, rest: Vec::new() }
+        Render { since, timestamps, limit, lines: Lines::default() }
     }
 
     /// The output for the complete lines of `data` (after what earlier calls left unfinished).
     pub fn feed(&mut self, data: &[u8]) -> Vec<u8> {
-        self.rest.extend_from_slice(data);
-        let Some(end) = self.rest.iter().rposition(|b| *b == b'\n') else { return Vec::new() };
-        let lines: Vec<u8> = self.rest.drain(..=end).collect();
         let mut out = Vec::new();
-        for line in lines[..lines.len() - 1].split(|b| *b == b'\n') {
+        for line in self.lines.feed(data) {
             if self.limit == Some(0) {
                 break;
             }
             // Lines that are not records (a damaged file) are skipped, as kubelet skips them.
-            let Some(r) = parse(line) else { continue };
+            let Some(r) = parse(&line) else { continue };
             if self.since.is_some_and(|s| r.time < s) {
                 continue;
             }

@@ -325,7 +325,7 @@ pub async fn attach(
     // No console: follow the log from its current end.
     let mut offset = tokio::fs::metadata(log).await.map(|m| m.len()).unwrap_or(0);
     let mut tick = tokio::time::interval(Duration::from_millis(200));
-    let mut rest: Vec<u8> = Vec::new();
+    let mut lines = crilog::Lines::default();
     loop {
         tokio::select! {
             _ = tick.tick() => {
@@ -336,10 +336,8 @@ pub async fn attach(
                         let mut chunk = Vec::new();
                         if (&mut f).take(len - offset).read_to_end(&mut chunk).await.is_ok() {
                             offset += chunk.len() as u64;
-                            rest.extend_from_slice(&chunk);
-                            let end = rest.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
-                            let lines: Vec<u8> = rest.drain(..end).collect();
-                            for r in lines.split(|b| *b == b'\n').filter_map(crilog::parse) {
+                            for line in lines.feed(&chunk) {
+                                let Some(r) = crilog::parse(&line) else { continue };
                                 let o = match r.stream {
                                     crilog::Stream::Stdout => Output::Stdout(r.output().into()),
                                     crilog::Stream::Stderr => Output::Stderr(r.output().into()),
