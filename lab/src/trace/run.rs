@@ -270,9 +270,11 @@ fn monitors_silent(behind: &[&str]) -> LabError {
 }
 
 /// Waits until every monitor is subscribed: it printed a sync datagram. A monitor not
-/// subscribed yet misses one, so they are repeated.
+/// subscribed yet misses one, so they are repeated. The wait is long: on a loaded 2-core
+/// machine an `nft monitor` once took over 5 s to start; only a kernel without tracing waits
+/// it out.
 fn monitors_subscribed(hosts: &[(String, String)], outputs: &[Arc<Mutex<String>>]) -> Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(5);
+    let deadline = Instant::now() + Duration::from_secs(15);
     let mut sent_at = Instant::now() - Duration::from_secs(1);
     loop {
         let behind: Vec<(&str, &str)> = hosts
