@@ -1,9 +1,14 @@
 //! The cluster zone as CoreDNS's `kubernetes` plugin serves it (the Kubernetes DNS-based
 //! service discovery specification, with kubeadm's Corefile choices: `pods insecure`, TTL 30,
-//! reverse zones): the records are built from Services and EndpointSlices ([`Zone::build`]) and
-//! a question gets its answer from them ([`Zone::answer`]). Pure: no sockets, no clock.
+//! reverse zones). Pure: no sockets, no clock.
+//!
+//! The zone keeps what DNS needs of each Service and EndpointSlice ([`ServiceRecord`],
+//! [`SliceRecord`], projections made as objects arrive, as CoreDNS reduces objects to its own
+//! small types) in indexes updated one object at a time; a question's records are made when
+//! it is asked ([`Zone::answer`]). Nothing is rebuilt when one Service changes, and 10,000
+//! Services cost a few megabytes, not the objects' hundreds.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap};
 use std::net::IpAddr;
 
 use hickory_proto::op::ResponseCode;
@@ -44,21 +49,131 @@ pub struct Answer {
 }
 
 impl Answer {
-    fn refused() -> Answer {
+    pub fn refused() -> Answer {
         Answer { code: ResponseCode::Refused, answers: vec![], authority: vec![], additional: vec![] }
     }
 }
 
-/// The cluster zone at one moment.
-#[derive(Debug, Clone)]
-pub struct Zone {
-    cfg: Config,
-    /// Records by owner name (lower case, fully qualified), in-zone and reverse.
-    records: HashMap<Name, Vec<Record>>,
-    /// Every name of the zone that exists: owners and the names between them and the apex
-    /// (`default.svc.cluster.local` exists when a Service in `default` does), for NODATA.
-    exists: HashSet<Name>,
-    soa: Record,
+/// A named port of a Service or EndpointSlice, as its SRV owner spells it: name and protocol
+/// in lower case.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NamedPort {
+    pub name: String,
+    pub proto: String,
+    pub port: u16,
+}
+
+fn named_port(name: Option<&str>, proto: Option<&str>, port: Option<i32>) -> Option<NamedPort> {
+    let name = name.filter(|n| !n.is_empty())?.to_ascii_lowercase();
+    let port = u16::try_from(port?).ok()?;
+    Some(NamedPort { name, proto: proto.unwrap_or("TCP").to_ascii_lowercase(), port })
+}
+
+/// What DNS needs of a Service.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ServiceRecord {
+    /// Nothing to serve (no spec, or no cluster IP yet).
+    Nothing,
+    /// A/AAAA of the cluster IPs, SRV of the named ports pointing at the Service's name.
+    ClusterIp { ips: Vec<IpAddr>, ports: Vec<NamedPort> },
+    /// Records of the ready endpoints (all endpoints with `publishNotReadyAddresses`).
+    Headless { publish_not_ready: bool },
+    /// A CNAME to this name.
+    External(Name),
+}
+
+impl ServiceRecord {
+    pub fn of(svc: &Service) -> ServiceRecord {
+        let Some(spec) = svc.spec.as_ref() else { return ServiceRecord::Nothing };
+        if spec.type_.as_deref() == Some("ExternalName") {
+            return match spec.external_name.as_deref().and_then(name) {
+                Some(target) => ServiceRecord::External(target),
+                None => ServiceRecord::Nothing,
+            };
+        }
+        if spec.cluster_ip.as_deref() == Some("None") {
+            return ServiceRecord::Headless { publish_not_ready: spec.publish_not_ready_addresses == Some(true) };
+        }
+        let mut ips: Vec<IpAddr> = vec![];
+        for ip in spec.cluster_ips.iter().flatten().chain(spec.cluster_ip.iter()).filter_map(|ip| ip.parse().ok()) {
+            if !ips.contains(&ip) {
+                ips.push(ip);
+            }
+        }
+        if ips.is_empty() {
+            return ServiceRecord::Nothing;
+        }
+        let ports = spec
+            .ports
+            .iter()
+            .flatten()
+            .filter_map(|p| named_port(p.name.as_deref(), p.protocol.as_deref(), Some(p.port)))
+            .collect();
+        ServiceRecord::ClusterIp { ips, ports }
+    }
+
+    fn cluster_ips(&self) -> &[IpAddr] {
+        match self {
+            ServiceRecord::ClusterIp { ips, .. } => ips,
+            _ => &[],
+        }
+    }
+}
+
+/// What DNS needs of one endpoint.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Endpoint {
+    pub ips: Vec<IpAddr>,
+    pub hostname: Option<String>,
+    pub ready: bool,
+}
+
+impl Endpoint {
+    /// Its label under the Service: the hostname, else the dashed address (CoreDNS's choice).
+    fn label(&self, ip: IpAddr) -> String {
+        match self.hostname.as_deref().filter(|h| !h.is_empty()) {
+            Some(h) => h.to_ascii_lowercase(),
+            None => dashed(ip),
+        }
+    }
+}
+
+/// What DNS needs of an EndpointSlice.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SliceRecord {
+    /// `namespace/name` of its Service (the `kubernetes.io/service-name` label).
+    pub service: Option<String>,
+    pub ports: Vec<NamedPort>,
+    pub endpoints: Vec<Endpoint>,
+}
+
+impl SliceRecord {
+    pub fn of(s: &EndpointSlice) -> SliceRecord {
+        let ns = s.metadata.namespace.as_deref().unwrap_or("default");
+        let service = s
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get("kubernetes.io/service-name"))
+            .map(|svc| format!("{ns}/{svc}"));
+        let ports = s
+            .ports
+            .iter()
+            .flatten()
+            .filter_map(|p| named_port(p.name.as_deref(), p.protocol.as_deref(), p.port))
+            .collect();
+        let endpoints = s
+            .endpoints
+            .iter()
+            .map(|e| Endpoint {
+                ips: e.addresses.iter().filter_map(|a| a.parse().ok()).collect(),
+                hostname: e.hostname.clone(),
+                // An endpoint without conditions is ready (the API's documented default).
+                ready: e.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true),
+            })
+            .collect();
+        SliceRecord { service, ports, endpoints }
+    }
 }
 
 fn name(s: &str) -> Option<Name> {
@@ -84,6 +199,36 @@ pub fn reverse_name(ip: IpAddr) -> Name {
     Name::from_ascii(text).expect("a reverse name is valid")
 }
 
+/// The address a reverse-lookup name stands for, if it is a whole one.
+pub fn reverse_ip(q: &Name) -> Option<IpAddr> {
+    let labels: Vec<String> = q.iter().map(|l| String::from_utf8_lossy(l).to_ascii_lowercase()).collect();
+    let n = labels.len();
+    if n == 6 && labels[4] == "in-addr" && labels[5] == "arpa" {
+        let mut o = [0u8; 4];
+        for (i, l) in labels[..4].iter().enumerate() {
+            // Decimal octets as written, no leading zeros (`010` is not 10 here).
+            if l.len() > 1 && l.starts_with('0') {
+                return None;
+            }
+            o[3 - i] = l.parse().ok()?;
+        }
+        return Some(IpAddr::from(o));
+    }
+    if n == 34 && labels[32] == "ip6" && labels[33] == "arpa" {
+        let mut o = [0u8; 16];
+        for (i, l) in labels[..32].iter().enumerate() {
+            if l.len() != 1 {
+                return None;
+            }
+            let nibble = u8::from_str_radix(l, 16).ok()?;
+            let pos = 31 - i;
+            o[pos / 2] |= if pos % 2 == 0 { nibble << 4 } else { nibble };
+        }
+        return Some(IpAddr::from(o));
+    }
+    None
+}
+
 /// An address as one DNS label, as CoreDNS names endpoints without a hostname (`10-244-1-5`).
 pub fn dashed(ip: IpAddr) -> String {
     match ip {
@@ -100,165 +245,234 @@ fn address(owner: &Name, ttl: u32, ip: IpAddr) -> Record {
     Record::from_rdata(owner.clone(), ttl, data)
 }
 
-/// A named port of a Service or EndpointSlice: (name, protocol, port).
-type NamedPort = (String, String, u16);
-
-/// Builds the records of the zone.
-struct Builder {
-    ttl: u32,
-    domain: Name,
-    records: HashMap<Name, Vec<Record>>,
-    exists: HashSet<Name>,
+fn matches_type(ip: IpAddr, qtype: RecordType) -> bool {
+    matches!((ip, qtype), (_, RecordType::ANY) | (IpAddr::V4(_), RecordType::A) | (IpAddr::V6(_), RecordType::AAAA))
 }
 
-impl Builder {
-    fn add(&mut self, r: Record) {
-        let owner = r.name.to_lowercase();
-        if self.domain.zone_of(&owner) {
-            let mut n = owner.clone();
-            while n.num_labels() > self.domain.num_labels() {
-                self.exists.insert(n.clone());
-                n = n.base_name();
-            }
-        }
-        let rs = self.records.entry(owner).or_default();
-        if !rs.contains(&r) {
-            rs.push(r);
-        }
-    }
-
-    /// SRV records `_<port>._<proto>.<base>` for named ports, one per target, each target's
-    /// address in the zone too. CoreDNS gives every record of a set the same weight, splitting
-    /// 100 between them.
-    fn srv(&mut self, base: &Name, ports: &[NamedPort], targets: &[Name]) {
-        let weight = (100 / targets.len().max(1)).max(1) as u16;
-        for (port_name, proto, port) in ports {
-            let owner = format!("_{}._{}.{}", port_name.to_lowercase(), proto.to_lowercase(), base);
-            let Some(owner) = name(&owner) else { continue };
-            for t in targets {
-                let srv = SRV::new(0, weight, *port, t.clone());
-                self.add(Record::from_rdata(owner.clone(), self.ttl, RData::SRV(srv)));
-            }
-        }
-    }
+/// Who owns an address's PTR record.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+enum Owner {
+    /// A ClusterIP Service (`namespace/name`).
+    Service(String),
+    /// An endpoint of this EndpointSlice (`namespace/name`), named under a headless Service.
+    Slice(String),
 }
 
-fn ready_addresses(slices: &[&EndpointSlice], publish_not_ready: bool) -> Vec<(IpAddr, Option<String>)> {
-    let mut out = vec![];
-    for s in slices {
-        for e in &s.endpoints {
-            let ready = e.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true);
-            if !ready && !publish_not_ready {
-                continue;
-            }
-            for a in &e.addresses {
-                if let Ok(ip) = a.parse::<IpAddr>() {
-                    if !out.iter().any(|(o, _)| *o == ip) {
-                        out.push((ip, e.hostname.clone()));
-                    }
-                }
-            }
-        }
-    }
-    out
+/// The cluster zone: what DNS needs of every Service and EndpointSlice, indexed for answers.
+#[derive(Debug, Clone)]
+pub struct Zone {
+    cfg: Config,
+    serial: u32,
+    /// By `namespace/name`.
+    services: HashMap<String, ServiceRecord>,
+    /// By the slice's `namespace/name`.
+    slices: HashMap<String, SliceRecord>,
+    /// Service `namespace/name` → its slices' keys.
+    by_service: HashMap<String, BTreeSet<String>>,
+    /// Services per namespace (`<ns>.svc.<zone>` exists while one does).
+    namespaces: HashMap<String, usize>,
+    /// Address → who may own its PTR record (checked again when asked).
+    reverse: HashMap<IpAddr, BTreeSet<Owner>>,
+}
+
+/// The labels of `q` below the zone's apex, leftmost first, in lower case.
+fn relative(q: &Name, domain: &Name) -> Vec<String> {
+    let n = q.num_labels().saturating_sub(domain.num_labels()) as usize;
+    q.iter().take(n).map(|l| String::from_utf8_lossy(l).to_ascii_lowercase()).collect()
 }
 
 impl Zone {
+    pub fn new(cfg: Config) -> Zone {
+        Zone {
+            cfg,
+            serial: 1,
+            services: HashMap::new(),
+            slices: HashMap::new(),
+            by_service: HashMap::new(),
+            namespaces: HashMap::new(),
+            reverse: HashMap::new(),
+        }
+    }
+
     /// The zone for these Services and their EndpointSlices (matched by the
     /// `kubernetes.io/service-name` label), with SOA serial `serial`.
     pub fn build(cfg: Config, services: &[Service], slices: &[EndpointSlice], serial: u32) -> Zone {
-        let ttl = cfg.ttl;
-        let mut b = Builder { ttl, domain: cfg.domain.clone(), records: HashMap::new(), exists: HashSet::new() };
-        let mut by_service: BTreeMap<(String, String), Vec<&EndpointSlice>> = BTreeMap::new();
+        let mut z = Zone::new(cfg);
+        for s in services {
+            z.set_service(key(&s.metadata), ServiceRecord::of(s));
+        }
         for s in slices {
-            let ns = s.metadata.namespace.clone().unwrap_or_default();
-            if let Some(svc) = s.metadata.labels.as_ref().and_then(|l| l.get("kubernetes.io/service-name")) {
-                by_service.entry((ns, svc.clone())).or_default().push(s);
+            z.set_slice(key(&s.metadata), SliceRecord::of(s));
+        }
+        z.serial = serial;
+        z
+    }
+
+    pub fn serial(&self) -> u32 {
+        self.serial
+    }
+
+    /// The number of Services and EndpointSlices held.
+    pub fn len(&self) -> (usize, usize) {
+        (self.services.len(), self.slices.len())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.services.is_empty() && self.slices.is_empty()
+    }
+
+    fn changed(&mut self) {
+        self.serial = self.serial.wrapping_add(1).max(1);
+    }
+
+    fn index(&mut self, ips: impl IntoIterator<Item = IpAddr>, owner: &Owner, add: bool) {
+        for ip in ips {
+            if add {
+                self.reverse.entry(ip).or_default().insert(owner.clone());
+            } else if let Some(set) = self.reverse.get_mut(&ip) {
+                set.remove(owner);
+                if set.is_empty() {
+                    self.reverse.remove(&ip);
+                }
             }
         }
-        if let Some(v) = name(&format!("dns-version.{}", cfg.domain)) {
-            b.add(Record::from_rdata(v, ttl, RData::TXT(TXT::new(vec![SCHEMA_VERSION.into()]))));
+    }
+
+    /// Adds or replaces the Service `namespace/name`.
+    pub fn set_service(&mut self, key: String, rec: ServiceRecord) {
+        self.delete_service_quietly(&key);
+        let owner = Owner::Service(key.clone());
+        self.index(rec.cluster_ips().to_vec(), &owner, true);
+        let ns = key.split_once('/').map(|(ns, _)| ns.to_string()).unwrap_or_default();
+        *self.namespaces.entry(ns).or_default() += 1;
+        self.services.insert(key, rec);
+        self.changed();
+    }
+
+    pub fn delete_service(&mut self, key: &str) {
+        if self.delete_service_quietly(key) {
+            self.changed();
         }
-        for svc in services {
-            let (Some(svc_name), ns) =
-                (svc.metadata.name.as_deref(), svc.metadata.namespace.as_deref().unwrap_or("default"))
-            else {
-                continue;
-            };
-            let Some(base) = name(&format!("{svc_name}.{ns}.svc.{}", cfg.domain)) else { continue };
-            let Some(spec) = svc.spec.as_ref() else { continue };
-            if spec.type_.as_deref() == Some("ExternalName") {
-                if let Some(target) = spec.external_name.as_deref().and_then(name) {
-                    b.add(Record::from_rdata(base.clone(), ttl, RData::CNAME(CNAME(target))));
-                }
-                continue;
+    }
+
+    fn delete_service_quietly(&mut self, key: &str) -> bool {
+        let Some(old) = self.services.remove(key) else { return false };
+        self.index(old.cluster_ips().to_vec(), &Owner::Service(key.to_string()), false);
+        let ns = key.split_once('/').map(|(ns, _)| ns).unwrap_or_default();
+        if let Some(n) = self.namespaces.get_mut(ns) {
+            *n -= 1;
+            if *n == 0 {
+                self.namespaces.remove(ns);
             }
-            let headless = spec.cluster_ip.as_deref() == Some("None");
-            if headless {
-                let slices = by_service.get(&(ns.to_string(), svc_name.to_string())).cloned().unwrap_or_default();
-                let publish = spec.publish_not_ready_addresses == Some(true);
-                let mut ports: Vec<NamedPort> = vec![];
-                for s in &slices {
-                    for p in s.ports.iter().flatten() {
-                        if let (Some(n), Some(port)) = (p.name.as_deref().filter(|n| !n.is_empty()), p.port) {
-                            let proto = p.protocol.clone().unwrap_or_else(|| "TCP".into());
-                            let np = (n.to_string(), proto, port as u16);
-                            if !ports.contains(&np) {
-                                ports.push(np);
-                            }
-                        }
-                    }
-                }
-                let mut targets = vec![];
-                for (ip, hostname) in ready_addresses(&slices, publish) {
-                    let label = hostname.filter(|h| !h.is_empty()).unwrap_or_else(|| dashed(ip));
-                    let Some(host) = name(&format!("{label}.{base}")) else { continue };
-                    b.add(address(&base, ttl, ip));
-                    b.add(address(&host, ttl, ip));
-                    b.add(Record::from_rdata(reverse_name(ip), ttl, RData::PTR(PTR(host.clone()))));
-                    if !targets.contains(&host) {
-                        targets.push(host);
-                    }
-                }
-                b.srv(&base, &ports, &targets);
-                continue;
-            }
-            let ips: Vec<IpAddr> = spec
-                .cluster_ips
-                .iter()
-                .flatten()
-                .chain(spec.cluster_ip.iter())
-                .filter_map(|ip| ip.parse().ok())
-                .collect();
-            if ips.is_empty() {
-                continue;
-            }
-            for ip in &ips {
-                b.add(address(&base, ttl, *ip));
-                b.add(Record::from_rdata(reverse_name(*ip), ttl, RData::PTR(PTR(base.clone()))));
-            }
-            let ports: Vec<NamedPort> = spec
-                .ports
-                .iter()
-                .flatten()
-                .filter_map(|p| {
-                    let n = p.name.as_deref().filter(|n| !n.is_empty())?;
-                    Some((n.to_string(), p.protocol.clone().unwrap_or_else(|| "TCP".into()), p.port as u16))
-                })
-                .collect();
-            b.srv(&base, &ports, std::slice::from_ref(&base));
         }
+        true
+    }
+
+    /// Replaces every Service (a relist).
+    pub fn replace_services(&mut self, all: impl IntoIterator<Item = (String, ServiceRecord)>) {
+        let keys: Vec<String> = self.services.keys().cloned().collect();
+        for k in keys {
+            self.delete_service_quietly(&k);
+        }
+        for (k, r) in all {
+            self.set_service(k, r);
+        }
+        self.changed();
+    }
+
+    /// Adds or replaces the EndpointSlice `namespace/name`.
+    pub fn set_slice(&mut self, key: String, rec: SliceRecord) {
+        self.delete_slice_quietly(&key);
+        let owner = Owner::Slice(key.clone());
+        let ips: Vec<IpAddr> = rec.endpoints.iter().flat_map(|e| e.ips.iter().copied()).collect();
+        self.index(ips, &owner, true);
+        if let Some(svc) = &rec.service {
+            self.by_service.entry(svc.clone()).or_default().insert(key.clone());
+        }
+        self.slices.insert(key, rec);
+        self.changed();
+    }
+
+    pub fn delete_slice(&mut self, key: &str) {
+        if self.delete_slice_quietly(key) {
+            self.changed();
+        }
+    }
+
+    fn delete_slice_quietly(&mut self, key: &str) -> bool {
+        let Some(old) = self.slices.remove(key) else { return false };
+        let ips: Vec<IpAddr> = old.endpoints.iter().flat_map(|e| e.ips.iter().copied()).collect();
+        self.index(ips, &Owner::Slice(key.to_string()), false);
+        if let Some(svc) = &old.service {
+            if let Some(set) = self.by_service.get_mut(svc) {
+                set.remove(key);
+                if set.is_empty() {
+                    self.by_service.remove(svc);
+                }
+            }
+        }
+        true
+    }
+
+    /// Replaces every EndpointSlice (a relist).
+    pub fn replace_slices(&mut self, all: impl IntoIterator<Item = (String, SliceRecord)>) {
+        let keys: Vec<String> = self.slices.keys().cloned().collect();
+        for k in keys {
+            self.delete_slice_quietly(&k);
+        }
+        for (k, r) in all {
+            self.set_slice(k, r);
+        }
+        self.changed();
+    }
+
+    fn soa(&self) -> Record {
+        let d = &self.cfg.domain;
         let soa = SOA::new(
-            name(&format!("ns.dns.{}", cfg.domain)).expect("valid"),
-            name(&format!("hostmaster.{}", cfg.domain)).expect("valid"),
-            serial,
+            name(&format!("ns.dns.{d}")).expect("valid"),
+            name(&format!("hostmaster.{d}")).expect("valid"),
+            self.serial,
             7200,
             1800,
             86400,
-            ttl,
+            self.cfg.ttl,
         );
-        let soa = Record::from_rdata(cfg.domain.clone(), ttl, RData::SOA(soa));
-        Zone { cfg, records: b.records, exists: b.exists, soa }
+        Record::from_rdata(d.clone(), self.cfg.ttl, RData::SOA(soa))
+    }
+
+    /// `<svc>.<ns>.svc.<zone>`.
+    fn base(&self, key: &str) -> Option<Name> {
+        let (ns, svc) = key.split_once('/')?;
+        name(&format!("{svc}.{ns}.svc.{}", self.cfg.domain))
+    }
+
+    /// The endpoints a headless Service publishes, each address once, in slice order:
+    /// (address, its label under the Service).
+    fn published(&self, key: &str, publish_not_ready: bool) -> Vec<(IpAddr, String)> {
+        let mut out: Vec<(IpAddr, String)> = vec![];
+        for slice in self.by_service.get(key).into_iter().flatten().filter_map(|k| self.slices.get(k)) {
+            for e in slice.endpoints.iter().filter(|e| e.ready || publish_not_ready) {
+                for ip in &e.ips {
+                    if !out.iter().any(|(o, _)| o == ip) {
+                        out.push((*ip, e.label(*ip)));
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// The named ports of a headless Service's slices, each once.
+    fn slice_ports(&self, key: &str) -> Vec<NamedPort> {
+        let mut out: Vec<NamedPort> = vec![];
+        for slice in self.by_service.get(key).into_iter().flatten().filter_map(|k| self.slices.get(k)) {
+            for p in &slice.ports {
+                if !out.contains(p) {
+                    out.push(p.clone());
+                }
+            }
+        }
+        out
     }
 
     /// The answer to `qname` `qtype`: the zone's records; NODATA (no error, no records, the
@@ -268,80 +482,230 @@ impl Zone {
     pub fn answer(&self, qname: &Name, qtype: RecordType) -> Answer {
         let mut q = qname.to_lowercase();
         q.set_fqdn(true);
-        let in_zone = self.cfg.domain.zone_of(&q);
-        if !in_zone {
+        if !self.cfg.domain.zone_of(&q) {
             // Reverse names of the cluster's addresses are answered; other reverse names, as
             // every other name, would go upstream.
-            return match self.records.get(&q) {
-                Some(rs) => self.positive(rs, qtype),
-                None => Answer::refused(),
+            return match reverse_ip(&q).map(|ip| self.ptr(&q, ip, qtype)) {
+                Some(Some(a)) => a,
+                _ => Answer::refused(),
             };
         }
-        if q == self.cfg.domain {
-            return match qtype {
-                RecordType::SOA | RecordType::ANY => self.with(vec![self.soa.clone()]),
+        let rel = relative(&q, &self.cfg.domain);
+        let rel: Vec<&str> = rel.iter().map(String::as_str).collect();
+        match rel.as_slice() {
+            [] => match qtype {
+                RecordType::SOA | RecordType::ANY => self.with(vec![self.soa()], vec![]),
                 _ => self.negative(ResponseCode::NoError),
-            };
-        }
-        if let Some(a) = self.pod_answer(&q, qtype) {
-            return a;
-        }
-        match self.records.get(&q) {
-            Some(rs) => self.positive(rs, qtype),
-            None if self.exists.contains(&q) => self.negative(ResponseCode::NoError),
-            None => self.negative(ResponseCode::NXDomain),
+            },
+            ["dns-version"] => match qtype {
+                RecordType::TXT | RecordType::ANY => {
+                    let txt = TXT::new(vec![SCHEMA_VERSION.into()]);
+                    self.with(vec![Record::from_rdata(q.clone(), self.cfg.ttl, RData::TXT(txt))], vec![])
+                }
+                _ => self.negative(ResponseCode::NoError),
+            },
+            ["svc"] => self.exists(!self.services.is_empty()),
+            [ns, "svc"] => self.exists(self.namespaces.contains_key(*ns)),
+            [svc, ns, "svc"] => self.service(&q, &format!("{ns}/{svc}"), qtype),
+            [proto, svc, ns, "svc"] if proto.starts_with('_') => {
+                // `_tcp.<svc>`: exists while one of the Service's SRV names is under it.
+                let key = format!("{ns}/{svc}");
+                let any = self.srv_ports(&key).iter().any(|p| format!("_{}", p.proto) == *proto);
+                self.exists(any && self.srv(&q, &key, None, qtype).is_some())
+            }
+            [label, svc, ns, "svc"] => self.endpoint(&q, &format!("{ns}/{svc}"), label, qtype),
+            [port, proto, svc, ns, "svc"] if port.starts_with('_') && proto.starts_with('_') => {
+                let key = format!("{ns}/{svc}");
+                match self.srv(&q, &key, Some((&port[1..], &proto[1..])), qtype) {
+                    Some(a) => a,
+                    None => self.negative(ResponseCode::NXDomain),
+                }
+            }
+            [ip, _ns, "pod"] => self.pod(&q, ip, qtype),
+            _ => self.negative(ResponseCode::NXDomain),
         }
     }
 
-    /// `a-b-c-d.<ns>.pod.<zone>` (CoreDNS `pods insecure`: any such name answers its address).
-    fn pod_answer(&self, q: &Name, qtype: RecordType) -> Option<Answer> {
-        let zone_labels = self.cfg.domain.num_labels();
-        if q.num_labels() != zone_labels + 3 {
-            return None;
+    /// NODATA if the name exists, else NXDOMAIN.
+    fn exists(&self, yes: bool) -> Answer {
+        self.negative(if yes { ResponseCode::NoError } else { ResponseCode::NXDomain })
+    }
+
+    fn service(&self, q: &Name, key: &str, qtype: RecordType) -> Answer {
+        let ttl = self.cfg.ttl;
+        match self.services.get(key) {
+            None | Some(ServiceRecord::Nothing) => self.negative(ResponseCode::NXDomain),
+            // A name with a CNAME has nothing else: the CNAME answers every type (the target
+            // is outside the cluster, and there is no upstream to follow it).
+            Some(ServiceRecord::External(target)) => {
+                self.with(vec![Record::from_rdata(q.clone(), ttl, RData::CNAME(CNAME(target.clone())))], vec![])
+            }
+            Some(ServiceRecord::ClusterIp { ips, .. }) => {
+                let rs: Vec<Record> =
+                    ips.iter().filter(|ip| matches_type(**ip, qtype)).map(|ip| address(q, ttl, *ip)).collect();
+                self.positive(rs)
+            }
+            Some(ServiceRecord::Headless { publish_not_ready }) => {
+                let eps = self.published(key, *publish_not_ready);
+                if eps.is_empty() {
+                    // No ready endpoint: the name does not exist.
+                    return self.negative(ResponseCode::NXDomain);
+                }
+                let rs = eps.iter().filter(|(ip, _)| matches_type(*ip, qtype)).map(|(ip, _)| address(q, ttl, *ip));
+                self.positive(rs.collect())
+            }
         }
-        let labels: Vec<String> = q.iter().map(|l| String::from_utf8_lossy(l).into_owned()).collect();
-        if labels[2] != "pod" {
-            return None;
-        }
-        let ip: std::net::Ipv4Addr = labels[0].replace('-', ".").parse().ok()?;
-        Some(match qtype {
-            RecordType::A | RecordType::ANY => self.with(vec![address(q, self.cfg.ttl, IpAddr::V4(ip))]),
-            _ => self.negative(ResponseCode::NoError),
-        })
     }
 
-    fn with(&self, answers: Vec<Record>) -> Answer {
-        Answer { code: ResponseCode::NoError, answers, authority: vec![], additional: vec![] }
-    }
-
-    fn negative(&self, code: ResponseCode) -> Answer {
-        Answer { code, answers: vec![], authority: vec![self.soa.clone()], additional: vec![] }
-    }
-
-    fn positive(&self, rs: &[Record], qtype: RecordType) -> Answer {
-        // A name with a CNAME has nothing else: the CNAME answers every type (the target is
-        // outside the cluster, and there is no upstream to follow it).
-        let cname: Vec<Record> = rs.iter().filter(|r| r.record_type() == RecordType::CNAME).cloned().collect();
-        let answers: Vec<Record> = if !cname.is_empty() {
-            cname
-        } else {
-            rs.iter().filter(|r| qtype == RecordType::ANY || r.record_type() == qtype).cloned().collect()
+    /// `<hostname or dashed address>.<svc>.<ns>.svc.<zone>` of a headless Service.
+    fn endpoint(&self, q: &Name, key: &str, label: &str, qtype: RecordType) -> Answer {
+        let Some(ServiceRecord::Headless { publish_not_ready }) = self.services.get(key) else {
+            return self.negative(ResponseCode::NXDomain);
         };
-        if answers.is_empty() {
-            return self.negative(ResponseCode::NoError);
+        let ips: Vec<IpAddr> =
+            self.published(key, *publish_not_ready).into_iter().filter(|(_, l)| l == label).map(|(ip, _)| ip).collect();
+        if ips.is_empty() {
+            return self.negative(ResponseCode::NXDomain);
         }
+        let ttl = self.cfg.ttl;
+        self.positive(ips.iter().filter(|ip| matches_type(**ip, qtype)).map(|ip| address(q, ttl, *ip)).collect())
+    }
+
+    fn srv_ports(&self, key: &str) -> Vec<NamedPort> {
+        match self.services.get(key) {
+            Some(ServiceRecord::ClusterIp { ports, .. }) => ports.clone(),
+            Some(ServiceRecord::Headless { .. }) => self.slice_ports(key),
+            _ => vec![],
+        }
+    }
+
+    /// SRV `_<port>._<proto>.<svc>…` (or, with no port, whether any exists under `_<proto>`):
+    /// None when the name does not exist.
+    fn srv(&self, q: &Name, key: &str, port: Option<(&str, &str)>, qtype: RecordType) -> Option<Answer> {
+        let ttl = self.cfg.ttl;
+        let base = self.base(key)?;
+        let ports: Vec<NamedPort> = self
+            .srv_ports(key)
+            .into_iter()
+            .filter(|p| port.is_none_or(|(n, proto)| p.name == n && p.proto == proto))
+            .collect();
+        if ports.is_empty() {
+            return None;
+        }
+        // (target, its addresses)
+        let targets: Vec<(Name, Vec<IpAddr>)> = match self.services.get(key)? {
+            ServiceRecord::ClusterIp { ips, .. } => vec![(base.clone(), ips.clone())],
+            ServiceRecord::Headless { publish_not_ready } => {
+                let mut out: Vec<(Name, Vec<IpAddr>)> = vec![];
+                for (ip, label) in self.published(key, *publish_not_ready) {
+                    let Some(host) = name(&format!("{label}.{base}")) else { continue };
+                    match out.iter_mut().find(|(h, _)| *h == host) {
+                        Some((_, ips)) => ips.push(ip),
+                        None => out.push((host, vec![ip])),
+                    }
+                }
+                out
+            }
+            _ => vec![],
+        };
+        if targets.is_empty() {
+            return None;
+        }
+        if port.is_none() {
+            return Some(self.negative(ResponseCode::NoError));
+        }
+        if !matches!(qtype, RecordType::SRV | RecordType::ANY) {
+            return Some(self.negative(ResponseCode::NoError));
+        }
+        // CoreDNS gives every record of a set the same weight, splitting 100 between them.
+        let weight = (100 / targets.len()).max(1) as u16;
+        let mut answers = vec![];
         let mut additional = vec![];
-        for r in &answers {
-            if let RData::SRV(srv) = &r.data {
-                for t in self.records.get(&srv.target.to_lowercase()).into_iter().flatten() {
-                    if matches!(t.record_type(), RecordType::A | RecordType::AAAA) && !additional.contains(t) {
-                        additional.push(t.clone());
+        for p in &ports {
+            for (t, ips) in &targets {
+                answers.push(Record::from_rdata(q.clone(), ttl, RData::SRV(SRV::new(0, weight, p.port, t.clone()))));
+                for ip in ips {
+                    let a = address(t, ttl, *ip);
+                    if !additional.contains(&a) {
+                        additional.push(a);
                     }
                 }
             }
         }
+        Some(Answer { code: ResponseCode::NoError, answers, authority: vec![], additional })
+    }
+
+    /// `a-b-c-d.<ns>.pod.<zone>` (CoreDNS `pods insecure`: any such name answers its address).
+    fn pod(&self, q: &Name, label: &str, qtype: RecordType) -> Answer {
+        let Ok(ip) = label.replace('-', ".").parse::<std::net::Ipv4Addr>() else {
+            return self.negative(ResponseCode::NXDomain);
+        };
+        match qtype {
+            RecordType::A | RecordType::ANY => self.with(vec![address(q, self.cfg.ttl, IpAddr::V4(ip))], vec![]),
+            _ => self.negative(ResponseCode::NoError),
+        }
+    }
+
+    /// PTR of a cluster IP or a headless Service's endpoint; None when the address is not
+    /// the cluster's.
+    fn ptr(&self, q: &Name, ip: IpAddr, qtype: RecordType) -> Option<Answer> {
+        let mut targets: Vec<Name> = vec![];
+        for owner in self.reverse.get(&ip)? {
+            match owner {
+                Owner::Service(key) => {
+                    if let (Some(ServiceRecord::ClusterIp { .. }), Some(base)) =
+                        (self.services.get(key), self.base(key))
+                    {
+                        targets.push(base);
+                    }
+                }
+                Owner::Slice(k) => {
+                    let Some(svc) = self.slices.get(k).and_then(|s| s.service.as_deref()) else { continue };
+                    let Some(ServiceRecord::Headless { publish_not_ready }) = self.services.get(svc) else { continue };
+                    let Some(base) = self.base(svc) else { continue };
+                    for (_, label) in self.published(svc, *publish_not_ready).into_iter().filter(|(i, _)| *i == ip) {
+                        if let Some(host) = name(&format!("{label}.{base}")) {
+                            targets.push(host);
+                        }
+                    }
+                }
+            }
+        }
+        targets.dedup();
+        if targets.is_empty() {
+            return None;
+        }
+        if !matches!(qtype, RecordType::PTR | RecordType::ANY) {
+            return Some(self.negative(ResponseCode::NoError));
+        }
+        let ttl = self.cfg.ttl;
+        Some(self.with(
+            targets.into_iter().map(|t| Record::from_rdata(q.clone(), ttl, RData::PTR(PTR(t)))).collect(),
+            vec![],
+        ))
+    }
+
+    fn with(&self, answers: Vec<Record>, additional: Vec<Record>) -> Answer {
         Answer { code: ResponseCode::NoError, answers, authority: vec![], additional }
     }
+
+    fn negative(&self, code: ResponseCode) -> Answer {
+        Answer { code, answers: vec![], authority: vec![self.soa()], additional: vec![] }
+    }
+
+    /// Records of a name that exists: them, or NODATA.
+    fn positive(&self, rs: Vec<Record>) -> Answer {
+        if rs.is_empty() {
+            self.negative(ResponseCode::NoError)
+        } else {
+            self.with(rs, vec![])
+        }
+    }
+}
+
+/// `namespace/name` of an object, as the reflector keys it.
+fn key(m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> String {
+    format!("{}/{}", m.namespace.as_deref().unwrap_or("default"), m.name.as_deref().unwrap_or_default())
 }
 
 #[cfg(test)]
@@ -485,5 +849,143 @@ mod tests {
         assert_eq!(reverse_name("10.244.1.5".parse().unwrap()).to_string(), "5.1.244.10.in-addr.arpa.");
         let v6 = reverse_name("fd00::1".parse().unwrap()).to_string();
         assert!(v6.starts_with("1.0.0.0.0.0.0.0") && v6.ends_with(".0.0.d.f.ip6.arpa."), "{v6}");
+    }
+
+    #[test]
+    fn reverse_names_parse_back() {
+        for ip in ["10.244.1.5", "10.96.0.10", "fd00::1", "2001:db8::a:b"] {
+            let ip: IpAddr = ip.parse().unwrap();
+            assert_eq!(reverse_ip(&reverse_name(ip)), Some(ip));
+        }
+        for bad in ["1.2.3.in-addr.arpa.", "01.2.3.4.in-addr.arpa.", "300.2.3.4.in-addr.arpa.", "a.b.c.d.in-addr.arpa."]
+        {
+            assert_eq!(reverse_ip(&Name::from_ascii(bad).unwrap()), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn names_between_a_srv_owner_and_its_service_exist() {
+        let z = zone();
+        assert_eq!(ask(&z, "_tcp.web.default.svc.cluster.local.", RecordType::A).code, ResponseCode::NoError);
+        assert_eq!(ask(&z, "_udp.web.default.svc.cluster.local.", RecordType::A).code, ResponseCode::NXDomain);
+        assert_eq!(ask(&z, "_tcp.db.data.svc.cluster.local.", RecordType::SRV).code, ResponseCode::NoError);
+        // SRV owners answer NODATA for other types.
+        let a = ask(&z, "_http._tcp.web.default.svc.cluster.local.", RecordType::A);
+        assert_eq!((a.code, a.answers.len()), (ResponseCode::NoError, 0));
+    }
+
+    /// Every answer of interest, as text, for comparing zones.
+    fn snapshot(z: &Zone) -> Vec<String> {
+        let names = [
+            "web.default.svc.cluster.local.",
+            "db.data.svc.cluster.local.",
+            "db-0.db.data.svc.cluster.local.",
+            "10-244-2-7.db.data.svc.cluster.local.",
+            "_pg._tcp.db.data.svc.cluster.local.",
+            "_http._tcp.web.default.svc.cluster.local.",
+            "ext.default.svc.cluster.local.",
+            "data.svc.cluster.local.",
+            "default.svc.cluster.local.",
+            "5.1.244.10.in-addr.arpa.",
+            "7.2.244.10.in-addr.arpa.",
+            "20.0.96.10.in-addr.arpa.",
+        ];
+        let mut out = vec![];
+        for n in names {
+            for t in [RecordType::A, RecordType::SRV, RecordType::PTR] {
+                let a = ask(z, n, t);
+                let mut answers = texts(&a.answers);
+                answers.sort();
+                out.push(format!("{n} {t}: {} {answers:?}", a.code));
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn changes_one_at_a_time_end_where_a_fresh_build_does() {
+        let full = zone();
+        let cfg = Config::new("cluster.local", 30).unwrap();
+        let mut z = Zone::new(cfg.clone());
+        // Slices before their Services, a Service changed, one deleted and re-added.
+        let slice = SliceRecord {
+            service: Some("data/db".into()),
+            ports: vec![NamedPort { name: "pg".into(), proto: "tcp".into(), port: 5432 }],
+            endpoints: vec![
+                Endpoint { ips: vec!["10.244.1.5".parse().unwrap()], hostname: Some("db-0".into()), ready: true },
+                Endpoint { ips: vec!["10.244.2.7".parse().unwrap()], hostname: None, ready: true },
+                Endpoint { ips: vec!["10.244.2.9".parse().unwrap()], hostname: None, ready: false },
+            ],
+        };
+        z.set_slice("data/db-x".into(), slice.clone());
+        z.set_service("data/db".into(), ServiceRecord::Headless { publish_not_ready: false });
+        z.set_service("data/empty".into(), ServiceRecord::Headless { publish_not_ready: false });
+        z.set_service(
+            "default/web".into(),
+            ServiceRecord::ClusterIp { ips: vec!["10.96.0.99".parse().unwrap()], ports: vec![] },
+        );
+        let web = ServiceRecord::ClusterIp {
+            ips: vec!["10.96.0.20".parse().unwrap()],
+            ports: vec![NamedPort { name: "http".into(), proto: "tcp".into(), port: 80 }],
+        };
+        z.set_service("default/web".into(), web);
+        z.set_service("default/ext".into(), ServiceRecord::External(name("example.org").unwrap()));
+        assert_eq!(snapshot(&z), snapshot(&full));
+        // The old cluster IP no longer answers.
+        assert_eq!(ask(&z, "99.0.96.10.in-addr.arpa.", RecordType::PTR).code, ResponseCode::Refused);
+
+        let before = z.serial();
+        z.delete_slice("data/db-x");
+        assert!(z.serial() > before, "every change moves the SOA serial");
+        assert_eq!(ask(&z, "db.data.svc.cluster.local.", RecordType::A).code, ResponseCode::NXDomain);
+        assert_eq!(ask(&z, "5.1.244.10.in-addr.arpa.", RecordType::PTR).code, ResponseCode::Refused);
+        z.delete_service("default/web");
+        assert_eq!(ask(&z, "web.default.svc.cluster.local.", RecordType::A).code, ResponseCode::NXDomain);
+        z.delete_service("default/ext");
+        assert_eq!(
+            ask(&z, "default.svc.cluster.local.", RecordType::A).code,
+            ResponseCode::NXDomain,
+            "no Service left in default"
+        );
+
+        // A relist puts everything back, whatever was there.
+        z.set_service("other/stale".into(), ServiceRecord::Headless { publish_not_ready: true });
+        z.replace_services(
+            [
+                ("data/db", ServiceRecord::Headless { publish_not_ready: false }),
+                ("data/empty", ServiceRecord::Headless { publish_not_ready: false }),
+                ("default/ext", ServiceRecord::External(name("example.org").unwrap())),
+                (
+                    "default/web",
+                    ServiceRecord::ClusterIp {
+                        ips: vec!["10.96.0.20".parse().unwrap()],
+                        ports: vec![NamedPort { name: "http".into(), proto: "tcp".into(), port: 80 }],
+                    },
+                ),
+            ]
+            .map(|(k, r)| (k.to_string(), r)),
+        );
+        z.replace_slices([("data/db-x".to_string(), slice)]);
+        assert_eq!(snapshot(&z), snapshot(&full));
+        assert_eq!(z.len(), (4, 1));
+        assert_eq!(ask(&z, "stale.other.svc.cluster.local.", RecordType::A).code, ResponseCode::NXDomain);
+    }
+
+    #[test]
+    fn not_ready_endpoints_are_published_when_the_service_says_so() {
+        let mut z = Zone::new(Config::new("cluster.local", 5).unwrap());
+        z.set_service("ns/h".into(), ServiceRecord::Headless { publish_not_ready: true });
+        z.set_slice(
+            "ns/h-1".into(),
+            SliceRecord {
+                service: Some("ns/h".into()),
+                ports: vec![],
+                endpoints: vec![Endpoint { ips: vec!["fd00::5".parse().unwrap()], hostname: None, ready: false }],
+            },
+        );
+        let a = ask(&z, "h.ns.svc.cluster.local.", RecordType::AAAA);
+        assert_eq!(texts(&a.answers), ["h.ns.svc.cluster.local. 5 IN AAAA fd00::5"]);
+        assert_eq!(ask(&z, "h.ns.svc.cluster.local.", RecordType::A).code, ResponseCode::NoError);
+        assert_eq!(ask(&z, "fd00--5.h.ns.svc.cluster.local.", RecordType::AAAA).answers.len(), 1);
     }
 }

@@ -1,5 +1,6 @@
-//! The server process: the zone rebuilt from the API's Services and EndpointSlices (watched
-//! through the client crate's reflectors) whenever they change, served on UDP and TCP.
+//! The server process: the zone kept current from the API's Services and EndpointSlices
+//! (watched through the client crate's reflectors, each object reduced to what DNS needs as
+//! it arrives and applied to the zone at once), served on UDP and TCP.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -8,18 +9,13 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use podpath_client::grpc::ApiClient;
-use podpath_client::reflector::{self, Filter, Store};
+use podpath_client::reflector::{self, Change, Filter, Sink};
+use tokio::sync::watch;
 
 use crate::error::{DnsError, Result};
 use crate::metrics::Metrics;
-use crate::records::{Config, Zone};
+use crate::records::{Config, ServiceRecord, SliceRecord, Zone};
 use crate::server::{Handler, SharedZone};
-
-/// Changes closer together than this are built into one zone.
-const SETTLE: Duration = Duration::from_millis(20);
-/// Under a burst of changes, the zone is rebuilt at most this often (each build is a whole
-/// new zone: building one per event of a 10,000-Service burst only churns memory).
-const MIN_INTERVAL: Duration = Duration::from_millis(250);
 
 /// Where to listen and whom to ask.
 pub struct Options {
@@ -73,14 +69,17 @@ pub async fn run(opts: Options, shutdown: impl std::future::Future<Output = ()>)
     let client = ApiClient::connect_patiently(&opts.apiserver, opts.token.as_deref(), opts.ca.as_deref(), None)
         .await
         .map_err(|e| DnsError::Api(e.to_string()))?;
-    let services = Store::<Service>::new();
-    let slices = Store::<EndpointSlice>::new();
-    tokio::spawn(reflector::run(client.clone(), Filter::default(), services.clone()));
-    tokio::spawn(reflector::run(client.clone(), Filter::default(), slices.clone()));
+    let shared = SharedZone::new(Zone::new(opts.zone.clone()));
+    let services = Arc::new(Feed::new(shared.clone()));
+    let slices = Arc::new(Feed::new(shared.clone()));
+    tokio::spawn(reflector::run_mapped(client.clone(), Filter::default(), services.clone(), |s: Service| {
+        ServiceRecord::of(&s)
+    }));
+    tokio::spawn(reflector::run_mapped(client.clone(), Filter::default(), slices.clone(), |s: EndpointSlice| {
+        SliceRecord::of(&s)
+    }));
     services.wait_synced().await;
     slices.wait_synced().await;
-    let shared = SharedZone::new(Zone::build(opts.zone.clone(), &services.list(), &slices.list(), 1));
-    tokio::spawn(follow(opts.zone.clone(), services, slices, shared.clone(), 1));
     if let Some(addr) = opts.ready {
         http(addr, "/ready", || "OK".to_string()).await?;
     }
@@ -97,27 +96,48 @@ pub async fn run(opts: Options, shutdown: impl std::future::Future<Output = ()>)
     }
 }
 
-/// Rebuilds the zone after every change of either store.
-async fn follow(
-    cfg: Config,
-    services: Arc<Store<Service>>,
-    slices: Arc<Store<EndpointSlice>>,
-    shared: SharedZone,
-    mut serial: u32,
-) {
-    let (mut a, mut b) = (services.changes(), slices.changes());
-    let mut last = tokio::time::Instant::now() - MIN_INTERVAL;
-    loop {
-        tokio::select! {
-            r = a.changed() => if r.is_err() { return },
-            r = b.changed() => if r.is_err() { return },
+/// Applies one kind's changes to the zone as the reflector delivers them.
+struct Feed<U> {
+    zone: SharedZone,
+    synced: watch::Sender<bool>,
+    _kind: std::marker::PhantomData<fn(U)>,
+}
+
+impl<U> Feed<U> {
+    fn new(zone: SharedZone) -> Feed<U> {
+        Feed { zone, synced: watch::channel(false).0, _kind: std::marker::PhantomData }
+    }
+
+    /// Waits for the first full list (the readiness endpoint answers after it).
+    async fn wait_synced(&self) {
+        let _ = self.synced.subscribe().wait_for(|s| *s).await;
+    }
+}
+
+impl Sink<ServiceRecord> for Feed<ServiceRecord> {
+    fn apply(&self, change: Change<ServiceRecord>) {
+        match change {
+            Change::None => {}
+            Change::Replace(all) => {
+                self.zone.update(|z| z.replace_services(all));
+                self.synced.send_replace(true);
+            }
+            Change::Apply(k, r) => self.zone.update(|z| z.set_service(k, r)),
+            Change::Delete(k) => self.zone.update(|z| z.delete_service(&k)),
         }
-        tokio::time::sleep(SETTLE).await;
-        tokio::time::sleep_until(last + MIN_INTERVAL).await;
-        last = tokio::time::Instant::now();
-        a.borrow_and_update();
-        b.borrow_and_update();
-        serial = serial.wrapping_add(1);
-        shared.set(Zone::build(cfg.clone(), &services.list(), &slices.list(), serial));
+    }
+}
+
+impl Sink<SliceRecord> for Feed<SliceRecord> {
+    fn apply(&self, change: Change<SliceRecord>) {
+        match change {
+            Change::None => {}
+            Change::Replace(all) => {
+                self.zone.update(|z| z.replace_slices(all));
+                self.synced.send_replace(true);
+            }
+            Change::Apply(k, r) => self.zone.update(|z| z.set_slice(k, r)),
+            Change::Delete(k) => self.zone.update(|z| z.delete_slice(&k)),
+        }
     }
 }

@@ -1,6 +1,7 @@
 //! The DNS server: hickory's UDP and TCP serving (framing, truncation to the client's buffer
 //! size, TCP for the rest) around [`Handler`], which answers every query from the current
-//! [`Zone`]. The zone is swapped whole when the cluster changes; queries never wait for that.
+//! [`Zone`]. The zone changes one object at a time under a write lock held for microseconds
+//! (a whole relist: milliseconds); queries read it under the read lock.
 
 use std::sync::{Arc, RwLock};
 
@@ -13,21 +14,27 @@ use hickory_server::zone_handler::MessageResponseBuilder;
 use crate::metrics::{Metrics, Observation};
 use crate::records::Zone;
 
-/// The zone queries are answered from; cheap to clone, shared with whoever rebuilds it.
+/// The zone queries are answered from; cheap to clone, shared with whoever updates it.
 #[derive(Clone)]
-pub struct SharedZone(Arc<RwLock<Arc<Zone>>>);
+pub struct SharedZone(Arc<RwLock<Zone>>);
 
 impl SharedZone {
     pub fn new(zone: Zone) -> SharedZone {
-        SharedZone(Arc::new(RwLock::new(Arc::new(zone))))
+        SharedZone(Arc::new(RwLock::new(zone)))
     }
 
-    pub fn get(&self) -> Arc<Zone> {
-        self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
+    /// Reads the zone (a poisoned lock still holds a consistent zone: every update is a
+    /// sequence of map operations that do not panic midway).
+    pub fn read<R>(&self, f: impl FnOnce(&Zone) -> R) -> R {
+        f(&self.0.read().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    pub fn update<R>(&self, f: impl FnOnce(&mut Zone) -> R) -> R {
+        f(&mut self.0.write().unwrap_or_else(|e| e.into_inner()))
     }
 
     pub fn set(&self, zone: Zone) {
-        *self.0.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(zone);
+        self.update(|z| *z = zone);
     }
 }
 
@@ -73,7 +80,7 @@ impl RequestHandler for Handler {
         let name: Name = info.query.name().into();
         // The cluster zone is class IN; other classes (CHAOS's version.bind …) are not ours.
         let answer = if info.query.query_class() == DNSClass::IN {
-            self.zone.get().answer(&name, info.query.query_type())
+            self.zone.read(|z| z.answer(&name, info.query.query_type()))
         } else {
             crate::records::Answer {
                 code: ResponseCode::Refused,

@@ -198,3 +198,239 @@ fn the_lab_serves_cluster_dns_behind_the_kube_dns_service() {
     drop(lab);
     assert!(host_files() == before, "the node's /etc/resolv.conf and /etc/hosts are unchanged");
 }
+
+/// The YAML of the in-pod test: two namespaces with a client pod and a `web` Service each;
+/// headless Services with hostnames (`db`, two pods), without (`anon`), without ready
+/// endpoints (`nobody`), with 60 hand-made endpoints (`big`); an ExternalName (`ext`).
+fn pods_and_services() -> String {
+    let mut y = String::from(
+        "apiVersion: v1\nkind: Namespace\nmetadata: {name: team}\n---\n\
+         apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: default}\n\
+         spec: {selector: {app: web}, ports: [{name: http, port: 80, targetPort: 8080}]}\n---\n\
+         apiVersion: v1\nkind: Pod\nmetadata: {name: web, labels: {app: web}}\n\
+         spec: {containers: [{name: c, image: podpath/echo, ports: [{containerPort: 8080}]}]}\n---\n\
+         apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: team}\n\
+         spec: {ports: [{name: http, port: 80}]}\n---\n\
+         apiVersion: v1\nkind: Service\nmetadata: {name: db}\n\
+         spec: {clusterIP: None, selector: {app: db}, ports: [{name: pg, port: 5432}]}\n---\n\
+         apiVersion: v1\nkind: Service\nmetadata: {name: anon}\n\
+         spec: {clusterIP: None, selector: {app: anon}, ports: [{port: 80}]}\n---\n\
+         apiVersion: v1\nkind: Service\nmetadata: {name: nobody}\n\
+         spec: {clusterIP: None, selector: {app: nobody}, ports: [{port: 80}]}\n---\n\
+         apiVersion: v1\nkind: Service\nmetadata: {name: ext}\nspec: {type: ExternalName, externalName: example.org}\n---\n\
+         apiVersion: v1\nkind: Service\nmetadata: {name: big}\nspec: {clusterIP: None, ports: [{name: http, port: 80}]}\n---\n\
+         apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
+         metadata: {name: big-1, labels: {kubernetes.io/service-name: big}}\n\
+         addressType: IPv4\nports: [{name: http, port: 80, protocol: TCP}]\nendpoints:\n",
+    );
+    for i in 1..=60 {
+        y += &format!("- {{addresses: [10.250.0.{i}], conditions: {{ready: true}}}}\n");
+    }
+    let sleeper = "containers: [{name: c, image: busybox, command: [sleep, '3600']}]";
+    for (ns, name, extra) in [
+        ("default", "client", ""),
+        ("team", "client", ""),
+        ("default", "db-0", "hostname: db-0, subdomain: db, "),
+        ("default", "db-1", "hostname: db-1, subdomain: db, "),
+        ("default", "anon-1", ""),
+    ] {
+        let app = name.split('-').next().unwrap();
+        y += &format!(
+            "---\napiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: {ns}, labels: {{app: {app}}}}}\nspec: {{{extra}{sleeper}}}\n"
+        );
+    }
+    y
+}
+
+/// Real tools inside pods (dig, nslookup and getent read the pod's own resolv.conf): every
+/// record type, search paths from two namespaces, ndots, TCP after truncation, a Service
+/// answered within 1 s of its creation and gone within 1 s of its deletion, a request traced
+/// by name, and a flood with oversized and malformed packets from one pod that the others do
+/// not notice.
+#[test]
+fn pods_resolve_every_record_type_with_real_tools() {
+    if !testkit::netns::root_or_explain() {
+        return;
+    }
+    let lab = podpath_e2e::Lab::up("dnspods", &["--nodes", "1"]).unwrap();
+    lab.wait_for_cluster_dns();
+    lab.apply(&pods_and_services());
+    for ns in ["default", "team"] {
+        lab.kubectl(&["wait", "-n", ns, "--for=condition=Ready", "pod", "--all", "--timeout=60s"]);
+    }
+    let ip = |what: &str, name: &str, ns: &str| {
+        let path = if what == "svc" { "{.spec.clusterIP}" } else { "{.status.podIP}" };
+        lab.kubectl(&["get", what, name, "-n", ns, "-o", &format!("jsonpath={path}")])
+    };
+    let (web, team_web) = (ip("svc", "web", "default"), ip("svc", "web", "team"));
+    let (db0, db1, anon) = (ip("pod", "db-0", "default"), ip("pod", "db-1", "default"), ip("pod", "anon-1", "default"));
+    let sh = |ns: &str, cmd: &[&str]| {
+        let mut v = vec!["exec", "-n", ns, "client", "--"];
+        v.extend_from_slice(cmd);
+        lab.kubectl(&v)
+    };
+    let dig = |args: &[&str]| {
+        let mut v = vec!["dig", "+short"];
+        v.extend_from_slice(args);
+        let mut lines: Vec<String> = sh("default", &v).lines().map(str::to_string).collect();
+        lines.sort();
+        lines
+    };
+    let status = |args: &[&str]| {
+        let mut v = vec!["dig"];
+        v.extend_from_slice(args);
+        let out = sh("default", &v);
+        let s = out.split("status: ").nth(1).and_then(|r| r.split(',').next()).unwrap_or("?").to_string();
+        (s, out)
+    };
+
+    // A, SRV and PTR of a ClusterIP Service.
+    assert_eq!(dig(&["web.default.svc.cluster.local"]), [web.as_str()]);
+    assert_eq!(dig(&["SRV", "_http._tcp.web.default.svc.cluster.local"]), ["0 100 80 web.default.svc.cluster.local."]);
+    assert_eq!(dig(&["-x", &web]), ["web.default.svc.cluster.local."]);
+    // Headless with hostnames: every ready endpoint, each by its own name, SRV per endpoint.
+    let mut both = vec![db0.clone(), db1.clone()];
+    both.sort();
+    assert_eq!(dig(&["db.default.svc.cluster.local"]), both);
+    assert_eq!(dig(&["db-0.db.default.svc.cluster.local"]), [db0.as_str()]);
+    assert_eq!(
+        dig(&["SRV", "_pg._tcp.db.default.svc.cluster.local"]),
+        ["0 50 5432 db-0.db.default.svc.cluster.local.", "0 50 5432 db-1.db.default.svc.cluster.local."]
+    );
+    assert_eq!(dig(&["-x", &db1]), ["db-1.db.default.svc.cluster.local."]);
+    // Headless without hostnames: the dashed address names the endpoint.
+    assert_eq!(dig(&["anon.default.svc.cluster.local"]), [anon.as_str()]);
+    assert_eq!(dig(&[&format!("{}.anon.default.svc.cluster.local", anon.replace('.', "-"))]), [anon.as_str()]);
+    // No ready endpoint: NXDOMAIN; a name that exists without that type: NODATA (NOERROR).
+    assert_eq!(status(&["nobody.default.svc.cluster.local"]).0, "NXDOMAIN");
+    let (code, out) = status(&["AAAA", "web.default.svc.cluster.local"]);
+    assert!(code == "NOERROR" && out.contains("ANSWER: 0") && out.contains("IN\tSOA"), "{out}");
+    // ExternalName, pod records, a name outside the cluster (no upstream: refused at once).
+    assert_eq!(dig(&["ext.default.svc.cluster.local"]), ["example.org."]);
+    assert_eq!(dig(&[&format!("{}.default.pod.cluster.local", db0.replace('.', "-"))]), [db0.as_str()]);
+    assert_eq!(status(&["example.com"]).0, "REFUSED");
+
+    // Search paths: `web` is each namespace's own, `web.default` crosses over.
+    for (ns, name, want) in [("default", "web", &web), ("team", "web", &team_web), ("team", "web.default", &web)] {
+        let out = sh(ns, &["getent", "hosts", name]);
+        assert!(out.starts_with(&format!("{want} ")), "getent hosts {name} in {ns}: {out}");
+    }
+    let ns_out = sh("team", &["nslookup", "web"]);
+    assert!(ns_out.contains("Name:\tweb.team.svc.cluster.local\nAddress: ") && ns_out.contains(&team_web), "{ns_out}");
+    // ndots:5: `web.default` (one dot) goes through the search list first, the first try
+    // in the pod's own namespace; a name ending in a dot is asked as it is, once.
+    let tries = |ns: &str, name: &str| -> Vec<String> {
+        sh(ns, &["dig", "+search", "+showsearch", "+noall", "+question", "+comments", name])
+            .lines()
+            .filter_map(|l| {
+                l.strip_prefix(";; ->>HEADER<<- opcode: QUERY, status: ")
+                    .map(|s| s.split(',').next().unwrap().to_string())
+                    .or_else(|| {
+                        l.strip_prefix(';')
+                            .filter(|q| q.contains("\tIN\t") || q.contains(" IN\t"))
+                            .map(|q| q.split_whitespace().next().unwrap().to_string())
+                    })
+            })
+            .collect()
+    };
+    assert_eq!(
+        tries("team", "web.default"),
+        ["NXDOMAIN", "web.default.team.svc.cluster.local.", "NOERROR", "web.default.svc.cluster.local."]
+    );
+    assert_eq!(tries("team", "web.default.svc.cluster.local."), ["NOERROR", "web.default.svc.cluster.local."]);
+
+    // 60 addresses do not fit 512 bytes: truncated over UDP, then TCP through the VIP's 53/TCP.
+    let big = sh("default", &["dig", "+noedns", "big.default.svc.cluster.local"]);
+    assert!(big.contains(";; Truncated, retrying in TCP mode."), "{big}");
+    assert!(big.contains("ANSWER: 60,") && big.contains("(TCP)"), "{big}");
+    let glibc = sh("default", &["getent", "ahostsv4", "big.default.svc.cluster.local"]);
+    let distinct: std::collections::BTreeSet<&str> =
+        glibc.lines().filter_map(|l| l.split_whitespace().next()).collect();
+    assert_eq!(distinct.len(), 60, "glibc's resolver falls back to TCP too: {glibc}");
+
+    // Created → answered within 1 s, deleted → gone within 1 s (asked from the node, every 20 ms).
+    let from_node = |name: &'static str, want: ResponseCode| {
+        lab.in_netns("node-1", move || {
+            let t = std::time::Instant::now();
+            loop {
+                let m = ask("10.96.0.10:53".parse().unwrap(), name, RecordType::A);
+                if m.metadata.response_code == want {
+                    return t.elapsed();
+                }
+                assert!(t.elapsed() < Duration::from_secs(1), "{name}: still {:?} after 1 s", m.metadata.response_code);
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        })
+    };
+    lab.kubectl(&["create", "service", "clusterip", "fresh", "--tcp=80"]);
+    from_node("fresh.default.svc.cluster.local.", ResponseCode::NoError);
+    lab.kubectl(&["delete", "service", "fresh"]);
+    from_node("fresh.default.svc.cluster.local.", ResponseCode::NXDomain);
+
+    // `podpath trace` by name, from the team pod: the lookup, then the connection.
+    let (ok, out) = lab.run("trace", &["--from", "pod/team/client", "http://web.default/", "-o", "json"]);
+    assert!(ok, "{out}");
+    let t: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let q = &t["lookup"]["queries"];
+    assert_eq!(
+        (q[0]["name"].as_str(), q[0]["rcode"].as_str()),
+        (Some("web.default.team.svc.cluster.local."), Some("NXDOMAIN"))
+    );
+    assert_eq!(
+        (q[1]["name"].as_str(), q[1]["rcode"].as_str()),
+        (Some("web.default.svc.cluster.local."), Some("NOERROR"))
+    );
+    assert!(q[1]["answered_by"].as_str().unwrap().contains("pod kube-system/coredns-"), "{out}");
+    assert_eq!(t["lookup"]["owner"], "ClusterIP of Service default/web");
+    assert_eq!(t["dst"], format!("{web}:80"));
+    assert_eq!(t["outcome"]["status"], 200);
+    assert_eq!(t["pod"], "default/web");
+    let (ok, out) = lab.run("trace", &["--from", "pod/team/client", "http://nope/"]);
+    assert!(!ok && out.contains("stopped: the lookup: nope did not resolve"), "{out}");
+
+    // One pod floods for 3 s (at most 200,000 queries), with oversized and malformed datagrams
+    // and an oversized TCP length; the other pod's lookups keep being answered meanwhile, and
+    // no DNS pod restarts.
+    let flood = r#"
+import socket, time
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.setblocking(False)
+q = bytes.fromhex('abcd01000001000000000000') + b''.join(bytes([len(l)]) + l.encode() for l in 'web.default.svc.cluster.local'.split('.')) + b'\x00\x00\x01\x00\x01'
+junk = [b'', b'\x00', b'\xff' * 11, q[:20], b'\x12' * 4000, q[:12] + b'\x3f' + b'a' * 63 * 40]
+t = time.time(); sent = 0
+while sent < 200000 and time.time() - t < 3:
+    try:
+        s.sendto(junk[sent % len(junk)] if sent % 50 == 0 else q, ('10.96.0.10', 53)); sent += 1
+    except BlockingIOError:
+        time.sleep(0.001)
+c = socket.create_connection(('10.96.0.10', 53), timeout=2)
+c.sendall(b'\xff\xff' + b'\x00' * 100)
+c.close()
+print(sent)
+"#;
+    let flooder = std::thread::scope(|s| {
+        let f = s.spawn(|| sh("default", &["python3", "-c", flood]));
+        let mut answered = 0;
+        for _ in 0..10 {
+            if sh("team", &["getent", "hosts", "web"]).starts_with(&format!("{team_web} ")) {
+                answered += 1;
+            }
+        }
+        assert_eq!(answered, 10, "lookups from another pod during the flood");
+        f.join().unwrap()
+    });
+    let sent: u32 = flooder.trim().parse().unwrap_or_else(|_| panic!("the flooder: {flooder}"));
+    assert!(sent > 10_000, "a flood it was: {sent} datagrams");
+    assert_eq!(dig(&["web.default.svc.cluster.local"]), [web.as_str()]);
+    let restarts = lab.kubectl(&[
+        "get",
+        "pods",
+        "-n",
+        "kube-system",
+        "-l",
+        "k8s-app=kube-dns",
+        "-o",
+        "jsonpath={.items[*].status.containerStatuses[0].restartCount}",
+    ]);
+    assert_eq!(restarts, "0 0", "no DNS pod restarted");
+}

@@ -92,7 +92,9 @@ enum Cmd {
     Trace {
         #[command(flatten)]
         which: Which,
-        /// http://IP[:PORT]/PATH or IP:PORT (LoadBalancer, external, cluster, node or pod IP).
+        /// http://HOST[:PORT]/PATH or HOST:PORT: a LoadBalancer, external, cluster, node or pod
+        /// IP, or (with --from pod/…) a name the pod's resolver looks up first, shown in the
+        /// trace (http://web.default/).
         target: String,
         /// Where the request starts: client, gateway, node-N or pod/NAMESPACE/NAME.
         #[arg(long, default_value = "client")]
@@ -248,9 +250,9 @@ fn run() -> Result<()> {
             if !(timeout > 0.0 && timeout <= 60.0) {
                 bail!("--timeout {timeout}: give 0 < seconds <= 60");
             }
-            let (dst, path, host_header) = lab::trace::run::parse_target(&target)?;
+            let (target, path, host_header) = lab::trace::run::parse_target(&target)?;
             let req =
-                lab::trace::run::Request { from, dst, path, host_header, timeout: Duration::from_secs_f64(timeout) };
+                lab::trace::run::Request { from, target, path, host_header, timeout: Duration::from_secs_f64(timeout) };
             let t = lab::trace::run::trace(&which.state()?, &req)?;
             match output.as_str() {
                 "json" => print!("{}", lab::trace::render::json(&t)),

@@ -239,7 +239,7 @@ fn child_latency(backend: Backend) {
             let want = format!("10.109.{i}.{}:8080", 100 + k % 150);
             while rx.try_recv().is_ok() {}
             let t = Instant::now();
-            slices.apply(Change::Apply(s));
+            slices.apply(podpath_client::reflector::apply_object(s));
             let rx = &rx;
             let done = tokio::task::block_in_place(|| loop {
                 let (at, text) = rx.recv_timeout(Duration::from_secs(10)).expect("a restore within 10 s");

@@ -95,6 +95,14 @@ pub fn plan_endpoints(ns: &str, name: &str, svc: Option<&Service>, pods: &[Pod])
     let target_ref = |p: &Pod| json!({"kind": "Pod", "namespace": ns, "name": p.metadata.name, "uid": p.metadata.uid});
     let node_of = |p: &Pod| p.spec.as_ref().and_then(|s| s.node_name.clone());
     let pod_ip = |p: &Pod| p.status.as_ref().and_then(|s| s.pod_ip.clone()).unwrap_or_default();
+    // kube-controller-manager names an endpoint by its pod's hostname only when the pod's
+    // subdomain is this Service (a StatefulSet's governing Service): that is what DNS serves
+    // as <hostname>.<service>.<ns>.svc.
+    let hostname_of = |p: &Pod| {
+        let spec = p.spec.as_ref()?;
+        let h = spec.hostname.as_deref().filter(|h| !h.is_empty())?;
+        (spec.subdomain.as_deref() == Some(name)).then(|| h.to_string())
+    };
 
     // v1 Endpoints: ready pods in addresses, unready in notReadyAddresses, terminating left out.
     let mut subsets = Vec::new();
@@ -105,6 +113,9 @@ pub fn plan_endpoints(ns: &str, name: &str, svc: Option<&Service>, pods: &[Pod])
             let mut addr = json!({"ip": pod_ip(p), "targetRef": target_ref(p)});
             if let Some(n) = node_of(p) {
                 addr["nodeName"] = json!(n);
+            }
+            if let Some(h) = hostname_of(p) {
+                addr["hostname"] = json!(h);
             }
             if pod_is_ready(p) || publish_not_ready {
                 ready.push(addr);
@@ -157,6 +168,9 @@ pub fn plan_endpoints(ns: &str, name: &str, svc: Option<&Service>, pods: &[Pod])
                 });
                 if let Some(n) = node_of(p) {
                     e["nodeName"] = json!(n);
+                }
+                if let Some(h) = hostname_of(p) {
+                    e["hostname"] = json!(h);
                 }
                 e
             })
@@ -258,6 +272,25 @@ mod tests {
             p["metadata"]["deletionTimestamp"] = json!("2026-11-24T00:00:00Z");
         }
         serde_json::from_value(p).unwrap()
+    }
+
+    #[test]
+    fn a_pods_hostname_names_its_endpoint_only_under_its_subdomain_service() {
+        let mut mine = pod("db-0", "10.244.1.2", true, false);
+        let spec = mine.spec.as_mut().unwrap();
+        spec.hostname = Some("db-0".into());
+        spec.subdomain = Some("web".into());
+        let mut other = pod("db-1", "10.244.1.3", true, false);
+        let spec = other.spec.as_mut().unwrap();
+        spec.hostname = Some("db-1".into());
+        spec.subdomain = Some("elsewhere".into());
+        let plan = plan_endpoints("default", "web", Some(&service(json!({"app": "web"}))), &[mine, other]);
+        let eps = &plan.slices[0]["endpoints"];
+        assert_eq!(eps[0]["hostname"], "db-0");
+        assert!(eps[1].get("hostname").is_none(), "{eps}");
+        let EndpointsWrite::Upsert(ep) = &plan.endpoints else { panic!("{:?}", plan.endpoints) };
+        assert_eq!(ep["subsets"][0]["addresses"][0]["hostname"], "db-0");
+        assert!(ep["subsets"][0]["addresses"][1].get("hostname").is_none());
     }
 
     #[test]

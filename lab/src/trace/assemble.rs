@@ -122,6 +122,7 @@ pub fn assemble(observed: &Observed, objects: &Objects, outcome: Outcome) -> Tra
         stopped,
         conntrack,
         reply_path: reply,
+        lookup: None,
     }
 }
 

@@ -8,6 +8,7 @@
 //! (pure); [`render`] prints it.
 
 pub mod assemble;
+pub mod dns;
 pub mod flow;
 pub mod model;
 pub mod parse;

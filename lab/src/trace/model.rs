@@ -13,6 +13,8 @@ pub struct Objects {
     pub pods: BTreeMap<Ipv4Addr, (String, String)>,
     /// Node IP → node name.
     pub nodes: BTreeMap<Ipv4Addr, String>,
+    /// ClusterIP → Service `ns/name`.
+    pub cluster_ips: BTreeMap<Ipv4Addr, String>,
     /// `ns/name` → externalTrafficPolicy.
     pub traffic_policy: BTreeMap<String, String>,
     /// Per host: `iptables-save -t nat` (for rule positions and probabilities).
@@ -81,6 +83,9 @@ pub struct Trace {
     pub conntrack: Vec<String>,
     /// The reply's first packet, host by host.
     pub reply_path: Vec<String>,
+    /// For a request by name: the lookup that came first.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lookup: Option<super::dns::Lookup>,
 }
 
 pub(crate) fn name_of(objects: &Objects, ip: Ipv4Addr) -> Option<String> {

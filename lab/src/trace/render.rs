@@ -35,6 +35,17 @@ impl Style {
 pub fn text(t: &Trace, style: Style) -> String {
     let mut out = format!("{} {} → {}\n", t.from, t.src, t.dst);
     let pad = " ".repeat(13);
+    if let Some(l) = &t.lookup {
+        for (i, (line, kind)) in super::dns::lines(l).into_iter().enumerate() {
+            let lead = if i == 0 { style.bold(&format!("{:<13}", "0 DNS")) } else { pad.clone() };
+            let line = match kind {
+                "stop" => style.dim(&line),
+                "answer" => style.green(&line),
+                _ => line,
+            };
+            out += &format!("{lead}{line}\n");
+        }
+    }
     let mut n = 0;
     for hop in &t.hops {
         n += 1;
@@ -137,6 +148,18 @@ const CHARS: usize = 42;
 /// decisive rule highlighted with its iptables text. Self-contained SVG (opens in a browser).
 pub fn svg(t: &Trace) -> String {
     let mut columns: Vec<(String, &'static str, Vec<Line>)> = Vec::new();
+    if let Some(l) = &t.lookup {
+        let mut lines = Vec::new();
+        for (text, kind) in super::dns::lines(l) {
+            let class = match kind {
+                "stop" => "rule",
+                "answer" => "decisive",
+                _ => "step",
+            };
+            lines.extend(wrap(&text, CHARS).into_iter().map(|text| Line { text, class }));
+        }
+        columns.push(("DNS".to_string(), "client", lines));
+    }
     for hop in &t.hops {
         let mut lines = Vec::new();
         for s in &hop.steps {

@@ -9,14 +9,15 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use podpath_ruleset::{Backend, Command as RuleCommand, Iptables, Match, Rule, Ruleset, Table, Target};
+use podpath_ruleset::{Backend, Command as RuleCommand, Iptables, Match, Rule, Ruleset, Table, Target as RuleTarget};
 
+use super::dns::{candidates, describe, first_address, Lookup, Query, ResolvConf};
 use super::flow::{self, Observed};
 use super::model::{Objects, Outcome, Trace};
 use super::parse;
 use crate::plan::Plan;
 use crate::state::ApiAccess;
-use crate::{in_netns_thread, LabError, LabState, Result};
+use crate::{in_netns_thread, io, LabError, LabState, Result};
 
 pub use super::flow::PROBE_TOS;
 /// The chain of trace rules in the raw table of every traced host.
@@ -29,17 +30,24 @@ const CANARY_PORT: u16 = 9;
 pub struct Request {
     /// `client` (default), `gateway`, `node-N` or `pod/NS/NAME`.
     pub from: String,
-    pub dst: SocketAddrV4,
+    pub target: Target,
     pub path: String,
     pub host_header: String,
     pub timeout: Duration,
 }
 
-/// Parses `http://IP[:PORT][/PATH]` or `IP:PORT`.
-pub fn parse_target(target: &str) -> Result<(SocketAddrV4, String, String)> {
+/// Where the request goes: an address, or a name the source pod's resolver looks up first.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    Addr(SocketAddrV4),
+    Name { name: String, port: u16 },
+}
+
+/// Parses `http://HOST[:PORT][/PATH]` or `HOST:PORT`, HOST an IPv4 address or a DNS name.
+pub fn parse_target(target: &str) -> Result<(Target, String, String)> {
     let usage = || {
         LabError::Usage(format!(
-            "{target:?}: give http://IP[:PORT]/PATH or IP:PORT (an IPv4 address of the lab: LB, external, cluster or pod IP)"
+            "{target:?}: give http://HOST[:PORT]/PATH or HOST:PORT (HOST an IPv4 address of the lab — LB, external, cluster or pod IP — or, from a pod, a name such as web.default)"
         ))
     };
     let (rest, default_port) = match target.strip_prefix("http://") {
@@ -60,8 +68,131 @@ pub fn parse_target(target: &str) -> Result<(SocketAddrV4, String, String)> {
         None if default_port != 0 => (hostport, default_port),
         None => return Err(usage()),
     };
-    let ip: Ipv4Addr = host.parse().map_err(|_| usage())?;
-    Ok((SocketAddrV4::new(ip, port), path, hostport.to_string()))
+    if let Ok(ip) = host.parse::<Ipv4Addr>() {
+        return Ok((Target::Addr(SocketAddrV4::new(ip, port)), path, hostport.to_string()));
+    }
+    let valid = !host.is_empty()
+        && host.len() <= 253
+        && host.trim_end_matches('.').split('.').all(|l| {
+            !l.is_empty()
+                && l.len() <= 63
+                && l.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+                && !l.starts_with('-')
+        });
+    if !valid || host.parse::<std::net::IpAddr>().is_ok() {
+        return Err(usage());
+    }
+    Ok((Target::Name { name: host.to_string(), port }, path, hostport.to_string()))
+}
+
+/// One A query over UDP from the current thread's namespace (again over TCP when the answer
+/// comes truncated): (response code, answer records, whether TCP was used, local port).
+fn ask(server: Ipv4Addr, qname: &str) -> (String, Vec<String>, bool, u16) {
+    use hickory_proto::op::{Message, Query as DnsQuery};
+    use hickory_proto::rr::{Name, RecordType};
+    use std::io::{Read, Write};
+    let Ok(name) = Name::from_ascii(qname) else { return ("bad name".into(), vec![], false, 0) };
+    let mut m = Message::query();
+    m.metadata.id = std::process::id() as u16 ^ 0x5a5a;
+    m.metadata.recursion_desired = true;
+    m.add_query(DnsQuery::query(name, RecordType::A));
+    let Ok(wire) = m.to_vec() else { return ("bad name".into(), vec![], false, 0) };
+    let dst = SocketAddr::from((server, 53));
+    let udp = match std::net::UdpSocket::bind("0.0.0.0:0") {
+        Ok(u) => u,
+        Err(e) => return (format!("socket: {e}"), vec![], false, 0),
+    };
+    let port = udp.local_addr().map(|a| a.port()).unwrap_or(0);
+    let _ = udp.set_read_timeout(Some(Duration::from_secs(2)));
+    let mut buf = [0u8; 4096];
+    // glibc's resolver tries twice (`attempts:2`) before it gives up on a server.
+    let mut reply = None;
+    for _ in 0..2 {
+        if udp.send_to(&wire, dst).is_err() {
+            continue;
+        }
+        if let Ok(n) = udp.recv(&mut buf) {
+            reply = Message::from_vec(&buf[..n]).ok();
+            break;
+        }
+    }
+    let Some(mut reply) = reply else { return ("timeout".into(), vec![], false, port) };
+    let mut tcp = false;
+    if reply.metadata.truncation {
+        tcp = true;
+        let over_tcp = (|| -> std::io::Result<Message> {
+            let mut s = std::net::TcpStream::connect_timeout(&dst, Duration::from_secs(2))?;
+            s.set_read_timeout(Some(Duration::from_secs(2)))?;
+            s.write_all(&(wire.len() as u16).to_be_bytes())?;
+            s.write_all(&wire)?;
+            let mut len = [0u8; 2];
+            s.read_exact(&mut len)?;
+            let mut body = vec![0u8; u16::from_be_bytes(len) as usize];
+            s.read_exact(&mut body)?;
+            Message::from_vec(&body).map_err(|e| std::io::Error::other(e.to_string()))
+        })();
+        match over_tcp {
+            Ok(m) => reply = m,
+            Err(e) => return (format!("truncated, then TCP failed: {e}"), vec![], true, port),
+        }
+    }
+    let code = crate::trace::dns::rcode_name(u16::from(reply.metadata.response_code));
+    (code, reply.answers.iter().map(|r| r.to_string()).collect(), tcp, port)
+}
+
+/// The lookup a pod's resolver makes for `name`: its `/etc/resolv.conf` (as the pod sees it,
+/// through its mount namespace), each candidate name asked in turn from the pod's network
+/// namespace until one has an address, and for each query the DNS pod the node's service proxy
+/// sent it to (the node's conntrack entry of the query).
+fn lookup(st: &LabState, api: &ApiAccess, objects: &Objects, from: &str, name: &str) -> Result<Lookup> {
+    let Some(rest) = from.strip_prefix("pod/") else {
+        return Err(LabError::Usage(format!(
+            "{name:?} is a name: trace a request by name --from pod/NAMESPACE/NAME (resolved as that pod resolves it), or give an IP"
+        )));
+    };
+    let (ns, pod) = rest.split_once('/').ok_or_else(|| LabError::Usage(format!("{from:?}: use pod/NAMESPACE/NAME")))?;
+    let pid = crate::hosts::pod_pid(api, ns, pod)?;
+    let conf = std::fs::read_to_string(format!("/proc/{pid}/root/etc/resolv.conf"))
+        .map_err(io(format!("read pod {ns}/{pod}'s /etc/resolv.conf")))?;
+    let resolv = ResolvConf::parse(&conf);
+    let server = *resolv
+        .nameservers
+        .first()
+        .ok_or_else(|| LabError::NotReady(format!("pod {ns}/{pod}'s /etc/resolv.conf names no IPv4 nameserver")))?;
+    let plan = Plan::new(&st.name, st.nodes);
+    let pods = &objects.pods;
+    let node = pods.values().find(|(p, _)| *p == format!("{ns}/{pod}")).map(|(_, node)| node.clone());
+    let dns_service = objects.cluster_ips.get(&server).map(|s| format!("Service {s} ")).unwrap_or_default();
+    let node_ns = pods
+        .values()
+        .find(|(p, _)| *p == format!("{ns}/{pod}"))
+        .and_then(|(_, node)| plan.netns_of(node))
+        .map(str::to_string);
+    let mut queries = vec![];
+    let mut address = None;
+    for qname in candidates(name, &resolv) {
+        let t = Instant::now();
+        let q = qname.clone();
+        let (rcode, answers, tcp, port) =
+            crate::hosts::in_netns_thread(format!("/proc/{pid}/ns/net"), move || ask(server, &q))?;
+        let millis = t.elapsed().as_secs_f64() * 1000.0;
+        // The node's NAT of the query: its reply comes from the DNS pod that answered.
+        let answered_by = node_ns.as_deref().and_then(|node_ns| {
+            let ct = in_ns(node_ns, &["conntrack", "-L", "-p", "udp", "--orig-port-src", &port.to_string()]).ok()?;
+            let e = parse::parse_conntrack(&ct).into_iter().find(|e| *e.orig.1.ip() == server)?;
+            let backend = e.reply.0;
+            let who = pods.get(backend.ip()).map(|(p, _)| format!("pod {p} ")).unwrap_or_default();
+            let node = node.as_deref().unwrap_or("the node");
+            Some(format!("{who}{backend} ({node}'s DNAT of {dns_service}{server}:53)"))
+        });
+        let found = first_address(&answers);
+        queries.push(Query { name: qname, rcode, answers, millis, tcp, answered_by });
+        if found.is_some() {
+            address = found;
+            break;
+        }
+    }
+    Ok(Lookup { name: name.to_string(), resolv, queries, address, owner: None })
 }
 
 fn cmd_output(argv: &[&str]) -> Result<String> {
@@ -100,10 +231,10 @@ pub fn trace_rules(probe_port: u16) -> Ruleset {
     for hook in ["PREROUTING", "OUTPUT"] {
         raw.commands.push(RuleCommand::Insert { position: 1, rule: Rule::new(hook).jump(TRACE_CHAIN) });
     }
-    raw.append(proto("tcp").with(flags("SYN,ACK", "SYN")).with(tos.clone()).target(Target::Trace));
-    raw.append(proto("tcp").dport(probe_port).with(flags("SYN,ACK", "SYN,ACK")).target(Target::Trace));
-    raw.append(proto("tcp").with(flags("RST", "RST")).with(tos.clone()).target(Target::Trace));
-    raw.append(proto("udp").dport(CANARY_PORT).with(tos).target(Target::Trace));
+    raw.append(proto("tcp").with(flags("SYN,ACK", "SYN")).with(tos.clone()).target(RuleTarget::Trace));
+    raw.append(proto("tcp").dport(probe_port).with(flags("SYN,ACK", "SYN,ACK")).target(RuleTarget::Trace));
+    raw.append(proto("tcp").with(flags("RST", "RST")).with(tos.clone()).target(RuleTarget::Trace));
+    raw.append(proto("udp").dport(CANARY_PORT).with(tos).target(RuleTarget::Trace));
     Ruleset { tables: vec![raw] }
 }
 
@@ -340,9 +471,9 @@ fn probe_socket(ns_path: &str) -> Result<(socket2::Socket, SocketAddrV4)> {
 }
 
 /// The probe: one HTTP request on the prepared socket; returns the source address it had.
-fn probe(s: socket2::Socket, bound: SocketAddrV4, req: &Request) -> (SocketAddrV4, Outcome) {
+fn probe(s: socket2::Socket, bound: SocketAddrV4, dst: SocketAddrV4, req: &Request) -> (SocketAddrV4, Outcome) {
     let t = Instant::now();
-    let connected = s.connect_timeout(&SocketAddr::V4(req.dst).into(), req.timeout);
+    let connected = s.connect_timeout(&SocketAddr::V4(dst).into(), req.timeout);
     // The source address is chosen at connect time (the port was fixed by bind).
     let local = s.local_addr().ok().and_then(|a| a.as_socket_ipv4()).filter(|a| !a.ip().is_unspecified());
     let local = local.unwrap_or(bound);
@@ -427,6 +558,9 @@ fn api_objects(api: &ApiAccess) -> Objects {
             s["metadata"]["namespace"].as_str().unwrap_or(""),
             s["metadata"]["name"].as_str().unwrap_or("")
         );
+        if let Some(ip) = s["spec"]["clusterIP"].as_str().and_then(|i| i.parse().ok()) {
+            o.cluster_ips.insert(ip, name.clone());
+        }
         if let Some(p) = s["spec"]["externalTrafficPolicy"].as_str() {
             o.traffic_policy.insert(name, p.to_string());
         }
@@ -460,12 +594,24 @@ pub(crate) fn lock_path(name: &str) -> std::path::PathBuf {
     std::env::temp_dir().join(format!("podpath-trace-{name}.lock"))
 }
 
-/// Traces one request through the lab.
+/// Traces one request through the lab; a request by name, the lookup first.
 pub fn trace(st: &LabState, req: &Request) -> Result<Trace> {
     let plan = Plan::new(&st.name, st.nodes);
     let api = crate::state::ApiAccess::of(st)?;
     let api = &api;
     let src_ns = ns_path_of(st, &plan, api, &req.from)?;
+    let (dst, lookup) = match &req.target {
+        Target::Addr(a) => (*a, None),
+        Target::Name { name, port } => {
+            let objects = api_objects(api);
+            let mut l = lookup(st, api, &objects, &req.from, name)?;
+            l.owner = l.address.and_then(|ip| describe(ip, &objects.cluster_ips, &objects.pods));
+            match l.address {
+                Some(ip) => (SocketAddrV4::new(ip, *port), Some(l)),
+                None => return Ok(unresolved(req, l)),
+            }
+        }
+    };
     let mut hosts: Vec<(String, String)> = vec![("client".into(), String::new()), ("gateway".into(), String::new())];
     hosts.extend(plan.nodes.iter().map(|n| (n.name.clone(), String::new())));
     for (h, ns) in &mut hosts {
@@ -533,7 +679,7 @@ pub fn trace(st: &LabState, req: &Request) -> Result<Trace> {
         outputs.push(out);
     }
     monitors_subscribed(&hosts, &outputs)?;
-    let (src, outcome) = probe(socket, bound, req);
+    let (src, outcome) = probe(socket, bound, dst, req);
     // A short wait lets a lost request's retransmits and a late reply be seen too.
     if !outcome.answered {
         std::thread::sleep(Duration::from_millis(200));
@@ -541,7 +687,7 @@ pub fn trace(st: &LabState, req: &Request) -> Result<Trace> {
     monitors_drained(&hosts, &outputs)?;
     drop(guard);
 
-    let mut observed = Observed { from: req.from.clone(), src: Some(src), dst: Some(req.dst), ..Default::default() };
+    let mut observed = Observed { from: req.from.clone(), src: Some(src), dst: Some(dst), ..Default::default() };
     let conntrack: Vec<String> = std::thread::scope(|s| {
         let jobs: Vec<_> = hosts
             .iter()
@@ -593,7 +739,7 @@ pub fn trace(st: &LabState, req: &Request) -> Result<Trace> {
     objects.nat_rules.extend(rules);
     if flow.legs.iter().any(|l| l.path.iter().any(|h| h == "gateway")) {
         if let Ok(doc) = crate::lb_status(st) {
-            let vip = req.dst.ip().to_string();
+            let vip = dst.ip().to_string();
             objects.lb = lb_view(&doc, &vip);
             if let Some(site) = doc["ingresses"].as_array().into_iter().flatten().find(|s| s["vip"] == vip.as_str()) {
                 objects.lb_routes = site["rules"]
@@ -606,7 +752,29 @@ pub fn trace(st: &LabState, req: &Request) -> Result<Trace> {
             }
         }
     }
-    Ok(super::assemble::assemble(&observed, &objects, outcome))
+    let mut t = super::assemble::assemble(&observed, &objects, outcome);
+    t.lookup = lookup;
+    Ok(t)
+}
+
+/// The trace of a request whose name did not resolve: the lookup, and no connection.
+fn unresolved(req: &Request, l: Lookup) -> Trace {
+    let last = l.queries.last().map(|q| q.rcode.clone()).unwrap_or_default();
+    let millis = l.queries.iter().map(|q| q.millis).sum();
+    let error = format!("{} did not resolve (last answer: {last})", l.name);
+    Trace {
+        from: req.from.clone(),
+        src: String::new(),
+        dst: l.name.clone(),
+        hops: vec![],
+        pod: None,
+        pod_saw: None,
+        outcome: Outcome { answered: false, status: None, millis, error: Some(error.clone()) },
+        stopped: Some(format!("the lookup: {error}; no connection was made")),
+        conntrack: vec![],
+        reply_path: vec![],
+        lookup: Some(l),
+    }
 }
 
 #[cfg(test)]
