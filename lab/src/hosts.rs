@@ -20,14 +20,15 @@ pub fn http_get(addr: SocketAddr, path: &str) -> Result<(u16, String)> {
 
 /// The argv that runs `cmd` on a host of the lab: `client`, `gateway`, `control-plane`,
 /// `node-N`, or `pod/NS/NAME` (its network, UTS and mount namespaces entered through its
-/// workload's PID, so the pod's own `/etc/resolv.conf` and `/etc/hosts` are the ones seen).
+/// workload's PID, so the pod's own `/etc/resolv.conf` and `/etc/hosts` are the ones seen; its
+/// root too, which differs from the mount namespace's own where the node is a chroot).
 pub fn exec_argv(st: &LabState, host: &str, cmd: &[String]) -> Result<Vec<String>> {
     let mut argv: Vec<String>;
     if let Some(rest) = host.strip_prefix("pod/") {
         let (ns, name) =
             rest.split_once('/').ok_or_else(|| LabError::Usage(format!("{host:?}: use pod/NAMESPACE/NAME")))?;
         let pid = pod_pid(&ApiAccess::of(st)?, ns, name)?;
-        argv = ["nsenter", "-t", &pid, "-n", "-u", "-m", "--"].iter().map(|s| s.to_string()).collect();
+        argv = ["nsenter", "-t", &pid, "-n", "-u", "-m", "-r", "--"].iter().map(|s| s.to_string()).collect();
     } else {
         let p = Plan::new(&st.name, st.nodes);
         let ns = p.netns_of(host).ok_or_else(|| {

@@ -72,6 +72,16 @@ pub fn workload_env(
     env
 }
 
+/// A container's (command, args) as the runtime would make them of the image: for the base
+/// images without an entrypoint, the args alone are the command line, else the image's CMD.
+pub fn command_line(image: &str, command: Vec<String>, args: Vec<String>) -> (Vec<String>, Vec<String>) {
+    match (command.is_empty(), super::base_image_cmd(image)) {
+        (true, Some(cmd)) if args.is_empty() => (vec![cmd.to_string()], vec![]),
+        (true, Some(_)) => (args, vec![]),
+        _ => (command, args),
+    }
+}
+
 /// Decides how to run a container (pure apart from looking the program up in `PATH`): the
 /// program joined to the sandbox (a command, or the built-in `podpath/echo`), under its monitor
 /// (`podpath-workload monitor`, the role of conmon): it writes the container's output to the
@@ -86,8 +96,8 @@ pub fn launch(
     attempt: i32,
 ) -> Launch {
     let image = c.image.clone().unwrap_or_default();
-    let command: Vec<String> = c.command.clone().unwrap_or_default();
-    let args: Vec<String> = c.args.clone().unwrap_or_default();
+    let (command, args) =
+        command_line(&image, c.command.clone().unwrap_or_default(), c.args.clone().unwrap_or_default());
     let bin = cfg.workload_bin.display().to_string();
     let (stdin, tty) = (c.stdin == Some(true), c.tty == Some(true));
     let inner = if !command.is_empty() {
@@ -129,8 +139,9 @@ pub fn launch(
             reason: "ErrImagePull".into(),
             message: format!(
                 "podpath runs no container images: {image:?} is not built in. Use image podpath/echo \
-                 (or podpath/dns, the cluster DNS server), \
-                 or give the container a command (a program on the node) to run in the pod's namespaces"
+                 (or podpath/dns, the cluster DNS server), busybox, alpine, debian or ubuntu (their \
+                 command lines run the node's programs), or give the container a command (a program \
+                 on the node) to run in the pod's namespaces"
             ),
         };
     };
@@ -304,4 +315,25 @@ pub(super) fn readiness(
         }
     }
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::command_line;
+
+    fn v(s: &[&str]) -> Vec<String> {
+        s.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn base_images_without_an_entrypoint_run_their_args_or_their_shell() {
+        // `kubectl run x --image=busybox -- sleep 3600`: args only.
+        assert_eq!(command_line("busybox:1.36", vec![], v(&["sleep", "3600"])), (v(&["sleep", "3600"]), vec![]));
+        assert_eq!(command_line("docker.io/library/alpine", vec![], vec![]), (v(&["/bin/sh"]), vec![]));
+        assert_eq!(command_line("ubuntu:24.04", vec![], vec![]), (v(&["bash"]), vec![]));
+        // A command keeps its args; other images are left as they are (and refused later).
+        assert_eq!(command_line("busybox", v(&["sh", "-c"]), v(&["true"])), (v(&["sh", "-c"]), v(&["true"])));
+        assert_eq!(command_line("nginx", vec![], v(&["-g"])), (vec![], v(&["-g"])));
+        assert_eq!(command_line("podpath/echo", vec![], v(&["--x"])), (vec![], v(&["--x"])));
+    }
 }

@@ -55,6 +55,19 @@ pub fn is_dns_image(image: &str) -> bool {
     image_name(image) == "podpath/dns"
 }
 
+/// The default command of the base images that have no ENTRYPOINT (busybox, alpine, debian,
+/// ubuntu): run on the node's programs, as their `CMD`. With `args` and no `command`, Docker
+/// runs the args alone (no entrypoint to prepend), so `kubectl run x --image=busybox -- sleep
+/// 3600` runs `sleep 3600` here as in a cluster.
+pub fn base_image_cmd(image: &str) -> Option<&'static str> {
+    match image_name(image).strip_prefix("library/").unwrap_or(image_name(image)) {
+        "busybox" => Some("sh"),
+        "alpine" => Some("/bin/sh"),
+        "debian" | "ubuntu" => Some("bash"),
+        _ => None,
+    }
+}
+
 /// An image reference without registry prefix `docker.io/`, tag and digest.
 fn image_name(image: &str) -> &str {
     let name = image.strip_prefix("docker.io/").unwrap_or(image);
