@@ -150,7 +150,9 @@ fn trace_a_load_balancer_request_hop_by_hop_then_with_no_endpoints() {
     let e: serde_json::Value = serde_json::from_str(&json).expect("JSON");
     assert!(ok && e["groups"][0]["chains"].as_array().unwrap().iter().any(|c| c["chain"] == "KUBE-SERVICES"));
 
-    // rules --watch: scaling 2 → 3 moves the first endpoint's probability from 1/2 to 1/3.
+    // rules --watch: scaling 2 → 3 moves the first endpoint's probability from 1/2 to 1/3
+    // (once the DNS pods are Ready, so their EndpointSlice changes are over).
+    lab.wait_for_cluster_dns();
     let mut watch = std::process::Command::new(bin("podpath"))
         .args(["rules", "--watch", "--name", &lab.name, "--state-dir", lab.state.to_str().unwrap()])
         .stdout(std::process::Stdio::piped())
@@ -439,7 +441,8 @@ fn trace_and_explain_refuse_bad_input_with_one_line() {
     }
     let lab = Lab::up("trb", &["--nodes", "1"]).expect("podpath up");
     for (args, want) in [
-        (vec!["example.com"], "give http://IP[:PORT]/PATH or IP:PORT"),
+        (vec!["example.com"], "give http://HOST[:PORT]/PATH or HOST:PORT"),
+        (vec!["http://web.default/"], "\"web.default\" is a name: trace a request by name --from pod/NAMESPACE/NAME"),
         (vec!["https://198.51.100.1/"], "trace speaks HTTP only"),
         (vec!["--from", "node-7", "10.96.0.1:80"], "--from \"node-7\": use client, gateway, node-1…node-1"),
         (vec!["--output", "png", "10.96.0.1:80"], "--output \"png\": use text, json or svg"),

@@ -100,8 +100,6 @@ pub fn watch_rules(st: &LabState, count: Option<usize>, out: &mut dyn Write) -> 
         if now == inputs {
             continue;
         }
-        let changes = input_changes(&inputs, &now);
-        inputs = now;
         let (deadline, mut last, mut settled_at) = (Instant::now() + Duration::from_secs(3), rules.clone(), None);
         while Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(100));
@@ -113,6 +111,11 @@ pub fn watch_rules(st: &LabState, count: Option<usize>, out: &mut dyn Write) -> 
                 break;
             }
         }
+        // Everything that changed in the API until the rules settled: a change that arrived
+        // meanwhile is in these rules too, so it is named with them.
+        let now = proxy_inputs(api);
+        let changes = input_changes(&inputs, &now);
+        inputs = now;
         let per_node: BTreeMap<String, Vec<rules::Change>> = last
             .iter()
             .map(|(node, new)| (node.clone(), rules::diff(rules.get(node).map(Vec::as_slice).unwrap_or_default(), new)))
