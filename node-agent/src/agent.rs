@@ -60,6 +60,8 @@ pub struct AgentConfig {
 pub enum ProxyMode {
     /// kube-proxy's iptables mode (DNAT in the kernel).
     Iptables,
+    /// kube-proxy's nftables mode (the table `ip kube-proxy`: verdict maps and sets).
+    Nftables,
     /// kube-proxy's old userspace mode (a proxy socket per service port).
     Userspace,
 }
@@ -72,6 +74,7 @@ pub struct ProxyConfig {
     pub cluster_cidr: Option<ipnet::IpNet>,
     pub masquerade_external: bool,
     pub min_sync: Duration,
+    pub nft: crate::proxy::nftables::NftConfig,
 }
 
 /// Runs the agent until `shutdown`; then reports the node NotReady and returns. Pods keep
@@ -188,8 +191,26 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()>) -> Result
     tokio::spawn(pods::run_pods(deps, pods_store, None));
 
     if let Some(p) = &cfg.proxy {
-        use crate::proxy::{kernel::IptablesKernel, sync, userspace};
+        use crate::proxy::{kernel::IptablesKernel, nft_sync, sync, userspace};
         let kernel = Arc::new(IptablesKernel::new(p.backend));
+        // The other modes' rules go first: never two proxies' rules in one namespace.
+        {
+            let (kernel, mode) = (kernel.clone(), p.mode);
+            tokio::task::spawn_blocking(move || -> Result<()> {
+                if mode != ProxyMode::Nftables {
+                    nft_sync::cleanup_nftables();
+                }
+                if mode != ProxyMode::Iptables {
+                    sync::cleanup(&*kernel)?;
+                }
+                if mode != ProxyMode::Userspace {
+                    userspace::cleanup(&*kernel)?;
+                }
+                Ok(())
+            })
+            .await
+            .map_err(|e| AgentError::Process(e.to_string()))??;
+        }
         if podpath_ruleset::exec::other_backend_holds(p.backend, sync::CANARY) {
             return Err(AgentError::Config(format!(
                 "this namespace holds service proxy rules of the other iptables backend; remove them with \
@@ -204,13 +225,6 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()>) -> Result
         tokio::spawn(reflector::run(client.clone(), Filter::default(), slices.clone()));
         match p.mode {
             ProxyMode::Iptables => {
-                // Leftovers of the userspace mode would take the traffic first.
-                {
-                    let kernel = kernel.clone();
-                    tokio::task::spawn_blocking(move || userspace::cleanup(&*kernel))
-                        .await
-                        .map_err(|e| AgentError::Process(e.to_string()))??;
-                }
                 let render = crate::proxy::iptables::RenderConfig {
                     node_name: cfg.node_name.clone(),
                     node_ips: vec![cfg.node_ip],
@@ -235,6 +249,28 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()>) -> Result
                     health_check_bind: Some(std::net::IpAddr::from([0, 0, 0, 0])),
                 };
                 tokio::spawn(sync::run_proxier(proxier, None));
+            }
+            ProxyMode::Nftables => {
+                let render = crate::proxy::iptables::RenderConfig {
+                    node_name: cfg.node_name.clone(),
+                    node_ips: vec![cfg.node_ip],
+                    cluster_cidr: p.cluster_cidr,
+                    masquerade_external: p.masquerade_external,
+                    random_fully: true,
+                };
+                tracing::info!(mode = "nftables", layout = ?p.nft.layout, masquerade_external = p.masquerade_external, "service proxy");
+                let proxier = nft_sync::NftProxier {
+                    kernel: Arc::new(nft_sync::NftablesKernel::default()),
+                    render,
+                    nft: p.nft.clone(),
+                    services,
+                    slices,
+                    health: health.clone(),
+                    period: cfg.sync_period,
+                    min_interval: p.min_sync,
+                    health_check_bind: Some(std::net::IpAddr::from([0, 0, 0, 0])),
+                };
+                tokio::spawn(nft_sync::run_nft_proxier(proxier, None));
             }
             ProxyMode::Userspace => {
                 tracing::info!(mode = "userspace", backend = p.backend.name(), "service proxy");

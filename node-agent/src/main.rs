@@ -16,6 +16,7 @@ use podpath_ruleset::Backend;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum ProxyModeArg {
     Iptables,
+    Nftables,
     Userspace,
     None,
 }
@@ -64,10 +65,19 @@ struct Args {
     /// A label of the Node (repeatable, KEY=VALUE).
     #[arg(long = "node-label")]
     node_labels: Vec<String>,
-    /// Service proxy mode: `iptables` (kube-proxy's iptables mode), `userspace` (its old
-    /// userspace mode: a proxy socket per service port) or `none`.
+    /// Service proxy mode: `iptables` (kube-proxy's iptables mode), `nftables` (its nftables
+    /// mode: the table `ip kube-proxy`), `userspace` (its old userspace mode: a proxy socket per
+    /// service port) or `none`. Starting in one mode removes the others' rules.
     #[arg(long, value_enum, default_value_t = ProxyModeArg::Iptables)]
     proxy_mode: ProxyModeArg,
+    /// The nftables mode's rule layout: `current` (kube-proxy v1.36+: one `numgen … map` DNAT
+    /// rule per Service) or `v1.34` (per-endpoint chains, `mark-for-masquerade`).
+    #[arg(long, default_value = "current")]
+    nftables_layout: String,
+    /// The Service CIDRs (comma-separated): in nftables mode, traffic to an address in them
+    /// that no Service holds is dropped, as kube-proxy does with the cluster's ServiceCIDRs.
+    #[arg(long, value_delimiter = ',')]
+    service_cluster_ip_range: Vec<String>,
     /// iptables backend (never both in one namespace).
     #[arg(long, value_enum, default_value_t = Backend::Nft)]
     iptables_backend: Backend,
@@ -122,11 +132,25 @@ async fn run() -> Result<()> {
         let kernel = node_agent::proxy::kernel::IptablesKernel::new(backend);
         node_agent::proxy::userspace::cleanup(&kernel)?;
         node_agent::proxy::sync::cleanup(&kernel)?;
-        println!("removed the service proxy's iptables chains and rules ({} backend)", backend.name());
+        let nft_removed = node_agent::proxy::nft_sync::cleanup_nftables();
+        println!(
+            "removed the service proxy's iptables chains and rules ({} backend){}",
+            backend.name(),
+            if nft_removed { " and its nftables table ip kube-proxy" } else { "" }
+        );
         return Ok(());
+    }
+    let layout: node_agent::proxy::nftables::Layout =
+        args.nftables_layout.parse().map_err(|e: String| anyhow::anyhow!("--nftables-layout: {e}"))?;
+    let mut service_cidrs = vec![];
+    for c in &args.service_cluster_ip_range {
+        service_cidrs.push(
+            c.parse::<ipnet::IpNet>().with_context(|| format!("--service-cluster-ip-range {c:?} is not a CIDR"))?,
+        );
     }
     let mode = match args.proxy_mode {
         ProxyModeArg::Iptables => Some(ProxyMode::Iptables),
+        ProxyModeArg::Nftables => Some(ProxyMode::Nftables),
         ProxyModeArg::Userspace => Some(ProxyMode::Userspace),
         ProxyModeArg::None => None,
     };
@@ -141,6 +165,7 @@ async fn run() -> Result<()> {
             ),
             masquerade_external: args.masquerade,
             min_sync: Duration::from_secs_f64(args.min_sync_seconds.max(0.0)),
+            nft: node_agent::proxy::nftables::NftConfig { layout, service_cidrs },
         }),
         None => None,
     };

@@ -208,6 +208,131 @@ impl Iptables {
     }
 }
 
+/// `nft`, in the current network namespace or (through `ip netns exec`) a named one.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Nft {
+    pub netns: Option<String>,
+}
+
+impl Nft {
+    pub fn in_netns(netns: &str) -> Nft {
+        Nft { netns: Some(netns.to_string()) }
+    }
+
+    fn run(&self, args: &[&str], stdin: Option<&str>) -> Result<std::result::Result<String, String>> {
+        let mut cmd = match &self.netns {
+            Some(ns) => {
+                let mut c = Command::new(tool_path("ip"));
+                c.args(["netns", "exec", ns, "nft"]);
+                c
+            }
+            None => Command::new(tool_path("nft")),
+        };
+        cmd.args(args).stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() });
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+        let spawn_err = |source| RulesetError::Spawn { cmd: "nft".into(), netns: self.netns.clone(), source };
+        let mut child = cmd.spawn().map_err(spawn_err)?;
+        if let Some(text) = stdin {
+            let mut input = child.stdin.take().expect("piped");
+            let _ = input.write_all(text.as_bytes());
+        }
+        let out = child.wait_with_output().map_err(spawn_err)?;
+        Ok(if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
+        })
+    }
+
+    /// `nft -f -` of one transaction: all of it or none. The error quotes the line nft
+    /// rejected (`/dev/stdin:LINE:…`).
+    pub fn apply(&self, tx: &crate::nft::Transaction) -> Result<()> {
+        if tx.is_empty() {
+            return Ok(());
+        }
+        let input = tx.text();
+        match self.run(&["-f", "-"], Some(&input))? {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                let line = e
+                    .split("/dev/stdin:")
+                    .nth(1)
+                    .and_then(|r| r.split(':').next())
+                    .and_then(|n| n.parse::<usize>().ok())
+                    .and_then(|n| input.lines().nth(n.checked_sub(1)?))
+                    .map(str::to_string);
+                Err(RulesetError::Failed {
+                    cmd: "nft -f".into(),
+                    netns: self.netns.clone(),
+                    stderr: e,
+                    input_line: line,
+                })
+            }
+        }
+    }
+
+    /// `nft list table FAMILY NAME` (with `-j`, JSON); None when there is no such table.
+    pub fn list_table(&self, family: crate::nft::NftFamily, name: &str, json: bool) -> Result<Option<String>> {
+        let mut args = vec![];
+        if json {
+            args.push("-j");
+        }
+        args.extend(["list", "table", family.name(), name]);
+        match self.run(&args, None)? {
+            Ok(out) => Ok(Some(out)),
+            Err(e) if e.contains("No such file or directory") => Ok(None),
+            Err(e) => Err(RulesetError::Failed {
+                cmd: format!("nft list table {} {name}", family.name()),
+                netns: self.netns.clone(),
+                stderr: e,
+                input_line: None,
+            }),
+        }
+    }
+
+    /// Whether the table exists (`nft list tables FAMILY`).
+    pub fn has_table(&self, family: crate::nft::NftFamily, table: &str) -> Result<bool> {
+        let want = format!("table {} {table}", family.name());
+        match self.run(&["list", "tables", family.name()], None)? {
+            Ok(out) => Ok(out.lines().any(|l| l.trim() == want)),
+            Err(e) => Err(RulesetError::Failed {
+                cmd: format!("nft list tables {}", family.name()),
+                netns: self.netns.clone(),
+                stderr: e,
+                input_line: None,
+            }),
+        }
+    }
+
+    /// Whether chain `chain` of the table exists (`nft list chain`).
+    pub fn has_chain(&self, family: crate::nft::NftFamily, table: &str, chain: &str) -> Result<bool> {
+        match self.run(&["list", "chain", family.name(), table, chain], None)? {
+            Ok(_) => Ok(true),
+            Err(e) if e.contains("No such file or directory") => Ok(false),
+            Err(e) => Err(RulesetError::Failed {
+                cmd: format!("nft list chain {} {table} {chain}", family.name()),
+                netns: self.netns.clone(),
+                stderr: e,
+                input_line: None,
+            }),
+        }
+    }
+
+    /// `nft delete table FAMILY NAME`; nothing when there is none.
+    pub fn delete_table(&self, family: crate::nft::NftFamily, name: &str) -> Result<()> {
+        match self.run(&["delete", "table", family.name(), name], None)? {
+            Ok(_) => Ok(()),
+            Err(e) if e.contains("No such file or directory") => Ok(()),
+            Err(e) => Err(RulesetError::Failed {
+                cmd: format!("nft delete table {} {name}", family.name()),
+                netns: self.netns.clone(),
+                stderr: e,
+                input_line: None,
+            }),
+        }
+    }
+}
+
 /// Whether the *other* backend than `backend` holds `chain` in the nat table of this namespace
 /// (a proxy started with the other backend before, and not cleaned up). Looked up without side
 /// effects: legacy tables of a namespace are listed in `/proc/net/ip_tables_names` once they

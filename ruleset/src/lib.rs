@@ -8,7 +8,9 @@
 //! - [`plan`]: how much of a ruleset a sync sends and in how many restores (partial syncs,
 //!   batches for iptables-nft, stale chains last);
 //! - [`lint`]: kube-proxy's structural checks (dangling, empty and unused chains);
-//! - [`exec`]: the one place that runs `iptables-save` and `iptables-restore`.
+//! - [`nft`]: the nftables model of one table, the transaction between two of them and its
+//!   `nft -f` text;
+//! - [`exec`]: the one place that runs `iptables-save`, `iptables-restore` and `nft`.
 //!
 //! Everything but [`exec`] is pure. The service proxy renders into this model and applies it
 //! through [`exec`]; the test fake (`testkit::iptables`) applies it with restore semantics; the
@@ -18,10 +20,11 @@ pub mod error;
 pub mod exec;
 pub mod lint;
 pub mod model;
+pub mod nft;
 pub mod plan;
 pub mod text;
 
 pub use error::{Result, RulesetError};
-pub use exec::{Backend, Family, Iptables};
+pub use exec::{Backend, Family, Iptables, Nft};
 pub use model::{Addr, ChainDecl, Command, MarkOp, Match, RecentOp, Rule, Ruleset, Table, Target};
 pub use text::parse;

@@ -1,6 +1,6 @@
 //! The service proxy (kube-proxy's half of the node agent): chain naming ([`names`]), the
 //! Service/EndpointSlice model ([`model`]), the pure renderers into `podpath_ruleset`'s model
-//! (iptables mode: [`iptables`]; userspace mode: [`userspace`]), the kernel behind one trait
+//! (iptables mode: [`iptables`]; nftables mode: [`nftables`], synced by [`nft_sync`]; userspace mode: [`userspace`]), the kernel behind one trait
 //! ([`kernel`]), the iptables proxier's sync loop ([`sync`]) and healthCheckNodePort servers
 //! ([`service_health`]).
 
@@ -8,6 +8,8 @@ pub mod iptables;
 pub mod kernel;
 pub mod model;
 pub mod names;
+pub mod nft_sync;
+pub mod nftables;
 pub mod service_health;
 pub mod sync;
 pub mod userspace;

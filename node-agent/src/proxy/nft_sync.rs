@@ -1,0 +1,244 @@
+//! The nftables proxier's sync loop: watch caches → one snapshot → the pure renderer
+//! ([`super::nftables::render`]) → the transaction from what the kernel holds (as last written)
+//! to the new table → one `nft -f` → stale chains deleted in a later transaction, at least a
+//! second after they were flushed (kube-proxy's rule, for kernels that notice late that no map
+//! element points at a chain any more). A table that vanished or a failed transaction makes
+//! the next sync a full one, which replaces the table whole.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1 as core;
+use k8s_openapi::api::discovery::v1 as discovery;
+use podpath_client::reflector::Store;
+use podpath_ruleset::nft::{delete_chains, NftFamily, NftTable, Transaction};
+use podpath_ruleset::Nft;
+
+use super::iptables::{RenderConfig, ServiceState};
+use super::model::ServiceKey;
+use super::nftables::{render, NftConfig, TABLE};
+use super::sync::{snapshot, stale_udp_flows};
+use crate::error::{AgentError, Result};
+use crate::health::Health;
+
+/// How long a flushed chain waits before it is deleted.
+pub const STALE_CHAIN_DELAY: Duration = Duration::from_secs(1);
+
+/// What the nftables proxier asks of the kernel.
+pub trait NftKernel: Send + Sync + 'static {
+    fn apply(&self, tx: &Transaction) -> Result<()>;
+    /// Whether the table is there (a cheap look: one chain of it).
+    fn table_present(&self) -> Result<bool>;
+    fn delete_table(&self) -> Result<()>;
+    fn clear_conntrack(&self, deletes: &[Vec<String>]);
+}
+
+/// The real kernel: `nft` in the current network namespace.
+#[derive(Debug, Clone, Default)]
+pub struct NftablesKernel {
+    pub nft: Nft,
+}
+
+fn network(e: podpath_ruleset::RulesetError) -> AgentError {
+    AgentError::Network { what: "nftables".into(), source: Box::new(e) }
+}
+
+impl NftKernel for NftablesKernel {
+    fn apply(&self, tx: &Transaction) -> Result<()> {
+        self.nft.apply(tx).map_err(network)
+    }
+    fn table_present(&self) -> Result<bool> {
+        // One small fixed chain: the same cost at any table size.
+        self.nft.has_chain(NftFamily::Ip, TABLE, "nat-postrouting").map_err(network)
+    }
+    fn delete_table(&self) -> Result<()> {
+        self.nft.delete_table(NftFamily::Ip, TABLE).map_err(network)
+    }
+    fn clear_conntrack(&self, deletes: &[Vec<String>]) {
+        for args in deletes {
+            let status = std::process::Command::new("conntrack")
+                .args(args)
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .status();
+            if let Err(e) = status {
+                tracing::warn!("cannot run conntrack to clear stale UDP flows ({e}); install the conntrack package");
+                return;
+            }
+        }
+    }
+}
+
+impl<K: NftKernel> NftKernel for Arc<K> {
+    fn apply(&self, tx: &Transaction) -> Result<()> {
+        (**self).apply(tx)
+    }
+    fn table_present(&self) -> Result<bool> {
+        (**self).table_present()
+    }
+    fn delete_table(&self) -> Result<()> {
+        (**self).delete_table()
+    }
+    fn clear_conntrack(&self, deletes: &[Vec<String>]) {
+        (**self).clear_conntrack(deletes)
+    }
+}
+
+/// Removes the nftables mode's table (`--cleanup`, and a start in another mode); true when
+/// there was one. Without `nft` installed there is nothing of ours to remove.
+pub fn cleanup_nftables() -> bool {
+    let nft = Nft::default();
+    match nft.has_table(NftFamily::Ip, TABLE) {
+        Ok(true) => match nft.delete_table(NftFamily::Ip, TABLE) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!("cannot delete the nftables table ip {TABLE}: {e}");
+                false
+            }
+        },
+        _ => false,
+    }
+}
+
+/// The nftables proxier's inputs.
+pub struct NftProxier<K> {
+    pub kernel: Arc<K>,
+    pub render: RenderConfig,
+    pub nft: NftConfig,
+    pub services: Arc<Store<core::Service>>,
+    pub slices: Arc<Store<discovery::EndpointSlice>>,
+    pub health: Arc<Health>,
+    /// How often the table's presence is checked (a vanished table gets a full sync).
+    pub period: Duration,
+    /// Minimum time between syncs (kube-proxy's minSyncPeriod).
+    pub min_interval: Duration,
+    pub health_check_bind: Option<std::net::IpAddr>,
+}
+
+/// Chains flushed by a sync, deleted once `due`.
+struct Stale {
+    due: tokio::time::Instant,
+    chains: Vec<String>,
+}
+
+/// One sync: the transaction from `last` (None: replace the table) to the render of `state`.
+/// Returns the new table and the chains it flushed for later deletion.
+pub fn sync_once<K: NftKernel + ?Sized>(
+    k: &K,
+    cfg: &RenderConfig,
+    nft: &NftConfig,
+    state: &[ServiceState],
+    last: Option<&NftTable>,
+) -> Result<(NftTable, Vec<String>, usize)> {
+    let next = render(cfg, nft, state);
+    let (tx, stale) = Transaction::between(last, &next);
+    let ops = tx.len();
+    k.apply(&tx)?;
+    Ok((next, stale, ops))
+}
+
+/// Runs the proxier: a full sync first, then a sync after every change (at most one per
+/// `min_interval`), stale chains deleted when due, the table's presence checked every `period`.
+pub async fn run_nft_proxier<K: NftKernel>(p: NftProxier<K>, synced: Option<tokio::sync::oneshot::Sender<()>>) {
+    let NftProxier { kernel, render: cfg, nft, services, slices, health, period, min_interval, health_check_bind } = p;
+    let mut health_servers = health_check_bind.map(|b| super::service_health::HealthServers::new(b, health.clone()));
+    services.wait_synced().await;
+    slices.wait_synced().await;
+    let mut synced = synced;
+    let mut svc_changes = services.changes();
+    let mut slice_changes = slices.changes();
+    let mut last: Option<NftTable> = None;
+    let mut last_states: BTreeMap<ServiceKey, ServiceState> = BTreeMap::new();
+    let mut stale: Vec<Stale> = vec![];
+    let mut resync = true;
+    loop {
+        if resync {
+            let started = tokio::time::Instant::now();
+            let state = snapshot(&services.list(), &slices.list());
+            let checks = super::service_health::wanted(&state, &cfg.node_name);
+            let udp = stale_udp_flows(&last_states, &state);
+            let next_states: BTreeMap<ServiceKey, ServiceState> =
+                state.iter().map(|st| (st.port.key(), st.clone())).collect();
+            let (k, c, n, prev) = (kernel.clone(), cfg.clone(), nft.clone(), last.take());
+            let full = prev.is_none();
+            let result = tokio::task::spawn_blocking(move || {
+                let r = sync_once(&*k, &c, &n, &state, prev.as_ref());
+                if r.is_ok() {
+                    k.clear_conntrack(&udp);
+                }
+                r
+            })
+            .await
+            .unwrap_or_else(|e| Err(AgentError::Process(format!("sync task failed: {e}"))));
+            match result {
+                Ok((table, flushed, ops)) => {
+                    last = Some(table);
+                    last_states = next_states;
+                    if !flushed.is_empty() {
+                        stale.push(Stale { due: tokio::time::Instant::now() + STALE_CHAIN_DELAY, chains: flushed });
+                    }
+                    health.updated();
+                    if let Some(servers) = health_servers.as_mut() {
+                        servers.sync(checks).await;
+                    }
+                    tracing::debug!(took_ms = started.elapsed().as_millis() as u64, full, ops, "nftables synced");
+                    if let Some(tx) = synced.take() {
+                        let _ = tx.send(());
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!("nftables sync failed (retrying with a full sync): {e}");
+                    health.metrics.sync_error("nftables");
+                    // `last` stays None: the next sync replaces the table.
+                    stale.clear();
+                }
+            }
+            resync = false;
+        }
+        let next_due = stale.iter().map(|s| s.due).min();
+        let wait = if last.is_none() { Duration::from_secs(1) } else { period };
+        tokio::select! {
+            r = svc_changes.changed() => { if r.is_err() { return; } health.queued(); resync = true; }
+            r = slice_changes.changed() => { if r.is_err() { return; } health.queued(); resync = true; }
+            _ = async { tokio::time::sleep_until(next_due.expect("guarded")).await }, if next_due.is_some() => {
+                let now = tokio::time::Instant::now();
+                let (due, later): (Vec<Stale>, Vec<Stale>) = stale.drain(..).partition(|s| s.due <= now);
+                stale = later;
+                // A chain that came back meanwhile (its Service re-created) stays.
+                let chains: Vec<String> = due
+                    .into_iter()
+                    .flat_map(|s| s.chains)
+                    .filter(|c| last.as_ref().is_some_and(|t| t.chain(c).is_none()))
+                    .collect();
+                if !chains.is_empty() {
+                    let k = kernel.clone();
+                    let tx = delete_chains(NftFamily::Ip, TABLE, &chains);
+                    let r = tokio::task::spawn_blocking(move || k.apply(&tx)).await;
+                    if !matches!(r, Ok(Ok(()))) {
+                        tracing::warn!(chains = chains.len(), "deleting stale nftables chains failed; a full sync follows");
+                        last = None;
+                        resync = true;
+                    }
+                }
+            }
+            _ = tokio::time::sleep(wait) => {
+                // kube-proxy's canary, nftables style: a deleted table gets a full sync.
+                let k = kernel.clone();
+                let present = tokio::task::spawn_blocking(move || k.table_present()).await;
+                if last.is_none() || !matches!(present, Ok(Ok(true))) {
+                    if last.is_some() {
+                        tracing::warn!("the nftables table ip {TABLE} is gone; resyncing it whole");
+                        health.metrics.sync_error("nftables-table-missing");
+                    }
+                    last = None;
+                    resync = true;
+                }
+            }
+        }
+        if resync {
+            // Batch what arrives meanwhile (kube-proxy's minSyncPeriod).
+            tokio::time::sleep(min_interval).await;
+        }
+    }
+}
