@@ -318,18 +318,17 @@ impl Transaction {
                 }
             }
         }
-        for c in &after.chains {
-            match old_chain(&c.name) {
-                Some(o) if o == c => {}
-                old => {
-                    tx.ops.push(Op::AddChain(c.clone()));
-                    if old.is_some() {
-                        tx.ops.push(Op::FlushChain(c.name.clone()));
-                    }
-                    for r in &c.rules {
-                        tx.ops.push(Op::AddRule { chain: c.name.clone(), rule: r.clone() });
-                    }
-                }
+        // Every chain a rule may jump to exists before the rules: declarations first.
+        let changed: Vec<&Chain> = after.chains.iter().filter(|c| old_chain(&c.name) != Some(*c)).collect();
+        for c in &changed {
+            tx.ops.push(Op::AddChain((*c).clone()));
+        }
+        for c in &changed {
+            if old_chain(&c.name).is_some() {
+                tx.ops.push(Op::FlushChain(c.name.clone()));
+            }
+            for r in &c.rules {
+                tx.ops.push(Op::AddRule { chain: c.name.clone(), rule: r.clone() });
             }
         }
         for s in &after.sets {
@@ -437,18 +436,34 @@ pub fn listed(rule: &str) -> String {
         out.push_str(&w);
     }
     // `!= 0` after a mark test prints as `!= 0x00000000`.
-    let out = out.replace(" != 0 ", " != 0x00000000 ");
+    let out = out.replace(" != 0 ", " != 0x00000000 ").replace(" == 0 ", " == 0x00000000 ");
     // `{ x }` with one element and no map: braces go.
     let mut result = String::new();
     let mut rest = out.as_str();
     while let Some(open) = rest.find("{ ") {
         result.push_str(&rest[..open]);
         let tail = &rest[open + 2..];
+        // `update @set { ip saddr }` keeps its braces: they are the element, not a set.
+        let is_update = result.trim_end().rsplit(' ').next().is_some_and(|w| w.starts_with('@'));
         match tail.find(" }") {
             Some(close)
-                if !tail[..close].contains(',') && !tail[..close].contains(':') && !tail[..close].contains('{') =>
+                if !is_update
+                    && !tail[..close].contains(',')
+                    && !tail[..close].contains(':')
+                    && !tail[..close].contains('{') =>
             {
                 result.push_str(&tail[..close]);
+                rest = &tail[close + 2..];
+            }
+            Some(close) if !is_update && !tail[..close].contains(':') && !tail[..close].contains('{') => {
+                // An anonymous set of addresses lists in address order.
+                let mut items: Vec<&str> = tail[..close].split(", ").collect();
+                items.sort_by_key(|i| {
+                    let net =
+                        i.parse::<ipnet::IpNet>().ok().or_else(|| i.parse::<std::net::IpAddr>().ok().map(Into::into));
+                    (net.map(|n| (n.network(), n.prefix_len())), i.to_string())
+                });
+                result.push_str(&format!("{{ {} }}", items.join(", ")));
                 rest = &tail[close + 2..];
             }
             _ => {
@@ -499,10 +514,10 @@ mod tests {
              add set ip kube-proxy cluster-ips { type ipv4_addr ; comment \"Active ClusterIPs\" ; }\n\
              add map ip kube-proxy service-ips { type ipv4_addr . inet_proto . inet_service : verdict ; comment \"ClusterIP, ExternalIP and LoadBalancer IP traffic\" ; }\n\
              add chain ip kube-proxy nat-prerouting { type nat hook prerouting priority -100 ; }\n\
-             add rule ip kube-proxy nat-prerouting jump services\n\
              add chain ip kube-proxy services\n\
-             add rule ip kube-proxy services ip daddr . meta l4proto . th dport vmap @service-ips\n\
              add chain ip kube-proxy service-AXK6CI2C-demo/web/tcp/http\n\
+             add rule ip kube-proxy nat-prerouting jump services\n\
+             add rule ip kube-proxy services ip daddr . meta l4proto . th dport vmap @service-ips\n\
              add rule ip kube-proxy service-AXK6CI2C-demo/web/tcp/http meta l4proto tcp dnat ip addr . port to numgen random mod 1 map { 0 : 10.244.1.5 . 8080 }\n\
              add element ip kube-proxy cluster-ips { 10.96.12.34 }\n\
              add element ip kube-proxy service-ips { 10.96.12.34 . tcp . 80 : goto service-AXK6CI2C-demo/web/tcp/http }\n"
@@ -561,9 +576,11 @@ mod tests {
             "meta l4proto tcp dnat ip to numgen random mod 2 map { 0 : 10.244.1.5 . 8080, 1 : 10.244.2.7 . 8080 }"
         );
         assert_eq!(listed("ip saddr != { 203.0.113.0/25 } drop"), "ip saddr != 203.0.113.0/25 drop");
+        assert_eq!(listed("update @affinity-x { ip saddr }"), "update @affinity-x { ip saddr }");
+        assert_eq!(listed("mark and 0x4000 == 0 return"), "meta mark & 0x00004000 == 0x00000000 return");
         assert_eq!(
             listed("ip saddr != { 10.0.0.0/8, 1.2.3.0/24 } drop"),
-            "ip saddr != { 10.0.0.0/8, 1.2.3.0/24 } drop"
+            "ip saddr != { 1.2.3.0/24, 10.0.0.0/8 } drop"
         );
     }
 }

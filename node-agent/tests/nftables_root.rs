@@ -1,0 +1,196 @@
+//! The nftables mode's rendered table through the real `nft` in a namespace of the test's own,
+//! in both layouts: the kernel takes every rule, set and map; `nft list table` prints back
+//! exactly the model (rule by rule, in the form nft lists them; element by element); a partial
+//! transaction changes only what it says, and stale chains are deleted afterwards.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use node_agent::proxy::iptables::{RenderConfig, ServiceState};
+use node_agent::proxy::model::{Endpoint, ServicePort};
+use node_agent::proxy::nftables::{render, Layout, NftConfig, TABLE};
+use podpath_ruleset::nft::{delete_chains, listed, NftFamily, NftTable, Transaction};
+use podpath_ruleset::Nft;
+use testkit::netns::{host_state, root_or_explain, Netns};
+
+fn ep(ip: &str, port: u16, node: &str, ready: bool) -> Endpoint {
+    Endpoint { ip: ip.parse().unwrap(), port, node: Some(node.into()), ready, serving: true, terminating: !ready }
+}
+
+/// Every feature the iptables mode has, one Service each.
+fn services() -> Vec<ServiceState> {
+    let sp = |name: &str, port_name: &str, proto: &str, port: u16, cip: &str| ServicePort {
+        cluster_ip: Some(cip.parse().unwrap()),
+        ..ServicePort::new("default", name, port_name, proto, port)
+    };
+    let mut lb = sp("lb", "http", "tcp", 80, "10.96.0.20");
+    lb.node_port = Some(30080);
+    lb.load_balancer_ips = vec!["198.51.100.7".parse().unwrap()];
+    lb.external_ips = vec!["169.10.10.1".parse().unwrap()];
+    lb.source_ranges = vec!["203.0.113.0/24".parse().unwrap(), "192.168.56.0/24".parse().unwrap()];
+    let mut local = sp("local", "", "tcp", 80, "10.96.0.21");
+    local.node_port = Some(30081);
+    local.load_balancer_ips = vec!["198.51.100.8".parse().unwrap()];
+    local.external_policy_local = true;
+    local.health_check_node_port = Some(32000);
+    let mut sticky = sp("sticky", "http", "tcp", 80, "10.96.0.22");
+    sticky.affinity_seconds = Some(600);
+    let mut internal = sp("internal", "dns", "udp", 53, "10.96.0.23");
+    internal.internal_policy_local = true;
+    vec![
+        ServiceState {
+            port: lb,
+            endpoints: vec![ep("10.244.1.5", 8080, "node-1", true), ep("10.244.2.5", 8080, "node-2", true)],
+        },
+        ServiceState { port: local, endpoints: vec![ep("10.244.2.6", 8080, "node-2", true)] },
+        ServiceState {
+            port: sticky,
+            endpoints: vec![ep("10.244.1.7", 8080, "node-1", true), ep("10.244.2.7", 8080, "node-2", true)],
+        },
+        ServiceState { port: internal, endpoints: vec![ep("10.244.2.8", 53, "node-2", true)] },
+        ServiceState { port: sp("empty", "", "tcp", 80, "10.96.0.24"), endpoints: vec![] },
+        ServiceState {
+            port: sp("draining", "", "sctp", 9000, "10.96.0.25"),
+            endpoints: vec![ep("10.244.1.9", 9000, "node-1", false)],
+        },
+    ]
+}
+
+fn cfg() -> RenderConfig {
+    RenderConfig {
+        node_name: "node-1".into(),
+        node_ips: vec!["192.168.56.11".parse().unwrap()],
+        cluster_cidr: Some("10.244.0.0/16".parse().unwrap()),
+        masquerade_external: true,
+        random_fully: true,
+    }
+}
+
+/// `nft list table` text → (chain → rules, set → elements), elements as the kernel prints
+/// them (`key : value`, comments dropped).
+fn parse_listing(text: &str) -> (BTreeMap<String, Vec<String>>, BTreeMap<String, BTreeSet<String>>) {
+    let mut chains = BTreeMap::new();
+    let mut sets = BTreeMap::new();
+    let lines: Vec<&str> = text.lines().map(str::trim).collect();
+    let mut i = 0;
+    while i < lines.len() {
+        let l = lines[i];
+        if let Some(name) = l.strip_prefix("chain ").and_then(|r| r.strip_suffix(" {")) {
+            let mut rules = vec![];
+            i += 1;
+            while lines[i] != "}" {
+                let r = lines[i];
+                if !(r.starts_with("type ") || r.starts_with("comment ")) {
+                    rules.push(r.to_string());
+                }
+                i += 1;
+            }
+            chains.insert(name.trim_matches('"').to_string(), rules);
+        } else if let Some(name) =
+            l.strip_prefix("set ").or_else(|| l.strip_prefix("map ")).and_then(|r| r.strip_suffix(" {"))
+        {
+            let mut elements = BTreeSet::new();
+            i += 1;
+            while lines[i] != "}" {
+                if let Some(rest) = lines[i].strip_prefix("elements = { ") {
+                    let mut body = rest.to_string();
+                    while !body.ends_with('}') {
+                        i += 1;
+                        body.push(' ');
+                        body.push_str(lines[i]);
+                    }
+                    let body = body.trim_end_matches('}').trim();
+                    for e in body.split(", ").map(str::trim).filter(|e| !e.is_empty()) {
+                        // `key comment "…" : value` → `key : value`
+                        let e = match (e.find(" comment \""), e.rfind(" : ")) {
+                            (Some(c), Some(v)) if c < v => format!("{}{}", &e[..c], &e[v..]),
+                            (Some(c), None) => e[..c].to_string(),
+                            _ => e.to_string(),
+                        };
+                        elements.insert(e.trim_end_matches(',').to_string());
+                    }
+                }
+                i += 1;
+            }
+            sets.insert(name.trim_matches('"').to_string(), elements);
+        }
+        i += 1;
+    }
+    (chains, sets)
+}
+
+/// The model in the listing's terms.
+fn expected(t: &NftTable) -> (BTreeMap<String, Vec<String>>, BTreeMap<String, BTreeSet<String>>) {
+    let chains = t.chains.iter().map(|c| (c.name.clone(), c.rules.iter().map(|r| listed(r)).collect())).collect();
+    let sets = t
+        .sets
+        .iter()
+        .map(|s| {
+            let els = s
+                .elements
+                .values()
+                .map(|e| match &e.value {
+                    Some(v) => format!("{} : {v}", e.key_text()),
+                    None => e.key_text(),
+                })
+                .collect();
+            (s.name.clone(), els)
+        })
+        .collect();
+    (chains, sets)
+}
+
+fn assert_kernel_holds(nft: &Nft, t: &NftTable) {
+    let text = nft.list_table(NftFamily::Ip, TABLE, false).unwrap().expect("the table exists");
+    let (got_chains, got_sets) = parse_listing(&text);
+    let (want_chains, want_sets) = expected(t);
+    assert_eq!(got_chains.keys().collect::<Vec<_>>(), want_chains.keys().collect::<Vec<_>>(), "chains\n{text}");
+    for (name, want) in &want_chains {
+        assert_eq!(&got_chains[name], want, "chain {name}\n{text}");
+    }
+    assert_eq!(got_sets, want_sets, "sets and maps\n{text}");
+}
+
+#[test]
+fn both_layouts_load_and_list_back_as_rendered() {
+    if !root_or_explain() {
+        return;
+    }
+    let before = host_state();
+    let ns = Netns::new("ppnft");
+    let nft = Nft::in_netns(&ns.name);
+    for layout in [Layout::Current, Layout::V134] {
+        let config = NftConfig { layout, service_cidrs: vec!["10.96.0.0/12".parse().unwrap()] };
+        let first = render(&cfg(), &config, &services());
+        let (tx, _) = Transaction::between(None, &first);
+        if let Err(e) = nft.apply(&tx) {
+            panic!("{layout:?}: nft refused the table: {e}\n{}", tx.text());
+        }
+        assert_kernel_holds(&nft, &first);
+
+        // A partial sync: one endpoint fewer for `lb`, `empty` gone; only those change.
+        let mut next_services = services();
+        next_services[0].endpoints.pop();
+        next_services.retain(|s| s.port.id.name != "empty");
+        let second = render(&cfg(), &config, &next_services);
+        let (tx, stale) = Transaction::between(Some(&first), &second);
+        let text = tx.text();
+        assert!(!text.contains("delete table") && !text.contains("chain ip kube-proxy services"), "{text}");
+        nft.apply(&tx).unwrap_or_else(|e| panic!("{layout:?}: {e}\n{text}"));
+        match layout {
+            Layout::Current => assert!(stale.is_empty(), "{stale:?}"),
+            Layout::V134 => assert_eq!(stale.len(), 1, "the endpoint chain of the endpoint that went: {stale:?}"),
+        }
+        nft.apply(&delete_chains(NftFamily::Ip, TABLE, &stale)).unwrap();
+        assert_kernel_holds(&nft, &second);
+
+        // A first sync over a table someone edited replaces it whole.
+        ns.run(&["nft", "add", "chain", "ip", TABLE, "stray/chain"]);
+        let (tx, _) = Transaction::between(None, &second);
+        nft.apply(&tx).unwrap();
+        assert_kernel_holds(&nft, &second);
+        nft.delete_table(NftFamily::Ip, TABLE).unwrap();
+        assert!(!nft.has_table(NftFamily::Ip, TABLE).unwrap());
+    }
+    drop(ns);
+    assert_eq!(host_state(), before, "the host namespace changed");
+}
