@@ -124,10 +124,23 @@ fn wait_pods_ready(lab: &Lab, pods: &[&str]) {
 
 #[test]
 fn scenario_1_passthrough_load_balancer_contour() {
+    scenario_1("iptables");
+}
+
+/// Scenario 1 again with kube-proxy's nftables mode on the nodes: the same requests succeed,
+/// and the node's table `ip kube-proxy` holds the verdict-map elements and chains kube-proxy
+/// writes for the Service.
+#[test]
+fn scenario_1_in_nftables_mode() {
+    scenario_1("nftables");
+}
+
+fn scenario_1(mode: &str) {
     if !root_or_explain() {
         return;
     }
-    let lab = Lab::up("s1", &["--nodes", "3"]).expect("podpath up");
+    let tag = if mode == "nftables" { "s1n" } else { "s1" };
+    let lab = Lab::up(tag, &["--nodes", "3", "--proxy-mode", mode]).expect("podpath up");
     let mut yaml = pod("contour-1", "node-1", "app: contour", "\"--https-port\", \"8443\"", &[8080, 8443]);
     yaml += &pod("contour-2", "node-2", "app: contour", "\"--https-port\", \"8443\"", &[8080, 8443]);
     yaml += &pod("client", "node-3", "app: client", "", &[8080]);
@@ -173,23 +186,30 @@ fn scenario_1_passthrough_load_balancer_contour() {
     // there, the nat rules carry it to a pod.
     let listening = lab.exec("node-3", &["ss", "-ltnH"]);
     assert!(!listening.lines().any(|l| l.contains(":80 ") || l.contains(":443 ")), "{listening}");
-    let rules = lab.exec("node-3", &["iptables-save", "-t", "nat"]);
-    let lb_rule = must_rule(
-        &rules,
-        &[&format!("-d {lb_ip}/32"), "\"default/contour:http loadbalancer IP\"", "--dport 80", "-j KUBE-EXT-"],
-    );
-    let ext = lb_rule.rsplit(' ').next().unwrap();
-    must_rule(&rules, &[&format!("-A {ext} "), "-j KUBE-MARK-MASQ"]);
-    let svc = &must_rule(&rules, &[&format!("-A {ext} "), "-j KUBE-SVC-"]).rsplit(' ').next().unwrap().to_string();
-    for p in ["contour-1", "contour-2"] {
-        let ip = lab.kubectl(&["get", "pod", p, "-o", "jsonpath={.status.podIP}"]);
-        let sep_line = must_rule(&rules, &[&format!("-A {svc} "), "-j KUBE-SEP-", &format!("{ip}:8080")]);
-        let sep = sep_line.rsplit(' ').next().unwrap();
-        must_rule(&rules, &[&format!("-A {sep} "), "DNAT", &format!("--to-destination {ip}:8080")]);
-        must_rule(&rules, &[&format!("-A {sep} "), &format!("-s {ip}/32"), "-j KUBE-MARK-MASQ"]);
-    }
     let np = lab.kubectl(&["get", "svc", "contour", "-o", "jsonpath={.spec.ports[0].nodePort}"]);
-    must_rule(&rules, &["-A KUBE-NODEPORTS", "\"default/contour:http\"", &format!("--dport {np}")]);
+    let pod_ips: Vec<String> = ["contour-1", "contour-2"]
+        .iter()
+        .map(|p| lab.kubectl(&["get", "pod", p, "-o", "jsonpath={.status.podIP}"]))
+        .collect();
+    if mode == "nftables" {
+        nftables_rules_of_scenario_1(&lab, lb_ip, &np, &pod_ips);
+    } else {
+        let rules = lab.exec("node-3", &["iptables-save", "-t", "nat"]);
+        let lb_rule = must_rule(
+            &rules,
+            &[&format!("-d {lb_ip}/32"), "\"default/contour:http loadbalancer IP\"", "--dport 80", "-j KUBE-EXT-"],
+        );
+        let ext = lb_rule.rsplit(' ').next().unwrap();
+        must_rule(&rules, &[&format!("-A {ext} "), "-j KUBE-MARK-MASQ"]);
+        let svc = &must_rule(&rules, &[&format!("-A {ext} "), "-j KUBE-SVC-"]).rsplit(' ').next().unwrap().to_string();
+        for ip in &pod_ips {
+            let sep_line = must_rule(&rules, &[&format!("-A {svc} "), "-j KUBE-SEP-", &format!("{ip}:8080")]);
+            let sep = sep_line.rsplit(' ').next().unwrap();
+            must_rule(&rules, &[&format!("-A {sep} "), "DNAT", &format!("--to-destination {ip}:8080")]);
+            must_rule(&rules, &[&format!("-A {sep} "), &format!("-s {ip}/32"), "-j KUBE-MARK-MASQ"]);
+        }
+        must_rule(&rules, &["-A KUBE-NODEPORTS", "\"default/contour:http\"", &format!("--dport {np}")]);
+    }
 
     // lb-sim's view: one frontend, routed, three healthy nodes.
     let status = lab.lb_status();
@@ -626,6 +646,45 @@ fn ca_and_certificate(host: &str) -> (String, String, String) {
     let cert =
         rcgen::CertificateParams::new(vec![host.to_string()]).expect("params").signed_by(&key, &issuer).expect("sign");
     (ca_cert.pem(), cert.pem(), key.serialize_pem())
+}
+
+/// Scenario 1's Service as kube-proxy's nftables mode (current layout) writes it on node-3:
+/// the LB IP's element in `service-ips` leads to the external chain, which marks for
+/// masquerade and goes to the service chain, whose one DNAT rule picks one of the two pods by
+/// `numgen`; the nodePort's element in `service-nodeports`; the sticky Service's per-endpoint
+/// chains with their affinity sets; and no KUBE- chain in iptables.
+fn nftables_rules_of_scenario_1(lab: &Lab, lb_ip: &str, np: &str, pod_ips: &[String]) {
+    let table = lab.exec("node-3", &["nft", "list", "table", "ip", "kube-proxy"]);
+    let line = |fragments: &[&str]| -> String {
+        table
+            .lines()
+            .map(str::trim)
+            .find(|l| fragments.iter().all(|f| l.contains(f)))
+            .unwrap_or_else(|| panic!("no line with {fragments:?} in\n{table}"))
+            .to_string()
+    };
+    let ext = line(&[&format!("{lb_ip} . tcp . 80 : goto external-")]);
+    let ext = ext.split("goto ").nth(1).unwrap().trim_end_matches(',').trim_end_matches(" }").to_string();
+    assert!(ext.ends_with("-default/contour/tcp/http"), "{ext}");
+    let svc = ext.replacen("external-", "service-", 1);
+    let chain = |name: &str| -> Vec<String> {
+        let start = table.find(&format!("chain {name} {{")).unwrap_or_else(|| panic!("no chain {name}\n{table}"));
+        table[start..].lines().skip(1).map(str::trim).take_while(|l| *l != "}").map(str::to_string).collect()
+    };
+    assert_eq!(
+        chain(&ext),
+        ["meta mark set meta mark | 0x00004000 comment \"masquerade\"".to_string(), format!("goto {svc}")]
+    );
+    let dnat = chain(&svc).join("\n");
+    assert!(dnat.starts_with("meta l4proto tcp dnat ip to numgen random mod 2 map { 0 : "), "{dnat}");
+    for ip in pod_ips {
+        assert!(dnat.contains(&format!("{ip} . 8080")), "{ip} in {dnat}");
+    }
+    line(&[&format!("tcp . {np} : goto {ext}")]);
+    line(&["update @affinity-", "-default/sticky/tcp/__"]);
+    line(&["ip daddr @cluster-ips ip saddr != 10.244.0.0/16 meta mark set meta mark | 0x00004000"]);
+    let ipt = lab.exec("node-3", &["iptables-save"]);
+    assert!(!ipt.contains("KUBE-SERVICES"), "no iptables-mode rules beside the nftables table:\n{ipt}");
 }
 
 /// The `-A KUBE-SVC-…` jumps of a Service in a node's nat table: each rule's probability to

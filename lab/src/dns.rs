@@ -7,6 +7,9 @@
 
 use serde_json::{json, Value};
 
+/// The API server's Service range (its default, kubeadm's too).
+pub const SERVICE_CIDR: &str = "10.96.0.0/12";
+
 /// kubeadm's cluster DNS address: the tenth address of the default service range 10.96.0.0/12.
 pub const CLUSTER_DNS: &str = "10.96.0.10";
 

@@ -17,7 +17,7 @@ pub struct Check {
 }
 
 /// The tools the lab runs and the Debian packages that bring them.
-pub const TOOLS: [(&str, &str, bool); 9] = [
+pub const TOOLS: [(&str, &str, bool); 10] = [
     ("ip", "apt-get install iproute2", true),
     ("sysctl", "apt-get install procps", true),
     ("iptables", "apt-get install iptables", true),
@@ -26,6 +26,7 @@ pub const TOOLS: [(&str, &str, bool); 9] = [
     ("nsenter", "apt-get install util-linux", true),
     ("curl", "apt-get install curl (podpath curl and the lab's probes)", true),
     ("conntrack", "apt-get install conntrack (podpath trace)", false),
+    ("nft", "apt-get install nftables (podpath up --proxy-mode nftables)", false),
     (
         "kubectl",
         "run scripts/install-kubectl, or install kubectl 1.30 or later \
@@ -38,7 +39,7 @@ pub const TOOLS: [(&str, &str, bool); 9] = [
 pub type KernelFacts = Vec<(String, bool, String)>;
 
 /// Whether `tool` is an executable file on the PATH.
-fn on_path(tool: &str) -> bool {
+pub(crate) fn on_path(tool: &str) -> bool {
     std::env::var_os("PATH").is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
 }
 

@@ -50,6 +50,10 @@ enum Cmd {
         /// Service proxy of the nodes.
         #[arg(long, value_enum, default_value_t = ProxyMode::Iptables)]
         proxy_mode: ProxyMode,
+        /// With `--proxy-mode nftables`: kube-proxy's rule layout, `current` (v1.36+: one
+        /// `numgen … map` DNAT rule per Service) or `v1.34` (per-endpoint chains).
+        #[arg(long, default_value = "current", value_parser = ["current", "v1.36", "v1.34"])]
+        nftables_layout: String,
         /// How the gateway delivers LoadBalancer IPs.
         #[arg(long, value_enum, default_value_t = LbMode::Passthrough)]
         lb_mode: LbMode,
@@ -166,7 +170,7 @@ fn exec(argv: &[String]) -> Result<()> {
 
 fn run() -> Result<()> {
     match Cli::parse().cmd {
-        Cmd::Up { which, nodes, proxy_mode, lb_mode, masquerade, api_port } => {
+        Cmd::Up { which, nodes, proxy_mode, nftables_layout, lb_mode, masquerade, api_port } => {
             lab::preflight()?;
             let exe = std::env::current_exe()?;
             let bin_dir = exe.parent().map(PathBuf::from).unwrap_or_default();
@@ -175,6 +179,7 @@ fn run() -> Result<()> {
                 name: which.name.clone(),
                 nodes,
                 proxy_mode,
+                nftables_layout,
                 lb_mode,
                 masquerade,
                 state_dir: dir.clone(),

@@ -25,6 +25,9 @@ pub struct LabState {
     pub name: String,
     pub nodes: usize,
     pub proxy_mode: ProxyMode,
+    /// The nftables mode's layout (`current` or `v1.34`); absent for the other modes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nftables_layout: Option<String>,
     #[serde(default)]
     pub lb_mode: LbMode,
     pub api: String,
@@ -50,6 +53,8 @@ pub enum ProxyMode {
     /// kube-proxy's iptables mode (DNAT in the kernel).
     #[default]
     Iptables,
+    /// kube-proxy's nftables mode (the table `ip kube-proxy`: verdict maps and sets).
+    Nftables,
     /// kube-proxy's old userspace mode (a proxy socket per service port).
     Userspace,
 }

@@ -21,6 +21,8 @@ pub struct UpOptions {
     pub name: String,
     pub nodes: usize,
     pub proxy_mode: ProxyMode,
+    /// With `--proxy-mode nftables`: `current` (kube-proxy v1.36+) or `v1.34`.
+    pub nftables_layout: String,
     pub lb_mode: LbMode,
     /// `false` leaves out the nodes' masquerade of external traffic (the scenario-4 lesson).
     pub masquerade: bool,
@@ -131,6 +133,9 @@ pub fn up(opts: &UpOptions, progress: &mut dyn FnMut(&str)) -> Result<LabState> 
     if opts.nodes == 0 || opts.nodes > plan::MAX_NODES {
         return Err(LabError::Usage(format!("--nodes {}: use 1 to {}", opts.nodes, plan::MAX_NODES)));
     }
+    if opts.proxy_mode == ProxyMode::Nftables && !crate::doctor::on_path("nft") {
+        return Err(LabError::Usage("--proxy-mode nftables needs the nft tool: apt-get install nftables".to_string()));
+    }
     for bin in ["apiserver-lite", "node-agent", "lb-sim", "podpath-workload", "podpath-bridge", "podpath-ipam"] {
         if !opts.bin_dir.join(bin).is_file() {
             return Err(LabError::Usage(format!(
@@ -173,6 +178,7 @@ pub fn up(opts: &UpOptions, progress: &mut dyn FnMut(&str)) -> Result<LabState> 
         name: opts.name.clone(),
         nodes: opts.nodes,
         proxy_mode: opts.proxy_mode,
+        nftables_layout: (opts.proxy_mode == ProxyMode::Nftables).then(|| opts.nftables_layout.clone()),
         lb_mode: opts.lb_mode,
         api: api.to_string(),
         ca_file: Some(opts.state_dir.join("apiserver").join("pki").join("ca.crt")),
@@ -273,6 +279,10 @@ fn start(opts: &UpOptions, p: &Plan, st: &mut LabState, api: SocketAddr, progres
             s("1"),
             s("--proxy-mode"),
             opts.proxy_mode.to_string(),
+            s("--nftables-layout"),
+            opts.nftables_layout.clone(),
+            s("--service-cluster-ip-range"),
+            s(crate::dns::SERVICE_CIDR),
             format!("--masquerade={}", opts.masquerade),
             s("--cluster-dns"),
             s(crate::dns::CLUSTER_DNS),
