@@ -786,3 +786,65 @@ fn deployment_scaling_changes_probabilities_and_a_rolling_update_answers_every_r
     assert!(answers.last().is_some_and(|p| p.starts_with("v2\n")), "the last answer is v2: {:?}", answers.last());
     expect(&["0.3333", "0.5000", ""]);
 }
+
+/// Rules broken from outside come back within seconds, with a log line and a metric:
+/// `iptables -t nat -F` (every chain emptied, none deleted: the canary survives), a rule
+/// inserted before ours, one of ours deleted; in nftables mode `nft flush table`.
+#[test]
+fn rules_changed_from_outside_are_rewritten() {
+    if !root_or_explain() {
+        return;
+    }
+    for mode in ["iptables", "nftables"] {
+        let lab = Lab::up(if mode == "iptables" { "rep" } else { "repn" }, &["--nodes", "1", "--proxy-mode", mode])
+            .expect("podpath up");
+        lab.kubectl(&["create", "deployment", "web", "--image=podpath/echo", "--port=8080"]);
+        lab.kubectl(&["expose", "deployment", "web", "--port=80", "--target-port=8080"]);
+        lab.kubectl(&["rollout", "status", "deployment/web", "--timeout=60s"]);
+        let cip = lab.kubectl(&["get", "svc", "web", "-o", "jsonpath={.spec.clusterIP}"]);
+        let url = format!("http://{cip}/");
+        let answers = || {
+            let (ok, _) = lab.run("exec", &["node-1", "--", "curl", "-sS", "--max-time", "1", &url]);
+            ok
+        };
+        wait_for(
+            Duration::from_secs(10),
+            "the Service to answer",
+            || if answers() { Ok(()) } else { Err("no".into()) },
+        );
+        let breakages: Vec<Vec<&str>> = match mode {
+            "iptables" => vec![
+                vec!["iptables", "-t", "nat", "-F"],
+                vec!["iptables", "-t", "nat", "-I", "KUBE-SERVICES", "1", "-j", "RETURN"],
+                vec!["iptables", "-t", "nat", "-D", "KUBE-SERVICES", "1"],
+            ],
+            _ => vec![
+                vec!["nft", "flush", "table", "ip", "kube-proxy"],
+                vec!["nft", "insert", "rule", "ip", "kube-proxy", "services", "return"],
+            ],
+        };
+        for (i, cmd) in breakages.iter().enumerate() {
+            lab.exec("node-1", cmd);
+            let t = std::time::Instant::now();
+            // The repair is counted, then the Service answers (whichever rule was broken).
+            let want = format!("podpath_node_proxy_rules_repaired_total{{kind=\"{mode}\"}} {}", i + 1);
+            wait_for(Duration::from_secs(15), &format!("{mode}: the repair of {cmd:?} counted"), || {
+                let metrics =
+                    lab.exec("node-1", &["curl", "-sS", "--max-time", "2", "http://192.168.56.11:10256/metrics"]);
+                if metrics.contains(&want) {
+                    Ok(())
+                } else {
+                    Err(metrics)
+                }
+            });
+            wait_for(Duration::from_secs(5), &format!("{mode}: the Service to answer again after {cmd:?}"), || {
+                if answers() {
+                    Ok(())
+                } else {
+                    Err("no answer".into())
+                }
+            });
+            eprintln!("{mode}: {cmd:?} repaired in {:.1} s", t.elapsed().as_secs_f64());
+        }
+    }
+}

@@ -38,6 +38,7 @@ pub struct Metrics {
     healthz: Family<CodeLabels, Counter>,
     livez: Family<CodeLabels, Counter>,
     pods_routes: Gauge<i64, std::sync::atomic::AtomicI64>,
+    rules_repaired: Family<ErrorLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -62,6 +63,12 @@ impl Metrics {
         ours.register("route_syncs", "Route synchronisations with the Node list", route_syncs.clone());
         let pods_routes = Gauge::<i64, std::sync::atomic::AtomicI64>::default();
         ours.register("pod_routes", "Routes to other nodes' pod CIDRs", pods_routes.clone());
+        let rules_repaired = Family::<ErrorLabels, Counter>::default();
+        ours.register(
+            "proxy_rules_repaired",
+            "Times the service proxy found its rules changed from outside and rewrote them, by mode",
+            rules_repaired.clone(),
+        );
         // kube-proxy's names, so dashboards and habits carry over.
         let healthz = Family::<CodeLabels, Counter>::default();
         let livez = Family::<CodeLabels, Counter>::default();
@@ -77,7 +84,13 @@ impl Metrics {
             healthz,
             livez,
             pods_routes,
+            rules_repaired,
         }
+    }
+
+    /// The proxy found its rules changed from outside (`mode`: iptables, nftables).
+    pub fn rules_repaired(&self, mode: &str) {
+        self.rules_repaired.get_or_create(&ErrorLabels { kind: mode.into() }).inc();
     }
 
     pub fn observe_cni(&self, operation: podpath_cni::env::Command, took: Duration, ok: bool) {

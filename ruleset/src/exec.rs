@@ -304,6 +304,33 @@ impl Nft {
         }
     }
 
+    /// The rules of one chain as `nft list chain` prints them (None: no such chain); costs
+    /// the same at any table size.
+    pub fn chain_rules(&self, family: crate::nft::NftFamily, table: &str, chain: &str) -> Result<Option<Vec<String>>> {
+        match self.run(&["list", "chain", family.name(), table, chain], None)? {
+            Ok(out) => {
+                let lines: Vec<&str> = out.lines().map(str::trim).collect();
+                let start = lines.iter().position(|l| l.starts_with("chain ")).map_or(0, |i| i + 1);
+                Ok(Some(
+                    lines[start..]
+                        .iter()
+                        .filter(|l| {
+                            !l.is_empty() && **l != "}" && !l.starts_with("type ") && !l.starts_with("comment ")
+                        })
+                        .map(|l| l.to_string())
+                        .collect(),
+                ))
+            }
+            Err(e) if e.contains("No such file or directory") => Ok(None),
+            Err(e) => Err(RulesetError::Failed {
+                cmd: format!("nft list chain {} {table} {chain}", family.name()),
+                netns: self.netns.clone(),
+                stderr: e,
+                input_line: None,
+            }),
+        }
+    }
+
     /// Whether chain `chain` of the table exists (`nft list chain`).
     pub fn has_chain(&self, family: crate::nft::NftFamily, table: &str, chain: &str) -> Result<bool> {
         match self.run(&["list", "chain", family.name(), table, chain], None)? {

@@ -85,6 +85,29 @@ impl Applied {
     pub fn chains(&self, table: &str) -> BTreeSet<String> {
         self.0.keys().filter(|(t, _)| t == table).map(|(_, c)| c.clone()).collect()
     }
+    /// What differs between the chains recorded here and the kernel's `saved` tables: a chain
+    /// of ours missing, or holding another number of rules than we wrote (emptied by `-F`, a
+    /// rule deleted or inserted). Counts, not texts: `iptables-save` prints some matches in
+    /// another order than they were written, so a text comparison would see drift forever.
+    pub fn drift(&self, saved: &[crate::Table]) -> Vec<String> {
+        let mut out = vec![];
+        for ((table, chain), rules) in &self.0 {
+            let Some(t) = saved.iter().find(|t| &t.name == table) else {
+                out.push(format!("table {table} is gone"));
+                continue;
+            };
+            if !t.declares(chain) {
+                out.push(format!("{table} chain {chain} is gone"));
+                continue;
+            }
+            let held = t.rules().filter(|r| &r.chain == chain).count();
+            if held != rules.len() {
+                out.push(format!("{table} chain {chain} holds {held} rules where {} were written", rules.len()));
+            }
+        }
+        out
+    }
+
     /// Forgets everything (after a failed sync: the next one is full).
     pub fn clear(&mut self) {
         self.0.clear();

@@ -22,14 +22,17 @@ use super::sync::{snapshot, stale_udp_flows};
 use crate::error::{AgentError, Result};
 use crate::health::Health;
 
+/// The chains checked every period: where every packet enters the table's Service handling.
+const WATCHED_CHAINS: [&str; 4] = ["services", "nat-prerouting", "nat-output", "masquerading"];
+
 /// How long a flushed chain waits before it is deleted.
 pub const STALE_CHAIN_DELAY: Duration = Duration::from_secs(1);
 
 /// What the nftables proxier asks of the kernel.
 pub trait NftKernel: Send + Sync + 'static {
     fn apply(&self, tx: &Transaction) -> Result<()>;
-    /// Whether the table is there (a cheap look: one chain of it).
-    fn table_present(&self) -> Result<bool>;
+    /// The rules of one chain of the table, as nft lists them (None: no such chain).
+    fn chain_rules(&self, chain: &str) -> Result<Option<Vec<String>>>;
     fn delete_table(&self) -> Result<()>;
     fn clear_conntrack(&self, deletes: &[Vec<String>]);
 }
@@ -48,9 +51,8 @@ impl NftKernel for NftablesKernel {
     fn apply(&self, tx: &Transaction) -> Result<()> {
         self.nft.apply(tx).map_err(network)
     }
-    fn table_present(&self) -> Result<bool> {
-        // One small fixed chain: the same cost at any table size.
-        self.nft.has_chain(NftFamily::Ip, TABLE, "nat-postrouting").map_err(network)
+    fn chain_rules(&self, chain: &str) -> Result<Option<Vec<String>>> {
+        self.nft.chain_rules(NftFamily::Ip, TABLE, chain).map_err(network)
     }
     fn delete_table(&self) -> Result<()> {
         self.nft.delete_table(NftFamily::Ip, TABLE).map_err(network)
@@ -74,8 +76,8 @@ impl<K: NftKernel> NftKernel for Arc<K> {
     fn apply(&self, tx: &Transaction) -> Result<()> {
         (**self).apply(tx)
     }
-    fn table_present(&self) -> Result<bool> {
-        (**self).table_present()
+    fn chain_rules(&self, chain: &str) -> Result<Option<Vec<String>>> {
+        (**self).chain_rules(chain)
     }
     fn delete_table(&self) -> Result<()> {
         (**self).delete_table()
@@ -109,7 +111,7 @@ pub struct NftProxier<K> {
     pub services: Arc<Store<core::Service>>,
     pub slices: Arc<Store<discovery::EndpointSlice>>,
     pub health: Arc<Health>,
-    /// How often the table's presence is checked (a vanished table gets a full sync).
+    /// At most this long between checks of the table (a changed or vanished table gets a full sync).
     pub period: Duration,
     /// Minimum time between syncs (kube-proxy's minSyncPeriod).
     pub min_interval: Duration,
@@ -139,7 +141,7 @@ pub fn sync_once<K: NftKernel + ?Sized>(
 }
 
 /// Runs the proxier: a full sync first, then a sync after every change (at most one per
-/// `min_interval`), stale chains deleted when due, the table's presence checked every `period`.
+/// `min_interval`), stale chains deleted when due, the table's dispatching chains checked every few seconds.
 pub async fn run_nft_proxier<K: NftKernel>(p: NftProxier<K>, synced: Option<tokio::sync::oneshot::Sender<()>>) {
     let NftProxier { kernel, render: cfg, nft, services, slices, health, period, min_interval, health_check_bind } = p;
     let mut health_servers = health_check_bind.map(|b| super::service_health::HealthServers::new(b, health.clone()));
@@ -197,7 +199,7 @@ pub async fn run_nft_proxier<K: NftKernel>(p: NftProxier<K>, synced: Option<toki
             resync = false;
         }
         let next_due = stale.iter().map(|s| s.due).min();
-        let wait = if last.is_none() { Duration::from_secs(1) } else { period };
+        let wait = if last.is_none() { Duration::from_secs(1) } else { period.min(super::sync::VERIFY_PERIOD) };
         tokio::select! {
             r = svc_changes.changed() => { if r.is_err() { return; } health.queued(); resync = true; }
             r = slice_changes.changed() => { if r.is_err() { return; } health.queued(); resync = true; }
@@ -223,13 +225,44 @@ pub async fn run_nft_proxier<K: NftKernel>(p: NftProxier<K>, synced: Option<toki
                 }
             }
             _ = tokio::time::sleep(wait) => {
-                // kube-proxy's canary, nftables style: a deleted table gets a full sync.
+                // kube-proxy's canary, nftables style, and more: a deleted table, or the
+                // dispatching chains emptied or edited (`nft flush table`, a rule deleted or
+                // inserted), gets the table rewritten whole. Two small chains are read: the
+                // same cost at any table size.
                 let k = kernel.clone();
-                let present = tokio::task::spawn_blocking(move || k.table_present()).await;
-                if last.is_none() || !matches!(present, Ok(Ok(true))) {
+                let want: Vec<(String, Vec<String>)> = last
+                    .as_ref()
+                    .map(|t| {
+                        WATCHED_CHAINS
+                            .iter()
+                            .filter_map(|c| t.chain(c))
+                            .map(|c| (c.name.clone(), c.rules.iter().map(|r| podpath_ruleset::nft::listed(r)).collect()))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                let found = tokio::task::spawn_blocking(move || -> Result<Vec<String>> {
+                    let mut out = vec![];
+                    for (chain, rules) in &want {
+                        match k.chain_rules(chain)? {
+                            None => out.push(format!("chain {chain} is gone")),
+                            Some(held) if held.len() != rules.len() => {
+                                out.push(format!("chain {chain} holds {} rules where {} were written", held.len(), rules.len()))
+                            }
+                            Some(_) => {}
+                        }
+                    }
+                    Ok(out)
+                })
+                .await;
+                let drift = match found {
+                    Ok(Ok(d)) => d,
+                    Ok(Err(e)) => vec![e.to_string()],
+                    Err(e) => vec![e.to_string()],
+                };
+                if last.is_none() || !drift.is_empty() {
                     if last.is_some() {
-                        tracing::warn!("the nftables table ip {TABLE} is gone; resyncing it whole");
-                        health.metrics.sync_error("nftables-table-missing");
+                        tracing::warn!(changes = %drift.join("; "), "the nftables table ip {TABLE} was changed from outside the proxy; rewriting it");
+                        health.metrics.rules_repaired("nftables");
                     }
                     last = None;
                     resync = true;

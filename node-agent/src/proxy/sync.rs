@@ -25,6 +25,29 @@ use crate::health::Health;
 /// them, partial syncs and the canary check every sync period.
 pub const FULL_SYNC_PERIOD: Duration = Duration::from_secs(3600);
 
+/// How often the kernel's rules are compared with what the proxy wrote (at least: a check
+/// that took `t` waits 10 `t`, so a huge table costs at most a tenth of a core).
+pub const VERIFY_PERIOD: Duration = Duration::from_secs(3);
+
+/// What differs between the kernel's nat and filter tables and what the proxy wrote: its
+/// chains (gone, or another number of rules) and the jumps into them from the built-in chains.
+/// Catches what the canary does not: `iptables -t nat -F` empties every chain, the canary too,
+/// without deleting any.
+pub fn drift<K: Kernel + ?Sized>(k: &K, applied: &Applied) -> Result<Vec<String>> {
+    let saved = vec![k.save("nat", None)?, k.save("filter", None)?];
+    let mut out = applied.drift(&saved);
+    for t in &saved {
+        for cmd in missing_jumps(JUMPS, &t.name, t) {
+            let rule = match cmd {
+                podpath_ruleset::Command::Insert { rule, .. } | podpath_ruleset::Command::Append(rule) => rule,
+                _ => continue,
+            };
+            out.push(format!("{} jump from {} to {} is gone", t.name, rule.chain, rule.jump_target().unwrap_or("?")));
+        }
+    }
+    Ok(out)
+}
+
 /// kube-proxy's liveness canary (an empty chain in mangle, nat and filter).
 pub const CANARY: &str = "KUBE-PROXY-CANARY";
 
@@ -209,6 +232,7 @@ pub async fn run_proxier<K: Kernel>(p: Proxier<K>, synced: Option<tokio::sync::o
     let mut last: BTreeMap<ServiceKey, ServiceState> = BTreeMap::new();
     // The chains the kernel holds (partial syncs leave out the ones that did not change).
     let mut applied = Some(Applied::default());
+    let mut verify_every = VERIFY_PERIOD;
     loop {
         let started = tokio::time::Instant::now();
         let state = snapshot(&services.list(), &slices.list());
@@ -258,14 +282,30 @@ pub async fn run_proxier<K: Kernel>(p: Proxier<K>, synced: Option<tokio::sync::o
         tokio::select! {
             r = svc_changes.changed() => { if r.is_err() { return; } health.queued(); }
             r = slice_changes.changed() => { if r.is_err() { return; } health.queued(); }
-            _ = tokio::time::sleep(if full { Duration::from_secs(1) } else { period }) => {
-                // kube-proxy's canary monitor: a flushed table gets a full sync; otherwise a
+            _ = tokio::time::sleep(if full { Duration::from_secs(1) } else { period.min(verify_every) }) => {
+                // kube-proxy's canary monitor: a deleted table gets a full sync; otherwise a
                 // full one only every FULL_SYNC_PERIOD (partial syncs keep health fresh).
-                let kernel = kernel.clone();
-                let canary = tokio::task::spawn_blocking(move || kernel.save("nat", Some(CANARY))).await;
+                let k = kernel.clone();
+                let canary = tokio::task::spawn_blocking(move || k.save("nat", Some(CANARY))).await;
                 let present = matches!(canary, Ok(Ok(t)) if t.declares(CANARY));
                 if !present || last_full.elapsed() >= FULL_SYNC_PERIOD {
                     full = true;
+                } else if let Some(held) = applied.take() {
+                    // Beyond the canary: chains emptied or edited in place are rewritten too.
+                    let k = kernel.clone();
+                    let t = std::time::Instant::now();
+                    let (held, found) = tokio::task::spawn_blocking(move || { let d = drift(&*k, &held); (held, d) })
+                        .await
+                        .unwrap_or_else(|e| (Applied::default(), Err(AgentError::Process(e.to_string()))));
+                    applied = Some(held);
+                    verify_every = VERIFY_PERIOD.max(t.elapsed() * 10);
+                    if let Ok(found) = found {
+                        if !found.is_empty() {
+                            tracing::warn!(changes = %found.join("; "), "the iptables rules were changed from outside the proxy; rewriting them");
+                            health.metrics.rules_repaired("iptables");
+                            full = true;
+                        }
+                    }
                 }
             }
         }
