@@ -799,7 +799,7 @@ fn rules_changed_from_outside_are_rewritten() {
         let lab = Lab::up(if mode == "iptables" { "rep" } else { "repn" }, &["--nodes", "1", "--proxy-mode", mode])
             .expect("podpath up");
         lab.kubectl(&["create", "deployment", "web", "--image=podpath/echo", "--port=8080"]);
-        lab.kubectl(&["expose", "deployment", "web", "--port=80", "--target-port=8080"]);
+        lab.kubectl(&["expose", "deployment", "web", "--type=NodePort", "--port=80", "--target-port=8080"]);
         lab.kubectl(&["rollout", "status", "deployment/web", "--timeout=60s"]);
         let cip = lab.kubectl(&["get", "svc", "web", "-o", "jsonpath={.spec.clusterIP}"]);
         let url = format!("http://{cip}/");
@@ -812,6 +812,12 @@ fn rules_changed_from_outside_are_rewritten() {
             "the Service to answer",
             || if answers() { Ok(()) } else { Err("no".into()) },
         );
+        // Localhost NodePorts: kube-proxy's iptables mode answers them by default
+        // (route_localnet), its nftables mode never does.
+        let np = lab.kubectl(&["get", "svc", "web", "-o", "jsonpath={.spec.ports[0].nodePort}"]);
+        let local = format!("http://127.0.0.1:{np}/");
+        let (ok, out) = lab.run("exec", &["node-1", "--", "curl", "-sS", "--max-time", "2", &local]);
+        assert_eq!(ok, mode == "iptables", "{mode}: {local}: {out}");
         let breakages: Vec<Vec<&str>> = match mode {
             "iptables" => vec![
                 vec!["iptables", "-t", "nat", "-F"],

@@ -56,6 +56,7 @@ fn config() -> RenderConfig {
         cluster_cidr: Some("10.244.0.0/16".parse().unwrap()),
         masquerade_external: true,
         random_fully: true,
+        localhost_nodeports: true,
     }
 }
 

@@ -75,6 +75,8 @@ pub struct ProxyConfig {
     pub masquerade_external: bool,
     pub min_sync: Duration,
     pub nft: crate::proxy::nftables::NftConfig,
+    /// kube-proxy's `--iptables-localhost-nodeports` (iptables mode).
+    pub localhost_nodeports: bool,
 }
 
 /// Runs the agent until `shutdown`; then reports the node NotReady and returns. Pods keep
@@ -231,7 +233,15 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()>) -> Result
                     cluster_cidr: p.cluster_cidr,
                     masquerade_external: p.masquerade_external,
                     random_fully: kernel.ipt.supports_random_fully(),
+                    localhost_nodeports: p.localhost_nodeports,
                 };
+                if p.localhost_nodeports {
+                    // As kube-proxy does: 127.0.0.1 reaches NodePorts only with route_localnet
+                    // (this node's network namespace only; KUBE-FIREWALL drops martians).
+                    if let Err(e) = std::fs::write("/proc/sys/net/ipv4/conf/all/route_localnet", "1") {
+                        tracing::warn!("cannot set route_localnet (localhost NodePorts will not answer): {e}");
+                    }
+                }
                 tracing::info!(
                     mode = "iptables",
                     backend = p.backend.name(),
@@ -257,6 +267,8 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()>) -> Result
                     cluster_cidr: p.cluster_cidr,
                     masquerade_external: p.masquerade_external,
                     random_fully: true,
+                    // nftables mode never answers NodePorts on 127.0.0.1 (kube-proxy's too).
+                    localhost_nodeports: false,
                 };
                 tracing::info!(mode = "nftables", layout = ?p.nft.layout, masquerade_external = p.masquerade_external, "service proxy");
                 let proxier = nft_sync::NftProxier {

@@ -74,6 +74,11 @@ struct Args {
     /// rule per Service) or `v1.34` (per-endpoint chains, `mark-for-masquerade`).
     #[arg(long, default_value = "current")]
     nftables_layout: String,
+    /// kube-proxy's `--iptables-localhost-nodeports`: NodePorts answer on 127.0.0.1 too
+    /// (`route_localnet` in this node's namespace, martian localnet packets dropped by
+    /// KUBE-FIREWALL); `false` excludes 127.0.0.0/8 from NodePorts. iptables mode only.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    iptables_localhost_nodeports: bool,
     /// The Service CIDRs (comma-separated): in nftables mode, traffic to an address in them
     /// that no Service holds is dropped, as kube-proxy does with the cluster's ServiceCIDRs.
     #[arg(long, value_delimiter = ',')]
@@ -166,6 +171,7 @@ async fn run() -> Result<()> {
             masquerade_external: args.masquerade,
             min_sync: Duration::from_secs_f64(args.min_sync_seconds.max(0.0)),
             nft: node_agent::proxy::nftables::NftConfig { layout, service_cidrs },
+            localhost_nodeports: args.iptables_localhost_nodeports,
         }),
         None => None,
     };

@@ -45,6 +45,7 @@ fn the_kernel_takes_every_rule_and_stale_chains_go() {
         cluster_cidr: Some("10.244.0.0/16".parse().unwrap()),
         masquerade_external: true,
         random_fully: true,
+        localhost_nodeports: true,
     };
     let ipt = Iptables::new(Backend::System).in_netns(&ns.name);
     let first = render(&cfg, &[svc(3)], &BTreeSet::new());

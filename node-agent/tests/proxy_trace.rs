@@ -56,6 +56,7 @@ fn cfg() -> RenderConfig {
         cluster_cidr: Some("10.244.0.0/16".parse().unwrap()),
         masquerade_external: true,
         random_fully: false,
+        localhost_nodeports: true,
     }
 }
 

@@ -30,6 +30,10 @@ pub struct RenderConfig {
     pub masquerade_external: bool,
     /// `MASQUERADE --random-fully` (iptables ≥ 1.6.2).
     pub random_fully: bool,
+    /// kube-proxy's `--iptables-localhost-nodeports` (default true): NodePorts answer on
+    /// 127.0.0.1 too (with `route_localnet`, and `KUBE-FIREWALL` dropping martian localnet
+    /// packets from outside); false excludes `127.0.0.0/8` from the jump to `KUBE-NODEPORTS`.
+    pub localhost_nodeports: bool,
 }
 
 /// One service port and its endpoints.
@@ -37,6 +41,14 @@ pub struct RenderConfig {
 pub struct ServiceState {
     pub port: ServicePort,
     pub endpoints: Vec<Endpoint>,
+}
+
+/// Above this many endpoints (all service ports together), kube-proxy's large-cluster mode.
+pub const LARGE_CLUSTER_ENDPOINTS: usize = 1000;
+
+/// Whether these service ports make a large cluster (kube-proxy's `largeClusterMode`).
+pub fn large_cluster(services: &[ServiceState]) -> bool {
+    services.iter().map(|s| s.endpoints.len()).sum::<usize>() > LARGE_CLUSTER_ENDPOINTS
 }
 
 /// Probability of rule `i` of `n` (kube-proxy: `1/(n-i)`, printed as `%0.10f`).
@@ -55,6 +67,10 @@ pub struct Rendered {
 pub const FILTER_CHAINS: [&str; 5] =
     ["KUBE-NODEPORTS", "KUBE-SERVICES", "KUBE-EXTERNAL-SERVICES", "KUBE-FORWARD", "KUBE-PROXY-FIREWALL"];
 pub const NAT_CHAINS: [&str; 4] = ["KUBE-NODEPORTS", "KUBE-SERVICES", "KUBE-MARK-MASQ", "KUBE-POSTROUTING"];
+
+/// kubelet's martian-drop chain, which kube-proxy writes too when localhost NodePorts are on.
+pub const FIREWALL_CHAIN: &str = "KUBE-FIREWALL";
+const LOCALNET: &str = "127.0.0.0/8";
 
 /// Renders filter then nat. `existing_nat_chains` are the chains the kernel holds now: those
 /// of ours that are no longer used are flushed and deleted in the same restore.
@@ -100,6 +116,8 @@ struct Port<'a> {
     fw_chain: String,
     cluster_eps: Vec<Endpoint>,
     local_eps: Vec<Endpoint>,
+    /// kube-proxy's large-cluster mode: endpoint rules carry no comment.
+    large: bool,
 }
 
 impl<'a> Port<'a> {
@@ -117,6 +135,16 @@ impl<'a> Port<'a> {
             fw_chain: format!("KUBE-FW-{hash}"),
             cluster_eps,
             local_eps,
+            large: false,
+        }
+    }
+    /// `-m comment` on an endpoint rule, unless the cluster is large (kube-proxy drops those
+    /// comments above 1,000 endpoints: they are 40 % of the table's size).
+    fn endpoint_comment(&self, r: Rule, text: impl Into<String>) -> Rule {
+        if self.large {
+            r
+        } else {
+            r.comment(text)
         }
     }
     fn has_endpoints(&self) -> bool {
@@ -334,12 +362,13 @@ fn endpoint_choice(p: &Port<'_>, out: &mut Vec<Rule>) {
                     op: RecentOp::Check { seconds: u32::try_from(secs).ok(), reap: true },
                     extra: vec![],
                 };
-                out.push(Rule::new(chain).comment(format!("{} -> {}", p.spn, e.addr())).with(recent).jump(sep));
+                let r = p.endpoint_comment(Rule::new(chain), format!("{} -> {}", p.spn, e.addr()));
+                out.push(r.with(recent).jump(sep));
             }
         }
         let n = with_sep.len();
         for (i, (sep, e)) in with_sep.iter().enumerate() {
-            let rule = Rule::new(chain).comment(format!("{} -> {}", p.spn, e.addr()));
+            let rule = p.endpoint_comment(Rule::new(chain), format!("{} -> {}", p.spn, e.addr()));
             let rule = if i + 1 < n { rule.with(Match::Probability(probability(i, n))) } else { rule };
             out.push(rule.jump(sep));
         }
@@ -351,8 +380,8 @@ fn endpoint_choice(p: &Port<'_>, out: &mut Vec<Rule>) {
 fn endpoint_chains(p: &Port<'_>, out: &mut Vec<Rule>) {
     for e in used_endpoints(p) {
         let sep = p.sep_chain(&e);
-        out.push(Rule::new(&sep).comment(&p.spn).src(Addr::Host(e.ip)).jump("KUBE-MARK-MASQ"));
-        let mut dnat = Rule::new(&sep).comment(&p.spn);
+        out.push(p.endpoint_comment(Rule::new(&sep), &p.spn).src(Addr::Host(e.ip)).jump("KUBE-MARK-MASQ"));
+        let mut dnat = p.endpoint_comment(Rule::new(&sep), &p.spn);
         if p.sp.affinity_seconds.is_some() {
             dnat = dnat.with(Match::Recent { name: sep.clone(), op: RecentOp::Set, extra: vec![] });
         }
@@ -361,8 +390,8 @@ fn endpoint_chains(p: &Port<'_>, out: &mut Vec<Rule>) {
 }
 
 /// Everything of one service port.
-fn service_port(cfg: &RenderConfig, st: &ServiceState, emit: bool, out: &mut Parts) {
-    let p = Port::new(cfg, st);
+fn service_port(cfg: &RenderConfig, st: &ServiceState, emit: bool, large: bool, out: &mut Parts) {
+    let p = Port { large, ..Port::new(cfg, st) };
     entries(&p, out);
     if !p.has_endpoints() {
         return;
@@ -385,10 +414,26 @@ fn service_port(cfg: &RenderConfig, st: &ServiceState, emit: bool, out: &mut Par
 }
 
 /// The fixed filter table with the service ports' rules.
-fn filter_table(parts: &mut Parts) -> Table {
+fn filter_table(cfg: &RenderConfig, parts: &mut Parts) -> Table {
     let mut t = Table::new("filter");
     for c in FILTER_CHAINS {
         t.declare(c);
+    }
+    if cfg.localhost_nodeports {
+        // route_localnet lets 127.0.0.1 NodePorts work, and lets martian localnet packets in
+        // from outside too (https://issue.k8s.io/90259): those are dropped here.
+        t.declare(FIREWALL_CHAIN);
+        t.append(
+            Rule::new(FIREWALL_CHAIN)
+                .comment("block incoming localnet connections")
+                .with(Match::Destination { addr: Addr::Net(LOCALNET.parse().expect("constant")), negated: false })
+                .with(Match::Source { addr: Addr::Net(LOCALNET.parse().expect("constant")), negated: true })
+                .with(Match::ConnState {
+                    states: vec!["RELATED".into(), "ESTABLISHED".into(), "DNAT".into()],
+                    negated: true,
+                })
+                .jump("DROP"),
+        );
     }
     let rules = std::mem::take(&mut parts.filter_nodeports)
         .into_iter()
@@ -429,12 +474,15 @@ fn nat_table(cfg: &RenderConfig, parts: Parts, existing: &BTreeSet<String>) -> (
     for r in parts.nat_nodeports.into_iter().chain(parts.nat_services) {
         t.append(r);
     }
-    t.append(
-        Rule::new("KUBE-SERVICES")
-            .comment("kubernetes service nodeports; NOTE: this must be the last rule in this chain")
-            .dst_type("LOCAL")
-            .jump("KUBE-NODEPORTS"),
-    );
+    let last = Rule::new("KUBE-SERVICES")
+        .comment("kubernetes service nodeports; NOTE: this must be the last rule in this chain")
+        .dst_type("LOCAL");
+    let last = if cfg.localhost_nodeports {
+        last
+    } else {
+        last.with(Match::Destination { addr: Addr::Net("127.0.0.0/8".parse().expect("constant")), negated: true })
+    };
+    t.append(last.jump("KUBE-NODEPORTS"));
     t.append(Rule::new("KUBE-MARK-MASQ").target(Target::Mark(MarkOp::Or(MASQ_MARK))));
     t.append(
         Rule::new("KUBE-POSTROUTING")
@@ -466,11 +514,12 @@ fn render_inner(
     // In the order of the printed names (kube-proxy's goldens), not of their fields.
     sorted.sort_by_cached_key(|s| (s.port.spn().to_string(), s.port.protocol.clone()));
     let mut parts = Parts::default();
+    let large = large_cluster(services);
     for st in sorted {
         let emit = only.is_none_or(|set| set.contains(&st.port.key()));
-        service_port(cfg, st, emit, &mut parts);
+        service_port(cfg, st, emit, large, &mut parts);
     }
-    let filter = filter_table(&mut parts);
+    let filter = filter_table(cfg, &mut parts);
     let (nat, nat_chains) = nat_table(cfg, parts, existing_nat_chains);
     Rendered { ruleset: Ruleset { tables: vec![filter, nat] }, nat_chains }
 }
@@ -501,6 +550,7 @@ mod tests {
             cluster_cidr: Some("10.244.0.0/16".parse().unwrap()),
             masquerade_external: true,
             random_fully: true,
+            localhost_nodeports: true,
         }
     }
 
@@ -572,6 +622,7 @@ mod tests {
         "KUBE-PROXY-FIREWALL",
         "KUBE-POSTROUTING",
         "KUBE-MARK-MASQ",
+        "KUBE-FIREWALL",
     ];
 
     #[test]
@@ -626,5 +677,37 @@ mod tests {
         let out = render(&c, &services(), &BTreeSet::new()).ruleset.to_string();
         assert!(!out.contains("masquerade traffic for"));
         assert!(out.contains("! -s 10.244.0.0/16 -j KUBE-MARK-MASQ"), "the ClusterIP masquerade stays");
+    }
+
+    /// Above 1,000 endpoints, endpoint rules lose their comments (kube-proxy's large-cluster
+    /// mode); at 1,000 they keep them.
+    #[test]
+    fn large_clusters_drop_endpoint_comments() {
+        let eps = |n: usize| -> Vec<Endpoint> {
+            (0..n).map(|i| ep(&format!("10.244.{}.{}", i / 250, i % 250 + 1), 8080, "node-2")).collect()
+        };
+        for (n, large) in [(1000, false), (1001, true)] {
+            let st = ServiceState { port: sp("ns1", "big", "", "tcp", "10.96.0.50", 80), endpoints: eps(n) };
+            let text = render(&cfg(), &[st], &BTreeSet::new()).ruleset.to_string();
+            let sep_dnat = text.lines().find(|l| l.starts_with("-A KUBE-SEP-") && l.contains("DNAT")).unwrap();
+            let svc_jump = text.lines().find(|l| l.starts_with("-A KUBE-SVC-") && l.contains("-j KUBE-SEP-")).unwrap();
+            assert_eq!(!sep_dnat.contains("--comment"), large, "{n}: {sep_dnat}");
+            assert_eq!(!svc_jump.contains("--comment"), large, "{n}: {svc_jump}");
+            // The Service's own rules keep theirs.
+            assert!(text.contains("--comment \"ns1/big cluster IP\""), "{n}");
+        }
+    }
+
+    /// Localhost NodePorts: on (kube-proxy's default), the martian drop in KUBE-FIREWALL; off,
+    /// the jump to KUBE-NODEPORTS leaves out 127.0.0.0/8.
+    #[test]
+    fn localhost_nodeports_on_and_off() {
+        let on = render(&cfg(), &services(), &BTreeSet::new()).ruleset.to_string();
+        assert!(on.contains("-A KUBE-SERVICES -m comment --comment \"kubernetes service nodeports; NOTE: this must be the last rule in this chain\" -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS\n"), "{on}");
+        assert!(on.contains("-A KUBE-FIREWALL -m comment --comment \"block incoming localnet connections\" -d 127.0.0.0/8 ! -s 127.0.0.0/8 -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -j DROP\n"));
+        let off = RenderConfig { localhost_nodeports: false, ..cfg() };
+        let off = render(&off, &services(), &BTreeSet::new()).ruleset.to_string();
+        assert!(off.contains("-A KUBE-SERVICES -m comment --comment \"kubernetes service nodeports; NOTE: this must be the last rule in this chain\" -m addrtype --dst-type LOCAL ! -d 127.0.0.0/8 -j KUBE-NODEPORTS\n"), "{off}");
+        assert!(!off.contains("KUBE-FIREWALL"));
     }
 }

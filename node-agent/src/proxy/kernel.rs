@@ -133,7 +133,11 @@ impl Jump {
         if self.local_only {
             r = r.dst_type("LOCAL");
         }
-        r.comment(self.comment).jump(self.to)
+        // kubelet's jumps carry no comment.
+        if !self.comment.is_empty() {
+            r = r.comment(self.comment);
+        }
+        r.jump(self.to)
     }
 }
 

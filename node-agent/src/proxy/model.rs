@@ -184,8 +184,11 @@ pub fn service_ports(svc: &core::Service) -> Vec<ServicePort> {
 }
 
 /// The endpoints of `sp` in the Service's EndpointSlices (matched by port name and protocol),
-/// deduplicated and sorted.
-pub fn endpoints(sp: &ServicePort, slices: &[discovery::EndpointSlice]) -> Vec<Endpoint> {
+/// as kube-proxy lists them: one per `ip:port` — when an address is in several slices, the
+/// copy on `node` wins (its topology is this node's) — ordered by the `ip:port` **string**
+/// (so `10.1.1.11:80` comes before `10.1.1.1:80`), which decides which endpoint gets which
+/// rule and probability.
+pub fn endpoints(sp: &ServicePort, slices: &[discovery::EndpointSlice], node: &str) -> Vec<Endpoint> {
     let mut out: BTreeMap<(IpAddr, u16), Endpoint> = BTreeMap::new();
     for s in slices {
         let labels = s.metadata.labels.as_ref();
@@ -207,19 +210,21 @@ pub fn endpoints(sp: &ServicePort, slices: &[discovery::EndpointSlice]) -> Vec<E
             let terminating = c.and_then(|c| c.terminating).unwrap_or(false);
             for a in &e.addresses {
                 if let Ok(ip) = a.parse::<IpAddr>() {
-                    out.entry((ip, port)).or_insert(Endpoint {
-                        ip,
-                        port,
-                        node: e.node_name.clone(),
-                        ready,
-                        serving,
-                        terminating,
-                    });
+                    let ep = Endpoint { ip, port, node: e.node_name.clone(), ready, serving, terminating };
+                    let local = ep.node.as_deref() == Some(node);
+                    match out.get(&(ip, port)) {
+                        Some(_) if !local => {}
+                        _ => {
+                            out.insert((ip, port), ep);
+                        }
+                    }
                 }
             }
         }
     }
-    out.into_values().collect()
+    let mut list: Vec<Endpoint> = out.into_values().collect();
+    list.sort_by_cached_key(|e| e.addr());
+    list
 }
 
 /// kube-proxy's endpoint categorisation: ready endpoints, or — when none is ready — the serving
@@ -235,4 +240,44 @@ pub fn categorize(eps: &[Endpoint], node: &str) -> (Vec<Endpoint>, Vec<Endpoint>
     let cluster = pick(eps.iter().collect());
     let local = pick(eps.iter().filter(|e| e.node.as_deref() == Some(node)).collect());
     (cluster, local)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn slice(name: &str, endpoints: serde_json::Value) -> discovery::EndpointSlice {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "default", "labels": {"kubernetes.io/service-name": "web"}},
+            "addressType": "IPv4",
+            "ports": [{"name": "", "port": 80, "protocol": "TCP"}],
+            "endpoints": endpoints,
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn endpoints_sort_as_strings_and_the_local_copy_wins() {
+        let sp = ServicePort::new("default", "web", "", "TCP", 80);
+        let slices = [
+            slice(
+                "a",
+                json!([
+                    {"addresses": ["10.1.1.1"], "nodeName": "node-2"},
+                    {"addresses": ["10.1.1.11"], "nodeName": "node-2"},
+                    {"addresses": ["10.1.1.2"], "nodeName": "node-2"},
+                ]),
+            ),
+            slice("b", json!([{"addresses": ["10.1.1.1"], "nodeName": "node-1", "conditions": {"ready": false}}])),
+        ];
+        let eps = endpoints(&sp, &slices, "node-1");
+        let addrs: Vec<String> = eps.iter().map(Endpoint::addr).collect();
+        assert_eq!(addrs, ["10.1.1.11:80", "10.1.1.1:80", "10.1.1.2:80"]);
+        assert_eq!(eps[1].node.as_deref(), Some("node-1"), "the copy on this node");
+        assert!(!eps[1].ready);
+        // Seen from another node, the first copy stays.
+        let eps = endpoints(&sp, &slices, "node-3");
+        assert_eq!(eps[1].node.as_deref(), Some("node-2"));
+    }
 }

@@ -157,7 +157,7 @@ pub async fn run_nft_proxier<K: NftKernel>(p: NftProxier<K>, synced: Option<toki
     loop {
         if resync {
             let started = tokio::time::Instant::now();
-            let state = snapshot(&services.list(), &slices.list());
+            let state = snapshot(&services.list(), &slices.list(), &cfg.node_name);
             let checks = super::service_health::wanted(&state, &cfg.node_name);
             let udp = stale_udp_flows(&last_states, &state);
             let next_states: BTreeMap<ServiceKey, ServiceState> =

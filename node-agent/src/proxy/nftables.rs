@@ -420,6 +420,7 @@ mod tests {
             cluster_cidr: Some("10.244.0.0/16".parse().unwrap()),
             masquerade_external: true,
             random_fully: true,
+            localhost_nodeports: true,
         }
     }
 

@@ -33,11 +33,11 @@ pub const VERIFY_PERIOD: Duration = Duration::from_secs(3);
 /// chains (gone, or another number of rules) and the jumps into them from the built-in chains.
 /// Catches what the canary does not: `iptables -t nat -F` empties every chain, the canary too,
 /// without deleting any.
-pub fn drift<K: Kernel + ?Sized>(k: &K, applied: &Applied) -> Result<Vec<String>> {
+pub fn drift<K: Kernel + ?Sized>(k: &K, cfg: &RenderConfig, applied: &Applied) -> Result<Vec<String>> {
     let saved = vec![k.save("nat", None)?, k.save("filter", None)?];
     let mut out = applied.drift(&saved);
     for t in &saved {
-        for cmd in missing_jumps(JUMPS, &t.name, t) {
+        for cmd in missing_jumps(&jumps(cfg), &t.name, t) {
             let rule = match cmd {
                 podpath_ruleset::Command::Insert { rule, .. } | podpath_ruleset::Command::Append(rule) => rule,
                 _ => continue,
@@ -83,6 +83,38 @@ pub const JUMPS: &[Jump] = &[
     jump("nat", "POSTROUTING", "KUBE-POSTROUTING", false, "kubernetes postrouting rules"),
 ];
 
+/// The jumps into `KUBE-FIREWALL` (kubelet's, no comment, first in INPUT and OUTPUT), written
+/// when localhost NodePorts are on.
+pub const FIREWALL_JUMPS: &[Jump] = &[
+    Jump {
+        table: "filter",
+        from: "INPUT",
+        to: "KUBE-FIREWALL",
+        first: true,
+        new_only: false,
+        local_only: false,
+        comment: "",
+    },
+    Jump {
+        table: "filter",
+        from: "OUTPUT",
+        to: "KUBE-FIREWALL",
+        first: true,
+        new_only: false,
+        local_only: false,
+        comment: "",
+    },
+];
+
+/// The jumps a sync with `cfg` keeps in place.
+pub fn jumps(cfg: &RenderConfig) -> Vec<Jump> {
+    let mut out = JUMPS.to_vec();
+    if cfg.localhost_nodeports {
+        out.extend_from_slice(FIREWALL_JUMPS);
+    }
+    out
+}
+
 /// The tables the proxies write to.
 pub const TABLES: [&str; 3] = ["nat", "filter", "mangle"];
 
@@ -90,6 +122,7 @@ pub const TABLES: [&str; 3] = ["nat", "filter", "mangle"];
 /// restore (kubelet's chains are not ours).
 pub fn cleanup<K: Kernel + ?Sized>(k: &K) -> Result<()> {
     let saved = TABLES.iter().map(|t| k.save(t, None)).collect::<Result<Vec<Table>>>()?;
+    // KUBE-FIREWALL and its jumps stay: kubelet owns an identical copy.
     let plan = removal(JUMPS, &saved, |table, c| match table {
         "mangle" => c == CANARY,
         _ => c.starts_with("KUBE-") && !matches!(c, "KUBE-KUBELET-CANARY" | "KUBE-FIREWALL" | "KUBE-IPTABLES-HINT"),
@@ -169,7 +202,7 @@ pub fn sync_once<K: Kernel + ?Sized>(
         let mut rs = render(cfg, state, &existing).ruleset;
         for t in rs.tables.iter_mut() {
             let saved = if t.name == "nat" { &nat } else { &filter };
-            let jumps = missing_jumps(JUMPS, &t.name, saved);
+            let jumps = missing_jumps(&jumps(cfg), &t.name, saved);
             t.commands.extend(jumps);
             t.declare(CANARY);
         }
@@ -189,11 +222,11 @@ pub fn sync_once<K: Kernel + ?Sized>(
 }
 
 /// The snapshot the renderer takes: every service port with its endpoints.
-pub fn snapshot(services: &[core::Service], slices: &[discovery::EndpointSlice]) -> Vec<ServiceState> {
+pub fn snapshot(services: &[core::Service], slices: &[discovery::EndpointSlice], node: &str) -> Vec<ServiceState> {
     let mut out = vec![];
     for s in services {
         for port in model::service_ports(s) {
-            let endpoints = model::endpoints(&port, slices);
+            let endpoints = model::endpoints(&port, slices, node);
             out.push(ServiceState { port, endpoints });
         }
     }
@@ -233,9 +266,10 @@ pub async fn run_proxier<K: Kernel>(p: Proxier<K>, synced: Option<tokio::sync::o
     // The chains the kernel holds (partial syncs leave out the ones that did not change).
     let mut applied = Some(Applied::default());
     let mut verify_every = VERIFY_PERIOD;
+    let mut was_large = false;
     loop {
         let started = tokio::time::Instant::now();
-        let state = snapshot(&services.list(), &slices.list());
+        let state = snapshot(&services.list(), &slices.list(), &cfg.node_name);
         let checks = super::service_health::wanted(&state, &cfg.node_name);
         let kernel2 = kernel.clone();
         let cfg2 = cfg.clone();
@@ -243,6 +277,10 @@ pub async fn run_proxier<K: Kernel>(p: Proxier<K>, synced: Option<tokio::sync::o
         let changed: BTreeSet<ServiceKey> =
             state.iter().filter(|st| last.get(&st.port.key()) != Some(*st)).map(|st| st.port.key()).collect();
         let stale = stale_udp_flows(&last, &state);
+        // Crossing the large-cluster threshold changes every endpoint rule: a full sync.
+        let large = super::iptables::large_cluster(&state);
+        let need_full = need_full || large != was_large;
+        was_large = large;
         let next: BTreeMap<ServiceKey, ServiceState> = state.iter().map(|st| (st.port.key(), st.clone())).collect();
         let mut held = applied.take().unwrap_or_default();
         let result = tokio::task::spawn_blocking(move || -> (Result<()>, Applied) {
@@ -292,9 +330,9 @@ pub async fn run_proxier<K: Kernel>(p: Proxier<K>, synced: Option<tokio::sync::o
                     full = true;
                 } else if let Some(held) = applied.take() {
                     // Beyond the canary: chains emptied or edited in place are rewritten too.
-                    let k = kernel.clone();
+                    let (k, c) = (kernel.clone(), cfg.clone());
                     let t = std::time::Instant::now();
-                    let (held, found) = tokio::task::spawn_blocking(move || { let d = drift(&*k, &held); (held, d) })
+                    let (held, found) = tokio::task::spawn_blocking(move || { let d = drift(&*k, &c, &held); (held, d) })
                         .await
                         .unwrap_or_else(|e| (Applied::default(), Err(AgentError::Process(e.to_string()))));
                     applied = Some(held);

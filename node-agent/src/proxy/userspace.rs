@@ -411,7 +411,7 @@ pub async fn run(p: UserspaceProxier<impl Kernel>, synced: Option<tokio::sync::o
     let mut slice_changes = slices.changes();
     let mut first = true;
     loop {
-        let state = snapshot(&services.list(), &slices.list());
+        let state = snapshot(&services.list(), &slices.list(), &node_name);
         let mut portals = vec![];
         let mut wanted_keys = std::collections::BTreeSet::new();
         let mut wanted_slots = std::collections::BTreeSet::new();
