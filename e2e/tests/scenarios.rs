@@ -685,6 +685,13 @@ fn nftables_rules_of_scenario_1(lab: &Lab, lb_ip: &str, np: &str, pod_ips: &[Str
     line(&["ip daddr @cluster-ips ip saddr != 10.244.0.0/16 meta mark set meta mark | 0x00004000"]);
     let ipt = lab.exec("node-3", &["iptables-save"]);
     assert!(!ipt.contains("KUBE-SERVICES"), "no iptables-mode rules beside the nftables table:\n{ipt}");
+    // `podpath rules` lists the table rule by rule and element by element.
+    let (ok, rules) = lab.run("rules", &[]);
+    assert!(ok && rules.contains(&format!("nft element service-ips: {lb_ip} . tcp . 80 : goto {ext}")), "{rules}");
+    assert!(
+        rules.contains(&format!("nft chain {svc}: meta l4proto tcp dnat ip to numgen random mod 2 map")),
+        "{rules}"
+    );
 }
 
 /// The `-A KUBE-SVC-…` jumps of a Service in a node's nat table: each rule's probability to

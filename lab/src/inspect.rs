@@ -46,10 +46,44 @@ pub fn node_tables(st: &LabState, tables: &[&str]) -> Result<NodeTables> {
 
 /// Every node's proxy rules (nat and filter) as lines (`rules::proxy_rules`).
 pub fn proxy_rules(st: &LabState) -> Result<BTreeMap<String, Vec<String>>> {
+    if st.proxy_mode == crate::ProxyMode::Nftables {
+        return nft_rules(st);
+    }
     Ok(node_tables(st, &["nat", "filter"])?
         .into_iter()
         .map(|(node, tables)| (node, tables.iter().flat_map(|(t, save)| rules::proxy_rules(t, save)).collect()))
         .collect())
+}
+
+/// In nftables mode: every node's table `ip kube-proxy` as lines, one per rule and per map or
+/// set element (`nft chain services: …`, `nft element service-ips: …`), read in parallel.
+fn nft_rules(st: &LabState) -> Result<BTreeMap<String, Vec<String>>> {
+    let plan = Plan::new(&st.name, st.nodes);
+    let nodes: Vec<(String, String)> =
+        plan.nodes.iter().map(|n| (n.name.clone(), plan.netns_of(&n.name).expect("planned").to_string())).collect();
+    let lists: Vec<Result<(String, Vec<String>)>> = std::thread::scope(|s| {
+        let jobs: Vec<_> = nodes
+            .iter()
+            .map(|(node, netns)| {
+                s.spawn(move || -> Result<(String, Vec<String>)> {
+                    let nft = podpath_ruleset::Nft::in_netns(netns);
+                    let text = nft
+                        .list_table(podpath_ruleset::nft::NftFamily::Ip, "kube-proxy", false)
+                        .map_err(|e| LabError::Command {
+                            cmd: format!("nft list table in {netns}"),
+                            stderr: e.to_string(),
+                        })?
+                        .unwrap_or_default();
+                    let lines = podpath_ruleset::nft::Listing::parse(&text).lines();
+                    Ok((node.clone(), lines.into_iter().map(|l| format!("nft {l}")).collect()))
+                })
+            })
+            .collect();
+        jobs.into_iter()
+            .map(|j| j.join().unwrap_or_else(|_| Err(LabError::NotReady("a helper thread panicked".into()))))
+            .collect()
+    });
+    lists.into_iter().collect()
 }
 
 /// `Kind ns/name` → resourceVersion of the objects the service proxy renders rules from.

@@ -1,7 +1,10 @@
 //! Service proxy benchmark (prints figures). For 1,000 and 10,000 Services with 10 endpoints
-//! each, and for both iptables backends (legacy and nft), each in a fresh namespace of its own:
-//! - full sync (render + `iptables-restore --noflush`) beside the bare restore of the same text;
-//! - a sync after one endpoint change (partial render + restore) into the full table.
+//! each, for both iptables backends (legacy and nft) and for the nftables mode (current layout),
+//! each in a fresh namespace of its own:
+//! - full sync (render + `iptables-restore --noflush`, or the nftables transaction through
+//!   `nft -f`) beside the bare restore / `nft -f` of the same text;
+//! - a sync after one endpoint change (partial render + restore / transaction) into the full
+//!   table.
 //!
 //! Then, through the real proxier loop (watch store → snapshot → render → restore) at 100
 //! Services, the latency from an EndpointSlice event reaching the agent's store to its rules
@@ -11,8 +14,8 @@
 //! minimize, batch, `iptables-restore`, plus on full syncs the jump checks and `iptables-save`),
 //! run inside the namespace by re-executing this binary there.
 //!
-//! Run: `sudo cargo bench -p node-agent --bench proxy [-- SIZES [BACKENDS]]`, e.g.
-//! `-- 1000,10000 legacy,nft` (the default). A step that has not finished after
+//! Run: `sudo cargo bench -p node-agent --bench proxy [-- SIZES [MODES]]`, e.g.
+//! `-- 1000,10000 legacy,nft,nftables` (the default; `nftables` is kube-proxy's nftables mode). A step that has not finished after
 //! `PODPATH_BENCH_LIMIT_SECONDS` (default 300) is stopped and reported as such.
 
 use std::collections::BTreeSet;
@@ -116,6 +119,29 @@ fn child_sync(n: usize, backend: Backend) {
     let t = Instant::now();
     sync_once(&ipt, &cfg, &state, &changed, false, &mut applied).expect("partial sync");
     println!("partial {}", t.elapsed().as_secs_f64() * 1e3);
+}
+
+/// In the namespace: the nftables proxier's full sync, then a sync after one endpoint change.
+fn child_nft_sync(n: usize) {
+    use node_agent::proxy::nft_sync::{sync_once, NftablesKernel};
+    let k = NftablesKernel::default();
+    let (cfg, nft) = (config(), node_agent::proxy::nftables::NftConfig::default());
+    let mut state = services(n, 10);
+    let t = Instant::now();
+    let (table, _, _) = sync_once(&k, &cfg, &nft, &state, None).expect("full sync");
+    println!("full {}", t.elapsed().as_secs_f64() * 1e3);
+    state[n / 2].endpoints.pop();
+    let t = Instant::now();
+    sync_once(&k, &cfg, &nft, &state, Some(&table)).expect("partial sync");
+    println!("partial {}", t.elapsed().as_secs_f64() * 1e3);
+}
+
+/// In the namespace: the bare `nft -f FILE`.
+fn child_nft_file(file: &str) {
+    let t = Instant::now();
+    let status = Command::new("nft").args(["-f", file]).status().expect("run nft");
+    assert!(status.success(), "nft -f {file}");
+    println!("restore {}", t.elapsed().as_secs_f64() * 1e3);
 }
 
 /// Runs this binary in `ns` with `args`; its `key value` lines, or `None` past `limit`.
@@ -269,6 +295,14 @@ fn main() {
         child_restore(args[pos + 1].parse().unwrap(), &args[pos + 2..]);
         return;
     }
+    if let Some(pos) = args.iter().position(|a| a == "--child-nft-sync") {
+        child_nft_sync(args[pos + 1].parse().unwrap());
+        return;
+    }
+    if let Some(pos) = args.iter().position(|a| a == "--child-nft-file") {
+        child_nft_file(&args[pos + 1]);
+        return;
+    }
     if let Some(pos) = args.iter().position(|a| a == "--child-latency") {
         child_latency(args[pos + 1].parse().unwrap());
         return;
@@ -278,10 +312,12 @@ fn main() {
         .first()
         .map(|s| s.split(',').map(|n| n.parse().expect("SIZES: comma-separated numbers")).collect())
         .unwrap_or_else(|| vec![1000, 10000]);
-    let backends: Vec<Backend> = positional
+    let modes: Vec<String> = positional
         .get(1)
-        .map(|s| s.split(',').map(|b| b.parse().unwrap()).collect())
-        .unwrap_or_else(|| vec![Backend::Legacy, Backend::Nft]);
+        .map(|s| s.split(',').map(str::to_string).collect())
+        .unwrap_or_else(|| vec!["legacy".into(), "nft".into(), "nftables".into()]);
+    let with_nftables = modes.iter().any(|m| m == "nftables");
+    let backends: Vec<Backend> = modes.iter().filter(|m| *m != "nftables").map(|b| b.parse().unwrap()).collect();
     let limit = limit();
     let cfg = config();
     let root = testkit::netns::root_or_explain();
@@ -343,6 +379,33 @@ fn main() {
                 );
             }
             println!("  {b:>6}: sync after one endpoint change {}", show(partial_ms, limit));
+        }
+        if with_nftables {
+            // kube-proxy's nftables mode: the same Services as one table `ip kube-proxy`.
+            let nft_cfg = node_agent::proxy::nftables::NftConfig::default();
+            let table = node_agent::proxy::nftables::render(&cfg, &nft_cfg, &services(n, 10));
+            let text = podpath_ruleset::nft::Transaction::between(None, &table).0.text();
+            let dir = tempfile::tempdir().unwrap();
+            let file = dir.path().join("full.nft");
+            std::fs::write(&file, &text).unwrap();
+            let ns = testkit::netns::Netns::new("ppb");
+            let bare = get(&in_netns(&ns.name, &["--child-nft-file", file.to_str().unwrap()], limit), "restore");
+            drop(ns);
+            let ns = testkit::netns::Netns::new("ppb");
+            let out = in_netns(&ns.name, &["--child-nft-sync", &n.to_string()], limit);
+            drop(ns);
+            let (sync_ms, partial_ms) = (get(&out, "full"), get(&out, "partial"));
+            let ratio = match (sync_ms, bare) {
+                (Some(s), Some(b)) => format!("{:.2}", s / b),
+                _ => "-".into(),
+            };
+            println!(
+                "  nftables (current layout, {} commands): full sync {} | bare nft -f {} (ratio {ratio})",
+                text.lines().count(),
+                show(sync_ms, limit),
+                show(bare, limit)
+            );
+            println!("  nftables: sync after one endpoint change {}", show(partial_ms, limit));
         }
     }
     if !root {

@@ -3,12 +3,12 @@
 //! exactly the model (rule by rule, in the form nft lists them; element by element); a partial
 //! transaction changes only what it says, and stale chains are deleted afterwards.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 use node_agent::proxy::iptables::{RenderConfig, ServiceState};
 use node_agent::proxy::model::{Endpoint, ServicePort};
 use node_agent::proxy::nftables::{render, Layout, NftConfig, TABLE};
-use podpath_ruleset::nft::{delete_chains, listed, NftFamily, NftTable, Transaction};
+use podpath_ruleset::nft::{delete_chains, Listing, NftFamily, NftTable, Transaction};
 use podpath_ruleset::Nft;
 use testkit::netns::{host_state, root_or_explain, Netns};
 
@@ -66,84 +66,10 @@ fn cfg() -> RenderConfig {
     }
 }
 
-/// `nft list table` text → (chain → rules, set → elements), elements as the kernel prints
-/// them (`key : value`, comments dropped).
-fn parse_listing(text: &str) -> (BTreeMap<String, Vec<String>>, BTreeMap<String, BTreeSet<String>>) {
-    let mut chains = BTreeMap::new();
-    let mut sets = BTreeMap::new();
-    let lines: Vec<&str> = text.lines().map(str::trim).collect();
-    let mut i = 0;
-    while i < lines.len() {
-        let l = lines[i];
-        if let Some(name) = l.strip_prefix("chain ").and_then(|r| r.strip_suffix(" {")) {
-            let mut rules = vec![];
-            i += 1;
-            while lines[i] != "}" {
-                let r = lines[i];
-                if !(r.starts_with("type ") || r.starts_with("comment ")) {
-                    rules.push(r.to_string());
-                }
-                i += 1;
-            }
-            chains.insert(name.trim_matches('"').to_string(), rules);
-        } else if let Some(name) =
-            l.strip_prefix("set ").or_else(|| l.strip_prefix("map ")).and_then(|r| r.strip_suffix(" {"))
-        {
-            let mut elements = BTreeSet::new();
-            i += 1;
-            while lines[i] != "}" {
-                if let Some(rest) = lines[i].strip_prefix("elements = { ") {
-                    let mut body = rest.to_string();
-                    while !body.ends_with('}') {
-                        i += 1;
-                        body.push(' ');
-                        body.push_str(lines[i]);
-                    }
-                    let body = body.trim_end_matches('}').trim();
-                    for e in body.split(", ").map(str::trim).filter(|e| !e.is_empty()) {
-                        // `key comment "…" : value` → `key : value`
-                        let e = match (e.find(" comment \""), e.rfind(" : ")) {
-                            (Some(c), Some(v)) if c < v => format!("{}{}", &e[..c], &e[v..]),
-                            (Some(c), None) => e[..c].to_string(),
-                            _ => e.to_string(),
-                        };
-                        elements.insert(e.trim_end_matches(',').to_string());
-                    }
-                }
-                i += 1;
-            }
-            sets.insert(name.trim_matches('"').to_string(), elements);
-        }
-        i += 1;
-    }
-    (chains, sets)
-}
-
-/// The model in the listing's terms.
-fn expected(t: &NftTable) -> (BTreeMap<String, Vec<String>>, BTreeMap<String, BTreeSet<String>>) {
-    let chains = t.chains.iter().map(|c| (c.name.clone(), c.rules.iter().map(|r| listed(r)).collect())).collect();
-    let sets = t
-        .sets
-        .iter()
-        .map(|s| {
-            let els = s
-                .elements
-                .values()
-                .map(|e| match &e.value {
-                    Some(v) => format!("{} : {v}", e.key_text()),
-                    None => e.key_text(),
-                })
-                .collect();
-            (s.name.clone(), els)
-        })
-        .collect();
-    (chains, sets)
-}
-
 fn assert_kernel_holds(nft: &Nft, t: &NftTable) {
     let text = nft.list_table(NftFamily::Ip, TABLE, false).unwrap().expect("the table exists");
-    let (got_chains, got_sets) = parse_listing(&text);
-    let (want_chains, want_sets) = expected(t);
+    let Listing { chains: got_chains, sets: got_sets } = Listing::parse(&text);
+    let Listing { chains: want_chains, sets: want_sets } = Listing::of(t);
     assert_eq!(got_chains.keys().collect::<Vec<_>>(), want_chains.keys().collect::<Vec<_>>(), "chains\n{text}");
     for (name, want) in &want_chains {
         assert_eq!(&got_chains[name], want, "chain {name}\n{text}");

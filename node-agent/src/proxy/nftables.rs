@@ -253,6 +253,11 @@ fn v4(ips: &[IpAddr]) -> impl Iterator<Item = String> + '_ {
 /// One service port's elements and chains.
 fn service(cfg: &RenderConfig, nft: &NftConfig, st: &ServiceState, t: &mut NftTable) {
     let sp = &st.port;
+    // A service port's chains are its own (their names hold its name): new to the table, so
+    // pushed without a lookup; only an endpoint picked by both the cluster and the local
+    // chain comes twice. (A lookup per chain made 10,000 Services take seconds.)
+    let mut chains_made: std::collections::HashSet<String> = std::collections::HashSet::new();
+    let mut sets_made: std::collections::HashSet<String> = std::collections::HashSet::new();
     let (cluster_eps, local_eps) = categorize(&st.endpoints, &cfg.node_name);
     let p = Port { sp, spn: sp.spn().to_string(), cluster_eps, local_eps };
     let proto = sp.protocol.as_str();
@@ -331,7 +336,7 @@ fn service(cfg: &RenderConfig, nft: &NftConfig, st: &ServiceState, t: &mut NftTa
             if let Some(timeout) = sp.affinity_seconds {
                 for e in eps {
                     chain = chain.rule(format!("ip saddr @{} goto {}", affinity_set(sp, e), endpoint_chain(sp, e)));
-                    if t.set(&affinity_set(sp, e)).is_none() {
+                    if sets_made.insert(affinity_set(sp, e)) {
                         let mut set = Set::plain(affinity_set(sp, e), "ipv4_addr");
                         set.flags = vec!["dynamic".into(), "timeout".into()];
                         set.timeout = Some(format!("{timeout}s"));
@@ -344,7 +349,7 @@ fn service(cfg: &RenderConfig, nft: &NftConfig, st: &ServiceState, t: &mut NftTa
             chain = chain.rule(format!("numgen random mod {} vmap {{ {} }}", eps.len(), choices.join(" , ")));
             for e in eps {
                 let name = endpoint_chain(sp, e);
-                if t.chain(&name).is_some() {
+                if !chains_made.insert(name.clone()) {
                     continue;
                 }
                 let mut ep = Chain::regular(name);
@@ -355,7 +360,7 @@ fn service(cfg: &RenderConfig, nft: &NftConfig, st: &ServiceState, t: &mut NftTa
                     ep = ep.rule(format!("update @{} {{ ip saddr }}", affinity_set(sp, e)));
                 }
                 ep = ep.rule(format!("meta l4proto {proto} dnat to {}", e.addr()));
-                t.add_chain(ep);
+                t.chains.push(ep);
             }
         } else {
             let choices: Vec<String> =
@@ -366,7 +371,7 @@ fn service(cfg: &RenderConfig, nft: &NftConfig, st: &ServiceState, t: &mut NftTa
                 choices.join(" , ")
             ));
         }
-        t.add_chain(chain);
+        t.chains.push(chain);
     }
 
     // The external chain: masquerade (or short-circuit) then the external policy's chain.
@@ -395,7 +400,7 @@ fn service(cfg: &RenderConfig, nft: &NftConfig, st: &ServiceState, t: &mut NftTa
                 ext = ext.rule(format!("goto {external_policy}"));
             }
         }
-        t.add_chain(ext);
+        t.chains.push(ext);
     }
     if uses_fw {
         let mut ranges: Vec<String> =
@@ -404,7 +409,7 @@ fn service(cfg: &RenderConfig, nft: &NftConfig, st: &ServiceState, t: &mut NftTa
         if sp.source_ranges.iter().any(|r| cfg.node_ips.iter().any(|ip| r.contains(ip))) {
             ranges.extend(v4(&sp.load_balancer_ips));
         }
-        t.add_chain(Chain::regular(fw_chain.clone()).rule(format!("ip saddr != {{ {} }} drop", ranges.join(", "))));
+        t.chains.push(Chain::regular(fw_chain.clone()).rule(format!("ip saddr != {{ {} }} drop", ranges.join(", "))));
     }
 }
 
