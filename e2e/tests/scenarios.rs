@@ -308,10 +308,21 @@ fn scenario_2_userspace_proxy_behind_a_nodeport_load_balancer() {
 /// failure behind a LoadBalancer.
 #[test]
 fn scenario_4_external_ip_node_port_selector_and_node_failure() {
+    scenario_4("iptables");
+}
+
+/// Scenario 4 with kube-proxy's nftables mode on the nodes.
+#[test]
+fn scenario_4_in_nftables_mode() {
+    scenario_4("nftables");
+}
+
+fn scenario_4(mode: &str) {
     if !root_or_explain() {
         return;
     }
-    let lab = Lab::up("s4", &["--nodes", "3"]).expect("podpath up");
+    let lab = Lab::up(if mode == "nftables" { "s4n" } else { "s4" }, &["--nodes", "3", "--proxy-mode", mode])
+        .expect("podpath up");
     // Both Deployments on node-1 only, so node-2 (where the external IP is routed) has no pod.
     let on_node_1 = "nodeSelector: {kubernetes.io/hostname: node-1}";
     let mut yaml = deployment("web-v1", 1, "app: web-front-end, version: v1", "v1", &[on_node_1], &[]);
@@ -338,11 +349,17 @@ fn scenario_4_external_ip_node_port_selector_and_node_failure() {
     let page = curl_ok(&lab, "http://169.10.10.1/", &[]);
     assert!(page.contains("v2") && field(&page, "pod").is_some_and(|p| p.starts_with("default/web-v2-")), "{page}");
     assert!(field(&page, "client").is_some_and(|c| c.starts_with("192.168.56.12:")), "{page}");
-    let rules = lab.exec("node-2", &["iptables-save", "-t", "nat"]);
-    let ext_rule = must_rule(&rules, &["-d 169.10.10.1/32", "\"default/svc-test-1 external IP\"", "--dport 80"]);
-    let ext = ext_rule.rsplit(' ').next().unwrap();
-    must_rule(&rules, &[&format!("-A {ext} "), "-j KUBE-MARK-MASQ"]);
-    must_rule(&rules, &["-A KUBE-MARK-MASQ", "0x4000"]);
+    if mode == "nftables" {
+        let ext = nft_external_chain(&lab, "node-2", "169.10.10.1", "default/svc-test-1/tcp/");
+        let rules = nft_chain(&lab, "node-2", &ext);
+        assert_eq!(rules[0], "meta mark set meta mark | 0x00004000 comment \"masquerade\"", "{rules:?}");
+    } else {
+        let rules = lab.exec("node-2", &["iptables-save", "-t", "nat"]);
+        let ext_rule = must_rule(&rules, &["-d 169.10.10.1/32", "\"default/svc-test-1 external IP\"", "--dport 80"]);
+        let ext = ext_rule.rsplit(' ').next().unwrap();
+        must_rule(&rules, &[&format!("-A {ext} "), "-j KUBE-MARK-MASQ"]);
+        must_rule(&rules, &["-A KUBE-MARK-MASQ", "0x4000"]);
+    }
 
     // NodePort with nodePort 30000: the same ClusterIP, and every node answers.
     let cip = lab.kubectl(&["get", "svc", "svc-test-1", "-o", "jsonpath={.spec.clusterIP}"]);
@@ -440,7 +457,21 @@ fn scenario_4_without_masquerade_the_request_through_another_node_hangs() {
     if !root_or_explain() {
         return;
     }
-    let lab = Lab::up("s4m", &["--nodes", "2", "--masquerade", "false"]).expect("podpath up");
+    scenario_4_without_masquerade("iptables");
+}
+
+/// The same lesson with kube-proxy's nftables mode: the external chain sets no masquerade mark.
+#[test]
+fn scenario_4_without_masquerade_in_nftables_mode() {
+    scenario_4_without_masquerade("nftables");
+}
+
+fn scenario_4_without_masquerade(mode: &str) {
+    if !root_or_explain() {
+        return;
+    }
+    let tag = if mode == "nftables" { "s4mn" } else { "s4m" };
+    let lab = Lab::up(tag, &["--nodes", "2", "--masquerade", "false", "--proxy-mode", mode]).expect("podpath up");
     let mut yaml = pod("web", "node-1", "app: web", "", &[8080]);
     yaml += "apiVersion: v1\nkind: Service\nmetadata:\n  name: web\n  annotations: {podpath.dev/route-to-node: node-1}\nspec:\n  selector: {app: web}\n  externalIPs: [169.10.10.1]\n  ports:\n  - {port: 80, targetPort: 8080}\n";
     lab.apply(&yaml);
@@ -461,8 +492,35 @@ fn scenario_4_without_masquerade_the_request_through_another_node_hangs() {
     });
     let (code, out) = lab.curl(&["--max-time", "3", "http://169.10.10.1/"]);
     assert_eq!(code, 28, "curl must time out (exit 28): {out}");
-    let rules = lab.exec("node-2", &["iptables-save", "-t", "nat"]);
-    assert!(rule(&rules, &["\"default/web external IP\"", "-j KUBE-MARK-MASQ"]).is_none(), "no masquerade:\n{rules}");
+    if mode == "nftables" {
+        let ext = nft_external_chain(&lab, "node-2", "169.10.10.1", "default/web/tcp/");
+        let rules = nft_chain(&lab, "node-2", &ext);
+        assert!(!rules.iter().any(|r| r.contains("meta mark")), "no masquerade mark: {rules:?}");
+    } else {
+        let rules = lab.exec("node-2", &["iptables-save", "-t", "nat"]);
+        assert!(
+            rule(&rules, &["\"default/web external IP\"", "-j KUBE-MARK-MASQ"]).is_none(),
+            "no masquerade:\n{rules}"
+        );
+    }
+}
+
+/// The external chain an address's `service-ips` element leads to on `node` (nftables mode).
+fn nft_external_chain(lab: &Lab, node: &str, ip: &str, base: &str) -> String {
+    let table = lab.exec(node, &["nft", "list", "table", "ip", "kube-proxy"]);
+    let listing = podpath_ruleset::nft::Listing::parse(&table);
+    let prefix = format!("{ip} . tcp . 80 : goto external-");
+    let el = listing.sets["service-ips"]
+        .iter()
+        .find(|e| e.starts_with(&prefix) && e.ends_with(base))
+        .unwrap_or_else(|| panic!("no element {prefix}…{base} in\n{table}"));
+    el.split("goto ").nth(1).unwrap().to_string()
+}
+
+/// The rules of one chain of the nftables table on `node`, as nft lists them.
+fn nft_chain(lab: &Lab, node: &str, chain: &str) -> Vec<String> {
+    let table = lab.exec(node, &["nft", "list", "table", "ip", "kube-proxy"]);
+    podpath_ruleset::nft::Listing::parse(&table).chains.get(chain).cloned().unwrap_or_default()
 }
 
 #[test]
@@ -508,10 +566,22 @@ fn up_and_down_leave_the_host_unchanged_and_nothing_behind() {
 /// to the other; the client's requests go client → LB IP → node IP:nodePort → pod.
 #[test]
 fn scenario_3_ingress_through_the_l7_load_balancer() {
+    scenario_3("iptables");
+}
+
+/// Scenario 3 with kube-proxy's nftables mode on the nodes: the L7 load balancer reaches the
+/// NodePorts through the nftables table.
+#[test]
+fn scenario_3_in_nftables_mode() {
+    scenario_3("nftables");
+}
+
+fn scenario_3(mode: &str) {
     if !root_or_explain() {
         return;
     }
-    let lab = Lab::up("sc3", &["--nodes", "2"]).expect("podpath up");
+    let lab = Lab::up(if mode == "nftables" { "sc3n" } else { "sc3" }, &["--nodes", "2", "--proxy-mode", mode])
+        .expect("podpath up");
     lab.kubectl(&["create", "deployment", "web", "--image=podpath/echo", "--replicas=2", "--port=8080"]);
     lab.kubectl(&["create", "deployment", "cart", "--image=podpath/echo", "--replicas=1", "--port=8080"]);
     lab.kubectl(&["expose", "deployment", "web", "--type=NodePort", "--port=80", "--target-port=8080"]);

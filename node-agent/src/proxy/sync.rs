@@ -122,10 +122,12 @@ pub const TABLES: [&str; 3] = ["nat", "filter", "mangle"];
 /// restore (kubelet's chains are not ours).
 pub fn cleanup<K: Kernel + ?Sized>(k: &K) -> Result<()> {
     let saved = TABLES.iter().map(|t| k.save(t, None)).collect::<Result<Vec<Table>>>()?;
-    // KUBE-FIREWALL and its jumps stay: kubelet owns an identical copy.
-    let plan = removal(JUMPS, &saved, |table, c| match table {
+    // KUBE-FIREWALL too: the node agent is this node's kubelet as well as its proxy, so the
+    // martian drop and its jumps are ours (a kubelet's own canary and hint chains are not).
+    let all: Vec<Jump> = JUMPS.iter().chain(FIREWALL_JUMPS).copied().collect();
+    let plan = removal(&all, &saved, |table, c| match table {
         "mangle" => c == CANARY,
-        _ => c.starts_with("KUBE-") && !matches!(c, "KUBE-KUBELET-CANARY" | "KUBE-FIREWALL" | "KUBE-IPTABLES-HINT"),
+        _ => c.starts_with("KUBE-") && !matches!(c, "KUBE-KUBELET-CANARY" | "KUBE-IPTABLES-HINT"),
     });
     if plan.tables.is_empty() {
         return Ok(());
