@@ -225,15 +225,22 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()>) -> Result
         let slices: Arc<Store<k8s_openapi::api::discovery::v1::EndpointSlice>> = Store::new();
         tokio::spawn(reflector::run(client.clone(), Filter::default(), services.clone()));
         tokio::spawn(reflector::run(client.clone(), Filter::default(), slices.clone()));
+        // What both kernel modes render with; nftables mode never answers NodePorts on
+        // 127.0.0.1 (kube-proxy's neither), and nft always has `masquerade fully-random`.
+        let render = crate::proxy::iptables::RenderConfig {
+            node_name: cfg.node_name.clone(),
+            node_ips: vec![cfg.node_ip],
+            cluster_cidr: p.cluster_cidr,
+            masquerade_external: p.masquerade_external,
+            random_fully: true,
+            localhost_nodeports: false,
+        };
         match p.mode {
             ProxyMode::Iptables => {
                 let render = crate::proxy::iptables::RenderConfig {
-                    node_name: cfg.node_name.clone(),
-                    node_ips: vec![cfg.node_ip],
-                    cluster_cidr: p.cluster_cidr,
-                    masquerade_external: p.masquerade_external,
                     random_fully: kernel.ipt.supports_random_fully(),
                     localhost_nodeports: p.localhost_nodeports,
+                    ..render
                 };
                 if p.localhost_nodeports {
                     // As kube-proxy does: 127.0.0.1 reaches NodePorts only with route_localnet
@@ -261,15 +268,6 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()>) -> Result
                 tokio::spawn(sync::run_proxier(proxier, None));
             }
             ProxyMode::Nftables => {
-                let render = crate::proxy::iptables::RenderConfig {
-                    node_name: cfg.node_name.clone(),
-                    node_ips: vec![cfg.node_ip],
-                    cluster_cidr: p.cluster_cidr,
-                    masquerade_external: p.masquerade_external,
-                    random_fully: true,
-                    // nftables mode never answers NodePorts on 127.0.0.1 (kube-proxy's too).
-                    localhost_nodeports: false,
-                };
                 tracing::info!(mode = "nftables", layout = ?p.nft.layout, masquerade_external = p.masquerade_external, "service proxy");
                 let proxier = nft_sync::NftProxier {
                     kernel: Arc::new(nft_sync::NftablesKernel::default()),

@@ -78,6 +78,40 @@ fn tool_path(name: &str) -> PathBuf {
     found.unwrap_or_else(|| PathBuf::from(name))
 }
 
+/// Runs `tool args…` (in the named namespace, through `ip netns exec`), with `stdin` on its
+/// input: Ok(stdout) or Err(stderr) by its exit status; Err(RulesetError) only when it could
+/// not be started.
+fn run_tool(
+    tool: &str,
+    netns: &Option<String>,
+    args: &[&str],
+    stdin: Option<&str>,
+) -> Result<std::result::Result<String, String>> {
+    let mut cmd = match netns {
+        Some(ns) => {
+            let mut c = Command::new(tool_path("ip"));
+            c.args(["netns", "exec", ns, tool]);
+            c
+        }
+        None => Command::new(tool_path(tool)),
+    };
+    cmd.args(args).stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() });
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let spawn_err = |source| RulesetError::Spawn { cmd: tool.to_string(), netns: netns.clone(), source };
+    let mut child = cmd.spawn().map_err(spawn_err)?;
+    if let Some(text) = stdin {
+        let mut input = child.stdin.take().expect("piped");
+        // A tool that exits early closes its input; its status tells why.
+        let _ = input.write_all(text.as_bytes());
+    }
+    let out = child.wait_with_output().map_err(spawn_err)?;
+    Ok(if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
+    })
+}
+
 /// The line `line N` of an iptables-restore error points at.
 fn failed_line(stderr: &str, input: &str) -> Option<String> {
     let n: usize = stderr.split("line ").nth(1)?.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()?;
@@ -114,30 +148,7 @@ impl Iptables {
 
     /// Runs `tool args…` (in the namespace), with `stdin` on its input.
     fn run(&self, suffix: &str, args: &[&str], stdin: Option<&str>) -> Result<std::result::Result<String, String>> {
-        let tool = self.tool(suffix);
-        let mut cmd = match &self.netns {
-            Some(ns) => {
-                let mut c = Command::new(tool_path("ip"));
-                c.args(["netns", "exec", ns, &tool]);
-                c
-            }
-            None => Command::new(tool_path(&tool)),
-        };
-        cmd.args(args).stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() });
-        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
-        let spawn_err = |source| RulesetError::Spawn { cmd: tool.clone(), netns: self.netns.clone(), source };
-        let mut child = cmd.spawn().map_err(spawn_err)?;
-        if let Some(text) = stdin {
-            let mut input = child.stdin.take().expect("piped");
-            // A tool that exits early closes its input; its status tells why.
-            let _ = input.write_all(text.as_bytes());
-        }
-        let out = child.wait_with_output().map_err(spawn_err)?;
-        Ok(if out.status.success() {
-            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-        } else {
-            Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
-        })
+        run_tool(&self.tool(suffix), &self.netns, args, stdin)
     }
 
     fn failed(&self, cmd: String, stderr: String, input_line: Option<String>) -> RulesetError {
@@ -220,28 +231,11 @@ impl Nft {
     }
 
     fn run(&self, args: &[&str], stdin: Option<&str>) -> Result<std::result::Result<String, String>> {
-        let mut cmd = match &self.netns {
-            Some(ns) => {
-                let mut c = Command::new(tool_path("ip"));
-                c.args(["netns", "exec", ns, "nft"]);
-                c
-            }
-            None => Command::new(tool_path("nft")),
-        };
-        cmd.args(args).stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() });
-        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
-        let spawn_err = |source| RulesetError::Spawn { cmd: "nft".into(), netns: self.netns.clone(), source };
-        let mut child = cmd.spawn().map_err(spawn_err)?;
-        if let Some(text) = stdin {
-            let mut input = child.stdin.take().expect("piped");
-            let _ = input.write_all(text.as_bytes());
-        }
-        let out = child.wait_with_output().map_err(spawn_err)?;
-        Ok(if out.status.success() {
-            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-        } else {
-            Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
-        })
+        run_tool("nft", &self.netns, args, stdin)
+    }
+
+    fn failed(&self, cmd: String, stderr: String) -> RulesetError {
+        RulesetError::Failed { cmd, netns: self.netns.clone(), stderr, input_line: None }
     }
 
     /// `nft -f -` of one transaction: all of it or none. The error quotes the line nft
@@ -281,12 +275,7 @@ impl Nft {
         match self.run(&args, None)? {
             Ok(out) => Ok(Some(out)),
             Err(e) if e.contains("No such file or directory") => Ok(None),
-            Err(e) => Err(RulesetError::Failed {
-                cmd: format!("nft list table {} {name}", family.name()),
-                netns: self.netns.clone(),
-                stderr: e,
-                input_line: None,
-            }),
+            Err(e) => Err(self.failed(format!("nft list table {} {name}", family.name()), e)),
         }
     }
 
@@ -295,12 +284,7 @@ impl Nft {
         let want = format!("table {} {table}", family.name());
         match self.run(&["list", "tables", family.name()], None)? {
             Ok(out) => Ok(out.lines().any(|l| l.trim() == want)),
-            Err(e) => Err(RulesetError::Failed {
-                cmd: format!("nft list tables {}", family.name()),
-                netns: self.netns.clone(),
-                stderr: e,
-                input_line: None,
-            }),
+            Err(e) => Err(self.failed(format!("nft list tables {}", family.name()), e)),
         }
     }
 
@@ -322,26 +306,7 @@ impl Nft {
                 ))
             }
             Err(e) if e.contains("No such file or directory") => Ok(None),
-            Err(e) => Err(RulesetError::Failed {
-                cmd: format!("nft list chain {} {table} {chain}", family.name()),
-                netns: self.netns.clone(),
-                stderr: e,
-                input_line: None,
-            }),
-        }
-    }
-
-    /// Whether chain `chain` of the table exists (`nft list chain`).
-    pub fn has_chain(&self, family: crate::nft::NftFamily, table: &str, chain: &str) -> Result<bool> {
-        match self.run(&["list", "chain", family.name(), table, chain], None)? {
-            Ok(_) => Ok(true),
-            Err(e) if e.contains("No such file or directory") => Ok(false),
-            Err(e) => Err(RulesetError::Failed {
-                cmd: format!("nft list chain {} {table} {chain}", family.name()),
-                netns: self.netns.clone(),
-                stderr: e,
-                input_line: None,
-            }),
+            Err(e) => Err(self.failed(format!("nft list chain {} {table} {chain}", family.name()), e)),
         }
     }
 
@@ -350,12 +315,7 @@ impl Nft {
         match self.run(&["delete", "table", family.name(), name], None)? {
             Ok(_) => Ok(()),
             Err(e) if e.contains("No such file or directory") => Ok(()),
-            Err(e) => Err(RulesetError::Failed {
-                cmd: format!("nft delete table {} {name}", family.name()),
-                netns: self.netns.clone(),
-                stderr: e,
-                input_line: None,
-            }),
+            Err(e) => Err(self.failed(format!("nft delete table {} {name}", family.name()), e)),
         }
     }
 }

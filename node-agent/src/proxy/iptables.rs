@@ -12,7 +12,7 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 use podpath_ruleset::{Addr, Command, MarkOp, Match, RecentOp, Rule, Ruleset, Table, Target};
 
-use super::model::{categorize, Endpoint, ServiceKey, ServicePort};
+use super::model::{categorize, Endpoint, EndpointView, ServiceKey, ServicePort};
 use super::names;
 
 /// `1 << masqueradeBit` with kube-proxy's default bit 14.
@@ -120,6 +120,18 @@ struct Port<'a> {
     large: bool,
 }
 
+impl EndpointView for Port<'_> {
+    fn port(&self) -> &ServicePort {
+        self.sp
+    }
+    fn cluster_eps(&self) -> &[Endpoint] {
+        &self.cluster_eps
+    }
+    fn local_eps(&self) -> &[Endpoint] {
+        &self.local_eps
+    }
+}
+
 impl<'a> Port<'a> {
     fn new(cfg: &RenderConfig, st: &'a ServiceState) -> Port<'a> {
         let sp = &st.port;
@@ -146,27 +158,6 @@ impl<'a> Port<'a> {
         } else {
             r.comment(text)
         }
-    }
-    fn has_endpoints(&self) -> bool {
-        !self.cluster_eps.is_empty() || !self.local_eps.is_empty()
-    }
-    fn uses_cluster(&self) -> bool {
-        !self.cluster_eps.is_empty() && self.sp.uses_cluster_endpoints()
-    }
-    fn uses_local(&self) -> bool {
-        !self.local_eps.is_empty() && self.sp.uses_local_endpoints()
-    }
-    fn uses_ext(&self) -> bool {
-        self.has_endpoints() && self.sp.externally_accessible()
-    }
-    fn uses_fw(&self) -> bool {
-        self.uses_ext() && !self.sp.source_ranges.is_empty()
-    }
-    fn has_internal(&self) -> bool {
-        !(if self.sp.internal_policy_local { &self.local_eps } else { &self.cluster_eps }).is_empty()
-    }
-    fn has_external(&self) -> bool {
-        !(if self.sp.external_policy_local { &self.local_eps } else { &self.cluster_eps }).is_empty()
     }
     fn internal_chain(&self) -> &str {
         if self.sp.internal_policy_local {

@@ -74,19 +74,24 @@ impl Kernel for IptablesKernel {
     }
 
     fn clear_conntrack(&self, deletes: &[Vec<String>]) {
-        for args in deletes {
-            let status = Command::new("conntrack").args(args).stdout(Stdio::null()).stderr(Stdio::null()).status();
-            if let Err(e) = status {
-                tracing::warn!("cannot run conntrack to clear stale UDP flows ({e}); install the conntrack package");
-                return;
-            }
-        }
+        conntrack_delete(deletes)
     }
 
     fn batch_lines(&self) -> Option<usize> {
         match self.ipt.backend {
             Backend::Nft => Some(NFT_BATCH_LINES),
             Backend::Legacy | Backend::System => None,
+        }
+    }
+}
+
+/// `conntrack -D` with each argument list, in the current namespace ("no entries" is no error).
+pub fn conntrack_delete(deletes: &[Vec<String>]) {
+    for args in deletes {
+        let status = Command::new("conntrack").args(args).stdout(Stdio::null()).stderr(Stdio::null()).status();
+        if let Err(e) = status {
+            tracing::warn!("cannot run conntrack to clear stale UDP flows ({e}); install the conntrack package");
+            return;
         }
     }
 }

@@ -227,6 +227,40 @@ pub fn endpoints(sp: &ServicePort, slices: &[discovery::EndpointSlice], node: &s
     list
 }
 
+/// A service port with its endpoints categorised for this node, as both kernel modes write
+/// rules from it: what kube-proxy's `usesClusterEndpoints`, `hasInternalEndpoints`, … decide.
+pub trait EndpointView {
+    fn port(&self) -> &ServicePort;
+    /// The endpoints the cluster policy picks from.
+    fn cluster_eps(&self) -> &[Endpoint];
+    /// The endpoints on this node the local policy picks from.
+    fn local_eps(&self) -> &[Endpoint];
+
+    fn has_endpoints(&self) -> bool {
+        !self.cluster_eps().is_empty() || !self.local_eps().is_empty()
+    }
+    fn uses_cluster(&self) -> bool {
+        !self.cluster_eps().is_empty() && self.port().uses_cluster_endpoints()
+    }
+    fn uses_local(&self) -> bool {
+        !self.local_eps().is_empty() && self.port().uses_local_endpoints()
+    }
+    fn uses_ext(&self) -> bool {
+        self.has_endpoints() && self.port().externally_accessible()
+    }
+    fn uses_fw(&self) -> bool {
+        self.uses_ext() && !self.port().source_ranges.is_empty()
+    }
+    /// Endpoints for the internal traffic policy (cluster, or this node's with `Local`).
+    fn has_internal(&self) -> bool {
+        !(if self.port().internal_policy_local { self.local_eps() } else { self.cluster_eps() }).is_empty()
+    }
+    /// Endpoints for the external traffic policy.
+    fn has_external(&self) -> bool {
+        !(if self.port().external_policy_local { self.local_eps() } else { self.cluster_eps() }).is_empty()
+    }
+}
+
 /// kube-proxy's endpoint categorisation: ready endpoints, or — when none is ready — the serving
 /// and terminating ones; separately for the cluster and for this node.
 pub fn categorize(eps: &[Endpoint], node: &str) -> (Vec<Endpoint>, Vec<Endpoint>) {

@@ -58,17 +58,7 @@ impl NftKernel for NftablesKernel {
         self.nft.delete_table(NftFamily::Ip, TABLE).map_err(network)
     }
     fn clear_conntrack(&self, deletes: &[Vec<String>]) {
-        for args in deletes {
-            let status = std::process::Command::new("conntrack")
-                .args(args)
-                .stdout(std::process::Stdio::null())
-                .stderr(std::process::Stdio::null())
-                .status();
-            if let Err(e) = status {
-                tracing::warn!("cannot run conntrack to clear stale UDP flows ({e}); install the conntrack package");
-                return;
-            }
-        }
+        super::kernel::conntrack_delete(deletes)
     }
 }
 

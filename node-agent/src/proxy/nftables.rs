@@ -12,7 +12,7 @@ use podpath_ruleset::nft::{Chain, Element, NftFamily, NftTable, Set};
 use sha2::{Digest, Sha256};
 
 use super::iptables::{RenderConfig, ServiceState};
-use super::model::{categorize, Endpoint, ServicePort};
+use super::model::{categorize, Endpoint, EndpointView, ServicePort};
 
 /// The table kube-proxy owns (one per IP family).
 pub const TABLE: &str = "kube-proxy";
@@ -217,25 +217,19 @@ struct Port<'a> {
     local_eps: Vec<Endpoint>,
 }
 
+impl EndpointView for Port<'_> {
+    fn port(&self) -> &ServicePort {
+        self.sp
+    }
+    fn cluster_eps(&self) -> &[Endpoint] {
+        &self.cluster_eps
+    }
+    fn local_eps(&self) -> &[Endpoint] {
+        &self.local_eps
+    }
+}
+
 impl Port<'_> {
-    fn has_endpoints(&self) -> bool {
-        !self.cluster_eps.is_empty() || !self.local_eps.is_empty()
-    }
-    fn has_internal(&self) -> bool {
-        !(if self.sp.internal_policy_local { &self.local_eps } else { &self.cluster_eps }).is_empty()
-    }
-    fn has_external(&self) -> bool {
-        !(if self.sp.external_policy_local { &self.local_eps } else { &self.cluster_eps }).is_empty()
-    }
-    fn uses_cluster(&self) -> bool {
-        !self.cluster_eps.is_empty() && self.sp.uses_cluster_endpoints()
-    }
-    fn uses_local(&self) -> bool {
-        !self.local_eps.is_empty() && self.sp.uses_local_endpoints()
-    }
-    fn uses_ext(&self) -> bool {
-        self.has_endpoints() && self.sp.externally_accessible()
-    }
     /// `goto reject-chain` when there is no endpoint anywhere, else `drop` (none on this node).
     fn no_endpoint_verdict(&self) -> &'static str {
         if self.has_endpoints() {
@@ -291,7 +285,7 @@ fn service(cfg: &RenderConfig, nft: &NftConfig, st: &ServiceState, t: &mut NftTa
             );
         }
     }
-    let uses_fw = p.uses_ext() && !sp.source_ranges.is_empty();
+    let uses_fw = p.uses_fw();
     if uses_fw {
         for ip in v4(&sp.load_balancer_ips) {
             t.add_element("firewall-ips", Element::key(&[&ip, proto, &port]).to(format!("goto {fw_chain}")));
