@@ -762,6 +762,22 @@ fn nftables_rules_of_scenario_1(lab: &Lab, lb_ip: &str, np: &str, pod_ips: &[Str
         rules.contains(&format!("nft chain {svc}: meta l4proto tcp dnat ip to numgen random mod 2 map")),
         "{rules}"
     );
+    // `podpath explain` words each map element and rule of the Service.
+    let (ok, words) = lab.run("explain", &["contour"]);
+    assert!(ok, "{words}");
+    for want in [
+        format!("{lb_ip}:80/tcp (the LoadBalancer IP) goes to {ext}"),
+        format!("NodePort {np}/tcp goes to {ext}"),
+        "marks the packet for masquerade".to_string(),
+        format!("goes on to {svc}"),
+        "DNAT to one of 2 endpoints, picked at random (numgen random mod 2)".to_string(),
+        "50.0%".to_string(),
+    ] {
+        assert!(words.contains(&want), "explain lacks {want:?}:\n{words}");
+    }
+    let (ok, sticky) = lab.run("explain", &["sticky"]);
+    assert!(ok && sticky.contains("a client seen within the affinity time goes back to endpoint-"), "{sticky}");
+    assert!(sticky.contains("remembers the client's address (ClientIP affinity)"), "{sticky}");
 }
 
 /// The `-A KUBE-SVC-…` jumps of a Service in a node's nat table: each rule's probability to

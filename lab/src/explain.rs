@@ -450,6 +450,240 @@ pub fn explain(
     }
 }
 
+/// In nftables mode: the table `ip kube-proxy` of each node (`nft list table`, read back with
+/// `podpath_ruleset::nft::Listing`), the Service's map elements and its chains, each in words.
+pub fn explain_nft(
+    svc: &serde_json::Value,
+    slices: &[serde_json::Value],
+    nodes: &BTreeMap<String, podpath_ruleset::nft::Listing>,
+    pods: &BTreeMap<Ipv4Addr, String>,
+) -> Explanation {
+    let service = format!(
+        "{}/{}",
+        svc["metadata"]["namespace"].as_str().unwrap_or("default"),
+        svc["metadata"]["name"].as_str().unwrap_or("")
+    );
+    let mut groups: Vec<NodeGroup> = Vec::new();
+    for (node, listing) in nodes {
+        let chains = nft_chains(svc, listing, &service, pods);
+        match groups.iter_mut().find(|g| g.chains == chains) {
+            Some(g) => g.nodes.push(node.clone()),
+            None => groups.push(NodeGroup { nodes: vec![node.clone()], chains, userspace: false }),
+        }
+    }
+    let affinity_seconds = (svc["spec"]["sessionAffinity"] == "ClientIP")
+        .then(|| svc["spec"]["sessionAffinityConfig"]["clientIP"]["timeoutSeconds"].as_u64().unwrap_or(10800));
+    Explanation {
+        service,
+        summary: summary(svc),
+        affinity_seconds,
+        endpoints: port_endpoints(svc, slices, pods),
+        groups,
+    }
+}
+
+/// What a map or set of the table is for.
+fn nft_map_purpose(name: &str) -> &'static str {
+    match name {
+        "cluster-ips" => "every ClusterIP (traffic to other ports of one is rejected)",
+        "service-ips" => {
+            "ClusterIP, external and LoadBalancer IP traffic: address . protocol . port → the chain that handles it"
+        }
+        "service-nodeports" => "NodePort traffic to this node's addresses (@nodeport-ips): protocol . port → the chain",
+        "no-endpoint-services" => "addresses of Services without (local) endpoints: rejected or dropped",
+        "no-endpoint-nodeports" => "NodePorts of Services without (local) endpoints: rejected or dropped",
+        "firewall-ips" => "LoadBalancer IPs with loadBalancerSourceRanges: checked before anything else",
+        _ => "",
+    }
+}
+
+/// What a per-Service chain is for, by its prefix.
+fn nft_chain_purpose(chain: &str) -> &'static str {
+    let prefix = chain.split('-').next().unwrap_or("");
+    match prefix {
+        "service" => "picks one of the Service port's endpoints (cluster policy)",
+        "local" => "picks one of this node's endpoints (traffic policy Local)",
+        "external" => "traffic from outside the cluster (NodePort, external and LoadBalancer IPs): masquerade, then a policy chain",
+        "firewall" => "loadBalancerSourceRanges: other sources are dropped",
+        "endpoint" => "one endpoint (per-endpoint chain: affinity, or the v1.34 layout)",
+        _ => "",
+    }
+}
+
+/// `10.244.1.5 . 8080` → `10.244.1.5:8080 (pod default/web-x)`.
+fn nft_endpoint(pair: &str, pods: &BTreeMap<Ipv4Addr, String>) -> String {
+    let addr = pair.replace(" . ", ":");
+    with_pod(addr.trim(), pods)
+}
+
+/// One element of a map in words.
+fn nft_element_words(map: &str, element: &str, svc: &serde_json::Value) -> String {
+    let (key, value) = element.split_once(" : ").unwrap_or((element, ""));
+    let key = key.split(" comment ").next().unwrap_or(key);
+    let fields: Vec<&str> = key.split(" . ").collect();
+    let spec = &svc["spec"];
+    let what = |ip: &str| -> &'static str {
+        if spec["clusterIP"] == ip || spec["clusterIPs"].as_array().is_some_and(|a| a.iter().any(|x| x == ip)) {
+            "the cluster IP"
+        } else if spec["externalIPs"].as_array().is_some_and(|a| a.iter().any(|x| x == ip)) {
+            "an external IP"
+        } else {
+            "the LoadBalancer IP"
+        }
+    };
+    let dest = match fields.as_slice() {
+        [ip, proto, port] => format!("{ip}:{port}/{proto} ({})", what(ip)),
+        [proto, port] => format!("NodePort {port}/{proto}"),
+        [ip] => format!("{ip} ({})", what(ip)),
+        _ => key.to_string(),
+    };
+    match (map, value) {
+        ("cluster-ips", _) => format!("{dest} is an active ClusterIP"),
+        (_, "goto reject-chain") => format!("{dest}: rejected — the Service has no endpoints"),
+        (_, "drop") => format!("{dest}: dropped — no endpoint on this node and the traffic policy is Local"),
+        (_, v) => match v.strip_prefix("goto ") {
+            Some(chain) => format!("{dest} goes to {chain}"),
+            None => format!("{dest}: {v}"),
+        },
+    }
+}
+
+/// One listed rule of a per-Service chain in words.
+fn nft_rule_words(rule: &str, pods: &BTreeMap<Ipv4Addr, String>) -> String {
+    let comment = rule.split(" comment \"").nth(1).map(|c| c.trim_end_matches('"'));
+    if let Some(rest) = rule.split(" dnat ip to numgen random mod ").nth(1) {
+        let n = rest.split(' ').next().unwrap_or("?");
+        let body = rest.split("map { ").nth(1).unwrap_or("").trim_end_matches(" }");
+        let eps: Vec<String> =
+            body.split(", ").filter_map(|e| e.split_once(" : ")).map(|(_, ep)| nft_endpoint(ep, pods)).collect();
+        return format!("DNAT to one of {n} endpoints, picked at random (numgen random mod {n}): {}", eps.join(", "));
+    }
+    if let Some(rest) = rule.strip_prefix("numgen random mod ") {
+        let n = rest.split(' ').next().unwrap_or("?");
+        return format!("picks one of {n} endpoint chains at random (numgen random mod {n})");
+    }
+    if let Some(to) = rule.split(" dnat to ").nth(1) {
+        return format!("DNAT to {}", with_pod(to.split(' ').next().unwrap_or(to), pods));
+    }
+    if rule.starts_with("update @affinity-") {
+        return "remembers the client's address (ClientIP affinity)".into();
+    }
+    if let Some(rest) = rule.strip_prefix("ip saddr @affinity-") {
+        let to = rest.split("goto ").nth(1).unwrap_or("?");
+        return format!("a client seen within the affinity time goes back to {to}");
+    }
+    if let Some(rest) = rule.strip_prefix("ip saddr != ") {
+        return format!("drops sources outside loadBalancerSourceRanges ({})", rest.trim_end_matches(" drop"));
+    }
+    match comment {
+        Some("masquerade") => return "marks the packet for masquerade (the node's address becomes its source)".into(),
+        Some("masquerade local traffic") => return "traffic from this node is marked for masquerade".into(),
+        Some("short-circuit local traffic") => {
+            return format!("traffic from this node goes to {} (cluster policy)", goto_of(rule));
+        }
+        Some("short-circuit pod traffic") => {
+            return format!("traffic from pods skips the Local policy: {}", goto_of(rule));
+        }
+        _ => {}
+    }
+    if rule.ends_with("jump mark-for-masquerade") {
+        return if rule.starts_with("ip daddr ") {
+            "traffic to the cluster IP from outside the pod network is marked for masquerade".into()
+        } else if rule.starts_with("ip saddr ") {
+            "hairpin: the endpoint reaching itself is marked for masquerade".into()
+        } else {
+            "marks the packet for masquerade".into()
+        };
+    }
+    if let Some(to) = rule.strip_prefix("goto ") {
+        return format!("goes on to {to}");
+    }
+    rule.to_string()
+}
+
+fn goto_of(rule: &str) -> &str {
+    rule.split("goto ").nth(1).and_then(|r| r.split(' ').next()).unwrap_or("?")
+}
+
+/// The Service's map elements and chains in one node's table.
+fn nft_chains(
+    svc: &serde_json::Value,
+    listing: &podpath_ruleset::nft::Listing,
+    service: &str,
+    pods: &BTreeMap<Ipv4Addr, String>,
+) -> Vec<Chain> {
+    let marker = format!("-{service}/");
+    let ips: Vec<String> = ["clusterIP"].iter().filter_map(|k| svc["spec"][k].as_str().map(str::to_string)).collect();
+    let mut out = vec![];
+    for map in [
+        "firewall-ips",
+        "service-ips",
+        "service-nodeports",
+        "no-endpoint-services",
+        "no-endpoint-nodeports",
+        "cluster-ips",
+    ] {
+        let Some(elements) = listing.sets.get(map) else { continue };
+        let mine: Vec<&String> = elements
+            .iter()
+            .filter(|e| {
+                e.contains(&marker)
+                    || e.contains(&format!("comment \"{service}\""))
+                    || e.contains(&format!("comment \"{service}:"))
+                    || (map == "cluster-ips" && ips.iter().any(|ip| *e == ip))
+            })
+            .collect();
+        if mine.is_empty() {
+            continue;
+        }
+        out.push(Chain {
+            table: "ip kube-proxy".into(),
+            chain: format!("map {map}"),
+            purpose: nft_map_purpose(map).into(),
+            rules: mine
+                .iter()
+                .map(|e| RuleWords { rule: e.to_string(), words: nft_element_words(map, e, svc) })
+                .collect(),
+            shares: vec![],
+        });
+    }
+    // The Service's chains in the order a packet meets them.
+    let rank = |c: &str| match c.split('-').next().unwrap_or("") {
+        "firewall" => 0,
+        "external" => 1,
+        "service" => 2,
+        "local" => 3,
+        _ => 4,
+    };
+    let mut chains: Vec<(&String, &Vec<String>)> = listing.chains.iter().filter(|(c, _)| c.contains(&marker)).collect();
+    chains.sort_by_key(|(c, _)| (rank(c), c.to_string()));
+    for (name, rules) in chains {
+        let mut shares = vec![];
+        for r in rules {
+            if let Some(rest) = r.split("numgen random mod ").nth(1) {
+                let n: usize = rest.split(' ').next().and_then(|n| n.parse().ok()).unwrap_or(1);
+                let body = rest.split("map { ").nth(1).or_else(|| rest.split("vmap { ").nth(1)).unwrap_or("");
+                for e in body.trim_end_matches(" }").split(", ").filter_map(|e| e.split_once(" : ")).map(|(_, v)| v) {
+                    let endpoint = match e.strip_prefix("goto ") {
+                        Some(chain) => chain.rsplit("__").next().unwrap_or(chain).replace('/', ":"),
+                        None => e.replace(" . ", ":"),
+                    };
+                    let p = 1.0 / n as f64;
+                    shares.push(Share { endpoint: with_pod(&endpoint, pods), rule_probability: p, share: p });
+                }
+            }
+        }
+        out.push(Chain {
+            table: "ip kube-proxy".into(),
+            chain: name.clone(),
+            purpose: nft_chain_purpose(name).into(),
+            rules: rules.iter().map(|r| RuleWords { rule: r.clone(), words: nft_rule_words(r, pods) }).collect(),
+            shares,
+        });
+    }
+    out
+}
+
 /// The explanation as text: per group of nodes, each chain with its purpose, each rule in
 /// words with the rule itself under it, and the endpoints' shares.
 pub fn text(e: &Explanation) -> String {
@@ -619,5 +853,45 @@ mod tests {
             "{text}"
         );
         assert!(!text.split("\nnode-2\n").next().unwrap().contains("userspace proxy on the node picks"), "{text}");
+    }
+
+    #[test]
+    fn nftables_elements_and_chains_in_words() {
+        let svc: serde_json::Value = serde_json::json!({
+            "metadata": {"namespace": "demo", "name": "web"},
+            "spec": {"type": "LoadBalancer", "clusterIP": "10.96.12.34", "ports": [{"name": "http", "port": 80, "protocol": "TCP", "nodePort": 30080}]}
+        });
+        let listing = podpath_ruleset::nft::Listing::parse(
+            "table ip kube-proxy {\n\
+             \tset cluster-ips {\n\t\ttype ipv4_addr\n\t\telements = { 10.96.0.1, 10.96.12.34 }\n\t}\n\
+             \tmap service-ips {\n\t\ttype ipv4_addr . inet_proto . inet_service : verdict\n\
+             \t\telements = { 203.0.113.10 . tcp . 80 : goto external-AXK6CI2C-demo/web/tcp/http,\n\
+             \t\t\t     10.96.12.34 . tcp . 80 : goto service-AXK6CI2C-demo/web/tcp/http,\n\
+             \t\t\t     10.96.0.1 . tcp . 443 : goto service-2QRHZV4L-default/kubernetes/tcp/https }\n\t}\n\
+             \tchain service-AXK6CI2C-demo/web/tcp/http {\n\
+             \t\tmeta l4proto tcp dnat ip to numgen random mod 2 map { 0 : 10.244.1.5 . 8080, 1 : 10.244.2.7 . 8080 }\n\t}\n\
+             \tchain external-AXK6CI2C-demo/web/tcp/http {\n\
+             \t\tmeta mark set meta mark | 0x00004000 comment \"masquerade\"\n\
+             \t\tgoto service-AXK6CI2C-demo/web/tcp/http\n\t}\n}\n",
+        );
+        let pods = BTreeMap::from([("10.244.1.5".parse().unwrap(), "demo/web-a".to_string())]);
+        let e = explain_nft(&svc, &[], &BTreeMap::from([("node-1".to_string(), listing)]), &pods);
+        let t = text(&e);
+        for want in [
+            "ip kube-proxy map service-ips:",
+            "10.96.12.34:80/tcp (the cluster IP) goes to service-AXK6CI2C-demo/web/tcp/http",
+            "203.0.113.10:80/tcp (the LoadBalancer IP) goes to external-AXK6CI2C-demo/web/tcp/http",
+            "10.96.12.34 (the cluster IP) is an active ClusterIP",
+            "ip kube-proxy external-AXK6CI2C-demo/web/tcp/http: traffic from outside the cluster",
+            "marks the packet for masquerade",
+            "goes on to service-AXK6CI2C-demo/web/tcp/http",
+            "DNAT to one of 2 endpoints, picked at random (numgen random mod 2): 10.244.1.5:8080 (pod demo/web-a), 10.244.2.7:8080",
+            "new connections: 10.244.1.5:8080 (pod demo/web-a) 50.0%; 10.244.2.7:8080 50.0%",
+        ] {
+            assert!(t.contains(want), "missing {want:?} in\n{t}");
+        }
+        assert!(!t.contains("kubernetes"), "another Service's elements stay out:\n{t}");
+        // External before service chain: the order a packet meets them.
+        assert!(t.find("external-AXK6CI2C").unwrap() < t.find("ip kube-proxy service-AXK6CI2C").unwrap());
     }
 }

@@ -56,16 +56,25 @@ pub fn proxy_rules(st: &LabState) -> Result<BTreeMap<String, Vec<String>>> {
 }
 
 /// In nftables mode: every node's table `ip kube-proxy` as lines, one per rule and per map or
-/// set element (`nft chain services: …`, `nft element service-ips: …`), read in parallel.
+/// set element (`nft chain services: …`, `nft element service-ips: …`).
 fn nft_rules(st: &LabState) -> Result<BTreeMap<String, Vec<String>>> {
+    Ok(nft_listings(st)?
+        .into_iter()
+        .map(|(node, l)| (node, l.lines().into_iter().map(|l| format!("nft {l}")).collect()))
+        .collect())
+}
+
+/// Every node's table `ip kube-proxy` (`nft list table`), read in parallel.
+fn nft_listings(st: &LabState) -> Result<BTreeMap<String, podpath_ruleset::nft::Listing>> {
     let plan = Plan::new(&st.name, st.nodes);
     let nodes: Vec<(String, String)> =
         plan.nodes.iter().map(|n| (n.name.clone(), plan.netns_of(&n.name).expect("planned").to_string())).collect();
-    let lists: Vec<Result<(String, Vec<String>)>> = std::thread::scope(|s| {
+    type OneNode = (String, podpath_ruleset::nft::Listing);
+    let lists: Vec<Result<OneNode>> = std::thread::scope(|s| {
         let jobs: Vec<_> = nodes
             .iter()
             .map(|(node, netns)| {
-                s.spawn(move || -> Result<(String, Vec<String>)> {
+                s.spawn(move || -> Result<OneNode> {
                     let nft = podpath_ruleset::Nft::in_netns(netns);
                     let text = nft
                         .list_table(podpath_ruleset::nft::NftFamily::Ip, "kube-proxy", false)
@@ -74,8 +83,7 @@ fn nft_rules(st: &LabState) -> Result<BTreeMap<String, Vec<String>>> {
                             stderr: e.to_string(),
                         })?
                         .unwrap_or_default();
-                    let lines = podpath_ruleset::nft::Listing::parse(&text).lines();
-                    Ok((node.clone(), lines.into_iter().map(|l| format!("nft {l}")).collect()))
+                    Ok((node.clone(), podpath_ruleset::nft::Listing::parse(&text)))
                 })
             })
             .collect();
@@ -185,6 +193,9 @@ pub fn explain(st: &LabState, service: &str) -> Result<crate::explain::Explanati
         &format!("/apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices?labelSelector=kubernetes.io%2Fservice-name%3D{name}"),
     );
     let slices = slices["items"].as_array().cloned().unwrap_or_default();
+    if st.proxy_mode == crate::ProxyMode::Nftables {
+        return Ok(crate::explain::explain_nft(&svc, &slices, &nft_listings(st)?, &pods));
+    }
     let saves = node_tables(st, &["nat", "filter"])?;
     Ok(crate::explain::explain(&svc, &slices, &saves, &pods))
 }

@@ -412,7 +412,7 @@ pub fn delete_chains(family: NftFamily, table: &str, chains: &[String]) -> Trans
 }
 
 /// What `nft list table` printed, one table: chain → its rules, set or map → its elements
-/// (`key : value`, comments left out), as the kernel lists them.
+/// (`key [comment "…"] : value`), as the kernel lists them.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Listing {
     pub chains: BTreeMap<String, Vec<String>>,
@@ -454,12 +454,6 @@ impl Listing {
                         }
                         let body = body.trim_end_matches('}').trim();
                         for e in body.split(", ").map(str::trim).filter(|e| !e.is_empty()) {
-                            // `key comment "…" : value` → `key : value`
-                            let e = match (e.find(" comment \""), e.rfind(" : ")) {
-                                (Some(c), Some(v)) if c < v => format!("{}{}", &e[..c], &e[v..]),
-                                (Some(c), None) => e[..c].to_string(),
-                                _ => e.to_string(),
-                            };
                             elements.insert(e.trim_end_matches(',').to_string());
                         }
                     }
@@ -496,9 +490,15 @@ impl Listing {
                     let els = s
                         .elements
                         .values()
-                        .map(|e| match &e.value {
-                            Some(v) => format!("{} : {v}", e.key_text()),
-                            None => e.key_text(),
+                        .map(|e| {
+                            let mut t = e.key_text();
+                            if let Some(c) = &e.comment {
+                                t += &format!(" comment {}", quote(c));
+                            }
+                            if let Some(v) = &e.value {
+                                t += &format!(" : {v}");
+                            }
+                            t
                         })
                         .collect();
                     (s.name.clone(), els)
