@@ -778,6 +778,12 @@ fn nftables_rules_of_scenario_1(lab: &Lab, lb_ip: &str, np: &str, pod_ips: &[Str
     let (ok, sticky) = lab.run("explain", &["sticky"]);
     assert!(ok && sticky.contains("a client seen within the affinity time goes back to endpoint-"), "{sticky}");
     assert!(sticky.contains("remembers the client's address (ClientIP affinity)"), "{sticky}");
+    // The trace says in one line that it does not follow nftables rules yet.
+    let (ok, out) = lab.run("trace", &[&format!("http://{lb_ip}/")]);
+    assert!(
+        !ok && out.contains("does not follow the nftables mode's rules yet") && out.trim().lines().count() == 1,
+        "{out}"
+    );
 }
 
 /// The `-A KUBE-SVC-…` jumps of a Service in a node's nat table: each rule's probability to

@@ -598,6 +598,16 @@ pub(crate) fn lock_path(name: &str) -> std::path::PathBuf {
 
 /// Traces one request through the lab; a request by name, the lookup first.
 pub fn trace(st: &LabState, req: &Request) -> Result<Trace> {
+    if st.proxy_mode == crate::ProxyMode::Nftables {
+        // The nodes' table `ip kube-proxy` is native nftables, which xtables-monitor cannot
+        // print; following it needs `nft monitor trace`, not built yet. Say so rather than
+        // report a silent monitor.
+        return Err(LabError::Usage(format!(
+            "podpath trace does not follow the nftables mode's rules yet (lab {:?} runs --proxy-mode nftables); \
+             `podpath explain SERVICE` and `podpath rules` show them",
+            st.name
+        )));
+    }
     let plan = Plan::new(&st.name, st.nodes);
     let api = crate::state::ApiAccess::of(st)?;
     let api = &api;
