@@ -277,6 +277,22 @@ impl Lab {
 
     /// Waits (60 s at most) until the cluster DNS pods `podpath up` creates are Ready.
     pub fn wait_for_cluster_dns(&self) {
+        // `kubectl wait -l` fails at once while no pod matches: the Deployment's controller
+        // may not have made them yet.
+        wait_for(Duration::from_secs(30), "the cluster DNS pods to exist", || {
+            let out = Command::new("kubectl")
+                .arg("--kubeconfig")
+                .arg(&self.kubeconfig)
+                .args(["get", "pods", "-n", "kube-system", "-l", "k8s-app=kube-dns", "-o", "name"])
+                .output()
+                .map_err(|e| e.to_string())?;
+            let names = String::from_utf8_lossy(&out.stdout).to_string();
+            if out.status.success() && !names.trim().is_empty() {
+                Ok(())
+            } else {
+                Err(format!("{names}{}", String::from_utf8_lossy(&out.stderr)))
+            }
+        });
         self.kubectl(&[
             "wait",
             "-n",
