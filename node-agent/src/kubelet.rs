@@ -386,27 +386,19 @@ async fn follow(
     still_running: impl Fn() -> bool + Send + 'static,
     tx: tokio::sync::mpsc::Sender<Result<Vec<u8>, std::io::Error>>,
 ) {
-    use tokio::io::{AsyncReadExt, AsyncSeekExt};
     loop {
         if tx.is_closed() {
             return;
         }
         // Checked before reading, so the last lines of a run that just ended still go out.
         let running = still_running();
-        if let Ok(mut f) = tokio::fs::File::open(&path).await {
-            let len = f.metadata().await.map(|m| m.len()).unwrap_or(offset);
-            if len > offset && f.seek(std::io::SeekFrom::Start(offset)).await.is_ok() {
-                let mut chunk = Vec::new();
-                if (&mut f).take(len - offset).read_to_end(&mut chunk).await.is_ok() {
-                    offset += chunk.len() as u64;
-                    let out = render.feed(&chunk);
-                    if !out.is_empty() && tx.send(Ok(out)).await.is_err() {
-                        return;
-                    }
-                    if render.exhausted() {
-                        return;
-                    }
-                }
+        if let Some(chunk) = crate::tail::appended(&path, &mut offset).await {
+            let out = render.feed(&chunk);
+            if !out.is_empty() && tx.send(Ok(out)).await.is_err() {
+                return;
+            }
+            if render.exhausted() {
+                return;
             }
         }
         if !running {

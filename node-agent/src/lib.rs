@@ -1,5 +1,5 @@
 //! podpath's node agent: the kubelet half (node registration and heartbeats, pods through CNI,
-//! host-gw routes, health) and, later, the service proxy.
+//! host-gw routes, health, the kubelet API) and the service proxy ([`proxy`]).
 //!
 //! - [`agent`]: everything assembled (what the binary runs);
 //! - [`node`]: the Node the agent reports, registration and heartbeats;
@@ -8,6 +8,7 @@
 //! - [`process`], [`cni`], [`routes`]: side effects behind small traits;
 //! - [`echo`]: the built-in `podpath/echo` workload;
 //! - [`health`], [`metrics`]: `:10256`;
+//! - [`crilog`], [`tail`]: container logs (the CRI format; following a growing file);
 //!
 //! The gRPC client, the watch caches and the daemon helpers are `podpath_client`'s.
 
@@ -26,5 +27,6 @@ pub mod process;
 pub mod proxy;
 pub mod routes;
 pub mod stream;
+pub mod tail;
 
 pub use error::{AgentError, Result};

@@ -329,23 +329,15 @@ pub async fn attach(
     loop {
         tokio::select! {
             _ = tick.tick() => {
-                if let Ok(mut f) = tokio::fs::File::open(log).await {
-                    use tokio::io::AsyncSeekExt;
-                    let len = f.metadata().await.map(|m| m.len()).unwrap_or(offset);
-                    if len > offset && f.seek(std::io::SeekFrom::Start(offset)).await.is_ok() {
-                        let mut chunk = Vec::new();
-                        if (&mut f).take(len - offset).read_to_end(&mut chunk).await.is_ok() {
-                            offset += chunk.len() as u64;
-                            for line in lines.feed(&chunk) {
-                                let Some(r) = crilog::parse(&line) else { continue };
-                                let o = match r.stream {
-                                    crilog::Stream::Stdout => Output::Stdout(r.output().into()),
-                                    crilog::Stream::Stderr => Output::Stderr(r.output().into()),
-                                };
-                                if out.send(o).await.is_err() {
-                                    return Outcome::Failed("the client went away".into());
-                                }
-                            }
+                if let Some(chunk) = crate::tail::appended(log, &mut offset).await {
+                    for line in lines.feed(&chunk) {
+                        let Some(r) = crilog::parse(&line) else { continue };
+                        let o = match r.stream {
+                            crilog::Stream::Stdout => Output::Stdout(r.output().into()),
+                            crilog::Stream::Stderr => Output::Stderr(r.output().into()),
+                        };
+                        if out.send(o).await.is_err() {
+                            return Outcome::Failed("the client went away".into());
                         }
                     }
                 }
