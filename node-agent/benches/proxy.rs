@@ -180,25 +180,63 @@ fn get(v: &Option<Vec<(String, f64)>>, key: &str) -> Option<f64> {
     v.as_ref().and_then(|v| v.iter().find(|(k, _)| k == key).map(|(_, x)| *x))
 }
 
-/// In the namespace: the real proxier loop over in-memory stores holding 100 Services × 10
-/// endpoints; 200 times, one EndpointSlice changes and we wait for the restore carrying it.
-fn child_latency(backend: Backend) {
+/// 100 Services for the latency runs (NodePort, one port each).
+fn latency_service(i: usize) -> k8s_openapi::api::core::v1::Service {
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": format!("svc-{i}"), "namespace": "bench"},
+        "spec": {"clusterIP": format!("10.96.0.{}", i + 1), "type": "NodePort",
+                 "ports": [{"name": "http", "port": 80, "protocol": "TCP", "nodePort": 30000 + i}]}
+    }))
+    .unwrap()
+}
+
+/// Service `i`'s EndpointSlice, generation `gen`: its last endpoint's address changes with it.
+fn latency_slice(i: usize, gen: usize) -> k8s_openapi::api::discovery::v1::EndpointSlice {
+    let eps: Vec<serde_json::Value> = (0..10)
+        .map(|j| {
+            let last = if j == 9 { 100 + gen % 150 } else { j + 2 };
+            serde_json::json!({"addresses": [format!("10.{}.{}.{last}", 100 + j, i)],
+                               "conditions": {"ready": true}, "nodeName": format!("node-{}", j % 3 + 1)})
+        })
+        .collect();
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": format!("svc-{i}-abc"), "namespace": "bench",
+                     "labels": {"kubernetes.io/service-name": format!("svc-{i}")}},
+        "addressType": "IPv4",
+        "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+        "endpoints": eps
+    }))
+    .unwrap()
+}
+
+/// In the namespace: the real proxier loop (`mode`: an iptables backend's name, or `nftables`)
+/// over in-memory stores holding 100 Services × 10 endpoints; 200 times, one EndpointSlice
+/// changes and we wait for the restore or transaction carrying it.
+fn child_latency(mode: &str) {
     use k8s_openapi::api::core::v1 as core;
     use k8s_openapi::api::discovery::v1 as discovery;
+    use node_agent::proxy::nft_sync::{NftKernel, NftablesKernel};
     use podpath_client::reflector::{Change, Store, Watched};
+    use podpath_ruleset::nft::Transaction;
     use std::sync::{mpsc, Arc, Mutex};
 
-    struct Watching {
-        inner: IptablesKernel,
+    /// Either kernel, telling the bench what it applied and when.
+    struct Watching<K> {
+        inner: K,
         applied: Mutex<mpsc::Sender<(Instant, String)>>,
     }
-    impl Kernel for Watching {
+    impl<K> Watching<K> {
+        fn tell(&self, text: String) {
+            let _ = self.applied.lock().unwrap().send((Instant::now(), text));
+        }
+    }
+    impl Kernel for Watching<IptablesKernel> {
         fn save(&self, table: &str, chain: Option<&str>) -> node_agent::Result<Table> {
             self.inner.save(table, chain)
         }
         fn restore(&self, rs: &Ruleset) -> node_agent::Result<()> {
             self.inner.restore(rs)?;
-            let _ = self.applied.lock().unwrap().send((Instant::now(), rs.to_string()));
+            self.tell(rs.to_string());
             Ok(())
         }
         fn clear_conntrack(&self, deletes: &[Vec<String>]) {
@@ -208,33 +246,25 @@ fn child_latency(backend: Backend) {
             self.inner.batch_lines()
         }
     }
+    impl NftKernel for Watching<NftablesKernel> {
+        fn apply(&self, tx: &Transaction) -> node_agent::Result<()> {
+            self.inner.apply(tx)?;
+            self.tell(tx.text());
+            Ok(())
+        }
+        fn chain_rules(&self, chain: &str) -> node_agent::Result<Option<Vec<String>>> {
+            self.inner.chain_rules(chain)
+        }
+        fn delete_table(&self) -> node_agent::Result<()> {
+            self.inner.delete_table()
+        }
+        fn clear_conntrack(&self, deletes: &[Vec<String>]) {
+            self.inner.clear_conntrack(deletes)
+        }
+    }
 
     let n = 100;
-    let service = |i: usize| -> core::Service {
-        serde_json::from_value(serde_json::json!({
-            "metadata": {"name": format!("svc-{i}"), "namespace": "bench"},
-            "spec": {"clusterIP": format!("10.96.0.{}", i + 1), "type": "NodePort",
-                     "ports": [{"name": "http", "port": 80, "protocol": "TCP", "nodePort": 30000 + i}]}
-        }))
-        .unwrap()
-    };
-    let slice = |i: usize, gen: usize| -> discovery::EndpointSlice {
-        let eps: Vec<serde_json::Value> = (0..10)
-            .map(|j| {
-                let last = if j == 9 { 100 + gen % 150 } else { j + 2 };
-                serde_json::json!({"addresses": [format!("10.{}.{}.{last}", 100 + j, i)],
-                                   "conditions": {"ready": true}, "nodeName": format!("node-{}", j % 3 + 1)})
-            })
-            .collect();
-        serde_json::from_value(serde_json::json!({
-            "metadata": {"name": format!("svc-{i}-abc"), "namespace": "bench",
-                         "labels": {"kubernetes.io/service-name": format!("svc-{i}")}},
-            "addressType": "IPv4",
-            "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
-            "endpoints": eps
-        }))
-        .unwrap()
-    };
+    let nftables = mode == "nftables";
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     rt.block_on(async {
         let (tx, rx) = mpsc::channel();
@@ -243,27 +273,51 @@ fn child_latency(backend: Backend) {
         let health =
             node_agent::health::Health::new(Duration::from_secs(60), Arc::new(node_agent::metrics::Metrics::new()));
         let (synced_tx, synced_rx) = tokio::sync::oneshot::channel();
-        tokio::spawn(node_agent::proxy::sync::run_proxier(
-            node_agent::proxy::sync::Proxier {
-                kernel: Arc::new(Watching { inner: IptablesKernel::new(backend), applied: Mutex::new(tx) }),
-                render: config(),
-                services: services.clone(),
-                slices: slices.clone(),
-                health,
-                period: Duration::from_secs(3600),
-                min_interval: Duration::ZERO,
-                health_check_bind: None,
-            },
-            Some(synced_tx),
-        ));
-        services.apply(Change::Replace((0..n).map(service).map(|s| (s.key(), s)).collect()));
-        slices.apply(Change::Replace((0..n).map(|i| slice(i, 0)).map(|s| (s.key(), s)).collect()));
+        if nftables {
+            tokio::spawn(node_agent::proxy::nft_sync::run_nft_proxier(
+                node_agent::proxy::nft_sync::NftProxier {
+                    kernel: Arc::new(Watching { inner: NftablesKernel::default(), applied: Mutex::new(tx) }),
+                    render: config(),
+                    nft: Default::default(),
+                    services: services.clone(),
+                    slices: slices.clone(),
+                    health,
+                    period: Duration::from_secs(3600),
+                    min_interval: Duration::ZERO,
+                    health_check_bind: None,
+                },
+                Some(synced_tx),
+            ));
+        } else {
+            tokio::spawn(node_agent::proxy::sync::run_proxier(
+                node_agent::proxy::sync::Proxier {
+                    kernel: Arc::new(Watching {
+                        inner: IptablesKernel::new(mode.parse().unwrap()),
+                        applied: Mutex::new(tx),
+                    }),
+                    render: config(),
+                    services: services.clone(),
+                    slices: slices.clone(),
+                    health,
+                    period: Duration::from_secs(3600),
+                    min_interval: Duration::ZERO,
+                    health_check_bind: None,
+                },
+                Some(synced_tx),
+            ));
+        }
+        services.apply(Change::Replace((0..n).map(latency_service).map(|s| (s.key(), s)).collect()));
+        slices.apply(Change::Replace((0..n).map(|i| latency_slice(i, 0)).map(|s| (s.key(), s)).collect()));
         synced_rx.await.unwrap();
         let mut samples = vec![];
         for k in 1..=200 {
             let i = k % n;
-            let s = slice(i, k);
-            let want = format!("10.109.{i}.{}:8080", 100 + k % 150);
+            let s = latency_slice(i, k);
+            let want = if nftables {
+                format!("10.109.{i}.{} . 8080", 100 + k % 150)
+            } else {
+                format!("10.109.{i}.{}:8080", 100 + k % 150)
+            };
             while rx.try_recv().is_ok() {}
             let t = Instant::now();
             slices.apply(podpath_client::reflector::apply_object(s));
@@ -304,7 +358,7 @@ fn main() {
         return;
     }
     if let Some(pos) = args.iter().position(|a| a == "--child-latency") {
-        child_latency(args[pos + 1].parse().unwrap());
+        child_latency(&args[pos + 1]);
         return;
     }
     let positional: Vec<&String> = args.iter().filter(|a| !a.starts_with("--")).collect();
@@ -412,10 +466,11 @@ fn main() {
         return;
     }
     println!("event → rules applied, 100 Services × 10 endpoints, 200 EndpointSlice changes:");
-    for &backend in &backends {
+    let names: Vec<&str> = backends.iter().map(|b| b.name()).chain(with_nftables.then_some("nftables")).collect();
+    for name in names {
         let ns = testkit::netns::Netns::new("ppb");
-        let out = in_netns(&ns.name, &["--child-latency", backend.name()], limit);
+        let out = in_netns(&ns.name, &["--child-latency", name], limit);
         let f = |k: &str| get(&out, k).map(|v| format!("{v:.1} ms")).unwrap_or("-".into());
-        println!("  {:>6}: p50 {}, p99 {}, max {}", backend.name(), f("p50"), f("p99"), f("max"));
+        println!("  {name:>8}: p50 {}, p99 {}, max {}", f("p50"), f("p99"), f("max"));
     }
 }
