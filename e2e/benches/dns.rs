@@ -97,16 +97,7 @@ fn main() {
     let before: Vec<i32> = dns_pids();
     let lab = Lab::up("dnsbench", &["--nodes", "1"]).expect("podpath up");
     lab.wait_for_cluster_dns();
-    let pod_ip = lab.kubectl(&[
-        "get",
-        "pods",
-        "-n",
-        "kube-system",
-        "-l",
-        "k8s-app=kube-dns",
-        "-o",
-        "jsonpath={.items[0].status.podIP}",
-    ]);
+    let pod_ip = lab.cluster_dns_pods("{.items[0].status.podIP}");
     let vip: SocketAddr = "10.96.0.10:53".parse().unwrap();
     let direct: SocketAddr = format!("{pod_ip}:53").parse().unwrap();
     let (d, v) = lab.in_netns("node-1", move || (load(direct), load(vip)));

@@ -305,6 +305,21 @@ impl Lab {
         ]);
     }
 
+    /// `kubectl get pods -n kube-system -l k8s-app=kube-dns -o jsonpath=PATH` (the cluster DNS
+    /// pods).
+    pub fn cluster_dns_pods(&self, jsonpath: &str) -> String {
+        self.kubectl(&[
+            "get",
+            "pods",
+            "-n",
+            "kube-system",
+            "-l",
+            "k8s-app=kube-dns",
+            "-o",
+            &format!("jsonpath={jsonpath}"),
+        ])
+    }
+
     /// `podpath CMD --name … --state-dir … REST`.
     pub fn run(&self, cmd: &str, rest: &[&str]) -> (bool, String) {
         let mut v = vec![cmd, "--name", &self.name, "--state-dir", self.state.to_str().expect("utf-8 path")];

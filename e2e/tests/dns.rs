@@ -183,16 +183,7 @@ fn the_lab_serves_cluster_dns_behind_the_kube_dns_service() {
             "{name}: {out}"
         );
     }
-    let dns_pod = lab.kubectl(&[
-        "get",
-        "pods",
-        "-n",
-        "kube-system",
-        "-l",
-        "k8s-app=kube-dns",
-        "-o",
-        "jsonpath={.items[0].metadata.name}",
-    ]);
+    let dns_pod = lab.cluster_dns_pods("{.items[0].metadata.name}");
     let dns_resolv = lab.kubectl(&["exec", "-n", "kube-system", &dns_pod, "--", "cat", "/etc/resolv.conf"]);
     assert!(!dns_resolv.contains("10.96.0.10"), "dnsPolicy Default: the node's resolver: {dns_resolv}");
     drop(lab);
@@ -422,15 +413,6 @@ print(sent)
     let sent: u32 = flooder.trim().parse().unwrap_or_else(|_| panic!("the flooder: {flooder}"));
     assert!(sent > 10_000, "a flood it was: {sent} datagrams");
     assert_eq!(dig(&["web.default.svc.cluster.local"]), [web.as_str()]);
-    let restarts = lab.kubectl(&[
-        "get",
-        "pods",
-        "-n",
-        "kube-system",
-        "-l",
-        "k8s-app=kube-dns",
-        "-o",
-        "jsonpath={.items[*].status.containerStatuses[0].restartCount}",
-    ]);
+    let restarts = lab.cluster_dns_pods("{.items[*].status.containerStatuses[0].restartCount}");
     assert_eq!(restarts, "0 0", "no DNS pod restarted");
 }

@@ -422,15 +422,27 @@ pub fn explain(
     nodes: &BTreeMap<String, Vec<(String, String)>>,
     pods: &BTreeMap<Ipv4Addr, String>,
 ) -> Explanation {
-    let service = format!(
+    let service = service_name(svc);
+    let groups = group_nodes(nodes.iter().map(|(node, saves)| {
+        let saves: Vec<(&str, &str)> = saves.iter().map(|(t, s)| (t.as_str(), s.as_str())).collect();
+        (node, node_chains(&saves, &service, pods))
+    }));
+    assemble(svc, slices, pods, service, groups)
+}
+
+/// `ns/name` of a Service object.
+fn service_name(svc: &serde_json::Value) -> String {
+    format!(
         "{}/{}",
         svc["metadata"]["namespace"].as_str().unwrap_or("default"),
         svc["metadata"]["name"].as_str().unwrap_or("")
-    );
+    )
+}
+
+/// Nodes with the same chains for the Service, grouped (in node order).
+fn group_nodes<'a>(per_node: impl Iterator<Item = (&'a String, Vec<Chain>)>) -> Vec<NodeGroup> {
     let mut groups: Vec<NodeGroup> = Vec::new();
-    for (node, saves) in nodes {
-        let saves: Vec<(&str, &str)> = saves.iter().map(|(t, s)| (t.as_str(), s.as_str())).collect();
-        let chains = node_chains(&saves, &service, pods);
+    for (node, chains) in per_node {
         match groups.iter_mut().find(|g| g.chains == chains) {
             Some(g) => g.nodes.push(node.clone()),
             None => {
@@ -439,6 +451,17 @@ pub fn explain(
             }
         }
     }
+    groups
+}
+
+/// The explanation of one Service from its node groups.
+fn assemble(
+    svc: &serde_json::Value,
+    slices: &[serde_json::Value],
+    pods: &BTreeMap<Ipv4Addr, String>,
+    service: String,
+    groups: Vec<NodeGroup>,
+) -> Explanation {
     let affinity_seconds = (svc["spec"]["sessionAffinity"] == "ClientIP")
         .then(|| svc["spec"]["sessionAffinityConfig"]["clientIP"]["timeoutSeconds"].as_u64().unwrap_or(10800));
     Explanation {
@@ -458,28 +481,9 @@ pub fn explain_nft(
     nodes: &BTreeMap<String, podpath_ruleset::nft::Listing>,
     pods: &BTreeMap<Ipv4Addr, String>,
 ) -> Explanation {
-    let service = format!(
-        "{}/{}",
-        svc["metadata"]["namespace"].as_str().unwrap_or("default"),
-        svc["metadata"]["name"].as_str().unwrap_or("")
-    );
-    let mut groups: Vec<NodeGroup> = Vec::new();
-    for (node, listing) in nodes {
-        let chains = nft_chains(svc, listing, &service, pods);
-        match groups.iter_mut().find(|g| g.chains == chains) {
-            Some(g) => g.nodes.push(node.clone()),
-            None => groups.push(NodeGroup { nodes: vec![node.clone()], chains, userspace: false }),
-        }
-    }
-    let affinity_seconds = (svc["spec"]["sessionAffinity"] == "ClientIP")
-        .then(|| svc["spec"]["sessionAffinityConfig"]["clientIP"]["timeoutSeconds"].as_u64().unwrap_or(10800));
-    Explanation {
-        service,
-        summary: summary(svc),
-        affinity_seconds,
-        endpoints: port_endpoints(svc, slices, pods),
-        groups,
-    }
+    let service = service_name(svc);
+    let groups = group_nodes(nodes.iter().map(|(node, listing)| (node, nft_chains(svc, listing, &service, pods))));
+    assemble(svc, slices, pods, service, groups)
 }
 
 /// What a map or set of the table is for.

@@ -53,14 +53,7 @@ fn services(n: usize, eps: usize) -> Vec<ServiceState> {
 }
 
 fn config() -> RenderConfig {
-    RenderConfig {
-        node_name: "node-1".into(),
-        node_ips: vec!["192.168.56.11".parse().unwrap()],
-        cluster_cidr: Some("10.244.0.0/16".parse().unwrap()),
-        masquerade_external: true,
-        random_fully: true,
-        localhost_nodeports: true,
-    }
+    RenderConfig::new("node-1", "192.168.56.11".parse().unwrap())
 }
 
 /// Milliseconds the restores of `inputs` (one after the other) take in `ns`, or `None` when they

@@ -56,14 +56,7 @@ fn services() -> Vec<ServiceState> {
 }
 
 fn cfg() -> RenderConfig {
-    RenderConfig {
-        node_name: "node-1".into(),
-        node_ips: vec!["192.168.56.11".parse().unwrap()],
-        cluster_cidr: Some("10.244.0.0/16".parse().unwrap()),
-        masquerade_external: true,
-        random_fully: true,
-        localhost_nodeports: true,
-    }
+    RenderConfig::new("node-1", "192.168.56.11".parse().unwrap())
 }
 
 fn assert_kernel_holds(nft: &Nft, t: &NftTable) {

@@ -39,14 +39,7 @@ fn the_kernel_takes_every_rule_and_stale_chains_go() {
     }
     let before = host_state();
     let ns = Netns::new("ppx");
-    let cfg = RenderConfig {
-        node_name: "node-1".into(),
-        node_ips: vec!["192.168.56.11".parse().unwrap()],
-        cluster_cidr: Some("10.244.0.0/16".parse().unwrap()),
-        masquerade_external: true,
-        random_fully: true,
-        localhost_nodeports: true,
-    };
+    let cfg = RenderConfig::new("node-1", "192.168.56.11".parse().unwrap());
     let ipt = Iptables::new(Backend::System).in_netns(&ns.name);
     let first = render(&cfg, &[svc(3)], &BTreeSet::new());
     if let Err(e) = ipt.restore(&first.ruleset) {

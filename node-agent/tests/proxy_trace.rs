@@ -50,14 +50,7 @@ impl Fake {
 const NODE_IP: &str = "192.168.56.11";
 
 fn cfg() -> RenderConfig {
-    RenderConfig {
-        node_name: "node-1".into(),
-        node_ips: vec![NODE_IP.parse().unwrap()],
-        cluster_cidr: Some("10.244.0.0/16".parse().unwrap()),
-        masquerade_external: true,
-        random_fully: false,
-        localhost_nodeports: true,
-    }
+    RenderConfig { random_fully: false, ..RenderConfig::new("node-1", NODE_IP.parse().unwrap()) }
 }
 
 fn port(name: &str) -> ServicePort {

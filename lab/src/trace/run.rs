@@ -163,11 +163,7 @@ fn lookup(st: &LabState, api: &ApiAccess, objects: &Objects, from: &str, name: &
     let pods = &objects.pods;
     let node = pods.values().find(|(p, _)| *p == format!("{ns}/{pod}")).map(|(_, node)| node.clone());
     let dns_service = objects.cluster_ips.get(&server).map(|s| format!("Service {s} ")).unwrap_or_default();
-    let node_ns = pods
-        .values()
-        .find(|(p, _)| *p == format!("{ns}/{pod}"))
-        .and_then(|(_, node)| plan.netns_of(node))
-        .map(str::to_string);
+    let node_ns = node.as_deref().and_then(|n| plan.netns_of(n)).map(str::to_string);
     let mut queries = vec![];
     let mut address = None;
     for qname in candidates(name, &resolv) {

@@ -36,6 +36,22 @@ pub struct RenderConfig {
     pub localhost_nodeports: bool,
 }
 
+impl RenderConfig {
+    /// kube-proxy's defaults for the node `node_name` at `node_ip`: the lab's pod network
+    /// 10.244.0.0/16 as `--cluster-cidr`, external traffic masqueraded, `--random-fully`,
+    /// localhost NodePorts. Fields are public to change.
+    pub fn new(node_name: &str, node_ip: IpAddr) -> RenderConfig {
+        RenderConfig {
+            node_name: node_name.into(),
+            node_ips: vec![node_ip],
+            cluster_cidr: Some("10.244.0.0/16".parse().expect("constant")),
+            masquerade_external: true,
+            random_fully: true,
+            localhost_nodeports: true,
+        }
+    }
+}
+
 /// One service port and its endpoints.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServiceState {
@@ -535,14 +551,7 @@ mod tests {
     }
 
     fn cfg() -> RenderConfig {
-        RenderConfig {
-            node_name: "node-1".into(),
-            node_ips: vec!["192.168.56.11".parse().unwrap()],
-            cluster_cidr: Some("10.244.0.0/16".parse().unwrap()),
-            masquerade_external: true,
-            random_fully: true,
-            localhost_nodeports: true,
-        }
+        RenderConfig::new("node-1", "192.168.56.11".parse().unwrap())
     }
 
     /// Every feature in one ruleset, compared whole with a file reviewed rule by rule against

@@ -413,14 +413,7 @@ mod tests {
     use podpath_ruleset::nft::Transaction;
 
     fn cfg() -> RenderConfig {
-        RenderConfig {
-            node_name: "node-1".into(),
-            node_ips: vec!["192.168.56.11".parse().unwrap()],
-            cluster_cidr: Some("10.244.0.0/16".parse().unwrap()),
-            masquerade_external: true,
-            random_fully: true,
-            localhost_nodeports: true,
-        }
+        RenderConfig::new("node-1", "192.168.56.11".parse().unwrap())
     }
 
     fn ep(ip: &str, port: u16, node: &str) -> Endpoint {
