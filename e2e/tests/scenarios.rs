@@ -778,12 +778,46 @@ fn nftables_rules_of_scenario_1(lab: &Lab, lb_ip: &str, np: &str, pod_ips: &[Str
     let (ok, sticky) = lab.run("explain", &["sticky"]);
     assert!(ok && sticky.contains("a client seen within the affinity time goes back to endpoint-"), "{sticky}");
     assert!(sticky.contains("remembers the client's address (ClientIP affinity)"), "{sticky}");
-    // The trace says in one line that it does not follow nftables rules yet.
-    let (ok, out) = lab.run("trace", &[&format!("http://{lb_ip}/")]);
+    // `podpath trace` follows the request through the table: the node names the service-ips
+    // element of the LB IP, the Service chain, the numgen DNAT rule and the endpoint it chose.
+    let (ok, out) = lab.run("trace", &["--output", "json", &format!("http://{lb_ip}/")]);
+    let t: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"));
+    assert!(ok && t["outcome"]["status"] == 200, "{t:#}");
+    let hop = t["hops"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|h| h["steps"].as_array().unwrap().iter().any(|s| s["kind"] == "dnat"))
+        .unwrap_or_else(|| panic!("no node DNATed the request: {t:#}"));
+    assert!(hop["host"].as_str().unwrap().starts_with("node-"), "{hop:#}");
+    let step = |kind: &str| hop["steps"].as_array().unwrap().iter().find(|s| s["kind"] == kind).unwrap().clone();
+    let walk = step("chain")["text"].as_str().unwrap().to_string();
+    assert!(walk.starts_with("nat-prerouting → services\n"), "{walk}");
+    assert!(walk.contains(&format!("→ {ext} (map service-ips element {lb_ip} . tcp . 80 : goto {ext})")), "{walk}");
+    assert!(walk.contains(&format!("→ {svc}")) && walk.contains("masquerade mark 0x4000"), "{walk}");
+    let dnat = step("dnat");
+    let chosen = t["pod"].as_str().expect("the pod that answered");
+    let text = dnat["text"].as_str().unwrap();
     assert!(
-        !ok && out.contains("does not follow the nftables mode's rules yet") && out.trim().lines().count() == 1,
-        "{out}"
+        pod_ips
+            .iter()
+            .any(|ip| text.starts_with(&format!("DNAT {ip}:8080 (pod {chosen}): numgen random mod 2 picked element "))),
+        "{text}"
     );
+    assert!(
+        dnat["rule"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("{svc}: meta l4proto tcp dnat ip to numgen random mod 2 map {{ 0 : ")),
+        "{dnat:#}"
+    );
+    assert_eq!(dnat["object"], "EndpointSlice endpoint of Service default/contour:http");
+    assert!(step("snat")["text"].as_str().unwrap().starts_with("masquerading masquerade → source "), "{hop:#}");
+    // Nothing of the trace stays behind.
+    for h in ["client", "gateway", "node-1", "node-2", "node-3"] {
+        let tables = lab.exec(h, &["nft", "list", "tables"]);
+        assert!(!tables.contains("podpath-trace"), "trace table left on {h}: {tables}");
+    }
 }
 
 /// The `-A KUBE-SVC-…` jumps of a Service in a node's nat table: each rule's probability to

@@ -200,7 +200,13 @@ fn run() -> Result<()> {
             println!("  kubectl run web --image=podpath/echo --port=8080 && kubectl expose pod web --type=LoadBalancer --port=80 --target-port=8080");
             println!("  sudo podpath curl{f} http://$(kubectl get svc web -o jsonpath='{{.status.loadBalancer.ingress[0].ip}}')/");
             println!("  sudo podpath status{f}");
-            println!("  sudo podpath exec{f} node-1 -- iptables-save -t nat");
+            // The rules the node's proxy wrote, where this mode writes them.
+            let rules = match opts.proxy_mode {
+                lab::ProxyMode::Nftables => "nft list table ip kube-proxy",
+                _ => "iptables-save -t nat",
+            };
+            println!("  sudo podpath exec{f} node-1 -- {rules}");
+            println!("  sudo podpath trace{f} http://LB-IP/");
             println!("  sudo podpath down{f}");
         }
         Cmd::Doctor => {

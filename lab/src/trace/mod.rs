@@ -1,6 +1,7 @@
 //! `podpath trace`: one real request followed hop by hop, rule by rule. The kernel's netfilter
-//! trace (raw-table `TRACE` rules matching the probe, read back with `xtables-monitor`) shows
-//! every rule the request's first packet hits on every host; conntrack shows each host's NAT of
+//! trace (raw-table `TRACE` rules matching the probe, read back with `xtables-monitor`; in the
+//! nftables mode a table of its own setting `meta nftrace`, read back with `nft monitor
+//! trace`) shows every rule the request's first packet hits on every host; conntrack shows each host's NAT of
 //! the flow; `ip route get` shows where each host sent it; the API names the objects.
 //!
 //! [`run`] does the side effects (rules, probe, monitor, conntrack, API reads); [`parse`] reads
@@ -11,6 +12,7 @@ pub mod assemble;
 pub mod dns;
 pub mod flow;
 pub mod model;
+pub mod nft_steps;
 pub mod parse;
 pub mod render;
 pub mod run;

@@ -19,6 +19,9 @@ pub struct Objects {
     pub traffic_policy: BTreeMap<String, String>,
     /// Per host: `iptables-save -t nat` (for rule positions and probabilities).
     pub nat_rules: BTreeMap<String, String>,
+    /// Per host, nftables mode: `nft list table ip kube-proxy` (for the map elements a rule
+    /// looked up).
+    pub nft_tables: BTreeMap<String, String>,
     /// Per (leg, host): `ip route get` of the address the request left that host for.
     pub routes: BTreeMap<(usize, String), String>,
     /// lb-sim's view of the probe's destination: (mode, chosen or all nodes in rotation).

@@ -1,5 +1,5 @@
-//! Parsers (pure) for what the kernel tells a trace: `xtables-monitor --trace` output and
-//! `conntrack -L` lines.
+//! Parsers (pure) for what the kernel tells a trace: `xtables-monitor --trace` output (the
+//! iptables modes), `nft monitor trace` output (the nftables mode) and `conntrack -L` lines.
 
 use std::net::{Ipv4Addr, SocketAddrV4};
 
@@ -175,6 +175,194 @@ fn save_form(rule: &str) -> String {
         Some(rest) => rest.split_once(' ').map(|(_, r)| r).unwrap_or(rest).to_string(),
         None => r.to_string(),
     }
+}
+
+/// Parses `nft monitor trace` output (one line per event: `trace id ID FAMILY TABLE CHAIN
+/// packet: …` when a packet enters a base chain of a table, then `rule … (verdict …)`,
+/// `policy …` and `verdict …` lines). Every `packet:` line is one observation, as every
+/// `PACKET:` of xtables-monitor is; the rule hits keep nftables' rule text (`parsed` is None:
+/// the words come from [`super::nft_steps`]). Lines it does not know are skipped.
+pub fn parse_nft_monitor(text: &str) -> Vec<Observation> {
+    let mut out: Vec<Observation> = Vec::new();
+    for line in text.lines() {
+        let Some(rest) = line.trim().strip_prefix("trace id ") else { continue };
+        let mut parts = rest.splitn(5, ' ');
+        let (Some(id), Some(_family), Some(table), Some(chain), Some(body)) =
+            (parts.next(), parts.next(), parts.next(), parts.next(), parts.next())
+        else {
+            continue;
+        };
+        let body = body.trim_end();
+        if let Some(packet) = body.strip_prefix("packet: ") {
+            if let Some(o) = parse_nft_packet(id, packet) {
+                out.push(o);
+            }
+            continue;
+        }
+        let Some(o) = out.iter_mut().rev().find(|o| o.id == id) else { continue };
+        let (kind, what) = body.split_once(' ').unwrap_or((body, ""));
+        let hit = match kind {
+            "rule" => {
+                let (rule, verdict) = match what.rsplit_once(" (verdict ") {
+                    Some((r, v)) => (r, v.trim_end_matches(')')),
+                    None => (what, ""),
+                };
+                RuleHit {
+                    table: table.into(),
+                    chain: chain.into(),
+                    kind: "rule".into(),
+                    verdict: nft_verdict(verdict),
+                    rule: Some(rule.to_string()),
+                    parsed: None,
+                }
+            }
+            "policy" | "verdict" => {
+                // `policy accept meta mark 0x00004000`: the packet's mark as the chain left it.
+                let mut words = what.split_whitespace();
+                let verdict = nft_verdict(words.next().unwrap_or(""));
+                let rest: Vec<&str> = words.collect();
+                if let Some(i) = rest.windows(2).position(|w| w == ["meta", "mark"]) {
+                    o.mark = rest.get(i + 2).map(|m| short_mark(m));
+                }
+                let kind = if kind == "policy" { "policy" } else { "return" };
+                RuleHit {
+                    table: table.into(),
+                    chain: chain.into(),
+                    kind: kind.into(),
+                    verdict,
+                    rule: None,
+                    parsed: None,
+                }
+            }
+            _ => continue,
+        };
+        o.hits.push(hit);
+    }
+    out
+}
+
+/// `0x00004000` → `0x4000`, as xtables-monitor prints a mark.
+fn short_mark(m: &str) -> String {
+    format!("0x{:x}", u32::from_str_radix(m.trim_start_matches("0x"), 16).unwrap_or(0))
+}
+
+/// nftables' verdict words in xtables-monitor's terms: `jump services` → `JUMP:services`,
+/// `accept` → `ACCEPT`.
+fn nft_verdict(v: &str) -> String {
+    match v.split_once(' ') {
+        Some(("jump", c)) => format!("JUMP:{c}"),
+        Some(("goto", c)) => format!("GOTO:{c}"),
+        _ => v.to_ascii_uppercase(),
+    }
+}
+
+/// The DSCP names nft prints for the classes it knows (`cs0`, `af21`, `ef`), as numbers.
+fn dscp_value(name: &str) -> Option<u8> {
+    if let Some(hex) = name.strip_prefix("0x") {
+        return u8::from_str_radix(hex, 16).ok();
+    }
+    if let Some(n) = name.strip_prefix("cs") {
+        return n.parse::<u8>().ok().filter(|n| *n < 8).map(|n| n << 3);
+    }
+    if let Some(n) = name.strip_prefix("af") {
+        let (class, drop) = (n.get(0..1)?.parse::<u8>().ok()?, n.get(1..2)?.parse::<u8>().ok()?);
+        return Some(class << 3 | drop << 1);
+    }
+    match name {
+        "ef" => Some(46),
+        "va" => Some(44),
+        "le" => Some(1),
+        _ => name.parse().ok(),
+    }
+}
+
+/// `tcp flags == syn | ack` or `tcp flags == 0x12` → `["SYN", "ACK"]`.
+fn tcp_flags(value: &str) -> Vec<String> {
+    const NAMES: [(u8, &str); 8] = [
+        (0x01, "FIN"),
+        (0x02, "SYN"),
+        (0x04, "RST"),
+        (0x08, "PSH"),
+        (0x10, "ACK"),
+        (0x20, "URG"),
+        (0x40, "ECE"),
+        (0x80, "CWR"),
+    ];
+    let bits = match value.strip_prefix("0x") {
+        Some(hex) => u8::from_str_radix(hex, 16).unwrap_or(0),
+        None => value
+            .split('|')
+            .map(|f| f.trim().to_ascii_uppercase())
+            .filter_map(|f| NAMES.iter().find(|(_, n)| *n == f || (f == "ECN" && *n == "ECE")).map(|(b, _)| *b))
+            .fold(0, |a, b| a | b),
+    };
+    NAMES.iter().filter(|(b, _)| bits & b != 0).map(|(_, n)| n.to_string()).collect()
+}
+
+fn parse_nft_packet(id: &str, packet: &str) -> Option<Observation> {
+    let mut o = Observation {
+        id: id.to_string(),
+        iif: None,
+        oif: None,
+        proto: String::new(),
+        src: SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0),
+        dst: SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0),
+        flags: vec![],
+        ttl: 0,
+        tos: 0,
+        ip_id: 0,
+        mark: None,
+        hits: vec![],
+    };
+    let (mut src, mut dst, mut sport, mut dport) = (None, None, 0, 0);
+    let words: Vec<&str> = packet.split_whitespace().collect();
+    let mut i = 0;
+    while i < words.len() {
+        let value = words.get(i + 1).copied().unwrap_or("");
+        let next = words.get(i + 2).copied().unwrap_or("");
+        match (words[i], value) {
+            ("iif", v) => o.iif = Some(v.trim_matches('"').into()),
+            ("oif", v) => o.oif = Some(v.trim_matches('"').into()),
+            ("meta", "mark") => o.mark = Some(short_mark(next)),
+            ("ip", "saddr") => src = next.parse().ok(),
+            ("ip", "daddr") => dst = next.parse().ok(),
+            ("ip", "dscp") => o.tos = (o.tos & 0x03) | dscp_value(next).unwrap_or(0) << 2,
+            ("ip", "ttl") => o.ttl = next.parse().unwrap_or(0),
+            ("ip", "id") => o.ip_id = next.parse().unwrap_or(0),
+            ("tcp" | "udp" | "sctp", "sport") => {
+                o.proto = words[i].to_ascii_uppercase();
+                sport = next.parse().unwrap_or(0);
+            }
+            ("tcp" | "udp" | "sctp", "dport") => dport = next.parse().unwrap_or(0),
+            ("tcp", "flags") if next == "==" => {
+                // The value runs to the next field (`syn | ack tcp window …`).
+                let mut j = i + 3;
+                let mut v = String::new();
+                while let Some(w) = words.get(j) {
+                    if !v.is_empty() && *w != "|" && !v.ends_with('|') {
+                        break;
+                    }
+                    v.push_str(w);
+                    j += 1;
+                }
+                o.flags = tcp_flags(&v);
+                i = j;
+                continue;
+            }
+            _ => {
+                i += 1;
+                continue;
+            }
+        }
+        // A field and its value: `iif "eth0"` takes two words, `ip saddr X` three.
+        i += if matches!(words[i], "iif" | "oif") { 2 } else { 3 };
+    }
+    o.src = SocketAddrV4::new(src?, sport);
+    o.dst = SocketAddrV4::new(dst?, dport);
+    if o.proto.is_empty() {
+        o.proto = "IP".into();
+    }
+    Some(o)
 }
 
 /// A connection-tracking entry: the original direction and the reply direction as the kernel

@@ -9,6 +9,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use podpath_ruleset::exec::Nft;
+use podpath_ruleset::nft::{Chain as NftChain, NftFamily, NftTable, Transaction as NftTransaction};
 use podpath_ruleset::{Backend, Command as RuleCommand, Iptables, Match, Rule, Ruleset, Table, Target as RuleTarget};
 
 use super::dns::{candidates, describe, first_address, Lookup, Query, ResolvConf};
@@ -22,6 +24,8 @@ use crate::{in_netns_thread, io, LabError, LabState, Result};
 pub use super::flow::PROBE_TOS;
 /// The chain of trace rules in the raw table of every traced host.
 pub const TRACE_CHAIN: &str = "PODPATH-TRACE";
+/// The nftables mode's trace table (`ip podpath-trace`) in every traced host.
+pub const NFT_TRACE_TABLE: &str = "podpath-trace";
 /// Where the monitor-sync datagrams go (discard port; nothing listens).
 const CANARY_PORT: u16 = 9;
 
@@ -234,6 +238,69 @@ pub fn trace_rules(probe_port: u16) -> Ruleset {
     Ruleset { tables: vec![raw] }
 }
 
+/// The nftables mode's trace table: the same packets as [`trace_rules`] get `meta nftrace`,
+/// before conntrack and NAT (priority -350, as iptables' raw table is before them), so
+/// `nft monitor trace` prints every rule of every table they meet — `ip kube-proxy` included,
+/// which xtables-monitor does not print.
+pub fn nft_trace_table(probe_port: u16) -> NftTable {
+    let dscp = PROBE_TOS >> 2;
+    let mut t = NftTable::new(NftFamily::Ip, NFT_TRACE_TABLE);
+    t.comment = Some("podpath trace: the probe's packets, for nft monitor trace".into());
+    for hook in ["prerouting", "output"] {
+        t.add_chain(NftChain::base(hook, "filter", hook, -350).rule("jump probe"));
+    }
+    t.add_chain(
+        NftChain::regular("probe")
+            .rule(format!("ip dscp 0x{dscp:x} tcp flags & (syn | ack) == syn meta nftrace set 1"))
+            .rule(format!("tcp dport {probe_port} tcp flags & (syn | ack) == syn | ack meta nftrace set 1"))
+            .rule(format!("ip dscp 0x{dscp:x} tcp flags & rst == rst meta nftrace set 1"))
+            .rule(format!("ip dscp 0x{dscp:x} udp dport {CANARY_PORT} meta nftrace set 1")),
+    );
+    t
+}
+
+/// Which trace a lab's hosts get: iptables' raw-table TRACE rules read by xtables-monitor, or
+/// (nftables mode) the nftrace table read by `nft monitor trace`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tracer {
+    Xtables,
+    Nft,
+}
+
+impl Tracer {
+    fn of(st: &LabState) -> Tracer {
+        if st.proxy_mode == crate::ProxyMode::Nftables {
+            Tracer::Nft
+        } else {
+            Tracer::Xtables
+        }
+    }
+    fn monitor(self) -> &'static [&'static str] {
+        match self {
+            Tracer::Xtables => &["xtables-monitor", "--trace"],
+            Tracer::Nft => &["nft", "monitor", "trace"],
+        }
+    }
+    fn parse(self, text: &str) -> Vec<parse::Observation> {
+        match self {
+            Tracer::Xtables => parse::parse_monitor(text),
+            Tracer::Nft => parse::parse_nft_monitor(text),
+        }
+    }
+    /// Installs the trace rules in a namespace (first removing a killed trace's left-overs).
+    fn install(self, ns: &str, probe_port: u16) -> Result<()> {
+        remove_rules(ns);
+        match self {
+            Tracer::Xtables => iptables(ns)
+                .restore(&trace_rules(probe_port))
+                .map_err(|e| LabError::Command { cmd: format!("iptables-restore in {ns}"), stderr: e.to_string() }),
+            Tracer::Nft => Nft::in_netns(ns)
+                .apply(&NftTransaction::between(None, &nft_trace_table(probe_port)).0)
+                .map_err(|e| LabError::Command { cmd: format!("nft -f in {ns}"), stderr: e.to_string() }),
+        }
+    }
+}
+
 /// `iptables` in a lab namespace (the system's, as the lab's nodes use it).
 fn iptables(netns: &str) -> Iptables {
     Iptables::new(Backend::System).in_netns(netns)
@@ -252,19 +319,21 @@ fn removal(saved: &Table) -> Ruleset {
     Ruleset { tables: if raw.commands.is_empty() { vec![] } else { vec![raw] } }
 }
 
-/// Removes the trace chain and the jumps to it from a namespace, in one transaction (also
-/// the left-overs of a trace that was killed); quiet when there is nothing to remove.
+/// Removes the trace chain and the jumps to it from a namespace, in one transaction, and the
+/// nftables mode's trace table (also the left-overs of a trace that was killed); quiet when
+/// there is nothing to remove.
 pub fn remove_rules(netns: &str) {
     let ipt = iptables(netns);
-    let Some(saved) = ipt.save("raw").ok().and_then(|rs| rs.tables.into_iter().next()) else { return };
-    let plan = removal(&saved);
-    if !plan.tables.is_empty() {
-        let _ = ipt.restore(&plan);
+    if ipt.list_chain("raw", TRACE_CHAIN).is_ok_and(|c| c.is_some()) {
+        if let Some(saved) = ipt.save("raw").ok().and_then(|rs| rs.tables.into_iter().next()) {
+            let plan = removal(&saved);
+            if !plan.tables.is_empty() {
+                let _ = ipt.restore(&plan);
+            }
+        }
     }
-}
-
-fn has_rules(netns: &str) -> bool {
-    iptables(netns).list_chain("raw", TRACE_CHAIN).is_ok_and(|c| c.is_some())
+    // Without nft installed (an iptables-only machine) there is no such table either.
+    let _ = Nft::in_netns(netns).delete_table(NftFamily::Ip, NFT_TRACE_TABLE);
 }
 
 /// The per-namespace switch that lets an accepted socket know its SYN's TOS, so relays (the
@@ -378,10 +447,12 @@ fn send_canary(ns_path: &str, taken: &BTreeSet<u16>) -> Result<u16> {
 /// The source ports of the sync datagrams a monitor printed. One datagram shows once per hook
 /// it crosses (output, then input over loopback), so datagrams are told apart by port, not
 /// counted by line.
-fn canary_ports(text: &str) -> BTreeSet<u16> {
-    text.lines()
-        .filter(|l| l.starts_with("PACKET:") && l.contains(&format!(" DPORT={CANARY_PORT} ")))
-        .filter_map(|l| l.split_whitespace().find_map(|w| w.strip_prefix("SPORT=")).and_then(|p| p.parse().ok()))
+fn canary_ports(tracer: Tracer, text: &str) -> BTreeSet<u16> {
+    tracer
+        .parse(text)
+        .iter()
+        .filter(|o| o.proto == "UDP" && o.dst.port() == CANARY_PORT && *o.dst.ip() == Ipv4Addr::LOCALHOST)
+        .map(|o| o.src.port())
         .collect()
 }
 
@@ -400,14 +471,14 @@ fn monitors_silent(behind: &[&str]) -> LabError {
 /// subscribed yet misses one, so they are repeated. The wait is long: on a loaded 2-core
 /// machine an `nft monitor` once took over 5 s to start; only a kernel without tracing waits
 /// it out.
-fn monitors_subscribed(hosts: &[(String, String)], outputs: &[Arc<Mutex<String>>]) -> Result<()> {
+fn monitors_subscribed(tracer: Tracer, hosts: &[(String, String)], outputs: &[Arc<Mutex<String>>]) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(15);
     let mut sent_at = Instant::now() - Duration::from_secs(1);
     loop {
         let behind: Vec<(&str, &str)> = hosts
             .iter()
             .zip(outputs)
-            .filter(|(_, o)| canary_ports(&monitor_text(o)).is_empty())
+            .filter(|(_, o)| canary_ports(tracer, &monitor_text(o)).is_empty())
             .map(|((h, ns), _)| (h.as_str(), ns.as_str()))
             .collect();
         if behind.is_empty() {
@@ -429,10 +500,10 @@ fn monitors_subscribed(hosts: &[(String, String)], outputs: &[Arc<Mutex<String>>
 /// Waits until every monitor has delivered everything the kernel reported before now: a
 /// fresh sync datagram, sent after the probe, has come out of each (events of one namespace
 /// reach its monitor in order).
-fn monitors_drained(hosts: &[(String, String)], outputs: &[Arc<Mutex<String>>]) -> Result<()> {
+fn monitors_drained(tracer: Tracer, hosts: &[(String, String)], outputs: &[Arc<Mutex<String>>]) -> Result<()> {
     let mut awaited = Vec::new();
     for ((_, ns), out) in hosts.iter().zip(outputs) {
-        awaited.push(send_canary(&format!("/run/netns/{ns}"), &canary_ports(&monitor_text(out)))?);
+        awaited.push(send_canary(&format!("/run/netns/{ns}"), &canary_ports(tracer, &monitor_text(out)))?);
     }
     // As long as the subscription wait: a monitor on a loaded machine can lag seconds behind
     // (CI once saw more than 5 s); a healthy one answers in milliseconds.
@@ -442,7 +513,7 @@ fn monitors_drained(hosts: &[(String, String)], outputs: &[Arc<Mutex<String>>]) 
             .iter()
             .zip(outputs)
             .zip(&awaited)
-            .filter(|((_, o), port)| !canary_ports(&monitor_text(o)).contains(port))
+            .filter(|((_, o), port)| !canary_ports(tracer, &monitor_text(o)).contains(port))
             .map(|(((h, _), _), _)| h.as_str())
             .collect();
         if behind.is_empty() {
@@ -594,16 +665,7 @@ pub(crate) fn lock_path(name: &str) -> std::path::PathBuf {
 
 /// Traces one request through the lab; a request by name, the lookup first.
 pub fn trace(st: &LabState, req: &Request) -> Result<Trace> {
-    if st.proxy_mode == crate::ProxyMode::Nftables {
-        // The nodes' table `ip kube-proxy` is native nftables, which xtables-monitor cannot
-        // print; following it needs `nft monitor trace`, not built yet. Say so rather than
-        // report a silent monitor.
-        return Err(LabError::Usage(format!(
-            "podpath trace does not follow the nftables mode's rules yet (lab {:?} runs --proxy-mode nftables); \
-             `podpath explain SERVICE` and `podpath rules` show them",
-            st.name
-        )));
-    }
+    let tracer = Tracer::of(st);
     let plan = Plan::new(&st.name, st.nodes);
     let api = crate::state::ApiAccess::of(st)?;
     let api = &api;
@@ -638,23 +700,8 @@ pub fn trace(st: &LabState, req: &Request) -> Result<Trace> {
     let (socket, bound) = probe_socket(&src_ns)?;
     let guard = Guard::new();
     guard.with(|i| i.namespaces.extend(hosts.iter().map(|(_, ns)| ns.clone())));
-    let rules = trace_rules(bound.port());
     let installed: Vec<Result<()>> = std::thread::scope(|s| {
-        let jobs: Vec<_> = hosts
-            .iter()
-            .map(|(_, ns)| {
-                let rules = &rules;
-                s.spawn(move || {
-                    if has_rules(ns) {
-                        remove_rules(ns);
-                    }
-                    iptables(ns).restore(rules).map_err(|e| LabError::Command {
-                        cmd: format!("iptables-restore in {ns}"),
-                        stderr: e.to_string(),
-                    })
-                })
-            })
-            .collect();
+        let jobs: Vec<_> = hosts.iter().map(|(_, ns)| s.spawn(move || tracer.install(ns, bound.port()))).collect();
         jobs.into_iter()
             .map(|j| j.join().unwrap_or_else(|_| Err(LabError::NotReady("install thread panicked".into()))))
             .collect()
@@ -668,12 +715,13 @@ pub fn trace(st: &LabState, req: &Request) -> Result<Trace> {
     let mut outputs = Vec::new();
     for (_, ns) in &hosts {
         let mut child = Command::new("ip")
-            .args(["netns", "exec", ns, "xtables-monitor", "--trace"])
+            .args(["netns", "exec", ns])
+            .args(tracer.monitor())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
-            .map_err(|e| LabError::Io { what: "cannot run xtables-monitor".into(), source: e })?;
+            .map_err(|e| LabError::Io { what: format!("cannot run {}", tracer.monitor().join(" ")), source: e })?;
         let out = Arc::new(Mutex::new(String::new()));
         let (stdout, sink) = (child.stdout.take().expect("piped"), out.clone());
         std::thread::spawn(move || {
@@ -686,13 +734,13 @@ pub fn trace(st: &LabState, req: &Request) -> Result<Trace> {
         guard.with(|i| i.monitors.push(child));
         outputs.push(out);
     }
-    monitors_subscribed(&hosts, &outputs)?;
+    monitors_subscribed(tracer, &hosts, &outputs)?;
     let (src, outcome) = probe(socket, bound, dst, req);
     // A short wait lets a lost request's retransmits and a late reply be seen too.
     if !outcome.answered {
         std::thread::sleep(Duration::from_millis(200));
     }
-    monitors_drained(&hosts, &outputs)?;
+    monitors_drained(tracer, &hosts, &outputs)?;
     drop(guard);
 
     let mut observed = Observed { from: req.from.clone(), src: Some(src), dst: Some(dst), ..Default::default() };
@@ -704,7 +752,7 @@ pub fn trace(st: &LabState, req: &Request) -> Result<Trace> {
         jobs.into_iter().map(|j| j.join().unwrap_or_default()).collect()
     });
     for (((h, _), out), ct) in hosts.iter().zip(&outputs).zip(&conntrack) {
-        observed.packets.insert(h.clone(), parse::parse_monitor(&out.lock().unwrap_or_else(|e| e.into_inner())));
+        observed.packets.insert(h.clone(), tracer.parse(&out.lock().unwrap_or_else(|e| e.into_inner())));
         observed.conntrack.insert(h.clone(), parse::parse_conntrack(ct));
     }
     let mut objects = api_objects(api);
@@ -739,12 +787,25 @@ pub fn trace(st: &LabState, req: &Request) -> Result<Trace> {
             .iter()
             .map(|host| {
                 let ns = hosts.iter().find(|(h, _)| h == *host).expect("traced host").1.clone();
-                s.spawn(move || ((*host).clone(), iptables(&ns).save_text("nat").unwrap_or_default()))
+                s.spawn(move || {
+                    let text = match tracer {
+                        Tracer::Xtables => iptables(&ns).save_text("nat").unwrap_or_default(),
+                        Tracer::Nft => Nft::in_netns(&ns)
+                            .list_table(NftFamily::Ip, super::nft_steps::TABLE, false)
+                            .ok()
+                            .flatten()
+                            .unwrap_or_default(),
+                    };
+                    ((*host).clone(), text)
+                })
             })
             .collect();
         jobs.into_iter().filter_map(|j| j.join().ok()).collect()
     });
-    objects.nat_rules.extend(rules);
+    match tracer {
+        Tracer::Xtables => objects.nat_rules.extend(rules),
+        Tracer::Nft => objects.nft_tables.extend(rules),
+    }
     if flow.legs.iter().any(|l| l.path.iter().any(|h| h == "gateway")) {
         if let Ok(doc) = crate::lb_status(st) {
             let vip = dst.ip().to_string();
@@ -796,10 +857,10 @@ mod tests {
              TRACE: 2 c86dc4fa raw:OUTPUT:policy:ACCEPT \n\
              PACKET: 2 b8fb2e7c IN=lo LOOPBACK SRC=127.0.0.1 DST=127.0.0.1 LEN=29 TOS=0xb4 TTL=64 ID=21857 DF SPORT=53410 DPORT=9 \n \
              TRACE: 2 b8fb2e7c raw:PREROUTING:policy:ACCEPT \n";
-        assert_eq!(canary_ports(one), BTreeSet::from([53410]));
+        assert_eq!(canary_ports(Tracer::Xtables, one), BTreeSet::from([53410]));
         let probe = "PACKET: 2 0a0b0c0d IN=eth0 SRC=203.0.113.10 DST=10.0.0.1 LEN=60 TOS=0xb4 TTL=63 ID=1 DF SPORT=41000 DPORT=80 SYN \n";
         let second = one.replace("53410", "53411");
-        assert_eq!(canary_ports(&format!("{one}{probe}{second}")), BTreeSet::from([53410, 53411]));
-        assert!(canary_ports(probe).is_empty());
+        assert_eq!(canary_ports(Tracer::Xtables, &format!("{one}{probe}{second}")), BTreeSet::from([53410, 53411]));
+        assert!(canary_ports(Tracer::Xtables, probe).is_empty());
     }
 }

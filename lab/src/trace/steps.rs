@@ -6,6 +6,7 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 use podpath_ruleset::{Match, RecentOp, Rule, Target};
 
 use super::model::{name_of, Objects, Step};
+use super::nft_steps;
 use super::parse::{Observation, RuleHit};
 
 /// The rules of `iptables-save` output (its `-A` lines; the workspace's one parser).
@@ -61,9 +62,25 @@ pub(crate) fn node_steps(
     let mut steps = Vec::new();
     let nat = objects.nat_rules.get(host);
     let mut service: Option<String> = None;
-    for o in obs {
+    let listing = objects.nft_tables.get(host).map(|t| podpath_ruleset::nft::Listing::parse(t));
+    for (i, o) in obs.iter().enumerate() {
         let Some(hook) = o.hook() else { continue };
-        if hook.starts_with("raw:") {
+        if hook.starts_with("raw:") || hook.starts_with(&format!("{}:", super::run::NFT_TRACE_TABLE)) {
+            continue;
+        }
+        if nft_steps::is_kube_proxy(o) {
+            // The packet's destination at the next hook: what this one's DNAT made of it.
+            let after = obs[i + 1..].iter().map(|n| n.dst).find(|d| *d != o.dst);
+            steps.extend(nft_steps::observation_steps(
+                host,
+                o,
+                after,
+                listing.as_ref(),
+                objects,
+                masq_src,
+                stopped,
+                &mut service,
+            ));
             continue;
         }
         let mut words: Vec<String> = Vec::new();
