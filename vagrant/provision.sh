@@ -23,6 +23,8 @@ RUN=/run/podpath
 LOGS=/var/log/podpath
 API_PORT=6443
 GRPC_PORT=6444
+# The API server's Service range (its default); the nodes' proxy drops unallocated ClusterIPs in it.
+SERVICE_CIDR=10.96.0.0/12
 
 say() { echo "podpath[$ROLE]: $*"; }
 die() { echo "podpath[$ROLE]: error: $*" >&2; exit 1; }
@@ -192,6 +194,7 @@ control_plane() {
   service apiserver-lite control-group "$BIN/apiserver-lite" --data-dir /var/lib/podpath/apiserver \
     --listen "$LAB_IP:$API_PORT" --listen "127.0.0.1:$API_PORT" --grpc-listen "$LAB_IP:$GRPC_PORT" \
     --advertise-address "$LAB_IP:$API_PORT" --node-monitor-grace-period 10s \
+    --service-cluster-ip-range "$SERVICE_CIDR" \
     --insecure-http  # plain HTTP on the private network: the VMs share no CA yet (the netns lab uses TLS)
   wait_http apiserver-lite "http://127.0.0.1:$API_PORT/readyz" 200
   say "kubectl: server http://$LAB_IP:$API_PORT (vagrant/kubeconfig)"
@@ -199,6 +202,7 @@ control_plane() {
 
 node() {
   need ip iproute2 iptables iptables iptables-restore iptables curl curl nsenter util-linux conntrack conntrack
+  if [ "$LAB_PROXY_MODE" = nftables ]; then need nft nftables; fi
   local b
   for b in node-agent podpath-workload; do install_bin "$b" "$BIN"; done
   for b in podpath-bridge podpath-ipam; do install_bin "$b" "$CNI_BIN"; done
@@ -214,7 +218,7 @@ EOF
     --apiserver "$LAB_CONTROL_PLANE:$GRPC_PORT" --state-dir /var/lib/podpath/node \
     --cni-conf-dir /etc/cni/net.d --cni-bin-dir "$CNI_BIN" --healthz-bind-address "$LAB_IP:10256" \
     --heartbeat-seconds 2 --restart-backoff-seconds 1 --proxy-mode "$LAB_PROXY_MODE" \
-    "--masquerade=$LAB_MASQUERADE"
+    --service-cluster-ip-range "$SERVICE_CIDR" "--masquerade=$LAB_MASQUERADE"
   # /livez answers as soon as the agent runs; Ready needs the API server, which may still be
   # starting when VMs are provisioned in parallel.
   wait_http node-agent "http://$LAB_IP:10256/livez"

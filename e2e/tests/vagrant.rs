@@ -81,7 +81,7 @@ fn vagrantfile_validates_under_both_providers_and_refuses_bad_settings() {
     // Bad settings: one line that names the setting, and nothing created.
     for (env, want) in [
         (("LAB_NODES", "12"), "podpath: nodes is \"12\": expected a whole number from 1 to 9"),
-        (("LAB_PROXY_MODE", "ipvs"), "podpath: proxy_mode is \"ipvs\": expected iptables or userspace"),
+        (("LAB_PROXY_MODE", "ipvs"), "podpath: proxy_mode is \"ipvs\": expected iptables, nftables or userspace"),
         (("LAB_LB_MODE", "l7"), "podpath: lb_mode is \"l7\": expected passthrough or nodeport"),
         (("LAB_MEMORY", "lots"), "podpath: memory of control-plane is \"lots\""),
         (("LAB_LIBVIRT_DRIVER", "xen"), "podpath: libvirt_driver is \"xen\": expected kvm or qemu"),
@@ -257,12 +257,14 @@ fn provisioners_bring_up_the_lab_in_namespaces() {
     let (ok, page) = curl(&url);
     assert!(ok && field(&page, "pod") == Some("default/echo"), "{page}");
 
-    // A changed setting restarts only what it concerns.
+    // A changed setting restarts only what it concerns: node-1 goes to the nftables mode, which
+    // replaces its iptables rules with the table `ip kube-proxy`, and its own requests to the
+    // Service go through that table.
     let node1 = lab.machine("node-1").machine.clone();
     let mut changed = node1.clone();
     for p in &mut changed.provisioners {
         if let Some(v) = p.env.get_mut("LAB_PROXY_MODE") {
-            *v = "userspace".into();
+            *v = "nftables".into();
         }
     }
     let out = lab.provision_machine(&changed).unwrap_or_else(|e| panic!("{e:#}"));
@@ -271,6 +273,25 @@ fn provisioners_bring_up_the_lab_in_namespaces() {
     let pid = |svcs: &[(String, String, i32)], m: &str| svcs.iter().find(|s| s.0 == m).map(|s| s.2);
     assert_ne!(pid(&after, "node-1"), pid(&services, "node-1"));
     assert_eq!(pid(&after, "node-2"), pid(&services, "node-2"));
+    let table = wait_for(Duration::from_secs(15), "node-1's table ip kube-proxy with the LB IP", || {
+        match lab.exec("node-1", &["nft", "list", "table", "ip", "kube-proxy"]) {
+            (true, t) if t.contains(&format!("{lb_ip} . tcp . 80 : goto external-")) => Ok(t),
+            (_, out) => Err(out),
+        }
+    });
+    assert!(table.contains("numgen random mod 1 map"), "{table}");
+    let (_, nat) = lab.exec("node-1", &["iptables-save", "-t", "nat"]);
+    assert!(!nat.contains("KUBE-SERVICES"), "the iptables mode's rules are gone: {nat}");
+    // The client reaches the Service through node-1's NodePort: its table's service-nodeports
+    // element, DNAT to the pod, masquerade (the pod sees node-1).
+    let node_port = kubectl(&["get", "svc", "echo", "-o", "jsonpath={.spec.ports[0].nodePort}"]);
+    let page = wait_for(Duration::from_secs(20), "node-1's NodePort through its table", || {
+        match curl(&format!("http://192.168.56.11:{node_port}/")) {
+            (true, page) if field(&page, "pod") == Some("default/echo") => Ok(page),
+            (_, out) => Err(out),
+        }
+    });
+    assert!(field(&page, "client").is_some_and(|c| c.starts_with("10.244.1.1:")), "masqueraded by node-1: {page}");
 
     let work_pids = lab.processes_inside();
     assert!(work_pids.len() >= 6, "services and the pod's processes run in the chroots: {work_pids:?}");
