@@ -216,10 +216,36 @@ pub fn sync_once<K: Kernel + ?Sized>(
         let rendered = render_partial(cfg, state, &applied.chains("nat"), changed);
         plan::minimize(&rendered.ruleset, applied)
     };
-    for batch in plan::batches(&rs, k.batch_lines()) {
-        k.restore(&batch)?;
+    // One input (iptables-legacy): the rendered ruleset as it is (regrouping it into batches
+    // would only copy every rule); iptables-nft: batches at chain boundaries.
+    let write = || -> Result<()> {
+        match k.batch_lines() {
+            None if rs.tables.is_empty() => Ok(()),
+            None => k.restore(&rs),
+            Some(_) => plan::batches(&rs, k.batch_lines()).iter().try_for_each(|b| k.restore(b)),
+        }
+    };
+    if !full {
+        write()?;
+        applied.record(&rs);
+        return Ok(());
     }
-    applied.record(&rs);
+    // What a full sync writes is recorded on the other core while the kernel takes it
+    // (45,000 rules at 1,000 Services).
+    let (written, recorded) = std::thread::scope(|s| {
+        let recorded = s.spawn(|| {
+            let mut fresh = Applied::default();
+            fresh.record(&rs);
+            fresh
+        });
+        (write(), recorded.join())
+    });
+    written?;
+    *applied = recorded.unwrap_or_else(|_| {
+        let mut again = Applied::default();
+        again.record(&rs);
+        again
+    });
     Ok(())
 }
 
