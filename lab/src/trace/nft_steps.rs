@@ -250,15 +250,7 @@ pub(crate) fn observation_steps(
         }
     }
     let mut steps = Vec::new();
-    if relevant && !words.is_empty() {
-        steps.push(Step {
-            kind: "chain".into(),
-            text: words.join("\n"),
-            rule: None,
-            object: service.as_ref().map(|s| format!("Service {s}")),
-        });
-    }
-    steps.extend(decisive);
+    super::steps::push_walk(&mut steps, relevant, &words, service, decisive);
     steps
 }
 

@@ -61,6 +61,23 @@ pub struct Observation {
 }
 
 impl Observation {
+    /// A packet not read yet: the parsers fill it in.
+    fn new(id: String) -> Observation {
+        Observation {
+            id,
+            iif: None,
+            oif: None,
+            proto: String::new(),
+            src: SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0),
+            dst: SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0),
+            flags: vec![],
+            ttl: 0,
+            tos: 0,
+            ip_id: 0,
+            mark: None,
+            hits: vec![],
+        }
+    }
     pub fn has_flag(&self, f: &str) -> bool {
         self.flags.iter().any(|x| x == f)
     }
@@ -107,20 +124,7 @@ fn parse_packet(rest: &str) -> Option<Observation> {
     let mut words = rest.split_whitespace();
     let _family = words.next()?;
     let id = words.next()?.to_string();
-    let mut o = Observation {
-        id,
-        iif: None,
-        oif: None,
-        proto: String::new(),
-        src: SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0),
-        dst: SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0),
-        flags: vec![],
-        ttl: 0,
-        tos: 0,
-        ip_id: 0,
-        mark: None,
-        hits: vec![],
-    };
+    let mut o = Observation::new(id);
     let (mut src, mut dst, mut sport, mut dport) = (None, None, 0, 0);
     for w in words {
         match w.split_once('=') {
@@ -300,20 +304,7 @@ fn tcp_flags(value: &str) -> Vec<String> {
 }
 
 fn parse_nft_packet(id: &str, packet: &str) -> Option<Observation> {
-    let mut o = Observation {
-        id: id.to_string(),
-        iif: None,
-        oif: None,
-        proto: String::new(),
-        src: SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0),
-        dst: SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0),
-        flags: vec![],
-        ttl: 0,
-        tos: 0,
-        ip_id: 0,
-        mark: None,
-        hits: vec![],
-    };
+    let mut o = Observation::new(id.to_string());
     let (mut src, mut dst, mut sport, mut dport) = (None, None, 0, 0);
     let words: Vec<&str> = packet.split_whitespace().collect();
     let mut i = 0;

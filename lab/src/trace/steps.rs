@@ -172,17 +172,29 @@ pub(crate) fn node_steps(
                 _ => {}
             }
         }
-        if relevant && !words.is_empty() {
-            steps.push(Step {
-                kind: "chain".into(),
-                text: words.join("\n"),
-                rule: None,
-                object: service.as_ref().map(|s| format!("Service {s}")),
-            });
-        }
-        steps.extend(decisive);
+        push_walk(&mut steps, relevant, &words, &service, decisive);
     }
     steps
+}
+
+/// A hook's steps: the walk through its chains (when it concerned a Service or changed the
+/// packet), then the rules that decided.
+pub(crate) fn push_walk(
+    steps: &mut Vec<Step>,
+    relevant: bool,
+    words: &[String],
+    service: &Option<String>,
+    decisive: Vec<Step>,
+) {
+    if relevant && !words.is_empty() {
+        steps.push(Step {
+            kind: "chain".into(),
+            text: words.join("\n"),
+            rule: None,
+            object: service.as_ref().map(|s| format!("Service {s}")),
+        });
+    }
+    steps.extend(decisive);
 }
 
 /// Adds to the walk's current line (a chain's annotations stay on the chain's line).
