@@ -308,21 +308,32 @@ fn scenario_2_userspace_proxy_behind_a_nodeport_load_balancer() {
 /// failure behind a LoadBalancer.
 #[test]
 fn scenario_4_external_ip_node_port_selector_and_node_failure() {
-    scenario_4("iptables");
+    scenario_4("iptables", "current");
 }
 
 /// Scenario 4 with kube-proxy's nftables mode on the nodes.
 #[test]
 fn scenario_4_in_nftables_mode() {
-    scenario_4("nftables");
+    scenario_4("nftables", "current");
 }
 
-fn scenario_4(mode: &str) {
+/// Scenario 4 with the nftables mode's shared-maps layout: the same requests and failures, the
+/// Service held as map elements.
+#[test]
+fn scenario_4_in_nftables_mode_with_shared_maps() {
+    scenario_4("nftables", "shared-maps");
+}
+
+fn scenario_4(mode: &str, layout: &str) {
     if !root_or_explain() {
         return;
     }
-    let lab = Lab::up(if mode == "nftables" { "s4n" } else { "s4" }, &["--nodes", "3", "--proxy-mode", mode])
-        .expect("podpath up");
+    let tag = match (mode, layout) {
+        ("nftables", "shared-maps") => "s4s",
+        ("nftables", _) => "s4n",
+        _ => "s4",
+    };
+    let lab = Lab::up(tag, &["--nodes", "3", "--proxy-mode", mode, "--nftables-layout", layout]).expect("podpath up");
     // Both Deployments on node-1 only, so node-2 (where the external IP is routed) has no pod.
     let on_node_1 = "nodeSelector: {kubernetes.io/hostname: node-1}";
     let mut yaml = deployment("web-v1", 1, "app: web-front-end, version: v1", "v1", &[on_node_1], &[]);
@@ -349,7 +360,20 @@ fn scenario_4(mode: &str) {
     let page = curl_ok(&lab, "http://169.10.10.1/", &[]);
     assert!(page.contains("v2") && field(&page, "pod").is_some_and(|p| p.starts_with("default/web-v2-")), "{page}");
     assert!(field(&page, "client").is_some_and(|c| c.starts_with("192.168.56.12:")), "{page}");
-    if mode == "nftables" {
+    if layout == "shared-maps" {
+        // Elements only: the external IP goes to the shared chain of two endpoints, which marks
+        // for masquerade; both endpoints are elements of the shared map under its address.
+        let table = lab.exec("node-2", &["nft", "list", "table", "ip", "kube-proxy"]);
+        assert!(table.contains("169.10.10.1 . tcp . 80 comment \"default/svc-test-1\" : goto lb-ext-2"), "{table}");
+        for i in 0..2 {
+            assert!(table.contains(&format!("169.10.10.1 . tcp . 80 . {i} : 10.244.1.")), "endpoint {i}:\n{table}");
+        }
+        assert!(!table.contains("chain service-") || !table.contains("default/svc-test-1/"), "{table}");
+        assert_eq!(
+            nft_chain(&lab, "node-2", "lb-ext-2")[0],
+            "meta mark set meta mark | 0x00004000 comment \"masquerade\""
+        );
+    } else if mode == "nftables" {
         let ext = nft_external_chain(&lab, "node-2", "169.10.10.1", "default/svc-test-1/tcp/");
         let rules = nft_chain(&lab, "node-2", &ext);
         assert_eq!(rules[0], "meta mark set meta mark | 0x00004000 comment \"masquerade\"", "{rules:?}");

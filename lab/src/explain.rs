@@ -497,6 +497,10 @@ fn nft_map_purpose(name: &str) -> &'static str {
         "no-endpoint-services" => "addresses of Services without (local) endpoints: rejected or dropped",
         "no-endpoint-nodeports" => "NodePorts of Services without (local) endpoints: rejected or dropped",
         "firewall-ips" => "LoadBalancer IPs with loadBalancerSourceRanges: checked before anything else",
+        "endpoints" => {
+            "every Service's endpoints, keyed address . protocol . port . index (the shared-maps layout, podpath's own: \
+             kube-proxy writes a DNAT rule per Service port instead, so an endpoint change here is map elements only)"
+        }
         _ => "",
     }
 }
@@ -555,6 +559,14 @@ fn nft_element_words(map: &str, element: &str, svc: &serde_json::Value) -> Strin
 /// One listed rule of a per-Service chain in words.
 fn nft_rule_words(rule: &str, pods: &BTreeMap<Ipv4Addr, String>) -> String {
     let comment = rule.split(" comment \"").nth(1).map(|c| c.trim_end_matches('"'));
+    if let Some(rest) = rule.strip_suffix(" map @endpoints") {
+        let n = rest.rsplit("numgen random mod ").next().unwrap_or("?");
+        let proto = rest.split(" . ").nth(2).and_then(|p| p.split(' ').next()).unwrap_or("?");
+        return format!(
+            "{proto}: DNAT to the map endpoints element keyed by the packet's own address . protocol . port and a \
+             random index (numgen random mod {n}): one of {n} endpoints"
+        );
+    }
     if let Some(rest) = rule.split(" dnat ip to numgen random mod ").nth(1) {
         let n = rest.split(' ').next().unwrap_or("?");
         let body = rest.split("map { ").nth(1).unwrap_or("").trim_end_matches(" }");
@@ -649,6 +661,83 @@ fn nft_chains(
                 .map(|e| RuleWords { rule: e.to_string(), words: nft_element_words(map, e, svc) })
                 .collect(),
             shares: vec![],
+        });
+    }
+    // shared-maps: the Service's addresses (its elements' keys) lead to its endpoints in the
+    // shared map and to the shared DNAT chains of its endpoint count.
+    let mut frontends: Vec<String> = vec![];
+    let mut shared_chains: BTreeSet<String> = BTreeSet::new();
+    for c in &out {
+        for r in &c.rules {
+            let (key, value) = r.rule.split_once(" : ").unwrap_or((&r.rule, ""));
+            let key = key.split(" comment ").next().unwrap_or(key);
+            let Some(chain) = value.strip_prefix("goto ").filter(|v| v.starts_with("lb-")) else { continue };
+            shared_chains.insert(chain.to_string());
+            if let Some(n) = chain.strip_prefix("lb-ext-") {
+                shared_chains.insert(format!("lb-{n}"));
+            }
+            match c.chain.as_str() {
+                "map service-nodeports" => {
+                    for node_ip in listing.sets.get("nodeport-ips").into_iter().flatten() {
+                        frontends.push(format!("{node_ip} . {key}"));
+                    }
+                }
+                _ => frontends.push(key.to_string()),
+            }
+        }
+    }
+    // New connections to the cluster IP (or the first address) pick each endpoint 1 in N.
+    let mut shared_shares = vec![];
+    if let Some(elements) = listing.sets.get("endpoints") {
+        let mine: Vec<&String> =
+            elements.iter().filter(|e| frontends.iter().any(|f| e.starts_with(&format!("{f} . ")))).collect();
+        let first =
+            frontends.iter().find(|f| ips.iter().any(|ip| f.starts_with(&format!("{ip} . ")))).or(frontends.first());
+        if let Some(f) = first {
+            let of_first: Vec<&&String> = mine.iter().filter(|e| e.starts_with(&format!("{f} . "))).collect();
+            for e in &of_first {
+                let endpoint = e.split(" : ").nth(1).unwrap_or("").replace(" . ", ":");
+                let p = 1.0 / of_first.len() as f64;
+                shared_shares.push(Share { endpoint: with_pod(&endpoint, pods), rule_probability: p, share: p });
+            }
+        }
+        if !mine.is_empty() {
+            let rules: Vec<RuleWords> = mine
+                .iter()
+                .map(|e| {
+                    let (key, value) = e.split_once(" : ").unwrap_or((e, ""));
+                    let words = match key.split(" . ").collect::<Vec<_>>().as_slice() {
+                        [ip, proto, port, index] => {
+                            format!("{ip}:{port}/{proto} endpoint {index} is {}", nft_endpoint(value, pods))
+                        }
+                        _ => e.to_string(),
+                    };
+                    RuleWords { rule: e.to_string(), words }
+                })
+                .collect();
+            out.push(Chain {
+                table: "ip kube-proxy".into(),
+                chain: "map endpoints".into(),
+                purpose: nft_map_purpose("endpoints").into(),
+                rules,
+                shares: vec![],
+            });
+        }
+    }
+    for name in shared_chains.iter().rev() {
+        let Some(rules) = listing.chains.get(name) else { continue };
+        let n = name.rsplit('-').next().unwrap_or("?");
+        let purpose = if name.starts_with("lb-ext-") {
+            format!("traffic from outside the cluster to a Service port with {n} endpoints: masquerade, then lb-{n} (shared by every such Service port)")
+        } else {
+            format!("the DNAT of every Service port with {n} endpoints (shared by all of them)")
+        };
+        out.push(Chain {
+            table: "ip kube-proxy".into(),
+            chain: name.clone(),
+            purpose,
+            rules: rules.iter().map(|r| RuleWords { rule: r.clone(), words: nft_rule_words(r, pods) }).collect(),
+            shares: if name.starts_with("lb-ext-") { vec![] } else { shared_shares.clone() },
         });
     }
     // The Service's chains in the order a packet meets them.

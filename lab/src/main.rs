@@ -51,8 +51,9 @@ enum Cmd {
         #[arg(long, value_enum, default_value_t = ProxyMode::Iptables)]
         proxy_mode: ProxyMode,
         /// With `--proxy-mode nftables`: kube-proxy's rule layout, `current` (v1.36+: one
-        /// `numgen … map` DNAT rule per Service) or `v1.34` (per-endpoint chains).
-        #[arg(long, default_value = "current", value_parser = ["current", "v1.36", "v1.34"])]
+        /// `numgen … map` DNAT rule per Service), `v1.34` (per-endpoint chains) or
+        /// `shared-maps` (podpath's layout for scale: plain Services are map elements only).
+        #[arg(long, default_value = "current", value_parser = ["current", "v1.36", "v1.34", "shared-maps"])]
         nftables_layout: String,
         /// How the gateway delivers LoadBalancer IPs.
         #[arg(long, value_enum, default_value_t = LbMode::Passthrough)]

@@ -25,7 +25,7 @@ pub struct LabState {
     pub name: String,
     pub nodes: usize,
     pub proxy_mode: ProxyMode,
-    /// The nftables mode's layout (`current` or `v1.34`); absent for the other modes.
+    /// The nftables mode's layout (`current`, `v1.34` or `shared-maps`); absent for the other modes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nftables_layout: Option<String>,
     #[serde(default)]

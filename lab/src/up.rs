@@ -21,7 +21,7 @@ pub struct UpOptions {
     pub name: String,
     pub nodes: usize,
     pub proxy_mode: ProxyMode,
-    /// With `--proxy-mode nftables`: `current` (kube-proxy v1.36+) or `v1.34`.
+    /// With `--proxy-mode nftables`: `current` (kube-proxy v1.36+), `v1.34` or `shared-maps`.
     pub nftables_layout: String,
     pub lb_mode: LbMode,
     /// `false` leaves out the nodes' masquerade of external traffic (the scenario-4 lesson).

@@ -1,6 +1,6 @@
 //! Service proxy benchmark (prints figures). For 1,000 and 10,000 Services with 10 endpoints
-//! each, for both iptables backends (legacy and nft) and for the nftables mode (current layout),
-//! each in a fresh namespace of its own:
+//! each, for both iptables backends (legacy and nft) and for the nftables mode (kube-proxy's
+//! current layout, and podpath's shared-maps layout), each in a fresh namespace of its own:
 //! - full sync (render + `iptables-restore --noflush`, or the nftables transaction through
 //!   `nft -f`) beside the bare restore / `nft -f` of the same text;
 //! - a sync after one endpoint change (partial render + restore / transaction) into the full
@@ -15,7 +15,8 @@
 //! run inside the namespace by re-executing this binary there.
 //!
 //! Run: `sudo cargo bench -p node-agent --bench proxy [-- SIZES [MODES]]`, e.g.
-//! `-- 1000,10000 legacy,nft,nftables` (the default; `nftables` is kube-proxy's nftables mode). A step that has not finished after
+//! `-- 1000,10000 legacy,nft,nftables,shared-maps` (the default; `nftables` is kube-proxy's
+//! nftables mode, `shared-maps` the same mode with `--nftables-layout shared-maps`). A step that has not finished after
 //! `PODPATH_BENCH_LIMIT_SECONDS` (default 300) is stopped and reported as such.
 
 use std::collections::BTreeSet;
@@ -114,11 +115,17 @@ fn child_sync(n: usize, backend: Backend) {
     println!("partial {}", t.elapsed().as_secs_f64() * 1e3);
 }
 
+/// The nftables mode's settings for a bench mode (`nftables` or `shared-maps`).
+fn nft_config(mode: &str) -> node_agent::proxy::nftables::NftConfig {
+    let layout = if mode == "shared-maps" { "shared-maps" } else { "current" };
+    node_agent::proxy::nftables::NftConfig { layout: layout.parse().unwrap(), service_cidrs: vec![] }
+}
+
 /// In the namespace: the nftables proxier's full sync, then a sync after one endpoint change.
-fn child_nft_sync(n: usize) {
+fn child_nft_sync(n: usize, mode: &str) {
     use node_agent::proxy::nft_sync::{sync_once, NftablesKernel};
     let k = NftablesKernel::default();
-    let (cfg, nft) = (config(), node_agent::proxy::nftables::NftConfig::default());
+    let (cfg, nft) = (config(), nft_config(mode));
     let mut state = services(n, 10);
     let t = Instant::now();
     let (table, _, _) = sync_once(&k, &cfg, &nft, &state, None).expect("full sync");
@@ -257,7 +264,7 @@ fn child_latency(mode: &str) {
     }
 
     let n = 100;
-    let nftables = mode == "nftables";
+    let nftables = mode == "nftables" || mode == "shared-maps";
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     rt.block_on(async {
         let (tx, rx) = mpsc::channel();
@@ -271,7 +278,7 @@ fn child_latency(mode: &str) {
                 node_agent::proxy::nft_sync::NftProxier {
                     kernel: Arc::new(Watching { inner: NftablesKernel::default(), applied: Mutex::new(tx) }),
                     render: config(),
-                    nft: Default::default(),
+                    nft: nft_config(mode),
                     services: services.clone(),
                     slices: slices.clone(),
                     health,
@@ -343,7 +350,7 @@ fn main() {
         return;
     }
     if let Some(pos) = args.iter().position(|a| a == "--child-nft-sync") {
-        child_nft_sync(args[pos + 1].parse().unwrap());
+        child_nft_sync(args[pos + 1].parse().unwrap(), &args[pos + 2]);
         return;
     }
     if let Some(pos) = args.iter().position(|a| a == "--child-nft-file") {
@@ -362,9 +369,11 @@ fn main() {
     let modes: Vec<String> = positional
         .get(1)
         .map(|s| s.split(',').map(str::to_string).collect())
-        .unwrap_or_else(|| vec!["legacy".into(), "nft".into(), "nftables".into()]);
-    let with_nftables = modes.iter().any(|m| m == "nftables");
-    let backends: Vec<Backend> = modes.iter().filter(|m| *m != "nftables").map(|b| b.parse().unwrap()).collect();
+        .unwrap_or_else(|| vec!["legacy".into(), "nft".into(), "nftables".into(), "shared-maps".into()]);
+    let nft_modes: Vec<&str> =
+        modes.iter().map(String::as_str).filter(|m| *m == "nftables" || *m == "shared-maps").collect();
+    let backends: Vec<Backend> =
+        modes.iter().filter(|m| !nft_modes.contains(&m.as_str())).map(|b| b.parse().unwrap()).collect();
     let limit = limit();
     let cfg = config();
     let root = testkit::netns::root_or_explain();
@@ -427,9 +436,9 @@ fn main() {
             }
             println!("  {b:>6}: sync after one endpoint change {}", show(partial_ms, limit));
         }
-        if with_nftables {
-            // kube-proxy's nftables mode: the same Services as one table `ip kube-proxy`.
-            let nft_cfg = node_agent::proxy::nftables::NftConfig::default();
+        for &mode in &nft_modes {
+            // The nftables mode: the same Services as one table `ip kube-proxy`.
+            let nft_cfg = nft_config(mode);
             let table = node_agent::proxy::nftables::render(&cfg, &nft_cfg, &services(n, 10));
             let text = podpath_ruleset::nft::Transaction::between(None, &table).0.text();
             let dir = tempfile::tempdir().unwrap();
@@ -439,27 +448,29 @@ fn main() {
             let bare = get(&in_netns(&ns.name, &["--child-nft-file", file.to_str().unwrap()], limit), "restore");
             drop(ns);
             let ns = testkit::netns::Netns::new("ppb");
-            let out = in_netns(&ns.name, &["--child-nft-sync", &n.to_string()], limit);
+            let out = in_netns(&ns.name, &["--child-nft-sync", &n.to_string(), mode], limit);
             drop(ns);
             let (sync_ms, partial_ms) = (get(&out, "full"), get(&out, "partial"));
             let ratio = match (sync_ms, bare) {
                 (Some(s), Some(b)) => format!("{:.2}", s / b),
                 _ => "-".into(),
             };
+            let (rules, elements) = table.size();
+            let layout = if mode == "shared-maps" { "shared-maps layout" } else { "current layout" };
             println!(
-                "  nftables (current layout, {} commands): full sync {} | bare nft -f {} (ratio {ratio})",
+                "  nftables ({layout}, {rules} rules, {elements} elements, {} commands): full sync {} | bare nft -f {} (ratio {ratio})",
                 text.lines().count(),
                 show(sync_ms, limit),
                 show(bare, limit)
             );
-            println!("  nftables: sync after one endpoint change {}", show(partial_ms, limit));
+            println!("  {mode}: sync after one endpoint change {}", show(partial_ms, limit));
         }
     }
     if !root {
         return;
     }
     println!("event → rules applied, 100 Services × 10 endpoints, 200 EndpointSlice changes:");
-    let names: Vec<&str> = backends.iter().map(|b| b.name()).chain(with_nftables.then_some("nftables")).collect();
+    let names: Vec<&str> = backends.iter().map(|b| b.name()).chain(nft_modes.iter().copied()).collect();
     for name in names {
         let ns = testkit::netns::Netns::new("ppb");
         let out = in_netns(&ns.name, &["--child-latency", name], limit);

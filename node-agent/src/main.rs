@@ -71,7 +71,8 @@ struct Args {
     #[arg(long, value_enum, default_value_t = ProxyModeArg::Iptables)]
     proxy_mode: ProxyModeArg,
     /// The nftables mode's rule layout: `current` (kube-proxy v1.36+: one `numgen … map` DNAT
-    /// rule per Service) or `v1.34` (per-endpoint chains, `mark-for-masquerade`).
+    /// rule per Service), `v1.34` (per-endpoint chains, `mark-for-masquerade`) or `shared-maps`
+    /// (podpath's: plain Services are elements of shared maps, one DNAT rule per endpoint count).
     #[arg(long, default_value = "current")]
     nftables_layout: String,
     /// kube-proxy's `--iptables-localhost-nodeports`: NodePorts answer on 127.0.0.1 too

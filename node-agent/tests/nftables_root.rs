@@ -71,14 +71,14 @@ fn assert_kernel_holds(nft: &Nft, t: &NftTable) {
 }
 
 #[test]
-fn both_layouts_load_and_list_back_as_rendered() {
+fn every_layout_loads_and_lists_back_as_rendered() {
     if !root_or_explain() {
         return;
     }
     let before = host_state();
     let ns = Netns::new("ppnft");
     let nft = Nft::in_netns(&ns.name);
-    for layout in [Layout::Current, Layout::V134] {
+    for layout in [Layout::Current, Layout::V134, Layout::SharedMaps] {
         let config = NftConfig { layout, service_cidrs: vec!["10.96.0.0/12".parse().unwrap()] };
         let first = render(&cfg(), &config, &services());
         let (tx, _) = Transaction::between(None, &first);
@@ -99,6 +99,8 @@ fn both_layouts_load_and_list_back_as_rendered() {
         match layout {
             Layout::Current => assert!(stale.is_empty(), "{stale:?}"),
             Layout::V134 => assert_eq!(stale.len(), 1, "the endpoint chain of the endpoint that went: {stale:?}"),
+            // An endpoint count no Service has any more leaves its DNAT chains.
+            Layout::SharedMaps => assert!(stale.iter().all(|c| c.starts_with("lb-")), "{stale:?}"),
         }
         nft.apply(&delete_chains(NftFamily::Ip, TABLE, &stale)).unwrap();
         assert_kernel_holds(&nft, &second);

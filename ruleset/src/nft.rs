@@ -124,6 +124,9 @@ pub struct Set {
     pub key_type: String,
     /// A map's value type (`verdict`).
     pub value_type: Option<String>,
+    /// Key and value are expressions (`typeof ip daddr . numgen random mod 2`): for keys with a
+    /// part that has no type name of its own, such as `numgen`.
+    pub by_expression: bool,
     pub flags: Vec<String>,
     /// `10800s`.
     pub timeout: Option<String>,
@@ -137,6 +140,7 @@ impl Set {
             name: name.into(),
             key_type: key_type.into(),
             value_type: None,
+            by_expression: false,
             flags: vec![],
             timeout: None,
             comment: None,
@@ -145,6 +149,10 @@ impl Set {
     }
     pub fn map(name: impl Into<String>, key_type: &str, value_type: &str) -> Set {
         Set { value_type: Some(value_type.into()), ..Set::plain(name, key_type) }
+    }
+    /// A map declared by the expressions of its key and value (`typeof …`).
+    pub fn map_of(name: impl Into<String>, key_expr: &str, value_expr: &str) -> Set {
+        Set { by_expression: true, ..Set::map(name, key_expr, value_expr) }
     }
     pub fn with_comment(mut self, c: impl Into<String>) -> Set {
         self.comment = Some(c.into());
@@ -165,9 +173,10 @@ impl Set {
         }
     }
     fn spec(&self) -> String {
+        let kind = if self.by_expression { "typeof" } else { "type" };
         let mut parts = vec![match &self.value_type {
-            Some(v) => format!("type {} : {v}", self.key_type),
-            None => format!("type {}", self.key_type),
+            Some(v) => format!("{kind} {} : {v}", self.key_type),
+            None => format!("{kind} {}", self.key_type),
         }];
         if !self.flags.is_empty() {
             parts.push(format!("flags {}", self.flags.join(",")));
@@ -184,6 +193,7 @@ impl Set {
     fn same_declaration(&self, other: &Set) -> bool {
         self.key_type == other.key_type
             && self.value_type == other.value_type
+            && self.by_expression == other.by_expression
             && self.flags == other.flags
             && self.timeout == other.timeout
             && self.comment == other.comment

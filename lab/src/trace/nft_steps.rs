@@ -214,7 +214,20 @@ pub(crate) fn observation_steps(
             }
             "ACCEPT" if text.contains("dnat ") => {
                 relevant = true;
-                let (to, how) = dnat_choice(&text, after);
+                let (to, mut how) = dnat_choice(&text, after);
+                // shared-maps: the endpoint is an element of a named map under the packet's
+                // own address . protocol . port and the numgen index.
+                if let (Some(map), Some(a)) = (text.split_once("map @").map(|(_, m)| m.trim()), to) {
+                    let prefix = format!("{} . {} . {} . ", o.dst.ip(), o.proto.to_ascii_lowercase(), o.dst.port());
+                    let value = format!(" : {} . {}", a.ip(), a.port());
+                    let n = numgen_mod(&text).unwrap_or(0);
+                    let element = listing
+                        .and_then(|l| l.sets.get(map))
+                        .and_then(|els| els.iter().find(|e| e.starts_with(&prefix) && e.ends_with(&value)));
+                    if let Some(e) = element {
+                        how = format!(": numgen random mod {n} picked map {map} element {e}");
+                    }
+                }
                 let to_text = to.map(|a| a.to_string()).unwrap_or_else(|| "?".into());
                 let who = to.and_then(|a| name_of(objects, *a.ip())).map(|n| format!(" ({n})")).unwrap_or_default();
                 decisive.push(Step {
@@ -417,6 +430,48 @@ trace id 9 ip kube-proxy endpoint-AAAAAAAA-default/web/tcp/http__10.244.1.3/8080
                 "DNAT 10.244.1.3:8080 (pod default/web-1)",
             ]
         );
+    }
+
+    /// The shared-maps layout, real output: a pod reaching itself through its Service's
+    /// ClusterIP: the shared DNAT rule, the endpoints element it used, the hairpin masquerade.
+    #[test]
+    fn shared_maps_name_the_endpoints_element_and_the_hairpin_element() {
+        let text = r#"trace id 39bc9611 ip kube-proxy nat-prerouting packet: iif "cni0" ether saddr da:39:02:57:af:a0 ether daddr 02:70:6a:92:0e:79 ip saddr 10.244.1.3 ip daddr 10.101.180.13 ip dscp 0x2d ip ecn not-ect ip ttl 64 ip id 26072 ip length 60 tcp sport 35372 tcp dport 80 tcp flags == syn tcp window 64240 
+trace id 39bc9611 ip kube-proxy nat-prerouting rule jump services (verdict jump services)
+trace id 39bc9611 ip kube-proxy services rule ip daddr . meta l4proto . th dport vmap @service-ips (verdict goto lb-2)
+trace id 39bc9611 ip kube-proxy lb-2 rule dnat ip to ip daddr . meta l4proto . tcp dport . numgen random mod 2 map @endpoints (verdict accept)
+trace id 39bc9611 ip kube-proxy nat-postrouting packet: oif "cni0" @ll,0,112 0xda390257afa0da390257afa00800 ip saddr 10.244.1.3 ip daddr 10.244.1.3 ip dscp 0x2d ip ecn not-ect ip ttl 64 ip id 26072 ip length 60 tcp sport 35372 tcp dport 8080 tcp flags == syn tcp window 64240 
+trace id 39bc9611 ip kube-proxy nat-postrouting rule jump masquerading (verdict jump masquerading)
+trace id 39bc9611 ip kube-proxy masquerading rule ct status dnat ip saddr . ip daddr . meta l4proto . th dport @hairpin-connections masquerade fully-random (verdict accept)
+"#;
+        let table = "table ip kube-proxy {
+	map service-ips {
+		elements = { 10.101.180.13 . tcp . 80 comment \"default/web:http\" : goto lb-2 }
+	}
+	map endpoints {
+		elements = { 10.101.180.13 . tcp . 80 . 0 : 10.244.1.3 . 8080,
+			     10.101.180.13 . tcp . 80 . 1 : 10.244.2.3 . 8080 }
+	}
+}
+";
+        let mut objects = objects();
+        objects.nft_tables.insert("node-1".into(), table.into());
+        objects.pods.insert(Ipv4Addr::new(10, 244, 1, 3), ("default/web-1".into(), "node-1".into()));
+        let obs = parse_nft_monitor(text);
+        let mut stopped = None;
+        let masq = Some("10.244.1.1:40000".parse().unwrap());
+        let steps = node_steps("node-1", &obs.iter().collect::<Vec<_>>(), &objects, masq, &mut stopped);
+        let texts: Vec<&str> = steps.iter().map(|s| s.text.as_str()).collect();
+        assert_eq!(
+            texts,
+            [
+                "nat-prerouting → services\n→ lb-2 (map service-ips element 10.101.180.13 . tcp . 80 comment \"default/web:http\" : goto lb-2)",
+                "DNAT 10.244.1.3:8080 (pod default/web-1): numgen random mod 2 picked map endpoints element 10.101.180.13 . tcp . 80 . 0 : 10.244.1.3 . 8080",
+                "nat-postrouting → masquerading",
+                "masquerading masquerade → source 10.244.1.1:40000 (set hairpin-connections element 10.244.1.3 . 10.244.1.3 . tcp . 8080: a pod reached itself through its Service)",
+            ]
+        );
+        assert_eq!(steps[1].object.as_deref(), Some("EndpointSlice endpoint of Service default/web:http"));
     }
 
     #[test]

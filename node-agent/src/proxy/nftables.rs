@@ -3,7 +3,9 @@
 //! its base chains, sets and verdict maps, and per service port the chains and elements of the
 //! current layout (v1.36+: one `numgen … map` DNAT rule per Service, masquerade marks inline,
 //! a `hairpin-connections` set) or of v1.34 (`--nftables-layout v1.34`: per-endpoint chains and
-//! `mark-for-masquerade`). The transaction between two renders is the sync (`nft::Transaction`).
+//! `mark-for-masquerade`), or podpath's own layout for scale (`--nftables-layout shared-maps`:
+//! a Service with the common features is map elements only — see [`Layout::SharedMaps`]). The
+//! transaction between two renders is the sync (`nft::Transaction`).
 
 use std::net::IpAddr;
 
@@ -27,6 +29,20 @@ pub enum Layout {
     Current,
     /// v1.34–v1.35: per-endpoint chains, a `mark-for-masquerade` chain.
     V134,
+    /// Not kube-proxy's (the idea of an open upstream proposal): every endpoint is an element of
+    /// one shared map `endpoints` keyed by the Service address, protocol, port and an index, and
+    /// one DNAT rule per endpoint count (chain `lb-N`) looks the packet's own key and `numgen
+    /// random mod N` up in it. A Service port whose policies are Cluster, without session
+    /// affinity or source ranges, is then only elements: a cold load is element inserts and an
+    /// endpoint change a handful of elements. Other Service ports get the current layout's chains.
+    SharedMaps,
+}
+
+impl Layout {
+    /// The layouts that write the current generation's fixed part (hairpin set, inline marks).
+    fn is_current(self) -> bool {
+        matches!(self, Layout::Current | Layout::SharedMaps)
+    }
 }
 
 impl std::str::FromStr for Layout {
@@ -35,7 +51,8 @@ impl std::str::FromStr for Layout {
         match s {
             "current" | "v1.36" => Ok(Layout::Current),
             "v1.34" => Ok(Layout::V134),
-            other => Err(format!("nftables layout {other:?}: expected current (v1.36) or v1.34")),
+            "shared-maps" => Ok(Layout::SharedMaps),
+            other => Err(format!("nftables layout {other:?}: expected current (v1.36), v1.34 or shared-maps")),
         }
     }
 }
@@ -121,7 +138,7 @@ fn fixed(cfg: &RenderConfig, nft: &NftConfig) -> NftTable {
     let tuple = "ipv4_addr . inet_proto . inet_service";
     t.sets.push(Set::plain("cluster-ips", "ipv4_addr").with_comment("Active ClusterIPs"));
     t.sets.push(Set::plain("nodeport-ips", "ipv4_addr").with_comment("IPs that accept NodePort traffic"));
-    if nft.layout == Layout::Current {
+    if nft.layout.is_current() {
         t.sets.push(
             Set::plain("hairpin-connections", "ipv4_addr . ipv4_addr . inet_proto . inet_service")
                 .with_comment("service hairpin connections"),
@@ -143,15 +160,21 @@ fn fixed(cfg: &RenderConfig, nft: &NftConfig) -> NftTable {
         Set::map("firewall-ips", tuple, "verdict")
             .with_comment("destinations that are subject to LoadBalancerSourceRanges"),
     );
-    for ip in cfg.node_ips.iter().filter(|ip| ip.is_ipv4() && !ip.is_loopback()) {
-        t.add_element("nodeport-ips", Element::key(&[&ip.to_string()]));
+    if nft.layout == Layout::SharedMaps {
+        t.sets.push(
+            Set::map_of("endpoints", "ip daddr . meta l4proto . th dport . numgen random mod 1", "ip daddr . th dport")
+                .with_comment("Service address . protocol . port . endpoint index : endpoint"),
+        );
+    }
+    for ip in nodeport_ips(cfg) {
+        t.add_element("nodeport-ips", Element::key(&[&ip]));
     }
 
     let masq = if cfg.random_fully { "masquerade fully-random" } else { "masquerade" };
     let mut services = Chain::regular("services");
     let mut masquerading = Chain::regular("masquerading");
     match nft.layout {
-        Layout::Current => {
+        Layout::Current | Layout::SharedMaps => {
             if let Some(cidr) = cfg.cluster_cidr.filter(|c| matches!(c, IpNet::V4(_))) {
                 services = services.rule(format!(
                     "ip daddr @cluster-ips ip saddr != {cidr} mark set mark or {MASQ_MARK} comment \"masquerade clusterIP traffic from outside cluster\""
@@ -200,13 +223,103 @@ fn fixed(cfg: &RenderConfig, nft: &NftConfig) -> NftTable {
     t
 }
 
+/// The node addresses that accept NodePort traffic.
+fn nodeport_ips(cfg: &RenderConfig) -> impl Iterator<Item = String> + '_ {
+    cfg.node_ips.iter().filter(|ip| ip.is_ipv4() && !ip.is_loopback()).map(|ip| ip.to_string())
+}
+
 /// The whole table for these service ports.
 pub fn render(cfg: &RenderConfig, nft: &NftConfig, services: &[ServiceState]) -> NftTable {
     let mut t = fixed(cfg, nft);
+    // shared-maps: the endpoint counts in use, each with its DNAT chain.
+    let mut counts = std::collections::BTreeSet::new();
     for st in services {
-        service(cfg, nft, st, &mut t);
+        match shared(cfg, nft, st) {
+            Some(port) => {
+                counts.insert(port.cluster_eps.len());
+                shared_service(cfg, &port, &mut t);
+            }
+            None => service(cfg, nft, st, &mut t),
+        }
+    }
+    for n in counts {
+        t.add_chain(lb_chain(n));
+        if cfg.masquerade_external {
+            t.add_chain(
+                Chain::regular(format!("lb-ext-{n}"))
+                    .rule(format!("mark set mark or {MASQ_MARK} comment \"masquerade\""))
+                    .rule(format!("goto lb-{n}")),
+            );
+        }
     }
     t
+}
+
+/// shared-maps: the DNAT of every Service port with `n` endpoints: the packet's own address,
+/// protocol and port and `numgen random mod n` looked up in `endpoints`.
+fn lb_chain(n: usize) -> Chain {
+    let mut c = Chain::regular(format!("lb-{n}"));
+    for proto in ["tcp", "udp", "sctp"] {
+        c = c
+            .rule(format!("dnat ip to ip daddr . meta l4proto . {proto} dport . numgen random mod {n} map @endpoints"));
+    }
+    c
+}
+
+/// shared-maps: the service port, when it is one the shared maps carry (Cluster policies, no
+/// affinity, no source ranges, endpoints somewhere).
+fn shared<'a>(cfg: &RenderConfig, nft: &NftConfig, st: &'a ServiceState) -> Option<Port<'a>> {
+    let sp = &st.port;
+    if nft.layout != Layout::SharedMaps
+        || sp.internal_policy_local
+        || sp.external_policy_local
+        || sp.affinity_seconds.is_some()
+    {
+        return None;
+    }
+    let (cluster_eps, local_eps) = categorize(&st.endpoints, &cfg.node_name);
+    let cluster_eps: Vec<Endpoint> = cluster_eps.into_iter().filter(|e| e.ip.is_ipv4()).collect();
+    let port = Port { sp, spn: sp.spn().to_string(), cluster_eps, local_eps };
+    (!port.cluster_eps.is_empty() && !port.uses_fw()).then_some(port)
+}
+
+/// shared-maps: one service port as elements: each address it answers on goes to `lb-N` (or
+/// `lb-ext-N`, which marks for masquerade first), and `endpoints` holds its N endpoints under
+/// each of those addresses.
+fn shared_service(cfg: &RenderConfig, p: &Port<'_>, t: &mut NftTable) {
+    let sp = p.sp;
+    let proto = sp.protocol.as_str();
+    let port = sp.port.to_string();
+    let n = p.cluster_eps.len();
+    let external = if cfg.masquerade_external { format!("goto lb-ext-{n}") } else { format!("goto lb-{n}") };
+    let add_endpoints = |t: &mut NftTable, addr: &str, port: &str| {
+        for (i, e) in p.cluster_eps.iter().enumerate() {
+            let (index, to) = (i.to_string(), format!("{} . {}", e.ip, e.port));
+            t.add_element("endpoints", Element::key(&[addr, proto, port, &index]).to(to));
+        }
+    };
+    if let Some(cip) = sp.cluster_ip.filter(|ip| ip.is_ipv4()).map(|ip| ip.to_string()) {
+        t.add_element("cluster-ips", Element::key(&[&cip]));
+        t.add_element(
+            "service-ips",
+            Element::key(&[&cip, proto, &port]).with_comment(&p.spn).to(format!("goto lb-{n}")),
+        );
+        add_endpoints(t, &cip, &port);
+    }
+    for ip in v4(&sp.external_ips).chain(v4(&sp.load_balancer_ips)) {
+        t.add_element("service-ips", Element::key(&[&ip, proto, &port]).with_comment(&p.spn).to(external.clone()));
+        add_endpoints(t, &ip, &port);
+    }
+    if let Some(np) = sp.node_port.map(|n| n.to_string()) {
+        t.add_element("service-nodeports", Element::key(&[proto, &np]).with_comment(&p.spn).to(external.clone()));
+        for ip in nodeport_ips(cfg) {
+            add_endpoints(t, &ip, &np);
+        }
+    }
+    for e in p.local_eps.iter().filter(|e| e.ip.is_ipv4()) {
+        let (ip, eport) = (e.ip.to_string(), e.port.to_string());
+        t.add_element("hairpin-connections", Element::key(&[&ip, &ip, proto, &eport]));
+    }
 }
 
 /// What a service port's rules depend on.
@@ -302,7 +415,7 @@ fn service(cfg: &RenderConfig, nft: &NftConfig, st: &ServiceState, t: &mut NftTa
             );
         }
     }
-    if nft.layout == Layout::Current {
+    if nft.layout.is_current() {
         for e in p.local_eps.iter().filter(|e| e.ip.is_ipv4()) {
             let (ip, eport) = (e.ip.to_string(), e.port.to_string());
             t.add_element("hairpin-connections", Element::key(&[&ip, &ip, proto, &eport]));
@@ -372,13 +485,13 @@ fn service(cfg: &RenderConfig, nft: &NftConfig, st: &ServiceState, t: &mut NftTa
     if p.uses_ext() {
         let mut ext = Chain::regular(ext_chain.clone());
         let mark = match nft.layout {
-            Layout::Current => format!("mark set mark or {MASQ_MARK}"),
+            Layout::Current | Layout::SharedMaps => format!("mark set mark or {MASQ_MARK}"),
             Layout::V134 => "jump mark-for-masquerade".to_string(),
         };
         if !sp.external_policy_local {
             if cfg.masquerade_external {
                 ext = ext.rule(match nft.layout {
-                    Layout::Current => format!("{mark} comment \"masquerade\""),
+                    Layout::Current | Layout::SharedMaps => format!("{mark} comment \"masquerade\""),
                     Layout::V134 => mark.clone(),
                 });
             }
@@ -450,6 +563,50 @@ mod tests {
         assert_eq!(hash8("kube-system/kube-dns/udp/dns"), "FY5PMXPG");
         assert_eq!(hash8("demo/web/tcp/http"), "AXK6CI2C");
         assert_eq!(hash8("default/kubernetes/tcp/https"), "2QRHZV4L");
+    }
+
+    /// shared-maps: the worked example's Service is elements only, its DNAT the shared rule of
+    /// its endpoint count; an endpoint replaced is a handful of element commands.
+    #[test]
+    fn shared_maps_make_a_plain_service_elements_only() {
+        use podpath_ruleset::nft::Op;
+        let config = NftConfig { layout: Layout::SharedMaps, ..Default::default() };
+        let t = render(&cfg(), &config, &[demo_web()]);
+        let text = Transaction::between(None, &t).0.text();
+        for line in [
+            "add map ip kube-proxy endpoints { typeof ip daddr . meta l4proto . th dport . numgen random mod 1 : ip daddr . th dport ; comment \"Service address . protocol . port . endpoint index : endpoint\" ; }",
+            "add element ip kube-proxy service-ips { 10.96.12.34 . tcp . 80 comment \"demo/web:http\" : goto lb-2 }",
+            "add element ip kube-proxy service-ips { 203.0.113.10 . tcp . 80 comment \"demo/web:http\" : goto lb-ext-2 }",
+            "add element ip kube-proxy service-nodeports { tcp . 30080 comment \"demo/web:http\" : goto lb-ext-2 }",
+            "add element ip kube-proxy endpoints { 10.96.12.34 . tcp . 80 . 0 : 10.244.1.5 . 8080 }",
+            "add element ip kube-proxy endpoints { 10.96.12.34 . tcp . 80 . 1 : 10.244.2.7 . 8080 }",
+            "add element ip kube-proxy endpoints { 203.0.113.10 . tcp . 80 . 0 : 10.244.1.5 . 8080 }",
+            "add element ip kube-proxy endpoints { 192.168.56.11 . tcp . 30080 . 1 : 10.244.2.7 . 8080 }",
+            "add element ip kube-proxy hairpin-connections { 10.244.1.5 . 10.244.1.5 . tcp . 8080 }",
+            "add rule ip kube-proxy lb-2 dnat ip to ip daddr . meta l4proto . tcp dport . numgen random mod 2 map @endpoints",
+            "add rule ip kube-proxy lb-ext-2 mark set mark or 0x00004000 comment \"masquerade\"",
+            "add rule ip kube-proxy lb-ext-2 goto lb-2",
+        ] {
+            assert!(text.contains(line), "missing {line}\n{text}");
+        }
+        assert!(!text.contains("AXK6CI2C"), "no chain of the Service's own:\n{text}");
+
+        let mut next = demo_web();
+        next.endpoints[1] = ep("10.244.2.9", 8080, "node-2");
+        let (tx, stale) = Transaction::between(Some(&t), &render(&cfg(), &config, &[next]));
+        assert!(stale.is_empty(), "{stale:?}");
+        assert!(
+            tx.ops.iter().all(|op| matches!(op, Op::AddElement { .. } | Op::DeleteElement { .. })),
+            "{}",
+            tx.text()
+        );
+        assert_eq!(tx.ops.len(), 6, "index 1 of three addresses, out and in:\n{}", tx.text());
+
+        // Affinity (or a Local policy, or source ranges) keeps the current layout's chains.
+        let mut sticky = demo_web();
+        sticky.port.affinity_seconds = Some(10800);
+        let text = Transaction::between(None, &render(&cfg(), &config, &[sticky])).0.text();
+        assert!(text.contains("service-AXK6CI2C-demo/web/tcp/http") && !text.contains("lb-2"), "{text}");
     }
 
     /// The transaction lines the reference gives for the worked example (current layout).
