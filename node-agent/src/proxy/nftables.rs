@@ -161,8 +161,11 @@ fn fixed(cfg: &RenderConfig, nft: &NftConfig) -> NftTable {
             .with_comment("destinations that are subject to LoadBalancerSourceRanges"),
     );
     if nft.layout == Layout::SharedMaps {
+        // `typeof` (numgen has no type name); `tcp dport` stands for any port: only the field's
+        // type and size count, and nft 1.0.6 cannot read a `th dport` key back from the kernel
+        // ("conflicting protocols"), which breaks every later transaction.
         t.sets.push(
-            Set::map_of("endpoints", "ip daddr . meta l4proto . th dport . numgen random mod 1", "ip daddr . th dport")
+            Set::map_of("endpoints", "ip daddr . meta l4proto . tcp dport . numgen random mod 1", "ip daddr . tcp dport")
                 .with_comment("Service address . protocol . port . endpoint index : endpoint"),
         );
     }
@@ -574,7 +577,7 @@ mod tests {
         let t = render(&cfg(), &config, &[demo_web()]);
         let text = Transaction::between(None, &t).0.text();
         for line in [
-            "add map ip kube-proxy endpoints { typeof ip daddr . meta l4proto . th dport . numgen random mod 1 : ip daddr . th dport ; comment \"Service address . protocol . port . endpoint index : endpoint\" ; }",
+            "add map ip kube-proxy endpoints { typeof ip daddr . meta l4proto . tcp dport . numgen random mod 1 : ip daddr . tcp dport ; comment \"Service address . protocol . port . endpoint index : endpoint\" ; }",
             "add element ip kube-proxy service-ips { 10.96.12.34 . tcp . 80 comment \"demo/web:http\" : goto lb-2 }",
             "add element ip kube-proxy service-ips { 203.0.113.10 . tcp . 80 comment \"demo/web:http\" : goto lb-ext-2 }",
             "add element ip kube-proxy service-nodeports { tcp . 30080 comment \"demo/web:http\" : goto lb-ext-2 }",
