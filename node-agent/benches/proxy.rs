@@ -3,8 +3,8 @@
 //! current layout, and podpath's shared-maps layout), each in a fresh namespace of its own:
 //! - full sync (render + `iptables-restore --noflush`, or the nftables transaction through
 //!   `nft -f`) beside the bare restore / `nft -f` of the same text;
-//! - a sync after one endpoint change (partial render + restore / transaction) into the full
-//!   table.
+//! - a sync after one endpoint change (partial render + restore; in nftables mode the
+//!   transaction made from the changed port alone) into the full table.
 //!
 //! Then, through the real proxier loop (watch store → snapshot → render → restore) at 100
 //! Services, the latency from an EndpointSlice event reaching the agent's store to its rules
@@ -128,11 +128,15 @@ fn child_nft_sync(n: usize, mode: &str) {
     let (cfg, nft) = (config(), nft_config(mode));
     let mut state = services(n, 10);
     let t = Instant::now();
-    let (table, _, _) = sync_once(&k, &cfg, &nft, &state, None).expect("full sync");
+    let (mut table, _, _) = sync_once(&k, &cfg, &nft, &state, None).expect("full sync");
     println!("full {}", t.elapsed().as_secs_f64() * 1e3);
+    let mut shared = node_agent::proxy::nftables::Shared::of(&cfg, &nft, &state);
+    // The proxier's partial sync: the changed port, as it was and as it is.
+    let old = state[n / 2].clone();
     state[n / 2].endpoints.pop();
     let t = Instant::now();
-    sync_once(&k, &cfg, &nft, &state, Some(&table)).expect("partial sync");
+    node_agent::proxy::nft_sync::sync_changed(&k, &cfg, &nft, &mut shared, &mut table, &[old], &state[n / 2..=n / 2])
+        .expect("partial sync");
     println!("partial {}", t.elapsed().as_secs_f64() * 1e3);
 }
 

@@ -240,6 +240,31 @@ impl NftTable {
             s.insert(e);
         }
     }
+    /// This table after a partial sync turned `before` (the part of it some Services held:
+    /// their elements, chains and sets) into `after` — what the kernel holds then.
+    pub fn replace_part(&mut self, before: &NftTable, after: &NftTable) {
+        let after_sets: BTreeSet<&str> = after.sets.iter().map(|s| s.name.as_str()).collect();
+        for s in &before.sets {
+            if !after_sets.contains(s.name.as_str()) {
+                self.sets.retain(|mine| mine.name != s.name);
+            } else if let Some(mine) = self.set_mut(&s.name) {
+                for k in s.elements.keys() {
+                    mine.elements.remove(k);
+                }
+            }
+        }
+        for s in &after.sets {
+            match self.set_mut(&s.name) {
+                Some(mine) => mine.elements.extend(s.elements.iter().map(|(k, e)| (k.clone(), e.clone()))),
+                None => self.sets.push(s.clone()),
+            }
+        }
+        let names: std::collections::HashSet<&str> =
+            before.chains.iter().chain(&after.chains).map(|c| c.name.as_str()).collect();
+        self.chains.retain(|c| !names.contains(c.name.as_str()));
+        self.chains.extend(after.chains.iter().cloned());
+    }
+
     /// The number of rules and elements: a size for logs and benchmarks.
     pub fn size(&self) -> (usize, usize) {
         (self.chains.iter().map(|c| c.rules.len()).sum(), self.sets.iter().map(|s| s.elements.len()).sum())

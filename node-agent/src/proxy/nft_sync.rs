@@ -17,7 +17,7 @@ use podpath_ruleset::Nft;
 
 use super::iptables::{RenderConfig, ServiceState};
 use super::model::ServiceKey;
-use super::nftables::{render, NftConfig, TABLE};
+use super::nftables::{render, render_changed, NftConfig, Shared, TABLE};
 use super::sync::{snapshot, stale_udp_flows};
 use crate::error::{AgentError, Result};
 use crate::health::Health;
@@ -130,6 +130,28 @@ pub fn sync_once<K: NftKernel + ?Sized>(
     Ok((next, stale, ops))
 }
 
+/// A sync of the service ports that changed (`old` states → `new` ones; a port only in `new`
+/// was created, only in `old` deleted), built from their own elements and chains so that its
+/// cost does not grow with the table: `table` (what the kernel held) and `shared` are brought
+/// up to date. Returns the chains flushed (to delete later) and the number of commands.
+pub fn sync_changed<K: NftKernel + ?Sized>(
+    k: &K,
+    cfg: &RenderConfig,
+    nft: &NftConfig,
+    shared: &mut Shared,
+    table: &mut NftTable,
+    old: &[ServiceState],
+    new: &[ServiceState],
+) -> Result<(Vec<String>, usize)> {
+    let (old, new): (Vec<&ServiceState>, Vec<&ServiceState>) = (old.iter().collect(), new.iter().collect());
+    let (before, after) = render_changed(cfg, nft, shared, &old, &new);
+    let (tx, stale) = Transaction::between(Some(&before), &after);
+    let ops = tx.len();
+    k.apply(&tx)?;
+    table.replace_part(&before, &after);
+    Ok((stale, ops))
+}
+
 /// Runs the proxier: a full sync first, then a sync after every change (at most one per
 /// `min_interval`), stale chains deleted when due, the table's dispatching chains checked every few seconds.
 pub async fn run_nft_proxier<K: NftKernel>(p: NftProxier<K>, synced: Option<tokio::sync::oneshot::Sender<()>>) {
@@ -142,6 +164,7 @@ pub async fn run_nft_proxier<K: NftKernel>(p: NftProxier<K>, synced: Option<toki
     let mut slice_changes = slices.changes();
     let mut last: Option<NftTable> = None;
     let mut last_states: BTreeMap<ServiceKey, ServiceState> = BTreeMap::new();
+    let mut shared = Shared::default();
     let mut stale: Vec<Stale> = vec![];
     let mut resync = true;
     loop {
@@ -154,17 +177,40 @@ pub async fn run_nft_proxier<K: NftKernel>(p: NftProxier<K>, synced: Option<toki
                 state.iter().map(|st| (st.port.key(), st.clone())).collect();
             let (k, c, n, prev) = (kernel.clone(), cfg.clone(), nft.clone(), last.take());
             let full = prev.is_none();
+            // A partial sync needs only the ports that changed, as they were and as they are.
+            let (mut old, mut new) = (vec![], vec![]);
+            if !full {
+                for (key, st) in &last_states {
+                    if next_states.get(key) != Some(st) {
+                        old.push(st.clone());
+                    }
+                }
+                for (key, st) in &next_states {
+                    if last_states.get(key) != Some(st) {
+                        new.push(st.clone());
+                    }
+                }
+            }
+            let mut sharing = std::mem::take(&mut shared);
             let result = tokio::task::spawn_blocking(move || {
-                let r = sync_once(&*k, &c, &n, &state, prev.as_ref());
+                let r = match prev {
+                    None => sync_once(&*k, &c, &n, &state, None).map(|(table, flushed, ops)| {
+                        sharing = Shared::of(&c, &n, &state);
+                        (table, flushed, ops)
+                    }),
+                    Some(mut table) => sync_changed(&*k, &c, &n, &mut sharing, &mut table, &old, &new)
+                        .map(|(flushed, ops)| (table, flushed, ops)),
+                };
                 if r.is_ok() {
                     k.clear_conntrack(&udp);
                 }
-                r
+                r.map(|r| (r, sharing))
             })
             .await
             .unwrap_or_else(|e| Err(AgentError::Process(format!("sync task failed: {e}"))));
             match result {
-                Ok((table, flushed, ops)) => {
+                Ok(((table, flushed, ops), sharing)) => {
+                    shared = sharing;
                     last = Some(table);
                     last_states = next_states;
                     if !flushed.is_empty() {

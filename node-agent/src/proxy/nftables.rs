@@ -7,6 +7,7 @@
 //! a Service with the common features is map elements only — see [`Layout::SharedMaps`]). The
 //! transaction between two renders is the sync (`nft::Transaction`).
 
+use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 
 use ipnet::IpNet;
@@ -165,8 +166,12 @@ fn fixed(cfg: &RenderConfig, nft: &NftConfig) -> NftTable {
         // type and size count, and nft 1.0.6 cannot read a `th dport` key back from the kernel
         // ("conflicting protocols"), which breaks every later transaction.
         t.sets.push(
-            Set::map_of("endpoints", "ip daddr . meta l4proto . tcp dport . numgen random mod 1", "ip daddr . tcp dport")
-                .with_comment("Service address . protocol . port . endpoint index : endpoint"),
+            Set::map_of(
+                "endpoints",
+                "ip daddr . meta l4proto . tcp dport . numgen random mod 1",
+                "ip daddr . tcp dport",
+            )
+            .with_comment("Service address . protocol . port . endpoint index : endpoint"),
         );
     }
     for ip in nodeport_ips(cfg) {
@@ -234,28 +239,135 @@ fn nodeport_ips(cfg: &RenderConfig) -> impl Iterator<Item = String> + '_ {
 /// The whole table for these service ports.
 pub fn render(cfg: &RenderConfig, nft: &NftConfig, services: &[ServiceState]) -> NftTable {
     let mut t = fixed(cfg, nft);
-    // shared-maps: the endpoint counts in use, each with its DNAT chain.
+    // shared-maps: the endpoint counts in use, each with its DNAT chains.
     let mut counts = std::collections::BTreeSet::new();
     for st in services {
-        match shared(cfg, nft, st) {
-            Some(port) => {
-                counts.insert(port.cluster_eps.len());
-                shared_service(cfg, &port, &mut t);
-            }
-            None => service(cfg, nft, st, &mut t),
-        }
+        counts.extend(add_port(cfg, nft, st, &mut t));
     }
     for n in counts {
-        t.add_chain(lb_chain(n));
-        if cfg.masquerade_external {
-            t.add_chain(
-                Chain::regular(format!("lb-ext-{n}"))
-                    .rule(format!("mark set mark or {MASQ_MARK} comment \"masquerade\""))
-                    .rule(format!("goto lb-{n}")),
-            );
-        }
+        add_lb_chains(cfg, n, &mut t);
     }
     t
+}
+
+/// Adds one service port's elements, chains and sets to `t`; for a port the shared maps carry,
+/// the endpoint count whose DNAT chains it uses.
+fn add_port(cfg: &RenderConfig, nft: &NftConfig, st: &ServiceState, t: &mut NftTable) -> Option<usize> {
+    match shared(cfg, nft, st) {
+        Some(port) => {
+            shared_service(cfg, &port, t);
+            Some(port.cluster_eps.len())
+        }
+        None => {
+            service(cfg, nft, st, t);
+            None
+        }
+    }
+}
+
+/// shared-maps: the DNAT chains of endpoint count `n`.
+fn add_lb_chains(cfg: &RenderConfig, n: usize, t: &mut NftTable) {
+    t.add_chain(lb_chain(n));
+    if cfg.masquerade_external {
+        t.add_chain(
+            Chain::regular(format!("lb-ext-{n}"))
+                .rule(format!("mark set mark or {MASQ_MARK} comment \"masquerade\""))
+                .rule(format!("goto lb-{n}")),
+        );
+    }
+}
+
+/// What a partial sync must know of the service ports it does not touch: how many use each
+/// shared DNAT chain count and each hairpin element (both can be shared between ports).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Shared {
+    counts: BTreeMap<usize, usize>,
+    hairpin: HashMap<String, usize>,
+}
+
+impl Shared {
+    /// The sharing among all these service ports.
+    pub fn of(cfg: &RenderConfig, nft: &NftConfig, states: &[ServiceState]) -> Shared {
+        let mut s = Shared::default();
+        for st in states {
+            s.count(cfg, nft, st, 1);
+        }
+        s
+    }
+
+    /// Counts a port in (`by` 1) or out (-1); the counts whose use went from none to some
+    /// (`made`) or from some to none (`gone`).
+    fn count(
+        &mut self,
+        cfg: &RenderConfig,
+        nft: &NftConfig,
+        st: &ServiceState,
+        by: isize,
+    ) -> (Option<usize>, Option<usize>) {
+        let (mut made, mut gone) = (None, None);
+        if let Some(port) = shared(cfg, nft, st) {
+            let n = port.cluster_eps.len();
+            let c = self.counts.entry(n).or_default();
+            let was = *c;
+            *c = c.saturating_add_signed(by);
+            if was == 0 && *c > 0 {
+                made = Some(n);
+            }
+            if was > 0 && *c == 0 {
+                gone = Some(n);
+                self.counts.remove(&n);
+            }
+        }
+        if nft.layout.is_current() {
+            let (cluster_eps, local_eps) = categorize(&st.endpoints, &cfg.node_name);
+            let p = Port { sp: &st.port, spn: String::new(), cluster_eps, local_eps };
+            for e in hairpin_elements(&p) {
+                let c = self.hairpin.entry(e.key_text()).or_default();
+                *c = c.saturating_add_signed(by);
+                if *c == 0 {
+                    self.hairpin.remove(&e.key_text());
+                }
+            }
+        }
+        (made, gone)
+    }
+}
+
+/// A partial sync's two tables, made from the changed service ports only: what they held
+/// (`old`) and what they hold now (`new`), with the shared DNAT chains that came or went and
+/// without hairpin elements other ports still use. `Transaction::between(before, after)` is
+/// then the sync, whatever the size of the table; `shared` is updated.
+pub fn render_changed(
+    cfg: &RenderConfig,
+    nft: &NftConfig,
+    shared: &mut Shared,
+    old: &[&ServiceState],
+    new: &[&ServiceState],
+) -> (NftTable, NftTable) {
+    let mut skeleton = fixed(cfg, nft);
+    skeleton.chains.clear();
+    for s in &mut skeleton.sets {
+        s.elements.clear();
+    }
+    let (mut before, mut after) = (skeleton.clone(), skeleton);
+    for st in old {
+        add_port(cfg, nft, st, &mut before);
+        if let (_, Some(n)) = shared.count(cfg, nft, st, -1) {
+            add_lb_chains(cfg, n, &mut before);
+        }
+    }
+    for st in new {
+        add_port(cfg, nft, st, &mut after);
+        if let (Some(n), _) = shared.count(cfg, nft, st, 1) {
+            add_lb_chains(cfg, n, &mut after);
+        }
+    }
+    // (A count that went with an old state and came back with a new one is in both tables,
+    // the same: no change.) Hairpin elements another port still uses stay in the kernel.
+    if let Some(set) = before.set_mut("hairpin-connections") {
+        set.elements.retain(|k, _| !shared.hairpin.contains_key(k));
+    }
+    (before, after)
 }
 
 /// shared-maps: the DNAT of every Service port with `n` endpoints: the packet's own address,
@@ -319,10 +431,19 @@ fn shared_service(cfg: &RenderConfig, p: &Port<'_>, t: &mut NftTable) {
             add_endpoints(t, &ip, &np);
         }
     }
-    for e in p.local_eps.iter().filter(|e| e.ip.is_ipv4()) {
-        let (ip, eport) = (e.ip.to_string(), e.port.to_string());
-        t.add_element("hairpin-connections", Element::key(&[&ip, &ip, proto, &eport]));
+    for e in hairpin_elements(p) {
+        t.add_element("hairpin-connections", e);
     }
+}
+
+/// The `hairpin-connections` elements of a service port: each local endpoint reaching itself.
+/// Two Service ports with the same pods and target port share them.
+fn hairpin_elements<'a>(p: &'a Port<'_>) -> impl Iterator<Item = Element> + 'a {
+    let proto = p.sp.protocol.as_str();
+    p.local_eps.iter().filter(|e| e.ip.is_ipv4()).map(move |e| {
+        let (ip, eport) = (e.ip.to_string(), e.port.to_string());
+        Element::key(&[&ip, &ip, proto, &eport])
+    })
 }
 
 /// What a service port's rules depend on.
@@ -419,9 +540,8 @@ fn service(cfg: &RenderConfig, nft: &NftConfig, st: &ServiceState, t: &mut NftTa
         }
     }
     if nft.layout.is_current() {
-        for e in p.local_eps.iter().filter(|e| e.ip.is_ipv4()) {
-            let (ip, eport) = (e.ip.to_string(), e.port.to_string());
-            t.add_element("hairpin-connections", Element::key(&[&ip, &ip, proto, &eport]));
+        for e in hairpin_elements(&p) {
+            t.add_element("hairpin-connections", e);
         }
     }
 
@@ -610,6 +730,74 @@ mod tests {
         sticky.port.affinity_seconds = Some(10800);
         let text = Transaction::between(None, &render(&cfg(), &config, &[sticky])).0.text();
         assert!(text.contains("service-AXK6CI2C-demo/web/tcp/http") && !text.contains("lb-2"), "{text}");
+    }
+
+    /// A partial sync made from the changed ports only leaves the kernel holding exactly what a
+    /// whole render holds, in every layout, through endpoint-count changes, a port created and
+    /// one deleted, and a hairpin element two ports share; and it deletes only what is there.
+    #[test]
+    fn a_sync_of_the_changed_ports_only_ends_where_a_whole_render_does() {
+        use podpath_ruleset::nft::Listing;
+        let with = |name: &str, cip: &str, eps: Vec<Endpoint>| {
+            let mut st = demo_web();
+            st.port.id = crate::proxy::model::ServicePortName::new("demo", name, "http");
+            st.port.cluster_ip = Some(cip.parse().unwrap());
+            st.port.load_balancer_ips = vec![];
+            st.port.node_port = None;
+            st.endpoints = eps;
+            st
+        };
+        let a = || ep("10.244.1.5", 8080, "node-1");
+        let b = || ep("10.244.2.7", 8080, "node-2");
+        let c = || ep("10.244.3.9", 8080, "node-3");
+        let mut sticky = with("sticky", "10.96.0.30", vec![a(), b()]);
+        sticky.port.affinity_seconds = Some(60);
+        let start = vec![
+            demo_web(),
+            with("twin", "10.96.0.31", vec![a(), b()]),
+            with("one", "10.96.0.32", vec![c()]),
+            sticky.clone(),
+        ];
+        let steps: Vec<Vec<ServiceState>> = vec![
+            // demo/web loses node-1's endpoint: count 2 → 1, its hairpin element still twin's.
+            vec![with("web", "10.96.12.34", vec![b()]), start[1].clone(), start[2].clone(), sticky.clone()],
+            // twin deleted (the last user of the hairpin element and of count 2), a new port.
+            vec![
+                with("web", "10.96.12.34", vec![b()]),
+                start[2].clone(),
+                sticky.clone(),
+                with("new", "10.96.0.33", vec![a(), b(), c()]),
+            ],
+            // sticky loses its affinity set and chains with its last endpoint.
+            vec![
+                with("web", "10.96.12.34", vec![b()]),
+                start[2].clone(),
+                with("sticky", "10.96.0.30", vec![]),
+                with("new", "10.96.0.33", vec![a(), b(), c()]),
+            ],
+        ];
+        for layout in [Layout::Current, Layout::V134, Layout::SharedMaps] {
+            let config = NftConfig { layout, ..Default::default() };
+            let mut kernel = render(&cfg(), &config, &start);
+            let mut shared = Shared::of(&cfg(), &config, &start);
+            let mut states = start.clone();
+            for next in &steps {
+                let key = |s: &ServiceState| s.port.key();
+                let old: Vec<&ServiceState> =
+                    states.iter().filter(|s| !next.iter().any(|n| key(n) == key(s) && n == *s)).collect();
+                let new: Vec<&ServiceState> =
+                    next.iter().filter(|n| !states.iter().any(|s| key(n) == key(s) && *n == s)).collect();
+                let (before, after) = render_changed(&cfg(), &config, &mut shared, &old, &new);
+                let held = Listing::of(&kernel);
+                for (set, els) in &Listing::of(&before).sets {
+                    assert!(els.is_subset(&held.sets[set]), "{layout:?}: deletes only what is there: {set}");
+                }
+                kernel.replace_part(&before, &after);
+                assert_eq!(Listing::of(&kernel), Listing::of(&render(&cfg(), &config, next)), "{layout:?}");
+                assert_eq!(shared, Shared::of(&cfg(), &config, next), "{layout:?}");
+                states = next.clone();
+            }
+        }
     }
 
     /// The transaction lines the reference gives for the worked example (current layout).
