@@ -256,6 +256,11 @@ fn child_latency(mode: &str) {
             self.tell(tx.text());
             Ok(())
         }
+        fn apply_elements(&self, tx: &Transaction, sets: &[podpath_ruleset::nft::Set]) -> node_agent::Result<()> {
+            self.inner.apply_elements(tx, sets)?;
+            self.tell(tx.text());
+            Ok(())
+        }
         fn chain_rules(&self, chain: &str) -> node_agent::Result<Option<Vec<String>>> {
             self.inner.chain_rules(chain)
         }

@@ -133,6 +133,65 @@ fn every_layout_loads_and_lists_back_as_rendered() {
     assert_eq!(host_state(), before, "the host namespace changed");
 }
 
+/// The shared-maps layout's partial syncs are element commands only: they go to the kernel as
+/// one netlink batch (no `nft` process) and the table lists back as rendered, comments
+/// included; a batch the kernel refuses changes nothing.
+#[test]
+fn element_only_syncs_go_over_netlink_and_list_back_as_rendered() {
+    use node_agent::proxy::nfnl;
+    use node_agent::proxy::nft_sync::{sync_once, NftablesKernel};
+    use node_agent::proxy::nftables::{render_changed, Shared};
+    if !root_or_explain() {
+        return;
+    }
+    let before_host = host_state();
+    let ns = Netns::new("ppnl");
+    ns.in_thread(|| {
+        let listed = |nft: &Nft| Listing::parse(&nft.list_table(NftFamily::Ip, TABLE, false).unwrap().expect("table"));
+        let (k, nft) = (NftablesKernel::default(), Nft::default());
+        let config = NftConfig { layout: Layout::SharedMaps, service_cidrs: vec!["10.96.0.0/12".parse().unwrap()] };
+        let states = services();
+        let (mut table, _, _) = sync_once(&k, &cfg(), &config, &states, None).unwrap();
+        let mut shared = Shared::of(&cfg(), &config, &states);
+        // One endpoint of `plain` replaced, `plain-dns` deleted, a new plain Service with the
+        // same endpoint count as `plain-dns` had.
+        let mut next = states.clone();
+        next[6].endpoints[2] = ep("10.244.3.99", 8080, "node-3", true);
+        next.remove(7);
+        next.push(ServiceState {
+            port: ServicePort {
+                cluster_ip: Some("10.96.0.28".parse().unwrap()),
+                ..ServicePort::new("default", "fresh", "metrics", "tcp", 9153)
+            },
+            endpoints: vec![ep("10.244.1.12", 9153, "node-1", true)],
+        });
+        let (old, new) = (vec![&states[6], &states[7]], vec![&next[6], next.last().unwrap()]);
+        let (before, after) = render_changed(&cfg(), &config, &mut shared, &old, &new);
+        let (tx, stale) = Transaction::between(Some(&before), &after);
+        assert!(stale.is_empty(), "{stale:?}");
+        let (batch, acks) =
+            nfnl::encode(&tx, &after.sets, 41).unwrap_or_else(|| panic!("not elements only:\n{}", tx.text()));
+        nfnl::send(&batch, acks, 41).unwrap_or_else(|e| panic!("{e}\n{}", tx.text()));
+        table.replace_part(&before, &after);
+        let want = Listing::of(&render(&cfg(), &config, &next));
+        assert_eq!(Listing::of(&table), want);
+        assert_eq!(listed(&nft), want, "the kernel holds what the layout renders");
+        assert!(want.sets["service-ips"].iter().any(|e| e.contains("comment \"default/fresh:metrics\"")));
+
+        // Deleting an element that is not there: the kernel refuses the batch, whole.
+        let (tx, _) = Transaction::between(Some(&after), &before);
+        let mut bad = tx.clone();
+        bad.ops.retain(|op| matches!(op, podpath_ruleset::nft::Op::DeleteElement { .. }));
+        bad.ops
+            .extend(tx.ops.iter().filter(|op| matches!(op, podpath_ruleset::nft::Op::DeleteElement { .. })).cloned());
+        let (batch, acks) = nfnl::encode(&bad, &after.sets, 90).unwrap();
+        assert!(nfnl::send(&batch, acks, 90).is_err(), "the second delete of the same elements fails");
+        assert_eq!(listed(&nft), want, "nothing of a refused batch is applied");
+    });
+    drop(ns);
+    assert_eq!(host_state(), before_host, "the host namespace changed");
+}
+
 /// `node-agent --cleanup` in a namespace holding both modes' rules (as after a switch of
 /// modes) removes the nftables table and the iptables chains and jumps alike.
 #[test]

@@ -69,6 +69,19 @@ impl Netns {
         must(&full)
     }
 
+    /// Runs `f` on a thread inside the namespace (its sockets, and the processes it starts,
+    /// belong there) and returns what it returned.
+    pub fn in_thread<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> T {
+        let path = self.path();
+        std::thread::spawn(move || {
+            let ns = File::open(&path).expect("open netns");
+            nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
+            f()
+        })
+        .join()
+        .unwrap_or_else(|e| std::panic::resume_unwind(e))
+    }
+
     /// A TCP listener created inside the namespace (a socket stays in the namespace it was
     /// created in, so a server in this process can serve clients of that namespace).
     pub fn bind_tcp(&self, addr: &str) -> std::net::TcpListener {

@@ -8,6 +8,7 @@ pub mod iptables;
 pub mod kernel;
 pub mod model;
 pub mod names;
+pub mod nfnl;
 pub mod nft_sync;
 pub mod nftables;
 pub mod service_health;

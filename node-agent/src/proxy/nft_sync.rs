@@ -12,7 +12,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1 as core;
 use k8s_openapi::api::discovery::v1 as discovery;
 use podpath_client::reflector::Store;
-use podpath_ruleset::nft::{delete_chains, NftFamily, NftTable, Transaction};
+use podpath_ruleset::nft::{delete_chains, NftFamily, NftTable, Set, Transaction};
 use podpath_ruleset::Nft;
 
 use super::iptables::{RenderConfig, ServiceState};
@@ -31,6 +31,11 @@ pub const STALE_CHAIN_DELAY: Duration = Duration::from_secs(1);
 /// What the nftables proxier asks of the kernel.
 pub trait NftKernel: Send + Sync + 'static {
     fn apply(&self, tx: &Transaction) -> Result<()>;
+    /// A transaction that may hold only element commands, with the declarations of the sets
+    /// it names (so that their keys can be encoded): the real kernel sends those over netlink.
+    fn apply_elements(&self, tx: &Transaction, _sets: &[Set]) -> Result<()> {
+        self.apply(tx)
+    }
     /// The rules of one chain of the table, as nft lists them (None: no such chain).
     fn chain_rules(&self, chain: &str) -> Result<Option<Vec<String>>>;
     fn delete_table(&self) -> Result<()>;
@@ -51,6 +56,17 @@ impl NftKernel for NftablesKernel {
     fn apply(&self, tx: &Transaction) -> Result<()> {
         self.nft.apply(tx).map_err(network)
     }
+    fn apply_elements(&self, tx: &Transaction, sets: &[Set]) -> Result<()> {
+        // The agent runs in the node's namespace; a set in another one (tests) goes to nft.
+        if self.nft.netns.is_none() {
+            let seq =
+                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_secs() as u32);
+            if let Some((batch, acks)) = super::nfnl::encode(tx, sets, seq) {
+                return super::nfnl::send(&batch, acks, seq);
+            }
+        }
+        self.apply(tx)
+    }
     fn chain_rules(&self, chain: &str) -> Result<Option<Vec<String>>> {
         self.nft.chain_rules(NftFamily::Ip, TABLE, chain).map_err(network)
     }
@@ -65,6 +81,9 @@ impl NftKernel for NftablesKernel {
 impl<K: NftKernel> NftKernel for Arc<K> {
     fn apply(&self, tx: &Transaction) -> Result<()> {
         (**self).apply(tx)
+    }
+    fn apply_elements(&self, tx: &Transaction, sets: &[Set]) -> Result<()> {
+        (**self).apply_elements(tx, sets)
     }
     fn chain_rules(&self, chain: &str) -> Result<Option<Vec<String>>> {
         (**self).chain_rules(chain)
@@ -147,7 +166,7 @@ pub fn sync_changed<K: NftKernel + ?Sized>(
     let (before, after) = render_changed(cfg, nft, shared, &old, &new);
     let (tx, stale) = Transaction::between(Some(&before), &after);
     let ops = tx.len();
-    k.apply(&tx)?;
+    k.apply_elements(&tx, &after.sets)?;
     table.replace_part(&before, &after);
     Ok((stale, ops))
 }
