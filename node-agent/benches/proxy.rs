@@ -131,6 +131,20 @@ fn child_nft_sync(n: usize, mode: &str) {
     let (mut table, _, _) = sync_once(&k, &cfg, &nft, &state, None).expect("full sync");
     println!("full {}", t.elapsed().as_secs_f64() * 1e3);
     let mut shared = node_agent::proxy::nftables::Shared::of(&cfg, &nft, &state);
+    // 100 single endpoint replacements (a pod replaced by another), each its own partial sync.
+    let mut times = vec![];
+    for c in 0..100 {
+        let i = (c * 97) % n;
+        let old = state[i].clone();
+        state[i].endpoints[c % 10].ip = format!("10.99.{}.{}", c / 250, c % 250 + 1).parse().unwrap();
+        let t = Instant::now();
+        node_agent::proxy::nft_sync::sync_changed(&k, &cfg, &nft, &mut shared, &mut table, &[old], &state[i..=i])
+            .expect("partial sync");
+        times.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    times.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    println!("replace-p50 {}", times[50]);
+    println!("replace-p99 {}", times[98]);
     // The proxier's partial sync: the changed port, as it was and as it is.
     let old = state[n / 2].clone();
     state[n / 2].endpoints.pop();
@@ -472,7 +486,9 @@ fn main() {
                 show(sync_ms, limit),
                 show(bare, limit)
             );
-            println!("  {mode}: sync after one endpoint change {}", show(partial_ms, limit));
+            println!("  {mode}: sync after one endpoint removed {}", show(partial_ms, limit));
+            let f = |k: &str| get(&out, k).map(|v| format!("{v:.1} ms")).unwrap_or("-".into());
+            println!("  {mode}: one endpoint replaced, 100 times: p50 {}, p99 {}", f("replace-p50"), f("replace-p99"));
         }
     }
     if !root {
