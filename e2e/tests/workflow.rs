@@ -122,7 +122,9 @@ fn kubectl_logs_tail_limit_follow_and_errors() {
     );
     let crash = podpath_e2e::wait_for(Duration::from_secs(30), "BackOff and Unhealthy", || {
         let d = lab.kubectl(&["describe", "pod", "crash"]) + &lab.kubectl(&["describe", "pod", "unready"]);
-        if d.contains("Back-off restarting") && d.contains("Unhealthy") {
+        // A probe can time out while the machine is busy (CI once saw the first one exceed its
+        // 1 s); the refused ones that follow are the point.
+        if d.contains("Back-off restarting") && d.contains(":9999: connect: connection refused") {
             Ok(d)
         } else {
             Err(d)
