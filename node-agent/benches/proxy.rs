@@ -123,12 +123,12 @@ fn nft_config(mode: &str) -> node_agent::proxy::nftables::NftConfig {
 
 /// In the namespace: the nftables proxier's full sync, then a sync after one endpoint change.
 fn child_nft_sync(n: usize, mode: &str) {
-    use node_agent::proxy::nft_sync::{sync_once, NftablesKernel};
+    use node_agent::proxy::nft_sync::{sync_full, NftablesKernel};
     let k = NftablesKernel::default();
     let (cfg, nft) = (config(), nft_config(mode));
     let mut state = services(n, 10);
     let t = Instant::now();
-    let (mut table, _, _) = sync_once(&k, &cfg, &nft, &state, None).expect("full sync");
+    let (mut table, _) = sync_full(&k, &cfg, &nft, &state).expect("full sync");
     println!("full {}", t.elapsed().as_secs_f64() * 1e3);
     let mut shared = node_agent::proxy::nftables::Shared::of(&cfg, &nft, &state);
     // 100 single endpoint replacements (a pod replaced by another), each its own partial sync.

@@ -139,7 +139,7 @@ fn every_layout_loads_and_lists_back_as_rendered() {
 #[test]
 fn element_only_syncs_go_over_netlink_and_list_back_as_rendered() {
     use node_agent::proxy::nfnl;
-    use node_agent::proxy::nft_sync::{sync_once, NftablesKernel};
+    use node_agent::proxy::nft_sync::{sync_full, NftablesKernel};
     use node_agent::proxy::nftables::{render_changed, Shared};
     if !root_or_explain() {
         return;
@@ -151,7 +151,7 @@ fn element_only_syncs_go_over_netlink_and_list_back_as_rendered() {
         let (k, nft) = (NftablesKernel::default(), Nft::default());
         let config = NftConfig { layout: Layout::SharedMaps, service_cidrs: vec!["10.96.0.0/12".parse().unwrap()] };
         let states = services();
-        let (mut table, _, _) = sync_once(&k, &cfg(), &config, &states, None).unwrap();
+        let (mut table, _) = sync_full(&k, &cfg(), &config, &states).unwrap();
         let mut shared = Shared::of(&cfg(), &config, &states);
         // One endpoint of `plain` replaced, `plain-dns` deleted, a new plain Service with the
         // same endpoint count as `plain-dns` had.

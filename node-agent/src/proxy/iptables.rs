@@ -12,7 +12,7 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 use podpath_ruleset::{Addr, Command, MarkOp, Match, RecentOp, Rule, Ruleset, Table, Target};
 
-use super::model::{categorize, Endpoint, EndpointView, ServiceKey, ServicePort};
+use super::model::{Categorized, Endpoint, ServiceKey, ServicePort};
 use super::names;
 
 /// `1 << masqueradeBit` with kube-proxy's default bit 14.
@@ -124,45 +124,33 @@ struct Parts {
 
 /// What the rules of one service port depend on, worked out once.
 struct Port<'a> {
-    sp: &'a ServicePort,
-    spn: String,
+    eps: Categorized<'a>,
     svc_chain: String,
     svl_chain: String,
     ext_chain: String,
     fw_chain: String,
-    cluster_eps: Vec<Endpoint>,
-    local_eps: Vec<Endpoint>,
     /// kube-proxy's large-cluster mode: endpoint rules carry no comment.
     large: bool,
 }
 
-impl EndpointView for Port<'_> {
-    fn port(&self) -> &ServicePort {
-        self.sp
-    }
-    fn cluster_eps(&self) -> &[Endpoint] {
-        &self.cluster_eps
-    }
-    fn local_eps(&self) -> &[Endpoint] {
-        &self.local_eps
+/// The port's categorised endpoints and their questions, straight on the port.
+impl<'a> std::ops::Deref for Port<'a> {
+    type Target = Categorized<'a>;
+    fn deref(&self) -> &Categorized<'a> {
+        &self.eps
     }
 }
 
 impl<'a> Port<'a> {
     fn new(cfg: &RenderConfig, st: &'a ServiceState) -> Port<'a> {
-        let sp = &st.port;
-        let spn = sp.spn().to_string();
-        let hash = names::service_hash(&spn, &sp.protocol);
-        let (cluster_eps, local_eps) = categorize(&st.endpoints, &cfg.node_name);
+        let eps = Categorized::new(&st.port, &st.endpoints, &cfg.node_name);
+        let hash = names::service_hash(&eps.spn, &st.port.protocol);
         Port {
-            sp,
-            spn,
+            eps,
             svc_chain: format!("KUBE-SVC-{hash}"),
             svl_chain: format!("KUBE-SVL-{hash}"),
             ext_chain: format!("KUBE-EXT-{hash}"),
             fw_chain: format!("KUBE-FW-{hash}"),
-            cluster_eps,
-            local_eps,
             large: false,
         }
     }

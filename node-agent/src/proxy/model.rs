@@ -229,35 +229,44 @@ pub fn endpoints(sp: &ServicePort, slices: &[discovery::EndpointSlice], node: &s
 
 /// A service port with its endpoints categorised for this node, as both kernel modes write
 /// rules from it: what kube-proxy's `usesClusterEndpoints`, `hasInternalEndpoints`, … decide.
-pub trait EndpointView {
-    fn port(&self) -> &ServicePort;
+#[derive(Debug, Clone)]
+pub struct Categorized<'a> {
+    pub sp: &'a ServicePort,
+    /// `ns/name:port`, as comments name it.
+    pub spn: String,
     /// The endpoints the cluster policy picks from.
-    fn cluster_eps(&self) -> &[Endpoint];
+    pub cluster_eps: Vec<Endpoint>,
     /// The endpoints on this node the local policy picks from.
-    fn local_eps(&self) -> &[Endpoint];
+    pub local_eps: Vec<Endpoint>,
+}
 
-    fn has_endpoints(&self) -> bool {
-        !self.cluster_eps().is_empty() || !self.local_eps().is_empty()
+impl<'a> Categorized<'a> {
+    pub fn new(sp: &'a ServicePort, endpoints: &[Endpoint], node: &str) -> Categorized<'a> {
+        let (cluster_eps, local_eps) = categorize(endpoints, node);
+        Categorized { sp, spn: sp.spn().to_string(), cluster_eps, local_eps }
     }
-    fn uses_cluster(&self) -> bool {
-        !self.cluster_eps().is_empty() && self.port().uses_cluster_endpoints()
+    pub fn has_endpoints(&self) -> bool {
+        !self.cluster_eps.is_empty() || !self.local_eps.is_empty()
     }
-    fn uses_local(&self) -> bool {
-        !self.local_eps().is_empty() && self.port().uses_local_endpoints()
+    pub fn uses_cluster(&self) -> bool {
+        !self.cluster_eps.is_empty() && self.sp.uses_cluster_endpoints()
     }
-    fn uses_ext(&self) -> bool {
-        self.has_endpoints() && self.port().externally_accessible()
+    pub fn uses_local(&self) -> bool {
+        !self.local_eps.is_empty() && self.sp.uses_local_endpoints()
     }
-    fn uses_fw(&self) -> bool {
-        self.uses_ext() && !self.port().source_ranges.is_empty()
+    pub fn uses_ext(&self) -> bool {
+        self.has_endpoints() && self.sp.externally_accessible()
+    }
+    pub fn uses_fw(&self) -> bool {
+        self.uses_ext() && !self.sp.source_ranges.is_empty()
     }
     /// Endpoints for the internal traffic policy (cluster, or this node's with `Local`).
-    fn has_internal(&self) -> bool {
-        !(if self.port().internal_policy_local { self.local_eps() } else { self.cluster_eps() }).is_empty()
+    pub fn has_internal(&self) -> bool {
+        !(if self.sp.internal_policy_local { &self.local_eps } else { &self.cluster_eps }).is_empty()
     }
     /// Endpoints for the external traffic policy.
-    fn has_external(&self) -> bool {
-        !(if self.port().external_policy_local { self.local_eps() } else { self.cluster_eps() }).is_empty()
+    pub fn has_external(&self) -> bool {
+        !(if self.sp.external_policy_local { &self.local_eps } else { &self.cluster_eps }).is_empty()
     }
 }
 

@@ -1,7 +1,8 @@
-//! The nftables proxier's sync loop: watch caches → one snapshot → the pure renderer
-//! ([`super::nftables::render`]) → the transaction from what the kernel holds (as last written)
-//! to the new table → one `nft -f` → stale chains deleted in a later transaction, at least a
-//! second after they were flushed (kube-proxy's rule, for kernels that notice late that no map
+//! The nftables proxier's sync loop: watch caches → one snapshot → a full sync (the pure
+//! renderer [`super::nftables::render`], the whole table replaced in one `nft -f`), then partial
+//! syncs made from the changed service ports alone ([`super::nftables::render_changed`]; element
+//! commands only go over netlink, [`super::nfnl`]) → stale chains deleted in a later
+//! transaction, at least a second after they were flushed (kube-proxy's rule, for kernels that notice late that no map
 //! element points at a chain any more). A table that vanished or a failed transaction makes
 //! the next sync a full one, which replaces the table whole.
 
@@ -133,20 +134,19 @@ struct Stale {
     chains: Vec<String>,
 }
 
-/// One sync: the transaction from `last` (None: replace the table) to the render of `state`.
-/// Returns the new table and the chains it flushed for later deletion.
-pub fn sync_once<K: NftKernel + ?Sized>(
+/// A full sync: the render of `state` replaces whatever the table holds, in one transaction.
+/// Returns the new table and the number of commands.
+pub fn sync_full<K: NftKernel + ?Sized>(
     k: &K,
     cfg: &RenderConfig,
     nft: &NftConfig,
     state: &[ServiceState],
-    last: Option<&NftTable>,
-) -> Result<(NftTable, Vec<String>, usize)> {
+) -> Result<(NftTable, usize)> {
     let next = render(cfg, nft, state);
-    let (tx, stale) = Transaction::between(last, &next);
+    let (tx, _) = Transaction::between(None, &next);
     let ops = tx.len();
     k.apply(&tx)?;
-    Ok((next, stale, ops))
+    Ok((next, ops))
 }
 
 /// A sync of the service ports that changed (`old` states → `new` ones; a port only in `new`
@@ -213,9 +213,9 @@ pub async fn run_nft_proxier<K: NftKernel>(p: NftProxier<K>, synced: Option<toki
             let mut sharing = std::mem::take(&mut shared);
             let result = tokio::task::spawn_blocking(move || {
                 let r = match prev {
-                    None => sync_once(&*k, &c, &n, &state, None).map(|(table, flushed, ops)| {
+                    None => sync_full(&*k, &c, &n, &state).map(|(table, ops)| {
                         sharing = Shared::of(&c, &n, &state);
-                        (table, flushed, ops)
+                        (table, vec![], ops)
                     }),
                     Some(mut table) => sync_changed(&*k, &c, &n, &mut sharing, &mut table, &old, &new)
                         .map(|(flushed, ops)| (table, flushed, ops)),

@@ -15,7 +15,7 @@ use podpath_ruleset::nft::{Chain, Element, NftFamily, NftTable, Set};
 use sha2::{Digest, Sha256};
 
 use super::iptables::{RenderConfig, ServiceState};
-use super::model::{categorize, Endpoint, EndpointView, ServicePort};
+use super::model::{Categorized, Endpoint, ServicePort};
 
 /// The table kube-proxy owns (one per IP family).
 pub const TABLE: &str = "kube-proxy";
@@ -319,8 +319,7 @@ impl Shared {
             }
         }
         if nft.layout.is_current() {
-            let (cluster_eps, local_eps) = categorize(&st.endpoints, &cfg.node_name);
-            let p = Port { sp: &st.port, spn: String::new(), cluster_eps, local_eps };
+            let p = Port::new(&st.port, &st.endpoints, &cfg.node_name);
             for e in hairpin_elements(&p) {
                 let c = self.hairpin.entry(e.key_text()).or_default();
                 *c = c.saturating_add_signed(by);
@@ -392,9 +391,8 @@ fn shared<'a>(cfg: &RenderConfig, nft: &NftConfig, st: &'a ServiceState) -> Opti
     {
         return None;
     }
-    let (cluster_eps, local_eps) = categorize(&st.endpoints, &cfg.node_name);
-    let cluster_eps: Vec<Endpoint> = cluster_eps.into_iter().filter(|e| e.ip.is_ipv4()).collect();
-    let port = Port { sp, spn: sp.spn().to_string(), cluster_eps, local_eps };
+    let mut port = Port::new(sp, &st.endpoints, &cfg.node_name);
+    port.cluster_eps.retain(|e| e.ip.is_ipv4());
     (!port.cluster_eps.is_empty() && !port.uses_fw()).then_some(port)
 }
 
@@ -447,33 +445,15 @@ fn hairpin_elements<'a>(p: &'a Port<'_>) -> impl Iterator<Item = Element> + 'a {
 }
 
 /// What a service port's rules depend on.
-struct Port<'a> {
-    sp: &'a ServicePort,
-    spn: String,
-    cluster_eps: Vec<Endpoint>,
-    local_eps: Vec<Endpoint>,
-}
+/// What a service port's rules depend on.
+type Port<'a> = Categorized<'a>;
 
-impl EndpointView for Port<'_> {
-    fn port(&self) -> &ServicePort {
-        self.sp
-    }
-    fn cluster_eps(&self) -> &[Endpoint] {
-        &self.cluster_eps
-    }
-    fn local_eps(&self) -> &[Endpoint] {
-        &self.local_eps
-    }
-}
-
-impl Port<'_> {
-    /// `goto reject-chain` when there is no endpoint anywhere, else `drop` (none on this node).
-    fn no_endpoint_verdict(&self) -> &'static str {
-        if self.has_endpoints() {
-            "drop"
-        } else {
-            "goto reject-chain"
-        }
+/// `goto reject-chain` when there is no endpoint anywhere, else `drop` (none on this node).
+fn no_endpoint_verdict(p: &Port<'_>) -> &'static str {
+    if p.has_endpoints() {
+        "drop"
+    } else {
+        "goto reject-chain"
     }
 }
 
@@ -489,8 +469,7 @@ fn service(cfg: &RenderConfig, nft: &NftConfig, st: &ServiceState, t: &mut NftTa
     // chain comes twice. (A lookup per chain made 10,000 Services take seconds.)
     let mut chains_made: std::collections::HashSet<String> = std::collections::HashSet::new();
     let mut sets_made: std::collections::HashSet<String> = std::collections::HashSet::new();
-    let (cluster_eps, local_eps) = categorize(&st.endpoints, &cfg.node_name);
-    let p = Port { sp, spn: sp.spn().to_string(), cluster_eps, local_eps };
+    let p = Port::new(sp, &st.endpoints, &cfg.node_name);
     let proto = sp.protocol.as_str();
     let port = sp.port.to_string();
     let svc_chain = service_chain("service-", sp);
@@ -518,7 +497,7 @@ fn service(cfg: &RenderConfig, nft: &NftConfig, st: &ServiceState, t: &mut NftTa
         if !p.has_external() {
             t.add_element(
                 "no-endpoint-services",
-                Element::key(&[ip, proto, &port]).with_comment(&p.spn).to(p.no_endpoint_verdict()),
+                Element::key(&[ip, proto, &port]).with_comment(&p.spn).to(no_endpoint_verdict(&p)),
             );
         }
     }
@@ -535,7 +514,7 @@ fn service(cfg: &RenderConfig, nft: &NftConfig, st: &ServiceState, t: &mut NftTa
         if !p.has_external() {
             t.add_element(
                 "no-endpoint-nodeports",
-                Element::key(&[proto, &np]).with_comment(&p.spn).to(p.no_endpoint_verdict()),
+                Element::key(&[proto, &np]).with_comment(&p.spn).to(no_endpoint_verdict(&p)),
             );
         }
     }
