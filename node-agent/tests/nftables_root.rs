@@ -169,9 +169,9 @@ fn element_only_syncs_go_over_netlink_and_list_back_as_rendered() {
         let (before, after) = render_changed(&cfg(), &config, &mut shared, &old, &new);
         let (tx, stale) = Transaction::between(Some(&before), &after);
         assert!(stale.is_empty(), "{stale:?}");
-        let (batch, acks) =
-            nfnl::encode(&tx, &after.sets, 41).unwrap_or_else(|| panic!("not elements only:\n{}", tx.text()));
-        nfnl::send(&batch, acks, 41).unwrap_or_else(|e| panic!("{e}\n{}", tx.text()));
+        let mut socket = nfnl::Socket::open().unwrap();
+        let sent = socket.apply_elements(&tx, &after.sets).unwrap_or_else(|e| panic!("{e}\n{}", tx.text()));
+        assert!(sent, "not elements only:\n{}", tx.text());
         table.replace_part(&before, &after);
         let want = Listing::of(&render(&cfg(), &config, &next));
         assert_eq!(Listing::of(&table), want);
@@ -184,9 +184,18 @@ fn element_only_syncs_go_over_netlink_and_list_back_as_rendered() {
         bad.ops.retain(|op| matches!(op, podpath_ruleset::nft::Op::DeleteElement { .. }));
         bad.ops
             .extend(tx.ops.iter().filter(|op| matches!(op, podpath_ruleset::nft::Op::DeleteElement { .. })).cloned());
-        let (batch, acks) = nfnl::encode(&bad, &after.sets, 90).unwrap();
-        assert!(nfnl::send(&batch, acks, 90).is_err(), "the second delete of the same elements fails");
+        assert!(socket.apply_elements(&bad, &after.sets).is_err(), "the second delete of the same elements fails");
         assert_eq!(listed(&nft), want, "nothing of a refused batch is applied");
+        // One socket carries batch after batch: back to `states`, and forward again.
+        let mut socket = nfnl::Socket::open().unwrap();
+        let (back_before, back_after) = render_changed(&cfg(), &config, &mut shared, &new, &old);
+        let (back, _) = Transaction::between(Some(&back_before), &back_after);
+        assert!(socket.apply_elements(&back, &back_after.sets).unwrap());
+        assert_eq!(listed(&nft), Listing::of(&render(&cfg(), &config, &states)));
+        let (before, after) = render_changed(&cfg(), &config, &mut shared, &old, &new);
+        let (forward, _) = Transaction::between(Some(&before), &after);
+        assert!(socket.apply_elements(&forward, &after.sets).unwrap());
+        assert_eq!(listed(&nft), want);
     });
     drop(ns);
     assert_eq!(host_state(), before_host, "the host namespace changed");

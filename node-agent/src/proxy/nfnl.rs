@@ -221,44 +221,72 @@ pub fn encode(tx: &Transaction, sets: &[Set], seq: u32) -> Option<(Vec<u8>, u32)
     (n > 0).then_some((out, n))
 }
 
-/// Sends a batch in the current network namespace and waits for its acknowledgements: the
-/// kernel applies all of it or none.
-pub fn send(batch: &[u8], acks: u32, seq: u32) -> Result<()> {
-    use netlink_sys::{protocols::NETLINK_NETFILTER, Socket, SocketAddr};
-    let io = |what: &str, e: std::io::Error| AgentError::Network {
-        what: format!("nf_tables netlink: {what}"),
-        source: Box::new(e),
-    };
-    let mut s = Socket::new(NETLINK_NETFILTER).map_err(|e| io("socket", e))?;
-    s.bind_auto().map_err(|e| io("bind", e))?;
-    s.connect(&SocketAddr::new(0, 0)).map_err(|e| io("connect", e))?;
-    s.send(batch, 0).map_err(|e| io("send", e))?;
-    let mut seen = 0;
-    let mut buf = vec![0u8; 65536];
-    while seen < acks {
-        let n = s.recv(&mut &mut buf[..], 0).map_err(|e| io("receive", e))?;
-        let mut at = 0;
-        while at + 16 <= n {
-            let len = u32::from_ne_bytes(buf[at..at + 4].try_into().expect("4 bytes")) as usize;
-            let kind = u16::from_ne_bytes(buf[at + 4..at + 6].try_into().expect("2 bytes"));
-            let msg_seq = u32::from_ne_bytes(buf[at + 8..at + 12].try_into().expect("4 bytes"));
-            if len < 16 || at + len > n {
-                break;
-            }
-            if kind == NLMSG_ERROR && len >= 20 && msg_seq > seq {
-                let code = i32::from_ne_bytes(buf[at + 16..at + 20].try_into().expect("4 bytes"));
-                if code != 0 {
-                    return Err(io(
-                        &format!("element command {} of the batch refused", msg_seq - seq),
-                        std::io::Error::from_raw_os_error(-code),
-                    ));
-                }
-                seen += 1;
-            }
-            at += len.next_multiple_of(4);
-        }
+/// An nf_tables netlink socket kept open between syncs. Closing one after a transaction that
+/// deleted elements waits for the kernel to release them (≈15 ms here, RCU grace periods):
+/// that wait, not the transaction, was most of an endpoint change's cost.
+#[derive(Debug)]
+pub struct Socket {
+    sock: netlink_sys::Socket,
+    seq: u32,
+}
+
+fn io(what: &str, e: std::io::Error) -> AgentError {
+    AgentError::Network { what: format!("nf_tables netlink: {what}"), source: Box::new(e) }
+}
+
+impl Socket {
+    /// A socket in the current network namespace.
+    pub fn open() -> Result<Self> {
+        use netlink_sys::{protocols::NETLINK_NETFILTER, SocketAddr};
+        let mut sock = netlink_sys::Socket::new(NETLINK_NETFILTER).map_err(|e| io("socket", e))?;
+        sock.bind_auto().map_err(|e| io("bind", e))?;
+        sock.connect(&SocketAddr::new(0, 0)).map_err(|e| io("connect", e))?;
+        let seq = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_secs() as u32);
+        Ok(Socket { sock, seq })
     }
-    Ok(())
+
+    /// Encodes `tx` ([`encode`]) and sends it; `Ok(false)` when it is not for this layer.
+    /// After an error the socket may hold replies of the failed batch: drop it.
+    pub fn apply_elements(&mut self, tx: &Transaction, sets: &[Set]) -> Result<bool> {
+        let seq = self.seq;
+        let Some((batch, acks)) = encode(tx, sets, seq) else { return Ok(false) };
+        self.seq = seq.wrapping_add(acks + 2);
+        self.send(&batch, acks, seq)?;
+        Ok(true)
+    }
+
+    /// Sends a batch and waits for its acknowledgements: the kernel applies all of it or none.
+    fn send(&mut self, batch: &[u8], acks: u32, seq: u32) -> Result<()> {
+        self.sock.send(batch, 0).map_err(|e| io("send", e))?;
+        let mut seen = 0;
+        let mut buf = vec![0u8; 65536];
+        while seen < acks {
+            let n = self.sock.recv(&mut &mut buf[..], 0).map_err(|e| io("receive", e))?;
+            let mut at = 0;
+            while at + 16 <= n {
+                let len = u32::from_ne_bytes(buf[at..at + 4].try_into().expect("4 bytes")) as usize;
+                let kind = u16::from_ne_bytes(buf[at + 4..at + 6].try_into().expect("2 bytes"));
+                let msg_seq = u32::from_ne_bytes(buf[at + 8..at + 12].try_into().expect("4 bytes"));
+                if len < 16 || at + len > n {
+                    break;
+                }
+                // Replies to this batch only (an earlier, abandoned one may have left some).
+                let ours = msg_seq.wrapping_sub(seq);
+                if kind == NLMSG_ERROR && len >= 20 && ours >= 1 && ours <= acks {
+                    let code = i32::from_ne_bytes(buf[at + 16..at + 20].try_into().expect("4 bytes"));
+                    if code != 0 {
+                        return Err(io(
+                            &format!("element command {ours} of the batch refused"),
+                            std::io::Error::from_raw_os_error(-code),
+                        ));
+                    }
+                    seen += 1;
+                }
+                at += len.next_multiple_of(4);
+            }
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]

@@ -43,10 +43,12 @@ pub trait NftKernel: Send + Sync + 'static {
     fn clear_conntrack(&self, deletes: &[Vec<String>]);
 }
 
-/// The real kernel: `nft` in the current network namespace.
+/// The real kernel: `nft` in the current network namespace, and a netlink socket kept open
+/// for element transactions.
 #[derive(Debug, Clone, Default)]
 pub struct NftablesKernel {
     pub nft: Nft,
+    socket: Arc<std::sync::Mutex<Option<super::nfnl::Socket>>>,
 }
 
 fn network(e: podpath_ruleset::RulesetError) -> AgentError {
@@ -60,10 +62,17 @@ impl NftKernel for NftablesKernel {
     fn apply_elements(&self, tx: &Transaction, sets: &[Set]) -> Result<()> {
         // The agent runs in the node's namespace; a set in another one (tests) goes to nft.
         if self.nft.netns.is_none() {
-            let seq =
-                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_secs() as u32);
-            if let Some((batch, acks)) = super::nfnl::encode(tx, sets, seq) {
-                return super::nfnl::send(&batch, acks, seq);
+            let mut socket = self.socket.lock().unwrap_or_else(|e| e.into_inner());
+            if socket.is_none() {
+                *socket = Some(super::nfnl::Socket::open()?);
+            }
+            match socket.as_mut().expect("opened").apply_elements(tx, sets) {
+                Ok(true) => return Ok(()),
+                Ok(false) => {}
+                Err(e) => {
+                    *socket = None;
+                    return Err(e);
+                }
             }
         }
         self.apply(tx)
