@@ -154,6 +154,33 @@ fn child_nft_sync(n: usize, mode: &str) {
     println!("partial {}", t.elapsed().as_secs_f64() * 1e3);
 }
 
+/// In the namespace: the bare kernel insertion of a full sync's elements — the table's chains
+/// and rules loaded first, then its elements' netlink batch, encoded beforehand, timed alone.
+fn child_nft_elements(n: usize, mode: &str) {
+    use node_agent::proxy::nfnl;
+    let table = node_agent::proxy::nftables::render(&config(), &nft_config(mode), &services(n, 10));
+    let (text, _) = podpath_ruleset::nft::Transaction::between(None, &nfnl::skeleton(&table));
+    podpath_ruleset::Nft::default().apply(&text).expect("chains and rules");
+    let (batch, acks) = nfnl::encode_elements(&table, 1).expect("elements");
+    let mut socket = nfnl::Socket::open().expect("netlink socket");
+    let t = Instant::now();
+    socket.send(&batch, acks, 1).expect("element batch");
+    println!("insert {}", t.elapsed().as_secs_f64() * 1e3);
+    let skeleton = nfnl::skeleton(&table);
+    println!("elements {}", table.size().1 - skeleton.size().1);
+    if std::env::var("PROF").is_ok() {
+        let t = Instant::now();
+        let table = node_agent::proxy::nftables::render(&config(), &nft_config(mode), &services(n, 10));
+        eprintln!("render {:?}", t.elapsed());
+        let t = Instant::now();
+        let _ = nfnl::skeleton(&table);
+        eprintln!("skeleton {:?}", t.elapsed());
+        let t = Instant::now();
+        let _ = nfnl::encode_elements(&table, 1);
+        eprintln!("encode {:?}", t.elapsed());
+    }
+}
+
 /// In the namespace: the bare `nft -f FILE`.
 fn child_nft_file(file: &str) {
     let t = Instant::now();
@@ -275,6 +302,11 @@ fn child_latency(mode: &str) {
             self.tell(tx.text());
             Ok(())
         }
+        fn apply_full(&self, table: &podpath_ruleset::nft::NftTable) -> node_agent::Result<()> {
+            self.inner.apply_full(table)?;
+            self.tell(String::new());
+            Ok(())
+        }
         fn chain_rules(&self, chain: &str) -> node_agent::Result<Option<Vec<String>>> {
             self.inner.chain_rules(chain)
         }
@@ -374,6 +406,10 @@ fn main() {
     }
     if let Some(pos) = args.iter().position(|a| a == "--child-nft-sync") {
         child_nft_sync(args[pos + 1].parse().unwrap(), &args[pos + 2]);
+        return;
+    }
+    if let Some(pos) = args.iter().position(|a| a == "--child-nft-elements") {
+        child_nft_elements(args[pos + 1].parse().unwrap(), &args[pos + 2]);
         return;
     }
     if let Some(pos) = args.iter().position(|a| a == "--child-nft-file") {
@@ -486,6 +522,20 @@ fn main() {
                 show(sync_ms, limit),
                 show(bare, limit)
             );
+            if mode == "shared-maps" {
+                let ns = testkit::netns::Netns::new("ppb");
+                let out = in_netns(&ns.name, &["--child-nft-elements", &n.to_string(), mode], limit);
+                let insert = get(&out, "insert");
+                let ratio = match (sync_ms, insert) {
+                    (Some(s), Some(b)) => format!("{:.2}", s / b),
+                    _ => "-".into(),
+                };
+                println!(
+                    "  {mode}: bare kernel insertion of its {} elements (one netlink batch) {} (full sync ratio {ratio})",
+                    get(&out, "elements").unwrap_or(0.0),
+                    show(insert, limit)
+                );
+            }
             println!("  {mode}: sync after one endpoint removed {}", show(partial_ms, limit));
             let f = |k: &str| get(&out, k).map(|v| format!("{v:.1} ms")).unwrap_or("-".into());
             println!("  {mode}: one endpoint replaced, 100 times: p50 {}, p99 {}", f("replace-p50"), f("replace-p99"));

@@ -190,6 +190,20 @@ impl Set {
         format!("{{ {} ; }}", parts.join(" ; "))
     }
     /// The declaration without elements (what decides whether a set must be re-created).
+    /// The set as declared, without its elements.
+    pub fn declaration(&self) -> Set {
+        Set {
+            name: self.name.clone(),
+            key_type: self.key_type.clone(),
+            value_type: self.value_type.clone(),
+            by_expression: self.by_expression,
+            flags: self.flags.clone(),
+            timeout: self.timeout.clone(),
+            comment: self.comment.clone(),
+            elements: BTreeMap::new(),
+        }
+    }
+
     fn same_declaration(&self, other: &Set) -> bool {
         self.key_type == other.key_type
             && self.value_type == other.value_type

@@ -12,7 +12,7 @@
 
 use std::net::Ipv4Addr;
 
-use podpath_ruleset::nft::{Element, Op, Set, Transaction};
+use podpath_ruleset::nft::{Element, NftTable, Op, Set, Transaction};
 
 use crate::error::{AgentError, Result};
 
@@ -66,14 +66,21 @@ fn fields(declared: &str) -> Option<Vec<Field>> {
         .collect()
 }
 
-/// The bytes of `text` (`10.96.0.10 . udp . 53`) as a concatenation of `fields`.
-fn value(fields: &[Field], text: &str) -> Option<Vec<u8>> {
-    let parts: Vec<&str> = text.split(" . ").map(str::trim).collect();
+/// The bytes of `parts` (`10.96.0.10`, `udp`, `53`) as a concatenation of `fields`.
+#[cfg(test)]
+fn value<S: AsRef<str>>(fields: &[Field], parts: &[S]) -> Option<Vec<u8>> {
+    let mut out = Vec::with_capacity(4 * fields.len());
+    value_into(&mut out, fields, parts)?;
+    Some(out)
+}
+
+/// [`value`], written at the end of `out`.
+fn value_into<S: AsRef<str>>(out: &mut Vec<u8>, fields: &[Field], parts: &[S]) -> Option<()> {
     if parts.len() != fields.len() {
         return None;
     }
-    let mut out = Vec::with_capacity(4 * fields.len());
     for (f, p) in fields.iter().zip(parts) {
+        let p = p.as_ref().trim();
         match f {
             Field::Ipv4 => out.extend(p.parse::<Ipv4Addr>().ok()?.octets()),
             Field::Proto => {
@@ -92,7 +99,7 @@ fn value(fields: &[Field], text: &str) -> Option<Vec<u8>> {
             Field::HostU32 => out.extend(p.parse::<u32>().ok()?.to_ne_bytes()),
         }
     }
-    Some(out)
+    Some(())
 }
 
 /// A netlink attribute: length, type, payload, padding to 4 bytes.
@@ -103,10 +110,20 @@ fn attr(out: &mut Vec<u8>, kind: u16, payload: &[u8]) {
     out.resize(out.len().next_multiple_of(4), 0);
 }
 
-fn nested(out: &mut Vec<u8>, kind: u16, inner: impl FnOnce(&mut Vec<u8>)) {
-    let mut body = vec![];
-    inner(&mut body);
-    attr(out, kind | NLA_F_NESTED, &body);
+/// An attribute whose payload `inner` writes in place (its length filled in after).
+fn attr_with<T>(out: &mut Vec<u8>, kind: u16, inner: impl FnOnce(&mut Vec<u8>) -> T) -> T {
+    let at = out.len();
+    out.extend([0u8; 4]);
+    let r = inner(out);
+    let len = (out.len() - at) as u16;
+    out[at..at + 2].copy_from_slice(&len.to_ne_bytes());
+    out[at + 2..at + 4].copy_from_slice(&kind.to_ne_bytes());
+    out.resize(out.len().next_multiple_of(4), 0);
+    r
+}
+
+fn nested<T>(out: &mut Vec<u8>, kind: u16, inner: impl FnOnce(&mut Vec<u8>) -> T) -> T {
+    attr_with(out, kind | NLA_F_NESTED, inner)
 }
 
 fn strz(s: &str) -> Vec<u8> {
@@ -115,9 +132,15 @@ fn strz(s: &str) -> Vec<u8> {
     v
 }
 
+/// A map's value type: verdicts, or data of these fields.
+enum ValueType {
+    Verdict,
+    Data(Vec<Field>),
+}
+
 /// A map value: a verdict (`goto CHAIN`, `drop`…) or data of the map's value type.
-fn data(out: &mut Vec<u8>, value_type: &str, text: &str) -> Option<()> {
-    if value_type == "verdict" {
+fn data(out: &mut Vec<u8>, value_type: &ValueType, text: &str) -> Option<()> {
+    if let ValueType::Verdict = value_type {
         let (code, chain): (i32, Option<&str>) = match text.split_once(' ') {
             Some(("goto", c)) => (-4, Some(c)),
             Some(("jump", c)) => (-3, Some(c)),
@@ -137,30 +160,52 @@ fn data(out: &mut Vec<u8>, value_type: &str, text: &str) -> Option<()> {
         });
         return Some(());
     }
-    let bytes = value(&fields(value_type)?, text)?;
-    nested(out, NFTA_SET_ELEM_DATA, |d| attr(d, NFTA_DATA_VALUE, &bytes));
-    Some(())
+    let ValueType::Data(fields) = value_type else { return None };
+    let parts: Vec<&str> = text.split(" . ").collect();
+    nested(out, NFTA_SET_ELEM_DATA, |d| attr_with(d, NFTA_DATA_VALUE, |v| value_into(v, fields, &parts)))
+}
+
+/// How a set's elements are written: its key fields and value type, read once per set.
+struct Layout {
+    key: Vec<Field>,
+    value: Option<ValueType>,
+}
+
+impl Layout {
+    /// None: a set this layer does not write (a type it does not know, or intervals, which
+    /// are written as ranges).
+    fn of(set: &Set) -> Option<Layout> {
+        if set.flags.iter().any(|f| f == "interval") {
+            return None;
+        }
+        let value = match set.value_type.as_deref() {
+            None => None,
+            Some("verdict") => Some(ValueType::Verdict),
+            Some(v) => Some(ValueType::Data(fields(v)?)),
+        };
+        Some(Layout { key: fields(&set.key_type)?, value })
+    }
 }
 
 /// One element in `NFTA_LIST_ELEM` form (a delete names the key only).
-fn element(out: &mut Vec<u8>, set: &Set, e: &Element, with_value: bool) -> Option<()> {
-    let key = value(&fields(&set.key_type)?, &e.key_text())?;
-    let mut body = vec![];
-    nested(&mut body, NFTA_SET_ELEM_KEY, |k| attr(k, NFTA_DATA_VALUE, &key));
-    if with_value {
-        if let (Some(vt), Some(v)) = (&set.value_type, &e.value) {
-            data(&mut body, vt, v)?;
+fn element(out: &mut Vec<u8>, layout: &Layout, e: &Element, with_value: bool) -> Option<()> {
+    nested(out, NFTA_LIST_ELEM, |body| {
+        nested(body, NFTA_SET_ELEM_KEY, |k| attr_with(k, NFTA_DATA_VALUE, |v| value_into(v, &layout.key, &e.key)))?;
+        if with_value {
+            if let (Some(vt), Some(v)) = (&layout.value, &e.value) {
+                data(body, vt, v)?;
+            }
+            if let Some(c) = &e.comment {
+                let len = u8::try_from(c.len() + 1).ok()?;
+                attr_with(body, NFTA_SET_ELEM_USERDATA, |ud| {
+                    ud.extend([NFTNL_UDATA_SET_ELEM_COMMENT, len]);
+                    ud.extend(c.as_bytes());
+                    ud.push(0);
+                });
+            }
         }
-        if let Some(c) = &e.comment {
-            let c = strz(c);
-            let len = u8::try_from(c.len()).ok()?;
-            let mut ud = vec![NFTNL_UDATA_SET_ELEM_COMMENT, len];
-            ud.extend(c);
-            attr(&mut body, NFTA_SET_ELEM_USERDATA, &ud);
-        }
-    }
-    attr(out, NFTA_LIST_ELEM | NLA_F_NESTED, &body);
-    Some(())
+        Some(())
+    })
 }
 
 fn message(out: &mut Vec<u8>, kind: u16, flags: u16, seq: u32, family: u8, res_id: u16, body: &[u8]) {
@@ -175,15 +220,112 @@ fn message(out: &mut Vec<u8>, kind: u16, flags: u16, seq: u32, family: u8, res_i
     out.extend(body);
 }
 
+/// Element bytes per message: one element more must still fit a 16-bit attribute length.
+const MAX_LIST: usize = 60_000;
+
+/// Whether this layer can write `set`'s elements.
+pub fn encodable(set: &Set) -> bool {
+    Layout::of(set).is_some()
+}
+
+/// A batch being built: begin, element messages (each asking for an acknowledgement), end.
+struct Batch<'a> {
+    table: &'a str,
+    out: Vec<u8>,
+    seq: u32,
+    n: u32,
+}
+
+impl<'a> Batch<'a> {
+    fn new(table: &'a str, seq: u32) -> Self {
+        let mut out = Vec::new();
+        message(&mut out, NFNL_MSG_BATCH_BEGIN, NLM_F_REQUEST, seq, 0, NFNL_SUBSYS_NFTABLES, &[]);
+        Batch { table, out, seq, n: 0 }
+    }
+
+    /// Adds (or deletes) `elements` of `set`, as many messages as their size needs.
+    fn elements<'e>(
+        &mut self,
+        set: &Set,
+        layout: &Layout,
+        add: bool,
+        elements: impl Iterator<Item = &'e Element>,
+    ) -> Option<()> {
+        let mut list = vec![];
+        let mut rest = elements.peekable();
+        while rest.peek().is_some() {
+            list.clear();
+            while list.len() < MAX_LIST {
+                let Some(e) = rest.next() else { break };
+                element(&mut list, layout, e, add)?;
+            }
+            let mut body = vec![];
+            attr(&mut body, NFTA_SET_ELEM_LIST_TABLE, &strz(self.table));
+            attr(&mut body, NFTA_SET_ELEM_LIST_SET, &strz(&set.name));
+            attr(&mut body, NFTA_SET_ELEM_LIST_ELEMENTS | NLA_F_NESTED, &list);
+            let (kind, flags) = if add {
+                (NFT_MSG_NEWSETELEM, NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE)
+            } else {
+                (NFT_MSG_DELSETELEM, NLM_F_REQUEST | NLM_F_ACK)
+            };
+            self.n += 1;
+            message(
+                &mut self.out,
+                (NFNL_SUBSYS_NFTABLES << 8) | kind,
+                flags,
+                self.seq + self.n,
+                NFPROTO_IPV4,
+                0,
+                &body,
+            );
+        }
+        Some(())
+    }
+
+    /// The bytes and how many acknowledgements to wait for; None when there is nothing to send.
+    fn finish(mut self) -> Option<(Vec<u8>, u32)> {
+        let end = self.seq + self.n + 1;
+        message(&mut self.out, NFNL_MSG_BATCH_END, NLM_F_REQUEST, end, 0, NFNL_SUBSYS_NFTABLES, &[]);
+        (self.n > 0).then_some((self.out, self.n))
+    }
+}
+
+/// A copy of `table` without the elements [`encode_elements`] writes: what `nft -f` loads
+/// before them when a table is loaded from nothing (a few hundred commands of chains and
+/// rules; the elements, nearly all of a large table, go in one netlink batch).
+pub fn skeleton(table: &NftTable) -> NftTable {
+    let mut out = NftTable::new(table.family, &table.name);
+    out.comment.clone_from(&table.comment);
+    out.chains.clone_from(&table.chains);
+    for s in &table.sets {
+        let mut copy = s.declaration();
+        if !encodable(s) {
+            copy.elements = s.elements.clone();
+        }
+        out.sets.push(copy);
+    }
+    out
+}
+
+/// The batch adding every element of `table`'s sets that this layer writes (numbered from
+/// `seq + 1`); None when there are none.
+pub fn encode_elements(table: &NftTable, seq: u32) -> Option<(Vec<u8>, u32)> {
+    let mut batch = Batch::new(&table.name, seq);
+    for s in &table.sets {
+        if let Some(layout) = Layout::of(s) {
+            batch.elements(s, &layout, true, s.elements.values())?;
+        }
+    }
+    batch.finish()
+}
+
 /// The batch for a transaction of element commands only, given the declarations of the sets
 /// it names; None when it holds anything else, or a set or value this layer does not know
 /// (the caller then uses `nft -f`). The element messages are numbered from `seq + 1` and ask
 /// for an acknowledgement; returns the bytes and how many acknowledgements to wait for.
 pub fn encode(tx: &Transaction, sets: &[Set], seq: u32) -> Option<(Vec<u8>, u32)> {
-    let mut out = Vec::new();
-    message(&mut out, NFNL_MSG_BATCH_BEGIN, NLM_F_REQUEST, seq, 0, NFNL_SUBSYS_NFTABLES, &[]);
-    let mut n = 0u32;
-    // Consecutive commands on one set go in one message.
+    let mut batch = Batch::new(&tx.table, seq);
+    // Consecutive commands on one set go in one message (or more, when long).
     let mut i = 0;
     while i < tx.ops.len() {
         let (add, set_name) = match &tx.ops[i] {
@@ -192,6 +334,7 @@ pub fn encode(tx: &Transaction, sets: &[Set], seq: u32) -> Option<(Vec<u8>, u32)
             _ => return None,
         };
         let set = sets.iter().find(|s| &s.name == set_name)?;
+        let layout = Layout::of(set)?;
         let mut elements: Vec<&Element> = vec![];
         while let Some(op) = tx.ops.get(i) {
             match op {
@@ -201,24 +344,9 @@ pub fn encode(tx: &Transaction, sets: &[Set], seq: u32) -> Option<(Vec<u8>, u32)
             }
             i += 1;
         }
-        let mut body = vec![];
-        attr(&mut body, NFTA_SET_ELEM_LIST_TABLE, &strz(&tx.table));
-        attr(&mut body, NFTA_SET_ELEM_LIST_SET, &strz(set_name));
-        let mut list = vec![];
-        for e in elements {
-            element(&mut list, set, e, add)?;
-        }
-        attr(&mut body, NFTA_SET_ELEM_LIST_ELEMENTS | NLA_F_NESTED, &list);
-        let (kind, flags) = if add {
-            (NFT_MSG_NEWSETELEM, NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE)
-        } else {
-            (NFT_MSG_DELSETELEM, NLM_F_REQUEST | NLM_F_ACK)
-        };
-        n += 1;
-        message(&mut out, (NFNL_SUBSYS_NFTABLES << 8) | kind, flags, seq + n, NFPROTO_IPV4, 0, &body);
+        batch.elements(set, &layout, add, elements.into_iter())?;
     }
-    message(&mut out, NFNL_MSG_BATCH_END, NLM_F_REQUEST, seq + n + 1, 0, NFNL_SUBSYS_NFTABLES, &[]);
-    (n > 0).then_some((out, n))
+    batch.finish()
 }
 
 /// An nf_tables netlink socket kept open between syncs. Closing one after a transaction that
@@ -255,8 +383,20 @@ impl Socket {
         Ok(true)
     }
 
-    /// Sends a batch and waits for its acknowledgements: the kernel applies all of it or none.
-    fn send(&mut self, batch: &[u8], acks: u32, seq: u32) -> Result<()> {
+    /// Sends a batch made by [`encode`] (numbered from `seq`) and waits for its
+    /// acknowledgements: the kernel applies all of it or none.
+    pub fn send(&mut self, batch: &[u8], acks: u32, seq: u32) -> Result<()> {
+        use nix::sys::socket::{setsockopt, sockopt};
+        // A batch travels in one datagram, and every message's acknowledgement waits in the
+        // receive queue until the batch is done: both buffers sized to the batch (as nft does).
+        let want_snd = batch.len() + 64 * 1024;
+        if want_snd > 200 * 1024 {
+            setsockopt(&self.sock, sockopt::SndBufForce, &want_snd).map_err(|e| io("send buffer", e.into()))?;
+        }
+        let want_rcv = acks as usize * 1024;
+        if want_rcv > 200 * 1024 {
+            setsockopt(&self.sock, sockopt::RcvBufForce, &want_rcv).map_err(|e| io("receive buffer", e.into()))?;
+        }
         self.sock.send(batch, 0).map_err(|e| io("send", e))?;
         let mut seen = 0;
         let mut buf = vec![0u8; 65536];
@@ -296,15 +436,15 @@ mod tests {
     #[test]
     fn keys_are_laid_out_as_nftables_lays_out_a_concatenation() {
         let f = fields("ip daddr . meta l4proto . tcp dport . numgen random mod 1").unwrap();
-        let v = value(&f, "10.96.0.10 . udp . 53 . 1").unwrap();
+        let v = value(&f, &["10.96.0.10", "udp", "53", "1"]).unwrap();
         let mut want = vec![10, 96, 0, 10, 17, 0, 0, 0, 0, 53, 0, 0];
         want.extend(1u32.to_ne_bytes());
         assert_eq!(v, want);
         assert_eq!(
-            value(&fields("inet_proto . inet_service").unwrap(), "tcp . 30080").unwrap(),
+            value(&fields("inet_proto . inet_service").unwrap(), &["tcp", "30080"]).unwrap(),
             [6, 0, 0, 0, 0x75, 0x80, 0, 0]
         );
-        assert_eq!(value(&f, "10.96.0.10 . udp . 53"), None, "a field short");
+        assert_eq!(value(&f, &["10.96.0.10", "udp", "53"]), None, "a field short");
         assert_eq!(fields("ether_addr"), None, "a type this layer does not know");
     }
 

@@ -37,6 +37,10 @@ pub trait NftKernel: Send + Sync + 'static {
     fn apply_elements(&self, tx: &Transaction, _sets: &[Set]) -> Result<()> {
         self.apply(tx)
     }
+    /// A full sync: `table` replaces whatever the kernel holds.
+    fn apply_full(&self, table: &NftTable) -> Result<()> {
+        self.apply(&Transaction::between(None, table).0)
+    }
     /// The rules of one chain of the table, as nft lists them (None: no such chain).
     fn chain_rules(&self, chain: &str) -> Result<Option<Vec<String>>>;
     fn delete_table(&self) -> Result<()>;
@@ -55,24 +59,50 @@ fn network(e: podpath_ruleset::RulesetError) -> AgentError {
     AgentError::Network { what: "nftables".into(), source: Box::new(e) }
 }
 
+impl NftablesKernel {
+    /// Runs `f` on the open socket (opening it first); a socket that failed is dropped, as it
+    /// may still hold replies to the failed batch.
+    fn with_socket<T>(&self, f: impl FnOnce(&mut super::nfnl::Socket) -> Result<T>) -> Result<T> {
+        let mut socket = self.socket.lock().unwrap_or_else(|e| e.into_inner());
+        if socket.is_none() {
+            *socket = Some(super::nfnl::Socket::open()?);
+        }
+        let r = f(socket.as_mut().expect("opened"));
+        if r.is_err() {
+            *socket = None;
+        }
+        r
+    }
+}
+
 impl NftKernel for NftablesKernel {
     fn apply(&self, tx: &Transaction) -> Result<()> {
         self.nft.apply(tx).map_err(network)
     }
+    fn apply_full(&self, table: &NftTable) -> Result<()> {
+        // Loading a table from nothing: chains and rules through nft, then the elements in one
+        // netlink batch (an nft run spends most of its time parsing them). A table that is
+        // there is replaced in one transaction, so that its Services never go dark meanwhile.
+        if self.nft.netns.is_none() && !self.nft.has_table(NftFamily::Ip, TABLE).map_err(network)? {
+            self.apply(&Transaction::between(None, &super::nfnl::skeleton(table)).0)?;
+            let seq =
+                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_secs() as u32);
+            let sent = super::nfnl::encode_elements(table, seq)
+                .map_or(Ok(()), |(batch, acks)| self.with_socket(|s| s.send(&batch, acks, seq)));
+            if let Err(e) = sent {
+                // Half a table must not stay: the next full sync starts from nothing again.
+                let _ = self.delete_table();
+                return Err(e);
+            }
+            return Ok(());
+        }
+        self.apply(&Transaction::between(None, table).0)
+    }
     fn apply_elements(&self, tx: &Transaction, sets: &[Set]) -> Result<()> {
         // The agent runs in the node's namespace; a set in another one (tests) goes to nft.
         if self.nft.netns.is_none() {
-            let mut socket = self.socket.lock().unwrap_or_else(|e| e.into_inner());
-            if socket.is_none() {
-                *socket = Some(super::nfnl::Socket::open()?);
-            }
-            match socket.as_mut().expect("opened").apply_elements(tx, sets) {
-                Ok(true) => return Ok(()),
-                Ok(false) => {}
-                Err(e) => {
-                    *socket = None;
-                    return Err(e);
-                }
+            if self.with_socket(|s| s.apply_elements(tx, sets))? {
+                return Ok(());
             }
         }
         self.apply(tx)
@@ -94,6 +124,9 @@ impl<K: NftKernel> NftKernel for Arc<K> {
     }
     fn apply_elements(&self, tx: &Transaction, sets: &[Set]) -> Result<()> {
         (**self).apply_elements(tx, sets)
+    }
+    fn apply_full(&self, table: &NftTable) -> Result<()> {
+        (**self).apply_full(table)
     }
     fn chain_rules(&self, chain: &str) -> Result<Option<Vec<String>>> {
         (**self).chain_rules(chain)
@@ -144,7 +177,7 @@ struct Stale {
 }
 
 /// A full sync: the render of `state` replaces whatever the table holds, in one transaction.
-/// Returns the new table and the number of commands.
+/// Returns the new table and its number of rules and elements.
 pub fn sync_full<K: NftKernel + ?Sized>(
     k: &K,
     cfg: &RenderConfig,
@@ -152,10 +185,9 @@ pub fn sync_full<K: NftKernel + ?Sized>(
     state: &[ServiceState],
 ) -> Result<(NftTable, usize)> {
     let next = render(cfg, nft, state);
-    let (tx, _) = Transaction::between(None, &next);
-    let ops = tx.len();
-    k.apply(&tx)?;
-    Ok((next, ops))
+    k.apply_full(&next)?;
+    let (rules, elements) = next.size();
+    Ok((next, rules + elements))
 }
 
 /// A sync of the service ports that changed (`old` states → `new` ones; a port only in `new`
