@@ -16,7 +16,6 @@ pub mod error;
 pub mod events_v1;
 pub mod grpc;
 pub mod logs;
-pub mod memory;
 pub mod registry;
 pub mod response;
 pub mod rest;

@@ -104,7 +104,7 @@ fn parse_port_range(s: &str) -> Result<std::ops::RangeInclusive<u16>> {
 
 #[tokio::main]
 async fn main() {
-    apiserver_lite::memory::spawn_trimmer(std::time::Duration::from_secs(5));
+    podpath_client::memory::spawn_trimmer(std::time::Duration::from_secs(5));
     if let Err(e) = run().await {
         eprintln!("apiserver-lite: {e:#}");
         std::process::exit(1);

@@ -15,6 +15,7 @@ pub mod error;
 pub mod events;
 pub mod grpc;
 pub mod http;
+pub mod memory;
 pub mod reflector;
 pub mod relay;
 

@@ -104,47 +104,106 @@ pub trait Sink<U>: Send + Sync + 'static {
     fn apply(&self, change: Change<U>);
 }
 
-/// The cached objects, shared by readers; `changes()` ticks after every applied change.
+/// The cached objects (or their projections: [`run_mapped`]), shared by readers; `changes()` ticks after every applied change, and
+/// [`Store::changed_since`] tells which keys changed, so a reader at 10,000 objects need not
+/// compare them all after each one.
 pub struct Store<T> {
-    objects: RwLock<BTreeMap<String, T>>,
+    inner: RwLock<Inner<T>>,
     generation: watch::Sender<u64>,
     synced: watch::Sender<bool>,
 }
 
-impl<T: Watched> Store<T> {
+/// How many changed keys the store remembers: a reader further behind starts over from `list`.
+const LOG_LEN: usize = 65_536;
+
+struct Inner<T> {
+    objects: BTreeMap<String, T>,
+    /// Bumped by every applied change.
+    generation: u64,
+    /// The keys of the last changes (at most `LOG_LEN`), each with its generation.
+    log: std::collections::VecDeque<(u64, String)>,
+    /// The generation of the last whole replacement: no key list reaches back past it.
+    replaced: u64,
+}
+
+/// What changed after a generation.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Changed {
+    /// These keys (in order, maybe repeated).
+    Keys(Vec<String>),
+    /// More than the log holds, or the content was replaced whole: read everything again.
+    All,
+}
+
+impl<T: Clone + Send + Sync + 'static> Store<T> {
     pub fn new() -> Arc<Store<T>> {
         Arc::new(Store {
-            objects: RwLock::new(BTreeMap::new()),
+            inner: RwLock::new(Inner { objects: BTreeMap::new(), generation: 0, log: Default::default(), replaced: 0 }),
             generation: watch::channel(0).0,
             synced: watch::channel(false).0,
         })
     }
 
     pub fn apply(&self, change: Change<T>) {
-        let mut objects = self.objects.write().expect("store lock");
-        match change {
+        let mut inner = self.inner.write().expect("store lock");
+        let key = match change {
             Change::None => return,
             Change::Replace(all) => {
-                *objects = all;
+                inner.objects = all;
                 self.synced.send_replace(true);
+                None
             }
             Change::Apply(k, o) => {
-                objects.insert(k, o);
+                inner.objects.insert(k.clone(), o);
+                Some(k)
             }
             Change::Delete(k) => {
-                objects.remove(&k);
+                inner.objects.remove(&k);
+                Some(k)
+            }
+        };
+        inner.generation += 1;
+        let g = inner.generation;
+        match key {
+            Some(k) => {
+                if inner.log.len() == LOG_LEN {
+                    inner.log.pop_front();
+                }
+                inner.log.push_back((g, k));
+            }
+            None => {
+                inner.log.clear();
+                inner.replaced = g;
             }
         }
-        drop(objects);
-        self.generation.send_modify(|g| *g += 1);
+        drop(inner);
+        self.generation.send_replace(g);
     }
 
     pub fn list(&self) -> Vec<T> {
-        self.objects.read().expect("store lock").values().cloned().collect()
+        self.inner.read().expect("store lock").objects.values().cloned().collect()
+    }
+
+    /// Every object with its key, in key order.
+    pub fn entries(&self) -> Vec<(String, T)> {
+        self.inner.read().expect("store lock").objects.iter().map(|(k, o)| (k.clone(), o.clone())).collect()
     }
 
     pub fn get(&self, key: &str) -> Option<T> {
-        self.objects.read().expect("store lock").get(key).cloned()
+        self.inner.read().expect("store lock").objects.get(key).cloned()
+    }
+
+    /// The generation now and what changed after `since` (a generation this store returned
+    /// before; 0 before any).
+    pub fn changed_since(&self, since: u64) -> (u64, Changed) {
+        let inner = self.inner.read().expect("store lock");
+        let now = inner.generation;
+        let first_logged = inner.log.front().map(|(g, _)| *g).unwrap_or(now + 1);
+        if since < inner.replaced || (since < now && first_logged > since + 1) {
+            return (now, Changed::All);
+        }
+        let keys = inner.log.iter().filter(|(g, _)| *g > since).map(|(_, k)| k.clone()).collect();
+        (now, Changed::Keys(keys))
     }
 
     /// Ticks after every change.
@@ -159,7 +218,7 @@ impl<T: Watched> Store<T> {
     }
 }
 
-impl<T: Watched> Sink<T> for Store<T> {
+impl<T: Clone + Send + Sync + 'static> Sink<T> for Store<T> {
     fn apply(&self, change: Change<T>) {
         Store::apply(self, change)
     }
@@ -270,6 +329,31 @@ mod tests {
 
     fn keyed(p: core::Pod) -> (String, core::Pod) {
         (p.key(), p)
+    }
+
+    #[test]
+    fn readers_learn_which_keys_changed_or_that_they_must_list_again() {
+        let store: Arc<Store<core::Pod>> = Store::new();
+        assert_eq!(store.changed_since(0), (0, Changed::Keys(vec![])));
+        store.apply(Change::Replace([keyed(pod("a"))].into()));
+        // A reader from before the replacement reads everything.
+        assert_eq!(store.changed_since(0), (1, Changed::All));
+        store.apply(apply_object(pod("b")));
+        store.apply(Change::Delete("default/a".into()));
+        store.apply(Change::None);
+        assert_eq!(store.changed_since(1), (3, Changed::Keys(vec!["default/b".into(), "default/a".into()])));
+        assert_eq!(store.changed_since(2), (3, Changed::Keys(vec!["default/a".into()])));
+        assert_eq!(store.changed_since(3), (3, Changed::Keys(vec![])));
+        // The log holds LOG_LEN keys: a reader further behind starts over.
+        for i in 0..LOG_LEN {
+            store.apply(apply_object(pod(&format!("p{i}"))));
+        }
+        let now = 3 + LOG_LEN as u64;
+        assert_eq!(store.changed_since(2), (now, Changed::All));
+        match store.changed_since(3) {
+            (n, Changed::Keys(k)) => assert_eq!((n, k.len()), (now, LOG_LEN)),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

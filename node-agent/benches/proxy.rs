@@ -43,7 +43,7 @@ fn services(n: usize, eps: usize) -> Vec<ServiceState> {
                 .map(|j| Endpoint {
                     ip: format!("10.{}.{}.{}", 100 + j, i / 250, i % 250 + 2).parse().unwrap(),
                     port: 8080,
-                    node: Some(format!("node-{}", j % 3 + 1)),
+                    node: Some(format!("node-{}", j % 3 + 1).into()),
                     ready: true,
                     serving: true,
                     terminating: false,
@@ -225,22 +225,33 @@ fn get(v: &Option<Vec<(String, f64)>>, key: &str) -> Option<f64> {
     v.as_ref().and_then(|v| v.iter().find(|(k, _)| k == key).map(|(_, x)| *x))
 }
 
-/// 100 Services for the latency runs (NodePort, one port each).
+/// Service `i` for the latency runs (one port; NodePort for the first 2,000, which the node
+/// port range holds, ClusterIP after).
 fn latency_service(i: usize) -> k8s_openapi::api::core::v1::Service {
+    let mut spec = serde_json::json!({"clusterIP": format!("10.96.{}.{}", i / 250, i % 250 + 1), "type": "ClusterIP",
+                                      "ports": [{"name": "http", "port": 80, "protocol": "TCP"}]});
+    if i < 2000 {
+        spec["type"] = "NodePort".into();
+        spec["ports"][0]["nodePort"] = (30000 + i).into();
+    }
     serde_json::from_value(serde_json::json!({
         "metadata": {"name": format!("svc-{i}"), "namespace": "bench"},
-        "spec": {"clusterIP": format!("10.96.0.{}", i + 1), "type": "NodePort",
-                 "ports": [{"name": "http", "port": 80, "protocol": "TCP", "nodePort": 30000 + i}]}
+        "spec": spec
     }))
     .unwrap()
 }
 
-/// Service `i`'s EndpointSlice, generation `gen`: its last endpoint's address changes with it.
+/// Service `i`'s endpoint `j` at generation `gen` (only the last endpoint changes with it).
+fn latency_address(i: usize, j: usize, gen: usize) -> String {
+    let second = if j == 9 && gen > 0 { 200 + gen % 50 } else { 100 + j };
+    format!("10.{second}.{}.{}", i / 250, i % 250 + 1)
+}
+
+/// Service `i`'s EndpointSlice, generation `gen`.
 fn latency_slice(i: usize, gen: usize) -> k8s_openapi::api::discovery::v1::EndpointSlice {
     let eps: Vec<serde_json::Value> = (0..10)
         .map(|j| {
-            let last = if j == 9 { 100 + gen % 150 } else { j + 2 };
-            serde_json::json!({"addresses": [format!("10.{}.{}.{last}", 100 + j, i)],
+            serde_json::json!({"addresses": [latency_address(i, j, gen)],
                                "conditions": {"ready": true}, "nodeName": format!("node-{}", j % 3 + 1)})
         })
         .collect();
@@ -254,12 +265,24 @@ fn latency_slice(i: usize, gen: usize) -> k8s_openapi::api::discovery::v1::Endpo
     .unwrap()
 }
 
+/// The resident memory of this process (VmRSS), in MiB.
+fn rss_mib() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let kib: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap();
+    kib / 1024.0
+}
+
 /// In the namespace: the real proxier loop (`mode`: an iptables backend's name, or `nftables`)
-/// over in-memory stores holding 100 Services × 10 endpoints; 200 times, one EndpointSlice
-/// changes and we wait for the restore or transaction carrying it.
-fn child_latency(mode: &str) {
-    use k8s_openapi::api::core::v1 as core;
-    use k8s_openapi::api::discovery::v1 as discovery;
+/// over in-memory stores holding `n` Services × 10 endpoints; 200 times, one EndpointSlice
+/// changes and we wait for the restore or transaction carrying it. Also prints the process's
+/// resident memory once the rules are programmed: the stores and the proxier, as in the agent.
+fn child_latency(mode: &str, n: usize) {
+    use node_agent::proxy::model::{ServiceView, SliceView};
     use node_agent::proxy::nft_sync::{NftKernel, NftablesKernel};
     use podpath_client::reflector::{Change, Store, Watched};
     use podpath_ruleset::nft::Transaction;
@@ -293,17 +316,17 @@ fn child_latency(mode: &str) {
     }
     impl NftKernel for Watching<NftablesKernel> {
         fn apply(&self, tx: &Transaction) -> node_agent::Result<()> {
-            self.inner.apply(tx)?;
+            self.inner.apply(tx).inspect_err(|e| eprintln!("apply: {e}"))?;
             self.tell(tx.text());
             Ok(())
         }
         fn apply_elements(&self, tx: &Transaction, sets: &[podpath_ruleset::nft::Set]) -> node_agent::Result<()> {
-            self.inner.apply_elements(tx, sets)?;
+            self.inner.apply_elements(tx, sets).inspect_err(|e| eprintln!("apply_elements: {e}"))?;
             self.tell(tx.text());
             Ok(())
         }
         fn apply_full(&self, table: &podpath_ruleset::nft::NftTable) -> node_agent::Result<()> {
-            self.inner.apply_full(table)?;
+            self.inner.apply_full(table).inspect_err(|e| eprintln!("apply_full: {e}"))?;
             self.tell(String::new());
             Ok(())
         }
@@ -318,16 +341,24 @@ fn child_latency(mode: &str) {
         }
     }
 
-    let n = 100;
     let nftables = mode == "nftables" || mode == "shared-maps";
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     rt.block_on(async {
         let (tx, rx) = mpsc::channel();
-        let services: Arc<Store<core::Service>> = Store::new();
-        let slices: Arc<Store<discovery::EndpointSlice>> = Store::new();
+        // The agent's caches: what the proxy reads of each object.
+        let services: Arc<Store<ServiceView>> = Store::new();
+        let slices: Arc<Store<SliceView>> = Store::new();
         let health =
             node_agent::health::Health::new(Duration::from_secs(60), Arc::new(node_agent::metrics::Metrics::new()));
         let (synced_tx, synced_rx) = tokio::sync::oneshot::channel();
+        // The watch caches first (as the agent's reflectors hold them), measured apart.
+        println!("rss-start {}", rss_mib());
+        services.apply(Change::Replace((0..n).map(latency_service).map(|s| (s.key(), ServiceView::of(&s))).collect()));
+        slices.apply(Change::Replace(
+            (0..n).map(|i| latency_slice(i, 0)).map(|s| (s.key(), SliceView::of(&s))).collect(),
+        ));
+        podpath_client::memory::trim();
+        println!("rss-caches {}", rss_mib());
         if nftables {
             tokio::spawn(node_agent::proxy::nft_sync::run_nft_proxier(
                 node_agent::proxy::nft_sync::NftProxier {
@@ -361,21 +392,18 @@ fn child_latency(mode: &str) {
                 Some(synced_tx),
             ));
         }
-        services.apply(Change::Replace((0..n).map(latency_service).map(|s| (s.key(), s)).collect()));
-        slices.apply(Change::Replace((0..n).map(|i| latency_slice(i, 0)).map(|s| (s.key(), s)).collect()));
         synced_rx.await.unwrap();
+        println!("rss {}", rss_mib());
         let mut samples = vec![];
         for k in 1..=200 {
-            let i = k % n;
-            let s = latency_slice(i, k);
-            let want = if nftables {
-                format!("10.109.{i}.{} . 8080", 100 + k % 150)
-            } else {
-                format!("10.109.{i}.{}:8080", 100 + k % 150)
-            };
+            // Service i's generations 1, 2…: each change gives its last endpoint a new address.
+            let (i, gen) = (k % n, k / n + 1);
+            let s = latency_slice(i, gen);
+            let address = latency_address(i, 9, gen);
+            let want = if nftables { format!("{address} . 8080") } else { format!("{address}:8080") };
             while rx.try_recv().is_ok() {}
             let t = Instant::now();
-            slices.apply(podpath_client::reflector::apply_object(s));
+            slices.apply(Change::Apply(s.key(), SliceView::of(&s)));
             let rx = &rx;
             let done = tokio::task::block_in_place(|| loop {
                 let (at, text) = rx.recv_timeout(Duration::from_secs(10)).expect("a restore within 10 s");
@@ -390,6 +418,7 @@ fn child_latency(mode: &str) {
         println!("p50 {}", pct(0.50));
         println!("p99 {}", pct(0.99));
         println!("max {}", samples[samples.len() - 1]);
+        println!("rss-after {}", rss_mib());
     });
 }
 
@@ -417,7 +446,7 @@ fn main() {
         return;
     }
     if let Some(pos) = args.iter().position(|a| a == "--child-latency") {
-        child_latency(&args[pos + 1]);
+        child_latency(&args[pos + 1], args[pos + 2].parse().unwrap());
         return;
     }
     let positional: Vec<&String> = args.iter().filter(|a| !a.starts_with("--")).collect();
@@ -544,12 +573,27 @@ fn main() {
     if !root {
         return;
     }
-    println!("event → rules applied, 100 Services × 10 endpoints, 200 EndpointSlice changes:");
-    let names: Vec<&str> = backends.iter().map(|b| b.name()).chain(nft_modes.iter().copied()).collect();
-    for name in names {
+    // The iptables modes at 100 Services only: at 10,000 a sync is a restore of the table.
+    let runs: Vec<(&str, usize)> = backends
+        .iter()
+        .map(|b| (b.name(), 100))
+        .chain(nft_modes.iter().flat_map(|&m| [(m, 100), (m, 10_000)]))
+        .collect();
+    println!(
+        "event (an EndpointSlice changed in the agent's cache) → rules applied, 200 changes, 10 endpoints per Service:"
+    );
+    for (name, n) in runs {
         let ns = testkit::netns::Netns::new("ppb");
-        let out = in_netns(&ns.name, &["--child-latency", name], limit);
+        let out = in_netns(&ns.name, &["--child-latency", name, &n.to_string()], limit);
         let f = |k: &str| get(&out, k).map(|v| format!("{v:.1} ms")).unwrap_or("-".into());
-        println!("  {name:>8}: p50 {}, p99 {}, max {}", f("p50"), f("p99"), f("max"));
+        let m = |k: &str| get(&out, k).map(|v| format!("{v:.1} MiB")).unwrap_or("-".into());
+        println!(
+            "  {name:>11} at {n:>6} Services: p50 {}, p99 {}, max {} | RSS programmed {}, after the changes {}",
+            f("p50"),
+            f("p99"),
+            f("max"),
+            m("rss"),
+            m("rss-after")
+        );
     }
 }

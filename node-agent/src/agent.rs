@@ -193,6 +193,7 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()>) -> Result
     tokio::spawn(pods::run_pods(deps, pods_store, None));
 
     if let Some(p) = &cfg.proxy {
+        use crate::proxy::model::{ServiceView, SliceView};
         use crate::proxy::{kernel::IptablesKernel, nft_sync, sync, userspace};
         let kernel = Arc::new(IptablesKernel::new(p.backend));
         // The other modes' rules go first: never two proxies' rules in one namespace.
@@ -221,10 +222,18 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()>) -> Result
                 if p.backend == podpath_ruleset::Backend::Nft { "legacy" } else { "nft" }
             )));
         }
-        let services: Arc<Store<core::Service>> = Store::new();
-        let slices: Arc<Store<k8s_openapi::api::discovery::v1::EndpointSlice>> = Store::new();
-        tokio::spawn(reflector::run(client.clone(), Filter::default(), services.clone()));
-        tokio::spawn(reflector::run(client.clone(), Filter::default(), slices.clone()));
+        // The caches keep what the proxy reads of each object, not the object.
+        let services: Arc<Store<ServiceView>> = Store::new();
+        let slices: Arc<Store<SliceView>> = Store::new();
+        tokio::spawn(reflector::run_mapped(client.clone(), Filter::default(), services.clone(), |s: core::Service| {
+            ServiceView::of(&s)
+        }));
+        tokio::spawn(reflector::run_mapped(
+            client.clone(),
+            Filter::default(),
+            slices.clone(),
+            |s: k8s_openapi::api::discovery::v1::EndpointSlice| SliceView::of(&s),
+        ));
         // What both kernel modes render with; nftables mode never answers NodePorts on
         // 127.0.0.1 (kube-proxy's neither), and nft always has `masquerade fully-random`.
         let render = crate::proxy::iptables::RenderConfig {

@@ -174,7 +174,8 @@ fn element_only_syncs_go_over_netlink_and_list_back_as_rendered() {
         assert!(sent, "not elements only:\n{}", tx.text());
         table.replace_part(&before, &after);
         let want = Listing::of(&render(&cfg(), &config, &next));
-        assert_eq!(Listing::of(&table), want);
+        // The proxier keeps the chains it wrote, not the elements (the kernel has those).
+        assert_eq!(Listing::of(&table).chains, want.chains);
         assert_eq!(listed(&nft), want, "the kernel holds what the layout renders");
         assert!(want.sets["service-ips"].iter().any(|e| e.contains("comment \"default/fresh:metrics\"")));
 

@@ -23,7 +23,7 @@ fn svc(endpoints: usize) -> ServiceState {
         .map(|i| Endpoint {
             ip: format!("10.244.{}.5", i + 1).parse().unwrap(),
             port: 8080,
-            node: Some(format!("node-{}", i + 1)),
+            node: Some(format!("node-{}", i + 1).into()),
             ready: true,
             serving: true,
             terminating: false,

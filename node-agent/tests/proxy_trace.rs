@@ -12,7 +12,7 @@ use node_agent::health::Health;
 use node_agent::metrics::Metrics;
 use node_agent::proxy::iptables::{RenderConfig, ServiceState};
 use node_agent::proxy::kernel::Kernel;
-use node_agent::proxy::model::{Endpoint, ServicePort};
+use node_agent::proxy::model::{Endpoint, ServicePort, ServiceView, SliceView};
 use node_agent::proxy::sync::{self, Proxier};
 use podpath_client::reflector::{Change, Store, Watched};
 use podpath_ruleset::plan::Applied;
@@ -66,7 +66,7 @@ fn eps(list: &[(&str, &str)]) -> Vec<Endpoint> {
         .map(|(ip, node)| Endpoint {
             ip: ip.parse().unwrap(),
             port: 8080,
-            node: Some(node.to_string()),
+            node: Some((*node).into()),
             ready: true,
             serving: true,
             terminating: false,
@@ -188,15 +188,16 @@ fn slice(name: &str, ips: &[&str]) -> discovery::EndpointSlice {
     .unwrap()
 }
 
-fn replace<T: Watched>(store: &Store<T>, items: Vec<T>) {
-    store.apply(Change::Replace(items.into_iter().map(|o| (o.key(), o)).collect::<BTreeMap<_, _>>()));
+/// Fills a cache as the agent's reflectors do: each object's key and what the proxy reads of it.
+fn replace<T: Watched, V: Clone + Send + Sync + 'static>(store: &Store<V>, items: Vec<T>, view: impl Fn(&T) -> V) {
+    store.apply(Change::Replace(items.into_iter().map(|o| (o.key(), view(&o))).collect::<BTreeMap<_, _>>()));
 }
 
 #[tokio::test]
 async fn the_sync_loop_waits_for_lists_then_syncs_partially_and_repairs_a_flushed_table() {
     let fake = Arc::new(Fake::default());
-    let services: Arc<Store<core::Service>> = Store::new();
-    let slices: Arc<Store<discovery::EndpointSlice>> = Store::new();
+    let services: Arc<Store<ServiceView>> = Store::new();
+    let slices: Arc<Store<SliceView>> = Store::new();
     let health = Health::new(Duration::from_secs(60), Arc::new(Metrics::new()));
     let (tx, rx) = tokio::sync::oneshot::channel();
     tokio::spawn(sync::run_proxier(
@@ -214,17 +215,17 @@ async fn the_sync_loop_waits_for_lists_then_syncs_partially_and_repairs_a_flushe
         Some(tx),
     ));
     tokio::time::sleep(Duration::from_millis(100)).await;
-    replace(&services, vec![service("web")]);
+    replace(&services, vec![service("web")], ServiceView::of);
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert!(fake.chains("nat").iter().all(|c| !c.starts_with("KUBE-")), "nothing before both lists");
-    replace(&slices, vec![slice("web", &["10.244.2.5", "10.244.2.6"])]);
+    replace(&slices, vec![slice("web", &["10.244.2.5", "10.244.2.6"])], SliceView::of);
     rx.await.unwrap();
     let seps = |f: &Fake| f.chains("nat").into_iter().filter(|c| c.starts_with("KUBE-SEP-")).count();
     assert_eq!(seps(&fake), 2);
     assert!(fake.0.lock().unwrap().rules("nat", "PREROUTING")[0].contains("-j KUBE-SERVICES"));
 
     // One endpoint goes: its chain is deleted by the next (partial) sync.
-    replace(&slices, vec![slice("web", &["10.244.2.5"])]);
+    replace(&slices, vec![slice("web", &["10.244.2.5"])], SliceView::of);
     for _ in 0..100 {
         if seps(&fake) == 1 {
             break;

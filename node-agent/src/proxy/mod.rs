@@ -1,7 +1,8 @@
 //! The service proxy (kube-proxy's half of the node agent): chain naming ([`names`]), the
 //! Service/EndpointSlice model ([`model`]), the pure renderers into `podpath_ruleset`'s model
 //! (iptables mode: [`iptables`]; nftables mode: [`nftables`], synced by [`nft_sync`]; userspace mode: [`userspace`]), the kernel behind one trait
-//! ([`kernel`]), the iptables proxier's sync loop ([`sync`]) and healthCheckNodePort servers
+//! ([`kernel`]), the Service/endpoint change tracker ([`tracker`]), the iptables proxier's sync
+//! loop ([`sync`]) and healthCheckNodePort servers
 //! ([`service_health`]).
 
 pub mod iptables;
@@ -13,4 +14,5 @@ pub mod nft_sync;
 pub mod nftables;
 pub mod service_health;
 pub mod sync;
+pub mod tracker;
 pub mod userspace;

@@ -1,9 +1,10 @@
 //! What the proxy needs to know of Services and EndpointSlices, extracted purely (the same
 //! information kube-proxy's `ServicePort` and `Endpoint` carry).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
 
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1 as core;
@@ -113,7 +114,8 @@ impl ServicePort {
 pub struct Endpoint {
     pub ip: IpAddr,
     pub port: u16,
-    pub node: Option<String>,
+    /// Shared ([`node_name`]): a handful of names among thousands of endpoints.
+    pub node: Option<Arc<str>>,
     pub ready: bool,
     pub serving: bool,
     pub terminating: bool,
@@ -188,36 +190,34 @@ pub fn service_ports(svc: &core::Service) -> Vec<ServicePort> {
 /// copy on `node` wins (its topology is this node's) — ordered by the `ip:port` **string**
 /// (so `10.1.1.11:80` comes before `10.1.1.1:80`), which decides which endpoint gets which
 /// rule and probability.
-pub fn endpoints(sp: &ServicePort, slices: &[discovery::EndpointSlice], node: &str) -> Vec<Endpoint> {
+pub fn endpoints<'a>(sp: &ServicePort, slices: impl IntoIterator<Item = &'a SliceView>, node: &str) -> Vec<Endpoint> {
     let mut out: BTreeMap<(IpAddr, u16), Endpoint> = BTreeMap::new();
     for s in slices {
-        let labels = s.metadata.labels.as_ref();
-        let owner = labels.and_then(|l| l.get("kubernetes.io/service-name"));
-        if owner != Some(&sp.id.name) || s.metadata.namespace.as_deref().unwrap_or("default") != sp.id.namespace {
+        if s.service.as_ref().is_none_or(|(ns, name)| *ns != sp.id.namespace || *name != sp.id.name) {
             continue;
         }
-        let Some(port) = s.ports.iter().flatten().find(|p| {
-            p.name.as_deref().unwrap_or("") == sp.id.port
-                && p.protocol.as_deref().unwrap_or("TCP").eq_ignore_ascii_case(&sp.protocol)
-        }) else {
+        let Some(port) = s
+            .ports
+            .iter()
+            .find(|p| p.name == sp.id.port && p.protocol.eq_ignore_ascii_case(&sp.protocol))
+            .and_then(|p| p.port)
+        else {
             continue;
         };
-        let Some(port) = port.port.and_then(|p| u16::try_from(p).ok()) else { continue };
         for e in &s.endpoints {
-            let c = e.conditions.as_ref();
-            let ready = c.and_then(|c| c.ready).unwrap_or(true);
-            let serving = c.and_then(|c| c.serving).unwrap_or(ready);
-            let terminating = c.and_then(|c| c.terminating).unwrap_or(false);
-            for a in &e.addresses {
-                if let Ok(ip) = a.parse::<IpAddr>() {
-                    let ep = Endpoint { ip, port, node: e.node_name.clone(), ready, serving, terminating };
-                    let local = ep.node.as_deref() == Some(node);
-                    match out.get(&(ip, port)) {
-                        Some(_) if !local => {}
-                        _ => {
-                            out.insert((ip, port), ep);
-                        }
-                    }
+            let ep = Endpoint {
+                ip: e.ip,
+                port,
+                node: e.node.clone(),
+                ready: e.ready,
+                serving: e.serving,
+                terminating: e.terminating,
+            };
+            let local = ep.node.as_deref() == Some(node);
+            match out.get(&(e.ip, port)) {
+                Some(_) if !local => {}
+                _ => {
+                    out.insert((e.ip, port), ep);
                 }
             }
         }
@@ -225,6 +225,100 @@ pub fn endpoints(sp: &ServicePort, slices: &[discovery::EndpointSlice], node: &s
     let mut list: Vec<Endpoint> = out.into_values().collect();
     list.sort_by_cached_key(|e| e.addr());
     list
+}
+
+/// A node's name, one copy for every endpoint on it (at 10,000 Services × 10 endpoints, a
+/// string each was ≈ 6 MiB of the agent). At most `MAX_NAMES` are kept: names beyond (a
+/// cluster that size, or slices naming nodes at random) get a copy of their own.
+pub fn node_name(name: &str) -> Arc<str> {
+    const MAX_NAMES: usize = 4096;
+    static NAMES: Mutex<BTreeSet<Arc<str>>> = Mutex::new(BTreeSet::new());
+    let mut names = NAMES.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(n) = names.get(name) {
+        return n.clone();
+    }
+    let n: Arc<str> = Arc::from(name);
+    if names.len() < MAX_NAMES {
+        names.insert(n.clone());
+    }
+    n
+}
+
+/// What the proxy reads of a Service: its ports. The agent's watch cache keeps this, not the
+/// object: at 10,000 Services × 10 endpoints, whole objects were most of the agent's memory.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ServiceView {
+    pub ports: Vec<ServicePort>,
+}
+
+impl ServiceView {
+    pub fn of(svc: &core::Service) -> ServiceView {
+        ServiceView { ports: service_ports(svc) }
+    }
+}
+
+/// What the proxy reads of an EndpointSlice (kept in the agent's cache instead of the object).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SliceView {
+    /// Its Service: namespace and `kubernetes.io/service-name` (None: a slice of nobody's).
+    pub service: Option<(String, String)>,
+    pub ports: Vec<SlicePort>,
+    /// One per address of each endpoint (unparseable addresses left out).
+    pub endpoints: Vec<SliceEndpoint>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlicePort {
+    pub name: String,
+    /// As written (`TCP` when unset).
+    pub protocol: String,
+    /// None: unset or out of range (the port matches nothing).
+    pub port: Option<u16>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SliceEndpoint {
+    pub ip: IpAddr,
+    pub node: Option<Arc<str>>,
+    pub ready: bool,
+    pub serving: bool,
+    pub terminating: bool,
+}
+
+impl SliceView {
+    pub fn of(s: &discovery::EndpointSlice) -> SliceView {
+        let service = s
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get("kubernetes.io/service-name"))
+            .map(|name| (s.metadata.namespace.clone().unwrap_or_else(|| "default".into()), name.clone()));
+        let ports = s
+            .ports
+            .iter()
+            .flatten()
+            .map(|p| SlicePort {
+                name: p.name.clone().unwrap_or_default(),
+                protocol: p.protocol.clone().unwrap_or_else(|| "TCP".into()),
+                port: p.port.and_then(|p| u16::try_from(p).ok()),
+            })
+            .collect();
+        let mut endpoints = vec![];
+        for e in &s.endpoints {
+            // As kube-proxy reads the conditions: unset ready is ready, unset serving is ready.
+            let c = e.conditions.as_ref();
+            let ready = c.and_then(|c| c.ready).unwrap_or(true);
+            let serving = c.and_then(|c| c.serving).unwrap_or(ready);
+            let terminating = c.and_then(|c| c.terminating).unwrap_or(false);
+            for a in &e.addresses {
+                if let Ok(ip) = a.parse::<IpAddr>() {
+                    let node = e.node_name.as_deref().map(node_name);
+                    endpoints.push(SliceEndpoint { ip, node, ready, serving, terminating });
+                }
+            }
+        }
+        SliceView { service, ports, endpoints }
+    }
 }
 
 /// A service port with its endpoints categorised for this node, as both kernel modes write
@@ -314,6 +408,7 @@ mod tests {
             ),
             slice("b", json!([{"addresses": ["10.1.1.1"], "nodeName": "node-1", "conditions": {"ready": false}}])),
         ];
+        let slices = slices.map(|s| SliceView::of(&s));
         let eps = endpoints(&sp, &slices, "node-1");
         let addrs: Vec<String> = eps.iter().map(Endpoint::addr).collect();
         assert_eq!(addrs, ["10.1.1.11:80", "10.1.1.1:80", "10.1.1.2:80"]);

@@ -1,4 +1,5 @@
-//! The nftables proxier's sync loop: watch caches → one snapshot → a full sync (the pure
+//! The nftables proxier's sync loop: watch caches → the changed service ports
+//! ([`super::tracker`]) → a full sync (the pure
 //! renderer [`super::nftables::render`], the whole table replaced in one `nft -f`), then partial
 //! syncs made from the changed service ports alone ([`super::nftables::render_changed`]; element
 //! commands only go over netlink, [`super::nfnl`]) → stale chains deleted in a later
@@ -10,16 +11,15 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1 as core;
-use k8s_openapi::api::discovery::v1 as discovery;
 use podpath_client::reflector::Store;
 use podpath_ruleset::nft::{delete_chains, NftFamily, NftTable, Set, Transaction};
 use podpath_ruleset::Nft;
 
 use super::iptables::{RenderConfig, ServiceState};
-use super::model::ServiceKey;
+use super::model::{ServiceKey, ServiceView, SliceView};
 use super::nftables::{render, render_changed, NftConfig, Shared, TABLE};
-use super::sync::{snapshot, stale_udp_flows};
+use super::sync::stale_udp_flows;
+use super::tracker::Tracker;
 use crate::error::{AgentError, Result};
 use crate::health::Health;
 
@@ -100,10 +100,8 @@ impl NftKernel for NftablesKernel {
     }
     fn apply_elements(&self, tx: &Transaction, sets: &[Set]) -> Result<()> {
         // The agent runs in the node's namespace; a set in another one (tests) goes to nft.
-        if self.nft.netns.is_none() {
-            if self.with_socket(|s| s.apply_elements(tx, sets))? {
-                return Ok(());
-            }
+        if self.nft.netns.is_none() && self.with_socket(|s| s.apply_elements(tx, sets))? {
+            return Ok(());
         }
         self.apply(tx)
     }
@@ -160,8 +158,8 @@ pub struct NftProxier<K> {
     pub kernel: Arc<K>,
     pub render: RenderConfig,
     pub nft: NftConfig,
-    pub services: Arc<Store<core::Service>>,
-    pub slices: Arc<Store<discovery::EndpointSlice>>,
+    pub services: Arc<Store<ServiceView>>,
+    pub slices: Arc<Store<SliceView>>,
     pub health: Arc<Health>,
     /// At most this long between checks of the table (a changed or vanished table gets a full sync).
     pub period: Duration,
@@ -177,16 +175,18 @@ struct Stale {
 }
 
 /// A full sync: the render of `state` replaces whatever the table holds, in one transaction.
-/// Returns the new table and its number of rules and elements.
+/// Returns the new table (without its elements: [`forget_elements`]) and its number of rules
+/// and elements.
 pub fn sync_full<K: NftKernel + ?Sized>(
     k: &K,
     cfg: &RenderConfig,
     nft: &NftConfig,
     state: &[ServiceState],
 ) -> Result<(NftTable, usize)> {
-    let next = render(cfg, nft, state);
+    let mut next = render(cfg, nft, state);
     k.apply_full(&next)?;
     let (rules, elements) = next.size();
+    forget_elements(&mut next);
     Ok((next, rules + elements))
 }
 
@@ -209,7 +209,17 @@ pub fn sync_changed<K: NftKernel + ?Sized>(
     let ops = tx.len();
     k.apply_elements(&tx, &after.sets)?;
     table.replace_part(&before, &after);
+    forget_elements(table);
     Ok((stale, ops))
+}
+
+/// What the proxier keeps of a table it wrote: chains and set declarations. Partial syncs are
+/// made from the changed ports' own elements, so the elements in the kernel need no copy here
+/// (at 10,000 × 10 in shared-maps, 190,000 of them: ≈ 90 MiB).
+fn forget_elements(table: &mut NftTable) {
+    for s in &mut table.sets {
+        s.elements = Default::default();
+    }
 }
 
 /// Runs the proxier: a full sync first, then a sync after every change (at most one per
@@ -223,34 +233,34 @@ pub async fn run_nft_proxier<K: NftKernel>(p: NftProxier<K>, synced: Option<toki
     let mut svc_changes = services.changes();
     let mut slice_changes = slices.changes();
     let mut last: Option<NftTable> = None;
-    let mut last_states: BTreeMap<ServiceKey, ServiceState> = BTreeMap::new();
+    // The service ports, updated per changed object (an event's cost does not grow with the
+    // number of Services).
+    let mut tracker = Tracker::new(&cfg.node_name);
     let mut shared = Shared::default();
     let mut stale: Vec<Stale> = vec![];
+    // conntrack deletions owed to UDP ports that gained endpoints (kept until a sync lands).
+    let mut udp: Vec<Vec<String>> = vec![];
     let mut resync = true;
     loop {
         if resync {
             let started = tokio::time::Instant::now();
-            let state = snapshot(&services.list(), &slices.list(), &cfg.node_name);
-            let checks = super::service_health::wanted(&state, &cfg.node_name);
-            let udp = stale_udp_flows(&last_states, &state);
-            let next_states: BTreeMap<ServiceKey, ServiceState> =
-                state.iter().map(|st| (st.port.key(), st.clone())).collect();
-            let (k, c, n, prev) = (kernel.clone(), cfg.clone(), nft.clone(), last.take());
-            let full = prev.is_none();
-            // A partial sync needs only the ports that changed, as they were and as they are.
-            let (mut old, mut new) = (vec![], vec![]);
-            if !full {
-                for (key, st) in &last_states {
-                    if next_states.get(key) != Some(st) {
-                        old.push(st.clone());
-                    }
-                }
-                for (key, st) in &next_states {
-                    if last_states.get(key) != Some(st) {
-                        new.push(st.clone());
-                    }
-                }
+            let delta = tracker.update(&services, &slices);
+            let was: BTreeMap<ServiceKey, ServiceState> =
+                delta.old.iter().map(|st| (st.port.key(), st.clone())).collect();
+            udp.extend(stale_udp_flows(&was, &delta.new));
+            drop(was);
+            let full = last.is_none();
+            if !full && delta.is_empty() {
+                // Nothing of ours changed (an object the ports do not read, or a change undone).
+                health.updated();
+                resync = false;
+                continue;
             }
+            let checks = super::service_health::wanted(tracker.states(), &cfg.node_name);
+            let (k, c, n, prev) = (kernel.clone(), cfg.clone(), nft.clone(), last.take());
+            // A full sync renders every port; a partial one only the ports that changed.
+            let state = if full { tracker.list() } else { vec![] };
+            let udp_now = udp.clone();
             let mut sharing = std::mem::take(&mut shared);
             let result = tokio::task::spawn_blocking(move || {
                 let r = match prev {
@@ -258,11 +268,11 @@ pub async fn run_nft_proxier<K: NftKernel>(p: NftProxier<K>, synced: Option<toki
                         sharing = Shared::of(&c, &n, &state);
                         (table, vec![], ops)
                     }),
-                    Some(mut table) => sync_changed(&*k, &c, &n, &mut sharing, &mut table, &old, &new)
+                    Some(mut table) => sync_changed(&*k, &c, &n, &mut sharing, &mut table, &delta.old, &delta.new)
                         .map(|(flushed, ops)| (table, flushed, ops)),
                 };
                 if r.is_ok() {
-                    k.clear_conntrack(&udp);
+                    k.clear_conntrack(&udp_now);
                 }
                 r.map(|r| (r, sharing))
             })
@@ -272,7 +282,7 @@ pub async fn run_nft_proxier<K: NftKernel>(p: NftProxier<K>, synced: Option<toki
                 Ok(((table, flushed, ops), sharing)) => {
                     shared = sharing;
                     last = Some(table);
-                    last_states = next_states;
+                    udp.clear();
                     if !flushed.is_empty() {
                         stale.push(Stale { due: tokio::time::Instant::now() + STALE_CHAIN_DELAY, chains: flushed });
                     }
@@ -291,6 +301,11 @@ pub async fn run_nft_proxier<K: NftKernel>(p: NftProxier<K>, synced: Option<toki
                     // `last` stays None: the next sync replaces the table.
                     stale.clear();
                 }
+            }
+            if full {
+                // A full sync's buffers (the render, the batch, the delta) are freed by now:
+                // give them back rather than keep them as resident memory.
+                podpath_client::memory::trim();
             }
             resync = false;
         }

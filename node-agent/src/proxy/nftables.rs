@@ -239,12 +239,13 @@ fn nodeport_ips(cfg: &RenderConfig) -> impl Iterator<Item = String> + '_ {
 /// The whole table for these service ports.
 pub fn render(cfg: &RenderConfig, nft: &NftConfig, services: &[ServiceState]) -> NftTable {
     let mut t = fixed(cfg, nft);
-    // shared-maps: the endpoint counts in use, each with its DNAT chains.
-    let mut counts = std::collections::BTreeSet::new();
+    // shared-maps: DNAT chains for every endpoint count up to the largest in use, so that
+    // an endpoint more or less is elements only (no chain to create: no `nft` run).
+    let mut most = 0;
     for st in services {
-        counts.extend(add_port(cfg, nft, st, &mut t));
+        most = most.max(add_port(cfg, nft, st, &mut t).unwrap_or(0));
     }
-    for n in counts {
+    for n in 1..=most {
         add_lb_chains(cfg, n, &mut t);
     }
     t
@@ -295,29 +296,30 @@ impl Shared {
         s
     }
 
-    /// Counts a port in (`by` 1) or out (-1); the counts whose use went from none to some
-    /// (`made`) or from some to none (`gone`).
+    /// The largest endpoint count in use: DNAT chains exist for 1 to it.
+    fn most(&self) -> usize {
+        self.counts.keys().next_back().copied().unwrap_or(0)
+    }
+
+    /// Counts a port in (`by` 1) or out (-1); the endpoint counts whose DNAT chains that
+    /// makes needed (`made`) or no longer needed (`gone`).
     fn count(
         &mut self,
         cfg: &RenderConfig,
         nft: &NftConfig,
         st: &ServiceState,
         by: isize,
-    ) -> (Option<usize>, Option<usize>) {
-        let (mut made, mut gone) = (None, None);
+    ) -> (std::ops::RangeInclusive<usize>, std::ops::RangeInclusive<usize>) {
+        let was = self.most();
         if let Some(port) = shared(cfg, nft, st) {
             let n = port.cluster_eps.len();
             let c = self.counts.entry(n).or_default();
-            let was = *c;
             *c = c.saturating_add_signed(by);
-            if was == 0 && *c > 0 {
-                made = Some(n);
-            }
-            if was > 0 && *c == 0 {
-                gone = Some(n);
+            if *c == 0 {
                 self.counts.remove(&n);
             }
         }
+        let now = self.most();
         if nft.layout.is_current() {
             let p = Port::new(&st.port, &st.endpoints, &cfg.node_name);
             for e in hairpin_elements(&p) {
@@ -328,7 +330,7 @@ impl Shared {
                 }
             }
         }
-        (made, gone)
+        (was + 1..=now, now + 1..=was)
     }
 }
 
@@ -351,17 +353,17 @@ pub fn render_changed(
     let (mut before, mut after) = (skeleton.clone(), skeleton);
     for st in old {
         add_port(cfg, nft, st, &mut before);
-        if let (_, Some(n)) = shared.count(cfg, nft, st, -1) {
+        for n in shared.count(cfg, nft, st, -1).1 {
             add_lb_chains(cfg, n, &mut before);
         }
     }
     for st in new {
         add_port(cfg, nft, st, &mut after);
-        if let (Some(n), _) = shared.count(cfg, nft, st, 1) {
+        for n in shared.count(cfg, nft, st, 1).0 {
             add_lb_chains(cfg, n, &mut after);
         }
     }
-    // (A count that went with an old state and came back with a new one is in both tables,
+    // (Chains that went with an old state and came back with a new one are in both tables,
     // the same: no change.) Hairpin elements another port still uses stay in the kernel.
     if let Some(set) = before.set_mut("hairpin-connections") {
         set.elements.retain(|k, _| !shared.hairpin.contains_key(k));

@@ -24,7 +24,7 @@ pub struct HealthTarget {
 }
 
 /// The health-check ports a snapshot asks for, with this node's ready endpoints of each.
-pub fn wanted(states: &[ServiceState], node: &str) -> BTreeMap<u16, HealthTarget> {
+pub fn wanted<'a>(states: impl IntoIterator<Item = &'a ServiceState>, node: &str) -> BTreeMap<u16, HealthTarget> {
     let mut out: BTreeMap<u16, HealthTarget> = BTreeMap::new();
     for s in states {
         let Some(port) = s.port.health_check_node_port else { continue };
@@ -149,7 +149,7 @@ mod tests {
                 .map(|(i, n)| Endpoint {
                     ip: format!("10.244.0.{}", i + 2).parse().unwrap(),
                     port: 8080,
-                    node: Some(n.to_string()),
+                    node: Some((*n).into()),
                     ready: true,
                     serving: true,
                     terminating: false,

@@ -8,16 +8,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1 as core;
-use k8s_openapi::api::discovery::v1 as discovery;
 use podpath_client::reflector::Store;
 use podpath_ruleset::plan::{self, Applied};
 use podpath_ruleset::Table;
 
 use super::iptables::{render, render_partial, RenderConfig, ServiceState};
 use super::kernel::{missing_jumps, removal, Jump, Kernel};
-use super::model;
-use super::model::ServiceKey;
+use super::model::{ServiceKey, ServiceView, SliceView};
 use crate::error::{AgentError, Result};
 use crate::health::Health;
 
@@ -249,17 +246,7 @@ pub fn sync_once<K: Kernel + ?Sized>(
     Ok(())
 }
 
-/// The snapshot the renderer takes: every service port with its endpoints.
-pub fn snapshot(services: &[core::Service], slices: &[discovery::EndpointSlice], node: &str) -> Vec<ServiceState> {
-    let mut out = vec![];
-    for s in services {
-        for port in model::service_ports(s) {
-            let endpoints = model::endpoints(&port, slices, node);
-            out.push(ServiceState { port, endpoints });
-        }
-    }
-    out
-}
+pub use super::tracker::snapshot;
 
 /// The proxier: until the stores' watches end, a full sync first, then a sync after every
 /// change (at most one per `min_interval`), and a full resync every `period` or when the canary
@@ -267,8 +254,8 @@ pub fn snapshot(services: &[core::Service], slices: &[discovery::EndpointSlice],
 pub struct Proxier<K> {
     pub kernel: Arc<K>,
     pub render: RenderConfig,
-    pub services: Arc<Store<core::Service>>,
-    pub slices: Arc<Store<discovery::EndpointSlice>>,
+    pub services: Arc<Store<ServiceView>>,
+    pub slices: Arc<Store<SliceView>>,
     pub health: Arc<Health>,
     /// Full resync period (kube-proxy's syncPeriod).
     pub period: Duration,

@@ -12,8 +12,6 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1 as core;
-use k8s_openapi::api::discovery::v1 as discovery;
 use podpath_client::reflector::Store;
 use podpath_ruleset::{plan, Addr, Match, Rule, Ruleset, Table, Target};
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
@@ -21,7 +19,7 @@ use tokio::task::JoinHandle;
 
 use super::iptables::ServiceState;
 use super::kernel::{missing_jumps, removal, Jump, Kernel};
-use super::model::{categorize, ServiceKey, ServicePort, ServicePortName};
+use super::model::{categorize, ServiceKey, ServicePort, ServicePortName, ServiceView, SliceView};
 use super::sync::{snapshot, CANARY};
 use crate::error::{AgentError, Result};
 use crate::health::Health;
@@ -390,8 +388,8 @@ pub struct UserspaceProxier<K> {
     pub kernel: Arc<K>,
     pub node_name: String,
     pub node_ip: IpAddr,
-    pub services: Arc<Store<core::Service>>,
-    pub slices: Arc<Store<discovery::EndpointSlice>>,
+    pub services: Arc<Store<ServiceView>>,
+    pub slices: Arc<Store<SliceView>>,
     pub health: Arc<Health>,
     /// Full resync period (rules rewritten, jumps and canary checked).
     pub period: Duration,

@@ -1,8 +1,9 @@
-//! Keeping the server's resident memory near what it uses. glibc's malloc returns freed memory
+//! Keeping a daemon's resident memory near what it uses. glibc's malloc returns freed memory
 //! to the kernel only from the top of a heap; after a controller pass over 10,000 objects
-//! (lists of JSON values, freed at once) it held on to well over a hundred MiB that nothing
-//! used. A thread of the binary's asks it every few seconds to give free pages back
-//! (`malloc_trim`). Other C libraries: nothing to do.
+//! (lists of JSON values, freed at once) the API server held on to well over a hundred MiB
+//! that nothing used, and so did the node agent after a cold load of 10,000 Services. The API
+//! server's binary asks every few seconds ([`spawn_trimmer`]); the proxier after each full
+//! sync ([`trim`]). Other C libraries: nothing to do.
 
 /// Starts the trimming thread (`every`: the pause between trims). For the binary: tests and
 /// benchmarks that embed the server need none.
@@ -16,8 +17,9 @@ pub fn spawn_trimmer(every: std::time::Duration) {
     }
 }
 
+/// Gives the heap's free pages back to the kernel now.
 #[allow(unsafe_code)] // the one C call glibc offers for this; see CONVENTIONS.md
-fn trim() {
+pub fn trim() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim only takes the allocator's own locks; it is safe from any thread.
     unsafe {
