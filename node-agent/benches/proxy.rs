@@ -6,9 +6,11 @@
 //! - a sync after one endpoint change (partial render + restore; in nftables mode the
 //!   transaction made from the changed port alone) into the full table.
 //!
-//! Then, through the real proxier loop (watch store → snapshot → render → restore) at 100
-//! Services, the latency from an EndpointSlice event reaching the agent's store to its rules
-//! being applied (p50/p99).
+//! Then, through the real proxier loop (watch cache → change tracker → render → kernel) at 100
+//! Services (all modes) and 10,000 (nftables modes), the latency from an EndpointSlice event
+//! reaching the agent's cache to its rules being applied (p50/p99), with the process's RSS; and
+//! a soak of random churn at 10,000 Services (100 s per nftables mode) comparing the kernel's
+//! table with the model after every batch.
 //!
 //! "Full sync" and "sync after one endpoint change" are the proxier's own `sync_once` (render,
 //! minimize, batch, `iptables-restore`, plus on full syncs the jump checks and `iptables-save`),
@@ -18,6 +20,9 @@
 //! `-- 1000,10000 legacy,nft,nftables,shared-maps` (the default; `nftables` is kube-proxy's
 //! nftables mode, `shared-maps` the same mode with `--nftables-layout shared-maps`). A step that has not finished after
 //! `PODPATH_BENCH_LIMIT_SECONDS` (default 300) is stopped and reported as such.
+
+#[path = "../tests/support/churn.rs"]
+mod churn;
 
 use std::collections::BTreeSet;
 use std::process::{Command, Stdio};
@@ -422,8 +427,32 @@ fn child_latency(mode: &str, n: usize) {
     });
 }
 
+/// In the namespace: random churn at `n` Services for `seconds`, the kernel compared with the
+/// model after every batch ([`churn::soak`]).
+fn child_soak(mode: &str, n: usize, seconds: u64) {
+    let layout = if mode == "shared-maps" { "shared-maps" } else { "current" };
+    let mut c = churn::Churn::new(n, 23);
+    let until = Instant::now() + Duration::from_secs(seconds);
+    let s = churn::soak(&mut c, layout, 1..=20, usize::MAX, until);
+    let mut ms = s.sync_ms.clone();
+    ms.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let pct = |p: f64| ms.get(((ms.len() as f64 * p) as usize).min(ms.len().saturating_sub(1))).copied().unwrap_or(0.0);
+    println!("batches {}", s.batches);
+    println!("changes {}", s.changes);
+    println!("sync-p50 {}", pct(0.5));
+    println!("sync-p99 {}", pct(0.99));
+    println!("differences {}", u8::from(s.difference.is_some()));
+    if let Some(d) = s.difference {
+        eprintln!("{d}");
+    }
+}
+
 fn main() {
     let args = args();
+    if let Some(pos) = args.iter().position(|a| a == "--child-soak") {
+        child_soak(&args[pos + 1], args[pos + 2].parse().unwrap(), args[pos + 3].parse().unwrap());
+        return;
+    }
     if let Some(pos) = args.iter().position(|a| a == "--child-sync") {
         let n = args[pos + 1].parse().unwrap();
         child_sync(n, args[pos + 2].parse().unwrap());
@@ -594,6 +623,22 @@ fn main() {
             f("max"),
             m("rss"),
             m("rss-after")
+        );
+    }
+    println!("soak: random Service/endpoint churn (batches of 1–20 changes), the kernel's table compared with the model after every batch:");
+    for &m in &nft_modes {
+        let (n, seconds) = (10_000, 100);
+        let ns = testkit::netns::Netns::new("ppb");
+        let out = in_netns(&ns.name, &["--child-soak", m, &n.to_string(), &seconds.to_string()], limit);
+        let f = |k: &str| get(&out, k).map(|v| format!("{v:.0}")).unwrap_or("-".into());
+        let ms = |k: &str| get(&out, k).map(|v| format!("{v:.1} ms")).unwrap_or("-".into());
+        println!(
+            "  {m:>11} at {n} Services, {seconds} s: {} batches, {} changes, partial sync p50 {}, p99 {}; differences: {}",
+            f("batches"),
+            f("changes"),
+            ms("sync-p50"),
+            ms("sync-p99"),
+            f("differences")
         );
     }
 }

@@ -5,6 +5,9 @@
 
 use std::collections::BTreeSet;
 
+#[path = "support/churn.rs"]
+mod churn;
+
 use node_agent::proxy::iptables::{RenderConfig, ServiceState};
 use node_agent::proxy::model::{Endpoint, ServicePort};
 use node_agent::proxy::nftables::{render, Layout, NftConfig, TABLE};
@@ -228,4 +231,27 @@ fn cleanup_removes_the_rules_of_every_mode() {
     assert!(ok && !out.contains("nftables table"), "{out}");
     drop(ns);
     assert_eq!(host_state(), before, "the host namespace changed");
+}
+
+/// Random churn of 300 Services in every layout: after every batch of changes synced the way
+/// the proxier syncs them (tracker → partial render → netlink elements and nft chains), the
+/// kernel's table is exactly the table rendered whole from the caches.
+#[test]
+fn churn_leaves_the_kernel_equal_to_the_model_after_every_batch() {
+    if !root_or_explain() {
+        return;
+    }
+    let before_host = host_state();
+    for (layout, seed) in [("current", 1), ("v1.34", 2), ("shared-maps", 3)] {
+        let ns = Netns::new("ppsoak");
+        let s = ns.in_thread(move || {
+            let mut c = churn::Churn::new(300, seed);
+            let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
+            churn::soak(&mut c, layout, 1..=12, 40, until)
+        });
+        assert_eq!(s.difference, None, "{layout}");
+        assert!(s.batches >= 10 && s.changes >= s.batches, "{layout}: {s:?}");
+        drop(ns);
+    }
+    assert_eq!(host_state(), before_host);
 }

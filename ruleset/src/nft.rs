@@ -403,12 +403,15 @@ impl Transaction {
             }
         }
         if let Some(b) = before {
-            for s in b.sets.iter().filter(|s| !after_sets.contains(s.name.as_str())) {
-                tx.ops.push(Op::DeleteSet(s.name.clone(), s.is_map()));
-            }
+            // Stale chains are flushed before the sets go: a rule of theirs may still name one
+            // (a v1.34 endpoint chain's `update @affinity-…`), and the kernel refuses to
+            // delete a set in use (EBUSY) until that rule's removal comes first.
             for c in b.chains.iter().filter(|c| !after_chains.contains(c.name.as_str())) {
                 tx.ops.push(Op::FlushChain(c.name.clone()));
                 stale.push(c.name.clone());
+            }
+            for s in b.sets.iter().filter(|s| !after_sets.contains(s.name.as_str())) {
+                tx.ops.push(Op::DeleteSet(s.name.clone(), s.is_map()));
             }
         }
         (tx, stale)

@@ -1,0 +1,277 @@
+//! Random Service and endpoint churn over the proxier's caches (for the soak test and the
+//! proxy bench): endpoints replaced, added, removed, turned unready; Services created, deleted
+//! and switched between ClusterIP, NodePort, ClientIP affinity and `externalTrafficPolicy:
+//! Local`. Seeded, so a failure can be replayed.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1 as core;
+use k8s_openapi::api::discovery::v1 as discovery;
+use node_agent::proxy::model::{ServiceView, SliceView};
+use podpath_client::reflector::{Change, Store, Watched};
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Kind {
+    ClusterIp,
+    NodePort,
+    Affinity,
+    LocalNodePort,
+}
+
+/// One endpoint: its address and readiness.
+type Ep = (String, bool);
+
+pub struct Churn {
+    rng: fastrand::Rng,
+    pub services: Arc<Store<ServiceView>>,
+    pub slices: Arc<Store<SliceView>>,
+    /// Service number → its kind and endpoints.
+    objects: BTreeMap<usize, (Kind, Vec<Ep>)>,
+    next_service: usize,
+    next_address: u32,
+}
+
+/// NodePorts only below this Service number (each gets 30000 + its number: no two alike).
+const NODEPORTS: usize = 2000;
+
+impl Churn {
+    /// `n` Services of every kind with 1 to 10 endpoints each, in the caches.
+    pub fn new(n: usize, seed: u64) -> Churn {
+        let mut c = Churn {
+            rng: fastrand::Rng::with_seed(seed),
+            services: Store::new(),
+            slices: Store::new(),
+            objects: BTreeMap::new(),
+            next_service: n,
+            next_address: 0,
+        };
+        for i in 0..n {
+            let kind = c.kind(i);
+            let eps = (0..c.rng.usize(1..=10)).map(|_| (c.address(), true)).collect();
+            c.objects.insert(i, (kind, eps));
+        }
+        let (services, slices): (BTreeMap<_, _>, BTreeMap<_, _>) = c
+            .objects
+            .iter()
+            .map(|(i, (kind, eps))| {
+                let (s, e) = (service(*i, *kind), slice(*i, eps));
+                ((s.key(), ServiceView::of(&s)), (e.key(), SliceView::of(&e)))
+            })
+            .unzip();
+        c.services.apply(Change::Replace(services));
+        c.slices.apply(Change::Replace(slices));
+        c
+    }
+
+    fn kind(&mut self, i: usize) -> Kind {
+        match (self.rng.u8(0..10), i < NODEPORTS) {
+            (0..=5, _) | (6..=7, false) => Kind::ClusterIp,
+            (6..=7, true) => Kind::NodePort,
+            (8, _) => Kind::Affinity,
+            (_, true) => Kind::LocalNodePort,
+            (_, false) => Kind::Affinity,
+        }
+    }
+
+    /// A pod address never used before.
+    fn address(&mut self) -> String {
+        let a = self.next_address;
+        self.next_address += 1;
+        format!("10.{}.{}.{}", 100 + (a >> 16) % 100, (a >> 8) & 255, a & 255)
+    }
+
+    fn put(&self, i: usize) {
+        let (kind, eps) = &self.objects[&i];
+        let (s, e) = (service(i, *kind), slice(i, eps));
+        self.services.apply(Change::Apply(s.key(), ServiceView::of(&s)));
+        self.slices.apply(Change::Apply(e.key(), SliceView::of(&e)));
+    }
+
+    /// One random change to the caches; what it was.
+    pub fn step(&mut self) -> &'static str {
+        let keys: Vec<usize> = self.objects.keys().copied().collect();
+        let i = keys[self.rng.usize(..keys.len())];
+        let roll = self.rng.u8(0..100);
+        let what = match roll {
+            0..=39 => "endpoint replaced",
+            40..=54 => "endpoint added",
+            55..=69 => "endpoint removed",
+            70..=79 => "readiness flipped",
+            80..=86 => "service deleted",
+            87..=93 => "service created",
+            _ => "kind changed",
+        };
+        match what {
+            "service deleted" if keys.len() > 1 => {
+                self.objects.remove(&i);
+                self.services.apply(Change::Delete(format!("bench/svc-{i}")));
+                self.slices.apply(Change::Delete(format!("bench/svc-{i}-abc")));
+                return what;
+            }
+            "service created" => {
+                let i = self.next_service;
+                self.next_service += 1;
+                let kind = self.kind(i);
+                let eps = (0..self.rng.usize(1..=10)).map(|_| (self.address(), true)).collect();
+                self.objects.insert(i, (kind, eps));
+                self.put(i);
+                return what;
+            }
+            "kind changed" => {
+                let kind = self.kind(i);
+                self.objects.get_mut(&i).unwrap().0 = kind;
+            }
+            _ => {
+                let fresh = self.address();
+                let eps = &mut self.objects.get_mut(&i).unwrap().1;
+                let j = if eps.is_empty() { 0 } else { self.rng.usize(..eps.len()) };
+                match what {
+                    "endpoint replaced" | "readiness flipped" if eps.is_empty() => eps.push((fresh, true)),
+                    "endpoint replaced" => eps[j].0 = fresh,
+                    "readiness flipped" => eps[j].1 = !eps[j].1,
+                    "endpoint added" if eps.len() < 12 => eps.push((fresh, true)),
+                    "endpoint removed" if !eps.is_empty() => {
+                        eps.remove(j);
+                    }
+                    _ => {}
+                }
+            }
+        }
+        self.put(i);
+        what
+    }
+}
+
+fn service(i: usize, kind: Kind) -> core::Service {
+    let mut spec = serde_json::json!({"clusterIP": format!("10.96.{}.{}", i / 250, i % 250 + 1), "type": "ClusterIP",
+                                      "ports": [{"name": "http", "port": 80, "protocol": "TCP"}]});
+    match kind {
+        Kind::ClusterIp => {}
+        Kind::NodePort | Kind::LocalNodePort => {
+            spec["type"] = "NodePort".into();
+            spec["ports"][0]["nodePort"] = (30000 + i).into();
+            if kind == Kind::LocalNodePort {
+                spec["externalTrafficPolicy"] = "Local".into();
+            }
+        }
+        Kind::Affinity => {
+            spec["sessionAffinity"] = "ClientIP".into();
+            spec["sessionAffinityConfig"] = serde_json::json!({"clientIP": {"timeoutSeconds": 600}});
+        }
+    }
+    serde_json::from_value(
+        serde_json::json!({"metadata": {"name": format!("svc-{i}"), "namespace": "bench"}, "spec": spec}),
+    )
+    .unwrap()
+}
+
+fn slice(i: usize, eps: &[Ep]) -> discovery::EndpointSlice {
+    let eps: Vec<serde_json::Value> = eps
+        .iter()
+        .enumerate()
+        .map(|(j, (a, ready))| {
+            serde_json::json!({"addresses": [a], "conditions": {"ready": ready}, "nodeName": format!("node-{}", j % 3 + 1)})
+        })
+        .collect();
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": format!("svc-{i}-abc"), "namespace": "bench",
+                     "labels": {"kubernetes.io/service-name": format!("svc-{i}")}},
+        "addressType": "IPv4",
+        "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+        "endpoints": eps
+    }))
+    .unwrap()
+}
+
+/// What a soak saw.
+#[derive(Debug, Default)]
+pub struct Soaked {
+    pub batches: usize,
+    pub changes: usize,
+    /// Each partial sync's time, in ms.
+    pub sync_ms: Vec<f64>,
+    /// The first difference between the kernel and the model, with the batch it followed.
+    pub difference: Option<String>,
+}
+
+/// Syncs the caches into the current network namespace's kernel as the nftables proxier does
+/// (a full sync, then a partial one per batch of `batch` random changes, stale chains deleted
+/// after it) and, after every batch, compares the kernel's table (`nft list table`, element by
+/// element and rule by rule) with the table rendered whole from the caches. Stops at the first
+/// difference, after `max_batches` or at `until`.
+pub fn soak(
+    churn: &mut Churn,
+    layout: &str,
+    batch: std::ops::RangeInclusive<usize>,
+    max_batches: usize,
+    until: std::time::Instant,
+) -> Soaked {
+    use node_agent::proxy::iptables::RenderConfig;
+    use node_agent::proxy::nft_sync::{sync_changed, sync_full, NftKernel, NftablesKernel};
+    use node_agent::proxy::nftables::{render, NftConfig, Shared, TABLE};
+    use node_agent::proxy::tracker::{snapshot, Tracker};
+    use podpath_ruleset::nft::{delete_chains, Listing, NftFamily};
+
+    let cfg = RenderConfig::new("node-1", "192.168.56.11".parse().unwrap());
+    let nft = NftConfig { layout: layout.parse().unwrap(), service_cidrs: vec!["10.96.0.0/12".parse().unwrap()] };
+    let k = NftablesKernel::default();
+    let mut tracker = Tracker::new("node-1");
+    tracker.update(&churn.services, &churn.slices);
+    let state = tracker.list();
+    let (mut table, _) = sync_full(&k, &cfg, &nft, &state).expect("full sync");
+    let mut shared = Shared::of(&cfg, &nft, &state);
+    let mut out = Soaked::default();
+    let mut rng = fastrand::Rng::with_seed(batch.start().wrapping_add(max_batches) as u64);
+    while out.batches < max_batches && std::time::Instant::now() < until {
+        let mut did = vec![];
+        for _ in 0..rng.usize(batch.clone()) {
+            did.push(churn.step());
+        }
+        out.changes += did.len();
+        out.batches += 1;
+        let t = std::time::Instant::now();
+        let delta = tracker.update(&churn.services, &churn.slices);
+        let (stale, _) = sync_changed(&k, &cfg, &nft, &mut shared, &mut table, &delta.old, &delta.new)
+            .unwrap_or_else(|e| panic!("partial sync after {did:?}: {e}"));
+        out.sync_ms.push(t.elapsed().as_secs_f64() * 1e3);
+        // The proxier deletes flushed chains a second later; a chain that came back stays.
+        let stale: Vec<String> = stale.into_iter().filter(|c| table.chain(c).is_none()).collect();
+        if !stale.is_empty() {
+            k.apply(&delete_chains(NftFamily::Ip, TABLE, &stale)).expect("stale chains deleted");
+        }
+        let listed = k.nft.list_table(NftFamily::Ip, TABLE, false).expect("nft list").expect("the table");
+        let kernel = Listing::parse(&listed);
+        let model = Listing::of(&render(&cfg, &nft, &snapshot(&churn.services.list(), &churn.slices.list(), "node-1")));
+        if kernel != model {
+            out.difference = Some(describe(&kernel, &model, out.batches, &did));
+            break;
+        }
+    }
+    out
+}
+
+/// The chains and sets where `kernel` and `model` differ, briefly.
+fn describe(
+    kernel: &podpath_ruleset::nft::Listing,
+    model: &podpath_ruleset::nft::Listing,
+    batch: usize,
+    did: &[&str],
+) -> String {
+    let mut out = format!("after batch {batch} ({did:?}):");
+    let names: std::collections::BTreeSet<&String> = kernel.chains.keys().chain(model.chains.keys()).collect();
+    for c in names.into_iter().filter(|c| kernel.chains.get(*c) != model.chains.get(*c)).take(5) {
+        out +=
+            &format!("\n  chain {c}: kernel {:?}\n           model  {:?}", kernel.chains.get(c), model.chains.get(c));
+    }
+    let names: std::collections::BTreeSet<&String> = kernel.sets.keys().chain(model.sets.keys()).collect();
+    for s in names {
+        let (a, b) = (kernel.sets.get(s).cloned().unwrap_or_default(), model.sets.get(s).cloned().unwrap_or_default());
+        let extra: Vec<&String> = a.difference(&b).take(3).collect();
+        let missing: Vec<&String> = b.difference(&a).take(3).collect();
+        if !extra.is_empty() || !missing.is_empty() {
+            out += &format!("\n  set {s}: only in the kernel {extra:?}; only in the model {missing:?}");
+        }
+    }
+    out
+}
