@@ -617,7 +617,7 @@ fn main() {
         let f = |k: &str| get(&out, k).map(|v| format!("{v:.1} ms")).unwrap_or("-".into());
         let m = |k: &str| get(&out, k).map(|v| format!("{v:.1} MiB")).unwrap_or("-".into());
         println!(
-            "  {name:>11} at {n:>6} Services: p50 {}, p99 {}, max {} | RSS programmed {}, after the changes {}",
+            "  {name:>11} at {n:>6} Services: p50 {}, p99 {}, max {} | RSS when the first sync is done {}, after the changes {}",
             f("p50"),
             f("p99"),
             f("max"),
