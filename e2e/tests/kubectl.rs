@@ -924,3 +924,104 @@ fn kubectl_server_side_apply_tracks_field_managers() {
         "8081"
     );
 }
+
+#[test]
+fn kubectl_network_policies_served_validated_and_described() {
+    assert!(kubectl_available(), "kubectl is required (it ships on the machine image as /usr/bin/kubectl)");
+    let srv = ApiServer::start(&[]).unwrap();
+    let manifest = srv.dir.path().join("netpol.yaml");
+    std::fs::write(
+        &manifest,
+        "apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: web-allow}
+spec:
+  podSelector: {matchLabels: {app: web}}
+  ingress:
+  - from:
+    - namespaceSelector: {matchLabels: {team: a}}
+      podSelector: {matchLabels: {role: client}}
+    - ipBlock: {cidr: 10.0.0.0/16, except: [10.0.1.0/24]}
+    ports:
+    - {port: http}
+    - {port: 8000, endPort: 8080, protocol: UDP}
+  egress:
+  - to: [{namespaceSelector: {}}]
+    ports: [{port: 53, protocol: UDP}]
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: deny-all}
+spec:
+  podSelector: {}
+",
+    )
+    .unwrap();
+    let out = ok(&srv, &["apply", "-f", manifest.to_str().unwrap()]);
+    assert!(out.contains("networkpolicy.networking.k8s.io/web-allow created"), "{out}");
+    let rows = lines_of(&ok(&srv, &["get", "netpol"]));
+    assert_eq!(rows[0], ["NAME", "POD-SELECTOR", "AGE"]);
+    assert_eq!(
+        (&rows[1][..2], &rows[2][..2]),
+        (&["deny-all".to_string(), "<none>".into()][..], &["web-allow".to_string(), "app=web".into()][..])
+    );
+    // The server's defaults: policyTypes from the rules, TCP where no protocol is given.
+    assert_eq!(
+        ok(
+            &srv,
+            &[
+                "get",
+                "netpol",
+                "web-allow",
+                "-o",
+                "jsonpath={.spec.policyTypes} {.spec.ingress[0].ports[0].protocol} {.metadata.generation}"
+            ]
+        ),
+        r#"["Ingress","Egress"] TCP 1"#
+    );
+    assert_eq!(ok(&srv, &["get", "netpol", "deny-all", "-o", "jsonpath={.spec.policyTypes}"]), r#"["Ingress"]"#);
+    // kubectl's own describer reads the served object (compared with spaces collapsed).
+    let described =
+        ok(&srv, &["describe", "networkpolicy", "web-allow"]).split_whitespace().collect::<Vec<_>>().join(" ");
+    for want in [
+        "Name: web-allow",
+        "PodSelector: app=web",
+        "Allowing ingress traffic:",
+        "To Port: http/TCP",
+        "To Port Range: 8000-8080/UDP",
+        "NamespaceSelector: team=a",
+        "PodSelector: role=client",
+        "IPBlock:",
+        "CIDR: 10.0.0.0/16",
+        "Except: 10.0.1.0/24",
+        "Allowing egress traffic:",
+        "To Port: 53/UDP",
+        "Policy Types: Ingress, Egress",
+    ] {
+        assert!(described.contains(want), "describe lacks {want:?}:\n{described}");
+    }
+
+    // Bad input: the real server's causes, nothing stored.
+    let bad = srv.dir.path().join("bad.yaml");
+    std::fs::write(
+        &bad,
+        "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: bad}\nspec:\n  podSelector: {}\n  ingress:\n  - from: [{ipBlock: {cidr: 10.0.0.0/8, except: [192.168.0.0/16]}}]\n    ports: [{port: http, endPort: 90}]\n",
+    )
+    .unwrap();
+    let err = fails(&srv, &["apply", "-f", bad.to_str().unwrap()]);
+    assert!(err.contains("The NetworkPolicy \"bad\" is invalid"), "{err}");
+    assert!(
+        err.contains(
+            "spec.ingress[0].ports[0].endPort: Invalid value: 90: may not be specified when `port` is non-numeric"
+        ),
+        "{err}"
+    );
+    assert!(err.contains("spec.ingress[0].from[0].ipBlock.except[0]: Invalid value: \"192.168.0.0/16\": must be a strict subset of `cidr`"), "{err}");
+    assert!(fails(&srv, &["get", "netpol", "bad"]).contains("NotFound"));
+    // An update that changes the spec moves the generation.
+    ok(
+        &srv,
+        &["patch", "netpol", "deny-all", "--type=merge", "-p", r#"{"spec":{"policyTypes":["Ingress","Egress"]}}"#],
+    );
+    assert_eq!(ok(&srv, &["get", "netpol", "deny-all", "-o", "jsonpath={.metadata.generation}"]), "2");
+}

@@ -271,6 +271,7 @@ kinds! { $
     ReplicaSet => replicaset,
     Ingress => ingress,
     IngressClass => ingressclass,
+    NetworkPolicy => networkpolicy,
     Secret => secret,
     ConfigMap => configmap,
     ServiceAccount => serviceaccount,
