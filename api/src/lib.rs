@@ -12,6 +12,7 @@ pub mod grpc_codec;
 #[macro_use]
 pub mod kinds;
 pub mod managed;
+pub mod netpol;
 pub mod networking;
 pub mod openapi;
 pub mod patch;
