@@ -150,6 +150,9 @@ fn describe_allowed(a: &Allowed) -> String {
     format!("NetworkPolicy {} {dir}[{}]{peer}{port}", a.policy, a.rule)
 }
 
+/// One rule of a direction: its peers (`from` or `to`) and ports.
+type Rule = (Option<Vec<NetworkPolicyPeer>>, Option<Vec<NetworkPolicyPort>>);
+
 /// The policyTypes of a policy, defaulted as the API server does when it has none.
 fn types(p: &NetworkPolicy) -> Vec<Direction> {
     let spec = p.spec.clone().unwrap_or_default();
@@ -240,7 +243,7 @@ pub fn verdict(
         let key = format!("{ns}/{}", p.metadata.name.as_deref().unwrap_or(""));
         isolating.push(key.clone());
         let spec = p.spec.clone().unwrap_or_default();
-        let rules: Vec<(Option<Vec<NetworkPolicyPeer>>, Option<Vec<NetworkPolicyPort>>)> = match direction {
+        let rules: Vec<Rule> = match direction {
             Direction::Ingress => spec.ingress.unwrap_or_default().into_iter().map(|r| (r.from, r.ports)).collect(),
             Direction::Egress => spec.egress.unwrap_or_default().into_iter().map(|r| (r.to, r.ports)).collect(),
         };
