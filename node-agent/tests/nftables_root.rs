@@ -255,3 +255,31 @@ fn churn_leaves_the_kernel_equal_to_the_model_after_every_batch() {
     }
     assert_eq!(host_state(), before_host);
 }
+
+/// The namespace's nf_tables generation moves with every transaction (ours over netlink, an
+/// `nft` run, anyone's) and stays put otherwise: what spares the proxier's periodic listings.
+#[test]
+fn the_generation_moves_with_every_transaction_and_only_then() {
+    use node_agent::proxy::nft_sync::{sync_full, NftKernel, NftablesKernel};
+    if !root_or_explain() {
+        return;
+    }
+    let before_host = host_state();
+    let ns = Netns::new("ppgen");
+    ns.in_thread(|| {
+        let k = NftablesKernel::default();
+        let config = NftConfig { layout: Layout::SharedMaps, service_cidrs: vec![] };
+        let g0 = k.generation().expect("a generation");
+        assert_eq!(k.generation(), Some(g0), "nothing happened");
+        sync_full(&k, &cfg(), &config, &services()).unwrap();
+        let g1 = k.generation().unwrap();
+        assert_ne!(g1, g0, "our load moved it");
+        let out = std::process::Command::new("nft").args(["add", "table", "ip", "somebody-else"]).output().unwrap();
+        assert!(out.status.success());
+        let g2 = k.generation().unwrap();
+        assert_ne!(g2, g1, "another table's change moves it too");
+        assert_eq!(k.generation(), Some(g2));
+    });
+    drop(ns);
+    assert_eq!(host_state(), before_host);
+}

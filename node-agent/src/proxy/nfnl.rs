@@ -21,6 +21,9 @@ const NFNL_MSG_BATCH_BEGIN: u16 = 0x10;
 const NFNL_MSG_BATCH_END: u16 = 0x11;
 const NFT_MSG_NEWSETELEM: u16 = 12;
 const NFT_MSG_DELSETELEM: u16 = 14;
+const NFT_MSG_NEWGEN: u16 = 15;
+const NFT_MSG_GETGEN: u16 = 16;
+const NFTA_GEN_ID: u16 = 1;
 const NLMSG_ERROR: u16 = 2;
 const NLM_F_REQUEST: u16 = 0x1;
 const NLM_F_ACK: u16 = 0x4;
@@ -383,6 +386,41 @@ impl Socket {
         Ok(true)
     }
 
+    /// The nf_tables generation of this namespace: the kernel moves it with every transaction,
+    /// anyone's, so an unchanged generation means an unchanged ruleset.
+    pub fn generation(&mut self) -> Result<u32> {
+        let seq = self.seq;
+        self.seq = seq.wrapping_add(1);
+        let mut msg = vec![];
+        message(&mut msg, (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETGEN, NLM_F_REQUEST, seq, 0, 0, &[]);
+        self.sock.send(&msg, 0).map_err(|e| io("send", e))?;
+        let mut buf = vec![0u8; 8192];
+        loop {
+            let n = self.sock.recv(&mut &mut buf[..], 0).map_err(|e| io("receive", e))?;
+            let mut at = 0;
+            while at + 16 <= n {
+                let len = u32::from_ne_bytes(buf[at..at + 4].try_into().expect("4 bytes")) as usize;
+                let kind = u16::from_ne_bytes(buf[at + 4..at + 6].try_into().expect("2 bytes"));
+                let msg_seq = u32::from_ne_bytes(buf[at + 8..at + 12].try_into().expect("4 bytes"));
+                if len < 16 || at + len > n {
+                    break;
+                }
+                if msg_seq == seq {
+                    if kind == NLMSG_ERROR && len >= 20 {
+                        let code = i32::from_ne_bytes(buf[at + 16..at + 20].try_into().expect("4 bytes"));
+                        return Err(io("generation", std::io::Error::from_raw_os_error(-code)));
+                    }
+                    if kind == (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWGEN {
+                        if let Some(id) = gen_id(&buf[at + 20..at + len]) {
+                            return Ok(id);
+                        }
+                    }
+                }
+                at += len.next_multiple_of(4);
+            }
+        }
+    }
+
     /// Sends a batch made by [`encode`] (numbered from `seq`) and waits for its
     /// acknowledgements: the kernel applies all of it or none.
     pub fn send(&mut self, batch: &[u8], acks: u32, seq: u32) -> Result<()> {
@@ -429,9 +467,35 @@ impl Socket {
     }
 }
 
+/// `NFTA_GEN_ID` (big-endian) among a NEWGEN message's attributes.
+fn gen_id(mut attrs: &[u8]) -> Option<u32> {
+    while attrs.len() >= 4 {
+        let len = u16::from_ne_bytes([attrs[0], attrs[1]]) as usize;
+        let kind = u16::from_ne_bytes([attrs[2], attrs[3]]) & !NLA_F_NESTED;
+        if len < 4 || len > attrs.len() {
+            return None;
+        }
+        if kind == NFTA_GEN_ID && len >= 8 {
+            return Some(u32::from_be_bytes(attrs[4..8].try_into().expect("4 bytes")));
+        }
+        attrs = &attrs[len.next_multiple_of(4).min(attrs.len())..];
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_generation_is_read_from_its_attribute() {
+        // NFTA_GEN_ID 0x01020304, then NFTA_GEN_PROC_PID.
+        let mut attrs = vec![8, 0, 1, 0, 1, 2, 3, 4];
+        attrs.extend([8, 0, 2, 0, 0, 0, 0, 9]);
+        assert_eq!(gen_id(&attrs), Some(0x0102_0304));
+        assert_eq!(gen_id(&attrs[8..]), None);
+        assert_eq!(gen_id(&[200, 0, 1, 0]), None, "a length past the end");
+    }
 
     #[test]
     fn keys_are_laid_out_as_nftables_lays_out_a_concatenation() {
