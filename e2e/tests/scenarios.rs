@@ -574,6 +574,34 @@ fn up_and_down_leave_the_host_unchanged_and_nothing_behind() {
     let pids: Vec<i32> =
         ["apiserver-lite", "node-1", "node-2", "lb-sim"].iter().map(|c| lab.pid(c)).chain([workload]).collect();
     let (name, state) = (lab.name.clone(), lab.state.clone());
+    // Something started by hand in a node, as a node agent restarted by hand: it writes the
+    // state directory every 0.2 s. `down` ends it too, and the directory stays gone.
+    let stray_dir = state.join("nodes").join("node-1").join("stray");
+    struct Stray(std::process::Child);
+    impl Drop for Stray {
+        fn drop(&mut self) {
+            // Whatever the test's outcome, the process it started ends (by its PID).
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut stray = Stray(
+        std::process::Command::new("ip")
+            .args(["netns", "exec", &format!("pp-{name}-node-1"), "sh", "-c"])
+            .arg(format!("while :; do mkdir -p {}; sleep 0.2; done", stray_dir.display()))
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("a process in node-1"),
+    );
+    wait_for(Duration::from_secs(5), "the stray process to write", || {
+        if stray_dir.exists() {
+            Ok(())
+        } else {
+            Err("not yet".into())
+        }
+    });
     let (ok, out) = lab.run("down", &[]);
     assert!(ok, "{out}");
     let left = testkit::netns::must(&["ip", "netns", "list"]);
@@ -581,6 +609,12 @@ fn up_and_down_leave_the_host_unchanged_and_nothing_behind() {
     for pid in pids {
         assert!(podpath_client::daemon::start_time(pid).is_none(), "process {pid} still runs");
     }
+    let ended = wait_for(Duration::from_secs(2), "the stray process to end", || match stray.0.try_wait() {
+        Ok(Some(status)) => Ok(status),
+        other => Err(format!("{other:?}")),
+    });
+    assert!(!ended.success(), "ended by a signal: {ended:?}");
+    std::thread::sleep(Duration::from_millis(500));
     assert!(!state.exists(), "state left in {}", state.display());
     assert_eq!(host_state(), before, "the host namespace changed");
 }

@@ -410,6 +410,13 @@ pub fn down(state_dir: &Path, keep_data: bool) -> Result<LabState> {
         }
     }
     let existing = run(&["ip".into(), "netns".into(), "list".into()]).unwrap_or_default();
+    let ours: Vec<String> = st
+        .namespaces
+        .iter()
+        .filter(|ns| existing.lines().any(|l| l.split_whitespace().next() == Some(ns.as_str())))
+        .cloned()
+        .collect();
+    stop_strays(&ours);
     for ns in &st.namespaces {
         if existing.lines().any(|l| l.split_whitespace().next() == Some(ns.as_str())) {
             run(&["ip".into(), "netns".into(), "del".into(), ns.clone()])?;
@@ -454,6 +461,53 @@ fn stop(p: &Proc) {
     }
     if alive(p) {
         let _ = kill(Pid::from_raw(p.pid), Signal::SIGKILL);
+    }
+}
+
+/// Ends whatever still runs in the lab's namespaces once its recorded processes and pods are
+/// gone — a node agent restarted by hand, a shell left from `podpath exec` — so that nothing
+/// outlives `down` (a stray agent would write the state directory again). Found by namespace
+/// (`ip netns pids`), which only the lab's own processes are in: SIGTERM, then SIGKILL after 3 s.
+fn stop_strays(namespaces: &[String]) {
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+    let me = std::process::id() as i32;
+    let strays = || -> Vec<Pid> {
+        namespaces
+            .iter()
+            .flat_map(|ns| {
+                run(&["ip".into(), "netns".into(), "pids".into(), ns.clone()])
+                    .unwrap_or_default()
+                    .lines()
+                    .filter_map(|l| l.trim().parse::<i32>().ok())
+                    .collect::<Vec<_>>()
+            })
+            .filter(|p| *p != me)
+            .map(Pid::from_raw)
+            .collect()
+    };
+    let first = strays();
+    if first.is_empty() {
+        return;
+    }
+    for p in &first {
+        let _ = kill(*p, Signal::SIGTERM);
+    }
+    let t = Instant::now();
+    let mut left = strays();
+    while !left.is_empty() && t.elapsed() < Duration::from_secs(3) {
+        for p in &left {
+            let _ = nix::sys::wait::waitpid(*p, Some(nix::sys::wait::WaitPidFlag::WNOHANG));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        left = strays();
+    }
+    for p in &left {
+        let _ = kill(*p, Signal::SIGKILL);
+    }
+    let t = Instant::now();
+    while !strays().is_empty() && t.elapsed() < Duration::from_secs(2) {
+        std::thread::sleep(Duration::from_millis(50));
     }
 }
 
