@@ -1045,3 +1045,111 @@ fn rules_changed_from_outside_are_rewritten() {
         }
     }
 }
+
+/// `podpath fault`: a node's uplink taken down behind the passthrough load balancer (the LB
+/// withdraws the node, requests keep being answered), a blackhole route, packet loss; `fault
+/// list`, `fault clear` and bad input; `down` with faults in force leaves nothing.
+#[test]
+fn faults_a_link_down_behind_the_load_balancer_blackhole_and_loss() {
+    if !root_or_explain() {
+        return;
+    }
+    let before = host_state();
+    let lab = Lab::up("flt", &["--nodes", "2"]).expect("podpath up");
+    lab.apply(&pod("web-1", "node-1", "app: web", "", &[8080]));
+    lab.apply(&pod("web-2", "node-2", "app: web", "", &[8080]));
+    wait_pods_ready(&lab, &["web-1", "web-2"]);
+    lab.kubectl(&[
+        "expose",
+        "pod",
+        "web-1",
+        "--name=web",
+        "--selector=app=web",
+        "--type=LoadBalancer",
+        "--port=80",
+        "--target-port=8080",
+    ]);
+    // Local: each node serves only its own pod, so a node out of rotation takes its pod's
+    // share with it (with Cluster, node-1 would still send half of the requests to node-2's
+    // pod until node-2 is NotReady and its endpoint removed).
+    lab.kubectl(&["patch", "svc", "web", "--type=merge", "-p", r#"{"spec":{"externalTrafficPolicy":"Local"}}"#]);
+    let lb_ip = lb_ip(&lab, "web");
+    let url = format!("http://{lb_ip}/");
+    curl_ok(&lab, &url, &[]);
+
+    // Bad input: one line, non-zero exit, nothing recorded.
+    for (args, want) in [
+        (vec!["loss", "node-9", "10"], "no node \"node-9\""),
+        (vec!["blackhole", "node-1", "nope"], "\"nope\" is not a CIDR"),
+        (vec!["link", "up", "node-1"], "was not taken down"),
+    ] {
+        let (ok, out) = lab.run("fault", &args);
+        assert!(!ok && out.contains(want), "fault {args:?}: {out}");
+    }
+    assert_eq!(lab.run("fault", &["list"]).1.trim(), "no faults");
+
+    // node-2's uplink down: the LB's health checks withdraw it; the client keeps being served.
+    let (ok, out) = lab.run("fault", &["link", "down", "node-2"]);
+    assert!(ok && out.contains("node-2: eth0 (the uplink) down"), "{out}");
+    let t = Instant::now();
+    wait_for(Duration::from_secs(15), "node-2 to be withdrawn", || {
+        let nh = lab.exec("gateway", &["ip", "nexthop", "show"]);
+        if nh.contains("192.168.56.12") {
+            Err(nh)
+        } else {
+            Ok(())
+        }
+    });
+    eprintln!("node-2 withdrawn {:.2} s after its uplink went down", t.elapsed().as_secs_f64());
+    for i in 0..20 {
+        let (code, page) = lab.curl(&["--max-time", "2", &url]);
+        assert_eq!(code, 0, "request {i} with node-2 withdrawn: {page}");
+        assert_eq!(field(&page, "pod"), Some("default/web-1"), "{page}");
+    }
+    let (ok, again) = lab.run("fault", &["link", "down", "node-2"]);
+    assert!(!ok && again.contains("already has a link-down fault"), "{again}");
+
+    // A blackhole on node-1 to node-2's pod network, and loss on node-1: listed, then cleared.
+    let (ok, out) = lab.run("fault", &["blackhole", "node-1", "10.244.2.0/24"]);
+    assert!(ok, "{out}");
+    let rules = lab.exec("node-1", &["ip", "rule", "show"]);
+    assert!(rules.contains("90:\tfrom all to 10.244.2.0/24 blackhole"), "{rules}");
+    let (ok, out) = lab.run("fault", &["loss", "node-1", "30"]);
+    assert!(ok, "{out}");
+    let table = lab.exec("node-1", &["nft", "list", "table", "ip", "podpath-faults"]);
+    assert!(table.contains("numgen random mod 100 < 30"), "{table}");
+    let listed = lab.run("fault", &["list"]).1;
+    for want in ["node-2   link-down", "node-1   blackhole", "node-1   loss"] {
+        assert!(listed.contains(want), "{want:?} in:\n{listed}");
+    }
+    let (ok, out) = lab.run("fault", &["clear", "node-1"]);
+    assert!(ok && out.contains("node-1: cleared packets to 10.244.2.0/24 discarded"), "{out}");
+    assert!(!lab.exec("node-1", &["ip", "rule", "show"]).contains("blackhole"));
+    let (ok, _) = lab.run("exec", &["node-1", "--", "nft", "list", "table", "ip", "podpath-faults"]);
+    assert!(!ok, "the loss table is gone");
+
+    // node-2's uplink up again: back in rotation.
+    let (ok, out) = lab.run("fault", &["link", "up", "node-2"]);
+    assert!(ok, "{out}");
+    let t = Instant::now();
+    wait_for(Duration::from_secs(15), "node-2 back in rotation", || {
+        let nh = lab.exec("gateway", &["ip", "nexthop", "show"]);
+        if nh.contains("192.168.56.12") {
+            Ok(())
+        } else {
+            Err(nh)
+        }
+    });
+    eprintln!("node-2 back {:.2} s after its uplink came up", t.elapsed().as_secs_f64());
+    assert_eq!(lab.run("fault", &["list"]).1.trim(), "no faults");
+
+    // Down with a fault in force: nothing of the lab remains.
+    let (ok, out) = lab.run("fault", &["loss", "node-2", "5"]);
+    assert!(ok, "{out}");
+    let (name, state) = (lab.name.clone(), lab.state.clone());
+    let (ok, out) = lab.run("down", &[]);
+    assert!(ok, "{out}");
+    assert!(!testkit::netns::must(&["ip", "netns", "list"]).contains(&format!("pp-{name}-")));
+    assert!(!state.exists());
+    assert_eq!(host_state(), before, "the host namespace changed");
+}

@@ -10,6 +10,7 @@
 pub mod dns;
 pub mod doctor;
 pub mod explain;
+pub mod fault;
 pub mod hosts;
 pub mod inspect;
 pub mod plan;

@@ -19,10 +19,10 @@ struct Cli {
 #[derive(clap::Args)]
 struct Which {
     /// The lab's name (two labs with different names run side by side).
-    #[arg(long, default_value = "lab")]
+    #[arg(long, default_value = "lab", global = true)]
     name: String,
     /// Where the lab keeps its state (default /var/lib/podpath/NAME).
-    #[arg(long)]
+    #[arg(long, global = true)]
     state_dir: Option<PathBuf>,
 }
 
@@ -147,6 +147,15 @@ enum Cmd {
         #[command(flatten)]
         which: Which,
     },
+    /// Break the network of a node on purpose and watch the cluster cope: its uplink down, a
+    /// blackhole route, packet loss, delay. `fault list` shows what is in force; `fault clear`
+    /// (and `down`) undoes it.
+    Fault {
+        #[command(flatten)]
+        which: Which,
+        #[command(subcommand)]
+        what: FaultCmd,
+    },
     /// Stop every process of the lab and remove its namespaces and state.
     Down {
         #[command(flatten)]
@@ -155,6 +164,35 @@ enum Cmd {
         #[arg(long)]
         keep_data: bool,
     },
+}
+
+#[derive(Subcommand)]
+enum FaultCmd {
+    /// Take a node's uplink (eth0) down, or bring it back up.
+    Link {
+        #[arg(value_parser = ["down", "up"])]
+        state: String,
+        /// node-1 … node-N.
+        node: String,
+    },
+    /// Route a CIDR to nowhere on a node (packets to it are discarded).
+    Blackhole { node: String, cidr: String },
+    /// Drop PERCENT of the packets in and out of a node's uplink, at random (nftables).
+    Loss {
+        node: String,
+        #[arg(value_parser = clap::value_parser!(u8).range(1..=100))]
+        percent: u8,
+    },
+    /// Delay every packet out of a node's uplink (tc netem; refused where the kernel has none).
+    Delay {
+        node: String,
+        #[arg(value_parser = clap::value_parser!(u32).range(1..=60_000))]
+        ms: u32,
+    },
+    /// The faults in force.
+    List,
+    /// Undo every fault (or a node's).
+    Clear { node: Option<String> },
 }
 
 fn main() {
@@ -167,6 +205,54 @@ fn main() {
 fn exec(argv: &[String]) -> Result<()> {
     let status = Command::new(&argv[0]).args(&argv[1..]).status().with_context(|| format!("cannot run {}", argv[0]))?;
     std::process::exit(status.code().unwrap_or(1));
+}
+
+fn fault(which: &Which, what: FaultCmd) -> Result<()> {
+    use lab::fault::{self, Request};
+    let made = |node: &str, req: Request| -> Result<()> {
+        lab::preflight()?;
+        let f = fault::make(&which.state()?, &which.dir(), node, &req)?;
+        println!("{}: {} (undo with `podpath fault clear {}`)", f.node, f.detail, f.node);
+        Ok(())
+    };
+    match what {
+        FaultCmd::Link { state, node } if state == "down" => made(&node, Request::LinkDown)?,
+        FaultCmd::Link { node, .. } => {
+            lab::preflight()?;
+            which.state()?;
+            let cleared = fault::clear(&which.dir(), |f| f.node == node && f.kind == "link-down")?;
+            anyhow::ensure!(!cleared.is_empty(), "{node}'s uplink was not taken down by `podpath fault link down`");
+            println!("{node}: eth0 (the uplink) up");
+        }
+        FaultCmd::Blackhole { node, cidr } => {
+            let c = cidr.parse().map_err(|_| anyhow::anyhow!("{cidr:?} is not a CIDR (e.g. 10.244.2.0/24)"))?;
+            made(&node, Request::Blackhole(c))?
+        }
+        FaultCmd::Loss { node, percent } => made(&node, Request::Loss(percent))?,
+        FaultCmd::Delay { node, ms } => made(&node, Request::Delay(ms))?,
+        FaultCmd::List => {
+            which.state()?;
+            let faults = fault::list(&which.dir())?;
+            if faults.is_empty() {
+                println!("no faults");
+            }
+            for f in faults {
+                println!("{:<8} {:<10} {}  (since {})", f.node, f.kind, f.detail, f.at);
+            }
+        }
+        FaultCmd::Clear { node } => {
+            lab::preflight()?;
+            which.state()?;
+            let cleared = fault::clear(&which.dir(), |f| node.as_ref().is_none_or(|n| *n == f.node))?;
+            for f in &cleared {
+                println!("{}: cleared {}", f.node, f.detail);
+            }
+            if cleared.is_empty() {
+                println!("no faults to clear");
+            }
+        }
+    }
+    Ok(())
 }
 
 fn run() -> Result<()> {
@@ -315,6 +401,7 @@ fn run() -> Result<()> {
             which.state()?;
             println!("{}", lab::kubeconfig_path(&which.dir()).display());
         }
+        Cmd::Fault { which, what } => fault(&which, what)?,
         Cmd::Down { which, keep_data } => {
             lab::preflight()?;
             let st = lab::down(&which.dir(), keep_data)?;

@@ -46,6 +46,26 @@ pub(crate) fn run(argv: &[String]) -> Result<String> {
     }
 }
 
+/// [`run`] with `input` on the command's standard input.
+pub(crate) fn run_with_input(argv: &[String], input: &str) -> Result<String> {
+    use std::io::Write;
+    let mut child = Command::new(&argv[0])
+        .args(&argv[1..])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(io(format!("cannot run {}", argv[0])))?;
+    let written = child.stdin.take().expect("piped").write_all(input.as_bytes());
+    let out = child.wait_with_output().map_err(io(format!("cannot run {}", argv[0])))?;
+    written.map_err(io(format!("write to {}", argv[0])))?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(LabError::Command { cmd: argv.join(" "), stderr: String::from_utf8_lossy(&out.stderr).trim().to_string() })
+    }
+}
+
 /// Checks that we can build a lab here: root, and the tools we drive.
 pub fn preflight() -> Result<()> {
     if !nix::unistd::geteuid().is_root() {

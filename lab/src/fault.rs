@@ -1,0 +1,237 @@
+//! Network faults on a lab's nodes (`podpath fault`): a node's uplink down, a blackhole route,
+//! random packet loss, added delay. Each fault is a pair of command lists — how to make it, how
+//! to undo it — planned by pure functions, run in the node's namespace, and recorded in the
+//! lab's state directory (`faults.json`), so that `fault list` shows them and `fault clear`
+//! undoes them; `podpath down` deletes the namespaces they live in.
+//!
+//! Packet loss uses nftables (`numgen random mod 100`) in a table of its own, `ip
+//! podpath-faults`: the kernels podpath runs on often have no netem, which `tc` needs for
+//! loss and delay.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::plan::Plan;
+use crate::state::LabState;
+use crate::up::run;
+use crate::{io, LabError, Result};
+
+/// One fault in force.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Fault {
+    /// `link-down`, `blackhole`, `loss` or `delay`.
+    pub kind: String,
+    pub node: String,
+    /// What it does, in words (`eth0 (the uplink) down`, `packets to 10.244.2.0/24 discarded`).
+    pub detail: String,
+    /// When it was made (RFC 3339).
+    pub at: String,
+    /// The commands that undo it, in order.
+    pub undo: Vec<Step>,
+}
+
+/// One command: its argv and, for `nft -f -`, its standard input.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Step {
+    pub argv: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input: Option<String>,
+}
+
+/// What a user asked for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Request {
+    LinkDown,
+    Blackhole(ipnet::IpNet),
+    Loss(u8),
+    Delay(u32),
+}
+
+/// The nftables table that carries packet loss.
+const LOSS_TABLE: &str = "podpath-faults";
+
+fn argv(parts: &[&str]) -> Step {
+    Step { argv: parts.iter().map(|s| s.to_string()).collect(), input: None }
+}
+
+/// The commands that make `req` on the node whose namespace is `ns`, and the fault they make
+/// (without its time). Pure.
+pub fn plan(ns: &str, node: &str, req: &Request) -> (Vec<Step>, Fault) {
+    let fault = |kind: &str, detail: String, undo: Vec<Step>| Fault {
+        kind: kind.into(),
+        node: node.into(),
+        detail,
+        at: String::new(),
+        undo,
+    };
+    match req {
+        Request::LinkDown => (
+            vec![argv(&["ip", "-n", ns, "link", "set", "eth0", "down"])],
+            fault(
+                "link-down",
+                "eth0 (the uplink) down".into(),
+                vec![argv(&["ip", "-n", ns, "link", "set", "eth0", "up"])],
+            ),
+        ),
+        Request::Blackhole(cidr) => {
+            let c = cidr.to_string();
+            // A routing rule, not a route: the node's own route to the CIDR (another node's
+            // pods) stays as it is, and the rule is looked at first.
+            (
+                vec![argv(&["ip", "-n", ns, "rule", "add", "to", &c, "blackhole", "pref", "90"])],
+                fault(
+                    "blackhole",
+                    format!("packets to {c} discarded (ip rule, before every route)"),
+                    vec![argv(&["ip", "-n", ns, "rule", "del", "to", &c, "blackhole", "pref", "90"])],
+                ),
+            )
+        }
+        Request::Loss(percent) => {
+            // Both ways on the uplink, before conntrack and NAT (raw priority).
+            let rules = format!(
+                "table ip {LOSS_TABLE} {{\n\
+                 \tchain in {{ type filter hook prerouting priority -310; iifname \"eth0\" numgen random mod 100 < {percent} counter drop comment \"podpath fault: loss {percent}%\"; }}\n\
+                 \tchain out {{ type filter hook output priority -310; oifname \"eth0\" numgen random mod 100 < {percent} counter drop comment \"podpath fault: loss {percent}%\"; }}\n\
+                 }}\n"
+            );
+            (
+                vec![Step { input: Some(rules), ..argv(&["ip", "netns", "exec", ns, "nft", "-f", "-"]) }],
+                fault(
+                    "loss",
+                    format!(
+                        "drops {percent}% of the packets in and out of eth0 (nftables numgen, table ip {LOSS_TABLE})"
+                    ),
+                    vec![argv(&["ip", "netns", "exec", ns, "nft", "delete", "table", "ip", LOSS_TABLE])],
+                ),
+            )
+        }
+        Request::Delay(ms) => {
+            let d = format!("{ms}ms");
+            (
+                vec![argv(&[
+                    "ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "eth0", "root", "netem", "delay", &d,
+                ])],
+                fault(
+                    "delay",
+                    format!("delays every packet out of eth0 by {d} (tc netem)"),
+                    vec![argv(&["ip", "netns", "exec", ns, "tc", "qdisc", "del", "dev", "eth0", "root"])],
+                ),
+            )
+        }
+    }
+}
+
+fn faults_file(dir: &Path) -> PathBuf {
+    dir.join("faults.json")
+}
+
+/// The faults in force (none when nothing was recorded).
+pub fn list(dir: &Path) -> Result<Vec<Fault>> {
+    match std::fs::read(faults_file(dir)) {
+        Ok(b) => serde_json::from_slice(&b)
+            .map_err(|e| LabError::Usage(format!("{}: not a fault list: {e}", faults_file(dir).display()))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(vec![]),
+        Err(e) => Err(io(format!("read {}", faults_file(dir).display()))(e)),
+    }
+}
+
+fn save(dir: &Path, faults: &[Fault]) -> Result<()> {
+    let path = faults_file(dir);
+    let tmp = path.with_extension("json.tmp");
+    let body = serde_json::to_vec_pretty(faults).expect("faults serialize");
+    std::fs::write(&tmp, body).map_err(io(format!("write {}", tmp.display())))?;
+    std::fs::rename(&tmp, &path).map_err(io(format!("write {}", path.display())))
+}
+
+fn run_planned(steps: &[Step]) -> Result<()> {
+    for s in steps {
+        match &s.input {
+            Some(input) => crate::up::run_with_input(&s.argv, input)?,
+            None => run(&s.argv)?,
+        };
+    }
+    Ok(())
+}
+
+/// Makes `req` on `node` and records it. One fault of a kind per node.
+pub fn make(st: &LabState, dir: &Path, node: &str, req: &Request) -> Result<Fault> {
+    let ns = node_netns(st, node)?;
+    let (cmds, mut fault) = plan(&ns, node, req);
+    let mut faults = list(dir)?;
+    if let Some(f) = faults.iter().find(|f| f.node == node && f.kind == fault.kind) {
+        return Err(LabError::Usage(format!(
+            "{node} already has a {} fault ({}, since {}): `podpath fault clear` first",
+            f.kind, f.detail, f.at
+        )));
+    }
+    run_planned(&cmds).map_err(|e| match (req, &e) {
+        (Request::Delay(_), LabError::Command { stderr, .. })
+            if stderr.contains("netem") || stderr.contains("No such file") =>
+        {
+            LabError::Usage(format!(
+                "this kernel cannot delay packets: tc netem is not available ({}); loss works without it",
+                stderr.trim()
+            ))
+        }
+        _ => e,
+    })?;
+    fault.at = jiff::Timestamp::now().to_string();
+    faults.push(fault.clone());
+    save(dir, &faults)?;
+    Ok(fault)
+}
+
+/// Undoes the faults that `which` picks (all when it picks nothing) and forgets them; returns
+/// what was cleared. A fault whose undo fails stays recorded.
+pub fn clear(dir: &Path, which: impl Fn(&Fault) -> bool) -> Result<Vec<Fault>> {
+    let faults = list(dir)?;
+    let (gone, mut kept): (Vec<Fault>, Vec<Fault>) = faults.into_iter().partition(&which);
+    let mut cleared = vec![];
+    let mut failed = None;
+    for f in gone {
+        match run_planned(&f.undo) {
+            Ok(()) => cleared.push(f),
+            Err(e) => {
+                failed.get_or_insert(e);
+                kept.push(f);
+            }
+        }
+    }
+    save(dir, &kept)?;
+    match failed {
+        Some(e) => Err(e),
+        None => Ok(cleared),
+    }
+}
+
+/// The namespace of `node` (node-1 … node-N) in this lab.
+fn node_netns(st: &LabState, node: &str) -> Result<String> {
+    let p = Plan::new(&st.name, st.nodes);
+    match p.netns_of(node) {
+        Some(ns) if node.starts_with("node-") => Ok(ns.to_string()),
+        _ => Err(LabError::Usage(format!("no node {node:?} in lab {:?}: node-1…node-{}", st.name, st.nodes))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_fault_has_its_undo() {
+        let (make, f) = plan("pp-lab-node-2", "node-2", &Request::LinkDown);
+        assert_eq!(make, [argv(&["ip", "-n", "pp-lab-node-2", "link", "set", "eth0", "down"])]);
+        assert_eq!(f.undo, [argv(&["ip", "-n", "pp-lab-node-2", "link", "set", "eth0", "up"])]);
+        let (make, f) = plan("ns", "node-1", &Request::Blackhole("10.244.2.0/24".parse().unwrap()));
+        assert_eq!(make[0].argv[4..], ["add", "to", "10.244.2.0/24", "blackhole", "pref", "90"]);
+        assert_eq!(f.undo[0].argv[4..], ["del", "to", "10.244.2.0/24", "blackhole", "pref", "90"]);
+        let (make, f) = plan("ns", "node-1", &Request::Loss(30));
+        assert_eq!(make[0].argv, argv(&["ip", "netns", "exec", "ns", "nft", "-f", "-"]).argv);
+        let rules = make[0].input.as_deref().unwrap();
+        assert!(rules.contains("iifname \"eth0\" numgen random mod 100 < 30 counter drop"), "{rules}");
+        assert_eq!(f.undo, [argv(&["ip", "netns", "exec", "ns", "nft", "delete", "table", "ip", "podpath-faults"])]);
+        let (_, f) = plan("ns", "node-1", &Request::Delay(100));
+        assert_eq!(f.undo[0].argv[4..], ["tc", "qdisc", "del", "dev", "eth0", "root"]);
+    }
+}
