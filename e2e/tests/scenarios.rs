@@ -1118,6 +1118,14 @@ fn faults_a_link_down_behind_the_load_balancer_blackhole_and_loss() {
     assert!(ok, "{out}");
     let table = lab.exec("node-1", &["nft", "list", "table", "ip", "podpath-faults"]);
     assert!(table.contains("numgen random mod 100 < 30"), "{table}");
+    // Delay needs netem: made where the kernel has it, refused in one line where not.
+    let (ok, out) = lab.run("fault", &["delay", "node-1", "100"]);
+    if ok {
+        let qdisc = lab.exec("node-1", &["tc", "qdisc", "show", "dev", "eth0"]);
+        assert!(qdisc.contains("netem") && qdisc.contains("delay 100"), "{qdisc}");
+    } else {
+        assert!(out.contains("this kernel cannot delay packets: tc netem is not available"), "{out}");
+    }
     let listed = lab.run("fault", &["list"]).1;
     for want in ["node-2   link-down", "node-1   blackhole", "node-1   loss"] {
         assert!(listed.contains(want), "{want:?} in:\n{listed}");

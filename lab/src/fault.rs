@@ -167,7 +167,9 @@ pub fn make(st: &LabState, dir: &Path, node: &str, req: &Request) -> Result<Faul
     }
     run_planned(&cmds).map_err(|e| match (req, &e) {
         (Request::Delay(_), LabError::Command { stderr, .. })
-            if stderr.contains("netem") || stderr.contains("No such file") =>
+            if stderr.contains("qdisc kind is unknown")
+                || stderr.contains("netem")
+                || stderr.contains("No such file") =>
         {
             LabError::Usage(format!(
                 "this kernel cannot delay packets: tc netem is not available ({}); loss works without it",
