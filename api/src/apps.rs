@@ -73,27 +73,7 @@ pub(crate) fn validate_selector(sel: Option<&LabelSelector>, for_kind: &str, pat
     if selector_is_empty(sel) {
         out.push(v::invalid(path, &format_selector(Some(sel)), &format!("empty selector is invalid for {for_kind}")));
     }
-    if let Some(labels) = &sel.match_labels {
-        v::labels(labels, &path.child("matchLabels"), out);
-    }
-    for (i, e) in sel.match_expressions.iter().flatten().enumerate() {
-        let ep = path.child("matchExpressions").index(i);
-        const OPS: [&str; 4] = ["DoesNotExist", "Exists", "In", "NotIn"];
-        if !OPS.contains(&e.operator.as_str()) {
-            out.push(v::not_supported(&ep.child("operator"), e.operator.as_str(), &OPS));
-        }
-        let has_values = e.values.as_ref().is_some_and(|v| !v.is_empty());
-        match e.operator.as_str() {
-            "In" | "NotIn" if !has_values => {
-                out.push(v::required(&ep.child("values"), "must be specified when `operator` is 'In' or 'NotIn'"))
-            }
-            "Exists" | "DoesNotExist" if has_values => out.push(v::forbidden(
-                &ep.child("values"),
-                "may not be specified when `operator` is 'Exists' or 'DoesNotExist'",
-            )),
-            _ => {}
-        }
-    }
+    v::label_selector(sel, path, out);
 }
 
 /// The restart policy of long-running workloads' pods.

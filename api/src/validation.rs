@@ -298,6 +298,37 @@ pub fn config_key(k: &str) -> Vec<String> {
     out
 }
 
+/// `ValidateLabelSelector`: valid matchLabels, and each expression with an operator the server
+/// knows, values as that operator requires them, a valid key and valid values.
+pub fn label_selector(
+    sel: &k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector,
+    path: &FieldPath,
+    out: &mut Vec<Cause>,
+) {
+    if let Some(labels) = &sel.match_labels {
+        self::labels(labels, &path.child("matchLabels"), out);
+    }
+    for (i, e) in sel.match_expressions.iter().flatten().enumerate() {
+        let ep = path.child("matchExpressions").index(i);
+        let has_values = e.values.as_ref().is_some_and(|v| !v.is_empty());
+        match e.operator.as_str() {
+            "In" | "NotIn" if !has_values => {
+                out.push(required(&ep.child("values"), "must be specified when `operator` is 'In' or 'NotIn'"))
+            }
+            "Exists" | "DoesNotExist" if has_values => out.push(forbidden(
+                &ep.child("values"),
+                "may not be specified when `operator` is 'Exists' or 'DoesNotExist'",
+            )),
+            "In" | "NotIn" | "Exists" | "DoesNotExist" => {}
+            other => out.push(invalid(&ep.child("operator"), other, "not a valid selector operator")),
+        }
+        push_all(out, &ep.child("key"), &e.key, qualified_name(&e.key));
+        for (j, value) in e.values.iter().flatten().enumerate() {
+            push_all(out, &ep.child("values").index(j), value, label_value(value));
+        }
+    }
+}
+
 /// Pushes one `Invalid value` cause per message in `errs`.
 pub fn push_all(out: &mut Vec<Cause>, path: &FieldPath, value: &str, errs: Vec<String>) {
     for e in errs {

@@ -161,6 +161,8 @@ fn child_nft_sync(n: usize, mode: &str) {
 
 /// In the namespace: the bare kernel insertion of a full sync's elements — the table's chains
 /// and rules loaded first, then its elements' netlink batch, encoded beforehand, timed alone.
+/// With `PROF` set, also the times of the render and the encoding (on standard error): where
+/// the cold load spends what the kernel does not.
 fn child_nft_elements(n: usize, mode: &str) {
     use node_agent::proxy::nfnl;
     let table = node_agent::proxy::nftables::render(&config(), &nft_config(mode), &services(n, 10));
@@ -233,17 +235,7 @@ fn get(v: &Option<Vec<(String, f64)>>, key: &str) -> Option<f64> {
 /// Service `i` for the latency runs (one port; NodePort for the first 2,000, which the node
 /// port range holds, ClusterIP after).
 fn latency_service(i: usize) -> k8s_openapi::api::core::v1::Service {
-    let mut spec = serde_json::json!({"clusterIP": format!("10.96.{}.{}", i / 250, i % 250 + 1), "type": "ClusterIP",
-                                      "ports": [{"name": "http", "port": 80, "protocol": "TCP"}]});
-    if i < 2000 {
-        spec["type"] = "NodePort".into();
-        spec["ports"][0]["nodePort"] = (30000 + i).into();
-    }
-    serde_json::from_value(serde_json::json!({
-        "metadata": {"name": format!("svc-{i}"), "namespace": "bench"},
-        "spec": spec
-    }))
-    .unwrap()
+    churn::service(i, if i < 2000 { churn::Kind::NodePort } else { churn::Kind::ClusterIp })
 }
 
 /// Service `i`'s endpoint `j` at generation `gen` (only the last endpoint changes with it).
@@ -254,20 +246,8 @@ fn latency_address(i: usize, j: usize, gen: usize) -> String {
 
 /// Service `i`'s EndpointSlice, generation `gen`.
 fn latency_slice(i: usize, gen: usize) -> k8s_openapi::api::discovery::v1::EndpointSlice {
-    let eps: Vec<serde_json::Value> = (0..10)
-        .map(|j| {
-            serde_json::json!({"addresses": [latency_address(i, j, gen)],
-                               "conditions": {"ready": true}, "nodeName": format!("node-{}", j % 3 + 1)})
-        })
-        .collect();
-    serde_json::from_value(serde_json::json!({
-        "metadata": {"name": format!("svc-{i}-abc"), "namespace": "bench",
-                     "labels": {"kubernetes.io/service-name": format!("svc-{i}")}},
-        "addressType": "IPv4",
-        "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
-        "endpoints": eps
-    }))
-    .unwrap()
+    let eps: Vec<(String, bool)> = (0..10).map(|j| (latency_address(i, j, gen), true)).collect();
+    churn::slice(i, &eps)
 }
 
 /// The resident memory of this process (VmRSS), in MiB.

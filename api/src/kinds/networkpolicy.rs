@@ -4,7 +4,6 @@
 
 use jiff::Timestamp;
 use k8s_openapi::api::networking::v1::{IPBlock, NetworkPolicyPeer, NetworkPolicyPort};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde_json::{json, Value};
 
@@ -56,7 +55,7 @@ impl ApiObject for NetworkPolicy {
         let spec = self.spec.clone().unwrap_or_default();
         let path = FieldPath::root("spec");
         if let Some(sel) = &spec.pod_selector {
-            label_selector(sel, &path.child("podSelector"), &mut out);
+            v::label_selector(sel, &path.child("podSelector"), &mut out);
         }
         for (i, rule) in spec.ingress.iter().flatten().enumerate() {
             let rp = path.child("ingress").index(i);
@@ -104,33 +103,6 @@ impl ApiObject for NetworkPolicy {
     }
 }
 
-/// `ValidateLabelSelector`: valid keys and values, known operators, values as they require.
-fn label_selector(sel: &LabelSelector, path: &FieldPath, out: &mut Vec<Cause>) {
-    if let Some(labels) = &sel.match_labels {
-        v::labels(labels, &path.child("matchLabels"), out);
-    }
-    for (i, e) in sel.match_expressions.iter().flatten().enumerate() {
-        let ep = path.child("matchExpressions").index(i);
-        const OPS: [&str; 4] = ["DoesNotExist", "Exists", "In", "NotIn"];
-        let has_values = e.values.as_ref().is_some_and(|v| !v.is_empty());
-        match e.operator.as_str() {
-            "In" | "NotIn" if !has_values => {
-                out.push(v::required(&ep.child("values"), "must be specified when `operator` is 'In' or 'NotIn'"))
-            }
-            "Exists" | "DoesNotExist" if has_values => out.push(v::forbidden(
-                &ep.child("values"),
-                "may not be specified when `operator` is 'Exists' or 'DoesNotExist'",
-            )),
-            "In" | "NotIn" | "Exists" | "DoesNotExist" => {}
-            other => out.push(v::not_supported(&ep.child("operator"), other, &OPS)),
-        }
-        v::push_all(out, &ep.child("key"), &e.key, v::qualified_name(&e.key));
-        for (j, value) in e.values.iter().flatten().enumerate() {
-            v::push_all(out, &ep.child("values").index(j), value, v::label_value(value));
-        }
-    }
-}
-
 /// `ValidateNetworkPolicyPort`.
 fn port(p: &NetworkPolicyPort, path: &FieldPath, out: &mut Vec<Cause>) {
     if let Some(proto) = &p.protocol {
@@ -170,11 +142,11 @@ fn peer(p: &NetworkPolicyPeer, path: &FieldPath, out: &mut Vec<Cause>) {
     let mut n = 0;
     if let Some(sel) = &p.pod_selector {
         n += 1;
-        label_selector(sel, &path.child("podSelector"), out);
+        v::label_selector(sel, &path.child("podSelector"), out);
     }
     if let Some(sel) = &p.namespace_selector {
         n += 1;
-        label_selector(sel, &path.child("namespaceSelector"), out);
+        v::label_selector(sel, &path.child("namespaceSelector"), out);
     }
     if let Some(block) = &p.ip_block {
         n += 1;

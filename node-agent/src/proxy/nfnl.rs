@@ -397,26 +397,20 @@ impl Socket {
         let mut buf = vec![0u8; 8192];
         loop {
             let n = self.sock.recv(&mut &mut buf[..], 0).map_err(|e| io("receive", e))?;
-            let mut at = 0;
-            while at + 16 <= n {
-                let len = u32::from_ne_bytes(buf[at..at + 4].try_into().expect("4 bytes")) as usize;
-                let kind = u16::from_ne_bytes(buf[at + 4..at + 6].try_into().expect("2 bytes"));
-                let msg_seq = u32::from_ne_bytes(buf[at + 8..at + 12].try_into().expect("4 bytes"));
-                if len < 16 || at + len > n {
-                    break;
+            for (kind, msg_seq, body) in messages(&buf[..n]) {
+                if msg_seq != seq {
+                    continue;
                 }
-                if msg_seq == seq {
-                    if kind == NLMSG_ERROR && len >= 20 {
-                        let code = i32::from_ne_bytes(buf[at + 16..at + 20].try_into().expect("4 bytes"));
-                        return Err(io("generation", std::io::Error::from_raw_os_error(-code)));
-                    }
-                    if kind == (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWGEN {
-                        if let Some(id) = gen_id(&buf[at + 20..at + len]) {
-                            return Ok(id);
-                        }
+                if kind == NLMSG_ERROR && body.len() >= 4 {
+                    let code = i32::from_ne_bytes(body[..4].try_into().expect("4 bytes"));
+                    return Err(io("generation", std::io::Error::from_raw_os_error(-code)));
+                }
+                if kind == (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWGEN {
+                    // After the 4-byte nfgenmsg, the attributes.
+                    if let Some(id) = body.get(4..).and_then(gen_id) {
+                        return Ok(id);
                     }
                 }
-                at += len.next_multiple_of(4);
             }
         }
     }
@@ -440,18 +434,11 @@ impl Socket {
         let mut buf = vec![0u8; 65536];
         while seen < acks {
             let n = self.sock.recv(&mut &mut buf[..], 0).map_err(|e| io("receive", e))?;
-            let mut at = 0;
-            while at + 16 <= n {
-                let len = u32::from_ne_bytes(buf[at..at + 4].try_into().expect("4 bytes")) as usize;
-                let kind = u16::from_ne_bytes(buf[at + 4..at + 6].try_into().expect("2 bytes"));
-                let msg_seq = u32::from_ne_bytes(buf[at + 8..at + 12].try_into().expect("4 bytes"));
-                if len < 16 || at + len > n {
-                    break;
-                }
+            for (kind, msg_seq, body) in messages(&buf[..n]) {
                 // Replies to this batch only (an earlier, abandoned one may have left some).
                 let ours = msg_seq.wrapping_sub(seq);
-                if kind == NLMSG_ERROR && len >= 20 && ours >= 1 && ours <= acks {
-                    let code = i32::from_ne_bytes(buf[at + 16..at + 20].try_into().expect("4 bytes"));
+                if kind == NLMSG_ERROR && body.len() >= 4 && ours >= 1 && ours <= acks {
+                    let code = i32::from_ne_bytes(body[..4].try_into().expect("4 bytes"));
                     if code != 0 {
                         return Err(io(
                             &format!("element command {ours} of the batch refused"),
@@ -460,11 +447,25 @@ impl Socket {
                     }
                     seen += 1;
                 }
-                at += len.next_multiple_of(4);
             }
         }
         Ok(())
     }
+}
+
+/// The netlink messages of one datagram: kind, sequence number and the bytes after the
+/// 16-byte header (a message cut short ends the list).
+fn messages(buf: &[u8]) -> impl Iterator<Item = (u16, u32, &[u8])> {
+    let mut at = 0;
+    std::iter::from_fn(move || {
+        let head = buf.get(at..at + 16)?;
+        let len = u32::from_ne_bytes(head[0..4].try_into().expect("4 bytes")) as usize;
+        let kind = u16::from_ne_bytes(head[4..6].try_into().expect("2 bytes"));
+        let seq = u32::from_ne_bytes(head[8..12].try_into().expect("4 bytes"));
+        let body = buf.get(at + 16..at.checked_add(len)?).filter(|_| len >= 16)?;
+        at += len.next_multiple_of(4);
+        Some((kind, seq, body))
+    })
 }
 
 /// `NFTA_GEN_ID` (big-endian) among a NEWGEN message's attributes.
@@ -486,6 +487,19 @@ fn gen_id(mut attrs: &[u8]) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_datagram_is_read_message_by_message_and_a_cut_one_ends_it() {
+        let mut buf = vec![];
+        message(&mut buf, NLMSG_ERROR, 0, 7, 0, 0, &[0; 16]);
+        message(&mut buf, 0x0a0f, 0, 8, 0, 0, &[1, 2, 3, 4]);
+        let cut = buf.len();
+        message(&mut buf, 0x0a0f, 0, 9, 0, 0, &[0; 8]);
+        let got: Vec<(u16, u32, usize)> = messages(&buf[..buf.len() - 2]).map(|(k, s, b)| (k, s, b.len())).collect();
+        assert_eq!(got, [(NLMSG_ERROR, 7, 20), (0x0a0f, 8, 8)]);
+        assert_eq!(messages(&buf[..cut]).count(), 2);
+        assert_eq!(messages(&[]).count(), 0);
+    }
 
     #[test]
     fn the_generation_is_read_from_its_attribute() {

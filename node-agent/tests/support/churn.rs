@@ -12,7 +12,7 @@ use node_agent::proxy::model::{ServiceView, SliceView};
 use podpath_client::reflector::{Change, Store, Watched};
 
 #[derive(Clone, Copy, Debug, PartialEq)]
-enum Kind {
+pub enum Kind {
     ClusterIp,
     NodePort,
     Affinity,
@@ -143,7 +143,8 @@ impl Churn {
     }
 }
 
-fn service(i: usize, kind: Kind) -> core::Service {
+/// Service `i` (`bench/svc-i`, ClusterIP 10.96.x.y, port http 80) of `kind`.
+pub fn service(i: usize, kind: Kind) -> core::Service {
     let mut spec = serde_json::json!({"clusterIP": format!("10.96.{}.{}", i / 250, i % 250 + 1), "type": "ClusterIP",
                                       "ports": [{"name": "http", "port": 80, "protocol": "TCP"}]});
     match kind {
@@ -166,7 +167,8 @@ fn service(i: usize, kind: Kind) -> core::Service {
     .unwrap()
 }
 
-fn slice(i: usize, eps: &[Ep]) -> discovery::EndpointSlice {
+/// Service `i`'s EndpointSlice (`bench/svc-i-abc`, port http 8080), endpoints on node-1…3 in turn.
+pub fn slice(i: usize, eps: &[Ep]) -> discovery::EndpointSlice {
     let eps: Vec<serde_json::Value> = eps
         .iter()
         .enumerate()
