@@ -1151,6 +1151,31 @@ fn faults_a_link_down_behind_the_load_balancer_blackhole_and_loss() {
     eprintln!("node-2 back {:.2} s after its uplink came up", t.elapsed().as_secs_f64());
     assert_eq!(lab.run("fault", &["list"]).1.trim(), "no faults");
 
+    // One-shot faults the cluster repairs: rules flushed (the agent rewrites them), a pod's
+    // process killed (restartPolicy Always: the agent starts it again).
+    let (ok, out) = lab.run("fault", &["flush-rules", "node-1"]);
+    assert!(ok && out.contains("node-1: service proxy rules flushed; the node agent rewrote them"), "{out}");
+    curl_ok(&lab, &url, &[]);
+    let (ok, out) = lab.run("fault", &["kill", "pod", "default/nope"]);
+    assert!(!ok && out.contains("pod default/nope not found"), "{out}");
+    let (ok, out) = lab.run("fault", &["kill", "pod", "default/web-1"]);
+    assert!(ok && out.contains("pod default/web-1: process"), "{out}");
+    wait_for(Duration::from_secs(30), "web-1 restarted and Ready", || {
+        let s = lab.kubectl(&[
+            "get",
+            "pod",
+            "web-1",
+            "-o",
+            "jsonpath={.status.containerStatuses[0].restartCount} {.status.containerStatuses[0].ready}",
+        ]);
+        if s == "1 true" {
+            Ok(())
+        } else {
+            Err(s)
+        }
+    });
+    curl_ok(&lab, &url, &[]);
+
     // Down with a fault in force: nothing of the lab remains.
     let (ok, out) = lab.run("fault", &["loss", "node-2", "5"]);
     assert!(ok, "{out}");

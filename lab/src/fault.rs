@@ -207,6 +207,58 @@ pub fn clear(dir: &Path, which: impl Fn(&Fault) -> bool) -> Result<Vec<Fault>> {
     }
 }
 
+/// One-shot faults: what the cluster repairs by itself.
+///
+/// `flush-rules NODE`: the node's service proxy rules flushed (`iptables -t nat -F`, or `nft
+/// flush table ip kube-proxy` in nftables mode); waits (30 s at most) until the node agent
+/// counts a repair, and returns how long that took.
+pub fn flush_rules(st: &LabState, node: &str) -> Result<std::time::Duration> {
+    let ns = node_netns(st, node)?;
+    let i: usize =
+        node.trim_start_matches("node-").parse().map_err(|_| LabError::Usage(format!("no node {node:?}")))?;
+    let metrics = std::net::SocketAddr::from((crate::plan::node_ip(i), 10256));
+    let kind = if st.proxy_mode == crate::ProxyMode::Nftables { "nftables" } else { "iptables" };
+    let repaired = || -> Result<u64> {
+        let (_, body) = crate::hosts::http_get_in(&ns, metrics, "/metrics")?;
+        Ok(repairs(&body, kind))
+    };
+    let before = repaired()?;
+    let flush = match kind {
+        "nftables" => {
+            ["ip", "netns", "exec", &ns, "nft", "flush", "table", "ip", "kube-proxy"].map(String::from).to_vec()
+        }
+        _ => ["ip", "netns", "exec", &ns, "iptables", "-t", "nat", "-F"].map(String::from).to_vec(),
+    };
+    run(&flush)?;
+    let t = std::time::Instant::now();
+    while t.elapsed() < std::time::Duration::from_secs(30) {
+        if repaired().is_ok_and(|n| n > before) {
+            return Ok(t.elapsed());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    Err(LabError::NotReady(format!("{node}'s agent had not rewritten its rules 30 s after the flush")))
+}
+
+/// `podpath_node_proxy_rules_repaired_total{kind="…"}` in a metrics page (0 when absent).
+fn repairs(metrics: &str, kind: &str) -> u64 {
+    let name = format!("podpath_node_proxy_rules_repaired_total{{kind=\"{kind}\"}} ");
+    metrics.lines().find_map(|l| l.strip_prefix(&name)).and_then(|v| v.trim().parse().ok()).unwrap_or(0)
+}
+
+/// `kill pod NS/NAME`: SIGKILL to the pod's workload process (its restart policy decides what
+/// follows); returns the PID killed.
+pub fn kill_pod(st: &LabState, target: &str) -> Result<i32> {
+    let (ns, name) =
+        target.split_once('/').ok_or_else(|| LabError::Usage(format!("{target:?}: use NAMESPACE/NAME")))?;
+    let pid: i32 = crate::hosts::pod_pid(&crate::state::ApiAccess::of(st)?, ns, name)?
+        .parse()
+        .map_err(|_| LabError::Usage(format!("pod {target} has no process id in its status")))?;
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL)
+        .map_err(|e| LabError::Usage(format!("cannot kill pod {target}'s process {pid}: {e}")))?;
+    Ok(pid)
+}
+
 /// The namespace of `node` (node-1 … node-N) in this lab.
 fn node_netns(st: &LabState, node: &str) -> Result<String> {
     let p = Plan::new(&st.name, st.nodes);
@@ -235,5 +287,13 @@ mod tests {
         assert_eq!(f.undo, [argv(&["ip", "netns", "exec", "ns", "nft", "delete", "table", "ip", "podpath-faults"])]);
         let (_, f) = plan("ns", "node-1", &Request::Delay(100));
         assert_eq!(f.undo[0].argv[4..], ["tc", "qdisc", "del", "dev", "eth0", "root"]);
+    }
+
+    #[test]
+    fn repairs_are_read_from_the_agents_metrics() {
+        let page = "# TYPE podpath_node_proxy_rules_repaired_total counter\n\
+                    podpath_node_proxy_rules_repaired_total{kind=\"iptables\"} 2\n\
+                    podpath_node_proxy_rules_repaired_total{kind=\"nftables\"} 5\n";
+        assert_eq!((repairs(page, "iptables"), repairs(page, "nftables"), repairs("", "iptables")), (2, 5, 0));
     }
 }

@@ -189,6 +189,16 @@ enum FaultCmd {
         #[arg(value_parser = clap::value_parser!(u32).range(1..=60_000))]
         ms: u32,
     },
+    /// Flush a node's service proxy rules (iptables nat table, or the nftables table) and
+    /// report when its agent rewrote them.
+    FlushRules { node: String },
+    /// Kill a pod's workload process (`kill pod NS/NAME`); its restart policy takes over.
+    Kill {
+        #[arg(value_parser = ["pod"])]
+        kind: String,
+        /// NAMESPACE/NAME.
+        target: String,
+    },
     /// The faults in force.
     List,
     /// Undo every fault (or a node's).
@@ -230,6 +240,21 @@ fn fault(which: &Which, what: FaultCmd) -> Result<()> {
         }
         FaultCmd::Loss { node, percent } => made(&node, Request::Loss(percent))?,
         FaultCmd::Delay { node, ms } => made(&node, Request::Delay(ms))?,
+        FaultCmd::FlushRules { node } => {
+            lab::preflight()?;
+            let took = fault::flush_rules(&which.state()?, &node)?;
+            println!(
+                "{node}: service proxy rules flushed; the node agent rewrote them {:.1} s later",
+                took.as_secs_f64()
+            );
+        }
+        FaultCmd::Kill { target, .. } => {
+            lab::preflight()?;
+            let pid = fault::kill_pod(&which.state()?, &target)?;
+            println!(
+                "pod {target}: process {pid} killed (its restart policy decides what follows: `kubectl get pod -w`)"
+            );
+        }
         FaultCmd::List => {
             which.state()?;
             let faults = fault::list(&which.dir())?;

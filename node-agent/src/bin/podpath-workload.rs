@@ -100,6 +100,16 @@ fn main() {
 }
 
 fn run(args: Args) -> Result<(), String> {
+    use node_agent::stream::console::DIE_WITH_PARENT;
+    if let Ok(parent) = std::env::var(DIE_WITH_PARENT) {
+        // Started by a monitor: die with it (and never pass the variable on).
+        std::env::remove_var(DIE_WITH_PARENT);
+        nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
+            .map_err(|e| format!("cannot tie this process to its monitor: {e}"))?;
+        if nix::unistd::getppid().as_raw().to_string() != parent {
+            return Err("the monitor that started this process is gone".into());
+        }
+    }
     // Errors here only mean we already lead a session (e.g. started by setsid).
     let _ = nix::unistd::setsid();
     match args.mode {

@@ -22,6 +22,12 @@ use tokio::sync::{broadcast, mpsc};
 use super::exec::{resize, slave_stdio, Input, Outcome, Output, Pty};
 use crate::crilog;
 
+/// Set in the monitored process's environment to the monitor's PID: `podpath-workload` then
+/// asks the kernel to kill it when the monitor dies, as a container dies with its runtime's
+/// init — a monitor killed by hand (`podpath fault kill pod`) must not leave an orphan that
+/// holds the pod's ports and makes every restart fail.
+pub const DIE_WITH_PARENT: &str = "PODPATH_DIE_WITH_PARENT";
+
 pub const TO_STDIN: u8 = 0;
 pub const TO_RESIZE: u8 = 1;
 pub const TO_STDIN_EOF: u8 = 2;
@@ -133,7 +139,7 @@ pub async fn run(opts: ConsoleOptions) -> Result<i32, String> {
     }
     let (program, args) = opts.argv.split_first().ok_or("no command")?;
     let mut cmd = tokio::process::Command::new(program);
-    cmd.args(args).kill_on_drop(true);
+    cmd.args(args).kill_on_drop(true).env(DIE_WITH_PARENT, std::process::id().to_string());
     let (out_tx, _) = broadcast::channel::<(u8, Bytes)>(256);
     let (in_tx, mut in_rx) = mpsc::channel::<Input>(64);
     let mut pumps = tokio::task::JoinSet::new();
