@@ -1176,6 +1176,28 @@ fn faults_a_link_down_behind_the_load_balancer_blackhole_and_loss() {
     });
     curl_ok(&lab, &url, &[]);
 
+    // node-2's agent restarted: a new agent process, the same pod process (adopted, not
+    // restarted).
+    let container = |pod: &str| {
+        lab.kubectl(&[
+            "get",
+            "pod",
+            pod,
+            "-o",
+            "jsonpath={.status.containerStatuses[0].containerID} {.status.containerStatuses[0].restartCount}",
+        ])
+    };
+    let (agent, web2) = (lab.pid("node-2"), container("web-2"));
+    let (ok, out) = lab.run("agent", &["restart", "node-7"]);
+    assert!(!ok && out.contains("no node \"node-7\""), "{out}");
+    let (ok, out) = lab.run("agent", &["restart", "node-2"]);
+    assert!(ok && out.contains("node-2: agent restarted; healthy and Ready"), "{out}");
+    assert_ne!(lab.pid("node-2"), agent, "a new agent");
+    assert!(podpath_client::daemon::start_time(agent).is_none(), "the old agent is gone");
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(container("web-2"), web2, "web-2's process kept running and was adopted");
+    curl_ok(&lab, &url, &[]);
+
     // Down with a fault in force: nothing of the lab remains.
     let (ok, out) = lab.run("fault", &["loss", "node-2", "5"]);
     assert!(ok, "{out}");

@@ -147,6 +147,16 @@ enum Cmd {
         #[command(flatten)]
         which: Which,
     },
+    /// `agent restart NODE`: stop a node's agent and start it again with the same command line;
+    /// its pods keep running (as a kubelet's do) and the new agent adopts them.
+    Agent {
+        #[command(flatten)]
+        which: Which,
+        #[arg(value_parser = ["restart"])]
+        action: String,
+        /// node-1 … node-N.
+        node: String,
+    },
     /// Break the network of a node on purpose and watch the cluster cope: its uplink down, a
     /// blackhole route, packet loss, delay. `fault list` shows what is in force; `fault clear`
     /// (and `down`) undoes it.
@@ -427,6 +437,12 @@ fn run() -> Result<()> {
             println!("{}", lab::kubeconfig_path(&which.dir()).display());
         }
         Cmd::Fault { which, what } => fault(&which, what)?,
+        Cmd::Agent { which, node, .. } => {
+            lab::preflight()?;
+            which.state()?;
+            let took = lab::up::restart_agent(&which.dir(), &node)?;
+            println!("{node}: agent restarted; healthy and Ready {:.1} s after it was stopped", took.as_secs_f64());
+        }
         Cmd::Down { which, keep_data } => {
             lab::preflight()?;
             let st = lab::down(&which.dir(), keep_data)?;

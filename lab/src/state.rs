@@ -17,6 +17,12 @@ pub struct Proc {
     pub pid: i32,
     /// `/proc/<pid>/stat` start time: a PID reused by another process is never signalled.
     pub start_time: u64,
+    /// How it was started (command line, extra environment), so that it can be started again
+    /// (`podpath agent restart`); empty in the state of labs made before it was recorded.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub argv: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<(String, String)>,
 }
 
 /// `<state-dir>/lab.json`.

@@ -104,7 +104,48 @@ fn spawn(component: &str, argv: &[String], log: &Path, env: &[(&str, &Path)]) ->
     let child = cmd.spawn().map_err(io(format!("start {component}")))?;
     let pid = child.id() as i32;
     let start_time = podpath_client::daemon::start_time(pid).unwrap_or(0);
-    Ok(Proc { component: component.into(), pid, start_time })
+    Ok(Proc {
+        component: component.into(),
+        pid,
+        start_time,
+        argv: argv.to_vec(),
+        env: env.iter().map(|(k, v)| (k.to_string(), v.display().to_string())).collect(),
+    })
+}
+
+/// `podpath agent restart NODE`: the node's agent stopped (SIGTERM; its pods keep running, as
+/// a kubelet's do) and started again with the same command line; returns once the node is
+/// Ready again (30 s at most), with the time it took.
+pub fn restart_agent(state_dir: &Path, node: &str) -> Result<Duration> {
+    let mut st =
+        load_state(state_dir)?.ok_or_else(|| LabError::Usage(format!("no lab state in {}", state_dir.display())))?;
+    let i =
+        st.procs.iter().position(|p| p.component == node && node.starts_with("node-")).ok_or_else(|| {
+            LabError::Usage(format!("no node {node:?} in lab {:?}: node-1…node-{}", st.name, st.nodes))
+        })?;
+    let old = st.procs[i].clone();
+    if old.argv.is_empty() {
+        return Err(LabError::Usage(format!(
+            "this lab was made before podpath recorded how its agents start: recreate it to restart {node}"
+        )));
+    }
+    let t = Instant::now();
+    stop(&old);
+    let env: Vec<(&str, &Path)> = old.env.iter().map(|(k, v)| (k.as_str(), Path::new(v.as_str()))).collect();
+    let log = state_dir.join("logs").join(format!("{node}.log"));
+    st.procs[i] = spawn(node, &old.argv, &log, &env)?;
+    save_state(state_dir, &st)?;
+    // The new agent answers its healthz (the node never stopped being Ready: the API marks it
+    // NotReady only after the grace period).
+    let access = ApiAccess::of(&st)?;
+    let ns = plan::netns_name(&st.name, node);
+    let n: usize = node.trim_start_matches("node-").parse().unwrap_or(0);
+    let healthz = SocketAddr::from((plan::node_ip(n), 10256));
+    wait_until(Duration::from_secs(30), &format!("{node}'s new agent to be healthy and the node Ready"), || {
+        crate::hosts::http_get_in(&ns, healthz, "/healthz").is_ok_and(|(code, _)| code == 200)
+            && ready_nodes(&access).contains(&node.to_string())
+    })?;
+    Ok(t.elapsed())
 }
 
 /// A fresh random bearer token in `path` (mode 0600).
