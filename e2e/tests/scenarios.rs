@@ -1198,6 +1198,47 @@ fn faults_a_link_down_behind_the_load_balancer_blackhole_and_loss() {
     assert_eq!(container("web-2"), web2, "web-2's process kept running and was adopted");
     curl_ok(&lab, &url, &[]);
 
+    // node-2 stopped as a node losing power: its agent and web-2's process gone, the LB
+    // withdraws it, node-1 serves; started again: the agent recreates web-2.
+    let web2_pid: i32 = web2.split_whitespace().next().unwrap().trim_start_matches("podpath://").parse().unwrap();
+    let (ok, out) = lab.run("node", &["stop", "node-2"]);
+    assert!(ok && out.contains("node-2: stopped"), "{out}");
+    assert!(podpath_client::daemon::start_time(web2_pid).is_none(), "web-2's process is gone");
+    let (ok, out) = lab.run("node", &["start", "node-1"]);
+    assert!(!ok && out.contains("node-1's agent is running"), "{out}");
+    wait_for(Duration::from_secs(15), "node-2 to be withdrawn after its stop", || {
+        let nh = lab.exec("gateway", &["ip", "nexthop", "show"]);
+        if nh.contains("192.168.56.12") {
+            Err(nh)
+        } else {
+            Ok(())
+        }
+    });
+    for i in 0..10 {
+        let (code, page) = lab.curl(&["--max-time", "2", &url]);
+        assert_eq!((code, field(&page, "pod")), (0, Some("default/web-1")), "request {i} with node-2 stopped: {page}");
+    }
+    let (ok, out) = lab.run("node", &["start", "node-2"]);
+    assert!(ok && out.contains("node-2: started"), "{out}");
+    wait_for(Duration::from_secs(30), "web-2 recreated and Ready", || {
+        let s = container("web-2");
+        let ready = lab.kubectl(&["get", "pod", "web-2", "-o", "jsonpath={.status.containerStatuses[0].ready}"]);
+        if !s.is_empty() && s != web2 && ready == "true" {
+            Ok(())
+        } else {
+            Err(format!("{s} ready={ready}"))
+        }
+    });
+    wait_for(Duration::from_secs(15), "node-2 back in rotation after its start", || {
+        let nh = lab.exec("gateway", &["ip", "nexthop", "show"]);
+        if nh.contains("192.168.56.12") {
+            Ok(())
+        } else {
+            Err(nh)
+        }
+    });
+    curl_ok(&lab, &url, &[]);
+
     // Down with a fault in force: nothing of the lab remains.
     let (ok, out) = lab.run("fault", &["loss", "node-2", "5"]);
     assert!(ok, "{out}");

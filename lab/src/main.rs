@@ -157,6 +157,17 @@ enum Cmd {
         /// node-1 … node-N.
         node: String,
     },
+    /// `node stop NODE`: the node goes down as one losing power does (its agent stopped, its
+    /// pods' processes killed); `node start NODE` brings it back (the agent recreates the pods);
+    /// `node restart NODE` does both.
+    Node {
+        #[command(flatten)]
+        which: Which,
+        #[arg(value_parser = ["stop", "start", "restart"])]
+        action: String,
+        /// node-1 … node-N.
+        node: String,
+    },
     /// Break the network of a node on purpose and watch the cluster cope: its uplink down, a
     /// blackhole route, packet loss, delay. `fault list` shows what is in force; `fault clear`
     /// (and `down`) undoes it.
@@ -437,6 +448,18 @@ fn run() -> Result<()> {
             println!("{}", lab::kubeconfig_path(&which.dir()).display());
         }
         Cmd::Fault { which, what } => fault(&which, what)?,
+        Cmd::Node { which, action, node } => {
+            lab::preflight()?;
+            which.state()?;
+            if action != "start" {
+                lab::up::stop_node(&which.dir(), &node, true)?;
+                println!("{node}: stopped (its agent and its pods' processes)");
+            }
+            if action != "stop" {
+                let took = lab::up::start_node(&which.dir(), &node)?;
+                println!("{node}: started; its agent healthy and the node Ready {:.1} s later", took.as_secs_f64());
+            }
+        }
         Cmd::Agent { which, node, .. } => {
             lab::preflight()?;
             which.state()?;

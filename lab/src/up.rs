@@ -113,30 +113,60 @@ fn spawn(component: &str, argv: &[String], log: &Path, env: &[(&str, &Path)]) ->
     })
 }
 
-/// `podpath agent restart NODE`: the node's agent stopped (SIGTERM; its pods keep running, as
-/// a kubelet's do) and started again with the same command line; returns once the node is
-/// Ready again (30 s at most), with the time it took.
-pub fn restart_agent(state_dir: &Path, node: &str) -> Result<Duration> {
-    let mut st =
+/// The index of `node`'s agent among the lab's processes, and its state.
+fn agent_of(state_dir: &Path, node: &str) -> Result<(LabState, usize)> {
+    let st =
         load_state(state_dir)?.ok_or_else(|| LabError::Usage(format!("no lab state in {}", state_dir.display())))?;
     let i =
         st.procs.iter().position(|p| p.component == node && node.starts_with("node-")).ok_or_else(|| {
             LabError::Usage(format!("no node {node:?} in lab {:?}: node-1…node-{}", st.name, st.nodes))
         })?;
-    let old = st.procs[i].clone();
-    if old.argv.is_empty() {
+    if st.procs[i].argv.is_empty() {
         return Err(LabError::Usage(format!(
             "this lab was made before podpath recorded how its agents start: recreate it to restart {node}"
         )));
     }
+    Ok((st, i))
+}
+
+/// `podpath node stop NODE`: the node goes down as a node losing power does — its agent
+/// stopped and its pods' processes killed. The API stops hearing from it (NotReady after the
+/// grace period), the load balancer's health checks fail. (`podpath agent restart` stops the
+/// agent alone.)
+pub fn stop_node(state_dir: &Path, node: &str, with_pods: bool) -> Result<()> {
+    let (st, i) = agent_of(state_dir, node)?;
+    stop(&st.procs[i]);
+    if with_pods {
+        let bin_dir = match &st.bin_dir {
+            Some(d) => d.clone(),
+            None => std::env::current_exe()
+                .map_err(io("find this program"))?
+                .parent()
+                .map(PathBuf::from)
+                .unwrap_or_default(),
+        };
+        kill_pods(&bin_dir, &state_dir.join("nodes").join(node).join("agent"))?;
+    }
+    Ok(())
+}
+
+/// `podpath node start NODE` (and the second half of `agent restart`): the node's agent started
+/// again with its recorded command line; it adopts the pods still running and recreates those
+/// whose sandboxes died, as a kubelet does after a reboot. Returns once the new agent is healthy
+/// and the node Ready (30 s at most), with the time that took.
+pub fn start_node(state_dir: &Path, node: &str) -> Result<Duration> {
+    let (mut st, i) = agent_of(state_dir, node)?;
+    if alive(&st.procs[i]) {
+        return Err(LabError::Usage(format!("{node}'s agent is running (`podpath agent restart {node}` restarts it)")));
+    }
     let t = Instant::now();
-    stop(&old);
+    let old = st.procs[i].clone();
     let env: Vec<(&str, &Path)> = old.env.iter().map(|(k, v)| (k.as_str(), Path::new(v.as_str()))).collect();
     let log = state_dir.join("logs").join(format!("{node}.log"));
     st.procs[i] = spawn(node, &old.argv, &log, &env)?;
     save_state(state_dir, &st)?;
-    // The new agent answers its healthz (the node never stopped being Ready: the API marks it
-    // NotReady only after the grace period).
+    // The new agent answers its healthz (a node whose agent was away a short while never
+    // stopped being Ready: the API marks it NotReady only after the grace period).
     let access = ApiAccess::of(&st)?;
     let ns = plan::netns_name(&st.name, node);
     let n: usize = node.trim_start_matches("node-").parse().unwrap_or(0);
@@ -145,6 +175,15 @@ pub fn restart_agent(state_dir: &Path, node: &str) -> Result<Duration> {
         crate::hosts::http_get_in(&ns, healthz, "/healthz").is_ok_and(|(code, _)| code == 200)
             && ready_nodes(&access).contains(&node.to_string())
     })?;
+    Ok(t.elapsed())
+}
+
+/// `podpath agent restart NODE`: the agent stopped (SIGTERM; its pods keep running, as a
+/// kubelet's do) and started again; returns the time until it is healthy and the node Ready.
+pub fn restart_agent(state_dir: &Path, node: &str) -> Result<Duration> {
+    let t = Instant::now();
+    stop_node(state_dir, node, false)?;
+    start_node(state_dir, node)?;
     Ok(t.elapsed())
 }
 
