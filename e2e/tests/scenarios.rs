@@ -105,6 +105,18 @@ impl KeptAlive {
 }
 
 /// The LoadBalancer IP of a Service, once allocated.
+/// Waits until the gateway's passthrough route does (`want`) or does not carry `node_ip`.
+fn wait_rotation(lab: &Lab, node_ip: &str, want: bool, limit: Duration, what: &str) {
+    wait_for(limit, what, || {
+        let nh = lab.exec("gateway", &["ip", "nexthop", "show"]);
+        if nh.contains(node_ip) == want {
+            Ok(())
+        } else {
+            Err(nh)
+        }
+    });
+}
+
 fn lb_ip(lab: &Lab, service: &str) -> String {
     wait_for(Duration::from_secs(10), &format!("an LB IP for {service}"), || {
         let ip = lab.kubectl(&["get", "svc", service, "-o", "jsonpath={.status.loadBalancer.ingress[0].ip}"]);
@@ -427,14 +439,7 @@ fn scenario_4(mode: &str, layout: &str) {
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL)
         .expect("kill node-3's agent");
     let t = Instant::now();
-    wait_for(Duration::from_secs(10), "node-3 to be withdrawn", || {
-        let nh = lab.exec("gateway", &["ip", "nexthop", "show"]);
-        if nh.contains("192.168.56.13") {
-            Err(nh)
-        } else {
-            Ok(())
-        }
-    });
+    wait_rotation(&lab, "192.168.56.13", false, Duration::from_secs(10), "node-3 to be withdrawn");
     eprintln!("node-3 withdrawn {:.2} s after its agent was killed", t.elapsed().as_secs_f64());
     let status = lab.lb_status();
     let f = status["frontends"].as_array().unwrap().iter().find(|f| f["vip"] == lb_ip.as_str()).expect("frontend");
@@ -1092,14 +1097,7 @@ fn faults_a_link_down_behind_the_load_balancer_blackhole_and_loss() {
     let (ok, out) = lab.run("fault", &["link", "down", "node-2"]);
     assert!(ok && out.contains("node-2: eth0 (the uplink) down"), "{out}");
     let t = Instant::now();
-    wait_for(Duration::from_secs(15), "node-2 to be withdrawn", || {
-        let nh = lab.exec("gateway", &["ip", "nexthop", "show"]);
-        if nh.contains("192.168.56.12") {
-            Err(nh)
-        } else {
-            Ok(())
-        }
-    });
+    wait_rotation(&lab, "192.168.56.12", false, Duration::from_secs(15), "node-2 to be withdrawn");
     eprintln!("node-2 withdrawn {:.2} s after its uplink went down", t.elapsed().as_secs_f64());
     for i in 0..20 {
         let (code, page) = lab.curl(&["--max-time", "2", &url]);
@@ -1140,14 +1138,7 @@ fn faults_a_link_down_behind_the_load_balancer_blackhole_and_loss() {
     let (ok, out) = lab.run("fault", &["link", "up", "node-2"]);
     assert!(ok, "{out}");
     let t = Instant::now();
-    wait_for(Duration::from_secs(15), "node-2 back in rotation", || {
-        let nh = lab.exec("gateway", &["ip", "nexthop", "show"]);
-        if nh.contains("192.168.56.12") {
-            Ok(())
-        } else {
-            Err(nh)
-        }
-    });
+    wait_rotation(&lab, "192.168.56.12", true, Duration::from_secs(15), "node-2 back in rotation");
     eprintln!("node-2 back {:.2} s after its uplink came up", t.elapsed().as_secs_f64());
     assert_eq!(lab.run("fault", &["list"]).1.trim(), "no faults");
 
@@ -1206,14 +1197,7 @@ fn faults_a_link_down_behind_the_load_balancer_blackhole_and_loss() {
     assert!(podpath_client::daemon::start_time(web2_pid).is_none(), "web-2's process is gone");
     let (ok, out) = lab.run("node", &["start", "node-1"]);
     assert!(!ok && out.contains("node-1's agent is running"), "{out}");
-    wait_for(Duration::from_secs(15), "node-2 to be withdrawn after its stop", || {
-        let nh = lab.exec("gateway", &["ip", "nexthop", "show"]);
-        if nh.contains("192.168.56.12") {
-            Err(nh)
-        } else {
-            Ok(())
-        }
-    });
+    wait_rotation(&lab, "192.168.56.12", false, Duration::from_secs(15), "node-2 to be withdrawn after its stop");
     for i in 0..10 {
         let (code, page) = lab.curl(&["--max-time", "2", &url]);
         assert_eq!((code, field(&page, "pod")), (0, Some("default/web-1")), "request {i} with node-2 stopped: {page}");
@@ -1229,14 +1213,7 @@ fn faults_a_link_down_behind_the_load_balancer_blackhole_and_loss() {
             Err(format!("{s} ready={ready}"))
         }
     });
-    wait_for(Duration::from_secs(15), "node-2 back in rotation after its start", || {
-        let nh = lab.exec("gateway", &["ip", "nexthop", "show"]);
-        if nh.contains("192.168.56.12") {
-            Ok(())
-        } else {
-            Err(nh)
-        }
-    });
+    wait_rotation(&lab, "192.168.56.12", true, Duration::from_secs(15), "node-2 back in rotation after its start");
     curl_ok(&lab, &url, &[]);
 
     // Down with a fault in force: nothing of the lab remains.

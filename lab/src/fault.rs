@@ -214,9 +214,7 @@ pub fn clear(dir: &Path, which: impl Fn(&Fault) -> bool) -> Result<Vec<Fault>> {
 /// counts a repair, and returns how long that took.
 pub fn flush_rules(st: &LabState, node: &str) -> Result<std::time::Duration> {
     let ns = node_netns(st, node)?;
-    let i: usize =
-        node.trim_start_matches("node-").parse().map_err(|_| LabError::Usage(format!("no node {node:?}")))?;
-    let metrics = std::net::SocketAddr::from((crate::plan::node_ip(i), 10256));
+    let metrics = crate::plan::agent_health_addr(node).ok_or_else(|| LabError::Usage(format!("no node {node:?}")))?;
     let kind = if st.proxy_mode == crate::ProxyMode::Nftables { "nftables" } else { "iptables" };
     let repaired = || -> Result<u64> {
         let (_, body) = crate::hosts::http_get_in(&ns, metrics, "/metrics")?;

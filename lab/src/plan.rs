@@ -74,6 +74,15 @@ pub fn netns_name(lab: &str, role: &str) -> String {
     format!("pp-{lab}-{role}")
 }
 
+/// Where `node` (node-1 … node-N)'s agent serves /healthz and /metrics.
+pub fn agent_health_addr(node: &str) -> Option<std::net::SocketAddr> {
+    let i: usize = node.strip_prefix("node-")?.parse().ok()?;
+    Some(std::net::SocketAddr::from((node_ip(i), AGENT_HEALTH_PORT)))
+}
+
+/// The agents' health and metrics port (kube-proxy's healthz port).
+pub const AGENT_HEALTH_PORT: u16 = 10256;
+
 pub fn node_ip(i: usize) -> Ipv4Addr {
     let [a, b, c] = UNDERLAY_PREFIX;
     Ipv4Addr::new(a, b, c, 10 + i as u8)

@@ -113,6 +113,19 @@ fn spawn(component: &str, argv: &[String], log: &Path, env: &[(&str, &Path)]) ->
     })
 }
 
+/// Where the lab's binaries are; for a lab made before that was recorded, this program's
+/// directory.
+fn bin_dir(st: &LabState) -> Result<PathBuf> {
+    match &st.bin_dir {
+        Some(d) => Ok(d.clone()),
+        None => Ok(std::env::current_exe()
+            .map_err(io("find this program"))?
+            .parent()
+            .map(PathBuf::from)
+            .unwrap_or_default()),
+    }
+}
+
 /// The index of `node`'s agent among the lab's processes, and its state.
 fn agent_of(state_dir: &Path, node: &str) -> Result<(LabState, usize)> {
     let st =
@@ -137,15 +150,7 @@ pub fn stop_node(state_dir: &Path, node: &str, with_pods: bool) -> Result<()> {
     let (st, i) = agent_of(state_dir, node)?;
     stop(&st.procs[i]);
     if with_pods {
-        let bin_dir = match &st.bin_dir {
-            Some(d) => d.clone(),
-            None => std::env::current_exe()
-                .map_err(io("find this program"))?
-                .parent()
-                .map(PathBuf::from)
-                .unwrap_or_default(),
-        };
-        kill_pods(&bin_dir, &state_dir.join("nodes").join(node).join("agent"))?;
+        kill_pods(&bin_dir(&st)?, &state_dir.join("nodes").join(node).join("agent"))?;
     }
     Ok(())
 }
@@ -169,8 +174,7 @@ pub fn start_node(state_dir: &Path, node: &str) -> Result<Duration> {
     // stopped being Ready: the API marks it NotReady only after the grace period).
     let access = ApiAccess::of(&st)?;
     let ns = plan::netns_name(&st.name, node);
-    let n: usize = node.trim_start_matches("node-").parse().unwrap_or(0);
-    let healthz = SocketAddr::from((plan::node_ip(n), 10256));
+    let healthz = plan::agent_health_addr(node).ok_or_else(|| LabError::Usage(format!("no node {node:?}")))?;
     wait_until(Duration::from_secs(30), &format!("{node}'s new agent to be healthy and the node Ready"), || {
         crate::hosts::http_get_in(&ns, healthz, "/healthz").is_ok_and(|(code, _)| code == 200)
             && ready_nodes(&access).contains(&node.to_string())
@@ -372,7 +376,7 @@ fn start(opts: &UpOptions, p: &Plan, st: &mut LabState, api: SocketAddr, progres
             s("--cni-bin-dir"),
             format!("{}:/opt/cni/bin:/usr/lib/cni", opts.bin_dir.display()),
             s("--healthz-bind-address"),
-            format!("{}:10256", n.ip),
+            format!("{}:{}", n.ip, plan::AGENT_HEALTH_PORT),
             s("--heartbeat-seconds"),
             s("2"),
             s("--restart-backoff-seconds"),
@@ -496,12 +500,7 @@ pub fn down(state_dir: &Path, keep_data: bool) -> Result<LabState> {
         stop(p);
     }
     // Pods outlive their agent on purpose: the agent's binary stops what it recorded.
-    let bin_dir = match &st.bin_dir {
-        Some(d) => d.clone(),
-        None => {
-            std::env::current_exe().map_err(io("find this program"))?.parent().map(PathBuf::from).unwrap_or_default()
-        }
-    };
+    let bin_dir = bin_dir(&st)?;
     let mut failed = None;
     for n in 1..=st.nodes {
         let dir = state_dir.join("nodes").join(format!("node-{n}")).join("agent");

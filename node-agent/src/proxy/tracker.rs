@@ -62,7 +62,11 @@ fn ports(svc: &ServiceView, slices: &[&SliceView], node: &str) -> Vec<ServiceSta
 /// Every port of `services` with its endpoints among `slices`, in the services' order: each
 /// Service reads only its own slices (grouped first: at 10,000 Services, asking every slice
 /// for every port was 10⁸ label comparisons).
-pub fn snapshot(services: &[ServiceView], slices: &[SliceView], node: &str) -> Vec<ServiceState> {
+pub fn snapshot<'a>(
+    services: &[ServiceView],
+    slices: impl IntoIterator<Item = &'a SliceView>,
+    node: &str,
+) -> Vec<ServiceState> {
     let mut grouped: HashMap<&Owner, Vec<&SliceView>> = HashMap::new();
     for s in slices {
         if let Some(o) = &s.service {
@@ -159,9 +163,10 @@ impl Tracker {
                 self.owner_of.insert(key.clone(), o.clone());
             }
         }
-        let views: Vec<SliceView> = slices.iter().map(|(_, s)| s.clone()).collect();
-        let next: BTreeMap<ServiceKey, ServiceState> =
-            snapshot(services, &views, &self.node).into_iter().map(|st| (st.port.key(), st)).collect();
+        let next: BTreeMap<ServiceKey, ServiceState> = snapshot(services, slices.iter().map(|(_, s)| s), &self.node)
+            .into_iter()
+            .map(|st| (st.port.key(), st))
+            .collect();
         let mut delta = Delta::default();
         for (k, st) in &self.states {
             if next.get(k) != Some(st) {
