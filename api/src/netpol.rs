@@ -58,7 +58,7 @@ pub enum Direction {
 }
 
 impl Direction {
-    fn name(self) -> &'static str {
+    pub fn name(self) -> &'static str {
         match self {
             Direction::Ingress => "Ingress",
             Direction::Egress => "Egress",
@@ -151,10 +151,19 @@ fn describe_allowed(a: &Allowed) -> String {
 }
 
 /// One rule of a direction: its peers (`from` or `to`) and ports.
-type Rule = (Option<Vec<NetworkPolicyPeer>>, Option<Vec<NetworkPolicyPort>>);
+pub type Rule = (Option<Vec<NetworkPolicyPeer>>, Option<Vec<NetworkPolicyPort>>);
+
+/// A policy's rules for `direction`, in order.
+pub fn rules(p: &NetworkPolicy, direction: Direction) -> Vec<Rule> {
+    let spec = p.spec.clone().unwrap_or_default();
+    match direction {
+        Direction::Ingress => spec.ingress.unwrap_or_default().into_iter().map(|r| (r.from, r.ports)).collect(),
+        Direction::Egress => spec.egress.unwrap_or_default().into_iter().map(|r| (r.to, r.ports)).collect(),
+    }
+}
 
 /// The policyTypes of a policy, defaulted as the API server does when it has none.
-fn types(p: &NetworkPolicy) -> Vec<Direction> {
+pub fn types(p: &NetworkPolicy) -> Vec<Direction> {
     let spec = p.spec.clone().unwrap_or_default();
     match spec.policy_types {
         Some(t) if !t.is_empty() => t
@@ -186,7 +195,7 @@ pub fn selects_pod(policy: &NetworkPolicy, pod: &Pod) -> bool {
 }
 
 /// Whether `peer` of a policy in namespace `ns` matches `other`.
-fn peer_matches(peer: &NetworkPolicyPeer, ns: &str, other: &End<'_>) -> bool {
+pub fn peer_matches(peer: &NetworkPolicyPeer, ns: &str, other: &End<'_>) -> bool {
     if let Some(block) = &peer.ip_block {
         let ip = other.ip();
         let within = |c: &str| c.parse::<ipnet::IpNet>().is_ok_and(|n| n.contains(&ip));
@@ -242,12 +251,7 @@ pub fn verdict(
         let ns = p.metadata.namespace.as_deref().unwrap_or("default");
         let key = format!("{ns}/{}", p.metadata.name.as_deref().unwrap_or(""));
         isolating.push(key.clone());
-        let spec = p.spec.clone().unwrap_or_default();
-        let rules: Vec<Rule> = match direction {
-            Direction::Ingress => spec.ingress.unwrap_or_default().into_iter().map(|r| (r.from, r.ports)).collect(),
-            Direction::Egress => spec.egress.unwrap_or_default().into_iter().map(|r| (r.to, r.ports)).collect(),
-        };
-        for (i, (peers, ports)) in rules.iter().enumerate() {
+        for (i, (peers, ports)) in rules(p, direction).iter().enumerate() {
             let peer = match peers.as_deref() {
                 None | Some([]) => Some(None),
                 Some(list) => list.iter().position(|x| peer_matches(x, ns, other)).map(Some),

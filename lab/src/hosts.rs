@@ -74,7 +74,7 @@ pub(crate) fn lb_status_in(gateway_netns: &str) -> Result<serde_json::Value> {
 }
 
 /// The PID of a pod's first container (its namespaces are the pod's), from the API.
-pub(crate) fn pod_pid(api: &ApiAccess, ns: &str, name: &str) -> Result<String> {
+pub fn pod_pid(api: &ApiAccess, ns: &str, name: &str) -> Result<String> {
     let (code, body) = api.get(&format!("/api/v1/namespaces/{ns}/pods/{name}"))?;
     if code != 200 {
         return Err(LabError::Usage(format!("pod {ns}/{name} not found")));

@@ -14,6 +14,7 @@ pub mod fault;
 pub mod hosts;
 pub mod inspect;
 pub mod plan;
+pub mod policy;
 pub mod rules;
 pub mod state;
 pub mod trace;

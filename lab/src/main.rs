@@ -177,6 +177,15 @@ enum Cmd {
         #[command(subcommand)]
         what: FaultCmd,
     },
+    /// NetworkPolicy tools: `policy matrix` has every pod probe every other and prints who
+    /// reaches whom, as the upstream netpol tests print it (rows from, columns to, `.` connected,
+    /// `X` not).
+    Policy {
+        #[command(flatten)]
+        which: Which,
+        #[command(subcommand)]
+        what: PolicyCmd,
+    },
     /// Stop every process of the lab and remove its namespaces and state.
     Down {
         #[command(flatten)]
@@ -184,6 +193,28 @@ enum Cmd {
         /// Keep the state directory (API data, logs).
         #[arg(long)]
         keep_data: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum PolicyCmd {
+    /// Probe every pod pair of the namespaces on the ports and protocols.
+    Matrix {
+        /// Namespaces (comma-separated; default: every namespace but kube-system).
+        #[arg(long, value_delimiter = ',')]
+        namespaces: Vec<String>,
+        /// Ports (comma-separated).
+        #[arg(long, value_delimiter = ',', default_value = "80")]
+        ports: Vec<u16>,
+        /// tcp and/or udp (comma-separated).
+        #[arg(long, value_delimiter = ',', default_value = "tcp")]
+        protocols: Vec<String>,
+        /// How long a probe waits for a connection or an answer.
+        #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u64).range(10..=10_000))]
+        timeout_ms: u64,
+        /// text or json.
+        #[arg(long, short, default_value = "text")]
+        output: String,
     },
 }
 
@@ -409,6 +440,25 @@ fn run() -> Result<()> {
             }
             if !t.outcome.answered {
                 std::process::exit(2);
+            }
+        }
+        Cmd::Policy { which, what: PolicyCmd::Matrix { namespaces, ports, protocols, timeout_ms, output } } => {
+            if !matches!(output.as_str(), "text" | "json") {
+                bail!("--output {output:?}: use text or json");
+            }
+            let protocols = protocols.iter().map(|p| p.parse()).collect::<lab::Result<Vec<lab::policy::Protocol>>>()?;
+            let st = which.state()?;
+            let pods = lab::policy::pods(&st, &namespaces)?;
+            if pods.is_empty() {
+                bail!(
+                    "no running pods with a pod network address in {}",
+                    if namespaces.is_empty() { "the lab".to_string() } else { namespaces.join(", ") }
+                );
+            }
+            let m = lab::policy::probe_all(&pods, &ports, &protocols, Duration::from_millis(timeout_ms))?;
+            match output.as_str() {
+                "json" => println!("{}", serde_json::to_string_pretty(&m)?),
+                _ => print!("{}", lab::policy::render(&m)),
             }
         }
         Cmd::Explain { which, service, output } => {

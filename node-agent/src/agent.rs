@@ -53,6 +53,8 @@ pub struct AgentConfig {
     pub cluster_domain: String,
     /// `None`: no service proxy.
     pub proxy: Option<ProxyConfig>,
+    /// Enforce NetworkPolicies for this node's pods.
+    pub network_policy: bool,
 }
 
 /// How Services are implemented on the node.
@@ -191,6 +193,35 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()>) -> Result
         events,
     });
     tokio::spawn(pods::run_pods(deps, pods_store, None));
+
+    if cfg.network_policy {
+        if crate::policy::nft_available() {
+            use crate::policy::{Enforcer, NftPolicyKernel, PodView};
+            let (all_pods, namespaces, policies) = (Store::new(), Store::new(), Store::new());
+            tokio::spawn(reflector::run_mapped(client.clone(), Filter::default(), all_pods.clone(), |p: core::Pod| {
+                PodView::of(&p)
+            }));
+            tokio::spawn(reflector::run_mapped(
+                client.clone(),
+                Filter::default(),
+                namespaces.clone(),
+                |n: core::Namespace| crate::policy::namespace_labels(&n),
+            ));
+            tokio::spawn(reflector::run(client.clone(), Filter::default(), policies.clone()));
+            let enforcer = Enforcer {
+                kernel: Arc::new(NftPolicyKernel::default()),
+                node_name: cfg.node_name.clone(),
+                pods: all_pods,
+                namespaces,
+                policies,
+                period: cfg.sync_period,
+            };
+            tracing::info!("NetworkPolicy enforcement (nftables table ip podpath-policy)");
+            tokio::spawn(crate::policy::run(enforcer, None));
+        } else {
+            tracing::warn!("no `nft` command: NetworkPolicies are not enforced on this node");
+        }
+    }
 
     if let Some(p) = &cfg.proxy {
         use crate::proxy::model::{ServiceView, SliceView};

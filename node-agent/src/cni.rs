@@ -77,7 +77,8 @@ impl Network {
 
 /// The configuration written for a node when `--cni-conf-dir` has none: podpath's bridge and
 /// IPAM plugins on `cni0` with the node's pod CIDR, no masquerade (pod-to-pod traffic between
-/// nodes keeps its source address), IPAM state in the agent's state directory (nodes of one
+/// nodes keeps its source address), same-node pod traffic routed through the node (so the
+/// NetworkPolicy filter in its forward hook sees every pod's packets), IPAM state in the agent's state directory (nodes of one
 /// host must not share it).
 pub fn default_network_config(pod_cidr: &str, ipam_dir: &Path) -> Value {
     json!({
@@ -89,6 +90,7 @@ pub fn default_network_config(pod_cidr: &str, ipam_dir: &Path) -> Value {
             "isGateway": true,
             "ipMasq": false,
             "hairpinMode": true,
+            "routeSameBridge": true,
             "ipam": {
                 "type": "podpath-ipam",
                 "ranges": [[{"subnet": pod_cidr}]],

@@ -57,11 +57,15 @@ pub enum PortMode {
 pub struct EchoOptions {
     pub ports: Vec<(u16, PortMode)>,
     pub message: Option<String>,
+    /// UDP container ports: each datagram is answered with `NAMESPACE/POD` (what the
+    /// upstream suite's serve-hostname answers, so probes can tell who replied).
+    pub udp_ports: Vec<u16>,
 }
 
 /// Usage text of the echo image's args (shown in the pod's log when they are wrong).
 pub const ECHO_USAGE: &str = "podpath/echo args: [--https-port PORT]... [--redirect-to-https PORT]... [--message TEXT]
-  every containerPort (default 8080) answers with the echo page;
+  every TCP containerPort (default 8080) answers with the echo page, every UDP one with
+  NAMESPACE/POD to each datagram;
   --https-port PORT        serve HTTPS (self-signed certificate) on PORT
   --redirect-to-https PORT answer on PORT with 301 Moved Permanently to https://<host><uri>
   --message TEXT           add a line to every answer (e.g. the version of a Deployment)";
@@ -94,7 +98,7 @@ pub fn parse_options(container_ports: &[u16], args: &[String]) -> Result<EchoOpt
         ports.push((8080, PortMode::Echo));
     }
     ports.sort();
-    Ok(EchoOptions { ports, message })
+    Ok(EchoOptions { ports, message, udp_ports: vec![] })
 }
 
 /// Serves every port until the process is stopped.
@@ -112,6 +116,21 @@ pub async fn serve(identity: Identity, options: EchoOptions) -> std::io::Result<
             .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on port {port}: {e}")))?;
         eprintln!("podpath/echo: {mode:?} on port {port}");
         tasks.spawn(accept_loop(listener, *mode, identity.clone(), tls.clone()));
+    }
+    for port in &options.udp_ports {
+        let socket = tokio::net::UdpSocket::bind(("0.0.0.0", *port))
+            .await
+            .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on UDP port {port}: {e}")))?;
+        eprintln!("podpath/echo: UDP on port {port}");
+        let who = format!("{}/{}\n", identity.pod_namespace, identity.pod_name);
+        tasks.spawn(async move {
+            let mut buf = [0u8; 2048];
+            loop {
+                let (_, from) = socket.recv_from(&mut buf).await?;
+                // A reply that cannot be sent (the sender is gone) is no reason to stop.
+                let _ = socket.send_to(who.as_bytes(), from).await;
+            }
+        });
     }
     while let Some(r) = tasks.join_next().await {
         r.map_err(std::io::Error::other)??;

@@ -6,6 +6,7 @@
 //! - [`pods`]: pod workers (sandbox, CNI, workloads, probes, restarts, status, deletion);
 //! - [`podstatus`]: the pod status, computed purely;
 //! - [`process`], [`cni`], [`routes`]: side effects behind small traits;
+//! - [`policy`]: NetworkPolicy enforcement for this node's pods (nftables);
 //! - [`echo`]: the built-in `podpath/echo` workload;
 //! - [`health`], [`metrics`]: `:10256`;
 //! - [`crilog`], [`tail`]: container logs (the CRI format; following a growing file);
@@ -23,6 +24,7 @@ pub mod metrics;
 pub mod node;
 pub mod pods;
 pub mod podstatus;
+pub mod policy;
 pub mod process;
 pub mod proxy;
 pub mod routes;

@@ -112,6 +112,11 @@ struct Args {
     /// kubelet's `--cluster-domain`: the domain pods search in.
     #[arg(long, default_value = "cluster.local")]
     cluster_domain: String,
+    /// Enforce NetworkPolicies for this node's pods (nftables table `ip podpath-policy`, in
+    /// every proxy mode); `false` leaves every pod unisolated, as a cluster without a policy
+    /// implementation does.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    network_policy: bool,
     /// Log filter (RUST_LOG syntax).
     #[arg(long, env = "PODPATH_LOG", default_value = "info")]
     log: String,
@@ -139,6 +144,7 @@ async fn run() -> Result<()> {
         node_agent::proxy::userspace::cleanup(&kernel)?;
         node_agent::proxy::sync::cleanup(&kernel)?;
         let nft_removed = node_agent::proxy::nft_sync::cleanup_nftables();
+        node_agent::policy::cleanup();
         println!(
             "removed the service proxy's iptables chains and rules ({} backend){}",
             backend.name(),
@@ -221,6 +227,7 @@ async fn run() -> Result<()> {
         cluster_dns: args.cluster_dns.iter().map(|ip| ip.to_string()).collect(),
         cluster_domain: args.cluster_domain.trim_end_matches('.').to_string(),
         proxy,
+        network_policy: args.network_policy,
     };
     let shutdown = async {
         podpath_client::daemon::stop_signal().await;

@@ -125,6 +125,7 @@ proto_kinds! {
     EndpointSlice: discovery::EndpointSlice,
     Ingress: api_networking::Ingress,
     Secret: core::Secret,
+    NetworkPolicy: api_networking::NetworkPolicy,
 }
 
 fn proto_err(what: &'static str, e: impl std::fmt::Display) -> Error {
@@ -243,6 +244,12 @@ mod tests {
             "endpoints": [{"addresses": ["10.244.1.2"], "conditions": {"ready": true, "serving": true, "terminating": false},
                            "nodeName": "node-1"}],
             "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}]
+        }));
+        round_trip::<api_networking::NetworkPolicy>(json!({
+            "metadata": {"name": "web", "namespace": "default", "generation": 1},
+            "spec": {"podSelector": {"matchLabels": {"app": "web"}}, "policyTypes": ["Ingress"],
+                     "ingress": [{"from": [{"ipBlock": {"cidr": "10.0.0.0/8", "except": ["10.1.0.0/16"]}}],
+                                  "ports": [{"port": "http", "protocol": "TCP"}, {"port": 81, "endPort": 90}]}]}
         }));
     }
 }

@@ -1,4 +1,5 @@
-//! Ingress and Secret: metadata typed, the rest in `extra_json` (only lb-sim reads them).
+//! Ingress, Secret and NetworkPolicy: metadata typed, the rest in `extra_json` (only lb-sim
+//! and the node agents' policy enforcement read them).
 
 use k8s_openapi::api::core::v1 as core;
 use k8s_openapi::api::networking::v1 as api_networking;
@@ -31,5 +32,18 @@ impl ProtoConvert for core::Secret {
 
     fn from_typed(p: &pb::Secret) -> Result<Self, Error> {
         Ok(core::Secret { metadata: object_meta_back(&p.metadata)?, ..Default::default() })
+    }
+}
+
+impl ProtoConvert for api_networking::NetworkPolicy {
+    type Proto = pb::NetworkPolicy;
+    extra_accessors!();
+
+    fn to_typed(&self) -> pb::NetworkPolicy {
+        pb::NetworkPolicy { metadata: Some(object_meta(&self.metadata)), extra_json: String::new() }
+    }
+
+    fn from_typed(p: &pb::NetworkPolicy) -> Result<Self, Error> {
+        Ok(api_networking::NetworkPolicy { metadata: object_meta_back(&p.metadata)?, spec: None })
     }
 }

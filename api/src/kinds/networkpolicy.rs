@@ -22,8 +22,6 @@ impl ApiObject for NetworkPolicy {
         group: "networking.k8s.io",
         short_names: &["netpol"],
         has_generation: true,
-        // Served and validated; no node agent enforces policies yet (issue 24's next step).
-        no_controller: true,
         ..KindInfo::core("NetworkPolicy", "networkpolicies", "networkpolicy")
     };
 

@@ -23,6 +23,11 @@ pub struct BridgeConfig {
     pub ip_masq: bool,
     pub hairpin_mode: bool,
     pub promisc_mode: bool,
+    /// podpath's `routeSameBridge`: every port isolated (`bridge_slave isolated on`) and the
+    /// gateway answering ARP for the whole subnet, so traffic between two containers of the
+    /// bridge is routed by the host, where its filters (NetworkPolicy) see it, instead of
+    /// switched past them.
+    pub route_same_bridge: bool,
     /// The IPAM plugin to delegate to (any plugin found through CNI_PATH).
     pub ipam_type: String,
     pub dns: Dns,
@@ -72,6 +77,10 @@ impl BridgeConfig {
         if hairpin_mode && promisc_mode {
             return Err(invalid("cannot set hairpinMode and promiscMode at the same time"));
         }
+        let route_same_bridge = flag(conf, "routeSameBridge")?;
+        if route_same_bridge && !is_gateway {
+            return Err(invalid("routeSameBridge needs isGateway: the gateway routes between the isolated ports"));
+        }
         let ipam_type = conf.pointer("/ipam/type").and_then(Value::as_str).unwrap_or("");
         if ipam_type.is_empty() || ipam_type.contains('/') {
             return Err(invalid(format!(
@@ -88,6 +97,7 @@ impl BridgeConfig {
             ip_masq: flag(conf, "ipMasq")?,
             hairpin_mode,
             promisc_mode,
+            route_same_bridge,
             ipam_type: ipam_type.to_string(),
             dns: Dns::from_json(conf.get("dns")),
         })

@@ -18,6 +18,15 @@ use rtnetlink::{Handle, LinkBridge, LinkBridgePort, LinkUnspec, LinkVeth, RouteM
 use crate::error::{code, CniError, Result};
 use crate::types::{IpConfig, Route};
 
+/// How a container's port on the bridge behaves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PortFlags {
+    /// Frames may leave through the port they came in by (`hairpinMode`).
+    pub hairpin: bool,
+    /// The port reaches the bridge itself only, never another isolated port.
+    pub isolated: bool,
+}
+
 /// A link as the result reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Link {
@@ -40,8 +49,12 @@ pub trait Dataplane {
         ifname: &str,
         mtu: Option<u32>,
         bridge: &Link,
-        hairpin: bool,
+        port: PortFlags,
     ) -> Result<(Link, Link)>;
+    /// Makes the host route between the bridge's isolated ports: proxy ARP back out of the
+    /// same interface (`proxy_arp_pvlan`) at once (`proxy_delay` 0), and no ICMP redirects
+    /// (the containers must keep sending to the gateway).
+    fn route_between_ports(&mut self, bridge: &str) -> Result<()>;
     /// Addresses and routes on the container interface (a route without `gw` uses the gateway
     /// of the address of its family).
     fn configure_container(&mut self, netns: &Path, ifname: &str, ips: &[IpConfig], routes: &[Route]) -> Result<()>;
@@ -213,7 +226,7 @@ impl Dataplane for Netlink {
         ifname: &str,
         mtu: Option<u32>,
         bridge: &Link,
-        hairpin: bool,
+        port: PortFlags,
     ) -> Result<(Link, Link)> {
         let ns_file =
             std::fs::File::open(netns).map_err(|e| internal(format!("failed to open netns {}", netns.display()), e))?;
@@ -241,10 +254,10 @@ impl Dataplane for Netlink {
                 .await
                 .map_err(|e| internal(format!("cannot attach {host_name} to the bridge"), e))?;
             h.link()
-                .set_port(LinkBridgePort::new(link.index).hairpin(hairpin).build())
+                .set_port(LinkBridgePort::new(link.index).hairpin(port.hairpin).isolated(port.isolated).build())
                 .execute()
                 .await
-                .map_err(|e| internal(format!("cannot set hairpin mode on {host_name}"), e))?;
+                .map_err(|e| internal(format!("cannot set the bridge port flags of {host_name}"), e))?;
             Ok::<_, CniError>(link)
         })?;
         let ifname_owned = ifname.to_string();
@@ -314,6 +327,22 @@ impl Dataplane for Netlink {
     fn enable_ip_forward(&mut self, v6: bool) -> Result<()> {
         let path = if v6 { "/proc/sys/net/ipv6/conf/all/forwarding" } else { "/proc/sys/net/ipv4/ip_forward" };
         std::fs::write(path, "1").map_err(|e| internal(format!("cannot write {path}"), e))
+    }
+
+    fn route_between_ports(&mut self, bridge: &str) -> Result<()> {
+        // Redirects are sent when either `all` or the interface asks for them.
+        for (path, value) in [
+            (format!("/proc/sys/net/ipv4/conf/{bridge}/proxy_arp_pvlan"), "1"),
+            (format!("/proc/sys/net/ipv4/neigh/{bridge}/proxy_delay"), "0"),
+            (format!("/proc/sys/net/ipv4/conf/{bridge}/send_redirects"), "0"),
+            ("/proc/sys/net/ipv4/conf/all/send_redirects".to_string(), "0"),
+        ] {
+            if std::fs::read_to_string(&path).is_ok_and(|v| v.trim() == value) {
+                continue;
+            }
+            std::fs::write(&path, value).map_err(|e| internal(format!("cannot write {path}"), e))?;
+        }
+        Ok(())
     }
 
     fn setup_masq(&mut self, chain: &str, comment: &str, ips: &[IpConfig]) -> Result<()> {

@@ -9,7 +9,7 @@ use std::process::{Command as Process, Stdio};
 use serde_json::Value;
 
 use super::config::{host_veth_name, masq_chain, masq_comment, BridgeConfig};
-use super::dataplane::Dataplane;
+use super::dataplane::{Dataplane, PortFlags};
 use crate::env::{Command, Invocation};
 use crate::error::{code, CniError, Result};
 use crate::types::{CniResult, Interface, Route};
@@ -150,7 +150,14 @@ fn add_steps(
     let host_name = host_veth_name(&inv.container_id, &inv.ifname);
     // The veth pair goes with its host end.
     undo.push(Undo::HostLink(host_name.clone()));
-    let (host, container) = dp.create_veth(&host_name, netns, &inv.ifname, cfg.mtu, &bridge, cfg.hairpin_mode)?;
+    let (host, container) = dp.create_veth(
+        &host_name,
+        netns,
+        &inv.ifname,
+        cfg.mtu,
+        &bridge,
+        PortFlags { hairpin: cfg.hairpin_mode, isolated: cfg.route_same_bridge },
+    )?;
     let mut routes = result.routes.clone();
     if cfg.is_default_gateway {
         for ip in &result.ips {
@@ -173,6 +180,9 @@ fn add_steps(
                 dp.add_bridge_address(&bridge, addr)?;
                 dp.enable_ip_forward(gw.is_ipv6())?;
             }
+        }
+        if cfg.route_same_bridge {
+            dp.route_between_ports(&cfg.bridge)?;
         }
     }
     if cfg.ip_masq {
@@ -326,7 +336,8 @@ mod tests {
     #[derive(Debug, Clone, PartialEq)]
     enum Op {
         EnsureBridge(String),
-        CreateVeth { host: String, ifname: String },
+        CreateVeth { host: String, ifname: String, port: PortFlags },
+        RouteBetweenPorts(String),
         Configure { ips: Vec<String>, routes: Vec<String> },
         BridgeAddress(String),
         IpForward,
@@ -373,9 +384,9 @@ mod tests {
             ifname: &str,
             _mtu: Option<u32>,
             _b: &Link,
-            _h: bool,
+            port: PortFlags,
         ) -> Result<(Link, Link)> {
-            self.ops.push(Op::CreateVeth { host: host.into(), ifname: ifname.into() });
+            self.ops.push(Op::CreateVeth { host: host.into(), ifname: ifname.into(), port });
             Ok((link(host, 2), link(ifname, 3)))
         }
         fn configure_container(
@@ -398,6 +409,10 @@ mod tests {
         }
         fn enable_ip_forward(&mut self, _v6: bool) -> Result<()> {
             self.ops.push(Op::IpForward);
+            Ok(())
+        }
+        fn route_between_ports(&mut self, bridge: &str) -> Result<()> {
+            self.ops.push(Op::RouteBetweenPorts(bridge.into()));
             Ok(())
         }
         fn setup_masq(&mut self, chain: &str, _comment: &str, _ips: &[IpConfig]) -> Result<()> {
@@ -476,7 +491,7 @@ mod tests {
             dp.ops,
             vec![
                 Op::EnsureBridge("cni0".into()),
-                Op::CreateVeth { host: veth, ifname: "eth0".into() },
+                Op::CreateVeth { host: veth, ifname: "eth0".into(), port: PortFlags::default() },
                 Op::Configure {
                     ips: vec!["10.1.0.2/24".into()],
                     routes: vec!["10.96.0.0/12 via None".into(), "0.0.0.0/0 via Some(10.1.0.1)".into()]
@@ -492,6 +507,28 @@ mod tests {
         assert_eq!(out["ips"][0]["interface"], 2);
         assert_eq!(out["routes"][1]["dst"], "0.0.0.0/0");
         assert_eq!(out["dns"]["nameservers"][0], "10.96.0.10");
+    }
+
+    #[test]
+    fn route_same_bridge_isolates_the_port_and_lets_the_gateway_route_between_ports() {
+        let (mut dp, mut ipam) = (FakeDataplane::default(), FakeIpam::default());
+        let mut c = conf();
+        c["routeSameBridge"] = json!(true);
+        c["hairpinMode"] = json!(true);
+        add(&mut dp, &mut ipam, &inv(), &c, b"{}", "1.0.0").unwrap();
+        let port = PortFlags { hairpin: true, isolated: true };
+        assert!(dp.ops.iter().any(|o| matches!(o, Op::CreateVeth { port: p, .. } if *p == port)), "{:?}", dp.ops);
+        let at = |want: &Op| dp.ops.iter().position(|o| o == want).unwrap();
+        assert!(at(&Op::RouteBetweenPorts("cni0".into())) > at(&Op::BridgeAddress("10.1.0.1/24".into())));
+        // Without a gateway nothing would route between isolated ports: refused before anything.
+        let mut c = conf();
+        c["routeSameBridge"] = json!(true);
+        c["isDefaultGateway"] = json!(false);
+        let (mut dp, mut ipam) = (FakeDataplane::default(), FakeIpam::default());
+        let err = add(&mut dp, &mut ipam, &inv(), &c, b"{}", "1.0.0").unwrap_err();
+        assert_eq!(err.code, code::INVALID_CONFIG);
+        assert!(err.msg.contains("routeSameBridge needs isGateway"), "{}", err.msg);
+        assert!(dp.ops.is_empty());
     }
 
     #[test]

@@ -85,6 +85,9 @@ enum Mode {
         /// A container port (repeatable); default 8080.
         #[arg(long = "port")]
         ports: Vec<u16>,
+        /// A UDP container port (repeatable).
+        #[arg(long = "udp-port")]
+        udp_ports: Vec<u16>,
         /// The container's args, interpreted by podpath/echo.
         #[arg(last = true)]
         args: Vec<String>,
@@ -143,9 +146,9 @@ fn run(args: Args) -> Result<(), String> {
             let err = nix::unistd::execvp(&argv[0], &argv).unwrap_err();
             Err(format!("cannot run {:?}: {err}", command[0]))
         }
-        Mode::Echo { sandbox, ports, args } => {
+        Mode::Echo { sandbox, ports, udp_ports, args } => {
             join(sandbox)?;
-            let options = echo::parse_options(&ports, &args)?;
+            let options = echo::EchoOptions { udp_ports, ..echo::parse_options(&ports, &args)? };
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
             rt.block_on(echo::serve(echo::Identity::from_env(), options)).map_err(|e| e.to_string())
         }

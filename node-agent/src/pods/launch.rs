@@ -126,10 +126,12 @@ pub fn launch(
     } else if is_echo_image(&image) {
         let mut argv = vec![bin.clone(), "echo".into(), "--sandbox".into(), sandbox.pid.to_string()];
         for p in c.ports.iter().flatten() {
-            if p.protocol.as_deref().unwrap_or("TCP") == "TCP" {
-                argv.push("--port".into());
-                argv.push(p.container_port.to_string());
+            match p.protocol.as_deref().unwrap_or("TCP") {
+                "TCP" => argv.push("--port".into()),
+                "UDP" => argv.push("--udp-port".into()),
+                _ => continue,
             }
+            argv.push(p.container_port.to_string());
         }
         argv.push("--".into());
         argv.extend(args);
