@@ -177,13 +177,24 @@ fn to_policy(v: &serde_json::Value) -> NetworkPolicy {
     p
 }
 
+/// iptables mode: the policy chains in the filter table (iptables-nft, the default backend).
 #[test]
-fn policies_are_enforced_as_the_model_decides_for_every_case_pair_port_and_protocol() {
+fn policies_are_enforced_as_the_model_decides_in_iptables_mode() {
+    every_case("iptables");
+}
+
+/// nftables mode: the table `ip podpath-policy`.
+#[test]
+fn policies_are_enforced_as_the_model_decides_in_nftables_mode() {
+    every_case("nftables");
+}
+
+fn every_case(mode: &str) {
     if !root_or_explain() {
         return;
     }
     let before = host_state();
-    let lab = Lab::up("netpol", &["--nodes", "2"]).unwrap();
+    let lab = Lab::up("netpol", &["--nodes", "2", "--proxy-mode", mode]).unwrap();
     lab.apply(&world_yaml());
     for ns in NAMESPACES {
         lab.kubectl(&["wait", "-n", ns, "--for=condition=Ready", "pod", "--all", "--timeout=60s"]);
@@ -234,7 +245,7 @@ fn policies_are_enforced_as_the_model_decides_for_every_case_pair_port_and_proto
         took.push((name.clone(), t.elapsed()));
         delete_policies(&lab);
     }
-    eprintln!("cases and time to the expected matrix: {took:?}");
+    eprintln!("{mode} mode: cases and time to the expected matrix: {took:?}");
 
     // Back to open once every policy is gone.
     wait_for(Duration::from_secs(10), "every pair open again", || {

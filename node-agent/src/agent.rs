@@ -195,8 +195,23 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()>) -> Result
     tokio::spawn(pods::run_pods(deps, pods_store, None));
 
     if cfg.network_policy {
-        if crate::policy::nft_available() {
-            use crate::policy::{Enforcer, NftPolicyKernel, PodView};
+        use crate::policy::{Enforcer, IptablesPolicyKernel, NftPolicyKernel, PodView};
+        // The proxy's rule language: nftables mode gets a table of its own, the iptables modes
+        // (and no proxy) filter-table chains through the proxy's backend.
+        let nft_mode = cfg.proxy.as_ref().is_some_and(|p| p.mode == ProxyMode::Nftables);
+        let backend = cfg.proxy.as_ref().map(|p| p.backend).unwrap_or(podpath_ruleset::Backend::Nft);
+        let ipt = Arc::new(crate::proxy::kernel::IptablesKernel::new(backend));
+        {
+            // The other form's rules go first (a mode change since the last run).
+            let ipt = ipt.clone();
+            tokio::task::spawn_blocking(move || {
+                let other: Option<&dyn crate::proxy::kernel::Kernel> = if nft_mode { Some(&*ipt) } else { None };
+                crate::policy::cleanup(!nft_mode && crate::policy::nft_available(), other)
+            })
+            .await
+            .map_err(|e| AgentError::Process(e.to_string()))??;
+        }
+        if !nft_mode || crate::policy::nft_available() {
             let (all_pods, namespaces, policies) = (Store::new(), Store::new(), Store::new());
             tokio::spawn(reflector::run_mapped(client.clone(), Filter::default(), all_pods.clone(), |p: core::Pod| {
                 PodView::of(&p)
@@ -208,16 +223,18 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()>) -> Result
                 |n: core::Namespace| crate::policy::namespace_labels(&n),
             ));
             tokio::spawn(reflector::run(client.clone(), Filter::default(), policies.clone()));
-            let enforcer = Enforcer {
-                kernel: Arc::new(NftPolicyKernel::default()),
-                node_name: cfg.node_name.clone(),
-                pods: all_pods,
-                namespaces,
-                policies,
-                period: cfg.sync_period,
-            };
-            tracing::info!("NetworkPolicy enforcement (nftables table ip podpath-policy)");
-            tokio::spawn(crate::policy::run(enforcer, None));
+            let (node_name, period) = (cfg.node_name.clone(), cfg.sync_period);
+            if nft_mode {
+                tracing::info!("NetworkPolicy enforcement: nftables table ip podpath-policy");
+                let kernel = Arc::new(NftPolicyKernel::default());
+                let e = Enforcer { kernel, node_name, pods: all_pods, namespaces, policies, period };
+                tokio::spawn(crate::policy::run(e, None));
+            } else {
+                tracing::info!(backend = backend.name(), "NetworkPolicy enforcement: filter chains PODPATH-POLICY");
+                let kernel = Arc::new(IptablesPolicyKernel { kernel: ipt });
+                let e = Enforcer { kernel, node_name, pods: all_pods, namespaces, policies, period };
+                tokio::spawn(crate::policy::run(e, None));
+            }
         } else {
             tracing::warn!("no `nft` command: NetworkPolicies are not enforced on this node");
         }

@@ -144,7 +144,7 @@ async fn run() -> Result<()> {
         node_agent::proxy::userspace::cleanup(&kernel)?;
         node_agent::proxy::sync::cleanup(&kernel)?;
         let nft_removed = node_agent::proxy::nft_sync::cleanup_nftables();
-        node_agent::policy::cleanup();
+        node_agent::policy::cleanup(node_agent::policy::nft_available(), Some(&kernel))?;
         println!(
             "removed the service proxy's iptables chains and rules ({} backend){}",
             backend.name(),

@@ -306,8 +306,10 @@ impl<'a> Tracer<'a> {
             Match::Recent { name, op: RecentOp::Check { .. }, .. } => {
                 self.recent.get(name).is_some_and(|s| s.contains(&p.src))
             }
-            // Nothing to test on this packet model: comments, modules, connection states (every
-            // traced packet is NEW), physdev, TOS, source ports, flags, interfaces.
+            // Every traced packet opens a connection: it is NEW, never ESTABLISHED or INVALID.
+            Match::ConnState { states, negated } => states.iter().any(|s| s == "NEW") != *negated,
+            // Nothing to test on this packet model: comments, modules, physdev, TOS, source
+            // ports, flags, interfaces.
             _ => true,
         })
     }

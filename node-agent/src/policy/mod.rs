@@ -16,8 +16,11 @@ use api::k8s_openapi::api::core::v1 as core;
 use api::k8s_openapi::api::networking::v1::NetworkPolicy;
 use api::netpol::Pod;
 use podpath_client::reflector::Store;
-use podpath_ruleset::nft::{delete_chains, NftFamily, NftTable, Transaction};
-use podpath_ruleset::Nft;
+use podpath_ruleset::nft::{delete_chains, NftFamily, Transaction};
+use podpath_ruleset::{Command as RuleCommand, Nft, Ruleset, Table};
+
+use crate::proxy::kernel::{missing_jumps, Jump, Kernel};
+use render::Plan;
 
 use crate::error::{AgentError, Result};
 
@@ -94,24 +97,127 @@ pub fn world(pods: &[PodView], namespaces: &BTreeMap<String, BTreeMap<String, St
         .collect()
 }
 
-/// The one place policy rules reach the kernel.
+/// The one place policy rules reach the kernel: the difference between two plans, written in
+/// the proxy's rule language.
 pub trait PolicyKernel: Send + Sync + 'static {
-    fn apply(&self, tx: &Transaction) -> Result<()>;
-    fn has_table(&self) -> Result<bool>;
+    /// Brings the kernel from `before` (None: unknown, so everything is written again and
+    /// left-overs removed) to `after`; the number of commands sent.
+    fn apply(&self, before: Option<&Plan>, after: &Plan) -> Result<usize>;
+    /// Whether the rules are still in place (a flush or a deleted table makes the next sync a
+    /// full one).
+    fn present(&self) -> Result<bool>;
+    /// Work deferred to a later `apply` even without changes (stale chains).
+    fn pending(&self) -> bool {
+        false
+    }
 }
 
-/// `nft` in the agent's network namespace.
+/// nftables mode: the table `ip podpath-policy`, changed by `nft -f` transactions of
+/// differences (elements for membership, chains only where a pod's rules changed).
 #[derive(Debug, Default)]
 pub struct NftPolicyKernel {
     nft: Nft,
+    /// Chains flushed by an earlier transaction, deleted a second later at the soonest (a map
+    /// element may have pointed at them: kube-proxy's rule), and when they were flushed.
+    stale: std::sync::Mutex<(Vec<String>, Option<Instant>)>,
 }
 
 impl PolicyKernel for NftPolicyKernel {
-    fn apply(&self, tx: &Transaction) -> Result<()> {
-        self.nft.apply(tx).map_err(|e| net_err("apply the NetworkPolicy table", e))
+    fn apply(&self, before: Option<&Plan>, after: &Plan) -> Result<usize> {
+        let (old, new) = (before.map(render::nft), render::nft(after));
+        let (mut tx, flushed) = Transaction::between(old.as_ref(), &new);
+        let mut stale = self.stale.lock().unwrap_or_else(|e| e.into_inner());
+        if old.is_none() {
+            // The table is replaced whole: nothing stale survives.
+            stale.0.clear();
+        } else if !stale.0.is_empty() && stale.1.is_some_and(|t| t.elapsed() >= Duration::from_secs(1)) {
+            tx.ops.extend(delete_chains(NftFamily::Ip, render::TABLE, &stale.0).ops);
+            stale.0.clear();
+        }
+        if tx.is_empty() {
+            return Ok(0);
+        }
+        self.nft.apply(&tx).map_err(|e| net_err("apply the NetworkPolicy table", e))?;
+        if !flushed.is_empty() {
+            stale.0.extend(flushed);
+            stale.1 = Some(Instant::now());
+        }
+        Ok(tx.len())
     }
-    fn has_table(&self) -> Result<bool> {
+    fn present(&self) -> Result<bool> {
         self.nft.has_table(NftFamily::Ip, render::TABLE).map_err(|e| net_err("list the NetworkPolicy table", e))
+    }
+    fn pending(&self) -> bool {
+        !self.stale.lock().unwrap_or_else(|e| e.into_inner()).0.is_empty()
+    }
+}
+
+/// The jump into the policy chains: first in FORWARD, before kube-proxy's KUBE-FORWARD accepts
+/// marked (masqueraded) traffic.
+pub const FORWARD_JUMP: Jump = Jump {
+    table: "filter",
+    from: "FORWARD",
+    to: render::IPT_CHAIN,
+    first: true,
+    new_only: false,
+    local_only: false,
+    comment: "podpath NetworkPolicy enforcement",
+};
+
+/// Whether a filter-table chain is one of the policy chains.
+pub fn is_policy_chain(name: &str) -> bool {
+    name == render::IPT_CHAIN || name.starts_with("PODPATH-ING-") || name.starts_with("PODPATH-EGR-")
+}
+
+/// iptables modes: filter-table chains through the proxy's own kernel (backend, restore),
+/// readable in `iptables-save` and shown by `xtables-monitor --trace`.
+pub struct IptablesPolicyKernel<K: Kernel> {
+    pub kernel: Arc<K>,
+}
+
+impl<K: Kernel> PolicyKernel for IptablesPolicyKernel<K> {
+    fn apply(&self, before: Option<&Plan>, after: &Plan) -> Result<usize> {
+        let new = render::iptables(after);
+        let mut out = Table::new("filter");
+        let old = match before {
+            Some(p) => render::iptables(p),
+            None => {
+                // Everything is written again; the kernel says which jump is missing and which
+                // chains of an earlier run are left over.
+                let saved = self.kernel.save("filter", None)?;
+                out.commands.extend(missing_jumps(&[FORWARD_JUMP], "filter", &saved));
+                let mut left = Table::new("filter");
+                for c in saved.chains.iter().filter(|c| is_policy_chain(&c.name)) {
+                    left.declare(c.name.clone());
+                }
+                left
+            }
+        };
+        let rules_of = |t: &Table, chain: &str| t.rules().filter(|r| r.chain == chain).cloned().collect::<Vec<_>>();
+        for c in &new.chains {
+            let rules = rules_of(&new, &c.name);
+            if before.is_none() || rules_of(&old, &c.name) != rules {
+                out.declare(c.name.clone());
+                for r in rules {
+                    out.append(r);
+                }
+            }
+        }
+        for c in old.chains.iter().filter(|c| !new.declares(&c.name)) {
+            out.declare(c.name.clone());
+            out.commands.push(RuleCommand::DeleteChain(c.name.clone()));
+        }
+        if out.chains.is_empty() && out.commands.is_empty() {
+            return Ok(0);
+        }
+        let n = out.commands.len() + out.chains.len();
+        self.kernel.restore(&Ruleset { tables: vec![out] })?;
+        Ok(n)
+    }
+    fn present(&self) -> Result<bool> {
+        let forward = self.kernel.save("filter", Some("FORWARD"))?;
+        let present = forward.rules().any(|r| *r == FORWARD_JUMP.rule());
+        Ok(present)
     }
 }
 
@@ -129,14 +235,21 @@ pub fn nft_available() -> bool {
         .is_ok_and(|s| s.success())
 }
 
-/// Deletes the policy table (`--cleanup`); no table, or no `nft`, is fine.
-pub fn cleanup() {
+/// Removes the policy rules of both forms (`--cleanup`, and at start the form this mode does
+/// not use); nothing there, or no `nft`, is fine.
+pub fn cleanup(nft_table: bool, iptables: Option<&dyn Kernel>) -> Result<()> {
     let nft = Nft::default();
-    if nft.has_table(NftFamily::Ip, render::TABLE).unwrap_or(false) {
-        if let Err(e) = nft.delete_table(NftFamily::Ip, render::TABLE) {
-            tracing::warn!(error = %e, "cannot delete the NetworkPolicy table");
+    if nft_table && nft.has_table(NftFamily::Ip, render::TABLE).unwrap_or(false) {
+        nft.delete_table(NftFamily::Ip, render::TABLE).map_err(|e| net_err("delete the NetworkPolicy table", e))?;
+    }
+    if let Some(k) = iptables {
+        let saved = k.save("filter", None)?;
+        let rs = crate::proxy::kernel::removal(&[FORWARD_JUMP], &[saved], |_, c| is_policy_chain(c));
+        if !rs.tables.is_empty() {
+            k.restore(&rs)?;
         }
     }
+    Ok(())
 }
 
 /// The enforcer's inputs.
@@ -157,79 +270,65 @@ pub struct Synced {
     pub full: bool,
 }
 
-/// Keeps the kernel's table equal to the rendering of the caches; `done` (tests) hears of every
-/// sync.
+/// Keeps the kernel's rules equal to the plan rendered from the caches; `done` (tests and
+/// benchmarks) hears of every sync that wrote something.
 pub async fn run<K: PolicyKernel>(e: Enforcer<K>, done: Option<tokio::sync::mpsc::UnboundedSender<Synced>>) {
     e.pods.wait_synced().await;
     e.namespaces.wait_synced().await;
     e.policies.wait_synced().await;
     let (mut pods_rx, mut ns_rx, mut pol_rx) = (e.pods.changes(), e.namespaces.changes(), e.policies.changes());
-    let mut last: Option<NftTable> = None;
-    let mut stale: Vec<String> = vec![];
-    let mut stale_since = Instant::now();
+    let mut last: Option<Plan> = None;
     let mut check = tokio::time::interval(e.period);
     check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         pods_rx.borrow_and_update();
         ns_rx.borrow_and_update();
         pol_rx.borrow_and_update();
-        let table = {
-            let namespaces: BTreeMap<String, BTreeMap<String, String>> = e.namespaces.entries().into_iter().collect();
-            let w = world(&e.pods.list(), &namespaces);
-            let pods: Vec<Pod> = w.iter().map(|(p, _)| p.clone()).collect();
-            let local: std::collections::BTreeSet<(String, String)> = w
-                .iter()
-                .filter(|(_, n)| n.as_deref() == Some(e.node_name.as_str()))
-                .map(|(p, _)| (p.namespace.clone(), p.name.clone()))
-                .collect();
-            render::render(&e.policies.list(), &pods, &|p: &Pod| local.contains(&(p.namespace.clone(), p.name.clone())))
-        };
-        let (mut tx, new_stale) = Transaction::between(last.as_ref(), &table);
-        // Chains flushed by an earlier sync are deleted a second later at the soonest: a map
-        // element may still have pointed at them (kube-proxy's rule).
-        if !stale.is_empty() && stale_since.elapsed() >= Duration::from_secs(1) {
-            let del = delete_chains(NftFamily::Ip, render::TABLE, &stale);
-            tx.ops.extend(del.ops);
-            stale.clear();
-        }
-        if !tx.is_empty() {
+        let plan = current_plan(&e);
+        if last.as_ref() != Some(&plan) || e.kernel.pending() {
             let full = last.is_none();
-            let kernel = e.kernel.clone();
-            let applied = tokio::task::spawn_blocking(move || kernel.apply(&tx).map(|_| tx.len())).await;
+            let (kernel, before, after) = (e.kernel.clone(), last.take(), plan.clone());
+            let applied = tokio::task::spawn_blocking(move || kernel.apply(before.as_ref(), &after)).await;
             match applied {
                 Ok(Ok(commands)) => {
                     tracing::debug!(commands, full, "NetworkPolicy rules applied");
-                    stale.extend(new_stale);
-                    stale_since = Instant::now();
-                    last = Some(table);
-                    if let Some(d) = &done {
+                    last = Some(plan);
+                    if let (Some(d), true) = (&done, commands > 0) {
                         let _ = d.send(Synced { commands, full });
                     }
                 }
                 Ok(Err(err)) => {
-                    tracing::warn!(error = %err, "NetworkPolicy rules not applied; the next sync replaces the table");
-                    last = None;
+                    tracing::warn!(error = %err, "NetworkPolicy rules not applied; the next sync writes them all")
                 }
-                Err(err) => {
-                    tracing::warn!(error = %err, "NetworkPolicy sync task failed");
-                    last = None;
-                }
+                Err(err) => tracing::warn!(error = %err, "NetworkPolicy sync task failed"),
             }
         }
-        let wait_stale = !stale.is_empty();
+        let retry = last.is_none() || e.kernel.pending();
         tokio::select! {
             _ = pods_rx.changed() => {}
             _ = ns_rx.changed() => {}
             _ = pol_rx.changed() => {}
-            _ = tokio::time::sleep(Duration::from_millis(1100)), if wait_stale => {}
+            _ = tokio::time::sleep(Duration::from_millis(1100)), if retry => {}
             _ = check.tick() => {
-                // Someone deleted the table: write it whole again.
                 let kernel = e.kernel.clone();
-                if let Ok(Ok(false)) = tokio::task::spawn_blocking(move || kernel.has_table()).await {
-                    tracing::warn!("the NetworkPolicy table is gone; writing it again");
+                if let Ok(Ok(false)) = tokio::task::spawn_blocking(move || kernel.present()).await {
+                    tracing::warn!("the NetworkPolicy rules are gone; writing them again");
                     last = None;
                 }
             }
         }
     }
+}
+
+/// The plan for this node from the caches now.
+fn current_plan<K: PolicyKernel>(e: &Enforcer<K>) -> Plan {
+    let namespaces: BTreeMap<String, BTreeMap<String, String>> = e.namespaces.entries().into_iter().collect();
+    let w = world(&e.pods.list(), &namespaces);
+    let local: std::collections::BTreeSet<(String, String)> = w
+        .iter()
+        .filter(|(_, n)| n.as_deref() == Some(e.node_name.as_str()))
+        .map(|(p, _)| (p.namespace.clone(), p.name.clone()))
+        .collect();
+    let pods: Vec<Pod> = w.into_iter().map(|(p, _)| p).collect();
+    render::plan(&e.policies.list(), &pods, &|p: &Pod| local.contains(&(p.namespace.clone(), p.name.clone())))
 }

@@ -24,12 +24,15 @@
 //! `api::netpol`, whose predicates these rules are built from.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr};
+
+use ipnet::{IpNet, Ipv4Net};
 
 use api::k8s_openapi::api::networking::v1::{IPBlock, NetworkPolicy, NetworkPolicyPeer, NetworkPolicyPort};
 use api::k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use api::netpol::{self, Direction, End, Pod};
 use podpath_ruleset::nft::{Chain, Element, NftFamily, NftTable, Set};
+use podpath_ruleset::Table;
 
 /// The table's name.
 pub const TABLE: &str = "podpath-policy";
@@ -42,22 +45,75 @@ const COMMENT_MAX: usize = 127;
 /// Names (chains, sets) longer than this are shortened with a hash.
 const NAME_MAX: usize = 200;
 
-/// The table for the pods of one node: `pods` are every pod of the pod network (with an
+/// One isolated local pod's rules for one direction.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodChain {
+    pub direction: Direction,
+    /// `namespace/name`.
+    pub pod: String,
+    pub ip: Ipv4Addr,
+    pub lines: Vec<Line>,
+    /// The policies that isolate it (`namespace/name`).
+    pub isolated_by: Vec<String>,
+}
+
+/// One (rule, peer, port) of a policy: what the other end and the port must be.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Line {
+    pub peer: Peer,
+    pub port: Port,
+    /// `NS/POLICY ingress[i] from[j] ports[k]`.
+    pub comment: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Peer {
+    Any,
+    /// The addresses of the pods a selector picks (a named set in nftables).
+    Pods {
+        set: String,
+        comment: String,
+        addrs: BTreeSet<Ipv4Addr>,
+    },
+    /// An ipBlock (IPv4).
+    Block {
+        cidr: Ipv4Net,
+        except: Vec<Ipv4Net>,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Port {
+    Any,
+    /// A protocol without a port.
+    Proto(String),
+    /// `lo`…`hi` of a protocol (one port when equal).
+    Range {
+        proto: String,
+        lo: u16,
+        hi: u16,
+    },
+    /// Egress to a named port: the destinations (address, protocol, number) that name it and
+    /// match the peer (the line's peer is then `Any`).
+    Named {
+        set: String,
+        comment: String,
+        dests: BTreeSet<(Ipv4Addr, String, u16)>,
+    },
+}
+
+/// What a node enforces, before it is written in either rule language.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Plan {
+    pub chains: Vec<PodChain>,
+}
+
+/// The plan for the pods of one node: `pods` are every pod of the pod network (with an
 /// address), `local` says which of them run on this node.
-pub fn render(policies: &[NetworkPolicy], pods: &[Pod], local: &dyn Fn(&Pod) -> bool) -> NftTable {
-    let mut t = NftTable::new(NftFamily::Ip, TABLE);
-    t.comment = Some("NetworkPolicy enforcement by the podpath node agent".into());
-    t.add_chain(
-        Chain::base("forward", "filter", "forward", 0)
-            .rule("ct state established,related accept")
-            .rule(format!("ip saddr vmap @{EGRESS_PODS}"))
-            .rule(format!("ip daddr vmap @{INGRESS_PODS}")),
-    );
-    t.sets.push(Set::map(INGRESS_PODS, "ipv4_addr", "verdict").with_comment("local pods isolated for ingress"));
-    t.sets.push(Set::map(EGRESS_PODS, "ipv4_addr", "verdict").with_comment("local pods isolated for egress"));
-    let mut sets: BTreeMap<String, Set> = BTreeMap::new();
+pub fn plan(policies: &[NetworkPolicy], pods: &[Pod], local: &dyn Fn(&Pod) -> bool) -> Plan {
     let mut sorted: Vec<&NetworkPolicy> = policies.iter().collect();
     sorted.sort_by_key(|p| key(p));
+    let mut out = Plan::default();
     for pod in pods.iter().filter(|p| local(p)) {
         let IpAddr::V4(ip) = pod.ip else { continue };
         for direction in [Direction::Ingress, Direction::Egress] {
@@ -69,34 +125,217 @@ pub fn render(policies: &[NetworkPolicy], pods: &[Pod], local: &dyn Fn(&Pod) -> 
             if isolating.is_empty() {
                 continue;
             }
-            let chain_name = name(direction_word(direction), &format!("{}/{}", pod.namespace, pod.name));
-            let mut chain = Chain::regular(&chain_name).with_comment(comment(&format!(
-                "{} of pod {}/{}",
-                direction.name(),
-                pod.namespace,
-                pod.name
-            )));
-            for p in &isolating {
-                for line in policy_lines(p, direction, pod, pods, &mut sets) {
-                    chain = chain.rule(line);
-                }
-            }
-            let names: Vec<String> = isolating.iter().map(|p| key(p)).collect();
-            chain = chain.rule(format!(
-                "drop comment {}",
-                quoted(&format!(
-                    "no policy allows this {} (isolated by {})",
-                    direction.name().to_lowercase(),
-                    names.join(", ")
-                ))
-            ));
-            t.add_chain(chain);
-            let map = if direction == Direction::Ingress { INGRESS_PODS } else { EGRESS_PODS };
-            t.add_element(map, Element::key(&[&ip.to_string()]).to(format!("jump {chain_name}")));
+            out.chains.push(PodChain {
+                direction,
+                pod: format!("{}/{}", pod.namespace, pod.name),
+                ip,
+                lines: isolating.iter().flat_map(|p| policy_lines(p, direction, pod, pods)).collect(),
+                isolated_by: isolating.iter().map(|p| key(p)).collect(),
+            });
         }
+    }
+    out
+}
+
+/// The nftables table for the pods of one node (see the module's text).
+pub fn render(policies: &[NetworkPolicy], pods: &[Pod], local: &dyn Fn(&Pod) -> bool) -> NftTable {
+    nft(&plan(policies, pods, local))
+}
+
+fn drop_comment(c: &PodChain) -> String {
+    comment(&format!(
+        "no policy allows this {} (isolated by {})",
+        c.direction.name().to_lowercase(),
+        c.isolated_by.join(", ")
+    ))
+}
+
+fn verdict_of(d: Direction) -> (&'static str, &'static str) {
+    match d {
+        Direction::Ingress => ("saddr", "accept"),
+        Direction::Egress => ("daddr", "return"),
+    }
+}
+
+/// The plan as one nftables table.
+pub fn nft(plan: &Plan) -> NftTable {
+    let mut t = NftTable::new(NftFamily::Ip, TABLE);
+    t.comment = Some("NetworkPolicy enforcement by the podpath node agent".into());
+    t.add_chain(
+        Chain::base("forward", "filter", "forward", 0)
+            .rule("ct state established,related accept")
+            .rule(format!("ip saddr vmap @{EGRESS_PODS}"))
+            .rule(format!("ip daddr vmap @{INGRESS_PODS}")),
+    );
+    t.sets.push(Set::map(INGRESS_PODS, "ipv4_addr", "verdict").with_comment("local pods isolated for ingress"));
+    t.sets.push(Set::map(EGRESS_PODS, "ipv4_addr", "verdict").with_comment("local pods isolated for egress"));
+    let mut sets: BTreeMap<String, Set> = BTreeMap::new();
+    for c in &plan.chains {
+        let chain_name = name(direction_word(c.direction), &c.pod);
+        let (addr, verdict) = verdict_of(c.direction);
+        let mut chain =
+            Chain::regular(&chain_name).with_comment(comment(&format!("{} of pod {}", c.direction.name(), c.pod)));
+        for l in &c.lines {
+            let peer = match &l.peer {
+                Peer::Any => String::new(),
+                Peer::Pods { set, comment, addrs } => {
+                    let mut s = Set::plain(set, "ipv4_addr").with_comment(comment.clone());
+                    for a in addrs {
+                        s.insert(Element::key(&[&a.to_string()]));
+                    }
+                    sets.insert(set.clone(), s);
+                    format!("ip {addr} @{set} ")
+                }
+                Peer::Block { cidr, except } => {
+                    let mut text = format!("ip {addr} {cidr} ");
+                    if !except.is_empty() {
+                        let list: Vec<String> = except.iter().map(|e| e.to_string()).collect();
+                        text.push_str(&format!("ip {addr} != {{ {} }} ", list.join(", ")));
+                    }
+                    text
+                }
+            };
+            let port = match &l.port {
+                Port::Any => String::new(),
+                Port::Proto(p) => format!("meta l4proto {p} "),
+                Port::Range { proto, lo, hi } if lo == hi => format!("{proto} dport {lo} "),
+                Port::Range { proto, lo, hi } => format!("{proto} dport {lo}-{hi} "),
+                Port::Named { set, comment, dests } => {
+                    let mut s = Set::plain(set, "ipv4_addr . inet_proto . inet_service").with_comment(comment.clone());
+                    for (ip, proto, n) in dests {
+                        s.insert(Element::key(&[&ip.to_string(), proto, &n.to_string()]));
+                    }
+                    sets.insert(set.clone(), s);
+                    format!("ip daddr . meta l4proto . th dport @{set} ")
+                }
+            };
+            chain = chain.rule(format!("{peer}{port}{verdict} comment {}", quoted(&l.comment)));
+        }
+        chain = chain.rule(format!("drop comment {}", quoted(&drop_comment(c))));
+        t.add_chain(chain);
+        let map = if c.direction == Direction::Ingress { INGRESS_PODS } else { EGRESS_PODS };
+        t.add_element(map, Element::key(&[&c.ip.to_string()]).to(format!("jump {chain_name}")));
     }
     t.sets.extend(sets.into_values());
     t
+}
+
+/// The chain of the filter table every forwarded packet goes through first (iptables modes).
+pub const IPT_CHAIN: &str = "PODPATH-POLICY";
+
+/// An iptables chain of one pod and direction: `PODPATH-ING-`/`PODPATH-EGR-` + 16 characters
+/// of a hash of `namespace/name` (iptables keeps names to 28 characters).
+pub fn ipt_chain(direction: Direction, pod: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(pod.as_bytes());
+    let prefix = if direction == Direction::Ingress { "PODPATH-ING-" } else { "PODPATH-EGR-" };
+    format!("{prefix}{}", &data_encoding::BASE32.encode(&digest)[..16])
+}
+
+/// The plan as filter-table chains (iptables modes): `PODPATH-POLICY` (established passes,
+/// then a jump per isolated pod and direction, commented with the pod) and a chain per pod
+/// whose lines are one rule per peer address or prefix and port; sets become address lists
+/// and an ipBlock's `except` becomes the prefixes that remain.
+pub fn iptables(plan: &Plan) -> Table {
+    use podpath_ruleset::{Addr, Match, Rule};
+    let mut t = Table::new("filter");
+    t.declare(IPT_CHAIN);
+    t.append(
+        Rule::new(IPT_CHAIN)
+            .ct_state(&["RELATED", "ESTABLISHED"])
+            .comment("connections made before a policy keep working")
+            .jump("ACCEPT"),
+    );
+    let host = |ip: Ipv4Addr| Addr::Net(IpNet::V4(Ipv4Net::new(ip, 32).expect("/32")));
+    let mut jumps = vec![];
+    let mut chains = vec![];
+    for c in &plan.chains {
+        let chain = ipt_chain(c.direction, &c.pod);
+        let jump = match c.direction {
+            Direction::Egress => Rule::new(IPT_CHAIN).src(host(c.ip)),
+            Direction::Ingress => Rule::new(IPT_CHAIN).dst(host(c.ip)),
+        };
+        jumps.push((c.direction, jump.comment(format!("{} of pod {}", c.direction.name(), c.pod)).jump(&chain)));
+        let (_, verdict) = verdict_of(c.direction);
+        let verdict = if verdict == "accept" { "ACCEPT" } else { "RETURN" };
+        let addr_match = |r: Rule, a: Addr| match c.direction {
+            Direction::Ingress => r.src(a),
+            Direction::Egress => r.dst(a),
+        };
+        let mut rules = vec![];
+        for l in &c.lines {
+            let peers: Vec<Option<Addr>> = match &l.peer {
+                Peer::Any => vec![None],
+                Peer::Pods { addrs, .. } => addrs.iter().map(|a| Some(host(*a))).collect(),
+                Peer::Block { cidr, except } => {
+                    cidr_minus(*cidr, except).into_iter().map(|n| Some(Addr::Net(IpNet::V4(n)))).collect()
+                }
+            };
+            let ports: Vec<IptPort> = match &l.port {
+                Port::Any => vec![(None, None)],
+                Port::Proto(p) => vec![(None, Some((p.clone(), None)))],
+                Port::Range { proto, lo, hi } if lo == hi => vec![(None, Some((proto.clone(), Some(lo.to_string()))))],
+                Port::Range { proto, lo, hi } => vec![(None, Some((proto.clone(), Some(format!("{lo}:{hi}")))))],
+                Port::Named { dests, .. } => dests
+                    .iter()
+                    .map(|(ip, proto, n)| (Some(host(*ip)), Some((proto.clone(), Some(n.to_string())))))
+                    .collect(),
+            };
+            for peer in &peers {
+                for (dest, port) in &ports {
+                    let mut r = Rule::new(&chain);
+                    if let Some(a) = peer {
+                        r = addr_match(r, *a);
+                    }
+                    if let Some(d) = dest {
+                        r = r.dst(*d);
+                    }
+                    if let Some((proto, number)) = port {
+                        r = match number {
+                            Some(n) => r
+                                .with(Match::Protocol { proto: proto.clone(), negated: false })
+                                .with(Match::Module(proto.clone()))
+                                .with(Match::DestinationPort { port: n.clone(), negated: false }),
+                            None => r.with(Match::Protocol { proto: proto.clone(), negated: false }),
+                        };
+                    }
+                    rules.push(r.comment(l.comment.clone()).jump(verdict));
+                }
+            }
+        }
+        rules.push(Rule::new(&chain).comment(drop_comment(c)).jump("DROP"));
+        chains.push((chain, rules));
+    }
+    // Egress checks first: a packet must pass its source's egress, then its destination's
+    // ingress.
+    jumps.sort_by_key(|(d, _)| *d == Direction::Ingress);
+    for (_, j) in jumps {
+        t.append(j);
+    }
+    for (name, rules) in chains {
+        t.declare(&name);
+        for r in rules {
+            t.append(r);
+        }
+    }
+    t
+}
+
+/// One port match of an iptables rule: a destination (egress to a named port) and the
+/// protocol with its port or range (`80`, `80:90`).
+type IptPort = (Option<podpath_ruleset::Addr>, Option<(String, Option<String>)>);
+
+/// `net` without the `except` prefixes, as the fewest prefixes that remain.
+pub fn cidr_minus(net: Ipv4Net, except: &[Ipv4Net]) -> Vec<Ipv4Net> {
+    if except.iter().any(|e| e.contains(&net)) {
+        return vec![];
+    }
+    if !except.iter().any(|e| net.contains(e)) {
+        return vec![net];
+    }
+    // Some except lies strictly inside: split in halves and look again.
+    let Ok(halves) = net.subnets(net.prefix_len() + 1) else { return vec![] };
+    halves.flat_map(|h| cidr_minus(h, except)).collect()
 }
 
 fn key(p: &NetworkPolicy) -> String {
@@ -143,33 +382,17 @@ fn quoted(text: &str) -> String {
     format!("\"{}\"", comment(text))
 }
 
-/// A peer as a match on the other end's address: `@set` of pods, an ipBlock, or nothing that
-/// can match (an IPv6 block in this IPv4 table).
-enum PeerMatch {
-    Any,
-    Set(String),
-    Block(String),
-    Never,
-}
-
 /// The lines one policy gives `pod`'s chain for `direction`.
-fn policy_lines(
-    p: &NetworkPolicy,
-    direction: Direction,
-    pod: &Pod,
-    pods: &[Pod],
-    sets: &mut BTreeMap<String, Set>,
-) -> Vec<String> {
+fn policy_lines(p: &NetworkPolicy, direction: Direction, pod: &Pod, pods: &[Pod]) -> Vec<Line> {
     let policy = key(p);
     let ns = p.metadata.namespace.as_deref().unwrap_or("default");
-    let rules = netpol::rules(p, direction);
-    let (addr, verdict, peer_word, set_prefix) = match direction {
-        Direction::Ingress => ("saddr", "accept", "from", "from"),
-        Direction::Egress => ("daddr", "return", "to", "to"),
+    let (peer_word, set_prefix) = match direction {
+        Direction::Ingress => ("from", "from"),
+        Direction::Egress => ("to", "to"),
     };
     let dir = direction_word(direction);
     let mut out = vec![];
-    for (i, (peers, ports)) in rules.iter().enumerate() {
+    for (i, (peers, ports)) in netpol::rules(p, direction).iter().enumerate() {
         let peers: Vec<(Option<usize>, Option<&NetworkPolicyPeer>)> = match peers.as_deref() {
             None | Some([]) => vec![(None, None)],
             Some(list) => list.iter().enumerate().map(|(j, x)| (Some(j), Some(x))).collect(),
@@ -187,47 +410,44 @@ fn policy_lines(
                 if let Some(k) = port {
                     c.push_str(&format!(" ports[{k}]"));
                 }
-                quoted(&c)
+                comment(&c)
             };
             let set_base =
                 name(set_prefix, &format!("{policy}-{i}-{}", j.map_or("all".to_string(), |j| j.to_string())));
             let m = match peer {
-                None => PeerMatch::Any,
+                None => Peer::Any,
                 Some(peer) => match &peer.ip_block {
-                    Some(block) => block_match(addr, block),
-                    None => {
-                        let mut set = Set::plain(&set_base, "ipv4_addr")
-                            .with_comment(comment(&format!("{policy} {dir}[{i}] {peer_word}[{}]", j.unwrap_or(0))));
-                        for other in pods {
-                            if let IpAddr::V4(ip) = other.ip {
-                                if netpol::peer_matches(peer, ns, &End::Pod(other)) {
-                                    set.insert(Element::key(&[&ip.to_string()]));
-                                }
-                            }
-                        }
-                        sets.insert(set_base.clone(), set);
-                        PeerMatch::Set(set_base.clone())
-                    }
+                    Some(block) => match block_of(block) {
+                        Some(b) => b,
+                        None => continue,
+                    },
+                    None => Peer::Pods {
+                        set: set_base.clone(),
+                        comment: comment(&format!("{policy} {dir}[{i}] {peer_word}[{}]", j.unwrap_or(0))),
+                        addrs: pods
+                            .iter()
+                            .filter(|o| netpol::peer_matches(peer, ns, &End::Pod(o)))
+                            .filter_map(|o| match o.ip {
+                                IpAddr::V4(a) => Some(a),
+                                IpAddr::V6(_) => None,
+                            })
+                            .collect(),
+                    },
                 },
-            };
-            let peer_text = match &m {
-                PeerMatch::Any => String::new(),
-                PeerMatch::Set(s) => format!("ip {addr} @{s} "),
-                PeerMatch::Block(b) => format!("{b} "),
-                PeerMatch::Never => continue,
             };
             for (k, port) in &ports {
                 let Some(port) = port else {
-                    out.push(format!("{peer_text}{verdict} comment {}", label(None)));
+                    out.push(Line { peer: m.clone(), port: Port::Any, comment: label(None) });
                     continue;
                 };
                 let proto = port.protocol.as_deref().unwrap_or("TCP").to_ascii_lowercase();
-                let port_text = match &port.port {
-                    None => format!("meta l4proto {proto}"),
-                    Some(IntOrString::Int(n)) => match port.end_port {
-                        Some(e) if e > *n => format!("{proto} dport {n}-{e}"),
-                        _ => format!("{proto} dport {n}"),
-                    },
+                let line_port = match &port.port {
+                    None => Port::Proto(proto),
+                    Some(IntOrString::Int(n)) => {
+                        let lo = u16::try_from(*n).unwrap_or(0);
+                        let hi = port.end_port.and_then(|e| u16::try_from(e).ok()).filter(|e| *e > lo).unwrap_or(lo);
+                        Port::Range { proto, lo, hi }
+                    }
                     Some(IntOrString::String(port_name)) if direction == Direction::Ingress => {
                         // The pod's own container port of that name and protocol, if it has one.
                         match pod
@@ -235,17 +455,14 @@ fn policy_lines(
                             .iter()
                             .find(|(n, _, pr)| n == port_name && pr.eq_ignore_ascii_case(&proto))
                         {
-                            Some((_, number, _)) => format!("{proto} dport {number}"),
+                            Some((_, number, _)) => Port::Range { proto, lo: *number, hi: *number },
                             None => continue,
                         }
                     }
                     Some(IntOrString::String(port_name)) => {
                         // Egress to a named port: the destination pods that match the peer and
                         // name such a port, each with its own number.
-                        let set_name = format!("{set_base}-port{}", k.unwrap_or(0));
-                        let mut set = Set::plain(&set_name, "ipv4_addr . inet_proto . inet_service").with_comment(
-                            comment(&format!("{policy} {dir}[{i}] ports[{}] ({port_name})", k.unwrap_or(0))),
-                        );
+                        let mut dests = BTreeSet::new();
                         for other in pods {
                             let IpAddr::V4(ip) = other.ip else { continue };
                             if peer.is_some_and(|x| !netpol::peer_matches(x, ns, &End::Pod(other))) {
@@ -253,42 +470,45 @@ fn policy_lines(
                             }
                             for (n, number, pr) in &other.named_ports {
                                 if n == port_name && pr.eq_ignore_ascii_case(&proto) {
-                                    set.insert(Element::key(&[&ip.to_string(), &proto, &number.to_string()]));
+                                    dests.insert((ip, proto.clone(), *number));
                                 }
                             }
                         }
-                        sets.insert(set_name.clone(), set);
-                        out.push(format!(
-                            "ip daddr . meta l4proto . th dport @{set_name} {verdict} comment {}",
-                            label(*k)
-                        ));
+                        out.push(Line {
+                            peer: Peer::Any,
+                            port: Port::Named {
+                                set: format!("{set_base}-port{}", k.unwrap_or(0)),
+                                comment: comment(&format!(
+                                    "{policy} {dir}[{i}] ports[{}] ({port_name})",
+                                    k.unwrap_or(0)
+                                )),
+                                dests,
+                            },
+                            comment: label(*k),
+                        });
                         continue;
                     }
                 };
-                out.push(format!("{peer_text}{port_text} {verdict} comment {}", label(*k)));
+                out.push(Line { peer: m.clone(), port: line_port, comment: label(*k) });
             }
         }
     }
     out
 }
 
-/// `ip saddr CIDR ip saddr != { EXCEPT, … }` (IPv4 blocks only).
-fn block_match(addr: &str, block: &IPBlock) -> PeerMatch {
-    let Ok(ipnet::IpNet::V4(net)) = block.cidr.parse::<ipnet::IpNet>() else { return PeerMatch::Never };
-    let mut text = format!("ip {addr} {}", net.trunc());
-    let except: BTreeSet<String> = block
+/// An IPv4 ipBlock (None for IPv6: this table is IPv4).
+fn block_of(block: &IPBlock) -> Option<Peer> {
+    let Ok(ipnet::IpNet::V4(net)) = block.cidr.parse::<ipnet::IpNet>() else { return None };
+    let except: BTreeSet<Ipv4Net> = block
         .except
         .iter()
         .flatten()
         .filter_map(|e| match e.parse::<ipnet::IpNet>() {
-            Ok(ipnet::IpNet::V4(n)) => Some(n.trunc().to_string()),
+            Ok(ipnet::IpNet::V4(n)) => Some(n.trunc()),
             _ => None,
         })
         .collect();
-    if !except.is_empty() {
-        text.push_str(&format!(" ip {addr} != {{ {} }}", except.into_iter().collect::<Vec<_>>().join(", ")));
-    }
-    PeerMatch::Block(text)
+    Some(Peer::Block { cidr: net.trunc(), except: except.into_iter().collect() })
 }
 
 #[cfg(test)]

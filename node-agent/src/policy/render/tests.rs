@@ -217,6 +217,79 @@ fn every_case_enforces_what_the_model_decides_for_every_pair_port_and_protocol()
     assert!(checked >= 25 * 81 * 4, "{checked}");
 }
 
+/// The iptables form of the same cases, traced through `testkit::iptables` (restore semantics,
+/// conntrack: every traced packet is NEW) from the FORWARD jump of each node.
+#[test]
+fn the_iptables_form_enforces_the_same_for_every_case() {
+    use testkit::iptables::{FakeIptables, Packet as IptPacket, Tracer, Verdict};
+    let pods = world();
+    for (case, policies) in cases(&pods, "10.244.0.0/16") {
+        let nodes: Vec<FakeIptables> = [1u8, 2]
+            .iter()
+            .map(|n| {
+                let mut f = FakeIptables::default();
+                let table = iptables(&plan(&policies, &pods, &|p: &Pod| node_of(p) == *n));
+                f.restore(&podpath_ruleset::Ruleset { tables: vec![table] }).unwrap_or_else(|e| panic!("{case}: {e}"));
+                f
+            })
+            .collect();
+        for src in &pods {
+            for dst in &pods {
+                for (port, proto) in [(80, "tcp"), (81, "udp")] {
+                    let mut hosts = vec![node_of(src)];
+                    if node_of(dst) != node_of(src) {
+                        hosts.push(node_of(dst));
+                    }
+                    let got = hosts.iter().all(|n| {
+                        let mut t = Tracer::new(&nodes[*n as usize - 1], vec![]);
+                        let packet = IptPacket { src: src.ip, dst: dst.ip, proto: proto.into(), dport: port, mark: 0 };
+                        t.trace("filter", IPT_CHAIN, packet).verdict != Verdict::Drop
+                    });
+                    let want =
+                        netpol::connection(&policies, &End::Pod(src), &End::Pod(dst), port, &proto.to_uppercase());
+                    assert_eq!(
+                        got,
+                        want.allowed(),
+                        "case {case}: {}/{} → {}/{} {proto}/{port}",
+                        src.namespace,
+                        src.name,
+                        dst.namespace,
+                        dst.name
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn an_except_leaves_the_fewest_prefixes() {
+    let n = |s: &str| s.parse::<Ipv4Net>().unwrap();
+    assert_eq!(cidr_minus(n("10.0.0.0/30"), &[n("10.0.0.1/32")]), [n("10.0.0.0/32"), n("10.0.0.2/31")]);
+    assert_eq!(cidr_minus(n("10.0.0.0/8"), &[]), [n("10.0.0.0/8")]);
+    assert!(cidr_minus(n("10.1.0.0/16"), &[n("10.0.0.0/8")]).is_empty());
+    assert_eq!(cidr_minus(n("10.244.0.0/16"), &[n("10.244.1.7/32")]).len(), 16);
+}
+
+#[test]
+fn the_iptables_form_reads_as_kube_router_writes_it() {
+    let pods = world();
+    let (_, policies) =
+        cases(&pods, "10.244.0.0/16").into_iter().find(|(n, _)| n == "allow-port-81-from-namespace-y").unwrap();
+    let t = iptables(&plan(&policies, &pods, &|p: &Pod| node_of(p) == 1));
+    let text = podpath_ruleset::Ruleset { tables: vec![t] }.to_string();
+    let chain = ipt_chain(Direction::Ingress, "x/a");
+    assert!(chain.len() <= 28, "{chain}");
+    for want in [
+        "-A PODPATH-POLICY -m conntrack --ctstate RELATED,ESTABLISHED".to_string(),
+        format!("-A PODPATH-POLICY -d 10.244.1.10/32 -m comment --comment \"Ingress of pod x/a\" -j {chain}"),
+        format!("-A {chain} -s 10.244.1.13/32 -p tcp -m tcp --dport 81 -m comment --comment \"x/y-81 ingress[0] from[0] ports[0]\" -j ACCEPT"),
+        format!("-A {chain} -m comment --comment \"no policy allows this ingress (isolated by x/y-81)\" -j DROP"),
+    ] {
+        assert!(text.contains(&want), "{want:?} missing from\n{text}");
+    }
+}
+
 #[test]
 fn the_table_reads_as_per_pod_chains_named_rules_and_peer_sets() {
     let pods = world();
