@@ -256,6 +256,65 @@ fn every_case(mode: &str) {
             Err(diff.join("\n"))
         }
     });
+
+    // Through a Service: the policy sees the pod after DNAT. Every pod calls x/a's ClusterIP
+    // (the pods on x/a's node take the node's own hairpin path); with x/a taking ingress from
+    // `pod: b` only, exactly the b pods get through, as the model says of the pod itself.
+    lab.apply(
+        "apiVersion: v1\nkind: Service\nmetadata: {name: svc-a, namespace: \"x\"}\n\
+         spec: {selector: {pod: a}, ports: [{port: 8000, targetPort: 80}]}",
+    );
+    let vip = lab.kubectl(&["get", "svc", "svc-a", "-n", "x", "-o", "jsonpath={.spec.clusterIP}"]);
+    let via_service = |from: &Pod| {
+        let (ok, out) = lab.run(
+            "exec",
+            &[
+                &format!("pod/{}/{}", from.namespace, from.name),
+                "--",
+                "curl",
+                "-sS",
+                "-m",
+                "1",
+                &format!("http://{vip}:8000/"),
+            ],
+        );
+        ok && out.contains("pod: x/a")
+    };
+    wait_for(Duration::from_secs(10), "x/a's endpoint", || {
+        let failed: Vec<String> =
+            pods.iter().filter(|p| !via_service(p)).map(|p| format!("{}/{}", p.namespace, p.name)).collect();
+        if failed.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("no answer through the ClusterIP from {failed:?}"))
+        }
+    });
+    let from_b = to_policy(&serde_json::json!({
+        "metadata": {"name": "a-from-b", "namespace": "x"},
+        "spec": {"podSelector": {"matchLabels": {"pod": "a"}}, "ingress": [{"from": [{"podSelector": {"matchLabels": {"pod": "b"}}, "namespaceSelector": {}}]}]}
+    }));
+    lab.apply(
+        "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: a-from-b, namespace: \"x\"}\n\
+         spec: {podSelector: {matchLabels: {pod: a}}, ingress: [{from: [{podSelector: {matchLabels: {pod: b}}, namespaceSelector: {}}]}]}",
+    );
+    let xa = pods.iter().find(|p| p.namespace == "x" && p.name == "a").unwrap();
+    wait_for(Duration::from_secs(10), "the ClusterIP as the policy says", || {
+        let wrong: Vec<String> = pods
+            .iter()
+            .filter(|p| !std::ptr::eq(*p, xa))
+            .filter(|p| {
+                let want =
+                    netpol::connection(std::slice::from_ref(&from_b), &End::Pod(p), &End::Pod(xa), 80, "TCP").allowed();
+                via_service(p) != want
+            })
+            .map(|p| format!("{}/{}", p.namespace, p.name))
+            .collect();
+        if wrong.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("through the ClusterIP, wrong for {wrong:?}"))
+        }
+    });
     drop(lab);
     assert_eq!(host_state(), before, "the host's network namespace changed");
 }
@@ -296,6 +355,21 @@ fn label_updates_established_connections_and_dns_egress() {
         "x/c denied",
         || if reaches("x/c", "x/a") { Err("allowed".into()) } else { Ok(()) },
     );
+    // The trace names the drop and the isolating policy; explain shows what the policy admits.
+    let url = format!("http://{}:80/", ip("x/a"));
+    let (ok, out) = lab.run("trace", &["--from", "pod/x/c", "--timeout", "1", &url]);
+    assert!(!ok, "{out}");
+    assert!(
+        out.contains("dropped: no policy selecting pod x/a allows ingress from pod x/c")
+            && out.contains("isolated by x/from-b"),
+        "{out}"
+    );
+    let (ok, out) = lab.run("explain", &["networkpolicy", "x/from-b"]);
+    assert!(ok, "{out}");
+    for want in ["NetworkPolicy x/from-b (policyTypes: Ingress)", "selects: x/a (", "ingress[0]: from[0]: x/b"] {
+        assert!(out.contains(want), "{want:?} missing from:\n{out}");
+    }
+    assert!(out.contains("x/from-b ingress[0] from[0]") && out.contains("isolated by x/from-b"), "{out}");
     let t = Instant::now();
     lab.kubectl(&["label", "pod", "c", "-n", "x", "pod=b", "--overwrite"]);
     wait_for(Duration::from_secs(5), "x/c allowed after its label change", || {
@@ -306,6 +380,12 @@ fn label_updates_established_connections_and_dns_egress() {
         }
     });
     eprintln!("label change → allowed in {:?}", t.elapsed());
+    let (ok, out) = lab.run("trace", &["--from", "pod/x/c", "--timeout", "2", &url]);
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("NetworkPolicy allows ingress from pod x/c") && out.contains("x/from-b ingress[0] from[0]"),
+        "{out}"
+    );
     lab.kubectl(&["delete", "networkpolicy", "from-b", "-n", "x"]);
 
     // A keep-alive connection from y/a to x/a made before a deny-all of x keeps answering.

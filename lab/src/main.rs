@@ -114,11 +114,14 @@ enum Cmd {
     },
     /// Explain a Service's rules on every node, without sending anything: each chain the
     /// Service has, each rule in words, and the share of new connections each endpoint gets.
+    /// `explain networkpolicy NAME`: the pods a policy isolates, what each of its rules
+    /// admits (resolved to pods and ports) and the rules every node wrote for it.
     Explain {
         #[command(flatten)]
         which: Which,
-        /// NAME or NAMESPACE/NAME (namespace default).
-        service: String,
+        /// `[service] NAME` or `networkpolicy NAME` (NAME or NAMESPACE/NAME, namespace default).
+        #[arg(num_args = 1..=2, required = true)]
+        target: Vec<String>,
         /// text or json.
         #[arg(long, short, default_value = "text")]
         output: String,
@@ -461,10 +464,24 @@ fn run() -> Result<()> {
                 _ => print!("{}", lab::policy::render(&m)),
             }
         }
-        Cmd::Explain { which, service, output } => {
+        Cmd::Explain { which, target, output } => {
             if !matches!(output.as_str(), "text" | "json") {
                 bail!("--output {output:?}: use text or json");
             }
+            let service = match target.as_slice() {
+                [name] => name.clone(),
+                [kind, name] if matches!(kind.as_str(), "service" | "services" | "svc") => name.clone(),
+                [kind, name] if matches!(kind.as_str(), "networkpolicy" | "networkpolicies" | "netpol") => {
+                    let e = lab::policy::explain(&which.state()?, name)?;
+                    match output.as_str() {
+                        "json" => println!("{}", serde_json::to_string_pretty(&e)?),
+                        _ => print!("{}", lab::policy::explain_text(&e)),
+                    }
+                    return Ok(());
+                }
+                [kind, _] => bail!("cannot explain {kind:?}: use service or networkpolicy"),
+                _ => unreachable!("clap takes one or two"),
+            };
             let e = lab::explain(&which.state()?, &service)?;
             match output.as_str() {
                 "json" => println!("{}", serde_json::to_string_pretty(&e)?),

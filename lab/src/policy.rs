@@ -1,4 +1,6 @@
-//! `podpath policy matrix`: every pod of the chosen namespaces probes every other on the chosen
+//! NetworkPolicies in a lab: `podpath explain networkpolicy` ([`explain`]: which pods a policy
+//! isolates, what each rule admits, resolved to pods and ports, and the rules each node wrote
+//! for it) and `podpath policy matrix`: every pod of the chosen namespaces probes every other on the chosen
 //! ports and protocols from inside its own network namespace, and the answers are printed as
 //! the upstream netpol suite (and Cyclonus) print a reachability matrix: rows from, columns to,
 //! `.` connected, `X` not. A TCP probe succeeds when the connection is established; a UDP one
@@ -157,9 +159,290 @@ pub fn render(m: &Matrix) -> String {
     out
 }
 
+/// A policy explained (`podpath explain networkpolicy`).
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct PolicyExplanation {
+    pub policy: String,
+    pub policy_types: Vec<String>,
+    /// `NS/NAME (IP, NODE)` of every pod it selects.
+    pub selected: Vec<String>,
+    /// One entry per rule: `ingress[0]: from … ; ports …`.
+    pub rules: Vec<String>,
+    /// Per node, the rules the node agent wrote for this policy.
+    pub nodes: BTreeMap<String, Vec<String>>,
+    pub notes: Vec<String>,
+}
+
+/// Explains `policy` over the pods of the lab (`world`: each pod with its node) and each node's
+/// policy rules as text (`iptables-save -t filter` or `nft list table ip podpath-policy`).
+/// Pure.
+pub fn explain_policy(
+    policy: &api::k8s_openapi::api::networking::v1::NetworkPolicy,
+    world: &[(api::netpol::Pod, String)],
+    dumps: &BTreeMap<String, String>,
+) -> PolicyExplanation {
+    use api::k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+    use api::netpol::{self, Direction, End};
+    let ns = policy.metadata.namespace.clone().unwrap_or_else(|| "default".into());
+    let key = format!("{ns}/{}", policy.metadata.name.clone().unwrap_or_default());
+    let types = netpol::types(policy);
+    let selected: Vec<&(api::netpol::Pod, String)> =
+        world.iter().filter(|(p, _)| netpol::selects_pod(policy, p)).collect();
+    let mut rules = vec![];
+    for d in [Direction::Ingress, Direction::Egress] {
+        let word = if d == Direction::Ingress { "from" } else { "to" };
+        for (i, (peers, ports)) in netpol::rules(policy, d).iter().enumerate() {
+            let peers_text = match peers.as_deref() {
+                None | Some([]) => vec![format!("{word} anywhere")],
+                Some(list) => list
+                    .iter()
+                    .enumerate()
+                    .map(|(j, peer)| {
+                        if let Some(b) = &peer.ip_block {
+                            let except = b.except.clone().unwrap_or_default();
+                            let except = if except.is_empty() {
+                                String::new()
+                            } else {
+                                format!(" except {}", except.join(", "))
+                            };
+                            return format!("{word}[{j}]: ipBlock {}{except}", b.cidr);
+                        }
+                        let pods: Vec<String> = world
+                            .iter()
+                            .filter(|(o, _)| netpol::peer_matches(peer, &ns, &End::Pod(o)))
+                            .map(|(o, _)| format!("{}/{}", o.namespace, o.name))
+                            .collect();
+                        let list = if pods.is_empty() { "no pod now".to_string() } else { pods.join(", ") };
+                        format!("{word}[{j}]: {list}")
+                    })
+                    .collect(),
+            };
+            let ports_text = match ports.as_deref() {
+                None | Some([]) => vec!["every port and protocol".to_string()],
+                Some(list) => list
+                    .iter()
+                    .enumerate()
+                    .map(|(k, p)| {
+                        let proto = p.protocol.clone().unwrap_or_else(|| "TCP".into());
+                        match &p.port {
+                            None => format!("ports[{k}]: every {proto} port"),
+                            Some(IntOrString::Int(n)) => match p.end_port {
+                                Some(e) => format!("ports[{k}]: {proto} {n}-{e}"),
+                                None => format!("ports[{k}]: {proto} {n}"),
+                            },
+                            Some(IntOrString::String(name)) => {
+                                format!("ports[{k}]: {proto} port named {name:?} (its number on each destination pod)")
+                            }
+                        }
+                    })
+                    .collect(),
+            };
+            rules.push(format!(
+                "{}[{i}]: {}; {}",
+                d.name().to_lowercase(),
+                peers_text.join("; "),
+                ports_text.join("; ")
+            ));
+        }
+    }
+    let mut notes = vec![];
+    for d in &types {
+        let n = netpol::rules(policy, *d).len();
+        if n == 0 {
+            notes.push(format!(
+                "no {} rule: the selected pods take no {} traffic but what another policy allows (deny by default)",
+                d.name().to_lowercase(),
+                d.name().to_lowercase()
+            ));
+        }
+    }
+    if selected.is_empty() {
+        notes.push("it selects no pod now: it changes nothing until a pod matches its podSelector".into());
+    }
+    notes.push(
+        "isolation is per pod and direction; several policies selecting a pod add up (a connection needs one rule \
+         of any of them); a connection also needs the other end's egress or ingress"
+            .into(),
+    );
+    // The lines of each node's rules that concern this policy: its rule comments, and the
+    // drops of the pods it isolates.
+    let mut nodes = BTreeMap::new();
+    for (node, dump) in dumps {
+        let needle = format!("{key} ");
+        let lines: Vec<String> = dump
+            .lines()
+            .map(str::trim)
+            .filter(|l| {
+                l.contains(&needle)
+                    || l.contains(&format!("isolated by {key}"))
+                    || l.contains(&format!("{key})"))
+                    || l.contains(&format!("{key},"))
+            })
+            .map(str::to_string)
+            .collect();
+        if !lines.is_empty() {
+            nodes.insert(node.clone(), lines);
+        }
+    }
+    PolicyExplanation {
+        policy: key,
+        policy_types: types.iter().map(|d| d.name().to_string()).collect(),
+        selected: selected.iter().map(|(p, node)| format!("{}/{} ({}, {node})", p.namespace, p.name, p.ip)).collect(),
+        rules,
+        nodes,
+        notes,
+    }
+}
+
+/// The explanation as text.
+pub fn explain_text(e: &PolicyExplanation) -> String {
+    let mut out = format!("NetworkPolicy {} (policyTypes: {})\n", e.policy, e.policy_types.join(", "));
+    out +=
+        &format!("  selects: {}\n", if e.selected.is_empty() { "no pod".to_string() } else { e.selected.join(", ") });
+    for r in &e.rules {
+        out += &format!("  {r}\n");
+    }
+    for (node, lines) in &e.nodes {
+        out += &format!("{node}:\n");
+        for l in lines {
+            out += &format!("  {l}\n");
+        }
+    }
+    for n in &e.notes {
+        out += &format!("note: {n}\n");
+    }
+    out
+}
+
+/// Reads what [`explain_policy`] needs from the lab (the API, every node's rules).
+pub fn explain(st: &LabState, target: &str) -> Result<PolicyExplanation> {
+    let (ns, name) = target.split_once('/').unwrap_or(("default", target));
+    let api = ApiAccess::of(st)?;
+    let get = |path: &str| -> Result<serde_json::Value> {
+        let (code, body) = api.get(path)?;
+        match code {
+            200 => serde_json::from_str(&body).map_err(|e| LabError::NotReady(format!("{path}: not JSON: {e}"))),
+            404 => Err(LabError::Usage(format!("networkpolicy {ns}/{name} not found"))),
+            c => Err(LabError::NotReady(format!("{path} answered HTTP {c}"))),
+        }
+    };
+    let policy: api::k8s_openapi::api::networking::v1::NetworkPolicy =
+        serde_json::from_value(get(&format!("/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies/{name}"))?)
+            .map_err(|e| LabError::NotReady(format!("networkpolicy {ns}/{name}: {e}")))?;
+    let labels = |v: &serde_json::Value| -> BTreeMap<String, String> {
+        serde_json::from_value(v["metadata"]["labels"].clone()).unwrap_or_default()
+    };
+    let nss: BTreeMap<String, BTreeMap<String, String>> = get("/api/v1/namespaces")?["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|n| (n["metadata"]["name"].as_str().unwrap_or_default().to_string(), labels(n)))
+        .collect();
+    let mut world = vec![];
+    for p in get("/api/v1/pods")?["items"].as_array().into_iter().flatten() {
+        if p["spec"]["hostNetwork"].as_bool() == Some(true) {
+            continue;
+        }
+        let Some(ip) = p["status"]["podIP"].as_str().and_then(|i| i.parse().ok()) else { continue };
+        let pns = p["metadata"]["namespace"].as_str().unwrap_or("default").to_string();
+        let named_ports = p["spec"]["containers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|c| c["ports"].as_array().into_iter().flatten())
+            .filter_map(|cp| {
+                Some((
+                    cp["name"].as_str()?.to_string(),
+                    u16::try_from(cp["containerPort"].as_u64()?).ok()?,
+                    cp["protocol"].as_str().unwrap_or("TCP").to_string(),
+                ))
+            })
+            .collect();
+        world.push((
+            api::netpol::Pod {
+                name: p["metadata"]["name"].as_str().unwrap_or_default().to_string(),
+                labels: labels(p),
+                namespace_labels: nss.get(&pns).cloned().unwrap_or_default(),
+                namespace: pns,
+                ip,
+                named_ports,
+            },
+            p["spec"]["nodeName"].as_str().unwrap_or("?").to_string(),
+        ));
+    }
+    let plan = crate::plan::Plan::new(&st.name, st.nodes);
+    let mut dumps = BTreeMap::new();
+    for n in &plan.nodes {
+        let netns = plan.netns_of(&n.name).expect("planned");
+        let dump = if st.proxy_mode == crate::ProxyMode::Nftables {
+            podpath_ruleset::Nft::in_netns(netns)
+                .list_table(podpath_ruleset::nft::NftFamily::Ip, "podpath-policy", false)
+                .ok()
+                .flatten()
+                .unwrap_or_default()
+        } else {
+            podpath_ruleset::Iptables::new(podpath_ruleset::Backend::System)
+                .in_netns(netns)
+                .save_text("filter")
+                .unwrap_or_default()
+        };
+        dumps.insert(n.name.clone(), dump);
+    }
+    Ok(explain_policy(&policy, &world, &dumps))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn pod(ns: &str, name: &str, ip: &str, labels: &[(&str, &str)]) -> (api::netpol::Pod, String) {
+        (
+            api::netpol::Pod {
+                namespace: ns.into(),
+                name: name.into(),
+                labels: labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+                namespace_labels: [("ns".to_string(), ns.to_string())].into(),
+                ip: ip.parse().unwrap(),
+                named_ports: vec![],
+            },
+            "node-1".into(),
+        )
+    }
+
+    #[test]
+    fn a_policy_is_explained_with_the_pods_it_selects_and_admits_and_its_rules_on_each_node() {
+        let policy: api::k8s_openapi::api::networking::v1::NetworkPolicy = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "web", "namespace": "x"},
+            "spec": {"podSelector": {"matchLabels": {"app": "web"}}, "policyTypes": ["Ingress"],
+                     "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"ns": "y"}}},
+                                           {"ipBlock": {"cidr": "10.0.0.0/8", "except": ["10.1.0.0/16"]}}],
+                                  "ports": [{"port": 80, "protocol": "TCP"}, {"port": "http", "protocol": "TCP"}]}]}
+        }))
+        .unwrap();
+        let world = [
+            pod("x", "web", "10.244.1.2", &[("app", "web")]),
+            pod("x", "db", "10.244.1.3", &[]),
+            pod("y", "a", "10.244.2.2", &[]),
+        ];
+        let dumps: BTreeMap<String, String> = [(
+            "node-1".to_string(),
+            "-A PODPATH-ING-X -s 10.244.2.2/32 -p tcp -m tcp --dport 80 -m comment --comment \"x/web ingress[0] from[0] ports[0]\" -j ACCEPT
+             -A PODPATH-ING-X -m comment --comment \"no policy allows this ingress (isolated by x/web)\" -j DROP
+             -A PODPATH-ING-Y -m comment --comment \"x/webby ingress[0]\" -j ACCEPT
+"
+                .to_string(),
+        )]
+        .into();
+        let e = explain_policy(&policy, &world, &dumps);
+        assert_eq!(e.selected, ["x/web (10.244.1.2, node-1)"]);
+        assert_eq!(
+            e.rules,
+            ["ingress[0]: from[0]: y/a; from[1]: ipBlock 10.0.0.0/8 except 10.1.0.0/16; ports[0]: TCP 80; ports[1]: TCP port named \"http\" (its number on each destination pod)"]
+        );
+        assert_eq!(e.nodes["node-1"].len(), 2, "{:?}", e.nodes);
+        let text = explain_text(&e);
+        assert!(text.starts_with("NetworkPolicy x/web (policyTypes: Ingress)\n  selects: x/web"), "{text}");
+    }
 
     #[test]
     fn matrices_print_as_the_upstream_suite_prints_them() {

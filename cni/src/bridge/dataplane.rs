@@ -52,8 +52,9 @@ pub trait Dataplane {
         port: PortFlags,
     ) -> Result<(Link, Link)>;
     /// Makes the host route between the bridge's isolated ports: proxy ARP back out of the
-    /// same interface (`proxy_arp_pvlan`) at once (`proxy_delay` 0), and no ICMP redirects
-    /// (the containers must keep sending to the gateway).
+    /// same interface (`proxy_arp_pvlan`) at once (`proxy_delay` 0), no ICMP redirects (the
+    /// containers must keep sending to the gateway), and no br_netfilter shortcut that would
+    /// switch DNATed packets between ports.
     fn route_between_ports(&mut self, bridge: &str) -> Result<()>;
     /// Addresses and routes on the container interface (a route without `gw` uses the gateway
     /// of the address of its family).
@@ -341,6 +342,19 @@ impl Dataplane for Netlink {
                 continue;
             }
             std::fs::write(&path, value).map_err(|e| internal(format!("cannot write {path}"), e))?;
+        }
+        // Where br_netfilter is loaded (a host-wide module; these switches are per namespace),
+        // a packet DNATed to a container of the same bridge is switched, not routed ("bridged
+        // DNAT"), and isolated ports drop it: a Service's ClusterIP would not reach a pod on
+        // the caller's own node. Routed, it meets the same hooks at layer 3.
+        for family in ["iptables", "ip6tables", "arptables"] {
+            let path = format!("/proc/sys/net/bridge/bridge-nf-call-{family}");
+            match std::fs::read_to_string(&path) {
+                Ok(v) if v.trim() != "0" => {
+                    std::fs::write(&path, "0").map_err(|e| internal(format!("cannot write {path}"), e))?
+                }
+                _ => {}
+            }
         }
         Ok(())
     }

@@ -57,6 +57,7 @@ pub fn assemble(observed: &Observed, objects: &Objects, outcome: Outcome) -> Tra
             }
             // Delivered to a pod on this host's bridge? Seen as the packet's output interface
             // where a hook after routing traced it, else told by the route lookup.
+            // (Not after a drop on this host: a NetworkPolicy's, say.)
             let bridged = obs
                 .iter()
                 .rev()
@@ -66,7 +67,8 @@ pub fn assemble(observed: &Observed, objects: &Objects, outcome: Outcome) -> Tra
                     let dev = route.lines().next()?.split(" dev ").nth(1)?.split(' ').next()?.to_string();
                     let last = obs.last()?;
                     (dev == "cni0" && objects.pods.contains_key(last.dst.ip())).then_some((dev, last))
-                });
+                })
+                .filter(|_| !stopped_here);
             if let Some((dev, o)) = bridged {
                 let who = objects.pods.get(o.dst.ip()).map(|(p, _)| p.clone());
                 // The source the pod sees: this host's conntrack entry for the packet as delivered,

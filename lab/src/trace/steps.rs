@@ -86,8 +86,20 @@ pub(crate) fn node_steps(
         let mut words: Vec<String> = Vec::new();
         let mut decisive: Vec<Step> = Vec::new();
         let mut relevant = false;
+        let mut policy_of: Option<(String, String)> = None;
         for (k, h) in o.hits.iter().enumerate() {
             if h.kind != "rule" {
+                continue;
+            }
+            if let Some(target) = policy_target(h) {
+                policy_of = Some(target);
+                continue;
+            }
+            if let Some((dir, pod)) = policy_of.as_ref().filter(|_| is_policy_chain(h)) {
+                if let Some(step) = policy_step(host, o, h, dir, pod, objects, stopped) {
+                    relevant = true;
+                    decisive.push(step);
+                }
                 continue;
             }
             // A jump into a chain that matched nothing there and returned is left out.
@@ -175,6 +187,89 @@ pub(crate) fn node_steps(
         push_walk(&mut steps, relevant, &words, &service, decisive);
     }
     steps
+}
+
+/// Whether a hit is in a pod's NetworkPolicy chain (the iptables form's `PODPATH-ING-…` /
+/// `PODPATH-EGR-…`, the nftables form's `ingress-NS/NAME` / `egress-NS/NAME`).
+fn is_policy_chain(h: &RuleHit) -> bool {
+    (h.table == "filter" && (h.chain.starts_with("PODPATH-ING-") || h.chain.starts_with("PODPATH-EGR-")))
+        || (h.table == POLICY_TABLE && (h.chain.starts_with("ingress-") || h.chain.starts_with("egress-")))
+}
+
+/// The node agent's nftables table of NetworkPolicy rules.
+const POLICY_TABLE: &str = "podpath-policy";
+
+/// The direction (`ingress`, `egress`) and pod (`NS/NAME`) of a jump into a pod's policy chain.
+fn policy_target(h: &RuleHit) -> Option<(String, String)> {
+    let t = h.target_chain()?;
+    if h.table == POLICY_TABLE {
+        let (dir, pod) = t.split_once('-')?;
+        return matches!(dir, "ingress" | "egress").then(|| (dir.to_string(), pod.to_string()));
+    }
+    if h.table == "filter" && (t.starts_with("PODPATH-ING-") || t.starts_with("PODPATH-EGR-")) {
+        // The jump's comment: `Ingress of pod x/a`.
+        let c = h.comment()?;
+        let (dir, pod) = c.split_once(" of pod ")?;
+        return Some((dir.to_ascii_lowercase(), pod.to_string()));
+    }
+    None
+}
+
+/// A rule's comment in either form (`-m comment --comment …`, nftables' `comment "…"`).
+fn any_comment(h: &RuleHit) -> Option<String> {
+    h.comment().or_else(|| {
+        let rule = h.rule.as_deref()?;
+        let start = rule.find("comment \"")? + "comment \"".len();
+        Some(rule[start..].split('"').next()?.to_string())
+    })
+}
+
+/// The verdict of a policy chain as a step: the rule that allowed the packet (its comment names
+/// the policy, rule, peer and port), or the drop with the pod, the other end and the policies
+/// that isolate the pod.
+fn policy_step(
+    host: &str,
+    o: &Observation,
+    h: &RuleHit,
+    dir: &str,
+    pod: &str,
+    objects: &Objects,
+    stopped: &mut Option<String>,
+) -> Option<Step> {
+    let comment = any_comment(h).unwrap_or_default();
+    let (other, word) = if dir == "ingress" { (o.src, "from") } else { (o.dst, "to") };
+    let other = match name_of(objects, *other.ip()) {
+        Some(n) => format!("{n} ({})", other.ip()),
+        None => other.ip().to_string(),
+    };
+    match h.verdict.as_str() {
+        "ACCEPT" | "RETURN" => {
+            let policy = comment.split(' ').next().unwrap_or_default().to_string();
+            Some(Step {
+                kind: "policy".into(),
+                text: if dir == "ingress" {
+                    format!("NetworkPolicy allows ingress from {other} to pod {pod}: {comment}")
+                } else {
+                    format!("NetworkPolicy allows egress of pod {pod} to {other}: {comment}")
+                },
+                rule: h.rule.clone(),
+                object: Some(format!("NetworkPolicy {policy}")),
+            })
+        }
+        "DROP" => {
+            let isolated = comment.split_once("(isolated by ").map(|(_, r)| r.trim_end_matches(')')).unwrap_or("?");
+            let text =
+                format!("dropped: no policy selecting pod {pod} allows {dir} {word} {other} (isolated by {isolated})");
+            *stopped = Some(format!("{host}: {text}"));
+            Some(Step {
+                kind: "stop".into(),
+                text,
+                rule: h.rule.clone(),
+                object: Some(format!("NetworkPolicy {isolated}")),
+            })
+        }
+        _ => None,
+    }
 }
 
 /// A hook's steps: the walk through its chains (when it concerned a Service or changed the
