@@ -1226,3 +1226,107 @@ fn faults_a_link_down_behind_the_load_balancer_blackhole_and_loss() {
     assert!(!state.exists());
     assert_eq!(host_state(), before, "the host namespace changed");
 }
+
+/// The lesson "the proxy stalled during a rollout": node-1's service proxy stops syncing, the
+/// Service's only pod is replaced (a new address on node-2), and node-1 keeps sending to the
+/// old address — requests from node-1's pod fail while node-2's succeed — until the stall is
+/// cleared and node-1 catches up. `podpath watch` prints the timeline meanwhile.
+#[test]
+fn a_stalled_proxy_keeps_a_stale_endpoint_until_it_resumes_and_watch_tells_the_timeline() {
+    if !root_or_explain() {
+        return;
+    }
+    let lab = Lab::up("stall", &["--nodes", "2"]).expect("podpath up");
+    lab.apply(&deployment("web", 1, "app: web", "v1", &["nodeSelector: {kubernetes.io/hostname: node-2}"], &[]));
+    lab.apply(&pod("client-1", "node-1", "app: client", "", &[8080]));
+    lab.apply(&pod("client-2", "node-2", "app: client", "", &[8080]));
+    lab.kubectl(&["expose", "deployment", "web", "--port=80", "--target-port=8080"]);
+    wait_pods_ready(&lab, &["client-1", "client-2"]);
+    lab.kubectl(&["wait", "--for=condition=Available", "deployment/web", "--timeout=60s"]);
+    let vip = lab.kubectl(&["get", "svc", "web", "-o", "jsonpath={.spec.clusterIP}"]);
+    let url = format!("http://{vip}/");
+    let answers = |from: &str| {
+        let (ok, out) = lab.run("exec", &[&format!("pod/default/{from}"), "--", "curl", "-sS", "-m", "2", &url]);
+        ok && out.contains("v1")
+    };
+    wait_for(Duration::from_secs(10), "the Service from node-1", || {
+        if answers("client-1") {
+            Ok(())
+        } else {
+            Err("no".into())
+        }
+    });
+
+    // The timeline, read by the real command in the background (ended by PID).
+    let log = lab.state.parent().unwrap().join("watch.log");
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let watch_guard = Kill(
+        std::process::Command::new(podpath_e2e::bin("podpath"))
+            .args(["watch", "--name", &lab.name, "--state-dir", lab.state.to_str().unwrap(), "--interval-ms", "100"])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::fs::File::create(&log).unwrap())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+
+    let (ok, out) = lab.run("fault", &["stall", "proxy", "node-1"]);
+    assert!(ok && out.contains("node-1: service proxy stalled until cleared"), "{out}");
+    let old = lab.kubectl(&["get", "pods", "-l", "app=web", "-o", "jsonpath={.items[0].status.podIP}"]);
+    lab.kubectl(&["delete", "pods", "-l", "app=web", "--wait=false"]);
+    let new = wait_for(Duration::from_secs(60), "a new web pod, Ready, with another address", || {
+        let pods: serde_json::Value =
+            serde_json::from_str(&lab.kubectl(&["get", "pods", "-l", "app=web", "-o", "json"]))
+                .map_err(|e| e.to_string())?;
+        let ready = pods["items"].as_array().into_iter().flatten().find(|p| {
+            p["metadata"]["deletionTimestamp"].is_null()
+                && p["status"]["podIP"].as_str().is_some_and(|ip| ip != old)
+                && p["status"]["conditions"]
+                    .as_array()
+                    .is_some_and(|cs| cs.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"))
+        });
+        match ready {
+            Some(p) => Ok(p["status"]["podIP"].as_str().unwrap().to_string()),
+            None => Err("not yet".to_string()),
+        }
+    });
+    // node-2 follows the rollout; node-1, stalled, still sends to the old address.
+    wait_for(Duration::from_secs(10), "node-2 on the new pod", || {
+        if answers("client-2") {
+            Ok(())
+        } else {
+            Err("no".into())
+        }
+    });
+    assert!(!answers("client-1"), "node-1's stalled proxy still DNATs to the gone pod {old}");
+    let rules = lab.exec("node-1", &["iptables-save", "-t", "nat"]);
+    assert!(rules.contains(&old) && !rules.contains(&new), "node-1 kept the old endpoint's rules:\n{rules}");
+
+    let t = Instant::now();
+    let (ok, out) = lab.run("fault", &["clear", "node-1"]);
+    assert!(ok, "{out}");
+    wait_for(
+        Duration::from_secs(10),
+        "node-1 caught up",
+        || if answers("client-1") { Ok(()) } else { Err("no".into()) },
+    );
+    eprintln!("stall cleared → node-1 answering again in {:?}", t.elapsed());
+    std::thread::sleep(Duration::from_millis(400));
+    drop(watch_guard);
+    let timeline = std::fs::read_to_string(&log).unwrap();
+    eprintln!("{timeline}");
+    for want in [
+        "fault made: node-1 stall-proxy: service proxy stalled until cleared".to_string(),
+        format!("-{old}"),
+        format!("+{new}"),
+        "fault cleared: node-1 stall-proxy".to_string(),
+    ] {
+        assert!(timeline.contains(&want), "{want:?} missing from the watch timeline:\n{timeline}");
+    }
+}

@@ -1,5 +1,5 @@
 //! Network faults on a lab's nodes (`podpath fault`): a node's uplink down, a blackhole route,
-//! random packet loss, added delay. Each fault is a pair of command lists — how to make it, how
+//! random packet loss, added delay, a stalled service proxy. Each fault is a pair of command lists — how to make it, how
 //! to undo it — planned by pure functions, run in the node's namespace, and recorded in the
 //! lab's state directory (`faults.json`), so that `fault list` shows them and `fault clear`
 //! undoes them; `podpath down` deletes the namespaces they live in.
@@ -20,7 +20,7 @@ use crate::{io, LabError, Result};
 /// One fault in force.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Fault {
-    /// `link-down`, `blackhole`, `loss` or `delay`.
+    /// `link-down`, `blackhole`, `loss`, `delay` or `stall-proxy`.
     pub kind: String,
     pub node: String,
     /// What it does, in words (`eth0 (the uplink) down`, `packets to 10.244.2.0/24 discarded`).
@@ -40,12 +40,17 @@ pub struct Step {
 }
 
 /// What a user asked for.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Request {
     LinkDown,
     Blackhole(ipnet::IpNet),
     Loss(u8),
     Delay(u32),
+    /// The node agent's service proxy stops syncing until `until` (Unix seconds; None: until
+    /// cleared).
+    StallProxy {
+        until: Option<f64>,
+    },
 }
 
 /// The nftables table that carries packet loss.
@@ -55,9 +60,9 @@ fn argv(parts: &[&str]) -> Step {
     Step { argv: parts.iter().map(|s| s.to_string()).collect(), input: None }
 }
 
-/// The commands that make `req` on the node whose namespace is `ns`, and the fault they make
-/// (without its time). Pure.
-pub fn plan(ns: &str, node: &str, req: &Request) -> (Vec<Step>, Fault) {
+/// The commands that make `req` on the node whose namespace is `ns` and whose agent keeps its
+/// state in `agent_dir`, and the fault they make (without its time). Pure.
+pub fn plan(ns: &str, node: &str, agent_dir: &Path, req: &Request) -> (Vec<Step>, Fault) {
     let fault = |kind: &str, detail: String, undo: Vec<Step>| Fault {
         kind: kind.into(),
         node: node.into(),
@@ -104,6 +109,34 @@ pub fn plan(ns: &str, node: &str, req: &Request) -> (Vec<Step>, Fault) {
                     ),
                     vec![argv(&["ip", "netns", "exec", ns, "nft", "delete", "table", "ip", LOSS_TABLE])],
                 ),
+            )
+        }
+        Request::StallProxy { until } => {
+            // The agent's control file (node_agent::proxy::stall): a time or `forever`.
+            let file = agent_dir.join("faults").join("stall-proxy");
+            let dir = agent_dir.join("faults");
+            let (content, detail) = match until {
+                Some(t) => (
+                    format!("{t:.3}\n"),
+                    format!(
+                        "service proxy stalled until {} (no rule sync; the rules in the kernel stay)",
+                        jiff::Timestamp::from_millisecond((t * 1000.0) as i64)
+                            .map(|t| t.to_string())
+                            .unwrap_or_else(|_| t.to_string())
+                    ),
+                ),
+                None => (
+                    "forever\n".to_string(),
+                    "service proxy stalled until cleared (no rule sync; the rules in the kernel stay)".to_string(),
+                ),
+            };
+            let path = file.display().to_string();
+            (
+                vec![
+                    argv(&["mkdir", "-p", &dir.display().to_string()]),
+                    Step { input: Some(content), ..argv(&["tee", &path]) },
+                ],
+                fault("stall-proxy", detail, vec![argv(&["rm", "-f", &path])]),
             )
         }
         Request::Delay(ms) => {
@@ -157,7 +190,7 @@ fn run_planned(steps: &[Step]) -> Result<()> {
 /// Makes `req` on `node` and records it. One fault of a kind per node.
 pub fn make(st: &LabState, dir: &Path, node: &str, req: &Request) -> Result<Fault> {
     let ns = node_netns(st, node)?;
-    let (cmds, mut fault) = plan(&ns, node, req);
+    let (cmds, mut fault) = plan(&ns, node, &dir.join("nodes").join(node).join("agent"), req);
     let mut faults = list(dir)?;
     if let Some(f) = faults.iter().find(|f| f.node == node && f.kind == fault.kind) {
         return Err(LabError::Usage(format!(
@@ -272,19 +305,25 @@ mod tests {
 
     #[test]
     fn every_fault_has_its_undo() {
-        let (make, f) = plan("pp-lab-node-2", "node-2", &Request::LinkDown);
+        let (make, f) = plan("pp-lab-node-2", "node-2", Path::new("/s/nodes/node-2/agent"), &Request::LinkDown);
         assert_eq!(make, [argv(&["ip", "-n", "pp-lab-node-2", "link", "set", "eth0", "down"])]);
         assert_eq!(f.undo, [argv(&["ip", "-n", "pp-lab-node-2", "link", "set", "eth0", "up"])]);
-        let (make, f) = plan("ns", "node-1", &Request::Blackhole("10.244.2.0/24".parse().unwrap()));
+        let (make, f) = plan("ns", "node-1", Path::new("/a"), &Request::Blackhole("10.244.2.0/24".parse().unwrap()));
         assert_eq!(make[0].argv[4..], ["add", "to", "10.244.2.0/24", "blackhole", "pref", "90"]);
         assert_eq!(f.undo[0].argv[4..], ["del", "to", "10.244.2.0/24", "blackhole", "pref", "90"]);
-        let (make, f) = plan("ns", "node-1", &Request::Loss(30));
+        let (make, f) = plan("ns", "node-1", Path::new("/a"), &Request::Loss(30));
         assert_eq!(make[0].argv, argv(&["ip", "netns", "exec", "ns", "nft", "-f", "-"]).argv);
         let rules = make[0].input.as_deref().unwrap();
         assert!(rules.contains("iifname \"eth0\" numgen random mod 100 < 30 counter drop"), "{rules}");
         assert_eq!(f.undo, [argv(&["ip", "netns", "exec", "ns", "nft", "delete", "table", "ip", "podpath-faults"])]);
-        let (_, f) = plan("ns", "node-1", &Request::Delay(100));
+        let (_, f) = plan("ns", "node-1", Path::new("/a"), &Request::Delay(100));
         assert_eq!(f.undo[0].argv[4..], ["tc", "qdisc", "del", "dev", "eth0", "root"]);
+        let (make, f) = plan("ns", "node-1", Path::new("/a"), &Request::StallProxy { until: None });
+        assert_eq!(make[1].argv, ["tee", "/a/faults/stall-proxy"]);
+        assert_eq!(make[1].input.as_deref(), Some("forever\n"));
+        assert_eq!(f.undo, [argv(&["rm", "-f", "/a/faults/stall-proxy"])]);
+        let (make, _) = plan("ns", "node-1", Path::new("/a"), &Request::StallProxy { until: Some(1_700_000_000.25) });
+        assert_eq!(make[1].input.as_deref(), Some("1700000000.250\n"));
     }
 
     #[test]

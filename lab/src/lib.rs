@@ -19,6 +19,7 @@ pub mod rules;
 pub mod state;
 pub mod trace;
 pub mod up;
+pub mod watch;
 
 pub use hosts::{exec_argv, http_get, http_get_in, in_netns_thread, lb_status, lb_table, nodes_ready};
 pub use inspect::{explain, node_tables, proxy_rules, watch_rules, NodeTables};

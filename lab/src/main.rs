@@ -180,6 +180,19 @@ enum Cmd {
         #[command(subcommand)]
         what: FaultCmd,
     },
+    /// Watch the cluster cope: a line, with the time since the watch started, for every change
+    /// of the nodes' readiness, the pods, the Services' ready endpoints, the load balancer's
+    /// rotation, the agents' health and rule repairs, and the faults in force (Ctrl-C ends it).
+    Watch {
+        #[command(flatten)]
+        which: Which,
+        /// How often the lab is read.
+        #[arg(long, default_value_t = 250, value_parser = clap::value_parser!(u64).range(50..=10_000))]
+        interval_ms: u64,
+        /// Stop after this many seconds.
+        #[arg(long)]
+        seconds: Option<f64>,
+    },
     /// NetworkPolicy tools: `policy matrix` has every pod probe every other and prints who
     /// reaches whom, as the upstream netpol tests print it (rows from, columns to, `.` connected,
     /// `X` not).
@@ -244,6 +257,16 @@ enum FaultCmd {
         #[arg(value_parser = clap::value_parser!(u32).range(1..=60_000))]
         ms: u32,
     },
+    /// Stall a node's service proxy: it stops syncing rules (for SECONDS, or until `fault
+    /// clear`) while the node and its pods keep running, as a hung kube-proxy does.
+    Stall {
+        #[arg(value_parser = ["proxy"])]
+        what: String,
+        /// node-1 … node-N.
+        node: String,
+        #[arg(value_parser = clap::value_parser!(u32).range(1..=86_400))]
+        seconds: Option<u32>,
+    },
     /// Flush a node's service proxy rules (iptables nat table, or the nftables table) and
     /// report when its agent rewrote them.
     FlushRules { node: String },
@@ -295,6 +318,13 @@ fn fault(which: &Which, what: FaultCmd) -> Result<()> {
         }
         FaultCmd::Loss { node, percent } => made(&node, Request::Loss(percent))?,
         FaultCmd::Delay { node, ms } => made(&node, Request::Delay(ms))?,
+        FaultCmd::Stall { node, seconds, .. } => {
+            let until = seconds.map(|s| {
+                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs_f64()
+                    + f64::from(s)
+            });
+            made(&node, Request::StallProxy { until })?
+        }
         FaultCmd::FlushRules { node } => {
             lab::preflight()?;
             let took = fault::flush_rules(&which.state()?, &node)?;
@@ -462,6 +492,30 @@ fn run() -> Result<()> {
             match output.as_str() {
                 "json" => println!("{}", serde_json::to_string_pretty(&m)?),
                 _ => print!("{}", lab::policy::render(&m)),
+            }
+        }
+        Cmd::Watch { which, interval_ms, seconds } => {
+            use std::io::Write as _;
+            let (st, dir) = (which.state()?, which.dir());
+            let started = std::time::Instant::now();
+            println!(
+                "watching lab {:?} from {} (every {interval_ms} ms)",
+                st.name,
+                jiff::Zoned::now().strftime("%H:%M:%S%.3f")
+            );
+            let mut last = lab::watch::Snapshot::default();
+            loop {
+                let now = lab::watch::snapshot(&st, &dir)?;
+                let at = started.elapsed().as_secs_f64();
+                for line in lab::watch::diff(&last, &now) {
+                    println!("{at:>9.3}s  {line}");
+                }
+                std::io::stdout().flush()?;
+                last = now;
+                if seconds.is_some_and(|s| at >= s) {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(interval_ms));
             }
         }
         Cmd::Explain { which, target, output } => {

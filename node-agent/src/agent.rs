@@ -240,6 +240,7 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()>) -> Result
         }
     }
 
+    crate::proxy::stall::watch(&cfg.state_dir);
     if let Some(p) = &cfg.proxy {
         use crate::proxy::model::{ServiceView, SliceView};
         use crate::proxy::{kernel::IptablesKernel, nft_sync, sync, userspace};

@@ -2,8 +2,8 @@
 //! Service/EndpointSlice model ([`model`]), the pure renderers into `podpath_ruleset`'s model
 //! (iptables mode: [`iptables`]; nftables mode: [`nftables`], synced by [`nft_sync`]; userspace mode: [`userspace`]), the kernel behind one trait
 //! ([`kernel`]), the Service/endpoint change tracker ([`tracker`]), the iptables proxier's sync
-//! loop ([`sync`]) and healthCheckNodePort servers
-//! ([`service_health`]).
+//! loop ([`sync`]), healthCheckNodePort servers ([`service_health`]) and a stall the lab can
+//! inject ([`stall`]).
 
 pub mod iptables;
 pub mod kernel;
@@ -13,6 +13,7 @@ pub mod nfnl;
 pub mod nft_sync;
 pub mod nftables;
 pub mod service_health;
+pub mod stall;
 pub mod sync;
 pub mod tracker;
 pub mod userspace;

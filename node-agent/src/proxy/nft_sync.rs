@@ -264,6 +264,7 @@ pub async fn run_nft_proxier<K: NftKernel>(p: NftProxier<K>, synced: Option<toki
     let mut spared = 0;
     let mut foreign = false;
     loop {
+        super::stall::hold().await;
         if resync {
             let started = tokio::time::Instant::now();
             let delta = tracker.update(&services, &slices);

@@ -283,6 +283,7 @@ pub async fn run_proxier<K: Kernel>(p: Proxier<K>, synced: Option<tokio::sync::o
     let mut verify_every = VERIFY_PERIOD;
     let mut was_large = false;
     loop {
+        super::stall::hold().await;
         let started = tokio::time::Instant::now();
         let state = snapshot(&services.list(), &slices.list(), &cfg.node_name);
         let checks = super::service_health::wanted(&state, &cfg.node_name);

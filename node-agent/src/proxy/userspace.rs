@@ -409,6 +409,7 @@ pub async fn run(p: UserspaceProxier<impl Kernel>, synced: Option<tokio::sync::o
     let mut slice_changes = slices.changes();
     let mut first = true;
     loop {
+        super::stall::hold().await;
         let state = snapshot(&services.list(), &slices.list(), &node_name);
         let mut portals = vec![];
         let mut wanted_keys = std::collections::BTreeSet::new();
