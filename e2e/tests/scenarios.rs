@@ -682,12 +682,16 @@ fn scenario_3(mode: &str) {
     let page = curl_ok(&lab, &format!("https://{vip}/cart"), &["-k"]);
     assert!(field(&page, "pod").is_some_and(|p| p.starts_with("default/cart-")), "{page}");
     assert!(page.contains("x-forwarded-proto: https\n"), "{page}");
-    // Requests spread over both web pods, through both nodes.
-    let mut pods = BTreeSet::new();
-    for _ in 0..16 {
-        let (_, page) = lab.curl(&[&format!("http://{vip}/")]);
-        pods.insert(field(&page, "pod").unwrap_or_default().to_string());
-    }
+    // Concurrent requests spread over both web pods, through both nodes: the load balancer
+    // keeps its upstream connections, and kube-proxy balances connections, not requests, so it
+    // takes several connections at once to reach both pods (one client sending request after
+    // request rides one kept connection per node).
+    let url = format!("http://{vip}/");
+    let urls: Vec<&str> = std::iter::repeat_n(url.as_str(), 32).collect();
+    let mut args = vec!["--parallel", "--parallel-immediate", "--parallel-max", "32"];
+    args.extend(urls);
+    let (_, pages) = lab.curl(&args);
+    let pods: BTreeSet<String> = pages.lines().filter_map(|l| l.strip_prefix("pod: ")).map(str::to_string).collect();
     assert_eq!(pods.len(), 2, "{pods:?}");
 
     // The routing table in lb-sim's status.
@@ -1329,4 +1333,115 @@ fn a_stalled_proxy_keeps_a_stale_endpoint_until_it_resumes_and_watch_tells_the_t
     ] {
         assert!(timeline.contains(&want), "{want:?} missing from the watch timeline:\n{timeline}");
     }
+}
+
+/// The lesson "a node partitioned from the API": node-2 can reach the other nodes and its pods
+/// but not the API server. Its heartbeats stop, so after the grace period (10 s in the lab) it
+/// is NotReady, its pod is not Ready and leaves the Service's endpoints, and node-1's rules stop
+/// sending to it; node-2 itself hears nothing of that and keeps its rules, and its pod keeps
+/// serving. Every request through the load balancer is answered throughout. Healed, node-2 and
+/// its pod come back.
+#[test]
+fn a_node_partitioned_from_the_api_keeps_serving_while_the_others_drop_its_pods() {
+    if !root_or_explain() {
+        return;
+    }
+    let lab = Lab::up("part", &["--nodes", "2"]).expect("podpath up");
+    lab.apply(&pod("web-1", "node-1", "app: web", "", &[8080]));
+    lab.apply(&pod("web-2", "node-2", "app: web", "", &[8080]));
+    wait_pods_ready(&lab, &["web-1", "web-2"]);
+    lab.kubectl(&[
+        "expose",
+        "pod",
+        "web-1",
+        "--name=web",
+        "--selector=app=web",
+        "--type=LoadBalancer",
+        "--port=80",
+        "--target-port=8080",
+    ]);
+    let url = format!("http://{}/", lb_ip(&lab, "web"));
+    curl_ok(&lab, &url, &[]);
+    let web2 = lab.kubectl(&["get", "pod", "web-2", "-o", "jsonpath={.status.podIP}"]);
+    let ready = |node: &str| {
+        lab.kubectl(&["get", "node", node, "-o", "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}"])
+    };
+
+    let t = Instant::now();
+    let (ok, out) = lab.run("fault", &["blackhole", "node-2", "192.168.56.10/32"]);
+    assert!(ok, "{out}");
+    // Requests keep being answered while the cluster notices.
+    let mut failed = 0;
+    let mut sent = 0;
+    let not_ready = wait_for(Duration::from_secs(40), "node-2 NotReady", || {
+        sent += 1;
+        if lab.curl(&["-m", "2", &url]).0 != 0 {
+            failed += 1;
+        }
+        match ready("node-2").as_str() {
+            "True" => Err("still Ready".into()),
+            s => Ok(format!("{s} after {:?}", t.elapsed())),
+        }
+    });
+    let gone = wait_for(Duration::from_secs(20), "web-2 out of the endpoints", || {
+        let eps = lab.kubectl(&["get", "endpointslices", "-l", "kubernetes.io/service-name=web", "-o", "json"]);
+        let v: serde_json::Value = serde_json::from_str(&eps).map_err(|e| e.to_string())?;
+        let ready: Vec<String> = v["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|s| s["endpoints"].as_array().cloned().unwrap_or_default())
+            .filter(|e| e["conditions"]["ready"] != false)
+            .flat_map(|e| e["addresses"].as_array().cloned().unwrap_or_default())
+            .filter_map(|a| a.as_str().map(String::from))
+            .collect();
+        if ready.contains(&web2) {
+            Err(format!("{ready:?}"))
+        } else {
+            Ok(t.elapsed())
+        }
+    });
+    wait_for(Duration::from_secs(10), "node-1's rules without web-2", || {
+        let rules = lab.exec("node-1", &["iptables-save", "-t", "nat"]);
+        if rules.contains(&format!("{web2}:8080")) {
+            Err("still there".into())
+        } else {
+            Ok(())
+        }
+    });
+    // node-2 cannot hear it: its rules still hold its own pod, which still answers.
+    let rules2 = lab.exec("node-2", &["iptables-save", "-t", "nat"]);
+    assert!(rules2.contains(&format!("{web2}:8080")), "node-2 keeps its stale rules:\n{rules2}");
+    let direct = lab.exec("node-2", &["curl", "-sS", "-m", "2", &format!("http://{web2}:8080/")]);
+    assert!(direct.contains("pod: default/web-2"), "{direct}");
+    for _ in 0..10 {
+        sent += 1;
+        if lab.curl(&["-m", "2", &url]).0 != 0 {
+            failed += 1;
+        }
+    }
+    eprintln!(
+        "partition: node-2 {not_ready}; web-2 out of the endpoints after {gone:?}; {failed} of {sent} requests failed"
+    );
+    assert_eq!(failed, 0, "requests through the load balancer kept being answered");
+
+    let t = Instant::now();
+    let (ok, out) = lab.run("fault", &["clear", "node-2"]);
+    assert!(ok, "{out}");
+    wait_for(Duration::from_secs(30), "node-2 Ready and web-2 back", || {
+        let eps = lab.kubectl(&[
+            "get",
+            "endpointslices",
+            "-l",
+            "kubernetes.io/service-name=web",
+            "-o",
+            "jsonpath={.items[*].endpoints[*].addresses[*]}",
+        ]);
+        if ready("node-2") == "True" && eps.contains(&web2) {
+            Ok(())
+        } else {
+            Err(eps)
+        }
+    });
+    eprintln!("healed: node-2 Ready with web-2 back in {:?}", t.elapsed());
 }

@@ -4,12 +4,24 @@
 //! accept), with `X-Forwarded-For: <client>, <LB IP>` and `X-Forwarded-Proto`, as GCLB does.
 //! Requests it cannot place get a page that says why: 404 (no rule), 503 (no NodePort, no
 //! healthy node), 502 (no node accepted).
+//!
+//! Every backend (a node in rotation × a NodePort an Ingress routes to) is health-checked over
+//! HTTP (`GET /` each [`CHECK_EVERY`], healthy on an answer below 400, as GCLB checks an
+//! Ingress backend): a Service with no ready pod, or a node with none for an
+//! `externalTrafficPolicy: Local` Service, fails it, and requests skip that backend; when no
+//! backend of a Service is healthy they get a 503 that says so at once.
+//!
+//! Upstream connections are kept and reused ([`Pool`], per node address, NodePort and client
+//! TOS, so a traced request never rides another's connection): a new connection per request
+//! cost half of the throughput. A node withdrawn from rotation is drained: no new request goes
+//! to it, requests in flight finish, and its idle connections are closed.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::combinators::BoxBody;
@@ -61,10 +73,140 @@ impl SiteCounters {
     }
 }
 
-/// What the request handlers read: the site and the nodes in rotation.
+/// What the request handlers read: the site, the nodes in rotation, the kept connections, the
+/// backends' health.
 struct Live {
     site: Site,
     nodes: Vec<IpAddr>,
+    pool: Arc<Pool>,
+    health: Arc<BackendHealth>,
+}
+
+/// How often each backend is checked.
+pub const CHECK_EVERY: Duration = Duration::from_secs(1);
+
+/// The last check of each backend (node address, NodePort): healthy or why not. A backend not
+/// checked yet counts as healthy (a new site serves at once).
+#[derive(Default)]
+pub struct BackendHealth {
+    last: RwLock<HashMap<(IpAddr, u16), Result<(), String>>>,
+}
+
+impl BackendHealth {
+    fn healthy(&self, node: IpAddr, port: u16) -> bool {
+        self.last.read().expect("health lock").get(&(node, port)).is_none_or(Result::is_ok)
+    }
+
+    /// Every backend's last result, `node:port` → `healthy` or the failure.
+    pub fn report(&self) -> BTreeMap<String, String> {
+        self.last
+            .read()
+            .expect("health lock")
+            .iter()
+            .map(|((n, p), r)| {
+                (SocketAddr::new(*n, *p).to_string(), r.clone().err().unwrap_or_else(|| "healthy".into()))
+            })
+            .collect()
+    }
+}
+
+/// The NodePorts a site's routes send to.
+fn node_ports(site: &Site) -> Vec<u16> {
+    let mut ports: Vec<u16> = site
+        .rules
+        .iter()
+        .flat_map(|r| r.paths.iter().map(|p| &p.target))
+        .chain(site.default.iter())
+        .filter_map(|t| t.node_port)
+        .collect();
+    ports.sort_unstable();
+    ports.dedup();
+    ports
+}
+
+/// Checks every backend of the site as it is now, forever.
+async fn check_backends(live: Arc<RwLock<Arc<Live>>>) {
+    loop {
+        let current = live.read().expect("site lock").clone();
+        let ports = node_ports(&current.site);
+        let mut checks = tokio::task::JoinSet::new();
+        for node in &current.nodes {
+            for port in &ports {
+                let addr = SocketAddr::new(*node, *port);
+                checks.spawn(async move {
+                    let get = podpath_client::http::Request::get("/");
+                    let r = match podpath_client::http::request(addr, &get, CHECK_TIMEOUT).await {
+                        Ok(resp) if resp.status < 400 => Ok(()),
+                        Ok(resp) => Err(format!("HTTP {}", resp.status)),
+                        Err(e) => Err(e.to_string()),
+                    };
+                    ((addr.ip(), addr.port()), r)
+                });
+            }
+        }
+        let results: Vec<((IpAddr, u16), Result<(), String>)> = checks.join_all().await;
+        {
+            let mut last = current.health.last.write().expect("health lock");
+            for ((node, port), r) in &results {
+                let was = last.get(&(*node, *port)).map(Result::is_ok);
+                if was != Some(r.is_ok()) {
+                    let backend = SocketAddr::new(*node, *port);
+                    match r {
+                        Ok(()) => tracing::info!(site = %current.site.vip, %backend, "backend healthy"),
+                        Err(e) => tracing::info!(site = %current.site.vip, %backend, error = %e, "backend unhealthy"),
+                    }
+                }
+            }
+            *last = results.into_iter().collect();
+        }
+        tokio::time::sleep(CHECK_EVERY).await;
+    }
+}
+
+/// How long one check waits for an answer.
+const CHECK_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// One kept upstream connection's sending half.
+type Upstream = hyper::client::conn::http1::SendRequest<Incoming>;
+
+/// Idle upstream HTTP/1.1 connections, keyed by upstream address and client TOS.
+#[derive(Default)]
+pub struct Pool {
+    idle: Mutex<HashMap<(SocketAddr, u32), Vec<Upstream>>>,
+}
+
+/// Idle connections kept per key (more are closed when they come back).
+const IDLE_PER_KEY: usize = 64;
+
+impl Pool {
+    fn take(&self, key: (SocketAddr, u32)) -> Option<Upstream> {
+        let mut idle = self.idle.lock().expect("pool lock");
+        let list = idle.get_mut(&key)?;
+        while let Some(s) = list.pop() {
+            if !s.is_closed() {
+                return Some(s);
+            }
+        }
+        None
+    }
+
+    fn put(&self, key: (SocketAddr, u32), s: Upstream) {
+        let mut idle = self.idle.lock().expect("pool lock");
+        let list = idle.entry(key).or_default();
+        if !s.is_closed() && list.len() < IDLE_PER_KEY {
+            list.push(s);
+        }
+    }
+
+    /// Closes the idle connections to nodes no longer in rotation (draining them).
+    fn keep_only(&self, nodes: &[IpAddr]) {
+        self.idle.lock().expect("pool lock").retain(|(addr, _), _| nodes.contains(&addr.ip()));
+    }
+
+    /// Idle connections now (status and tests).
+    pub fn idle(&self) -> usize {
+        self.idle.lock().expect("pool lock").values().map(Vec::len).sum()
+    }
 }
 
 struct Running {
@@ -96,11 +238,22 @@ impl Sites {
             keep
         });
         for site in sites {
-            let live = Arc::new(Live { site: site.clone(), nodes: nodes.to_vec() });
             if let Some(r) = self.running.get(&site.vip) {
-                *r.live.write().expect("site lock") = live;
+                let (pool, health) = {
+                    let l = r.live.read().expect("site lock");
+                    (l.pool.clone(), l.health.clone())
+                };
+                pool.keep_only(nodes);
+                *r.live.write().expect("site lock") =
+                    Arc::new(Live { site: site.clone(), nodes: nodes.to_vec(), pool, health });
                 continue;
             }
+            let live = Arc::new(Live {
+                site: site.clone(),
+                nodes: nodes.to_vec(),
+                pool: Arc::default(),
+                health: Arc::default(),
+            });
             match start(site, live).await {
                 Ok(r) => {
                     tracing::info!(vip = %site.vip, ingress = %site.ingress, https = site.tls.is_some(), "L7 site listening");
@@ -114,6 +267,16 @@ impl Sites {
 
     pub fn counts(&self, vip: &IpAddr) -> Option<SiteCounts> {
         self.running.get(vip).map(|r| r.counters.snapshot())
+    }
+
+    /// Every backend's last health check of a site (`node:port` → `healthy` or the failure).
+    pub fn backend_health(&self, vip: &IpAddr) -> Option<BTreeMap<String, String>> {
+        self.running.get(vip).map(|r| r.live.read().expect("site lock").health.report())
+    }
+
+    /// Idle upstream connections a site keeps.
+    pub fn idle_connections(&self, vip: &IpAddr) -> Option<usize> {
+        self.running.get(vip).map(|r| r.live.read().expect("site lock").pool.idle())
     }
 
     pub fn tls_note(&self, vip: &IpAddr) -> Option<String> {
@@ -132,7 +295,10 @@ async fn start(site: &Site, live: Arc<Live>) -> Result<Running, String> {
     let live = Arc::new(RwLock::new(live));
     let counters = Arc::new(SiteCounters::default());
     let http = TcpListener::bind((site.vip, 80)).await.map_err(|e| format!("cannot listen on {}:80: {e}", site.vip))?;
-    let mut tasks = vec![tokio::spawn(serve(http, None, live.clone(), counters.clone()))];
+    let mut tasks = vec![
+        tokio::spawn(serve(http, None, live.clone(), counters.clone())),
+        tokio::spawn(check_backends(live.clone())),
+    ];
     let mut tls_note = None;
     if let Some(cert) = &site.tls {
         let (acceptor, note) = tls_acceptor(cert)?;
@@ -285,12 +451,35 @@ async fn handle(
         let text = format!("No healthy node to send {} to (Ingress {}).", target.service, site.ingress);
         return Ok(page(StatusCode::SERVICE_UNAVAILABLE, text));
     }
+    let nodes: Vec<IpAddr> = live.nodes.iter().copied().filter(|n| live.health.healthy(*n, node_port)).collect();
+    if nodes.is_empty() {
+        counters.unavailable.fetch_add(1, Ordering::Relaxed);
+        let text = format!(
+            "No healthy backend for {}: NodePort {node_port} failed its health check (GET /) on every node in \
+             rotation; does the Service have ready pods?",
+            target.service
+        );
+        return Ok(page(StatusCode::SERVICE_UNAVAILABLE, text));
+    }
     // As GCLB: the client, then the load balancer's own address.
     let forwarded = match req.headers().get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
         Some(prior) => format!("{prior}, {}, {}", peer.ip(), site.vip),
         None => format!("{}, {}", peer.ip(), site.vip),
     };
+    // Hop-by-hop headers stay on the client's connection (RFC 9110 §7.6.1); upstream, every
+    // request is HTTP/1.1 on a kept connection, whatever the client spoke.
+    *req.version_mut() = hyper::Version::HTTP_11;
     let headers = req.headers_mut();
+    let listed: Vec<String> = headers
+        .get_all(hyper::header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(',').map(|t| t.trim().to_ascii_lowercase()))
+        .collect();
+    for h in listed.iter().map(String::as_str).chain(["connection", "keep-alive", "proxy-connection", "te", "upgrade"])
+    {
+        headers.remove(h);
+    }
     if let Ok(v) = HeaderValue::from_str(&forwarded) {
         headers.insert("x-forwarded-for", v);
     }
@@ -298,9 +487,27 @@ async fn handle(
     headers.insert("via", HeaderValue::from_static("1.1 podpath-lb-sim"));
     let start = next.fetch_add(1, Ordering::Relaxed);
     let mut last_error = String::new();
-    for i in 0..ATTEMPTS.min(live.nodes.len()) {
-        let node = live.nodes[(start + i) % live.nodes.len()];
+    for i in 0..ATTEMPTS.min(nodes.len()) {
+        let node = nodes[(start + i) % nodes.len()];
         let addr = SocketAddr::new(node, node_port);
+        // A kept connection first; one that closed before the request left hands it back.
+        if let Some(mut sender) = live.pool.take((addr, tos)) {
+            match sender.try_send_request(req).await {
+                Ok(resp) => {
+                    counters.proxied.fetch_add(1, Ordering::Relaxed);
+                    give_back(live.pool.clone(), (addr, tos), sender);
+                    return Ok(resp.map(BodyExt::boxed));
+                }
+                Err(mut e) => match e.take_message() {
+                    Some(r) => req = r,
+                    None => {
+                        counters.bad_gateway.fetch_add(1, Ordering::Relaxed);
+                        let e = e.into_error();
+                        return Ok(page(StatusCode::BAD_GATEWAY, format!("{} via {addr} failed: {e}", target.service)));
+                    }
+                },
+            }
+        }
         let stream =
             match tokio::time::timeout(CONNECT_TIMEOUT, podpath_client::relay::connect_with_tos(addr, tos)).await {
                 Ok(Ok(s)) => s,
@@ -325,6 +532,7 @@ async fn handle(
         return Ok(match sender.send_request(req).await {
             Ok(resp) => {
                 counters.proxied.fetch_add(1, Ordering::Relaxed);
+                give_back(live.pool.clone(), (addr, tos), sender);
                 resp.map(BodyExt::boxed)
             }
             Err(e) => {
@@ -337,4 +545,14 @@ async fn handle(
     let text =
         format!("No node accepted a connection to {} (NodePort {node_port}); last: {last_error}", target.service);
     Ok(page(StatusCode::BAD_GATEWAY, text))
+}
+
+/// Returns a connection to the pool once its response has been read to the end (HTTP/1.1
+/// carries one exchange at a time); one the upstream closed is dropped.
+fn give_back(pool: Arc<Pool>, key: (SocketAddr, u32), mut sender: Upstream) {
+    tokio::spawn(async move {
+        if sender.ready().await.is_ok() {
+            pool.put(key, sender);
+        }
+    });
 }
