@@ -297,6 +297,24 @@ async fn patches_keep_allocations_and_type_changes_release_them() {
         .await;
     assert_eq!(s, StatusCode::OK);
     assert_eq!(jp["spec"]["externalIPs"], json!(["169.10.10.1"]));
+    // externalTrafficPolicy Local → Cluster: the health-check NodePort goes with it (as the
+    // real server's dropTypeDependentFields), and comes back with Local.
+    let (s, local) =
+        lab.patch(&url, "application/merge-patch+json", json!({"spec": {"externalTrafficPolicy": "Local"}})).await;
+    assert_eq!(s, StatusCode::OK, "{local}");
+    assert!(local["spec"]["healthCheckNodePort"].as_u64().is_some_and(|p| p >= 30000), "{local}");
+    let (s, cluster) =
+        lab.patch(&url, "application/merge-patch+json", json!({"spec": {"externalTrafficPolicy": "Cluster"}})).await;
+    assert_eq!(s, StatusCode::OK, "{cluster}");
+    assert!(cluster["spec"].get("healthCheckNodePort").is_none(), "{cluster}");
+    let (s, jp) = lab
+        .patch(
+            &url,
+            "application/json-patch+json",
+            json!([{"op": "replace", "path": "/spec/externalIPs", "value": ["169.10.10.1"]}]),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{jp}");
     // Unchanged update: same resourceVersion, no write.
     let (_, again) =
         lab.patch(&url, "application/merge-patch+json", json!({"metadata": {"labels": {"tier": "edge"}}})).await;

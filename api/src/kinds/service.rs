@@ -89,6 +89,19 @@ impl ApiObject for Service {
     /// real server does: a client-side apply patch from NodePort to ClusterIP still carries the
     /// old nodePorts.
     fn prepare_for_update(&mut self, old: &Self) {
+        // As `dropTypeDependentFields`: a Service that no longer needs a health-check NodePort
+        // (not LoadBalancer with `externalTrafficPolicy: Local` any more) loses the one it had,
+        // unless the client changed it — also when only the policy changed.
+        let needs_hc = |s: &Self| {
+            service_type(s) == "LoadBalancer"
+                && s.spec.as_ref().and_then(|sp| sp.external_traffic_policy.as_deref()) == Some("Local")
+        };
+        if needs_hc(old) && !needs_hc(self) {
+            let old_hc = old.spec.as_ref().and_then(|s| s.health_check_node_port);
+            if let Some(spec) = self.spec.as_mut().filter(|s| s.health_check_node_port == old_hc) {
+                spec.health_check_node_port = None;
+            }
+        }
         let new_ty = service_type(self).to_string();
         if new_ty == service_type(old) {
             return;
