@@ -159,6 +159,8 @@ fn main() {
             Err("not yet".into())
         }
     });
+    let args: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
+    let want = |part: &str| args.is_empty() || args.iter().any(|a| a == part);
     let stop = Arc::new(AtomicBool::new(false));
     let log: Log = Arc::default();
     let clients = load(&lab, to, stop.clone(), log.clone());
@@ -166,77 +168,87 @@ fn main() {
     println!("2 nodes, one pod each behind a passthrough LoadBalancer, 8 clients (new connection per request):");
 
     // 1. node-2's uplink down, externalTrafficPolicy Local.
-    lab.kubectl(&["patch", "svc", "web", "--type=merge", "-p", r#"{"spec":{"externalTrafficPolicy":"Local"}}"#]);
-    std::thread::sleep(Duration::from_secs(2));
-    let t0 = Instant::now();
-    assert!(lab.run("fault", &["link", "down", "node-2"]).0);
-    let detect = until(Duration::from_secs(30), || !in_rotation(&lab, "192.168.56.12"));
-    std::thread::sleep(Duration::from_secs(2));
-    let t1 = Instant::now();
-    assert!(lab.run("fault", &["clear", "node-2"]).0);
-    let heal = until(Duration::from_secs(30), || in_rotation(&lab, "192.168.56.12"));
-    let (failed, sent, last) = count(&log, t0, t1);
-    print(&Figures { fault: "link down node-2 (Local)", detect, route_around: last, failed, sent, heal });
-    lab.kubectl(&["patch", "svc", "web", "--type=merge", "-p", r#"{"spec":{"externalTrafficPolicy":"Cluster"}}"#]);
-    std::thread::sleep(Duration::from_secs(2));
+    if want("link") {
+        lab.kubectl(&["patch", "svc", "web", "--type=merge", "-p", r#"{"spec":{"externalTrafficPolicy":"Local"}}"#]);
+        std::thread::sleep(Duration::from_secs(2));
+        let t0 = Instant::now();
+        assert!(lab.run("fault", &["link", "down", "node-2"]).0);
+        let detect = until(Duration::from_secs(30), || !in_rotation(&lab, "192.168.56.12"));
+        std::thread::sleep(Duration::from_secs(2));
+        let t1 = Instant::now();
+        assert!(lab.run("fault", &["clear", "node-2"]).0);
+        let heal = until(Duration::from_secs(30), || in_rotation(&lab, "192.168.56.12"));
+        let (failed, sent, last) = count(&log, t0, t1);
+        print(&Figures { fault: "link down node-2 (Local)", detect, route_around: last, failed, sent, heal });
+        lab.kubectl(&["patch", "svc", "web", "--type=merge", "-p", r#"{"spec":{"externalTrafficPolicy":"Cluster"}}"#]);
+        std::thread::sleep(Duration::from_secs(2));
+    }
 
     // 2. node-2 stopped (power loss), Cluster.
-    let t0 = Instant::now();
-    assert!(lab.run("node", &["stop", "node-2"]).0);
-    let detect = until(Duration::from_secs(30), || !in_rotation(&lab, "192.168.56.12"));
-    let _ = until(Duration::from_secs(30), || !node_ready(&lab, "node-2"));
-    std::thread::sleep(Duration::from_secs(2));
-    let t1 = Instant::now();
-    assert!(lab.run("node", &["start", "node-2"]).0);
-    let heal = until(Duration::from_secs(60), || {
-        in_rotation(&lab, "192.168.56.12") && node_ready(&lab, "node-2") && ready_addresses(&lab).len() == 2
-    });
-    let (failed, sent, last) = count(&log, t0, t1);
-    print(&Figures { fault: "node stop node-2 (Cluster)", detect, route_around: last, failed, sent, heal });
-    std::thread::sleep(Duration::from_secs(2));
+    if want("stop") {
+        let t0 = Instant::now();
+        assert!(lab.run("node", &["stop", "node-2"]).0);
+        let detect = until(Duration::from_secs(30), || !in_rotation(&lab, "192.168.56.12"));
+        let _ = until(Duration::from_secs(30), || !node_ready(&lab, "node-2"));
+        std::thread::sleep(Duration::from_secs(2));
+        let t1 = Instant::now();
+        assert!(lab.run("node", &["start", "node-2"]).0);
+        let heal = until(Duration::from_secs(60), || {
+            in_rotation(&lab, "192.168.56.12") && node_ready(&lab, "node-2") && ready_addresses(&lab).len() == 2
+        });
+        let (failed, sent, last) = count(&log, t0, t1);
+        print(&Figures { fault: "node stop node-2 (Cluster)", detect, route_around: last, failed, sent, heal });
+        std::thread::sleep(Duration::from_secs(2));
+    }
 
     // 3. node-2 partitioned from the API.
-    let t0 = Instant::now();
-    assert!(lab.run("fault", &["blackhole", "node-2", "192.168.56.10/32"]).0);
-    let detect = until(Duration::from_secs(40), || !node_ready(&lab, "node-2"));
-    let _ = until(Duration::from_secs(20), || ready_addresses(&lab).len() == 1);
-    std::thread::sleep(Duration::from_secs(1));
-    let t1 = Instant::now();
-    assert!(lab.run("fault", &["clear", "node-2"]).0);
-    let heal = until(Duration::from_secs(30), || node_ready(&lab, "node-2") && ready_addresses(&lab).len() == 2);
-    let (failed, sent, last) = count(&log, t0, t1);
-    print(&Figures { fault: "node-2 partitioned from the API", detect, route_around: last, failed, sent, heal });
-    std::thread::sleep(Duration::from_secs(2));
+    if want("partition") {
+        let t0 = Instant::now();
+        assert!(lab.run("fault", &["blackhole", "node-2", "192.168.56.10/32"]).0);
+        let detect = until(Duration::from_secs(40), || !node_ready(&lab, "node-2"));
+        let _ = until(Duration::from_secs(20), || ready_addresses(&lab).len() == 1);
+        std::thread::sleep(Duration::from_secs(1));
+        let t1 = Instant::now();
+        assert!(lab.run("fault", &["clear", "node-2"]).0);
+        let heal = until(Duration::from_secs(30), || node_ready(&lab, "node-2") && ready_addresses(&lab).len() == 2);
+        let (failed, sent, last) = count(&log, t0, t1);
+        print(&Figures { fault: "node-2 partitioned from the API", detect, route_around: last, failed, sent, heal });
+        std::thread::sleep(Duration::from_secs(2));
+    }
 
     // 4. node-1's service proxy rules flushed.
-    let t0 = Instant::now();
-    let (ok, out) = lab.run("fault", &["flush-rules", "node-1"]);
-    assert!(ok, "{out}");
-    let repaired = Instant::now().duration_since(t0);
-    std::thread::sleep(Duration::from_secs(1));
-    let (failed, sent, last) = count(&log, t0, Instant::now());
-    print(&Figures {
-        fault: "flush-rules node-1",
-        detect: Some(repaired),
-        route_around: last,
-        failed,
-        sent,
-        heal: Some(repaired),
-    });
+    if want("flush") {
+        let t0 = Instant::now();
+        let (ok, out) = lab.run("fault", &["flush-rules", "node-1"]);
+        assert!(ok, "{out}");
+        let repaired = Instant::now().duration_since(t0);
+        std::thread::sleep(Duration::from_secs(1));
+        let (failed, sent, last) = count(&log, t0, Instant::now());
+        print(&Figures {
+            fault: "flush-rules node-1",
+            detect: Some(repaired),
+            route_around: last,
+            failed,
+            sent,
+            heal: Some(repaired),
+        });
+    }
 
     // 5. node-2's pod killed (restartPolicy Always).
-    let old_restarts =
-        lab.kubectl(&["get", "pod", "web-2", "-o", "jsonpath={.status.containerStatuses[0].restartCount}"]);
-    let t0 = Instant::now();
-    assert!(lab.run("fault", &["kill", "pod", "default/web-2"]).0);
-    let detect = until(Duration::from_secs(20), || ready_addresses(&lab).len() == 1);
-    let heal = until(Duration::from_secs(60), || {
-        lab.kubectl(&["get", "pod", "web-2", "-o", "jsonpath={.status.containerStatuses[0].restartCount}"])
-            != old_restarts
-            && ready_addresses(&lab).len() == 2
-    });
-    let (failed, sent, last) = count(&log, t0, Instant::now());
-    print(&Figures { fault: "kill pod default/web-2 (restarted)", detect, route_around: last, failed, sent, heal });
+    if want("kill") {
+        let old_restarts =
+            lab.kubectl(&["get", "pod", "web-2", "-o", "jsonpath={.status.containerStatuses[0].restartCount}"]);
+        let t0 = Instant::now();
+        assert!(lab.run("fault", &["kill", "pod", "default/web-2"]).0);
+        let detect = until(Duration::from_secs(20), || ready_addresses(&lab).len() == 1);
+        let heal = until(Duration::from_secs(60), || {
+            lab.kubectl(&["get", "pod", "web-2", "-o", "jsonpath={.status.containerStatuses[0].restartCount}"])
+                != old_restarts
+                && ready_addresses(&lab).len() == 2
+        });
+        let (failed, sent, last) = count(&log, t0, Instant::now());
+        print(&Figures { fault: "kill pod default/web-2 (restarted)", detect, route_around: last, failed, sent, heal });
+    }
 
     stop.store(true, Ordering::Relaxed);
     for c in clients {

@@ -1384,17 +1384,7 @@ fn a_node_partitioned_from_the_api_keeps_serving_while_the_others_drop_its_pods(
         }
     });
     let gone = wait_for(Duration::from_secs(20), "web-2 out of the endpoints", || {
-        let eps = lab.kubectl(&["get", "endpointslices", "-l", "kubernetes.io/service-name=web", "-o", "json"]);
-        let v: serde_json::Value = serde_json::from_str(&eps).map_err(|e| e.to_string())?;
-        let ready: Vec<String> = v["items"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .flat_map(|s| s["endpoints"].as_array().cloned().unwrap_or_default())
-            .filter(|e| e["conditions"]["ready"] != false)
-            .flat_map(|e| e["addresses"].as_array().cloned().unwrap_or_default())
-            .filter_map(|a| a.as_str().map(String::from))
-            .collect();
+        let ready = ready_endpoints(&lab);
         if ready.contains(&web2) {
             Err(format!("{ready:?}"))
         } else {
@@ -1428,20 +1418,30 @@ fn a_node_partitioned_from_the_api_keeps_serving_while_the_others_drop_its_pods(
     let t = Instant::now();
     let (ok, out) = lab.run("fault", &["clear", "node-2"]);
     assert!(ok, "{out}");
-    wait_for(Duration::from_secs(30), "node-2 Ready and web-2 back", || {
-        let eps = lab.kubectl(&[
-            "get",
-            "endpointslices",
-            "-l",
-            "kubernetes.io/service-name=web",
-            "-o",
-            "jsonpath={.items[*].endpoints[*].addresses[*]}",
-        ]);
-        if ready("node-2") == "True" && eps.contains(&web2) {
+    // Back: node-2 Ready, and web-2 ready again (the agent says so once more after the node
+    // controller had marked it not ready) and back among the Service's ready endpoints.
+    wait_for(Duration::from_secs(30), "node-2 Ready and web-2 a ready endpoint again", || {
+        let ready_eps = ready_endpoints(&lab);
+        if ready("node-2") == "True" && ready_eps.contains(&web2) {
             Ok(())
         } else {
-            Err(eps)
+            Err(format!("{ready_eps:?}"))
         }
     });
     eprintln!("healed: node-2 Ready with web-2 back in {:?}", t.elapsed());
+}
+
+/// The addresses of the ready endpoints of Service `web`.
+fn ready_endpoints(lab: &Lab) -> Vec<String> {
+    let eps = lab.kubectl(&["get", "endpointslices", "-l", "kubernetes.io/service-name=web", "-o", "json"]);
+    let v: serde_json::Value = serde_json::from_str(&eps).unwrap_or_default();
+    v["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|s| s["endpoints"].as_array().cloned().unwrap_or_default())
+        .filter(|e| e["conditions"]["ready"] != false)
+        .flat_map(|e| e["addresses"].as_array().cloned().unwrap_or_default())
+        .filter_map(|a| a.as_str().map(String::from))
+        .collect()
 }

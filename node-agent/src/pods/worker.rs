@@ -367,6 +367,13 @@ impl<P: Processes, E: PluginExec, A: PodApi, Q: Prober> Worker<P, E, A, Q> {
                     return false;
                 }
                 if let Some(p) = pod_rx.borrow_and_update().clone() {
+                    // Someone else changed the pod's readiness (the node controller marks the
+                    // pods of a node it lost not ready): say ours again, as kubelet's status
+                    // manager reconciles, or the pod would stay not ready after the node is
+                    // back.
+                    if ready_condition(p.status.as_ref()) != ready_condition(self.last_status.as_ref()) {
+                        self.last_status = None;
+                    }
                     // Keep our view of the status (the API echoes it back).
                     let status = self.pod.status.take();
                     self.pod = p;
@@ -493,4 +500,9 @@ impl<P: Processes, E: PluginExec, A: PodApi, Q: Prober> Worker<P, E, A, Q> {
             }
         }
     }
+}
+
+/// The status of a pod status's Ready condition, if it has one.
+fn ready_condition(status: Option<&core::PodStatus>) -> Option<String> {
+    status?.conditions.as_ref()?.iter().find(|c| c.type_ == "Ready").map(|c| c.status.clone())
 }
