@@ -288,33 +288,43 @@ pub fn connection(policies: &[NetworkPolicy], src: &End<'_>, dst: &End<'_>, port
     }
 }
 
+/// The upstream netpol suite's world (its tests, the renderer's, the e2e's): namespaces x, y,
+/// z (labels `ns` and `kubernetes.io/metadata.name`), pods a, b, c (label `pod`) in each,
+/// serving 80 and 81 over TCP and UDP (named `serve-80-tcp` …); `ip(namespace index, pod
+/// index)` places them.
+pub fn suite_world(ip: impl Fn(usize, usize) -> IpAddr) -> Vec<Pod> {
+    let mut out = vec![];
+    for (i, ns) in ["x", "y", "z"].iter().enumerate() {
+        for (j, pod) in ["a", "b", "c"].iter().enumerate() {
+            let mut named = vec![];
+            for port in [80u16, 81] {
+                for proto in ["TCP", "UDP"] {
+                    named.push((format!("serve-{port}-{}", proto.to_lowercase()), port, proto.to_string()));
+                }
+            }
+            out.push(Pod {
+                namespace: ns.to_string(),
+                name: pod.to_string(),
+                labels: [("pod".to_string(), pod.to_string())].into(),
+                namespace_labels: [
+                    ("ns".to_string(), ns.to_string()),
+                    ("kubernetes.io/metadata.name".to_string(), ns.to_string()),
+                ]
+                .into(),
+                ip: ip(i, j),
+                named_ports: named,
+            });
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// The upstream suite's world: namespaces x, y, z (label `ns`), pods a, b, c (label `pod`)
-    /// in each, serving 80 and 81 over TCP and UDP (named `serve-80-tcp` …).
     fn world() -> Vec<Pod> {
-        let mut out = vec![];
-        for (i, ns) in ["x", "y", "z"].iter().enumerate() {
-            for (j, pod) in ["a", "b", "c"].iter().enumerate() {
-                let mut named = vec![];
-                for port in [80u16, 81] {
-                    for proto in ["TCP", "UDP"] {
-                        named.push((format!("serve-{port}-{}", proto.to_lowercase()), port, proto.to_string()));
-                    }
-                }
-                out.push(Pod {
-                    namespace: ns.to_string(),
-                    name: pod.to_string(),
-                    labels: [("pod".to_string(), pod.to_string())].into(),
-                    namespace_labels: [("ns".to_string(), ns.to_string())].into(),
-                    ip: format!("10.244.{}.{}", i + 1, j + 10).parse().unwrap(),
-                    named_ports: named,
-                });
-            }
-        }
-        out
+        suite_world(|i, j| format!("10.244.{}.{}", i + 1, j + 10).parse().unwrap())
     }
 
     fn policy(ns: &str, yaml: &str) -> NetworkPolicy {

@@ -60,23 +60,6 @@ fn node_ready(lab: &Lab, node: &str) -> bool {
     lab.kubectl(&["get", "node", node, "-o", "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}"]) == "True"
 }
 
-fn endpoints(lab: &Lab) -> String {
-    lab.kubectl(&["get", "endpointslices", "-l", "kubernetes.io/service-name=web", "-o", "json"])
-}
-
-fn ready_addresses(lab: &Lab) -> Vec<String> {
-    let v: serde_json::Value = serde_json::from_str(&endpoints(lab)).unwrap_or_default();
-    v["items"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .flat_map(|s| s["endpoints"].as_array().cloned().unwrap_or_default())
-        .filter(|e| e["conditions"]["ready"] != false)
-        .flat_map(|e| e["addresses"].as_array().cloned().unwrap_or_default())
-        .filter_map(|a| a.as_str().map(String::from))
-        .collect()
-}
-
 struct Figures {
     fault: &'static str,
     detect: Option<Duration>,
@@ -194,7 +177,7 @@ fn main() {
         let t1 = Instant::now();
         assert!(lab.run("node", &["start", "node-2"]).0);
         let heal = until(Duration::from_secs(60), || {
-            in_rotation(&lab, "192.168.56.12") && node_ready(&lab, "node-2") && ready_addresses(&lab).len() == 2
+            in_rotation(&lab, "192.168.56.12") && node_ready(&lab, "node-2") && lab.ready_endpoints("web").len() == 2
         });
         let (failed, sent, last) = count(&log, t0, t1);
         print(&Figures { fault: "node stop node-2 (Cluster)", detect, route_around: last, failed, sent, heal });
@@ -206,11 +189,12 @@ fn main() {
         let t0 = Instant::now();
         assert!(lab.run("fault", &["blackhole", "node-2", "192.168.56.10/32"]).0);
         let detect = until(Duration::from_secs(40), || !node_ready(&lab, "node-2"));
-        let _ = until(Duration::from_secs(20), || ready_addresses(&lab).len() == 1);
+        let _ = until(Duration::from_secs(20), || lab.ready_endpoints("web").len() == 1);
         std::thread::sleep(Duration::from_secs(1));
         let t1 = Instant::now();
         assert!(lab.run("fault", &["clear", "node-2"]).0);
-        let heal = until(Duration::from_secs(30), || node_ready(&lab, "node-2") && ready_addresses(&lab).len() == 2);
+        let heal =
+            until(Duration::from_secs(30), || node_ready(&lab, "node-2") && lab.ready_endpoints("web").len() == 2);
         let (failed, sent, last) = count(&log, t0, t1);
         print(&Figures { fault: "node-2 partitioned from the API", detect, route_around: last, failed, sent, heal });
         std::thread::sleep(Duration::from_secs(2));
@@ -240,11 +224,11 @@ fn main() {
             lab.kubectl(&["get", "pod", "web-2", "-o", "jsonpath={.status.containerStatuses[0].restartCount}"]);
         let t0 = Instant::now();
         assert!(lab.run("fault", &["kill", "pod", "default/web-2"]).0);
-        let detect = until(Duration::from_secs(20), || ready_addresses(&lab).len() == 1);
+        let detect = until(Duration::from_secs(20), || lab.ready_endpoints("web").len() == 1);
         let heal = until(Duration::from_secs(60), || {
             lab.kubectl(&["get", "pod", "web-2", "-o", "jsonpath={.status.containerStatuses[0].restartCount}"])
                 != old_restarts
-                && ready_addresses(&lab).len() == 2
+                && lab.ready_endpoints("web").len() == 2
         });
         let (failed, sent, last) = count(&log, t0, Instant::now());
         print(&Figures { fault: "kill pod default/web-2 (restarted)", detect, route_around: last, failed, sent, heal });

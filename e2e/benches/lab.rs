@@ -26,13 +26,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use podpath_e2e::{wait_for, Lab};
+use podpath_e2e::Lab;
 use podpath_lab::state::ApiAccess;
 
-fn api(lab: &Lab) -> ApiAccess {
-    let st = podpath_lab::state::load_state(&lab.state).expect("lab state").expect("a lab");
-    ApiAccess::of(&st).expect("the lab's API access")
-}
+#[path = "support/mod.rs"]
+mod support;
+use support::api;
 
 /// One request to the API; (status, body).
 fn request(api: &ApiAccess, method: &str, path: &str, body: &str) -> Result<(u16, String), podpath_lab::LabError> {
@@ -63,28 +62,7 @@ fn create_pods(lab: &Lab, n: usize, nodes: usize) {
         let (code, out) = request(a, "POST", "/api/v1/namespaces/default/pods", &body).unwrap();
         assert_eq!(code, 201, "{out}");
     }
-    wait_for(Duration::from_secs(120), "pods Ready", || {
-        let (_, body) = request(a, "GET", "/api/v1/namespaces/default/pods", "").map_err(|e| e.to_string())?;
-        let v: serde_json::Value = serde_json::from_str(&body).map_err(|e| e.to_string())?;
-        let ready = v["items"]
-            .as_array()
-            .map(|items| {
-                items
-                    .iter()
-                    .filter(|p| {
-                        p["status"]["conditions"]
-                            .as_array()
-                            .is_some_and(|cs| cs.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"))
-                    })
-                    .count()
-            })
-            .unwrap_or(0);
-        if ready == n {
-            Ok(())
-        } else {
-            Err(format!("{ready}/{n} ready"))
-        }
-    });
+    support::wait_ready(a, n, Duration::from_secs(120));
 }
 
 fn up(nodes: usize, extra: &[&str]) -> (Lab, f64) {

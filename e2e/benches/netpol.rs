@@ -26,10 +26,9 @@ use podpath_lab::state::ApiAccess;
 
 const PODS: usize = 100;
 
-fn api(lab: &Lab) -> ApiAccess {
-    let st = podpath_lab::state::load_state(&lab.state).expect("lab state").expect("a lab");
-    ApiAccess::of(&st).expect("the lab's API access")
-}
+#[path = "support/mod.rs"]
+mod support;
+use support::api;
 
 fn env_or(name: &str, default: u64) -> u64 {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
@@ -68,28 +67,7 @@ fn create_pods(lab: &Lab) -> Vec<(String, String)> {
         assert_eq!(code, 201, "{body}");
         out.push((name, node));
     }
-    wait_for(Duration::from_secs(180), "pods Ready", || {
-        let (_, body) = a.request("GET", "/api/v1/namespaces/default/pods", "").map_err(|e| e.to_string())?;
-        let v: serde_json::Value = serde_json::from_str(&body).map_err(|e| e.to_string())?;
-        let ready = v["items"]
-            .as_array()
-            .map(|items| {
-                items
-                    .iter()
-                    .filter(|p| {
-                        p["status"]["conditions"]
-                            .as_array()
-                            .is_some_and(|cs| cs.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"))
-                    })
-                    .count()
-            })
-            .unwrap_or(0);
-        if ready == PODS {
-            Ok(())
-        } else {
-            Err(format!("{ready}/{PODS} Ready"))
-        }
-    });
+    support::wait_ready(a, PODS, Duration::from_secs(180));
     out
 }
 

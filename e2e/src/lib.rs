@@ -405,6 +405,23 @@ impl Lab {
         o
     }
 
+    /// The addresses of the ready endpoints of Service `service` (namespace default), from its
+    /// EndpointSlices.
+    pub fn ready_endpoints(&self, service: &str) -> Vec<String> {
+        let selector = format!("kubernetes.io/service-name={service}");
+        let eps = self.kubectl(&["get", "endpointslices", "-l", &selector, "-o", "json"]);
+        let v: serde_json::Value = serde_json::from_str(&eps).unwrap_or_default();
+        v["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|s| s["endpoints"].as_array().cloned().unwrap_or_default())
+            .filter(|e| e["conditions"]["ready"] != false)
+            .flat_map(|e| e["addresses"].as_array().cloned().unwrap_or_default())
+            .filter_map(|a| a.as_str().map(String::from))
+            .collect()
+    }
+
     /// lb-sim's status document.
     pub fn lb_status(&self) -> serde_json::Value {
         let out = self.exec("gateway", &["curl", "-sS", "--max-time", "5", "http://127.0.0.1:9900/status"]);

@@ -128,6 +128,24 @@ fn lb_ip(lab: &Lab, service: &str) -> String {
     })
 }
 
+/// Pods web-1 on node-1 and web-2 on node-2 (`app: web`), Ready, behind the LoadBalancer
+/// Service `web` (80 → 8080).
+fn web_pod_on_each_node_behind_a_load_balancer(lab: &Lab) {
+    lab.apply(&pod("web-1", "node-1", "app: web", "", &[8080]));
+    lab.apply(&pod("web-2", "node-2", "app: web", "", &[8080]));
+    wait_pods_ready(lab, &["web-1", "web-2"]);
+    lab.kubectl(&[
+        "expose",
+        "pod",
+        "web-1",
+        "--name=web",
+        "--selector=app=web",
+        "--type=LoadBalancer",
+        "--port=80",
+        "--target-port=8080",
+    ]);
+}
+
 fn wait_pods_ready(lab: &Lab, pods: &[&str]) {
     for p in pods {
         lab.kubectl(&["wait", "--for=condition=Ready", &format!("pod/{p}"), "--timeout=60s"]);
@@ -607,6 +625,21 @@ fn up_and_down_leave_the_host_unchanged_and_nothing_behind() {
             Err("not yet".into())
         }
     });
+    // Faults of every kind in force, and a NetworkPolicy's rules, when the lab goes down.
+    for args in [
+        &["stall", "proxy", "node-1"][..],
+        &["loss", "node-2", "10"],
+        &["blackhole", "node-1", "10.244.2.0/24"],
+        &["link", "down", "node-2"],
+    ] {
+        let (ok, out) = lab.run("fault", args);
+        assert!(ok, "fault {args:?}: {out}");
+    }
+    lab.apply(
+        "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: deny-all}\n\
+         spec: {podSelector: {}, policyTypes: [Ingress, Egress]}",
+    );
+    assert_eq!(lab.run("fault", &["list"]).1.lines().count(), 4, "{}", lab.run("fault", &["list"]).1);
     let (ok, out) = lab.run("down", &[]);
     assert!(ok, "{out}");
     let left = testkit::netns::must(&["ip", "netns", "list"]);
@@ -1065,19 +1098,7 @@ fn faults_a_link_down_behind_the_load_balancer_blackhole_and_loss() {
     }
     let before = host_state();
     let lab = Lab::up("flt", &["--nodes", "2"]).expect("podpath up");
-    lab.apply(&pod("web-1", "node-1", "app: web", "", &[8080]));
-    lab.apply(&pod("web-2", "node-2", "app: web", "", &[8080]));
-    wait_pods_ready(&lab, &["web-1", "web-2"]);
-    lab.kubectl(&[
-        "expose",
-        "pod",
-        "web-1",
-        "--name=web",
-        "--selector=app=web",
-        "--type=LoadBalancer",
-        "--port=80",
-        "--target-port=8080",
-    ]);
+    web_pod_on_each_node_behind_a_load_balancer(&lab);
     // Local: each node serves only its own pod, so a node out of rotation takes its pod's
     // share with it (with Cluster, node-1 would still send half of the requests to node-2's
     // pod until node-2 is NotReady and its endpoint removed).
@@ -1347,19 +1368,7 @@ fn a_node_partitioned_from_the_api_keeps_serving_while_the_others_drop_its_pods(
         return;
     }
     let lab = Lab::up("part", &["--nodes", "2"]).expect("podpath up");
-    lab.apply(&pod("web-1", "node-1", "app: web", "", &[8080]));
-    lab.apply(&pod("web-2", "node-2", "app: web", "", &[8080]));
-    wait_pods_ready(&lab, &["web-1", "web-2"]);
-    lab.kubectl(&[
-        "expose",
-        "pod",
-        "web-1",
-        "--name=web",
-        "--selector=app=web",
-        "--type=LoadBalancer",
-        "--port=80",
-        "--target-port=8080",
-    ]);
+    web_pod_on_each_node_behind_a_load_balancer(&lab);
     let url = format!("http://{}/", lb_ip(&lab, "web"));
     curl_ok(&lab, &url, &[]);
     let web2 = lab.kubectl(&["get", "pod", "web-2", "-o", "jsonpath={.status.podIP}"]);
@@ -1384,7 +1393,7 @@ fn a_node_partitioned_from_the_api_keeps_serving_while_the_others_drop_its_pods(
         }
     });
     let gone = wait_for(Duration::from_secs(20), "web-2 out of the endpoints", || {
-        let ready = ready_endpoints(&lab);
+        let ready = lab.ready_endpoints("web");
         if ready.contains(&web2) {
             Err(format!("{ready:?}"))
         } else {
@@ -1421,7 +1430,7 @@ fn a_node_partitioned_from_the_api_keeps_serving_while_the_others_drop_its_pods(
     // Back: node-2 Ready, and web-2 ready again (the agent says so once more after the node
     // controller had marked it not ready) and back among the Service's ready endpoints.
     wait_for(Duration::from_secs(30), "node-2 Ready and web-2 a ready endpoint again", || {
-        let ready_eps = ready_endpoints(&lab);
+        let ready_eps = lab.ready_endpoints("web");
         if ready("node-2") == "True" && ready_eps.contains(&web2) {
             Ok(())
         } else {
@@ -1429,19 +1438,4 @@ fn a_node_partitioned_from_the_api_keeps_serving_while_the_others_drop_its_pods(
         }
     });
     eprintln!("healed: node-2 Ready with web-2 back in {:?}", t.elapsed());
-}
-
-/// The addresses of the ready endpoints of Service `web`.
-fn ready_endpoints(lab: &Lab) -> Vec<String> {
-    let eps = lab.kubectl(&["get", "endpointslices", "-l", "kubernetes.io/service-name=web", "-o", "json"]);
-    let v: serde_json::Value = serde_json::from_str(&eps).unwrap_or_default();
-    v["items"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .flat_map(|s| s["endpoints"].as_array().cloned().unwrap_or_default())
-        .filter(|e| e["conditions"]["ready"] != false)
-        .flat_map(|e| e["addresses"].as_array().cloned().unwrap_or_default())
-        .filter_map(|a| a.as_str().map(String::from))
-        .collect()
 }

@@ -1,9 +1,10 @@
 //! NetworkPolicy enforcement for the pods of this node: watch caches of pods, namespaces and
-//! policies (projections only) → the pure renderer ([`render`]) → the difference from what was
-//! last applied (`podpath_ruleset::nft::Transaction::between`: elements for membership
-//! changes, whole chains only where a pod's rules changed) → `nft -f`, through the same
-//! `podpath_ruleset::Nft` as the nftables proxier, in every proxy mode (the filter lives in a
-//! table of its own, as kube-network-policies keeps its own next to kube-proxy's).
+//! policies (projections only) → the pure plan ([`render::plan`]) → the difference from the
+//! plan last applied, written in the proxy's rule language by a [`PolicyKernel`]: filter-table
+//! chains through the proxy's iptables backend ([`IptablesPolicyKernel`], iptables and userspace
+//! modes) or the table `ip podpath-policy` through `nft -f` ([`NftPolicyKernel`], nftables
+//! mode). The loop ([`run`]) renders on every cache change and rewrites everything when the
+//! rules vanished.
 
 pub mod render;
 
@@ -19,10 +20,9 @@ use podpath_client::reflector::Store;
 use podpath_ruleset::nft::{delete_chains, NftFamily, Transaction};
 use podpath_ruleset::{Command as RuleCommand, Nft, Ruleset, Table};
 
+use crate::error::{AgentError, Result};
 use crate::proxy::kernel::{missing_jumps, Jump, Kernel};
 use render::Plan;
-
-use crate::error::{AgentError, Result};
 
 /// What policies need of a pod: where it is, what it is called and labelled, its named ports.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,20 +1,20 @@
-//! NetworkPolicies → one nftables table per node (pure), in the per-pod-chain form of
-//! kube-router and Calico with nftables sets for the peers (kube-network-policies' idea):
+//! NetworkPolicies → what one node enforces (pure): [`plan`] lists, per local pod and
+//! direction, the lines of every policy that isolates it (one per rule × peer × port, commented
+//! `NS/POLICY ingress[i] from[j] ports[k]`); two printers write it in the proxy's language, in
+//! the per-pod-chain form of kube-router and Calico:
 //!
-//! - `forward` (hook forward): established and related packets pass (a connection made before a
-//!   policy keeps working, as conntrack-based implementations behave); then a packet *from* a
-//!   local pod isolated for egress jumps to that pod's `egress-NS/NAME` chain (via the map
-//!   `egress-pods`), and a packet *to* a local pod isolated for ingress to its `ingress-NS/NAME`
-//!   chain (map `ingress-pods`);
-//! - a pod's chain holds every rule of every policy that isolates it, one line per (rule, peer,
-//!   port), commented `NS/POLICY ingress[i] from[j] ports[k]`; a match passes (`return` for
-//!   egress, so the destination's ingress is still checked; `accept` for ingress), and the
-//!   chain ends in `drop`;
-//! - a peer selecting pods is a named set of their addresses (`from-NS/POLICY-i-j`,
-//!   `to-NS/POLICY-i-j`), so a pod's label change moves a few elements; an `ipBlock` is written
-//!   in the rule; a named port is resolved on the destination: in an ingress chain it is the
-//!   pod's own port, in an egress chain a set of (address, protocol, port) of the pods that
-//!   name it.
+//! - [`nft`]: the table `ip podpath-policy` — a `forward` chain where established and related
+//!   packets pass, then a packet *from* a local pod isolated for egress jumps to its
+//!   `egress-NS/NAME` chain (map `egress-pods`) and one *to* a pod isolated for ingress to its
+//!   `ingress-NS/NAME` chain (map `ingress-pods`); a peer selecting pods is a named set of their
+//!   addresses (`from-NS/POLICY-i-j`), so a label change moves a few elements; egress to a named
+//!   port is a set of (address, protocol, port) of the pods that name it;
+//! - [`iptables`]: filter chains — `PODPATH-POLICY` (established passes, then a jump per isolated
+//!   pod and direction) and `PODPATH-ING-…`/`PODPATH-EGR-…` per pod, one rule per peer address
+//!   and port, an ipBlock's `except` as the prefixes that remain ([`cidr_minus`]).
+//!
+//! A matching line passes (`return` for egress, so the destination's ingress is still checked;
+//! `accept` for ingress); a pod's chain ends in a commented drop.
 //!
 //! The forward hook sees traffic after kube-proxy's DNAT (destination: the chosen pod) and
 //! before its masquerade (source: the client), which is what real implementations see; traffic

@@ -4,34 +4,9 @@
 
 use super::*;
 
-/// The 3 × 3 world: x/a … z/c, labels `pod`, namespace labels `ns` (and the name label the
-/// API server adds), TCP and UDP on 80 and 81, named `serve-80-tcp` …
+/// The upstream suite's 3 × 3 world over two nodes' pod CIDRs: a and b on node-1, c on node-2.
 pub(crate) fn world() -> Vec<Pod> {
-    let mut out = vec![];
-    for (i, ns) in ["x", "y", "z"].iter().enumerate() {
-        for (j, pod) in ["a", "b", "c"].iter().enumerate() {
-            let mut named = vec![];
-            for port in [80u16, 81] {
-                for proto in ["TCP", "UDP"] {
-                    named.push((format!("serve-{port}-{}", proto.to_lowercase()), port, proto.to_string()));
-                }
-            }
-            out.push(Pod {
-                namespace: ns.to_string(),
-                name: pod.to_string(),
-                labels: [("pod".to_string(), pod.to_string())].into(),
-                namespace_labels: [
-                    ("ns".to_string(), ns.to_string()),
-                    ("kubernetes.io/metadata.name".to_string(), ns.to_string()),
-                ]
-                .into(),
-                // Two nodes' pod CIDRs: a and b on node-1, c on node-2.
-                ip: format!("10.244.{}.{}", if j == 2 { 2 } else { 1 }, 10 + i * 3 + j).parse().unwrap(),
-                named_ports: named,
-            });
-        }
-    }
-    out
+    netpol::suite_world(|i, j| format!("10.244.{}.{}", if j == 2 { 2 } else { 1 }, 10 + i * 3 + j).parse().unwrap())
 }
 
 /// The cases, with placeholders filled for `pods`.
