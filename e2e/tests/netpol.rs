@@ -464,3 +464,62 @@ fn label_updates_established_connections_and_dns_egress() {
         }
     });
 }
+
+/// From outside the cluster through a NodePort: on the pod's own node the policy sees the
+/// external client's address (the masquerade comes after the forward hook), so an ipBlock of
+/// the client's network lets it in and a deny-all keeps it out — as in real clusters.
+#[test]
+fn a_nodeport_from_outside_meets_the_policy_with_the_clients_address() {
+    if !root_or_explain() {
+        return;
+    }
+    let lab = Lab::up("netpol3", &["--nodes", "2"]).unwrap();
+    lab.apply(
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: web, labels: {app: web}}\nspec:\n  nodeName: node-1\n  \
+         containers:\n  - {name: main, image: podpath/echo, ports: [{containerPort: 8080}]}\n---\n\
+         apiVersion: v1\nkind: Service\nmetadata: {name: web}\nspec:\n  type: NodePort\n  selector: {app: web}\n  \
+         ports:\n  - {port: 80, targetPort: 8080}\n",
+    );
+    lab.kubectl(&["wait", "--for=condition=Ready", "pod/web", "--timeout=60s"]);
+    let np = lab.kubectl(&["get", "svc", "web", "-o", "jsonpath={.spec.ports[0].nodePort}"]);
+    let url = format!("http://192.168.56.11:{np}/");
+    let answers = || {
+        let (code, out) = lab.curl(&["-m", "2", &url]);
+        code == 0 && out.contains("pod: default/web")
+    };
+    wait_for(Duration::from_secs(10), "the NodePort from the client", || {
+        if answers() {
+            Ok(())
+        } else {
+            Err("no".into())
+        }
+    });
+    lab.apply(
+        "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: deny-all}\n\
+         spec: {podSelector: {}, policyTypes: [Ingress]}",
+    );
+    wait_for(
+        Duration::from_secs(10),
+        "the client kept out",
+        || if answers() { Err("answered".into()) } else { Ok(()) },
+    );
+    lab.apply(
+        "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: from-the-internet}\n\
+         spec: {podSelector: {matchLabels: {app: web}}, ingress: [{from: [{ipBlock: {cidr: 203.0.113.0/24}}]}]}",
+    );
+    wait_for(Duration::from_secs(10), "the client let in by its network", || {
+        if answers() {
+            Ok(())
+        } else {
+            Err("no".into())
+        }
+    });
+    // The trace names the rule: the client's address, as the pod's node saw it.
+    let (ok, out) = lab.run("trace", &["--timeout", "2", &url]);
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("NetworkPolicy allows ingress from")
+            && out.contains("default/from-the-internet ingress[0] from[0]"),
+        "{out}"
+    );
+}

@@ -7,11 +7,16 @@ use podpath_e2e::{bin, wait_for, Lab};
 use testkit::netns::{host_state, root_or_explain};
 
 fn trace_json(lab: &Lab, args: &[&str]) -> (bool, serde_json::Value) {
+    try_trace_json(lab, args).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// [`trace_json`] for the polling loops: a trace that could not run (a trace monitor that was
+/// not subscribed in time on a loaded machine says so in one line) is one more try, not the end.
+fn try_trace_json(lab: &Lab, args: &[&str]) -> Result<(bool, serde_json::Value), String> {
     let mut a = vec!["--output", "json"];
     a.extend_from_slice(args);
     let (ok, out) = lab.run("trace", &a);
-    let v = serde_json::from_str(&out).unwrap_or_else(|e| panic!("trace output is not JSON ({e}): {out}"));
-    (ok, v)
+    serde_json::from_str(&out).map(|v| (ok, v)).map_err(|e| format!("trace output is not JSON ({e}): {out}"))
 }
 
 fn hosts(t: &serde_json::Value) -> Vec<String> {
@@ -193,7 +198,7 @@ fn trace_a_load_balancer_request_hop_by_hop_then_with_no_endpoints() {
     // No endpoints: REJECT on the node the gateway picked, and the trace says so.
     lab.kubectl(&["scale", "deployment/web", "--replicas=0"]);
     let (ok, t) = wait_for(Duration::from_secs(15), "the REJECT rule", || {
-        let (ok, t) = trace_json(&lab, &[&url]);
+        let (ok, t) = try_trace_json(&lab, &[&url])?;
         if t["stopped"].as_str().is_some_and(|s| s.contains("has no endpoints")) {
             Ok((ok, t))
         } else {
@@ -242,7 +247,7 @@ fn trace_shows_where_an_unmasqueraded_request_stops_and_ctrl_c_cleans_up() {
         }
     });
     let (ok, t) = wait_for(Duration::from_secs(15), "the DNAT on node-2", || {
-        let (ok, t) = trace_json(&lab, &["--timeout", "1", "http://169.10.10.1/"]);
+        let (ok, t) = try_trace_json(&lab, &["--timeout", "1", "http://169.10.10.1/"])?;
         if t["hops"].as_array().is_some_and(|h| h.len() >= 4) {
             Ok((ok, t))
         } else {

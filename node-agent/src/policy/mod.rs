@@ -185,7 +185,17 @@ impl<K: Kernel> PolicyKernel for IptablesPolicyKernel<K> {
                 // Everything is written again; the kernel says which jump is missing and which
                 // chains of an earlier run are left over.
                 let saved = self.kernel.save("filter", None)?;
-                out.commands.extend(missing_jumps(&[FORWARD_JUMP], "filter", &saved));
+                if first_in_forward(&saved) {
+                    out.commands.extend(missing_jumps(&[FORWARD_JUMP], "filter", &saved));
+                } else {
+                    // Present but behind kube-proxy's jumps (each inserts itself first), where
+                    // KUBE-FORWARD would accept masqueraded traffic before any policy: moved.
+                    let jump = FORWARD_JUMP.rule();
+                    for _ in saved.rules().filter(|r| **r == jump) {
+                        out.commands.push(RuleCommand::Delete(jump.clone()));
+                    }
+                    out.commands.push(RuleCommand::Insert { position: 1, rule: jump });
+                }
                 let mut left = Table::new("filter");
                 for c in saved.chains.iter().filter(|c| is_policy_chain(&c.name)) {
                     left.declare(c.name.clone());
@@ -216,9 +226,15 @@ impl<K: Kernel> PolicyKernel for IptablesPolicyKernel<K> {
     }
     fn present(&self) -> Result<bool> {
         let forward = self.kernel.save("filter", Some("FORWARD"))?;
-        let present = forward.rules().any(|r| *r == FORWARD_JUMP.rule());
-        Ok(present)
+        Ok(first_in_forward(&forward))
     }
+}
+
+/// Whether the first rule of `FORWARD` in `saved` is the jump into the policy chains (first:
+/// before kube-proxy's KUBE-FORWARD, which accepts packets marked for masquerade, NodePort
+/// traffic from outside among them).
+fn first_in_forward(saved: &Table) -> bool {
+    saved.rules().find(|r| r.chain == "FORWARD").is_some_and(|r| *r == FORWARD_JUMP.rule())
 }
 
 fn net_err(what: &str, e: podpath_ruleset::RulesetError) -> AgentError {
@@ -278,7 +294,9 @@ pub async fn run<K: PolicyKernel>(e: Enforcer<K>, done: Option<tokio::sync::mpsc
     e.policies.wait_synced().await;
     let (mut pods_rx, mut ns_rx, mut pol_rx) = (e.pods.changes(), e.namespaces.changes(), e.policies.changes());
     let mut last: Option<Plan> = None;
-    let mut check = tokio::time::interval(e.period);
+    // Often enough to take back the first place in FORWARD soon after kube-proxy's first sync
+    // (its jumps insert themselves first), cheap enough to do every two seconds.
+    let mut check = tokio::time::interval(e.period.min(Duration::from_secs(2)));
     check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         pods_rx.borrow_and_update();
