@@ -57,6 +57,23 @@ impl<P: Processes, E: PluginExec, A: PodApi, Q: Prober> Deps<P, E, A, Q> {
         write(&files.resolv_conf, &resolv)?;
         write(&files.hosts, &dnsconf::hosts_file(pod, &[], &self.cfg.cluster_domain))?;
         let sandbox = self.procs.start_sandbox(&name, Some(files.clone()), Some(log)).await?;
+        // Recorded at once, not attached yet (no address): whatever stops the node now (`down`,
+        // `--kill-pods`) finds the sandbox; a restarted agent releases such a record and
+        // starts over.
+        let mut rec = PodRecord {
+            uid: uid(pod),
+            namespace: ns.clone(),
+            name: name.clone(),
+            sandbox,
+            pod_ips: vec![],
+            start_time: Timestamp::now(),
+            containers: BTreeMap::new(),
+        };
+        if let Err(e) = save_record(&self.cfg, &rec) {
+            self.procs.signal(sandbox, Sig::Kill);
+            self.procs.wait(sandbox).await;
+            return Err(e);
+        }
         let att = self.attachment(&ns, &name, &uid(pod), Some(sandbox));
         let started = std::time::Instant::now();
         let result = self.cni.add(&self.network, &att).await;
@@ -66,21 +83,15 @@ impl<P: Processes, E: PluginExec, A: PodApi, Q: Prober> Deps<P, E, A, Q> {
             Err(e) => {
                 self.procs.signal(sandbox, Sig::Kill);
                 self.procs.wait(sandbox).await;
+                let _ = std::fs::remove_file(self.cfg.record_path(&rec.uid));
                 return Err(e);
             }
         };
         let pod_ips = cni::result_ips(&result);
         let ips: Vec<String> = pod_ips.iter().map(|i| i.to_string()).collect();
         write(&files.hosts, &dnsconf::hosts_file(pod, &ips, &self.cfg.cluster_domain))?;
-        let rec = PodRecord {
-            uid: uid(pod),
-            namespace: ns,
-            name,
-            sandbox,
-            pod_ips,
-            start_time: Timestamp::now(),
-            containers: BTreeMap::new(),
-        };
+        rec.pod_ips = pod_ips;
+        rec.start_time = Timestamp::now();
         save_record(&self.cfg, &rec)?;
         Ok(rec)
     }
@@ -187,10 +198,11 @@ impl<P: Processes, E: PluginExec, A: PodApi, Q: Prober> Worker<P, E, A, Q> {
         let pod_key = key(&pod);
         let terminal = matches!(pod.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Succeeded" | "Failed"));
         let rec: Option<PodRecord> = match record {
-            Some(r) if deps.procs.alive(r.sandbox) => Some(r),
+            Some(r) if deps.procs.alive(r.sandbox) && !r.pod_ips.is_empty() => Some(r),
             Some(r) => {
-                // The sandbox died while the agent was away (e.g. a reboot): release and redo.
-                tracing::warn!(pod = %pod_key, "sandbox {} is gone; recreating the pod's sandbox", r.sandbox.pid);
+                // The sandbox died while the agent was away (e.g. a reboot), or the agent
+                // stopped before it was attached: release and redo.
+                tracing::warn!(pod = %pod_key, "sandbox {} is gone or was never attached; recreating the pod's sandbox", r.sandbox.pid);
                 if let Err(e) = deps.teardown_record(&r).await {
                     tracing::warn!(pod = %pod_key, "cleaning up the old sandbox: {e}");
                 }
