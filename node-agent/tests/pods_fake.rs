@@ -617,3 +617,48 @@ async fn a_restarted_agent_adopts_running_pods_and_cleans_up_deleted_ones() {
     assert_eq!(keep.restart_count, 0);
     assert!(keep.container_id.unwrap().starts_with("podpath://"));
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_sandbox_recorded_before_it_was_attached_is_released_and_made_again() {
+    // First agent: the pod runs; then its record is put back as it was between the sandbox's
+    // start and CNI ADD (no address yet), as if the agent had stopped just then.
+    let w = world();
+    w.set_pods(vec![pod("keep", echo())]);
+    let handle = tokio::spawn(pods::run_pods(w.deps.clone(), w.store.clone(), None));
+    w.until("running", |w| w.api.last("keep").is_some_and(|s| s.phase.as_deref() == Some("Running"))).await;
+    handle.abort();
+    let path = w.deps.cfg.state_dir.join("pods").join("uid-keep.json");
+    let mut rec: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let old_sandbox: ProcId = serde_json::from_value(rec["sandbox"].clone()).unwrap();
+    rec["pod_ips"] = json!([]);
+    rec["containers"] = json!({});
+    std::fs::write(&path, serde_json::to_vec(&rec).unwrap()).unwrap();
+    let (spawned, adds, dels) = (w.procs.spawned().len(), w.exec.calls("ADD").len(), w.exec.calls("DEL").len());
+
+    // Second agent: releases the unattached sandbox and makes the pod again.
+    let w2 = world();
+    let deps2 = Arc::new(Deps {
+        cfg: w.deps.cfg.clone(),
+        procs: w.procs.clone(),
+        cni: CniRuntime {
+            exec: w.exec.clone(),
+            bin_dirs: w.deps.cni.bin_dirs.clone(),
+            cache_dir: w.deps.cni.cache_dir.clone(),
+        },
+        network: w.deps.network.clone(),
+        api: w2.api.clone(),
+        prober: w.prober.clone(),
+        metrics: Arc::new(Metrics::new()),
+        events: w2.deps.events.clone(),
+    });
+    w2.set_pods(vec![pod("keep", echo())]);
+    tokio::spawn(pods::run_pods(deps2, w2.store.clone(), None));
+    w2.until("keep Running again", |w2| w2.api.last("keep").is_some_and(|s| s.phase.as_deref() == Some("Running")))
+        .await;
+    assert!(!w.procs.alive(old_sandbox), "the unattached sandbox was stopped");
+    assert!(w.exec.calls("DEL").len() > dels, "its attachment released");
+    assert!(w.exec.calls("ADD").len() > adds, "a new ADD");
+    assert!(w.procs.spawned().len() > spawned, "a new sandbox");
+    let rec = w.records().into_iter().find(|r| r.name == "keep").unwrap();
+    assert!(!rec.pod_ips.is_empty() && rec.sandbox != old_sandbox, "{rec:?}");
+}
