@@ -112,31 +112,8 @@ fn main() {
         return;
     }
     let lab = Lab::up("fbench", &["--nodes", "2"]).expect("podpath up");
-    for (name, node) in [("web-1", "node-1"), ("web-2", "node-2")] {
-        lab.apply(&format!(
-            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, labels: {{app: web}}}}\nspec:\n  nodeName: {node}\n  \
-             restartPolicy: Always\n  containers:\n  - {{name: main, image: podpath/echo, ports: [{{containerPort: 8080}}]}}\n"
-        ));
-        lab.kubectl(&["wait", "--for=condition=Ready", &format!("pod/{name}"), "--timeout=60s"]);
-    }
-    lab.kubectl(&[
-        "expose",
-        "pod",
-        "web-1",
-        "--name=web",
-        "--selector=app=web",
-        "--type=LoadBalancer",
-        "--port=80",
-        "--target-port=8080",
-    ]);
-    let ip = wait_for(Duration::from_secs(10), "an LB IP", || {
-        let ip = lab.kubectl(&["get", "svc", "web", "-o", "jsonpath={.status.loadBalancer.ingress[0].ip}"]);
-        if ip.is_empty() {
-            Err("none".into())
-        } else {
-            Ok(ip)
-        }
-    });
+    lab.web_pod_on_each_node_behind_a_load_balancer();
+    let ip = lab.lb_ip("web");
     let to: SocketAddr = format!("{ip}:80").parse().unwrap();
     wait_for(Duration::from_secs(20), "both nodes in rotation", || {
         if in_rotation(&lab, "192.168.56.11") && in_rotation(&lab, "192.168.56.12") {

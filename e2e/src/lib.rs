@@ -405,6 +405,43 @@ impl Lab {
         o
     }
 
+    /// Pods web-1 on node-1 and web-2 on node-2 (`app: web`, podpath/echo on 8080), Ready,
+    /// behind the LoadBalancer Service `web` (80 → 8080).
+    pub fn web_pod_on_each_node_behind_a_load_balancer(&self) {
+        for (name, node) in [("web-1", "node-1"), ("web-2", "node-2")] {
+            self.apply(&format!(
+                "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, labels: {{app: web}}}}\nspec:\n  nodeName: {node}\n  \
+                 containers:\n  - {{name: main, image: podpath/echo, ports: [{{containerPort: 8080}}]}}\n"
+            ));
+        }
+        for name in ["web-1", "web-2"] {
+            self.kubectl(&["wait", "--for=condition=Ready", &format!("pod/{name}"), "--timeout=60s"]);
+        }
+        self.kubectl(&[
+            "expose",
+            "pod",
+            "web-1",
+            "--name=web",
+            "--selector=app=web",
+            "--type=LoadBalancer",
+            "--port=80",
+            "--target-port=8080",
+        ]);
+    }
+
+    /// The LoadBalancer IP of Service `service` (namespace default), once allocated (10 s at
+    /// most).
+    pub fn lb_ip(&self, service: &str) -> String {
+        wait_for(Duration::from_secs(10), &format!("an LB IP for {service}"), || {
+            let ip = self.kubectl(&["get", "svc", service, "-o", "jsonpath={.status.loadBalancer.ingress[0].ip}"]);
+            if ip.is_empty() {
+                Err("none yet".into())
+            } else {
+                Ok(ip)
+            }
+        })
+    }
+
     /// The addresses of the ready endpoints of Service `service` (namespace default), from its
     /// EndpointSlices.
     pub fn ready_endpoints(&self, service: &str) -> Vec<String> {

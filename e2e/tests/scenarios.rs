@@ -104,7 +104,6 @@ impl KeptAlive {
     }
 }
 
-/// The LoadBalancer IP of a Service, once allocated.
 /// Waits until the gateway's passthrough route does (`want`) or does not carry `node_ip`.
 fn wait_rotation(lab: &Lab, node_ip: &str, want: bool, limit: Duration, what: &str) {
     wait_for(limit, what, || {
@@ -115,35 +114,6 @@ fn wait_rotation(lab: &Lab, node_ip: &str, want: bool, limit: Duration, what: &s
             Err(nh)
         }
     });
-}
-
-fn lb_ip(lab: &Lab, service: &str) -> String {
-    wait_for(Duration::from_secs(10), &format!("an LB IP for {service}"), || {
-        let ip = lab.kubectl(&["get", "svc", service, "-o", "jsonpath={.status.loadBalancer.ingress[0].ip}"]);
-        if ip.is_empty() {
-            Err("none yet".into())
-        } else {
-            Ok(ip)
-        }
-    })
-}
-
-/// Pods web-1 on node-1 and web-2 on node-2 (`app: web`), Ready, behind the LoadBalancer
-/// Service `web` (80 → 8080).
-fn web_pod_on_each_node_behind_a_load_balancer(lab: &Lab) {
-    lab.apply(&pod("web-1", "node-1", "app: web", "", &[8080]));
-    lab.apply(&pod("web-2", "node-2", "app: web", "", &[8080]));
-    wait_pods_ready(lab, &["web-1", "web-2"]);
-    lab.kubectl(&[
-        "expose",
-        "pod",
-        "web-1",
-        "--name=web",
-        "--selector=app=web",
-        "--type=LoadBalancer",
-        "--port=80",
-        "--target-port=8080",
-    ]);
 }
 
 fn wait_pods_ready(lab: &Lab, pods: &[&str]) {
@@ -281,7 +251,7 @@ fn scenario_2_userspace_proxy_behind_a_nodeport_load_balancer() {
     yaml += "apiVersion: v1\nkind: Service\nmetadata: {name: cloud-nginx}\nspec:\n  type: LoadBalancer\n  selector: {app: cloud-nginx}\n  ports:\n  - {name: http-server, port: 80, targetPort: 80}\n  - {name: https-server, port: 443, targetPort: 443}\n";
     lab.apply(&yaml);
     wait_pods_ready(&lab, &["cloud-nginx-1", "cloud-nginx-dead"]);
-    let lb_ip = lb_ip(&lab, "cloud-nginx");
+    let lb_ip = lab.lb_ip("cloud-nginx");
     let np = lab.kubectl(&["get", "svc", "cloud-nginx", "-o", "jsonpath={.spec.ports[0].nodePort}"]);
 
     // LB → NodePort → proxy port → pod: every request answered with the pod's 301.
@@ -444,7 +414,7 @@ fn scenario_4(mode: &str, layout: &str) {
 
     // A node whose agent dies fails its health check: the LB withdraws it, requests go on.
     // Connections in flight through healthy nodes must not notice.
-    let lb_ip = lb_ip(&lab, "web-lb");
+    let lb_ip = lab.lb_ip("web-lb");
     curl_ok(&lab, &format!("http://{lb_ip}/"), &[]);
     let mut open = KeptAlive::open(&lab, &format!("{lb_ip}:80"), 24);
     let via: Vec<String> = (0..open.conns.len())
@@ -587,7 +557,7 @@ fn up_and_down_leave_the_host_unchanged_and_nothing_behind() {
     ]);
     lab.kubectl(&["expose", "pod", "web", "--type=LoadBalancer", "--port=80", "--target-port=8080"]);
     lab.kubectl(&["wait", "--for=condition=Ready", "pod/web", "--timeout=60s"]);
-    let lb_ip = lb_ip(&lab, "web");
+    let lb_ip = lab.lb_ip("web");
     curl_ok(&lab, &format!("http://{lb_ip}/"), &[]);
     let workload: i32 = lab
         .kubectl(&["get", "pod", "web", "-o", "jsonpath={.status.containerStatuses[0].containerID}"])
@@ -972,7 +942,7 @@ fn deployment_scaling_changes_probabilities_and_a_rolling_update_answers_every_r
     expect(&["0.3333", "0.5000", ""]);
 
     // The rolling update: v1 → v2 while the client sends one request after another.
-    let url = format!("http://{}/", lb_ip(&lab, "web"));
+    let url = format!("http://{}/", lab.lb_ip("web"));
     curl_ok(&lab, &url, &[]);
     let done = std::sync::atomic::AtomicBool::new(false);
     let (answers, failures) = std::thread::scope(|s| {
@@ -1098,12 +1068,12 @@ fn faults_a_link_down_behind_the_load_balancer_blackhole_and_loss() {
     }
     let before = host_state();
     let lab = Lab::up("flt", &["--nodes", "2"]).expect("podpath up");
-    web_pod_on_each_node_behind_a_load_balancer(&lab);
+    lab.web_pod_on_each_node_behind_a_load_balancer();
     // Local: each node serves only its own pod, so a node out of rotation takes its pod's
     // share with it (with Cluster, node-1 would still send half of the requests to node-2's
     // pod until node-2 is NotReady and its endpoint removed).
     lab.kubectl(&["patch", "svc", "web", "--type=merge", "-p", r#"{"spec":{"externalTrafficPolicy":"Local"}}"#]);
-    let lb_ip = lb_ip(&lab, "web");
+    let lb_ip = lab.lb_ip("web");
     let url = format!("http://{lb_ip}/");
     curl_ok(&lab, &url, &[]);
 
@@ -1368,8 +1338,8 @@ fn a_node_partitioned_from_the_api_keeps_serving_while_the_others_drop_its_pods(
         return;
     }
     let lab = Lab::up("part", &["--nodes", "2"]).expect("podpath up");
-    web_pod_on_each_node_behind_a_load_balancer(&lab);
-    let url = format!("http://{}/", lb_ip(&lab, "web"));
+    lab.web_pod_on_each_node_behind_a_load_balancer();
+    let url = format!("http://{}/", lab.lb_ip("web"));
     curl_ok(&lab, &url, &[]);
     let web2 = lab.kubectl(&["get", "pod", "web-2", "-o", "jsonpath={.status.podIP}"]);
     let ready = |node: &str| {

@@ -566,6 +566,25 @@ fn pre_stop_handlers_from_the_spec() {
     assert_eq!(pods::pre_stop(&core::Container::default(), Some(ip), sandbox, Path::new("/w")), None);
 }
 
+/// A second agent on `w`'s node: its state directory, processes, CNI plugins and prober, with
+/// `w2`'s API and events.
+fn restarted_agent(w: &World, w2: &World) -> Arc<FakeDeps> {
+    Arc::new(Deps {
+        cfg: w.deps.cfg.clone(),
+        procs: w.procs.clone(),
+        cni: CniRuntime {
+            exec: w.exec.clone(),
+            bin_dirs: w.deps.cni.bin_dirs.clone(),
+            cache_dir: w.deps.cni.cache_dir.clone(),
+        },
+        network: w.deps.network.clone(),
+        api: w2.api.clone(),
+        prober: w.prober.clone(),
+        metrics: Arc::new(Metrics::new()),
+        events: w2.deps.events.clone(),
+    })
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_restarted_agent_adopts_running_pods_and_cleans_up_deleted_ones() {
     // First agent: two pods.
@@ -582,20 +601,7 @@ async fn a_restarted_agent_adopts_running_pods_and_cleans_up_deleted_ones() {
 
     // Second agent: same state directory and processes; "gone" was deleted meanwhile.
     let w2 = world();
-    let deps2 = Arc::new(Deps {
-        cfg: w.deps.cfg.clone(),
-        procs: w.procs.clone(),
-        cni: CniRuntime {
-            exec: w.exec.clone(),
-            bin_dirs: w.deps.cni.bin_dirs.clone(),
-            cache_dir: w.deps.cni.cache_dir.clone(),
-        },
-        network: w.deps.network.clone(),
-        api: w2.api.clone(),
-        prober: w.prober.clone(),
-        metrics: Arc::new(Metrics::new()),
-        events: w2.deps.events.clone(),
-    });
+    let deps2 = restarted_agent(&w, &w2);
     w2.set_pods(vec![pod("keep", echo())]);
     let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
     tokio::spawn(pods::run_pods(deps2, w2.store.clone(), Some(ready_tx)));
@@ -637,20 +643,7 @@ async fn a_sandbox_recorded_before_it_was_attached_is_released_and_made_again() 
 
     // Second agent: releases the unattached sandbox and makes the pod again.
     let w2 = world();
-    let deps2 = Arc::new(Deps {
-        cfg: w.deps.cfg.clone(),
-        procs: w.procs.clone(),
-        cni: CniRuntime {
-            exec: w.exec.clone(),
-            bin_dirs: w.deps.cni.bin_dirs.clone(),
-            cache_dir: w.deps.cni.cache_dir.clone(),
-        },
-        network: w.deps.network.clone(),
-        api: w2.api.clone(),
-        prober: w.prober.clone(),
-        metrics: Arc::new(Metrics::new()),
-        events: w2.deps.events.clone(),
-    });
+    let deps2 = restarted_agent(&w, &w2);
     w2.set_pods(vec![pod("keep", echo())]);
     tokio::spawn(pods::run_pods(deps2, w2.store.clone(), None));
     w2.until("keep Running again", |w2| w2.api.last("keep").is_some_and(|s| s.phase.as_deref() == Some("Running")))
