@@ -173,7 +173,7 @@ fn element_only_syncs_go_over_netlink_and_list_back_as_rendered() {
         let (tx, stale) = Transaction::between(Some(&before), &after);
         assert!(stale.is_empty(), "{stale:?}");
         let mut socket = nfnl::Socket::open().unwrap();
-        let sent = socket.apply_elements(&tx, &after.sets).unwrap_or_else(|e| panic!("{e}\n{}", tx.text()));
+        let sent = socket.apply(&tx, &after.sets).unwrap_or_else(|e| panic!("{e}\n{}", tx.text()));
         assert!(sent, "not elements only:\n{}", tx.text());
         table.replace_part(&before, &after);
         let want = Listing::of(&render(&cfg(), &config, &next));
@@ -188,17 +188,17 @@ fn element_only_syncs_go_over_netlink_and_list_back_as_rendered() {
         bad.ops.retain(|op| matches!(op, podpath_ruleset::nft::Op::DeleteElement { .. }));
         bad.ops
             .extend(tx.ops.iter().filter(|op| matches!(op, podpath_ruleset::nft::Op::DeleteElement { .. })).cloned());
-        assert!(socket.apply_elements(&bad, &after.sets).is_err(), "the second delete of the same elements fails");
+        assert!(socket.apply(&bad, &after.sets).is_err(), "the second delete of the same elements fails");
         assert_eq!(listed(&nft), want, "nothing of a refused batch is applied");
         // One socket carries batch after batch: back to `states`, and forward again.
         let mut socket = nfnl::Socket::open().unwrap();
         let (back_before, back_after) = render_changed(&cfg(), &config, &mut shared, &new, &old);
         let (back, _) = Transaction::between(Some(&back_before), &back_after);
-        assert!(socket.apply_elements(&back, &back_after.sets).unwrap());
+        assert!(socket.apply(&back, &back_after.sets).unwrap());
         assert_eq!(listed(&nft), Listing::of(&render(&cfg(), &config, &states)));
         let (before, after) = render_changed(&cfg(), &config, &mut shared, &old, &new);
         let (forward, _) = Transaction::between(Some(&before), &after);
-        assert!(socket.apply_elements(&forward, &after.sets).unwrap());
+        assert!(socket.apply(&forward, &after.sets).unwrap());
         assert_eq!(listed(&nft), want);
     });
     drop(ns);
@@ -282,4 +282,93 @@ fn the_generation_moves_with_every_transaction_and_only_then() {
     });
     drop(ns);
     assert_eq!(host_state(), before_host);
+}
+
+/// The reference check of the netlink layer: in every layout, the same ruleset loaded over
+/// netlink (one batch) in one namespace and through `nft -f` in another lists back the same,
+/// word for word (`nft list`) and object for object (`nft -j list`, handles aside) — for the
+/// full load of every rule shape the layouts write, and after every batch of random churn
+/// synced into both.
+#[test]
+fn a_table_loaded_over_netlink_lists_back_as_the_one_nft_loads() {
+    use node_agent::proxy::nft_sync::{sync_changed, sync_full, NftKernel, NftablesKernel};
+    use node_agent::proxy::nftables::Shared;
+    use node_agent::proxy::tracker::Tracker;
+    if !root_or_explain() {
+        return;
+    }
+    let before_host = host_state();
+    let (text_ns, netlink_ns) = (Netns::new("pptx"), Netns::new("ppnl"));
+    let text = NftablesKernel::text(Nft::in_netns(&text_ns.name));
+    let netlink = NftablesKernel::in_netns(Nft::in_netns(&netlink_ns.name));
+    let json = |k: &NftablesKernel| -> serde_json::Value {
+        let out = std::process::Command::new("ip")
+            .args(["netns", "exec", k.nft.netns.as_deref().unwrap(), "nft", "-j", "list", "table", "ip", TABLE])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let mut v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        fn strip(v: &mut serde_json::Value) {
+            match v {
+                serde_json::Value::Object(m) => {
+                    m.remove("handle");
+                    m.values_mut().for_each(strip);
+                }
+                serde_json::Value::Array(a) => a.iter_mut().for_each(strip),
+                _ => {}
+            }
+        }
+        strip(&mut v);
+        v
+    };
+    let same = |what: &str| {
+        let (a, b) = (
+            text.nft.list_table(NftFamily::Ip, TABLE, false).unwrap(),
+            netlink.nft.list_table(NftFamily::Ip, TABLE, false).unwrap(),
+        );
+        assert!(a.is_some(), "{what}: no table");
+        assert_eq!(b, a, "{what}: netlink (left) and nft -f (right) differ");
+        assert_eq!(json(&netlink), json(&text), "{what}: the JSON listings differ");
+        assert_eq!(netlink.nft_runs(), 0, "{what}: a transaction went to nft -f");
+        a.unwrap()
+    };
+    for layout in [Layout::Current, Layout::V134, Layout::SharedMaps] {
+        let config = NftConfig { layout, service_cidrs: vec!["10.96.0.0/12".parse().unwrap()] };
+        for k in [&text, &netlink] {
+            sync_full(k, &cfg(), &config, &services()).unwrap();
+        }
+        let listed = same(&format!("{layout:?}: full load"));
+        for shape in ["numgen random mod 2 vmap", "fib saddr type local", "ip saddr != { ", "masquerade"] {
+            if layout != Layout::SharedMaps || shape != "numgen random mod 2 vmap" {
+                assert!(listed.contains(shape), "{layout:?}: the fixture lost its {shape:?} rule\n{listed}");
+            }
+        }
+
+        // Churn, synced into both kernels alike.
+        let mut churn = churn::Churn::new(60, layout as u64 + 7);
+        let mut tracker = Tracker::new("node-1");
+        tracker.update(&churn.services, &churn.slices);
+        let state = tracker.list();
+        let mut kept = vec![];
+        for k in [&text, &netlink] {
+            let (table, _) = sync_full(k, &cfg(), &config, &state).unwrap();
+            kept.push((table, Shared::of(&cfg(), &config, &state)));
+        }
+        same(&format!("{layout:?}: churn start"));
+        for batch in 0..15 {
+            let did: Vec<&str> = (0..1 + batch % 6).map(|_| churn.step()).collect();
+            let delta = tracker.update(&churn.services, &churn.slices);
+            for (k, (table, shared)) in [&text, &netlink].into_iter().zip(kept.iter_mut()) {
+                let (stale, _) = sync_changed(k, &cfg(), &config, shared, table, &delta.old, &delta.new)
+                    .unwrap_or_else(|e| panic!("{layout:?} batch {batch} {did:?}: {e}"));
+                let stale: Vec<String> = stale.into_iter().filter(|c| table.chain(c).is_none()).collect();
+                if !stale.is_empty() {
+                    k.apply(&delete_chains(NftFamily::Ip, TABLE, &stale)).unwrap();
+                }
+            }
+            same(&format!("{layout:?}: after batch {batch} {did:?}"));
+        }
+    }
+    drop((text_ns, netlink_ns));
+    assert_eq!(host_state(), before_host, "the host namespace changed");
 }

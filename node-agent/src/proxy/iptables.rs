@@ -520,7 +520,7 @@ fn render_inner(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn ep(ip: &str, port: u16, node: &str) -> Endpoint {
@@ -544,7 +544,7 @@ mod tests {
 
     /// Every feature in one ruleset, compared whole with a file reviewed rule by rule against
     /// kube-proxy's shapes (reference/kube-proxy.md §1.4).
-    fn services() -> Vec<ServiceState> {
+    pub(crate) fn services() -> Vec<ServiceState> {
         let svc1 = sp("ns1", "svc1", "p80", "tcp", "10.96.0.41", 80);
         let mut svc2 = sp("ns2", "svc2", "", "tcp", "10.96.0.42", 80);
         svc2.node_port = Some(30080);

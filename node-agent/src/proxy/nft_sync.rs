@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use podpath_client::reflector::Store;
-use podpath_ruleset::nft::{delete_chains, NftFamily, NftTable, Set, Transaction};
+use podpath_ruleset::nft::{delete_chains, NftFamily, NftTable, Op, Set, Transaction};
 use podpath_ruleset::Nft;
 
 use super::iptables::{RenderConfig, ServiceState};
@@ -55,12 +55,21 @@ pub trait NftKernel: Send + Sync + 'static {
     fn clear_conntrack(&self, deletes: &[Vec<String>]);
 }
 
-/// The real kernel: `nft` in the current network namespace, and a netlink socket kept open
-/// for element transactions.
+/// The real kernel: transactions as nf_tables netlink batches ([`super::nfnl`]) on a socket
+/// kept open, in the current network namespace or the one `nft.netns` names; `nft` for the
+/// listings, and for a transaction the netlink layer does not write (or every one, with
+/// `text_only`: the reference path).
 #[derive(Debug, Clone, Default)]
 pub struct NftablesKernel {
     pub nft: Nft,
+    /// Every transaction through `nft -f`, as text.
+    pub text_only: bool,
     socket: Arc<std::sync::Mutex<Option<super::nfnl::Socket>>>,
+    /// The declarations of the table's sets as last written (to encode elements of sets a
+    /// transaction names without declaring them).
+    sets: Arc<std::sync::Mutex<BTreeMap<String, Set>>>,
+    /// Transactions that went through `nft -f`.
+    nft_runs: Arc<std::sync::atomic::AtomicU64>,
 }
 
 fn network(e: podpath_ruleset::RulesetError) -> AgentError {
@@ -68,12 +77,27 @@ fn network(e: podpath_ruleset::RulesetError) -> AgentError {
 }
 
 impl NftablesKernel {
+    /// The text path only (`nft -f`), in `nft`'s namespace.
+    pub fn text(nft: Nft) -> Self {
+        NftablesKernel { nft, text_only: true, ..Default::default() }
+    }
+
+    /// The netlink path first, in `nft`'s namespace.
+    pub fn in_netns(nft: Nft) -> Self {
+        NftablesKernel { nft, ..Default::default() }
+    }
+
+    /// How many transactions went through `nft -f`.
+    pub fn nft_runs(&self) -> u64 {
+        self.nft_runs.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Runs `f` on the open socket (opening it first); a socket that failed is dropped, as it
     /// may still hold replies to the failed batch.
     fn with_socket<T>(&self, f: impl FnOnce(&mut super::nfnl::Socket) -> Result<T>) -> Result<T> {
         let mut socket = self.socket.lock().unwrap_or_else(|e| e.into_inner());
         if socket.is_none() {
-            *socket = Some(super::nfnl::Socket::open()?);
+            *socket = Some(super::nfnl::Socket::open_in(self.nft.netns.as_deref())?);
         }
         let r = f(socket.as_mut().expect("opened"));
         if r.is_err() {
@@ -81,40 +105,70 @@ impl NftablesKernel {
         }
         r
     }
+
+    /// Keeps the declarations a successful transaction made or removed.
+    fn remember(&self, tx: &Transaction) {
+        let mut sets = self.sets.lock().unwrap_or_else(|e| e.into_inner());
+        for op in &tx.ops {
+            match op {
+                Op::DeleteTable => sets.clear(),
+                Op::AddSet(s) => {
+                    sets.insert(s.name.clone(), s.declaration());
+                }
+                Op::DeleteSet(name, _) => {
+                    sets.remove(name);
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// `tx` over netlink (with `known` declarations, else the remembered ones), or through
+    /// `nft -f` when the netlink layer does not write it.
+    fn apply_with(&self, tx: &Transaction, known: Option<&[Set]>) -> Result<()> {
+        if tx.is_empty() {
+            return Ok(());
+        }
+        let sent = !self.text_only && {
+            let remembered: Vec<Set>;
+            let sets = match known {
+                Some(s) => s,
+                None => {
+                    remembered = self.sets.lock().unwrap_or_else(|e| e.into_inner()).values().cloned().collect();
+                    &remembered
+                }
+            };
+            self.with_socket(|s| s.apply(tx, sets))?
+        };
+        if !sent {
+            if !self.text_only {
+                tracing::debug!(
+                    "nftables: a transaction the netlink layer does not write goes to nft -f:\n{}",
+                    tx.text()
+                );
+            }
+            self.nft_runs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.nft.apply(tx).map_err(network)?;
+        }
+        self.remember(tx);
+        Ok(())
+    }
 }
 
 impl NftKernel for NftablesKernel {
     fn apply(&self, tx: &Transaction) -> Result<()> {
-        self.nft.apply(tx).map_err(network)
+        self.apply_with(tx, None)
     }
     fn apply_full(&self, table: &NftTable) -> Result<()> {
-        // Loading a table from nothing: chains and rules through nft, then the elements in one
-        // netlink batch (an nft run spends most of its time parsing them). A table that is
-        // there is replaced in one transaction, so that its Services never go dark meanwhile.
-        if self.nft.netns.is_none() && !self.nft.has_table(NftFamily::Ip, TABLE).map_err(network)? {
-            self.apply(&Transaction::between(None, &super::nfnl::skeleton(table)).0)?;
-            let seq =
-                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_secs() as u32);
-            let sent = super::nfnl::encode_elements(table, seq)
-                .map_or(Ok(()), |(batch, acks)| self.with_socket(|s| s.send(&batch, acks, seq)));
-            if let Err(e) = sent {
-                // Half a table must not stay: the next full sync starts from nothing again.
-                let _ = self.delete_table();
-                return Err(e);
-            }
-            return Ok(());
-        }
-        self.apply(&Transaction::between(None, table).0)
+        // One transaction replaces whatever the table held, so that its Services never go
+        // dark meanwhile: over netlink, one batch even for 10,000 Services.
+        self.apply_with(&Transaction::between(None, table).0, Some(&[]))
     }
     fn apply_elements(&self, tx: &Transaction, sets: &[Set]) -> Result<()> {
-        // The agent runs in the node's namespace; a set in another one (tests) goes to nft.
-        if self.nft.netns.is_none() && self.with_socket(|s| s.apply_elements(tx, sets))? {
-            return Ok(());
-        }
-        self.apply(tx)
+        self.apply_with(tx, Some(sets))
     }
     fn generation(&self) -> Option<u32> {
-        if self.nft.netns.is_some() {
+        if self.text_only {
             return None;
         }
         self.with_socket(|s| s.generation()).ok()

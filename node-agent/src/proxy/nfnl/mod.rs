@@ -16,9 +16,20 @@ use podpath_ruleset::nft::{Element, NftTable, Op, Set, Transaction};
 
 use crate::error::{AgentError, Result};
 
+mod decl;
+mod rule;
+
 const NFNL_SUBSYS_NFTABLES: u16 = 10;
 const NFNL_MSG_BATCH_BEGIN: u16 = 0x10;
 const NFNL_MSG_BATCH_END: u16 = 0x11;
+const NFT_MSG_NEWTABLE: u16 = 0;
+const NFT_MSG_DELTABLE: u16 = 2;
+const NFT_MSG_NEWCHAIN: u16 = 3;
+const NFT_MSG_DELCHAIN: u16 = 5;
+const NFT_MSG_NEWRULE: u16 = 6;
+const NFT_MSG_DELRULE: u16 = 8;
+const NFT_MSG_NEWSET: u16 = 9;
+const NFT_MSG_DELSET: u16 = 11;
 const NFT_MSG_NEWSETELEM: u16 = 12;
 const NFT_MSG_DELSETELEM: u16 = 14;
 const NFT_MSG_NEWGEN: u16 = 15;
@@ -28,6 +39,12 @@ const NLMSG_ERROR: u16 = 2;
 const NLM_F_REQUEST: u16 = 0x1;
 const NLM_F_ACK: u16 = 0x4;
 const NLM_F_CREATE: u16 = 0x400;
+const NLM_F_APPEND: u16 = 0x800;
+const NFTA_RULE_TABLE: u16 = 1;
+const NFTA_RULE_CHAIN: u16 = 2;
+const NFTA_RULE_EXPRESSIONS: u16 = 4;
+const NFTA_RULE_USERDATA: u16 = 7;
+const NFTNL_UDATA_RULE_COMMENT: u8 = 0;
 const NFPROTO_IPV4: u8 = 2;
 const NLA_F_NESTED: u16 = 0x8000;
 const NFTA_SET_ELEM_LIST_TABLE: u16 = 1;
@@ -231,19 +248,30 @@ pub fn encodable(set: &Set) -> bool {
     Layout::of(set).is_some()
 }
 
-/// A batch being built: begin, element messages (each asking for an acknowledgement), end.
+/// A batch being built: begin, the messages (the last one asking for an acknowledgement:
+/// the kernel reports every refused message anyway, and acknowledging 100,000 accepted ones
+/// only fills the receive queue), end.
 struct Batch<'a> {
     table: &'a str,
     out: Vec<u8>,
     seq: u32,
     n: u32,
+    /// Where the last message starts (its flags get `NLM_F_ACK`).
+    last: usize,
 }
 
 impl<'a> Batch<'a> {
     fn new(table: &'a str, seq: u32) -> Self {
         let mut out = Vec::new();
         message(&mut out, NFNL_MSG_BATCH_BEGIN, NLM_F_REQUEST, seq, 0, NFNL_SUBSYS_NFTABLES, &[]);
-        Batch { table, out, seq, n: 0 }
+        Batch { table, out, seq, n: 0, last: 0 }
+    }
+
+    fn message(&mut self, kind: u16, flags: u16, body: &[u8]) {
+        self.n += 1;
+        self.last = self.out.len();
+        let seq = self.seq.wrapping_add(self.n);
+        message(&mut self.out, (NFNL_SUBSYS_NFTABLES << 8) | kind, flags, seq, NFPROTO_IPV4, 0, body);
     }
 
     /// Adds (or deletes) `elements` of `set`, as many messages as their size needs.
@@ -266,36 +294,56 @@ impl<'a> Batch<'a> {
             attr(&mut body, NFTA_SET_ELEM_LIST_TABLE, &strz(self.table));
             attr(&mut body, NFTA_SET_ELEM_LIST_SET, &strz(&set.name));
             attr(&mut body, NFTA_SET_ELEM_LIST_ELEMENTS | NLA_F_NESTED, &list);
-            let (kind, flags) = if add {
-                (NFT_MSG_NEWSETELEM, NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE)
+            if add {
+                self.message(NFT_MSG_NEWSETELEM, NLM_F_REQUEST | NLM_F_CREATE, &body);
             } else {
-                (NFT_MSG_DELSETELEM, NLM_F_REQUEST | NLM_F_ACK)
-            };
-            self.n += 1;
-            message(
-                &mut self.out,
-                (NFNL_SUBSYS_NFTABLES << 8) | kind,
-                flags,
-                self.seq + self.n,
-                NFPROTO_IPV4,
-                0,
-                &body,
-            );
+                self.message(NFT_MSG_DELSETELEM, NLM_F_REQUEST, &body);
+            }
         }
         Some(())
     }
 
-    /// The bytes and how many acknowledgements to wait for; None when there is nothing to send.
-    fn finish(mut self) -> Option<(Vec<u8>, u32)> {
-        let end = self.seq + self.n + 1;
+    /// A rule with the anonymous sets it declares before it.
+    fn rule(&mut self, chain: &str, text: &str, ids: &mut u32) -> Option<()> {
+        let r = rule::compile(text, ids)?;
+        for a in &r.sets {
+            let (set, elements) = decl::anon(self.table, a)?;
+            self.message(NFT_MSG_NEWSET, NLM_F_REQUEST | NLM_F_CREATE, &set);
+            self.message(NFT_MSG_NEWSETELEM, NLM_F_REQUEST | NLM_F_CREATE, &elements);
+        }
+        let mut body = vec![];
+        attr(&mut body, NFTA_RULE_TABLE, &strz(self.table));
+        attr(&mut body, NFTA_RULE_CHAIN, &strz(chain));
+        attr(&mut body, NFTA_RULE_EXPRESSIONS | NLA_F_NESTED, &r.exprs);
+        if let Some(c) = &r.comment {
+            let len = u8::try_from(c.len() + 1).ok()?;
+            attr_with(&mut body, NFTA_RULE_USERDATA, |u| {
+                u.extend([NFTNL_UDATA_RULE_COMMENT, len]);
+                u.extend(c.as_bytes());
+                u.push(0);
+            });
+        }
+        self.message(NFT_MSG_NEWRULE, NLM_F_REQUEST | NLM_F_CREATE | NLM_F_APPEND, &body);
+        Some(())
+    }
+
+    /// The bytes and the number of messages between begin and end.
+    fn finish(mut self) -> (Vec<u8>, u32) {
+        if self.n > 0 {
+            let at = self.last + 6;
+            let flags = u16::from_ne_bytes([self.out[at], self.out[at + 1]]) | NLM_F_ACK;
+            self.out[at..at + 2].copy_from_slice(&flags.to_ne_bytes());
+        }
+        let end = self.seq.wrapping_add(self.n + 1);
         message(&mut self.out, NFNL_MSG_BATCH_END, NLM_F_REQUEST, end, 0, NFNL_SUBSYS_NFTABLES, &[]);
-        (self.n > 0).then_some((self.out, self.n))
+        (self.out, self.n)
     }
 }
 
 /// A copy of `table` without the elements [`encode_elements`] writes: what `nft -f` loads
-/// before them when a table is loaded from nothing (a few hundred commands of chains and
-/// rules; the elements, nearly all of a large table, go in one netlink batch).
+/// before them when a table is loaded from nothing and cannot go over netlink whole (a few
+/// hundred commands of chains and rules; the elements, nearly all of a large table, go in
+/// one netlink batch).
 pub fn skeleton(table: &NftTable) -> NftTable {
     let mut out = NftTable::new(table.family, &table.name);
     out.comment.clone_from(&table.comment);
@@ -319,37 +367,88 @@ pub fn encode_elements(table: &NftTable, seq: u32) -> Option<(Vec<u8>, u32)> {
             batch.elements(s, &layout, true, s.elements.values())?;
         }
     }
-    batch.finish()
+    let (bytes, n) = batch.finish();
+    (n > 0).then_some((bytes, n))
 }
 
-/// The batch for a transaction of element commands only, given the declarations of the sets
-/// it names; None when it holds anything else, or a set or value this layer does not know
-/// (the caller then uses `nft -f`). The element messages are numbered from `seq + 1` and ask
-/// for an acknowledgement; returns the bytes and how many acknowledgements to wait for.
+/// The batch for a whole transaction — table, chains, rules (with their anonymous sets), sets
+/// and elements — given the declarations of the sets it names without declaring them; None
+/// when it holds a rule, type or value this layer does not write (the caller then uses
+/// `nft -f`). The messages are numbered from `seq + 1`; returns the bytes and their number.
 pub fn encode(tx: &Transaction, sets: &[Set], seq: u32) -> Option<(Vec<u8>, u32)> {
-    let mut batch = Batch::new(&tx.table, seq);
-    // Consecutive commands on one set go in one message (or more, when long).
+    let mut decls: std::collections::HashMap<&str, &Set> = sets.iter().map(|s| (s.name.as_str(), s)).collect();
+    for op in &tx.ops {
+        if let Op::AddSet(s) = op {
+            decls.insert(&s.name, s);
+        }
+    }
+    let table = tx.table.as_str();
+    let named = |body: &mut Vec<u8>, kind: u16, name: &str| {
+        attr(body, 1, &strz(table));
+        attr(body, kind, &strz(name));
+    };
+    let mut batch = Batch::new(table, seq);
+    // Set ids, numbered in the batch: named sets' and anonymous ones'.
+    let mut ids = 0u32;
     let mut i = 0;
     while i < tx.ops.len() {
-        let (add, set_name) = match &tx.ops[i] {
-            Op::AddElement { set, .. } => (true, set),
-            Op::DeleteElement { set, .. } => (false, set),
-            _ => return None,
-        };
-        let set = sets.iter().find(|s| &s.name == set_name)?;
-        let layout = Layout::of(set)?;
-        let mut elements: Vec<&Element> = vec![];
-        while let Some(op) = tx.ops.get(i) {
-            match op {
-                Op::AddElement { set, element } if add && set == set_name => elements.push(element),
-                Op::DeleteElement { set, element } if !add && set == set_name => elements.push(element),
-                _ => break,
+        let mut body = vec![];
+        match &tx.ops[i] {
+            Op::AddTable => {
+                decl::table(&mut body, table, tx.comment.as_deref())?;
+                batch.message(NFT_MSG_NEWTABLE, NLM_F_REQUEST, &body);
             }
-            i += 1;
+            Op::DeleteTable => {
+                attr(&mut body, 1, &strz(table));
+                batch.message(NFT_MSG_DELTABLE, NLM_F_REQUEST, &body);
+            }
+            Op::AddChain(c) => {
+                decl::chain(&mut body, table, c)?;
+                batch.message(NFT_MSG_NEWCHAIN, NLM_F_REQUEST | NLM_F_CREATE, &body);
+            }
+            Op::FlushChain(c) => {
+                named(&mut body, NFTA_RULE_CHAIN, c);
+                batch.message(NFT_MSG_DELRULE, NLM_F_REQUEST, &body);
+            }
+            Op::DeleteChain(c) => {
+                named(&mut body, 3, c);
+                batch.message(NFT_MSG_DELCHAIN, NLM_F_REQUEST, &body);
+            }
+            Op::AddRule { chain, rule } => batch.rule(chain, rule, &mut ids)?,
+            Op::AddSet(s) => {
+                ids += 1;
+                decl::set(&mut body, table, s, ids)?;
+                batch.message(NFT_MSG_NEWSET, NLM_F_REQUEST | NLM_F_CREATE, &body);
+            }
+            Op::FlushSet(s, _) => {
+                named(&mut body, NFTA_SET_ELEM_LIST_SET, s);
+                batch.message(NFT_MSG_DELSETELEM, NLM_F_REQUEST, &body);
+            }
+            Op::DeleteSet(s, _) => {
+                named(&mut body, 2, s);
+                batch.message(NFT_MSG_DELSET, NLM_F_REQUEST, &body);
+            }
+            Op::AddElement { set: set_name, .. } | Op::DeleteElement { set: set_name, .. } => {
+                let add = matches!(tx.ops[i], Op::AddElement { .. });
+                let set = decls.get(set_name.as_str())?;
+                let layout = Layout::of(set)?;
+                // Consecutive commands on one set go in one message (or more, when long).
+                let mut elements: Vec<&Element> = vec![];
+                while let Some(op) = tx.ops.get(i) {
+                    match op {
+                        Op::AddElement { set, element } if add && set == set_name => elements.push(element),
+                        Op::DeleteElement { set, element } if !add && set == set_name => elements.push(element),
+                        _ => break,
+                    }
+                    i += 1;
+                }
+                batch.elements(set, &layout, add, elements.into_iter())?;
+                continue;
+            }
         }
-        batch.elements(set, &layout, add, elements.into_iter())?;
+        i += 1;
     }
-    batch.finish()
+    Some(batch.finish())
 }
 
 /// An nf_tables netlink socket kept open between syncs. Closing one after a transaction that
@@ -376,13 +475,30 @@ impl Socket {
         Ok(Socket { sock, seq })
     }
 
+    /// A socket in the named network namespace (`/run/netns/NAME`), or the current one: it is
+    /// opened by a thread that enters the namespace, and stays bound to it.
+    pub fn open_in(netns: Option<&str>) -> Result<Self> {
+        let Some(name) = netns else { return Socket::open() };
+        let path = std::path::Path::new("/run/netns").join(name);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let f = std::fs::File::open(&path).map_err(|e| io(&format!("open {}", path.display()), e))?;
+                nix::sched::setns(f, nix::sched::CloneFlags::CLONE_NEWNET)
+                    .map_err(|e| io(&format!("enter {}", path.display()), e.into()))?;
+                Socket::open()
+            })
+            .join()
+            .unwrap_or_else(|_| Err(io("open", std::io::Error::other("the opening thread panicked"))))
+        })
+    }
+
     /// Encodes `tx` ([`encode`]) and sends it; `Ok(false)` when it is not for this layer.
     /// After an error the socket may hold replies of the failed batch: drop it.
-    pub fn apply_elements(&mut self, tx: &Transaction, sets: &[Set]) -> Result<bool> {
+    pub fn apply(&mut self, tx: &Transaction, sets: &[Set]) -> Result<bool> {
         let seq = self.seq;
-        let Some((batch, acks)) = encode(tx, sets, seq) else { return Ok(false) };
-        self.seq = seq.wrapping_add(acks + 2);
-        self.send(&batch, acks, seq)?;
+        let Some((batch, n)) = encode(tx, sets, seq) else { return Ok(false) };
+        self.seq = seq.wrapping_add(n + 2);
+        self.send(&batch, n, seq)?;
         Ok(true)
     }
 
@@ -415,41 +531,42 @@ impl Socket {
         }
     }
 
-    /// Sends a batch made by [`encode`] (numbered from `seq`) and waits for its
-    /// acknowledgements: the kernel applies all of it or none.
-    pub fn send(&mut self, batch: &[u8], acks: u32, seq: u32) -> Result<()> {
+    /// Sends a batch made by [`encode`] (`n` messages numbered from `seq + 1`) and waits for
+    /// the last one's acknowledgement, or the first refusal: the kernel applies all of it or
+    /// none, and reports each refused message before that acknowledgement.
+    pub fn send(&mut self, batch: &[u8], n: u32, seq: u32) -> Result<()> {
         use nix::sys::socket::{setsockopt, sockopt};
-        // A batch travels in one datagram, and every message's acknowledgement waits in the
-        // receive queue until the batch is done: both buffers sized to the batch (as nft does).
+        if n == 0 {
+            return Ok(());
+        }
+        // A batch travels in one datagram: the send buffer sized to it (as nft does).
         let want_snd = batch.len() + 64 * 1024;
         if want_snd > 200 * 1024 {
             setsockopt(&self.sock, sockopt::SndBufForce, &want_snd).map_err(|e| io("send buffer", e.into()))?;
         }
-        let want_rcv = acks as usize * 1024;
-        if want_rcv > 200 * 1024 {
-            setsockopt(&self.sock, sockopt::RcvBufForce, &want_rcv).map_err(|e| io("receive buffer", e.into()))?;
-        }
         self.sock.send(batch, 0).map_err(|e| io("send", e))?;
-        let mut seen = 0;
         let mut buf = vec![0u8; 65536];
-        while seen < acks {
-            let n = self.sock.recv(&mut &mut buf[..], 0).map_err(|e| io("receive", e))?;
-            for (kind, msg_seq, body) in messages(&buf[..n]) {
-                // Replies to this batch only (an earlier, abandoned one may have left some).
+        loop {
+            let got = self.sock.recv(&mut &mut buf[..], 0).map_err(|e| io("receive", e))?;
+            for (kind, msg_seq, body) in messages(&buf[..got]) {
+                // Replies to this batch only (an earlier, abandoned one may have left some);
+                // a refusal of the whole batch names its begin message.
                 let ours = msg_seq.wrapping_sub(seq);
-                if kind == NLMSG_ERROR && body.len() >= 4 && ours >= 1 && ours <= acks {
-                    let code = i32::from_ne_bytes(body[..4].try_into().expect("4 bytes"));
-                    if code != 0 {
-                        return Err(io(
-                            &format!("element command {ours} of the batch refused"),
-                            std::io::Error::from_raw_os_error(-code),
-                        ));
-                    }
-                    seen += 1;
+                if kind != NLMSG_ERROR || body.len() < 4 || ours > n {
+                    continue;
+                }
+                let code = i32::from_ne_bytes(body[..4].try_into().expect("4 bytes"));
+                if code != 0 {
+                    return Err(io(
+                        &format!("message {ours} of {n} of the batch refused"),
+                        std::io::Error::from_raw_os_error(-code),
+                    ));
+                }
+                if ours == n {
+                    return Ok(());
                 }
             }
         }
-        Ok(())
     }
 }
 
@@ -527,11 +644,11 @@ mod tests {
     }
 
     #[test]
-    fn only_element_commands_go_over_netlink() {
+    fn a_transaction_is_one_batch_acknowledged_once() {
         let mut set = Set::map("service-ips", "ipv4_addr . inet_proto . inet_service", "verdict");
         set.comment = None;
         let e = Element::key(&["10.96.0.10", "udp", "53"]).with_comment("kube-system/kube-dns:dns").to("goto lb-2");
-        let tx = Transaction {
+        let mut tx = Transaction {
             family: podpath_ruleset::nft::NftFamily::Ip,
             table: "kube-proxy".into(),
             comment: None,
@@ -540,15 +657,55 @@ mod tests {
                 Op::DeleteElement { set: "service-ips".into(), element: e.clone() },
             ],
         };
-        let (bytes, acks) = encode(&tx, std::slice::from_ref(&set), 100).unwrap();
-        assert_eq!(acks, 2, "one message per run of adds or deletes");
-        // begin (20 bytes), two element messages, end (20 bytes); every message 4-aligned.
-        assert_eq!(u32::from_ne_bytes(bytes[0..4].try_into().unwrap()), 20);
+        let (bytes, n) = encode(&tx, std::slice::from_ref(&set), 100).unwrap();
+        assert_eq!(n, 2, "one message per run of adds or deletes");
+        let seqs: Vec<u32> = messages(&bytes).map(|(_, seq, _)| seq).collect();
+        assert_eq!(seqs, [100, 101, 102, 103], "begin, two element messages, end");
+        // Only the last message asks for an acknowledgement.
+        let acks: Vec<bool> = {
+            let mut at = 0;
+            let mut out = vec![];
+            while at + 16 <= bytes.len() {
+                let len = u32::from_ne_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
+                out.push(u16::from_ne_bytes([bytes[at + 6], bytes[at + 7]]) & NLM_F_ACK != 0);
+                at += len;
+            }
+            out
+        };
+        assert_eq!(acks, [false, false, true, false]);
         let text = String::from_utf8_lossy(&bytes);
         assert!(text.contains("kube-proxy\0") && text.contains("service-ips\0") && text.contains("lb-2\0"));
         assert!(text.contains("kube-system/kube-dns:dns\0"));
-        let mut with_chain = tx.clone();
-        with_chain.ops.push(Op::FlushChain("services".into()));
-        assert!(encode(&with_chain, &[set], 1).is_none(), "a chain command: nft -f");
+        tx.ops.push(Op::FlushChain("services".into()));
+        tx.ops.push(Op::AddRule {
+            chain: "services".into(),
+            rule: "ip daddr . meta l4proto . th dport vmap @service-ips".into(),
+        });
+        assert_eq!(encode(&tx, std::slice::from_ref(&set), 1).unwrap().1, 4, "chains and rules too");
+        tx.ops.push(Op::AddRule { chain: "services".into(), rule: "counter".into() });
+        assert!(encode(&tx, std::slice::from_ref(&set), 1).is_none(), "a rule it does not know: nft -f");
+        let unknown = Transaction { ops: tx.ops[..1].to_vec(), ..tx.clone() };
+        assert!(encode(&unknown, &[], 1).is_none(), "elements of a set it has no declaration of");
+    }
+
+    #[test]
+    fn every_rule_the_layouts_write_compiles() {
+        use crate::proxy::nftables::{render, Layout, NftConfig};
+        let cfg = crate::proxy::iptables::RenderConfig::new("node-1", "192.168.56.11".parse().unwrap());
+        let states = crate::proxy::iptables::tests::services();
+        for layout in [Layout::Current, Layout::V134, Layout::SharedMaps] {
+            let nft = NftConfig { layout, service_cidrs: vec!["10.96.0.0/12".parse().unwrap()] };
+            let table = render(&cfg, &nft, &states);
+            for c in &table.chains {
+                for r in &c.rules {
+                    assert!(rule::compile(r, &mut 0).is_some(), "{layout:?}: chain {}: {r}", c.name);
+                }
+            }
+            for s in &table.sets {
+                assert!(decl::set(&mut vec![], &table.name, s, 1).is_some(), "{layout:?}: set {}", s.name);
+            }
+            let tx = Transaction::between(None, &table).0;
+            assert!(encode(&tx, &[], 1).is_some(), "{layout:?}: the whole load");
+        }
     }
 }

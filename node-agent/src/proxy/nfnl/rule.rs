@@ -1,0 +1,808 @@
+//! A rule's text compiled to nf_tables expressions, as nft 1.0 compiles it, for the rule
+//! shapes the proxier's layouts write (matches on addresses, prefixes, protocol, ports, marks,
+//! conntrack state and status, `fib saddr type local`; lookups in named sets and verdict
+//! maps; anonymous sets and maps; `numgen`; `mark set`, `dnat`, `masquerade`, `reject`,
+//! `update @set`, verdicts and comments). Anything else gives `None`, and the transaction goes
+//! to `nft -f` whole: this is not an nftables parser, and it never guesses.
+//!
+//! Same expressions as nft's, register for register (first field in register 1, the next ones
+//! in the 32-bit registers after it; a `tcp dport` preceded by its `meta l4proto tcp`
+//! dependency; a one-element anonymous set as a plain comparison; a byte-aligned prefix as a
+//! shorter load): so `nft list` prints a table loaded this way exactly as one loaded by `nft -f`,
+//! which the root test `nftables_netlink_root` checks. Pure.
+
+use std::net::Ipv4Addr;
+
+use super::{attr, nested, strz};
+
+const NFTA_LIST_ELEM: u16 = 1;
+const NFTA_EXPR_NAME: u16 = 1;
+const NFTA_EXPR_DATA: u16 = 2;
+const NFTA_DATA_VALUE: u16 = 1;
+const NFTA_DATA_VERDICT: u16 = 2;
+const NFTA_VERDICT_CODE: u16 = 1;
+const NFTA_VERDICT_CHAIN: u16 = 2;
+
+const REG_VERDICT: u32 = 0;
+const REG_1: u32 = 1;
+const REG_2: u32 = 2;
+/// The 32-bit register that overlaps the start of `REG_1`.
+const REG32_00: u32 = 8;
+
+const PAYLOAD_NETWORK: u32 = 1;
+const PAYLOAD_TRANSPORT: u32 = 2;
+const META_MARK: u32 = 3;
+const META_L4PROTO: u32 = 16;
+const CT_STATE: u32 = 0;
+const CT_STATUS: u32 = 2;
+const CMP_EQ: u32 = 0;
+const CMP_NEQ: u32 = 1;
+const LOOKUP_F_INV: u32 = 1;
+const NAT_DNAT: u32 = 1;
+const NFPROTO_IPV4: u32 = 2;
+const NAT_RANGE_PROTO_SPECIFIED: u32 = 0x2;
+const NAT_RANGE_PROTO_RANDOM_FULLY: u32 = 0x10;
+const NG_RANDOM: u32 = 1;
+const FIB_RESULT_ADDRTYPE: u32 = 3;
+const FIB_F_SADDR: u32 = 1;
+const RTN_LOCAL: u32 = 2;
+const DYNSET_OP_UPDATE: u32 = 1;
+
+/// A verdict: its code (`NF_DROP`, `NFT_JUMP`…) and the chain it names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Verdict {
+    pub code: i32,
+    pub chain: Option<String>,
+}
+
+impl Verdict {
+    fn parse(t: &mut Tokens) -> Option<Verdict> {
+        let (code, chain) = match t.next()? {
+            "drop" => (0, None),
+            "accept" => (1, None),
+            "continue" => (-1, None),
+            "jump" => (-3, Some(t.name()?)),
+            "goto" => (-4, Some(t.name()?)),
+            "return" => (-5, None),
+            _ => return None,
+        };
+        Some(Verdict { code, chain })
+    }
+
+    /// `NFTA_DATA_VERDICT` inside a data attribute being written.
+    pub fn write(&self, d: &mut Vec<u8>) {
+        nested(d, NFTA_DATA_VERDICT, |v| {
+            attr(v, NFTA_VERDICT_CODE, &self.code.to_be_bytes());
+            if let Some(c) = &self.chain {
+                attr(v, NFTA_VERDICT_CHAIN, &strz(c));
+            }
+        });
+    }
+}
+
+/// An anonymous set or map a rule declares: the batch adds it (and its elements) before the
+/// rule, which names it by its batch-local id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Anon {
+    pub id: u32,
+    pub kind: AnonKind,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum AnonKind {
+    /// `numgen … vmap { 0 : goto a , … }`.
+    Verdicts(Vec<(u32, Verdict)>),
+    /// `numgen … map { 0 : 10.0.0.1 . 80 , … }`.
+    AddressPorts(Vec<(u32, Ipv4Addr, u16)>),
+    /// `ip saddr { … }`: the field (nft's template id: 11 saddr, 12 daddr) and the address
+    /// ranges, half open (`end` 2³² for one that reaches the last address), sorted and merged;
+    /// `interval` when one is a prefix shorter than /32.
+    Addresses { field: u32, ranges: Vec<(u64, u64)>, interval: bool },
+}
+
+/// A compiled rule: its expressions (the payload of `NFTA_RULE_EXPRESSIONS`), the anonymous
+/// sets they use, and its comment.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(super) struct Rule {
+    pub exprs: Vec<u8>,
+    pub sets: Vec<Anon>,
+    pub comment: Option<String>,
+}
+
+/// The rule's tokens: words, `{`, `}`, `,`, `:` and quoted strings (quotes kept).
+struct Tokens<'a> {
+    list: Vec<&'a str>,
+    at: usize,
+}
+
+impl<'a> Tokens<'a> {
+    fn new(text: &'a str) -> Option<Tokens<'a>> {
+        let mut list = vec![];
+        let mut rest = text.trim_start();
+        while !rest.is_empty() {
+            let end = if let Some(quoted) = rest.strip_prefix('"') {
+                quoted.find('"')? + 2
+            } else if rest.starts_with(['{', '}', ',']) {
+                1
+            } else {
+                rest.find(|c: char| c.is_whitespace() || c == ',' || c == '{' || c == '}').unwrap_or(rest.len())
+            };
+            list.push(&rest[..end]);
+            rest = rest[end..].trim_start();
+        }
+        Some(Tokens { list, at: 0 })
+    }
+    fn peek(&self) -> Option<&'a str> {
+        self.list.get(self.at).copied()
+    }
+    #[allow(clippy::should_implement_trait)]
+    fn next(&mut self) -> Option<&'a str> {
+        let t = self.peek()?;
+        self.at += 1;
+        Some(t)
+    }
+    fn expect(&mut self, word: &str) -> Option<()> {
+        (self.next()? == word).then_some(())
+    }
+    /// A chain or set name (not a keyword or punctuation).
+    fn name(&mut self) -> Option<String> {
+        let t = self.next()?;
+        (t.chars().all(|c| c.is_ascii_graphic() && !matches!(c, '"' | '{' | '}' | ',' | '@' | ';')) && !t.is_empty())
+            .then(|| t.to_string())
+    }
+}
+
+/// One field of a match or a lookup key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Field {
+    IpSaddr,
+    IpDaddr,
+    L4proto,
+    /// `th dport` (None) or a protocol's own (`tcp dport`: the protocol number).
+    Dport(Option<u8>),
+    Numgen(u32),
+}
+
+impl Field {
+    fn parse(t: &mut Tokens) -> Option<Field> {
+        Some(match (t.next()?, t.next()?) {
+            ("ip", "saddr") => Field::IpSaddr,
+            ("ip", "daddr") => Field::IpDaddr,
+            ("meta", "l4proto") => Field::L4proto,
+            ("th", "dport") => Field::Dport(None),
+            (p, "dport") => Field::Dport(Some(proto(p)?)),
+            ("numgen", "random") => {
+                t.expect("mod")?;
+                Field::Numgen(t.next()?.parse().ok().filter(|n| *n > 0)?)
+            }
+            _ => return None,
+        })
+    }
+    /// Bytes in a register (a concatenation rounds each up to 4).
+    pub(super) fn len(self) -> usize {
+        match self {
+            Field::IpSaddr | Field::IpDaddr | Field::Numgen(_) => 4,
+            Field::L4proto => 1,
+            Field::Dport(_) => 2,
+        }
+    }
+    fn load(self, out: &mut Vec<u8>, dreg: u32) {
+        match self {
+            Field::IpSaddr => payload(out, dreg, PAYLOAD_NETWORK, 12, 4),
+            Field::IpDaddr => payload(out, dreg, PAYLOAD_NETWORK, 16, 4),
+            Field::L4proto => meta_load(out, dreg, META_L4PROTO),
+            Field::Dport(_) => payload(out, dreg, PAYLOAD_TRANSPORT, 2, 2),
+            Field::Numgen(m) => expr(out, "numgen", |d| {
+                u32attr(d, 1, dreg);
+                u32attr(d, 2, m);
+                u32attr(d, 3, NG_RANDOM);
+                u32attr(d, 4, 0);
+            }),
+        }
+    }
+}
+
+fn proto(p: &str) -> Option<u8> {
+    match p {
+        "tcp" => Some(6),
+        "udp" => Some(17),
+        "sctp" => Some(132),
+        n => n.parse().ok(),
+    }
+}
+
+/// A concatenation's fields loaded as nft loads them: each protocol's `meta l4proto`
+/// dependency first, then the first field in register 1 and each next one in the 32-bit
+/// register at its offset.
+fn load_concat(out: &mut Vec<u8>, fields: &[Field]) {
+    for f in fields {
+        if let Field::Dport(Some(p)) = f {
+            meta_load(out, REG_1, META_L4PROTO);
+            cmp(out, CMP_EQ, &[*p]);
+        }
+    }
+    let mut offset = 0;
+    for (i, f) in fields.iter().enumerate() {
+        let reg = if i == 0 { REG_1 } else { REG32_00 + (offset / 4) as u32 };
+        f.load(out, reg);
+        offset += f.len().next_multiple_of(4);
+    }
+}
+
+fn expr(out: &mut Vec<u8>, name: &str, body: impl FnOnce(&mut Vec<u8>)) {
+    nested(out, NFTA_LIST_ELEM, |e| {
+        attr(e, NFTA_EXPR_NAME, &strz(name));
+        nested(e, NFTA_EXPR_DATA, body);
+    });
+}
+
+fn u32attr(out: &mut Vec<u8>, kind: u16, v: u32) {
+    attr(out, kind, &v.to_be_bytes());
+}
+
+fn value(out: &mut Vec<u8>, kind: u16, bytes: &[u8]) {
+    nested(out, kind, |d| attr(d, NFTA_DATA_VALUE, bytes));
+}
+
+fn payload(out: &mut Vec<u8>, dreg: u32, base: u32, offset: u32, len: u32) {
+    expr(out, "payload", |d| {
+        u32attr(d, 1, dreg);
+        u32attr(d, 2, base);
+        u32attr(d, 3, offset);
+        u32attr(d, 4, len);
+    });
+}
+
+fn meta_load(out: &mut Vec<u8>, dreg: u32, key: u32) {
+    expr(out, "meta", |d| {
+        u32attr(d, 2, key);
+        u32attr(d, 1, dreg);
+    });
+}
+
+fn cmp(out: &mut Vec<u8>, op: u32, data: &[u8]) {
+    expr(out, "cmp", |d| {
+        u32attr(d, 1, REG_1);
+        u32attr(d, 2, op);
+        value(d, 3, data);
+    });
+}
+
+/// `reg 1 = (reg 1 & mask) ^ xor`, four bytes.
+fn bitwise(out: &mut Vec<u8>, mask: [u8; 4], xor: [u8; 4]) {
+    expr(out, "bitwise", |d| {
+        u32attr(d, 1, REG_1);
+        u32attr(d, 2, REG_1);
+        u32attr(d, 3, 4);
+        value(d, 4, &mask);
+        value(d, 5, &xor);
+    });
+}
+
+fn lookup(out: &mut Vec<u8>, set: &SetRef, dreg: Option<u32>, invert: bool) {
+    expr(out, "lookup", |d| {
+        u32attr(d, 2, REG_1);
+        if let Some(r) = dreg {
+            u32attr(d, 3, r);
+        }
+        attr(d, 1, &strz(set.name()));
+        if let SetRef::Anon(id) = set {
+            u32attr(d, 4, *id);
+        }
+        if invert {
+            u32attr(d, 5, LOOKUP_F_INV);
+        }
+    });
+}
+
+fn immediate(out: &mut Vec<u8>, dreg: u32, data: &[u8]) {
+    expr(out, "immediate", |d| {
+        u32attr(d, 1, dreg);
+        value(d, 2, data);
+    });
+}
+
+fn verdict(out: &mut Vec<u8>, v: &Verdict) {
+    expr(out, "immediate", |d| {
+        u32attr(d, 1, REG_VERDICT);
+        nested(d, 2, |data| v.write(data));
+    });
+}
+
+fn dnat(out: &mut Vec<u8>, proto_reg: u32, flags: Option<u32>) {
+    expr(out, "nat", |d| {
+        u32attr(d, 1, NAT_DNAT);
+        u32attr(d, 2, NFPROTO_IPV4);
+        u32attr(d, 3, REG_1);
+        u32attr(d, 5, proto_reg);
+        if let Some(f) = flags {
+            u32attr(d, 7, f);
+        }
+    });
+}
+
+/// A named set, or an anonymous one by its batch id (its name is the kernel's template).
+enum SetRef {
+    Named(String),
+    Anon(u32),
+}
+
+impl SetRef {
+    fn name(&self) -> &str {
+        match self {
+            SetRef::Named(n) => n,
+            SetRef::Anon(_) => "__set%d",
+        }
+    }
+}
+
+/// `a.b.c.d` or `a.b.c.d/n` as a half-open range of addresses and its prefix length.
+fn prefix(text: &str) -> Option<(Ipv4Addr, u8)> {
+    let (addr, len) = match text.split_once('/') {
+        Some((a, l)) => (a.parse::<Ipv4Addr>().ok()?, l.parse::<u8>().ok().filter(|l| *l <= 32)?),
+        None => (text.parse().ok()?, 32),
+    };
+    let mask = if len == 0 { 0 } else { u32::MAX << (32 - len) };
+    Some((Ipv4Addr::from(u32::from(addr) & mask), len))
+}
+
+fn range((addr, len): (Ipv4Addr, u8)) -> (u64, u64) {
+    let start = u64::from(u32::from(addr));
+    (start, start + (1u64 << (32 - len)))
+}
+
+/// Compiles `text`; `ids` numbers the anonymous sets it declares (shared by a whole batch).
+pub(super) fn compile(text: &str, ids: &mut u32) -> Option<Rule> {
+    let mut t = Tokens::new(text)?;
+    let mut rule = Rule::default();
+    let out = &mut rule.exprs;
+    while let Some(word) = t.peek() {
+        match word {
+            "comment" => {
+                t.next();
+                let q = t.next()?;
+                rule.comment = Some(q.strip_prefix('"')?.strip_suffix('"')?.to_string());
+            }
+            "drop" | "accept" | "continue" | "jump" | "goto" | "return" => verdict(out, &Verdict::parse(&mut t)?),
+            "ct" => {
+                t.next();
+                let (key, bits) = match (t.next()?, t.next()?) {
+                    ("state", states) => (CT_STATE, ct_bits(states, ct_state)?),
+                    ("status", statuses) => (CT_STATUS, ct_bits(statuses, ct_status)?),
+                    _ => return None,
+                };
+                expr(out, "ct", |d| {
+                    u32attr(d, 2, key);
+                    u32attr(d, 1, REG_1);
+                });
+                bitwise(out, bits.to_ne_bytes(), [0; 4]);
+                cmp(out, CMP_NEQ, &[0; 4]);
+            }
+            "mark" => {
+                t.next();
+                match t.next()? {
+                    "and" => {
+                        let mask = number(t.next()?)?;
+                        let op = match t.next()? {
+                            "==" => CMP_EQ,
+                            "!=" => CMP_NEQ,
+                            _ => return None,
+                        };
+                        let v = number(t.next()?)?;
+                        meta_load(out, REG_1, META_MARK);
+                        bitwise(out, mask.to_ne_bytes(), [0; 4]);
+                        cmp(out, op, &v.to_ne_bytes());
+                    }
+                    "set" => {
+                        t.expect("mark")?;
+                        let (op, m) = (t.next()?, number(t.next()?)?);
+                        let (mask, xor) = match op {
+                            "or" => (!m, m),
+                            "xor" => (u32::MAX, m),
+                            _ => return None,
+                        };
+                        meta_load(out, REG_1, META_MARK);
+                        bitwise(out, mask.to_ne_bytes(), xor.to_ne_bytes());
+                        expr(out, "meta", |d| {
+                            u32attr(d, 2, META_MARK);
+                            u32attr(d, 3, REG_1);
+                        });
+                    }
+                    _ => return None,
+                }
+            }
+            "fib" => {
+                t.next();
+                for w in ["saddr", "type", "local"] {
+                    t.expect(w)?;
+                }
+                expr(out, "fib", |d| {
+                    u32attr(d, 1, REG_1);
+                    u32attr(d, 2, FIB_RESULT_ADDRTYPE);
+                    u32attr(d, 3, FIB_F_SADDR);
+                });
+                cmp(out, CMP_EQ, &RTN_LOCAL.to_ne_bytes());
+            }
+            "masquerade" => {
+                t.next();
+                let fully = t.peek() == Some("fully-random");
+                if fully {
+                    t.next();
+                }
+                expr(out, "masq", |d| {
+                    if fully {
+                        u32attr(d, 1, NAT_RANGE_PROTO_RANDOM_FULLY);
+                    }
+                });
+            }
+            "reject" => {
+                t.next();
+                // nft's default for `ip`: ICMP port unreachable.
+                expr(out, "reject", |d| {
+                    u32attr(d, 1, 0);
+                    attr(d, 2, &[3]);
+                });
+            }
+            "update" => {
+                t.next();
+                let set = t.next()?.strip_prefix('@')?.to_string();
+                t.expect("{")?;
+                let field = Field::parse(&mut t)?;
+                t.expect("}")?;
+                if field != Field::IpSaddr && field != Field::IpDaddr {
+                    return None;
+                }
+                field.load(out, REG_1);
+                expr(out, "dynset", |d| {
+                    attr(d, 1, &strz(&set));
+                    u32attr(d, 3, DYNSET_OP_UPDATE);
+                    u32attr(d, 4, REG_1);
+                });
+            }
+            "dnat" => {
+                t.next();
+                compile_dnat(&mut t, out, &mut rule.sets, ids)?;
+            }
+            "ip" | "meta" | "th" | "tcp" | "udp" | "sctp" | "numgen" => {
+                compile_match(&mut t, out, &mut rule.sets, ids)?;
+            }
+            _ => return None,
+        }
+    }
+    Some(rule)
+}
+
+fn number(text: &str) -> Option<u32> {
+    match text.strip_prefix("0x") {
+        Some(hex) => u32::from_str_radix(hex, 16).ok(),
+        None => text.parse().ok(),
+    }
+}
+
+fn ct_state(s: &str) -> Option<u32> {
+    Some(match s {
+        "invalid" => 1,
+        "established" => 2,
+        "related" => 4,
+        "new" => 8,
+        "untracked" => 64,
+        _ => return None,
+    })
+}
+
+fn ct_status(s: &str) -> Option<u32> {
+    Some(match s {
+        "expected" => 1,
+        "seen-reply" => 2,
+        "assured" => 4,
+        "confirmed" => 8,
+        "snat" => 16,
+        "dnat" => 32,
+        "dying" => 512,
+        _ => return None,
+    })
+}
+
+fn ct_bits(list: &str, bit: fn(&str) -> Option<u32>) -> Option<u32> {
+    list.split(',').try_fold(0, |acc, s| Some(acc | bit(s)?))
+}
+
+/// `dnat to A:P`, `dnat ip addr . port to numgen … map { … }`, `dnat ip to KEY map @SET`.
+fn compile_dnat(t: &mut Tokens, out: &mut Vec<u8>, sets: &mut Vec<Anon>, ids: &mut u32) -> Option<()> {
+    match t.next()? {
+        "to" => {
+            let (a, p) = t.next()?.split_once(':')?;
+            let (addr, port) = (a.parse::<Ipv4Addr>().ok()?, p.parse::<u16>().ok()?);
+            immediate(out, REG_1, &addr.octets());
+            immediate(out, REG_2, &port.to_be_bytes());
+            dnat(out, REG_2, Some(NAT_RANGE_PROTO_SPECIFIED));
+        }
+        "ip" => match t.next()? {
+            "addr" => {
+                for w in [".", "port", "to"] {
+                    t.expect(w)?;
+                }
+                let Field::Numgen(m) = Field::parse(t)? else { return None };
+                t.expect("map")?;
+                t.expect("{")?;
+                let mut entries = vec![];
+                loop {
+                    let key: u32 = t.next()?.parse().ok()?;
+                    t.expect(":")?;
+                    let addr = t.next()?.parse::<Ipv4Addr>().ok()?;
+                    t.expect(".")?;
+                    let port = t.next()?.parse::<u16>().ok()?;
+                    entries.push((key, addr, port));
+                    match t.next()? {
+                        "," => continue,
+                        "}" => break,
+                        _ => return None,
+                    }
+                }
+                Field::Numgen(m).load(out, REG_1);
+                *ids += 1;
+                sets.push(Anon { id: *ids, kind: AnonKind::AddressPorts(entries) });
+                lookup(out, &SetRef::Anon(*ids), Some(REG_1), false);
+                dnat(out, REG32_00 + 1, None);
+            }
+            "to" => {
+                let fields = concat(t)?;
+                t.expect("map")?;
+                let set = t.next()?.strip_prefix('@')?.to_string();
+                load_concat(out, &fields);
+                lookup(out, &SetRef::Named(set), Some(REG_1), false);
+                dnat(out, REG32_00 + 1, None);
+            }
+            _ => return None,
+        },
+        _ => return None,
+    }
+    Some(())
+}
+
+/// The fields of a `typeof` declaration (`ip daddr . meta l4proto . tcp dport`).
+pub(super) fn fields(text: &str) -> Option<Vec<Field>> {
+    let mut t = Tokens::new(text)?;
+    let fields = concat(&mut t)?;
+    t.peek().is_none().then_some(fields)
+}
+
+fn concat(t: &mut Tokens) -> Option<Vec<Field>> {
+    let mut fields = vec![Field::parse(t)?];
+    while t.peek() == Some(".") {
+        t.next();
+        fields.push(Field::parse(t)?);
+    }
+    Some(fields)
+}
+
+/// A match or lookup that starts with a field: `ip daddr 10.0.0.1`, `ip saddr != CIDR`,
+/// `ip daddr @set`, `ip saddr != { … }`, `meta l4proto tcp`, `KEY vmap @map`,
+/// `numgen random mod N vmap { … }`, `KEY @set`.
+fn compile_match(t: &mut Tokens, out: &mut Vec<u8>, sets: &mut Vec<Anon>, ids: &mut u32) -> Option<()> {
+    let fields = concat(t)?;
+    match t.peek()? {
+        "vmap" => {
+            t.next();
+            if t.peek()? == "{" {
+                let [Field::Numgen(m)] = fields[..] else { return None };
+                t.next();
+                let mut entries = vec![];
+                loop {
+                    let key: u32 = t.next()?.parse().ok()?;
+                    t.expect(":")?;
+                    entries.push((key, Verdict::parse(t)?));
+                    match t.next()? {
+                        "," => continue,
+                        "}" => break,
+                        _ => return None,
+                    }
+                }
+                Field::Numgen(m).load(out, REG_1);
+                *ids += 1;
+                sets.push(Anon { id: *ids, kind: AnonKind::Verdicts(entries) });
+                lookup(out, &SetRef::Anon(*ids), Some(REG_VERDICT), false);
+            } else {
+                let set = t.next()?.strip_prefix('@')?.to_string();
+                load_concat(out, &fields);
+                lookup(out, &SetRef::Named(set), Some(REG_VERDICT), false);
+            }
+        }
+        w if w.starts_with('@') => {
+            t.next();
+            load_concat(out, &fields);
+            lookup(out, &SetRef::Named(w[1..].to_string()), None, false);
+        }
+        _ => {
+            let [field] = fields[..] else { return None };
+            let negate = t.peek() == Some("!=");
+            if negate {
+                t.next();
+            }
+            let op = if negate { CMP_NEQ } else { CMP_EQ };
+            match field {
+                Field::IpSaddr | Field::IpDaddr => {
+                    if let Some(set) = t.peek().and_then(|w| w.strip_prefix('@')) {
+                        t.next();
+                        field.load(out, REG_1);
+                        lookup(out, &SetRef::Named(set.to_string()), None, negate);
+                        return Some(());
+                    }
+                    let prefixes = if t.peek() == Some("{") {
+                        t.next();
+                        let mut list = vec![];
+                        loop {
+                            list.push(prefix(t.next()?)?);
+                            match t.next()? {
+                                "," => continue,
+                                "}" => break,
+                                _ => return None,
+                            }
+                        }
+                        list
+                    } else {
+                        vec![prefix(t.next()?)?]
+                    };
+                    let tmpl = if field == Field::IpSaddr { 11 } else { 12 };
+                    if let [(addr, len)] = prefixes[..] {
+                        // A one-element set is a comparison, as nft makes it.
+                        address_match(out, field, addr, len, op);
+                    } else {
+                        let interval = prefixes.iter().any(|(_, l)| *l < 32);
+                        let mut ranges: Vec<(u64, u64)> = prefixes.into_iter().map(range).collect();
+                        ranges.sort();
+                        let mut merged: Vec<(u64, u64)> = vec![];
+                        for r in ranges {
+                            match merged.last_mut() {
+                                Some(last) if interval && r.0 <= last.1 => last.1 = last.1.max(r.1),
+                                Some(last) if !interval && r == *last => {}
+                                _ => merged.push(r),
+                            }
+                        }
+                        field.load(out, REG_1);
+                        *ids += 1;
+                        sets.push(Anon {
+                            id: *ids,
+                            kind: AnonKind::Addresses { field: tmpl, ranges: merged, interval },
+                        });
+                        lookup(out, &SetRef::Anon(*ids), None, negate);
+                    }
+                }
+                Field::L4proto => {
+                    let p = proto(t.next()?)?;
+                    field.load(out, REG_1);
+                    cmp(out, op, &[p]);
+                }
+                Field::Dport(p) => {
+                    let port: u16 = t.next()?.parse().ok()?;
+                    load_concat(out, &[Field::Dport(p)]);
+                    cmp(out, op, &port.to_be_bytes());
+                }
+                Field::Numgen(_) => return None,
+            }
+        }
+    }
+    Some(())
+}
+
+/// An address or prefix compared as nft compares it: whole bytes loaded alone, other prefix
+/// lengths masked.
+fn address_match(out: &mut Vec<u8>, field: Field, addr: Ipv4Addr, len: u8, op: u32) {
+    let offset = if field == Field::IpSaddr { 12 } else { 16 };
+    let o = addr.octets();
+    if len.is_multiple_of(8) && len > 0 {
+        let n = usize::from(len / 8);
+        payload(out, REG_1, PAYLOAD_NETWORK, offset, n as u32);
+        cmp(out, op, &o[..n]);
+    } else {
+        let mask = if len == 0 { 0 } else { u32::MAX << (32 - len) };
+        payload(out, REG_1, PAYLOAD_NETWORK, offset, 4);
+        bitwise(out, mask.to_be_bytes(), [0; 4]);
+        cmp(out, op, &o);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The expressions of a compiled rule as `name` list, for readable assertions.
+    fn names(r: &Rule) -> Vec<String> {
+        let mut out = vec![];
+        let mut rest = &r.exprs[..];
+        while rest.len() >= 4 {
+            let len = u16::from_ne_bytes([rest[0], rest[1]]) as usize;
+            let body = &rest[4..len];
+            // NFTA_EXPR_NAME is the first attribute.
+            let nlen = u16::from_ne_bytes([body[0], body[1]]) as usize;
+            out.push(String::from_utf8_lossy(&body[4..nlen - 1]).into_owned());
+            rest = &rest[len.next_multiple_of(4).min(rest.len())..];
+        }
+        out
+    }
+
+    fn c(text: &str) -> Rule {
+        let mut ids = 0;
+        compile(text, &mut ids).unwrap_or_else(|| panic!("{text} should compile"))
+    }
+
+    #[test]
+    fn the_proxier_rule_shapes_compile_to_nfts_expressions() {
+        let cases: &[(&str, &[&str])] = &[
+            ("ct state new jump firewall-check", &["ct", "bitwise", "cmp", "immediate"]),
+            ("ip daddr . meta l4proto . th dport vmap @service-ips", &["payload", "meta", "payload", "lookup"]),
+            (
+                "ip daddr @cluster-ips ip saddr != 10.244.0.0/16 mark set mark or 0x00004000 comment \"x\"",
+                &["payload", "lookup", "payload", "cmp", "meta", "bitwise", "meta"],
+            ),
+            ("mark and 0x00004000 != 0 mark set mark xor 0x00004000 masquerade fully-random", &[
+                "meta", "bitwise", "cmp", "meta", "bitwise", "meta", "masq",
+            ]),
+            ("numgen random mod 2 vmap { 0 : goto a , 1 : goto b }", &["numgen", "lookup"]),
+            ("meta l4proto tcp dnat to 10.0.0.1:80", &["meta", "cmp", "immediate", "immediate", "nat"]),
+            ("meta l4proto udp dnat ip addr . port to numgen random mod 2 map { 0 : 10.0.0.1 . 80 , 1 : 10.0.0.2 . 81 }", &[
+                "meta", "cmp", "numgen", "lookup", "nat",
+            ]),
+            ("dnat ip to ip daddr . meta l4proto . tcp dport . numgen random mod 3 map @endpoints", &[
+                "meta", "cmp", "payload", "meta", "payload", "numgen", "lookup", "nat",
+            ]),
+            ("ip saddr != { 10.0.0.0/8, 192.168.1.0/24 } drop", &["payload", "lookup", "immediate"]),
+            ("ip daddr { 10.96.0.0/12 } drop", &["payload", "bitwise", "cmp", "immediate"]),
+            ("fib saddr type local goto x comment \"short-circuit local traffic\"", &["fib", "cmp", "immediate"]),
+            ("update @aff { ip saddr }", &["payload", "dynset"]),
+            ("reject", &["reject"]),
+        ];
+        for (text, want) in cases {
+            assert_eq!(names(&c(text)), *want, "{text}");
+        }
+        assert_eq!(
+            c("fib saddr type local goto x comment \"short-circuit local traffic\"").comment.as_deref(),
+            Some("short-circuit local traffic")
+        );
+    }
+
+    #[test]
+    fn anonymous_sets_are_numbered_merged_and_kept_with_the_rule() {
+        let mut ids = 4;
+        let r = compile("ip saddr != { 10.1.0.0/16, 10.0.0.0/8, 192.168.1.0/24 } drop", &mut ids).unwrap();
+        assert_eq!(ids, 5);
+        assert_eq!(
+            r.sets,
+            [Anon {
+                id: 5,
+                kind: AnonKind::Addresses {
+                    field: 11,
+                    ranges: vec![(0x0a00_0000, 0x0b00_0000), (0xc0a8_0100, 0xc0a8_0200)],
+                    interval: true
+                }
+            }]
+        );
+        let r = compile("numgen random mod 2 vmap { 0 : goto a , 1 : drop }", &mut ids).unwrap();
+        let AnonKind::Verdicts(v) = &r.sets[0].kind else { panic!() };
+        assert_eq!(v[1], (1, Verdict { code: 0, chain: None }));
+    }
+
+    #[test]
+    fn a_prefix_compares_whole_bytes_alone_and_masks_the_rest() {
+        assert_eq!(names(&c("ip saddr 10.0.0.0/8 goto x")), ["payload", "cmp", "immediate"]);
+        assert_eq!(names(&c("ip saddr 10.240.0.0/12 goto x")), ["payload", "bitwise", "cmp", "immediate"]);
+        assert_eq!(prefix("10.250.1.1/12"), Some(("10.240.0.0".parse().unwrap(), 12)), "host bits cleared");
+    }
+
+    #[test]
+    fn what_it_does_not_know_is_refused_not_guessed() {
+        for text in [
+            "ip6 daddr ::1 drop",
+            "counter",
+            "ip daddr 10.0.0.300 drop",
+            "mark set mark and 0x1",
+            "comment \"unterminated",
+            "jump",
+            "ip saddr { 10.0.0.1, } drop",
+            "numgen random mod 0 vmap { 0 : drop }",
+            "ct state bogus drop",
+        ] {
+            assert!(compile(text, &mut 0).is_none(), "{text}");
+        }
+    }
+}
