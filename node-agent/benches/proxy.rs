@@ -1,8 +1,9 @@
 //! Service proxy benchmark (prints figures). For 1,000 and 10,000 Services with 10 endpoints
 //! each, for both iptables backends (legacy and nft) and for the nftables mode (kube-proxy's
-//! current layout, and podpath's shared-maps layout), each in a fresh namespace of its own:
-//! - full sync (render + `iptables-restore --noflush`, or the nftables transaction through
-//!   `nft -f`) beside the bare restore / `nft -f` of the same text;
+//! current and v1.34 layouts, and podpath's shared-maps layout), each in a fresh namespace of
+//! its own:
+//! - full sync (render + `iptables-restore --noflush`, or the nftables transaction as one
+//!   netlink batch) beside the bare restore / `nft -f` of the same text;
 //! - a sync after one endpoint change (partial render + restore; in nftables mode the
 //!   transaction made from the changed port alone) into the full table.
 //!
@@ -17,8 +18,9 @@
 //! run inside the namespace by re-executing this binary there.
 //!
 //! Run: `sudo cargo bench -p node-agent --bench proxy [-- SIZES [MODES]]`, e.g.
-//! `-- 1000,10000 legacy,nft,nftables,shared-maps` (the default; `nftables` is kube-proxy's
-//! nftables mode, `shared-maps` the same mode with `--nftables-layout shared-maps`). A step that has not finished after
+//! `-- 1000,10000 legacy,nft,nftables,v1.34,shared-maps` (the default; `nftables` is
+//! kube-proxy's nftables mode, `v1.34` and `shared-maps` the same mode with
+//! `--nftables-layout v1.34` / `shared-maps`). A step that has not finished after
 //! `PODPATH_BENCH_LIMIT_SECONDS` (default 300) is stopped and reported as such.
 
 #[path = "../tests/support/churn.rs"]
@@ -120,9 +122,20 @@ fn child_sync(n: usize, backend: Backend) {
     println!("partial {}", t.elapsed().as_secs_f64() * 1e3);
 }
 
-/// The nftables mode's settings for a bench mode (`nftables` or `shared-maps`).
+/// The nftables layout of a bench mode: `nftables` (kube-proxy's current, v1.36), `v1.34`,
+/// `shared-maps`; None for an iptables backend.
+fn nft_layout(mode: &str) -> Option<&'static str> {
+    match mode {
+        "nftables" => Some("current"),
+        "v1.34" => Some("v1.34"),
+        "shared-maps" => Some("shared-maps"),
+        _ => None,
+    }
+}
+
+/// The nftables mode's settings for a bench mode.
 fn nft_config(mode: &str) -> node_agent::proxy::nftables::NftConfig {
-    let layout = if mode == "shared-maps" { "shared-maps" } else { "current" };
+    let layout = nft_layout(mode).expect("an nftables mode");
     node_agent::proxy::nftables::NftConfig { layout: layout.parse().unwrap(), service_cidrs: vec![] }
 }
 
@@ -326,7 +339,7 @@ fn child_latency(mode: &str, n: usize) {
         }
     }
 
-    let nftables = mode == "nftables" || mode == "shared-maps";
+    let nftables = nft_layout(mode).is_some();
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     rt.block_on(async {
         let (tx, rx) = mpsc::channel();
@@ -385,7 +398,9 @@ fn child_latency(mode: &str, n: usize) {
             let (i, gen) = (k % n, k / n + 1);
             let s = latency_slice(i, gen);
             let address = latency_address(i, 9, gen);
-            let want = if nftables { format!("{address} . 8080") } else { format!("{address}:8080") };
+            // How the new endpoint appears in the applied rules: a map element, or a DNAT rule.
+            let want =
+                if nftables && mode != "v1.34" { format!("{address} . 8080") } else { format!("{address}:8080") };
             while rx.try_recv().is_ok() {}
             let t = Instant::now();
             slices.apply(Change::Apply(s.key(), SliceView::of(&s)));
@@ -410,7 +425,7 @@ fn child_latency(mode: &str, n: usize) {
 /// In the namespace: random churn at `n` Services for `seconds`, the kernel compared with the
 /// model after every batch ([`churn::soak`]).
 fn child_soak(mode: &str, n: usize, seconds: u64) {
-    let layout = if mode == "shared-maps" { "shared-maps" } else { "current" };
+    let layout = nft_layout(mode).expect("an nftables mode");
     let mut c = churn::Churn::new(n, 23);
     let until = Instant::now() + Duration::from_secs(seconds);
     let s = churn::soak(&mut c, layout, 1..=20, usize::MAX, until);
@@ -466,9 +481,8 @@ fn main() {
     let modes: Vec<String> = positional
         .get(1)
         .map(|s| s.split(',').map(str::to_string).collect())
-        .unwrap_or_else(|| vec!["legacy".into(), "nft".into(), "nftables".into(), "shared-maps".into()]);
-    let nft_modes: Vec<&str> =
-        modes.iter().map(String::as_str).filter(|m| *m == "nftables" || *m == "shared-maps").collect();
+        .unwrap_or_else(|| ["legacy", "nft", "nftables", "v1.34", "shared-maps"].map(String::from).to_vec());
+    let nft_modes: Vec<&str> = modes.iter().map(String::as_str).filter(|m| nft_layout(m).is_some()).collect();
     let backends: Vec<Backend> =
         modes.iter().filter(|m| !nft_modes.contains(&m.as_str())).map(|b| b.parse().unwrap()).collect();
     let limit = limit();
@@ -553,9 +567,13 @@ fn main() {
                 _ => "-".into(),
             };
             let (rules, elements) = table.size();
-            let layout = if mode == "shared-maps" { "shared-maps layout" } else { "current layout" };
+            let layout = match mode {
+                "shared-maps" => "shared-maps layout",
+                "v1.34" => "v1.34 layout",
+                _ => "current (v1.36) layout",
+            };
             println!(
-                "  nftables ({layout}, {rules} rules, {elements} elements, {} commands): full sync {} | bare nft -f {} (ratio {ratio})",
+                "  nftables ({layout}, {rules} rules, {elements} elements, {} commands): full sync over netlink {} | bare nft -f of the same text {} (ratio {ratio})",
                 text.lines().count(),
                 show(sync_ms, limit),
                 show(bare, limit)

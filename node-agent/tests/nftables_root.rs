@@ -300,7 +300,9 @@ fn a_table_loaded_over_netlink_lists_back_as_the_one_nft_loads() {
     let before_host = host_state();
     let (text_ns, netlink_ns) = (Netns::new("pptx"), Netns::new("ppnl"));
     let text = NftablesKernel::text(Nft::in_netns(&text_ns.name));
-    let netlink = NftablesKernel::in_netns(Nft::in_netns(&netlink_ns.name));
+    // A few rules per transaction, so that the load from nothing goes in many parts.
+    let mut netlink = NftablesKernel::in_netns(Nft::in_netns(&netlink_ns.name));
+    netlink.rules_per_part = 4;
     let json = |k: &NftablesKernel| -> serde_json::Value {
         let out = std::process::Command::new("ip")
             .args(["netns", "exec", k.nft.netns.as_deref().unwrap(), "nft", "-j", "list", "table", "ip", TABLE])
@@ -334,10 +336,17 @@ fn a_table_loaded_over_netlink_lists_back_as_the_one_nft_loads() {
     };
     for layout in [Layout::Current, Layout::V134, Layout::SharedMaps] {
         let config = NftConfig { layout, service_cidrs: vec!["10.96.0.0/12".parse().unwrap()] };
+        // From nothing (the netlink side in parts), then over the table that is there (one
+        // transaction).
+        for k in [&text, &netlink] {
+            k.delete_table().unwrap_or_default();
+            sync_full(k, &cfg(), &config, &services()).unwrap();
+        }
+        same(&format!("{layout:?}: full load from nothing"));
         for k in [&text, &netlink] {
             sync_full(k, &cfg(), &config, &services()).unwrap();
         }
-        let listed = same(&format!("{layout:?}: full load"));
+        let listed = same(&format!("{layout:?}: full load over the table"));
         for shape in ["numgen random mod 2 vmap", "fib saddr type local", "ip saddr != { ", "masquerade"] {
             if layout != Layout::SharedMaps || shape != "numgen random mod 2 vmap" {
                 assert!(listed.contains(shape), "{layout:?}: the fixture lost its {shape:?} rule\n{listed}");

@@ -273,9 +273,15 @@ impl NftTable {
                 None => self.sets.push(s.clone()),
             }
         }
-        let names: std::collections::HashSet<&str> =
-            before.chains.iter().chain(&after.chains).map(|c| c.name.as_str()).collect();
-        self.chains.retain(|c| !names.contains(c.name.as_str()));
+        // A partial sync names a few chains among tens of thousands: comparing each with those
+        // few costs less than hashing every name of the table.
+        let names: Vec<&str> = before.chains.iter().chain(&after.chains).map(|c| c.name.as_str()).collect();
+        if names.len() <= 32 {
+            self.chains.retain(|c| !names.contains(&c.name.as_str()));
+        } else {
+            let names: std::collections::HashSet<&str> = names.into_iter().collect();
+            self.chains.retain(|c| !names.contains(c.name.as_str()));
+        }
         self.chains.extend(after.chains.iter().cloned());
     }
 

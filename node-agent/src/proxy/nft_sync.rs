@@ -64,6 +64,8 @@ pub struct NftablesKernel {
     pub nft: Nft,
     /// Every transaction through `nft -f`, as text.
     pub text_only: bool,
+    /// Rules per transaction of a load from nothing (0: [`RULES_PER_PART`]).
+    pub rules_per_part: usize,
     socket: Arc<std::sync::Mutex<Option<super::nfnl::Socket>>>,
     /// The declarations of the table's sets as last written (to encode elements of sets a
     /// transaction names without declaring them).
@@ -160,9 +162,28 @@ impl NftKernel for NftablesKernel {
         self.apply_with(tx, None)
     }
     fn apply_full(&self, table: &NftTable) -> Result<()> {
-        // One transaction replaces whatever the table held, so that its Services never go
-        // dark meanwhile: over netlink, one batch even for 10,000 Services.
-        self.apply_with(&Transaction::between(None, table).0, Some(&[]))
+        // A table that is there is replaced in one transaction, so that its Services never go
+        // dark meanwhile. One loaded from nothing goes in several (nothing is lost while it is
+        // loading): the kernel binds each anonymous set by walking its whole transaction, so one
+        // transaction of 10,000 Services in kube-proxy's layouts costs it tens of seconds.
+        if self.text_only || self.with_socket(|s| s.has_table(TABLE))? {
+            return self.apply_with(&Transaction::between(None, table).0, Some(&[]));
+        }
+        // Declarations and rules in parts, then the elements (nearly all of a shared-maps
+        // table) in one batch encoded from the table itself, not copied into commands first.
+        let per_part = if self.rules_per_part == 0 { RULES_PER_PART } else { self.rules_per_part };
+        let skeleton = super::nfnl::skeleton(table);
+        let mut loaded = load_in_parts(Transaction::between(None, &skeleton).0, per_part)
+            .iter()
+            .try_for_each(|part| self.apply_with(part, Some(&table.sets)));
+        if loaded.is_ok() {
+            loaded = self.with_socket(|s| s.add_elements(table));
+        }
+        if loaded.is_err() {
+            // Half a table must not stay: the next full sync starts from nothing again.
+            let _ = self.delete_table();
+        }
+        loaded
     }
     fn apply_elements(&self, tx: &Transaction, sets: &[Set]) -> Result<()> {
         self.apply_with(tx, Some(sets))
@@ -182,6 +203,32 @@ impl NftKernel for NftablesKernel {
     fn clear_conntrack(&self, deletes: &[Vec<String>]) {
         super::kernel::conntrack_delete(deletes)
     }
+}
+
+/// Rules per transaction of a load from nothing (with the anonymous sets they declare).
+pub const RULES_PER_PART: usize = 500;
+
+/// A load from nothing (`Transaction::between(None, …)`) cut into transactions that each hold at
+/// most `rules` rules: declarations first, then the rules chain by chain, the elements last,
+/// each part naming only what an earlier one (or itself) declared.
+pub fn load_in_parts(tx: Transaction, rules: usize) -> Vec<Transaction> {
+    let Transaction { family, table, comment, ops } = tx;
+    let empty = || Transaction { family, table: table.clone(), comment: comment.clone(), ops: vec![] };
+    let mut parts = vec![];
+    let mut part = empty();
+    let mut in_part = 0;
+    for op in ops {
+        if matches!(op, Op::AddRule { .. }) {
+            if in_part == rules {
+                parts.push(std::mem::replace(&mut part, empty()));
+                in_part = 0;
+            }
+            in_part += 1;
+        }
+        part.ops.push(op);
+    }
+    parts.push(part);
+    parts
 }
 
 impl<K: NftKernel> NftKernel for Arc<K> {
@@ -488,5 +535,33 @@ pub async fn run_nft_proxier<K: NftKernel>(p: NftProxier<K>, synced: Option<toki
             // Batch what arrives meanwhile (kube-proxy's minSyncPeriod).
             tokio::time::sleep(min_interval).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_load_in_parts_is_the_same_commands_in_order_each_part_naming_only_what_came_before() {
+        let cfg = RenderConfig::new("node-1", "192.168.56.11".parse().unwrap());
+        let nft = NftConfig { layout: "v1.34".parse().unwrap(), service_cidrs: vec![] };
+        let table = render(&cfg, &nft, &super::super::iptables::tests::services());
+        let whole = Transaction::between(None, &table).0;
+        let parts = load_in_parts(whole.clone(), 3);
+        assert!(parts.len() > 3, "{} parts", parts.len());
+        let joined: Vec<Op> = parts.iter().flat_map(|p| p.ops.clone()).collect();
+        assert_eq!(joined, whole.ops, "nothing lost, added or reordered");
+        for p in &parts {
+            assert_eq!((p.family, &p.table, &p.comment), (whole.family, &whole.table, &whole.comment));
+            assert!(p.ops.iter().filter(|o| matches!(o, Op::AddRule { .. })).count() <= 3);
+        }
+        // The table and every declaration come first; elements only after the last rule.
+        assert!(matches!(parts[0].ops[..3], [Op::AddTable, Op::DeleteTable, Op::AddTable]));
+        let last_rule = joined.iter().rposition(|o| matches!(o, Op::AddRule { .. })).unwrap();
+        let first_declaration_after =
+            joined.iter().skip(last_rule).position(|o| matches!(o, Op::AddChain(_) | Op::AddSet(_)));
+        assert_eq!(first_declaration_after, None);
+        assert_eq!(load_in_parts(whole.clone(), 10_000), [whole]);
     }
 }

@@ -300,14 +300,6 @@ pub(super) fn set(out: &mut Vec<u8>, table: &str, s: &Set, id: u32) -> Option<()
     Some(())
 }
 
-/// The name template nft gives an anonymous set or map (the kernel numbers it).
-pub(super) fn anon_name(a: &Anon) -> &'static str {
-    match a.kind {
-        AnonKind::Addresses { .. } => "__set%d",
-        _ => "__map%d",
-    }
-}
-
 /// An anonymous set's elements, as nft lists them for the kernel: an interval set as its
 /// boundaries (the start of each range, the end of each flagged `end`, and an `end` at 0.0.0.0
 /// when the first range starts later).
@@ -378,7 +370,7 @@ fn anon_size(a: &Anon) -> u32 {
 pub(super) fn anon(table: &str, a: &Anon) -> Option<(Vec<u8>, Vec<u8>)> {
     let mut out = vec![];
     attr(&mut out, NFTA_SET_TABLE, &strz(table));
-    attr(&mut out, NFTA_SET_NAME, &strz(anon_name(a)));
+    attr(&mut out, NFTA_SET_NAME, &strz(&a.name));
     let mut u = vec![];
     match &a.kind {
         AnonKind::Verdicts(_) | AnonKind::AddressPorts(_) => {
@@ -422,7 +414,7 @@ pub(super) fn anon(table: &str, a: &Anon) -> Option<(Vec<u8>, Vec<u8>)> {
 
     let mut elems = vec![];
     attr(&mut elems, NFTA_SET_ELEM_LIST_TABLE, &strz(table));
-    attr(&mut elems, NFTA_SET_ELEM_LIST_SET, &strz(anon_name(a)));
+    attr(&mut elems, NFTA_SET_ELEM_LIST_SET, &strz(&a.name));
     u32be(&mut elems, NFTA_SET_ELEM_LIST_SET_ID, a.id);
     attr(&mut elems, NFTA_SET_ELEM_LIST_ELEMENTS | super::NLA_F_NESTED, &anon_elements(a));
     Some((out, elems))
@@ -465,6 +457,7 @@ mod tests {
     fn interval_sets_list_their_boundaries() {
         let a = Anon {
             id: 3,
+            name: "__set%d".into(),
             kind: AnonKind::Addresses {
                 field: 11,
                 ranges: vec![(0x0a00_0000, 0x0b00_0000), (0xffff_ff00, 1 << 32)],

@@ -23,6 +23,7 @@ const NFNL_SUBSYS_NFTABLES: u16 = 10;
 const NFNL_MSG_BATCH_BEGIN: u16 = 0x10;
 const NFNL_MSG_BATCH_END: u16 = 0x11;
 const NFT_MSG_NEWTABLE: u16 = 0;
+const NFT_MSG_GETTABLE: u16 = 1;
 const NFT_MSG_DELTABLE: u16 = 2;
 const NFT_MSG_NEWCHAIN: u16 = 3;
 const NFT_MSG_DELCHAIN: u16 = 5;
@@ -304,7 +305,7 @@ impl<'a> Batch<'a> {
     }
 
     /// A rule with the anonymous sets it declares before it.
-    fn rule(&mut self, chain: &str, text: &str, ids: &mut u32) -> Option<()> {
+    fn rule(&mut self, chain: &str, text: &str, ids: &mut rule::Ids) -> Option<()> {
         let r = rule::compile(text, ids)?;
         for a in &r.sets {
             let (set, elements) = decl::anon(self.table, a)?;
@@ -340,10 +341,9 @@ impl<'a> Batch<'a> {
     }
 }
 
-/// A copy of `table` without the elements [`encode_elements`] writes: what `nft -f` loads
-/// before them when a table is loaded from nothing and cannot go over netlink whole (a few
-/// hundred commands of chains and rules; the elements, nearly all of a large table, go in
-/// one netlink batch).
+/// A copy of `table` without the elements [`encode_elements`] writes: what a load from
+/// nothing sends before them (declarations, chains and rules; the elements, nearly all of a
+/// shared-maps table, then go in one batch encoded from the table itself).
 pub fn skeleton(table: &NftTable) -> NftTable {
     let mut out = NftTable::new(table.family, &table.name);
     out.comment.clone_from(&table.comment);
@@ -388,8 +388,9 @@ pub fn encode(tx: &Transaction, sets: &[Set], seq: u32) -> Option<(Vec<u8>, u32)
         attr(body, kind, &strz(name));
     };
     let mut batch = Batch::new(table, seq);
-    // Set ids, numbered in the batch: named sets' and anonymous ones'.
-    let mut ids = 0u32;
+    // Set ids, numbered in the batch: named sets' and anonymous ones' (named after the batch).
+    let mut ids = rule::Ids::tagged(format!("pp{:x}-", seq));
+    let mut named_ids = 0u32;
     let mut i = 0;
     while i < tx.ops.len() {
         let mut body = vec![];
@@ -416,8 +417,9 @@ pub fn encode(tx: &Transaction, sets: &[Set], seq: u32) -> Option<(Vec<u8>, u32)
             }
             Op::AddRule { chain, rule } => batch.rule(chain, rule, &mut ids)?,
             Op::AddSet(s) => {
-                ids += 1;
-                decl::set(&mut body, table, s, ids)?;
+                // Named sets' ids from the top: never one of the anonymous ones'.
+                named_ids += 1;
+                decl::set(&mut body, table, s, u32::MAX - named_ids)?;
                 batch.message(NFT_MSG_NEWSET, NLM_F_REQUEST | NLM_F_CREATE, &body);
             }
             Op::FlushSet(s, _) => {
@@ -471,8 +473,9 @@ impl Socket {
         let mut sock = netlink_sys::Socket::new(NETLINK_NETFILTER).map_err(|e| io("socket", e))?;
         sock.bind_auto().map_err(|e| io("bind", e))?;
         sock.connect(&SocketAddr::new(0, 0)).map_err(|e| io("connect", e))?;
-        let seq = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_secs() as u32);
-        Ok(Socket { sock, seq })
+        // A random start: batches name their anonymous sets after their sequence number, and
+        // those of an earlier socket (an agent before its restart) may still be in the table.
+        Ok(Socket { sock, seq: fastrand::u32(..) })
     }
 
     /// A socket in the named network namespace (`/run/netns/NAME`), or the current one: it is
@@ -502,6 +505,15 @@ impl Socket {
         Ok(true)
     }
 
+    /// Adds every element of `table`'s sets that this layer writes, in one batch
+    /// ([`encode_elements`]).
+    pub fn add_elements(&mut self, table: &NftTable) -> Result<()> {
+        let seq = self.seq;
+        let Some((batch, n)) = encode_elements(table, seq) else { return Ok(()) };
+        self.seq = seq.wrapping_add(n + 2);
+        self.send(&batch, n, seq)
+    }
+
     /// The nf_tables generation of this namespace: the kernel moves it with every transaction,
     /// anyone's, so an unchanged generation means an unchanged ruleset.
     pub fn generation(&mut self) -> Result<u32> {
@@ -526,6 +538,38 @@ impl Socket {
                     if let Some(id) = body.get(4..).and_then(gen_id) {
                         return Ok(id);
                     }
+                }
+            }
+        }
+    }
+
+    /// Whether this namespace holds the `ip` table `name`.
+    pub fn has_table(&mut self, name: &str) -> Result<bool> {
+        let seq = self.seq;
+        self.seq = seq.wrapping_add(1);
+        let mut body = vec![];
+        attr(&mut body, 1, &strz(name));
+        let mut msg = vec![];
+        let kind = (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETTABLE;
+        message(&mut msg, kind, NLM_F_REQUEST | NLM_F_ACK, seq, NFPROTO_IPV4, 0, &body);
+        self.sock.send(&msg, 0).map_err(|e| io("send", e))?;
+        let mut buf = vec![0u8; 8192];
+        let mut found = false;
+        loop {
+            let n = self.sock.recv(&mut &mut buf[..], 0).map_err(|e| io("receive", e))?;
+            for (kind, msg_seq, body) in messages(&buf[..n]) {
+                if msg_seq != seq {
+                    continue;
+                }
+                if kind == (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWTABLE {
+                    found = true;
+                }
+                if kind == NLMSG_ERROR && body.len() >= 4 {
+                    return match i32::from_ne_bytes(body[..4].try_into().expect("4 bytes")) {
+                        0 => Ok(found),
+                        code if -code == nix::libc::ENOENT => Ok(false),
+                        code => Err(io(&format!("table {name}"), std::io::Error::from_raw_os_error(-code))),
+                    };
                 }
             }
         }
@@ -698,7 +742,7 @@ mod tests {
             let table = render(&cfg, &nft, &states);
             for c in &table.chains {
                 for r in &c.rules {
-                    assert!(rule::compile(r, &mut 0).is_some(), "{layout:?}: chain {}: {r}", c.name);
+                    assert!(rule::compile(r, &mut rule::Ids::default()).is_some(), "{layout:?}: chain {}: {r}", c.name);
                 }
             }
             for s in &table.sets {

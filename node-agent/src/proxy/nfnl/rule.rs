@@ -85,7 +85,36 @@ impl Verdict {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Anon {
     pub id: u32,
+    pub name: String,
     pub kind: AnonKind,
+}
+
+/// How a batch numbers and names the anonymous sets it declares. nft names them
+/// `__set%d`/`__map%d` and the kernel numbers them, scanning every set of the table for the
+/// first free number (a `sscanf` each: at 10,000 Services, ≈ 20 ms per set, and quadratic in a
+/// cold load); a name of our own (a tag unique to the batch, and the set's id) is checked
+/// against the others by a string comparison only. Anonymous sets are listed inline, by their
+/// elements: the name shows nowhere.
+#[derive(Debug, Default)]
+pub(super) struct Ids {
+    last: u32,
+    /// None: nft's templates.
+    tag: Option<String>,
+}
+
+impl Ids {
+    pub fn tagged(tag: String) -> Ids {
+        Ids { last: 0, tag: Some(tag) }
+    }
+    fn next(&mut self, map: bool) -> (u32, String) {
+        self.last += 1;
+        let name = match &self.tag {
+            Some(t) => format!("__{t}{:x}", self.last),
+            None if map => "__map%d".to_string(),
+            None => "__set%d".to_string(),
+        };
+        (self.last, name)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -286,7 +315,7 @@ fn lookup(out: &mut Vec<u8>, set: &SetRef, dreg: Option<u32>, invert: bool) {
             u32attr(d, 3, r);
         }
         attr(d, 1, &strz(set.name()));
-        if let SetRef::Anon(id) = set {
+        if let SetRef::Anon(id, _) = set {
             u32attr(d, 4, *id);
         }
         if invert {
@@ -321,17 +350,16 @@ fn dnat(out: &mut Vec<u8>, proto_reg: u32, flags: Option<u32>) {
     });
 }
 
-/// A named set, or an anonymous one by its batch id (its name is the kernel's template).
+/// A named set, or an anonymous one by its batch id and name.
 enum SetRef {
     Named(String),
-    Anon(u32),
+    Anon(u32, String),
 }
 
 impl SetRef {
     fn name(&self) -> &str {
         match self {
-            SetRef::Named(n) => n,
-            SetRef::Anon(_) => "__set%d",
+            SetRef::Named(n) | SetRef::Anon(_, n) => n,
         }
     }
 }
@@ -352,7 +380,7 @@ fn range((addr, len): (Ipv4Addr, u8)) -> (u64, u64) {
 }
 
 /// Compiles `text`; `ids` numbers the anonymous sets it declares (shared by a whole batch).
-pub(super) fn compile(text: &str, ids: &mut u32) -> Option<Rule> {
+pub(super) fn compile(text: &str, ids: &mut Ids) -> Option<Rule> {
     let mut t = Tokens::new(text)?;
     let mut rule = Rule::default();
     let out = &mut rule.exprs;
@@ -508,7 +536,7 @@ fn ct_bits(list: &str, bit: fn(&str) -> Option<u32>) -> Option<u32> {
 }
 
 /// `dnat to A:P`, `dnat ip addr . port to numgen … map { … }`, `dnat ip to KEY map @SET`.
-fn compile_dnat(t: &mut Tokens, out: &mut Vec<u8>, sets: &mut Vec<Anon>, ids: &mut u32) -> Option<()> {
+fn compile_dnat(t: &mut Tokens, out: &mut Vec<u8>, sets: &mut Vec<Anon>, ids: &mut Ids) -> Option<()> {
     match t.next()? {
         "to" => {
             let (a, p) = t.next()?.split_once(':')?;
@@ -540,9 +568,9 @@ fn compile_dnat(t: &mut Tokens, out: &mut Vec<u8>, sets: &mut Vec<Anon>, ids: &m
                     }
                 }
                 Field::Numgen(m).load(out, REG_1);
-                *ids += 1;
-                sets.push(Anon { id: *ids, kind: AnonKind::AddressPorts(entries) });
-                lookup(out, &SetRef::Anon(*ids), Some(REG_1), false);
+                let (id, name) = ids.next(true);
+                lookup(out, &SetRef::Anon(id, name.clone()), Some(REG_1), false);
+                sets.push(Anon { id, name, kind: AnonKind::AddressPorts(entries) });
                 dnat(out, REG32_00 + 1, None);
             }
             "to" => {
@@ -579,7 +607,7 @@ fn concat(t: &mut Tokens) -> Option<Vec<Field>> {
 /// A match or lookup that starts with a field: `ip daddr 10.0.0.1`, `ip saddr != CIDR`,
 /// `ip daddr @set`, `ip saddr != { … }`, `meta l4proto tcp`, `KEY vmap @map`,
 /// `numgen random mod N vmap { … }`, `KEY @set`.
-fn compile_match(t: &mut Tokens, out: &mut Vec<u8>, sets: &mut Vec<Anon>, ids: &mut u32) -> Option<()> {
+fn compile_match(t: &mut Tokens, out: &mut Vec<u8>, sets: &mut Vec<Anon>, ids: &mut Ids) -> Option<()> {
     let fields = concat(t)?;
     match t.peek()? {
         "vmap" => {
@@ -599,9 +627,9 @@ fn compile_match(t: &mut Tokens, out: &mut Vec<u8>, sets: &mut Vec<Anon>, ids: &
                     }
                 }
                 Field::Numgen(m).load(out, REG_1);
-                *ids += 1;
-                sets.push(Anon { id: *ids, kind: AnonKind::Verdicts(entries) });
-                lookup(out, &SetRef::Anon(*ids), Some(REG_VERDICT), false);
+                let (id, name) = ids.next(true);
+                lookup(out, &SetRef::Anon(id, name.clone()), Some(REG_VERDICT), false);
+                sets.push(Anon { id, name, kind: AnonKind::Verdicts(entries) });
             } else {
                 let set = t.next()?.strip_prefix('@')?.to_string();
                 load_concat(out, &fields);
@@ -660,12 +688,10 @@ fn compile_match(t: &mut Tokens, out: &mut Vec<u8>, sets: &mut Vec<Anon>, ids: &
                             }
                         }
                         field.load(out, REG_1);
-                        *ids += 1;
-                        sets.push(Anon {
-                            id: *ids,
-                            kind: AnonKind::Addresses { field: tmpl, ranges: merged, interval },
-                        });
-                        lookup(out, &SetRef::Anon(*ids), None, negate);
+                        let (id, name) = ids.next(false);
+                        lookup(out, &SetRef::Anon(id, name.clone()), None, negate);
+                        let kind = AnonKind::Addresses { field: tmpl, ranges: merged, interval };
+                        sets.push(Anon { id, name, kind });
                     }
                 }
                 Field::L4proto => {
@@ -722,8 +748,7 @@ mod tests {
     }
 
     fn c(text: &str) -> Rule {
-        let mut ids = 0;
-        compile(text, &mut ids).unwrap_or_else(|| panic!("{text} should compile"))
+        compile(text, &mut Ids::default()).unwrap_or_else(|| panic!("{text} should compile"))
     }
 
     #[test]
@@ -763,13 +788,14 @@ mod tests {
 
     #[test]
     fn anonymous_sets_are_numbered_merged_and_kept_with_the_rule() {
-        let mut ids = 4;
+        let mut ids = Ids::tagged("t1-".into());
+        compile("ip saddr != { 10.0.0.1, 10.0.0.2 } drop", &mut ids).unwrap();
         let r = compile("ip saddr != { 10.1.0.0/16, 10.0.0.0/8, 192.168.1.0/24 } drop", &mut ids).unwrap();
-        assert_eq!(ids, 5);
         assert_eq!(
             r.sets,
             [Anon {
-                id: 5,
+                id: 2,
+                name: "__t1-2".into(),
                 kind: AnonKind::Addresses {
                     field: 11,
                     ranges: vec![(0x0a00_0000, 0x0b00_0000), (0xc0a8_0100, 0xc0a8_0200)],
@@ -802,7 +828,7 @@ mod tests {
             "numgen random mod 0 vmap { 0 : drop }",
             "ct state bogus drop",
         ] {
-            assert!(compile(text, &mut 0).is_none(), "{text}");
+            assert!(compile(text, &mut Ids::default()).is_none(), "{text}");
         }
     }
 }
