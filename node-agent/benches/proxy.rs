@@ -428,7 +428,7 @@ fn child_soak(mode: &str, n: usize, seconds: u64) {
     let layout = nft_layout(mode).expect("an nftables mode");
     let mut c = churn::Churn::new(n, 23);
     let until = Instant::now() + Duration::from_secs(seconds);
-    let s = churn::soak(&mut c, layout, 1..=20, usize::MAX, until);
+    let s = churn::soak(&mut c, layout, 1..=20, usize::MAX, until, true);
     let mut ms = s.sync_ms.clone();
     ms.sort_by(|a, b| a.partial_cmp(b).unwrap());
     let pct = |p: f64| ms.get(((ms.len() as f64 * p) as usize).min(ms.len().saturating_sub(1))).copied().unwrap_or(0.0);

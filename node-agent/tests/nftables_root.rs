@@ -234,8 +234,10 @@ fn cleanup_removes_the_rules_of_every_mode() {
 }
 
 /// Random churn of 300 Services in every layout: after every batch of changes synced the way
-/// the proxier syncs them (tracker → partial render → netlink elements and nft chains), the
-/// kernel's table is exactly the table rendered whole from the caches.
+/// the proxier syncs them (tracker → partial render → one netlink batch), the kernel's table
+/// is exactly the table rendered whole from the caches; and new connections to the Services
+/// all the while never meet a half-applied one (each reaches a ready endpoint the Service had
+/// before or after the batch, and none fails while it had endpoints before and after).
 #[test]
 fn churn_leaves_the_kernel_equal_to_the_model_after_every_batch() {
     if !root_or_explain() {
@@ -247,10 +249,13 @@ fn churn_leaves_the_kernel_equal_to_the_model_after_every_batch() {
         let s = ns.in_thread(move || {
             let mut c = churn::Churn::new(300, seed);
             let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
-            churn::soak(&mut c, layout, 1..=12, 40, until)
+            churn::soak(&mut c, layout, 1..=12, 40, until, true)
         });
         assert_eq!(s.difference, None, "{layout}");
         assert!(s.batches >= 10 && s.changes >= s.batches, "{layout}: {s:?}");
+        assert_eq!(s.half_applied, Vec::<String>::new(), "{layout}: {} connections", s.connections);
+        assert!(s.answered >= 200, "{layout}: too few connections answered to tell: {s:?}");
+        assert!(s.lost * 100 <= s.connections, "{layout}: {} of {} connections lost", s.lost, s.connections);
         drop(ns);
     }
     assert_eq!(host_state(), before_host);
