@@ -10,8 +10,8 @@
 //! Then, through the real proxier loop (watch cache → change tracker → render → kernel) at 100
 //! Services (all modes) and 10,000 (nftables modes), the latency from an EndpointSlice event
 //! reaching the agent's cache to its rules being applied (p50/p99), with the process's RSS; and
-//! a soak of random churn at 10,000 Services (100 s per nftables mode) comparing the kernel's
-//! table with the model after every batch.
+//! a soak of random churn at 10,000 Services (120 s per nftables mode) comparing the kernel's
+//! table with the model after every batch, with new connections to the Services meanwhile.
 //!
 //! "Full sync" and "sync after one endpoint change" are the proxier's own `sync_once` (render,
 //! minimize, batch, `iptables-restore`, plus on full syncs the jump checks and `iptables-save`),
@@ -437,6 +437,13 @@ fn child_soak(mode: &str, n: usize, seconds: u64) {
     println!("sync-p50 {}", pct(0.5));
     println!("sync-p99 {}", pct(0.99));
     println!("differences {}", u8::from(s.difference.is_some()));
+    println!("connections {}", s.connections);
+    println!("answered {}", s.answered);
+    println!("lost {}", s.lost);
+    println!("half-applied {}", s.half_applied.len());
+    for h in &s.half_applied {
+        eprintln!("half-applied: {h}");
+    }
     if let Some(d) = s.difference {
         eprintln!("{d}");
     }
@@ -623,20 +630,24 @@ fn main() {
             m("rss-after")
         );
     }
-    println!("soak: random Service/endpoint churn (batches of 1–20 changes), the kernel's table compared with the model after every batch:");
+    println!("soak: random Service/endpoint churn (batches of 1–20 changes), the kernel's table compared with the model after every batch, new connections to the Services all the while:");
     for &m in &nft_modes {
-        let (n, seconds) = (10_000, 100);
+        let (n, seconds) = (10_000, 120);
         let ns = testkit::netns::Netns::new("ppb");
         let out = in_netns(&ns.name, &["--child-soak", m, &n.to_string(), &seconds.to_string()], limit);
         let f = |k: &str| get(&out, k).map(|v| format!("{v:.0}")).unwrap_or("-".into());
         let ms = |k: &str| get(&out, k).map(|v| format!("{v:.1} ms")).unwrap_or("-".into());
         println!(
-            "  {m:>11} at {n} Services, {seconds} s: {} batches, {} changes, partial sync p50 {}, p99 {}; differences: {}",
+            "  {m:>11} at {n} Services, {seconds} s: {} batches, {} changes, partial sync p50 {}, p99 {}; differences: {} | new connections meanwhile: {}, answered {}, lost {}, half-applied {}",
             f("batches"),
             f("changes"),
             ms("sync-p50"),
             ms("sync-p99"),
-            f("differences")
+            f("differences"),
+            f("connections"),
+            f("answered"),
+            f("lost"),
+            f("half-applied")
         );
     }
 }
