@@ -178,7 +178,7 @@ pub(crate) fn resize(master: &OwnedFd, width: u16, height: u16) {
 pub async fn run(
     target: &Target,
     opts: &ExecOptions,
-    input: mpsc::Receiver<Input>,
+    mut input: mpsc::Receiver<Input>,
     out: mpsc::Sender<Output>,
 ) -> Outcome {
     let Some(program) = opts.command.first() else {
@@ -210,6 +210,27 @@ pub async fn run(
             .stderr(if opts.stderr { Stdio::piped() } else { Stdio::null() });
         None
     };
+    // kubectl sends the client's terminal size as soon as the stream is open: the command
+    // starts at that size (a command that reads it at once, `stty size`, would otherwise race
+    // the resize); whatever else arrives meanwhile is kept for it.
+    let mut early = vec![];
+    if let Some(pty) = &pty {
+        let wait = tokio::time::sleep(FIRST_SIZE);
+        tokio::pin!(wait);
+        loop {
+            tokio::select! {
+                i = input.recv() => match i {
+                    Some(Input::Resize { width, height }) => {
+                        resize(&pty.master, width, height);
+                        break;
+                    }
+                    Some(other) => early.push(other),
+                    None => return Outcome::Failed("the client went away".into()),
+                },
+                _ = &mut wait => break,
+            }
+        }
+    }
     let mut child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => return Outcome::Failed(format!("cannot start {}: {e}", target.workload_bin.display())),
@@ -218,7 +239,7 @@ pub async fn run(
     drop(cmd);
     let _group = GroupGuard(child.id().map(|p| p as i32));
     match pty {
-        Some(pty) => run_tty(&mut child, pty, opts, input, out).await,
+        Some(pty) => run_tty(&mut child, pty, opts, early, input, out).await,
         None => run_pipes(&mut child, input, out).await,
     }
 }
@@ -231,6 +252,9 @@ async fn pump<R: AsyncRead + Unpin>(mut r: R, out: mpsc::Sender<Output>, wrap: f
         }
     }
 }
+
+/// How long a TTY command waits for the client's terminal size before it starts at 80×24.
+const FIRST_SIZE: Duration = Duration::from_millis(300);
 
 /// How long output is still drained after the command exits (a background child can hold the
 /// pipes open for ever).
@@ -285,10 +309,20 @@ async fn run_tty(
     child: &mut tokio::process::Child,
     pty: Pty,
     opts: &ExecOptions,
+    early: Vec<Input>,
     mut input: mpsc::Receiver<Input>,
     out: mpsc::Sender<Output>,
 ) -> Outcome {
     let Pty { master, mut rd, mut wr } = pty;
+    for i in early {
+        match i {
+            Input::Stdin(b) if opts.stdin => {
+                let _ = wr.write_all(&b).await;
+            }
+            Input::Resize { width, height } => resize(&master, width, height),
+            _ => {}
+        }
+    }
     let reader = {
         let out = out.clone();
         tokio::spawn(async move {

@@ -1,14 +1,14 @@
-//! nf_tables over netlink, for the sync that matters most: a transaction of map and set
-//! element adds and deletes (what an endpoint change is in the shared-maps layout) goes to the
-//! kernel as one batch on a `NETLINK_NETFILTER` socket, without an `nft` process, which loads
-//! the whole table before it writes anything (≈130 ms at 10,000 Services). Anything else
-//! (chains, rules, sets) still goes through `nft -f`.
+//! nf_tables over netlink: every transaction of the nftables proxier goes to the kernel as one
+//! batch on a `NETLINK_NETFILTER` socket, without an `nft` process, which loads the whole
+//! table before it writes anything (≈130 ms at 10,000 Services): tables, chains and sets
+//! ([`decl`]), rules compiled from their text ([`rule`]), elements added and deleted.
 //!
 //! [`encode`] is pure: the batch's bytes from the transaction and the declared types of its
-//! sets; [`send`] is the only I/O. Element keys and values are laid out as nftables lays out
+//! sets; [`Socket`] is the only I/O. Element keys and values are laid out as nftables lays out
 //! a concatenation: each field in its own 4-byte-aligned register, addresses and ports in
 //! network order, `numgen` values in host order; a verdict is a code and a chain name; an
 //! element comment is nftables' userdata record (type 0, length, the string and its NUL).
+//! Whatever this layer cannot write makes [`encode`] give `None`; the caller then uses `nft -f`.
 
 use std::net::Ipv4Addr;
 

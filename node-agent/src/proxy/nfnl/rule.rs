@@ -553,24 +553,14 @@ fn compile_dnat(t: &mut Tokens, out: &mut Vec<u8>, sets: &mut Vec<Anon>, ids: &m
                 let Field::Numgen(m) = Field::parse(t)? else { return None };
                 t.expect("map")?;
                 t.expect("{")?;
-                let mut entries = vec![];
-                loop {
+                let entries = braced(t, |t| {
                     let key: u32 = t.next()?.parse().ok()?;
                     t.expect(":")?;
                     let addr = t.next()?.parse::<Ipv4Addr>().ok()?;
                     t.expect(".")?;
-                    let port = t.next()?.parse::<u16>().ok()?;
-                    entries.push((key, addr, port));
-                    match t.next()? {
-                        "," => continue,
-                        "}" => break,
-                        _ => return None,
-                    }
-                }
-                Field::Numgen(m).load(out, REG_1);
-                let (id, name) = ids.next(true);
-                lookup(out, &SetRef::Anon(id, name.clone()), Some(REG_1), false);
-                sets.push(Anon { id, name, kind: AnonKind::AddressPorts(entries) });
+                    Some((key, addr, t.next()?.parse::<u16>().ok()?))
+                })?;
+                numgen_map(out, sets, ids, m, AnonKind::AddressPorts(entries), REG_1);
                 dnat(out, REG32_00 + 1, None);
             }
             "to" => {
@@ -595,6 +585,27 @@ pub(super) fn fields(text: &str) -> Option<Vec<Field>> {
     t.peek().is_none().then_some(fields)
 }
 
+/// The items of a `{ a , b }` list whose `{` was read, through its `}`.
+fn braced<T>(t: &mut Tokens, mut item: impl FnMut(&mut Tokens) -> Option<T>) -> Option<Vec<T>> {
+    let mut items = vec![];
+    loop {
+        items.push(item(t)?);
+        match t.next()? {
+            "," => continue,
+            "}" => return Some(items),
+            _ => return None,
+        }
+    }
+}
+
+/// `numgen random mod m` looked up in an anonymous map of `kind`, the result in `dreg`.
+fn numgen_map(out: &mut Vec<u8>, sets: &mut Vec<Anon>, ids: &mut Ids, m: u32, kind: AnonKind, dreg: u32) {
+    Field::Numgen(m).load(out, REG_1);
+    let (id, name) = ids.next(true);
+    lookup(out, &SetRef::Anon(id, name.clone()), Some(dreg), false);
+    sets.push(Anon { id, name, kind });
+}
+
 fn concat(t: &mut Tokens) -> Option<Vec<Field>> {
     let mut fields = vec![Field::parse(t)?];
     while t.peek() == Some(".") {
@@ -615,21 +626,12 @@ fn compile_match(t: &mut Tokens, out: &mut Vec<u8>, sets: &mut Vec<Anon>, ids: &
             if t.peek()? == "{" {
                 let [Field::Numgen(m)] = fields[..] else { return None };
                 t.next();
-                let mut entries = vec![];
-                loop {
+                let entries = braced(t, |t| {
                     let key: u32 = t.next()?.parse().ok()?;
                     t.expect(":")?;
-                    entries.push((key, Verdict::parse(t)?));
-                    match t.next()? {
-                        "," => continue,
-                        "}" => break,
-                        _ => return None,
-                    }
-                }
-                Field::Numgen(m).load(out, REG_1);
-                let (id, name) = ids.next(true);
-                lookup(out, &SetRef::Anon(id, name.clone()), Some(REG_VERDICT), false);
-                sets.push(Anon { id, name, kind: AnonKind::Verdicts(entries) });
+                    Some((key, Verdict::parse(t)?))
+                })?;
+                numgen_map(out, sets, ids, m, AnonKind::Verdicts(entries), REG_VERDICT);
             } else {
                 let set = t.next()?.strip_prefix('@')?.to_string();
                 load_concat(out, &fields);
@@ -658,16 +660,7 @@ fn compile_match(t: &mut Tokens, out: &mut Vec<u8>, sets: &mut Vec<Anon>, ids: &
                     }
                     let prefixes = if t.peek() == Some("{") {
                         t.next();
-                        let mut list = vec![];
-                        loop {
-                            list.push(prefix(t.next()?)?);
-                            match t.next()? {
-                                "," => continue,
-                                "}" => break,
-                                _ => return None,
-                            }
-                        }
-                        list
+                        braced(t, |t| prefix(t.next()?))?
                     } else {
                         vec![prefix(t.next()?)?]
                     };
