@@ -97,6 +97,13 @@ fn ud_comment(out: &mut Vec<u8>, kind: u8, comment: &str) -> Option<()> {
     ud(out, kind, &strz(comment))
 }
 
+/// A comment as the one user data record of a rule or an element; `None` past 254 bytes.
+pub(super) fn comment(kind: u8, text: &str) -> Option<Vec<u8>> {
+    let mut out = vec![];
+    ud_comment(&mut out, kind, text)?;
+    Some(out)
+}
+
 /// `NEWTABLE`'s attributes.
 pub(super) fn table(out: &mut Vec<u8>, name: &str, comment: Option<&str>) -> Option<()> {
     attr(out, NFTA_TABLE_NAME, &strz(name));

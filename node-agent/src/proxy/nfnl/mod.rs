@@ -56,9 +56,6 @@ const NFTA_SET_ELEM_KEY: u16 = 1;
 const NFTA_SET_ELEM_DATA: u16 = 2;
 const NFTA_SET_ELEM_USERDATA: u16 = 6;
 const NFTA_DATA_VALUE: u16 = 1;
-const NFTA_DATA_VERDICT: u16 = 2;
-const NFTA_VERDICT_CODE: u16 = 1;
-const NFTA_VERDICT_CHAIN: u16 = 2;
 const NFTNL_UDATA_SET_ELEM_COMMENT: u8 = 0;
 
 /// One field of a key or value.
@@ -162,23 +159,8 @@ enum ValueType {
 /// A map value: a verdict (`goto CHAIN`, `drop`…) or data of the map's value type.
 fn data(out: &mut Vec<u8>, value_type: &ValueType, text: &str) -> Option<()> {
     if let ValueType::Verdict = value_type {
-        let (code, chain): (i32, Option<&str>) = match text.split_once(' ') {
-            Some(("goto", c)) => (-4, Some(c)),
-            Some(("jump", c)) => (-3, Some(c)),
-            None if text == "drop" => (0, None),
-            None if text == "accept" => (1, None),
-            None if text == "continue" => (-1, None),
-            None if text == "return" => (-5, None),
-            _ => return None,
-        };
-        nested(out, NFTA_SET_ELEM_DATA, |d| {
-            nested(d, NFTA_DATA_VERDICT, |v| {
-                attr(v, NFTA_VERDICT_CODE, &code.to_be_bytes());
-                if let Some(c) = chain {
-                    attr(v, NFTA_VERDICT_CHAIN, &strz(c));
-                }
-            })
-        });
+        let v = rule::Verdict::of(text)?;
+        nested(out, NFTA_SET_ELEM_DATA, |d| v.write(d));
         return Some(());
     }
     let ValueType::Data(fields) = value_type else { return None };
@@ -217,12 +199,7 @@ fn element(out: &mut Vec<u8>, layout: &Layout, e: &Element, with_value: bool) ->
                 data(body, vt, v)?;
             }
             if let Some(c) = &e.comment {
-                let len = u8::try_from(c.len() + 1).ok()?;
-                attr_with(body, NFTA_SET_ELEM_USERDATA, |ud| {
-                    ud.extend([NFTNL_UDATA_SET_ELEM_COMMENT, len]);
-                    ud.extend(c.as_bytes());
-                    ud.push(0);
-                });
+                attr(body, NFTA_SET_ELEM_USERDATA, &decl::comment(NFTNL_UDATA_SET_ELEM_COMMENT, c)?);
             }
         }
         Some(())
@@ -317,12 +294,7 @@ impl<'a> Batch<'a> {
         attr(&mut body, NFTA_RULE_CHAIN, &strz(chain));
         attr(&mut body, NFTA_RULE_EXPRESSIONS | NLA_F_NESTED, &r.exprs);
         if let Some(c) = &r.comment {
-            let len = u8::try_from(c.len() + 1).ok()?;
-            attr_with(&mut body, NFTA_RULE_USERDATA, |u| {
-                u.extend([NFTNL_UDATA_RULE_COMMENT, len]);
-                u.extend(c.as_bytes());
-                u.push(0);
-            });
+            attr(&mut body, NFTA_RULE_USERDATA, &decl::comment(NFTNL_UDATA_RULE_COMMENT, c)?);
         }
         self.message(NFT_MSG_NEWRULE, NLM_F_REQUEST | NLM_F_CREATE | NLM_F_APPEND, &body);
         Some(())

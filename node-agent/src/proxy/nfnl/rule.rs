@@ -56,6 +56,13 @@ pub(super) struct Verdict {
 }
 
 impl Verdict {
+    /// `goto CHAIN`, `drop`… as a whole text (a map element's value).
+    pub fn of(text: &str) -> Option<Verdict> {
+        let mut t = Tokens::new(text)?;
+        let v = Verdict::parse(&mut t)?;
+        t.peek().is_none().then_some(v)
+    }
+
     fn parse(t: &mut Tokens) -> Option<Verdict> {
         let (code, chain) = match t.next()? {
             "drop" => (0, None),
