@@ -1,6 +1,6 @@
 //! NetworkPolicy enforcement end to end, over the upstream netpol suite's world: a two-node
 //! lab, namespaces x, y, z with pods a, b, c each serving TCP and UDP on 80 and 81, every case
-//! of `node-agent/testdata/netpol-cases.yaml` applied with kubectl and probed with `podpath
+//! of `netpol/testdata/netpol-cases.yaml` applied with kubectl and probed with `podpath
 //! policy matrix` (real connections between real pods, same node and across nodes); the
 //! expected matrix comes from the pure model (`api::netpol`), never from podpath's output.
 //! Root only (CI runs as root).
@@ -87,7 +87,7 @@ fn model_world(lab: &Lab) -> Vec<Pod> {
 /// The catalogue, placeholders filled with this lab's addresses.
 fn cases(pods: &[Pod]) -> Vec<(String, Vec<serde_json::Value>)> {
     let mut text =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../node-agent/testdata/netpol-cases.yaml"))
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../netpol/testdata/netpol-cases.yaml"))
             .expect("the cases file");
     text = text.replace("{pods}", "10.244.0.0/16");
     for p in pods {

@@ -824,8 +824,8 @@ pub fn text(e: &Explanation) -> String {
 mod tests {
     use super::*;
 
-    const GOLDEN: &str = include_str!("../../node-agent/src/proxy/testdata/golden.rules");
-    const USERSPACE: &str = include_str!("../../node-agent/src/proxy/testdata/userspace.rules");
+    const GOLDEN: &str = include_str!("../../kube-proxy/src/testdata/golden.rules");
+    const USERSPACE: &str = include_str!("../../kube-proxy/src/testdata/userspace.rules");
 
     fn tables(save: &str) -> Vec<(String, String)> {
         // Split an iptables-save of several tables into (table, its text).

@@ -12,14 +12,14 @@ use k8s_openapi::api::core::v1 as core;
 use podpath_client::reflector::{self, Filter, Store};
 use podpath_client::ApiClient;
 
-use crate::cni::{self, CniRuntime, RealExec};
+use kube_proxy::health::{self, Health};
+use kubelet::cni::{self, CniRuntime, RealExec};
+use kubelet::pods::{self, Deps, NetProber, PodsConfig};
+use kubelet::process::LinuxProcesses;
+
 use crate::error::{AgentError, Result};
-use crate::health::{self, Health};
-use crate::metrics::Metrics;
 use crate::node::{self, NodeConfig};
-use crate::pods::{self, Deps, NetProber, PodsConfig};
-use crate::process::LinuxProcesses;
-use crate::routes::{self, NetlinkRoutes};
+use crate::routes::{self, NetlinkRoutes, RouteMetrics};
 
 /// Everything the agent is configured with.
 #[derive(Debug, Clone)]
@@ -76,7 +76,7 @@ pub struct ProxyConfig {
     pub cluster_cidr: Option<ipnet::IpNet>,
     pub masquerade_external: bool,
     pub min_sync: Duration,
-    pub nft: crate::proxy::nftables::NftConfig,
+    pub nft: kube_proxy::nftables::NftConfig,
     /// kube-proxy's `--iptables-localhost-nodeports` (iptables mode).
     pub localhost_nodeports: bool,
 }
@@ -86,8 +86,14 @@ pub struct ProxyConfig {
 pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()>) -> Result<()> {
     std::fs::create_dir_all(&cfg.state_dir)
         .map_err(|e| AgentError::io(format!("create the state directory {}", cfg.state_dir.display()), e))?;
-    let metrics = Arc::new(Metrics::new());
-    let health = Health::new(cfg.sync_period * 2, metrics.clone());
+    // One registry for the node's metrics page: kube-proxy's, the kubelet's and the routes'.
+    let (mut kubelet_metrics, mut route_metrics) = (None, None);
+    let metrics = Arc::new(kube_proxy::metrics::Metrics::with(|registry, sync_errors| {
+        kubelet_metrics = Some(Arc::new(kubelet::metrics::Metrics::register(registry, sync_errors.clone())));
+        route_metrics = Some(RouteMetrics::register(registry));
+    }));
+    let (kubelet_metrics, route_metrics) = (kubelet_metrics.expect("registered"), route_metrics.expect("registered"));
+    let health = Health::new(cfg.sync_period * 2, metrics);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stopped = move || {
         let mut rx = stop_rx.clone();
@@ -146,7 +152,14 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()>) -> Result
 
     let table = NetlinkRoutes::new()?;
     routes::RouteTable::enable_forwarding(&table)?;
-    tokio::spawn(sync_routes_forever(table, nodes_store, cfg.node_name.clone(), cfg.sync_period, health.clone()));
+    tokio::spawn(sync_routes_forever(
+        table,
+        nodes_store,
+        cfg.node_name.clone(),
+        cfg.sync_period,
+        health.clone(),
+        route_metrics,
+    ));
 
     let pods_cfg = PodsConfig {
         node_name: cfg.node_name.clone(),
@@ -156,7 +169,7 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()>) -> Result
         api_args: cfg.api_args.clone(),
         cluster_dns: cfg.cluster_dns.clone(),
         cluster_domain: cfg.cluster_domain.clone(),
-        host_resolv: crate::pods::dnsconf::parse_resolv(
+        host_resolv: kubelet::pods::dnsconf::parse_resolv(
             &std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default(),
         ),
         backoff_base: cfg.backoff_base,
@@ -170,7 +183,7 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()>) -> Result
             Ok(listener) => {
                 tracing::info!(%addr, "kubelet API (container logs)");
                 let token = cfg.token.as_deref().map(Arc::from);
-                tasks.spawn(crate::kubelet::serve(listener, pods_cfg.clone(), token, stopped()));
+                tasks.spawn(kubelet::server::serve(listener, pods_cfg.clone(), token, stopped()));
             }
             Err(e) => {
                 tracing::warn!(%addr, error = %e, "cannot serve the kubelet API; kubectl logs will not reach this node")
@@ -189,29 +202,29 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()>) -> Result
         network,
         api: client.clone(),
         prober: NetProber,
-        metrics: metrics.clone(),
+        metrics: kubelet_metrics,
         events,
     });
     tokio::spawn(pods::run_pods(deps, pods_store, None));
 
     if cfg.network_policy {
-        use crate::policy::{Enforcer, IptablesPolicyKernel, NftPolicyKernel, PodView};
+        use netpol::{Enforcer, IptablesPolicyKernel, NftPolicyKernel, PodView};
         // The proxy's rule language: nftables mode gets a table of its own, the iptables modes
         // (and no proxy) filter-table chains through the proxy's backend.
         let nft_mode = cfg.proxy.as_ref().is_some_and(|p| p.mode == ProxyMode::Nftables);
         let backend = cfg.proxy.as_ref().map(|p| p.backend).unwrap_or(podpath_ruleset::Backend::Nft);
-        let ipt = Arc::new(crate::proxy::kernel::IptablesKernel::new(backend));
+        let ipt = Arc::new(podpath_ruleset::kernel::IptablesKernel::new(backend));
         {
             // The other form's rules go first (a mode change since the last run).
             let ipt = ipt.clone();
             tokio::task::spawn_blocking(move || {
-                let other: Option<&dyn crate::proxy::kernel::Kernel> = if nft_mode { Some(&*ipt) } else { None };
-                crate::policy::cleanup(!nft_mode && crate::policy::nft_available(), other)
+                let other: Option<&dyn podpath_ruleset::kernel::Kernel> = if nft_mode { Some(&*ipt) } else { None };
+                netpol::cleanup(!nft_mode && netpol::nft_available(), other)
             })
             .await
             .map_err(|e| AgentError::Process(e.to_string()))??;
         }
-        if !nft_mode || crate::policy::nft_available() {
+        if !nft_mode || netpol::nft_available() {
             let (all_pods, namespaces, policies) = (Store::new(), Store::new(), Store::new());
             tokio::spawn(reflector::run_mapped(client.clone(), Filter::default(), all_pods.clone(), |p: core::Pod| {
                 PodView::of(&p)
@@ -220,7 +233,7 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()>) -> Result
                 client.clone(),
                 Filter::default(),
                 namespaces.clone(),
-                |n: core::Namespace| crate::policy::namespace_labels(&n),
+                |n: core::Namespace| netpol::namespace_labels(&n),
             ));
             tokio::spawn(reflector::run(client.clone(), Filter::default(), policies.clone()));
             let (node_name, period) = (cfg.node_name.clone(), cfg.sync_period);
@@ -228,22 +241,23 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()>) -> Result
                 tracing::info!("NetworkPolicy enforcement: nftables table ip podpath-policy");
                 let kernel = Arc::new(NftPolicyKernel::default());
                 let e = Enforcer { kernel, node_name, pods: all_pods, namespaces, policies, period };
-                tokio::spawn(crate::policy::run(e, None));
+                tokio::spawn(netpol::run(e, None));
             } else {
                 tracing::info!(backend = backend.name(), "NetworkPolicy enforcement: filter chains PODPATH-POLICY");
                 let kernel = Arc::new(IptablesPolicyKernel { kernel: ipt });
                 let e = Enforcer { kernel, node_name, pods: all_pods, namespaces, policies, period };
-                tokio::spawn(crate::policy::run(e, None));
+                tokio::spawn(netpol::run(e, None));
             }
         } else {
             tracing::warn!("no `nft` command: NetworkPolicies are not enforced on this node");
         }
     }
 
-    crate::proxy::stall::watch(&cfg.state_dir);
+    kube_proxy::stall::watch(&cfg.state_dir);
     if let Some(p) = &cfg.proxy {
-        use crate::proxy::model::{ServiceView, SliceView};
-        use crate::proxy::{kernel::IptablesKernel, nft_sync, sync, userspace};
+        use kube_proxy::model::{ServiceView, SliceView};
+        use kube_proxy::{nft_sync, sync, userspace};
+        use podpath_ruleset::kernel::IptablesKernel;
         let kernel = Arc::new(IptablesKernel::new(p.backend));
         // The other modes' rules go first: never two proxies' rules in one namespace.
         {
@@ -285,7 +299,7 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()>) -> Result
         ));
         // What both kernel modes render with; nftables mode never answers NodePorts on
         // 127.0.0.1 (kube-proxy's neither), and nft always has `masquerade fully-random`.
-        let render = crate::proxy::iptables::RenderConfig {
+        let render = kube_proxy::iptables::RenderConfig {
             node_name: cfg.node_name.clone(),
             node_ips: vec![cfg.node_ip],
             cluster_cidr: p.cluster_cidr,
@@ -295,7 +309,7 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()>) -> Result
         };
         match p.mode {
             ProxyMode::Iptables => {
-                let render = crate::proxy::iptables::RenderConfig {
+                let render = kube_proxy::iptables::RenderConfig {
                     random_fully: kernel.ipt.supports_random_fully(),
                     localhost_nodeports: p.localhost_nodeports,
                     ..render
@@ -370,6 +384,7 @@ async fn sync_routes_forever(
     me: String,
     period: Duration,
     health: Arc<Health>,
+    metrics: RouteMetrics,
 ) {
     nodes.wait_synced().await;
     let mut changes = nodes.changes();
@@ -380,7 +395,7 @@ async fn sync_routes_forever(
         match routes::sync_routes(&table, &want).await {
             Ok(_) => {
                 health.updated();
-                health.metrics.route_sync(want.len());
+                metrics.synced(want.len());
             }
             Err(e) => {
                 tracing::warn!("route sync failed: {e}");

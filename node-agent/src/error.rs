@@ -1,6 +1,7 @@
 //! The node agent's errors.
 
-/// Errors of the node agent library. Each names what it concerns.
+/// Errors of the node agent's own parts (registration, heartbeats, routes, the wiring) and of
+/// the components it runs. Each names what it concerns.
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
     /// The API server could not be reached, or the client is misconfigured.
@@ -29,16 +30,15 @@ pub enum AgentError {
     /// A pod's process could not be started or controlled.
     #[error("{0}")]
     Process(String),
-    /// A CNI plugin failed (its error code and message, as the spec defines them).
-    #[error("CNI {command} of {plugin} for {container_id} failed: {msg}{}", details.as_deref().map(|d| format!(" ({d})")).unwrap_or_default())]
-    Cni {
-        command: podpath_cni::env::Command,
-        plugin: String,
-        container_id: String,
-        code: u32,
-        msg: String,
-        details: Option<String>,
-    },
+    /// The kubelet failed (pods, CNI, its API).
+    #[error(transparent)]
+    Kubelet(#[from] kubelet::KubeletError),
+    /// kube-proxy failed (its rules, a sync task).
+    #[error(transparent)]
+    Proxy(#[from] kube_proxy::ProxyError),
+    /// The NetworkPolicy enforcer failed (its rules).
+    #[error(transparent)]
+    Netpol(#[from] netpol::NetpolError),
     /// A route or sysctl of the node could not be changed.
     #[error("{what}: {source}")]
     Network {

@@ -1,34 +1,19 @@
-//! podpath's node agent: the kubelet half (node registration and heartbeats, pods through CNI,
-//! host-gw routes, health, the kubelet API) and the service proxy ([`proxy`]).
+//! podpath's node agent: what one node runs, assembled in one process as `k3s agent` runs
+//! kubelet and kube-proxy. Its own code is the assembly:
 //!
-//! - [`agent`]: everything assembled (what the binary runs);
+//! - [`agent`]: the wiring — flags to each component's configuration, the watches, the health
+//!   and metrics server, the order of start and stop;
 //! - [`node`]: the Node the agent reports, registration and heartbeats;
-//! - [`pods`]: pod workers (sandbox, CNI, workloads, probes, restarts, status, deletion);
-//! - [`podstatus`]: the pod status, computed purely;
-//! - [`process`], [`cni`], [`routes`]: side effects behind small traits;
-//! - [`policy`]: NetworkPolicy enforcement for this node's pods (nftables);
-//! - [`echo`]: the built-in `podpath/echo` workload;
-//! - [`health`], [`metrics`]: `:10256`;
-//! - [`crilog`], [`tail`]: container logs (the CRI format; following a growing file);
+//! - [`routes`]: host-gw routes to other nodes' pod CIDRs (as flannel's host-gw backend).
 //!
-//! The gRPC client, the watch caches and the daemon helpers are `podpath_client`'s.
+//! The components are crates of their own: `kubelet` (pods, CNI, logs, exec, port-forward),
+//! `kube_proxy` (Services in the iptables, nftables and userspace modes; health and metrics)
+//! and `netpol` (NetworkPolicy). The gRPC client, the watch caches and the daemon helpers are
+//! `podpath_client`'s.
 
 pub mod agent;
-pub mod cni;
-pub mod crilog;
-pub mod echo;
 pub mod error;
-pub mod health;
-pub mod kubelet;
-pub mod metrics;
 pub mod node;
-pub mod pods;
-pub mod podstatus;
-pub mod policy;
-pub mod process;
-pub mod proxy;
 pub mod routes;
-pub mod stream;
-pub mod tail;
 
 pub use error::{AgentError, Result};

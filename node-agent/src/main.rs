@@ -135,16 +135,16 @@ async fn run() -> Result<()> {
     podpath_client::daemon::init_logging(&args.log);
     let backend = args.iptables_backend;
     if args.kill_pods {
-        let killed = node_agent::pods::kill_recorded_processes(&args.state_dir);
+        let killed = kubelet::pods::kill_recorded_processes(&args.state_dir);
         println!("killed {killed} pod processes recorded in {}", args.state_dir.display());
         return Ok(());
     }
     if args.cleanup {
-        let kernel = node_agent::proxy::kernel::IptablesKernel::new(backend);
-        node_agent::proxy::userspace::cleanup(&kernel)?;
-        node_agent::proxy::sync::cleanup(&kernel)?;
-        let nft_removed = node_agent::proxy::nft_sync::cleanup_nftables();
-        node_agent::policy::cleanup(node_agent::policy::nft_available(), Some(&kernel))?;
+        let kernel = podpath_ruleset::kernel::IptablesKernel::new(backend);
+        kube_proxy::userspace::cleanup(&kernel)?;
+        kube_proxy::sync::cleanup(&kernel)?;
+        let nft_removed = kube_proxy::nft_sync::cleanup_nftables();
+        netpol::cleanup(netpol::nft_available(), Some(&kernel))?;
         println!(
             "removed the service proxy's iptables chains and rules ({} backend){}",
             backend.name(),
@@ -152,7 +152,7 @@ async fn run() -> Result<()> {
         );
         return Ok(());
     }
-    let layout: node_agent::proxy::nftables::Layout =
+    let layout: kube_proxy::nftables::Layout =
         args.nftables_layout.parse().map_err(|e: String| anyhow::anyhow!("--nftables-layout: {e}"))?;
     let mut service_cidrs = vec![];
     for c in &args.service_cluster_ip_range {
@@ -177,7 +177,7 @@ async fn run() -> Result<()> {
             ),
             masquerade_external: args.masquerade,
             min_sync: Duration::from_secs_f64(args.min_sync_seconds.max(0.0)),
-            nft: node_agent::proxy::nftables::NftConfig { layout, service_cidrs },
+            nft: kube_proxy::nftables::NftConfig { layout, service_cidrs },
             localhost_nodeports: args.iptables_localhost_nodeports,
         }),
         None => None,
@@ -222,7 +222,7 @@ async fn run() -> Result<()> {
         sync_period: Duration::from_secs(args.sync_period_seconds),
         backoff_base: Duration::from_secs_f64(args.restart_backoff_seconds),
         backoff_max: Duration::from_secs(300),
-        workload_bin: node_agent::process::workload_binary()?,
+        workload_bin: kubelet::process::workload_binary()?,
         api_args,
         cluster_dns: args.cluster_dns.iter().map(|ip| ip.to_string()).collect(),
         cluster_domain: args.cluster_domain.trim_end_matches('.').to_string(),

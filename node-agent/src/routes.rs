@@ -186,6 +186,29 @@ const fn libc_esrch() -> i32 {
     3
 }
 
+/// The routes' metrics on the node's page: syncs done and routes held.
+#[derive(Clone)]
+pub struct RouteMetrics {
+    syncs: prometheus_client::metrics::counter::Counter,
+    routes: prometheus_client::metrics::gauge::Gauge,
+}
+
+impl RouteMetrics {
+    /// Registers them in the node's `podpath_node` sub-registry.
+    pub fn register(registry: &mut prometheus_client::registry::Registry) -> RouteMetrics {
+        let m = RouteMetrics { syncs: Default::default(), routes: Default::default() };
+        registry.register("route_syncs", "Route synchronisations with the Node list", m.syncs.clone());
+        registry.register("pod_routes", "Routes to other nodes' pod CIDRs", m.routes.clone());
+        m
+    }
+
+    /// A sync that left `routes` routes.
+    pub fn synced(&self, routes: usize) {
+        self.syncs.inc();
+        self.routes.set(routes as i64);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -287,7 +287,7 @@ async fn services_reach_pods_through_the_iptables_proxy() {
 
 /// How many jumps from built-in chains kube-proxy installs to the chain `-j CHAIN` names.
 fn sync_jumps_to(jump: &str) -> usize {
-    node_agent::proxy::sync::JUMPS.iter().filter(|j| jump == format!("-j {}", j.to)).count()
+    kube_proxy::sync::JUMPS.iter().filter(|j| jump == format!("-j {}", j.to)).count()
 }
 
 async fn create_service(c: &Cluster, body: serde_json::Value) {

@@ -4,8 +4,8 @@
 
 use std::collections::BTreeSet;
 
-use node_agent::proxy::iptables::{render, RenderConfig, ServiceState};
-use node_agent::proxy::model::{Endpoint, ServicePort};
+use kube_proxy::iptables::{render, RenderConfig, ServiceState};
+use kube_proxy::model::{Endpoint, ServicePort};
 use podpath_ruleset::{Backend, Iptables};
 use testkit::netns::{host_state, root_or_explain, Netns};
 

@@ -10,14 +10,17 @@
 //! - [`lint`]: kube-proxy's structural checks (dangling, empty and unused chains);
 //! - [`nft`]: the nftables model of one table, the transaction between two of them and its
 //!   `nft -f` text;
-//! - [`exec`]: the one place that runs `iptables-save`, `iptables-restore` and `nft`.
+//! - [`exec`]: the one place that runs `iptables-save`, `iptables-restore` and `nft`;
+//! - [`kernel`]: what a rule writer asks of the kernel's iptables tables, as one small trait
+//!   ([`kernel::Kernel`]), and the jumps from built-in chains that a writer keeps in place.
 //!
-//! Everything but [`exec`] is pure. The service proxy renders into this model and applies it
+//! Everything but [`exec`] and [`kernel::IptablesKernel`] is pure. The service proxy renders into this model and applies it
 //! through [`exec`]; the test fake (`testkit::iptables`) applies it with restore semantics; the
 //! lab's `trace`, `explain` and `rules` read the kernel's rules through [`text::parse`].
 
 pub mod error;
 pub mod exec;
+pub mod kernel;
 pub mod lint;
 pub mod model;
 pub mod nft;

@@ -96,7 +96,7 @@ impl Node {
 impl Drop for Node {
     fn drop(&mut self) {
         self.stop_agent();
-        node_agent::pods::kill_recorded_processes(&self.state.path().join("agent"));
+        kubelet::pods::kill_recorded_processes(&self.state.path().join("agent"));
         if std::thread::panicking() {
             eprintln!("---- log of {} ----\n{}", self.name, self.log());
         }

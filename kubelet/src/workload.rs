@@ -1,0 +1,224 @@
+//! The `podpath-workload` program (its binary is the node agent's, a one-line `main` calling
+//! [`main`]): what the kubelet runs for a pod, in place of a container runtime.
+//!
+//! - `sandbox --hostname NAME [--resolv-conf F --hosts F]`: the pod's sandbox (Kubernetes'
+//!   "pause" process). It creates the pod's network and UTS namespaces (and, with the files, a
+//!   mount namespace where they are mounted over /etc/resolv.conf and /etc/hosts), sets the hostname, brings `lo` up, prints `ready`, and
+//!   then only holds the namespaces until it is stopped. CNI attaches the pod network to
+//!   `/proc/<pid>/ns/net`; no bind mount is needed, so nothing leaks if the agent dies.
+//! - `join --sandbox PID [--tty] -- CMD ARGS…`: enters the sandbox's namespaces and execs a
+//!   program (with `--tty`, its terminal on stdin becomes the session's controlling terminal).
+//! - `monitor [--sandbox PID] --log FILE [--console SOCKET [--stdin] [--tty] [--stdin-once]] -- ARGV…`: runs a
+//!   container's process (a `join` or `echo`) with its output written to FILE in the CRI log
+//!   format, and its stdin and terminal reachable for `kubectl attach` through SOCKET.
+//! - `echo --sandbox PID [--port P]… [-- IMAGE-ARGS…]`: enters them and runs `podpath/echo`.
+//!
+//! Every mode starts its own session, so signals aimed at the agent's terminal or process group
+//! never reach pods, and a restarted agent finds them still running.
+
+use std::ffi::CString;
+use std::fs::File;
+use std::io::Write;
+
+use crate::echo;
+use clap::{Parser, Subcommand};
+use futures::TryStreamExt;
+use nix::sched::CloneFlags;
+
+#[derive(Parser, Debug)]
+#[command(name = "podpath-workload", version, about = "Runs a pod's sandbox and workloads for podpath's node agent")]
+struct Args {
+    #[command(subcommand)]
+    mode: Mode,
+}
+
+#[derive(Subcommand, Debug)]
+enum Mode {
+    /// Create the pod's network and UTS namespaces and hold them until stopped.
+    Sandbox {
+        #[arg(long)]
+        hostname: String,
+        /// The pod's resolv.conf, mounted over /etc/resolv.conf in a mount namespace of the pod.
+        #[arg(long, requires = "hosts")]
+        resolv_conf: Option<std::path::PathBuf>,
+        /// The pod's hosts file, mounted over /etc/hosts likewise.
+        #[arg(long, requires = "resolv_conf")]
+        hosts: Option<std::path::PathBuf>,
+    },
+    /// Enter a sandbox's namespaces and exec a program.
+    Join {
+        #[arg(long)]
+        sandbox: i32,
+        /// Make stdin (a terminal) the controlling terminal of the new session (`exec -t`).
+        #[arg(long)]
+        tty: bool,
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
+    /// Run a container's process, writing its output to a CRI-format log (conmon's role).
+    Monitor {
+        /// Enter this sandbox's namespaces first, so the monitor's namespaces are the pod's
+        /// (what a container's PID leads to, as for any runtime).
+        #[arg(long)]
+        sandbox: Option<i32>,
+        /// The container's log (appended).
+        #[arg(long)]
+        log: Option<std::path::PathBuf>,
+        /// Hold the container's stdin/terminal for `kubectl attach` through this socket.
+        #[arg(long)]
+        console: Option<std::path::PathBuf>,
+        /// With --console: the container reads stdin.
+        #[arg(long, requires = "console")]
+        stdin: bool,
+        /// With --console: give the container a terminal.
+        #[arg(long, requires = "console")]
+        tty: bool,
+        /// With --console: close the container's stdin when the first attached client closes its own.
+        #[arg(long, requires = "console")]
+        stdin_once: bool,
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
+    /// Enter a sandbox's namespaces and run the built-in podpath/echo server.
+    Echo {
+        #[arg(long)]
+        sandbox: i32,
+        /// A container port (repeatable); default 8080.
+        #[arg(long = "port")]
+        ports: Vec<u16>,
+        /// A UDP container port (repeatable).
+        #[arg(long = "udp-port")]
+        udp_ports: Vec<u16>,
+        /// The container's args, interpreted by podpath/echo.
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
+}
+
+/// Parses the command line and runs the mode it names; exits the process.
+pub fn main() {
+    let args = Args::parse();
+    if let Err(e) = run(args) {
+        eprintln!("podpath-workload: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run(args: Args) -> Result<(), String> {
+    use crate::stream::console::DIE_WITH_PARENT;
+    if let Ok(parent) = std::env::var(DIE_WITH_PARENT) {
+        // Started by a monitor: die with it (and never pass the variable on).
+        std::env::remove_var(DIE_WITH_PARENT);
+        nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
+            .map_err(|e| format!("cannot tie this process to its monitor: {e}"))?;
+        if nix::unistd::getppid().as_raw().to_string() != parent {
+            return Err("the monitor that started this process is gone".into());
+        }
+    }
+    // Errors here only mean we already lead a session (e.g. started by setsid).
+    let _ = nix::unistd::setsid();
+    match args.mode {
+        Mode::Sandbox { hostname, resolv_conf, hosts } => sandbox(&hostname, resolv_conf.zip(hosts)),
+        Mode::Monitor { sandbox, log, console, stdin, tty, stdin_once, command } => {
+            if let Some(pid) = sandbox {
+                join(pid)?;
+            }
+            let opts =
+                crate::stream::console::ConsoleOptions { log, socket: console, stdin, tty, stdin_once, argv: command };
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
+            let code = rt.block_on(crate::stream::console::run(opts))?;
+            std::process::exit(code);
+        }
+        Mode::Join { sandbox, tty, command } => {
+            join(sandbox)?;
+            if tty {
+                rustix::process::ioctl_tiocsctty(std::io::stdin())
+                    .map_err(|e| format!("cannot make the terminal the controlling one: {e}"))?;
+            }
+            let argv: Vec<CString> = command
+                .iter()
+                .map(|a| CString::new(a.as_str()).map_err(|_| format!("argument {a:?} contains a NUL byte")))
+                .collect::<Result<_, _>>()?;
+            let err = nix::unistd::execvp(&argv[0], &argv).unwrap_err();
+            Err(format!("cannot run {:?}: {err}", command[0]))
+        }
+        Mode::Echo { sandbox, ports, udp_ports, args } => {
+            join(sandbox)?;
+            let options = echo::EchoOptions { udp_ports, ..echo::parse_options(&ports, &args)? };
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
+            rt.block_on(echo::serve(echo::Identity::from_env(), options)).map_err(|e| e.to_string())
+        }
+    }
+}
+
+fn sandbox(hostname: &str, files: Option<(std::path::PathBuf, std::path::PathBuf)>) -> Result<(), String> {
+    let mut flags = CloneFlags::CLONE_NEWNET | CloneFlags::CLONE_NEWUTS;
+    if files.is_some() {
+        flags |= CloneFlags::CLONE_NEWNS;
+    }
+    nix::sched::unshare(flags).map_err(|e| format!("cannot create the pod's namespaces: {e}"))?;
+    if let Some((resolv_conf, hosts)) = files {
+        use nix::mount::{mount, MsFlags};
+        // Private first, so nothing mounted here reaches the node's own mount namespace. Where
+        // the root is no mount point (the node is a chroot), it cannot be made private: then
+        // nothing is mounted and the pod sees the node's files, as the warning says.
+        match mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>) {
+            Ok(()) => {
+                for (file, over) in [(resolv_conf, "/etc/resolv.conf"), (hosts, "/etc/hosts")] {
+                    mount(Some(&file), over, None::<&str>, MsFlags::MS_BIND, None::<&str>)
+                        .map_err(|e| format!("cannot mount {} over {over}: {e}", file.display()))?;
+                }
+            }
+            Err(e) => eprintln!(
+                "podpath-workload: the pod keeps the node's /etc/resolv.conf and /etc/hosts: cannot make \
+                 its mounts private ({e}; is / a mount point here?)"
+            ),
+        }
+    }
+    nix::unistd::sethostname(hostname).map_err(|e| format!("cannot set hostname {hostname:?}: {e}"))?;
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
+    rt.block_on(loopback_up())?;
+    drop(rt);
+    let mut out = std::io::stdout();
+    writeln!(out, "ready").and_then(|_| out.flush()).map_err(|e| format!("cannot report readiness: {e}"))?;
+    // Hold the namespaces; SIGTERM/SIGKILL end the process (default dispositions).
+    loop {
+        nix::unistd::pause();
+    }
+}
+
+async fn loopback_up() -> Result<(), String> {
+    let (conn, handle, _) = rtnetlink::new_connection().map_err(|e| format!("cannot open netlink: {e}"))?;
+    tokio::spawn(conn);
+    let mut links = handle.link().get().match_name("lo").execute();
+    if let Some(lo) = links.try_next().await.map_err(|e| format!("cannot find lo: {e}"))? {
+        handle
+            .link()
+            .set(rtnetlink::LinkUnspec::new_with_index(lo.header.index).up().build())
+            .execute()
+            .await
+            .map_err(|e| format!("cannot set lo up: {e}"))?;
+    }
+    Ok(())
+}
+
+/// Moves this (still single-threaded) process into the sandbox's network, UTS and mount
+/// namespaces (the last holds the pod's resolv.conf and hosts).
+fn join(sandbox: i32) -> Result<(), String> {
+    // Entering a mount namespace moves the root to the namespace's own; the sandbox's root
+    // (which differs when the node itself is a chroot) is taken back after, as nsenter --root.
+    let root_path = format!("/proc/{sandbox}/root");
+    let root = File::open(&root_path).map_err(|e| format!("sandbox {sandbox} is gone ({root_path}: {e})"))?;
+    for (ns, flag) in
+        [("net", CloneFlags::CLONE_NEWNET), ("uts", CloneFlags::CLONE_NEWUTS), ("mnt", CloneFlags::CLONE_NEWNS)]
+    {
+        let path = format!("/proc/{sandbox}/ns/{ns}");
+        let f = File::open(&path).map_err(|e| format!("sandbox {sandbox} is gone ({path}: {e})"))?;
+        nix::sched::setns(&f, flag).map_err(|e| format!("cannot enter {path}: {e}"))?;
+    }
+    nix::unistd::fchdir(&root)
+        .and_then(|_| nix::unistd::chroot("."))
+        .and_then(|_| nix::unistd::chdir("/"))
+        .map_err(|e| format!("cannot take the sandbox's root ({root_path}): {e}"))?;
+    Ok(())
+}
