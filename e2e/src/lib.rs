@@ -6,6 +6,7 @@
 //! `PODPATH_BIN_DIR`. [`Lab`] is a lab made by the real `podpath up`; [`vagrant`] runs the
 //! Vagrantfile's machines and provisioners in namespaces.
 
+pub mod book;
 pub mod vagrant;
 
 use std::io::Write;

@@ -19,10 +19,10 @@ struct Cli {
 #[derive(clap::Args)]
 struct Which {
     /// The lab's name (two labs with different names run side by side).
-    #[arg(long, default_value = "lab", global = true)]
+    #[arg(long, env = "PODPATH_LAB", default_value = "lab", global = true)]
     name: String,
     /// Where the lab keeps its state (default /var/lib/podpath/NAME).
-    #[arg(long, global = true)]
+    #[arg(long, env = "PODPATH_STATE_DIR", global = true)]
     state_dir: Option<PathBuf>,
 }
 
