@@ -1,13 +1,15 @@
 //! The book's executable transcripts, read purely (the runner is `tests/book.rs`).
 //!
 //! A fenced block whose info string is `console` is a transcript: a line starting with `$ ` is
-//! a command (a line ending in `\` continues it on the next), every other line is the output
-//! shown for the command before it. A page's transcripts run in order in one shell, so a
+//! a command (a line ending in `\` continues it on the next; a here-document, `<<EOF` or
+//! `<<'EOF'`, runs to its end line), every other line is the output shown for the command
+//! before it. A page's transcripts run in order in one shell, so a
 //! variable set in one block is there in the next. An HTML comment on the line before the
 //! fence says more:
 //!
 //! - `<!-- output: stable -->`: the shown output is compared — each shown line must appear in
-//!   what the command printed, in order, where `…` stands for any text within a line;
+//!   what the command printed, in order, where `…` stands for any text within a line and a run
+//!   of spaces for any run (kubectl's columns widen with their contents);
 //! - `<!-- not run: REASON -->`: the block is shown only (a VM, an editor, a second terminal).
 //!
 //! Any other fence (`sh`, none, `yaml`…) is never run.
@@ -73,6 +75,19 @@ pub fn steps(page: &str) -> Result<Vec<Step>, String> {
                     command.push('\n');
                     command.push_str(body[k].1);
                 }
+                if let Some(end) = heredoc_end(&command) {
+                    loop {
+                        k += 1;
+                        let Some((_, l)) = body.get(k) else {
+                            return Err(format!("line {n}: the here-document never reaches {end}"));
+                        };
+                        command.push('\n');
+                        command.push_str(l);
+                        if *l == end {
+                            break;
+                        }
+                    }
+                }
                 out.push(Step { command, shown: vec![], stable, line: n });
                 k += 1;
             }
@@ -83,19 +98,32 @@ pub fn steps(page: &str) -> Result<Vec<Step>, String> {
     Ok(out)
 }
 
+/// The end word of a here-document the command opens (`<<EOF`, `<<'EOF'`, `<<"EOF"`).
+fn heredoc_end(command: &str) -> Option<String> {
+    let at = command.find("<<")?;
+    let rest = command[at + 2..].trim_start_matches('-').trim_start();
+    let word: String = rest.trim_start_matches(['\'', '"']).chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+    (!word.is_empty()).then_some(word)
+}
+
 /// Whether `actual` shows every line of `shown` in order (`…` matches any text in a line).
 /// `Err` names the first shown line not found.
 pub fn matches(shown: &[String], actual: &str) -> Result<(), String> {
     let mut rest = actual.lines();
     'shown: for want in shown.iter().filter(|l| !l.trim().is_empty()) {
         for got in rest.by_ref() {
-            if line_matches(want.trim_end(), got.trim_end()) {
+            if line_matches(&squeeze(want), &squeeze(got)) {
                 continue 'shown;
             }
         }
         return Err(want.clone());
     }
     Ok(())
+}
+
+/// Runs of whitespace as one space, none at the ends.
+fn squeeze(line: &str) -> String {
+    line.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 fn line_matches(want: &str, got: &str) -> bool {
@@ -135,6 +163,9 @@ mod tests {
         assert!(steps("```console\n$ x\n").is_err(), "an unclosed block");
         assert!(steps("```console\nout\n```\n").is_err(), "output before a command");
         assert!(steps("<!-- not run: -->\n```console\n$ x\n```\n").is_err(), "a reason is needed");
+        let doc = steps("```console\n$ kubectl apply -f - <<'EOF'\nkind: X\nEOF\nshown\n```\n").unwrap();
+        assert_eq!((doc[0].command.as_str(), doc[0].shown.clone()), ("kubectl apply -f - <<'EOF'\nkind: X\nEOF", vec!["shown".to_string()]));
+        assert!(steps("```console\n$ cat <<EOF\nno end\n```\n").is_err(), "an unended here-document");
     }
 
     #[test]
@@ -147,5 +178,6 @@ mod tests {
         assert!(matches(&shown(&["…Ready…2s"]), actual).is_ok());
         assert!(matches(&shown(&["end"]), actual).is_ok());
         assert!(matches(&shown(&["en"]), actual).is_err(), "whole lines");
+        assert!(matches(&shown(&["NAME STATUS", "node-1   Ready …"]), actual).is_ok(), "any run of spaces");
     }
 }

@@ -26,7 +26,7 @@ fn pages() -> BTreeMap<String, String> {
                 walk(&p, base, out);
             } else if p.extension().is_some_and(|x| x == "md") {
                 let rel = p.strip_prefix(base).unwrap().to_string_lossy().into_owned();
-                out.insert(rel, std::fs::read_to_string(&p).unwrap());
+                out.insert(rel, included(&std::fs::read_to_string(&p).unwrap(), p.parent().unwrap()));
             }
         }
     }
@@ -34,6 +34,17 @@ fn pages() -> BTreeMap<String, String> {
     let src = book_dir().join("src");
     walk(&src, &src, &mut out);
     out
+}
+
+/// A page with its `{{#include FILE}}` lines replaced by the files, as mdBook does.
+fn included(page: &str, dir: &Path) -> String {
+    page.lines()
+        .map(|l| match l.trim().strip_prefix("{{#include ").and_then(|r| r.strip_suffix("}}")) {
+            Some(file) => std::fs::read_to_string(dir.join(file.trim()))
+                .unwrap_or_else(|e| panic!("{}: {e}", dir.join(file).display())),
+            None => format!("{l}\n"),
+        })
+        .collect()
 }
 
 #[test]
