@@ -5,7 +5,9 @@
 //! 3. latency from a write to its event reaching each of 10 concurrent watchers (p50/p99/max).
 //!
 //! Targets from the issue: ≥ 1,000 creates/s, p99 ≤ 10 ms, RSS ≤ 100 MiB.
-//! Set `BENCH_SERVICES` / `BENCH_WATCH_WRITES` for a shorter run.
+//! Set `BENCH_SERVICES` / `BENCH_WATCH_WRITES` for a shorter run. With
+//! `PODPATH_FIGURES=book/perf/figures.tsv` its figures are appended to the book's performance
+//! data (`testkit::figures`).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -175,6 +177,12 @@ async fn main() {
         elapsed.as_secs_f64(),
         total as f64 / elapsed.as_secs_f64()
     );
+    figure(
+        &format!("REST creates/s, each fdatasynced (64 clients, {total} Services)"),
+        (total as f64 / elapsed.as_secs_f64()).round(),
+        "creates/s",
+        "≥ 5000",
+    );
     println!("RSS right after the creates ({} Services stored): {:.1} MiB", total + 1, rss_mib(pid));
     // Steady state: the endpoints controller has written Endpoints (and slices) for every one.
     let mut c = Conn::open(addr).await;
@@ -201,7 +209,9 @@ async fn main() {
     );
     // Idle: what the server holds, once transient allocations are given back.
     tokio::time::sleep(Duration::from_secs(7)).await;
-    println!("RSS idle with them (7 s later): {:.1} MiB", rss_mib(pid));
+    let idle = rss_mib(pid);
+    println!("RSS idle with them (7 s later): {idle:.1} MiB");
+    figure(&format!("server RSS idle with {total} Services, their Endpoints and EndpointSlices"), idle, "MiB", "");
     let t = Instant::now();
     let (code, body) = c.request("GET", SVCS, "").await;
     assert_eq!(code, 200);
@@ -235,6 +245,7 @@ async fn main() {
         percentile(&acks, 0.5),
         percentile(&acks, 0.99)
     );
+    figure("create acknowledged, p99", percentile(&acks, 0.99), "ms", "≤ 20");
     let mut lat = Vec::new();
     for w in watchers {
         for (name, at) in tokio::time::timeout(Duration::from_secs(60), w).await.expect("watchers finish").unwrap() {
@@ -251,9 +262,16 @@ async fn main() {
         percentile(&lat, 0.99),
         lat.last().copied().unwrap_or(f64::NAN)
     );
+    figure("write → event at 10 watchers, p99", percentile(&lat, 0.99), "ms", "");
     println!("RSS at end: {:.1} MiB", rss_mib(pid));
     tokio::time::sleep(Duration::from_secs(7)).await;
     println!("RSS idle at end (7 s later): {:.1} MiB", rss_mib(pid));
+}
+
+/// A figure into `PODPATH_FIGURES` (the book's performance data).
+fn figure(figure: &str, value: f64, unit: &str, target: &str) {
+    let bench = "cargo bench -p apiserver-lite";
+    testkit::figures::record(testkit::figures::Figure { bench, figure, value, unit, target });
 }
 
 fn num_cpus() -> usize {

@@ -8,6 +8,8 @@
 //!    (without endpoints).
 //!
 //! Run: `cargo build --release --workspace --bins && sudo cargo bench -p podpath-e2e --bench dns`
+//! With `PODPATH_FIGURES=book/perf/figures.tsv` its figures are appended to the book's
+//! performance data (`testkit::figures`).
 
 use std::collections::HashMap;
 use std::net::{SocketAddr, UdpSocket};
@@ -106,6 +108,8 @@ fn main() {
         d.0, d.1, d.2, d.3, v.0, v.1, v.2, v.3, v.0 / d.0
     );
 
+    figure("A queries through the kube-dns VIP", v.0.round(), "q/s", "≥ 20000");
+    figure("A queries through the VIP ÷ straight to a DNS pod", (v.0 / d.0 * 100.0).round() / 100.0, "ratio", "≥ 0.8");
     let st = podpath_lab::state::load_state(&lab.state).unwrap().expect("lab state");
     let api = podpath_lab::state::ApiAccess::of(&st).unwrap();
     // Created → answered: the create's reply, then the name asked every millisecond.
@@ -137,6 +141,7 @@ fn main() {
         "Service created → answered through the VIP (from the create request on), 50 Services: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
         waits[24], waits[48], waits[49]
     );
+    figure("Service created → name answered through the VIP, p99 of 50", waits[48], "ms", "");
     let pids: Vec<i32> = dns_pids().into_iter().filter(|p| !before.contains(p)).collect();
     let idle: Vec<String> = pids.iter().map(|p| format!("{:.1} MiB", rss_kib(*p) as f64 / 1024.0)).collect();
     println!("podpath-dns resident memory with the lab's own Services: {}", idle.join(", "));
@@ -175,6 +180,9 @@ fn main() {
     });
     std::thread::sleep(Duration::from_secs(3));
     let rss: Vec<String> = pids.iter().map(|p| format!("{:.1} MiB", rss_kib(*p) as f64 / 1024.0)).collect();
+    if let Some(max) = pids.iter().map(|p| rss_kib(*p) as f64 / 1024.0).reduce(f64::max) {
+        figure("podpath-dns RSS with 10,000 more Services", (max * 10.0).round() / 10.0, "MiB", "≤ 30");
+    }
     println!(
         "10,000 Services created in {:.1} s, the last answered {:?} later; podpath-dns resident memory: {} ({} servers)",
         created.as_secs_f64(),
@@ -182,4 +190,10 @@ fn main() {
         rss.join(", "),
         pids.len()
     );
+}
+
+/// A figure into `PODPATH_FIGURES` (the book's performance data).
+fn figure(figure: &str, value: f64, unit: &str, target: &str) {
+    let bench = "cargo bench -p podpath-e2e --bench dns";
+    testkit::figures::record(testkit::figures::Figure { bench, figure, value, unit, target });
 }

@@ -16,6 +16,8 @@
 //! killed.
 //!
 //! Run: `cargo build --release --workspace --bins && sudo cargo bench -p podpath-e2e --bench faults`
+//! With `PODPATH_FIGURES=book/perf/figures.tsv` its figures are appended to the book's
+//! performance data (`testkit::figures`).
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -74,6 +76,12 @@ struct Figures {
 
 fn print(f: &Figures) {
     let ms = |d: Option<Duration>| d.map(|d| format!("{:.0} ms", d.as_secs_f64() * 1000.0)).unwrap_or("—".into());
+    figure(
+        &format!("{}: the load balancer routes around it", f.fault),
+        (f.route_around.as_secs_f64() * 100.0).round() / 100.0,
+        "s",
+        "",
+    );
     println!(
         "{:<44} detect {:>9}  route around {:>9}  failed {:>4}/{:<5}  heal {:>9}",
         f.fault,
@@ -218,4 +226,10 @@ fn main() {
     for c in clients {
         c.join().unwrap();
     }
+}
+
+/// A figure into `PODPATH_FIGURES` (the book's performance data).
+fn figure(figure: &str, value: f64, unit: &str, target: &str) {
+    let bench = "cargo bench -p podpath-e2e --bench faults";
+    testkit::figures::record(testkit::figures::Figure { bench, figure, value, unit, target });
 }

@@ -19,6 +19,8 @@
 //! Run: `cargo build --release --workspace --bins && sudo cargo bench -p podpath-e2e --bench lab`
 //! Arguments: `-- up|memory|latency|throughput|l7|trace` to run only some parts; env
 //! `PODPATH_BENCH_SECONDS` (default 3) per throughput measurement.
+//! With `PODPATH_FIGURES=book/perf/figures.tsv` its figures are appended to the book's
+//! performance data (`testkit::figures`).
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -83,12 +85,20 @@ fn bench_up() {
             drop(lab);
         }
         walls.sort_by(f64::total_cmp);
+        figure(&format!("podpath up, {nodes} nodes → all Ready + lb-sim synced, median of 3"), walls[1], "s", "");
         println!(
             "podpath up, {nodes} nodes → all Ready + lb-sim synced: median {:.2} s (runs: {})",
             walls[1],
             walls.iter().map(|w| format!("{w:.2}")).collect::<Vec<_>>().join(", ")
         );
     }
+}
+
+const BENCH: &str = "cargo bench -p podpath-e2e --bench lab";
+
+/// A figure into `PODPATH_FIGURES` (the book's performance data).
+fn figure(figure: &str, value: f64, unit: &str, target: &str) {
+    testkit::figures::record(testkit::figures::Figure { bench: BENCH, figure, value, unit, target });
 }
 
 fn descendants(roots: &[i32]) -> Vec<i32> {
@@ -149,6 +159,12 @@ fn bench_memory() {
         prss as f64 / 1024.0,
         ppss as f64 / 1024.0,
         pods.len()
+    );
+    figure(
+        "whole lab, 3 nodes + 30 pods: PSS sum",
+        ((total_pss + ppss) as f64 / 1024.0 * 10.0).round() / 10.0,
+        "MiB",
+        "≤ 60",
     );
     println!(
         "whole lab, 3 nodes + 30 pods: RSS sum {:.1} MiB, PSS sum {:.1} MiB (components alone: RSS {:.1} MiB)",
@@ -213,6 +229,12 @@ fn bench_latency() {
     }
     let mut sorted = ms.clone();
     sorted.sort_by(f64::total_cmp);
+    figure(
+        "Service create → first 200 through the LB IP from the client, p99 of 50",
+        percentile(&sorted, 0.99).round(),
+        "ms",
+        "≤ 50",
+    );
     println!(
         "Service create → first 200 through the LB IP from the client, 50 Services: p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms",
         percentile(&sorted, 0.5),
@@ -318,6 +340,12 @@ fn bench_throughput() {
         let svc = create_web_service(a, "LoadBalancer", serde_json::json!({"podpath.dev/route-to-node": "node-1"}));
         let (lb, pod_addr) = (lb_address(&svc), pod_address(a, "p0"));
         let (via_lb, direct, failed) = against_direct(&lab, lb, pod_addr, seconds);
+        figure(
+            &format!("{mode} mode: req/s through the LB IP ÷ pod IP straight"),
+            (via_lb / direct * 100.0).round() / 100.0,
+            "ratio",
+            "",
+        );
         println!(
             "{mode:<9} req/s, new connection each: LB IP → node-1 → pod {via_lb:>7.0}; pod IP straight {direct:>7.0}; ratio {:.2} (failed requests: {})",
             via_lb / direct,
@@ -342,6 +370,7 @@ fn bench_l7() {
     );
     let (l7, pod_addr) = (lb_address(&ingress), pod_address(a, "p0"));
     let (via_l7, direct, failed) = against_direct(&lab, l7, pod_addr, seconds);
+    figure("L7 load balancer req/s ÷ pod IP straight", (via_l7 / direct * 100.0).round() / 100.0, "ratio", "≥ 0.9");
     println!(
         "L7 LB     req/s, new connection each: Ingress address → lb-sim (HTTP) → node:nodePort (3 nodes, round-robin) → pod {via_l7:>7.0}; pod IP straight {direct:>7.0}; ratio {:.2} (failed requests: {})",
         via_l7 / direct,
@@ -372,6 +401,12 @@ fn bench_trace() {
     };
     let mut ms: Vec<f64> = (0..10).map(|_| trace_once()).collect();
     ms.sort_by(f64::total_cmp);
+    figure(
+        "podpath trace, 3-node lab, LoadBalancer request, median of 10",
+        percentile(&ms, 0.5).round(),
+        "ms",
+        "≤ 100",
+    );
     println!(
         "podpath trace, 3-node lab, LoadBalancer request: median {:.0} ms, max {:.0} ms (10 traces)",
         percentile(&ms, 0.5),
@@ -392,6 +427,7 @@ fn bench_trace() {
         stop.store(true, Ordering::Relaxed);
         (busy, f2, tracer.join().unwrap())
     });
+    figure("other traffic's req/s during traces ÷ without", (busy / quiet * 100.0).round() / 100.0, "ratio", "≥ 0.9");
     println!(
         "other traffic through the same LB IP, 8 clients: {quiet:.0} req/s without tracing, {busy:.0} req/s during {traces} traces (ratio {:.2}; failed requests: {} / {})",
         busy / quiet,

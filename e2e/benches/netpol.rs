@@ -15,6 +15,8 @@
 //!
 //! Run: `cargo build --release --workspace --bins && sudo cargo bench -p podpath-e2e --bench netpol`
 //! Env: `PODPATH_BENCH_ROUNDS` (default 30), `PODPATH_BENCH_SECONDS` (default 3).
+//! With `PODPATH_FIGURES=book/perf/figures.tsv` its figures are appended to the book's
+//! performance data (`testkit::figures`).
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -184,6 +186,12 @@ fn create_to_enforced(mode: &str) {
         println!("{mode}: create → enforced on both nodes: every round timed out");
         return;
     }
+    figure(
+        &format!("{mode} mode: policy created → enforced on both nodes, p99"),
+        (percentile(&times, 0.99) * 10.0).round() / 10.0,
+        "ms",
+        "≤ 100",
+    );
     println!(
         "{mode}: policy create → enforced on both nodes, {PODS} pods, {} rounds: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
         times.len(),
@@ -268,6 +276,12 @@ fn throughput(mode: &str) {
     std::thread::sleep(Duration::from_secs(2));
     let none2 = load(&ns, to, 4, secs);
     let base = (none + none2) / 2.0;
+    figure(
+        &format!("{mode} mode: req/s with 100 policies selecting the server ÷ none"),
+        (union / base * 100.0).round() / 100.0,
+        "ratio",
+        "≥ 0.9",
+    );
     println!(
         "{mode}: pod → pod across nodes, new connection per request, 4 clients: {none:.0} and {none2:.0} req/s without \
          policies; {loaded:.0} req/s with 100 policies on other pods (ratio {:.2}); {union:.0} req/s with 100 policies \
@@ -292,4 +306,10 @@ fn main() {
             throughput(mode);
         }
     }
+}
+
+/// A figure into `PODPATH_FIGURES` (the book's performance data).
+fn figure(figure: &str, value: f64, unit: &str, target: &str) {
+    let bench = "cargo bench -p podpath-e2e --bench netpol";
+    testkit::figures::record(testkit::figures::Figure { bench, figure, value, unit, target });
 }

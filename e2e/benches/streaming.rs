@@ -9,6 +9,8 @@
 //!    against straight from the node's namespace to the pod IP, same pod, same run; the ratio.
 //!
 //! Run: `cargo build --release --workspace --bins && sudo cargo bench -p podpath-e2e --bench streaming`
+//! With `PODPATH_FIGURES=book/perf/figures.tsv` its figures are appended to the book's
+//! performance data (`testkit::figures`).
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -110,6 +112,12 @@ fn main() {
             ms.push(t.elapsed().as_secs_f64() * 1000.0);
         }
         ms.sort_by(|a, b| a.total_cmp(b));
+        figure(
+            &format!("kubectl exec web -- true ({how}), p50 of {runs}"),
+            (percentile(&ms, 0.5) * 10.0).round() / 10.0,
+            "ms",
+            "",
+        );
         println!(
             "exec round trip ({how}, kubectl exec -- true, {runs} runs): p50 {:.1} ms, p99 {:.1} ms",
             percentile(&ms, 0.5),
@@ -146,6 +154,12 @@ fn main() {
         let _ = pf.kill();
         let _ = pf.wait();
         let gib = BULK as f64 / (1u64 << 30) as f64;
+        figure(
+            &format!("port-forward throughput ({how}) ÷ direct"),
+            (through / direct * 100.0).round() / 100.0,
+            "ratio",
+            "≥ 0.5",
+        );
         println!(
             "port-forward throughput ({how}): {through:.0} MiB/s vs direct {direct:.0} MiB/s = {:.2} of direct \
              (kubectl itself used {:.2} CPU-s per GiB)",
@@ -153,4 +167,10 @@ fn main() {
             kubectl_cpu / gib
         );
     }
+}
+
+/// A figure into `PODPATH_FIGURES` (the book's performance data).
+fn figure(figure: &str, value: f64, unit: &str, target: &str) {
+    let bench = "cargo bench -p podpath-e2e --bench streaming";
+    testkit::figures::record(testkit::figures::Figure { bench, figure, value, unit, target });
 }

@@ -102,7 +102,8 @@ pub fn steps(page: &str) -> Result<Vec<Step>, String> {
 fn heredoc_end(command: &str) -> Option<String> {
     let at = command.find("<<")?;
     let rest = command[at + 2..].trim_start_matches('-').trim_start();
-    let word: String = rest.trim_start_matches(['\'', '"']).chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+    let word: String =
+        rest.trim_start_matches(['\'', '"']).chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
     (!word.is_empty()).then_some(word)
 }
 
@@ -157,14 +158,20 @@ mod tests {
                     $ vagrant up\n```\n";
         let s = steps(page).unwrap();
         assert_eq!(s.len(), 3);
-        assert_eq!((s[0].command.as_str(), s[0].shown.clone(), s[0].stable, s[0].line), ("echo one", vec!["one".to_string()], false, 8));
+        assert_eq!(
+            (s[0].command.as_str(), s[0].shown.clone(), s[0].stable, s[0].line),
+            ("echo one", vec!["one".to_string()], false, 8)
+        );
         assert_eq!(s[1].command, "a=1 \\\n  b=2");
         assert!(s[2].stable && s[2].shown == ["two"]);
         assert!(steps("```console\n$ x\n").is_err(), "an unclosed block");
         assert!(steps("```console\nout\n```\n").is_err(), "output before a command");
         assert!(steps("<!-- not run: -->\n```console\n$ x\n```\n").is_err(), "a reason is needed");
         let doc = steps("```console\n$ kubectl apply -f - <<'EOF'\nkind: X\nEOF\nshown\n```\n").unwrap();
-        assert_eq!((doc[0].command.as_str(), doc[0].shown.clone()), ("kubectl apply -f - <<'EOF'\nkind: X\nEOF", vec!["shown".to_string()]));
+        assert_eq!(
+            (doc[0].command.as_str(), doc[0].shown.clone()),
+            ("kubectl apply -f - <<'EOF'\nkind: X\nEOF", vec!["shown".to_string()])
+        );
         assert!(steps("```console\n$ cat <<EOF\nno end\n```\n").is_err(), "an unended here-document");
     }
 

@@ -238,7 +238,11 @@ fn run_page(page: &str, steps: &[book::Step]) -> Vec<String> {
         let cmd = st.command.lines().next().unwrap_or_default();
         match got {
             None => {
-                failures.push(format!("{page}:{}: `{cmd}` never ran{}", st.line, if timed_out { " (page timed out)" } else { "" }));
+                failures.push(format!(
+                    "{page}:{}: `{cmd}` never ran{}",
+                    st.line,
+                    if timed_out { " (page timed out)" } else { "" }
+                ));
                 break;
             }
             Some((rc, out)) if rc != 0 => {
@@ -304,7 +308,8 @@ fn figures() -> Vec<Figure> {
         .map(|(i, l)| {
             let f: Vec<&str> = l.split('\t').collect();
             assert!(f.len() == 7, "figures.tsv line {}: 7 tab-separated fields, got {}", i + 2, f.len());
-            let value = f[4].parse().unwrap_or_else(|_| panic!("figures.tsv line {}: {:?} is not a number", i + 2, f[4]));
+            let value =
+                f[4].parse().unwrap_or_else(|_| panic!("figures.tsv line {}: {:?} is not a number", i + 2, f[4]));
             Figure {
                 date: f[0].into(),
                 machine: f[1].into(),
@@ -395,7 +400,9 @@ fn performance_page() -> String {
         }
     }
     for bench in benches {
-        out.push_str(&format!("\n## `{bench}`\n\n| figure | latest | target | date | machine | runs |\n|---|---|---|---|---|---|\n"));
+        out.push_str(&format!(
+            "\n## `{bench}`\n\n| figure | latest | target | date | machine | runs |\n|---|---|---|---|---|---|\n"
+        ));
         let mut names: Vec<&str> = vec![];
         for f in all.iter().filter(|f| f.bench == bench) {
             if !names.contains(&f.figure.as_str()) {
@@ -406,7 +413,8 @@ fn performance_page() -> String {
         for name in names {
             let runs: Vec<&Figure> = all.iter().filter(|f| f.bench == bench && f.figure == name).collect();
             let last = runs[runs.len() - 1];
-            let target = if last.target.is_empty() { "—".to_string() } else { format!("{} {}", last.target, last.unit) };
+            let target =
+                if last.target.is_empty() { "—".to_string() } else { format!("{} {}", last.target, last.unit) };
             out.push_str(&format!(
                 "| {name} | {} {} | {target} | {} | {} | {} |\n",
                 number(last.value),

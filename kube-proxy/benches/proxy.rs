@@ -22,6 +22,8 @@
 //! kube-proxy's nftables mode, `v1.34` and `shared-maps` the same mode with
 //! `--nftables-layout v1.34` / `shared-maps`). A step that has not finished after
 //! `PODPATH_BENCH_LIMIT_SECONDS` (default 300) is stopped and reported as such.
+//! With `PODPATH_FIGURES=book/perf/figures.tsv` its figures are appended to the book's
+//! performance data (`testkit::figures`).
 
 #[path = "../tests/support/churn.rs"]
 mod churn;
@@ -449,6 +451,27 @@ fn child_soak(mode: &str, n: usize, seconds: u64) {
     }
 }
 
+const BENCH: &str = "cargo bench -p podpath-kube-proxy --bench proxy";
+
+/// A figure into `PODPATH_FIGURES` (the book's performance data), when it was measured.
+fn figure(figure: String, value: Option<f64>, unit: &str, target: &str) {
+    if let Some(value) = value {
+        testkit::figures::record(testkit::figures::Figure { bench: BENCH, figure: &figure, value, unit, target });
+    }
+}
+
+fn thousands(n: usize) -> String {
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
 fn main() {
     let args = args();
     if let Some(pos) = args.iter().position(|a| a == "--child-soak") {
@@ -507,6 +530,7 @@ fn main() {
         let part_render_ms = t.elapsed().as_secs_f64() * 1e3;
         let (full_text, part_text) = (full.ruleset.to_string(), part.ruleset.to_string());
         println!("{n} Services × 10 endpoints: {} lines, {} KiB", full_text.lines().count(), full_text.len() / 1024);
+        figure(format!("iptables render, {} Services × 10", thousands(n)), Some(render_ms), "ms", "");
         println!(
             "  render: full {render_ms:.1} ms, partial (1 endpoint removed) {part_render_ms:.2} ms, {} lines",
             part_text.lines().count()
@@ -553,6 +577,9 @@ fn main() {
                 );
             }
             println!("  {b:>6}: sync after one endpoint change {}", show(partial_ms, limit));
+            let size = format!("{} × 10", thousands(n));
+            figure(format!("iptables-{b} full sync, {size}"), sync_ms, "ms", "");
+            figure(format!("iptables-{b} one endpoint change, {size}"), partial_ms, "ms", "");
         }
         for &mode in &nft_modes {
             // The nftables mode: the same Services as one table `ip kube-proxy`.
@@ -579,6 +606,16 @@ fn main() {
                 "v1.34" => "v1.34 layout",
                 _ => "current (v1.36) layout",
             };
+            let size = format!("{} × 10", thousands(n));
+            figure(
+                format!("{layout} cold load over netlink, {size}"),
+                sync_ms,
+                "ms",
+                if mode == "shared-maps" { "≤ 1500" } else { "" },
+            );
+            if let (Some(s), Some(b)) = (sync_ms, bare) {
+                figure(format!("{layout} cold load over netlink ÷ nft -f, {size}"), Some(s / b), "ratio", "≤ 1.0");
+            }
             println!(
                 "  nftables ({layout}, {rules} rules, {elements} elements, {} commands): full sync over netlink {} | bare nft -f of the same text {} (ratio {ratio})",
                 text.lines().count(),
@@ -593,6 +630,14 @@ fn main() {
                     (Some(s), Some(b)) => format!("{:.2}", s / b),
                     _ => "-".into(),
                 };
+                if let (Some(s), Some(b)) = (sync_ms, insert) {
+                    figure(
+                        format!("shared-maps cold load ÷ bare element insertion, {size}"),
+                        Some(s / b),
+                        "ratio",
+                        "≤ 1.2",
+                    );
+                }
                 println!(
                     "  {mode}: bare kernel insertion of its {} elements (one netlink batch) {} (full sync ratio {ratio})",
                     get(&out, "elements").unwrap_or(0.0),
@@ -602,6 +647,12 @@ fn main() {
             println!("  {mode}: sync after one endpoint removed {}", show(partial_ms, limit));
             let f = |k: &str| get(&out, k).map(|v| format!("{v:.1} ms")).unwrap_or("-".into());
             println!("  {mode}: one endpoint replaced, 100 times: p50 {}, p99 {}", f("replace-p50"), f("replace-p99"));
+            figure(
+                format!("{layout} one endpoint replaced, p99 of 100, {size}"),
+                get(&out, "replace-p99"),
+                "ms",
+                "≤ 10",
+            );
         }
     }
     if !root {
@@ -621,6 +672,21 @@ fn main() {
         let out = in_netns(&ns.name, &["--child-latency", name, &n.to_string()], limit);
         let f = |k: &str| get(&out, k).map(|v| format!("{v:.1} ms")).unwrap_or("-".into());
         let m = |k: &str| get(&out, k).map(|v| format!("{v:.1} MiB")).unwrap_or("-".into());
+        let target = if n <= 100 { "≤ 20" } else { "≤ 50" };
+        figure(
+            format!("{name}: EndpointSlice event → rules applied, p99 of 200, {} Services", thousands(n)),
+            get(&out, "p99"),
+            "ms",
+            target,
+        );
+        if n >= 10_000 {
+            figure(
+                format!("{name}: bench process RSS after the changes, {} × 10", thousands(n)),
+                get(&out, "rss-after"),
+                "MiB",
+                "≤ 60",
+            );
+        }
         println!(
             "  {name:>11} at {n:>6} Services: p50 {}, p99 {}, max {} | RSS when the first sync is done {}, after the changes {}",
             f("p50"),
@@ -637,6 +703,18 @@ fn main() {
         let out = in_netns(&ns.name, &["--child-soak", m, &n.to_string(), &seconds.to_string()], limit);
         let f = |k: &str| get(&out, k).map(|v| format!("{v:.0}")).unwrap_or("-".into());
         let ms = |k: &str| get(&out, k).map(|v| format!("{v:.1} ms")).unwrap_or("-".into());
+        figure(
+            format!("{m}: soak at {} Services, {seconds} s: differences from the model", thousands(n)),
+            get(&out, "differences"),
+            "count",
+            "0",
+        );
+        figure(
+            format!("{m}: soak at {} Services, {seconds} s: half-applied Services met", thousands(n)),
+            get(&out, "half-applied"),
+            "count",
+            "0",
+        );
         println!(
             "  {m:>11} at {n} Services, {seconds} s: {} batches, {} changes, partial sync p50 {}, p99 {}; differences: {} | new connections meanwhile: {}, answered {}, lost {}, half-applied {}",
             f("batches"),

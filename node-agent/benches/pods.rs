@@ -7,6 +7,8 @@
 //!
 //! Run: `cargo build --release -p podpath-cni -p podpath-kubelet && cargo bench -p node-agent --bench pods`
 //! (the CNI plugins must sit next to the agent binary).
+//! With `PODPATH_FIGURES=book/perf/figures.tsv` its figures are appended to the book's
+//! performance data (`testkit::figures`).
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -63,6 +65,12 @@ async fn main() {
     println!("  created through the API in {:.0} ms", created.as_secs_f64() * 1e3);
     println!("  create → all Running and Ready: {:.0} ms (target ≤ 3000 ms)", ready.as_secs_f64() * 1e3);
     println!("  delete → all gone (SIGTERM, CNI DEL, final delete): {:.0} ms", gone.as_secs_f64() * 1e3);
+    let bench = "cargo bench -p node-agent --bench pods";
+    let record = |figure: &str, value: f64, unit: &str, target: &str| {
+        testkit::figures::record(testkit::figures::Figure { bench, figure, value, unit, target })
+    };
+    record("100 pods on 3 nodes: create → all Running and Ready", (ready.as_secs_f64() * 1e3).round(), "ms", "≤ 3000");
+    record("100 pods on 3 nodes: delete → all gone", (gone.as_secs_f64() * 1e3).round(), "ms", "");
     drop(c);
 
     // 2. Idle agent with 30 pods.
@@ -81,5 +89,6 @@ async fn main() {
         idle as f64 / 1024.0,
         before as f64 / 1024.0
     );
+    record("idle agent with 30 pods: RSS", (idle as f64 / 1024.0 * 10.0).round() / 10.0, "MiB", "≤ 15");
     drop(c);
 }
