@@ -453,6 +453,8 @@ pub fn unwritable(table: &NftTable) -> Vec<String> {
     for s in &table.sets {
         if decl::set(&mut vec![], &table.name, s, 1).is_none() {
             out.push(format!("set {}", s.name));
+        } else if !s.elements.is_empty() && !encodable(s) {
+            out.push(format!("the elements of set {}", s.name));
         }
     }
     if out.is_empty() && encode(&Transaction::between(None, table).0, &[], 1).is_none() {
