@@ -1,7 +1,7 @@
 //! podpath's CNI plugins (spec 1.1.0; configs asking for 0.3.0–1.1.0 are answered in their
 //! version's format).
 //!
-//! - [`env`]: the `CNI_*` environment, parsed and checked;
+//! - [`env`](mod@env): the `CNI_*` environment, parsed and checked;
 //! - [`version`]: versions and which commands they allow;
 //! - [`types`]: results in every version's JSON shape;
 //! - [`error`]: the spec's error JSON and codes (100+ are podpath's own);

@@ -3,7 +3,7 @@
 //! ruleset is the `iptables-restore` input kube-proxy would write, byte for byte.
 //!
 //! One function per chain kind: the entry points of a service port in the shared chains
-//! ([`entries`]), its `KUBE-SVC`/`KUBE-SVL` masquerade rule, `KUBE-EXT`, `KUBE-FW`, the endpoint
+//! (`entries`), its `KUBE-SVC`/`KUBE-SVL` masquerade rule, `KUBE-EXT`, `KUBE-FW`, the endpoint
 //! choice and the `KUBE-SEP` chains; [`render`] assembles them with the fixed chains.
 
 use std::collections::BTreeSet;

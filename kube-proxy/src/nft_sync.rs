@@ -293,7 +293,7 @@ struct Stale {
 }
 
 /// A full sync: the render of `state` replaces whatever the table holds, in one transaction.
-/// Returns the new table (without its elements: [`forget_elements`]) and its number of rules
+/// Returns the new table (without its elements: `forget_elements`) and its number of rules
 /// and elements.
 pub fn sync_full<K: NftKernel + ?Sized>(
     k: &K,

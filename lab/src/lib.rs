@@ -2,9 +2,9 @@
 //! `node-agent` per node, each in its namespace, and records what it started in
 //! `<state-dir>/lab.json`; `down` undoes exactly that, also when the processes already died.
 //!
-//! - [`state`]: the lab's record and kubeconfig; [`up`]: `up` and `down`;
+//! - [`state`]: the lab's record and kubeconfig; [`up`](mod@up): `up` and `down`;
 //! - [`hosts`]: commands and HTTP in the lab's hosts, lb-sim's status;
-//! - [`inspect`]: the nodes' proxy rules, watched and explained ([`rules`], [`explain`]);
+//! - [`inspect`]: the nodes' proxy rules, watched and explained ([`rules`], [`explain`](mod@explain));
 //! - [`trace`]: `podpath trace`.
 
 pub mod dns;

@@ -97,6 +97,8 @@ enum Cmd {
     Trace {
         #[command(flatten)]
         which: Which,
+        // The help text reads as typed (a URL, brackets), not as rustdoc markup.
+        #[allow(rustdoc::bare_urls, rustdoc::broken_intra_doc_links)]
         /// http://HOST[:PORT]/PATH or HOST:PORT: a LoadBalancer, external, cluster, node or pod
         /// IP, or (with --from pod/…) a name the pod's resolver looks up first, shown in the
         /// trace (http://web.default/).

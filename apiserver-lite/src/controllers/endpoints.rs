@@ -1,6 +1,6 @@
 //! The endpoints controller: a Service's Endpoints and EndpointSlices from the pods its
 //! selector matches, as kube-controller-manager writes them. The decision is pure
-//! ([`plan_endpoints`]: a Service and its pods in, the objects to write out); [`sync_endpoints`]
+//! ([`plan_endpoints`]: a Service and its pods in, the objects to write out); `sync_endpoints`
 //! reads and writes.
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -2,7 +2,7 @@
 //! tell what happened: one core/v1 Event per (component, object, type, reason, message),
 //! aggregated the way client-go's recorder does it (a repeat bumps `count` and
 //! `lastTimestamp` of the same Event), and a retention pass (`--event-ttl`, a count limit) so
-//! they never grow without bound. [`event_for`] is pure; [`record`] and [`expire`] write.
+//! they never grow without bound. [`event_for`] is pure; [`record`] and `expire` write.
 
 use api::Kind;
 use serde_json::{json, Value};

@@ -1,6 +1,6 @@
 //! The scheduler: binds each pod without a node to the Ready, schedulable node with the fewest
 //! pods that its `nodeSelector` fits, or marks it Unschedulable with kube-scheduler's reason.
-//! The decision is pure ([`plan_schedule`]: pods and nodes in, bindings out); [`schedule`]
+//! The decision is pure ([`plan_schedule`]: pods and nodes in, bindings out); `schedule`
 //! reads and writes.
 
 use std::collections::BTreeMap;

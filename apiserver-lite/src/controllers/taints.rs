@@ -1,6 +1,6 @@
 //! Taints and tolerations: which taints of a node a pod does not tolerate (the scheduler's
 //! TaintToleration filter) and which bound pods a `NoExecute` taint evicts (the taint-eviction
-//! controller). The decisions are pure; [`evict`] reads and writes.
+//! controller). The decisions are pure; `evict` reads and writes.
 
 use api::k8s_openapi::api::core::v1::{Node, Taint, Toleration};
 use api::Kind;

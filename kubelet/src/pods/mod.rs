@@ -2,11 +2,11 @@
 //! and attaches it to the network through CNI, runs the containers' workloads, probes them,
 //! restarts them with back-off, reports status, and tears everything down on deletion.
 //!
-//! - [`worker`]: one pod's life, in phases (adopt, run, terminate); its sandbox;
-//! - [`container`]: one container's life inside it (start, exit and restart, probes, preStop);
-//! - [`launch`]: what a container runs and how it is checked (pure but for a `PATH` lookup);
-//! - [`record`]: what survives an agent restart;
-//! - [`net`]: the real [`PodApi`] (gRPC) and [`Prober`] (the network).
+//! - `worker`: one pod's life, in phases (adopt, run, terminate); its sandbox;
+//! - `container`: one container's life inside it (start, exit and restart, probes, preStop);
+//! - `launch`: what a container runs and how it is checked (pure but for a `PATH` lookup);
+//! - `record`: what survives an agent restart;
+//! - `net`: the real [`PodApi`] (gRPC) and [`Prober`] (the network).
 //!
 //! All kernel and API side effects go through [`Processes`], [`PluginExec`], [`PodApi`] and
 //! [`Prober`], so the logic is unit-tested with fakes. What the agent must remember across a

@@ -410,7 +410,7 @@ impl Session {
 }
 
 /// Where a session's frames go: a byte stream ([`IoSink`]) or WebSocket messages (kubectl's
-/// tunnel, [`WsSink`]).
+/// tunnel, `WsSink`).
 pub trait FrameSink: Send + 'static {
     /// Writes one frame; false once the peer is gone.
     fn send(&mut self, head: &[u8], body: &[u8]) -> impl std::future::Future<Output = bool> + Send;
