@@ -366,15 +366,7 @@ fn plot(runs: &[&Figure]) -> String {
 
 fn number(v: f64) -> String {
     if v.fract() == 0.0 && v.abs() >= 1000.0 {
-        let s = format!("{}", v as i64);
-        let mut out = String::new();
-        for (i, c) in s.chars().enumerate() {
-            if i > 0 && (s.len() - i) % 3 == 0 {
-                out.push(',');
-            }
-            out.push(c);
-        }
-        out
+        testkit::figures::thousands(v as u64)
     } else {
         format!("{v}")
     }

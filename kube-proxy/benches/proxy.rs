@@ -460,18 +460,6 @@ fn figure(figure: String, value: Option<f64>, unit: &str, target: &str) {
     }
 }
 
-fn thousands(n: usize) -> String {
-    let s = n.to_string();
-    let mut out = String::new();
-    for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i) % 3 == 0 {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
-}
-
 fn main() {
     let args = args();
     if let Some(pos) = args.iter().position(|a| a == "--child-soak") {
@@ -530,7 +518,12 @@ fn main() {
         let part_render_ms = t.elapsed().as_secs_f64() * 1e3;
         let (full_text, part_text) = (full.ruleset.to_string(), part.ruleset.to_string());
         println!("{n} Services × 10 endpoints: {} lines, {} KiB", full_text.lines().count(), full_text.len() / 1024);
-        figure(format!("iptables render, {} Services × 10", thousands(n)), Some(render_ms), "ms", "");
+        figure(
+            format!("iptables render, {} Services × 10", testkit::figures::thousands(n as u64)),
+            Some(render_ms),
+            "ms",
+            "",
+        );
         println!(
             "  render: full {render_ms:.1} ms, partial (1 endpoint removed) {part_render_ms:.2} ms, {} lines",
             part_text.lines().count()
@@ -577,7 +570,7 @@ fn main() {
                 );
             }
             println!("  {b:>6}: sync after one endpoint change {}", show(partial_ms, limit));
-            let size = format!("{} × 10", thousands(n));
+            let size = format!("{} × 10", testkit::figures::thousands(n as u64));
             figure(format!("iptables-{b} full sync, {size}"), sync_ms, "ms", "");
             figure(format!("iptables-{b} one endpoint change, {size}"), partial_ms, "ms", "");
         }
@@ -606,7 +599,7 @@ fn main() {
                 "v1.34" => "v1.34 layout",
                 _ => "current (v1.36) layout",
             };
-            let size = format!("{} × 10", thousands(n));
+            let size = format!("{} × 10", testkit::figures::thousands(n as u64));
             figure(
                 format!("{layout} cold load over netlink, {size}"),
                 sync_ms,
@@ -674,14 +667,17 @@ fn main() {
         let m = |k: &str| get(&out, k).map(|v| format!("{v:.1} MiB")).unwrap_or("-".into());
         let target = if n <= 100 { "≤ 20" } else { "≤ 50" };
         figure(
-            format!("{name}: EndpointSlice event → rules applied, p99 of 200, {} Services", thousands(n)),
+            format!(
+                "{name}: EndpointSlice event → rules applied, p99 of 200, {} Services",
+                testkit::figures::thousands(n as u64)
+            ),
             get(&out, "p99"),
             "ms",
             target,
         );
         if n >= 10_000 {
             figure(
-                format!("{name}: bench process RSS after the changes, {} × 10", thousands(n)),
+                format!("{name}: bench process RSS after the changes, {} × 10", testkit::figures::thousands(n as u64)),
                 get(&out, "rss-after"),
                 "MiB",
                 "≤ 60",
@@ -704,13 +700,19 @@ fn main() {
         let f = |k: &str| get(&out, k).map(|v| format!("{v:.0}")).unwrap_or("-".into());
         let ms = |k: &str| get(&out, k).map(|v| format!("{v:.1} ms")).unwrap_or("-".into());
         figure(
-            format!("{m}: soak at {} Services, {seconds} s: differences from the model", thousands(n)),
+            format!(
+                "{m}: soak at {} Services, {seconds} s: differences from the model",
+                testkit::figures::thousands(n as u64)
+            ),
             get(&out, "differences"),
             "count",
             "0",
         );
         figure(
-            format!("{m}: soak at {} Services, {seconds} s: half-applied Services met", thousands(n)),
+            format!(
+                "{m}: soak at {} Services, {seconds} s: half-applied Services met",
+                testkit::figures::thousands(n as u64)
+            ),
             get(&out, "half-applied"),
             "count",
             "0",

@@ -221,26 +221,7 @@ fn a_table_loaded_over_netlink_lists_back_as_the_one_nft_loads() {
     // A few rules per transaction, so that the load from nothing goes in many parts.
     let mut netlink = NftablesKernel::in_netns(Nft::in_netns(&netlink_ns.name));
     netlink.rules_per_part = 4;
-    let json = |k: &NftablesKernel| -> serde_json::Value {
-        let out = std::process::Command::new("ip")
-            .args(["netns", "exec", k.nft.netns.as_deref().unwrap(), "nft", "-j", "list", "table", "ip", TABLE])
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        let mut v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        fn strip(v: &mut serde_json::Value) {
-            match v {
-                serde_json::Value::Object(m) => {
-                    m.remove("handle");
-                    m.values_mut().for_each(strip);
-                }
-                serde_json::Value::Array(a) => a.iter_mut().for_each(strip),
-                _ => {}
-            }
-        }
-        strip(&mut v);
-        v
-    };
+    let json = |k: &NftablesKernel| testkit::nft::listed_json(k.nft.netns.as_deref().unwrap(), "ip", TABLE);
     let same = |what: &str| {
         let (a, b) = (
             text.nft.list_table(NftFamily::Ip, TABLE, false).unwrap(),

@@ -6,11 +6,10 @@
 //! word for word — from nothing, after a change of elements and rules, and after deletions.
 //! Root only (namespaces); the host's namespace is compared before and after.
 
-use std::process::Command;
-
 use podpath_ruleset::nft::{Chain, Element, NftFamily, NftTable, Op, Set, Transaction};
 use podpath_ruleset::Nft;
 use testkit::netns::{host_state, root_or_explain, Netns};
+use testkit::nft::listed_json;
 
 const TABLE: &str = "nfnl-roundtrip";
 
@@ -96,26 +95,6 @@ fn table() -> NftTable {
     t
 }
 
-/// `nft -j list table`, handles removed (each namespace numbers its own).
-fn json(ns: &str) -> serde_json::Value {
-    let out =
-        Command::new("ip").args(["netns", "exec", ns, "nft", "-j", "list", "table", "ip", TABLE]).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let mut v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    fn strip(v: &mut serde_json::Value) {
-        match v {
-            serde_json::Value::Object(m) => {
-                m.remove("handle");
-                m.values_mut().for_each(strip);
-            }
-            serde_json::Value::Array(a) => a.iter_mut().for_each(strip),
-            _ => {}
-        }
-    }
-    strip(&mut v);
-    v
-}
-
 /// One transaction both ways: `nft -f` in `text`, this crate in `netlink` (which must take it).
 fn apply(tx: &Transaction, sets: &[Set], text: &Nft, socket: &mut nfnl::Socket) {
     text.apply(tx).unwrap_or_else(|e| panic!("nft -f refused the transaction: {e}\n{}", tx.text()));
@@ -136,7 +115,11 @@ fn a_table_of_every_form_lists_back_as_the_one_nft_loads() {
         let b = Nft::in_netns(&netlink_ns.name).list_table(NftFamily::Ip, TABLE, false).unwrap();
         assert!(a.is_some(), "{what}: no table");
         assert_eq!(b, a, "{what}: netlink (left) and nft -f (right) differ");
-        assert_eq!(json(&netlink_ns.name), json(&text_ns.name), "{what}: the JSON listings differ");
+        assert_eq!(
+            listed_json(&netlink_ns.name, "ip", TABLE),
+            listed_json(&text_ns.name, "ip", TABLE),
+            "{what}: the JSON listings differ"
+        );
         a.unwrap()
     };
 

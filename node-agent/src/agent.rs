@@ -222,7 +222,7 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()>) -> Result
                 netpol::cleanup(!nft_mode && netpol::nft_available(), other)
             })
             .await
-            .map_err(|e| AgentError::Process(e.to_string()))??;
+            .map_err(|e| AgentError::Task(e.to_string()))??;
         }
         if !nft_mode || netpol::nft_available() {
             let (all_pods, namespaces, policies) = (Store::new(), Store::new(), Store::new());
@@ -275,7 +275,7 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()>) -> Result
                 Ok(())
             })
             .await
-            .map_err(|e| AgentError::Process(e.to_string()))??;
+            .map_err(|e| AgentError::Task(e.to_string()))??;
         }
         if podpath_ruleset::exec::other_backend_holds(p.backend, sync::CANARY) {
             return Err(AgentError::Config(format!(

@@ -20,16 +20,9 @@ pub enum AgentError {
     /// Bad configuration (flags, token file…).
     #[error("{0}")]
     Config(String),
-    /// A file or system call failed.
-    #[error("cannot {what}: {source}")]
-    Io {
-        what: String,
-        #[source]
-        source: std::io::Error,
-    },
-    /// A pod's process could not be started or controlled.
+    /// A start-up task of the agent panicked or was cancelled.
     #[error("{0}")]
-    Process(String),
+    Task(String),
     /// The kubelet failed (pods, CNI, its API).
     #[error(transparent)]
     Kubelet(#[from] kubelet::KubeletError),
@@ -39,9 +32,10 @@ pub enum AgentError {
     /// The NetworkPolicy enforcer failed (its rules).
     #[error(transparent)]
     Netpol(#[from] netpol::NetpolError),
-    /// A route or sysctl of the node could not be changed.
+    /// A file, socket, route or sysctl of the node could not be made or changed; `what` says
+    /// which, as a sentence.
     #[error("{what}: {source}")]
-    Network {
+    System {
         what: String,
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
@@ -49,8 +43,9 @@ pub enum AgentError {
 }
 
 impl AgentError {
-    pub fn io(what: impl Into<String>, source: std::io::Error) -> AgentError {
-        AgentError::Io { what: what.into(), source }
+    /// `cannot WHAT: the error`.
+    pub fn io(what: impl std::fmt::Display, source: std::io::Error) -> AgentError {
+        AgentError::System { what: format!("cannot {what}"), source: Box::new(source) }
     }
 }
 

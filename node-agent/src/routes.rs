@@ -107,7 +107,7 @@ impl NetlinkRoutes {
 }
 
 fn net_err(what: String, e: impl std::error::Error + Send + Sync + 'static) -> AgentError {
-    AgentError::Network { what, source: Box::new(e) }
+    AgentError::System { what, source: Box::new(e) }
 }
 
 fn message(r: PodRoute) -> Result<rtnetlink::packet_route::route::RouteMessage> {

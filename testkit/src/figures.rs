@@ -75,5 +75,22 @@ mod tests {
         );
         let d = today();
         assert!(d.len() == 10 && d.starts_with("20") && &d[4..5] == "-", "{d}");
+        assert_eq!(
+            (thousands(0), thousands(999), thousands(1000), thousands(190449)),
+            ("0".into(), "999".into(), "1,000".into(), "190,449".into())
+        );
     }
+}
+
+/// `190449` → `190,449`: how the figures name sizes.
+pub fn thousands(n: u64) -> String {
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
 }

@@ -5,3 +5,4 @@
 pub mod figures;
 pub mod iptables;
 pub mod netns;
+pub mod nft;
