@@ -62,6 +62,19 @@ pub fn record(f: Figure) {
     }
 }
 
+/// `190449` → `190,449`: how the figures name sizes.
+pub fn thousands(n: u64) -> String {
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -80,17 +93,4 @@ mod tests {
             ("0".into(), "999".into(), "1,000".into(), "190,449".into())
         );
     }
-}
-
-/// `190449` → `190,449`: how the figures name sizes.
-pub fn thousands(n: u64) -> String {
-    let s = n.to_string();
-    let mut out = String::new();
-    for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
 }
