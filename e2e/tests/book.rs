@@ -63,6 +63,29 @@ fn the_book_builds_without_warnings() {
     }
 }
 
+/// Every relative link of the book (and of the README into it) names a file that exists.
+#[test]
+fn the_book_links_to_files_that_exist() {
+    let mut broken = vec![];
+    let src = book_dir().join("src");
+    let readme = book_dir().join("../README.md");
+    let mut docs: Vec<(PathBuf, String)> =
+        pages().into_iter().map(|(rel, text)| (src.join(rel).parent().unwrap().to_path_buf(), text)).collect();
+    docs.push((book_dir().join(".."), std::fs::read_to_string(&readme).unwrap()));
+    for (dir, text) in docs {
+        for target in text.split("](").skip(1).filter_map(|rest| rest.split(')').next()) {
+            let target = target.split('#').next().unwrap_or_default();
+            if target.is_empty() || target.contains("://") || target.starts_with("mailto:") || target.contains(' ') {
+                continue;
+            }
+            if !dir.join(target).exists() {
+                broken.push(format!("{}: {target}", dir.display()));
+            }
+        }
+    }
+    assert!(broken.is_empty(), "links to nothing:\n{}", broken.join("\n"));
+}
+
 /// `BIN [PATH…] --help`, with the variables that clap would show as values removed.
 fn help(binary: &str, path: &[String]) -> String {
     let out = Command::new(bin(binary))
