@@ -178,7 +178,10 @@ async fn main() {
         total as f64 / elapsed.as_secs_f64()
     );
     figure(
-        &format!("REST creates/s, each fdatasynced (64 clients, {total} Services)"),
+        &format!(
+            "REST creates/s, each fdatasynced (64 clients, {} Services)",
+            testkit::figures::thousands(total as u64)
+        ),
         (total as f64 / elapsed.as_secs_f64()).round(),
         "creates/s",
         "≥ 5000",
@@ -211,7 +214,15 @@ async fn main() {
     tokio::time::sleep(Duration::from_secs(7)).await;
     let idle = rss_mib(pid);
     println!("RSS idle with them (7 s later): {idle:.1} MiB");
-    figure(&format!("server RSS idle with {total} Services, their Endpoints and EndpointSlices"), idle, "MiB", "");
+    figure(
+        &format!(
+            "server RSS idle with {} Services, their Endpoints and EndpointSlices",
+            testkit::figures::thousands(total as u64)
+        ),
+        idle,
+        "MiB",
+        "",
+    );
     let t = Instant::now();
     let (code, body) = c.request("GET", SVCS, "").await;
     assert_eq!(code, 200);

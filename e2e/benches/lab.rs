@@ -85,7 +85,12 @@ fn bench_up() {
             drop(lab);
         }
         walls.sort_by(f64::total_cmp);
-        figure(&format!("podpath up, {nodes} nodes → all Ready + lb-sim synced, median of 3"), walls[1], "s", "");
+        figure(
+            &format!("podpath up, {nodes} nodes → all Ready + lb-sim synced, median of 3"),
+            (walls[1] * 100.0).round() / 100.0,
+            "s",
+            "",
+        );
         println!(
             "podpath up, {nodes} nodes → all Ready + lb-sim synced: median {:.2} s (runs: {})",
             walls[1],

@@ -5,7 +5,7 @@
 //!    are deleted and gone.
 //! 2. One node with 30 pods, idle for 5 s: the agent's resident memory.
 //!
-//! Run: `cargo build --release -p podpath-cni -p podpath-kubelet && cargo bench -p node-agent --bench pods`
+//! Run: `cargo build --release -p podpath-cni && cargo bench -p node-agent --bench pods`
 //! (the CNI plugins must sit next to the agent binary).
 //! With `PODPATH_FIGURES=book/perf/figures.tsv` its figures are appended to the book's
 //! performance data (`testkit::figures`).
