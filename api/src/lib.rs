@@ -4,6 +4,9 @@
 //!
 //! Start with [`kinds`]: one file per served kind, behind [`ApiObject`], and the one list that
 //! makes [`Kind`]. [`alloc`] is what kinds allocate; [`convert`] their gRPC form.
+//!
+//! What it is not: a definition of the Kubernetes types (they are k8s-openapi's, re-exported),
+//! or a client; kinds not listed in [`kinds`] are not served.
 
 pub mod alloc;
 pub mod apps;

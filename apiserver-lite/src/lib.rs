@@ -9,6 +9,9 @@
 //!   accounts, node health, Deployments and ReplicaSets.
 //!
 //! Start with [`serve`]: it takes already-bound listeners and a shutdown future.
+//!
+//! What it is not: kube-apiserver. It stores in sled, not etcd, serves the kinds `api` lists
+//! (no CRDs, no RBAC, no aggregation yet), and runs the controllers above in its own process.
 
 pub mod alloc;
 pub mod controllers;

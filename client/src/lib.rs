@@ -9,6 +9,9 @@
 //! - [`http`]: the workspace's one small HTTP/1.1 client (on hyper);
 //! - [`relay`]: outgoing relay connections that keep the inbound DSCP (the userspace proxy's,
 //!   lb-sim's), so `podpath trace` follows a request through them.
+//!
+//! What it is not: a general Kubernetes client. It speaks apiserver-lite's gRPC; kubectl and the
+//! client libraries (kube-rs, the Python and JavaScript clients) use the REST API.
 
 pub mod daemon;
 pub mod error;

@@ -8,6 +8,9 @@
 //! - [`ipam`]: `podpath-ipam`, host-local-compatible address management.
 //!
 //! [`run_plugin`] is the part every plugin binary shares: parse, check, dispatch, print.
+//!
+//! What it is not: the reference plugins (the tests compare with Debian's
+//! `containernetworking-plugins`), a runtime (the kubelet runs plugins), or IPv6.
 
 pub mod bridge;
 pub mod env;

@@ -6,6 +6,9 @@
 //! - [`hosts`]: commands and HTTP in the lab's hosts, lb-sim's status;
 //! - [`inspect`]: the nodes' proxy rules, watched and explained ([`rules`], [`explain`](mod@explain));
 //! - [`trace`]: `podpath trace`.
+//!
+//! What it is not: a VM manager (the VM lab is the Vagrantfile's) or a cluster installer; the
+//! components it starts are the workspace's own binaries.
 
 pub mod dns;
 pub mod doctor;

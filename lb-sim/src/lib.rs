@@ -11,6 +11,9 @@
 //! - [`proxy`]: the nodeport-mode TCP load balancer (`LB IP:port` → `node IP:nodePort`);
 //! - [`status`]: the JSON status endpoint;
 //! - [`run`]: everything assembled.
+//!
+//! What it is not: a cloud API. It watches Services and Nodes and plays the load balancers a
+//! cloud would give them, in the lab's gateway (IPv4).
 
 pub mod error;
 pub mod events;

@@ -14,9 +14,13 @@
 //! - [`kernel`]: what a rule writer asks of the kernel's iptables tables, as one small trait
 //!   ([`kernel::Kernel`]), and the jumps from built-in chains that a writer keeps in place.
 //!
-//! Everything but [`exec`] and [`kernel::IptablesKernel`] is pure. The service proxy renders into this model and applies it
-//! through [`exec`]; the test fake (`testkit::iptables`) applies it with restore semantics; the
+//! Everything but [`exec`] and [`kernel::IptablesKernel`] is pure. The service proxy renders
+//! into this model and applies it through [`exec`]; the test fake (`testkit::iptables`) applies it with restore semantics; the
 //! lab's `trace`, `explain` and `rules` read the kernel's rules through [`text::parse`].
+//!
+//! What it is not: a general iptables or nftables library. It models the matches, targets and
+//! table forms that kube-proxy, the CNI plugins and the NetworkPolicy printers write (IPv4), and
+//! parses back what the kernel lists of them.
 
 pub mod error;
 pub mod exec;

@@ -1,6 +1,8 @@
 //! Test helpers shared by podpath's crates: network namespaces with drop guards, the host
 //! namespace snapshot tests compare, processes stopped by PID, and benchmark figures as data
 //! ([`figures`]).
+//!
+//! What it is not: part of any component; only tests and benches link it.
 
 pub mod figures;
 pub mod iptables;
