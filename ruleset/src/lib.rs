@@ -15,8 +15,9 @@
 //!   ([`kernel::Kernel`]), and the jumps from built-in chains that a writer keeps in place.
 //!
 //! Everything but [`exec`] and [`kernel::IptablesKernel`] is pure. The service proxy renders
-//! into this model and applies it through [`exec`]; the test fake (`testkit::iptables`) applies it with restore semantics; the
-//! lab's `trace`, `explain` and `rules` read the kernel's rules through [`text::parse`].
+//! into this model and applies it through [`exec`]; the test fake (`testkit::iptables`) applies
+//! it with restore semantics; the lab's `trace`, `explain` and `rules` read the kernel's rules
+//! through [`text::parse`].
 //!
 //! What it is not: a general iptables or nftables library. It models the matches, targets and
 //! table forms that kube-proxy, the CNI plugins and the NetworkPolicy printers write (IPv4), and
