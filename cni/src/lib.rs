@@ -1,10 +1,9 @@
 //! podpath's CNI plugins (spec 1.1.0; configs asking for 0.3.0–1.1.0 are answered in their
 //! version's format).
 //!
-//! - [`env`](mod@env): the `CNI_*` environment, parsed and checked;
-//! - [`version`]: versions and which commands they allow;
-//! - [`types`]: results in every version's JSON shape;
-//! - [`error`]: the spec's error JSON and codes (100+ are podpath's own);
+//! - [`env`](mod@env), [`version`], [`types`], [`error`]: the spec's types, re-exported from
+//!   `podpath-cni-spec` (the kubelet shares them);
+//! - [`bridge`]: `podpath-bridge`, the interface plugin;
 //! - [`ipam`]: `podpath-ipam`, host-local-compatible address management.
 //!
 //! [`run_plugin`] is the part every plugin binary shares: parse, check, dispatch, print.
@@ -13,11 +12,8 @@
 //! `containernetworking-plugins`), a runtime (the kubelet runs plugins), or IPv6.
 
 pub mod bridge;
-pub mod env;
-pub mod error;
 pub mod ipam;
-pub mod types;
-pub mod version;
+pub use podpath_cni_spec::{env, error, types, version};
 
 use serde_json::Value;
 

@@ -9,7 +9,7 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
-use podpath_cni::env::Command;
+use podpath_cni_spec::env::Command;
 use serde_json::{json, Value};
 use tokio::io::AsyncWriteExt;
 

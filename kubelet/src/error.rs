@@ -26,7 +26,7 @@ pub enum KubeletError {
     /// A CNI plugin failed (its error code and message, as the spec defines them).
     #[error("CNI {command} of {plugin} for {container_id} failed: {msg}{}", details.as_deref().map(|d| format!(" ({d})")).unwrap_or_default())]
     Cni {
-        command: podpath_cni::env::Command,
+        command: podpath_cni_spec::env::Command,
         plugin: String,
         container_id: String,
         code: u32,

@@ -48,7 +48,7 @@ impl Metrics {
         Metrics::register(&mut Registry::default(), KindCounter::default())
     }
 
-    pub fn observe_cni(&self, operation: podpath_cni::env::Command, took: Duration, ok: bool) {
+    pub fn observe_cni(&self, operation: podpath_cni_spec::env::Command, took: Duration, ok: bool) {
         let labels =
             CniLabels { operation: operation.as_str().into(), result: if ok { "success" } else { "error" }.into() };
         self.cni_seconds.get_or_create(&labels).observe(took.as_secs_f64());

@@ -16,7 +16,7 @@ use super::container::{Ctr, ExitMsg};
 use super::launch::{pre_stop, readiness, PreStop};
 use super::record::{save_record, PodRecord};
 use super::{dnsconf, key, uid, Deps, PodApi, PodsConfig, Prober, POD_IFNAME};
-use podpath_cni::env::Command;
+use podpath_cni_spec::env::Command;
 
 use crate::cni::{self, Attachment, PluginExec};
 use crate::error::{KubeletError, Result};
