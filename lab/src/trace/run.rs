@@ -470,26 +470,44 @@ fn monitors_silent(behind: &[&str]) -> LabError {
 /// Waits until every monitor is subscribed: it printed a sync datagram. A monitor not
 /// subscribed yet misses one, so they are repeated. The wait is long: on a loaded 2-core
 /// machine an `nft monitor` once took over 5 s to start; only a kernel without tracing waits
-/// it out.
-fn monitors_subscribed(tracer: Tracer, hosts: &[(String, String)], outputs: &[Arc<Mutex<String>>]) -> Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(15);
+/// it out. A monitor that exited, or that is still silent halfway through the wait, is started
+/// again (`restart`, by index): CI once saw one stay silent for the whole wait.
+fn monitors_subscribed(
+    tracer: Tracer,
+    hosts: &[(String, String)],
+    outputs: &[Arc<Mutex<String>>],
+    mut exited: impl FnMut(usize) -> bool,
+    mut restart: impl FnMut(usize) -> Result<()>,
+) -> Result<()> {
+    let started = Instant::now();
+    let (deadline, halfway) = (started + Duration::from_secs(15), started + Duration::from_millis(7500));
+    let mut restarted_halfway = false;
+    let mut restarts = vec![0u32; hosts.len()];
     let mut sent_at = Instant::now() - Duration::from_secs(1);
     loop {
-        let behind: Vec<(&str, &str)> = hosts
-            .iter()
-            .zip(outputs)
-            .filter(|(_, o)| canary_ports(tracer, &monitor_text(o)).is_empty())
-            .map(|((h, ns), _)| (h.as_str(), ns.as_str()))
-            .collect();
+        let behind: Vec<usize> =
+            (0..hosts.len()).filter(|&i| canary_ports(tracer, &monitor_text(&outputs[i])).is_empty()).collect();
         if behind.is_empty() {
             return Ok(());
         }
         if Instant::now() > deadline {
-            return Err(monitors_silent(&behind.iter().map(|(h, _)| *h).collect::<Vec<_>>()));
+            return Err(monitors_silent(&behind.iter().map(|&i| hosts[i].0.as_str()).collect::<Vec<_>>()));
+        }
+        for &i in &behind {
+            if restarts[i] < 3 && exited(i) {
+                restarts[i] += 1;
+                restart(i)?;
+            }
+        }
+        if !restarted_halfway && Instant::now() > halfway {
+            restarted_halfway = true;
+            for &i in &behind {
+                restart(i)?;
+            }
         }
         if sent_at.elapsed() > Duration::from_millis(20) {
-            for (_, ns) in &behind {
-                send_canary(&format!("/run/netns/{ns}"), &BTreeSet::new())?;
+            for &i in &behind {
+                send_canary(&format!("/run/netns/{}", hosts[i].1), &BTreeSet::new())?;
             }
             sent_at = Instant::now();
         }
@@ -712,8 +730,8 @@ pub fn trace(st: &LabState, req: &Request) -> Result<Trace> {
             guard.with(|i| i.reflect_tos.push((ns.clone(), old)));
         }
     }
-    let mut outputs = Vec::new();
-    for (_, ns) in &hosts {
+    // A monitor per host, its lines collected into `out` (monitor i is `guard`'s monitors[i]).
+    let spawn_monitor = |ns: &str, out: &Arc<Mutex<String>>| -> Result<Child> {
         let mut child = Command::new("ip")
             .args(["netns", "exec", ns])
             .args(tracer.monitor())
@@ -722,7 +740,6 @@ pub fn trace(st: &LabState, req: &Request) -> Result<Trace> {
             .stderr(Stdio::null())
             .spawn()
             .map_err(|e| LabError::Io { what: format!("cannot run {}", tracer.monitor().join(" ")), source: e })?;
-        let out = Arc::new(Mutex::new(String::new()));
         let (stdout, sink) = (child.stdout.take().expect("piped"), out.clone());
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(std::result::Result::ok) {
@@ -731,10 +748,31 @@ pub fn trace(st: &LabState, req: &Request) -> Result<Trace> {
                 s.push('\n');
             }
         });
+        Ok(child)
+    };
+    let mut outputs = Vec::new();
+    for (_, ns) in &hosts {
+        let out = Arc::new(Mutex::new(String::new()));
+        let child = spawn_monitor(ns, &out)?;
         guard.with(|i| i.monitors.push(child));
         outputs.push(out);
     }
-    monitors_subscribed(tracer, &hosts, &outputs)?;
+    monitors_subscribed(
+        tracer,
+        &hosts,
+        &outputs,
+        |i| guard.with(|g| !matches!(g.monitors[i].try_wait(), Ok(None))),
+        |i| {
+            // The old one stopped by its PID first; its reader thread ends with its pipe.
+            guard.with(|g| {
+                let _ = g.monitors[i].kill();
+                let _ = g.monitors[i].wait();
+            });
+            let child = spawn_monitor(&hosts[i].1, &outputs[i])?;
+            guard.with(|g| g.monitors[i] = child);
+            Ok(())
+        },
+    )?;
     let (src, outcome) = probe(socket, bound, dst, req);
     // A short wait lets a lost request's retransmits and a late reply be seen too.
     if !outcome.answered {
