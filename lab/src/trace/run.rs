@@ -476,22 +476,38 @@ fn monitors_subscribed(
     tracer: Tracer,
     hosts: &[(String, String)],
     outputs: &[Arc<Mutex<String>>],
+    exited: impl FnMut(usize) -> bool,
+    restart: impl FnMut(usize) -> Result<()>,
+) -> Result<()> {
+    let send = |i: usize| send_canary(&format!("/run/netns/{}", hosts[i].1), &BTreeSet::new()).map(|_| ());
+    let names: Vec<&str> = hosts.iter().map(|(h, _)| h.as_str()).collect();
+    wait_subscribed(tracer, &names, outputs, Duration::from_secs(15), send, exited, restart)
+}
+
+/// [`monitors_subscribed`]'s loop, its side effects passed in: `send` a sync datagram into
+/// host i, whether monitor i has `exited`, `restart` monitor i.
+fn wait_subscribed(
+    tracer: Tracer,
+    names: &[&str],
+    outputs: &[Arc<Mutex<String>>],
+    wait: Duration,
+    mut send: impl FnMut(usize) -> Result<()>,
     mut exited: impl FnMut(usize) -> bool,
     mut restart: impl FnMut(usize) -> Result<()>,
 ) -> Result<()> {
     let started = Instant::now();
-    let (deadline, halfway) = (started + Duration::from_secs(15), started + Duration::from_millis(7500));
+    let (deadline, halfway) = (started + wait, started + wait / 2);
     let mut restarted_halfway = false;
-    let mut restarts = vec![0u32; hosts.len()];
+    let mut restarts = vec![0u32; names.len()];
     let mut sent_at = Instant::now() - Duration::from_secs(1);
     loop {
         let behind: Vec<usize> =
-            (0..hosts.len()).filter(|&i| canary_ports(tracer, &monitor_text(&outputs[i])).is_empty()).collect();
+            (0..names.len()).filter(|&i| canary_ports(tracer, &monitor_text(&outputs[i])).is_empty()).collect();
         if behind.is_empty() {
             return Ok(());
         }
         if Instant::now() > deadline {
-            return Err(monitors_silent(&behind.iter().map(|&i| hosts[i].0.as_str()).collect::<Vec<_>>()));
+            return Err(monitors_silent(&behind.iter().map(|&i| names[i]).collect::<Vec<_>>()));
         }
         for &i in &behind {
             if restarts[i] < 3 && exited(i) {
@@ -507,7 +523,7 @@ fn monitors_subscribed(
         }
         if sent_at.elapsed() > Duration::from_millis(20) {
             for &i in &behind {
-                send_canary(&format!("/run/netns/{}", hosts[i].1), &BTreeSet::new())?;
+                send(i)?;
             }
             sent_at = Instant::now();
         }
@@ -900,5 +916,53 @@ mod tests {
         let second = one.replace("53410", "53411");
         assert_eq!(canary_ports(Tracer::Xtables, &format!("{one}{probe}{second}")), BTreeSet::from([53410, 53411]));
         assert!(canary_ports(Tracer::Xtables, probe).is_empty());
+    }
+
+    /// Three monitors: one hears the first datagram, one has exited (restarted, then hears),
+    /// one stays deaf until it is restarted halfway through the wait; a fourth run with a monitor
+    /// that never hears ends with the host named.
+    #[test]
+    fn silent_or_exited_monitors_are_started_again() {
+        let heard = |port: u16| {
+            format!("PACKET: 2 c86dc4fa OUT=lo SRC=127.0.0.1 DST=127.0.0.1 LEN=29 TOS=0xb4 TTL=64 ID=1 DF SPORT={port} DPORT=9 \n")
+        };
+        let outputs: Vec<Arc<Mutex<String>>> = (0..3).map(|_| Arc::default()).collect();
+        let alive = Mutex::new(vec![true, false, true]);
+        let restarted = Mutex::new(vec![0, 0, 0]);
+        let r = wait_subscribed(
+            Tracer::Xtables,
+            &["a", "b", "c"],
+            &outputs,
+            Duration::from_millis(400),
+            |i| {
+                // A monitor hears only while it is running; c only after its restart.
+                let running = alive.lock().unwrap()[i];
+                if running && (i != 2 || restarted.lock().unwrap()[2] > 0) {
+                    outputs[i].lock().unwrap().push_str(&heard(40000 + i as u16));
+                }
+                Ok(())
+            },
+            |i| !alive.lock().unwrap()[i],
+            |i| {
+                alive.lock().unwrap()[i] = true;
+                restarted.lock().unwrap()[i] += 1;
+                Ok(())
+            },
+        );
+        assert!(r.is_ok(), "{r:?}");
+        let n = restarted.lock().unwrap().clone();
+        assert_eq!((n[0], n[1] >= 1, n[2]), (0, true, 1), "restarts {n:?}");
+        let deaf: Vec<Arc<Mutex<String>>> = vec![Arc::default()];
+        let e = wait_subscribed(
+            Tracer::Xtables,
+            &["node-1"],
+            &deaf,
+            Duration::from_millis(100),
+            |_| Ok(()),
+            |_| false,
+            |_| Ok(()),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("saw nothing on node-1"), "{e}");
     }
 }
