@@ -19,6 +19,8 @@ use http_body_util::BodyExt;
 use podpath_client::http;
 use tokio::sync::Mutex;
 
+const BENCH: testkit::figures::Bench = testkit::figures::Bench("cargo bench -p apiserver-lite");
+
 fn server_binary() -> PathBuf {
     let exe = std::env::current_exe().expect("bench path");
     let dir = exe.parent().and_then(|p| p.parent()).expect("target dir");
@@ -177,7 +179,7 @@ async fn main() {
         elapsed.as_secs_f64(),
         total as f64 / elapsed.as_secs_f64()
     );
-    figure(
+    BENCH.record(
         &format!(
             "REST creates/s, each fdatasynced (64 clients, {} Services)",
             testkit::figures::thousands(total as u64)
@@ -214,7 +216,7 @@ async fn main() {
     tokio::time::sleep(Duration::from_secs(7)).await;
     let idle = rss_mib(pid);
     println!("RSS idle with them (7 s later): {idle:.1} MiB");
-    figure(
+    BENCH.record(
         &format!(
             "server RSS idle with {} Services, their Endpoints and EndpointSlices",
             testkit::figures::thousands(total as u64)
@@ -256,7 +258,7 @@ async fn main() {
         percentile(&acks, 0.5),
         percentile(&acks, 0.99)
     );
-    figure("create acknowledged, p99", percentile(&acks, 0.99), "ms", "≤ 20");
+    BENCH.record("create acknowledged, p99", percentile(&acks, 0.99), "ms", "≤ 20");
     let mut lat = Vec::new();
     for w in watchers {
         for (name, at) in tokio::time::timeout(Duration::from_secs(60), w).await.expect("watchers finish").unwrap() {
@@ -273,16 +275,10 @@ async fn main() {
         percentile(&lat, 0.99),
         lat.last().copied().unwrap_or(f64::NAN)
     );
-    figure("write → event at 10 watchers, p99", percentile(&lat, 0.99), "ms", "");
+    BENCH.record("write → event at 10 watchers, p99", percentile(&lat, 0.99), "ms", "");
     println!("RSS at end: {:.1} MiB", rss_mib(pid));
     tokio::time::sleep(Duration::from_secs(7)).await;
     println!("RSS idle at end (7 s later): {:.1} MiB", rss_mib(pid));
-}
-
-/// A figure into `PODPATH_FIGURES` (the book's performance data).
-fn figure(figure: &str, value: f64, unit: &str, target: &str) {
-    let bench = "cargo bench -p apiserver-lite";
-    testkit::figures::record(testkit::figures::Figure { bench, figure, value, unit, target });
 }
 
 fn num_cpus() -> usize {

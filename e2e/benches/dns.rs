@@ -17,6 +17,8 @@ use std::time::{Duration, Instant};
 
 use podpath_e2e::Lab;
 
+const BENCH: testkit::figures::Bench = testkit::figures::Bench("cargo bench -p podpath-e2e --bench dns");
+
 const QUERIES: usize = 100_000;
 const IN_FLIGHT: usize = 64;
 
@@ -108,8 +110,13 @@ fn main() {
         d.0, d.1, d.2, d.3, v.0, v.1, v.2, v.3, v.0 / d.0
     );
 
-    figure("A queries through the kube-dns VIP", v.0.round(), "q/s", "≥ 20000");
-    figure("A queries through the VIP ÷ straight to a DNS pod", (v.0 / d.0 * 100.0).round() / 100.0, "ratio", "≥ 0.8");
+    BENCH.record("A queries through the kube-dns VIP", v.0.round(), "q/s", "≥ 20000");
+    BENCH.record(
+        "A queries through the VIP ÷ straight to a DNS pod",
+        (v.0 / d.0 * 100.0).round() / 100.0,
+        "ratio",
+        "≥ 0.8",
+    );
     let st = podpath_lab::state::load_state(&lab.state).unwrap().expect("lab state");
     let api = podpath_lab::state::ApiAccess::of(&st).unwrap();
     // Created → answered: the create's reply, then the name asked every millisecond.
@@ -141,7 +148,7 @@ fn main() {
         "Service created → answered through the VIP (from the create request on), 50 Services: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
         waits[24], waits[48], waits[49]
     );
-    figure("Service created → name answered through the VIP, p99 of 50", waits[48], "ms", "");
+    BENCH.record("Service created → name answered through the VIP, p99 of 50", waits[48], "ms", "");
     let pids: Vec<i32> = dns_pids().into_iter().filter(|p| !before.contains(p)).collect();
     let idle: Vec<String> = pids.iter().map(|p| format!("{:.1} MiB", rss_kib(*p) as f64 / 1024.0)).collect();
     println!("podpath-dns resident memory with the lab's own Services: {}", idle.join(", "));
@@ -181,7 +188,7 @@ fn main() {
     std::thread::sleep(Duration::from_secs(3));
     let rss: Vec<String> = pids.iter().map(|p| format!("{:.1} MiB", rss_kib(*p) as f64 / 1024.0)).collect();
     if let Some(max) = pids.iter().map(|p| rss_kib(*p) as f64 / 1024.0).reduce(f64::max) {
-        figure("podpath-dns RSS with 10,000 more Services", (max * 10.0).round() / 10.0, "MiB", "≤ 30");
+        BENCH.record("podpath-dns RSS with 10,000 more Services", (max * 10.0).round() / 10.0, "MiB", "≤ 30");
     }
     println!(
         "10,000 Services created in {:.1} s, the last answered {:?} later; podpath-dns resident memory: {} ({} servers)",
@@ -190,10 +197,4 @@ fn main() {
         rss.join(", "),
         pids.len()
     );
-}
-
-/// A figure into `PODPATH_FIGURES` (the book's performance data).
-fn figure(figure: &str, value: f64, unit: &str, target: &str) {
-    let bench = "cargo bench -p podpath-e2e --bench dns";
-    testkit::figures::record(testkit::figures::Figure { bench, figure, value, unit, target });
 }

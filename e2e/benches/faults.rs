@@ -27,6 +27,8 @@ use std::time::{Duration, Instant};
 
 use podpath_e2e::{wait_for, Lab};
 
+const BENCH: testkit::figures::Bench = testkit::figures::Bench("cargo bench -p podpath-e2e --bench faults");
+
 /// Every request's end: when, and whether it was answered.
 type Log = Arc<Mutex<Vec<(Instant, bool)>>>;
 
@@ -76,7 +78,7 @@ struct Figures {
 
 fn print(f: &Figures) {
     let ms = |d: Option<Duration>| d.map(|d| format!("{:.0} ms", d.as_secs_f64() * 1000.0)).unwrap_or("—".into());
-    figure(
+    BENCH.record(
         &format!("{}: the load balancer routes around it", f.fault),
         (f.route_around.as_secs_f64() * 100.0).round() / 100.0,
         "s",
@@ -226,10 +228,4 @@ fn main() {
     for c in clients {
         c.join().unwrap();
     }
-}
-
-/// A figure into `PODPATH_FIGURES` (the book's performance data).
-fn figure(figure: &str, value: f64, unit: &str, target: &str) {
-    let bench = "cargo bench -p podpath-e2e --bench faults";
-    testkit::figures::record(testkit::figures::Figure { bench, figure, value, unit, target });
 }

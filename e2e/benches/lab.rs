@@ -35,6 +35,8 @@ use podpath_lab::state::ApiAccess;
 mod support;
 use support::api;
 
+const BENCH: testkit::figures::Bench = testkit::figures::Bench("cargo bench -p podpath-e2e --bench lab");
+
 /// One request to the API; (status, body).
 fn request(api: &ApiAccess, method: &str, path: &str, body: &str) -> Result<(u16, String), podpath_lab::LabError> {
     api.request(method, path, body)
@@ -85,7 +87,7 @@ fn bench_up() {
             drop(lab);
         }
         walls.sort_by(f64::total_cmp);
-        figure(
+        BENCH.record(
             &format!("podpath up, {nodes} nodes → all Ready + lb-sim synced, median of 3"),
             (walls[1] * 100.0).round() / 100.0,
             "s",
@@ -97,13 +99,6 @@ fn bench_up() {
             walls.iter().map(|w| format!("{w:.2}")).collect::<Vec<_>>().join(", ")
         );
     }
-}
-
-const BENCH: &str = "cargo bench -p podpath-e2e --bench lab";
-
-/// A figure into `PODPATH_FIGURES` (the book's performance data).
-fn figure(figure: &str, value: f64, unit: &str, target: &str) {
-    testkit::figures::record(testkit::figures::Figure { bench: BENCH, figure, value, unit, target });
 }
 
 fn descendants(roots: &[i32]) -> Vec<i32> {
@@ -165,7 +160,7 @@ fn bench_memory() {
         ppss as f64 / 1024.0,
         pods.len()
     );
-    figure(
+    BENCH.record(
         "whole lab, 3 nodes + 30 pods: PSS sum",
         ((total_pss + ppss) as f64 / 1024.0 * 10.0).round() / 10.0,
         "MiB",
@@ -234,7 +229,7 @@ fn bench_latency() {
     }
     let mut sorted = ms.clone();
     sorted.sort_by(f64::total_cmp);
-    figure(
+    BENCH.record(
         "Service create → first 200 through the LB IP from the client, p99 of 50",
         percentile(&sorted, 0.99).round(),
         "ms",
@@ -345,7 +340,7 @@ fn bench_throughput() {
         let svc = create_web_service(a, "LoadBalancer", serde_json::json!({"podpath.dev/route-to-node": "node-1"}));
         let (lb, pod_addr) = (lb_address(&svc), pod_address(a, "p0"));
         let (via_lb, direct, failed) = against_direct(&lab, lb, pod_addr, seconds);
-        figure(
+        BENCH.record(
             &format!("{mode} mode: req/s through the LB IP ÷ pod IP straight"),
             (via_lb / direct * 100.0).round() / 100.0,
             "ratio",
@@ -375,7 +370,12 @@ fn bench_l7() {
     );
     let (l7, pod_addr) = (lb_address(&ingress), pod_address(a, "p0"));
     let (via_l7, direct, failed) = against_direct(&lab, l7, pod_addr, seconds);
-    figure("L7 load balancer req/s ÷ pod IP straight", (via_l7 / direct * 100.0).round() / 100.0, "ratio", "≥ 0.9");
+    BENCH.record(
+        "L7 load balancer req/s ÷ pod IP straight",
+        (via_l7 / direct * 100.0).round() / 100.0,
+        "ratio",
+        "≥ 0.9",
+    );
     println!(
         "L7 LB     req/s, new connection each: Ingress address → lb-sim (HTTP) → node:nodePort (3 nodes, round-robin) → pod {via_l7:>7.0}; pod IP straight {direct:>7.0}; ratio {:.2} (failed requests: {})",
         via_l7 / direct,
@@ -406,7 +406,7 @@ fn bench_trace() {
     };
     let mut ms: Vec<f64> = (0..10).map(|_| trace_once()).collect();
     ms.sort_by(f64::total_cmp);
-    figure(
+    BENCH.record(
         "podpath trace, 3-node lab, LoadBalancer request, median of 10",
         percentile(&ms, 0.5).round(),
         "ms",
@@ -432,7 +432,12 @@ fn bench_trace() {
         stop.store(true, Ordering::Relaxed);
         (busy, f2, tracer.join().unwrap())
     });
-    figure("other traffic's req/s during traces ÷ without", (busy / quiet * 100.0).round() / 100.0, "ratio", "≥ 0.9");
+    BENCH.record(
+        "other traffic's req/s during traces ÷ without",
+        (busy / quiet * 100.0).round() / 100.0,
+        "ratio",
+        "≥ 0.9",
+    );
     println!(
         "other traffic through the same LB IP, 8 clients: {quiet:.0} req/s without tracing, {busy:.0} req/s during {traces} traces (ratio {:.2}; failed requests: {} / {})",
         busy / quiet,

@@ -33,6 +33,8 @@ const PODS: usize = 100;
 mod support;
 use support::api;
 
+const BENCH: testkit::figures::Bench = testkit::figures::Bench("cargo bench -p podpath-e2e --bench netpol");
+
 fn env_or(name: &str, default: u64) -> u64 {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
@@ -186,7 +188,7 @@ fn create_to_enforced(mode: &str) {
         println!("{mode}: create → enforced on both nodes: every round timed out");
         return;
     }
-    figure(
+    BENCH.record(
         &format!("{mode} mode: policy created → enforced on both nodes, p99"),
         (percentile(&times, 0.99) * 10.0).round() / 10.0,
         "ms",
@@ -276,7 +278,7 @@ fn throughput(mode: &str) {
     std::thread::sleep(Duration::from_secs(2));
     let none2 = load(&ns, to, 4, secs);
     let base = (none + none2) / 2.0;
-    figure(
+    BENCH.record(
         &format!("{mode} mode: req/s with 100 policies selecting the server ÷ none"),
         (union / base * 100.0).round() / 100.0,
         "ratio",
@@ -306,10 +308,4 @@ fn main() {
             throughput(mode);
         }
     }
-}
-
-/// A figure into `PODPATH_FIGURES` (the book's performance data).
-fn figure(figure: &str, value: f64, unit: &str, target: &str) {
-    let bench = "cargo bench -p podpath-e2e --bench netpol";
-    testkit::figures::record(testkit::figures::Figure { bench, figure, value, unit, target });
 }

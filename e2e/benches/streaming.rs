@@ -19,6 +19,8 @@ use std::time::{Duration, Instant};
 
 use podpath_e2e::{free_port, Lab};
 
+const BENCH: testkit::figures::Bench = testkit::figures::Bench("cargo bench -p podpath-e2e --bench streaming");
+
 const BULK: u64 = 1 << 30;
 
 /// A pod that sends as many zero bytes as a client asks for (the count as a decimal line).
@@ -112,7 +114,7 @@ fn main() {
             ms.push(t.elapsed().as_secs_f64() * 1000.0);
         }
         ms.sort_by(|a, b| a.total_cmp(b));
-        figure(
+        BENCH.record(
             &format!("kubectl exec web -- true ({how}), p50 of {runs}"),
             (percentile(&ms, 0.5) * 10.0).round() / 10.0,
             "ms",
@@ -154,7 +156,7 @@ fn main() {
         let _ = pf.kill();
         let _ = pf.wait();
         let gib = BULK as f64 / (1u64 << 30) as f64;
-        figure(
+        BENCH.record(
             &format!("port-forward throughput ({how}) ÷ direct"),
             (through / direct * 100.0).round() / 100.0,
             "ratio",
@@ -167,10 +169,4 @@ fn main() {
             kubectl_cpu / gib
         );
     }
-}
-
-/// A figure into `PODPATH_FIGURES` (the book's performance data).
-fn figure(figure: &str, value: f64, unit: &str, target: &str) {
-    let bench = "cargo bench -p podpath-e2e --bench streaming";
-    testkit::figures::record(testkit::figures::Figure { bench, figure, value, unit, target });
 }

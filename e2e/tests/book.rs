@@ -174,7 +174,7 @@ struct LabGuard {
 
 impl Drop for LabGuard {
     fn drop(&mut self) {
-        if self.state.join("lab.json").exists() || self.state.exists() {
+        if self.state.exists() {
             let _ = Command::new(bin("podpath"))
                 .args(["down", "--name", &self.name, "--state-dir"])
                 .arg(&self.state)

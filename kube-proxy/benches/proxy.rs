@@ -451,12 +451,12 @@ fn child_soak(mode: &str, n: usize, seconds: u64) {
     }
 }
 
-const BENCH: &str = "cargo bench -p podpath-kube-proxy --bench proxy";
+const BENCH: testkit::figures::Bench = testkit::figures::Bench("cargo bench -p podpath-kube-proxy --bench proxy");
 
 /// A figure into `PODPATH_FIGURES` (the book's performance data), when it was measured.
 fn figure(figure: String, value: Option<f64>, unit: &str, target: &str) {
     if let Some(value) = value {
-        testkit::figures::record(testkit::figures::Figure { bench: BENCH, figure: &figure, value, unit, target });
+        BENCH.record(&figure, value, unit, target);
     }
 }
 

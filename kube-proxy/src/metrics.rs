@@ -7,8 +7,8 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
 
-/// A counter by `kind` (one label). A plain array label set, so that other crates register
-/// and increment the same family without sharing a label type.
+/// A counter by one label (`kind`, or `code` for the health answers). A plain array label set,
+/// so that other crates register and increment the same family without sharing a label type.
 pub type KindCounter = Family<[(&'static str, String); 1], Counter>;
 
 /// The prefix of the node's own metrics (kube-proxy's health counters keep kube-proxy's names).
@@ -18,8 +18,9 @@ pub const PREFIX: &str = "podpath_node";
 pub struct Metrics {
     registry: Registry,
     sync_errors: KindCounter,
-    healthz: Family<[(&'static str, String); 1], Counter>,
-    livez: Family<[(&'static str, String); 1], Counter>,
+    // By `code`.
+    healthz: KindCounter,
+    livez: KindCounter,
     rules_repaired: KindCounter,
 }
 

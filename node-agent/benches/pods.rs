@@ -65,10 +65,8 @@ async fn main() {
     println!("  created through the API in {:.0} ms", created.as_secs_f64() * 1e3);
     println!("  create → all Running and Ready: {:.0} ms (target ≤ 3000 ms)", ready.as_secs_f64() * 1e3);
     println!("  delete → all gone (SIGTERM, CNI DEL, final delete): {:.0} ms", gone.as_secs_f64() * 1e3);
-    let bench = "cargo bench -p node-agent --bench pods";
-    let record = |figure: &str, value: f64, unit: &str, target: &str| {
-        testkit::figures::record(testkit::figures::Figure { bench, figure, value, unit, target })
-    };
+    let bench = testkit::figures::Bench("cargo bench -p node-agent --bench pods");
+    let record = |figure: &str, value: f64, unit: &str, target: &str| bench.record(figure, value, unit, target);
     record("100 pods on 3 nodes: create → all Running and Ready", (ready.as_secs_f64() * 1e3).round(), "ms", "≤ 3000");
     record("100 pods on 3 nodes: delete → all gone", (gone.as_secs_f64() * 1e3).round(), "ms", "");
     drop(c);

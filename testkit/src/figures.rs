@@ -1,4 +1,4 @@
-//! Benchmark figures as data: a bench calls [`record`] for each figure it measures, and when
+//! Benchmark figures as data: a bench calls [`Bench::record`] for each figure it measures, and when
 //! `PODPATH_FIGURES` names a file (the book's `book/perf/figures.tsv`), the figure is appended
 //! to it as one tab-separated row — date, machine, bench, figure, value, unit, target — from
 //! which the book's performance page is generated (`e2e/tests/book.rs`). Without the variable
@@ -6,17 +6,27 @@
 
 use std::io::Write;
 
-/// One figure of a bench run.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Figure<'a> {
-    /// The command that measured it (`cargo bench -p podpath-kube-proxy --bench proxy`).
-    pub bench: &'a str,
-    /// What it is, with its conditions (`shared-maps cold load, 10,000 × 10`).
-    pub figure: &'a str,
-    pub value: f64,
-    pub unit: &'a str,
-    /// The target, if the project set one (`≤ 1500`).
-    pub target: &'a str,
+/// A bench, by the command that runs it (`cargo bench -p podpath-kube-proxy --bench proxy`):
+/// `const BENCH: Bench = Bench("…");`, then `BENCH.record(…)` for each figure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bench(pub &'static str);
+
+impl Bench {
+    /// Appends the figure (what it is with its conditions, its value and unit, and the target
+    /// if the project set one, `≤ 1500`) to the file `PODPATH_FIGURES` names, if any; says so
+    /// on stderr when it cannot, and never fails the bench.
+    pub fn record(&self, figure: &str, value: f64, unit: &str, target: &str) {
+        let Some(path) = std::env::var_os("PODPATH_FIGURES") else { return };
+        let line = row(&today(), &machine(), self.0, figure, value, unit, target);
+        let written = std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(&path)
+            .and_then(|mut file| file.write_all(line.as_bytes()));
+        if let Err(e) = written {
+            eprintln!("cannot append to {}: {e}", std::path::Path::new(&path).display());
+        }
+    }
 }
 
 /// The machine, as the performance page names it: cores, architecture and kernel.
@@ -27,39 +37,23 @@ pub fn machine() -> String {
     format!("{cores}-core {}, Linux {kernel}", std::env::consts::ARCH)
 }
 
-/// The row [`record`] writes (no tabs or line breaks inside a field).
-pub fn row(date: &str, machine: &str, f: &Figure) -> String {
+/// The row [`Bench::record`] writes (no tabs or line breaks inside a field).
+pub fn row(date: &str, machine: &str, bench: &str, figure: &str, value: f64, unit: &str, target: &str) -> String {
     let clean = |s: &str| s.replace(['\t', '\n'], " ");
     format!(
-        "{}\t{}\t{}\t{}\t{}\t{}\t{}\n",
+        "{}\t{}\t{}\t{}\t{value}\t{}\t{}\n",
         clean(date),
         clean(machine),
-        clean(f.bench),
-        clean(f.figure),
-        f.value,
-        clean(f.unit),
-        clean(f.target)
+        clean(bench),
+        clean(figure),
+        clean(unit),
+        clean(target)
     )
 }
 
 /// Today's date (UTC), `YYYY-MM-DD`.
 pub fn today() -> String {
     jiff::Timestamp::now().strftime("%Y-%m-%d").to_string()
-}
-
-/// Appends `f` to the file `PODPATH_FIGURES` names, if any; says so on stderr either way it
-/// writes, and never fails the bench.
-pub fn record(f: Figure) {
-    let Some(path) = std::env::var_os("PODPATH_FIGURES") else { return };
-    let line = row(&today(), &machine(), &f);
-    let written = std::fs::OpenOptions::new()
-        .append(true)
-        .create(true)
-        .open(&path)
-        .and_then(|mut file| file.write_all(line.as_bytes()));
-    if let Err(e) = written {
-        eprintln!("cannot append to {}: {e}", std::path::Path::new(&path).display());
-    }
 }
 
 /// `190449` → `190,449`: how the figures name sizes.
@@ -81,9 +75,8 @@ mod tests {
 
     #[test]
     fn a_row_is_seven_clean_fields() {
-        let f = Figure { bench: "b", figure: "cold\tload\n10k", value: 725.0, unit: "ms", target: "≤ 1500" };
         assert_eq!(
-            row("2026-11-26", "2-core x86_64, Linux 6.18", &f),
+            row("2026-11-26", "2-core x86_64, Linux 6.18", "b", "cold\tload\n10k", 725.0, "ms", "≤ 1500"),
             "2026-11-26\t2-core x86_64, Linux 6.18\tb\tcold load 10k\t725\tms\t≤ 1500\n"
         );
         let d = today();
