@@ -4,11 +4,13 @@
 //! - [`reference`]: names as the runtimes normalise them, mirrors, plain-HTTP registries (pure);
 //! - [`pull`]: pulls with the `oci-client` distribution client (platform, auth, limits);
 //! - [`unpack`]: a layer's tar into overlayfs's form, refusing paths out of the layer;
-//! - [`store`]: the lab's content-addressed store (layers, image records, leases).
+//! - [`store`]: the lab's content-addressed store (layers, image records, leases);
+//! - [`service`]: the lab's image service (the `podpath-images` program) and its client.
 
 mod error;
 pub mod pull;
 pub mod reference;
+pub mod service;
 pub mod store;
 pub mod unpack;
 

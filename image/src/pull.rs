@@ -124,17 +124,16 @@ pub fn choose_platform(entries: &[ImageIndexEntry]) -> std::result::Result<Strin
     let candidates: Vec<(&ImageIndexEntry, String)> = entries.iter().filter_map(|e| text(e).map(|t| (e, t))).collect();
     let (_, _, variant) = host_platform();
     let exact = candidates.iter().find(|(_, t)| platform_matches(t) && variant.is_none_or(|v| t.ends_with(v)));
-    exact
-        .or_else(|| candidates.iter().find(|(_, t)| platform_matches(t)))
-        .map(|(e, _)| e.digest.clone())
-        .ok_or_else(|| {
+    exact.or_else(|| candidates.iter().find(|(_, t)| platform_matches(t))).map(|(e, _)| e.digest.clone()).ok_or_else(
+        || {
             let offered: Vec<String> = candidates.iter().map(|(_, t)| t.clone()).collect();
             if offered.is_empty() {
                 "no platforms".to_string()
             } else {
                 offered.join(", ")
             }
-        })
+        },
+    )
 }
 
 /// What a pull did.
@@ -291,7 +290,11 @@ impl Puller {
         client.pull_blob(r, &manifest.config, &mut config).await.map_err(|e| fail(describe(name, &e)))?;
         let (platform, _) = parse_config(&config).map_err(fail)?;
         if !platform_matches(&platform) {
-            return Err(ImageError::Platform { image: name.to_string(), platform: host_platform_text(), offered: platform });
+            return Err(ImageError::Platform {
+                image: name.to_string(),
+                platform: host_platform_text(),
+                offered: platform,
+            });
         }
         Ok((manifest, digest, config, platform))
     }
@@ -303,7 +306,8 @@ impl Puller {
         name: &str,
         (manifest, digest, config, platform): (oci_client::manifest::OciImageManifest, String, Vec<u8>, String),
     ) -> Result<(ImageRecord, u64)> {
-        let (_, run) = parse_config(&config).map_err(|m| ImageError::Resolve { image: name.to_string(), message: m })?;
+        let (_, run) =
+            parse_config(&config).map_err(|m| ImageError::Resolve { image: name.to_string(), message: m })?;
         let mut downloaded = 0;
         let mut unpacked = 0;
         for layer in &manifest.layers {
@@ -353,7 +357,9 @@ impl Puller {
             )));
         }
         let compression = match desc.media_type.as_str() {
-            "application/vnd.oci.image.layer.v1.tar" | "application/vnd.docker.image.rootfs.diff.tar" => Compression::None,
+            "application/vnd.oci.image.layer.v1.tar" | "application/vnd.docker.image.rootfs.diff.tar" => {
+                Compression::None
+            }
             "application/vnd.oci.image.layer.v1.tar+gzip"
             | "application/vnd.docker.image.rootfs.diff.tar.gzip"
             | "application/vnd.oci.image.layer.nondistributable.v1.tar+gzip"
@@ -364,8 +370,9 @@ impl Puller {
         let tmp = self.store.temp_dir()?;
         let blob_path = tmp.path().join("blob");
         let mut stream = client.pull_blob_stream(r, desc).await.map_err(|e| fail(describe(name, &e)))?;
-        let mut file =
-            tokio::fs::File::create(&blob_path).await.map_err(|e| ImageError::io(format!("create {}", blob_path.display()), e))?;
+        let mut file = tokio::fs::File::create(&blob_path)
+            .await
+            .map_err(|e| ImageError::io(format!("create {}", blob_path.display()), e))?;
         let mut hasher = sha2::Sha256::new();
         let mut got: u64 = 0;
         while let Some(chunk) = stream.next().await {
@@ -410,7 +417,12 @@ pub enum Compression {
 }
 
 /// Unpacks a layer blob file into `dir` (created); returns the bytes of file content.
-pub fn unpack_file(blob: &std::path::Path, dir: &std::path::Path, c: Compression, max: u64) -> std::result::Result<u64, String> {
+pub fn unpack_file(
+    blob: &std::path::Path,
+    dir: &std::path::Path,
+    c: Compression,
+    max: u64,
+) -> std::result::Result<u64, String> {
     std::fs::create_dir(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     let f = std::io::BufReader::new(std::fs::File::open(blob).map_err(|e| format!("cannot read the blob: {e}"))?);
     let done = match c {

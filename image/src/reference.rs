@@ -43,7 +43,11 @@ pub struct Registries {
 impl Registries {
     /// Parses `REGISTRY=URL` (the URL's scheme says HTTP or HTTPS; no path).
     pub fn add_mirror(&mut self, spec: &str) -> Result<()> {
-        let bad = |why: &str| ImageError::Config(format!("--registry-mirror {spec:?}: {why} (expected REGISTRY=URL, as docker.io=http://10.0.0.5:5000)"));
+        let bad = |why: &str| {
+            ImageError::Config(format!(
+                "--registry-mirror {spec:?}: {why} (expected REGISTRY=URL, as docker.io=http://10.0.0.5:5000)"
+            ))
+        };
         let (registry, url) = spec.split_once('=').ok_or_else(|| bad("no '='"))?;
         let (plain_http, rest) = match url.split_once("://") {
             Some(("http", rest)) => (true, rest),
@@ -55,7 +59,8 @@ impl Registries {
         if registry.is_empty() || host.is_empty() || host.contains('/') {
             return Err(bad("the registry and the URL's host must be given, and the URL has no path"));
         }
-        let registry = if registry == "index.docker.io" || registry == "registry-1.docker.io" { "docker.io" } else { registry };
+        let registry =
+            if registry == "index.docker.io" || registry == "registry-1.docker.io" { "docker.io" } else { registry };
         self.mirrors.insert(registry.to_string(), Mirror { host: host.to_string(), plain_http });
         if plain_http {
             self.plain_http.push(host.to_string());

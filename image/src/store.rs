@@ -204,7 +204,10 @@ impl Store {
             if p.extension().and_then(|x| x.to_str()) != Some("json") {
                 continue;
             }
-            match fs::read(&p).map_err(|e| e.to_string()).and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string())) {
+            match fs::read(&p)
+                .map_err(|e| e.to_string())
+                .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
+            {
                 Ok(r) => out.push(r),
                 Err(e) => tracing::warn!(path = %p.display(), "skipping an unreadable image record: {e}"),
             }
@@ -276,15 +279,20 @@ impl Store {
     pub fn remove(&self, image: &str) -> Result<Option<ImageRecord>> {
         let _lock = self.lock()?;
         let Some(rec) = self.find(image)? else { return Ok(None) };
-        fs::remove_file(self.record_path(&rec.id)?).map_err(|e| ImageError::io(format!("remove image {}", rec.id), e))?;
+        fs::remove_file(self.record_path(&rec.id)?)
+            .map_err(|e| ImageError::io(format!("remove image {}", rec.id), e))?;
         self.gc_layers_locked()?;
         Ok(Some(rec))
     }
 
     /// Layers used by a record or a lease.
     fn used_layers(&self) -> Result<BTreeSet<String>> {
-        let mut used: BTreeSet<String> =
-            self.list()?.into_iter().flat_map(|r| r.layers).filter_map(|d| digest_hex(&d).ok().map(String::from)).collect();
+        let mut used: BTreeSet<String> = self
+            .list()?
+            .into_iter()
+            .flat_map(|r| r.layers)
+            .filter_map(|d| digest_hex(&d).ok().map(String::from))
+            .collect();
         if let Ok(leases) = fs::read_dir(self.root.join("leases")) {
             for l in leases.flatten() {
                 if let Ok(body) = fs::read(l.path()) {
@@ -304,7 +312,8 @@ impl Store {
         for e in fs::read_dir(&dir).map_err(|e| ImageError::io(format!("read {}", dir.display()), e))?.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
             if !used.contains(&name) {
-                fs::remove_dir_all(e.path()).map_err(|err| ImageError::io(format!("remove layer sha256:{name}"), err))?;
+                fs::remove_dir_all(e.path())
+                    .map_err(|err| ImageError::io(format!("remove layer sha256:{name}"), err))?;
                 removed += 1;
             }
         }

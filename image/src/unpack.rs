@@ -145,7 +145,10 @@ pub fn unpack(input: impl Read, dest: &Path, max_bytes: u64) -> Result<Unpacked>
         match kind {
             tar::EntryType::Directory => {
                 if !path.is_dir() {
-                    fs::DirBuilder::new().mode(0o755).create(&path).map_err(io_err(format!("create {}", path.display())))?;
+                    fs::DirBuilder::new()
+                        .mode(0o755)
+                        .create(&path)
+                        .map_err(io_err(format!("create {}", path.display())))?;
                 }
             }
             tar::EntryType::Regular | tar::EntryType::Continuous | tar::EntryType::GNUSparse => {
@@ -160,13 +163,14 @@ pub fn unpack(input: impl Read, dest: &Path, max_bytes: u64) -> Result<Unpacked>
                     .create_new(true)
                     .open(&path)
                     .map_err(io_err(format!("create {}", path.display())))?;
-                done.bytes += io::copy(&mut (&mut entry).take(size), &mut f).map_err(io_err(format!("write {}", path.display())))?;
+                done.bytes += io::copy(&mut (&mut entry).take(size), &mut f)
+                    .map_err(io_err(format!("write {}", path.display())))?;
             }
             tar::EntryType::Symlink => {
-                let target = entry
-                    .link_name()
-                    .map_err(io_err(format!("read the link of {}", rel.display())))?
-                    .ok_or_else(|| UnpackError::Refused(format!("the symbolic link {} has no target", rel.display())))?;
+                let target =
+                    entry.link_name().map_err(io_err(format!("read the link of {}", rel.display())))?.ok_or_else(
+                        || UnpackError::Refused(format!("the symbolic link {} has no target", rel.display())),
+                    )?;
                 symlink(&target, &path).map_err(io_err(format!("create the link {}", path.display())))?;
             }
             tar::EntryType::Link => {
@@ -225,7 +229,8 @@ pub fn unpack(input: impl Read, dest: &Path, max_bytes: u64) -> Result<Unpacked>
         std::os::unix::fs::lchown(&path, Some(uid), Some(gid)).map_err(io_err(format!("chown {}", path.display())))?;
         if !kind.is_symlink() {
             // After chown, which clears setuid bits.
-            fs::set_permissions(&path, fs::Permissions::from_mode(mode)).map_err(io_err(format!("chmod {}", path.display())))?;
+            fs::set_permissions(&path, fs::Permissions::from_mode(mode))
+                .map_err(io_err(format!("chmod {}", path.display())))?;
         }
         let mtime = header.mtime().unwrap_or(0) as i64;
         if kind.is_dir() {

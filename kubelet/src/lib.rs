@@ -12,14 +12,19 @@
 //! - [`workload`]: the `podpath-workload` program (sandbox, join, monitor, echo);
 //! - [`echo`]: the built-in `podpath/echo` workload; [`metrics`]: pods running, CNI latency.
 //!
-//! What it is not: a container runtime. A pod is a process (the [`workload`] program) in the
-//! pod's network namespace; images other than podpath's built-in ones are not pulled.
+//! - [`images`], [`oci`]: containers of images — pulled through the lab's image service, run
+//!   by an OCI runtime (crun) from a bundle made purely from the pod and the image.
+//!
+//! Built-in images (`podpath/echo`, `podpath/dns`) and a container whose image is a node
+//! program (`--host-programs`) are processes joined to the pod's namespaces, as before.
 
 pub mod cni;
 pub mod crilog;
 pub mod echo;
 mod error;
+pub mod images;
 pub mod metrics;
+pub mod oci;
 pub mod pods;
 pub mod podstatus;
 pub mod process;

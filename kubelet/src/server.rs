@@ -254,7 +254,8 @@ async fn exec(
         Ok(o) => o,
         Err((code, msg)) => return error(code, msg),
     };
-    let target = stream::exec_target(k.pods.workload_bin.clone(), rec.sandbox.pid, &pod, opts.tty);
+    let pid_file = rec.containers.get(&container).and_then(|c| c.pid_file.clone());
+    let target = stream::exec_target(k.pods.workload_bin.clone(), rec.sandbox.pid, pid_file, &pod, opts.tty);
     upgrade(req, stream::channel::EXEC_PROTOCOLS, stream::SPDY_EXEC_PROTOCOLS, move |conn| async move {
         let o = opts.clone();
         let run = move |i, out| async move { stream::exec::run(&target, &o, i, out).await };

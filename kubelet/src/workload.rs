@@ -45,10 +45,14 @@ enum Mode {
         #[arg(long, requires = "resolv_conf")]
         hosts: Option<std::path::PathBuf>,
     },
-    /// Enter a sandbox's namespaces and exec a program.
+    /// Enter a sandbox's namespaces (or a container's) and exec a program.
     Join {
+        #[arg(long, required_unless_present = "pid_file", conflicts_with = "pid_file")]
+        sandbox: Option<i32>,
+        /// A container's PID file (its runtime's `--pid-file`): enter all its namespaces (mount,
+        /// PID, IPC, UTS, network), its root, environment, working directory and user.
         #[arg(long)]
-        sandbox: i32,
+        pid_file: Option<std::path::PathBuf>,
         /// Make stdin (a terminal) the controlling terminal of the new session (`exec -t`).
         #[arg(long)]
         tty: bool,
@@ -78,6 +82,26 @@ enum Mode {
         stdin_once: bool,
         #[arg(last = true, required = true)]
         command: Vec<String>,
+    },
+    /// Run a container of an image with the OCI runtime: in a mount namespace of its own, the
+    /// image's layers are stacked with overlayfs on the bundle's `rootfs`, then the runtime
+    /// runs the bundle's `config.json` in the foreground (its stdio is this process's).
+    Container {
+        /// The OCI bundle (`config.json`, and `rootfs`, `upper`, `work` directories).
+        #[arg(long)]
+        bundle: std::path::PathBuf,
+        /// A layer directory, the top one first (repeatable; none for an empty image).
+        #[arg(long = "layer")]
+        layers: Vec<std::path::PathBuf>,
+        /// The OCI runtime (crun, runc).
+        #[arg(long, default_value = "crun")]
+        runtime: std::path::PathBuf,
+        /// The runtime's state directory (`--root`).
+        #[arg(long)]
+        root: std::path::PathBuf,
+        /// The container's ID for the runtime.
+        #[arg(long)]
+        id: String,
     },
     /// Enter a sandbox's namespaces and run the built-in podpath/echo server.
     Echo {
@@ -129,8 +153,11 @@ fn run(args: Args) -> Result<(), String> {
             let code = rt.block_on(crate::stream::console::run(opts))?;
             std::process::exit(code);
         }
-        Mode::Join { sandbox, tty, command } => {
-            join(sandbox)?;
+        Mode::Join { sandbox: None, pid_file: Some(pid_file), tty, command } => {
+            join_container(&pid_file, tty, &command)
+        }
+        Mode::Join { sandbox, pid_file: _, tty, command } => {
+            join(sandbox.ok_or("--sandbox or --pid-file is required")?)?;
             if tty {
                 rustix::process::ioctl_tiocsctty(std::io::stdin())
                     .map_err(|e| format!("cannot make the terminal the controlling one: {e}"))?;
@@ -142,6 +169,7 @@ fn run(args: Args) -> Result<(), String> {
             let err = nix::unistd::execvp(&argv[0], &argv).unwrap_err();
             Err(format!("cannot run {:?}: {err}", command[0]))
         }
+        Mode::Container { bundle, layers, runtime, root, id } => container(&bundle, &layers, &runtime, &root, &id),
         Mode::Echo { sandbox, ports, udp_ports, args } => {
             join(sandbox)?;
             let options = echo::EchoOptions { udp_ports, ..echo::parse_options(&ports, &args)? };
@@ -152,7 +180,8 @@ fn run(args: Args) -> Result<(), String> {
 }
 
 fn sandbox(hostname: &str, files: Option<(std::path::PathBuf, std::path::PathBuf)>) -> Result<(), String> {
-    let mut flags = CloneFlags::CLONE_NEWNET | CloneFlags::CLONE_NEWUTS;
+    // IPC too: the pod's containers share it (they join it by path), apart from the node's.
+    let mut flags = CloneFlags::CLONE_NEWNET | CloneFlags::CLONE_NEWUTS | CloneFlags::CLONE_NEWIPC;
     if files.is_some() {
         flags |= CloneFlags::CLONE_NEWNS;
     }
@@ -221,4 +250,127 @@ fn join(sandbox: i32) -> Result<(), String> {
         .and_then(|_| nix::unistd::chdir("/"))
         .map_err(|e| format!("cannot take the sandbox's root ({root_path}): {e}"))?;
     Ok(())
+}
+
+/// Mounts the container's root file system (in a mount namespace of this process, so nothing
+/// is left mounted on the node when the container ends) and execs the OCI runtime on the bundle.
+fn container(
+    bundle: &std::path::Path,
+    layers: &[std::path::PathBuf],
+    runtime: &std::path::Path,
+    root: &std::path::Path,
+    id: &str,
+) -> Result<(), String> {
+    use nix::mount::{mount, umount2, MntFlags, MsFlags};
+    nix::sched::unshare(CloneFlags::CLONE_NEWNS).map_err(|e| format!("cannot create a mount namespace: {e}"))?;
+    mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
+        .map_err(|e| format!("cannot make the mounts private: {e}"))?;
+    // A host with cgroup v1 beside a v2 hierarchy that has controllers ("hybrid") makes crun
+    // refuse to run even with cgroups disabled; this namespace's view drops the v2 part (the
+    // node's own mounts are untouched: ours are private).
+    if std::path::Path::new("/sys/fs/cgroup/unified/cgroup.controllers").exists() {
+        let _ = umount2("/sys/fs/cgroup/unified", MntFlags::MNT_DETACH);
+    }
+    let dir = |name: &str| {
+        let p = bundle.join(name);
+        std::fs::create_dir_all(&p)
+            .map(|_| p)
+            .map_err(|e| format!("cannot create {}: {e}", bundle.join(name).display()))
+    };
+    let (rootfs, upper, work) = (dir("rootfs")?, dir("upper")?, dir("work")?);
+    let lower = if layers.is_empty() {
+        vec![dir("empty")?.display().to_string()]
+    } else {
+        layers.iter().map(|l| l.display().to_string()).collect()
+    };
+    let options = format!("lowerdir={},upperdir={},workdir={}", lower.join(":"), upper.display(), work.display());
+    mount(Some("overlay"), &rootfs, Some("overlay"), MsFlags::empty(), Some(options.as_str()))
+        .map_err(|e| format!("cannot mount the image's layers on {}: {e}", rootfs.display()))?;
+    let argv: Vec<CString> = [
+        runtime.display().to_string(),
+        "--cgroup-manager=disabled".into(),
+        "--root".into(),
+        root.display().to_string(),
+        "run".into(),
+        "--bundle".into(),
+        bundle.display().to_string(),
+        "--pid-file".into(),
+        bundle.join("pid").display().to_string(),
+        id.to_string(),
+    ]
+    .into_iter()
+    .map(|a| CString::new(a).map_err(|_| "a path contains a NUL byte".to_string()))
+    .collect::<Result<_, _>>()?;
+    let err = nix::unistd::execvp(&argv[0], &argv).unwrap_err();
+    Err(format!("cannot run the OCI runtime {}: {err}", runtime.display()))
+}
+
+/// Runs a command inside a running container (`kubectl exec`, exec probes): its namespaces,
+/// root, environment, working directory and user, as `crun exec` would; exits with its status.
+fn join_container(pid_file: &std::path::Path, tty: bool, command: &[String]) -> Result<(), String> {
+    use std::os::unix::process::{CommandExt, ExitStatusExt};
+    let text = std::fs::read_to_string(pid_file)
+        .map_err(|e| format!("the container is not running ({}: {e})", pid_file.display()))?;
+    let pid: i32 = text.trim().parse().map_err(|_| format!("{} holds no PID", pid_file.display()))?;
+    let environ =
+        std::fs::read(format!("/proc/{pid}/environ")).map_err(|e| format!("the container is not running: {e}"))?;
+    let env: Vec<(String, String)> = environ
+        .split(|b| *b == 0)
+        .filter_map(|kv| std::str::from_utf8(kv).ok()?.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())))
+        .collect();
+    let cwd = std::fs::read_link(format!("/proc/{pid}/cwd")).unwrap_or_else(|_| "/".into());
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let id_of = |key: &str| -> u32 {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|l| l.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    let (uid, gid) = (id_of("Uid:"), id_of("Gid:"));
+    let root = File::open(format!("/proc/{pid}/root")).map_err(|e| format!("the container is not running: {e}"))?;
+    for (ns, flag) in [
+        ("ipc", CloneFlags::CLONE_NEWIPC),
+        ("uts", CloneFlags::CLONE_NEWUTS),
+        ("net", CloneFlags::CLONE_NEWNET),
+        ("pid", CloneFlags::CLONE_NEWPID),
+        ("mnt", CloneFlags::CLONE_NEWNS),
+    ] {
+        let path = format!("/proc/{pid}/ns/{ns}");
+        let f = File::open(&path).map_err(|e| format!("the container is not running ({path}: {e})"))?;
+        nix::sched::setns(&f, flag).map_err(|e| format!("cannot enter {path}: {e}"))?;
+    }
+    nix::unistd::fchdir(&root)
+        .and_then(|_| nix::unistd::chroot("."))
+        .map_err(|e| format!("cannot take the container's root: {e}"))?;
+    if tty {
+        rustix::process::ioctl_tiocsctty(std::io::stdin())
+            .map_err(|e| format!("cannot make the terminal the controlling one: {e}"))?;
+    }
+    // A new PID namespace holds this process's children, not itself: the command is a child.
+    let mut cmd = std::process::Command::new(&command[0]);
+    cmd.args(&command[1..]).env_clear().envs(env).uid(uid).gid(gid);
+    if let Some(term) = std::env::var_os("TERM") {
+        cmd.env("TERM", term);
+    }
+    if std::path::Path::new(&cwd).is_dir() {
+        cmd.current_dir(&cwd);
+    } else {
+        cmd.current_dir("/");
+    }
+    match cmd.status() {
+        Ok(s) => std::process::exit(s.code().unwrap_or_else(|| 128 + s.signal().unwrap_or(9))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            eprintln!(
+                "OCI runtime exec failed: exec failed: unable to start container process: exec: {:?}: executable file not found in $PATH: unknown",
+                command[0]
+            );
+            std::process::exit(127)
+        }
+        Err(e) => {
+            eprintln!("OCI runtime exec failed: unable to start container process: {:?}: {e}", command[0]);
+            std::process::exit(126)
+        }
+    }
 }

@@ -219,6 +219,7 @@ fn world() -> World {
             host_resolv: Default::default(),
             backoff_base: Duration::from_secs(10),
             backoff_max: Duration::from_secs(300),
+            images: None,
         },
         procs: procs.clone(),
         cni: CniRuntime { exec: exec.clone(), bin_dirs: vec![bins], cache_dir: dir.path().join("state/cni/results") },
@@ -227,6 +228,7 @@ fn world() -> World {
         prober: prober.clone(),
         metrics: Arc::new(Metrics::new()),
         events: sink,
+        services: podpath_client::reflector::Store::new(),
     });
     World { deps, procs, exec, api, prober, store: Store::new(), dir, events: Mutex::new((events, Vec::new())) }
 }
@@ -555,7 +557,7 @@ fn pre_stop_handlers_from_the_spec() {
     let sandbox = ProcId { pid: 42, start_time: 1 };
     let ip: IpAddr = "10.244.1.5".parse().unwrap();
     assert_eq!(
-        pods::pre_stop(&c, Some(ip), sandbox, Path::new("/w")),
+        pods::pre_stop(&c, Some(ip), &pods::join_prefix(Path::new("/w"), sandbox, None)),
         Some(pods::PreStop::Check(Check::Http {
             addr: "10.244.1.5:8080".parse().unwrap(),
             path: "/drain".into(),
@@ -563,7 +565,10 @@ fn pre_stop_handlers_from_the_spec() {
             headers: vec![]
         }))
     );
-    assert_eq!(pods::pre_stop(&core::Container::default(), Some(ip), sandbox, Path::new("/w")), None);
+    assert_eq!(
+        pods::pre_stop(&core::Container::default(), Some(ip), &pods::join_prefix(Path::new("/w"), sandbox, None)),
+        None
+    );
 }
 
 /// A second agent on `w`'s node: its state directory, processes, CNI plugins and prober, with
@@ -582,6 +587,7 @@ fn restarted_agent(w: &World, w2: &World) -> Arc<FakeDeps> {
         prober: w.prober.clone(),
         metrics: Arc::new(Metrics::new()),
         events: w2.deps.events.clone(),
+        services: w.deps.services.clone(),
     })
 }
 

@@ -55,6 +55,8 @@ pub struct AgentConfig {
     pub proxy: Option<ProxyConfig>,
     /// Enforce NetworkPolicies for this node's pods.
     pub network_policy: bool,
+    /// Containers of images (None: every container is a process on the node).
+    pub images: Option<kubelet::images::Images>,
 }
 
 /// How Services are implemented on the node.
@@ -174,6 +176,7 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()>) -> Result
         ),
         backoff_base: cfg.backoff_base,
         backoff_max: cfg.backoff_max,
+        images: cfg.images.clone(),
     };
     if cfg.kubelet_port != 0 {
         let addr = SocketAddr::new(cfg.node_ip, cfg.kubelet_port);
@@ -191,6 +194,14 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()>) -> Result
         }
     }
     let events = podpath_client::events::Recorder::start(&client, "kubelet", Some(cfg.node_name.clone()));
+    // What the kubelet reads of Services: their containers' Service variables.
+    let services_for_env: Arc<Store<kubelet::pods::envvars::ServiceLink>> = Store::new();
+    tokio::spawn(reflector::run_mapped(
+        client.clone(),
+        Filter::default(),
+        services_for_env.clone(),
+        |s: core::Service| kubelet::pods::envvars::ServiceLink::of(&s),
+    ));
     let deps = Arc::new(Deps {
         cfg: pods_cfg,
         procs: LinuxProcesses::default(),
@@ -204,6 +215,7 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()>) -> Result
         prober: NetProber,
         metrics: kubelet_metrics,
         events,
+        services: services_for_env,
     });
     tokio::spawn(pods::run_pods(deps, pods_store, None));
 

@@ -117,6 +117,20 @@ struct Args {
     /// implementation does.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     network_policy: bool,
+    /// The lab's image store (shared by its nodes): with --image-service, containers of images
+    /// run with an OCI runtime; without, every container is a process on the node.
+    #[arg(long, requires = "image_service")]
+    image_store: Option<PathBuf>,
+    /// The lab's image service socket (`podpath-images`), which pulls into --image-store.
+    #[arg(long, requires = "image_store")]
+    image_service: Option<PathBuf>,
+    /// The OCI runtime that runs containers of images.
+    #[arg(long, default_value = "crun")]
+    oci_runtime: PathBuf,
+    /// busybox, alpine, debian and ubuntu images run the node's own programs instead of being
+    /// pulled (labs without a registry; what podpath did before it ran images).
+    #[arg(long)]
+    host_programs: bool,
     /// Log filter (RUST_LOG syntax).
     #[arg(long, env = "PODPATH_LOG", default_value = "info")]
     log: String,
@@ -214,7 +228,7 @@ async fn run() -> Result<()> {
         heartbeat: Duration::from_secs(args.heartbeat_seconds),
         max_pods: args.max_pods,
         labels,
-        state_dir: args.state_dir,
+        state_dir: args.state_dir.clone(),
         cni_conf_dir: args.cni_conf_dir,
         cni_bin_dirs,
         healthz_bind,
@@ -228,6 +242,16 @@ async fn run() -> Result<()> {
         cluster_domain: args.cluster_domain.trim_end_matches('.').to_string(),
         proxy,
         network_policy: args.network_policy,
+        images: match (args.image_store, args.image_service) {
+            (Some(store), Some(service)) => Some(kubelet::images::Images {
+                store: image::Store::open(&store).map_err(|e| anyhow::anyhow!("--image-store: {e}"))?,
+                service,
+                runtime: args.oci_runtime,
+                runtime_root: args.state_dir.join("crun"),
+                host_programs: args.host_programs,
+            }),
+            _ => None,
+        },
     };
     let shutdown = async {
         podpath_client::daemon::stop_signal().await;

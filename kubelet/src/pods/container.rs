@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1 as core;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::launch::{launch, readiness, Launch, PreStop, Readiness, DEFAULT_PROBE_RETRY};
+use super::launch::{join_prefix, launch, readiness, Launch, PreStop, Readiness, DEFAULT_PROBE_RETRY};
 use super::record::{save_record, ContainerRecord, PodRecord};
 use super::worker::watch_exit;
 use super::{key, uid, Check, Deps, PodApi, Prober};
@@ -26,6 +26,9 @@ pub(super) struct Ctr {
     pub(super) readiness: Readiness,
     pub(super) next_start: Option<Instant>,
     pub(super) backoff: Duration,
+    /// After a failed pull: no new pull before this (ImagePullBackOff meanwhile).
+    pub(super) pull_retry_at: Option<Instant>,
+    pub(super) pull_backoff: Duration,
 }
 
 impl Ctr {
@@ -54,7 +57,10 @@ impl Ctr {
             last_terminated,
             ready: self.ready && self.rec.process.is_some(),
             restart_count: self.rec.restart_count,
-            container_id: self.rec.process.map(|p| format!("podpath://{}", p.pid)),
+            container_id: match (&self.rec.runtime_id, self.rec.process) {
+                (Some(id), Some(_)) => Some(format!("crun://{id}")),
+                (_, p) => p.map(|p| format!("podpath://{}", p.pid)),
+            },
             will_restart: !self.rec.done,
         }
     }
@@ -83,7 +89,26 @@ impl<P: Processes, E: PluginExec, A: PodApi, Q: Prober> Deps<P, E, A, Q> {
         c.next_start = None;
         let first_start = c.rec.last.is_none() && c.rec.started_at.is_none();
         let attempt = if first_start { c.rec.restart_count } else { c.rec.restart_count + 1 };
-        match launch(&self.cfg, pod, &c.spec, rec.sandbox, &ip, attempt) {
+        let services = self.service_env(pod);
+        let image = c.spec.image.clone().unwrap_or_default();
+        let planned = match &self.cfg.images {
+            Some(images) if images.runs(&image) => {
+                match self.image_container(pod, rec, c, images, &ip, attempt, &services).await {
+                    Some(l) => l,
+                    None => {
+                        // Waiting (a pull, its back-off, a bad config): the record stays.
+                        rec.containers.insert(c.spec.name.clone(), c.rec.clone());
+                        return;
+                    }
+                }
+            }
+            _ => {
+                c.rec.pid_file = None;
+                c.rec.runtime_id = None;
+                launch(&self.cfg, pod, &c.spec, rec.sandbox, &ip, attempt, &services)
+            }
+        };
+        match planned {
             Launch::Cannot { reason, message } => {
                 let image = c.spec.image.clone().unwrap_or_default();
                 let name = Some(c.spec.name.as_str());
@@ -114,14 +139,16 @@ impl<P: Processes, E: PluginExec, A: PodApi, Q: Prober> Deps<P, E, A, Q> {
             Launch::Run(spec) => match self.procs.spawn(&spec).await {
                 Ok(p) => {
                     let (name, image) = (c.spec.name.as_str(), c.spec.image.as_deref().unwrap_or(""));
-                    // No image is pulled: the program is on the node, as a present image is.
-                    self.event(
-                        pod,
-                        Some(name),
-                        false,
-                        "Pulled",
-                        format!("Container image {image:?} already present on machine"),
-                    );
+                    if c.rec.runtime_id.is_none() {
+                        // No image is pulled: the program is on the node, as a present image is.
+                        self.event(
+                            pod,
+                            Some(name),
+                            false,
+                            "Pulled",
+                            format!("Container image {image:?} already present on machine"),
+                        );
+                    }
                     self.event(pod, Some(name), false, "Created", format!("Created container: {name}"));
                     self.event(pod, Some(name), false, "Started", format!("Started container {name}"));
                     if !first_start {
@@ -135,7 +162,8 @@ impl<P: Processes, E: PluginExec, A: PodApi, Q: Prober> Deps<P, E, A, Q> {
                     let _ = std::fs::remove_file(self.cfg.log_path(ns, pod_name, &uid(pod), name, attempt - 2));
                     c.waiting = None;
                     c.ready = false;
-                    c.readiness = readiness(&c.spec, rec.pod_ips.first().copied(), rec.sandbox, &self.cfg.workload_bin);
+                    let join = join_prefix(&self.cfg.workload_bin, rec.sandbox, c.rec.pid_file.as_deref());
+                    c.readiness = readiness(&c.spec, rec.pod_ips.first().copied(), &join);
                     c.readiness.next = Some(Instant::now() + c.readiness.initial_delay);
                     watch_exit(deps, c.spec.name.clone(), p, exits.clone());
                 }

@@ -34,14 +34,15 @@ pub fn find_program(name: &str) -> bool {
     std::env::var_os("PATH").is_some_and(|paths| std::env::split_paths(&paths).any(|d| ok(&d.join(name))))
 }
 
-/// The environment of a workload: the pod's identity (podpath/echo reads it) and the
-/// container's `env` (plain values and the common `fieldRef`s).
+/// The environment of a workload: the pod's identity (podpath/echo reads it), the Service
+/// variables, and the container's `env` (plain values and the common `fieldRef`s).
 pub fn workload_env(
     pod: &core::Pod,
     c: &core::Container,
     pod_ip: &str,
     node: &str,
     host_ip: &str,
+    services: &[(String, String)],
 ) -> Vec<(String, String)> {
     let name = pod.metadata.name.clone().unwrap_or_default();
     let ns = pod.metadata.namespace.clone().unwrap_or_else(|| "default".into());
@@ -52,9 +53,33 @@ pub fn workload_env(
         ("POD_IP".to_string(), pod_ip.to_string()),
         ("NODE_NAME".to_string(), node.to_string()),
     ];
+    for (k, v) in services.iter().cloned().chain(container_env(pod, c, pod_ip, node, host_ip, services)) {
+        env.retain(|(n, _)| *n != k);
+        env.push((k, v));
+    }
+    env
+}
+
+/// A container's `env` (plain values, with `$(VAR)` references to the variables before it
+/// and to `base`, and the common `fieldRef`s), in order.
+pub fn container_env(
+    pod: &core::Pod,
+    c: &core::Container,
+    pod_ip: &str,
+    node: &str,
+    host_ip: &str,
+    base: &[(String, String)],
+) -> Vec<(String, String)> {
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    let ns = pod.metadata.namespace.clone().unwrap_or_else(|| "default".into());
+    let mut env: Vec<(String, String)> = vec![];
     for e in c.env.iter().flatten() {
         let value = match (&e.value, e.value_from.as_ref().and_then(|v| v.field_ref.as_ref())) {
-            (Some(v), _) => v.clone(),
+            (Some(v), _) => {
+                let lookup =
+                    |k: &str| env.iter().rev().chain(base.iter().rev()).find(|(n, _)| n == k).map(|(_, v)| v.clone());
+                super::envvars::expand(v, &lookup)
+            }
             (None, Some(f)) => match f.field_path.as_str() {
                 "metadata.name" => name.clone(),
                 "metadata.namespace" => ns.clone(),
@@ -94,12 +119,13 @@ pub fn launch(
     sandbox: ProcId,
     pod_ip: &str,
     attempt: i32,
+    services: &[(String, String)],
 ) -> Launch {
     let image = c.image.clone().unwrap_or_default();
     let (command, args) =
         command_line(&image, c.command.clone().unwrap_or_default(), c.args.clone().unwrap_or_default());
     let bin = cfg.workload_bin.display().to_string();
-    let (stdin, tty) = (c.stdin == Some(true), c.tty == Some(true));
+    let tty = c.tty == Some(true);
     let inner = if !command.is_empty() {
         if !find_program(&command[0]) {
             return Launch::StartError(format!(
@@ -147,17 +173,33 @@ pub fn launch(
             ),
         };
     };
+    let env = workload_env(pod, c, pod_ip, &cfg.node_name, &cfg.node_ip.to_string(), services);
+    Launch::Run(monitor_spec(cfg, pod, c, Some(sandbox), attempt, inner, env))
+}
+
+/// A container's process under its monitor (`podpath-workload monitor`, conmon's role): it
+/// writes the output of `inner` to the log of this `attempt` in the CRI format, and holds the
+/// container's stdin and terminal for `kubectl attach` when the container asks for them. With
+/// a sandbox, the monitor joins its namespaces first.
+pub fn monitor_spec(
+    cfg: &PodsConfig,
+    pod: &core::Pod,
+    c: &core::Container,
+    sandbox: Option<ProcId>,
+    attempt: i32,
+    inner: Vec<String>,
+    env: Vec<(String, String)>,
+) -> ProcSpec {
+    let bin = cfg.workload_bin.display().to_string();
+    let (stdin, tty) = (c.stdin == Some(true), c.tty == Some(true));
     let name = pod.metadata.name.clone().unwrap_or_default();
     let ns = pod.metadata.namespace.clone().unwrap_or_else(|| "default".into());
     let log = cfg.log_path(&ns, &name, &uid(pod), &c.name, attempt);
-    let mut argv = vec![
-        bin,
-        "monitor".into(),
-        "--sandbox".into(),
-        sandbox.pid.to_string(),
-        "--log".into(),
-        log.display().to_string(),
-    ];
+    let mut argv = vec![bin, "monitor".into()];
+    if let Some(sandbox) = sandbox {
+        argv.extend(["--sandbox".to_string(), sandbox.pid.to_string()]);
+    }
+    argv.extend(["--log".to_string(), log.display().to_string()]);
     if stdin || tty {
         // stdin or a terminal: the monitor's socket is how `kubectl attach` reaches them.
         match cfg.attach_socket(&uid(pod), &c.name) {
@@ -181,12 +223,8 @@ pub fn launch(
     }
     argv.push("--".into());
     argv.extend(inner);
-    Launch::Run(ProcSpec {
-        argv,
-        env: workload_env(pod, c, pod_ip, &cfg.node_name, &cfg.node_ip.to_string()),
-        // The monitor writes the log itself; its own messages (it could not start) go beside it.
-        log: Some(log.with_file_name("monitor.log")),
-    })
+    // The monitor writes the log itself; its own messages (it could not start) go beside it.
+    ProcSpec { argv, env, log: Some(log.with_file_name("monitor.log")) }
 }
 
 /// Readiness checking of one container.
@@ -229,28 +267,34 @@ pub enum PreStop {
     Check(Check),
 }
 
-/// The preStop handler of a container (sleep, exec in the pod's namespaces, or an HTTP GET to
-/// the pod), if it has one. tcpSocket handlers are deprecated and, as in kubelet, do nothing.
-pub fn pre_stop(c: &core::Container, pod_ip: Option<IpAddr>, sandbox: ProcId, workload_bin: &Path) -> Option<PreStop> {
+/// The preStop handler of a container (sleep, exec in the container, or an HTTP GET to the
+/// pod), if it has one. tcpSocket handlers are deprecated and, as in kubelet, do nothing.
+pub fn pre_stop(c: &core::Container, pod_ip: Option<IpAddr>, join: &[String]) -> Option<PreStop> {
     let h = c.lifecycle.as_ref()?.pre_stop.as_ref()?;
     if let Some(s) = &h.sleep {
         return Some(PreStop::Sleep(Duration::from_secs(s.seconds.max(0) as u64)));
     }
     if let Some(e) = &h.exec {
-        return Some(PreStop::Check(exec_check(sandbox, workload_bin, e)));
+        return Some(PreStop::Check(exec_check(join, e)));
     }
     http_check(h.http_get.as_ref()?, c, pod_ip?).map(PreStop::Check)
 }
 
-/// An exec action as a check: the command runs inside the pod's namespaces.
-fn exec_check(sandbox: ProcId, workload_bin: &Path, e: &core::ExecAction) -> Check {
-    let mut argv = vec![
-        workload_bin.display().to_string(),
-        "join".into(),
-        "--sandbox".into(),
-        sandbox.pid.to_string(),
-        "--".into(),
-    ];
+/// How a command enters a container: `podpath-workload join` into the container of an image
+/// (its PID file), or into the sandbox for a process container; the command follows `--`.
+pub fn join_prefix(workload_bin: &Path, sandbox: ProcId, pid_file: Option<&Path>) -> Vec<String> {
+    let mut argv = vec![workload_bin.display().to_string(), "join".into()];
+    match pid_file {
+        Some(f) => argv.extend(["--pid-file".to_string(), f.display().to_string()]),
+        None => argv.extend(["--sandbox".to_string(), sandbox.pid.to_string()]),
+    }
+    argv.push("--".into());
+    argv
+}
+
+/// An exec action as a check: the command runs inside the container.
+fn exec_check(join: &[String], e: &core::ExecAction) -> Check {
+    let mut argv = join.to_vec();
     argv.extend(e.command.iter().flatten().cloned());
     Check::Exec { argv }
 }
@@ -270,12 +314,7 @@ fn http_check(g: &core::HTTPGetAction, c: &core::Container, pod_ip: IpAddr) -> O
     })
 }
 
-pub(super) fn readiness(
-    c: &core::Container,
-    pod_ip: Option<IpAddr>,
-    sandbox: ProcId,
-    workload_bin: &Path,
-) -> Readiness {
+pub(super) fn readiness(c: &core::Container, pod_ip: Option<IpAddr>, join: &[String]) -> Readiness {
     let secs = |v: Option<i32>, d: i32| Duration::from_secs(v.unwrap_or(d).max(0) as u64);
     let mut r = Readiness {
         checks: vec![],
@@ -305,7 +344,7 @@ pub(super) fn readiness(
             } else if let Some(h) = &p.http_get {
                 r.checks.extend(http_check(h, c, ip));
             } else if let Some(e) = &p.exec {
-                r.checks.push(exec_check(sandbox, workload_bin, e));
+                r.checks.push(exec_check(join, e));
             }
         }
         None => {

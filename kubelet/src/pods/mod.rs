@@ -15,6 +15,8 @@
 
 mod container;
 pub mod dnsconf;
+pub mod envvars;
+mod imagectr;
 mod launch;
 mod net;
 mod record;
@@ -37,7 +39,7 @@ use crate::error::Result;
 use crate::metrics::Metrics;
 use crate::process::Processes;
 
-pub use launch::{find_program, launch, pre_stop, workload_env, Launch, PreStop};
+pub use launch::{find_program, join_prefix, launch, pre_stop, workload_env, Launch, PreStop};
 pub use net::NetProber;
 pub use record::{kill_recorded_processes, load_records, ContainerRecord, PodRecord};
 pub use worker::pod_worker;
@@ -130,6 +132,8 @@ pub struct PodsConfig {
     /// First restart delay of a crashed container (doubles up to `backoff_max`).
     pub backoff_base: Duration,
     pub backoff_max: Duration,
+    /// Containers of images (None: every container is a process on the node, as before images).
+    pub images: Option<crate::images::Images>,
 }
 
 impl PodsConfig {
@@ -161,6 +165,10 @@ impl PodsConfig {
     pub fn log_path(&self, namespace: &str, name: &str, uid: &str, container: &str, attempt: i32) -> PathBuf {
         self.pod_log_dir(namespace, name, uid).join(container).join(format!("{attempt}.log"))
     }
+    /// Where a pod's container bundles are (one per container and attempt).
+    pub fn pod_containers_dir(&self, uid: &str) -> PathBuf {
+        self.state_dir.join("containers").join(uid)
+    }
 }
 
 /// Everything the workers use.
@@ -174,6 +182,8 @@ pub struct Deps<P, E, A, Q> {
     pub metrics: Arc<Metrics>,
     /// kubelet's events about the pods.
     pub events: Recorder,
+    /// The cluster's Services, for the containers' Service variables.
+    pub services: Arc<Store<envvars::ServiceLink>>,
 }
 
 impl<P, E, A, Q> Deps<P, E, A, Q> {

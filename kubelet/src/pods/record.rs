@@ -34,6 +34,12 @@ pub struct ContainerRecord {
     pub last: Option<Terminated>,
     /// Finished for good (its restart policy does not restart it).
     pub done: bool,
+    /// A container of an image: its runtime's PID file (how exec and exec probes enter it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid_file: Option<std::path::PathBuf>,
+    /// A container of an image: its ID for the runtime (`crun://ID` in the status).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime_id: Option<String>,
 }
 
 /// Reads every pod record under an agent's state directory (unreadable ones are reported and

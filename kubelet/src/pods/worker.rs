@@ -13,7 +13,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 use super::container::{Ctr, ExitMsg};
-use super::launch::{pre_stop, readiness, PreStop};
+use super::launch::{join_prefix, pre_stop, readiness, PreStop};
 use super::record::{save_record, PodRecord};
 use super::{dnsconf, key, uid, Deps, PodApi, PodsConfig, Prober, POD_IFNAME};
 use podpath_cni_spec::env::Command;
@@ -110,6 +110,13 @@ impl<P: Processes, E: PluginExec, A: PodApi, Q: Prober> Deps<P, E, A, Q> {
             self.cfg.state_dir.join("logs").join(format!("{}_{}_{}", rec.namespace, rec.name, rec.uid)),
         );
         let _ = std::fs::remove_dir_all(self.cfg.pod_etc_dir(&rec.uid));
+        // Containers' bundles (writable layers) and the leases on their images' layers.
+        let _ = std::fs::remove_dir_all(self.cfg.pod_containers_dir(&rec.uid));
+        if let Some(images) = &self.cfg.images {
+            for name in rec.containers.keys() {
+                images.store.release(&format!("{}-{name}", rec.uid));
+            }
+        }
         match std::fs::remove_file(self.cfg.record_path(&rec.uid)) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(KubeletError::io("remove a pod record", e)),
             _ => Ok(()),
@@ -215,12 +222,7 @@ impl<P: Processes, E: PluginExec, A: PodApi, Q: Prober> Worker<P, E, A, Q> {
             .into_iter()
             .map(|spec| {
                 let crec = rec.as_ref().and_then(|r| r.containers.get(&spec.name).cloned()).unwrap_or_default();
-                let idle = readiness(
-                    &core::Container::default(),
-                    None,
-                    ProcId { pid: 0, start_time: 0 },
-                    &deps.cfg.workload_bin,
-                );
+                let idle = readiness(&core::Container::default(), None, &[]);
                 Ctr {
                     spec,
                     rec: crec,
@@ -229,6 +231,8 @@ impl<P: Processes, E: PluginExec, A: PodApi, Q: Prober> Worker<P, E, A, Q> {
                     readiness: idle,
                     next_start: None,
                     backoff: deps.cfg.backoff_base,
+                    pull_retry_at: None,
+                    pull_backoff: deps.cfg.backoff_base,
                 }
             })
             .collect();
@@ -237,7 +241,8 @@ impl<P: Processes, E: PluginExec, A: PodApi, Q: Prober> Worker<P, E, A, Q> {
             for c in &mut ctrs {
                 match c.rec.process {
                     Some(p) if deps.procs.alive(p) => {
-                        c.readiness = readiness(&c.spec, r.pod_ips.first().copied(), r.sandbox, &deps.cfg.workload_bin);
+                        let join = join_prefix(&deps.cfg.workload_bin, r.sandbox, c.rec.pid_file.as_deref());
+                        c.readiness = readiness(&c.spec, r.pod_ips.first().copied(), &join);
                         c.readiness.next = Some(Instant::now());
                         watch_exit(&deps, c.spec.name.clone(), p, exit_tx.clone());
                     }
@@ -471,8 +476,8 @@ impl<P: Processes, E: PluginExec, A: PodApi, Q: Prober> Worker<P, E, A, Q> {
             .iter()
             .filter(|c| c.rec.process.is_some_and(|p| deps.procs.alive(p)))
             .filter_map(|c| {
-                pre_stop(&c.spec, r.pod_ips.first().copied(), r.sandbox, &deps.cfg.workload_bin)
-                    .map(|h| (c.spec.name.clone(), h))
+                let join = join_prefix(&deps.cfg.workload_bin, r.sandbox, c.rec.pid_file.as_deref());
+                pre_stop(&c.spec, r.pod_ips.first().copied(), &join).map(|h| (c.spec.name.clone(), h))
             })
             .collect();
         let runs = hooks.iter().map(|(name, h)| deps.run_pre_stop(&self.pod_key, name, h, deadline));

@@ -118,6 +118,9 @@ pub struct Target {
     /// `podpath-workload`, which enters the sandbox's namespaces and execs the command.
     pub workload_bin: PathBuf,
     pub sandbox_pid: i32,
+    /// A container of an image: its runtime's PID file (the command runs in the container,
+    /// with the container's environment).
+    pub pid_file: Option<PathBuf>,
     pub env: Vec<(String, String)>,
 }
 
@@ -184,13 +187,16 @@ pub async fn run(
     let Some(program) = opts.command.first() else {
         return Outcome::Failed("no command given".into());
     };
-    if !crate::pods::find_program(program) {
+    if target.pid_file.is_none() && !crate::pods::find_program(program) {
         return Outcome::Failed(format!(
             "failed to exec in container: failed to start exec: exec: {program:?}: executable file not found in $PATH"
         ));
     }
     let mut cmd = tokio::process::Command::new(&target.workload_bin);
-    cmd.arg("join").arg("--sandbox").arg(target.sandbox_pid.to_string());
+    match &target.pid_file {
+        Some(f) => cmd.arg("join").arg("--pid-file").arg(f),
+        None => cmd.arg("join").arg("--sandbox").arg(target.sandbox_pid.to_string()),
+    };
     if opts.tty {
         cmd.arg("--tty");
     }

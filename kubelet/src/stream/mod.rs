@@ -444,7 +444,13 @@ pub fn spdy_over_ws(ws: WebSocket) -> (spdy::Session, mpsc::Receiver<spdy::Strea
 }
 
 /// The target of an exec in a pod.
-pub fn exec_target(workload_bin: std::path::PathBuf, sandbox_pid: i32, pod: &str, tty: bool) -> Target {
+pub fn exec_target(
+    workload_bin: std::path::PathBuf,
+    sandbox_pid: i32,
+    pid_file: Option<std::path::PathBuf>,
+    pod: &str,
+    tty: bool,
+) -> Target {
     let mut env = vec![
         ("PATH".to_string(), "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_string()),
         ("HOSTNAME".to_string(), pod.to_string()),
@@ -453,5 +459,5 @@ pub fn exec_target(workload_bin: std::path::PathBuf, sandbox_pid: i32, pod: &str
     if tty {
         env.push(("TERM".to_string(), "xterm".to_string()));
     }
-    Target { workload_bin, sandbox_pid, env }
+    Target { workload_bin, sandbox_pid, pid_file, env }
 }

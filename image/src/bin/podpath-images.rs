@@ -1,0 +1,80 @@
+//! `podpath-images`: the lab's image service (see `image::service`). `podpath up` starts one
+//! per lab in the host's network namespace; the lab's node agents and `podpath image` use it.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Parser;
+use image::{Limits, Puller, Registries, Store};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "podpath-images",
+    version,
+    about = "Pulls container images into a podpath lab's image store, for all its nodes"
+)]
+struct Args {
+    /// The lab's image store.
+    #[arg(long)]
+    store: PathBuf,
+    /// The Unix socket to serve on (replaced if it exists).
+    #[arg(long)]
+    socket: PathBuf,
+    /// REGISTRY=URL: pull REGISTRY's images from the mirror at URL (repeatable;
+    /// `docker.io=http://10.0.0.5:5000`). An http:// URL is spoken to over plain HTTP.
+    #[arg(long = "registry-mirror")]
+    mirrors: Vec<String>,
+    /// HOST[:PORT] of a registry spoken to over plain HTTP (repeatable).
+    #[arg(long = "plain-http-registry")]
+    plain_http: Vec<String>,
+    /// Largest layer accepted, in MiB.
+    #[arg(long, default_value_t = 2048)]
+    max_layer_mib: u64,
+    /// A registry silent this long (seconds) fails the pull.
+    #[arg(long, default_value_t = 30)]
+    read_timeout: u64,
+    /// A whole pull longer than this (seconds) fails.
+    #[arg(long, default_value_t = 600)]
+    pull_deadline: u64,
+    /// Log filter (RUST_LOG syntax).
+    #[arg(long, default_value = "info")]
+    log: String,
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let args = Args::parse();
+    tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::new(&args.log)).with_target(false).init();
+    if let Err(e) = run(args).await {
+        eprintln!("podpath-images: {e}");
+        std::process::exit(1);
+    }
+}
+
+async fn run(args: Args) -> Result<(), String> {
+    let mut registries = Registries::default();
+    for m in &args.mirrors {
+        registries.add_mirror(m).map_err(|e| e.to_string())?;
+    }
+    registries.plain_http.extend(args.plain_http.iter().cloned());
+    let store = Store::open(&args.store).map_err(|e| e.to_string())?;
+    let limits = Limits {
+        max_layer_bytes: args.max_layer_mib << 20,
+        max_unpacked_bytes: (args.max_layer_mib << 20).saturating_mul(4),
+        read_timeout: Duration::from_secs(args.read_timeout.max(1)),
+        ..Limits::default()
+    };
+    let _ = std::fs::remove_file(&args.socket);
+    let listener = tokio::net::UnixListener::bind(&args.socket)
+        .map_err(|e| format!("cannot listen on {}: {e}", args.socket.display()))?;
+    tracing::info!(store = %args.store.display(), socket = %args.socket.display(), "serving");
+    let puller = Arc::new(Puller::new(store, registries, limits));
+    tokio::select! {
+        _ = image::service::serve(listener, puller, Duration::from_secs(args.pull_deadline.max(1))) => {}
+        _ = tokio::signal::ctrl_c() => {}
+        _ = async { if let Ok(mut s) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) { s.recv().await; } } => {}
+    }
+    let _ = std::fs::remove_file(&args.socket);
+    Ok(())
+}

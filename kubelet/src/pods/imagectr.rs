@@ -1,0 +1,225 @@
+//! Starting a container of an image: the pull as `imagePullPolicy` says (with kubelet's
+//! Events, `ErrImagePull` then `ImagePullBackOff` while the back-off runs), then the OCI
+//! bundle (the runtime spec made by [`crate::oci`]) and the monitor's command line running it.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1 as core;
+use tokio::time::Instant;
+
+use super::container::Ctr;
+use super::launch::{container_env, monitor_spec, Launch};
+use super::record::PodRecord;
+use super::{envvars, uid, Deps, PodApi, Prober};
+use crate::cni::PluginExec;
+use crate::images::Images;
+use crate::oci;
+use crate::process::Processes;
+
+/// A `/dev/shm` as containerd gives one (64 MiB).
+const SHM_BYTES: u64 = 64 << 20;
+
+/// How long `ErrImagePull` shows before the back-off (`ImagePullBackOff`) does.
+const ERR_IMAGE_PULL_SHOWN: Duration = Duration::from_secs(1);
+
+impl<P: Processes, E: PluginExec, A: PodApi, Q: Prober> Deps<P, E, A, Q> {
+    /// The Service variables of a pod's containers.
+    pub(super) fn service_env(&self, pod: &core::Pod) -> Vec<(String, String)> {
+        let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
+        let links = pod.spec.as_ref().and_then(|s| s.enable_service_links).unwrap_or(true);
+        envvars::service_env(ns, links, &self.services.list())
+    }
+
+    /// The image of `c`, stored or pulled, and how to run it; None while waiting (the
+    /// container's `waiting` and `next_start` say why and until when).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn image_container(
+        &self,
+        pod: &core::Pod,
+        rec: &PodRecord,
+        c: &mut Ctr,
+        images: &Images,
+        pod_ip: &str,
+        attempt: i32,
+        services: &[(String, String)],
+    ) -> Option<Launch> {
+        let image = c.spec.image.clone().unwrap_or_default();
+        let name = c.spec.name.clone();
+        let now = Instant::now();
+        if let Some(at) = c.pull_retry_at.filter(|at| *at > now) {
+            let was = c.waiting.as_ref().map(|w| w.0.as_str()) == Some("ImagePullBackOff");
+            let last = c.waiting.as_ref().and_then(|w| w.1.clone()).unwrap_or_default();
+            if !was {
+                self.event(pod, Some(&name), false, "BackOff", format!("Back-off pulling image {image:?}"));
+                self.event(pod, Some(&name), true, "Failed", "Error: ImagePullBackOff".into());
+                let why =
+                    last.strip_prefix(&format!("Back-off pulling image {image:?}: ErrImagePull: ")).unwrap_or(&last);
+                c.waiting = Some((
+                    "ImagePullBackOff".into(),
+                    Some(format!("Back-off pulling image {image:?}: ErrImagePull: {why}")),
+                ));
+            }
+            c.next_start = Some(at);
+            return None;
+        }
+        let policy = c.spec.image_pull_policy.clone().unwrap_or_else(|| "IfNotPresent".into());
+        let present = images.find(&image);
+        let record = match (policy.as_str(), present) {
+            ("Never" | "IfNotPresent", Some(r)) => {
+                self.event(
+                    pod,
+                    Some(&name),
+                    false,
+                    "Pulled",
+                    format!("Container image {image:?} already present on machine"),
+                );
+                r
+            }
+            ("Never", None) => {
+                let msg = format!("Container image {image:?} is not present with pull policy of Never");
+                self.event(pod, Some(&name), true, "ErrImageNeverPull", msg.clone());
+                c.waiting = Some(("ErrImageNeverPull".into(), Some(msg)));
+                c.next_start = Some(now + self.cfg.backoff_max);
+                return None;
+            }
+            _ => {
+                self.event(pod, Some(&name), false, "Pulling", format!("Pulling image {image:?}"));
+                let started = std::time::Instant::now();
+                match images.pull(&image, vec![]).await {
+                    Ok(p) => {
+                        let waited = started.elapsed();
+                        self.event(
+                            pod,
+                            Some(&name),
+                            false,
+                            "Pulled",
+                            format!(
+                                "Successfully pulled image {image:?} in {:.3}s ({:.3}s including waiting). Image size: {} bytes.",
+                                p.elapsed.as_secs_f64(),
+                                waited.as_secs_f64(),
+                                p.record.size
+                            ),
+                        );
+                        c.pull_backoff = self.cfg.backoff_base;
+                        c.pull_retry_at = None;
+                        p.record
+                    }
+                    Err(msg) => {
+                        self.event(pod, Some(&name), true, "Failed", format!("Failed to pull image {image:?}: {msg}"));
+                        self.event(pod, Some(&name), true, "Failed", "Error: ErrImagePull".into());
+                        c.waiting = Some(("ErrImagePull".into(), Some(msg)));
+                        c.pull_retry_at = Some(Instant::now() + c.pull_backoff);
+                        c.next_start = Some(Instant::now() + ERR_IMAGE_PULL_SHOWN.min(c.pull_backoff));
+                        c.pull_backoff = (c.pull_backoff * 2).min(self.cfg.backoff_max);
+                        return None;
+                    }
+                }
+            }
+        };
+        match self.bundle(pod, rec, c, images, &record, pod_ip, attempt, services) {
+            Ok(l) => Some(l),
+            Err(msg) => {
+                self.event(pod, Some(&name), true, "Failed", format!("Error: {msg}"));
+                c.waiting = Some(("CreateContainerConfigError".into(), Some(msg)));
+                c.next_start = Some(Instant::now() + c.backoff);
+                c.backoff = (c.backoff * 2).min(self.cfg.backoff_max);
+                None
+            }
+        }
+    }
+
+    /// Writes the container's bundle for this attempt (the last attempt's goes: a restarted
+    /// container starts from its image again) and returns the monitor's command line.
+    #[allow(clippy::too_many_arguments)]
+    fn bundle(
+        &self,
+        pod: &core::Pod,
+        rec: &PodRecord,
+        c: &mut Ctr,
+        images: &Images,
+        record: &image::ImageRecord,
+        pod_ip: &str,
+        attempt: i32,
+        services: &[(String, String)],
+    ) -> Result<Launch, String> {
+        let pod_uid = uid(pod);
+        let layers = images.layer_dirs(record)?;
+        let read = |f: &str| oci::read_image_file(&layers, f);
+        let spec_pod = pod.spec.as_ref();
+        let user = oci::resolve_user(
+            record.config.user.as_deref(),
+            c.spec.security_context.as_ref(),
+            spec_pod.and_then(|s| s.security_context.as_ref()),
+            &read,
+        )?;
+        let mut vars: Vec<(String, String)> = services.to_vec();
+        vars.extend(container_env(pod, &c.spec, pod_ip, &self.cfg.node_name, &self.cfg.node_ip.to_string(), services));
+        let lookup = |k: &str| vars.iter().rev().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+        let args: Vec<String> =
+            oci::process_args(&c.spec, &record.config).iter().map(|a| envvars::expand(a, &lookup)).collect();
+        if args.is_empty() {
+            return Err("no command specified".into());
+        }
+        let hostname =
+            spec_pod.and_then(|s| s.hostname.clone()).unwrap_or_else(|| pod.metadata.name.clone().unwrap_or_default());
+        let env = oci::process_env(&record.config, &hostname, &vars);
+        let etc = self.cfg.pod_etc_dir(&pod_uid);
+        let hostname_file = etc.join("hostname");
+        std::fs::write(&hostname_file, format!("{hostname}\n"))
+            .map_err(|e| format!("cannot write {}: {e}", hostname_file.display()))?;
+        let binds = ["resolv.conf", "hosts", "hostname"]
+            .iter()
+            .map(|f| oci::Bind { source: etc.join(f), destination: format!("/etc/{f}"), read_only: false })
+            .collect();
+        let spec = oci::runtime_spec(&oci::SpecInput {
+            pod,
+            container: &c.spec,
+            image: &record.config,
+            sandbox_pid: rec.sandbox.pid,
+            args,
+            env,
+            user,
+            cwd: oci::working_dir(&c.spec, &record.config),
+            binds,
+            shm_bytes: SHM_BYTES,
+        });
+        let dir = self.cfg.pod_containers_dir(&pod_uid);
+        let bundle = dir.join(format!("{}-{attempt}", c.spec.name));
+        // Earlier attempts' bundles (their writable layers) go.
+        if let Ok(entries) = std::fs::read_dir(&dir) {
+            for e in entries.flatten() {
+                let n = e.file_name().to_string_lossy().into_owned();
+                if n.rsplit_once('-').is_some_and(|(ctr, _)| ctr == c.spec.name) {
+                    let _ = std::fs::remove_dir_all(e.path());
+                }
+            }
+        }
+        std::fs::create_dir_all(&bundle).map_err(|e| format!("cannot create {}: {e}", bundle.display()))?;
+        let body = serde_json::to_vec_pretty(&spec).map_err(|e| e.to_string())?;
+        std::fs::write(bundle.join("config.json"), body)
+            .map_err(|e| format!("cannot write the container's config: {e}"))?;
+        // The runtime's ID: unique on the node, and short (it names sockets).
+        let id = format!("{}-{}-{attempt}", &pod_uid[..pod_uid.len().min(13)], c.spec.name);
+        images.store.lease(&format!("{pod_uid}-{}", c.spec.name), &record.layers).map_err(|e| e.to_string())?;
+        let mut inner = vec![
+            self.cfg.workload_bin.display().to_string(),
+            "container".into(),
+            "--bundle".into(),
+            bundle.display().to_string(),
+            "--runtime".into(),
+            images.runtime.display().to_string(),
+            "--root".into(),
+            images.runtime_root.display().to_string(),
+            "--id".into(),
+            id.clone(),
+        ];
+        for l in &layers {
+            inner.push("--layer".into());
+            inner.push(l.display().to_string());
+        }
+        c.rec.pid_file = Some(bundle.join("pid"));
+        c.rec.runtime_id = Some(id);
+        let _ = std::fs::remove_file(bundle.join("pid"));
+        Ok(Launch::Run(monitor_spec(&self.cfg, pod, &c.spec, None, attempt, inner, vec![])))
+    }
+}
