@@ -378,7 +378,14 @@ impl Puller {
         while let Some(chunk) = stream.next().await {
             let chunk = chunk.map_err(|e| {
                 let timeout = e.kind() == std::io::ErrorKind::TimedOut || e.to_string().contains("timed out");
-                fail(if timeout { format!("the registry stopped sending: {e}") } else { e.to_string() })
+                fail(if timeout {
+                    format!("the registry stopped sending: {e}")
+                } else if e.to_string().contains("digest") {
+                    // The client checks the digest as the stream ends.
+                    format!("digest mismatch: {e}")
+                } else {
+                    e.to_string()
+                })
             })?;
             got += chunk.len() as u64;
             if got > declared {

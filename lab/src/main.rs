@@ -66,6 +66,17 @@ enum Cmd {
         /// Host port for kubectl (default: a free one).
         #[arg(long, default_value_t = 0)]
         api_port: u16,
+        /// REGISTRY=URL: pull REGISTRY's images from a mirror (repeatable), as containerd's
+        /// hosts.toml does: `docker.io=http://10.0.0.5:5000` (http:// means plain HTTP).
+        #[arg(long = "registry-mirror", env = "PODPATH_REGISTRY_MIRROR", value_delimiter = ',')]
+        registry_mirrors: Vec<String>,
+        /// HOST[:PORT] of a registry spoken to over plain HTTP (repeatable).
+        #[arg(long = "plain-http-registry")]
+        plain_http_registries: Vec<String>,
+        /// busybox, alpine, debian and ubuntu images run the nodes' own programs instead of
+        /// being pulled (for labs with no registry at hand; podpath's behaviour before images).
+        #[arg(long)]
+        host_programs: bool,
     },
     /// Check this machine: root, the tools the lab runs, and the kernel features it needs
     /// (tried in a throwaway network namespace); say what to install. Exit 1 when not ready.
@@ -211,6 +222,9 @@ enum Cmd {
         /// Keep the state directory (API data, logs).
         #[arg(long)]
         keep_data: bool,
+        /// Remove the lab's image store too (kept by default: the next lab pulls nothing again).
+        #[arg(long, conflicts_with = "keep_data")]
+        purge_images: bool,
     },
 }
 
@@ -369,7 +383,18 @@ fn fault(which: &Which, what: FaultCmd) -> Result<()> {
 
 fn run() -> Result<()> {
     match Cli::parse().cmd {
-        Cmd::Up { which, nodes, proxy_mode, nftables_layout, lb_mode, masquerade, api_port } => {
+        Cmd::Up {
+            which,
+            nodes,
+            proxy_mode,
+            nftables_layout,
+            lb_mode,
+            masquerade,
+            api_port,
+            registry_mirrors,
+            plain_http_registries,
+            host_programs,
+        } => {
             lab::preflight()?;
             let exe = std::env::current_exe()?;
             let bin_dir = exe.parent().map(PathBuf::from).unwrap_or_default();
@@ -384,6 +409,9 @@ fn run() -> Result<()> {
                 state_dir: dir.clone(),
                 bin_dir,
                 api_port,
+                registry_mirrors,
+                plain_http_registries,
+                host_programs,
             };
             lab::up(&opts, &mut |line| eprintln!("• {line}"))?;
             let kc = lab::kubeconfig_path(&dir);
@@ -589,9 +617,16 @@ fn run() -> Result<()> {
             let took = lab::up::restart_agent(&which.dir(), &node)?;
             println!("{node}: agent restarted; healthy and Ready {:.1} s after it was stopped", took.as_secs_f64());
         }
-        Cmd::Down { which, keep_data } => {
+        Cmd::Down { which, keep_data, purge_images } => {
             lab::preflight()?;
             let st = lab::down(&which.dir(), keep_data)?;
+            if purge_images {
+                let store = lab::image_store(&which.dir());
+                if store.exists() {
+                    std::fs::remove_dir_all(&store)?;
+                }
+                let _ = std::fs::remove_dir(which.dir());
+            }
             println!("lab {:?} is down (processes stopped, {} namespaces removed)", st.name, st.namespaces.len());
         }
     }

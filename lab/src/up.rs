@@ -31,6 +31,22 @@ pub struct UpOptions {
     pub bin_dir: PathBuf,
     /// Host port for kubectl (0: any free one).
     pub api_port: u16,
+    /// `REGISTRY=URL` mirrors for the lab's image service (`docker.io=http://10.0.0.5:5000`).
+    pub registry_mirrors: Vec<String>,
+    /// `HOST[:PORT]`s of registries spoken to over plain HTTP.
+    pub plain_http_registries: Vec<String>,
+    /// busybox, alpine, debian and ubuntu run the nodes' own programs instead of being pulled.
+    pub host_programs: bool,
+}
+
+/// The lab's image store: kept by `down` (a class pulls once), removed by `down --purge-images`.
+pub fn image_store(state_dir: &Path) -> PathBuf {
+    state_dir.join("images")
+}
+
+/// The lab's image service socket.
+pub fn image_socket(state_dir: &Path) -> PathBuf {
+    state_dir.join("images.sock")
 }
 
 pub(crate) fn run(argv: &[String]) -> Result<String> {
@@ -240,7 +256,18 @@ pub fn up(opts: &UpOptions, progress: &mut dyn FnMut(&str)) -> Result<LabState> 
     if opts.proxy_mode == ProxyMode::Nftables && !crate::doctor::on_path("nft") {
         return Err(LabError::Usage("--proxy-mode nftables needs the nft tool: apt-get install nftables".to_string()));
     }
-    for bin in ["apiserver-lite", "node-agent", "lb-sim", "podpath-workload", "podpath-bridge", "podpath-ipam"] {
+    let mut registries = image::Registries::default();
+    for m in &opts.registry_mirrors {
+        registries.add_mirror(m).map_err(|e| LabError::Usage(e.to_string()))?;
+    }
+    if !crate::doctor::on_path("crun") {
+        return Err(LabError::Usage(
+            "containers of images run with crun, which is not installed: apt-get install crun".to_string(),
+        ));
+    }
+    for bin in
+        ["apiserver-lite", "node-agent", "lb-sim", "podpath-workload", "podpath-bridge", "podpath-ipam", "podpath-images"]
+    {
         if !opts.bin_dir.join(bin).is_file() {
             return Err(LabError::Usage(format!(
                 "{bin} is not in {} (build with `cargo build --release`)",
@@ -354,6 +381,29 @@ fn start(opts: &UpOptions, p: &Plan, st: &mut LabState, api: SocketAddr, progres
         token_file.clone(),
     ];
 
+    // The image service, in the host's namespace: registries and mirrors are reached from
+    // there, as a node's containerd reaches them through the node's own network.
+    let store = image_store(&opts.state_dir);
+    let socket = image_socket(&opts.state_dir);
+    let mut images = vec![
+        bin("podpath-images"),
+        s("--store"),
+        store.display().to_string(),
+        s("--socket"),
+        socket.display().to_string(),
+    ];
+    for m in &opts.registry_mirrors {
+        images.extend([s("--registry-mirror"), m.clone()]);
+    }
+    for r in &opts.plain_http_registries {
+        images.extend([s("--plain-http-registry"), r.clone()]);
+    }
+    progress(&format!("images: store in {}", store.display()));
+    st.procs.push(spawn("images", &images, &logs.join("images.log"), &[])?);
+    save_state(&opts.state_dir, st)?;
+    wait_until(Duration::from_secs(10), "the image service to listen", || socket.exists())
+        .map_err(|e| with_log(e, &logs.join("images.log")))?;
+
     let workload = opts.bin_dir.join("podpath-workload");
     for n in &p.nodes {
         progress(&format!("{}: node-agent at {} ({} proxy)", n.name, n.ip, opts.proxy_mode));
@@ -393,6 +443,10 @@ fn start(opts: &UpOptions, p: &Plan, st: &mut LabState, api: SocketAddr, progres
             s("--cluster-domain"),
             s("cluster.local"),
         ];
+        argv.extend([s("--image-store"), store.display().to_string(), s("--image-service"), socket.display().to_string()]);
+        if opts.host_programs {
+            argv.push(s("--host-programs"));
+        }
         argv.extend(api_client.iter().cloned());
         st.procs.push(spawn(
             &n.name,
@@ -528,7 +582,19 @@ pub fn down(state_dir: &Path, keep_data: bool) -> Result<LabState> {
         return Err(e);
     }
     if !keep_data {
-        std::fs::remove_dir_all(state_dir).map_err(io(format!("remove {}", state_dir.display())))?;
+        // Everything but the image store, which the next lab of this name uses again.
+        let entries = std::fs::read_dir(state_dir).map_err(io(format!("read {}", state_dir.display())))?;
+        for e in entries.flatten() {
+            let path = e.path();
+            if path == image_store(state_dir) {
+                continue;
+            }
+            let r = if e.file_type().is_ok_and(|t| t.is_dir()) { std::fs::remove_dir_all(&path) } else { std::fs::remove_file(&path) };
+            r.map_err(io(format!("remove {}", path.display())))?;
+        }
+        if !image_store(state_dir).exists() {
+            let _ = std::fs::remove_dir(state_dir);
+        }
     } else {
         let _ = std::fs::remove_file(state_file(state_dir));
     }

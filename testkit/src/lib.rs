@@ -8,3 +8,4 @@ pub mod figures;
 pub mod iptables;
 pub mod netns;
 pub mod nft;
+pub mod registry;

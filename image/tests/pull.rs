@@ -1,0 +1,134 @@
+//! Pulls from a real registry (Debian's docker-registry on loopback) into a store: platforms,
+//! compressions, mirrors, and each bad input a clear error with nothing left behind. Root: the
+//! layers are unpacked with their owners and whiteouts.
+
+use std::time::Duration;
+
+use image::{ImageError, Limits, Puller, Registries, Store};
+use testkit::registry::{busybox, host_arch, Registry};
+
+fn puller(reg: &Registry, store: &std::path::Path, limits: Limits) -> Puller {
+    let mut r = Registries::default();
+    r.plain_http.push(reg.addr.clone());
+    r.add_mirror(&format!("docker.io=http://{}", reg.addr)).unwrap();
+    Puller::new(Store::open(store).unwrap(), r, limits)
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
+}
+
+/// Nothing half-made: no temporary directory left, every layer directory complete.
+fn assert_clean(store: &std::path::Path) {
+    let tmp: Vec<_> = std::fs::read_dir(store.join("tmp")).unwrap().flatten().collect();
+    assert!(tmp.is_empty(), "temporary files left: {tmp:?}");
+}
+
+#[test]
+fn an_image_is_pulled_once_through_the_mirror_and_unpacked() {
+    let reg = Registry::start(None);
+    reg.push("library/busybox:latest", &busybox(), None);
+    let dir = tempfile::tempdir().unwrap();
+    let p = puller(&reg, dir.path(), Limits::default());
+    let pulled = rt().block_on(p.pull("busybox", &[])).unwrap();
+    let rec = &pulled.record;
+    assert_eq!(rec.names, ["docker.io/library/busybox:latest"]);
+    assert!(rec.repo_digests[0].starts_with("docker.io/library/busybox@sha256:"), "{:?}", rec.repo_digests);
+    assert_eq!(rec.config.cmd, ["sh"]);
+    assert_eq!(rec.platform, format!("linux/{}", host_arch()));
+    assert!(pulled.downloaded > 100_000, "busybox is ~1 MB: {}", pulled.downloaded);
+    let layer = p.store().layer_dir(&rec.layers[0]).unwrap();
+    assert!(std::fs::read_to_string(layer.join("etc/os-release")).unwrap().contains("podpath-busybox"));
+    assert_eq!(std::fs::read_link(layer.join("bin/sh")).unwrap(), std::path::Path::new("busybox"));
+    // Again: the manifest is checked, no layer is downloaded.
+    let again = rt().block_on(p.pull("docker.io/library/busybox:latest", &[])).unwrap();
+    assert_eq!((again.downloaded, again.record.id.clone()), (0, rec.id.clone()));
+    assert_eq!(p.store().find("busybox").unwrap().unwrap().id, rec.id);
+    assert_clean(dir.path());
+}
+
+#[test]
+fn an_index_gives_this_hosts_platform_and_zstd_layers_unpack() {
+    let reg = Registry::start(None);
+    let other = if host_arch() == "amd64" { "arm64" } else { "amd64" };
+    let mut theirs = busybox();
+    theirs.architecture = other.into();
+    theirs.cmd = vec!["theirs".into()];
+    let mut ours = busybox();
+    ours.zstd = true;
+    ours.cmd = vec!["ours".into()];
+    reg.push_index("multi:1", &[theirs, ours]);
+    let dir = tempfile::tempdir().unwrap();
+    let p = puller(&reg, dir.path(), Limits::default());
+    let rec = rt().block_on(p.pull(&format!("{}/multi:1", reg.addr), &[])).unwrap().record;
+    assert_eq!(rec.config.cmd, ["ours"]);
+    assert!(p.store().layer_dir(&rec.layers[0]).unwrap().join("bin/busybox").is_file());
+
+    let mut only_other = busybox();
+    only_other.architecture = other.into();
+    reg.push_index("foreign:1", &[only_other]);
+    let e = rt().block_on(p.pull(&format!("{}/foreign:1", reg.addr), &[])).unwrap_err();
+    assert!(matches!(e, ImageError::Platform { .. }), "{e}");
+    let text = e.to_string();
+    assert!(text.contains("no match for platform in manifest") && text.contains(&format!("linux/{other}")), "{text}");
+    assert_clean(dir.path());
+}
+
+#[test]
+fn bad_images_and_registries_are_clear_errors_with_nothing_left() {
+    let reg = Registry::start(None);
+    let img = busybox();
+    reg.push("library/busybox:corrupt", &img, None);
+    let layer = Registry::layer_digests(&img).remove(0);
+    reg.corrupt(&layer);
+    let dir = tempfile::tempdir().unwrap();
+    let p = puller(&reg, dir.path(), Limits::default());
+    let e = rt().block_on(p.pull("busybox:corrupt", &[])).unwrap_err().to_string();
+    assert!(e.contains(&format!("failed to extract layer {layer}")) && e.contains("digest mismatch"), "{e}");
+    assert!(!p.store().has_layer(&layer));
+
+    let e = rt().block_on(p.pull("busybox:nope", &[])).unwrap_err().to_string();
+    assert_eq!(
+        e,
+        "failed to pull and unpack image \"docker.io/library/busybox:nope\": failed to resolve reference \
+         \"docker.io/library/busybox:nope\": docker.io/library/busybox:nope: not found"
+    );
+
+    // A layer beyond the limit is refused before it is downloaded.
+    reg.push("library/busybox:big", &busybox(), None);
+    let small = puller(&reg, dir.path(), Limits { max_layer_bytes: 1000, ..Limits::default() });
+    let e = rt().block_on(small.pull("busybox:big", &[])).unwrap_err().to_string();
+    assert!(e.contains("more than the limit of 1000 bytes"), "{e}");
+
+    let e = rt().block_on(p.pull("Busybox", &[])).unwrap_err().to_string();
+    assert!(e.starts_with("Failed to apply default image tag \"Busybox\""), "{e}");
+    assert!(p.store().list().unwrap().is_empty());
+    assert_clean(dir.path());
+}
+
+#[test]
+fn a_registry_that_hangs_fails_the_pull_in_time() {
+    // Accepts connections and never answers.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = silent.local_addr().unwrap().to_string();
+    let held = std::thread::spawn(move || {
+        let mut conns = vec![];
+        for c in silent.incoming().take(4) {
+            conns.push(c);
+        }
+        std::thread::sleep(Duration::from_secs(5));
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let mut r = Registries::default();
+    r.plain_http.push(addr.clone());
+    let p = Puller::new(
+        Store::open(dir.path()).unwrap(),
+        r,
+        Limits { read_timeout: Duration::from_millis(500), ..Limits::default() },
+    );
+    let t = std::time::Instant::now();
+    let e = rt().block_on(p.pull(&format!("{addr}/x:1"), &[])).unwrap_err().to_string();
+    assert!(t.elapsed() < Duration::from_secs(4), "took {:?}", t.elapsed());
+    assert!(e.contains("failed to resolve reference") && e.contains("did not answer in time"), "{e}");
+    drop(held);
+}

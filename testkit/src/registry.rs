@@ -1,0 +1,320 @@
+//! A real OCI registry for tests (Debian's `docker-registry`, the CNCF distribution server) on
+//! the host's loopback at a free port, and images built offline to push into it: a busybox
+//! from `busybox-static`, one with two platforms, one with a zstd layer, one with a layer that
+//! lies about its digest. The registry process is stopped (by PID) and its storage removed when
+//! the guard drops.
+
+use std::io::Write;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use oci_client::client::{ClientConfig, ClientProtocol, Config, ImageLayer};
+use oci_client::manifest::{ImageIndexEntry, OciImageIndex, OciManifest, Platform};
+use oci_client::secrets::RegistryAuth;
+use oci_client::{Client, Reference};
+
+/// A running registry.
+pub struct Registry {
+    /// `127.0.0.1:PORT`.
+    pub addr: String,
+    child: Child,
+    _dir: tempfile::TempDir,
+}
+
+/// A file of an image layer.
+pub enum Entry {
+    File { path: String, mode: u32, data: Vec<u8> },
+    Dir { path: String },
+    Link { path: String, target: String },
+}
+
+/// An image to push: layers (bottom first, each a list of entries) and its config.
+pub struct TestImage {
+    pub layers: Vec<Vec<Entry>>,
+    pub cmd: Vec<String>,
+    pub entrypoint: Vec<String>,
+    pub env: Vec<String>,
+    pub user: Option<String>,
+    pub working_dir: Option<String>,
+    pub architecture: String,
+    /// zstd instead of gzip for every layer.
+    pub zstd: bool,
+}
+
+/// This host's architecture as images name it.
+pub fn host_arch() -> &'static str {
+    match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        other => other,
+    }
+}
+
+/// A busybox image made from the host's `busybox-static` (`/bin/busybox`), with every applet
+/// linked in `/bin`, an `/etc/os-release` naming it, passwd and group files, and `Cmd: ["sh"]`
+/// as the real busybox image has.
+pub fn busybox() -> TestImage {
+    let bin = ["/bin/busybox", "/usr/bin/busybox"]
+        .iter()
+        .find(|p| Path::new(p).is_file())
+        .expect("busybox-static is installed (apt-get install busybox-static)");
+    let data = std::fs::read(bin).expect("read busybox");
+    let list = Command::new(bin).arg("--list").output().expect("busybox --list");
+    let mut entries = vec![
+        Entry::Dir { path: "bin".into() },
+        Entry::File { path: "bin/busybox".into(), mode: 0o755, data },
+        Entry::Dir { path: "etc".into() },
+        Entry::File {
+            path: "etc/os-release".into(),
+            mode: 0o644,
+            data: b"NAME=\"podpath test busybox\"\nID=podpath-busybox\n".to_vec(),
+        },
+        Entry::File {
+            path: "etc/passwd".into(),
+            mode: 0o644,
+            data: b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/home:/bin/false\n".to_vec(),
+        },
+        Entry::File { path: "etc/group".into(), mode: 0o644, data: b"root:x:0:\nnogroup:x:65534:\n".to_vec() },
+        Entry::Dir { path: "tmp".into() },
+        Entry::Dir { path: "root".into() },
+    ];
+    for applet in String::from_utf8_lossy(&list.stdout).lines().map(str::trim).filter(|a| !a.is_empty() && *a != "busybox") {
+        entries.push(Entry::Link { path: format!("bin/{applet}"), target: "busybox".into() });
+    }
+    TestImage {
+        layers: vec![entries],
+        cmd: vec!["sh".into()],
+        entrypoint: vec![],
+        env: vec!["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into()],
+        user: None,
+        working_dir: None,
+        architecture: host_arch().into(),
+        zstd: false,
+    }
+}
+
+/// A tar of entries (root-owned, fixed times).
+pub fn layer_tar(entries: &[Entry]) -> Vec<u8> {
+    let mut b = tar::Builder::new(Vec::new());
+    for e in entries {
+        let mut h = tar::Header::new_gnu();
+        h.set_mtime(1_700_000_000);
+        h.set_uid(0);
+        h.set_gid(0);
+        match e {
+            Entry::File { path, mode, data } => {
+                h.set_entry_type(tar::EntryType::Regular);
+                h.set_mode(*mode);
+                h.set_size(data.len() as u64);
+                b.append_data(&mut h, path, &data[..]).expect("tar file");
+            }
+            Entry::Dir { path } => {
+                h.set_entry_type(tar::EntryType::Directory);
+                h.set_mode(0o755);
+                h.set_size(0);
+                b.append_data(&mut h, path, std::io::empty()).expect("tar dir");
+            }
+            Entry::Link { path, target } => {
+                h.set_entry_type(tar::EntryType::Symlink);
+                h.set_mode(0o777);
+                h.set_size(0);
+                b.append_link(&mut h, path, target).expect("tar link");
+            }
+        }
+    }
+    b.into_inner().expect("tar")
+}
+
+fn gzip(data: &[u8]) -> Vec<u8> {
+    let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    e.write_all(data).expect("gzip");
+    e.finish().expect("gzip")
+}
+
+fn zstd(data: &[u8]) -> Vec<u8> {
+    ruzstd::encoding::compress_to_vec(data, ruzstd::encoding::CompressionLevel::Fastest)
+}
+
+impl TestImage {
+    /// The compressed layers and config, as pushed.
+    pub fn blobs(&self) -> (Vec<ImageLayer>, Config) {
+        let mut layers = vec![];
+        let mut diff_ids = vec![];
+        for entries in &self.layers {
+            let tar = layer_tar(entries);
+            diff_ids.push(format!("sha256:{}", sha256_hex(&tar)));
+            layers.push(if self.zstd {
+                ImageLayer::new(zstd(&tar), "application/vnd.oci.image.layer.v1.tar+zstd".into(), None)
+            } else {
+                ImageLayer::oci_v1_gzip(gzip(&tar), None)
+            });
+        }
+        let config = serde_json::json!({
+            "architecture": self.architecture,
+            "os": "linux",
+            "config": {
+                "Cmd": self.cmd, "Entrypoint": self.entrypoint, "Env": self.env,
+                "User": self.user.clone().unwrap_or_default(), "WorkingDir": self.working_dir.clone().unwrap_or_default(),
+            },
+            "rootfs": {"type": "layers", "diff_ids": diff_ids},
+        });
+        (layers, Config::oci_v1(serde_json::to_vec(&config).expect("config"), None))
+    }
+}
+
+/// Hex SHA-256.
+pub fn sha256_hex(data: &[u8]) -> String {
+    use sha2::Digest;
+    format!("{:x}", sha2::Sha256::digest(data))
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free port")
+}
+
+impl Registry {
+    /// Starts a registry (storage in a fresh directory); waits until it answers `/v2/`.
+    /// `htpasswd`: require HTTP Basic logins from this file.
+    pub fn start(htpasswd: Option<&Path>) -> Registry {
+        let dir = tempfile::Builder::new().prefix("podpath-registry-").tempdir().expect("tempdir");
+        let port = free_port();
+        let addr = format!("127.0.0.1:{port}");
+        let auth = htpasswd
+            .map(|p| format!("auth:\n  htpasswd:\n    realm: podpath-test\n    path: {}\n", p.display()))
+            .unwrap_or_default();
+        let config = format!(
+            "version: 0.1\nlog:\n  level: warn\n  accesslog:\n    disabled: true\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: {addr}\n{auth}",
+            dir.path().join("data").display()
+        );
+        let cfg = dir.path().join("config.yml");
+        std::fs::write(&cfg, config).expect("write registry config");
+        let log = std::fs::File::create(dir.path().join("registry.log")).expect("registry log");
+        let child = Command::new("docker-registry")
+            .arg("serve")
+            .arg(&cfg)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("docker-registry is installed (apt-get install docker-registry)");
+        let reg = Registry { addr, child, _dir: dir };
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while std::net::TcpStream::connect(&reg.addr).is_err() {
+            assert!(Instant::now() < deadline, "the registry did not listen: {}", reg.log());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        reg
+    }
+
+    /// The registry's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self._dir.path().join("registry.log")).unwrap_or_default()
+    }
+
+    pub fn dir(&self) -> PathBuf {
+        self._dir.path().to_path_buf()
+    }
+
+    fn client() -> Client {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        Client::new(ClientConfig { protocol: ClientProtocol::Http, ..ClientConfig::default() })
+    }
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime")
+    }
+
+    /// Pushes `image` as `repo:tag` (for example `library/busybox:latest`); returns the
+    /// manifest's digest.
+    pub fn push(&self, repo_tag: &str, image: &TestImage, auth: Option<(&str, &str)>) -> String {
+        let r: Reference = format!("{}/{repo_tag}", self.addr).parse().expect("reference");
+        let (layers, config) = image.blobs();
+        let auth = auth.map_or(RegistryAuth::Anonymous, |(u, p)| RegistryAuth::Basic(u.into(), p.into()));
+        Self::runtime().block_on(async {
+            let c = Self::client();
+            c.push(&r, &layers, config, &auth, None).await.expect("push");
+            let (_, digest) = c.pull_manifest(&r, &auth).await.expect("pull back the manifest");
+            digest
+        })
+    }
+
+    /// Pushes one image per architecture and an index of them as `repo:tag`.
+    pub fn push_index(&self, repo_tag: &str, images: &[TestImage]) {
+        let r: Reference = format!("{}/{repo_tag}", self.addr).parse().expect("reference");
+        Self::runtime().block_on(async {
+            let c = Self::client();
+            let mut entries = vec![];
+            for (i, img) in images.iter().enumerate() {
+                let one: Reference = format!("{}/{}:part-{i}", self.addr, r.repository()).parse().expect("reference");
+                let (layers, config) = img.blobs();
+                c.push(&one, &layers, config, &RegistryAuth::Anonymous, None).await.expect("push a platform");
+                let (manifest, digest) = c.pull_manifest(&one, &RegistryAuth::Anonymous).await.expect("manifest");
+                let size = match manifest {
+                    OciManifest::Image(m) => serde_json::to_vec(&m).map(|v| v.len()).unwrap_or(0),
+                    _ => 0,
+                };
+                let raw = c
+                    .pull_manifest_raw(&one, &RegistryAuth::Anonymous, &["application/vnd.oci.image.manifest.v1+json"])
+                    .await
+                    .map(|(b, _)| b.len())
+                    .unwrap_or(size);
+                entries.push(ImageIndexEntry {
+                    media_type: "application/vnd.oci.image.manifest.v1+json".into(),
+                    digest,
+                    size: raw as i64,
+                    platform: Some(Platform {
+                        architecture: img.architecture.as_str().into(),
+                        os: "linux".into(),
+                        os_version: None,
+                        os_features: None,
+                        variant: None,
+                        features: None,
+                    }),
+                    annotations: None,
+                    artifact_type: None,
+                });
+            }
+            let index = OciImageIndex {
+                schema_version: 2,
+                media_type: Some("application/vnd.oci.image.index.v1+json".into()),
+                manifests: entries,
+                artifact_type: None,
+                annotations: None,
+            };
+            c.push_manifest_list(&r, &RegistryAuth::Anonymous, index).await.expect("push the index");
+        });
+    }
+
+    /// Corrupts a stored blob in place (same size, other bytes): the registry serves it as it
+    /// is, and only the puller's digest check can tell — a disk or proxy gone bad.
+    pub fn corrupt(&self, digest: &str) {
+        let hex = digest.trim_start_matches("sha256:");
+        let path = self
+            .dir()
+            .join("data/docker/registry/v2/blobs/sha256")
+            .join(&hex[..2])
+            .join(hex)
+            .join("data");
+        let mut data = std::fs::read(&path).expect("the blob is stored");
+        let half = data.len() / 2;
+        for b in data.iter_mut().skip(half).take(16) {
+            *b ^= 0xff;
+        }
+        std::fs::write(&path, data).expect("rewrite the blob");
+    }
+
+    /// The digests of an image's layers as pushed.
+    pub fn layer_digests(image: &TestImage) -> Vec<String> {
+        image.blobs().0.iter().map(|l| l.sha256_digest()).collect()
+    }
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
