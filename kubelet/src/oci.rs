@@ -220,6 +220,9 @@ pub struct SpecInput<'a> {
     pub binds: Vec<Bind>,
     /// A memory-backed `/dev/shm` size in bytes.
     pub shm_bytes: u64,
+    /// RLIMIT_NOFILE (soft, hard): the node's own (crun, without it, tries to raise the limit
+    /// past what it may).
+    pub nofile: (u64, u64),
 }
 
 /// The OCI runtime spec (`config.json`) of a container.
@@ -275,9 +278,8 @@ pub fn runtime_spec(i: &SpecInput) -> Value {
             "env": i.env,
             "cwd": i.cwd,
             "capabilities": {"bounding": caps, "effective": caps, "permitted": caps},
-            "rlimits": [{"type": "RLIMIT_NOFILE", "hard": 1048576, "soft": 1048576}],
+            "rlimits": [{"type": "RLIMIT_NOFILE", "soft": i.nofile.0, "hard": i.nofile.1}],
             "noNewPrivileges": sc.and_then(|s| s.allow_privilege_escalation) == Some(false),
-            "oomScoreAdj": 0,
         },
         "root": {"path": "rootfs", "readonly": read_only_root},
         "mounts": mounts,
@@ -393,6 +395,7 @@ mod tests {
                 read_only: false,
             }],
             shm_bytes: 64 << 20,
+            nofile: (1024, 4096),
         });
         assert_eq!(spec["linux"]["namespaces"][0], json!({"type": "network", "path": "/proc/42/ns/net"}));
         assert_eq!(spec["linux"]["namespaces"][4], json!({"type": "pid"}));

@@ -265,11 +265,29 @@ fn container(
     nix::sched::unshare(CloneFlags::CLONE_NEWNS).map_err(|e| format!("cannot create a mount namespace: {e}"))?;
     mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
         .map_err(|e| format!("cannot make the mounts private: {e}"))?;
-    // A host with cgroup v1 beside a v2 hierarchy that has controllers ("hybrid") makes crun
-    // refuse to run even with cgroups disabled; this namespace's view drops the v2 part (the
-    // node's own mounts are untouched: ours are private).
-    if std::path::Path::new("/sys/fs/cgroup/unified/cgroup.controllers").exists() {
-        let _ = umount2("/sys/fs/cgroup/unified", MntFlags::MNT_DETACH);
+    // crun reads the cgroup layout off /sys/fs/cgroup even with cgroups disabled, and refuses
+    // two layouts it meets here: no cgroup file system at all (`ip netns exec`, which starts
+    // the node agents, mounts a fresh /sys), and cgroup v1 beside a v2 hierarchy that has
+    // controllers ("hybrid"). This namespace's view is made plain; the node's is untouched
+    // (our mounts are private).
+    use nix::sys::statfs::{statfs, CGROUP2_SUPER_MAGIC, TMPFS_MAGIC};
+    match statfs("/sys/fs/cgroup").map(|s| s.filesystem_type()) {
+        Ok(t) if t == CGROUP2_SUPER_MAGIC => {}
+        Ok(t) if t == TMPFS_MAGIC => {
+            if std::path::Path::new("/sys/fs/cgroup/unified/cgroup.controllers").exists() {
+                let _ = umount2("/sys/fs/cgroup/unified", MntFlags::MNT_DETACH);
+            }
+        }
+        _ => {
+            mount(
+                Some("tmpfs"),
+                "/sys/fs/cgroup",
+                Some("tmpfs"),
+                MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+                Some("mode=755"),
+            )
+            .map_err(|e| format!("cannot mount a tmpfs on /sys/fs/cgroup for the runtime: {e}"))?;
+        }
     }
     let dir = |name: &str| {
         let p = bundle.join(name);

@@ -265,9 +265,15 @@ pub fn up(opts: &UpOptions, progress: &mut dyn FnMut(&str)) -> Result<LabState> 
             "containers of images run with crun, which is not installed: apt-get install crun".to_string(),
         ));
     }
-    for bin in
-        ["apiserver-lite", "node-agent", "lb-sim", "podpath-workload", "podpath-bridge", "podpath-ipam", "podpath-images"]
-    {
+    for bin in [
+        "apiserver-lite",
+        "node-agent",
+        "lb-sim",
+        "podpath-workload",
+        "podpath-bridge",
+        "podpath-ipam",
+        "podpath-images",
+    ] {
         if !opts.bin_dir.join(bin).is_file() {
             return Err(LabError::Usage(format!(
                 "{bin} is not in {} (build with `cargo build --release`)",
@@ -443,7 +449,12 @@ fn start(opts: &UpOptions, p: &Plan, st: &mut LabState, api: SocketAddr, progres
             s("--cluster-domain"),
             s("cluster.local"),
         ];
-        argv.extend([s("--image-store"), store.display().to_string(), s("--image-service"), socket.display().to_string()]);
+        argv.extend([
+            s("--image-store"),
+            store.display().to_string(),
+            s("--image-service"),
+            socket.display().to_string(),
+        ]);
         if opts.host_programs {
             argv.push(s("--host-programs"));
         }
@@ -589,7 +600,11 @@ pub fn down(state_dir: &Path, keep_data: bool) -> Result<LabState> {
             if path == image_store(state_dir) {
                 continue;
             }
-            let r = if e.file_type().is_ok_and(|t| t.is_dir()) { std::fs::remove_dir_all(&path) } else { std::fs::remove_file(&path) };
+            let r = if e.file_type().is_ok_and(|t| t.is_dir()) {
+                std::fs::remove_dir_all(&path)
+            } else {
+                std::fs::remove_file(&path)
+            };
             r.map_err(io(format!("remove {}", path.display())))?;
         }
         if !image_store(state_dir).exists() {

@@ -80,7 +80,9 @@ pub fn busybox() -> TestImage {
         Entry::Dir { path: "tmp".into() },
         Entry::Dir { path: "root".into() },
     ];
-    for applet in String::from_utf8_lossy(&list.stdout).lines().map(str::trim).filter(|a| !a.is_empty() && *a != "busybox") {
+    for applet in
+        String::from_utf8_lossy(&list.stdout).lines().map(str::trim).filter(|a| !a.is_empty() && *a != "busybox")
+    {
         entries.push(Entry::Link { path: format!("bin/{applet}"), target: "busybox".into() });
     }
     TestImage {
@@ -291,12 +293,7 @@ impl Registry {
     /// is, and only the puller's digest check can tell — a disk or proxy gone bad.
     pub fn corrupt(&self, digest: &str) {
         let hex = digest.trim_start_matches("sha256:");
-        let path = self
-            .dir()
-            .join("data/docker/registry/v2/blobs/sha256")
-            .join(&hex[..2])
-            .join(hex)
-            .join("data");
+        let path = self.dir().join("data/docker/registry/v2/blobs/sha256").join(&hex[..2]).join(hex).join("data");
         let mut data = std::fs::read(&path).expect("the blob is stored");
         let half = data.len() / 2;
         for b in data.iter_mut().skip(half).take(16) {
@@ -317,4 +314,3 @@ impl Drop for Registry {
         let _ = self.child.wait();
     }
 }
-

@@ -182,6 +182,11 @@ impl<P: Processes, E: PluginExec, A: PodApi, Q: Prober> Deps<P, E, A, Q> {
             cwd: oci::working_dir(&c.spec, &record.config),
             binds,
             shm_bytes: SHM_BYTES,
+            nofile: {
+                let l = rustix::process::getrlimit(rustix::process::Resource::Nofile);
+                let hard = l.maximum.unwrap_or(1 << 20);
+                (l.current.unwrap_or(hard).min(hard), hard)
+            },
         });
         let dir = self.cfg.pod_containers_dir(&pod_uid);
         let bundle = dir.join(format!("{}-{attempt}", c.spec.name));

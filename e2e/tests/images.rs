@@ -1,0 +1,158 @@
+//! Containers of images, end to end with the real kubectl: a lab whose docker.io mirror is a
+//! real registry on loopback (Debian's docker-registry) holding a busybox built offline.
+//! Root: builds a lab.
+
+use std::time::Duration;
+
+use podpath_e2e::{wait_for, Lab};
+use testkit::registry::{busybox, Registry};
+
+fn lab_with_registry(tag: &str, nodes: &str) -> (Registry, Lab) {
+    let reg = Registry::start(None);
+    reg.push("library/busybox:latest", &busybox(), None);
+    let mirror = format!("--registry-mirror=docker.io=http://{}", reg.addr);
+    let lab = Lab::up(tag, &["--nodes", nodes, &mirror]).expect("podpath up");
+    (reg, lab)
+}
+
+fn kubectl_fails(lab: &Lab, args: &[&str]) -> String {
+    let out =
+        std::process::Command::new("kubectl").arg("--kubeconfig").arg(&lab.kubeconfig).args(args).output().unwrap();
+    format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+}
+
+#[test]
+fn a_pod_of_an_image_runs_in_its_own_root_with_the_service_variables() {
+    let (_reg, lab) = lab_with_registry("img", "1");
+    lab.kubectl(&["create", "service", "clusterip", "my-nginx", "--tcp=80:80"]);
+    // As the tutorial: the Service exists before the pod (kubelet writes the variables of the
+    // Services it knows when the container starts).
+    std::thread::sleep(Duration::from_millis(500));
+    lab.kubectl(&["run", "bb", "--image=busybox", "--", "sleep", "3600"]);
+    lab.kubectl(&["wait", "--for=condition=Ready", "pod/bb", "--timeout=60s"]);
+    // The image's files, not the node's.
+    let os = lab.kubectl(&["exec", "bb", "--", "cat", "/etc/os-release"]);
+    assert!(os.contains("ID=podpath-busybox"), "{os}");
+    assert_eq!(lab.kubectl(&["exec", "bb", "--", "hostname"]).trim(), "bb");
+    assert_eq!(lab.kubectl(&["exec", "bb", "--", "cat", "/etc/hostname"]).trim(), "bb");
+    assert!(lab.kubectl(&["exec", "bb", "--", "cat", "/etc/resolv.conf"]).contains("nameserver 10.96.0.10"));
+    // Its own PID namespace: its process is 1.
+    let ps = lab.kubectl(&["exec", "bb", "--", "ps"]);
+    assert!(ps.lines().any(|l| l.split_whitespace().next() == Some("1") && l.contains("sleep 3600")), "{ps}");
+    // Service variables, as kubelet writes them.
+    let env = lab.kubectl(&["exec", "bb", "--", "env"]);
+    for var in ["KUBERNETES_SERVICE_HOST=10.96.0.1", "KUBERNETES_PORT_443_TCP_PROTO=tcp", "MY_NGINX_SERVICE_PORT=80"] {
+        assert!(env.contains(var), "{var} in {env}");
+    }
+    let ip = lab.kubectl(&["get", "svc", "my-nginx", "-o", "jsonpath={.spec.clusterIP}"]);
+    assert!(env.contains(&format!("MY_NGINX_SERVICE_HOST={ip}\n")), "{env}");
+    // `kubectl cp` writes into the container.
+    let local = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(local.path(), "copied in\n").unwrap();
+    lab.kubectl(&["cp", local.path().to_str().unwrap(), "bb:/tmp/in.txt"]);
+    assert_eq!(lab.kubectl(&["exec", "bb", "--", "cat", "/tmp/in.txt"]), "copied in\n");
+    assert!(
+        !std::path::Path::new("/tmp/in.txt").exists()
+            || std::fs::read_to_string("/tmp/in.txt").unwrap() != "copied in\n"
+    );
+    // The status and Events say what ran.
+    let id = lab.kubectl(&["get", "pod", "bb", "-o", "jsonpath={.status.containerStatuses[0].containerID}"]);
+    assert!(id.starts_with("crun://"), "{id}");
+    let events = lab.kubectl(&[
+        "get",
+        "events",
+        "--field-selector",
+        "involvedObject.name=bb",
+        "-o",
+        "custom-columns=R:.reason,M:.message",
+        "--no-headers",
+    ]);
+    assert!(events.contains("Pulling image \"busybox\""), "{events}");
+    assert!(events.contains("Successfully pulled image \"busybox\""), "{events}");
+    // An exec of a program the image lacks.
+    let out = kubectl_fails(&lab, &["exec", "bb", "--", "nginx"]);
+    assert!(out.contains("executable file not found"), "{out}");
+}
+
+#[test]
+fn an_image_that_does_not_exist_waits_in_image_pull_back_off() {
+    let (_reg, lab) = lab_with_registry("imgbad", "1");
+    lab.kubectl(&["run", "nope", "--image=busybox:nope"]);
+    let reason = |lab: &Lab| {
+        lab.kubectl(&["get", "pod", "nope", "-o", "jsonpath={.status.containerStatuses[0].state.waiting.reason}"])
+    };
+    wait_for(Duration::from_secs(30), "ErrImagePull", || match reason(&lab).as_str() {
+        "ErrImagePull" | "ImagePullBackOff" => Ok(()),
+        other => Err(other.to_string()),
+    });
+    wait_for(Duration::from_secs(30), "ImagePullBackOff", || match reason(&lab).as_str() {
+        "ImagePullBackOff" => Ok(()),
+        other => Err(other.to_string()),
+    });
+    let msg =
+        lab.kubectl(&["get", "pod", "nope", "-o", "jsonpath={.status.containerStatuses[0].state.waiting.message}"]);
+    assert!(
+        msg.contains("Back-off pulling image \"busybox:nope\"")
+            && msg.contains("docker.io/library/busybox:nope: not found"),
+        "{msg}"
+    );
+    let events = lab.kubectl(&[
+        "get",
+        "events",
+        "--field-selector",
+        "involvedObject.name=nope",
+        "-o",
+        "custom-columns=R:.reason,M:.message",
+        "--no-headers",
+    ]);
+    assert!(events.contains("Failed to pull image \"busybox:nope\""), "{events}");
+    assert!(events.contains("Error: ErrImagePull") && events.contains("Error: ImagePullBackOff"), "{events}");
+    // Never: not pulled at all.
+    lab.apply("apiVersion: v1\nkind: Pod\nmetadata: {name: never}\nspec:\n  containers:\n  - {name: c, image: 'busybox:1.0', imagePullPolicy: Never}\n");
+    wait_for(Duration::from_secs(30), "ErrImageNeverPull", || {
+        match lab
+            .kubectl(&["get", "pod", "never", "-o", "jsonpath={.status.containerStatuses[0].state.waiting.reason}"])
+            .as_str()
+        {
+            "ErrImageNeverPull" => Ok(()),
+            other => Err(other.to_string()),
+        }
+    });
+}
+
+#[test]
+fn a_deployment_of_an_image_answers_through_a_cluster_ip_and_the_load_balancer() {
+    let (_reg, lab) = lab_with_registry("imgweb", "2");
+    lab.wait_for_cluster_dns();
+    lab.apply(
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web}\nspec:\n  replicas: 2\n  selector: {matchLabels: {app: web}}\n  template:\n    metadata: {labels: {app: web}}\n    spec:\n      containers:\n      - name: httpd\n        image: busybox\n        command: [sh, -c, 'mkdir -p /www && echo served by $(hostname) > /www/index.html && exec httpd -f -p 80 -h /www']\n        ports: [{containerPort: 80}]\n",
+    );
+    lab.kubectl(&["rollout", "status", "deployment/web", "--timeout=90s"]);
+    lab.kubectl(&["expose", "deployment", "web", "--port=80", "--type=LoadBalancer"]);
+    let ip = wait_for(Duration::from_secs(30), "a LoadBalancer IP", || {
+        let ip = lab.kubectl(&["get", "svc", "web", "-o", "jsonpath={.status.loadBalancer.ingress[0].ip}"]);
+        if ip.is_empty() {
+            Err("none yet".into())
+        } else {
+            Ok(ip)
+        }
+    });
+    let page = wait_for(Duration::from_secs(30), "the page through the LB", || {
+        let (code, out) = lab.curl(&[&format!("http://{ip}/")]);
+        if code == 0 && out.starts_with("served by web-") {
+            Ok(out)
+        } else {
+            Err(out)
+        }
+    });
+    assert!(page.starts_with("served by web-"), "{page}");
+    // From a pod: the Service's name resolves (busybox's own resolver: the test image's
+    // static glibc busybox has no NSS for wget's lookups) and its ClusterIP answers.
+    lab.kubectl(&["run", "client", "--image=busybox", "--", "sleep", "3600"]);
+    lab.kubectl(&["wait", "--for=condition=Ready", "pod/client", "--timeout=60s"]);
+    let cluster_ip = lab.kubectl(&["get", "svc", "web", "-o", "jsonpath={.spec.clusterIP}"]);
+    let lookup = lab.kubectl(&["exec", "client", "--", "nslookup", "web.default.svc.cluster.local"]);
+    assert!(lookup.contains(&cluster_ip), "{lookup}");
+    let out = lab.kubectl(&["exec", "client", "--", "wget", "-qO-", &format!("http://{cluster_ip}/")]);
+    assert!(out.starts_with("served by web-"), "{out}");
+}
