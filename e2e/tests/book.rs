@@ -217,7 +217,7 @@ static PAGE_COUNTER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32
 
 /// Runs one page's steps in a shell of their own with a lab name and state directory unique
 /// to this run; returns what failed.
-fn run_page(page: &str, steps: &[book::Step]) -> Vec<String> {
+fn run_page(page: &str, steps: &[book::Step], mirror: &str) -> Vec<String> {
     let n = PAGE_COUNTER.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     let name = format!("bk{}{n}", std::process::id() % 100_000);
     let dir = tempfile::Builder::new().prefix("podpath-book-").tempdir().unwrap();
@@ -236,6 +236,8 @@ fn run_page(page: &str, steps: &[book::Step]) -> Vec<String> {
         .env("PATH", path)
         .env("PODPATH_LAB", &name)
         .env("PODPATH_STATE_DIR", &state)
+        // A classroom's mirror: the pages' images come from a registry on loopback.
+        .env("PODPATH_REGISTRY_MIRROR", mirror)
         .env_remove("KUBECONFIG")
         .stdin(Stdio::null())
         .stdout(std::fs::File::create(&out_path).unwrap())
@@ -292,6 +294,11 @@ fn the_guides_run_as_written() {
         return;
     }
     let before = testkit::netns::host_state();
+    // What a class would have: a mirror of docker.io (here a registry on loopback holding the
+    // offline busybox), given to every `podpath up` through PODPATH_REGISTRY_MIRROR.
+    let registry = testkit::registry::Registry::start(None);
+    registry.push("library/busybox:latest", &testkit::registry::busybox(), None);
+    let mirror = format!("docker.io=http://{}", registry.addr);
     let mut ran = 0;
     let mut failures = vec![];
     for (page, text) in pages() {
@@ -300,7 +307,7 @@ fn the_guides_run_as_written() {
             continue;
         }
         let started = Instant::now();
-        let f = run_page(&page, &steps);
+        let f = run_page(&page, &steps, &mirror);
         eprintln!("{page}: {} steps in {:.1} s, {} failed", steps.len(), started.elapsed().as_secs_f64(), f.len());
         failures.extend(f);
         ran += 1;

@@ -17,7 +17,7 @@ pub struct Check {
 }
 
 /// The tools the lab runs and the Debian packages that bring them.
-pub const TOOLS: [(&str, &str, bool); 10] = [
+pub const TOOLS: [(&str, &str, bool); 11] = [
     ("ip", "apt-get install iproute2", true),
     ("sysctl", "apt-get install procps", true),
     ("iptables", "apt-get install iptables", true),
@@ -25,6 +25,7 @@ pub const TOOLS: [(&str, &str, bool); 10] = [
     ("iptables-restore", "apt-get install iptables", true),
     ("nsenter", "apt-get install util-linux", true),
     ("curl", "apt-get install curl (podpath curl and the lab's probes)", true),
+    ("crun", "apt-get install crun (the OCI runtime that runs containers of images)", true),
     ("conntrack", "apt-get install conntrack (podpath trace)", false),
     ("nft", "apt-get install nftables (podpath up --proxy-mode nftables)", false),
     (

@@ -152,7 +152,7 @@ enum Cmd {
         #[arg(long, requires = "watch")]
         count: Option<usize>,
     },
-    /// Print a component's log: apiserver-lite, lb-sim or node-N.
+    /// Print a component's log: apiserver-lite, images, lb-sim or node-N.
     Logs {
         #[command(flatten)]
         which: Which,

@@ -20,7 +20,7 @@ fn two_labs_side_by_side_serve_a_node_port_to_their_clients() {
     let (ok, out) = a.run("up", &[]);
     assert!(!ok && out.contains("already exists and is running"), "{out}");
     let (ok, out) = a.run("status", &[]);
-    assert!(ok && out.matches("running").count() == 4 && out.matches(" Ready").count() == 2, "{out}");
+    assert!(ok && out.matches("running").count() == 5 && out.matches(" Ready").count() == 2, "{out}");
 
     for lab in [&a, &b] {
         lab.kubectl(&["run", "web", "--image=podpath/echo", "--port=8080"]);

@@ -52,19 +52,34 @@ pub fn host_arch() -> &'static str {
     }
 }
 
-/// A busybox image made from the host's `busybox-static` (`/bin/busybox`), with every applet
-/// linked in `/bin`, an `/etc/os-release` naming it, passwd and group files, and `Cmd: ["sh"]`
-/// as the real busybox image has.
+/// The shared libraries a program of the host loads (`ldd`), by absolute path.
+fn libraries_of(program: &str) -> Vec<String> {
+    let out = Command::new("ldd").arg(program).output().expect("ldd");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().find(|w| w.starts_with('/')).map(String::from))
+        .collect()
+}
+
+/// A busybox image made offline from the host's Debian `busybox` (`/bin/busybox`, dynamically
+/// linked) and the glibc it loads — so names resolve through glibc's resolver as in a real
+/// image — with every applet linked in `/bin`, glibc's `getent` and coreutils' `printenv` (the
+/// tutorials use both), an `/etc/os-release` naming it, passwd and group files, and
+/// `Cmd: ["sh"]` as the real busybox image has.
 pub fn busybox() -> TestImage {
-    let bin = ["/bin/busybox", "/usr/bin/busybox"]
-        .iter()
-        .find(|p| Path::new(p).is_file())
-        .expect("busybox-static is installed (apt-get install busybox-static)");
-    let data = std::fs::read(bin).expect("read busybox");
-    let list = Command::new(bin).arg("--list").output().expect("busybox --list");
+    let bin = "/bin/busybox";
+    assert!(Path::new(bin).is_file(), "busybox is installed (apt-get install busybox)");
+    let file = |path: &str, mode: u32| Entry::File {
+        path: path.trim_start_matches('/').to_string(),
+        mode,
+        data: std::fs::read(path).unwrap_or_else(|e| panic!("read {path}: {e}")),
+    };
     let mut entries = vec![
         Entry::Dir { path: "bin".into() },
-        Entry::File { path: "bin/busybox".into(), mode: 0o755, data },
+        file(bin, 0o755),
+        Entry::Dir { path: "usr/bin".into() },
+        file("/usr/bin/getent", 0o755),
+        file("/usr/bin/printenv", 0o755),
         Entry::Dir { path: "etc".into() },
         Entry::File {
             path: "etc/os-release".into(),
@@ -77,12 +92,35 @@ pub fn busybox() -> TestImage {
             data: b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/home:/bin/false\n".to_vec(),
         },
         Entry::File { path: "etc/group".into(), mode: 0o644, data: b"root:x:0:\nnogroup:x:65534:\n".to_vec() },
+        Entry::File { path: "etc/nsswitch.conf".into(), mode: 0o644, data: b"hosts: files dns\n".to_vec() },
         Entry::Dir { path: "tmp".into() },
         Entry::Dir { path: "root".into() },
     ];
-    for applet in
-        String::from_utf8_lossy(&list.stdout).lines().map(str::trim).filter(|a| !a.is_empty() && *a != "busybox")
-    {
+    let mut libs: Vec<String> = ["/bin/busybox", "/usr/bin/getent", "/usr/bin/printenv"].iter().flat_map(|p| libraries_of(p)).collect();
+    libs.sort();
+    libs.dedup();
+    let mut dirs: Vec<String> = libs.iter().filter_map(|l| Path::new(l).parent().map(|d| d.display().to_string())).collect();
+    dirs.sort();
+    dirs.dedup();
+    for d in dirs {
+        // Each level, so the tar has owners and modes for them.
+        let mut at = String::new();
+        for part in d.trim_start_matches('/').split('/') {
+            at = if at.is_empty() { part.to_string() } else { format!("{at}/{part}") };
+            entries.push(Entry::Dir { path: at.clone() });
+        }
+    }
+    for l in &libs {
+        // Through the host's links (merged /usr) to the file itself.
+        let real = std::fs::canonicalize(l).unwrap_or_else(|_| l.into());
+        entries.push(Entry::File {
+            path: l.trim_start_matches('/').to_string(),
+            mode: 0o755,
+            data: std::fs::read(&real).unwrap_or_else(|e| panic!("read {l}: {e}")),
+        });
+    }
+    let list = Command::new(bin).arg("--list").output().expect("busybox --list");
+    for applet in String::from_utf8_lossy(&list.stdout).lines().map(str::trim).filter(|a| !a.is_empty() && *a != "busybox") {
         entries.push(Entry::Link { path: format!("bin/{applet}"), target: "busybox".into() });
     }
     TestImage {
