@@ -315,7 +315,7 @@ impl Puller {
             downloaded += d;
             unpacked += u;
         }
-        let id = format!("sha256:{:x}", sha2::Sha256::digest(&config));
+        let id = format!("sha256:{:x}", sha2::Sha256::digest(config));
         let repo = name.split('@').next().unwrap_or(name);
         let repo = repo.rsplit_once(':').filter(|(_, t)| !t.contains('/')).map_or(repo, |(n, _)| n);
         let record = ImageRecord {

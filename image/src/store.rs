@@ -126,6 +126,13 @@ pub fn digest_hex(digest: &str) -> Result<&str> {
     }
 }
 
+/// What [`Store::remove`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Removed {
+    Untagged(String),
+    Deleted(ImageRecord),
+}
+
 /// A lab's image store.
 #[derive(Debug, Clone)]
 pub struct Store {
@@ -275,14 +282,21 @@ impl Store {
         self.write_record(&rec)
     }
 
-    /// Removes an image (by name or ID) and the layers nothing else uses; returns it.
-    pub fn remove(&self, image: &str) -> Result<Option<ImageRecord>> {
+    /// Removes a name of an image (`Untagged`, when the image has others) or the image (by its
+    /// last name or its ID) and the layers nothing else uses (`Deleted`), as `docker rmi` does.
+    pub fn remove(&self, image: &str) -> Result<Option<Removed>> {
         let _lock = self.lock()?;
-        let Some(rec) = self.find(image)? else { return Ok(None) };
-        fs::remove_file(self.record_path(&rec.id)?)
-            .map_err(|e| ImageError::io(format!("remove image {}", rec.id), e))?;
+        let Some(mut rec) = self.find(image)? else { return Ok(None) };
+        if let Ok(name) = crate::reference::normalise(image) {
+            if rec.names.contains(&name) && rec.names.len() > 1 {
+                rec.names.retain(|n| *n != name);
+                self.write_record(&rec)?;
+                return Ok(Some(Removed::Untagged(name)));
+            }
+        }
+        fs::remove_file(self.record_path(&rec.id)?).map_err(|e| ImageError::io(format!("remove image {}", rec.id), e))?;
         self.gc_layers_locked()?;
-        Ok(Some(rec))
+        Ok(Some(Removed::Deleted(rec)))
     }
 
     /// Layers used by a record or a lease.
@@ -381,7 +395,8 @@ mod tests {
         assert!(s.find("web:3").unwrap().is_none());
         // A lease keeps layer 3 while its container runs.
         s.lease("ctr-1", &[format!("sha256:{}", "3".repeat(64))]).unwrap();
-        s.remove("web:2").unwrap().unwrap();
+        assert_eq!(s.remove("web:2").unwrap(), Some(Removed::Untagged("docker.io/library/web:2".into())));
+        assert!(matches!(s.remove("web:1").unwrap(), Some(Removed::Deleted(_))));
         let left: Vec<_> = fs::read_dir(dir.path().join("layers")).unwrap().flatten().map(|e| e.file_name()).collect();
         assert_eq!(left, vec![std::ffi::OsString::from("3".repeat(64))]);
         s.release("ctr-1");

@@ -132,3 +132,50 @@ fn a_registry_that_hangs_fails_the_pull_in_time() {
     assert!(e.contains("failed to resolve reference") && e.contains("did not answer in time"), "{e}");
     drop(held);
 }
+
+#[test]
+fn archives_of_docker_save_and_oci_layouts_load_without_a_registry() {
+    let reg = Registry::start(None);
+    reg.push("library/busybox:latest", &busybox(), None);
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path().join("store")).unwrap();
+    for (i, (form, name, want)) in [
+        ("docker-archive", "example.com/docker/bb:1", "example.com/docker/bb:1"),
+        ("oci-archive", "example.com/oci/bb:2", "example.com/oci/bb:2"),
+        ("docker-archive", "bb:3", "docker.io/library/bb:3"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let file = dir.path().join(format!("{form}-{i}.tar"));
+        let out = std::process::Command::new("skopeo")
+            .args(["copy", "--src-tls-verify=false"])
+            .arg(format!("docker://{}/library/busybox:latest", reg.addr))
+            .arg(format!("{form}:{}:{name}", file.display()))
+            .output()
+            .expect("skopeo is installed (apt-get install skopeo)");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let loaded = image::archive::load(&store, &file, 1 << 30).unwrap();
+        assert_eq!(loaded.len(), 1);
+        assert_eq!(loaded[0].names, [want]);
+        let layer = store.layer_dir(&loaded[0].layers[0]).unwrap();
+        assert!(layer.join("bin/busybox").is_file(), "{form}");
+        assert_eq!(store.find(want).unwrap().unwrap().config.cmd, ["sh"]);
+    }
+    // Not an archive, and an archive whose member leaves it.
+    let junk = dir.path().join("junk.tar");
+    std::fs::write(&junk, b"not a tar at all, not even close to one.........").unwrap();
+    assert!(image::archive::load(&store, &junk, 1 << 30).is_err());
+    let mut b = tar::Builder::new(Vec::new());
+    let mut h = tar::Header::new_gnu();
+    h.set_size(1);
+    h.set_mode(0o644);
+    h.as_old_mut().name[..9].copy_from_slice(b"../escape");
+    h.set_cksum();
+    b.append(&h, &b"x"[..]).unwrap();
+    let evil = dir.path().join("evil.tar");
+    std::fs::write(&evil, b.into_inner().unwrap()).unwrap();
+    let e = image::archive::load(&store, &evil, 1 << 30).unwrap_err().to_string();
+    assert!(e.contains("leaves the image"), "{e}");
+    assert!(!dir.path().join("store/tmp/escape").exists() && !dir.path().join("escape").exists());
+}

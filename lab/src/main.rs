@@ -215,6 +215,13 @@ enum Cmd {
         #[command(subcommand)]
         what: PolicyCmd,
     },
+    /// The lab's images (one store shared by its nodes): list, pull, remove, load an archive.
+    Image {
+        #[command(flatten)]
+        which: Which,
+        #[command(subcommand)]
+        what: ImageCmd,
+    },
     /// Stop every process of the lab and remove its namespaces and state.
     Down {
         #[command(flatten)]
@@ -226,6 +233,22 @@ enum Cmd {
         #[arg(long, conflicts_with = "keep_data")]
         purge_images: bool,
     },
+}
+
+#[derive(Subcommand)]
+enum ImageCmd {
+    /// List the stored images, and the disk the store takes.
+    Ls,
+    /// Pull an image into the lab's store (through its image service and mirrors).
+    Pull { image: String },
+    /// Remove images (the layers no other image or running container uses go too).
+    Rm {
+        #[arg(required = true)]
+        images: Vec<String>,
+    },
+    /// Load the images of an archive: `docker save` (manifest.json) or an OCI layout
+    /// (`skopeo copy … oci-archive:`), gzipped or not — no registry needed.
+    Load { file: PathBuf },
 }
 
 #[derive(Subcommand)]
@@ -594,6 +617,7 @@ fn run() -> Result<()> {
             let path = which.dir().join("logs").join(format!("{component}.log"));
             print!("{}", std::fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?);
         }
+        Cmd::Image { which, what } => image_cmd(&which, what)?,
         Cmd::Kubeconfig { which } => {
             which.state()?;
             println!("{}", lab::kubeconfig_path(&which.dir()).display());
@@ -628,6 +652,82 @@ fn run() -> Result<()> {
                 let _ = std::fs::remove_dir(which.dir());
             }
             println!("lab {:?} is down (processes stopped, {} namespaces removed)", st.name, st.namespaces.len());
+        }
+    }
+    Ok(())
+}
+
+/// Bytes as `12.3MB` (decimal, as `crictl images` and `docker images` print them).
+fn human_size(b: u64) -> String {
+    match b {
+        b if b >= 1_000_000_000 => format!("{:.1}GB", b as f64 / 1e9),
+        b if b >= 1_000_000 => format!("{:.1}MB", b as f64 / 1e6),
+        b if b >= 1_000 => format!("{:.1}kB", b as f64 / 1e3),
+        b => format!("{b}B"),
+    }
+}
+
+fn image_cmd(which: &Which, what: ImageCmd) -> Result<()> {
+    let dir = which.dir();
+    let store = image::Store::open(lab::image_store(&dir)).map_err(|e| anyhow::anyhow!("{e}"))?;
+    match what {
+        ImageCmd::Ls => {
+            let mut rows = vec![["IMAGE".to_string(), "TAG".into(), "IMAGE ID".into(), "PLATFORM".into(), "SIZE".into()]];
+            for r in store.list().map_err(|e| anyhow::anyhow!("{e}"))? {
+                let id: String = r.id.trim_start_matches("sha256:").chars().take(13).collect();
+                let names = if r.names.is_empty() { vec!["<none>:<none>".to_string()] } else { r.names.clone() };
+                for n in names {
+                    let (repo, tag) = n.rsplit_once(':').filter(|(_, t)| !t.contains('/')).unwrap_or((&n, "<none>"));
+                    rows.push([repo.to_string(), tag.to_string(), id.clone(), r.platform.clone(), human_size(r.size)]);
+                }
+            }
+            let widths: Vec<usize> = (0..5).map(|i| rows.iter().map(|r| r[i].len()).max().unwrap_or(0)).collect();
+            for r in &rows {
+                let line: Vec<String> = r.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect();
+                println!("{}", line.join("   ").trim_end());
+            }
+            println!("store: {} on disk in {}", human_size(store.disk_usage()), store.root().display());
+        }
+        ImageCmd::Pull { image } => {
+            let socket = lab::image_socket(&dir);
+            if !socket.exists() {
+                bail!("the lab's image service is not running (no {}): is the lab up?", socket.display());
+            }
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            let req = image::service::Request::Pull { image: image.clone(), credentials: vec![] };
+            let answer = rt.block_on(image::service::call(&socket, &req)).map_err(|e| anyhow::anyhow!("{e}"))?;
+            match (answer.image, answer.error) {
+                (_, Some(e)) => bail!("{e}"),
+                (Some(r), None) if answer.downloaded == 0 => println!("Image is up to date for {}", r.names.join(", ")),
+                (Some(r), None) => println!(
+                    "pulled {} ({}, {} downloaded in {:.2} s)",
+                    r.names.join(", "),
+                    r.id,
+                    human_size(answer.downloaded),
+                    answer.elapsed_ms as f64 / 1000.0
+                ),
+                (None, None) => bail!("the image service answered nothing"),
+            }
+        }
+        ImageCmd::Rm { images } => {
+            let mut missing = vec![];
+            for i in &images {
+                match store.remove(i).map_err(|e| anyhow::anyhow!("{e}"))? {
+                    Some(image::Removed::Untagged(n)) => println!("Untagged: {n}"),
+                    Some(image::Removed::Deleted(r)) => println!("Deleted: {}", r.id),
+                    None => missing.push(i.clone()),
+                }
+            }
+            if !missing.is_empty() {
+                bail!("no such image: {}", missing.join(", "));
+            }
+        }
+        ImageCmd::Load { file } => {
+            let loaded = image::archive::load(&store, &file, 8 << 30).map_err(|e| anyhow::anyhow!("{e}"))?;
+            for r in loaded {
+                let name = r.names.first().cloned().unwrap_or_else(|| r.id.clone());
+                println!("Loaded image: {name} ({}, {})", r.platform, human_size(r.size));
+            }
         }
     }
     Ok(())
