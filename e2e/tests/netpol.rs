@@ -389,12 +389,10 @@ fn label_updates_established_connections_and_dns_egress() {
     lab.kubectl(&["delete", "networkpolicy", "from-b", "-n", "x"]);
 
     // A keep-alive connection from y/a to x/a made before a deny-all of x keeps answering.
-    let ya_pid = podpath_lab::hosts::pod_pid(
-        &podpath_lab::state::ApiAccess::of(&podpath_lab::load_state(&lab.state).unwrap().unwrap()).unwrap(),
-        "y",
-        "a",
-    )
-    .unwrap();
+    let lab_state = podpath_lab::load_state(&lab.state).unwrap().unwrap();
+    let ya_pid =
+        podpath_lab::hosts::pod_pid(&lab_state, &podpath_lab::state::ApiAccess::of(&lab_state).unwrap(), "y", "a")
+            .unwrap();
     let target: std::net::SocketAddr = format!("{}:80", ip("x/a")).parse().unwrap();
     let (to_main, from_main) = std::sync::mpsc::channel::<()>();
     let (to_test, answers) = std::sync::mpsc::channel::<bool>();

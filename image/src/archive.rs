@@ -68,7 +68,8 @@ pub fn load(store: &Store, path: &Path, max_unpacked: u64) -> Result<Vec<ImageRe
     let file = std::fs::File::open(path).map_err(|e| ImageError::io(format!("open {}", path.display()), e))?;
     // The archive itself may be gzip-compressed (`docker save | gzip`).
     let mut head = [0u8; 2];
-    let compressed = std::fs::File::open(path).and_then(|mut f| f.read(&mut head)).is_ok_and(|n| n == 2 && head == [0x1f, 0x8b]);
+    let compressed =
+        std::fs::File::open(path).and_then(|mut f| f.read(&mut head)).is_ok_and(|n| n == 2 && head == [0x1f, 0x8b]);
     let reader: Box<dyn Read> =
         if compressed { Box::new(flate2::read::MultiGzDecoder::new(file)) } else { Box::new(file) };
     crate::unpack::unpack(reader, &root, max_unpacked.saturating_mul(4))
@@ -116,8 +117,9 @@ fn oci_layout(store: &Store, path: &Path, root: &Path, max: u64) -> Result<Vec<I
         let mut manifest = read_json(&blob(m["digest"].as_str().unwrap_or(""))?)?;
         if manifest["manifests"].is_array() {
             // An index: this host's platform.
-            let entries: Vec<oci_client::manifest::ImageIndexEntry> = serde_json::from_value(manifest["manifests"].clone())
-                .map_err(|e| bad(path, format!("an index: {e}")))?;
+            let entries: Vec<oci_client::manifest::ImageIndexEntry> =
+                serde_json::from_value(manifest["manifests"].clone())
+                    .map_err(|e| bad(path, format!("an index: {e}")))?;
             let chosen = choose_platform(&entries).map_err(|offered| ImageError::Platform {
                 image: name.clone().unwrap_or_else(|| path.display().to_string()),
                 platform: "this host's".into(),
@@ -141,7 +143,14 @@ fn oci_layout(store: &Store, path: &Path, root: &Path, max: u64) -> Result<Vec<I
 }
 
 /// Stores one image: its layers (by the digest of their files) and its record.
-fn import(store: &Store, path: &Path, config: &Path, layers: &[PathBuf], names: &[String], max: u64) -> Result<ImageRecord> {
+fn import(
+    store: &Store,
+    path: &Path,
+    config: &Path,
+    layers: &[PathBuf],
+    names: &[String],
+    max: u64,
+) -> Result<ImageRecord> {
     let raw = std::fs::read(config).map_err(|e| ImageError::io(format!("read {}", config.display()), e))?;
     let (platform, run) = parse_config(&raw).map_err(|e| bad(path, e))?;
     let mut digests = vec![];
@@ -159,8 +168,11 @@ fn import(store: &Store, path: &Path, config: &Path, layers: &[PathBuf], names: 
             let dir = store.temp_dir()?;
             let out = dir.path().join("rootfs");
             let c = sniff(l).map_err(|e| ImageError::io(format!("read {}", l.display()), e))?;
-            unpacked += unpack_file(l, &out, c, max)
-                .map_err(|reason| ImageError::Layer { image: path.display().to_string(), digest: digest.clone(), reason })?;
+            unpacked += unpack_file(l, &out, c, max).map_err(|reason| ImageError::Layer {
+                image: path.display().to_string(),
+                digest: digest.clone(),
+                reason,
+            })?;
             store.commit_layer(&digest, &out)?;
         }
         digests.push(digest);

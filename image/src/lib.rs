@@ -8,8 +8,8 @@
 //! - [`store`]: the lab's content-addressed store (layers, image records, leases);
 //! - [`service`]: the lab's image service (the `podpath-images` program) and its client.
 
-mod error;
 pub mod archive;
+mod error;
 pub mod pull;
 pub mod reference;
 pub mod service;

@@ -294,7 +294,8 @@ impl Store {
                 return Ok(Some(Removed::Untagged(name)));
             }
         }
-        fs::remove_file(self.record_path(&rec.id)?).map_err(|e| ImageError::io(format!("remove image {}", rec.id), e))?;
+        fs::remove_file(self.record_path(&rec.id)?)
+            .map_err(|e| ImageError::io(format!("remove image {}", rec.id), e))?;
         self.gc_layers_locked()?;
         Ok(Some(Removed::Deleted(rec)))
     }

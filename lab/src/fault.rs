@@ -282,7 +282,7 @@ fn repairs(metrics: &str, kind: &str) -> u64 {
 pub fn kill_pod(st: &LabState, target: &str) -> Result<i32> {
     let (ns, name) =
         target.split_once('/').ok_or_else(|| LabError::Usage(format!("{target:?}: use NAMESPACE/NAME")))?;
-    let pid: i32 = crate::hosts::pod_pid(&crate::state::ApiAccess::of(st)?, ns, name)?
+    let pid: i32 = crate::hosts::pod_pid(st, &crate::state::ApiAccess::of(st)?, ns, name)?
         .parse()
         .map_err(|_| LabError::Usage(format!("pod {target} has no process id in its status")))?;
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL)

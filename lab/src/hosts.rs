@@ -27,7 +27,7 @@ pub fn exec_argv(st: &LabState, host: &str, cmd: &[String]) -> Result<Vec<String
     if let Some(rest) = host.strip_prefix("pod/") {
         let (ns, name) =
             rest.split_once('/').ok_or_else(|| LabError::Usage(format!("{host:?}: use pod/NAMESPACE/NAME")))?;
-        let pid = pod_pid(&ApiAccess::of(st)?, ns, name)?;
+        let pid = pod_pid(st, &ApiAccess::of(st)?, ns, name)?;
         argv = ["nsenter", "-t", &pid, "-n", "-u", "-m", "-r", "--"].iter().map(|s| s.to_string()).collect();
     } else {
         let p = Plan::new(&st.name, st.nodes);
@@ -73,18 +73,33 @@ pub(crate) fn lb_status_in(gateway_netns: &str) -> Result<serde_json::Value> {
     serde_json::from_str(&body).map_err(|e| LabError::NotReady(format!("lb-sim status is not JSON: {e}")))
 }
 
-/// The PID of a pod's first container (its namespaces are the pod's), from the API.
-pub fn pod_pid(api: &ApiAccess, ns: &str, name: &str) -> Result<String> {
+/// The PID of a pod's first container (its namespaces are the pod's), from the API: the
+/// process itself (`podpath://PID`), or for a container of an image (`crun://ID`) its init
+/// process, from the node agent's record of the pod (as `crictl inspect` finds it).
+pub fn pod_pid(st: &LabState, api: &ApiAccess, ns: &str, name: &str) -> Result<String> {
     let (code, body) = api.get(&format!("/api/v1/namespaces/{ns}/pods/{name}"))?;
     if code != 200 {
         return Err(LabError::Usage(format!("pod {ns}/{name} not found")));
     }
     let pod: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
-    pod["status"]["containerStatuses"][0]["containerID"]
-        .as_str()
-        .and_then(|c| c.strip_prefix("podpath://"))
-        .map(str::to_string)
-        .ok_or_else(|| LabError::Usage(format!("pod {ns}/{name} has no running container yet")))
+    let none = || LabError::Usage(format!("pod {ns}/{name} has no running container yet"));
+    let status = &pod["status"]["containerStatuses"][0];
+    let id = status["containerID"].as_str().ok_or_else(none)?;
+    if let Some(pid) = id.strip_prefix("podpath://") {
+        return Ok(pid.to_string());
+    }
+    if !id.starts_with("crun://") || status["state"]["running"].is_null() {
+        return Err(none());
+    }
+    let (node, uid) = (pod["spec"]["nodeName"].as_str().unwrap_or(""), pod["metadata"]["uid"].as_str().unwrap_or(""));
+    let record = st.dir.join("nodes").join(node).join("agent").join("pods").join(format!("{uid}.json"));
+    let rec: serde_json::Value = std::fs::read(&record)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .ok_or_else(|| LabError::NotReady(format!("no record of pod {ns}/{name} on {node} ({})", record.display())))?;
+    let container = status["name"].as_str().unwrap_or("");
+    let pid_file = rec["containers"][container]["pid_file"].as_str().ok_or_else(none)?;
+    std::fs::read_to_string(pid_file).map(|p| p.trim().to_string()).map_err(|_| none())
 }
 
 /// lb-sim's status document (`GET /status` in the gateway's namespace).

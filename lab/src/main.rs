@@ -672,7 +672,8 @@ fn image_cmd(which: &Which, what: ImageCmd) -> Result<()> {
     let store = image::Store::open(lab::image_store(&dir)).map_err(|e| anyhow::anyhow!("{e}"))?;
     match what {
         ImageCmd::Ls => {
-            let mut rows = vec![["IMAGE".to_string(), "TAG".into(), "IMAGE ID".into(), "PLATFORM".into(), "SIZE".into()]];
+            let mut rows =
+                vec![["IMAGE".to_string(), "TAG".into(), "IMAGE ID".into(), "PLATFORM".into(), "SIZE".into()]];
             for r in store.list().map_err(|e| anyhow::anyhow!("{e}"))? {
                 let id: String = r.id.trim_start_matches("sha256:").chars().take(13).collect();
                 let names = if r.names.is_empty() { vec!["<none>:<none>".to_string()] } else { r.names.clone() };

@@ -78,7 +78,7 @@ pub fn pods(st: &LabState, namespaces: &[String]) -> Result<Vec<Probed>> {
             continue;
         }
         let Some(ip) = p["status"]["podIP"].as_str().and_then(|i| i.parse().ok()) else { continue };
-        let pid = crate::hosts::pod_pid(&api, ns, name)?
+        let pid = crate::hosts::pod_pid(st, &api, ns, name)?
             .parse()
             .map_err(|_| LabError::NotReady(format!("pod {ns}/{name} has no process yet")))?;
         out.push(Probed { id: format!("{ns}/{name}"), ip, pid });

@@ -49,6 +49,9 @@ pub struct LabState {
     /// absent in the state of labs made before it was recorded: this program's directory.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bin_dir: Option<PathBuf>,
+    /// The state directory it was read from (not stored: it is where the file is).
+    #[serde(skip)]
+    pub dir: PathBuf,
 }
 
 /// The nodes' service proxy (`node-agent --proxy-mode`). The lab keeps its own list of the
@@ -107,8 +110,11 @@ pub(crate) fn state_file(dir: &Path) -> PathBuf {
 
 pub fn load_state(dir: &Path) -> Result<Option<LabState>> {
     match std::fs::read(state_file(dir)) {
-        Ok(b) => serde_json::from_slice(&b)
-            .map(Some)
+        Ok(b) => serde_json::from_slice::<LabState>(&b)
+            .map(|mut st| {
+                st.dir = dir.to_path_buf();
+                Some(st)
+            })
             .map_err(|e| LabError::Usage(format!("{} is not a lab state file: {e}", state_file(dir).display()))),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(io(format!("read {}", state_file(dir).display()))(e)),

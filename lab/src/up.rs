@@ -323,6 +323,7 @@ pub fn up(opts: &UpOptions, progress: &mut dyn FnMut(&str)) -> Result<LabState> 
         namespaces: p.hosts.iter().map(|h| h.netns.clone()).collect(),
         procs: vec![],
         bin_dir: Some(opts.bin_dir.clone()),
+        dir: opts.state_dir.clone(),
     };
     save_state(&opts.state_dir, &st)?;
     match start(opts, &p, &mut st, api, progress) {

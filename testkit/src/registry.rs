@@ -96,10 +96,12 @@ pub fn busybox() -> TestImage {
         Entry::Dir { path: "tmp".into() },
         Entry::Dir { path: "root".into() },
     ];
-    let mut libs: Vec<String> = ["/bin/busybox", "/usr/bin/getent", "/usr/bin/printenv"].iter().flat_map(|p| libraries_of(p)).collect();
+    let mut libs: Vec<String> =
+        ["/bin/busybox", "/usr/bin/getent", "/usr/bin/printenv"].iter().flat_map(|p| libraries_of(p)).collect();
     libs.sort();
     libs.dedup();
-    let mut dirs: Vec<String> = libs.iter().filter_map(|l| Path::new(l).parent().map(|d| d.display().to_string())).collect();
+    let mut dirs: Vec<String> =
+        libs.iter().filter_map(|l| Path::new(l).parent().map(|d| d.display().to_string())).collect();
     dirs.sort();
     dirs.dedup();
     for d in dirs {
@@ -120,7 +122,9 @@ pub fn busybox() -> TestImage {
         });
     }
     let list = Command::new(bin).arg("--list").output().expect("busybox --list");
-    for applet in String::from_utf8_lossy(&list.stdout).lines().map(str::trim).filter(|a| !a.is_empty() && *a != "busybox") {
+    for applet in
+        String::from_utf8_lossy(&list.stdout).lines().map(str::trim).filter(|a| !a.is_empty() && *a != "busybox")
+    {
         entries.push(Entry::Link { path: format!("bin/{applet}"), target: "busybox".into() });
     }
     TestImage {

@@ -126,6 +126,7 @@ proto_kinds! {
     Ingress: api_networking::Ingress,
     Secret: core::Secret,
     NetworkPolicy: api_networking::NetworkPolicy,
+    ConfigMap: core::ConfigMap,
 }
 
 fn proto_err(what: &'static str, e: impl std::fmt::Display) -> Error {

@@ -1,5 +1,5 @@
-//! Ingress, Secret and NetworkPolicy: metadata typed, the rest in `extra_json` (only lb-sim
-//! and the node agents' policy enforcement read them).
+//! Ingress, Secret, ConfigMap and NetworkPolicy: metadata typed, the rest in `extra_json` (only
+//! lb-sim and the node agents read them: L7 load balancing, volumes, policy enforcement).
 
 use k8s_openapi::api::core::v1 as core;
 use k8s_openapi::api::networking::v1 as api_networking;
@@ -32,6 +32,19 @@ impl ProtoConvert for core::Secret {
 
     fn from_typed(p: &pb::Secret) -> Result<Self, Error> {
         Ok(core::Secret { metadata: object_meta_back(&p.metadata)?, ..Default::default() })
+    }
+}
+
+impl ProtoConvert for core::ConfigMap {
+    type Proto = pb::ConfigMap;
+    extra_accessors!();
+
+    fn to_typed(&self) -> pb::ConfigMap {
+        pb::ConfigMap { metadata: Some(object_meta(&self.metadata)), extra_json: String::new() }
+    }
+
+    fn from_typed(p: &pb::ConfigMap) -> Result<Self, Error> {
+        Ok(core::ConfigMap { metadata: object_meta_back(&p.metadata)?, ..Default::default() })
     }
 }
 

@@ -155,7 +155,7 @@ fn lookup(st: &LabState, api: &ApiAccess, objects: &Objects, from: &str, name: &
         )));
     };
     let (ns, pod) = rest.split_once('/').ok_or_else(|| LabError::Usage(format!("{from:?}: use pod/NAMESPACE/NAME")))?;
-    let pid = crate::hosts::pod_pid(api, ns, pod)?;
+    let pid = crate::hosts::pod_pid(st, api, ns, pod)?;
     let conf = std::fs::read_to_string(format!("/proc/{pid}/root/etc/resolv.conf"))
         .map_err(io(format!("read pod {ns}/{pod}'s /etc/resolv.conf")))?;
     let resolv = ResolvConf::parse(&conf);
@@ -616,7 +616,7 @@ fn ns_path_of(st: &LabState, plan: &Plan, api: &ApiAccess, host: &str) -> Result
     if let Some(rest) = host.strip_prefix("pod/") {
         let (ns, name) =
             rest.split_once('/').ok_or_else(|| LabError::Usage(format!("{host:?}: use pod/NAMESPACE/NAME")))?;
-        let pid = crate::hosts::pod_pid(api, ns, name)?;
+        let pid = crate::hosts::pod_pid(st, api, ns, name)?;
         return Ok(format!("/proc/{pid}/ns/net"));
     }
     let ns = plan.netns_of(host).ok_or_else(|| {
