@@ -12,6 +12,8 @@
 //! - [`workload`]: the `podpath-workload` program (sandbox, join, monitor, echo);
 //! - [`echo`]: the built-in `podpath/echo` workload; [`metrics`]: pods running, CNI latency.
 //!
+//! - [`volumes`]: a pod's volumes (emptyDir, hostPath, configMap, secret, downwardAPI,
+//!   projected), planned purely and written by an atomic writer;
 //! - [`images`], [`oci`]: containers of images — pulled through the lab's image service, run
 //!   by an OCI runtime (crun) from a bundle made purely from the pod and the image.
 //!
@@ -31,6 +33,7 @@ pub mod process;
 pub mod server;
 pub mod stream;
 pub mod tail;
+pub mod volumes;
 pub mod workload;
 
 pub use error::{KubeletError, Result};

@@ -220,6 +220,7 @@ fn world() -> World {
             backoff_base: Duration::from_secs(10),
             backoff_max: Duration::from_secs(300),
             images: None,
+            service_account_token: None,
         },
         procs: procs.clone(),
         cni: CniRuntime { exec: exec.clone(), bin_dirs: vec![bins], cache_dir: dir.path().join("state/cni/results") },
@@ -229,6 +230,8 @@ fn world() -> World {
         metrics: Arc::new(Metrics::new()),
         events: sink,
         services: podpath_client::reflector::Store::new(),
+        secrets: podpath_client::reflector::Store::new(),
+        config_maps: podpath_client::reflector::Store::new(),
     });
     World { deps, procs, exec, api, prober, store: Store::new(), dir, events: Mutex::new((events, Vec::new())) }
 }
@@ -588,6 +591,8 @@ fn restarted_agent(w: &World, w2: &World) -> Arc<FakeDeps> {
         metrics: Arc::new(Metrics::new()),
         events: w2.deps.events.clone(),
         services: w.deps.services.clone(),
+        secrets: w.deps.secrets.clone(),
+        config_maps: w.deps.config_maps.clone(),
     })
 }
 

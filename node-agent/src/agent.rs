@@ -177,6 +177,7 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()>) -> Result
         backoff_base: cfg.backoff_base,
         backoff_max: cfg.backoff_max,
         images: cfg.images.clone(),
+        service_account_token: cfg.token.clone(),
     };
     if cfg.kubelet_port != 0 {
         let addr = SocketAddr::new(cfg.node_ip, cfg.kubelet_port);
@@ -202,6 +203,10 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()>) -> Result
         services_for_env.clone(),
         |s: core::Service| kubelet::pods::envvars::ServiceLink::of(&s),
     ));
+    // Secrets and ConfigMaps: the pods' volumes and imagePullSecrets.
+    let (secrets, config_maps): (Arc<Store<core::Secret>>, Arc<Store<core::ConfigMap>>) = (Store::new(), Store::new());
+    tokio::spawn(reflector::run(client.clone(), Filter::default(), secrets.clone()));
+    tokio::spawn(reflector::run(client.clone(), Filter::default(), config_maps.clone()));
     let deps = Arc::new(Deps {
         cfg: pods_cfg,
         procs: LinuxProcesses::default(),
@@ -216,6 +221,8 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()>) -> Result
         metrics: kubelet_metrics,
         events,
         services: services_for_env,
+        secrets,
+        config_maps,
     });
     tokio::spawn(pods::run_pods(deps, pods_store, None));
 

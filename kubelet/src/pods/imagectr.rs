@@ -2,6 +2,8 @@
 //! Events, `ErrImagePull` then `ImagePullBackOff` while the back-off runs), then the OCI
 //! bundle (the runtime spec made by [`crate::oci`]) and the monitor's command line running it.
 
+use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1 as core;
@@ -14,6 +16,7 @@ use super::{envvars, uid, Deps, PodApi, Prober};
 use crate::cni::PluginExec;
 use crate::images::Images;
 use crate::oci;
+use crate::volumes;
 use crate::process::Processes;
 
 /// A `/dev/shm` as containerd gives one (64 MiB).
@@ -22,7 +25,126 @@ const SHM_BYTES: u64 = 64 << 20;
 /// How long `ErrImagePull` shows before the back-off (`ImagePullBackOff`) does.
 const ERR_IMAGE_PULL_SHOWN: Duration = Duration::from_secs(1);
 
+/// The objects volumes read, from the node's caches.
+struct Cached<'a> {
+    secrets: &'a podpath_client::reflector::Store<core::Secret>,
+    config_maps: &'a podpath_client::reflector::Store<core::ConfigMap>,
+    token: Option<String>,
+}
+
+impl volumes::Objects for Cached<'_> {
+    fn secret(&self, namespace: &str, name: &str) -> Option<core::Secret> {
+        self.secrets.get(&format!("{namespace}/{name}"))
+    }
+    fn config_map(&self, namespace: &str, name: &str) -> Option<core::ConfigMap> {
+        self.config_maps.get(&format!("{namespace}/{name}"))
+    }
+    fn token(&self) -> Option<String> {
+        self.token.clone()
+    }
+}
+
+/// Why a container's bundle could not be made.
+pub(super) enum BundleError {
+    /// A volume (kubelet's `FailedMount`; the pod stays `ContainerCreating`).
+    Mount(String),
+    /// The container's own settings (`CreateContainerConfigError`).
+    Config(String),
+}
+
 impl<P: Processes, E: PluginExec, A: PodApi, Q: Prober> Deps<P, E, A, Q> {
+    fn objects(&self) -> Cached<'_> {
+        Cached { secrets: &self.secrets, config_maps: &self.config_maps, token: self.cfg.service_account_token.clone() }
+    }
+
+    /// Makes the pod's volumes (again: files volumes take their objects' current content);
+    /// returns each volume's directory on the node.
+    pub(super) fn setup_volumes(&self, pod: &core::Pod) -> Result<BTreeMap<String, PathBuf>, String> {
+        let planned = volumes::plan(pod, &self.objects())?;
+        let dir = self.cfg.pod_volumes_dir(&uid(pod));
+        let mut out = BTreeMap::new();
+        for (name, v) in planned {
+            let path = dir.join(&name);
+            let fail = |e: std::io::Error| format!("MountVolume.SetUp failed for volume {name:?} : {e}");
+            let at = match v {
+                volumes::Volume::Dir => {
+                    std::fs::create_dir_all(&path).map_err(fail)?;
+                    path
+                }
+                volumes::Volume::Tmpfs(size) => {
+                    std::fs::create_dir_all(&path).map_err(fail)?;
+                    if !is_mount_point(&path) {
+                        let opts = size.map_or("mode=1777".to_string(), |b| format!("mode=1777,size={b}"));
+                        nix::mount::mount(Some("tmpfs"), &path, Some("tmpfs"), nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV, Some(opts.as_str()))
+                            .map_err(|e| fail(e.into()))?;
+                    }
+                    path
+                }
+                volumes::Volume::Host { path: host, create, must_be } => {
+                    if create {
+                        std::fs::create_dir_all(&host).map_err(fail)?;
+                    }
+                    let m = std::fs::metadata(&host);
+                    let ok = match (must_be, &m) {
+                        (_, Err(_)) => false,
+                        (Some("directory"), Ok(m)) => m.is_dir(),
+                        (Some("file"), Ok(m)) => m.is_file(),
+                        _ => true,
+                    };
+                    if !ok {
+                        return Err(format!(
+                            "MountVolume.SetUp failed for volume {name:?} : hostPath type check failed: {} is not a {}",
+                            host.display(),
+                            must_be.unwrap_or("path that exists")
+                        ));
+                    }
+                    host
+                }
+                volumes::Volume::Files(files) => {
+                    volumes::write_files(&path, &files).map_err(fail)?;
+                    path
+                }
+            };
+            out.insert(name, at);
+        }
+        Ok(out)
+    }
+
+    /// Writes the pod's files volumes again after a Secret or ConfigMap changed (containers see
+    /// the new content through the `..data` switch, as with kubelet).
+    pub(super) fn refresh_volumes(&self, pod: &core::Pod) {
+        if let Err(e) = self.setup_volumes(pod) {
+            tracing::debug!(pod = %super::key(pod), "volumes not refreshed: {e}");
+        }
+    }
+
+    /// The registry logins of the pod's `imagePullSecrets` (a missing one is skipped, as kubelet
+    /// does, with a warning Event).
+    fn pull_credentials(&self, pod: &core::Pod) -> Vec<image::Credential> {
+        let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
+        let mut out = vec![];
+        for r in pod.spec.as_ref().and_then(|s| s.image_pull_secrets.as_ref()).into_iter().flatten() {
+            let Some(s) = self.secrets.get(&format!("{ns}/{}", r.name)) else {
+                self.event(
+                    pod,
+                    None,
+                    true,
+                    "FailedToRetrieveImagePullSecret",
+                    format!("Unable to retrieve some image pull secrets ({}); attempting to pull the image may not succeed.", r.name),
+                );
+                continue;
+            };
+            let data = s.data.unwrap_or_default();
+            if let Some(json) = data.get(".dockerconfigjson").or_else(|| data.get(".dockercfg")) {
+                match image::pull::docker_config_credentials(&json.0) {
+                    Ok(c) => out.extend(c),
+                    Err(e) => tracing::warn!(pod = %super::key(pod), secret = %r.name, "unusable pull secret: {e}"),
+                }
+            }
+        }
+        out
+    }
+
     /// The Service variables of a pod's containers.
     pub(super) fn service_env(&self, pod: &core::Pod) -> Vec<(String, String)> {
         let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
@@ -85,7 +207,7 @@ impl<P: Processes, E: PluginExec, A: PodApi, Q: Prober> Deps<P, E, A, Q> {
             _ => {
                 self.event(pod, Some(&name), false, "Pulling", format!("Pulling image {image:?}"));
                 let started = std::time::Instant::now();
-                match images.pull(&image, vec![]).await {
+                match images.pull(&image, self.pull_credentials(pod)).await {
                     Ok(p) => {
                         let waited = started.elapsed();
                         self.event(
@@ -118,7 +240,14 @@ impl<P: Processes, E: PluginExec, A: PodApi, Q: Prober> Deps<P, E, A, Q> {
         };
         match self.bundle(pod, rec, c, images, &record, pod_ip, attempt, services) {
             Ok(l) => Some(l),
-            Err(msg) => {
+            Err(BundleError::Mount(msg)) => {
+                self.event(pod, None, true, "FailedMount", msg.clone());
+                c.waiting = Some(("ContainerCreating".into(), None));
+                c.next_start = Some(Instant::now() + c.backoff);
+                c.backoff = (c.backoff * 2).min(self.cfg.backoff_max);
+                None
+            }
+            Err(BundleError::Config(msg)) => {
                 self.event(pod, Some(&name), true, "Failed", format!("Error: {msg}"));
                 c.waiting = Some(("CreateContainerConfigError".into(), Some(msg)));
                 c.next_start = Some(Instant::now() + c.backoff);
@@ -141,6 +270,24 @@ impl<P: Processes, E: PluginExec, A: PodApi, Q: Prober> Deps<P, E, A, Q> {
         pod_ip: &str,
         attempt: i32,
         services: &[(String, String)],
+    ) -> Result<Launch, BundleError> {
+        let volumes = self.setup_volumes(pod).map_err(BundleError::Mount)?;
+        let mounts = volume_binds(&c.spec, &volumes).map_err(BundleError::Config)?;
+        self.bundle_with(pod, rec, c, images, record, pod_ip, attempt, services, mounts).map_err(BundleError::Config)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn bundle_with(
+        &self,
+        pod: &core::Pod,
+        rec: &PodRecord,
+        c: &mut Ctr,
+        images: &Images,
+        record: &image::ImageRecord,
+        pod_ip: &str,
+        attempt: i32,
+        services: &[(String, String)],
+        mounts: Vec<oci::Bind>,
     ) -> Result<Launch, String> {
         let pod_uid = uid(pod);
         let layers = images.layer_dirs(record)?;
@@ -167,10 +314,11 @@ impl<P: Processes, E: PluginExec, A: PodApi, Q: Prober> Deps<P, E, A, Q> {
         let hostname_file = etc.join("hostname");
         std::fs::write(&hostname_file, format!("{hostname}\n"))
             .map_err(|e| format!("cannot write {}: {e}", hostname_file.display()))?;
-        let binds = ["resolv.conf", "hosts", "hostname"]
+        let mut binds: Vec<oci::Bind> = ["resolv.conf", "hosts", "hostname"]
             .iter()
             .map(|f| oci::Bind { source: etc.join(f), destination: format!("/etc/{f}"), read_only: false })
             .collect();
+        binds.extend(mounts);
         let spec = oci::runtime_spec(&oci::SpecInput {
             pod,
             container: &c.spec,
@@ -227,4 +375,37 @@ impl<P: Processes, E: PluginExec, A: PodApi, Q: Prober> Deps<P, E, A, Q> {
         let _ = std::fs::remove_file(bundle.join("pid"));
         Ok(Launch::Run(monitor_spec(&self.cfg, pod, &c.spec, None, attempt, inner, vec![])))
     }
+}
+
+/// Whether `p` is a mount point (its device differs from its parent's).
+fn is_mount_point(p: &std::path::Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (std::fs::metadata(p), p.parent().map(std::fs::metadata)) {
+        (Ok(a), Some(Ok(b))) => a.dev() != b.dev(),
+        _ => false,
+    }
+}
+
+/// The container's `volumeMounts` as bind mounts: the volume's directory, or a `subPath` of it
+/// (made as a directory when missing, as kubelet does; never outside the volume).
+pub(super) fn volume_binds(c: &core::Container, volumes: &BTreeMap<String, PathBuf>) -> Result<Vec<oci::Bind>, String> {
+    let mut out = vec![];
+    for m in c.volume_mounts.iter().flatten() {
+        let dir = volumes
+            .get(&m.name)
+            .ok_or_else(|| format!("volumeMount {:?} names no volume of the pod", m.name))?;
+        let source = match m.sub_path.as_deref().filter(|s| !s.is_empty()) {
+            None => dir.clone(),
+            Some(sub) => {
+                let rel = volumes::safe_relative(sub).map_err(|e| format!("subPath {e}"))?;
+                let p = dir.join(rel);
+                if std::fs::symlink_metadata(&p).is_err() {
+                    std::fs::create_dir_all(&p).map_err(|e| format!("cannot create subPath {sub:?}: {e}"))?;
+                }
+                p
+            }
+        };
+        out.push(oci::Bind { source, destination: m.mount_path.clone(), read_only: m.read_only == Some(true) });
+    }
+    Ok(out)
 }

@@ -134,6 +134,9 @@ pub struct PodsConfig {
     pub backoff_max: Duration,
     /// Containers of images (None: every container is a process on the node, as before images).
     pub images: Option<crate::images::Images>,
+    /// What `serviceAccountToken` projections write: the token the node's components use (the
+    /// lab has one identity).
+    pub service_account_token: Option<String>,
 }
 
 impl PodsConfig {
@@ -165,6 +168,10 @@ impl PodsConfig {
     pub fn log_path(&self, namespace: &str, name: &str, uid: &str, container: &str, attempt: i32) -> PathBuf {
         self.pod_log_dir(namespace, name, uid).join(container).join(format!("{attempt}.log"))
     }
+    /// Where a pod's volumes are (one directory each).
+    pub fn pod_volumes_dir(&self, uid: &str) -> PathBuf {
+        self.state_dir.join("volumes").join(uid)
+    }
     /// Where a pod's container bundles are (one per container and attempt).
     pub fn pod_containers_dir(&self, uid: &str) -> PathBuf {
         self.state_dir.join("containers").join(uid)
@@ -184,6 +191,9 @@ pub struct Deps<P, E, A, Q> {
     pub events: Recorder,
     /// The cluster's Services, for the containers' Service variables.
     pub services: Arc<Store<envvars::ServiceLink>>,
+    /// Secrets and ConfigMaps: volumes, and `imagePullSecrets`.
+    pub secrets: Arc<Store<core::Secret>>,
+    pub config_maps: Arc<Store<core::ConfigMap>>,
 }
 
 impl<P, E, A, Q> Deps<P, E, A, Q> {

@@ -110,8 +110,16 @@ impl<P: Processes, E: PluginExec, A: PodApi, Q: Prober> Deps<P, E, A, Q> {
             self.cfg.state_dir.join("logs").join(format!("{}_{}_{}", rec.namespace, rec.name, rec.uid)),
         );
         let _ = std::fs::remove_dir_all(self.cfg.pod_etc_dir(&rec.uid));
-        // Containers' bundles (writable layers) and the leases on their images' layers.
+        // Containers' bundles (writable layers) and the leases on their images' layers; the
+        // volumes (a memory-backed one unmounted first).
         let _ = std::fs::remove_dir_all(self.cfg.pod_containers_dir(&rec.uid));
+        let volumes = self.cfg.pod_volumes_dir(&rec.uid);
+        if let Ok(entries) = std::fs::read_dir(&volumes) {
+            for e in entries.flatten() {
+                let _ = nix::mount::umount2(&e.path(), nix::mount::MntFlags::MNT_DETACH);
+            }
+        }
+        let _ = std::fs::remove_dir_all(&volumes);
         if let Some(images) = &self.cfg.images {
             for name in rec.containers.keys() {
                 images.store.release(&format!("{}-{name}", rec.uid));
@@ -372,6 +380,13 @@ impl<P: Processes, E: PluginExec, A: PodApi, Q: Prober> Worker<P, E, A, Q> {
     /// pod's channel is closed.
     async fn wait(&mut self, pod_rx: &mut watch::Receiver<Option<core::Pod>>) -> bool {
         let deadline = self.next_deadline();
+        // A running pod of images with files volumes follows its Secrets and ConfigMaps.
+        let follows = self.rec.is_some()
+            && self.ctrs.iter().any(|c| c.rec.pid_file.is_some() && c.rec.process.is_some())
+            && self.pod.spec.as_ref().and_then(|s| s.volumes.as_ref()).is_some_and(|v| {
+                v.iter().any(|v| v.secret.is_some() || v.config_map.is_some() || v.projected.is_some() || v.downward_api.is_some())
+            });
+        let (mut secrets, mut config_maps) = (self.deps.secrets.changes(), self.deps.config_maps.changes());
         let sleep = async {
             match deadline {
                 Some(d) => tokio::time::sleep_until(d).await,
@@ -398,6 +413,8 @@ impl<P: Processes, E: PluginExec, A: PodApi, Q: Prober> Worker<P, E, A, Q> {
                 }
             }
             Some((name, p, exit)) = self.exit_rx.recv() => self.exited(&name, p, exit),
+            Ok(()) = secrets.changed(), if follows => self.deps.refresh_volumes(&self.pod),
+            Ok(()) = config_maps.changed(), if follows => self.deps.refresh_volumes(&self.pod),
             _ = sleep => {}
         }
         true
