@@ -156,3 +156,98 @@ fn a_deployment_of_an_image_answers_through_a_cluster_ip_and_the_load_balancer()
     let out = lab.kubectl(&["exec", "client", "--", "wget", "-qO-", &format!("http://{cluster_ip}/")]);
     assert!(out.starts_with("served by web-"), "{out}");
 }
+
+#[test]
+fn secret_and_config_map_volumes_are_mounted_and_follow_updates_and_a_private_image_needs_its_pull_secret() {
+    let public = Registry::start(None);
+    public.push("library/busybox:latest", &busybox(), None);
+    let auth_dir = tempfile::tempdir().unwrap();
+    let private = Registry::start(Some(&testkit::registry::htpasswd(auth_dir.path(), "student", "s3cret")));
+    private.push("private/bb:1", &busybox(), Some(("student", "s3cret")));
+    let mirror = format!("--registry-mirror=docker.io=http://{}", public.addr);
+    let plain = format!("--plain-http-registry={}", private.addr);
+    let lab = Lab::up("imgvol", &["--nodes", "1", &mirror, &plain]).expect("podpath up");
+
+    // "Connecting Applications with Services": the certificate from a Secret volume, the
+    // configuration from a ConfigMap volume.
+    lab.kubectl(&[
+        "create",
+        "secret",
+        "generic",
+        "nginxsecret",
+        "--from-literal=tls.crt=CERT-1",
+        "--from-literal=tls.key=KEY-1",
+    ]);
+    lab.kubectl(&["create", "configmap", "nginxconfigmap", "--from-literal=default.conf=listen 443;"]);
+    lab.apply(
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: secure, labels: {app: secure}}\nspec:\n  volumes:\n  - {name: secret-volume, secret: {secretName: nginxsecret}}\n  - {name: configmap-volume, configMap: {name: nginxconfigmap}}\n  - {name: scratch, emptyDir: {}}\n  - {name: info, downwardAPI: {items: [{path: labels, fieldRef: {fieldPath: metadata.labels}}]}}\n  containers:\n  - name: c\n    image: busybox\n    command: [sleep, '3600']\n    volumeMounts:\n    - {name: secret-volume, mountPath: /etc/nginx/ssl, readOnly: true}\n    - {name: configmap-volume, mountPath: /etc/nginx/conf.d}\n    - {name: scratch, mountPath: /data}\n    - {name: scratch, mountPath: /sub, subPath: inner}\n    - {name: info, mountPath: /etc/podinfo}\n",
+    );
+    lab.kubectl(&["wait", "--for=condition=Ready", "pod/secure", "--timeout=60s"]);
+    assert_eq!(lab.kubectl(&["exec", "secure", "--", "cat", "/etc/nginx/ssl/tls.crt"]), "CERT-1");
+    assert_eq!(lab.kubectl(&["exec", "secure", "--", "cat", "/etc/nginx/conf.d/default.conf"]), "listen 443;");
+    assert_eq!(lab.kubectl(&["exec", "secure", "--", "cat", "/etc/podinfo/labels"]), "app=\"secure\"");
+    assert_eq!(lab.kubectl(&["exec", "secure", "--", "sh", "-c", "echo hi > /sub/f && cat /data/inner/f"]), "hi\n");
+    let out = kubectl_fails(&lab, &["exec", "secure", "--", "touch", "/etc/nginx/ssl/x"]);
+    assert!(out.contains("Read-only file system"), "{out}");
+    // Updated in place, as kubelet does.
+    lab.apply(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: nginxconfigmap}\ndata: {default.conf: 'listen 8443;'}\n",
+    );
+    wait_for(Duration::from_secs(10), "the ConfigMap's new content in the volume", || {
+        match lab.kubectl(&["exec", "secure", "--", "cat", "/etc/nginx/conf.d/default.conf"]).as_str() {
+            "listen 8443;" => Ok(()),
+            other => Err(other.to_string()),
+        }
+    });
+    // A volume of a Secret that does not exist: FailedMount, the pod waits.
+    lab.apply("apiVersion: v1\nkind: Pod\nmetadata: {name: nosecret}\nspec:\n  volumes: [{name: certs, secret: {secretName: missing}}]\n  containers:\n  - {name: c, image: busybox, command: [sleep, '3600'], volumeMounts: [{name: certs, mountPath: /certs}]}\n");
+    wait_for(Duration::from_secs(30), "FailedMount", || {
+        let ev = lab.kubectl(&[
+            "get",
+            "events",
+            "--field-selector",
+            "involvedObject.name=nosecret,reason=FailedMount",
+            "-o",
+            "custom-columns=M:.message",
+            "--no-headers",
+        ]);
+        if ev.contains("MountVolume.SetUp failed for volume \"certs\" : secret \"missing\" not found") {
+            Ok(())
+        } else {
+            Err(ev)
+        }
+    });
+
+    // A private image: refused without its pull secret, pulled with it.
+    let image = format!("{}/private/bb:1", private.addr);
+    lab.kubectl(&["run", "nocred", &format!("--image={image}"), "--", "sleep", "3600"]);
+    let msg = wait_for(Duration::from_secs(30), "the registry's refusal", || {
+        let m = lab.kubectl(&[
+            "get",
+            "pod",
+            "nocred",
+            "-o",
+            "jsonpath={.status.containerStatuses[0].state.waiting.message}",
+        ]);
+        if m.contains("pull access denied") || m.contains("401") {
+            Ok(m)
+        } else {
+            Err(m)
+        }
+    });
+    assert!(msg.contains(&image), "{msg}");
+    lab.kubectl(&[
+        "create",
+        "secret",
+        "docker-registry",
+        "regcred",
+        &format!("--docker-server={}", private.addr),
+        "--docker-username=student",
+        "--docker-password=s3cret",
+    ]);
+    lab.apply(&format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: withcred}}\nspec:\n  imagePullSecrets: [{{name: regcred}}]\n  containers:\n  - {{name: c, image: '{image}', command: [sleep, '3600']}}\n"
+    ));
+    lab.kubectl(&["wait", "--for=condition=Ready", "pod/withcred", "--timeout=60s"]);
+    assert!(lab.kubectl(&["exec", "withcred", "--", "cat", "/etc/os-release"]).contains("podpath-busybox"));
+}

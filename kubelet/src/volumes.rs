@@ -80,7 +80,10 @@ fn keyed(
                         out.insert(path.display().to_string(), (v.clone(), mode_of(i.mode, default_mode)));
                     }
                     None if optional => {}
-                    None => return Err(format!("configmap references non-existent config key: {}", i.key).replace("configmap", what)),
+                    None => {
+                        return Err(format!("configmap references non-existent config key: {}", i.key)
+                            .replace("configmap", what))
+                    }
                 }
             }
         }
@@ -111,7 +114,9 @@ pub fn field(pod: &core::Pod, path: &str) -> Result<String, String> {
     let map = |m: &Option<BTreeMap<String, String>>| {
         m.iter().flatten().map(|(k, v)| format!("{k}={v:?}")).collect::<Vec<_>>().join("\n")
     };
-    let in_map = |m: &Option<BTreeMap<String, String>>, key: &str| m.as_ref().and_then(|m| m.get(key)).cloned().unwrap_or_default();
+    let in_map = |m: &Option<BTreeMap<String, String>>, key: &str| {
+        m.as_ref().and_then(|m| m.get(key)).cloned().unwrap_or_default()
+    };
     Ok(match path {
         "metadata.name" => m.name.clone().unwrap_or_default(),
         "metadata.namespace" => m.namespace.clone().unwrap_or_else(|| "default".into()),
@@ -119,7 +124,9 @@ pub fn field(pod: &core::Pod, path: &str) -> Result<String, String> {
         "metadata.labels" => map(&m.labels),
         "metadata.annotations" => map(&m.annotations),
         "spec.nodeName" => pod.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default(),
-        "spec.serviceAccountName" => pod.spec.as_ref().and_then(|s| s.service_account_name.clone()).unwrap_or_else(|| "default".into()),
+        "spec.serviceAccountName" => {
+            pod.spec.as_ref().and_then(|s| s.service_account_name.clone()).unwrap_or_else(|| "default".into())
+        }
         "status.podIP" => pod.status.as_ref().and_then(|s| s.pod_ip.clone()).unwrap_or_default(),
         "status.hostIP" => pod.status.as_ref().and_then(|s| s.host_ip.clone()).unwrap_or_default(),
         p => {
@@ -134,7 +141,12 @@ pub fn field(pod: &core::Pod, path: &str) -> Result<String, String> {
     })
 }
 
-fn downward(pod: &core::Pod, items: &[core::DownwardAPIVolumeFile], default_mode: Option<i32>, out: &mut Files) -> Result<(), String> {
+fn downward(
+    pod: &core::Pod,
+    items: &[core::DownwardAPIVolumeFile],
+    default_mode: Option<i32>,
+    out: &mut Files,
+) -> Result<(), String> {
     for i in items {
         let path = safe_relative(&i.path)?;
         let value = match (&i.field_ref, &i.resource_field_ref) {
@@ -179,8 +191,10 @@ pub fn plan(pod: &core::Pod, objects: &dyn Objects) -> Result<BTreeMap<String, V
             let optional = s.optional == Some(true);
             let mut files = Files::new();
             match objects.secret(&ns, &name) {
-                Some(obj) => keyed("secret", &secret_data(&obj), s.items.as_ref(), s.default_mode, optional, &mut files)
-                    .map_err(&fail)?,
+                Some(obj) => {
+                    keyed("secret", &secret_data(&obj), s.items.as_ref(), s.default_mode, optional, &mut files)
+                        .map_err(&fail)?
+                }
                 None if optional => {}
                 None => return Err(fail(format!("secret {name:?} not found"))),
             }
@@ -190,8 +204,10 @@ pub fn plan(pod: &core::Pod, objects: &dyn Objects) -> Result<BTreeMap<String, V
             let optional = c.optional == Some(true);
             let mut files = Files::new();
             match objects.config_map(&ns, &name) {
-                Some(obj) => keyed("configmap", &config_map_data(&obj), c.items.as_ref(), c.default_mode, optional, &mut files)
-                    .map_err(&fail)?,
+                Some(obj) => {
+                    keyed("configmap", &config_map_data(&obj), c.items.as_ref(), c.default_mode, optional, &mut files)
+                        .map_err(&fail)?
+                }
                 None if optional => {}
                 None => return Err(fail(format!("configmap {name:?} not found"))),
             }
@@ -207,8 +223,10 @@ pub fn plan(pod: &core::Pod, objects: &dyn Objects) -> Result<BTreeMap<String, V
                     let name = s.name.clone();
                     let optional = s.optional == Some(true);
                     match objects.secret(&ns, &name) {
-                        Some(obj) => keyed("secret", &secret_data(&obj), s.items.as_ref(), p.default_mode, optional, &mut files)
-                            .map_err(&fail)?,
+                        Some(obj) => {
+                            keyed("secret", &secret_data(&obj), s.items.as_ref(), p.default_mode, optional, &mut files)
+                                .map_err(&fail)?
+                        }
                         None if optional => {}
                         None => return Err(fail(format!("secret {name:?} not found"))),
                     }
@@ -217,10 +235,15 @@ pub fn plan(pod: &core::Pod, objects: &dyn Objects) -> Result<BTreeMap<String, V
                     let name = c.name.clone();
                     let optional = c.optional == Some(true);
                     match objects.config_map(&ns, &name) {
-                        Some(obj) => {
-                            keyed("configmap", &config_map_data(&obj), c.items.as_ref(), p.default_mode, optional, &mut files)
-                                .map_err(&fail)?
-                        }
+                        Some(obj) => keyed(
+                            "configmap",
+                            &config_map_data(&obj),
+                            c.items.as_ref(),
+                            p.default_mode,
+                            optional,
+                            &mut files,
+                        )
+                        .map_err(&fail)?,
                         None if optional => {}
                         None => return Err(fail(format!("configmap {name:?} not found"))),
                     }
@@ -231,7 +254,10 @@ pub fn plan(pod: &core::Pod, objects: &dyn Objects) -> Result<BTreeMap<String, V
                 if let Some(t) = &src.service_account_token {
                     let token = objects.token().ok_or_else(|| fail("no service account token to project".into()))?;
                     let path = safe_relative(&t.path).map_err(&fail)?;
-                    files.insert(path.display().to_string(), (token.into_bytes(), mode_of(None, p.default_mode.or(Some(0o600)))));
+                    files.insert(
+                        path.display().to_string(),
+                        (token.into_bytes(), mode_of(None, p.default_mode.or(Some(0o600)))),
+                    );
                 }
             }
             Volume::Files(files)
@@ -396,9 +422,14 @@ mod tests {
 
     #[test]
     fn missing_objects_and_bad_paths_say_why() {
-        let e = plan(&pod(serde_json::json!([{"name": "certs", "secret": {"secretName": "nope"}}])), &Objs).unwrap_err();
+        let e =
+            plan(&pod(serde_json::json!([{"name": "certs", "secret": {"secretName": "nope"}}])), &Objs).unwrap_err();
         assert_eq!(e, "MountVolume.SetUp failed for volume \"certs\" : secret \"nope\" not found");
-        assert!(plan(&pod(serde_json::json!([{"name": "c", "secret": {"secretName": "nope", "optional": true}}])), &Objs).is_ok());
+        assert!(plan(
+            &pod(serde_json::json!([{"name": "c", "secret": {"secretName": "nope", "optional": true}}])),
+            &Objs
+        )
+        .is_ok());
         let e = plan(&pod(serde_json::json!([{"name": "c", "configMap": {"name": "nginxconfigmap", "items": [{"key": "x", "path": "y"}]}}])), &Objs)
             .unwrap_err();
         assert!(e.contains("configmap references non-existent config key: x"), "{e}");
@@ -412,7 +443,8 @@ mod tests {
     fn the_atomic_writer_swaps_data_in_one_rename() {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path().join("vol");
-        let mut files = Files::from([("a".to_string(), (b"1".to_vec(), 0o644)), ("sub/b".to_string(), (b"2".to_vec(), 0o600))]);
+        let mut files =
+            Files::from([("a".to_string(), (b"1".to_vec(), 0o644)), ("sub/b".to_string(), (b"2".to_vec(), 0o600))]);
         assert!(write_files(&d, &files).unwrap());
         assert_eq!(std::fs::read(d.join("a")).unwrap(), b"1");
         assert_eq!(std::fs::read(d.join("sub/b")).unwrap(), b"2");
@@ -423,7 +455,11 @@ mod tests {
         assert!(write_files(&d, &files).unwrap());
         assert_eq!(std::fs::read(d.join("a")).unwrap(), b"changed");
         assert!(!d.join("sub").exists(), "a gone key's link goes");
-        let stamps = std::fs::read_dir(&d).unwrap().flatten().filter(|e| e.file_name().to_string_lossy().starts_with("..2")).count();
+        let stamps = std::fs::read_dir(&d)
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with("..2"))
+            .count();
         assert_eq!(stamps, 1, "the old data directory is removed");
     }
 }

@@ -218,6 +218,14 @@ fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free port")
 }
 
+/// An htpasswd file with one login (bcrypt, as the distribution server requires).
+pub fn htpasswd(dir: &Path, user: &str, password: &str) -> PathBuf {
+    let hash = bcrypt::hash(password, 4).expect("bcrypt");
+    let path = dir.join("htpasswd");
+    std::fs::write(&path, format!("{user}:{hash}\n")).expect("write htpasswd");
+    path
+}
+
 impl Registry {
     /// Starts a registry (storage in a fresh directory); waits until it answers `/v2/`.
     /// `htpasswd`: require HTTP Basic logins from this file.

@@ -16,8 +16,8 @@ use super::{envvars, uid, Deps, PodApi, Prober};
 use crate::cni::PluginExec;
 use crate::images::Images;
 use crate::oci;
-use crate::volumes;
 use crate::process::Processes;
+use crate::volumes;
 
 /// A `/dev/shm` as containerd gives one (64 MiB).
 const SHM_BYTES: u64 = 64 << 20;
@@ -75,8 +75,14 @@ impl<P: Processes, E: PluginExec, A: PodApi, Q: Prober> Deps<P, E, A, Q> {
                     std::fs::create_dir_all(&path).map_err(fail)?;
                     if !is_mount_point(&path) {
                         let opts = size.map_or("mode=1777".to_string(), |b| format!("mode=1777,size={b}"));
-                        nix::mount::mount(Some("tmpfs"), &path, Some("tmpfs"), nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV, Some(opts.as_str()))
-                            .map_err(|e| fail(e.into()))?;
+                        nix::mount::mount(
+                            Some("tmpfs"),
+                            &path,
+                            Some("tmpfs"),
+                            nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
+                            Some(opts.as_str()),
+                        )
+                        .map_err(|e| fail(e.into()))?;
                     }
                     path
                 }
@@ -391,9 +397,7 @@ fn is_mount_point(p: &std::path::Path) -> bool {
 pub(super) fn volume_binds(c: &core::Container, volumes: &BTreeMap<String, PathBuf>) -> Result<Vec<oci::Bind>, String> {
     let mut out = vec![];
     for m in c.volume_mounts.iter().flatten() {
-        let dir = volumes
-            .get(&m.name)
-            .ok_or_else(|| format!("volumeMount {:?} names no volume of the pod", m.name))?;
+        let dir = volumes.get(&m.name).ok_or_else(|| format!("volumeMount {:?} names no volume of the pod", m.name))?;
         let source = match m.sub_path.as_deref().filter(|s| !s.is_empty()) {
             None => dir.clone(),
             Some(sub) => {

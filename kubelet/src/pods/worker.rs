@@ -384,7 +384,9 @@ impl<P: Processes, E: PluginExec, A: PodApi, Q: Prober> Worker<P, E, A, Q> {
         let follows = self.rec.is_some()
             && self.ctrs.iter().any(|c| c.rec.pid_file.is_some() && c.rec.process.is_some())
             && self.pod.spec.as_ref().and_then(|s| s.volumes.as_ref()).is_some_and(|v| {
-                v.iter().any(|v| v.secret.is_some() || v.config_map.is_some() || v.projected.is_some() || v.downward_api.is_some())
+                v.iter().any(|v| {
+                    v.secret.is_some() || v.config_map.is_some() || v.projected.is_some() || v.downward_api.is_some()
+                })
             });
         let (mut secrets, mut config_maps) = (self.deps.secrets.changes(), self.deps.config_maps.changes());
         let sleep = async {
