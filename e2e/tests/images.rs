@@ -251,3 +251,112 @@ fn secret_and_config_map_volumes_are_mounted_and_follow_updates_and_a_private_im
     lab.kubectl(&["wait", "--for=condition=Ready", "pod/withcred", "--timeout=60s"]);
     assert!(lab.kubectl(&["exec", "withcred", "--", "cat", "/etc/os-release"]).contains("podpath-busybox"));
 }
+
+/// "Connecting Applications with Services" (kubernetes.io), with manifests of the tutorial's
+/// shape and `image: nginx` resolved through the mirror to an nginx built offline from
+/// Debian's packages: nginx's own page through a ClusterIP, a NodePort and the LB; the Service
+/// variables after the pods are recreated; then HTTPS with the certificate from a Secret volume
+/// and the configuration from a ConfigMap volume.
+#[test]
+fn connecting_applications_with_services_runs_as_the_tutorial_has_it() {
+    let reg = Registry::start(None);
+    reg.push("library/busybox:latest", &busybox(), None);
+    reg.push("library/nginx:latest", &testkit::registry::nginx(), None);
+    let mirror = format!("--registry-mirror=docker.io=http://{}", reg.addr);
+    let lab = Lab::up("imgtut", &["--nodes", "2", &mirror]).expect("podpath up");
+    lab.wait_for_cluster_dns();
+    lab.apply(
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: my-nginx}\nspec:\n  selector: {matchLabels: {run: my-nginx}}\n  replicas: 2\n  template:\n    metadata: {labels: {run: my-nginx}}\n    spec:\n      containers:\n      - name: my-nginx\n        image: nginx\n        ports: [{containerPort: 80}]\n",
+    );
+    lab.kubectl(&["rollout", "status", "deployment/my-nginx", "--timeout=90s"]);
+    lab.kubectl(&["expose", "deployment/my-nginx"]);
+    let ip = lab.kubectl(&["get", "svc", "my-nginx", "-o", "jsonpath={.spec.clusterIP}"]);
+    // The image's own files and a whiteout of its top layer.
+    let pod = lab.kubectl(&["get", "pods", "-l", "run=my-nginx", "-o", "jsonpath={.items[0].metadata.name}"]);
+    assert!(lab.kubectl(&["exec", &pod, "--", "cat", "/etc/os-release"]).contains("ID=podpath-nginx"));
+    let out = kubectl_fails(&lab, &["exec", &pod, "--", "cat", "/etc/motd"]);
+    assert!(out.contains("No such file"), "the top layer's whiteout hides /etc/motd: {out}");
+    // nginx's access log is the container's stdout.
+    lab.kubectl(&["run", "curl", "--image=busybox", "--", "sleep", "3600"]);
+    lab.kubectl(&["wait", "--for=condition=Ready", "pod/curl", "--timeout=60s"]);
+    let page = lab.kubectl(&["exec", "curl", "--", "wget", "-qO-", "http://my-nginx/"]);
+    assert!(page.contains("<title>Welcome to nginx!</title>"), "{page}");
+    let page = lab.kubectl(&["exec", "curl", "--", "wget", "-qO-", &format!("http://{ip}/")]);
+    assert!(page.contains("Welcome to nginx!"), "{page}");
+    // The Service variables: pods made before the Service have none; recreated ones do.
+    let env = lab.kubectl(&["exec", &pod, "--", "printenv"]);
+    assert!(!env.contains("MY_NGINX_SERVICE_HOST"), "{env}");
+    lab.kubectl(&["scale", "deployment", "my-nginx", "--replicas=0"]);
+    lab.kubectl(&["wait", "--for=delete", "pod", "-l", "run=my-nginx", "--timeout=60s"]);
+    lab.kubectl(&["scale", "deployment", "my-nginx", "--replicas=2"]);
+    lab.kubectl(&["rollout", "status", "deployment/my-nginx", "--timeout=90s"]);
+    let pod = lab.kubectl(&["get", "pods", "-l", "run=my-nginx", "-o", "jsonpath={.items[0].metadata.name}"]);
+    let env = lab.kubectl(&["exec", &pod, "--", "printenv"]);
+    assert!(
+        env.contains(&format!("MY_NGINX_SERVICE_HOST={ip}\n")) && env.contains("MY_NGINX_SERVICE_PORT=80\n"),
+        "{env}"
+    );
+    let logs = lab.kubectl(&["logs", &pod]);
+    assert!(logs.is_empty() || !logs.contains("emerg"), "{logs}");
+    // Through a NodePort and the LoadBalancer, from the client.
+    lab.kubectl(&["patch", "svc", "my-nginx", "-p", "{\"spec\":{\"type\":\"LoadBalancer\"}}"]);
+    let lb = wait_for(Duration::from_secs(30), "a LoadBalancer IP", || {
+        let ip = lab.kubectl(&["get", "svc", "my-nginx", "-o", "jsonpath={.status.loadBalancer.ingress[0].ip}"]);
+        if ip.is_empty() {
+            Err("none yet".into())
+        } else {
+            Ok(ip)
+        }
+    });
+    let np = lab.kubectl(&["get", "svc", "my-nginx", "-o", "jsonpath={.spec.ports[0].nodePort}"]);
+    for url in [format!("http://{lb}/"), format!("http://192.168.56.12:{np}/")] {
+        wait_for(Duration::from_secs(30), &format!("nginx's page at {url}"), || {
+            let (code, out) = lab.curl(&[&url]);
+            if code == 0 && out.contains("Welcome to nginx!") {
+                Ok(())
+            } else {
+                Err(out)
+            }
+        });
+    }
+    let logs = lab.kubectl(&["logs", "-l", "run=my-nginx", "--tail=50"]);
+    assert!(logs.contains("\"GET / HTTP/1.1\" 200"), "nginx's access log is the container's output: {logs}");
+
+    // Securing the Service: a self-signed certificate in a Secret, the configuration in a
+    // ConfigMap, both mounted as volumes.
+    let dir = tempfile::tempdir().unwrap();
+    let (key, crt) = (dir.path().join("nginx.key"), dir.path().join("nginx.crt"));
+    let st = std::process::Command::new("openssl")
+        .args(["req", "-x509", "-nodes", "-days", "365", "-newkey", "rsa:2048", "-subj", "/CN=my-nginx/O=my-nginx"])
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&crt)
+        .output()
+        .expect("openssl");
+    assert!(st.status.success(), "{}", String::from_utf8_lossy(&st.stderr));
+    lab.kubectl(&[
+        "create",
+        "secret",
+        "tls",
+        "nginxsecret",
+        &format!("--key={}", key.display()),
+        &format!("--cert={}", crt.display()),
+    ]);
+    let conf = dir.path().join("default.conf");
+    std::fs::write(&conf, "server {\n    listen 80 default_server;\n    listen 443 ssl;\n    root /usr/share/nginx/html;\n    index index.html;\n    server_name localhost;\n    ssl_certificate /etc/nginx/ssl/tls.crt;\n    ssl_certificate_key /etc/nginx/ssl/tls.key;\n    location / { try_files $uri $uri/ =404; }\n}\n").unwrap();
+    lab.kubectl(&["create", "configmap", "nginxconfigmap", &format!("--from-file={}", conf.display())]);
+    lab.apply(
+        "apiVersion: v1\nkind: Service\nmetadata: {name: my-nginx-secure, labels: {run: my-nginx-secure}}\nspec:\n  type: NodePort\n  ports:\n  - {port: 8080, targetPort: 80, protocol: TCP, name: http}\n  - {port: 443, protocol: TCP, name: https}\n  selector: {run: my-nginx-secure}\n---\napiVersion: apps/v1\nkind: Deployment\nmetadata: {name: my-nginx-secure}\nspec:\n  selector: {matchLabels: {run: my-nginx-secure}}\n  replicas: 1\n  template:\n    metadata: {labels: {run: my-nginx-secure}}\n    spec:\n      volumes:\n      - {name: secret-volume, secret: {secretName: nginxsecret}}\n      - {name: configmap-volume, configMap: {name: nginxconfigmap}}\n      containers:\n      - name: nginxhttps\n        image: nginx\n        ports: [{containerPort: 443}, {containerPort: 80}]\n        volumeMounts:\n        - {mountPath: /etc/nginx/ssl, name: secret-volume}\n        - {mountPath: /etc/nginx/conf.d, name: configmap-volume}\n",
+    );
+    lab.kubectl(&["rollout", "status", "deployment/my-nginx-secure", "--timeout=90s"]);
+    let https_np = lab.kubectl(&["get", "svc", "my-nginx-secure", "-o", "jsonpath={.spec.ports[1].nodePort}"]);
+    wait_for(Duration::from_secs(30), "nginx's page over HTTPS through the NodePort", || {
+        let (code, out) = lab.curl(&["-k", &format!("https://192.168.56.11:{https_np}/")]);
+        if code == 0 && out.contains("Welcome to nginx!") {
+            Ok(())
+        } else {
+            Err(out)
+        }
+    });
+}

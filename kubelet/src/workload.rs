@@ -330,23 +330,24 @@ fn join_container(pid_file: &std::path::Path, tty: bool, command: &[String]) -> 
     let text = std::fs::read_to_string(pid_file)
         .map_err(|e| format!("the container is not running ({}: {e})", pid_file.display()))?;
     let pid: i32 = text.trim().parse().map_err(|_| format!("{} holds no PID", pid_file.display()))?;
-    let environ =
-        std::fs::read(format!("/proc/{pid}/environ")).map_err(|e| format!("the container is not running: {e}"))?;
-    let env: Vec<(String, String)> = environ
-        .split(|b| *b == 0)
-        .filter_map(|kv| std::str::from_utf8(kv).ok()?.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())))
+    // The container's environment, working directory and user are its runtime spec's (next to
+    // the PID file), as `crun exec` takes them: the process's own may have been rewritten (nginx
+    // writes its title over its environment).
+    let spec: serde_json::Value = pid_file
+        .parent()
+        .and_then(|b| std::fs::read(b.join("config.json")).ok())
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .ok_or_else(|| format!("the container's runtime spec is missing next to {}", pid_file.display()))?;
+    let process = &spec["process"];
+    let env: Vec<(String, String)> = process["env"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|kv| kv.as_str()?.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())))
         .collect();
-    let cwd = std::fs::read_link(format!("/proc/{pid}/cwd")).unwrap_or_else(|_| "/".into());
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let id_of = |key: &str| -> u32 {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(key))
-            .and_then(|l| l.split_whitespace().next())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
-    };
-    let (uid, gid) = (id_of("Uid:"), id_of("Gid:"));
+    let cwd = std::path::PathBuf::from(process["cwd"].as_str().unwrap_or("/"));
+    let uid = process["user"]["uid"].as_u64().unwrap_or(0) as u32;
+    let gid = process["user"]["gid"].as_u64().unwrap_or(0) as u32;
     let root = File::open(format!("/proc/{pid}/root")).map_err(|e| format!("the container is not running: {e}"))?;
     for (ns, flag) in [
         ("ipc", CloneFlags::CLONE_NEWIPC),

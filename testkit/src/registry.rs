@@ -139,6 +139,173 @@ pub fn busybox() -> TestImage {
     }
 }
 
+/// Debian packages the test images are made of, downloaded once (`apt-get download`) into
+/// `target/test-debs` of the workspace (or `PODPATH_TEST_DEBS`); returns the directory each
+/// package is unpacked in (`dpkg-deb -x`).
+pub fn debian_packages(packages: &[&str]) -> PathBuf {
+    let cache = std::env::var_os("PODPATH_TEST_DEBS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/test-debs"));
+    std::fs::create_dir_all(&cache).expect("create the test packages' cache");
+    let have = |p: &str| {
+        std::fs::read_dir(&cache)
+            .map(|d| d.flatten().any(|e| e.file_name().to_string_lossy().starts_with(&format!("{p}_"))))
+            .unwrap_or(false)
+    };
+    let missing: Vec<&str> = packages.iter().copied().filter(|p| !have(p)).collect();
+    if !missing.is_empty() {
+        let out = Command::new("apt-get")
+            .arg("download")
+            .args(&missing)
+            .current_dir(&cache)
+            .output()
+            .expect("apt-get (Debian) downloads the test images' packages");
+        assert!(out.status.success(), "apt-get download {missing:?}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let root = cache.join(format!("unpacked-{}", packages.join("+")));
+    if !root.is_dir() {
+        let holder = tempfile::Builder::new().prefix("unpacking-").tempdir_in(&cache).expect("unpack dir");
+        let tmp = holder.path().join("root");
+        std::fs::create_dir_all(&tmp).expect("unpack dir");
+        for p in packages {
+            let deb = std::fs::read_dir(&cache)
+                .unwrap()
+                .flatten()
+                .find(|e| {
+                    let n = e.file_name().to_string_lossy().into_owned();
+                    n.starts_with(&format!("{p}_")) && n.ends_with(".deb")
+                })
+                .unwrap_or_else(|| panic!("{p}'s .deb in {}", cache.display()))
+                .path();
+            let st = Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&tmp).status().expect("dpkg-deb");
+            assert!(st.success(), "dpkg-deb -x {}", deb.display());
+        }
+        // Another test may have unpacked them meanwhile: either copy is whole.
+        let _ = std::fs::rename(&tmp, &root);
+    }
+    root
+}
+
+/// Every file, link and directory under `root`, as entries at the same paths.
+fn tree(root: &Path, rel: &str, out: &mut Vec<Entry>) {
+    let mut names: Vec<_> = std::fs::read_dir(root.join(rel)).expect("read dir").flatten().collect();
+    names.sort_by_key(|e| e.file_name());
+    for e in names {
+        let path = if rel.is_empty() {
+            e.file_name().to_string_lossy().into_owned()
+        } else {
+            format!("{rel}/{}", e.file_name().to_string_lossy())
+        };
+        let m = std::fs::symlink_metadata(e.path()).expect("stat");
+        if m.file_type().is_symlink() {
+            let target = std::fs::read_link(e.path()).expect("readlink").display().to_string();
+            out.push(Entry::Link { path, target });
+        } else if m.is_dir() {
+            out.push(Entry::Dir { path: path.clone() });
+            tree(root, &path, out);
+        } else {
+            use std::os::unix::fs::PermissionsExt;
+            out.push(Entry::File {
+                path,
+                mode: m.permissions().mode() & 0o7777,
+                data: std::fs::read(e.path()).expect("read"),
+            });
+        }
+    }
+}
+
+/// An nginx image made offline from Debian's `nginx` and `nginx-common` packages, over the
+/// busybox image (a shell, `cat`, `tar` for `kubectl cp`), laid out as the official image:
+/// `/etc/nginx/conf.d/default.conf` serving `/usr/share/nginx/html` on port 80, logs to the
+/// container's stdout and stderr, user `nginx` (101), `Cmd: nginx -g 'daemon off;'`. Three
+/// layers: busybox; nginx; one that removes `/etc/motd` (a
+/// whiteout) and names the image in `/etc/os-release`.
+pub fn nginx() -> TestImage {
+    let pkgs = debian_packages(&["nginx", "nginx-common"]);
+    let mut base = busybox();
+    base.layers[0].push(Entry::File { path: "etc/motd".into(), mode: 0o644, data: b"from the base layer\n".to_vec() });
+    let mut layer = vec![];
+    for dir in ["usr/sbin", "usr/share/nginx", "etc/nginx"] {
+        let mut at = String::new();
+        for part in dir.split('/') {
+            at = if at.is_empty() { part.to_string() } else { format!("{at}/{part}") };
+            layer.push(Entry::Dir { path: at.clone() });
+        }
+    }
+    layer.push(Entry::File {
+        path: "usr/sbin/nginx".into(),
+        mode: 0o755,
+        data: std::fs::read(pkgs.join("usr/sbin/nginx")).expect("nginx binary"),
+    });
+    tree(&pkgs, "usr/share/nginx", &mut layer);
+    for f in ["mime.types", "fastcgi_params", "scgi_params", "uwsgi_params"] {
+        layer.push(Entry::File {
+            path: format!("etc/nginx/{f}"),
+            mode: 0o644,
+            data: std::fs::read(pkgs.join("etc/nginx").join(f)).expect("nginx-common file"),
+        });
+    }
+    layer.push(Entry::File {
+        path: "etc/nginx/nginx.conf".into(),
+        mode: 0o644,
+        data: b"user nginx;\nworker_processes auto;\nerror_log /var/log/nginx/error.log notice;\npid /var/run/nginx.pid;\nevents { worker_connections 1024; }\nhttp {\n    include /etc/nginx/mime.types;\n    default_type application/octet-stream;\n    access_log /var/log/nginx/access.log;\n    sendfile on;\n    keepalive_timeout 65;\n    include /etc/nginx/conf.d/*.conf;\n}\n".to_vec(),
+    });
+    layer.push(Entry::Dir { path: "etc/nginx/conf.d".into() });
+    layer.push(Entry::File {
+        path: "etc/nginx/conf.d/default.conf".into(),
+        mode: 0o644,
+        data: b"server {\n    listen 80;\n    server_name localhost;\n    location / {\n        root /usr/share/nginx/html;\n        index index.html;\n    }\n}\n".to_vec(),
+    });
+    for d in ["var", "var/log", "var/log/nginx", "var/lib", "var/lib/nginx", "var/cache", "var/cache/nginx", "run"] {
+        layer.push(Entry::Dir { path: d.into() });
+    }
+    layer.push(Entry::Link { path: "var/run".into(), target: "/run".into() });
+    layer.push(Entry::Link { path: "var/log/nginx/access.log".into(), target: "/dev/stdout".into() });
+    layer.push(Entry::Link { path: "var/log/nginx/error.log".into(), target: "/dev/stderr".into() });
+    let mut libs: Vec<String> = libraries_of(&pkgs.join("usr/sbin/nginx").display().to_string());
+    libs.sort();
+    libs.dedup();
+    for l in &libs {
+        let real = std::fs::canonicalize(l).unwrap_or_else(|_| l.into());
+        layer.push(Entry::File {
+            path: l.trim_start_matches('/').to_string(),
+            mode: 0o755,
+            data: std::fs::read(&real).unwrap_or_else(|e| panic!("read {l}: {e}")),
+        });
+    }
+    layer.push(Entry::File {
+        path: "etc/passwd".into(),
+        mode: 0o644,
+        data: b"root:x:0:0:root:/root:/bin/sh\nnginx:x:101:101:nginx user:/nonexistent:/bin/false\nnobody:x:65534:65534:nobody:/home:/bin/false\n".to_vec(),
+    });
+    layer.push(Entry::File {
+        path: "etc/group".into(),
+        mode: 0o644,
+        data: b"root:x:0:\nnginx:x:101:\nnogroup:x:65534:\n".to_vec(),
+    });
+    let top = vec![
+        Entry::Dir { path: "etc".into() },
+        Entry::File { path: "etc/.wh.motd".into(), mode: 0o644, data: vec![] },
+        Entry::File {
+            path: "etc/os-release".into(),
+            mode: 0o644,
+            data:
+                b"PRETTY_NAME=\"podpath test nginx (Debian's nginx)\"\nNAME=\"podpath test nginx\"\nID=podpath-nginx\n"
+                    .to_vec(),
+        },
+    ];
+    TestImage {
+        layers: vec![base.layers.remove(0), layer, top],
+        cmd: vec!["nginx".into(), "-g".into(), "daemon off;".into()],
+        entrypoint: vec![],
+        env: base.env,
+        user: None,
+        working_dir: None,
+        architecture: host_arch().into(),
+        zstd: false,
+    }
+}
+
 /// A tar of entries (root-owned, fixed times).
 pub fn layer_tar(entries: &[Entry]) -> Vec<u8> {
     let mut b = tar::Builder::new(Vec::new());
