@@ -33,7 +33,7 @@ use podpath_lab::state::ApiAccess;
 
 #[path = "support/mod.rs"]
 mod support;
-use support::api;
+use support::{api, descendants, kib};
 
 const BENCH: testkit::figures::Bench = testkit::figures::Bench("cargo bench -p podpath-e2e --bench lab");
 
@@ -99,39 +99,6 @@ fn bench_up() {
             walls.iter().map(|w| format!("{w:.2}")).collect::<Vec<_>>().join(", ")
         );
     }
-}
-
-fn descendants(roots: &[i32]) -> Vec<i32> {
-    let mut parent = std::collections::HashMap::new();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else { continue };
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        let Some(i) = stat.rfind(')') else { continue };
-        let ppid: i32 = stat[i + 1..].split_whitespace().nth(1).and_then(|p| p.parse().ok()).unwrap_or(0);
-        parent.insert(pid, ppid);
-    }
-    let mut out: Vec<i32> = roots.to_vec();
-    let mut changed = true;
-    while changed {
-        changed = false;
-        for (pid, pp) in &parent {
-            if out.contains(pp) && !out.contains(pid) {
-                out.push(*pid);
-                changed = true;
-            }
-        }
-    }
-    out
-}
-
-fn kib(pid: i32, file: &str, key: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/{file}"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix(key))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
 }
 
 fn bench_memory() {

@@ -82,8 +82,9 @@ fn pod_ip(a: &ApiAccess, name: &str) -> std::net::IpAddr {
     v["status"]["podIP"].as_str().unwrap().parse().unwrap()
 }
 
-fn pod_ns(a: &ApiAccess, name: &str) -> String {
-    format!("/proc/{}/ns/net", podpath_lab::hosts::pod_pid(a, "default", name).unwrap())
+fn pod_ns(lab: &Lab, a: &ApiAccess, name: &str) -> String {
+    let st = podpath_lab::load_state(&lab.state).unwrap().unwrap();
+    format!("/proc/{}/ns/net", podpath_lab::hosts::pod_pid(&st, a, "default", name).unwrap())
 }
 
 fn policy(name: &str, selector: serde_json::Value, from: Option<serde_json::Value>) -> String {
@@ -138,7 +139,7 @@ fn create_to_enforced(mode: &str) {
     let (code, body) = a.request("POST", POLICIES, &deny).unwrap();
     assert_eq!(code, 201, "{body}");
     let addrs: Vec<(String, SocketAddr)> =
-        targets.iter().map(|(t, p)| (pod_ns(&a, p), SocketAddr::new(pod_ip(&a, t), 8080))).collect();
+        targets.iter().map(|(t, p)| (pod_ns(&lab, &a, p), SocketAddr::new(pod_ip(&a, t), 8080))).collect();
     wait_for(Duration::from_secs(10), "targets isolated", || {
         if addrs.iter().any(|(ns, to)| connects(ns, *to)) {
             Err("a probe still connects".into())
@@ -245,7 +246,7 @@ fn throughput(mode: &str) {
     create_pods(&lab);
     let a = api(&lab);
     let (server, client) = ("p0", "p2"); // node-1 ← node-2
-    let (ns, to) = (pod_ns(&a, client), SocketAddr::new(pod_ip(&a, server), 8080));
+    let (ns, to) = (pod_ns(&lab, &a, client), SocketAddr::new(pod_ip(&a, server), 8080));
     let secs = env_or("PODPATH_BENCH_SECONDS", 3);
     let _ = load(&ns, to, 4, 1); // warm-up
     let create = |name: String, selector: serde_json::Value, from: String| {

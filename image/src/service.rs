@@ -89,7 +89,7 @@ async fn handle(conn: UnixStream, puller: &Puller, deadline: Duration) -> std::i
         Ok(Request::Remove { image }) => {
             let store = puller.store().clone();
             match tokio::task::spawn_blocking(move || store.remove(&image)).await {
-                Ok(Ok(Some(crate::Removed::Deleted(rec)))) => Answer { image: Some(rec), ..Answer::default() },
+                Ok(Ok(Some(crate::Removed::Deleted(rec)))) => Answer { image: Some(*rec), ..Answer::default() },
                 Ok(Ok(Some(crate::Removed::Untagged(_)))) => Answer::default(),
                 Ok(Ok(None)) => Answer { error: Some("no such image".into()), ..Answer::default() },
                 Ok(Err(e)) => Answer { error: Some(e.to_string()), ..Answer::default() },

@@ -130,7 +130,7 @@ pub fn digest_hex(digest: &str) -> Result<&str> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Removed {
     Untagged(String),
-    Deleted(ImageRecord),
+    Deleted(Box<ImageRecord>),
 }
 
 /// A lab's image store.
@@ -297,7 +297,7 @@ impl Store {
         fs::remove_file(self.record_path(&rec.id)?)
             .map_err(|e| ImageError::io(format!("remove image {}", rec.id), e))?;
         self.gc_layers_locked()?;
-        Ok(Some(Removed::Deleted(rec)))
+        Ok(Some(Removed::Deleted(Box::new(rec))))
     }
 
     /// Layers used by a record or a lease.

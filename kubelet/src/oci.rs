@@ -187,7 +187,7 @@ pub fn capabilities(sc: Option<&core::SecurityContext>) -> Vec<String> {
     let mut out: Vec<String> = if add.iter().any(|c| c == "CAP_ALL") {
         ALL_CAPS.iter().map(|c| c.to_string()).collect()
     } else {
-        DEFAULT_CAPS.iter().map(|c| c.to_string()).chain(add.into_iter()).collect()
+        DEFAULT_CAPS.iter().map(|c| c.to_string()).chain(add).collect()
     };
     if drop.iter().any(|c| c == "CAP_ALL") {
         out.clear();

@@ -91,6 +91,25 @@ fn keyed(
     Ok(())
 }
 
+/// A Secret's or ConfigMap's files (None: the object does not exist).
+#[allow(clippy::too_many_arguments)]
+fn project(
+    kind: &str,
+    name: &str,
+    data: Option<BTreeMap<String, Vec<u8>>>,
+    items: Option<&Vec<core::KeyToPath>>,
+    default_mode: Option<i32>,
+    optional: Option<bool>,
+    out: &mut Files,
+) -> Result<(), String> {
+    let optional = optional == Some(true);
+    match data {
+        Some(d) => keyed(kind, &d, items, default_mode, optional, out),
+        None if optional => Ok(()),
+        None => Err(format!("{kind} {name:?} not found")),
+    }
+}
+
 fn secret_data(s: &core::Secret) -> BTreeMap<String, Vec<u8>> {
     let mut d: BTreeMap<String, Vec<u8>> = s.data.iter().flatten().map(|(k, v)| (k.clone(), v.0.clone())).collect();
     for (k, v) in s.string_data.iter().flatten() {
@@ -188,29 +207,15 @@ pub fn plan(pod: &core::Pod, objects: &dyn Objects) -> Result<BTreeMap<String, V
             }
         } else if let Some(s) = &v.secret {
             let name = s.secret_name.clone().unwrap_or_default();
-            let optional = s.optional == Some(true);
             let mut files = Files::new();
-            match objects.secret(&ns, &name) {
-                Some(obj) => {
-                    keyed("secret", &secret_data(&obj), s.items.as_ref(), s.default_mode, optional, &mut files)
-                        .map_err(&fail)?
-                }
-                None if optional => {}
-                None => return Err(fail(format!("secret {name:?} not found"))),
-            }
+            let data = objects.secret(&ns, &name).map(|o| secret_data(&o));
+            project("secret", &name, data, s.items.as_ref(), s.default_mode, s.optional, &mut files).map_err(&fail)?;
             Volume::Files(files)
         } else if let Some(c) = &v.config_map {
-            let name = c.name.clone();
-            let optional = c.optional == Some(true);
             let mut files = Files::new();
-            match objects.config_map(&ns, &name) {
-                Some(obj) => {
-                    keyed("configmap", &config_map_data(&obj), c.items.as_ref(), c.default_mode, optional, &mut files)
-                        .map_err(&fail)?
-                }
-                None if optional => {}
-                None => return Err(fail(format!("configmap {name:?} not found"))),
-            }
+            let data = objects.config_map(&ns, &c.name).map(|o| config_map_data(&o));
+            project("configmap", &c.name, data, c.items.as_ref(), c.default_mode, c.optional, &mut files)
+                .map_err(&fail)?;
             Volume::Files(files)
         } else if let Some(d) = &v.downward_api {
             let mut files = Files::new();
@@ -220,33 +225,14 @@ pub fn plan(pod: &core::Pod, objects: &dyn Objects) -> Result<BTreeMap<String, V
             let mut files = Files::new();
             for src in p.sources.iter().flatten() {
                 if let Some(s) = &src.secret {
-                    let name = s.name.clone();
-                    let optional = s.optional == Some(true);
-                    match objects.secret(&ns, &name) {
-                        Some(obj) => {
-                            keyed("secret", &secret_data(&obj), s.items.as_ref(), p.default_mode, optional, &mut files)
-                                .map_err(&fail)?
-                        }
-                        None if optional => {}
-                        None => return Err(fail(format!("secret {name:?} not found"))),
-                    }
+                    let data = objects.secret(&ns, &s.name).map(|o| secret_data(&o));
+                    project("secret", &s.name, data, s.items.as_ref(), p.default_mode, s.optional, &mut files)
+                        .map_err(&fail)?;
                 }
                 if let Some(c) = &src.config_map {
-                    let name = c.name.clone();
-                    let optional = c.optional == Some(true);
-                    match objects.config_map(&ns, &name) {
-                        Some(obj) => keyed(
-                            "configmap",
-                            &config_map_data(&obj),
-                            c.items.as_ref(),
-                            p.default_mode,
-                            optional,
-                            &mut files,
-                        )
-                        .map_err(&fail)?,
-                        None if optional => {}
-                        None => return Err(fail(format!("configmap {name:?} not found"))),
-                    }
+                    let data = objects.config_map(&ns, &c.name).map(|o| config_map_data(&o));
+                    project("configmap", &c.name, data, c.items.as_ref(), p.default_mode, c.optional, &mut files)
+                        .map_err(&fail)?;
                 }
                 if let Some(d) = &src.downward_api {
                     downward(pod, d.items.as_deref().unwrap_or_default(), p.default_mode, &mut files).map_err(&fail)?;

@@ -594,7 +594,13 @@ pub fn down(state_dir: &Path, keep_data: bool) -> Result<LabState> {
         return Err(e);
     }
     if !keep_data {
-        // Everything but the image store, which the next lab of this name uses again.
+        // Everything but the image store, which the next lab of this name uses again (a store
+        // that holds no image goes too).
+        let store = image_store(state_dir);
+        let holds_images = std::fs::read_dir(store.join("images")).is_ok_and(|mut d| d.next().is_some());
+        if !holds_images {
+            let _ = std::fs::remove_dir_all(&store);
+        }
         let entries = std::fs::read_dir(state_dir).map_err(io(format!("read {}", state_dir.display())))?;
         for e in entries.flatten() {
             let path = e.path();

@@ -1,5 +1,7 @@
 //! What the lab benchmarks share: the lab's API access and waiting for pods to be Ready.
 //! Included by each bench with `#[path = "support/mod.rs"] mod support;`.
+// Each bench uses a part of it.
+#![allow(dead_code)]
 
 use std::time::Duration;
 
@@ -36,4 +38,39 @@ pub fn wait_ready(a: &ApiAccess, n: usize, limit: Duration) {
             Err(format!("{ready}/{n} ready"))
         }
     });
+}
+
+/// `roots` and every process descending from them, from `/proc`.
+pub fn descendants(roots: &[i32]) -> Vec<i32> {
+    let mut parent = std::collections::HashMap::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else { continue };
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let Some(i) = stat.rfind(')') else { continue };
+        let ppid: i32 = stat[i + 1..].split_whitespace().nth(1).and_then(|p| p.parse().ok()).unwrap_or(0);
+        parent.insert(pid, ppid);
+    }
+    let mut out: Vec<i32> = roots.to_vec();
+    let mut changed = true;
+    while changed {
+        changed = false;
+        for (pid, pp) in &parent {
+            if out.contains(pp) && !out.contains(pid) {
+                out.push(*pid);
+                changed = true;
+            }
+        }
+    }
+    out
+}
+
+/// A `KEY: N kB` line of `/proc/PID/FILE`, in KiB (0 when absent).
+pub fn kib(pid: i32, file: &str, key: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/{file}"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix(key))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
 }

@@ -52,6 +52,12 @@ pub(super) enum BundleError {
     Config(String),
 }
 
+impl From<String> for BundleError {
+    fn from(why: String) -> BundleError {
+        BundleError::Config(why)
+    }
+}
+
 impl<P: Processes, E: PluginExec, A: PodApi, Q: Prober> Deps<P, E, A, Q> {
     fn objects(&self) -> Cached<'_> {
         Cached { secrets: &self.secrets, config_maps: &self.config_maps, token: self.cfg.service_account_token.clone() }
@@ -278,23 +284,7 @@ impl<P: Processes, E: PluginExec, A: PodApi, Q: Prober> Deps<P, E, A, Q> {
         services: &[(String, String)],
     ) -> Result<Launch, BundleError> {
         let volumes = self.setup_volumes(pod).map_err(BundleError::Mount)?;
-        let mounts = volume_binds(&c.spec, &volumes).map_err(BundleError::Config)?;
-        self.bundle_with(pod, rec, c, images, record, pod_ip, attempt, services, mounts).map_err(BundleError::Config)
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn bundle_with(
-        &self,
-        pod: &core::Pod,
-        rec: &PodRecord,
-        c: &mut Ctr,
-        images: &Images,
-        record: &image::ImageRecord,
-        pod_ip: &str,
-        attempt: i32,
-        services: &[(String, String)],
-        mounts: Vec<oci::Bind>,
-    ) -> Result<Launch, String> {
+        let mounts = volume_binds(&c.spec, &volumes)?;
         let pod_uid = uid(pod);
         let layers = images.layer_dirs(record)?;
         let read = |f: &str| oci::read_image_file(&layers, f);
@@ -311,7 +301,7 @@ impl<P: Processes, E: PluginExec, A: PodApi, Q: Prober> Deps<P, E, A, Q> {
         let args: Vec<String> =
             oci::process_args(&c.spec, &record.config).iter().map(|a| envvars::expand(a, &lookup)).collect();
         if args.is_empty() {
-            return Err("no command specified".into());
+            return Err(BundleError::Config("no command specified".into()));
         }
         let hostname =
             spec_pod.and_then(|s| s.hostname.clone()).unwrap_or_else(|| pod.metadata.name.clone().unwrap_or_default());
