@@ -1,7 +1,7 @@
 //! Container images for podpath's labs: what containerd's image service and content store do
 //! for a node, for every node of a lab at once.
 //!
-//! - [`reference`]: names as the runtimes normalise them, mirrors, plain-HTTP registries (pure);
+//! - [`reference`](mod@reference): names as the runtimes normalise them, mirrors, plain-HTTP registries (pure);
 //! - [`pull`]: pulls with the `oci-client` distribution client (platform, auth, limits);
 //! - [`unpack`]: a layer's tar into overlayfs's form, refusing paths out of the layer;
 //! - [`archive`]: `docker save` and OCI layout archives loaded without a registry;
