@@ -70,7 +70,7 @@ enum Cmd {
         /// hosts.toml does: `docker.io=http://10.0.0.5:5000` (http:// means plain HTTP).
         #[arg(long = "registry-mirror", env = "PODPATH_REGISTRY_MIRROR", value_delimiter = ',')]
         registry_mirrors: Vec<String>,
-        /// HOST[:PORT] of a registry spoken to over plain HTTP (repeatable).
+        /// HOST or HOST:PORT of a registry spoken to over plain HTTP (repeatable).
         #[arg(long = "plain-http-registry")]
         plain_http_registries: Vec<String>,
         /// busybox, alpine, debian and ubuntu images run the nodes' own programs instead of

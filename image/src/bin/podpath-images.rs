@@ -25,7 +25,7 @@ struct Args {
     /// `docker.io=http://10.0.0.5:5000`). An http:// URL is spoken to over plain HTTP.
     #[arg(long = "registry-mirror")]
     mirrors: Vec<String>,
-    /// HOST[:PORT] of a registry spoken to over plain HTTP (repeatable).
+    /// HOST or HOST:PORT of a registry spoken to over plain HTTP (repeatable).
     #[arg(long = "plain-http-registry")]
     plain_http: Vec<String>,
     /// Largest layer accepted, in MiB.
