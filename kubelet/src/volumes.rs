@@ -5,7 +5,8 @@
 //! `..data`), so an update is one rename and a container sees all of it or none of it.
 //!
 //! [`plan`] decides, purely, what each volume holds from the pod and the objects it names;
-//! [`write_files`] and [`Mounts`] apply it under the pod's volume directory.
+//! [`write_files`] writes the files volumes; the kubelet makes the rest under the pod's volume
+//! directory.
 
 use std::collections::BTreeMap;
 use std::path::{Component, Path, PathBuf};
