@@ -296,7 +296,16 @@ impl<P: Processes, E: PluginExec, A: PodApi, Q: Prober> Deps<P, E, A, Q> {
             &read,
         )?;
         let mut vars: Vec<(String, String)> = services.to_vec();
-        vars.extend(container_env(pod, &c.spec, pod_ip, &self.cfg.node_name, &self.cfg.node_ip.to_string(), services));
+        let objects = self.objects();
+        vars.extend(container_env(
+            pod,
+            &c.spec,
+            pod_ip,
+            &self.cfg.node_name,
+            &self.cfg.node_ip.to_string(),
+            services,
+            Some(&objects),
+        )?);
         let lookup = |k: &str| vars.iter().rev().find(|(n, _)| n == k).map(|(_, v)| v.clone());
         let args: Vec<String> =
             oci::process_args(&c.spec, &record.config).iter().map(|a| envvars::expand(a, &lookup)).collect();

@@ -53,15 +53,56 @@ pub fn workload_env(
         ("POD_IP".to_string(), pod_ip.to_string()),
         ("NODE_NAME".to_string(), node.to_string()),
     ];
-    for (k, v) in services.iter().cloned().chain(container_env(pod, c, pod_ip, node, host_ip, services)) {
+    // Process pods read no Secrets or ConfigMaps (no objects: such variables are empty).
+    let own = container_env(pod, c, pod_ip, node, host_ip, services, None).unwrap_or_default();
+    for (k, v) in services.iter().cloned().chain(own) {
         env.retain(|(n, _)| *n != k);
         env.push((k, v));
     }
     env
 }
 
-/// A container's `env` (plain values, with `$(VAR)` references to the variables before it
-/// and to `base`, and the common `fieldRef`s), in order.
+/// A key of a Secret or ConfigMap, as kubelet reads it for `env` (`None`: optional and
+/// missing); a missing one not optional is an error in kubelet's words.
+fn object_key(
+    objects: &dyn crate::volumes::Objects,
+    ns: &str,
+    secret: bool,
+    name: &str,
+    key: &str,
+    optional: bool,
+) -> Result<Option<String>, String> {
+    let (kind, data) = if secret {
+        let d = objects.secret(ns, name).map(|s| {
+            let mut d: std::collections::BTreeMap<String, String> = s
+                .data
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(k, v)| (k, String::from_utf8_lossy(&v.0).into_owned()))
+                .collect();
+            d.extend(s.string_data.unwrap_or_default());
+            d
+        });
+        ("Secret", d)
+    } else {
+        ("ConfigMap", objects.config_map(ns, name).map(|c| c.data.unwrap_or_default()))
+    };
+    match data {
+        None if optional => Ok(None),
+        None => Err(format!("{} {name:?} not found", kind.to_ascii_lowercase())),
+        Some(d) => match d.get(key) {
+            Some(v) => Ok(Some(v.clone())),
+            None if optional => Ok(None),
+            None => Err(format!("couldn't find key {key} in {kind} {ns}/{name}")),
+        },
+    }
+}
+
+/// A container's environment from the pod: `envFrom` (every key of a ConfigMap or Secret,
+/// with its `prefix`), then `env` in order — plain values with `$(VAR)` references to the
+/// variables before them and to `base`, the common `fieldRef`s, and `secretKeyRef` /
+/// `configMapKeyRef` (read through `objects`; without them, empty). An error is kubelet's
+/// `CreateContainerConfigError` message.
 pub fn container_env(
     pod: &core::Pod,
     c: &core::Container,
@@ -69,32 +110,77 @@ pub fn container_env(
     node: &str,
     host_ip: &str,
     base: &[(String, String)],
-) -> Vec<(String, String)> {
+    objects: Option<&dyn crate::volumes::Objects>,
+) -> Result<Vec<(String, String)>, String> {
     let name = pod.metadata.name.clone().unwrap_or_default();
     let ns = pod.metadata.namespace.clone().unwrap_or_else(|| "default".into());
     let mut env: Vec<(String, String)> = vec![];
-    for e in c.env.iter().flatten() {
-        let value = match (&e.value, e.value_from.as_ref().and_then(|v| v.field_ref.as_ref())) {
-            (Some(v), _) => {
-                let lookup =
-                    |k: &str| env.iter().rev().chain(base.iter().rev()).find(|(n, _)| n == k).map(|(_, v)| v.clone());
-                super::envvars::expand(v, &lookup)
+    let set = |env: &mut Vec<(String, String)>, k: String, v: String| {
+        env.retain(|(n, _)| *n != k);
+        env.push((k, v));
+    };
+    if let Some(objects) = objects {
+        for from in c.env_from.iter().flatten() {
+            let prefix = from.prefix.clone().unwrap_or_default();
+            let (secret, obj, optional) = match (&from.secret_ref, &from.config_map_ref) {
+                (Some(s), _) => (true, s.name.clone(), s.optional == Some(true)),
+                (None, Some(cm)) => (false, cm.name.clone(), cm.optional == Some(true)),
+                _ => continue,
+            };
+            let data: Option<Vec<(String, String)>> = if secret {
+                objects.secret(&ns, &obj).map(|s| {
+                    s.data
+                        .unwrap_or_default()
+                        .into_iter()
+                        .map(|(k, v)| (k, String::from_utf8_lossy(&v.0).into_owned()))
+                        .collect()
+                })
+            } else {
+                objects.config_map(&ns, &obj).map(|cm| cm.data.unwrap_or_default().into_iter().collect())
+            };
+            match data {
+                Some(kv) => {
+                    for (k, v) in kv {
+                        set(&mut env, format!("{prefix}{k}"), v);
+                    }
+                }
+                None if optional => {}
+                None => return Err(format!("{} {obj:?} not found", if secret { "secret" } else { "configmap" })),
             }
-            (None, Some(f)) => match f.field_path.as_str() {
+        }
+    }
+    for e in c.env.iter().flatten() {
+        let from = e.value_from.as_ref();
+        let value = if let Some(v) = &e.value {
+            let lookup =
+                |k: &str| env.iter().rev().chain(base.iter().rev()).find(|(n, _)| n == k).map(|(_, v)| v.clone());
+            super::envvars::expand(v, &lookup)
+        } else if let Some(f) = from.and_then(|f| f.field_ref.as_ref()) {
+            match f.field_path.as_str() {
                 "metadata.name" => name.clone(),
                 "metadata.namespace" => ns.clone(),
                 "metadata.uid" => uid(pod),
                 "spec.nodeName" => node.to_string(),
                 "status.podIP" => pod_ip.to_string(),
                 "status.hostIP" => host_ip.to_string(),
-                _ => String::new(),
-            },
-            _ => String::new(),
+                other => crate::volumes::field(pod, other).unwrap_or_default(),
+            }
+        } else if let (Some(r), Some(objects)) = (from.and_then(|f| f.secret_key_ref.as_ref()), objects) {
+            match object_key(objects, &ns, true, &r.name, &r.key, r.optional == Some(true))? {
+                Some(v) => v,
+                None => continue,
+            }
+        } else if let (Some(r), Some(objects)) = (from.and_then(|f| f.config_map_key_ref.as_ref()), objects) {
+            match object_key(objects, &ns, false, &r.name, &r.key, r.optional == Some(true))? {
+                Some(v) => v,
+                None => continue,
+            }
+        } else {
+            String::new()
         };
-        env.retain(|(k, _)| *k != e.name);
-        env.push((e.name.clone(), value));
+        set(&mut env, e.name.clone(), value);
     }
-    env
+    Ok(env)
 }
 
 /// A container's (command, args) as the runtime would make them of the image: for the base
@@ -360,7 +446,62 @@ pub(super) fn readiness(c: &core::Container, pod_ip: Option<IpAddr>, join: &[Str
 
 #[cfg(test)]
 mod tests {
-    use super::command_line;
+    use super::{command_line, container_env};
+    use k8s_openapi::api::core::v1 as core;
+
+    struct Objs;
+    impl crate::volumes::Objects for Objs {
+        fn secret(&self, _: &str, name: &str) -> Option<core::Secret> {
+            (name == "db")
+                .then(|| serde_json::from_value(serde_json::json!({"data": {"password": "czNjcmV0"}})).unwrap())
+        }
+        fn config_map(&self, _: &str, name: &str) -> Option<core::ConfigMap> {
+            (name == "cfg")
+                .then(|| serde_json::from_value(serde_json::json!({"data": {"MODE": "fast", "LEVEL": "3"}})).unwrap())
+        }
+        fn token(&self) -> Option<String> {
+            None
+        }
+    }
+
+    #[test]
+    fn env_from_objects_fields_and_references_in_order() {
+        let pod: core::Pod = serde_json::from_value(
+            serde_json::json!({"metadata": {"name": "p", "namespace": "ns", "labels": {"app": "web"}}}),
+        )
+        .unwrap();
+        let c: core::Container = serde_json::from_value(serde_json::json!({"name": "c",
+        "envFrom": [{"configMapRef": {"name": "cfg"}, "prefix": "CFG_"}],
+        "env": [
+            {"name": "PASSWORD", "valueFrom": {"secretKeyRef": {"name": "db", "key": "password"}}},
+            {"name": "MODE", "valueFrom": {"configMapKeyRef": {"name": "cfg", "key": "MODE"}}},
+            {"name": "APP", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['app']"}}},
+            {"name": "URL", "value": "http://$(SVC_HOST):80/$(MODE)"},
+            {"name": "GONE", "valueFrom": {"secretKeyRef": {"name": "nope", "key": "k", "optional": true}}},
+        ]}))
+        .unwrap();
+        let base = vec![("SVC_HOST".to_string(), "10.96.0.7".to_string())];
+        let env = container_env(&pod, &c, "10.244.1.2", "node-1", "192.168.56.11", &base, Some(&Objs)).unwrap();
+        let get = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+        assert_eq!(get("CFG_MODE"), Some("fast"));
+        assert_eq!(get("CFG_LEVEL"), Some("3"));
+        assert_eq!(get("PASSWORD"), Some("s3cret"));
+        assert_eq!(get("APP"), Some("web"));
+        assert_eq!(get("URL"), Some("http://10.96.0.7:80/fast"));
+        assert_eq!(get("GONE"), None);
+        let bad: core::Container = serde_json::from_value(serde_json::json!({"name": "c",
+            "env": [{"name": "X", "valueFrom": {"secretKeyRef": {"name": "db", "key": "user"}}}]}))
+        .unwrap();
+        let e = container_env(&pod, &bad, "", "", "", &[], Some(&Objs)).unwrap_err();
+        assert_eq!(e, "couldn't find key user in Secret ns/db");
+        let bad: core::Container = serde_json::from_value(serde_json::json!({"name": "c",
+            "envFrom": [{"secretRef": {"name": "missing"}}]}))
+        .unwrap();
+        assert_eq!(
+            container_env(&pod, &bad, "", "", "", &[], Some(&Objs)).unwrap_err(),
+            "secret \"missing\" not found"
+        );
+    }
 
     fn v(s: &[&str]) -> Vec<String> {
         s.iter().map(|s| s.to_string()).collect()
