@@ -77,6 +77,13 @@ pub fn gather() -> (bool, Vec<(String, bool)>, KernelFacts) {
                 "modprobe nf_conntrack",
             ),
             ("IP forwarding", "sysctl -qw net.ipv4.ip_forward=1", "a kernel that lets a namespace forward"),
+            // Containers of images stack their layers with overlayfs (mounted in a throwaway
+            // mount namespace here, on a throwaway directory).
+            (
+                "overlayfs",
+                "d=$(mktemp -d) && mkdir $d/l $d/u $d/w $d/m && unshare -m mount -t overlay o -o lowerdir=$d/l,upperdir=$d/u,workdir=$d/w $d/m; r=$?; rm -rf $d; exit $r",
+                "modprobe overlay (containers of images stack their layers with it)",
+            ),
         ];
         for (what, script, fix) in probes {
             kernel.push((what.to_string(), in_throwaway_netns(script), fix.to_string()));
