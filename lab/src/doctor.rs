@@ -111,7 +111,7 @@ pub fn checks(root: bool, tools: &[(String, bool)], kernel: &KernelFacts) -> Vec
         }
     } else {
         out.push(Check {
-            what: "kernel features (veth, bridge, iptables nat, conntrack, forwarding)".into(),
+            what: "kernel features (veth, bridge, iptables nat, conntrack, forwarding, overlayfs)".into(),
             ok: false,
             fix: "run `sudo podpath doctor` to try them".into(),
             required: true,
