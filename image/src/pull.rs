@@ -14,7 +14,6 @@ use oci_client::manifest::{ImageIndexEntry, OciDescriptor, OciManifest};
 use oci_client::secrets::RegistryAuth;
 use oci_client::{Client, Reference};
 use sha2::Digest;
-use tokio::io::AsyncWriteExt;
 
 use crate::error::{ImageError, Result};
 use crate::reference::{self, Registries};
@@ -308,13 +307,12 @@ impl Puller {
     ) -> Result<(ImageRecord, u64)> {
         let (_, run) =
             parse_config(&config).map_err(|m| ImageError::Resolve { image: name.to_string(), message: m })?;
-        let mut downloaded = 0;
-        let mut unpacked = 0;
-        for layer in &manifest.layers {
-            let (d, u) = self.layer(client, r, name, layer).await?;
-            downloaded += d;
-            unpacked += u;
-        }
+        // The layers at once (each unpacks on a blocking thread as its download ends), as
+        // containerd and skopeo fetch them.
+        let fetched =
+            futures::future::try_join_all(manifest.layers.iter().map(|layer| self.layer(client, r, name, layer)))
+                .await?;
+        let (downloaded, unpacked) = fetched.iter().fold((0, 0), |(d, u), (a, b)| (d + a, u + b));
         let id = format!("sha256:{:x}", sha2::Sha256::digest(config));
         let repo = name.split('@').next().unwrap_or(name);
         let repo = repo.rsplit_once(':').filter(|(_, t)| !t.contains('/')).map_or(repo, |(n, _)| n);
@@ -368,34 +366,51 @@ impl Puller {
             other => return Err(fail(format!("unsupported layer media type {other:?}"))),
         };
         let tmp = self.store.temp_dir()?;
-        let blob_path = tmp.path().join("blob");
+        let dir = tmp.path().join("rootfs");
         let mut stream = client.pull_blob_stream(r, desc).await.map_err(|e| fail(describe(name, &e)))?;
-        let mut file = tokio::fs::File::create(&blob_path)
-            .await
-            .map_err(|e| ImageError::io(format!("create {}", blob_path.display()), e))?;
+        // Unpacked while it downloads, on a blocking thread fed through a bounded channel; the
+        // layer is only committed once its size and digest are checked (until then it is a
+        // temporary directory nothing uses).
+        let (tx, rx) = std::sync::mpsc::sync_channel::<bytes::Bytes>(64);
+        let max = self.limits.max_unpacked_bytes;
+        let out = dir.clone();
+        let unpacker =
+            tokio::task::spawn_blocking(move || unpack_reader(ChannelReader::new(rx), &out, compression, max));
         let mut hasher = sha2::Sha256::new();
         let mut got: u64 = 0;
+        let mut failed = None;
         while let Some(chunk) = stream.next().await {
-            let chunk = chunk.map_err(|e| {
-                let timeout = e.kind() == std::io::ErrorKind::TimedOut || e.to_string().contains("timed out");
-                fail(if timeout {
-                    format!("the registry stopped sending: {e}")
-                } else if e.to_string().contains("digest") {
-                    // The client checks the digest as the stream ends.
-                    format!("digest mismatch: {e}")
-                } else {
-                    e.to_string()
-                })
-            })?;
+            let chunk = match chunk {
+                Ok(c) => c,
+                Err(e) => {
+                    let timeout = e.kind() == std::io::ErrorKind::TimedOut || e.to_string().contains("timed out");
+                    failed = Some(fail(if timeout {
+                        format!("the registry stopped sending: {e}")
+                    } else if e.to_string().contains("digest") {
+                        // The client checks the digest as the stream ends.
+                        format!("digest mismatch: {e}")
+                    } else {
+                        e.to_string()
+                    }));
+                    break;
+                }
+            };
             got += chunk.len() as u64;
             if got > declared {
-                return Err(fail(format!("the registry sent more than the {declared} bytes the manifest declares")));
+                failed = Some(fail(format!("the registry sent more than the {declared} bytes the manifest declares")));
+                break;
             }
             hasher.update(&chunk);
-            file.write_all(&chunk).await.map_err(|e| ImageError::io(format!("write {}", blob_path.display()), e))?;
+            if tx.send(chunk).is_err() {
+                break; // the unpacker stopped: its error says why
+            }
         }
-        file.flush().await.map_err(|e| ImageError::io(format!("write {}", blob_path.display()), e))?;
-        drop(file);
+        drop(tx);
+        let unpacked = unpacker.await.map_err(|e| fail(e.to_string()))?;
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        let unpacked = unpacked.map_err(fail)?;
         if got != declared {
             return Err(fail(format!("the registry sent {got} bytes, the manifest declares {declared}")));
         }
@@ -403,13 +418,6 @@ impl Puller {
         if actual != desc.digest {
             return Err(fail(format!("digest mismatch: the content is {actual}")));
         }
-        let dir = tmp.path().join("rootfs");
-        let max = self.limits.max_unpacked_bytes;
-        let (blob, out) = (blob_path.clone(), dir.clone());
-        let unpacked = tokio::task::spawn_blocking(move || unpack_file(&blob, &out, compression, max))
-            .await
-            .map_err(|e| fail(e.to_string()))?
-            .map_err(fail)?;
         self.store.commit_layer(&desc.digest, &dir)?;
         Ok((got, unpacked))
     }
@@ -423,6 +431,33 @@ pub enum Compression {
     Zstd,
 }
 
+/// Reads the chunks a channel brings, in order, until its sender is dropped.
+struct ChannelReader {
+    rx: std::sync::mpsc::Receiver<bytes::Bytes>,
+    current: bytes::Bytes,
+}
+
+impl ChannelReader {
+    fn new(rx: std::sync::mpsc::Receiver<bytes::Bytes>) -> ChannelReader {
+        ChannelReader { rx, current: bytes::Bytes::new() }
+    }
+}
+
+impl std::io::Read for ChannelReader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        while self.current.is_empty() {
+            match self.rx.recv() {
+                Ok(c) => self.current = c,
+                Err(_) => return Ok(0),
+            }
+        }
+        let n = buf.len().min(self.current.len());
+        buf[..n].copy_from_slice(&self.current[..n]);
+        let _ = self.current.split_to(n);
+        Ok(n)
+    }
+}
+
 /// Unpacks a layer blob file into `dir` (created); returns the bytes of file content.
 pub fn unpack_file(
     blob: &std::path::Path,
@@ -430,18 +465,37 @@ pub fn unpack_file(
     c: Compression,
     max: u64,
 ) -> std::result::Result<u64, String> {
-    std::fs::create_dir(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    let f = std::io::BufReader::new(std::fs::File::open(blob).map_err(|e| format!("cannot read the blob: {e}"))?);
-    let done = match c {
-        Compression::None => unpack::unpack(f, dir, max),
-        Compression::Gzip => unpack::unpack(flate2::bufread::MultiGzDecoder::new(f), dir, max),
-        Compression::Zstd => {
-            let z = ruzstd::decoding::StreamingDecoder::new(f).map_err(|e| format!("not a zstd stream: {e}"))?;
-            unpack::unpack(z, dir, max)
-        }
+    let f = std::fs::File::open(blob).map_err(|e| format!("cannot read the blob: {e}"))?;
+    unpack_reader(f, dir, c, max)
+}
+
+/// Unpacks a layer blob read from `input` into `dir` (created); returns the bytes of file
+/// content. The rest of the input is read to its end, so a writer feeding it never blocks.
+pub fn unpack_reader(
+    input: impl std::io::Read,
+    dir: &std::path::Path,
+    c: Compression,
+    max: u64,
+) -> std::result::Result<u64, String> {
+    let mut f = std::io::BufReader::with_capacity(1 << 16, input);
+    if let Err(e) = std::fs::create_dir(dir) {
+        let _ = std::io::copy(&mut f, &mut std::io::sink());
+        return Err(format!("cannot create {}: {e}", dir.display()));
     }
-    .map_err(|e| e.to_string())?;
-    Ok(done.bytes)
+    let done = match c {
+        Compression::None => unpack::unpack(&mut f, dir, max),
+        Compression::Gzip => unpack::unpack(flate2::bufread::MultiGzDecoder::new(&mut f), dir, max),
+        Compression::Zstd => match ruzstd::decoding::StreamingDecoder::new(&mut f) {
+            Ok(z) => unpack::unpack(z, dir, max),
+            Err(e) => {
+                let _ = std::io::copy(&mut f, &mut std::io::sink());
+                return Err(format!("not a zstd stream: {e}"));
+            }
+        },
+    };
+    // Drain what is left (tar padding, or everything after an error) so the feeder ends.
+    let _ = std::io::copy(&mut f, &mut std::io::sink());
+    Ok(done.map_err(|e| e.to_string())?.bytes)
 }
 
 #[cfg(test)]
