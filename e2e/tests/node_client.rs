@@ -12,8 +12,12 @@ use testkit::netns::root_or_explain;
 /// 1.4: 2.x needs Node.js 22 (its HTTP stack uses zstd); Debian 13 ships Node.js 20.
 const CLIENT: &str = "@kubernetes/client-node@1.4.0";
 
-/// A directory with the client installed (on first use; later runs reuse it).
+/// A directory with the client installed (on first use; later runs reuse it). The tests of
+/// this file run at once: one installs while the others wait (two npm installs into one
+/// directory trip over each other's files).
 fn modules() -> PathBuf {
+    static INSTALL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one_at_a_time = INSTALL.lock().unwrap_or_else(|e| e.into_inner());
     let exe = std::env::current_exe().unwrap();
     let dir = exe.ancestors().nth(3).unwrap().join("e2e-node");
     let marker = dir.join(".installed");

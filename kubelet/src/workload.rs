@@ -80,6 +80,10 @@ enum Mode {
         /// With --console: close the container's stdin when the first attached client closes its own.
         #[arg(long, requires = "console")]
         stdin_once: bool,
+        /// The signal that stops the container (the image's `StopSignal`: `SIGQUIT`, `QUIT`,
+        /// `3`): a SIGTERM to the monitor reaches the container as this one.
+        #[arg(long, value_parser = parse_signal)]
+        stop_signal: Option<nix::sys::signal::Signal>,
         #[arg(last = true, required = true)]
         command: Vec<String>,
     },
@@ -119,6 +123,18 @@ enum Mode {
     },
 }
 
+/// A signal by name (`SIGQUIT`, `QUIT`, any case) or number, as an image's `StopSignal` gives it.
+pub fn parse_signal(s: &str) -> Result<nix::sys::signal::Signal, String> {
+    use std::str::FromStr;
+    let bad = || format!("{s:?} is not a signal");
+    if let Ok(n) = s.parse::<i32>() {
+        return nix::sys::signal::Signal::try_from(n).map_err(|_| bad());
+    }
+    let up = s.to_ascii_uppercase();
+    let name = if up.starts_with("SIG") { up } else { format!("SIG{up}") };
+    nix::sys::signal::Signal::from_str(&name).map_err(|_| bad())
+}
+
 /// Parses the command line and runs the mode it names; exits the process.
 pub fn main() {
     let args = Args::parse();
@@ -143,12 +159,19 @@ fn run(args: Args) -> Result<(), String> {
     let _ = nix::unistd::setsid();
     match args.mode {
         Mode::Sandbox { hostname, resolv_conf, hosts } => sandbox(&hostname, resolv_conf.zip(hosts)),
-        Mode::Monitor { sandbox, log, console, stdin, tty, stdin_once, command } => {
+        Mode::Monitor { sandbox, log, console, stdin, tty, stdin_once, stop_signal, command } => {
             if let Some(pid) = sandbox {
                 join(pid)?;
             }
-            let opts =
-                crate::stream::console::ConsoleOptions { log, socket: console, stdin, tty, stdin_once, argv: command };
+            let opts = crate::stream::console::ConsoleOptions {
+                log,
+                socket: console,
+                stdin,
+                tty,
+                stdin_once,
+                stop_signal,
+                argv: command,
+            };
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
             let code = rt.block_on(crate::stream::console::run(opts))?;
             std::process::exit(code);

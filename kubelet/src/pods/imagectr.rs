@@ -378,7 +378,9 @@ impl<P: Processes, E: PluginExec, A: PodApi, Q: Prober> Deps<P, E, A, Q> {
         c.rec.pid_file = Some(bundle.join("pid"));
         c.rec.runtime_id = Some(id);
         let _ = std::fs::remove_file(bundle.join("pid"));
-        Ok(Launch::Run(monitor_spec(&self.cfg, pod, &c.spec, None, attempt, inner, vec![])))
+        // The image's StopSignal (nginx's is SIGQUIT: a graceful stop), when it names one.
+        let stop = record.config.stop_signal.as_deref().filter(|s| crate::workload::parse_signal(s).is_ok());
+        Ok(Launch::Run(monitor_spec(&self.cfg, pod, &c.spec, None, attempt, inner, vec![], stop)))
     }
 }
 

@@ -260,13 +260,14 @@ pub fn launch(
         };
     };
     let env = workload_env(pod, c, pod_ip, &cfg.node_name, &cfg.node_ip.to_string(), services);
-    Launch::Run(monitor_spec(cfg, pod, c, Some(sandbox), attempt, inner, env))
+    Launch::Run(monitor_spec(cfg, pod, c, Some(sandbox), attempt, inner, env, None))
 }
 
 /// A container's process under its monitor (`podpath-workload monitor`, conmon's role): it
 /// writes the output of `inner` to the log of this `attempt` in the CRI format, and holds the
 /// container's stdin and terminal for `kubectl attach` when the container asks for them. With
 /// a sandbox, the monitor joins its namespaces first.
+#[allow(clippy::too_many_arguments)]
 pub fn monitor_spec(
     cfg: &PodsConfig,
     pod: &core::Pod,
@@ -275,6 +276,7 @@ pub fn monitor_spec(
     attempt: i32,
     inner: Vec<String>,
     env: Vec<(String, String)>,
+    stop_signal: Option<&str>,
 ) -> ProcSpec {
     let bin = cfg.workload_bin.display().to_string();
     let (stdin, tty) = (c.stdin == Some(true), c.tty == Some(true));
@@ -286,6 +288,9 @@ pub fn monitor_spec(
         argv.extend(["--sandbox".to_string(), sandbox.pid.to_string()]);
     }
     argv.extend(["--log".to_string(), log.display().to_string()]);
+    if let Some(sig) = stop_signal {
+        argv.extend(["--stop-signal".to_string(), sig.to_string()]);
+    }
     if stdin || tty {
         // stdin or a terminal: the monitor's socket is how `kubectl attach` reaches them.
         match cfg.attach_socket(&uid(pod), &c.name) {

@@ -73,6 +73,8 @@ pub struct ConsoleOptions {
     pub tty: bool,
     /// Close the container's stdin when the first attached client closes its own (`stdinOnce`).
     pub stdin_once: bool,
+    /// What a SIGTERM to the monitor reaches the container as (the image's `StopSignal`).
+    pub stop_signal: Option<nix::sys::signal::Signal>,
     /// The container's process (a `join` that enters the sandbox and execs the command).
     pub argv: Vec<String>,
 }
@@ -191,9 +193,11 @@ pub async fn run(opts: ConsoleOptions) -> Result<i32, String> {
         tokio::select! {
             st = child.wait() => break st,
             _ = term.recv() => {
-                // The agent stops the container through its console: pass it on.
+                // The agent stops the container through its console: pass it on, as the
+                // image's stop signal when it has one.
                 if let Some(pid) = child_pid {
-                    let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGTERM);
+                    let sig = opts.stop_signal.unwrap_or(nix::sys::signal::Signal::SIGTERM);
+                    let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pid), sig);
                 }
             }
             Some(i) = in_rx.recv() => match i {

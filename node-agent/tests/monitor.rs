@@ -1,0 +1,63 @@
+//! The container monitor (`podpath-workload monitor`) as a process: a SIGTERM from the agent
+//! reaches the container as the image's stop signal (nginx's is SIGQUIT), or as SIGTERM.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+fn stop_with(stop_signal: Option<&str>) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("0.log");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_podpath-workload"));
+    cmd.arg("monitor").arg("--log").arg(&log);
+    if let Some(s) = stop_signal {
+        cmd.args(["--stop-signal", s]);
+    }
+    // The container says which signal it got, and is ready once it says "up".
+    let script =
+        "trap 'echo got-quit; exit 0' QUIT; trap 'echo got-term; exit 0' TERM; echo up; while :; do sleep 0.05; done";
+    // Its own session, as every mode of podpath-workload takes (the monitor signals the group).
+    let mut child = cmd.args(["--", "setsid", "sh", "-c", script]).spawn().unwrap();
+    let t = Instant::now();
+    while !std::fs::read_to_string(&log).unwrap_or_default().contains(" up") {
+        assert!(t.elapsed() < Duration::from_secs(10), "the container did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGTERM).unwrap();
+    let t = Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if t.elapsed() > Duration::from_secs(10) {
+            let _ = child.kill();
+            panic!("the monitor did not stop: {}", std::fs::read_to_string(&log).unwrap_or_default());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status:?}");
+    std::fs::read_to_string(&log).unwrap()
+}
+
+#[test]
+fn a_stop_signal_reaches_the_container_in_place_of_sigterm() {
+    let log = stop_with(Some("SIGQUIT"));
+    assert!(log.contains("got-quit") && !log.contains("got-term"), "{log}");
+    let log = stop_with(Some("quit"));
+    assert!(log.contains("got-quit"), "{log}");
+    let log = stop_with(None);
+    assert!(log.contains("got-term") && !log.contains("got-quit"), "{log}");
+}
+
+#[test]
+fn a_bad_stop_signal_is_refused() {
+    let out = Command::new(env!("CARGO_BIN_EXE_podpath-workload"))
+        .args(["monitor", "--stop-signal", "SIGNOPE", "--", "true"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("\"SIGNOPE\" is not a signal"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
