@@ -21,9 +21,13 @@ fn modules() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     let dir = exe.ancestors().nth(3).unwrap().join("e2e-node");
     let marker = dir.join(".installed");
-    if std::fs::read_to_string(&marker).ok().as_deref() == Some(CLIENT) {
+    let entry = dir.join("node_modules/@kubernetes/client-node/dist/index.js");
+    if std::fs::read_to_string(&marker).ok().as_deref() == Some(CLIENT) && entry.is_file() {
         return dir;
     }
+    // A half install (an interrupted or failed one) starts over.
+    let _ = std::fs::remove_file(&marker);
+    let _ = std::fs::remove_dir_all(dir.join("node_modules"));
     std::fs::create_dir_all(&dir).unwrap();
     // A package.json of its own: npm installs here, not in a parent project.
     std::fs::write(dir.join("package.json"), r#"{"name": "podpath-e2e-node", "private": true}"#).unwrap();
