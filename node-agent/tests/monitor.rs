@@ -14,7 +14,7 @@ fn stop_with(stop_signal: Option<&str>) -> String {
     }
     // The container says which signal it got, and is ready once it says "up".
     let script =
-        "trap 'echo got-quit; exit 0' QUIT; trap 'echo got-term; exit 0' TERM; echo up; while :; do sleep 0.05; done";
+        "trap 'echo got-quit; exit 0' QUIT; trap 'echo got-term; exit 0' TERM; echo up $$; while :; do sleep 0.05; done";
     // Its own session, as every mode of podpath-workload takes (the monitor signals the group).
     let mut child = cmd.args(["--", "setsid", "sh", "-c", script]).spawn().unwrap();
     let t = Instant::now();
@@ -29,6 +29,11 @@ fn stop_with(stop_signal: Option<&str>) -> String {
             break st;
         }
         if t.elapsed() > Duration::from_secs(10) {
+            // The shell first (it prints its PID), then the monitor: nothing is left running.
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            if let Some(pid) = text.split_whitespace().skip_while(|w| *w != "up").nth(1).and_then(|p| p.parse().ok()) {
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+            }
             let _ = child.kill();
             panic!("the monitor did not stop: {}", std::fs::read_to_string(&log).unwrap_or_default());
         }

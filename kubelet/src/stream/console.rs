@@ -197,7 +197,12 @@ pub async fn run(opts: ConsoleOptions) -> Result<i32, String> {
                 // image's stop signal when it has one.
                 if let Some(pid) = child_pid {
                     let sig = opts.stop_signal.unwrap_or(nix::sys::signal::Signal::SIGTERM);
-                    let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pid), sig);
+                    let pid = nix::unistd::Pid::from_raw(pid);
+                    // The child leads its group when it is podpath-workload (every mode starts
+                    // a session); any other child gets the signal itself.
+                    if nix::sys::signal::killpg(pid, sig).is_err() {
+                        let _ = nix::sys::signal::kill(pid, sig);
+                    }
                 }
             }
             Some(i) = in_rx.recv() => match i {
