@@ -111,7 +111,7 @@ fn project(
     }
 }
 
-fn secret_data(s: &core::Secret) -> BTreeMap<String, Vec<u8>> {
+pub(crate) fn secret_data(s: &core::Secret) -> BTreeMap<String, Vec<u8>> {
     let mut d: BTreeMap<String, Vec<u8>> = s.data.iter().flatten().map(|(k, v)| (k.clone(), v.0.clone())).collect();
     for (k, v) in s.string_data.iter().flatten() {
         d.insert(k.clone(), v.clone().into_bytes());
@@ -119,7 +119,7 @@ fn secret_data(s: &core::Secret) -> BTreeMap<String, Vec<u8>> {
     d
 }
 
-fn config_map_data(c: &core::ConfigMap) -> BTreeMap<String, Vec<u8>> {
+pub(crate) fn config_map_data(c: &core::ConfigMap) -> BTreeMap<String, Vec<u8>> {
     let mut d: BTreeMap<String, Vec<u8>> =
         c.data.iter().flatten().map(|(k, v)| (k.clone(), v.clone().into_bytes())).collect();
     for (k, v) in c.binary_data.iter().flatten() {

@@ -72,20 +72,16 @@ fn object_key(
     key: &str,
     optional: bool,
 ) -> Result<Option<String>, String> {
+    // The same key-value view the volumes read (`data` and `stringData`, `binaryData`).
+    let text = |d: std::collections::BTreeMap<String, Vec<u8>>| {
+        d.into_iter()
+            .map(|(k, v)| (k, String::from_utf8_lossy(&v).into_owned()))
+            .collect::<std::collections::BTreeMap<_, _>>()
+    };
     let (kind, data) = if secret {
-        let d = objects.secret(ns, name).map(|s| {
-            let mut d: std::collections::BTreeMap<String, String> = s
-                .data
-                .unwrap_or_default()
-                .into_iter()
-                .map(|(k, v)| (k, String::from_utf8_lossy(&v.0).into_owned()))
-                .collect();
-            d.extend(s.string_data.unwrap_or_default());
-            d
-        });
-        ("Secret", d)
+        ("Secret", objects.secret(ns, name).map(|s| text(crate::volumes::secret_data(&s))))
     } else {
-        ("ConfigMap", objects.config_map(ns, name).map(|c| c.data.unwrap_or_default()))
+        ("ConfigMap", objects.config_map(ns, name).map(|c| text(crate::volumes::config_map_data(&c))))
     };
     match data {
         None if optional => Ok(None),
