@@ -168,6 +168,23 @@ fn bench_memory() {
         all.len(),
         comps as f64 / 1024.0
     );
+    // Where it goes: PSS per kind of process (program, and the workload's subcommand).
+    let mut by_kind = std::collections::BTreeMap::<String, (u64, usize)>::new();
+    for p in &all {
+        let cmd = std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
+        let args: Vec<String> = cmd.split(|b| *b == 0).map(|a| String::from_utf8_lossy(a).into_owned()).collect();
+        let prog = args.first().map(|a| a.rsplit('/').next().unwrap_or(a).to_string()).unwrap_or_default();
+        let kind = match prog.as_str() {
+            "podpath-workload" => format!("{prog} {}", args.get(1).map(String::as_str).unwrap_or("")),
+            _ => prog,
+        };
+        let e = by_kind.entry(kind).or_default();
+        e.0 += kib(*p, "smaps_rollup", "Pss:");
+        e.1 += 1;
+    }
+    for (kind, (k, n)) in &by_kind {
+        println!("  {:<32} {:>3} processes {:>8.1} MiB", kind, n, *k as f64 / 1024.0);
+    }
     BENCH.record(
         "whole lab, 3 nodes + 30 nginx pods: PSS sum",
         (pss as f64 / 1024.0 * 10.0).round() / 10.0,

@@ -59,6 +59,33 @@ impl Images {
         }
     }
 
+    /// Deletes a container from the runtime once its monitor has ended (`crun delete --force`,
+    /// as containerd does when it loses a shim): its state goes, and a process the monitor left
+    /// behind (the monitor was killed) is killed with its PID namespace. An unknown ID is
+    /// already deleted.
+    pub async fn delete_container(&self, id: &str) {
+        let mut cmd = tokio::process::Command::new(&self.runtime);
+        cmd.arg("--cgroup-manager=disabled")
+            .arg("--root")
+            .arg(&self.runtime_root)
+            .args(["delete", "--force", id])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true);
+        match tokio::time::timeout(Duration::from_secs(10), cmd.output()).await {
+            Ok(Ok(o)) if o.status.success() => {}
+            Ok(Ok(o)) => {
+                let err = String::from_utf8_lossy(&o.stderr);
+                if !err.contains("does not exist") {
+                    tracing::warn!(container = id, "the runtime could not delete the container: {}", err.trim());
+                }
+            }
+            Ok(Err(e)) => tracing::warn!(container = id, "cannot run {}: {e}", self.runtime.display()),
+            Err(_) => tracing::warn!(container = id, "the runtime took over 10 s to delete the container"),
+        }
+    }
+
     /// Layer directories of an image, the top one first (overlayfs's `lowerdir` order).
     pub fn layer_dirs(&self, rec: &ImageRecord) -> Result<Vec<PathBuf>, String> {
         rec.layers.iter().rev().map(|l| self.store.layer_dir(l).map_err(|e| e.to_string())).collect()

@@ -45,6 +45,9 @@ enum Mode {
         #[arg(long, requires = "resolv_conf")]
         hosts: Option<std::path::PathBuf>,
     },
+    /// What a sandbox becomes once ready: holds its namespaces until stopped (it execs this).
+    #[command(hide = true)]
+    Hold,
     /// Enter a sandbox's namespaces (or a container's) and exec a program.
     Join {
         #[arg(long, required_unless_present = "pid_file", conflicts_with = "pid_file")]
@@ -84,12 +87,18 @@ enum Mode {
         /// `3`): a SIGTERM to the monitor reaches the container as this one.
         #[arg(long, value_parser = parse_signal)]
         stop_signal: Option<nix::sys::signal::Signal>,
+        /// The command is an OCI runtime that starts the container and exits (`container`):
+        /// the container's process, named by this PID file, is then adopted (the monitor is
+        /// a child subreaper) and waited for, as conmon does. The runtime stays no process.
+        #[arg(long)]
+        adopt: Option<std::path::PathBuf>,
         #[arg(last = true, required = true)]
         command: Vec<String>,
     },
     /// Run a container of an image with the OCI runtime: in a mount namespace of its own, the
     /// image's layers are stacked with overlayfs on the bundle's `rootfs`, then the runtime
-    /// runs the bundle's `config.json` in the foreground (its stdio is this process's).
+    /// starts the bundle's `config.json` detached (the container's stdio is this process's) and
+    /// exits; the container's process is left to the monitor (`monitor --adopt`).
     Container {
         /// The OCI bundle (`config.json`, and `rootfs`, `upper`, `work` directories).
         #[arg(long)]
@@ -137,6 +146,11 @@ pub fn parse_signal(s: &str) -> Result<nix::sys::signal::Signal, String> {
 
 /// Parses the command line and runs the mode it names; exits the process.
 pub fn main() {
+    // The sandbox's holding mode is looked for before any parsing: it is what every pod keeps
+    // running, so it starts nothing (no heap worth the name, a fresh small stack).
+    if std::env::args_os().nth(1).is_some_and(|a| a == HOLD) && std::env::args_os().len() == 2 {
+        hold();
+    }
     let args = Args::parse();
     if let Err(e) = run(args) {
         eprintln!("podpath-workload: {e}");
@@ -159,7 +173,8 @@ fn run(args: Args) -> Result<(), String> {
     let _ = nix::unistd::setsid();
     match args.mode {
         Mode::Sandbox { hostname, resolv_conf, hosts } => sandbox(&hostname, resolv_conf.zip(hosts)),
-        Mode::Monitor { sandbox, log, console, stdin, tty, stdin_once, stop_signal, command } => {
+        Mode::Hold => hold(),
+        Mode::Monitor { sandbox, log, console, stdin, tty, stdin_once, stop_signal, adopt, command } => {
             if let Some(pid) = sandbox {
                 join(pid)?;
             }
@@ -170,6 +185,7 @@ fn run(args: Args) -> Result<(), String> {
                 tty,
                 stdin_once,
                 stop_signal,
+                adopt,
                 argv: command,
             };
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
@@ -233,7 +249,19 @@ fn sandbox(hostname: &str, files: Option<(std::path::PathBuf, std::path::PathBuf
     drop(rt);
     let mut out = std::io::stdout();
     writeln!(out, "ready").and_then(|_| out.flush()).map_err(|e| format!("cannot report readiness: {e}"))?;
-    // Hold the namespaces; SIGTERM/SIGKILL end the process (default dispositions).
+    // Hold the namespaces as a fresh image of this program: the set-up's heap, stack and
+    // runtime go (about 200 KiB of each pod's memory); the namespaces stay, exec keeps them.
+    let argv = [c"podpath-workload", c"hold"];
+    let err = nix::unistd::execv(c"/proc/self/exe", &argv).unwrap_err();
+    eprintln!("podpath-workload: cannot re-execute itself to hold the namespaces ({err}); holding them as is");
+    hold()
+}
+
+/// The sandbox's last mode (`podpath-workload hold`, which it execs): only holds the process's
+/// namespaces; SIGTERM/SIGKILL end it (default dispositions).
+const HOLD: &str = "hold";
+
+fn hold() -> ! {
     loop {
         nix::unistd::pause();
     }
@@ -333,6 +361,7 @@ fn container(
         "--root".into(),
         root.display().to_string(),
         "run".into(),
+        "--detach".into(),
         "--bundle".into(),
         bundle.display().to_string(),
         "--pid-file".into(),

@@ -165,7 +165,7 @@ impl<P: Processes, E: PluginExec, A: PodApi, Q: Prober> Deps<P, E, A, Q> {
                     let join = join_prefix(&self.cfg.workload_bin, rec.sandbox, c.rec.pid_file.as_deref());
                     c.readiness = readiness(&c.spec, rec.pod_ips.first().copied(), &join);
                     c.readiness.next = Some(Instant::now() + c.readiness.initial_delay);
-                    watch_exit(deps, c.spec.name.clone(), p, exits.clone());
+                    watch_exit(deps, c.spec.name.clone(), p, c.rec.runtime_id.clone(), exits.clone());
                 }
                 Err(e) => {
                     tracing::warn!(pod = %key(pod), container = %c.spec.name, "cannot start: {e}");

@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1 as core;
 use tokio::time::Instant;
 
 use super::container::Ctr;
-use super::launch::{container_env, monitor_spec, Launch};
+use super::launch::{container_env, monitor_spec, ImageProcess, Launch};
 use super::record::PodRecord;
 use super::{envvars, uid, Deps, PodApi, Prober};
 use crate::cni::PluginExec;
@@ -375,12 +375,15 @@ impl<P: Processes, E: PluginExec, A: PodApi, Q: Prober> Deps<P, E, A, Q> {
             inner.push("--layer".into());
             inner.push(l.display().to_string());
         }
-        c.rec.pid_file = Some(bundle.join("pid"));
-        c.rec.runtime_id = Some(id);
-        let _ = std::fs::remove_file(bundle.join("pid"));
+        let pid_file = bundle.join("pid");
+        let _ = std::fs::remove_file(&pid_file);
         // The image's StopSignal (nginx's is SIGQUIT: a graceful stop), when it names one.
-        let stop = record.config.stop_signal.as_deref().filter(|s| crate::workload::parse_signal(s).is_ok());
-        Ok(Launch::Run(monitor_spec(&self.cfg, pod, &c.spec, None, attempt, inner, vec![], stop)))
+        let stop_signal = record.config.stop_signal.as_deref().filter(|s| crate::workload::parse_signal(s).is_ok());
+        let image = ImageProcess { pid_file: &pid_file, stop_signal };
+        let spec = monitor_spec(&self.cfg, pod, &c.spec, None, attempt, inner, vec![], Some(image));
+        c.rec.pid_file = Some(pid_file);
+        c.rec.runtime_id = Some(id);
+        Ok(Launch::Run(spec))
     }
 }
 

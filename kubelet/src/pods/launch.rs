@@ -259,6 +259,14 @@ pub fn launch(
     Launch::Run(monitor_spec(cfg, pod, c, Some(sandbox), attempt, inner, env, None))
 }
 
+/// What the monitor of an image's container needs beyond a process's: the runtime's PID file
+/// (the runtime starts the container and exits; the monitor adopts and waits for the
+/// container's process) and the image's `StopSignal`.
+pub struct ImageProcess<'a> {
+    pub pid_file: &'a Path,
+    pub stop_signal: Option<&'a str>,
+}
+
 /// A container's process under its monitor (`podpath-workload monitor`, conmon's role): it
 /// writes the output of `inner` to the log of this `attempt` in the CRI format, and holds the
 /// container's stdin and terminal for `kubectl attach` when the container asks for them. With
@@ -272,7 +280,7 @@ pub fn monitor_spec(
     attempt: i32,
     inner: Vec<String>,
     env: Vec<(String, String)>,
-    stop_signal: Option<&str>,
+    image: Option<ImageProcess<'_>>,
 ) -> ProcSpec {
     let bin = cfg.workload_bin.display().to_string();
     let (stdin, tty) = (c.stdin == Some(true), c.tty == Some(true));
@@ -284,8 +292,11 @@ pub fn monitor_spec(
         argv.extend(["--sandbox".to_string(), sandbox.pid.to_string()]);
     }
     argv.extend(["--log".to_string(), log.display().to_string()]);
-    if let Some(sig) = stop_signal {
-        argv.extend(["--stop-signal".to_string(), sig.to_string()]);
+    if let Some(img) = &image {
+        argv.extend(["--adopt".to_string(), img.pid_file.display().to_string()]);
+        if let Some(sig) = img.stop_signal {
+            argv.extend(["--stop-signal".to_string(), sig.to_string()]);
+        }
     }
     if stdin || tty {
         // stdin or a terminal: the monitor's socket is how `kubectl attach` reaches them.

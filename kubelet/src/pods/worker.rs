@@ -110,6 +110,15 @@ impl<P: Processes, E: PluginExec, A: PodApi, Q: Prober> Deps<P, E, A, Q> {
             self.cfg.state_dir.join("logs").join(format!("{}_{}_{}", rec.namespace, rec.name, rec.uid)),
         );
         let _ = std::fs::remove_dir_all(self.cfg.pod_etc_dir(&rec.uid));
+        // A container may outlive a monitor that was killed (found at start-up): the runtime
+        // kills it before its bundle goes.
+        if let Some(images) = &self.cfg.images {
+            for c in rec.containers.values() {
+                if let Some(id) = &c.runtime_id {
+                    images.delete_container(id).await;
+                }
+            }
+        }
         // Containers' bundles (writable layers) and the leases on their images' layers; the
         // volumes (a memory-backed one unmounted first).
         let _ = std::fs::remove_dir_all(self.cfg.pod_containers_dir(&rec.uid));
@@ -143,15 +152,21 @@ impl<P: Processes, E: PluginExec, A: PodApi, Q: Prober> Deps<P, E, A, Q> {
     }
 }
 
+/// Sends a container's exit once its process ends; an image container is deleted from the
+/// runtime first, so nothing of it runs when the exit is handled (a restart binds its ports).
 pub(super) fn watch_exit<P: Processes, E: PluginExec, A: PodApi, Q: Prober>(
     deps: &Arc<Deps<P, E, A, Q>>,
     name: String,
     p: ProcId,
+    runtime_id: Option<String>,
     tx: mpsc::UnboundedSender<ExitMsg>,
 ) {
     let deps = deps.clone();
     tokio::spawn(async move {
         let exit = deps.procs.wait(p).await;
+        if let (Some(id), Some(images)) = (runtime_id, &deps.cfg.images) {
+            images.delete_container(&id).await;
+        }
         let _ = tx.send((name, p, exit));
     });
 }
@@ -252,7 +267,7 @@ impl<P: Processes, E: PluginExec, A: PodApi, Q: Prober> Worker<P, E, A, Q> {
                         let join = join_prefix(&deps.cfg.workload_bin, r.sandbox, c.rec.pid_file.as_deref());
                         c.readiness = readiness(&c.spec, r.pod_ips.first().copied(), &join);
                         c.readiness.next = Some(Instant::now());
-                        watch_exit(&deps, c.spec.name.clone(), p, exit_tx.clone());
+                        watch_exit(&deps, c.spec.name.clone(), p, c.rec.runtime_id.clone(), exit_tx.clone());
                     }
                     Some(p) => {
                         c.rec.last = Some(Terminated {

@@ -75,6 +75,9 @@ pub struct ConsoleOptions {
     pub stdin_once: bool,
     /// What a SIGTERM to the monitor reaches the container as (the image's `StopSignal`).
     pub stop_signal: Option<nix::sys::signal::Signal>,
+    /// The command starts the container and exits; the container's process, named by this PID
+    /// file, is then adopted and waited for (see `podpath-workload monitor --adopt`).
+    pub adopt: Option<PathBuf>,
     /// The container's process (a `join` that enters the sandbox and execs the command).
     pub argv: Vec<String>,
 }
@@ -140,6 +143,10 @@ pub async fn run(opts: ConsoleOptions) -> Result<i32, String> {
         _socket = Some(RemoveOnDrop(socket.clone()));
     }
     let (program, args) = opts.argv.split_first().ok_or("no command")?;
+    if opts.adopt.is_some() {
+        // The runtime's container process is reparented here when the runtime exits.
+        nix::sys::prctl::set_child_subreaper(true).map_err(|e| format!("cannot become a subreaper: {e}"))?;
+    }
     let mut cmd = tokio::process::Command::new(program);
     cmd.args(args).kill_on_drop(true).env(DIE_WITH_PARENT, std::process::id().to_string());
     let (out_tx, _) = broadcast::channel::<(u8, Bytes)>(256);
@@ -189,19 +196,57 @@ pub async fn run(opts: ConsoleOptions) -> Result<i32, String> {
     drop(in_tx);
     let mut term =
         tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).map_err(|e| e.to_string())?;
-    let status = loop {
+    let stop = opts.stop_signal.unwrap_or(nix::sys::signal::Signal::SIGTERM);
+    // With --adopt: the container's process once the runtime has started it and exited. Its
+    // exit is noticed by SIGCHLD (it is our child), then reaped through its PID descriptor.
+    let mut adopted: Option<Adopted> = None;
+    let mut children =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child()).map_err(|e| e.to_string())?;
+    let mut stop_asked = false;
+    // Parsing the command line and starting up left freed memory below live data; a monitor
+    // runs beside every container for its life, so it gives those pages back once.
+    podpath_client::memory::trim();
+    let code = loop {
+        if let Some(a) = &adopted {
+            if let Some(code) = a.reap() {
+                break code;
+            }
+        }
         tokio::select! {
-            st = child.wait() => break st,
+            st = child.wait(), if adopted.is_none() => {
+                let st = st.map_err(|e| e.to_string())?;
+                match &opts.adopt {
+                    Some(pid_file) if st.success() => match adopt(pid_file) {
+                        Ok(a) => {
+                            if stop_asked {
+                                a.signal(stop);
+                            }
+                            adopted = Some(a);
+                        }
+                        Err(e) => {
+                            eprintln!("podpath-workload: {e}");
+                            break 128;
+                        }
+                    },
+                    _ => break exit_code(&st),
+                }
+            }
+            _ = children.recv(), if adopted.is_some() => {}
             _ = term.recv() => {
                 // The agent stops the container through its console: pass it on, as the
                 // image's stop signal when it has one.
-                if let Some(pid) = child_pid {
-                    let sig = opts.stop_signal.unwrap_or(nix::sys::signal::Signal::SIGTERM);
-                    let pid = nix::unistd::Pid::from_raw(pid);
-                    // The child leads its group when it is podpath-workload (every mode starts
-                    // a session); any other child gets the signal itself.
-                    if nix::sys::signal::killpg(pid, sig).is_err() {
-                        let _ = nix::sys::signal::kill(pid, sig);
+                stop_asked = true;
+                match &adopted {
+                    Some(a) => a.signal(stop),
+                    None => {
+                        if let Some(pid) = child_pid {
+                            let pid = nix::unistd::Pid::from_raw(pid);
+                            // The child leads its group when it is podpath-workload (every mode
+                            // starts a session); any other child gets the signal itself.
+                            if nix::sys::signal::killpg(pid, stop).is_err() {
+                                let _ = nix::sys::signal::kill(pid, stop);
+                            }
+                        }
                     }
                 }
             }
@@ -226,9 +271,64 @@ pub async fn run(opts: ConsoleOptions) -> Result<i32, String> {
     };
     let _ = tokio::time::timeout(Duration::from_secs(2), async { while pumps.join_next().await.is_some() {} }).await;
     accept.abort();
+    Ok(code)
+}
+
+/// A process's exit code as a container's: its status, or 128 + the signal that ended it.
+fn exit_code(s: &std::process::ExitStatus) -> i32 {
     use std::os::unix::process::ExitStatusExt;
-    let s = status.map_err(|e| e.to_string())?;
-    Ok(s.code().unwrap_or_else(|| 128 + s.signal().unwrap_or(9)))
+    s.code().unwrap_or_else(|| 128 + s.signal().unwrap_or(9))
+}
+
+/// The container's process, adopted from the runtime: its PID and a PID descriptor (signals
+/// reach it and never a process that reused the number).
+struct Adopted {
+    pid: nix::unistd::Pid,
+    fd: std::os::fd::OwnedFd,
+}
+
+/// The container's process named by the runtime's PID file. It becomes this monitor's child as
+/// the runtime's processes exit (crun forks once more to detach: the container is a grandchild
+/// until that fork exits too), since the monitor is a subreaper.
+fn adopt(pid_file: &std::path::Path) -> Result<Adopted, String> {
+    let text = std::fs::read_to_string(pid_file)
+        .map_err(|e| format!("the runtime left no PID file {}: {e}", pid_file.display()))?;
+    let pid = text
+        .trim()
+        .parse::<i32>()
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+        .ok_or_else(|| format!("{} holds no PID: {text:?}", pid_file.display()))?;
+    let fd = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty())
+        .map_err(|e| format!("the container's process {} is gone: {e}", pid.as_raw_nonzero()))?;
+    Ok(Adopted { pid: nix::unistd::Pid::from_raw(pid.as_raw_nonzero().get()), fd })
+}
+
+impl Adopted {
+    /// Reaps every exited child (the runtime's leftovers too); the container's exit code once
+    /// it has exited, None while it runs.
+    fn reap(&self) -> Option<i32> {
+        use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+        loop {
+            match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::Exited(p, code)) if p == self.pid => return Some(code),
+                Ok(WaitStatus::Signaled(p, sig, _)) if p == self.pid => return Some(128 + sig as i32),
+                Ok(WaitStatus::StillAlive) => return None,
+                Ok(_) => continue,
+                // No child left: the container ended before it was ours (its runtime reaped it).
+                Err(_) => {
+                    eprintln!("podpath-workload: the container's process ended before the runtime let it go");
+                    return Some(128);
+                }
+            }
+        }
+    }
+
+    fn signal(&self, sig: nix::sys::signal::Signal) {
+        if let Some(sig) = rustix::process::Signal::from_named_raw(sig as i32) {
+            let _ = rustix::process::pidfd_send_signal(&self.fd, sig);
+        }
+    }
 }
 
 struct RemoveOnDrop(PathBuf);
