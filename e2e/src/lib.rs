@@ -504,3 +504,35 @@ pub fn wait_for<T>(limit: Duration, what: &str, mut f: impl FnMut() -> std::resu
         }
     }
 }
+
+/// Waits at most `limit` for a command (then kills it): a hang is a failure, never a stuck test.
+pub fn wait_bounded(mut child: Child, limit: Duration) -> Output {
+    let t = Instant::now();
+    while child.try_wait().expect("wait for a child").is_none() {
+        if t.elapsed() > limit {
+            let _ = child.kill();
+            panic!("the command hung for {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child.wait_with_output().expect("collect a child's output")
+}
+
+/// Starts a `kubectl port-forward` command of `ports` ports; returns it once it listens on all.
+pub fn start_port_forward(mut cmd: Command, ports: usize) -> Child {
+    let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("run kubectl port-forward");
+    let mut out = child.stdout.take().expect("piped stdout");
+    // "Forwarding from 127.0.0.1:P -> Q" once per port.
+    let mut seen = String::new();
+    let t = Instant::now();
+    let mut buf = [0u8; 512];
+    while seen.matches("Forwarding from").count() < ports {
+        use std::io::Read;
+        let n = out.read(&mut buf).unwrap_or(0);
+        assert!(n > 0 && t.elapsed() < Duration::from_secs(20), "port-forward did not start: {seen}");
+        seen.push_str(&String::from_utf8_lossy(&buf[..n]));
+    }
+    // kubectl goes on writing "Handling connection for …"; a closed pipe would kill it.
+    std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
+    child
+}

@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use podpath_e2e::{wait_for, Lab};
-use testkit::registry::{busybox, Registry};
+use podpath_e2e::{free_port, start_port_forward, text, wait_bounded, wait_for, Lab};
+use testkit::registry::{busybox, nginx, Registry};
 
 fn lab_with_registry(tag: &str, nodes: &str) -> (Registry, Lab) {
     let reg = Registry::start(None);
@@ -354,6 +354,113 @@ fn connecting_applications_with_services_runs_as_the_tutorial_has_it() {
     wait_for(Duration::from_secs(30), "nginx's page over HTTPS through the NodePort", || {
         let (code, out) = lab.curl(&["-k", &format!("https://192.168.56.11:{https_np}/")]);
         if code == 0 && out.contains("Welcome to nginx!") {
+            Ok(())
+        } else {
+            Err(out)
+        }
+    });
+}
+
+#[test]
+fn port_forward_attach_restarts_and_a_shared_process_namespace_work_in_real_containers() {
+    let reg = Registry::start(None);
+    reg.push("library/busybox:latest", &busybox(), None);
+    reg.push("library/nginx:latest", &nginx(), None);
+    let mirror = format!("--registry-mirror=docker.io=http://{}", reg.addr);
+    let lab = Lab::up("imgrun", &["--nodes", "1", &mirror]).expect("podpath up");
+    lab.apply(
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: shared}\nspec:\n  shareProcessNamespace: true\n  containers:\n  - {name: nginx, image: nginx}\n  - {name: shell, image: busybox, command: [sleep, '3600']}\n",
+    );
+    lab.kubectl(&["run", "web", "--image=nginx", "--port=80"]);
+    lab.kubectl(&["wait", "--for=condition=Ready", "pod/shared", "pod/web", "--timeout=90s"]);
+
+    // shareProcessNamespace: PID 1 is the pod's pause, and one container sees the other's.
+    let ps = lab.kubectl(&["exec", "shared", "-c", "shell", "--", "ps", "ax"]);
+    assert!(
+        ps.lines().any(|l| l.split_whitespace().next() == Some("1") && l.contains("podpath-workload pause")),
+        "{ps}"
+    );
+    assert!(ps.contains("nginx: master process") && ps.contains("sleep 3600"), "{ps}");
+    // Without it, a container's own process is 1 and it sees no other container's.
+    let own = lab.kubectl(&["exec", "web", "--", "cat", "/proc/1/cmdline"]);
+    assert!(own.starts_with("nginx: master process"), "{own:?}");
+
+    // port-forward reaches nginx in its container.
+    let page = |port: u16| {
+        let o = std::process::Command::new("curl")
+            .args(["-sS", "--max-time", "5"])
+            .arg(format!("http://127.0.0.1:{port}/"))
+            .output()
+            .unwrap();
+        text(&o).0
+    };
+    let forward = |port: u16| {
+        let mut c = std::process::Command::new("kubectl");
+        c.arg("--kubeconfig").arg(&lab.kubeconfig).args(["port-forward", "--address", "127.0.0.1", "pod/web"]);
+        c.arg(format!("{port}:80"));
+        start_port_forward(c, 1)
+    };
+    let port = free_port();
+    let mut pf = forward(port);
+    assert!(page(port).contains("Welcome to nginx!"), "{}", page(port));
+    let _ = pf.kill();
+    let _ = pf.wait();
+
+    // A killed container restarts with its port free again (nothing of it outlives it).
+    let (ok, out) = lab.run("fault", &["kill", "pod", "default/web"]);
+    assert!(ok, "{out}");
+    wait_for(Duration::from_secs(60), "web restarted and ready", || {
+        let s = lab.kubectl(&[
+            "get",
+            "pod",
+            "web",
+            "-o",
+            "jsonpath={.status.containerStatuses[0].restartCount} {.status.containerStatuses[0].ready}",
+        ]);
+        if s == "1 true" {
+            Ok(())
+        } else {
+            Err(s)
+        }
+    });
+    let last = lab.kubectl(&[
+        "get",
+        "pod",
+        "web",
+        "-o",
+        "jsonpath={.status.containerStatuses[0].lastState.terminated.exitCode} {.status.containerStatuses[0].lastState.terminated.containerID}",
+    ]);
+    assert!(last.starts_with("137 crun://"), "{last}");
+    let port = free_port();
+    let mut pf = forward(port);
+    assert!(page(port).contains("Welcome to nginx!"), "after the restart: {}", page(port));
+    let _ = pf.kill();
+    let _ = pf.wait();
+
+    // `kubectl run -i --rm`: stdin reaches the container's process, its output comes back, and
+    // the pod is deleted after.
+    let mut child = std::process::Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(&lab.kubeconfig)
+        .args(["run", "asker", "--image=busybox", "-i", "--rm", "--restart=Never", "--command", "--"])
+        .args(["sh", "-c", "read x; echo \"got $x from $(hostname)\""])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().unwrap();
+        std::thread::sleep(Duration::from_secs(2));
+        writeln!(stdin, "hello").unwrap();
+    }
+    let o = wait_bounded(child, Duration::from_secs(60));
+    let (out, err) = text(&o);
+    assert!(o.status.success() && out.contains("got hello from asker"), "run -i --rm: {out} {err}");
+    wait_for(Duration::from_secs(30), "the pod of run --rm deleted", || {
+        let out = kubectl_fails(&lab, &["get", "pod", "asker"]);
+        if out.contains("NotFound") || out.contains("not found") {
             Ok(())
         } else {
             Err(out)

@@ -10,7 +10,7 @@ use std::io::Write;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use podpath_e2e::{free_port, text, Lab};
+use podpath_e2e::{free_port, start_port_forward, text, wait_bounded, Lab};
 use testkit::netns::root_or_explain;
 
 /// kubectl against the lab, with the protocol chosen.
@@ -27,19 +27,6 @@ fn run_with_stdin(mut c: Command, stdin: &str) -> Output {
     let mut child = c.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
     child.stdin.take().unwrap().write_all(stdin.as_bytes()).unwrap();
     wait_bounded(child, Duration::from_secs(30))
-}
-
-/// Waits at most `limit` (then kills): a hang is a failure, never a stuck test.
-fn wait_bounded(mut child: Child, limit: Duration) -> Output {
-    let t = Instant::now();
-    while child.try_wait().unwrap().is_none() {
-        if t.elapsed() > limit {
-            let _ = child.kill();
-            panic!("the command hung for {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    child.wait_with_output().unwrap()
 }
 
 fn output(mut c: Command) -> Output {
@@ -70,21 +57,7 @@ fn curl(port: u16) -> (bool, String) {
 fn port_forward(lab: &Lab, spdy: bool, target: &str, ports: &[String]) -> Child {
     let mut args = vec!["port-forward", "--address", "127.0.0.1", target];
     args.extend(ports.iter().map(String::as_str));
-    let mut child = kubectl(lab, spdy, &args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
-    let mut out = child.stdout.take().unwrap();
-    // "Forwarding from 127.0.0.1:P -> Q" once per port.
-    let mut seen = String::new();
-    let t = Instant::now();
-    let mut buf = [0u8; 512];
-    while seen.matches("Forwarding from").count() < ports.len() {
-        use std::io::Read;
-        let n = out.read(&mut buf).unwrap_or(0);
-        assert!(n > 0 && t.elapsed() < Duration::from_secs(20), "port-forward {target} did not start: {seen}");
-        seen.push_str(&String::from_utf8_lossy(&buf[..n]));
-    }
-    // kubectl goes on writing "Handling connection for …"; a closed pipe would kill it.
-    std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
-    child
+    start_port_forward(kubectl(lab, spdy, &args), ports.len())
 }
 
 fn stop(mut child: Child) -> String {

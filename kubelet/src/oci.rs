@@ -1,7 +1,7 @@
 //! A container of an image as an OCI runtime bundle: the runtime spec (`config.json`) made,
 //! purely, from the pod, the container and the image's config — what containerd's CRI plugin
-//! writes for runc. The container joins its sandbox's network, UTS and IPC namespaces and gets
-//! mount and PID namespaces of its own; the pod's `/etc/resolv.conf`, `/etc/hosts` and
+//! writes for runc. The container joins its sandbox's network, UTS and IPC namespaces (and its
+//! PID namespace with `shareProcessNamespace`) and gets mount and PID namespaces of its own; the pod's `/etc/resolv.conf`, `/etc/hosts` and
 //! `/etc/hostname` are bind-mounted over the image's.
 
 use std::path::{Path, PathBuf};
@@ -231,9 +231,13 @@ pub fn runtime_spec(i: &SpecInput) -> Value {
     let caps = capabilities(sc);
     let privileged = sc.and_then(|s| s.privileged) == Some(true);
     let ns = |kind: &str| json!({"type": kind, "path": format!("/proc/{}/ns/{}", i.sandbox_pid, if kind == "network" { "net" } else { kind })});
-    // Each container has a PID namespace of its own (`shareProcessNamespace` is not done yet:
-    // the sandbox holds no PID namespace to share).
-    let namespaces = vec![ns("network"), ns("uts"), ns("ipc"), json!({"type": "mount"}), json!({"type": "pid"})];
+    // A PID namespace of the container's own, or with `shareProcessNamespace` the one the
+    // sandbox made for its children (its first child, the pod's `pause`, is PID 1 there).
+    let pid = match i.pod.spec.as_ref().and_then(|s| s.share_process_namespace) {
+        Some(true) => json!({"type": "pid", "path": format!("/proc/{}/ns/pid_for_children", i.sandbox_pid)}),
+        _ => json!({"type": "pid"}),
+    };
+    let namespaces = vec![ns("network"), ns("uts"), ns("ipc"), json!({"type": "mount"}), pid];
     let mut mounts = vec![
         json!({"destination": "/proc", "type": "proc", "source": "proc", "options": ["nosuid", "noexec", "nodev"]}),
         json!({"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]}),
@@ -402,5 +406,22 @@ mod tests {
         assert_eq!(spec["root"]["readonly"], json!(true));
         assert_eq!(spec["mounts"][6]["destination"], json!("/etc/resolv.conf"));
         assert!(spec.get("hostname").is_none(), "the UTS namespace is the sandbox's: its hostname stays");
+        // shareProcessNamespace: the PID namespace the sandbox made for its children.
+        let shared: core::Pod =
+            serde_json::from_str(r#"{"spec":{"shareProcessNamespace":true,"containers":[]}}"#).unwrap();
+        let spec = runtime_spec(&SpecInput {
+            pod: &shared,
+            container: &c,
+            image: &i,
+            sandbox_pid: 42,
+            args: vec!["sh".into()],
+            env: vec![],
+            user: (0, 0),
+            cwd: "/".into(),
+            binds: vec![],
+            shm_bytes: 64 << 20,
+            nofile: (1024, 4096),
+        });
+        assert_eq!(spec["linux"]["namespaces"][4], json!({"type": "pid", "path": "/proc/42/ns/pid_for_children"}));
     }
 }

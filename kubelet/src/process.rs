@@ -73,12 +73,14 @@ pub struct SandboxFiles {
 
 /// Starting, watching and stopping processes.
 pub trait Processes: Send + Sync + 'static {
-    /// Starts the pod's sandbox holding new network and UTS namespaces (hostname set); returns
+    /// Starts the pod's sandbox holding new network, UTS and IPC namespaces (hostname set), and
+    /// with `share_pid` a PID namespace for its containers (`shareProcessNamespace`); returns
     /// once they exist.
     fn start_sandbox(
         &self,
         hostname: &str,
         files: Option<SandboxFiles>,
+        share_pid: bool,
         log: Option<PathBuf>,
     ) -> impl Future<Output = Result<ProcId>> + Send;
     /// Starts a workload process.
@@ -97,9 +99,10 @@ impl<T: Processes> Processes for std::sync::Arc<T> {
         &self,
         hostname: &str,
         files: Option<SandboxFiles>,
+        share_pid: bool,
         log: Option<PathBuf>,
     ) -> impl Future<Output = Result<ProcId>> + Send {
-        (**self).start_sandbox(hostname, files, log)
+        (**self).start_sandbox(hostname, files, share_pid, log)
     }
     fn spawn(&self, spec: &ProcSpec) -> impl Future<Output = Result<ProcId>> + Send {
         (**self).spawn(spec)
@@ -168,9 +171,18 @@ impl LinuxProcesses {
 }
 
 impl Processes for LinuxProcesses {
-    async fn start_sandbox(&self, hostname: &str, files: Option<SandboxFiles>, log: Option<PathBuf>) -> Result<ProcId> {
+    async fn start_sandbox(
+        &self,
+        hostname: &str,
+        files: Option<SandboxFiles>,
+        share_pid: bool,
+        log: Option<PathBuf>,
+    ) -> Result<ProcId> {
         let exe = workload_binary()?;
         let mut argv = vec![exe.display().to_string(), "sandbox".into(), "--hostname".into(), hostname.into()];
+        if share_pid {
+            argv.push("--share-pid".into());
+        }
         if let Some(f) = files {
             argv.extend([
                 "--resolv-conf".into(),

@@ -44,7 +44,15 @@ enum Mode {
         /// The pod's hosts file, mounted over /etc/hosts likewise.
         #[arg(long, requires = "resolv_conf")]
         hosts: Option<std::path::PathBuf>,
+        /// Also a PID namespace for the pod's containers (`shareProcessNamespace`): its first
+        /// process, PID 1 there, is `podpath-workload pause`.
+        #[arg(long)]
+        share_pid: bool,
     },
+    /// PID 1 of a pod's shared PID namespace (Kubernetes' pause): reaps the orphans that the
+    /// containers leave, and dies with its sandbox (the PID given).
+    #[command(hide = true)]
+    Pause { sandbox: i32 },
     /// What a sandbox becomes once ready: holds its namespaces until stopped (it execs this).
     #[command(hide = true)]
     Hold,
@@ -172,7 +180,10 @@ fn run(args: Args) -> Result<(), String> {
     // Errors here only mean we already lead a session (e.g. started by setsid).
     let _ = nix::unistd::setsid();
     match args.mode {
-        Mode::Sandbox { hostname, resolv_conf, hosts } => sandbox(&hostname, resolv_conf.zip(hosts)),
+        Mode::Sandbox { hostname, resolv_conf, hosts, share_pid } => {
+            sandbox(&hostname, resolv_conf.zip(hosts), share_pid)
+        }
+        Mode::Pause { sandbox } => pause(sandbox),
         Mode::Hold => hold(),
         Mode::Monitor { sandbox, log, console, stdin, tty, stdin_once, stop_signal, adopt, command } => {
             if let Some(pid) = sandbox {
@@ -218,7 +229,11 @@ fn run(args: Args) -> Result<(), String> {
     }
 }
 
-fn sandbox(hostname: &str, files: Option<(std::path::PathBuf, std::path::PathBuf)>) -> Result<(), String> {
+fn sandbox(
+    hostname: &str,
+    files: Option<(std::path::PathBuf, std::path::PathBuf)>,
+    share_pid: bool,
+) -> Result<(), String> {
     // IPC too: the pod's containers share it (they join it by path), apart from the node's.
     let mut flags = CloneFlags::CLONE_NEWNET | CloneFlags::CLONE_NEWUTS | CloneFlags::CLONE_NEWIPC;
     if files.is_some() {
@@ -247,6 +262,19 @@ fn sandbox(hostname: &str, files: Option<(std::path::PathBuf, std::path::PathBuf
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
     rt.block_on(loopback_up())?;
     drop(rt);
+    if share_pid {
+        // The namespace is for our children: the first one is its PID 1 and holds it open.
+        nix::sched::unshare(CloneFlags::CLONE_NEWPID)
+            .map_err(|e| format!("cannot create the pod's PID namespace: {e}"))?;
+        use std::os::unix::process::CommandExt;
+        std::process::Command::new("/proc/self/exe")
+            .arg0("podpath-workload")
+            .args(["pause", &std::process::id().to_string()])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .map_err(|e| format!("cannot start the pod's PID 1: {e}"))?;
+    }
     let mut out = std::io::stdout();
     writeln!(out, "ready").and_then(|_| out.flush()).map_err(|e| format!("cannot report readiness: {e}"))?;
     // Hold the namespaces as a fresh image of this program: the set-up's heap, stack and
@@ -255,6 +283,30 @@ fn sandbox(hostname: &str, files: Option<(std::path::PathBuf, std::path::PathBuf
     let err = nix::unistd::execv(c"/proc/self/exe", &argv).unwrap_err();
     eprintln!("podpath-workload: cannot re-execute itself to hold the namespaces ({err}); holding them as is");
     hold()
+}
+
+/// PID 1 of a shared PID namespace: dies with the sandbox, reaps every child it inherits.
+fn pause(sandbox: i32) -> Result<(), String> {
+    use nix::sys::signal::{SigSet, Signal};
+    use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(|e| format!("cannot tie PID 1 to its sandbox: {e}"))?;
+    // Our parent is outside the namespace (getppid says 0): the node's /proc still names it.
+    if !std::path::Path::new(&format!("/proc/{sandbox}")).exists() {
+        return Err(format!("sandbox {sandbox} is gone"));
+    }
+    // SIGCHLD is waited for, not handled: PID 1 gets no signal it has no handler for, and
+    // the terminating ones from the node are SIGKILL (the kubelet's) anyway.
+    let mut chld = SigSet::empty();
+    chld.add(Signal::SIGCHLD);
+    chld.thread_block().map_err(|e| format!("cannot block SIGCHLD: {e}"))?;
+    loop {
+        while let Ok(s) = waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+            if s == WaitStatus::StillAlive {
+                break;
+            }
+        }
+        let _ = chld.wait();
+    }
 }
 
 /// The sandbox's last mode (`podpath-workload hold`, which it execs): only holds the process's

@@ -61,6 +61,7 @@ impl Processes for FakeProcs {
         &self,
         _hostname: &str,
         _files: Option<kubelet::process::SandboxFiles>,
+        _share_pid: bool,
         _log: Option<std::path::PathBuf>,
     ) -> kubelet::Result<ProcId> {
         let id = self.new_id();

@@ -56,7 +56,8 @@ impl<P: Processes, E: PluginExec, A: PodApi, Q: Prober> Deps<P, E, A, Q> {
         };
         write(&files.resolv_conf, &resolv)?;
         write(&files.hosts, &dnsconf::hosts_file(pod, &[], &self.cfg.cluster_domain))?;
-        let sandbox = self.procs.start_sandbox(&name, Some(files.clone()), Some(log)).await?;
+        let share_pid = pod.spec.as_ref().and_then(|s| s.share_process_namespace) == Some(true);
+        let sandbox = self.procs.start_sandbox(&name, Some(files.clone()), share_pid, Some(log)).await?;
         // Recorded at once, not attached yet (no address): whatever stops the node now (`down`,
         // `--kill-pods`) finds the sandbox; a restarted agent releases such a record and
         // starts over.
@@ -270,6 +271,9 @@ impl<P: Processes, E: PluginExec, A: PodApi, Q: Prober> Worker<P, E, A, Q> {
                         watch_exit(&deps, c.spec.name.clone(), p, c.rec.runtime_id.clone(), exit_tx.clone());
                     }
                     Some(p) => {
+                        if let (Some(id), Some(images)) = (&c.rec.runtime_id, &deps.cfg.images) {
+                            images.delete_container(id).await;
+                        }
                         c.rec.last = Some(Terminated {
                             exit_code: Exit::Unknown.code(),
                             signal: None,
@@ -277,7 +281,10 @@ impl<P: Processes, E: PluginExec, A: PodApi, Q: Prober> Worker<P, E, A, Q> {
                             message: Some("the container ended while the node agent was not running".into()),
                             started_at: c.rec.started_at,
                             finished_at: Timestamp::now(),
-                            container_id: Some(format!("podpath://{}", p.pid)),
+                            container_id: Some(match &c.rec.runtime_id {
+                                Some(id) => format!("crun://{id}"),
+                                None => format!("podpath://{}", p.pid),
+                            }),
                         });
                         deps.after_exit(&pod, c, Exit::Unknown.code());
                         c.next_start = Some(Instant::now());
@@ -453,7 +460,10 @@ impl<P: Processes, E: PluginExec, A: PodApi, Q: Prober> Worker<P, E, A, Q> {
             message: None,
             started_at: c.rec.started_at,
             finished_at: Timestamp::now(),
-            container_id: Some(format!("podpath://{}", p.pid)),
+            container_id: Some(match &c.rec.runtime_id {
+                Some(id) => format!("crun://{id}"),
+                None => format!("podpath://{}", p.pid),
+            }),
         });
         self.deps.after_exit(&self.pod, c, code);
         if let Some(r) = self.rec.as_mut() {
