@@ -30,6 +30,9 @@ pub struct Limits {
     /// A registry silent this long fails the pull.
     pub read_timeout: Duration,
     pub connect_timeout: Duration,
+    /// The store's bound on disk (see [`Store::free_space`]); an image whose layers alone
+    /// exceed it is refused before any download.
+    pub store_bytes: Option<u64>,
 }
 
 impl Default for Limits {
@@ -39,6 +42,7 @@ impl Default for Limits {
             max_unpacked_bytes: 8 << 30,
             read_timeout: Duration::from_secs(30),
             connect_timeout: Duration::from_secs(10),
+            store_bytes: None,
         }
     }
 }
@@ -307,6 +311,16 @@ impl Puller {
     ) -> Result<(ImageRecord, u64)> {
         let (_, run) =
             parse_config(&config).map_err(|m| ImageError::Resolve { image: name.to_string(), message: m })?;
+        let declared: u64 = manifest.layers.iter().map(|l| l.size.max(0) as u64).sum();
+        if let Some(limit) = self.limits.store_bytes.filter(|l| declared > *l) {
+            return Err(ImageError::Resolve {
+                image: name.to_string(),
+                message: format!(
+                    "its layers are {} bytes, more than the image store's limit of {limit} bytes (podpath up --image-store-limit)",
+                    declared
+                ),
+            });
+        }
         // The layers at once (each unpacks on a blocking thread as its download ends), as
         // containerd and skopeo fetch them.
         let fetched =
@@ -332,6 +346,24 @@ impl Puller {
         tokio::task::spawn_blocking(move || store.put(rec))
             .await
             .map_err(|e| ImageError::Config(format!("storing {name}: {e}")))??;
+        if let Some(limit) = self.limits.store_bytes {
+            let (store, id) = (self.store.clone(), record.id.clone());
+            match tokio::task::spawn_blocking(move || store.free_space(limit, &[id.as_str()])).await {
+                Ok(Ok(f)) => {
+                    for r in &f.removed {
+                        tracing::info!(image = %r.id, names = ?r.names, "image garbage collection: removed, unused, to keep the store within {limit} bytes");
+                    }
+                    if f.usage > limit {
+                        tracing::warn!(
+                            "the image store holds {} bytes, over its limit of {limit}: the images left are in use",
+                            f.usage
+                        );
+                    }
+                }
+                Ok(Err(e)) => tracing::warn!("image garbage collection: {e}"),
+                Err(e) => tracing::warn!("image garbage collection: {e}"),
+            }
+        }
         Ok((record, downloaded))
     }
 

@@ -133,6 +133,15 @@ pub enum Removed {
     Deleted(Box<ImageRecord>),
 }
 
+/// What [`Store::free_space`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Freed {
+    /// The images removed, least recently used first.
+    pub removed: Vec<ImageRecord>,
+    /// The store's bytes on disk after.
+    pub usage: u64,
+}
+
 /// A lab's image store.
 #[derive(Debug, Clone)]
 pub struct Store {
@@ -296,6 +305,7 @@ impl Store {
         }
         fs::remove_file(self.record_path(&rec.id)?)
             .map_err(|e| ImageError::io(format!("remove image {}", rec.id), e))?;
+        let _ = fs::remove_file(self.root.join("used").join(digest_hex(&rec.id)?));
         self.gc_layers_locked()?;
         Ok(Some(Removed::Deleted(Box::new(rec))))
     }
@@ -345,6 +355,89 @@ impl Store {
     /// Drops a container's lease (its layers may then be removed with their image).
     pub fn release(&self, container: &str) {
         let _ = fs::remove_file(self.root.join("leases").join(format!("{container}.json")));
+    }
+
+    /// Records the store's bound on disk (`None`: unbounded), for the CLI to show and apply.
+    pub fn set_limit(&self, limit: Option<u64>) -> Result<()> {
+        let p = self.root.join("limit");
+        let r = match limit {
+            Some(l) => fs::write(&p, format!("{l}\n")),
+            None => {
+                fs::remove_file(&p).or_else(|e| if e.kind() == std::io::ErrorKind::NotFound { Ok(()) } else { Err(e) })
+            }
+        };
+        r.map_err(|e| ImageError::io(format!("write {}", p.display()), e))
+    }
+
+    /// The store's bound on disk, as its image service was started with.
+    pub fn limit(&self) -> Option<u64> {
+        fs::read_to_string(self.root.join("limit")).ok().and_then(|t| t.trim().parse().ok())
+    }
+
+    /// Notes that a container started from image `id` now (the order in which
+    /// [`Store::free_space`] removes images: least recently used first, as kubelet's image GC).
+    pub fn mark_used(&self, id: &str) -> Result<()> {
+        let dir = self.root.join("used");
+        let p = dir.join(digest_hex(id)?);
+        fs::create_dir_all(&dir)
+            .and_then(|_| fs::File::create(&p))
+            .map(drop)
+            .map_err(|e| ImageError::io(format!("write {}", p.display()), e))
+    }
+
+    /// When image `rec` was last used by a container, or pulled.
+    pub fn last_used(&self, rec: &ImageRecord) -> Timestamp {
+        let used = digest_hex(&rec.id)
+            .ok()
+            .and_then(|h| fs::metadata(self.root.join("used").join(h)).ok())
+            .and_then(|m| m.modified().ok())
+            .and_then(|t| Timestamp::try_from(t).ok());
+        used.map_or(rec.created, |u| u.max(rec.created))
+    }
+
+    /// The layer lists that running containers stack (each lease names its image's layers).
+    fn leases(&self) -> Vec<Vec<String>> {
+        let Ok(dir) = fs::read_dir(self.root.join("leases")) else { return vec![] };
+        dir.flatten()
+            .filter_map(|l| fs::read(l.path()).ok())
+            .filter_map(|b| serde_json::from_slice::<Vec<String>>(&b).ok())
+            .collect()
+    }
+
+    /// Keeps the store within `limit` bytes as kubelet's image garbage collection keeps a
+    /// disk: once over it, removes images no container uses, least recently used first and
+    /// never those of `keep`, until the store is at 80% of the limit (or nothing more may go).
+    pub fn free_space(&self, limit: u64, keep: &[&str]) -> Result<Freed> {
+        let mut usage = self.disk_usage();
+        let mut freed = Freed { removed: vec![], usage };
+        if usage <= limit {
+            return Ok(freed);
+        }
+        let _lock = self.lock()?;
+        let leases = self.leases();
+        let mut candidates: Vec<(Timestamp, ImageRecord)> = self
+            .list()?
+            .into_iter()
+            .filter(|r| !keep.contains(&r.id.as_str()) && !leases.contains(&r.layers))
+            .map(|r| (self.last_used(&r), r))
+            .collect();
+        candidates.sort_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.id.cmp(&b.1.id)));
+        let target = limit / 5 * 4;
+        for (_, rec) in candidates {
+            if usage <= target {
+                break;
+            }
+            fs::remove_file(self.record_path(&rec.id)?)
+                .map_err(|e| ImageError::io(format!("remove image {}", rec.id), e))?;
+            if let Ok(h) = digest_hex(&rec.id) {
+                let _ = fs::remove_file(self.root.join("used").join(h));
+            }
+            self.gc_layers_locked()?;
+            usage = self.disk_usage();
+            freed.removed.push(rec);
+        }
+        freed.usage = usage;
+        Ok(freed)
     }
 
     /// Bytes the store takes on disk (unpacked layers and records).
@@ -402,6 +495,45 @@ mod tests {
         assert_eq!(left, vec![std::ffi::OsString::from("3".repeat(64))]);
         s.release("ctr-1");
         assert!(s.remove("web:2").unwrap().is_none());
+    }
+
+    #[test]
+    fn over_its_limit_the_store_removes_unused_images_least_recently_used_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open(dir.path()).unwrap();
+        // Four images of one 64 KiB layer each.
+        for (i, l) in ['1', '2', '3', '4'].into_iter().enumerate() {
+            let d = s.layer_dir(&format!("sha256:{}", l.to_string().repeat(64))).unwrap();
+            fs::create_dir(&d).unwrap();
+            fs::write(d.join("blob"), vec![7u8; 64 << 10]).unwrap();
+            let mut r = rec(['a', 'b', 'c', 'd'][i], &[&format!("docker.io/library/img:{i}")], &[l]);
+            r.created = Timestamp::UNIX_EPOCH + jiff::SignedDuration::from_secs(i as i64);
+            s.put(r).unwrap();
+        }
+        let id = |c: char| format!("sha256:{}", c.to_string().repeat(64));
+        let total = s.disk_usage();
+        // Within the limit: nothing goes.
+        assert!(s.free_space(total, &[]).unwrap().removed.is_empty());
+        // a (oldest) is in use by a container, b was used just now, d was just pulled (kept):
+        // c goes first, then b; a and d stay.
+        s.lease("pod-ctr", &[format!("sha256:{}", "1".repeat(64))]).unwrap();
+        s.mark_used(&id('b')).unwrap();
+        let limit = total / 2;
+        let freed = s.free_space(limit, &[&id('d')]).unwrap();
+        let gone: Vec<&str> = freed.removed.iter().map(|r| r.id.as_str()).collect();
+        assert_eq!(gone, [id('c').as_str(), id('b').as_str()]);
+        let left: Vec<String> = s.list().unwrap().into_iter().map(|r| r.id).collect();
+        assert_eq!(left.len(), 2);
+        assert!(left.contains(&id('a')) && left.contains(&id('d')));
+        assert_eq!(freed.usage, s.disk_usage());
+        // Nothing more may go: over the limit, the rest in use or kept.
+        assert!(s.free_space(1, &[&id('d')]).unwrap().removed.is_empty());
+        // The limit is the store's own setting.
+        assert_eq!(s.limit(), None);
+        s.set_limit(Some(10 << 30)).unwrap();
+        assert_eq!(s.limit(), Some(10 << 30));
+        s.set_limit(None).unwrap();
+        assert_eq!(s.limit(), None);
     }
 
     #[test]

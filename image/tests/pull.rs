@@ -179,3 +179,56 @@ fn archives_of_docker_save_and_oci_layouts_load_without_a_registry() {
     assert!(e.contains("leaves the image"), "{e}");
     assert!(!dir.path().join("store/tmp/escape").exists() && !dir.path().join("escape").exists());
 }
+
+/// An image of one layer holding `bytes` bytes of incompressible data (distinct per `seed`).
+fn blob_image(seed: u8, bytes: usize) -> testkit::registry::TestImage {
+    // A simple xorshift stream: gzip cannot shrink it, so the layer is `bytes` on the wire too.
+    let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ u64::from(seed);
+    let data = (0..bytes)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    testkit::registry::TestImage {
+        layers: vec![vec![testkit::registry::Entry::File { path: "blob".into(), mode: 0o644, data }]],
+        cmd: vec![format!("blob-{seed}")],
+        entrypoint: vec![],
+        env: vec![],
+        user: None,
+        working_dir: None,
+        architecture: host_arch().into(),
+        zstd: false,
+    }
+}
+
+#[test]
+fn the_store_keeps_within_its_limit_and_refuses_an_image_larger_than_it() {
+    let reg = Registry::start(None);
+    for seed in 1..=3u8 {
+        reg.push(&format!("library/blob{seed}:latest"), &blob_image(seed, 3 << 20), None);
+    }
+    reg.push("library/huge:latest", &blob_image(9, 9 << 20), None);
+    let dir = tempfile::tempdir().unwrap();
+    let limits = Limits { store_bytes: Some(8 << 20), ..Limits::default() };
+    let p = puller(&reg, dir.path(), limits);
+    let rt = rt();
+    // Larger than the whole store: refused before a byte of it is downloaded.
+    let err = rt.block_on(p.pull("huge", &[])).unwrap_err().to_string();
+    assert!(err.contains("more than the image store's limit of 8388608 bytes"), "{err}");
+    assert!(p.store().list().unwrap().is_empty());
+    // Two fit (6 MiB); the third takes the store past 8 MiB: the least recently used goes.
+    let first = rt.block_on(p.pull("blob1", &[])).unwrap().record;
+    let second = rt.block_on(p.pull("blob2", &[])).unwrap().record;
+    p.store().mark_used(&first.id).unwrap();
+    // blob2 runs in a container: kept even though blob1 was used later.
+    p.store().lease("pod-ctr", &second.layers).unwrap();
+    let third = rt.block_on(p.pull("blob3", &[])).unwrap().record;
+    let left: Vec<String> = p.store().list().unwrap().into_iter().map(|r| r.id).collect();
+    assert!(!left.contains(&first.id) && left.contains(&second.id) && left.contains(&third.id), "{left:?}");
+    assert!(p.store().disk_usage() <= 8 << 20, "{}", p.store().disk_usage());
+    assert!(!p.store().has_layer(&first.layers[0]));
+    assert_clean(dir.path());
+}

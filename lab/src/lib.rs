@@ -29,7 +29,7 @@ pub use inspect::{explain, node_tables, proxy_rules, watch_rules, NodeTables};
 pub use state::{
     default_state_dir, kubeconfig, kubeconfig_path, load_state, LabState, LbMode, Proc, ProxyMode, LB_STATUS,
 };
-pub use up::{down, image_socket, image_store, kill_pods, preflight, status, up, UpOptions};
+pub use up::{down, image_socket, image_store, kill_pods, parse_size, preflight, status, up, UpOptions};
 
 /// Errors of the lab. Each names what it concerns.
 #[derive(Debug, thiserror::Error)]

@@ -77,6 +77,11 @@ enum Cmd {
         /// being pulled (for labs with no registry at hand; podpath's behaviour before images).
         #[arg(long)]
         host_programs: bool,
+        /// The image store's bound on disk (`10Gi`, `500Mi`, `20G`; `0`: none). Past it after a
+        /// pull or load, images no container uses are removed, least recently used first, down
+        /// to 80% of it, as kubelet's image garbage collection keeps a disk.
+        #[arg(long, env = "PODPATH_IMAGE_STORE_LIMIT", default_value = "10Gi", value_parser = lab::parse_size)]
+        image_store_limit: u64,
     },
     /// Check this machine: root, the tools the lab runs, and the kernel features it needs
     /// (tried in a throwaway network namespace); say what to install. Exit 1 when not ready.
@@ -417,6 +422,7 @@ fn run() -> Result<()> {
             registry_mirrors,
             plain_http_registries,
             host_programs,
+            image_store_limit,
         } => {
             lab::preflight()?;
             let exe = std::env::current_exe()?;
@@ -435,6 +441,7 @@ fn run() -> Result<()> {
                 registry_mirrors,
                 plain_http_registries,
                 host_programs,
+                image_store_limit,
             };
             lab::up(&opts, &mut |line| eprintln!("• {line}"))?;
             let kc = lab::kubeconfig_path(&dir);
@@ -687,7 +694,8 @@ fn image_cmd(which: &Which, what: ImageCmd) -> Result<()> {
                 let line: Vec<String> = r.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect();
                 println!("{}", line.join("   ").trim_end());
             }
-            println!("store: {} on disk in {}", human_size(store.disk_usage()), store.root().display());
+            let limit = store.limit().map(|l| format!(" (limit {})", human_size(l))).unwrap_or_default();
+            println!("store: {} on disk{limit} in {}", human_size(store.disk_usage()), store.root().display());
         }
         ImageCmd::Pull { image } => {
             let socket = lab::image_socket(&dir);
@@ -725,9 +733,18 @@ fn image_cmd(which: &Which, what: ImageCmd) -> Result<()> {
         }
         ImageCmd::Load { file } => {
             let loaded = image::archive::load(&store, &file, 8 << 30).map_err(|e| anyhow::anyhow!("{e}"))?;
-            for r in loaded {
+            for r in &loaded {
                 let name = r.names.first().cloned().unwrap_or_else(|| r.id.clone());
                 println!("Loaded image: {name} ({}, {})", r.platform, human_size(r.size));
+            }
+            // The store's bound holds for loads as for pulls.
+            if let Some(limit) = store.limit() {
+                let keep: Vec<&str> = loaded.iter().map(|r| r.id.as_str()).collect();
+                let freed = store.free_space(limit, &keep).map_err(|e| anyhow::anyhow!("{e}"))?;
+                for r in &freed.removed {
+                    let name = r.names.first().cloned().unwrap_or_else(|| r.id.clone());
+                    println!("Removed unused image: {name} (the store's limit is {})", human_size(limit));
+                }
             }
         }
     }

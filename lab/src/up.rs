@@ -37,6 +37,52 @@ pub struct UpOptions {
     pub plain_http_registries: Vec<String>,
     /// busybox, alpine, debian and ubuntu run the nodes' own programs instead of being pulled.
     pub host_programs: bool,
+    /// The image store's bound on disk, bytes (0: none).
+    pub image_store_limit: u64,
+}
+
+#[cfg(test)]
+mod size_tests {
+    #[test]
+    fn sizes_read_as_quantities() {
+        for (t, want) in [
+            ("10Gi", 10u64 << 30),
+            ("10GiB", 10 << 30),
+            ("500Mi", 500 << 20),
+            ("20G", 20_000_000_000),
+            ("1500k", 1_500_000),
+            ("4096", 4096),
+            ("0", 0),
+        ] {
+            assert_eq!(super::parse_size(t), Ok(want), "{t}");
+        }
+        for bad in ["", "ten", "10 Gi", "10Xi", "-1", "99999999999Ti"] {
+            assert!(super::parse_size(bad).is_err(), "{bad}");
+        }
+    }
+}
+
+/// A size as Kubernetes quantities write it (`10Gi`, `500Mi`, `20G`, `1500k`, bytes), with an
+/// optional trailing `B` (`10GiB`).
+pub fn parse_size(text: &str) -> std::result::Result<u64, String> {
+    let t = text.trim();
+    let t = t.strip_suffix('B').unwrap_or(t);
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let mult: u64 = match unit {
+        "" => 1,
+        "k" | "K" => 1_000,
+        "M" => 1_000_000,
+        "G" => 1_000_000_000,
+        "T" => 1_000_000_000_000,
+        "Ki" => 1 << 10,
+        "Mi" => 1 << 20,
+        "Gi" => 1 << 30,
+        "Ti" => 1 << 40,
+        _ => return Err(format!("{text:?}: unknown unit {unit:?} (use Ki, Mi, Gi, Ti, k, M, G or T)")),
+    };
+    let n: u64 = num.parse().map_err(|_| format!("{text:?} is not a size (as 10Gi or 500Mi)"))?;
+    n.checked_mul(mult).ok_or_else(|| format!("{text:?} is too large"))
 }
 
 /// The lab's image store: kept by `down` (a class pulls once), removed by `down --purge-images`.
@@ -404,6 +450,10 @@ fn start(opts: &UpOptions, p: &Plan, st: &mut LabState, api: SocketAddr, progres
     }
     for r in &opts.plain_http_registries {
         images.extend([s("--plain-http-registry"), r.clone()]);
+    }
+    if opts.image_store_limit > 0 {
+        // MiB, rounded up (a limit under 1 MiB is still a limit).
+        images.extend([s("--store-limit-mib"), opts.image_store_limit.div_ceil(1 << 20).to_string()]);
     }
     progress(&format!("images: store in {}", store.display()));
     st.procs.push(spawn("images", &images, &logs.join("images.log"), &[])?);

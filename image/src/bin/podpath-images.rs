@@ -31,6 +31,10 @@ struct Args {
     /// Largest layer accepted, in MiB.
     #[arg(long, default_value_t = 2048)]
     max_layer_mib: u64,
+    /// The store's bound on disk, in MiB (0: none). Over it after a pull, the images no
+    /// container uses go, least recently used first, down to 80% of it (kubelet's image GC).
+    #[arg(long, default_value_t = 0)]
+    store_limit_mib: u64,
     /// A registry silent this long (seconds) fails the pull.
     #[arg(long, default_value_t = 30)]
     read_timeout: u64,
@@ -59,10 +63,13 @@ async fn run(args: Args) -> Result<(), String> {
     }
     registries.plain_http.extend(args.plain_http.iter().cloned());
     let store = Store::open(&args.store).map_err(|e| e.to_string())?;
+    let store_bytes = (args.store_limit_mib > 0).then_some(args.store_limit_mib << 20);
+    store.set_limit(store_bytes).map_err(|e| e.to_string())?;
     let limits = Limits {
         max_layer_bytes: args.max_layer_mib << 20,
         max_unpacked_bytes: (args.max_layer_mib << 20).saturating_mul(4),
         read_timeout: Duration::from_secs(args.read_timeout.max(1)),
+        store_bytes,
         ..Limits::default()
     };
     let _ = std::fs::remove_file(&args.socket);

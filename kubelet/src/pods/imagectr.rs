@@ -359,6 +359,10 @@ impl<P: Processes, E: PluginExec, A: PodApi, Q: Prober> Deps<P, E, A, Q> {
         // The runtime's ID: unique on the node, and short (it names sockets).
         let id = format!("{}-{}-{attempt}", &pod_uid[..pod_uid.len().min(13)], c.spec.name);
         images.store.lease(&format!("{pod_uid}-{}", c.spec.name), &record.layers).map_err(|e| e.to_string())?;
+        // The image's last use orders the store's garbage collection (least recent goes first).
+        if let Err(e) = images.store.mark_used(&record.id) {
+            tracing::warn!(image = %record.id, "{e}");
+        }
         let mut inner = vec![
             self.cfg.workload_bin.display().to_string(),
             "container".into(),
