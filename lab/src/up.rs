@@ -41,27 +41,6 @@ pub struct UpOptions {
     pub image_store_limit: u64,
 }
 
-#[cfg(test)]
-mod size_tests {
-    #[test]
-    fn sizes_read_as_quantities() {
-        for (t, want) in [
-            ("10Gi", 10u64 << 30),
-            ("10GiB", 10 << 30),
-            ("500Mi", 500 << 20),
-            ("20G", 20_000_000_000),
-            ("1500k", 1_500_000),
-            ("4096", 4096),
-            ("0", 0),
-        ] {
-            assert_eq!(super::parse_size(t), Ok(want), "{t}");
-        }
-        for bad in ["", "ten", "10 Gi", "10Xi", "-1", "99999999999Ti"] {
-            assert!(super::parse_size(bad).is_err(), "{bad}");
-        }
-    }
-}
-
 /// A size as Kubernetes quantities write it (`10Gi`, `500Mi`, `20G`, `1500k`, bytes), with an
 /// optional trailing `B` (`10GiB`).
 pub fn parse_size(text: &str) -> std::result::Result<u64, String> {
@@ -751,4 +730,25 @@ fn stop_strays(namespaces: &[String]) {
 /// Per component: running or not.
 pub fn status(st: &LabState) -> Vec<(String, i32, bool)> {
     st.procs.iter().map(|p| (p.component.clone(), p.pid, alive(p))).collect()
+}
+
+#[cfg(test)]
+mod size_tests {
+    #[test]
+    fn sizes_read_as_quantities() {
+        for (t, want) in [
+            ("10Gi", 10u64 << 30),
+            ("10GiB", 10 << 30),
+            ("500Mi", 500 << 20),
+            ("20G", 20_000_000_000),
+            ("1500k", 1_500_000),
+            ("4096", 4096),
+            ("0", 0),
+        ] {
+            assert_eq!(super::parse_size(t), Ok(want), "{t}");
+        }
+        for bad in ["", "ten", "10 Gi", "10Xi", "-1", "99999999999Ti"] {
+            assert!(super::parse_size(bad).is_err(), "{bad}");
+        }
+    }
 }
