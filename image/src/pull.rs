@@ -200,6 +200,8 @@ impl Puller {
     pub fn new(store: Store, registries: Registries, limits: Limits) -> Puller {
         // reqwest's rustls has no provider of its own here: the workspace's ring.
         let _ = rustls::crypto::ring::default_provider().install_default();
+        // Read the trusted roots now, not during the first pull.
+        native_roots();
         Puller { store, registries, limits, clients: Mutex::default(), layer_locks: Mutex::default() }
     }
 
@@ -225,6 +227,7 @@ impl Puller {
                     read_timeout: Some(self.limits.read_timeout),
                     connect_timeout: Some(self.limits.connect_timeout),
                     user_agent: concat!("podpath/", env!("CARGO_PKG_VERSION")),
+                    tls_certs_only: native_roots().to_vec(),
                     ..ClientConfig::default()
                 }))
             })
@@ -503,8 +506,10 @@ pub fn unpack_file(
 
 /// Unpacks a layer blob read from `input` into `dir` (created); returns the bytes of file
 /// content. The rest of the input is read to its end, so a writer feeding it never blocks.
+/// A compressed blob is decompressed on a thread of its own, ahead of the files being written
+/// (decompression is a pull's critical path: one stream, one core).
 pub fn unpack_reader(
-    input: impl std::io::Read,
+    input: impl std::io::Read + Send + 'static,
     dir: &std::path::Path,
     c: Compression,
     max: u64,
@@ -514,20 +519,67 @@ pub fn unpack_reader(
         let _ = std::io::copy(&mut f, &mut std::io::sink());
         return Err(format!("cannot create {}: {e}", dir.display()));
     }
-    let done = match c {
-        Compression::None => unpack::unpack(&mut f, dir, max),
-        Compression::Gzip => unpack::unpack(flate2::bufread::MultiGzDecoder::new(&mut f), dir, max),
-        Compression::Zstd => match ruzstd::decoding::StreamingDecoder::new(&mut f) {
-            Ok(z) => unpack::unpack(z, dir, max),
-            Err(e) => {
-                let _ = std::io::copy(&mut f, &mut std::io::sink());
-                return Err(format!("not a zstd stream: {e}"));
+    if c == Compression::None {
+        let done = unpack::unpack(&mut f, dir, max);
+        let _ = std::io::copy(&mut f, &mut std::io::sink());
+        return Ok(done.map_err(|e| e.to_string())?.bytes);
+    }
+    let (tx, rx) = std::sync::mpsc::sync_channel::<bytes::Bytes>(8);
+    let decoder = std::thread::Builder::new()
+        .name("layer-decompress".into())
+        .spawn(move || decompress(f, c, tx))
+        .map_err(|e| format!("cannot start decompressing: {e}"))?;
+    let mut plain = ChannelReader::new(rx);
+    let done = unpack::unpack(&mut plain, dir, max);
+    // Drain what is left (tar padding, or everything after an error) so the decoder ends.
+    let _ = std::io::copy(&mut plain, &mut std::io::sink());
+    drop(plain);
+    let decoded = decoder.join().map_err(|_| "the decompressor failed".to_string())?;
+    // A broken stream explains a short tar better than the tar's own error does.
+    decoded?;
+    Ok(done.map_err(|e| e.to_string())?.bytes)
+}
+
+/// Decompresses `input` into chunks sent to `tx` until its end (or until the receiver goes);
+/// then reads the input to its end, so its feeder never blocks.
+fn decompress(
+    mut input: impl std::io::BufRead,
+    c: Compression,
+    tx: std::sync::mpsc::SyncSender<bytes::Bytes>,
+) -> std::result::Result<(), String> {
+    use std::io::Read;
+    let copy = |r: &mut dyn Read| -> std::result::Result<(), String> {
+        loop {
+            let mut buf = vec![0u8; 128 << 10];
+            let mut n = 0;
+            while n < buf.len() {
+                match r.read(&mut buf[n..]) {
+                    Ok(0) => break,
+                    Ok(k) => n += k,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(format!("cannot decompress the layer: {e}")),
+                }
             }
+            if n == 0 {
+                return Ok(());
+            }
+            buf.truncate(n);
+            if tx.send(bytes::Bytes::from(buf)).is_err() {
+                return Ok(()); // the unpacker stopped: its error says why
+            }
+        }
+    };
+    let r = match c {
+        Compression::None => copy(&mut input),
+        Compression::Gzip => copy(&mut flate2::bufread::MultiGzDecoder::new(&mut input)),
+        Compression::Zstd => match ruzstd::decoding::StreamingDecoder::new(&mut input) {
+            Ok(mut z) => copy(&mut z),
+            Err(e) => Err(format!("not a zstd stream: {e}")),
         },
     };
-    // Drain what is left (tar padding, or everything after an error) so the feeder ends.
-    let _ = std::io::copy(&mut f, &mut std::io::sink());
-    Ok(done.map_err(|e| e.to_string())?.bytes)
+    drop(tx);
+    let _ = std::io::copy(&mut input, &mut std::io::sink());
+    r
 }
 
 #[cfg(test)]
@@ -564,4 +616,25 @@ mod tests {
         assert!(platform_matches(&host_platform_text()));
         assert!(!platform_matches(&format!("linux/{other}")));
     }
+}
+
+/// The host's trusted roots, read once per process: each client would otherwise read and
+/// parse the whole of /etc/ssl/certs again (milliseconds per registry and login). Empty when
+/// none are found: the client then falls back to its own lookup.
+fn native_roots() -> &'static [oci_client::client::Certificate] {
+    static ROOTS: std::sync::OnceLock<Vec<oci_client::client::Certificate>> = std::sync::OnceLock::new();
+    ROOTS.get_or_init(|| {
+        let found = rustls_native_certs::load_native_certs();
+        for e in &found.errors {
+            tracing::debug!("trusted roots: {e}");
+        }
+        found
+            .certs
+            .into_iter()
+            .map(|c| oci_client::client::Certificate {
+                encoding: oci_client::client::CertificateEncoding::Der,
+                data: c.as_ref().to_vec(),
+            })
+            .collect()
+    })
 }

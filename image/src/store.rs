@@ -252,8 +252,10 @@ impl Store {
         let p = self.record_path(&r.id)?;
         let tmp = p.with_extension("json.tmp");
         let body = serde_json::to_vec_pretty(r).map_err(|e| ImageError::Config(e.to_string()))?;
+        // Not fsynced, as the layers are not: the store is a cache of registries. A record a
+        // crash left unreadable is skipped by `list`, and the image is pulled again.
         fs::File::create(&tmp)
-            .and_then(|mut f| f.write_all(&body).and_then(|_| f.sync_data()))
+            .and_then(|mut f| f.write_all(&body))
             .and_then(|_| fs::rename(&tmp, &p))
             .map_err(|e| ImageError::io(format!("write {}", p.display()), e))
     }
