@@ -582,6 +582,27 @@ fn decompress(
     r
 }
 
+/// The host's trusted roots, read once per process: each client would otherwise read and
+/// parse the whole of /etc/ssl/certs again (milliseconds per registry and login). Empty when
+/// none are found: the client then falls back to its own lookup.
+fn native_roots() -> &'static [oci_client::client::Certificate] {
+    static ROOTS: std::sync::OnceLock<Vec<oci_client::client::Certificate>> = std::sync::OnceLock::new();
+    ROOTS.get_or_init(|| {
+        let found = rustls_native_certs::load_native_certs();
+        for e in &found.errors {
+            tracing::debug!("trusted roots: {e}");
+        }
+        found
+            .certs
+            .into_iter()
+            .map(|c| oci_client::client::Certificate {
+                encoding: oci_client::client::CertificateEncoding::Der,
+                data: c.as_ref().to_vec(),
+            })
+            .collect()
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -616,25 +637,4 @@ mod tests {
         assert!(platform_matches(&host_platform_text()));
         assert!(!platform_matches(&format!("linux/{other}")));
     }
-}
-
-/// The host's trusted roots, read once per process: each client would otherwise read and
-/// parse the whole of /etc/ssl/certs again (milliseconds per registry and login). Empty when
-/// none are found: the client then falls back to its own lookup.
-fn native_roots() -> &'static [oci_client::client::Certificate] {
-    static ROOTS: std::sync::OnceLock<Vec<oci_client::client::Certificate>> = std::sync::OnceLock::new();
-    ROOTS.get_or_init(|| {
-        let found = rustls_native_certs::load_native_certs();
-        for e in &found.errors {
-            tracing::debug!("trusted roots: {e}");
-        }
-        found
-            .certs
-            .into_iter()
-            .map(|c| oci_client::client::Certificate {
-                encoding: oci_client::client::CertificateEncoding::Der,
-                data: c.as_ref().to_vec(),
-            })
-            .collect()
-    })
 }
