@@ -148,6 +148,9 @@ pub struct Pulled {
     pub elapsed: Duration,
 }
 
+/// Registry clients kept at most (one per registry and login).
+const MAX_CLIENTS: usize = 64;
+
 /// Pulls images into a store.
 pub struct Puller {
     store: Store,
@@ -213,12 +216,17 @@ impl Puller {
         &self.registries
     }
 
-    /// One client per (registry, user): its token cache is for that login only, so a pod
-    /// without the secret never rides on another's token.
-    fn client(&self, host: &str, user: &str) -> Arc<Client> {
+    /// One client per (registry, login): its token cache is for that login only, so a pod
+    /// without the secret (or with a wrong one) never rides on another's token. `login` is a
+    /// digest of the user and password ("" anonymous).
+    fn client(&self, host: &str, login: &str) -> Arc<Client> {
         let mut clients = self.clients.lock().unwrap_or_else(|e| e.into_inner());
+        // Bounded: logins come from pods' secrets; past this many, clients start afresh.
+        if clients.len() >= MAX_CLIENTS {
+            clients.clear();
+        }
         clients
-            .entry((host.to_string(), user.to_string()))
+            .entry((host.to_string(), login.to_string()))
             .or_insert_with(|| {
                 Arc::new(Client::new(ClientConfig {
                     protocol: ClientProtocol::HttpsExcept(self.registries.plain_http.clone()),
@@ -245,14 +253,19 @@ impl Puller {
         let mut auths: Vec<(String, RegistryAuth)> = credentials
             .iter()
             .filter(|c| c.registry == reference.registry() || c.registry == host)
-            .map(|c| (c.username.clone(), RegistryAuth::Basic(c.username.clone(), c.password.clone())))
+            .map(|c| {
+                // The client (and the tokens it keeps) belongs to this exact login: a wrong
+                // password never rides on a token the right one earned, nor spoils its client.
+                let login = format!("{:x}", sha2::Sha256::digest(format!("{}\0{}", c.username, c.password)));
+                (login, RegistryAuth::Basic(c.username.clone(), c.password.clone()))
+            })
             .collect();
         if auths.is_empty() {
             auths.push((String::new(), RegistryAuth::Anonymous));
         }
         let mut last = None;
-        for (user, auth) in auths {
-            let client = self.client(&host, &user);
+        for (login, auth) in auths {
+            let client = self.client(&host, &login);
             match self.resolve(&client, &routed, &auth, &name).await {
                 Ok(resolved) => {
                     let (record, downloaded) = self.fetch(&client, &routed, &name, resolved).await?;

@@ -232,3 +232,34 @@ fn the_store_keeps_within_its_limit_and_refuses_an_image_larger_than_it() {
     assert!(!p.store().has_layer(&first.layers[0]));
     assert_clean(dir.path());
 }
+
+#[test]
+fn bearer_tokens_are_fetched_anonymously_for_public_images_and_with_the_login_for_private_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = testkit::token_auth::TokenServer::start(dir.path(), &[("ci", "s3cret")], &["library/"]);
+    let reg = Registry::start_with_tokens(&tokens);
+    reg.push("library/busybox:latest", &busybox(), Some(("ci", "s3cret")));
+    reg.push("team/private:1", &blob_image(5, 64 << 10), Some(("ci", "s3cret")));
+    let store = tempfile::tempdir().unwrap();
+    let p = puller(&reg, store.path(), Limits::default());
+    let rt = rt();
+    // A public image: the client gets an anonymous token, as from Docker Hub.
+    let pulled = rt.block_on(p.pull("busybox", &[])).unwrap();
+    assert_eq!(pulled.record.names, ["docker.io/library/busybox:latest"]);
+    // A private one: refused without a login, or with a wrong one; pulled with the right one.
+    let private = format!("{}/team/private:1", reg.addr);
+    let err = rt.block_on(p.pull(&private, &[])).unwrap_err().to_string();
+    assert!(err.contains("pull access denied, repository does not exist or may require authorization"), "{err}");
+    let right = image::Credential { registry: reg.addr.clone(), username: "ci".into(), password: "s3cret".into() };
+    let wrong = image::Credential { registry: reg.addr.clone(), username: "ci".into(), password: "nope".into() };
+    let err = rt.block_on(p.pull(&private, std::slice::from_ref(&wrong))).unwrap_err().to_string();
+    assert!(err.contains("pull access denied"), "{err}");
+    // The right login after a wrong one, then the wrong one again: it does not ride on the
+    // token the right one earned.
+    let pulled = rt.block_on(p.pull(&private, &[right])).unwrap();
+    assert_eq!(pulled.record.config.cmd, ["blob-5"]);
+    p.store().remove(&private).unwrap();
+    let err = rt.block_on(p.pull(&private, &[wrong])).unwrap_err().to_string();
+    assert!(err.contains("pull access denied"), "{err}");
+    assert_clean(store.path());
+}

@@ -9,3 +9,4 @@ pub mod iptables;
 pub mod netns;
 pub mod nft;
 pub mod registry;
+pub mod token_auth;

@@ -397,12 +397,22 @@ impl Registry {
     /// Starts a registry (storage in a fresh directory); waits until it answers `/v2/`.
     /// `htpasswd`: require HTTP Basic logins from this file.
     pub fn start(htpasswd: Option<&Path>) -> Registry {
-        let dir = tempfile::Builder::new().prefix("podpath-registry-").tempdir().expect("tempdir");
-        let port = free_port();
-        let addr = format!("127.0.0.1:{port}");
         let auth = htpasswd
             .map(|p| format!("auth:\n  htpasswd:\n    realm: podpath-test\n    path: {}\n", p.display()))
             .unwrap_or_default();
+        Registry::start_with_auth(&auth)
+    }
+
+    /// Starts a registry whose pulls and pushes need bearer tokens from `tokens`.
+    pub fn start_with_tokens(tokens: &crate::token_auth::TokenServer) -> Registry {
+        Registry::start_with_auth(&tokens.registry_auth())
+    }
+
+    /// Starts a registry with this `auth:` section of its configuration (empty: none).
+    fn start_with_auth(auth: &str) -> Registry {
+        let dir = tempfile::Builder::new().prefix("podpath-registry-").tempdir().expect("tempdir");
+        let port = free_port();
+        let addr = format!("127.0.0.1:{port}");
         let config = format!(
             "version: 0.1\nlog:\n  level: warn\n  accesslog:\n    disabled: true\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: {addr}\n{auth}",
             dir.path().join("data").display()
