@@ -674,6 +674,16 @@ fn human_size(b: u64) -> String {
     }
 }
 
+/// A size as `--image-store-limit` takes it (`10Gi`, `500Mi`, or bytes).
+fn quantity(b: u64) -> String {
+    for (unit, m) in [("Ti", 1u64 << 40), ("Gi", 1 << 30), ("Mi", 1 << 20), ("Ki", 1 << 10)] {
+        if b >= m && b % m == 0 {
+            return format!("{}{unit}", b / m);
+        }
+    }
+    b.to_string()
+}
+
 fn image_cmd(which: &Which, what: ImageCmd) -> Result<()> {
     let dir = which.dir();
     let store = image::Store::open(lab::image_store(&dir)).map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -694,7 +704,7 @@ fn image_cmd(which: &Which, what: ImageCmd) -> Result<()> {
                 let line: Vec<String> = r.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect();
                 println!("{}", line.join("   ").trim_end());
             }
-            let limit = store.limit().map(|l| format!(" (limit {})", human_size(l))).unwrap_or_default();
+            let limit = store.limit().map(|l| format!(" (limit {})", quantity(l))).unwrap_or_default();
             println!("store: {} on disk{limit} in {}", human_size(store.disk_usage()), store.root().display());
         }
         ImageCmd::Pull { image } => {
@@ -743,7 +753,7 @@ fn image_cmd(which: &Which, what: ImageCmd) -> Result<()> {
                 let freed = store.free_space(limit, &keep).map_err(|e| anyhow::anyhow!("{e}"))?;
                 for r in &freed.removed {
                     let name = r.names.first().cloned().unwrap_or_else(|| r.id.clone());
-                    println!("Removed unused image: {name} (the store's limit is {})", human_size(limit));
+                    println!("Removed unused image: {name} (the store's limit is {})", quantity(limit));
                 }
             }
         }
