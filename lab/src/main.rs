@@ -677,7 +677,7 @@ fn human_size(b: u64) -> String {
 /// A size as `--image-store-limit` takes it (`10Gi`, `500Mi`, or bytes).
 fn quantity(b: u64) -> String {
     for (unit, m) in [("Ti", 1u64 << 40), ("Gi", 1 << 30), ("Mi", 1 << 20), ("Ki", 1 << 10)] {
-        if b >= m && b % m == 0 {
+        if b >= m && b.is_multiple_of(m) {
             return format!("{}{unit}", b / m);
         }
     }
