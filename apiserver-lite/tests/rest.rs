@@ -750,6 +750,50 @@ async fn silent_nodes_go_not_ready_and_their_pods_are_removed_on_delete() {
 }
 
 #[tokio::test]
+async fn a_node_that_reports_not_ready_has_its_pods_marked_not_ready_at_once_with_events() {
+    let lab = lab().await;
+    lab.post("/api/v1/nodes", ready_node("node-1")).await;
+    let pod = json!({"metadata": {"name": "p"}, "spec": {"nodeName": "node-1", "containers": [{"name": "c", "image": "podpath/echo"}]}});
+    lab.post("/api/v1/namespaces/default/pods", pod).await;
+    let status = json!({"status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}});
+    lab.patch("/api/v1/namespaces/default/pods/p/status", "application/merge-patch+json", status).await;
+    // The agent says NotReady (as one that stops does), heart-beating: no grace period applies.
+    let mut node = ready_node("node-1");
+    node["status"]["conditions"][0]["status"] = json!("False");
+    node["status"]["conditions"][0]["reason"] = json!("KubeletNotReady");
+    let (s, n) = lab
+        .patch("/api/v1/nodes/node-1/status", "application/merge-patch+json", json!({"status": node["status"]}))
+        .await;
+    assert_eq!(s, StatusCode::OK, "{n}");
+    let p = lab
+        .eventually("/api/v1/namespaces/default/pods/p", |_, v| {
+            v["status"]["conditions"]
+                .as_array()
+                .is_some_and(|c| c.iter().any(|c| c["type"] == "Ready" && c["status"] == "False"))
+        })
+        .await;
+    let ready = p["status"]["conditions"].as_array().unwrap().iter().find(|c| c["type"] == "Ready").unwrap().clone();
+    assert_eq!(ready["reason"], "NodeNotReady", "{p}");
+    let events = lab
+        .eventually("/api/v1/namespaces/default/events", |_, v| {
+            v["items"].as_array().is_some_and(|i| i.iter().filter(|e| e["reason"] == "NodeNotReady").count() == 2)
+        })
+        .await;
+    let of = |kind: &str| {
+        events["items"].as_array().unwrap().iter().find(|e| e["involvedObject"]["kind"] == kind).unwrap().clone()
+    };
+    assert_eq!(
+        (of("Pod")["type"].as_str(), of("Pod")["message"].as_str()),
+        (Some("Warning"), Some("Node is not ready"))
+    );
+    assert_eq!(of("Pod")["source"]["component"], "node-controller");
+    assert_eq!(of("Node")["message"], "Node node-1 status is now: NodeNotReady");
+    // The node itself stays as it said (False), not Unknown: it is heart-beating.
+    let (_, n) = lab.get("/api/v1/nodes/node-1").await;
+    assert_eq!(n["status"]["conditions"][0]["status"], "False");
+}
+
+#[tokio::test]
 async fn namespaces_are_protected_or_emptied_before_removal() {
     let lab = lab().await;
     let (s, st) = lab.delete("/api/v1/namespaces/default").await;

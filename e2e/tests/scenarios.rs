@@ -1184,8 +1184,8 @@ fn faults_a_link_down_behind_the_load_balancer_blackhole_and_loss() {
     assert_eq!(container("web-2"), web2, "web-2's process kept running and was adopted");
     curl_ok(&lab, &url, &[]);
 
-    // node-2 stopped as a node losing power: its agent and web-2's process gone, the LB
-    // withdraws it, node-1 serves; started again: the agent recreates web-2.
+    // node-2 stopped as a node losing power: its agent killed without a word and web-2's
+    // process gone, the LB withdraws it, node-1 serves; started again: the agent recreates web-2.
     let web2_pid: i32 = web2.split_whitespace().next().unwrap().trim_start_matches("podpath://").parse().unwrap();
     let (ok, out) = lab.run("node", &["stop", "node-2"]);
     assert!(ok && out.contains("node-2: stopped"), "{out}");
@@ -1197,6 +1197,35 @@ fn faults_a_link_down_behind_the_load_balancer_blackhole_and_loss() {
         let (code, page) = lab.curl(&["--max-time", "2", &url]);
         assert_eq!((code, field(&page, "pod")), (0, Some("default/web-1")), "request {i} with node-2 stopped: {page}");
     }
+    // It said nothing (a power loss): NotReady as Unknown once the grace period (10 s in a
+    // lab) passes, and in the same pass its pod not ready, with the controller's Events.
+    wait_for(Duration::from_secs(30), "node-2 NotReady (Unknown)", || {
+        let s =
+            lab.kubectl(&["get", "node", "node-2", "-o", "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}"]);
+        if s == "Unknown" {
+            Ok(())
+        } else {
+            Err(s)
+        }
+    });
+    let ready = lab.kubectl(&[
+        "get",
+        "pod",
+        "web-2",
+        "-o",
+        "jsonpath={.status.conditions[?(@.type==\"Ready\")].status} {.status.conditions[?(@.type==\"Ready\")].reason}",
+    ]);
+    assert_eq!(ready, "False NodeNotReady");
+    let events = lab.kubectl(&[
+        "get",
+        "events",
+        "--field-selector",
+        "involvedObject.name=web-2",
+        "-o",
+        "custom-columns=R:.reason,M:.message",
+        "--no-headers",
+    ]);
+    assert!(events.lines().any(|l| l.starts_with("NodeNotReady") && l.ends_with("Node is not ready")), "{events}");
     let (ok, out) = lab.run("node", &["start", "node-2"]);
     assert!(ok && out.contains("node-2: started"), "{out}");
     wait_for(Duration::from_secs(30), "web-2 recreated and Ready", || {

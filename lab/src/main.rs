@@ -634,7 +634,7 @@ fn run() -> Result<()> {
             lab::preflight()?;
             which.state()?;
             if action != "start" {
-                lab::up::stop_node(&which.dir(), &node, true)?;
+                lab::up::stop_node(&which.dir(), &node)?;
                 println!("{node}: stopped (its agent and its pods' processes)");
             }
             if action != "stop" {

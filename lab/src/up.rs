@@ -183,17 +183,14 @@ fn agent_of(state_dir: &Path, node: &str) -> Result<(LabState, usize)> {
     Ok((st, i))
 }
 
-/// `podpath node stop NODE`: the node goes down as a node losing power does — its agent
-/// stopped and its pods' processes killed. The API stops hearing from it (NotReady after the
-/// grace period), the load balancer's health checks fail. (`podpath agent restart` stops the
-/// agent alone.)
-pub fn stop_node(state_dir: &Path, node: &str, with_pods: bool) -> Result<()> {
+/// `podpath node stop NODE`: the node goes down as a node losing power does — its agent killed
+/// without a word (SIGKILL: it posts nothing, not even NotReady) and its pods' processes
+/// killed. The API stops hearing from it (NotReady after the grace period, and its pods not
+/// ready at that moment), the load balancer's health checks fail.
+pub fn stop_node(state_dir: &Path, node: &str) -> Result<()> {
     let (st, i) = agent_of(state_dir, node)?;
-    stop(&st.procs[i]);
-    if with_pods {
-        kill_pods(&bin_dir(&st)?, &state_dir.join("nodes").join(node).join("agent"))?;
-    }
-    Ok(())
+    kill_now(&st.procs[i]);
+    kill_pods(&bin_dir(&st)?, &state_dir.join("nodes").join(node).join("agent"))
 }
 
 /// `podpath node start NODE` (and the second half of `agent restart`): the node's agent started
@@ -227,7 +224,8 @@ pub fn start_node(state_dir: &Path, node: &str) -> Result<Duration> {
 /// kubelet's do) and started again; returns the time until it is healthy and the node Ready.
 pub fn restart_agent(state_dir: &Path, node: &str) -> Result<Duration> {
     let t = Instant::now();
-    stop_node(state_dir, node, false)?;
+    let (st, i) = agent_of(state_dir, node)?;
+    stop(&st.procs[i]);
     start_node(state_dir, node)?;
     Ok(t.elapsed())
 }
@@ -677,6 +675,21 @@ fn stop(p: &Proc) {
     }
     if alive(p) {
         let _ = kill(Pid::from_raw(p.pid), Signal::SIGKILL);
+    }
+}
+
+/// SIGKILL, then waits (5 s at most) until the process is gone.
+fn kill_now(p: &Proc) {
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+    if !alive(p) {
+        return;
+    }
+    let _ = kill(Pid::from_raw(p.pid), Signal::SIGKILL);
+    let t = Instant::now();
+    while alive(p) && t.elapsed() < Duration::from_secs(5) {
+        let _ = nix::sys::wait::waitpid(Pid::from_raw(p.pid), Some(nix::sys::wait::WaitPidFlag::WNOHANG));
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 

@@ -11,6 +11,7 @@ use api::selector::{FieldSelector, LabelSelector};
 use api::Kind;
 use serde_json::{json, Value};
 
+use super::events::{record, EventType, Report};
 use super::write::{new_time, ns_name, set_condition};
 use crate::error::ApiError;
 use crate::registry::{DeleteOptions, Registry};
@@ -19,54 +20,99 @@ fn parse_time(v: &Value) -> Option<jiff::Timestamp> {
     v.as_str().and_then(|s| s.parse().ok())
 }
 
-/// Marks nodes NotReady (status Unknown) when their agent stops heart-beating, and their pods
-/// not ready.
+/// Marks nodes NotReady (status Unknown) when their agent stops heart-beating; and, as soon as
+/// a node's Ready condition is not True (False, as an agent that stops posts it, or Unknown),
+/// marks its pods not ready with a `NodeNotReady` Event each (the endpoints controller then
+/// takes them out of Services), and the node's change with one Event on the node.
 pub(crate) async fn node_health(reg: &Registry, grace: Duration) -> Result<(), ApiError> {
     let (nodes, _) = reg.store.list(Kind::Node, None)?;
     let now = jiff::Timestamp::now();
     for n in nodes {
         let conds = n.pointer("/status/conditions").and_then(Value::as_array).cloned().unwrap_or_default();
         let Some(ready) = conds.iter().find(|c| c["type"] == "Ready") else { continue };
-        if ready["status"] == "Unknown" {
-            continue;
-        }
-        let Some(beat) = parse_time(&ready["lastHeartbeatTime"]) else { continue };
-        let age = now.duration_since(beat);
-        if age.as_secs_f64() < grace.as_secs_f64() {
-            continue;
-        }
         let (_, name) = ns_name(&n);
-        tracing::info!(node = %name, "node stopped posting status; marking it NotReady");
+        let stale = parse_time(&ready["lastHeartbeatTime"])
+            .is_some_and(|beat| now.duration_since(beat).as_secs_f64() >= grace.as_secs_f64());
+        let node = if ready["status"] != "Unknown" && stale {
+            tracing::info!(node = %name, "node stopped posting status; marking it NotReady");
+            let g = reg.store.lock().await;
+            let Some(old) = reg.store.get(Kind::Node, "", &name)? else { continue };
+            let mut new = old.clone();
+            let mut cond = json!({
+                "type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown",
+                "message": "Kubelet stopped posting node status.", "lastTransitionTime": new_time(),
+            });
+            cond["lastHeartbeatTime"] = ready["lastHeartbeatTime"].clone();
+            set_condition(&mut new, cond);
+            let pending = reg.put_raw(&g, Kind::Node, Some(old), new.clone())?;
+            drop(g);
+            reg.sync(pending).await?;
+            new
+        } else if ready["status"] == "True" {
+            continue;
+        } else {
+            n
+        };
+        mark_pods_not_ready(reg, &node, &name).await?;
+    }
+    Ok(())
+}
+
+/// Sets Ready=False on the pods of a node that is not ready (those still Ready), with
+/// kube-controller-manager's Events: `NodeNotReady` "Node is not ready" on each pod, and once
+/// per change "Node NAME status is now: NodeNotReady" on the node.
+async fn mark_pods_not_ready(reg: &Registry, node: &Value, name: &str) -> Result<(), ApiError> {
+    let fs = FieldSelector::parse(&format!("spec.nodeName={name}"), Kind::Pod)?;
+    let (pods, _) = reg.list(Kind::Pod, None, &LabelSelector::default(), &fs)?;
+    let mut marked = 0;
+    for p in pods {
+        let ready = p
+            .pointer("/status/conditions")
+            .and_then(Value::as_array)
+            .is_some_and(|cs| cs.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"));
+        if !ready {
+            continue;
+        }
+        let (ns, pname) = ns_name(&p);
         let g = reg.store.lock().await;
-        let Some(old) = reg.store.get(Kind::Node, "", &name)? else { continue };
+        let Some(old) = reg.store.get(Kind::Pod, &ns, &pname)? else { continue };
         let mut new = old.clone();
-        let mut cond = json!({
-            "type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown",
-            "message": "Kubelet stopped posting node status.", "lastTransitionTime": new_time(),
-        });
-        cond["lastHeartbeatTime"] = ready["lastHeartbeatTime"].clone();
-        set_condition(&mut new, cond);
-        let pending = reg.put_raw(&g, Kind::Node, Some(old), new)?;
+        set_condition(
+            &mut new,
+            json!({"type": "Ready", "status": "False", "reason": "NodeNotReady", "lastTransitionTime": new_time()}),
+        );
+        if new == old {
+            continue;
+        }
+        let pending = reg.put_raw(&g, Kind::Pod, Some(old), new.clone())?;
         drop(g);
         reg.sync(pending).await?;
-        // Its pods are no longer ready: the endpoints controller takes them out of Services.
-        let fs = FieldSelector::parse(&format!("spec.nodeName={name}"), Kind::Pod)?;
-        let (pods, _) = reg.list(Kind::Pod, None, &LabelSelector::default(), &fs)?;
-        for p in pods {
-            let (ns, pname) = ns_name(&p);
-            let g = reg.store.lock().await;
-            let Some(old) = reg.store.get(Kind::Pod, &ns, &pname)? else { continue };
-            let mut new = old.clone();
-            set_condition(
-                &mut new,
-                json!({"type": "Ready", "status": "False", "reason": "NodeNotReady", "lastTransitionTime": new_time()}),
-            );
-            if new != old {
-                let pending = reg.put_raw(&g, Kind::Pod, Some(old), new)?;
-                drop(g);
-                reg.sync(pending).await?;
-            }
-        }
+        marked += 1;
+        let report = Report {
+            component: "node-controller",
+            host: None,
+            object: &new,
+            kind: Kind::Pod,
+            field_path: None,
+            type_: EventType::Warning,
+            reason: "NodeNotReady",
+            message: "Node is not ready".into(),
+        };
+        record(reg, report).await;
+    }
+    if marked > 0 {
+        tracing::info!(node = %name, pods = marked, "node is not ready; its pods are marked not ready");
+        let report = Report {
+            component: "node-controller",
+            host: None,
+            object: node,
+            kind: Kind::Node,
+            field_path: None,
+            type_: EventType::Normal,
+            reason: "NodeNotReady",
+            message: format!("Node {name} status is now: NodeNotReady"),
+        };
+        record(reg, report).await;
     }
     Ok(())
 }

@@ -1,5 +1,7 @@
-//! The scheduler: binds each pod without a node to the Ready, schedulable node with the fewest
-//! pods that its `nodeSelector` fits, or marks it Unschedulable with kube-scheduler's reason.
+//! The scheduler: binds each pod without a node to a Ready, schedulable node that its
+//! `nodeSelector` and tolerations fit — the one with the fewest pods of the same controller
+//! (spreading replicas, as kube-scheduler's default topology spread does), then the fewest
+//! pods — or marks it Unschedulable with kube-scheduler's reason.
 //! The decision is pure ([`plan_schedule`]: pods and nodes in, bindings out); `schedule`
 //! reads and writes.
 
@@ -105,8 +107,27 @@ fn fit(pod: &Value, node: &Node, tolerations: &[Toleration]) -> Result<(), Unfit
     Ok(())
 }
 
+/// Whether a placed pod counts on its node: not being deleted (a terminating pod is on its way
+/// out, as kube-scheduler's snapshot treats it for spreading) and not finished.
+fn counts(p: &Value) -> bool {
+    p["metadata"].get("deletionTimestamp").is_none()
+        && !matches!(p.pointer("/status/phase").and_then(Value::as_str), Some("Succeeded" | "Failed"))
+}
+
+/// The group a pod is spread with: the pods of its controller (a ReplicaSet's, a
+/// StatefulSet's …), as kube-scheduler's default topology spreading groups the pods a
+/// controller selects. None for a pod without a controller.
+fn spread_group(p: &Value) -> Option<String> {
+    let owners = p.pointer("/metadata/ownerReferences")?.as_array()?;
+    let owner = owners.iter().find(|o| o["controller"] == true)?;
+    let (ns, _) = ns_name(p);
+    Some(format!("{ns}/{}", owner["uid"].as_str().or(owner["name"].as_str())?))
+}
+
 /// Decisions for every pod (of `pods`) that has no node and is not being deleted, in order:
-/// the fewest-pods node that takes it (counting the pods placed before it). Pure.
+/// of the nodes that take it, the one with the fewest pods of its spread group, then the
+/// fewest pods (counting the pods placed before it; terminating and finished pods do not
+/// count). Pure.
 pub fn plan_schedule(pods: &[Value], nodes: &[Node]) -> Vec<Binding> {
     let pending: Vec<&Value> = pods
         .iter()
@@ -116,28 +137,32 @@ pub fn plan_schedule(pods: &[Value], nodes: &[Node]) -> Vec<Binding> {
     if pending.is_empty() {
         return vec![];
     }
-    // Pods running on each node.
+    // Pods on each node, in all and per spread group.
     let mut load: BTreeMap<String, usize> = BTreeMap::new();
-    for node in nodes {
-        let name = node.metadata.name.clone().unwrap_or_default();
-        let count = pods
-            .iter()
-            .filter(|p| bound_node(p) == name)
-            .filter(|p| !matches!(p.pointer("/status/phase").and_then(Value::as_str), Some("Succeeded" | "Failed")))
-            .count();
-        load.insert(name, count);
+    let mut group_load: BTreeMap<(String, String), usize> = BTreeMap::new();
+    for p in pods.iter().filter(|p| !bound_node(p).is_empty() && counts(p)) {
+        *load.entry(bound_node(p).to_string()).or_default() += 1;
+        if let Some(g) = spread_group(p) {
+            *group_load.entry((g, bound_node(p).to_string())).or_default() += 1;
+        }
     }
     let mut out = Vec::new();
     for p in pending {
         let (namespace, name) = ns_name(p);
         let tolerations = tolerations_of(p);
+        let group = spread_group(p);
         let mut unfit = Vec::new();
-        let mut best: Option<(usize, String)> = None;
+        let mut best: Option<(usize, usize, String)> = None;
         for node in nodes {
             let node_name = node.metadata.name.clone().unwrap_or_default();
             match fit(p, node, &tolerations) {
                 Ok(()) => {
-                    let candidate = (load.get(&node_name).copied().unwrap_or(0), node_name);
+                    let same = group
+                        .as_ref()
+                        .and_then(|g| group_load.get(&(g.clone(), node_name.clone())))
+                        .copied()
+                        .unwrap_or(0);
+                    let candidate = (same, load.get(&node_name).copied().unwrap_or(0), node_name);
                     if best.as_ref().is_none_or(|b| candidate < *b) {
                         best = Some(candidate);
                     }
@@ -146,8 +171,11 @@ pub fn plan_schedule(pods: &[Value], nodes: &[Node]) -> Vec<Binding> {
             }
         }
         let decision = match best {
-            Some((_, node)) => {
+            Some((_, _, node)) => {
                 *load.entry(node.clone()).or_default() += 1;
+                if let Some(g) = &group {
+                    *group_load.entry((g.clone(), node.clone())).or_default() += 1;
+                }
                 Decision::Bind(node)
             }
             None => Decision::Unschedulable(unschedulable_message(nodes.len(), &unfit)),
@@ -264,6 +292,37 @@ mod tests {
         assert!(plan_schedule(&pods[..1], &nodes).is_empty(), "nothing pending, nothing to do");
         let none = plan_schedule(&pods[1..2], &[]);
         assert_eq!(none[0].decision, Decision::Unschedulable("no nodes available to schedule pods".into()));
+    }
+
+    #[test]
+    fn replicas_spread_over_nodes_and_terminating_pods_do_not_count() {
+        let nodes = [node("node-1", true, json!({})), node("node-2", true, json!({}))];
+        let replica = |name: &str, node: &str, rs: &str| {
+            let mut p = pod(name, node, json!(null));
+            p["metadata"]["ownerReferences"] = json!([{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": rs, "uid": format!("uid-{rs}"), "controller": true}]);
+            p
+        };
+        // node-1 carries more pods in all (cluster DNS, others); node-2 carries two terminating
+        // pods and one finished: they count for nothing.
+        let mut gone = replica("old-1", "node-2", "web-old");
+        gone["metadata"]["deletionTimestamp"] = json!("2026-11-26T00:00:00Z");
+        let mut gone2 = gone.clone();
+        gone2["metadata"]["name"] = json!("old-2");
+        let mut done = pod("job-1", "node-2", json!(null));
+        done["status"] = json!({"phase": "Succeeded"});
+        let mut pods = vec![pod("dns", "node-1", json!(null)), gone, gone2, done];
+        pods.push(replica("web-a", "", "web"));
+        pods.push(replica("web-b", "", "web"));
+        let plan = plan_schedule(&pods, &nodes);
+        let placed: Vec<&Decision> = plan.iter().map(|b| &b.decision).collect();
+        assert_eq!(placed, [&Decision::Bind("node-2".into()), &Decision::Bind("node-1".into())]);
+        // With a replica already on node-2, the next goes to node-1 even though node-1 holds
+        // more pods in all: its group has none there.
+        let mut pods = vec![pod("dns", "node-1", json!(null)), pod("x", "node-1", json!(null))];
+        pods.push(replica("web-a", "node-2", "web"));
+        pods.push(replica("web-c", "", "web"));
+        let plan = plan_schedule(&pods, &nodes);
+        assert_eq!(plan[0].decision, Decision::Bind("node-1".into()));
     }
 
     #[test]
