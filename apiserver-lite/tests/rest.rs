@@ -794,6 +794,59 @@ async fn a_node_that_reports_not_ready_has_its_pods_marked_not_ready_at_once_wit
 }
 
 #[tokio::test]
+async fn a_job_makes_its_pods_completes_when_they_succeed_and_its_pods_go_with_it() {
+    let lab = lab().await;
+    let job = json!({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "pi"},
+        "spec": {"completions": 2, "parallelism": 2, "template": {"spec": {"restartPolicy": "Never",
+            "containers": [{"name": "pi", "image": "busybox", "command": ["true"]}]}}}});
+    let (s, j) = lab.post("/apis/batch/v1/namespaces/default/jobs", job).await;
+    assert_eq!(s, StatusCode::CREATED, "{j}");
+    let pods = lab
+        .eventually("/api/v1/namespaces/default/pods?labelSelector=job-name%3Dpi", |_, v| {
+            v["items"].as_array().is_some_and(|i| i.len() == 2)
+        })
+        .await;
+    let names: Vec<String> =
+        pods["items"].as_array().unwrap().iter().map(|p| p["metadata"]["name"].as_str().unwrap().to_string()).collect();
+    assert!(names.iter().all(|n| n.starts_with("pi-")), "{names:?}");
+    let j = lab.eventually("/apis/batch/v1/namespaces/default/jobs/pi", |_, v| v["status"]["active"] == 2).await;
+    assert!(j["status"]["startTime"].is_string(), "{j}");
+    // The node agent reports both pods done.
+    for n in &names {
+        let status = json!({"status": {"phase": "Succeeded"}});
+        lab.patch(&format!("/api/v1/namespaces/default/pods/{n}/status"), "application/merge-patch+json", status).await;
+    }
+    let j = lab
+        .eventually("/apis/batch/v1/namespaces/default/jobs/pi", |_, v| {
+            v["status"]["conditions"]
+                .as_array()
+                .is_some_and(|c| c.iter().any(|c| c["type"] == "Complete" && c["status"] == "True"))
+        })
+        .await;
+    assert_eq!((j["status"]["succeeded"].as_i64(), j["status"]["active"].as_i64()), (Some(2), Some(0)), "{j}");
+    assert!(j["status"]["completionTime"].is_string());
+    let events = lab
+        .eventually("/api/v1/namespaces/default/events", |_, v| {
+            v["items"].as_array().is_some_and(|i| i.iter().any(|e| e["reason"] == "Completed"))
+        })
+        .await;
+    let reasons: Vec<&str> = events["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["involvedObject"]["kind"] == "Job")
+        .filter_map(|e| e["reason"].as_str())
+        .collect();
+    assert!(reasons.contains(&"SuccessfulCreate") && reasons.contains(&"Completed"), "{reasons:?}");
+    // Deleting the Job takes its pods (background cascade).
+    lab.delete("/apis/batch/v1/namespaces/default/jobs/pi").await;
+    lab.eventually("/api/v1/namespaces/default/pods?labelSelector=job-name%3Dpi", |_, v| {
+        v["items"].as_array().is_some_and(|i| i.is_empty())
+    })
+    .await;
+}
+
+#[tokio::test]
 async fn namespaces_are_protected_or_emptied_before_removal() {
     let lab = lab().await;
     let (s, st) = lab.delete("/api/v1/namespaces/default").await;

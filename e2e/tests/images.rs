@@ -467,3 +467,57 @@ fn port_forward_attach_restarts_and_a_shared_process_namespace_work_in_real_cont
         }
     });
 }
+
+#[test]
+fn jobs_run_to_completion_fail_past_their_backoff_limit_and_indexed_jobs_cover_every_index() {
+    let (_reg, lab) = lab_with_registry("imgjob", "2");
+    lab.kubectl(&["create", "job", "pi", "--image=busybox", "--", "sh", "-c", "echo pi is 3.14"]);
+    lab.kubectl(&["wait", "--for=condition=complete", "job/pi", "--timeout=90s"]);
+    assert_eq!(lab.kubectl(&["logs", "job/pi"]), "pi is 3.14\n");
+    let row = lab.kubectl(&["get", "job", "pi", "--no-headers"]);
+    let cells: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!((cells[1], cells[2]), ("Complete", "1/1"), "{row}");
+    let pod_phase = lab.kubectl(&["get", "pods", "-l", "job-name=pi", "-o", "jsonpath={.items[*].status.phase}"]);
+    assert_eq!(pod_phase, "Succeeded");
+
+    // Always failing, no retries: Failed with the controller's reason and Event.
+    lab.apply(
+        "apiVersion: batch/v1\nkind: Job\nmetadata: {name: broken}\nspec:\n  backoffLimit: 0\n  template:\n    spec:\n      restartPolicy: Never\n      containers: [{name: c, image: busybox, command: [sh, -c, 'exit 3']}]\n",
+    );
+    lab.kubectl(&["wait", "--for=condition=failed", "job/broken", "--timeout=90s"]);
+    let reason =
+        lab.kubectl(&["get", "job", "broken", "-o", "jsonpath={.status.conditions[?(@.type==\"Failed\")].reason}"]);
+    assert_eq!(reason, "BackoffLimitExceeded");
+    let events = lab.kubectl(&[
+        "get",
+        "events",
+        "--field-selector",
+        "involvedObject.name=broken",
+        "-o",
+        "custom-columns=R:.reason,M:.message",
+        "--no-headers",
+    ]);
+    assert!(events.contains("Job has reached the specified backoff limit"), "{events}");
+
+    // Indexed: one pod per index, each told its index.
+    lab.apply(
+        "apiVersion: batch/v1\nkind: Job\nmetadata: {name: shards}\nspec:\n  completions: 3\n  parallelism: 3\n  completionMode: Indexed\n  template:\n    spec:\n      restartPolicy: Never\n      containers: [{name: c, image: busybox, command: [sh, -c, 'echo shard $JOB_COMPLETION_INDEX of $(hostname)']}]\n",
+    );
+    lab.kubectl(&["wait", "--for=condition=complete", "job/shards", "--timeout=90s"]);
+    assert_eq!(lab.kubectl(&["get", "job", "shards", "-o", "jsonpath={.status.completedIndexes}"]), "0-2");
+    let pods = lab.kubectl(&["get", "pods", "-l", "job-name=shards", "-o", "name"]);
+    let mut said: Vec<String> = pods.lines().map(|p| lab.kubectl(&["logs", p]).trim().to_string()).collect::<Vec<_>>();
+    said.sort();
+    assert_eq!(said, ["shard 0 of shards-0", "shard 1 of shards-1", "shard 2 of shards-2"]);
+
+    // Deleting a Job takes its pods.
+    lab.kubectl(&["delete", "job", "pi", "shards", "broken"]);
+    wait_for(Duration::from_secs(30), "the Jobs' pods gone", || {
+        let left = lab.kubectl(&["get", "pods", "-l", "job-name", "-o", "name"]);
+        if left.trim().is_empty() {
+            Ok(())
+        } else {
+            Err(left)
+        }
+    });
+}

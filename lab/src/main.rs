@@ -178,9 +178,10 @@ enum Cmd {
         /// node-1 … node-N.
         node: String,
     },
-    /// `node stop NODE`: the node goes down as one losing power does (its agent stopped, its
-    /// pods' processes killed); `node start NODE` brings it back (the agent recreates the pods);
-    /// `node restart NODE` does both.
+    /// `node stop NODE`: the node goes down as one losing power does (its agent killed without a
+    /// word, its pods' processes killed: NotReady after the grace period, its pods then not
+    /// ready); `node start NODE` brings it back (the agent recreates the pods); `node restart
+    /// NODE` does both.
     Node {
         #[command(flatten)]
         which: Which,

@@ -1,6 +1,5 @@
-//! batch/v1 Jobs, stored and served without a controller (kubectl's default prune list names
-//! them): defaults, validation of counts and of a template whose pods end (restartPolicy
-//! OnFailure or Never), and the Table.
+//! batch/v1 Jobs (run by the API server's job controller): defaults, validation of counts and of
+//! a template whose pods end (restartPolicy OnFailure or Never), and the Table.
 
 use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::JobSpec;
@@ -51,7 +50,6 @@ impl ApiObject for Job {
         categories: &["all"],
         has_status: true,
         has_generation: true,
-        no_controller: true,
         ..KindInfo::core("Job", "jobs", "job")
     };
 
@@ -61,6 +59,27 @@ impl ApiObject for Job {
 
     fn prepare_for_create(&mut self) {
         self.status = Some(Default::default());
+        // As the real server's generateSelector: unless `manualSelector`, the Job selects its
+        // pods by its own UID (assigned before this runs), and its template carries the labels.
+        let uid = self.metadata.uid.clone().unwrap_or_default();
+        let name = self.metadata.name.clone().unwrap_or_default();
+        let Some(spec) = self.spec.as_mut() else { return };
+        if spec.manual_selector == Some(true) || spec.selector.is_some() || uid.is_empty() {
+            return;
+        }
+        let labels = spec.template.metadata.get_or_insert_with(Default::default).labels.get_or_insert_with(Default::default);
+        for (k, v) in [
+            ("batch.kubernetes.io/controller-uid", &uid),
+            ("batch.kubernetes.io/job-name", &name),
+            ("controller-uid", &uid),
+            ("job-name", &name),
+        ] {
+            labels.insert(k.to_string(), v.clone());
+        }
+        spec.selector = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector {
+            match_labels: Some([("batch.kubernetes.io/controller-uid".to_string(), uid)].into()),
+            ..Default::default()
+        });
     }
 
     fn validate(&self, old: Option<&Self>) -> Vec<Cause> {

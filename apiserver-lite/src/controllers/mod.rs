@@ -2,13 +2,14 @@
 //! would, one module each: [`endpoints`] (Endpoints + EndpointSlices), [`scheduler`], [`nodes`]
 //! (node health, pod garbage collection), [`namespaces`] (lifecycle, default ServiceAccounts),
 //! [`load_balancers`] (pending LoadBalancer Services get freed addresses) and [`workloads`]
-//! (Deployments, ReplicaSets). The endpoints controller, the scheduler and the
+//! (Deployments, ReplicaSets), [`jobs`]. The endpoints controller, the scheduler and the
 //! workload controllers decide purely (`plan_*`: objects in, a plan out); their `sync` functions
 //! read and write. All follow the store's durable event log and also resync periodically, so a
 //! missed event heals itself.
 
 pub mod endpoints;
 pub mod events;
+pub mod jobs;
 pub mod load_balancers;
 pub mod namespaces;
 pub mod nodes;
@@ -135,6 +136,7 @@ pub async fn run(reg: Arc<Registry>, cfg: ControllerConfig) {
                                     | Kind::Namespace
                                     | Kind::Deployment
                                     | Kind::ReplicaSet
+                                    | Kind::Job
                                     | Kind::ServiceAccount
                             ) {
                                 dirty.note(ev.kind, &ev.object(), ev.prev().as_ref());
@@ -168,8 +170,10 @@ struct Dirty {
     namespaces: bool,
     /// Namespaces may lack their default ServiceAccount.
     service_accounts: bool,
-    /// Namespaces whose Deployments and ReplicaSets need a sync.
+    /// Namespaces whose Deployments, ReplicaSets and Jobs need a sync.
     workloads: BTreeSet<String>,
+    /// Namespaces with a Job to look at again at a time (a back-off, a deadline, a TTL).
+    job_wakes: BTreeMap<String, jiff::Timestamp>,
     /// A Service changed: a load-balancer address may have been freed.
     load_balancers: bool,
 }
@@ -183,7 +187,7 @@ impl Dirty {
                 self.services.insert((ns, name));
                 self.load_balancers = true;
             }
-            Kind::Deployment | Kind::ReplicaSet => {
+            Kind::Deployment | Kind::ReplicaSet | Kind::Job => {
                 self.workloads.insert(ns);
             }
             Kind::Pod => {
@@ -234,13 +238,27 @@ async fn reconcile(reg: &Registry, cfg: &ControllerConfig, dirty: &mut Dirty) ->
     }
     let mut workloads = std::mem::take(&mut dirty.workloads);
     if all {
-        for kind in [Kind::Deployment, Kind::ReplicaSet] {
+        for kind in [Kind::Deployment, Kind::ReplicaSet, Kind::Job] {
             let (objs, _) = reg.store.list(kind, None)?;
             workloads.extend(objs.iter().map(|o| ns_name(o).0));
         }
     }
+    let now = jiff::Timestamp::now();
+    let due: Vec<String> = dirty.job_wakes.iter().filter(|(_, t)| **t <= now).map(|(ns, _)| ns.clone()).collect();
+    for ns in due {
+        dirty.job_wakes.remove(&ns);
+        workloads.insert(ns);
+    }
     for ns in &workloads {
         workloads::sync_namespace(reg, ns).await?;
+        match jobs::sync_namespace(reg, ns).await? {
+            Some(t) => {
+                dirty.job_wakes.insert(ns.clone(), t);
+            }
+            None => {
+                dirty.job_wakes.remove(ns);
+            }
+        }
     }
     let mut services: BTreeSet<(String, String)> = std::mem::take(&mut dirty.services);
     let pod_namespaces = std::mem::take(&mut dirty.pod_namespaces);

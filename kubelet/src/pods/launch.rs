@@ -46,8 +46,9 @@ pub fn workload_env(
 ) -> Vec<(String, String)> {
     let name = pod.metadata.name.clone().unwrap_or_default();
     let ns = pod.metadata.namespace.clone().unwrap_or_else(|| "default".into());
+    let hostname = pod.spec.as_ref().and_then(|s| s.hostname.clone()).filter(|h| !h.is_empty());
     let mut env = vec![
-        ("HOSTNAME".to_string(), name.clone()),
+        ("HOSTNAME".to_string(), hostname.unwrap_or_else(|| name.clone())),
         ("POD_NAME".to_string(), name.clone()),
         ("POD_NAMESPACE".to_string(), ns.clone()),
         ("POD_IP".to_string(), pod_ip.to_string()),

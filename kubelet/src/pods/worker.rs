@@ -57,7 +57,13 @@ impl<P: Processes, E: PluginExec, A: PodApi, Q: Prober> Deps<P, E, A, Q> {
         write(&files.resolv_conf, &resolv)?;
         write(&files.hosts, &dnsconf::hosts_file(pod, &[], &self.cfg.cluster_domain))?;
         let share_pid = pod.spec.as_ref().and_then(|s| s.share_process_namespace) == Some(true);
-        let sandbox = self.procs.start_sandbox(&name, Some(files.clone()), share_pid, Some(log)).await?;
+        // The pod's hostname: `spec.hostname` when set (an Indexed Job's pods, a StatefulSet's),
+        // else its name — at most 63 characters, as kubelet cuts it.
+        let hostname = pod.spec.as_ref().and_then(|s| s.hostname.clone()).filter(|h| !h.is_empty());
+        let hostname = hostname.unwrap_or_else(|| name.clone());
+        let hostname: String = hostname.chars().take(63).collect();
+        let hostname = hostname.trim_end_matches(['-', '.']).to_string();
+        let sandbox = self.procs.start_sandbox(&hostname, Some(files.clone()), share_pid, Some(log)).await?;
         // Recorded at once, not attached yet (no address): whatever stops the node now (`down`,
         // `--kill-pods`) finds the sandbox; a restarted agent releases such a record and
         // starts over.
