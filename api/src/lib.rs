@@ -11,6 +11,7 @@
 pub mod alloc;
 pub mod apps;
 pub mod convert;
+pub mod cron;
 pub mod grpc_codec;
 #[macro_use]
 pub mod kinds;

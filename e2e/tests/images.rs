@@ -469,7 +469,7 @@ fn port_forward_attach_restarts_and_a_shared_process_namespace_work_in_real_cont
 }
 
 #[test]
-fn jobs_run_to_completion_fail_past_their_backoff_limit_and_indexed_jobs_cover_every_index() {
+fn jobs_run_to_completion_fail_past_their_backoff_limit_indexed_jobs_cover_every_index_and_cronjobs_run_on_schedule() {
     let (_reg, lab) = lab_with_registry("imgjob", "2");
     lab.kubectl(&["create", "job", "pi", "--image=busybox", "--", "sh", "-c", "echo pi is 3.14"]);
     lab.kubectl(&["wait", "--for=condition=complete", "job/pi", "--timeout=90s"]);
@@ -509,6 +509,45 @@ fn jobs_run_to_completion_fail_past_their_backoff_limit_and_indexed_jobs_cover_e
     let mut said: Vec<String> = pods.lines().map(|p| lab.kubectl(&["logs", p]).trim().to_string()).collect::<Vec<_>>();
     said.sort();
     assert_eq!(said, ["shard 0 of shards-0", "shard 1 of shards-1", "shard 2 of shards-2"]);
+
+    // A CronJob runs its Jobs on schedule; `create job --from=cronjob/` runs one by hand.
+    lab.kubectl(&["create", "cronjob", "tick", "--image=busybox", "--schedule=@every 2s", "--", "echo", "tick"]);
+    let first = wait_for(Duration::from_secs(60), "the CronJob's first Job complete", || {
+        let jobs = lab.kubectl(&[
+            "get",
+            "jobs",
+            "-o",
+            "jsonpath={range .items[?(@.metadata.ownerReferences[0].kind==\"CronJob\")]}{.metadata.name} {.status.succeeded}{\"\\n\"}{end}",
+        ]);
+        match jobs.lines().find(|l| l.ends_with(" 1")) {
+            Some(l) => Ok(l.split_whitespace().next().unwrap_or("").to_string()),
+            None => Err(jobs),
+        }
+    });
+    assert!(first.starts_with("tick-"), "{first}");
+    assert_eq!(lab.kubectl(&["logs", &format!("job/{first}")]), "tick\n");
+    let last = lab.kubectl(&["get", "cronjob", "tick", "-o", "jsonpath={.status.lastScheduleTime}"]);
+    assert!(!last.is_empty());
+    let events = lab.kubectl(&[
+        "get",
+        "events",
+        "--field-selector",
+        "involvedObject.name=tick",
+        "-o",
+        "custom-columns=R:.reason,M:.message",
+        "--no-headers",
+    ]);
+    assert!(events.contains(&format!("Created job {first}")), "{events}");
+    lab.kubectl(&["create", "job", "by-hand", "--from=cronjob/tick"]);
+    lab.kubectl(&["wait", "--for=condition=complete", "job/by-hand", "--timeout=60s"]);
+    // A schedule that never fires (February 30th): no Job, nothing active.
+    lab.kubectl(&["create", "cronjob", "never", "--image=busybox", "--schedule=0 0 30 2 *", "--", "true"]);
+    std::thread::sleep(Duration::from_secs(2));
+    let row = lab.kubectl(&["get", "cronjob", "never", "--no-headers"]);
+    let cells: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(cells[cells.len() - 3..cells.len() - 1], ["0", "<none>"], "{row}");
+    // Its Jobs go with it (the one made by hand too: kubectl makes the CronJob its owner).
+    lab.kubectl(&["delete", "cronjob", "tick", "never"]);
 
     // Deleting a Job takes its pods.
     lab.kubectl(&["delete", "job", "pi", "shards", "broken"]);

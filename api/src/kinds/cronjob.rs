@@ -1,5 +1,5 @@
-//! batch/v1 CronJobs, stored and served without a controller (kubectl's default prune list
-//! names them): defaults, validation of the schedule, policy and job template, and the Table.
+//! batch/v1 CronJobs (run by the API server's cronjob controller): defaults, validation of the
+//! schedule, time zone, policy and job template, and the Table.
 
 use jiff::Timestamp;
 use serde_json::{json, Value};
@@ -12,29 +12,9 @@ use crate::validation::{self as v, Cause, FieldPath};
 
 pub use k8s_openapi::api::batch::v1::CronJob;
 
-const MACROS: [&str; 8] = ["@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly", "@every"];
-
-/// What is wrong with a cron schedule, if anything: five fields (minute hour day month weekday,
-/// each `*`, numbers, ranges, lists, steps or names) or one of cron's macros.
+/// What is wrong with a cron schedule, if anything (see [`crate::cron`]).
 fn schedule_error(s: &str) -> Option<String> {
-    let s = s.trim();
-    if let Some(m) = s.strip_prefix('@') {
-        let word = m.split_whitespace().next().unwrap_or("");
-        return (!MACROS.contains(&format!("@{word}").as_str())).then(|| format!("unrecognized descriptor: {s}"));
-    }
-    let fields: Vec<&str> = s.split_whitespace().collect();
-    if fields.len() != 5 {
-        return Some(format!("expected exactly 5 fields, found {}: {s}", fields.len()));
-    }
-    let ok = |f: &str| {
-        f.split(',').all(|part| {
-            let (range, step) = part.split_once('/').unwrap_or((part, "1"));
-            step.parse::<u32>().is_ok_and(|n| n > 0)
-                && (range == "*"
-                    || range.split('-').all(|x| !x.is_empty() && x.chars().all(|c| c.is_ascii_alphanumeric())))
-        })
-    };
-    fields.iter().find(|f| !ok(f)).map(|f| format!("failed to parse {f}: {s}"))
+    crate::cron::Schedule::parse(s).err()
 }
 
 impl ApiObject for CronJob {
@@ -45,7 +25,6 @@ impl ApiObject for CronJob {
         categories: &["all"],
         has_status: true,
         has_generation: true,
-        no_controller: true,
         ..KindInfo::core("CronJob", "cronjobs", "cronjob")
     };
 

@@ -2,11 +2,12 @@
 //! would, one module each: [`endpoints`] (Endpoints + EndpointSlices), [`scheduler`], [`nodes`]
 //! (node health, pod garbage collection), [`namespaces`] (lifecycle, default ServiceAccounts),
 //! [`load_balancers`] (pending LoadBalancer Services get freed addresses) and [`workloads`]
-//! (Deployments, ReplicaSets), [`jobs`]. The endpoints controller, the scheduler and the
+//! (Deployments, ReplicaSets), [`jobs`], [`cronjobs`]. The endpoints controller, the scheduler and the
 //! workload controllers decide purely (`plan_*`: objects in, a plan out); their `sync` functions
 //! read and write. All follow the store's durable event log and also resync periodically, so a
 //! missed event heals itself.
 
+pub mod cronjobs;
 pub mod endpoints;
 pub mod events;
 pub mod jobs;
@@ -137,6 +138,7 @@ pub async fn run(reg: Arc<Registry>, cfg: ControllerConfig) {
                                     | Kind::Deployment
                                     | Kind::ReplicaSet
                                     | Kind::Job
+                                    | Kind::CronJob
                                     | Kind::ServiceAccount
                             ) {
                                 dirty.note(ev.kind, &ev.object(), ev.prev().as_ref());
@@ -172,7 +174,8 @@ struct Dirty {
     service_accounts: bool,
     /// Namespaces whose Deployments, ReplicaSets and Jobs need a sync.
     workloads: BTreeSet<String>,
-    /// Namespaces with a Job to look at again at a time (a back-off, a deadline, a TTL).
+    /// Namespaces with a Job or CronJob to look at again at a time (a back-off, a deadline, a
+    /// TTL, a schedule).
     job_wakes: BTreeMap<String, jiff::Timestamp>,
     /// A Service changed: a load-balancer address may have been freed.
     load_balancers: bool,
@@ -187,7 +190,7 @@ impl Dirty {
                 self.services.insert((ns, name));
                 self.load_balancers = true;
             }
-            Kind::Deployment | Kind::ReplicaSet | Kind::Job => {
+            Kind::Deployment | Kind::ReplicaSet | Kind::Job | Kind::CronJob => {
                 self.workloads.insert(ns);
             }
             Kind::Pod => {
@@ -238,7 +241,7 @@ async fn reconcile(reg: &Registry, cfg: &ControllerConfig, dirty: &mut Dirty) ->
     }
     let mut workloads = std::mem::take(&mut dirty.workloads);
     if all {
-        for kind in [Kind::Deployment, Kind::ReplicaSet, Kind::Job] {
+        for kind in [Kind::Deployment, Kind::ReplicaSet, Kind::Job, Kind::CronJob] {
             let (objs, _) = reg.store.list(kind, None)?;
             workloads.extend(objs.iter().map(|o| ns_name(o).0));
         }
@@ -251,7 +254,9 @@ async fn reconcile(reg: &Registry, cfg: &ControllerConfig, dirty: &mut Dirty) ->
     }
     for ns in &workloads {
         workloads::sync_namespace(reg, ns).await?;
-        match jobs::sync_namespace(reg, ns).await? {
+        let cron_wake = cronjobs::sync_namespace(reg, ns).await?;
+        let job_wake = jobs::sync_namespace(reg, ns).await?;
+        match [cron_wake, job_wake].into_iter().flatten().min() {
             Some(t) => {
                 dirty.job_wakes.insert(ns.clone(), t);
             }
