@@ -560,3 +560,64 @@ fn jobs_run_to_completion_fail_past_their_backoff_limit_indexed_jobs_cover_every
         }
     });
 }
+
+#[test]
+fn a_daemonset_runs_one_pod_per_node_and_rolls_a_new_template_node_by_node() {
+    let (_reg, lab) = lab_with_registry("imgds", "2");
+    // `sleep` as a container's PID 1 ignores SIGTERM: a short grace period keeps the rollout quick.
+    let ds = |message: &str| {
+        format!(
+            "apiVersion: apps/v1\nkind: DaemonSet\nmetadata: {{name: agent}}\nspec:\n  selector: {{matchLabels: {{app: agent}}}}\n  template:\n    metadata: {{labels: {{app: agent}}}}\n    spec:\n      terminationGracePeriodSeconds: 1\n      containers: [{{name: c, image: busybox, command: [sh, -c, 'echo {message} on $(hostname); exec sleep 3600']}}]\n"
+        )
+    };
+    lab.apply(&ds("v1"));
+    lab.kubectl(&["rollout", "status", "ds/agent", "--timeout=90s"]);
+    let placed = |want: &str| {
+        let out = lab.kubectl(&[
+            "get",
+            "pods",
+            "-l",
+            "app=agent",
+            "-o",
+            "jsonpath={range .items[*]}{.spec.nodeName} {.metadata.name}{\"\\n\"}{end}",
+        ]);
+        let mut nodes: Vec<String> =
+            out.lines().filter_map(|l| l.split_whitespace().next().map(String::from)).collect();
+        nodes.sort();
+        assert_eq!(nodes, ["node-1", "node-2"], "{want}: {out}");
+        out
+    };
+    placed("v1");
+    let row = lab.kubectl(&["get", "ds", "agent", "--no-headers"]);
+    let cells: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(cells[1..6], ["2", "2", "2", "2", "2"], "{row}");
+    // A new template rolls out, one node at a time, to both nodes again.
+    lab.apply(&ds("v2"));
+    lab.kubectl(&["rollout", "status", "ds/agent", "--timeout=120s"]);
+    let pods = placed("v2");
+    for line in pods.lines() {
+        let name = line.split_whitespace().nth(1).unwrap();
+        let log = lab.kubectl(&["logs", name]);
+        assert!(log.starts_with("v2 on agent-"), "{name}: {log}");
+    }
+    let events = lab.kubectl(&[
+        "get",
+        "events",
+        "--field-selector",
+        "involvedObject.name=agent",
+        "-o",
+        "custom-columns=R:.reason",
+        "--no-headers",
+    ]);
+    assert!(events.contains("SuccessfulCreate") && events.contains("SuccessfulDelete"), "{events}");
+    // Deleted, its pods go too.
+    lab.kubectl(&["delete", "ds", "agent"]);
+    wait_for(Duration::from_secs(60), "the DaemonSet's pods gone", || {
+        let left = lab.kubectl(&["get", "pods", "-l", "app=agent", "-o", "name"]);
+        if left.trim().is_empty() {
+            Ok(())
+        } else {
+            Err(left)
+        }
+    });
+}

@@ -1,5 +1,5 @@
-//! apps/v1 DaemonSets, stored and served without a controller (kubectl's default prune list
-//! names them): defaults, validation of selector, template and update strategy, and the Table.
+//! apps/v1 DaemonSets (run by the API server's daemonset controller): defaults, validation of
+//! selector, template and update strategy, and the Table.
 
 use jiff::Timestamp;
 use serde_json::{json, Value};
@@ -21,7 +21,6 @@ impl ApiObject for DaemonSet {
         categories: &["all"],
         has_status: true,
         has_generation: true,
-        no_controller: true,
         ..KindInfo::core("DaemonSet", "daemonsets", "daemonset")
     };
 

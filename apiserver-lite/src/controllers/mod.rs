@@ -2,12 +2,13 @@
 //! would, one module each: [`endpoints`] (Endpoints + EndpointSlices), [`scheduler`], [`nodes`]
 //! (node health, pod garbage collection), [`namespaces`] (lifecycle, default ServiceAccounts),
 //! [`load_balancers`] (pending LoadBalancer Services get freed addresses) and [`workloads`]
-//! (Deployments, ReplicaSets), [`jobs`], [`cronjobs`]. The endpoints controller, the scheduler and the
+//! (Deployments, ReplicaSets), [`daemonsets`], [`jobs`], [`cronjobs`]. The endpoints controller, the scheduler and the
 //! workload controllers decide purely (`plan_*`: objects in, a plan out); their `sync` functions
 //! read and write. All follow the store's durable event log and also resync periodically, so a
 //! missed event heals itself.
 
 pub mod cronjobs;
+pub mod daemonsets;
 pub mod endpoints;
 pub mod events;
 pub mod jobs;
@@ -139,6 +140,7 @@ pub async fn run(reg: Arc<Registry>, cfg: ControllerConfig) {
                                     | Kind::ReplicaSet
                                     | Kind::Job
                                     | Kind::CronJob
+                                    | Kind::DaemonSet
                                     | Kind::ServiceAccount
                             ) {
                                 dirty.note(ev.kind, &ev.object(), ev.prev().as_ref());
@@ -174,6 +176,8 @@ struct Dirty {
     service_accounts: bool,
     /// Namespaces whose Deployments, ReplicaSets and Jobs need a sync.
     workloads: BTreeSet<String>,
+    /// A node changed: every DaemonSet needs a look.
+    daemonsets: bool,
     /// Namespaces with a Job or CronJob to look at again at a time (a back-off, a deadline, a
     /// TTL, a schedule).
     job_wakes: BTreeMap<String, jiff::Timestamp>,
@@ -190,7 +194,7 @@ impl Dirty {
                 self.services.insert((ns, name));
                 self.load_balancers = true;
             }
-            Kind::Deployment | Kind::ReplicaSet | Kind::Job | Kind::CronJob => {
+            Kind::Deployment | Kind::ReplicaSet | Kind::Job | Kind::CronJob | Kind::DaemonSet => {
                 self.workloads.insert(ns);
             }
             Kind::Pod => {
@@ -205,7 +209,11 @@ impl Dirty {
                 }
                 self.schedule = true;
             }
-            Kind::Node => self.schedule = true,
+            Kind::Node => {
+                self.schedule = true;
+                // A node that joins (or whose labels or taints change) may want daemons.
+                self.daemonsets = true;
+            }
             Kind::Namespace => {
                 self.namespaces = true;
                 self.service_accounts = true;
@@ -241,10 +249,14 @@ async fn reconcile(reg: &Registry, cfg: &ControllerConfig, dirty: &mut Dirty) ->
     }
     let mut workloads = std::mem::take(&mut dirty.workloads);
     if all {
-        for kind in [Kind::Deployment, Kind::ReplicaSet, Kind::Job, Kind::CronJob] {
+        for kind in [Kind::Deployment, Kind::ReplicaSet, Kind::Job, Kind::CronJob, Kind::DaemonSet] {
             let (objs, _) = reg.store.list(kind, None)?;
             workloads.extend(objs.iter().map(|o| ns_name(o).0));
         }
+    }
+    if std::mem::take(&mut dirty.daemonsets) {
+        let (sets, _) = reg.store.list(Kind::DaemonSet, None)?;
+        workloads.extend(sets.iter().map(|o| ns_name(o).0));
     }
     let now = jiff::Timestamp::now();
     let due: Vec<String> = dirty.job_wakes.iter().filter(|(_, t)| **t <= now).map(|(ns, _)| ns.clone()).collect();
@@ -254,6 +266,7 @@ async fn reconcile(reg: &Registry, cfg: &ControllerConfig, dirty: &mut Dirty) ->
     }
     for ns in &workloads {
         workloads::sync_namespace(reg, ns).await?;
+        daemonsets::sync_namespace(reg, ns).await?;
         let cron_wake = cronjobs::sync_namespace(reg, ns).await?;
         let job_wake = jobs::sync_namespace(reg, ns).await?;
         match [cron_wake, job_wake].into_iter().flatten().min() {

@@ -101,10 +101,44 @@ fn fit(pod: &Value, node: &Node, tolerations: &[Toleration]) -> Result<(), Unfit
     let selector: BTreeMap<String, String> =
         serde_json::from_value(pod.pointer("/spec/nodeSelector").cloned().unwrap_or(Value::Null)).unwrap_or_default();
     let labels = node.metadata.labels.clone().unwrap_or_default();
-    if !node_selector_matches(&selector, &labels) {
+    if !node_selector_matches(&selector, &labels) || !required_affinity_matches(pod, node) {
         return Err(Unfit::Selector);
     }
     Ok(())
+}
+
+/// The pod's required node affinity (`requiredDuringSchedulingIgnoredDuringExecution`): some
+/// term whose every expression (on the node's labels) and field (`metadata.name`) holds. No
+/// affinity: any node.
+fn required_affinity_matches(pod: &Value, node: &Node) -> bool {
+    let Some(terms) = pod
+        .pointer("/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms")
+        .and_then(Value::as_array)
+    else {
+        return true;
+    };
+    let labels = node.metadata.labels.clone().unwrap_or_default();
+    let name = node.metadata.name.clone().unwrap_or_default();
+    let holds = |r: &Value, value: Option<&str>| {
+        let values: Vec<&str> = r["values"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
+        let num = |v: Option<&str>| v.and_then(|v| v.parse::<i64>().ok());
+        match r["operator"].as_str().unwrap_or("") {
+            "In" => value.is_some_and(|v| values.contains(&v)),
+            "NotIn" => !value.is_some_and(|v| values.contains(&v)),
+            "Exists" => value.is_some(),
+            "DoesNotExist" => value.is_none(),
+            "Gt" => matches!((num(value), num(values.first().copied())), (Some(a), Some(b)) if a > b),
+            "Lt" => matches!((num(value), num(values.first().copied())), (Some(a), Some(b)) if a < b),
+            _ => false,
+        }
+    };
+    terms.iter().any(|t| {
+        let exprs = t["matchExpressions"].as_array().map(Vec::as_slice).unwrap_or(&[]);
+        let fields = t["matchFields"].as_array().map(Vec::as_slice).unwrap_or(&[]);
+        (!exprs.is_empty() || !fields.is_empty())
+            && exprs.iter().all(|r| holds(r, r["key"].as_str().and_then(|k| labels.get(k)).map(String::as_str)))
+            && fields.iter().all(|r| holds(r, (r["key"] == "metadata.name").then_some(name.as_str())))
+    })
 }
 
 /// Whether a placed pod counts on its node: not being deleted (a terminating pod is on its way
@@ -323,6 +357,27 @@ mod tests {
         pods.push(replica("web-c", "", "web"));
         let plan = plan_schedule(&pods, &nodes);
         assert_eq!(plan[0].decision, Decision::Bind("node-1".into()));
+    }
+
+    #[test]
+    fn required_node_affinity_picks_nodes_by_name_and_labels() {
+        let nodes = [node("node-1", true, json!({"zone": "a"})), node("node-2", true, json!({"zone": "b"}))];
+        let with = |name: &str, term: Value| {
+            let mut p = pod(name, "", json!(null));
+            p["spec"]["affinity"] = json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}});
+            p
+        };
+        let pods = [
+            with("by-name", json!({"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["node-2"]}]})),
+            with("by-label", json!({"matchExpressions": [{"key": "zone", "operator": "NotIn", "values": ["b"]}]})),
+            with("nowhere", json!({"matchExpressions": [{"key": "gpu", "operator": "Exists"}]})),
+        ];
+        let plan = plan_schedule(&pods, &nodes);
+        assert_eq!(plan[0].decision, Decision::Bind("node-2".into()));
+        assert_eq!(plan[1].decision, Decision::Bind("node-1".into()));
+        assert!(
+            matches!(&plan[2].decision, Decision::Unschedulable(m) if m.contains("2 node(s) didn't match Pod's node affinity/selector"))
+        );
     }
 
     #[test]

@@ -1,0 +1,378 @@
+//! The DaemonSet controller, as kube-controller-manager's: one pod per eligible node (its
+//! template's `nodeSelector` and required node affinity match the node, and its taints are
+//! tolerated — with the tolerations the controller adds to every daemon pod), placed through
+//! the scheduler by a required node affinity on the node's name, as the real controller does;
+//! pods on nodes no longer eligible deleted; a rolling update of a changed template within
+//! `maxUnavailable` (`OnDelete`: only pods deleted by hand are replaced); the status
+//! `kubectl rollout status` reads, and the Events. [`plan_daemonset`] decides (pure);
+//! [`sync_namespace`] reads and writes.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use api::k8s_openapi::api::core::v1::{Node, Toleration};
+use api::Kind;
+use serde_json::{json, Value};
+
+use super::events::{record, EventType, Report};
+use super::taints::{taints_of, tolerations_of, untolerated, NO_EXECUTE, NO_SCHEDULE};
+use super::workloads::template_hash;
+use super::write::{delete_quietly, ns_name};
+use crate::error::ApiError;
+use crate::registry::{Registry, Subresource, WriteOptions};
+
+/// The label naming the template revision a daemon pod was made from.
+pub const REVISION_LABEL: &str = "controller-revision-hash";
+
+/// What a DaemonSet needs done.
+#[derive(Debug, Default, PartialEq)]
+pub struct DaemonPlan {
+    pub create: Vec<Value>,
+    pub delete: Vec<String>,
+    pub status: Value,
+}
+
+/// The tolerations the controller adds to every daemon pod (a node's condition taints never
+/// keep its daemons away).
+fn daemon_tolerations() -> Vec<Value> {
+    let mut out = vec![];
+    for (key, effect) in [
+        ("node.kubernetes.io/not-ready", NO_EXECUTE),
+        ("node.kubernetes.io/unreachable", NO_EXECUTE),
+        ("node.kubernetes.io/disk-pressure", NO_SCHEDULE),
+        ("node.kubernetes.io/memory-pressure", NO_SCHEDULE),
+        ("node.kubernetes.io/pid-pressure", NO_SCHEDULE),
+        ("node.kubernetes.io/unschedulable", NO_SCHEDULE),
+    ] {
+        out.push(json!({"key": key, "operator": "Exists", "effect": effect}));
+    }
+    out
+}
+
+fn is_terminating(p: &Value) -> bool {
+    p["metadata"].get("deletionTimestamp").is_some_and(|t| !t.is_null())
+}
+
+fn is_ready(p: &Value) -> bool {
+    p.pointer("/status/conditions")
+        .and_then(Value::as_array)
+        .is_some_and(|cs| cs.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"))
+}
+
+/// The node a daemon pod is for: its node, or the name its affinity requires.
+fn target_node(p: &Value) -> Option<String> {
+    if let Some(n) = p.pointer("/spec/nodeName").and_then(Value::as_str).filter(|n| !n.is_empty()) {
+        return Some(n.to_string());
+    }
+    let terms =
+        p.pointer("/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms")?;
+    terms.as_array()?.iter().find_map(|t| {
+        t["matchFields"].as_array()?.iter().find_map(|f| {
+            (f["key"] == "metadata.name" && f["operator"] == "In").then(|| f["values"][0].as_str().map(String::from))?
+        })
+    })
+}
+
+/// Whether a daemon pod of `template` belongs on `node`.
+fn eligible(template: &Value, node: &Node) -> bool {
+    let labels = node.metadata.labels.clone().unwrap_or_default();
+    let selector_ok = template["spec"]["nodeSelector"]
+        .as_object()
+        .is_none_or(|sel| sel.iter().all(|(k, v)| labels.get(k).map(String::as_str) == v.as_str()));
+    let mut pod = json!({"spec": template["spec"].clone()});
+    let mut tolerations = pod["spec"]["tolerations"].as_array().cloned().unwrap_or_default();
+    tolerations.extend(daemon_tolerations());
+    pod["spec"]["tolerations"] = json!(tolerations);
+    let tolerations: Vec<Toleration> = tolerations_of(&pod);
+    selector_ok && untolerated(taints_of(node), &tolerations, &[NO_SCHEDULE, NO_EXECUTE]).is_none()
+}
+
+/// The daemon pod of `ds` for `node`.
+pub fn pod_for(ds: &Value, node: &str, revision: &str) -> Value {
+    let name = ds["metadata"]["name"].as_str().unwrap_or("");
+    let template = &ds["spec"]["template"];
+    let mut meta = template["metadata"].clone();
+    if !meta.is_object() {
+        meta = json!({});
+    }
+    if let Some(m) = meta.as_object_mut() {
+        m.remove("name");
+        m.remove("creationTimestamp");
+    }
+    meta["generateName"] = json!(format!("{name}-"));
+    meta["labels"][REVISION_LABEL] = json!(revision);
+    meta["ownerReferences"] = json!([{
+        "apiVersion": "apps/v1", "kind": "DaemonSet", "name": name, "uid": ds["metadata"]["uid"],
+        "controller": true, "blockOwnerDeletion": true,
+    }]);
+    let mut spec = template["spec"].clone();
+    spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"] = json!({
+        "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]
+    });
+    let mut tolerations = spec["tolerations"].as_array().cloned().unwrap_or_default();
+    for t in daemon_tolerations() {
+        if !tolerations.contains(&t) {
+            tolerations.push(t);
+        }
+    }
+    spec["tolerations"] = json!(tolerations);
+    json!({"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec})
+}
+
+/// `maxUnavailable` as a count of `desired` (an int, or a percentage rounded up, at least 1).
+fn max_unavailable(ds: &Value, desired: usize) -> usize {
+    match &ds["spec"]["updateStrategy"]["rollingUpdate"]["maxUnavailable"] {
+        Value::Number(n) => n.as_u64().unwrap_or(1) as usize,
+        Value::String(s) => match s.strip_suffix('%').and_then(|p| p.parse::<usize>().ok()) {
+            Some(p) => (desired * p).div_ceil(100),
+            None => 1,
+        },
+        _ => 1,
+    }
+    .max(1)
+}
+
+/// What DaemonSet `ds` needs done, given its pods and the nodes. Pure.
+pub fn plan_daemonset(ds: &Value, pods: &[&Value], nodes: &[Node]) -> DaemonPlan {
+    let template = &ds["spec"]["template"];
+    let revision = template_hash(template);
+    let mut plan = DaemonPlan::default();
+    let wanted: BTreeSet<String> =
+        nodes.iter().filter(|n| eligible(template, n)).filter_map(|n| n.metadata.name.clone()).collect();
+    let mut by_node: BTreeMap<String, Vec<&Value>> = BTreeMap::new();
+    let mut terminating_on: BTreeSet<String> = BTreeSet::new();
+    for p in pods {
+        let Some(node) = target_node(p) else { continue };
+        if is_terminating(p) {
+            terminating_on.insert(node);
+        } else if !matches!(p.pointer("/status/phase").and_then(Value::as_str), Some("Succeeded" | "Failed")) {
+            by_node.entry(node).or_default().push(p);
+        } else {
+            // A daemon pod that ended is replaced, as the real controller does.
+            plan.delete.push(ns_name(p).1);
+        }
+    }
+    let current = |p: &Value| p["metadata"]["labels"][REVISION_LABEL].as_str() == Some(revision.as_str());
+    let mut misscheduled = 0;
+    for (node, list) in &by_node {
+        if !wanted.contains(node) {
+            misscheduled += 1;
+            plan.delete.extend(list.iter().map(|p| ns_name(p).1));
+        } else if list.len() > 1 {
+            // More than one on a node: keep the newest of the current revision, or the oldest.
+            let mut sorted = list.clone();
+            sorted
+                .sort_by_key(|p| (!current(p), p["metadata"]["creationTimestamp"].as_str().unwrap_or("").to_string()));
+            plan.delete.extend(sorted.iter().skip(1).map(|p| ns_name(p).1));
+        }
+    }
+    for node in &wanted {
+        if !by_node.contains_key(node) && !terminating_on.contains(node) {
+            plan.create.push(pod_for(ds, node, &revision));
+        }
+    }
+    // The rolling update: pods of an old template go, the not-ready first, while no more than
+    // maxUnavailable of the wanted nodes are without a ready pod.
+    let on_delete = ds["spec"]["updateStrategy"]["type"] == "OnDelete";
+    let kept: Vec<(&String, &Value)> =
+        wanted.iter().filter_map(|n| by_node.get(n).and_then(|l| l.first()).map(|p| (n, *p))).collect();
+    if !on_delete {
+        let unavailable = wanted.len() - kept.iter().filter(|(_, p)| is_ready(p)).count();
+        let mut budget = max_unavailable(ds, wanted.len()).saturating_sub(unavailable);
+        let mut old: Vec<&(&String, &Value)> = kept.iter().filter(|(_, p)| !current(p)).collect();
+        old.sort_by_key(|(n, p)| (is_ready(p), (*n).clone()));
+        for (_, p) in old {
+            if !is_ready(p) {
+                plan.delete.push(ns_name(p).1);
+            } else if budget > 0 {
+                budget -= 1;
+                plan.delete.push(ns_name(p).1);
+            }
+        }
+    }
+    let ready = kept.iter().filter(|(_, p)| is_ready(p)).count();
+    let updated = kept.iter().filter(|(_, p)| current(p)).count();
+    plan.status = json!({
+        "desiredNumberScheduled": wanted.len(),
+        "currentNumberScheduled": kept.len(),
+        "numberMisscheduled": misscheduled,
+        "numberReady": ready,
+        "updatedNumberScheduled": updated,
+        "numberAvailable": ready,
+        "numberUnavailable": wanted.len() - ready,
+        "observedGeneration": ds["metadata"]["generation"].as_i64().unwrap_or(1),
+    });
+    if ready == wanted.len() {
+        plan.status.as_object_mut().map(|s| s.remove("numberUnavailable"));
+    }
+    if ready == 0 {
+        plan.status.as_object_mut().map(|s| s.remove("numberAvailable"));
+    }
+    plan.delete.sort();
+    plan.delete.dedup();
+    plan
+}
+
+/// The controller reference of an object: (kind, uid) of its `controller: true` owner.
+fn controller_of(meta: &Value) -> Option<(String, String)> {
+    meta["ownerReferences"]
+        .as_array()?
+        .iter()
+        .find(|o| o["controller"] == true)
+        .map(|o| (o["kind"].as_str().unwrap_or("").to_string(), o["uid"].as_str().unwrap_or("").to_string()))
+}
+
+/// Brings the DaemonSets of namespace `ns` one step closer to a ready pod per eligible node.
+pub async fn sync_namespace(reg: &Registry, ns: &str) -> Result<(), ApiError> {
+    let (sets, _) = reg.store.list(Kind::DaemonSet, Some(ns))?;
+    let (pods, _) = reg.store.list(Kind::Pod, Some(ns))?;
+    let uids: BTreeSet<&str> = sets.iter().filter_map(|d| d["metadata"]["uid"].as_str()).collect();
+    let mut owned: BTreeMap<String, Vec<&Value>> = BTreeMap::new();
+    for p in &pods {
+        let Some((kind, uid)) = controller_of(&p["metadata"]) else { continue };
+        if kind != "DaemonSet" {
+            continue;
+        }
+        if uids.contains(uid.as_str()) {
+            owned.entry(uid).or_default().push(p);
+        } else if !is_terminating(p) {
+            // Background cascading delete: the pods of a gone DaemonSet.
+            delete_quietly(reg, Kind::Pod, ns, &ns_name(p).1).await?;
+        }
+    }
+    if sets.is_empty() {
+        return Ok(());
+    }
+    let (nodes, _) = reg.store.list(Kind::Node, None)?;
+    let nodes: Vec<Node> = nodes.into_iter().filter_map(|n| serde_json::from_value(n).ok()).collect();
+    for ds in sets.iter().filter(|d| !is_terminating(d)) {
+        let uid = ds["metadata"]["uid"].as_str().unwrap_or("");
+        let mine = owned.get(uid).cloned().unwrap_or_default();
+        let plan = plan_daemonset(ds, &mine, &nodes);
+        let report = |type_: EventType, reason: &'static str, message: String| Report {
+            component: "daemonset-controller",
+            host: None,
+            object: ds,
+            kind: Kind::DaemonSet,
+            field_path: None,
+            type_,
+            reason,
+            message,
+        };
+        for pod in plan.create {
+            match reg.create(Kind::Pod, Some(ns), pod, &WriteOptions::default()).await {
+                Ok(created) => {
+                    let name = ns_name(&created.object).1;
+                    record(reg, report(EventType::Normal, "SuccessfulCreate", format!("Created pod: {name}"))).await;
+                }
+                Err(e) => record(reg, report(EventType::Warning, "FailedCreate", format!("Error creating: {e}"))).await,
+            }
+        }
+        for name in &plan.delete {
+            delete_quietly(reg, Kind::Pod, ns, name).await?;
+            record(reg, report(EventType::Normal, "SuccessfulDelete", format!("Deleted pod: {name}"))).await;
+        }
+        if ds.get("status") != Some(&plan.status) {
+            let mut new = ds.clone();
+            new["status"] = plan.status;
+            let name = ns_name(ds).1;
+            match reg.update(Kind::DaemonSet, Some(ns), &name, new, Subresource::Status, &WriteOptions::default()).await
+            {
+                Ok(_) | Err(ApiError::Conflict { .. }) | Err(ApiError::NotFound { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(name: &str, labels: Value, taints: Value) -> Node {
+        serde_json::from_value(json!({"metadata": {"name": name, "labels": labels}, "spec": {"taints": taints},
+            "status": {"conditions": [{"type": "Ready", "status": "True"}]}}))
+        .unwrap()
+    }
+
+    fn ds(template_spec: Value) -> Value {
+        json!({"metadata": {"namespace": "kube-system", "name": "agent", "uid": "d1", "generation": 2},
+               "spec": {"selector": {"matchLabels": {"app": "agent"}},
+                        "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}},
+                        "template": {"metadata": {"labels": {"app": "agent"}}, "spec": template_spec}}})
+    }
+
+    fn pod_on(name: &str, node: &str, revision: &str, ready: bool) -> Value {
+        json!({"metadata": {"namespace": "kube-system", "name": name, "labels": {REVISION_LABEL: revision},
+                            "creationTimestamp": "2026-11-26T12:00:00Z"},
+               "spec": {"nodeName": node},
+               "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}]}})
+    }
+
+    #[test]
+    fn one_pod_per_eligible_node_through_a_node_affinity() {
+        let nodes = [
+            node("node-1", json!({"role": "edge"}), json!([])),
+            node("node-2", json!({"role": "edge"}), json!([{"key": "gpu", "effect": "NoSchedule"}])),
+            node("node-3", json!({}), json!([{"key": "node.kubernetes.io/not-ready", "effect": "NoExecute"}])),
+        ];
+        let d = ds(json!({"containers": [{"name": "c", "image": "busybox"}]}));
+        let plan = plan_daemonset(&d, &[], &nodes);
+        // node-2's taint is not tolerated; node-3's condition taint is (daemons tolerate it).
+        let targets: Vec<String> = plan.create.iter().filter_map(target_node).collect();
+        assert_eq!(targets, ["node-1", "node-3"]);
+        let p = &plan.create[0];
+        assert_eq!(p["metadata"]["generateName"], "agent-");
+        assert_eq!(p["metadata"]["ownerReferences"][0]["kind"], "DaemonSet");
+        assert!(p["spec"]["tolerations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|t| t["key"] == "node.kubernetes.io/unreachable"));
+        assert_eq!(plan.status["desiredNumberScheduled"], 2);
+        // A node selector narrows it; a pod on a node no longer eligible goes.
+        let picky = ds(json!({"nodeSelector": {"role": "edge"}, "containers": [{"name": "c", "image": "busybox"}]}));
+        let rev = template_hash(&picky["spec"]["template"]);
+        let stray = pod_on("agent-x", "node-3", &rev, true);
+        let plan = plan_daemonset(&picky, &[&stray], &nodes);
+        assert_eq!(plan.delete, ["agent-x"]);
+        assert_eq!(plan.status["numberMisscheduled"], 1);
+        assert_eq!(plan.create.iter().filter_map(target_node).collect::<Vec<_>>(), ["node-1"]);
+    }
+
+    #[test]
+    fn a_changed_template_rolls_within_max_unavailable() {
+        let nodes = [
+            node("node-1", json!({}), json!([])),
+            node("node-2", json!({}), json!([])),
+            node("node-3", json!({}), json!([])),
+        ];
+        let d = ds(json!({"containers": [{"name": "c", "image": "busybox:2"}]}));
+        let rev = template_hash(&d["spec"]["template"]);
+        let (a, b, c) = (
+            pod_on("a", "node-1", "old", true),
+            pod_on("b", "node-2", "old", true),
+            pod_on("c", "node-3", "old", true),
+        );
+        let plan = plan_daemonset(&d, &[&a, &b, &c], &nodes);
+        assert_eq!(plan.delete.len(), 1, "one at a time: {:?}", plan.delete);
+        assert!(plan.create.is_empty());
+        assert_eq!(
+            (plan.status["updatedNumberScheduled"].as_i64(), plan.status["numberReady"].as_i64()),
+            (Some(0), Some(3))
+        );
+        // node-1's replaced pod is not ready yet: nothing more goes.
+        let a2 = pod_on("a2", "node-1", &rev, false);
+        let plan = plan_daemonset(&d, &[&a2, &b, &c], &nodes);
+        assert!(plan.delete.is_empty());
+        assert_eq!(plan.status["updatedNumberScheduled"], 1);
+        // OnDelete: nothing is replaced by the controller.
+        let mut od = d.clone();
+        od["spec"]["updateStrategy"] = json!({"type": "OnDelete"});
+        assert!(plan_daemonset(&od, &[&a, &b, &c], &nodes).delete.is_empty());
+        assert_eq!(
+            max_unavailable(&json!({"spec": {"updateStrategy": {"rollingUpdate": {"maxUnavailable": "50%"}}}}), 3),
+            2
+        );
+    }
+}
