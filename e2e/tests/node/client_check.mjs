@@ -8,6 +8,7 @@ const kc = new k8s.KubeConfig();
 kc.loadFromFile(process.argv[2]);
 const core = kc.makeApiClient(k8s.CoreV1Api);
 const apps = kc.makeApiClient(k8s.AppsV1Api);
+const batch = kc.makeApiClient(k8s.BatchV1Api);
 
 const namespaces = await core.listNamespace();
 if (!namespaces.items.some((n) => n.metadata.name === 'kube-system')) throw new Error('no kube-system');
@@ -54,6 +55,22 @@ for (let i = 0; i < 50 && !seen.includes('ADDED node-web'); i++) await new Promi
 req.abort();
 if (!seen.includes('ADDED node-web')) throw new Error(`watch saw ${seen}`);
 step(`watch: ${seen.join(', ')}`);
+
+// A Job's status as its controller writes it (no node runs its pod here: active, started).
+await batch.createNamespacedJob({
+  namespace: 'default',
+  body: { metadata: { name: 'node-job' }, spec: { template: { spec: { restartPolicy: 'Never',
+    containers: [{ name: 'c', image: 'busybox', command: ['true'] }] } } } },
+});
+let jobStatus;
+for (let i = 0; i < 100; i++) {
+  jobStatus = (await batch.readNamespacedJobStatus({ name: 'node-job', namespace: 'default' })).status;
+  if (jobStatus?.active === 1 && jobStatus?.startTime) break;
+  await new Promise((r) => setTimeout(r, 100));
+}
+if (jobStatus?.active !== 1 || !(jobStatus.startTime instanceof Date)) throw new Error(`job status: ${JSON.stringify(jobStatus)}`);
+await batch.deleteNamespacedJob({ name: 'node-job', namespace: 'default', propagationPolicy: 'Background' });
+step(`job: status read (active ${jobStatus.active}, started ${jobStatus.startTime.toISOString()})`);
 
 await core.deleteNamespacedService({ name: 'node-web', namespace: 'default' });
 await apps.deleteNamespacedDeployment({ name: 'node-dep', namespace: 'default' });

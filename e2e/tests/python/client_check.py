@@ -4,6 +4,7 @@ Usage: client_check.py KUBECONFIG. Prints one line per step; exits non-zero on t
 """
 import sys
 import threading
+import time
 
 from kubernetes import client, config, watch
 from kubernetes.client.rest import ApiException
@@ -101,6 +102,22 @@ def main(kubeconfig):
     assert created.status is not None, created
     apps.delete_namespaced_deployment("py-dep", "default")
     step("deployment: created with a status, deleted")
+
+    # A Job's status as its controller writes it (no node runs its pod here: active, started).
+    batch = client.BatchV1Api()
+    job = {"metadata": {"name": "py-job"},
+           "spec": {"template": {"spec": {"restartPolicy": "Never",
+                                          "containers": [{"name": "c", "image": "busybox", "command": ["true"]}]}}}}
+    batch.create_namespaced_job("default", job)
+    st = None
+    for _ in range(100):
+        st = batch.read_namespaced_job_status("py-job", "default").status
+        if st.active == 1 and st.start_time is not None:
+            break
+        time.sleep(0.1)
+    assert st.active == 1 and st.start_time is not None and st.ready == 0, st
+    batch.delete_namespaced_job("py-job", "default", propagation_policy="Background")
+    step(f"job: status read (active {st.active}, started {st.start_time})")
 
     # events.k8s.io/v1 through the client's typed EventsV1Api: created in that version, read
     # back in both. About an object no controller writes events for (the Deployment above gets
