@@ -621,3 +621,80 @@ fn a_daemonset_runs_one_pod_per_node_and_rolls_a_new_template_node_by_node() {
         }
     });
 }
+
+#[test]
+fn a_statefulset_makes_its_pods_in_order_with_stable_names_and_dns_and_scales_in_reverse() {
+    let (_reg, lab) = lab_with_registry("imgsts", "2");
+    lab.wait_for_cluster_dns();
+    // "StatefulSet Basics"' shape, without its claim templates (not provisioned yet).
+    lab.apply(
+        "apiVersion: v1\nkind: Service\nmetadata: {name: nginx, labels: {app: nginx}}\nspec:\n  ports: [{port: 80, name: web}]\n  clusterIP: None\n  selector: {app: nginx}\n---\napiVersion: apps/v1\nkind: StatefulSet\nmetadata: {name: web}\nspec:\n  serviceName: nginx\n  replicas: 2\n  selector: {matchLabels: {app: nginx}}\n  template:\n    metadata: {labels: {app: nginx}}\n    spec:\n      terminationGracePeriodSeconds: 1\n      containers: [{name: nginx, image: busybox, command: [sh, -c, 'exec httpd -f -p 80 -h /etc'], ports: [{containerPort: 80, name: web}]}]\n",
+    );
+    lab.kubectl(&["rollout", "status", "sts/web", "--timeout=90s"]);
+    // In order: web-0 was Ready before web-1 was created.
+    let created = |pod: &str| lab.kubectl(&["get", "pod", pod, "-o", "jsonpath={.metadata.creationTimestamp}"]);
+    let ready0 = lab.kubectl(&[
+        "get",
+        "pod",
+        "web-0",
+        "-o",
+        "jsonpath={.status.conditions[?(@.type==\"Ready\")].lastTransitionTime}",
+    ]);
+    assert!(ready0 <= created("web-1"), "web-0 ready at {ready0}, web-1 created at {}", created("web-1"));
+    for i in 0..2 {
+        assert_eq!(lab.kubectl(&["exec", &format!("web-{i}"), "--", "hostname"]).trim(), format!("web-{i}"));
+    }
+    // Each pod has its DNS name under the headless Service.
+    lab.kubectl(&["run", "client", "--image=busybox", "--", "sleep", "3600"]);
+    lab.kubectl(&["wait", "--for=condition=Ready", "pod/client", "--timeout=60s"]);
+    let ip0 = lab.kubectl(&["get", "pod", "web-0", "-o", "jsonpath={.status.podIP}"]);
+    let lookup = lab.kubectl(&["exec", "client", "--", "nslookup", "web-0.nginx.default.svc.cluster.local"]);
+    assert!(lookup.contains(&ip0), "{lookup}");
+    // Deleted, web-0 comes back under the same name and DNS name.
+    let uid = lab.kubectl(&["get", "pod", "web-0", "-o", "jsonpath={.metadata.uid}"]);
+    lab.kubectl(&["delete", "pod", "web-0"]);
+    wait_for(Duration::from_secs(60), "web-0 recreated and ready", || {
+        let s = lab.kubectl(&[
+            "get",
+            "pod",
+            "web-0",
+            "-o",
+            "jsonpath={.metadata.uid} {.status.conditions[?(@.type==\"Ready\")].status}",
+            "--ignore-not-found",
+        ]);
+        match s.split_once(' ') {
+            Some((u, "True")) if u != uid => Ok(()),
+            _ => Err(s),
+        }
+    });
+    // Scale to 4 and back to 2: web-3 goes before web-2.
+    lab.kubectl(&["scale", "sts", "web", "--replicas=4"]);
+    lab.kubectl(&["rollout", "status", "sts/web", "--timeout=90s"]);
+    let pods = lab.kubectl(&["get", "pods", "-l", "app=nginx", "-o", "name"]);
+    assert_eq!(pods.lines().count(), 4, "{pods}");
+    lab.kubectl(&["scale", "sts", "web", "--replicas=2"]);
+    wait_for(Duration::from_secs(60), "scaled back to web-0 and web-1", || {
+        let pods = lab.kubectl(&["get", "pods", "-l", "app=nginx", "-o", "name"]);
+        if pods.trim() == "pod/web-0\npod/web-1" {
+            Ok(())
+        } else {
+            Err(pods)
+        }
+    });
+    let events = lab.kubectl(&[
+        "get",
+        "events",
+        "--field-selector",
+        "involvedObject.name=web",
+        "--sort-by=.lastTimestamp",
+        "-o",
+        "custom-columns=M:.message",
+        "--no-headers",
+    ]);
+    let deletes: Vec<&str> = events.lines().filter(|l| l.starts_with("delete Pod")).collect();
+    assert_eq!(
+        deletes[deletes.len() - 2..],
+        ["delete Pod web-3 in StatefulSet web successful", "delete Pod web-2 in StatefulSet web successful"],
+        "{events}"
+    );
+}

@@ -603,8 +603,8 @@ fn configmaps_and_service_accounts() {
 
 /// `kubectl apply --prune -l` with kubectl's default prune list: kubectl lists every kind of
 /// that list (PVCs, PVs, ReplicationControllers, Jobs, CronJobs, DaemonSets, StatefulSets among
-/// them), so all must be served; the kinds no podpath component acts on (StatefulSets,
-/// DaemonSets, volumes; not Jobs or CronJobs) say so when created.
+/// them), so all must be served; the kinds no podpath component acts on (volumes,
+/// ReplicationControllers) say so when created.
 #[test]
 fn apply_prune_with_kubectls_default_list_and_the_kinds_it_needs() {
     assert!(kubectl_available(), "kubectl is required (it ships on the machine image as /usr/bin/kubectl)");
@@ -642,7 +642,7 @@ fn apply_prune_with_kubectls_default_list_and_the_kinds_it_needs() {
     let o = srv.kubectl(&["apply", "-f", dir.join("kinds.yaml").to_str().unwrap()]);
     let (out, err) = text(&o);
     assert!(o.status.success(), "{out}{err}");
-    assert!(err.contains("Warning: podpath runs no controller for statefulsets"), "{err}");
+    assert!(err.contains("Warning: podpath runs no controller for persistentvolumeclaims"), "{err}");
     let headers = |what: &str| -> Vec<String> {
         let out = ok(&srv, &["get", what]);
         out.lines().next().unwrap_or("").split("  ").map(|h| h.trim().to_string()).filter(|h| !h.is_empty()).collect()

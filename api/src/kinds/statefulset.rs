@@ -1,5 +1,6 @@
-//! apps/v1 StatefulSets, stored and served without a controller (kubectl's default prune list
-//! names them): defaults, validation of replicas, selector and template, and the Table.
+//! apps/v1 StatefulSets (run by the API server's statefulset controller; their claim templates
+//! are not provisioned yet): defaults, validation of replicas, selector and template, and the
+//! Table.
 
 use jiff::Timestamp;
 use serde_json::{json, Value};
@@ -20,7 +21,6 @@ impl ApiObject for StatefulSet {
         has_status: true,
         has_scale: true,
         has_generation: true,
-        no_controller: true,
         ..KindInfo::core("StatefulSet", "statefulsets", "statefulset")
     };
 

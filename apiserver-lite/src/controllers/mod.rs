@@ -2,7 +2,8 @@
 //! would, one module each: [`endpoints`] (Endpoints + EndpointSlices), [`scheduler`], [`nodes`]
 //! (node health, pod garbage collection), [`namespaces`] (lifecycle, default ServiceAccounts),
 //! [`load_balancers`] (pending LoadBalancer Services get freed addresses) and [`workloads`]
-//! (Deployments, ReplicaSets), [`daemonsets`], [`jobs`], [`cronjobs`]. The endpoints controller, the scheduler and the
+//! (Deployments, ReplicaSets), [`statefulsets`], [`daemonsets`], [`jobs`], [`cronjobs`]. The
+//! endpoints controller, the scheduler and the
 //! workload controllers decide purely (`plan_*`: objects in, a plan out); their `sync` functions
 //! read and write. All follow the store's durable event log and also resync periodically, so a
 //! missed event heals itself.
@@ -16,6 +17,7 @@ pub mod load_balancers;
 pub mod namespaces;
 pub mod nodes;
 pub mod scheduler;
+pub mod statefulsets;
 pub mod taints;
 pub mod workloads;
 mod write;
@@ -141,6 +143,7 @@ pub async fn run(reg: Arc<Registry>, cfg: ControllerConfig) {
                                     | Kind::Job
                                     | Kind::CronJob
                                     | Kind::DaemonSet
+                                    | Kind::StatefulSet
                                     | Kind::ServiceAccount
                             ) {
                                 dirty.note(ev.kind, &ev.object(), ev.prev().as_ref());
@@ -194,7 +197,7 @@ impl Dirty {
                 self.services.insert((ns, name));
                 self.load_balancers = true;
             }
-            Kind::Deployment | Kind::ReplicaSet | Kind::Job | Kind::CronJob | Kind::DaemonSet => {
+            Kind::Deployment | Kind::ReplicaSet | Kind::Job | Kind::CronJob | Kind::DaemonSet | Kind::StatefulSet => {
                 self.workloads.insert(ns);
             }
             Kind::Pod => {
@@ -249,7 +252,7 @@ async fn reconcile(reg: &Registry, cfg: &ControllerConfig, dirty: &mut Dirty) ->
     }
     let mut workloads = std::mem::take(&mut dirty.workloads);
     if all {
-        for kind in [Kind::Deployment, Kind::ReplicaSet, Kind::Job, Kind::CronJob, Kind::DaemonSet] {
+        for kind in [Kind::Deployment, Kind::ReplicaSet, Kind::Job, Kind::CronJob, Kind::DaemonSet, Kind::StatefulSet] {
             let (objs, _) = reg.store.list(kind, None)?;
             workloads.extend(objs.iter().map(|o| ns_name(o).0));
         }
@@ -267,6 +270,7 @@ async fn reconcile(reg: &Registry, cfg: &ControllerConfig, dirty: &mut Dirty) ->
     for ns in &workloads {
         workloads::sync_namespace(reg, ns).await?;
         daemonsets::sync_namespace(reg, ns).await?;
+        statefulsets::sync_namespace(reg, ns).await?;
         let cron_wake = cronjobs::sync_namespace(reg, ns).await?;
         let job_wake = jobs::sync_namespace(reg, ns).await?;
         match [cron_wake, job_wake].into_iter().flatten().min() {

@@ -1,0 +1,367 @@
+//! The StatefulSet controller, as kube-controller-manager's: pods `<set>-<ordinal>` with a
+//! stable hostname and the governing Service as their subdomain (so
+//! `<set>-0.<service>.<ns>.svc.cluster.local` names the pod), created in order and each only
+//! once the one before is Running and Ready (`OrderedReady`), or all at once (`Parallel`);
+//! removed from the highest ordinal down; a changed template rolled out from the highest
+//! ordinal down to `partition`, one pod at a time, each only when every pod is ready
+//! (`OnDelete`: only pods deleted by hand are replaced); the status and the Events.
+//! [`plan_statefulset`] decides (pure); [`sync_namespace`] reads and writes.
+//!
+//! Not done here: `volumeClaimTemplates` (the pods name their claims, `<template>-<pod>`, but
+//! no claim is made or bound yet), ControllerRevisions (a pod below `partition` that is
+//! recreated gets the current template), `minReadySeconds`, `maxUnavailable`.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use api::Kind;
+use serde_json::{json, Value};
+
+use super::events::{record, EventType, Report};
+use super::workloads::template_hash;
+use super::write::{delete_quietly, ns_name};
+use crate::error::ApiError;
+use crate::registry::{Registry, Subresource, WriteOptions};
+
+pub const POD_NAME_LABEL: &str = "statefulset.kubernetes.io/pod-name";
+pub const POD_INDEX_LABEL: &str = "apps.kubernetes.io/pod-index";
+pub const REVISION_LABEL: &str = "controller-revision-hash";
+
+/// What a StatefulSet needs done.
+#[derive(Debug, Default, PartialEq)]
+pub struct SetPlan {
+    pub create: Vec<Value>,
+    pub delete: Vec<String>,
+    pub status: Value,
+}
+
+fn is_terminating(p: &Value) -> bool {
+    p["metadata"].get("deletionTimestamp").is_some_and(|t| !t.is_null())
+}
+
+fn running_and_ready(p: &Value) -> bool {
+    p.pointer("/status/phase").and_then(Value::as_str) == Some("Running")
+        && p.pointer("/status/conditions")
+            .and_then(Value::as_array)
+            .is_some_and(|cs| cs.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"))
+}
+
+fn ended(p: &Value) -> bool {
+    matches!(p.pointer("/status/phase").and_then(Value::as_str), Some("Succeeded" | "Failed"))
+}
+
+/// The ordinal of a pod of set `name` (`web-3` → 3).
+fn ordinal(set: &str, pod: &str) -> Option<i64> {
+    let n = pod.strip_prefix(set)?.strip_prefix('-')?;
+    (!n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) && (n == "0" || !n.starts_with('0')))
+        .then(|| n.parse().ok())
+        .flatten()
+}
+
+/// The revision name of the set's current template (`web-<hash>`).
+pub fn revision(sts: &Value) -> String {
+    format!("{}-{}", sts["metadata"]["name"].as_str().unwrap_or(""), template_hash(&sts["spec"]["template"]))
+}
+
+/// Pod `ordinal` of set `sts`.
+pub fn pod_for(sts: &Value, ordinal: i64) -> Value {
+    let set = sts["metadata"]["name"].as_str().unwrap_or("");
+    let name = format!("{set}-{ordinal}");
+    let template = &sts["spec"]["template"];
+    let mut meta = template["metadata"].clone();
+    if !meta.is_object() {
+        meta = json!({});
+    }
+    if let Some(m) = meta.as_object_mut() {
+        m.remove("generateName");
+        m.remove("creationTimestamp");
+    }
+    meta["name"] = json!(name);
+    meta["labels"][POD_NAME_LABEL] = json!(name);
+    meta["labels"][POD_INDEX_LABEL] = json!(ordinal.to_string());
+    meta["labels"][REVISION_LABEL] = json!(revision(sts));
+    meta["ownerReferences"] = json!([{
+        "apiVersion": "apps/v1", "kind": "StatefulSet", "name": set, "uid": sts["metadata"]["uid"],
+        "controller": true, "blockOwnerDeletion": true,
+    }]);
+    let mut spec = template["spec"].clone();
+    spec["hostname"] = json!(name);
+    if let Some(service) = sts["spec"]["serviceName"].as_str().filter(|s| !s.is_empty()) {
+        spec["subdomain"] = json!(service);
+    }
+    // Each claim template becomes the pod's volume of the same name, on its own claim.
+    for t in sts["spec"]["volumeClaimTemplates"].as_array().into_iter().flatten() {
+        let Some(claim) = t["metadata"]["name"].as_str() else { continue };
+        let mut volumes = spec["volumes"].as_array().cloned().unwrap_or_default();
+        volumes.retain(|v| v["name"] != claim);
+        volumes.push(json!({"name": claim, "persistentVolumeClaim": {"claimName": format!("{claim}-{name}")}}));
+        spec["volumes"] = json!(volumes);
+    }
+    json!({"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec})
+}
+
+/// What StatefulSet `sts` needs done, given its pods. Pure.
+pub fn plan_statefulset(sts: &Value, pods: &[&Value]) -> SetPlan {
+    let set = sts["metadata"]["name"].as_str().unwrap_or("");
+    let replicas = sts["spec"]["replicas"].as_i64().unwrap_or(1).max(0);
+    let parallel = sts["spec"]["podManagementPolicy"] == "Parallel";
+    let on_delete = sts["spec"]["updateStrategy"]["type"] == "OnDelete";
+    let partition = sts["spec"]["updateStrategy"]["rollingUpdate"]["partition"].as_i64().unwrap_or(0);
+    let update_revision = revision(sts);
+    let mut plan = SetPlan::default();
+    let mut by_ordinal: BTreeMap<i64, &Value> = BTreeMap::new();
+    for p in pods {
+        if let Some(i) = ordinal(set, &ns_name(p).1) {
+            by_ordinal.insert(i, p);
+        }
+    }
+    let rev_of = |p: &Value| p["metadata"]["labels"][REVISION_LABEL].as_str().unwrap_or("").to_string();
+
+    // Pods that ended are replaced (a stateful pod is restarted under its name).
+    let mut blocked = false;
+    for (&i, p) in &by_ordinal {
+        if i < replicas && ended(p) && !is_terminating(p) {
+            plan.delete.push(ns_name(p).1);
+            blocked |= !parallel;
+        }
+    }
+    // Scale up: the missing ordinals in order; OrderedReady waits for each to be ready.
+    if !blocked {
+        for i in 0..replicas {
+            match by_ordinal.get(&i) {
+                None => {
+                    plan.create.push(pod_for(sts, i));
+                    if !parallel {
+                        blocked = true;
+                        break;
+                    }
+                }
+                Some(p) if !parallel && (!running_and_ready(p) || is_terminating(p)) => {
+                    blocked = true;
+                    break;
+                }
+                Some(_) => {}
+            }
+        }
+    }
+    // Scale down: the highest ordinals first; OrderedReady one at a time, once the rest are ready.
+    let condemned: Vec<(&i64, &&Value)> = by_ordinal.iter().filter(|(i, _)| **i >= replicas).rev().collect();
+    if !blocked {
+        if parallel {
+            plan.delete.extend(condemned.iter().filter(|(_, p)| !is_terminating(p)).map(|(_, p)| ns_name(p).1));
+        } else if let Some((_, p)) = condemned.first() {
+            if !is_terminating(p) {
+                plan.delete.push(ns_name(p).1);
+            }
+            blocked = true;
+        }
+    } else {
+        blocked = true;
+    }
+    // The rolling update: once every pod is there and ready, the highest outdated ordinal at
+    // or above the partition goes (it is recreated from the new template).
+    let all_ready =
+        (0..replicas).all(|i| by_ordinal.get(&i).is_some_and(|p| running_and_ready(p) && !is_terminating(p)));
+    if !on_delete && !blocked && all_ready && condemned.is_empty() {
+        if let Some((_, p)) =
+            by_ordinal.iter().rfind(|(i, p)| **i < replicas && **i >= partition && rev_of(p) != update_revision)
+        {
+            plan.delete.push(ns_name(p).1);
+        }
+    }
+
+    let live: Vec<&Value> = by_ordinal.values().filter(|p| !is_terminating(p)).copied().collect();
+    let ready = live.iter().filter(|p| running_and_ready(p)).count();
+    let updated = live.iter().filter(|p| rev_of(p) == update_revision).count();
+    // The current revision: the update's once every replica has it, else the oldest in use.
+    let old_status = &sts["status"];
+    let current_revision = if updated as i64 >= replicas && ready as i64 >= replicas {
+        update_revision.clone()
+    } else {
+        old_status["currentRevision"].as_str().map(String::from).unwrap_or_else(|| update_revision.clone())
+    };
+    let current = live.iter().filter(|p| rev_of(p) == current_revision).count();
+    plan.status = json!({
+        "observedGeneration": sts["metadata"]["generation"].as_i64().unwrap_or(1),
+        "replicas": live.len(),
+        "readyReplicas": ready,
+        "availableReplicas": ready,
+        "currentReplicas": current,
+        "updatedReplicas": updated,
+        "currentRevision": current_revision,
+        "updateRevision": update_revision,
+        "collisionCount": 0,
+    });
+    plan
+}
+
+/// The controller reference of an object: (kind, uid) of its `controller: true` owner.
+fn controller_of(meta: &Value) -> Option<(String, String)> {
+    meta["ownerReferences"]
+        .as_array()?
+        .iter()
+        .find(|o| o["controller"] == true)
+        .map(|o| (o["kind"].as_str().unwrap_or("").to_string(), o["uid"].as_str().unwrap_or("").to_string()))
+}
+
+/// Brings the StatefulSets of namespace `ns` one step closer to what they ask for.
+pub async fn sync_namespace(reg: &Registry, ns: &str) -> Result<(), ApiError> {
+    let (sets, _) = reg.store.list(Kind::StatefulSet, Some(ns))?;
+    let (pods, _) = reg.store.list(Kind::Pod, Some(ns))?;
+    let uids: BTreeSet<&str> = sets.iter().filter_map(|s| s["metadata"]["uid"].as_str()).collect();
+    let mut owned: BTreeMap<String, Vec<&Value>> = BTreeMap::new();
+    for p in &pods {
+        let Some((kind, uid)) = controller_of(&p["metadata"]) else { continue };
+        if kind != "StatefulSet" {
+            continue;
+        }
+        if uids.contains(uid.as_str()) {
+            owned.entry(uid).or_default().push(p);
+        } else if !is_terminating(p) {
+            // Background cascading delete: the pods of a gone StatefulSet.
+            delete_quietly(reg, Kind::Pod, ns, &ns_name(p).1).await?;
+        }
+    }
+    for sts in sets.iter().filter(|s| !is_terminating(s)) {
+        let uid = sts["metadata"]["uid"].as_str().unwrap_or("");
+        let mine = owned.get(uid).cloned().unwrap_or_default();
+        let plan = plan_statefulset(sts, &mine);
+        let set = ns_name(sts).1;
+        let report = |type_: EventType, reason: &'static str, message: String| Report {
+            component: "statefulset-controller",
+            host: None,
+            object: sts,
+            kind: Kind::StatefulSet,
+            field_path: None,
+            type_,
+            reason,
+            message,
+        };
+        for pod in plan.create {
+            let name = ns_name(&pod).1;
+            match reg.create(Kind::Pod, Some(ns), pod, &WriteOptions::default()).await {
+                Ok(_) => {
+                    let message = format!("create Pod {name} in StatefulSet {set} successful");
+                    record(reg, report(EventType::Normal, "SuccessfulCreate", message)).await;
+                }
+                // The old pod of that name is still being deleted: the next pass makes it.
+                Err(ApiError::AlreadyExists { .. }) => {}
+                Err(e) => {
+                    let message = format!("create Pod {name} in StatefulSet {set} failed error: {e}");
+                    record(reg, report(EventType::Warning, "FailedCreate", message)).await;
+                }
+            }
+        }
+        for name in &plan.delete {
+            delete_quietly(reg, Kind::Pod, ns, name).await?;
+            let message = format!("delete Pod {name} in StatefulSet {set} successful");
+            record(reg, report(EventType::Normal, "SuccessfulDelete", message)).await;
+        }
+        if sts.get("status") != Some(&plan.status) {
+            let mut new = sts.clone();
+            new["status"] = plan.status;
+            match reg
+                .update(Kind::StatefulSet, Some(ns), &set, new, Subresource::Status, &WriteOptions::default())
+                .await
+            {
+                Ok(_) | Err(ApiError::Conflict { .. }) | Err(ApiError::NotFound { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sts(replicas: i64, extra: Value) -> Value {
+        let mut s = json!({"metadata": {"namespace": "default", "name": "web", "uid": "s1", "generation": 3},
+            "spec": {"replicas": replicas, "serviceName": "nginx", "selector": {"matchLabels": {"app": "nginx"}},
+                     "template": {"metadata": {"labels": {"app": "nginx"}},
+                                  "spec": {"containers": [{"name": "nginx", "image": "nginx"}]}},
+                     "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"partition": 0}}},
+            "status": {}});
+        if let (Some(o), Some(e)) = (s["spec"].as_object_mut(), extra.as_object()) {
+            for (k, v) in e {
+                o.insert(k.clone(), v.clone());
+            }
+        }
+        s
+    }
+
+    fn pod(name: &str, rev: &str, ready: bool) -> Value {
+        json!({"metadata": {"namespace": "default", "name": name, "labels": {REVISION_LABEL: rev}},
+               "status": {"phase": "Running",
+                          "conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}]}})
+    }
+
+    fn names(v: &[Value]) -> Vec<String> {
+        v.iter().map(|p| p["metadata"]["name"].as_str().unwrap().to_string()).collect()
+    }
+
+    #[test]
+    fn ordered_ready_pods_come_one_at_a_time_with_stable_names_and_go_in_reverse() {
+        let s = sts(3, json!({}));
+        let rev = revision(&s);
+        let plan = plan_statefulset(&s, &[]);
+        assert_eq!(names(&plan.create), ["web-0"]);
+        let p0 = &plan.create[0];
+        assert_eq!((p0["spec"]["hostname"].as_str(), p0["spec"]["subdomain"].as_str()), (Some("web-0"), Some("nginx")));
+        assert_eq!(p0["metadata"]["labels"][POD_NAME_LABEL], "web-0");
+        assert_eq!(p0["metadata"]["labels"][POD_INDEX_LABEL], "0");
+        // web-0 not ready yet: nothing more.
+        let w0 = pod("web-0", &rev, false);
+        assert!(plan_statefulset(&s, &[&w0]).create.is_empty());
+        let w0 = pod("web-0", &rev, true);
+        assert_eq!(names(&plan_statefulset(&s, &[&w0]).create), ["web-1"]);
+        // Scale down from 3 to 1: web-2 first, then web-1.
+        let (w1, w2) = (pod("web-1", &rev, true), pod("web-2", &rev, true));
+        let one = sts(1, json!({}));
+        assert_eq!(plan_statefulset(&one, &[&w0, &w1, &w2]).delete, ["web-2"]);
+        assert_eq!(plan_statefulset(&one, &[&w0, &w1]).delete, ["web-1"]);
+        let plan = plan_statefulset(&s, &[&w0, &w1, &w2]);
+        assert_eq!(
+            (plan.status["readyReplicas"].as_i64(), plan.status["updatedReplicas"].as_i64()),
+            (Some(3), Some(3))
+        );
+        assert_eq!(plan.status["currentRevision"], plan.status["updateRevision"]);
+        // Parallel: all at once.
+        let par = sts(3, json!({"podManagementPolicy": "Parallel"}));
+        assert_eq!(names(&plan_statefulset(&par, &[]).create), ["web-0", "web-1", "web-2"]);
+    }
+
+    #[test]
+    fn a_new_template_rolls_from_the_highest_ordinal_down_to_the_partition() {
+        let old = sts(3, json!({}));
+        let old_rev = revision(&old);
+        let mut new = old.clone();
+        new["spec"]["template"]["spec"]["containers"][0]["image"] = json!("nginx:2");
+        new["status"]["currentRevision"] = json!(old_rev);
+        let new_rev = revision(&new);
+        let (w0, w1, w2) = (pod("web-0", &old_rev, true), pod("web-1", &old_rev, true), pod("web-2", &old_rev, true));
+        assert_eq!(plan_statefulset(&new, &[&w0, &w1, &w2]).delete, ["web-2"]);
+        // web-2 recreated, not ready yet: wait.
+        let n2 = pod("web-2", &new_rev, false);
+        assert!(plan_statefulset(&new, &[&w0, &w1, &n2]).delete.is_empty());
+        let n2 = pod("web-2", &new_rev, true);
+        let plan = plan_statefulset(&new, &[&w0, &w1, &n2]);
+        assert_eq!(plan.delete, ["web-1"]);
+        assert_eq!(plan.status["currentRevision"], json!(old_rev));
+        assert_eq!(plan.status["updatedReplicas"], 1);
+        // A partition of 2 keeps web-0 and web-1 on the old template.
+        let mut part = new.clone();
+        part["spec"]["updateStrategy"]["rollingUpdate"]["partition"] = json!(2);
+        assert!(plan_statefulset(&part, &[&w0, &w1, &n2]).delete.is_empty());
+        // Claim templates become the pods' volumes, one claim per pod.
+        let claims = sts(1, json!({"volumeClaimTemplates": [{"metadata": {"name": "www"}}]}));
+        let p = &plan_statefulset(&claims, &[]).create[0];
+        assert_eq!(
+            p["spec"]["volumes"][0],
+            json!({"name": "www", "persistentVolumeClaim": {"claimName": "www-web-0"}})
+        );
+        assert_eq!(ordinal("web", "web-10"), Some(10));
+        assert_eq!(ordinal("web", "web-01"), None);
+        assert_eq!(ordinal("web", "webby-1"), None);
+    }
+}
