@@ -174,3 +174,45 @@ fn podpath_doctor_says_ready_and_changes_nothing() {
     assert!(out.ends_with("ready: `sudo podpath up` can build a lab here\n"), "{out}");
     assert_eq!(testkit::netns::host_state(), before, "doctor changed the host's network namespace");
 }
+
+/// "Connecting Applications with Services" expects a 2-replica Deployment spread over a 2-node
+/// lab: every time, across 20 scale-ups from zero (the pods of the scale-down still terminating
+/// when the next come), with the lab's nodes in their zones.
+#[test]
+fn a_two_replica_deployment_is_spread_over_two_nodes_every_time() {
+    if !root_or_explain() {
+        return;
+    }
+    let lab = Lab::up("spread", &["--nodes", "2"]).expect("podpath up");
+    let zones =
+        lab.kubectl(&["get", "nodes", "-o", "jsonpath={.items[*].metadata.labels.topology\\.kubernetes\\.io/zone}"]);
+    assert_eq!(zones, "zone-a zone-b");
+    lab.kubectl(&["create", "deployment", "web", "--image=podpath/echo", "--replicas=0"]);
+    for run in 0..20 {
+        lab.kubectl(&["scale", "deployment", "web", "--replicas=2"]);
+        let nodes = podpath_e2e::wait_for(Duration::from_secs(30), "both replicas scheduled", || {
+            let out = lab.kubectl(&[
+                "get",
+                "pods",
+                "-l",
+                "app=web",
+                "-o",
+                "jsonpath={range .items[*]}{.metadata.deletionTimestamp}/{.spec.nodeName} {end}",
+            ]);
+            // The live pods' nodes (a terminating pod has its deletionTimestamp before the /).
+            let live: Vec<&str> = out
+                .split_whitespace()
+                .filter(|e| e.starts_with('/'))
+                .map(|e| &e[1..])
+                .filter(|n| !n.is_empty())
+                .collect();
+            if live.len() == 2 {
+                Ok(live.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+            } else {
+                Err(out)
+            }
+        });
+        assert_ne!(nodes[0], nodes[1], "run {run}: both replicas on one node: {nodes:?}");
+        lab.kubectl(&["scale", "deployment", "web", "--replicas=0"]);
+    }
+}

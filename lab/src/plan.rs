@@ -69,6 +69,15 @@ pub const GRPC_PORT: u16 = 6444;
 /// Nodes get .11 … .(10+N): at most 200 keeps them below .211 and inside the /24.
 pub const MAX_NODES: usize = 200;
 
+/// The zone node-`i` (1-based) is in: the lab is a cloud region of three zones, the nodes
+/// dealt over them in turn (`topology.kubernetes.io/zone`, which the scheduler spreads over).
+pub fn zone_of(i: usize) -> String {
+    format!("zone-{}", ['a', 'b', 'c'][(i.max(1) - 1) % 3])
+}
+
+/// The region every node of a lab is in (`topology.kubernetes.io/region`).
+pub const REGION: &str = "lab";
+
 /// `pp-<lab>-<role>`.
 pub fn netns_name(lab: &str, role: &str) -> String {
     format!("pp-{lab}-{role}")

@@ -476,6 +476,13 @@ fn start(opts: &UpOptions, p: &Plan, st: &mut LabState, api: SocketAddr, progres
             s(crate::dns::CLUSTER_DNS),
             s("--cluster-domain"),
             s("cluster.local"),
+            s("--node-label"),
+            format!("topology.kubernetes.io/region={}", plan::REGION),
+            s("--node-label"),
+            format!(
+                "topology.kubernetes.io/zone={}",
+                plan::zone_of(n.name.strip_prefix("node-").and_then(|i| i.parse().ok()).unwrap_or(1))
+            ),
         ];
         argv.extend([
             s("--image-store"),

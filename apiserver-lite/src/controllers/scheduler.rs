@@ -141,6 +141,9 @@ fn required_affinity_matches(pod: &Value, node: &Node) -> bool {
     })
 }
 
+/// The zone label the scheduler spreads replicas over (after nodes).
+const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
+
 /// Whether a placed pod counts on its node: not being deleted (a terminating pod is on its way
 /// out, as kube-scheduler's snapshot treats it for spreading) and not finished.
 fn counts(p: &Value) -> bool {
@@ -159,8 +162,8 @@ fn spread_group(p: &Value) -> Option<String> {
 }
 
 /// Decisions for every pod (of `pods`) that has no node and is not being deleted, in order:
-/// of the nodes that take it, the one with the fewest pods of its spread group, then the
-/// fewest pods (counting the pods placed before it; terminating and finished pods do not
+/// of the nodes that take it, the one with the fewest pods of its spread group, then the one
+/// whose zone has the fewest of them, then the fewest pods (counting the pods placed before it; terminating and finished pods do not
 /// count). Pure.
 pub fn plan_schedule(pods: &[Value], nodes: &[Node]) -> Vec<Binding> {
     let pending: Vec<&Value> = pods
@@ -171,12 +174,23 @@ pub fn plan_schedule(pods: &[Value], nodes: &[Node]) -> Vec<Binding> {
     if pending.is_empty() {
         return vec![];
     }
-    // Pods on each node, in all and per spread group.
+    // Pods on each node, in all and per spread group; per spread group in each zone.
+    let zone_of: BTreeMap<String, String> = nodes
+        .iter()
+        .filter_map(|n| {
+            let zone = n.metadata.labels.as_ref()?.get(ZONE_LABEL)?.clone();
+            Some((n.metadata.name.clone()?, zone))
+        })
+        .collect();
     let mut load: BTreeMap<String, usize> = BTreeMap::new();
     let mut group_load: BTreeMap<(String, String), usize> = BTreeMap::new();
+    let mut zone_load: BTreeMap<(String, String), usize> = BTreeMap::new();
     for p in pods.iter().filter(|p| !bound_node(p).is_empty() && counts(p)) {
         *load.entry(bound_node(p).to_string()).or_default() += 1;
         if let Some(g) = spread_group(p) {
+            if let Some(z) = zone_of.get(bound_node(p)) {
+                *zone_load.entry((g.clone(), z.clone())).or_default() += 1;
+            }
             *group_load.entry((g, bound_node(p).to_string())).or_default() += 1;
         }
     }
@@ -186,7 +200,7 @@ pub fn plan_schedule(pods: &[Value], nodes: &[Node]) -> Vec<Binding> {
         let tolerations = tolerations_of(p);
         let group = spread_group(p);
         let mut unfit = Vec::new();
-        let mut best: Option<(usize, usize, String)> = None;
+        let mut best: Option<(usize, usize, usize, String)> = None;
         for node in nodes {
             let node_name = node.metadata.name.clone().unwrap_or_default();
             match fit(p, node, &tolerations) {
@@ -196,7 +210,11 @@ pub fn plan_schedule(pods: &[Value], nodes: &[Node]) -> Vec<Binding> {
                         .and_then(|g| group_load.get(&(g.clone(), node_name.clone())))
                         .copied()
                         .unwrap_or(0);
-                    let candidate = (same, load.get(&node_name).copied().unwrap_or(0), node_name);
+                    let in_zone = match (&group, zone_of.get(&node_name)) {
+                        (Some(g), Some(z)) => zone_load.get(&(g.clone(), z.clone())).copied().unwrap_or(0),
+                        _ => 0,
+                    };
+                    let candidate = (same, in_zone, load.get(&node_name).copied().unwrap_or(0), node_name);
                     if best.as_ref().is_none_or(|b| candidate < *b) {
                         best = Some(candidate);
                     }
@@ -205,10 +223,13 @@ pub fn plan_schedule(pods: &[Value], nodes: &[Node]) -> Vec<Binding> {
             }
         }
         let decision = match best {
-            Some((_, _, node)) => {
+            Some((_, _, _, node)) => {
                 *load.entry(node.clone()).or_default() += 1;
                 if let Some(g) = &group {
                     *group_load.entry((g.clone(), node.clone())).or_default() += 1;
+                    if let Some(z) = zone_of.get(&node) {
+                        *zone_load.entry((g.clone(), z.clone())).or_default() += 1;
+                    }
                 }
                 Decision::Bind(node)
             }
@@ -357,6 +378,36 @@ mod tests {
         pods.push(replica("web-c", "", "web"));
         let plan = plan_schedule(&pods, &nodes);
         assert_eq!(plan[0].decision, Decision::Bind("node-1".into()));
+    }
+
+    #[test]
+    fn replicas_spread_over_zones_after_nodes() {
+        // Four nodes in three zones: node-4 shares zone a with node-1.
+        let nodes = [
+            node("node-1", true, json!({ZONE_LABEL: "zone-a"})),
+            node("node-2", true, json!({ZONE_LABEL: "zone-b"})),
+            node("node-3", true, json!({ZONE_LABEL: "zone-c"})),
+            node("node-4", true, json!({ZONE_LABEL: "zone-a"})),
+        ];
+        let replica = |name: &str| {
+            let mut p = pod(name, "", json!(null));
+            p["metadata"]["ownerReferences"] = json!([{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web", "uid": "u-web", "controller": true}]);
+            p
+        };
+        let pods: Vec<Value> = ["a", "b", "c", "d"].iter().map(|n| replica(n)).collect();
+        let placed: Vec<String> = plan_schedule(&pods, &nodes)
+            .into_iter()
+            .map(|b| match b.decision {
+                Decision::Bind(n) => n,
+                d => panic!("{d:?}"),
+            })
+            .collect();
+        // One per zone before zone a gets a second (node-4 comes last, though as empty as any).
+        assert_eq!(placed, ["node-1", "node-2", "node-3", "node-4"]);
+        let mut skewed = pods.clone();
+        skewed[0]["spec"]["nodeName"] = json!("node-1");
+        let next = plan_schedule(&skewed, &nodes);
+        assert_eq!(next[0].decision, Decision::Bind("node-2".into()), "zone a already has one: not node-4");
     }
 
     #[test]
