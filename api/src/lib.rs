@@ -23,6 +23,7 @@ pub mod patch;
 pub mod protobuf;
 #[rustfmt::skip]
 pub mod protobuf_schema;
+pub mod quantity;
 pub mod selector;
 pub mod strict;
 pub mod table;

@@ -48,6 +48,8 @@ enum Unfit {
     Cordoned,
     Taint(String),
     Selector,
+    /// NodeResourcesFit: each resource short (`Insufficient cpu`, `Too many pods`).
+    Resources(Vec<String>),
 }
 
 impl Unfit {
@@ -57,6 +59,15 @@ impl Unfit {
             Unfit::Cordoned => "node(s) were unschedulable".into(),
             Unfit::Taint(r) => r.clone(),
             Unfit::Selector => "node(s) didn't match Pod's node affinity/selector".into(),
+            Unfit::Resources(r) => r.join(", "),
+        }
+    }
+
+    /// The reasons as kube-scheduler counts them (one per short resource).
+    fn reasons(&self) -> Vec<String> {
+        match self {
+            Unfit::Resources(r) => r.clone(),
+            u => vec![u.reason()],
         }
     }
 }
@@ -69,13 +80,26 @@ fn unschedulable_message(total: usize, unfit: &[Unfit]) -> String {
     }
     let mut counts: BTreeMap<String, usize> = BTreeMap::new();
     for u in unfit {
-        *counts.entry(u.reason()).or_default() += 1;
+        for r in u.reasons() {
+            *counts.entry(r).or_default() += 1;
+        }
     }
     let mut reasons: Vec<String> = counts.into_iter().map(|(r, n)| format!("{n} {r}")).collect();
     reasons.sort();
+    // Preemption could free resources (but finds no pod of lower priority: there are none);
+    // it cannot fix a taint or a selector.
+    let victims = unfit.iter().filter(|u| matches!(u, Unfit::Resources(_))).count();
+    let mut preemption = vec![];
+    if victims > 0 {
+        preemption.push(format!("{victims} No preemption victims found for incoming pod"));
+    }
+    if total - victims > 0 {
+        preemption.push(format!("{} Preemption is not helpful for scheduling", total - victims));
+    }
     format!(
-        "0/{total} nodes are available: {}. preemption: 0/{total} nodes are available: {total} Preemption is not helpful for scheduling.",
-        reasons.join(", ")
+        "0/{total} nodes are available: {}. preemption: 0/{total} nodes are available: {}.",
+        reasons.join(", "),
+        preemption.join(", ")
     )
 }
 
@@ -141,6 +165,35 @@ fn required_affinity_matches(pod: &Value, node: &Node) -> bool {
     })
 }
 
+/// NodeResourcesFit: whether the node's allocatable holds the pod's requests beside what its
+/// pods already request (and one more pod); the short resources in kube-scheduler's words.
+fn resources_fit(
+    requests: &BTreeMap<String, i128>,
+    used: Option<&BTreeMap<String, i128>>,
+    pods_on_node: usize,
+    node: &Node,
+) -> Result<(), Unfit> {
+    let alloc = node.status.as_ref().and_then(|s| s.allocatable.as_ref());
+    let mut short = vec![];
+    let have = |res: &str| alloc.and_then(|a| a.get(res)).and_then(|q| api::quantity::milli(&q.0));
+    if let Some(max_pods) = have("pods") {
+        if (pods_on_node as i128 + 1) * 1000 > max_pods {
+            short.push("Too many pods".to_string());
+        }
+    }
+    for (res, want) in requests.iter().filter(|(_, w)| **w > 0) {
+        let in_use = used.and_then(|u| u.get(res)).copied().unwrap_or(0);
+        if have(res).is_none_or(|cap| in_use + want > cap) {
+            short.push(format!("Insufficient {res}"));
+        }
+    }
+    if short.is_empty() {
+        Ok(())
+    } else {
+        Err(Unfit::Resources(short))
+    }
+}
+
 /// The zone label the scheduler spreads replicas over (after nodes).
 const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
 
@@ -185,8 +238,13 @@ pub fn plan_schedule(pods: &[Value], nodes: &[Node]) -> Vec<Binding> {
     let mut load: BTreeMap<String, usize> = BTreeMap::new();
     let mut group_load: BTreeMap<(String, String), usize> = BTreeMap::new();
     let mut zone_load: BTreeMap<(String, String), usize> = BTreeMap::new();
+    let mut used: BTreeMap<String, BTreeMap<String, i128>> = BTreeMap::new();
     for p in pods.iter().filter(|p| !bound_node(p).is_empty() && counts(p)) {
         *load.entry(bound_node(p).to_string()).or_default() += 1;
+        let u = used.entry(bound_node(p).to_string()).or_default();
+        for (k, v) in api::quantity::pod_requests(p) {
+            *u.entry(k).or_default() += v;
+        }
         if let Some(g) = spread_group(p) {
             if let Some(z) = zone_of.get(bound_node(p)) {
                 *zone_load.entry((g.clone(), z.clone())).or_default() += 1;
@@ -199,11 +257,15 @@ pub fn plan_schedule(pods: &[Value], nodes: &[Node]) -> Vec<Binding> {
         let (namespace, name) = ns_name(p);
         let tolerations = tolerations_of(p);
         let group = spread_group(p);
+        let requests = api::quantity::pod_requests(p);
         let mut unfit = Vec::new();
         let mut best: Option<(usize, usize, usize, String)> = None;
         for node in nodes {
             let node_name = node.metadata.name.clone().unwrap_or_default();
-            match fit(p, node, &tolerations) {
+            let fits = fit(p, node, &tolerations).and_then(|()| {
+                resources_fit(&requests, used.get(&node_name), load.get(&node_name).copied().unwrap_or(0), node)
+            });
+            match fits {
                 Ok(()) => {
                     let same = group
                         .as_ref()
@@ -225,6 +287,10 @@ pub fn plan_schedule(pods: &[Value], nodes: &[Node]) -> Vec<Binding> {
         let decision = match best {
             Some((_, _, _, node)) => {
                 *load.entry(node.clone()).or_default() += 1;
+                let u = used.entry(node.clone()).or_default();
+                for (k, v) in &requests {
+                    *u.entry(k.clone()).or_default() += v;
+                }
                 if let Some(g) = &group {
                     *group_load.entry((g.clone(), node.clone())).or_default() += 1;
                     if let Some(z) = zone_of.get(&node) {
@@ -378,6 +444,52 @@ mod tests {
         pods.push(replica("web-c", "", "web"));
         let plan = plan_schedule(&pods, &nodes);
         assert_eq!(plan[0].decision, Decision::Bind("node-1".into()));
+    }
+
+    #[test]
+    fn requests_count_against_allocatable_and_say_what_is_short() {
+        let sized = |name: &str, cpu: &str, pods: &str| {
+            let mut n = node(name, true, json!({}));
+            let mut status = n.status.clone().unwrap_or_default();
+            status.allocatable = Some(
+                [("cpu", cpu), ("memory", "1Gi"), ("pods", pods)]
+                    .into_iter()
+                    .map(|(k, v)| {
+                        (k.to_string(), api::k8s_openapi::apimachinery::pkg::api::resource::Quantity(v.into()))
+                    })
+                    .collect(),
+            );
+            n.status = Some(status);
+            n
+        };
+        let nodes = [sized("node-1", "2", "110"), sized("node-2", "1", "1")];
+        let asking = |name: &str, node: &str, cpu: &str| {
+            let mut p = pod(name, node, json!(null));
+            p["spec"]["containers"] =
+                json!([{"name": "c", "resources": {"requests": {"cpu": cpu, "memory": "256Mi"}}}]);
+            p
+        };
+        // node-2 holds one pod at most and has 1 cpu, 0.1 in use; node-1 has 1.5 of its 2 in
+        // use. kube-scheduler sorts the counted reasons as strings.
+        let pods = [asking("big", "node-1", "1500m"), asking("one", "node-2", "100m"), asking("new", "", "1")];
+        let plan = plan_schedule(&pods, &nodes);
+        assert_eq!(
+            plan[0].decision,
+            Decision::Unschedulable(
+                "0/2 nodes are available: 1 Too many pods, 2 Insufficient cpu. preemption: 0/2 nodes are available: 2 No preemption victims found for incoming pod.".into()
+            )
+        );
+        let small = [asking("big", "node-1", "1500m"), asking("new", "", "500m")];
+        assert_eq!(plan_schedule(&small, &nodes)[0].decision, Decision::Bind("node-2".into()));
+        let mut two = vec![asking("big", "node-1", "1500m")];
+        two.push(asking("a", "", "400m"));
+        two.push(asking("b", "", "400m"));
+        let plan = plan_schedule(&two, &nodes);
+        // a takes node-2 (fewer pods); b does not fit there any more (1 pod at most): node-1.
+        assert_eq!(
+            (plan[0].decision.clone(), plan[1].decision.clone()),
+            (Decision::Bind("node-2".into()), Decision::Bind("node-1".into()))
+        );
     }
 
     #[test]
