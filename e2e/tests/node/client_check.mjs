@@ -72,6 +72,23 @@ if (jobStatus?.active !== 1 || !(jobStatus.startTime instanceof Date)) throw new
 await batch.deleteNamespacedJob({ name: 'node-job', namespace: 'default', propagationPolicy: 'Background' });
 step(`job: status read (active ${jobStatus.active}, started ${jobStatus.startTime.toISOString()})`);
 
+// A StatefulSet's status as its controller writes it (its first pod made, not yet ready).
+await apps.createNamespacedStatefulSet({
+  namespace: 'default',
+  body: { metadata: { name: 'node-sts' }, spec: { replicas: 2, serviceName: 'node-sts',
+    selector: { matchLabels: { app: 'node-sts' } },
+    template: { metadata: { labels: { app: 'node-sts' } }, spec: { containers: [{ name: 'c', image: 'podpath/echo' }] } } } },
+});
+let stsStatus;
+for (let i = 0; i < 100; i++) {
+  stsStatus = (await apps.readNamespacedStatefulSetStatus({ name: 'node-sts', namespace: 'default' })).status;
+  if (stsStatus?.replicas === 1 && stsStatus?.updateRevision) break;
+  await new Promise((r) => setTimeout(r, 100));
+}
+if (stsStatus?.replicas !== 1 || !stsStatus.updateRevision.startsWith('node-sts-')) throw new Error(`statefulset status: ${JSON.stringify(stsStatus)}`);
+await apps.deleteNamespacedStatefulSet({ name: 'node-sts', namespace: 'default' });
+step(`statefulset: status read (replicas ${stsStatus.replicas}, revision ${stsStatus.updateRevision})`);
+
 await core.deleteNamespacedService({ name: 'node-web', namespace: 'default' });
 await apps.deleteNamespacedDeployment({ name: 'node-dep', namespace: 'default' });
 step('deleted');

@@ -119,6 +119,22 @@ def main(kubeconfig):
     batch.delete_namespaced_job("py-job", "default", propagation_policy="Background")
     step(f"job: status read (active {st.active}, started {st.start_time})")
 
+    # A StatefulSet's status as its controller writes it (its first pod made, not yet ready).
+    sts = {"metadata": {"name": "py-sts"},
+           "spec": {"replicas": 2, "serviceName": "py-sts", "selector": {"matchLabels": {"app": "py-sts"}},
+                    "template": {"metadata": {"labels": {"app": "py-sts"}},
+                                 "spec": {"containers": [{"name": "c", "image": "podpath/echo"}]}}}}
+    apps.create_namespaced_stateful_set("default", sts)
+    ss = None
+    for _ in range(100):
+        ss = apps.read_namespaced_stateful_set_status("py-sts", "default").status
+        if ss.replicas == 1 and ss.update_revision:
+            break
+        time.sleep(0.1)
+    assert ss.replicas == 1 and ss.ready_replicas == 0 and ss.update_revision.startswith("py-sts-"), ss
+    apps.delete_namespaced_stateful_set("py-sts", "default")
+    step(f"statefulset: status read (replicas {ss.replicas}, revision {ss.update_revision})")
+
     # events.k8s.io/v1 through the client's typed EventsV1Api: created in that version, read
     # back in both. About an object no controller writes events for (the Deployment above gets
     # the controller's ScalingReplicaSet, a legacy event without eventTime, which this client's
