@@ -16,7 +16,7 @@ use jiff::Timestamp;
 use serde_json::{json, Value};
 
 use super::events::{record, EventType, Report};
-use super::write::{delete_quietly, ns_name};
+use super::write::{controller_of, delete_quietly, ns_name, stamp, time};
 use crate::error::ApiError;
 use crate::registry::{Registry, Subresource, WriteOptions};
 
@@ -34,14 +34,6 @@ pub struct CronPlan {
     pub events: Vec<(EventType, &'static str, String)>,
     /// The next scheduled time.
     pub wake_at: Option<Timestamp>,
-}
-
-fn time(v: &Value) -> Option<Timestamp> {
-    v.as_str().and_then(|s| s.parse().ok())
-}
-
-fn stamp(t: Timestamp) -> Value {
-    json!(Timestamp::from_second(t.as_second()).unwrap_or(t).to_string())
 }
 
 /// `Complete` or `Failed`, once the Job has finished.
@@ -211,15 +203,6 @@ pub fn plan_cronjob(cj: &Value, jobs: &[&Value], now: Timestamp) -> CronPlan {
     plan.create = Some(job_for(cj, at, &tz));
     status["lastScheduleTime"] = stamp(at);
     finish(status, &active, plan)
-}
-
-/// The controller reference of an object: (kind, uid) of its `controller: true` owner.
-fn controller_of(meta: &Value) -> Option<(String, String)> {
-    meta["ownerReferences"]
-        .as_array()?
-        .iter()
-        .find(|o| o["controller"] == true)
-        .map(|o| (o["kind"].as_str().unwrap_or("").to_string(), o["uid"].as_str().unwrap_or("").to_string()))
 }
 
 /// Runs the CronJobs of namespace `ns` due now; returns the earliest next scheduled time.

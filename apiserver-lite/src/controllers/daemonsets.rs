@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 use super::events::{record, EventType, Report};
 use super::taints::{taints_of, tolerations_of, untolerated, NO_EXECUTE, NO_SCHEDULE};
 use super::workloads::template_hash;
-use super::write::{delete_quietly, ns_name};
+use super::write::{controller_of, delete_quietly, is_terminating, ns_name};
 use crate::error::ApiError;
 use crate::registry::{Registry, Subresource, WriteOptions};
 
@@ -46,10 +46,6 @@ fn daemon_tolerations() -> Vec<Value> {
         out.push(json!({"key": key, "operator": "Exists", "effect": effect}));
     }
     out
-}
-
-fn is_terminating(p: &Value) -> bool {
-    p["metadata"].get("deletionTimestamp").is_some_and(|t| !t.is_null())
 }
 
 fn is_ready(p: &Value) -> bool {
@@ -210,15 +206,6 @@ pub fn plan_daemonset(ds: &Value, pods: &[&Value], nodes: &[Node]) -> DaemonPlan
     plan.delete.sort();
     plan.delete.dedup();
     plan
-}
-
-/// The controller reference of an object: (kind, uid) of its `controller: true` owner.
-fn controller_of(meta: &Value) -> Option<(String, String)> {
-    meta["ownerReferences"]
-        .as_array()?
-        .iter()
-        .find(|o| o["controller"] == true)
-        .map(|o| (o["kind"].as_str().unwrap_or("").to_string(), o["uid"].as_str().unwrap_or("").to_string()))
 }
 
 /// Brings the DaemonSets of namespace `ns` one step closer to a ready pod per eligible node.

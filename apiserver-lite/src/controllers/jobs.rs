@@ -13,7 +13,7 @@ use jiff::Timestamp;
 use serde_json::{json, Value};
 
 use super::events::{record, EventType, Report};
-use super::write::{delete_quietly, ns_name};
+use super::write::{controller_of, delete_quietly, ns_name, stamp, time};
 use crate::error::ApiError;
 use crate::registry::{Registry, Subresource, WriteOptions};
 
@@ -35,14 +35,6 @@ pub struct JobPlan {
     pub expired: bool,
     /// When to look again (a back-off or deadline ends), if sooner than the next event.
     pub wake_at: Option<Timestamp>,
-}
-
-fn time(v: &Value) -> Option<Timestamp> {
-    v.as_str().and_then(|s| s.parse().ok())
-}
-
-fn stamp(t: Timestamp) -> Value {
-    json!(Timestamp::from_second(t.as_second()).unwrap_or(t).to_string())
 }
 
 fn phase(p: &Value) -> &str {
@@ -337,15 +329,6 @@ pub fn plan_job(job: &Value, pods: &[&Value], now: Timestamp) -> JobPlan {
     }
     plan.status = status;
     plan
-}
-
-/// The controller reference of an object: (kind, uid) of its `controller: true` owner.
-fn controller_of(meta: &Value) -> Option<(String, String)> {
-    meta["ownerReferences"]
-        .as_array()?
-        .iter()
-        .find(|o| o["controller"] == true)
-        .map(|o| (o["kind"].as_str().unwrap_or("").to_string(), o["uid"].as_str().unwrap_or("").to_string()))
 }
 
 /// Brings the Jobs of namespace `ns` and their pods one step closer to what they ask for;

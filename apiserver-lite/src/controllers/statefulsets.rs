@@ -18,7 +18,7 @@ use serde_json::{json, Value};
 
 use super::events::{record, EventType, Report};
 use super::workloads::template_hash;
-use super::write::{delete_quietly, ns_name};
+use super::write::{controller_of, delete_quietly, is_terminating, ns_name};
 use crate::error::ApiError;
 use crate::registry::{Registry, Subresource, WriteOptions};
 
@@ -32,10 +32,6 @@ pub struct SetPlan {
     pub create: Vec<Value>,
     pub delete: Vec<String>,
     pub status: Value,
-}
-
-fn is_terminating(p: &Value) -> bool {
-    p["metadata"].get("deletionTimestamp").is_some_and(|t| !t.is_null())
 }
 
 fn running_and_ready(p: &Value) -> bool {
@@ -192,15 +188,6 @@ pub fn plan_statefulset(sts: &Value, pods: &[&Value]) -> SetPlan {
         "collisionCount": 0,
     });
     plan
-}
-
-/// The controller reference of an object: (kind, uid) of its `controller: true` owner.
-fn controller_of(meta: &Value) -> Option<(String, String)> {
-    meta["ownerReferences"]
-        .as_array()?
-        .iter()
-        .find(|o| o["controller"] == true)
-        .map(|o| (o["kind"].as_str().unwrap_or("").to_string(), o["uid"].as_str().unwrap_or("").to_string()))
 }
 
 /// Brings the StatefulSets of namespace `ns` one step closer to what they ask for.

@@ -15,18 +15,9 @@ use api::Kind;
 use serde_json::{json, Value};
 
 use super::events::{record, EventType, Report};
-use super::write::{delete_quietly, new_time};
+use super::write::{controller_of, delete_quietly, is_terminating, new_time};
 use crate::error::ApiError;
 use crate::registry::{Registry, Subresource, WriteOptions};
-
-/// The controller reference of an object: (kind, uid) of its `controller: true` owner.
-fn controller_of(meta: &Value) -> Option<(String, String)> {
-    meta["ownerReferences"]
-        .as_array()?
-        .iter()
-        .find(|o| o["controller"] == true)
-        .map(|o| (o["kind"].as_str().unwrap_or("").to_string(), o["uid"].as_str().unwrap_or("").to_string()))
-}
 
 fn owner_ref(kind: Kind, obj: &Value) -> Value {
     json!([{
@@ -71,10 +62,6 @@ pub fn template_hash(template: &Value) -> String {
         h = (h ^ u32::from(b)).wrapping_mul(0x0100_0193);
     }
     h.to_string().bytes().map(|d| ALPHABET[usize::from(d) % ALPHABET.len()] as char).collect()
-}
-
-fn is_terminating(obj: &Value) -> bool {
-    obj["metadata"].get("deletionTimestamp").is_some_and(|t| !t.is_null())
 }
 
 fn pod_ready(pod: &Value) -> bool {

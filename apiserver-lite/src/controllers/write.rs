@@ -109,3 +109,27 @@ pub(crate) fn set_condition(obj: &mut Value, cond: Value) {
     }
     obj["status"]["conditions"] = json!(out);
 }
+
+/// The controller reference of an object: (kind, uid) of its `controller: true` owner.
+pub(crate) fn controller_of(meta: &Value) -> Option<(String, String)> {
+    meta["ownerReferences"]
+        .as_array()?
+        .iter()
+        .find(|o| o["controller"] == true)
+        .map(|o| (o["kind"].as_str().unwrap_or("").to_string(), o["uid"].as_str().unwrap_or("").to_string()))
+}
+
+/// Whether an object is being deleted.
+pub(crate) fn is_terminating(obj: &Value) -> bool {
+    obj["metadata"].get("deletionTimestamp").is_some_and(|t| !t.is_null())
+}
+
+/// An RFC 3339 time field, if it is one.
+pub(crate) fn time(v: &Value) -> Option<jiff::Timestamp> {
+    v.as_str().and_then(|s| s.parse().ok())
+}
+
+/// A time as the API writes it (whole seconds).
+pub(crate) fn stamp(t: jiff::Timestamp) -> Value {
+    json!(jiff::Timestamp::from_second(t.as_second()).unwrap_or(t).to_string())
+}
