@@ -1491,6 +1491,13 @@ pub static MESSAGES: &[Message] = &[
         Field { tag: 4, json: "effect", kind: Str, repeated: false, omit_empty: true },
         Field { tag: 5, json: "tolerationSeconds", kind: I64, repeated: false, omit_empty: true },
     ] },
+    Message { name: "core.v1.TopologySelectorLabelRequirement", fields: &[
+        Field { tag: 1, json: "key", kind: Str, repeated: false, omit_empty: false },
+        Field { tag: 2, json: "values", kind: Str, repeated: true, omit_empty: false },
+    ] },
+    Message { name: "core.v1.TopologySelectorTerm", fields: &[
+        Field { tag: 1, json: "matchLabelExpressions", kind: Msg("core.v1.TopologySelectorLabelRequirement"), repeated: true, omit_empty: true },
+    ] },
     Message { name: "core.v1.TopologySpreadConstraint", fields: &[
         Field { tag: 1, json: "maxSkew", kind: I32, repeated: false, omit_empty: false },
         Field { tag: 2, json: "topologyKey", kind: Str, repeated: false, omit_empty: false },
@@ -1835,5 +1842,88 @@ pub static MESSAGES: &[Message] = &[
     Message { name: "policy.v1.Eviction", fields: &[
         Field { tag: 1, json: "metadata", kind: Msg("meta.v1.ObjectMeta"), repeated: false, omit_empty: false },
         Field { tag: 2, json: "deleteOptions", kind: Msg("meta.v1.DeleteOptions"), repeated: false, omit_empty: true },
+    ] },
+    Message { name: "storage.v1.CSIDriver", fields: &[
+        Field { tag: 1, json: "metadata", kind: Msg("meta.v1.ObjectMeta"), repeated: false, omit_empty: false },
+        Field { tag: 2, json: "spec", kind: Msg("storage.v1.CSIDriverSpec"), repeated: false, omit_empty: false },
+    ] },
+    Message { name: "storage.v1.CSIDriverSpec", fields: &[
+        Field { tag: 1, json: "attachRequired", kind: Bool, repeated: false, omit_empty: true },
+        Field { tag: 2, json: "podInfoOnMount", kind: Bool, repeated: false, omit_empty: true },
+        Field { tag: 3, json: "volumeLifecycleModes", kind: Str, repeated: true, omit_empty: true },
+        Field { tag: 4, json: "storageCapacity", kind: Bool, repeated: false, omit_empty: true },
+        Field { tag: 5, json: "fsGroupPolicy", kind: Str, repeated: false, omit_empty: true },
+        Field { tag: 6, json: "tokenRequests", kind: Msg("storage.v1.TokenRequest"), repeated: true, omit_empty: true },
+        Field { tag: 7, json: "requiresRepublish", kind: Bool, repeated: false, omit_empty: true },
+        Field { tag: 8, json: "seLinuxMount", kind: Bool, repeated: false, omit_empty: true },
+        Field { tag: 9, json: "nodeAllocatableUpdatePeriodSeconds", kind: I64, repeated: false, omit_empty: true },
+        Field { tag: 10, json: "serviceAccountTokenInSecrets", kind: Bool, repeated: false, omit_empty: true },
+    ] },
+    Message { name: "storage.v1.CSINode", fields: &[
+        Field { tag: 1, json: "metadata", kind: Msg("meta.v1.ObjectMeta"), repeated: false, omit_empty: false },
+        Field { tag: 2, json: "spec", kind: Msg("storage.v1.CSINodeSpec"), repeated: false, omit_empty: false },
+    ] },
+    Message { name: "storage.v1.CSINodeDriver", fields: &[
+        Field { tag: 1, json: "name", kind: Str, repeated: false, omit_empty: false },
+        Field { tag: 2, json: "nodeID", kind: Str, repeated: false, omit_empty: false },
+        Field { tag: 3, json: "topologyKeys", kind: Str, repeated: true, omit_empty: true },
+        Field { tag: 4, json: "allocatable", kind: Msg("storage.v1.VolumeNodeResources"), repeated: false, omit_empty: true },
+    ] },
+    Message { name: "storage.v1.CSINodeSpec", fields: &[
+        Field { tag: 1, json: "drivers", kind: Msg("storage.v1.CSINodeDriver"), repeated: true, omit_empty: false },
+    ] },
+    Message { name: "storage.v1.CSIStorageCapacity", fields: &[
+        Field { tag: 1, json: "metadata", kind: Msg("meta.v1.ObjectMeta"), repeated: false, omit_empty: false },
+        Field { tag: 2, json: "nodeTopology", kind: Msg("meta.v1.LabelSelector"), repeated: false, omit_empty: true },
+        Field { tag: 3, json: "storageClassName", kind: Str, repeated: false, omit_empty: false },
+        Field { tag: 4, json: "capacity", kind: Msg("api.resource.Quantity"), repeated: false, omit_empty: true },
+        Field { tag: 5, json: "maximumVolumeSize", kind: Msg("api.resource.Quantity"), repeated: false, omit_empty: true },
+    ] },
+    Message { name: "storage.v1.StorageClass", fields: &[
+        Field { tag: 1, json: "metadata", kind: Msg("meta.v1.ObjectMeta"), repeated: false, omit_empty: false },
+        Field { tag: 2, json: "provisioner", kind: Str, repeated: false, omit_empty: false },
+        Field { tag: 3, json: "parameters", kind: MapString, repeated: false, omit_empty: true },
+        Field { tag: 4, json: "reclaimPolicy", kind: Str, repeated: false, omit_empty: true },
+        Field { tag: 5, json: "mountOptions", kind: Str, repeated: true, omit_empty: true },
+        Field { tag: 6, json: "allowVolumeExpansion", kind: Bool, repeated: false, omit_empty: true },
+        Field { tag: 7, json: "volumeBindingMode", kind: Str, repeated: false, omit_empty: true },
+        Field { tag: 8, json: "allowedTopologies", kind: Msg("core.v1.TopologySelectorTerm"), repeated: true, omit_empty: true },
+    ] },
+    Message { name: "storage.v1.TokenRequest", fields: &[
+        Field { tag: 1, json: "audience", kind: Str, repeated: false, omit_empty: false },
+        Field { tag: 2, json: "expirationSeconds", kind: I64, repeated: false, omit_empty: true },
+    ] },
+    Message { name: "storage.v1.VolumeAttachment", fields: &[
+        Field { tag: 1, json: "metadata", kind: Msg("meta.v1.ObjectMeta"), repeated: false, omit_empty: false },
+        Field { tag: 2, json: "spec", kind: Msg("storage.v1.VolumeAttachmentSpec"), repeated: false, omit_empty: false },
+        Field { tag: 3, json: "status", kind: Msg("storage.v1.VolumeAttachmentStatus"), repeated: false, omit_empty: true },
+    ] },
+    Message { name: "storage.v1.VolumeAttachmentSource", fields: &[
+        Field { tag: 1, json: "persistentVolumeName", kind: Str, repeated: false, omit_empty: true },
+        Field { tag: 2, json: "inlineVolumeSpec", kind: Msg("core.v1.PersistentVolumeSpec"), repeated: false, omit_empty: true },
+    ] },
+    Message { name: "storage.v1.VolumeAttachmentSpec", fields: &[
+        Field { tag: 1, json: "attacher", kind: Str, repeated: false, omit_empty: false },
+        Field { tag: 2, json: "source", kind: Msg("storage.v1.VolumeAttachmentSource"), repeated: false, omit_empty: false },
+        Field { tag: 3, json: "nodeName", kind: Str, repeated: false, omit_empty: false },
+    ] },
+    Message { name: "storage.v1.VolumeAttachmentStatus", fields: &[
+        Field { tag: 1, json: "attached", kind: Bool, repeated: false, omit_empty: false },
+        Field { tag: 2, json: "attachmentMetadata", kind: MapString, repeated: false, omit_empty: true },
+        Field { tag: 3, json: "attachError", kind: Msg("storage.v1.VolumeError"), repeated: false, omit_empty: true },
+        Field { tag: 4, json: "detachError", kind: Msg("storage.v1.VolumeError"), repeated: false, omit_empty: true },
+    ] },
+    Message { name: "storage.v1.VolumeAttributesClass", fields: &[
+        Field { tag: 1, json: "metadata", kind: Msg("meta.v1.ObjectMeta"), repeated: false, omit_empty: true },
+        Field { tag: 2, json: "driverName", kind: Str, repeated: false, omit_empty: true },
+        Field { tag: 3, json: "parameters", kind: MapString, repeated: false, omit_empty: true },
+    ] },
+    Message { name: "storage.v1.VolumeError", fields: &[
+        Field { tag: 1, json: "time", kind: Msg("meta.v1.Time"), repeated: false, omit_empty: true },
+        Field { tag: 2, json: "message", kind: Str, repeated: false, omit_empty: true },
+        Field { tag: 3, json: "errorCode", kind: I32, repeated: false, omit_empty: true },
+    ] },
+    Message { name: "storage.v1.VolumeNodeResources", fields: &[
+        Field { tag: 1, json: "count", kind: I32, repeated: false, omit_empty: true },
     ] },
 ];

@@ -149,6 +149,14 @@ impl pb::pods_server::Pods for Grpc {
 }
 
 #[tonic::async_trait]
+impl pb::persistent_volumes_server::PersistentVolumes for Grpc {
+    async fn delete(&self, r: Request<pb::DeleteRequest>) -> Result<Response<pb::PersistentVolume>, Status> {
+        let req = r.get_ref();
+        Ok(Response::new(Grpc::delete::<core::PersistentVolume>(self, Kind::PersistentVolume, req).await?))
+    }
+}
+
+#[tonic::async_trait]
 impl pb::nodes_server::Nodes for Grpc {
     /// Creates the Node, or updates its labels, addresses and status while keeping its pod CIDR.
     async fn register(&self, r: Request<pb::RegisterNodeRequest>) -> Result<Response<pb::Node>, Status> {
@@ -161,6 +169,10 @@ impl pb::nodes_server::Nodes for Grpc {
             Some(old) => {
                 let mut main = old.clone();
                 main["metadata"]["labels"] = v["metadata"]["labels"].take();
+                // The agent's own annotations are set; others' are kept.
+                for (k, val) in v["metadata"]["annotations"].as_object().into_iter().flatten() {
+                    main["metadata"]["annotations"][k] = val.clone();
+                }
                 if let Some(spec) = v.get("spec") {
                     for (k, val) in spec.as_object().into_iter().flatten() {
                         if k != "podCIDR" && k != "podCIDRs" {
@@ -390,6 +402,10 @@ pub async fn serve_grpc(
         ))
         .add_service(InterceptedService::new(
             pb::events_server::EventsServer::new(svc.clone()).max_decoding_message_size(limit),
+            check.clone(),
+        ))
+        .add_service(InterceptedService::new(
+            pb::persistent_volumes_server::PersistentVolumesServer::new(svc.clone()).max_decoding_message_size(limit),
             check.clone(),
         ))
         .add_service(InterceptedService::new(

@@ -114,6 +114,15 @@ fn now_json() -> Value {
     serde_json::to_value(now()).unwrap_or_default()
 }
 
+/// The object's `metadata.finalizers`.
+fn finalizers(obj: &Value) -> impl Iterator<Item = &str> {
+    obj["metadata"]["finalizers"].as_array().into_iter().flatten().filter_map(Value::as_str)
+}
+
+fn has_finalizers(obj: &Value) -> bool {
+    finalizers(obj).next().is_some()
+}
+
 fn meta_str<'a>(obj: &'a Value, field: &str) -> Option<&'a str> {
     obj.get("metadata").and_then(|m| m.get(field)).and_then(Value::as_str)
 }
@@ -376,12 +385,49 @@ impl Registry {
         if kind.info().has_generation {
             meta.insert("generation".into(), json!(1));
         }
+        self.admission_plugins(kind, &mut body)?;
         let owner = alloc::owner(kind, &ns, &name);
         let mut claims = Claims::new(owner.clone());
         let mut admitted =
             api::with_kind_type!(kind, T => self.admit::<T>(body, None, Subresource::Main, opts, &mut claims)?);
         set_managed_fields(kind, &mut admitted.object, None, Subresource::Main, opts);
         self.commit_write(g, kind, None, admitted, true, claims, opts)
+    }
+
+    /// What kube-apiserver's default admission plugins add to a new object: a claim without
+    /// a class gets the default StorageClass (DefaultStorageClass; the newest of several
+    /// defaults), claims and volumes get the finalizer that keeps them while in use
+    /// (StorageObjectInUseProtection).
+    fn admission_plugins(&self, kind: Kind, body: &mut Value) -> Result<(), ApiError> {
+        let protection = match kind {
+            Kind::PersistentVolumeClaim => {
+                if body.pointer("/spec/storageClassName").is_none_or(Value::is_null) {
+                    let (classes, _) = self.store.list(Kind::StorageClass, None)?;
+                    let default = classes
+                        .iter()
+                        .filter(|c| {
+                            c["metadata"]["annotations"][api::kinds::storageclass::DEFAULT_CLASS_ANNOTATION] == "true"
+                        })
+                        .max_by(|a, b| {
+                            let created =
+                                |c: &Value| c["metadata"]["creationTimestamp"].as_str().unwrap_or("").to_string();
+                            created(a).cmp(&created(b)).then_with(|| meta_str(b, "name").cmp(&meta_str(a, "name")))
+                        });
+                    if let (Some(class), Some(spec)) = (default, body.get_mut("spec").and_then(Value::as_object_mut)) {
+                        spec.insert("storageClassName".into(), class["metadata"]["name"].clone());
+                    }
+                }
+                api::kinds::persistentvolumeclaim::PROTECTION_FINALIZER
+            }
+            Kind::PersistentVolume => api::kinds::persistentvolume::PROTECTION_FINALIZER,
+            _ => return Ok(()),
+        };
+        let mut list: Vec<Value> = body["metadata"]["finalizers"].as_array().cloned().unwrap_or_default();
+        if !list.iter().any(|f| f == protection) {
+            list.push(json!(protection));
+        }
+        body["metadata"]["finalizers"] = Value::Array(list);
+        Ok(())
     }
 
     pub(crate) fn update_locked(
@@ -457,6 +503,18 @@ impl Registry {
                 }
             }
         }
+        if old["metadata"].get("deletionTimestamp").is_some() {
+            let before: BTreeSet<&str> = finalizers(&old).collect();
+            let added: Vec<&str> = finalizers(&new).filter(|f| !before.contains(f)).collect();
+            if !added.is_empty() {
+                let path = api::validation::FieldPath::root("metadata").child("finalizers");
+                let message = format!(
+                    "no new finalizers can be added if the object is being deleted, found new finalizers []string{{{}}}",
+                    added.iter().map(|f| format!("{f:?}")).collect::<Vec<_>>().join(", ")
+                );
+                return Err(ApiError::invalid(kind, &name, vec![api::validation::forbidden(&path, &message)]));
+            }
+        }
         let owner = alloc::owner(kind, &obj_ns(&old), &name);
         let mut claims = Claims::new(owner);
         let mut admitted = api::with_kind_type!(kind, T => self.admit::<T>(new, Some(&old), sub, opts, &mut claims)?);
@@ -472,6 +530,16 @@ impl Registry {
             if let Some(gen) = old["metadata"]["generation"].as_i64() {
                 object["metadata"]["generation"] = json!(gen + 1);
             }
+        }
+        // The last finalizer of an object whose deletion is due taken out: it goes now.
+        if has_finalizers(&old)
+            && !has_finalizers(object)
+            && object["metadata"].get("deletionTimestamp").is_some()
+            && object["metadata"]["deletionGracePeriodSeconds"].as_i64().unwrap_or(0) == 0
+            && !opts.dry_run
+        {
+            let last = admitted.object;
+            return self.finalize_delete(g, kind, last);
         }
         self.commit_write(g, kind, Some(old), admitted, false, claims, opts)
     }
@@ -521,7 +589,19 @@ impl Registry {
             node_ready: &node_ready,
         };
         // A stored object that does not decode any more can still be removed.
-        let plan = api::with_kind_type!(kind, T => api::decode::<T>(&old).map(|o| o.deletion(&ctx)).unwrap_or(DeletePlan::Remove));
+        let mut plan = api::with_kind_type!(kind, T => api::decode::<T>(&old).map(|o| o.deletion(&ctx)).unwrap_or(DeletePlan::Remove));
+        // Finalizers hold an object that would go now: it is marked and stays until the last
+        // one is taken out (the update that empties them removes it).
+        if matches!(plan, DeletePlan::Remove) && has_finalizers(&old) {
+            plan = if old["metadata"].get("deletionTimestamp").is_some()
+                && old["metadata"]["deletionGracePeriodSeconds"].as_i64().unwrap_or(0) == 0
+            {
+                DeletePlan::AlreadyDeleting
+            } else {
+                let at = old["metadata"]["deletionTimestamp"].as_str().and_then(|t| t.parse().ok()).unwrap_or(ctx.now);
+                DeletePlan::MarkDeleting { at, grace_seconds: Some(0), phase: None }
+            };
+        }
         let unwritten =
             |object: Value| Pending { rv: None, outcome: Outcome { object, created: false, warnings: vec![] } };
         match plan {

@@ -882,7 +882,7 @@ async fn discovery_version_and_openapi() {
     assert_eq!(svc["shortNames"], json!(["svc"]));
     let (_, apis) = lab.get("/apis").await;
     let names: Vec<&str> = apis["groups"].as_array().unwrap().iter().filter_map(|g| g["name"].as_str()).collect();
-    assert_eq!(names, ["apps", "batch", "discovery.k8s.io", "events.k8s.io", "networking.k8s.io"]);
+    assert_eq!(names, ["apps", "batch", "discovery.k8s.io", "events.k8s.io", "networking.k8s.io", "storage.k8s.io"]);
     // kubectl scale finds the Scale kind of deployments/scale through discovery.
     let (_, apps) = lab.get("/apis/apps/v1").await;
     let scale = apps["resources"].as_array().unwrap().iter().find(|r| r["name"] == "deployments/scale").unwrap();
@@ -1384,4 +1384,95 @@ async fn events_k8s_io_v1_serves_the_same_events_in_its_own_fields() {
     let schema = &doc["components"]["schemas"]["io.k8s.api.events.v1.Event"];
     assert_eq!(schema["x-kubernetes-group-version-kind"][0]["group"], "events.k8s.io");
     assert!(schema["properties"]["note"]["description"].is_string());
+}
+
+/// `metadata.finalizers` hold a deleted object: it is marked (deletionTimestamp, grace 0),
+/// refuses new finalizers, and goes with the update that takes the last one out.
+#[tokio::test]
+async fn finalizers_hold_a_deleted_object_until_the_last_is_removed() {
+    let lab = lab().await;
+    let path = "/api/v1/namespaces/default/configmaps/held";
+    let cm =
+        json!({"metadata": {"name": "held", "finalizers": ["example.com/a", "example.com/b"]}, "data": {"k": "v"}});
+    assert_eq!(lab.post("/api/v1/namespaces/default/configmaps", cm).await.0, StatusCode::CREATED);
+    let (s, marked) = lab.delete(path).await;
+    assert_eq!(s, StatusCode::OK);
+    assert!(marked["metadata"]["deletionTimestamp"].is_string(), "{marked}");
+    assert_eq!(marked["metadata"]["deletionGracePeriodSeconds"], 0);
+    // A second delete changes nothing.
+    let (_, again) = lab.delete(path).await;
+    assert_eq!(again["metadata"]["resourceVersion"], marked["metadata"]["resourceVersion"]);
+    let merge = "application/merge-patch+json";
+    let (s, st) = lab.patch(path, merge, json!({"metadata": {"finalizers": ["example.com/a", "example.com/c"]}})).await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{st}");
+    assert!(st["message"].as_str().unwrap().contains("no new finalizers can be added if the object is being deleted, found new finalizers []string{\"example.com/c\"}"), "{st}");
+    let (s, _) = lab.patch(path, merge, json!({"metadata": {"finalizers": ["example.com/b"]}})).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(lab.get(path).await.0, StatusCode::OK, "one finalizer left");
+    let (s, _) = lab.patch(path, merge, json!({"metadata": {"finalizers": null}})).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(lab.get(path).await.0, StatusCode::NOT_FOUND, "the last one out: gone");
+}
+
+/// The lab's default StorageClass and provisioner: a claim waits for its first pod, the
+/// scheduler picks the pod's node, the volume is made there and bound, then the pod is bound;
+/// deleting the claim while the pod runs keeps it (pvc-protection) until the pod goes, then
+/// its volume is Released.
+#[tokio::test]
+async fn claims_wait_for_their_pod_then_get_a_volume_on_its_node() {
+    let lab = lab().await;
+    let (_, classes) = lab.get("/apis/storage.k8s.io/v1/storageclasses").await;
+    assert_eq!(classes["items"][0]["metadata"]["name"], "standard");
+    assert_eq!(classes["items"][0]["volumeBindingMode"], "WaitForFirstConsumer");
+    let mut node = ready_node("node-1");
+    node["metadata"]["labels"] = json!({"kubernetes.io/hostname": "node-1"});
+    node["metadata"]["annotations"] = json!({"podpath.dev/local-path-root": "/var/lib/podpath/t/node-1/local-path"});
+    lab.post("/api/v1/nodes", node).await;
+    let claims = "/api/v1/namespaces/default/persistentvolumeclaims";
+    let claim = json!({"metadata": {"name": "data"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}});
+    let (s, c) = lab.post(claims, claim).await;
+    assert_eq!(s, StatusCode::CREATED, "{c}");
+    assert_eq!(c["spec"]["storageClassName"], "standard", "the default class");
+    assert_eq!(c["metadata"]["finalizers"], json!(["kubernetes.io/pvc-protection"]));
+    let pod = json!({"metadata": {"name": "user"}, "spec": {"containers": [{"name": "c", "image": "i"}],
+        "volumes": [{"name": "d", "persistentVolumeClaim": {"claimName": "data"}}]}});
+    assert_eq!(lab.post("/api/v1/namespaces/default/pods", pod).await.0, StatusCode::CREATED);
+    let bound = lab.eventually(&format!("{claims}/data"), |_, c| c["status"]["phase"] == "Bound").await;
+    assert_eq!(bound["metadata"]["annotations"]["volume.kubernetes.io/selected-node"], "node-1");
+    let pv_name = bound["spec"]["volumeName"].as_str().unwrap().to_string();
+    assert_eq!(pv_name, format!("pvc-{}", bound["metadata"]["uid"].as_str().unwrap()));
+    let pv_path = format!("/api/v1/persistentvolumes/{pv_name}");
+    let (_, pv) = lab.get(&pv_path).await;
+    assert_eq!(pv["status"]["phase"], "Bound");
+    assert_eq!(pv["spec"]["claimRef"]["name"], "data");
+    assert!(pv["spec"]["hostPath"]["path"].as_str().unwrap().starts_with("/var/lib/podpath/t/node-1/local-path/pvc-"));
+    lab.eventually("/api/v1/namespaces/default/pods/user", |_, p| p["spec"]["nodeName"] == "node-1").await;
+    let (_, events) = lab.get("/api/v1/namespaces/default/events").await;
+    let reasons: Vec<&str> = events["items"].as_array().unwrap().iter().filter_map(|e| e["reason"].as_str()).collect();
+    for r in ["Provisioning", "ProvisioningSucceeded", "Scheduled"] {
+        assert!(reasons.contains(&r), "{r} in {reasons:?}");
+    }
+    // Deleting the claim while the pod uses it: kept, Terminating.
+    let (s, _) = lab.delete(&format!("{claims}/data")).await;
+    assert_eq!(s, StatusCode::OK);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (s, c) = lab.get(&format!("{claims}/data")).await;
+    assert_eq!(s, StatusCode::OK, "in use: kept");
+    assert!(c["metadata"]["deletionTimestamp"].is_string());
+    // The pod goes (no kubelet here: forcibly), then the claim, then the volume is Released.
+    lab.delete("/api/v1/namespaces/default/pods/user?gracePeriodSeconds=0").await;
+    lab.eventually(&format!("{claims}/data"), |s, _| s == StatusCode::NOT_FOUND).await;
+    lab.eventually(&pv_path, |_, v| v["status"]["phase"] == "Released").await;
+    // A pod naming a claim that does not exist is unschedulable, as kube-scheduler says.
+    let pod = json!({"metadata": {"name": "lost"}, "spec": {"containers": [{"name": "c", "image": "i"}],
+        "volumes": [{"name": "d", "persistentVolumeClaim": {"claimName": "nope"}}]}});
+    lab.post("/api/v1/namespaces/default/pods", pod).await;
+    let p = lab
+        .eventually("/api/v1/namespaces/default/pods/lost", |_, p| {
+            p["status"]["conditions"].as_array().is_some_and(|c| c.iter().any(|c| c["reason"] == "Unschedulable"))
+        })
+        .await;
+    let message = p["status"]["conditions"][0]["message"].as_str().unwrap();
+    assert!(message.starts_with("0/1 nodes are available: persistentvolumeclaim \"nope\" not found."), "{message}");
 }

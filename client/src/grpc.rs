@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use api::proto::events_client::EventsClient;
 use api::proto::nodes_client::NodesClient;
+use api::proto::persistent_volumes_client::PersistentVolumesClient;
 use api::proto::pods_client::PodsClient;
 use api::proto::watch_client::WatchClient;
 use tonic::metadata::MetadataValue;
@@ -34,6 +35,7 @@ pub struct ApiClient {
     pub pods: PodsClient<Svc>,
     pub watch: WatchClient<Svc>,
     pub events: EventsClient<Svc>,
+    pub volumes: PersistentVolumesClient<Svc>,
 }
 
 impl ApiClient {
@@ -63,7 +65,8 @@ impl ApiClient {
             nodes: NodesClient::with_interceptor(channel.clone(), auth.clone()),
             pods: PodsClient::with_interceptor(channel.clone(), auth.clone()),
             watch: WatchClient::with_interceptor(channel.clone(), auth.clone()),
-            events: EventsClient::with_interceptor(channel, auth),
+            events: EventsClient::with_interceptor(channel.clone(), auth.clone()),
+            volumes: PersistentVolumesClient::with_interceptor(channel, auth),
         })
     }
 

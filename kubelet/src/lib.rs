@@ -25,6 +25,7 @@ pub mod crilog;
 pub mod echo;
 mod error;
 pub mod images;
+pub mod localpath;
 pub mod metrics;
 pub mod oci;
 pub mod pods;

@@ -24,6 +24,9 @@ pub enum Volume {
     Host { path: PathBuf, create: bool, must_be: Option<&'static str> },
     /// Files written by the atomic writer: relative path → (content, mode).
     Files(BTreeMap<String, (Vec<u8>, u32)>),
+    /// A claim's volume made by the lab's provisioner: a directory of the node, made
+    /// world-writable when missing (as local-path-provisioner makes them).
+    Claimed(PathBuf),
 }
 
 /// The objects a pod's volumes read.
@@ -32,6 +35,46 @@ pub trait Objects {
     fn config_map(&self, namespace: &str, name: &str) -> Option<core::ConfigMap>;
     /// The token written for `serviceAccountToken` projections.
     fn token(&self) -> Option<String>;
+    fn claim(&self, _namespace: &str, _name: &str) -> Option<core::PersistentVolumeClaim> {
+        None
+    }
+    fn volume(&self, _name: &str) -> Option<core::PersistentVolume> {
+        None
+    }
+}
+
+/// What a claim's bound volume is on this node, as kubelet's volume manager finds it: the
+/// claim must exist and be bound, its volume a `hostPath` or `local` one (the kinds a node
+/// provides by itself).
+fn claimed(ns: &str, claim: &str, objects: &dyn Objects) -> Result<Volume, String> {
+    let c = objects.claim(ns, claim).ok_or_else(|| format!("persistentvolumeclaim {claim:?} not found"))?;
+    let bound = c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound");
+    let name = c.spec.as_ref().and_then(|s| s.volume_name.clone()).filter(|n| !n.is_empty() && bound);
+    let name = name.ok_or_else(|| format!("PersistentVolumeClaim {claim:?} is not bound"))?;
+    let pv = objects.volume(&name).ok_or_else(|| format!("persistentvolume {name:?} not found"))?;
+    let spec = pv.spec.unwrap_or_default();
+    let ours =
+        pv.metadata.annotations.as_ref().and_then(|a| a.get(api::kinds::persistentvolume::PROVISIONED_BY_ANNOTATION))
+            == Some(&api::kinds::storageclass::LAB_PROVISIONER.to_string());
+    if let Some(h) = spec.host_path {
+        if ours {
+            return Ok(Volume::Claimed(PathBuf::from(h.path)));
+        }
+        let t = h.type_.as_deref().unwrap_or("");
+        return Ok(Volume::Host {
+            path: PathBuf::from(&h.path),
+            create: t == "DirectoryOrCreate",
+            must_be: match t {
+                "Directory" => Some("directory"),
+                "File" => Some("file"),
+                _ => None,
+            },
+        });
+    }
+    if let Some(l) = spec.local {
+        return Ok(Volume::Host { path: PathBuf::from(l.path), create: false, must_be: Some("directory") });
+    }
+    Err(format!("volume {name:?} is of a type podpath's kubelet does not provide (hostPath and local are)"))
 }
 
 /// A relative path that stays inside its directory (for `items[].path` and `subPath`).
@@ -248,8 +291,10 @@ pub fn plan(pod: &core::Pod, objects: &dyn Objects) -> Result<BTreeMap<String, V
                 }
             }
             Volume::Files(files)
+        } else if let Some(c) = &v.persistent_volume_claim {
+            claimed(&ns, &c.claim_name, objects).map_err(&fail)?
         } else {
-            // Other kinds (PVCs, CSI, NFS…) are not provided by this node.
+            // Other kinds (CSI, NFS…) are not provided by this node.
             return Err(fail("this volume type is not supported by podpath's kubelet".into()));
         };
         out.insert(v.name.clone(), vol);

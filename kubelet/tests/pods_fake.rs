@@ -233,6 +233,8 @@ fn world() -> World {
         services: podpath_client::reflector::Store::new(),
         secrets: podpath_client::reflector::Store::new(),
         config_maps: podpath_client::reflector::Store::new(),
+        claims: podpath_client::reflector::Store::new(),
+        volumes: podpath_client::reflector::Store::new(),
     });
     World { deps, procs, exec, api, prober, store: Store::new(), dir, events: Mutex::new((events, Vec::new())) }
 }
@@ -594,6 +596,8 @@ fn restarted_agent(w: &World, w2: &World) -> Arc<FakeDeps> {
         services: w.deps.services.clone(),
         secrets: w.deps.secrets.clone(),
         config_maps: w.deps.config_maps.clone(),
+        claims: w.deps.claims.clone(),
+        volumes: w.deps.volumes.clone(),
     })
 }
 

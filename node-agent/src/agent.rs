@@ -119,12 +119,18 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()>) -> Result
         c = ApiClient::connect_patiently(&cfg.apiserver, cfg.token.as_deref(), cfg.ca.as_deref(), None) => c?,
         () = &mut shutdown => return Ok(()),
     };
+    // The lab provisioner's volumes on this node live here; the Node says where.
+    let local_path_root = kubelet::localpath::root(&cfg.state_dir);
+    std::fs::create_dir_all(&local_path_root)
+        .map_err(|e| AgentError::io(format!("create {}", local_path_root.display()), e))?;
+    let local_path_root = local_path_root.canonicalize().unwrap_or(local_path_root);
     let node_cfg = NodeConfig {
         name: cfg.node_name.clone(),
         internal_ip: cfg.node_ip,
         max_pods: cfg.max_pods,
         labels: cfg.labels.clone(),
         kubelet_port: cfg.kubelet_port,
+        annotations: [(kubelet::localpath::ROOT_ANNOTATION.to_string(), local_path_root.display().to_string())].into(),
     };
     let desired = node::node_object(&node_cfg, &node::host_facts());
     let registered = node::register(&client, &desired).await?;
@@ -207,6 +213,13 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()>) -> Result
     let (secrets, config_maps): (Arc<Store<core::Secret>>, Arc<Store<core::ConfigMap>>) = (Store::new(), Store::new());
     tokio::spawn(reflector::run(client.clone(), Filter::default(), secrets.clone()));
     tokio::spawn(reflector::run(client.clone(), Filter::default(), config_maps.clone()));
+    // Claims and volumes: the pods' persistentVolumeClaim volumes, and the node's released
+    // local-path volumes to delete.
+    let (claims, volumes): (Arc<Store<core::PersistentVolumeClaim>>, Arc<Store<core::PersistentVolume>>) =
+        (Store::new(), Store::new());
+    tokio::spawn(reflector::run(client.clone(), Filter::default(), claims.clone()));
+    tokio::spawn(reflector::run(client.clone(), Filter::default(), volumes.clone()));
+    tokio::spawn(kubelet::localpath::run(client.clone(), volumes.clone(), cfg.node_name.clone(), local_path_root));
     let deps = Arc::new(Deps {
         cfg: pods_cfg,
         procs: LinuxProcesses::default(),
@@ -223,6 +236,8 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()>) -> Result
         services: services_for_env,
         secrets,
         config_maps,
+        claims,
+        volumes,
     });
     tokio::spawn(pods::run_pods(deps, pods_store, None));
 

@@ -70,6 +70,8 @@ pub struct NodeConfig {
     pub labels: BTreeMap<String, String>,
     /// The kubelet API's port (0: none), published as `status.daemonEndpoints`.
     pub kubelet_port: u16,
+    /// Annotations the agent publishes on its Node (its local-path root).
+    pub annotations: BTreeMap<String, String>,
 }
 
 fn ready_condition(ready: bool) -> pb::Condition {
@@ -98,6 +100,7 @@ pub fn node_object(cfg: &NodeConfig, facts: &HostFacts) -> core::Node {
         metadata: api::k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
             name: Some(cfg.name.clone()),
             labels: Some(labels),
+            annotations: (!cfg.annotations.is_empty()).then(|| cfg.annotations.clone()),
             ..Default::default()
         },
         spec: None,
@@ -213,6 +216,7 @@ mod tests {
             max_pods: 110,
             labels: BTreeMap::new(),
             kubelet_port: 10250,
+            annotations: BTreeMap::new(),
         };
         let n = node_object(&cfg, &facts);
         let v = serde_json::to_value(&n).unwrap();

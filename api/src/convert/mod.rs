@@ -127,6 +127,8 @@ proto_kinds! {
     Secret: core::Secret,
     NetworkPolicy: api_networking::NetworkPolicy,
     ConfigMap: core::ConfigMap,
+    PersistentVolumeClaim: core::PersistentVolumeClaim,
+    PersistentVolume: core::PersistentVolume,
 }
 
 fn proto_err(what: &'static str, e: impl std::fmt::Display) -> Error {

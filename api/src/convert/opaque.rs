@@ -1,4 +1,5 @@
-//! Ingress, Secret, ConfigMap and NetworkPolicy: metadata typed, the rest in `extra_json` (only
+//! Ingress, Secret, ConfigMap, NetworkPolicy, PersistentVolumeClaim and PersistentVolume:
+//! metadata typed, the rest in `extra_json` (only
 //! lb-sim and the node agents read them: L7 load balancing, volumes, policy enforcement).
 
 use k8s_openapi::api::core::v1 as core;
@@ -58,5 +59,31 @@ impl ProtoConvert for api_networking::NetworkPolicy {
 
     fn from_typed(p: &pb::NetworkPolicy) -> Result<Self, Error> {
         Ok(api_networking::NetworkPolicy { metadata: object_meta_back(&p.metadata)?, spec: None })
+    }
+}
+
+impl ProtoConvert for core::PersistentVolumeClaim {
+    type Proto = pb::PersistentVolumeClaim;
+    extra_accessors!();
+
+    fn to_typed(&self) -> pb::PersistentVolumeClaim {
+        pb::PersistentVolumeClaim { metadata: Some(object_meta(&self.metadata)), extra_json: String::new() }
+    }
+
+    fn from_typed(p: &pb::PersistentVolumeClaim) -> Result<Self, Error> {
+        Ok(core::PersistentVolumeClaim { metadata: object_meta_back(&p.metadata)?, ..Default::default() })
+    }
+}
+
+impl ProtoConvert for core::PersistentVolume {
+    type Proto = pb::PersistentVolume;
+    extra_accessors!();
+
+    fn to_typed(&self) -> pb::PersistentVolume {
+        pb::PersistentVolume { metadata: Some(object_meta(&self.metadata)), extra_json: String::new() }
+    }
+
+    fn from_typed(p: &pb::PersistentVolume) -> Result<Self, Error> {
+        Ok(core::PersistentVolume { metadata: object_meta_back(&p.metadata)?, ..Default::default() })
     }
 }

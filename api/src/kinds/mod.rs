@@ -277,6 +277,7 @@ kinds! { $
     ServiceAccount => serviceaccount,
     PersistentVolumeClaim => persistentvolumeclaim,
     PersistentVolume => persistentvolume,
+    StorageClass => storageclass,
     ReplicationController => replicationcontroller,
     Job => job,
     CronJob => cronjob,

@@ -1,5 +1,5 @@
-//! core/v1 PersistentVolumes (cluster-scoped), stored and served without a binder (kubectl's
-//! default prune list names them): defaults, validation of capacity, access modes and the one
+//! core/v1 PersistentVolumes (cluster-scoped; bound by apiserver-lite's volume controller):
+//! defaults, validation of capacity, access modes and the one
 //! volume source, the `Pending` phase, and the Table.
 
 use jiff::Timestamp;
@@ -10,6 +10,11 @@ use crate::table::{self, col, Column, AGE_COLUMN, NAME_COLUMN};
 use crate::validation::{self as v, Cause, FieldPath};
 
 pub use k8s_openapi::api::core::v1::PersistentVolume;
+
+/// Keeps a volume while a claim is bound to it (removed by the volume controller).
+pub const PROTECTION_FINALIZER: &str = "kubernetes.io/pv-protection";
+/// On a volume: the provisioner that made it (and deletes it, for `reclaimPolicy: Delete`).
+pub const PROVISIONED_BY_ANNOTATION: &str = "pv.kubernetes.io/provisioned-by";
 
 const MODES: [&str; 4] = ["ReadOnlyMany", "ReadWriteMany", "ReadWriteOnce", "ReadWriteOncePod"];
 
@@ -45,7 +50,6 @@ impl ApiObject for PersistentVolume {
         namespaced: false,
         short_names: &["pv"],
         has_status: true,
-        no_controller: true,
         ..KindInfo::core("PersistentVolume", "persistentvolumes", "persistentvolume")
     };
 

@@ -1,5 +1,5 @@
-//! core/v1 PersistentVolumeClaims, stored and served without a provisioner or binder (kubectl's
-//! default prune list names them): defaults, validation of access modes and the storage request,
+//! core/v1 PersistentVolumeClaims (bound and provisioned by apiserver-lite's volume
+//! controller): defaults, validation of access modes and the storage request,
 //! the immutable spec, the `Pending` phase, and the Table.
 
 use jiff::Timestamp;
@@ -12,12 +12,18 @@ use crate::validation::{self as v, Cause, FieldPath};
 
 pub use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 
+/// Keeps a claim while a pod uses it (removed by the volume controller).
+pub const PROTECTION_FINALIZER: &str = "kubernetes.io/pvc-protection";
+/// On a claim: the node a WaitForFirstConsumer volume is to be provisioned on (the scheduler's).
+pub const SELECTED_NODE_ANNOTATION: &str = "volume.kubernetes.io/selected-node";
+/// On a claim: the provisioner that is to make its volume.
+pub const PROVISIONER_ANNOTATION: &str = "volume.kubernetes.io/storage-provisioner";
+
 impl ApiObject for PersistentVolumeClaim {
     const KIND: Kind = Kind::PersistentVolumeClaim;
     const INFO: KindInfo = KindInfo {
         short_names: &["pvc"],
         has_status: true,
-        no_controller: true,
         ..KindInfo::core("PersistentVolumeClaim", "persistentvolumeclaims", "persistentvolumeclaim")
     };
 

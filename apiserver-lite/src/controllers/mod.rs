@@ -19,6 +19,7 @@ pub mod nodes;
 pub mod scheduler;
 pub mod statefulsets;
 pub mod taints;
+pub mod volumes;
 pub mod workloads;
 mod write;
 
@@ -88,6 +89,17 @@ pub async fn bootstrap(reg: &Registry, apiserver_endpoint: Option<(String, u16)>
         });
         reg.create(Kind::IngressClass, None, class, &WriteOptions::default()).await?;
     }
+    // The lab's provisioner, as the default StorageClass (kind's `standard`).
+    if reg.store.get(Kind::StorageClass, "", api::kinds::storageclass::LAB_CLASS)?.is_none() {
+        let class = json!({
+            "metadata": {"name": api::kinds::storageclass::LAB_CLASS,
+                         "annotations": {api::kinds::storageclass::DEFAULT_CLASS_ANNOTATION: "true"}},
+            "provisioner": api::kinds::storageclass::LAB_PROVISIONER,
+            "reclaimPolicy": "Delete",
+            "volumeBindingMode": "WaitForFirstConsumer",
+        });
+        reg.create(Kind::StorageClass, None, class, &WriteOptions::default()).await?;
+    }
     // The apiserver's own endpoints, as the real apiserver maintains them (the Service has
     // no selector, so the endpoints controller leaves them alone).
     if let Some((ip, port)) = apiserver_endpoint {
@@ -145,6 +157,9 @@ pub async fn run(reg: Arc<Registry>, cfg: ControllerConfig) {
                                     | Kind::DaemonSet
                                     | Kind::StatefulSet
                                     | Kind::ServiceAccount
+                                    | Kind::PersistentVolumeClaim
+                                    | Kind::PersistentVolume
+                                    | Kind::StorageClass
                             ) {
                                 dirty.note(ev.kind, &ev.object(), ev.prev().as_ref());
                             }
@@ -186,6 +201,10 @@ struct Dirty {
     job_wakes: BTreeMap<String, jiff::Timestamp>,
     /// A Service changed: a load-balancer address may have been freed.
     load_balancers: bool,
+    /// Claims, volumes or what they depend on (classes, pods, nodes) changed.
+    volumes: bool,
+    /// The volume controller's once-only Events already recorded (claim uid, reason).
+    volume_events: BTreeSet<(String, &'static str)>,
 }
 
 impl Dirty {
@@ -211,9 +230,16 @@ impl Dirty {
                     entry.push(p.clone());
                 }
                 self.schedule = true;
+                self.volumes = true;
+            }
+            Kind::PersistentVolumeClaim | Kind::PersistentVolume | Kind::StorageClass => {
+                self.volumes = true;
+                // A claim bound (or a node chosen for it) lets its pods be scheduled.
+                self.schedule = true;
             }
             Kind::Node => {
                 self.schedule = true;
+                self.volumes = true;
                 // A node that joins (or whose labels or taints change) may want daemons.
                 self.daemonsets = true;
             }
@@ -246,6 +272,9 @@ async fn reconcile(reg: &Registry, cfg: &ControllerConfig, dirty: &mut Dirty) ->
     if all || periodic || std::mem::take(&mut dirty.schedule) {
         scheduler::schedule(reg).await?;
         taints::evict(reg).await?;
+    }
+    if all || std::mem::take(&mut dirty.volumes) {
+        volumes::sync(reg, &mut dirty.volume_events).await?;
     }
     if all || std::mem::take(&mut dirty.load_balancers) {
         load_balancers::retry_pending(reg).await?;

@@ -24,6 +24,9 @@ use crate::registry::Registry;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
     Bind(String),
+    /// The pod goes to this node once the volumes of these claims (WaitForFirstConsumer,
+    /// unbound) are made there: the claims get the node as `selected-node`, the pod waits.
+    SelectNode(String, Vec<String>),
     /// No node fits; kube-scheduler's message.
     Unschedulable(String),
 }
@@ -50,6 +53,10 @@ enum Unfit {
     Selector,
     /// NodeResourcesFit: each resource short (`Insufficient cpu`, `Too many pods`).
     Resources(Vec<String>),
+    /// VolumeBinding: a bound volume's node affinity excludes the node.
+    VolumeAffinity,
+    /// VolumeBinding: a claim waits for its volume on another node.
+    VolumeElsewhere,
 }
 
 impl Unfit {
@@ -60,6 +67,8 @@ impl Unfit {
             Unfit::Taint(r) => r.clone(),
             Unfit::Selector => "node(s) didn't match Pod's node affinity/selector".into(),
             Unfit::Resources(r) => r.join(", "),
+            Unfit::VolumeAffinity => "node(s) had volume node affinity conflict".into(),
+            Unfit::VolumeElsewhere => "node(s) didn't find available persistent volumes to bind".into(),
         }
     }
 
@@ -135,11 +144,17 @@ fn fit(pod: &Value, node: &Node, tolerations: &[Toleration]) -> Result<(), Unfit
 /// term whose every expression (on the node's labels) and field (`metadata.name`) holds. No
 /// affinity: any node.
 fn required_affinity_matches(pod: &Value, node: &Node) -> bool {
-    let Some(terms) = pod
-        .pointer("/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms")
-        .and_then(Value::as_array)
-    else {
-        return true;
+    match pod.pointer("/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms") {
+        Some(terms) => node_terms_match(terms, node),
+        None => true,
+    }
+}
+
+/// Whether some of the `nodeSelectorTerms` holds on `node`: every expression (on its labels)
+/// and field (`metadata.name`) of the term. Not a list: none holds.
+pub(crate) fn node_terms_match(terms: &Value, node: &Node) -> bool {
+    let Some(terms) = terms.as_array() else {
+        return false;
     };
     let labels = node.metadata.labels.clone().unwrap_or_default();
     let name = node.metadata.name.clone().unwrap_or_default();
@@ -219,6 +234,77 @@ fn spread_group(p: &Value) -> Option<String> {
 /// whose zone has the fewest of them, then the fewest pods (counting the pods placed before it; terminating and finished pods do not
 /// count). Pure.
 pub fn plan_schedule(pods: &[Value], nodes: &[Node]) -> Vec<Binding> {
+    plan_schedule_with(pods, nodes, &Claims::default())
+}
+
+/// What the scheduler knows of claims and volumes (its VolumeBinding plugin).
+#[derive(Debug, Default)]
+pub struct Claims {
+    /// `namespace/name` → the claim.
+    pub claims: BTreeMap<String, Value>,
+    /// Volume name → the volume.
+    pub volumes: BTreeMap<String, Value>,
+    /// The StorageClasses that delay binding (`WaitForFirstConsumer`).
+    pub delayed_classes: std::collections::BTreeSet<String>,
+}
+
+/// What a pod's claims ask of its node.
+enum ClaimNeeds {
+    /// The pod cannot be placed at all (kube-scheduler's PreFilter failures).
+    Blocked(String),
+    Fits {
+        /// The bound volumes' `nodeSelectorTerms`.
+        affinities: Vec<Value>,
+        /// Unbound delayed claims: name, and the node already chosen for it.
+        delayed: Vec<(String, Option<String>)>,
+    },
+}
+
+fn claim_needs(pod: &Value, c: &Claims) -> ClaimNeeds {
+    let (ns, _) = ns_name(pod);
+    let mut affinities = vec![];
+    let mut delayed = vec![];
+    let mut immediate_unbound = false;
+    for v in pod.pointer("/spec/volumes").and_then(Value::as_array).into_iter().flatten() {
+        let Some(name) = v["persistentVolumeClaim"]["claimName"].as_str() else { continue };
+        let Some(claim) = c.claims.get(&format!("{ns}/{name}")) else {
+            return ClaimNeeds::Blocked(format!("persistentvolumeclaim \"{name}\" not found"));
+        };
+        if claim["metadata"].get("deletionTimestamp").is_some() {
+            return ClaimNeeds::Blocked(format!("persistentvolumeclaim \"{name}\" is being deleted"));
+        }
+        let volume = claim["spec"]["volumeName"].as_str().filter(|v| !v.is_empty());
+        match volume.and_then(|v| c.volumes.get(v)) {
+            Some(pv) if claim.pointer("/status/phase").and_then(Value::as_str) == Some("Bound") => {
+                if let Some(terms) = pv.pointer("/spec/nodeAffinity/required/nodeSelectorTerms") {
+                    affinities.push(terms.clone());
+                }
+            }
+            _ => {
+                let class = claim["spec"]["storageClassName"].as_str().unwrap_or("");
+                if c.delayed_classes.contains(class) {
+                    let selected = claim
+                        .pointer(&format!(
+                            "/metadata/annotations/{}",
+                            api::kinds::persistentvolumeclaim::SELECTED_NODE_ANNOTATION.replace('/', "~1")
+                        ))
+                        .and_then(Value::as_str)
+                        .map(String::from);
+                    delayed.push((name.to_string(), selected));
+                } else {
+                    immediate_unbound = true;
+                }
+            }
+        }
+    }
+    if immediate_unbound {
+        return ClaimNeeds::Blocked("pod has unbound immediate PersistentVolumeClaims".into());
+    }
+    ClaimNeeds::Fits { affinities, delayed }
+}
+
+/// [`plan_schedule`] with the claims and volumes the pods use. Pure.
+pub fn plan_schedule_with(pods: &[Value], nodes: &[Node], claims: &Claims) -> Vec<Binding> {
     let pending: Vec<&Value> = pods
         .iter()
         .filter(|p| bound_node(p).is_empty())
@@ -258,13 +344,34 @@ pub fn plan_schedule(pods: &[Value], nodes: &[Node]) -> Vec<Binding> {
         let tolerations = tolerations_of(p);
         let group = spread_group(p);
         let requests = api::quantity::pod_requests(p);
+        let (affinities, delayed) = match claim_needs(p, claims) {
+            ClaimNeeds::Blocked(why) => {
+                let total = nodes.len();
+                let message = format!(
+                    "0/{total} nodes are available: {why}. preemption: 0/{total} nodes are available: {total} Preemption is not helpful for scheduling."
+                );
+                out.push(Binding { namespace, name, decision: Decision::Unschedulable(message) });
+                continue;
+            }
+            ClaimNeeds::Fits { affinities, delayed } => (affinities, delayed),
+        };
         let mut unfit = Vec::new();
         let mut best: Option<(usize, usize, usize, String)> = None;
         for node in nodes {
             let node_name = node.metadata.name.clone().unwrap_or_default();
-            let fits = fit(p, node, &tolerations).and_then(|()| {
-                resources_fit(&requests, used.get(&node_name), load.get(&node_name).copied().unwrap_or(0), node)
-            });
+            let fits = fit(p, node, &tolerations)
+                .and_then(|()| {
+                    resources_fit(&requests, used.get(&node_name), load.get(&node_name).copied().unwrap_or(0), node)
+                })
+                .and_then(|()| {
+                    if !affinities.iter().all(|t| node_terms_match(t, node)) {
+                        Err(Unfit::VolumeAffinity)
+                    } else if delayed.iter().any(|(_, sel)| sel.as_ref().is_some_and(|s| *s != node_name)) {
+                        Err(Unfit::VolumeElsewhere)
+                    } else {
+                        Ok(())
+                    }
+                });
             match fits {
                 Ok(()) => {
                     let same = group
@@ -297,7 +404,14 @@ pub fn plan_schedule(pods: &[Value], nodes: &[Node]) -> Vec<Binding> {
                         *zone_load.entry((g.clone(), z.clone())).or_default() += 1;
                     }
                 }
-                Decision::Bind(node)
+                // Claims whose volume is yet to be made there: choose the node for them first.
+                let to_select: Vec<String> =
+                    delayed.iter().filter(|(_, sel)| sel.is_none()).map(|(c, _)| c.clone()).collect();
+                if delayed.is_empty() {
+                    Decision::Bind(node)
+                } else {
+                    Decision::SelectNode(node, to_select)
+                }
             }
             None => Decision::Unschedulable(unschedulable_message(nodes.len(), &unfit)),
         };
@@ -315,7 +429,12 @@ pub(crate) async fn schedule(reg: &Registry) -> Result<(), ApiError> {
     }
     let (nodes, _) = reg.store.list(Kind::Node, None)?;
     let nodes: Vec<Node> = nodes.into_iter().map(serde_json::from_value).collect::<Result<_, _>>()?;
-    for b in plan_schedule(&pods, &nodes) {
+    let claims = claims_of(reg)?;
+    for b in plan_schedule_with(&pods, &nodes, &claims) {
+        if let Decision::SelectNode(node, names) = &b.decision {
+            select_node(reg, &b.namespace, node, names).await?;
+            continue;
+        }
         let g = reg.store.lock().await;
         let Some(old) = reg.store.get(Kind::Pod, &b.namespace, &b.name)? else { continue };
         if !bound_node(&old).is_empty() {
@@ -331,6 +450,7 @@ pub(crate) async fn schedule(reg: &Registry) -> Result<(), ApiError> {
                     (EventType::Normal, "Scheduled", message),
                 )
             }
+            Decision::SelectNode(..) => continue,
             Decision::Unschedulable(message) => (
                 json!({
                     "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
@@ -361,6 +481,42 @@ pub(crate) async fn schedule(reg: &Registry) -> Result<(), ApiError> {
             },
         )
         .await;
+    }
+    Ok(())
+}
+
+/// The claims, volumes and delaying classes, for the VolumeBinding filter.
+fn claims_of(reg: &Registry) -> Result<Claims, ApiError> {
+    let (claims, _) = reg.store.list(Kind::PersistentVolumeClaim, None)?;
+    if claims.is_empty() {
+        return Ok(Claims::default());
+    }
+    let (volumes, _) = reg.store.list(Kind::PersistentVolume, None)?;
+    let (classes, _) = reg.store.list(Kind::StorageClass, None)?;
+    Ok(Claims {
+        claims: claims.into_iter().map(|c| (format!("{}/{}", ns_name(&c).0, ns_name(&c).1), c)).collect(),
+        volumes: volumes.into_iter().map(|v| (ns_name(&v).1, v)).collect(),
+        delayed_classes: classes
+            .iter()
+            .filter(|c| c["volumeBindingMode"] == "WaitForFirstConsumer")
+            .filter_map(|c| c["metadata"]["name"].as_str().map(String::from))
+            .collect(),
+    })
+}
+
+/// Marks each claim with the node its volume is to be made on (`volume.kubernetes.io/selected-node`).
+async fn select_node(reg: &Registry, ns: &str, node: &str, claims: &[String]) -> Result<(), ApiError> {
+    use crate::registry::{Subresource, WriteOptions};
+    for name in claims {
+        let Some(mut claim) = reg.store.get(Kind::PersistentVolumeClaim, ns, name)? else { continue };
+        claim["metadata"]["annotations"][api::kinds::persistentvolumeclaim::SELECTED_NODE_ANNOTATION] = json!(node);
+        match reg
+            .update(Kind::PersistentVolumeClaim, Some(ns), name, claim, Subresource::Main, &WriteOptions::default())
+            .await
+        {
+            Ok(_) | Err(ApiError::Conflict { .. }) | Err(ApiError::NotFound { .. }) => {}
+            Err(e) => return Err(e),
+        }
     }
     Ok(())
 }
@@ -570,5 +726,77 @@ mod tests {
         );
         assert_eq!(plan[1].decision, Decision::Bind("gpu-1".into()));
         assert_eq!(plan[2].decision, Decision::Bind("node-2".into()), "tolerating the cordon taint");
+    }
+
+    #[test]
+    fn claims_pick_the_node_of_their_volume_or_have_one_chosen() {
+        let nodes = [
+            node("node-1", true, json!({"kubernetes.io/hostname": "node-1"})),
+            node("node-2", true, json!({"kubernetes.io/hostname": "node-2"})),
+        ];
+        let with_claim = |name: &str, claim: &str| {
+            let mut p = pod(name, "", json!(null));
+            p["spec"]["volumes"] = json!([{"name": "www", "persistentVolumeClaim": {"claimName": claim}}]);
+            p
+        };
+        let claim = |name: &str, class: &str, extra: Value| {
+            let mut c = json!({"metadata": {"namespace": "default", "name": name, "annotations": {}},
+                               "spec": {"storageClassName": class}, "status": {"phase": "Pending"}});
+            if let (Some(o), Some(e)) = (c.as_object_mut(), extra.as_object()) {
+                for (k, v) in e {
+                    o.insert(k.clone(), v.clone());
+                }
+            }
+            c
+        };
+        let mut claims = Claims::default();
+        claims.delayed_classes.insert("standard".into());
+        claims.claims.insert("default/new".into(), claim("new", "standard", json!({})));
+        claims.claims.insert("default/fast".into(), claim("fast", "fast", json!({})));
+        let mut chosen = claim("chosen", "standard", json!({}));
+        chosen["metadata"]["annotations"]["volume.kubernetes.io/selected-node"] = json!("node-2");
+        claims.claims.insert("default/chosen".into(), chosen);
+        let bound = claim(
+            "bound",
+            "standard",
+            json!({"spec": {"storageClassName": "standard", "volumeName": "pv-1"}, "status": {"phase": "Bound"}}),
+        );
+        claims.claims.insert("default/bound".into(), bound);
+        claims.volumes.insert(
+            "pv-1".into(),
+            json!({"spec": {"nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                {"key": "kubernetes.io/hostname", "operator": "In", "values": ["node-1"]}]}]}}}}),
+        );
+        let pods = [
+            with_claim("a", "new"),
+            with_claim("b", "chosen"),
+            with_claim("c", "bound"),
+            with_claim("d", "missing"),
+            with_claim("e", "fast"),
+        ];
+        let plan = plan_schedule_with(&pods, &nodes, &claims);
+        assert_eq!(plan[0].decision, Decision::SelectNode("node-1".into(), vec!["new".into()]));
+        assert_eq!(plan[1].decision, Decision::SelectNode("node-2".into(), vec![]), "waits for its volume there");
+        assert_eq!(plan[2].decision, Decision::Bind("node-1".into()), "where its volume is");
+        assert_eq!(
+            plan[3].decision,
+            Decision::Unschedulable("0/2 nodes are available: persistentvolumeclaim \"missing\" not found. preemption: 0/2 nodes are available: 2 Preemption is not helpful for scheduling.".into())
+        );
+        assert_eq!(
+            plan[4].decision,
+            Decision::Unschedulable("0/2 nodes are available: pod has unbound immediate PersistentVolumeClaims. preemption: 0/2 nodes are available: 2 Preemption is not helpful for scheduling.".into())
+        );
+        // The volume's node is down: its affinity rules the other out.
+        let one_down = [nodes[0].clone(), node("node-1", false, json!({"kubernetes.io/hostname": "node-1"}))];
+        let plan = plan_schedule_with(&pods[2..3], &one_down[1..], &claims);
+        assert!(
+            matches!(&plan[0].decision, Decision::Unschedulable(m) if m.contains("1 node(s) were not ready")),
+            "{plan:?}"
+        );
+        let plan = plan_schedule_with(&pods[2..3], &[nodes[1].clone()], &claims);
+        assert!(
+            matches!(&plan[0].decision, Decision::Unschedulable(m) if m.contains("1 node(s) had volume node affinity conflict")),
+            "{plan:?}"
+        );
     }
 }

@@ -7,8 +7,12 @@
 //! (`OnDelete`: only pods deleted by hand are replaced); the status and the Events.
 //! [`plan_statefulset`] decides (pure); [`sync_namespace`] reads and writes.
 //!
-//! Not done here: `volumeClaimTemplates` (the pods name their claims, `<template>-<pod>`, but
-//! no claim is made or bound yet), ControllerRevisions (a pod below `partition` that is
+//! Each pod's claims (`<template>-<pod>`, from `volumeClaimTemplates`) are made before the pod
+//! and kept after it, unless `persistentVolumeClaimRetentionPolicy` says `Delete`: `whenScaled`
+//! removes the claims of pods scaled away, `whenDeleted` those of a deleted set (the claims
+//! carry the set as owner, as upstream marks them). [`plan_claims`] decides those.
+//!
+//! Not done here: ControllerRevisions (a pod below `partition` that is
 //! recreated gets the current template), `minReadySeconds`, `maxUnavailable`.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -190,11 +194,80 @@ pub fn plan_statefulset(sts: &Value, pods: &[&Value]) -> SetPlan {
     plan
 }
 
+/// The claims a set's pods need: those of the pods about to be made that do not exist yet
+/// (created first), and, for `whenScaled: Delete`, those of ordinals scaled away whose pod is
+/// gone. Pure.
+pub fn plan_claims(
+    sts: &Value,
+    creating: &[Value],
+    pods: &[&Value],
+    claims: &BTreeSet<String>,
+) -> (Vec<Value>, Vec<String>) {
+    let set = sts["metadata"]["name"].as_str().unwrap_or("");
+    let templates: Vec<&Value> = sts["spec"]["volumeClaimTemplates"].as_array().into_iter().flatten().collect();
+    let policy = &sts["spec"]["persistentVolumeClaimRetentionPolicy"];
+    let mut create = vec![];
+    for pod in creating {
+        let pod_name = ns_name(pod).1;
+        for t in &templates {
+            let Some(template) = t["metadata"]["name"].as_str() else { continue };
+            let name = format!("{template}-{pod_name}");
+            if claims.contains(&name) {
+                continue;
+            }
+            let mut meta = t["metadata"].clone();
+            meta["name"] = json!(name);
+            for k in ["namespace", "generateName", "creationTimestamp", "resourceVersion", "uid"] {
+                meta.as_object_mut().map(|m| m.remove(k));
+            }
+            // The set's selector labels, as upstream gives its claims.
+            for (k, v) in sts["spec"]["selector"]["matchLabels"].as_object().into_iter().flatten() {
+                meta["labels"][k] = v.clone();
+            }
+            if policy["whenDeleted"] == "Delete" {
+                meta["ownerReferences"] = json!([{
+                    "apiVersion": "apps/v1", "kind": "StatefulSet", "name": set, "uid": sts["metadata"]["uid"],
+                    "controller": true, "blockOwnerDeletion": true,
+                }]);
+            }
+            create.push(
+                json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": meta, "spec": t["spec"]}),
+            );
+        }
+    }
+    let mut delete = vec![];
+    if policy["whenScaled"] == "Delete" {
+        let replicas = sts["spec"]["replicas"].as_i64().unwrap_or(1).max(0);
+        let live: BTreeSet<i64> = pods.iter().filter_map(|p| ordinal(set, &ns_name(p).1)).collect();
+        for claim in claims {
+            for t in &templates {
+                let Some(template) = t["metadata"]["name"].as_str() else { continue };
+                let ord =
+                    claim.strip_prefix(template).and_then(|r| r.strip_prefix('-')).and_then(|pod| ordinal(set, pod));
+                if ord.is_some_and(|i| i >= replicas && !live.contains(&i)) {
+                    delete.push(claim.clone());
+                }
+            }
+        }
+    }
+    (create, delete)
+}
+
 /// Brings the StatefulSets of namespace `ns` one step closer to what they ask for.
 pub async fn sync_namespace(reg: &Registry, ns: &str) -> Result<(), ApiError> {
     let (sets, _) = reg.store.list(Kind::StatefulSet, Some(ns))?;
     let (pods, _) = reg.store.list(Kind::Pod, Some(ns))?;
+    let (claims, _) = reg.store.list(Kind::PersistentVolumeClaim, Some(ns))?;
     let uids: BTreeSet<&str> = sets.iter().filter_map(|s| s["metadata"]["uid"].as_str()).collect();
+    // `whenDeleted: Delete`: the claims of a gone set go with it.
+    for c in &claims {
+        if let Some((kind, uid)) = controller_of(&c["metadata"]) {
+            if kind == "StatefulSet" && !uids.contains(uid.as_str()) && !is_terminating(c) {
+                delete_quietly(reg, Kind::PersistentVolumeClaim, ns, &ns_name(c).1).await?;
+            }
+        }
+    }
+    let claim_names: BTreeSet<String> = claims.iter().filter(|c| !is_terminating(c)).map(|c| ns_name(c).1).collect();
     let mut owned: BTreeMap<String, Vec<&Value>> = BTreeMap::new();
     for p in &pods {
         let Some((kind, uid)) = controller_of(&p["metadata"]) else { continue };
@@ -212,6 +285,7 @@ pub async fn sync_namespace(reg: &Registry, ns: &str) -> Result<(), ApiError> {
         let uid = sts["metadata"]["uid"].as_str().unwrap_or("");
         let mine = owned.get(uid).cloned().unwrap_or_default();
         let plan = plan_statefulset(sts, &mine);
+        let (new_claims, gone_claims) = plan_claims(sts, &plan.create, &mine, &claim_names);
         let set = ns_name(sts).1;
         let report = |type_: EventType, reason: &'static str, message: String| Report {
             component: "statefulset-controller",
@@ -223,7 +297,27 @@ pub async fn sync_namespace(reg: &Registry, ns: &str) -> Result<(), ApiError> {
             reason,
             message,
         };
-        for pod in plan.create {
+        let mut claims_failed = false;
+        for claim in new_claims {
+            let name = ns_name(&claim).1;
+            let pod = name.rsplit_once(&format!("-{set}-")).map(|(_, o)| format!("{set}-{o}")).unwrap_or_default();
+            match reg.create(Kind::PersistentVolumeClaim, Some(ns), claim, &WriteOptions::default()).await {
+                Ok(_) | Err(ApiError::AlreadyExists { .. }) => {
+                    let message = format!("create Claim {name} Pod {pod} in StatefulSet {set} success");
+                    record(reg, report(EventType::Normal, "SuccessfulCreate", message)).await;
+                }
+                Err(e) => {
+                    claims_failed = true;
+                    let message = format!("create Claim {name} for Pod {pod} in StatefulSet {set} failed error: {e}");
+                    record(reg, report(EventType::Warning, "FailedCreate", message)).await;
+                }
+            }
+        }
+        for name in gone_claims {
+            delete_quietly(reg, Kind::PersistentVolumeClaim, ns, &name).await?;
+        }
+        // A pod is made only once its claims are.
+        for pod in plan.create.into_iter().filter(|_| !claims_failed) {
             let name = ns_name(&pod).1;
             match reg.create(Kind::Pod, Some(ns), pod, &WriteOptions::default()).await {
                 Ok(_) => {
@@ -350,5 +444,31 @@ mod tests {
         assert_eq!(ordinal("web", "web-10"), Some(10));
         assert_eq!(ordinal("web", "web-01"), None);
         assert_eq!(ordinal("web", "webby-1"), None);
+    }
+
+    #[test]
+    fn claims_come_before_their_pods_and_go_as_the_retention_policy_says() {
+        let templates = json!({"volumeClaimTemplates": [{"metadata": {"name": "www"},
+            "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}}]});
+        let s = sts(2, templates.clone());
+        let plan = plan_statefulset(&s, &[]);
+        let (create, delete) = plan_claims(&s, &plan.create, &[], &BTreeSet::new());
+        assert_eq!(names(&create), ["www-web-0"]);
+        assert_eq!(create[0]["metadata"]["labels"]["app"], "nginx", "the selector's labels");
+        assert!(create[0]["metadata"].get("ownerReferences").is_none(), "Retain: the claim outlives the set");
+        assert!(delete.is_empty());
+        let have: BTreeSet<String> = ["www-web-0".to_string()].into();
+        assert!(plan_claims(&s, &plan.create, &[], &have).0.is_empty(), "made already");
+        // whenScaled: Delete, scaled from 2 to 1: web-1's claim goes once web-1 is gone.
+        let mut scaled = sts(1, templates);
+        scaled["spec"]["persistentVolumeClaimRetentionPolicy"] =
+            json!({"whenDeleted": "Delete", "whenScaled": "Delete"});
+        let have: BTreeSet<String> = ["www-web-0".to_string(), "www-web-1".to_string()].into();
+        let rev = revision(&scaled);
+        let (w0, w1) = (pod("web-0", &rev, true), pod("web-1", &rev, true));
+        assert!(plan_claims(&scaled, &[], &[&w0, &w1], &have).1.is_empty(), "web-1 still there");
+        assert_eq!(plan_claims(&scaled, &[], &[&w0], &have).1, ["www-web-1"]);
+        let (create, _) = plan_claims(&scaled, &[pod_for(&scaled, 0)], &[], &BTreeSet::new());
+        assert_eq!(create[0]["metadata"]["ownerReferences"][0]["kind"], "StatefulSet", "whenDeleted: Delete");
     }
 }

@@ -29,6 +29,8 @@ const ERR_IMAGE_PULL_SHOWN: Duration = Duration::from_secs(1);
 struct Cached<'a> {
     secrets: &'a podpath_client::reflector::Store<core::Secret>,
     config_maps: &'a podpath_client::reflector::Store<core::ConfigMap>,
+    claims: &'a podpath_client::reflector::Store<core::PersistentVolumeClaim>,
+    volumes: &'a podpath_client::reflector::Store<core::PersistentVolume>,
     token: Option<String>,
 }
 
@@ -41,6 +43,12 @@ impl volumes::Objects for Cached<'_> {
     }
     fn token(&self) -> Option<String> {
         self.token.clone()
+    }
+    fn claim(&self, namespace: &str, name: &str) -> Option<core::PersistentVolumeClaim> {
+        self.claims.get(&format!("{namespace}/{name}"))
+    }
+    fn volume(&self, name: &str) -> Option<core::PersistentVolume> {
+        self.volumes.get(name)
     }
 }
 
@@ -60,7 +68,13 @@ impl From<String> for BundleError {
 
 impl<P: Processes, E: PluginExec, A: PodApi, Q: Prober> Deps<P, E, A, Q> {
     fn objects(&self) -> Cached<'_> {
-        Cached { secrets: &self.secrets, config_maps: &self.config_maps, token: self.cfg.service_account_token.clone() }
+        Cached {
+            secrets: &self.secrets,
+            config_maps: &self.config_maps,
+            claims: &self.claims,
+            volumes: &self.volumes,
+            token: self.cfg.service_account_token.clone(),
+        }
     }
 
     /// Makes the pod's volumes (again: files volumes take their objects' current content);
@@ -115,6 +129,14 @@ impl<P: Processes, E: PluginExec, A: PodApi, Q: Prober> Deps<P, E, A, Q> {
                 volumes::Volume::Files(files) => {
                     volumes::write_files(&path, &files).map_err(fail)?;
                     path
+                }
+                volumes::Volume::Claimed(dir) => {
+                    if !dir.is_dir() {
+                        use std::os::unix::fs::PermissionsExt;
+                        std::fs::create_dir_all(&dir).map_err(fail)?;
+                        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).map_err(fail)?;
+                    }
+                    dir
                 }
             };
             out.insert(name, at);

@@ -194,6 +194,9 @@ pub struct Deps<P, E, A, Q> {
     /// Secrets and ConfigMaps: volumes, and `imagePullSecrets`.
     pub secrets: Arc<Store<core::Secret>>,
     pub config_maps: Arc<Store<core::ConfigMap>>,
+    /// Claims and volumes: the pods' persistentVolumeClaim volumes.
+    pub claims: Arc<Store<core::PersistentVolumeClaim>>,
+    pub volumes: Arc<Store<core::PersistentVolume>>,
 }
 
 impl<P, E, A, Q> Deps<P, E, A, Q> {
