@@ -623,12 +623,13 @@ fn a_daemonset_runs_one_pod_per_node_and_rolls_a_new_template_node_by_node() {
 }
 
 #[test]
-fn a_statefulset_makes_its_pods_in_order_with_stable_names_and_dns_and_scales_in_reverse() {
+fn statefulset_basics_as_written_ordered_pods_stable_dns_and_storage_that_stays() {
     let (_reg, lab) = lab_with_registry("imgsts", "2");
     lab.wait_for_cluster_dns();
-    // "StatefulSet Basics"' shape, without its claim templates (not provisioned yet).
+    // "StatefulSet Basics"' web.yaml, its image swapped for busybox's httpd serving the same
+    // directory (the claim template, mount and Service are the tutorial's).
     lab.apply(
-        "apiVersion: v1\nkind: Service\nmetadata: {name: nginx, labels: {app: nginx}}\nspec:\n  ports: [{port: 80, name: web}]\n  clusterIP: None\n  selector: {app: nginx}\n---\napiVersion: apps/v1\nkind: StatefulSet\nmetadata: {name: web}\nspec:\n  serviceName: nginx\n  replicas: 2\n  selector: {matchLabels: {app: nginx}}\n  template:\n    metadata: {labels: {app: nginx}}\n    spec:\n      terminationGracePeriodSeconds: 1\n      containers: [{name: nginx, image: busybox, command: [sh, -c, 'exec httpd -f -p 80 -h /etc'], ports: [{containerPort: 80, name: web}]}]\n",
+        "apiVersion: v1\nkind: Service\nmetadata: {name: nginx, labels: {app: nginx}}\nspec:\n  ports: [{port: 80, name: web}]\n  clusterIP: None\n  selector: {app: nginx}\n---\napiVersion: apps/v1\nkind: StatefulSet\nmetadata: {name: web}\nspec:\n  serviceName: nginx\n  replicas: 2\n  selector: {matchLabels: {app: nginx}}\n  template:\n    metadata: {labels: {app: nginx}}\n    spec:\n      terminationGracePeriodSeconds: 1\n      containers:\n      - name: nginx\n        image: busybox\n        command: [sh, -c, 'exec httpd -f -p 80 -h /usr/share/nginx/html']\n        ports: [{containerPort: 80, name: web}]\n        volumeMounts: [{name: www, mountPath: /usr/share/nginx/html}]\n  volumeClaimTemplates:\n  - metadata: {name: www}\n    spec:\n      accessModes: [ReadWriteOnce]\n      resources: {requests: {storage: 1Gi}}\n",
     );
     lab.kubectl(&["rollout", "status", "sts/web", "--timeout=90s"]);
     // In order: web-0 was Ready before web-1 was created.
@@ -641,33 +642,89 @@ fn a_statefulset_makes_its_pods_in_order_with_stable_names_and_dns_and_scales_in
         "jsonpath={.status.conditions[?(@.type==\"Ready\")].lastTransitionTime}",
     ]);
     assert!(ready0 <= created("web-1"), "web-0 ready at {ready0}, web-1 created at {}", created("web-1"));
+    // Each pod's claim, bound to a volume the lab's provisioner made on the pod's node.
+    let claims = lab.kubectl(&["get", "pvc", "-l", "app=nginx", "--no-headers"]);
+    let rows: Vec<Vec<&str>> = claims.lines().map(|l| l.split_whitespace().collect()).collect();
+    assert_eq!(rows.len(), 2, "{claims}");
+    for (i, row) in rows.iter().enumerate() {
+        assert_eq!(
+            (row[0], row[1], row[3], row[4], row[5]),
+            (format!("www-web-{i}").as_str(), "Bound", "1Gi", "RWO", "standard"),
+            "{claims}"
+        );
+        let pod_node = lab.kubectl(&["get", "pod", &format!("web-{i}"), "-o", "jsonpath={.spec.nodeName}"]);
+        let pv_node = lab.kubectl(&[
+            "get",
+            "pv",
+            row[2],
+            "-o",
+            "jsonpath={.spec.nodeAffinity.required.nodeSelectorTerms[0].matchExpressions[0].values[0]}",
+        ]);
+        assert_eq!(pod_node, pv_node, "web-{i}'s volume is on its node");
+    }
+    let classes = lab.kubectl(&["get", "sc", "--no-headers"]);
+    let class: Vec<&str> = classes.split_whitespace().collect();
+    assert_eq!(class[..6], ["standard", "(default)", "podpath.dev/local-path", "Delete", "WaitForFirstConsumer", "false"]);
+    let described = lab.kubectl(&["describe", "pvc", "www-web-0"]);
+    for want in ["Status:        Bound", "StorageClass:  standard", "Used By:       web-0", "ProvisioningSucceeded"] {
+        assert!(described.contains(want), "{want} in {described}");
+    }
     for i in 0..2 {
         assert_eq!(lab.kubectl(&["exec", &format!("web-{i}"), "--", "hostname"]).trim(), format!("web-{i}"));
+        // As the tutorial: each pod writes its hostname into its volume's index.html.
+        lab.kubectl(&[
+            "exec",
+            &format!("web-{i}"),
+            "--",
+            "sh",
+            "-c",
+            "echo \"$(hostname)\" > /usr/share/nginx/html/index.html",
+        ]);
     }
-    // Each pod has its DNS name under the headless Service.
+    // Each pod has its DNS name under the headless Service, and serves its own page.
     lab.kubectl(&["run", "client", "--image=busybox", "--", "sleep", "3600"]);
     lab.kubectl(&["wait", "--for=condition=Ready", "pod/client", "--timeout=60s"]);
     let ip0 = lab.kubectl(&["get", "pod", "web-0", "-o", "jsonpath={.status.podIP}"]);
     let lookup = lab.kubectl(&["exec", "client", "--", "nslookup", "web-0.nginx.default.svc.cluster.local"]);
     assert!(lookup.contains(&ip0), "{lookup}");
-    // Deleted, web-0 comes back under the same name and DNS name.
+    let pages = || {
+        (0..2)
+            .map(|i| {
+                lab.kubectl(&["exec", "client", "--", "wget", "-qO-", &format!("http://web-{i}.nginx")])
+                    .trim()
+                    .to_string()
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(pages(), ["web-0", "web-1"]);
+    // Deleted, the pods come back under the same names, DNS names and volumes.
     let uid = lab.kubectl(&["get", "pod", "web-0", "-o", "jsonpath={.metadata.uid}"]);
-    lab.kubectl(&["delete", "pod", "web-0"]);
-    wait_for(Duration::from_secs(60), "web-0 recreated and ready", || {
+    lab.kubectl(&["delete", "pod", "-l", "app=nginx"]);
+    wait_for(Duration::from_secs(90), "web-0 and web-1 recreated and ready", || {
         let s = lab.kubectl(&[
             "get",
-            "pod",
-            "web-0",
+            "pods",
+            "-l",
+            "app=nginx",
             "-o",
-            "jsonpath={.metadata.uid} {.status.conditions[?(@.type==\"Ready\")].status}",
-            "--ignore-not-found",
+            "jsonpath={range .items[*]}{.metadata.name}={.metadata.uid}={.status.conditions[?(@.type==\"Ready\")].status} {end}",
         ]);
-        match s.split_once(' ') {
-            Some((u, "True")) if u != uid => Ok(()),
-            _ => Err(s),
+        let fresh = s.split_whitespace().filter(|p| p.ends_with("=True") && !p.contains(&uid)).count();
+        if fresh == 2 {
+            Ok(())
+        } else {
+            Err(s)
         }
     });
-    // Scale to 4 and back to 2: web-3 goes before web-2.
+    wait_for(Duration::from_secs(30), "the pages served again from the kept volumes", || {
+        let p = pages();
+        if p == ["web-0", "web-1"] {
+            Ok(())
+        } else {
+            Err(format!("{p:?}"))
+        }
+    });
+    // Scale to 4 and back to 2: web-3 goes before web-2; the claims stay (Retain).
     lab.kubectl(&["scale", "sts", "web", "--replicas=4"]);
     lab.kubectl(&["rollout", "status", "sts/web", "--timeout=90s"]);
     let pods = lab.kubectl(&["get", "pods", "-l", "app=nginx", "-o", "name"]);
@@ -681,6 +738,8 @@ fn a_statefulset_makes_its_pods_in_order_with_stable_names_and_dns_and_scales_in
             Err(pods)
         }
     });
+    let claims = lab.kubectl(&["get", "pvc", "-l", "app=nginx", "-o", "name"]);
+    assert_eq!(claims.lines().count(), 4, "the claims of web-2 and web-3 stay: {claims}");
     let events = lab.kubectl(&[
         "get",
         "events",
@@ -691,10 +750,27 @@ fn a_statefulset_makes_its_pods_in_order_with_stable_names_and_dns_and_scales_in
         "custom-columns=M:.message",
         "--no-headers",
     ]);
+    assert!(events.contains("create Claim www-web-0 Pod web-0 in StatefulSet web success"), "{events}");
     let deletes: Vec<&str> = events.lines().filter(|l| l.starts_with("delete Pod")).collect();
     assert_eq!(
         deletes[deletes.len() - 2..],
         ["delete Pod web-3 in StatefulSet web successful", "delete Pod web-2 in StatefulSet web successful"],
         "{events}"
     );
+    // Cleaning up as the tutorial does: the set and the Service, then the claims, whose
+    // volumes (reclaimPolicy Delete) go with their directories on the nodes.
+    let dir = lab.kubectl(&["get", "pv", "-o", "jsonpath={.items[0].spec.hostPath.path}"]);
+    assert!(std::path::Path::new(&dir).is_dir(), "{dir}");
+    lab.kubectl(&["delete", "sts", "web"]);
+    lab.kubectl(&["delete", "svc", "nginx"]);
+    lab.kubectl(&["delete", "pvc", "-l", "app=nginx", "--wait=false"]);
+    wait_for(Duration::from_secs(60), "the claims' volumes deleted", || {
+        let left = lab.kubectl(&["get", "pv", "-o", "name"]);
+        if left.trim().is_empty() {
+            Ok(())
+        } else {
+            Err(left)
+        }
+    });
+    assert!(!std::path::Path::new(&dir).exists(), "{dir} deleted by its node");
 }
