@@ -591,6 +591,38 @@ fn a_daemonset_runs_one_pod_per_node_and_rolls_a_new_template_node_by_node() {
     let row = lab.kubectl(&["get", "ds", "agent", "--no-headers"]);
     let cells: Vec<&str> = row.split_whitespace().collect();
     assert_eq!(cells[1..6], ["2", "2", "2", "2", "2"], "{row}");
+    // A node that joins gets its pod (and leaves: its pod goes with it).
+    let (ok, out) = lab.run("node", &["add"]);
+    assert!(ok && out.contains("node-3: joined"), "{out}");
+    let zone =
+        lab.kubectl(&["get", "node", "node-3", "-o", "jsonpath={.metadata.labels.topology\\.kubernetes\\.io/zone}"]);
+    assert_eq!(zone, "zone-c");
+    lab.kubectl(&["rollout", "status", "ds/agent", "--timeout=90s"]);
+    let on3 =
+        lab.kubectl(&["get", "pods", "-l", "app=agent", "--field-selector", "spec.nodeName=node-3", "-o", "name"]);
+    assert_eq!(on3.lines().count(), 1, "{on3}");
+    let pod3 = on3.trim().trim_start_matches("pod/").to_string();
+    wait_for(Duration::from_secs(30), "node-3's daemon pod logs", || {
+        let log = kubectl_fails(&lab, &["logs", &pod3]);
+        if log.starts_with("v1 on agent-") {
+            Ok(())
+        } else {
+            Err(log)
+        }
+    });
+    // Taken out of the cluster as an administrator does with a dead machine: powered off,
+    // then its Node deleted.
+    let (ok, out) = lab.run("node", &["stop", "node-3"]);
+    assert!(ok, "{out}");
+    lab.kubectl(&["delete", "node", "node-3"]);
+    wait_for(Duration::from_secs(60), "node-3's daemon pod gone with its node", || {
+        let left = lab.kubectl(&["get", "pods", "-l", "app=agent", "-o", "name"]);
+        if left.lines().count() == 2 {
+            Ok(())
+        } else {
+            Err(left)
+        }
+    });
     // A new template rolls out, one node at a time, to both nodes again.
     lab.apply(&ds("v2"));
     lab.kubectl(&["rollout", "status", "ds/agent", "--timeout=120s"]);
@@ -664,7 +696,10 @@ fn statefulset_basics_as_written_ordered_pods_stable_dns_and_storage_that_stays(
     }
     let classes = lab.kubectl(&["get", "sc", "--no-headers"]);
     let class: Vec<&str> = classes.split_whitespace().collect();
-    assert_eq!(class[..6], ["standard", "(default)", "podpath.dev/local-path", "Delete", "WaitForFirstConsumer", "false"]);
+    assert_eq!(
+        class[..6],
+        ["standard", "(default)", "podpath.dev/local-path", "Delete", "WaitForFirstConsumer", "false"]
+    );
     let described = lab.kubectl(&["describe", "pvc", "www-web-0"]);
     for want in ["Status:        Bound", "StorageClass:  standard", "Used By:       web-0", "ProvisioningSucceeded"] {
         assert!(described.contains(want), "{want} in {described}");

@@ -178,17 +178,18 @@ enum Cmd {
         /// node-1 … node-N.
         node: String,
     },
-    /// `node stop NODE`: the node goes down as one losing power does (its agent killed without a
-    /// word, its pods' processes killed: NotReady after the grace period, its pods then not
-    /// ready); `node start NODE` brings it back (the agent recreates the pods); `node restart
-    /// NODE` does both.
+    /// `node add`: one more node joins the running lab (node-N+1, with its siblings' settings;
+    /// DaemonSets put their pods on it, the scheduler places new pods there). `node stop NODE`:
+    /// the node goes down as one losing power does (its agent killed without a word, its pods'
+    /// processes killed: NotReady after the grace period, its pods then not ready); `node start
+    /// NODE` brings it back (the agent recreates the pods); `node restart NODE` does both.
     Node {
         #[command(flatten)]
         which: Which,
-        #[arg(value_parser = ["stop", "start", "restart"])]
+        #[arg(value_parser = ["add", "stop", "start", "restart"])]
         action: String,
-        /// node-1 … node-N.
-        node: String,
+        /// node-1 … node-N (not with `add`: the new node is named for you).
+        node: Option<String>,
     },
     /// Break the network of a node on purpose and watch the cluster cope: its uplink down, a
     /// blackhole route, packet loss, delay. `fault list` shows what is in force; `fault clear`
@@ -634,6 +635,15 @@ fn run() -> Result<()> {
         Cmd::Node { which, action, node } => {
             lab::preflight()?;
             which.state()?;
+            if action == "add" {
+                if let Some(n) = node {
+                    bail!("`node add` names the new node itself; drop {n:?}");
+                }
+                let (name, took) = lab::up::add_node(&which.dir())?;
+                println!("{name}: joined; its agent registered and the node Ready {:.1} s later", took.as_secs_f64());
+                return Ok(());
+            }
+            let node = node.with_context(|| format!("`node {action}` needs a NODE (node-1 … node-N)"))?;
             if action != "start" {
                 lab::up::stop_node(&which.dir(), &node)?;
                 println!("{node}: stopped (its agent and its pods' processes)");

@@ -163,6 +163,23 @@ impl Plan {
         Plan { lab: lab.into(), hosts, links, addrs, routes, forwarding, nodes: node_specs }
     }
 
+    /// The part of a lab's plan that node-`i` (1-based) adds to it: its namespace, its link to
+    /// the underlay bridge, its address, route and forwarding (`podpath node add`).
+    pub fn one_node(lab: &str, i: usize) -> Plan {
+        let full = Plan::new(lab, i);
+        let node = full.nodes.last().cloned().expect("i ≥ 1");
+        let only = |netns: &str| netns == node.netns;
+        Plan {
+            lab: lab.into(),
+            hosts: full.hosts.into_iter().filter(|h| only(&h.netns)).collect(),
+            links: full.links.into_iter().filter(|l| only(&l.b)).collect(),
+            addrs: full.addrs.into_iter().filter(|a| only(&a.netns)).collect(),
+            routes: full.routes.into_iter().filter(|r| only(&r.netns)).collect(),
+            forwarding: full.forwarding.into_iter().filter(|n| only(n)).collect(),
+            nodes: vec![node],
+        }
+    }
+
     /// The namespace of a host as users name it.
     pub fn netns_of(&self, role: &str) -> Option<&str> {
         self.hosts.iter().find(|h| h.role == role && h.role != "underlay").map(|h| h.netns.as_str())
@@ -177,8 +194,11 @@ impl Plan {
             out.push(v(&["ip", "-n", &h.netns, "link", "set", "lo", "up"]));
         }
         let ul = netns_name(&self.lab, "underlay");
-        out.push(v(&["ip", "-n", &ul, "link", "add", "br0", "type", "bridge"]));
-        out.push(v(&["ip", "-n", &ul, "link", "set", "br0", "up"]));
+        // The bridge comes with the underlay (a node added later joins the one there is).
+        if self.hosts.iter().any(|h| h.netns == ul) {
+            out.push(v(&["ip", "-n", &ul, "link", "add", "br0", "type", "bridge"]));
+            out.push(v(&["ip", "-n", &ul, "link", "set", "br0", "up"]));
+        }
         for l in &self.links {
             out.push(v(&[
                 "ip", "-n", &l.a, "link", "add", &l.a_if, "type", "veth", "peer", "name", &l.b_if, "netns", &l.b,
@@ -200,6 +220,42 @@ impl Plan {
         }
         out
     }
+}
+
+/// The command line of a new node's agent, made from a sibling's (`from`, as recorded when the
+/// lab was made): every lab-wide flag kept, the node's own values (name, address, namespace,
+/// state and CNI directories, health address, zone) set for `node`. Pure.
+pub fn agent_argv_for(template: &[String], from: &NodeSpec, node: &NodeSpec, zone: &str) -> Vec<String> {
+    let mut out: Vec<String> = Vec::with_capacity(template.len());
+    let mut i = 0;
+    while i < template.len() {
+        let arg = &template[i];
+        let value = template.get(i + 1);
+        let swapped = |v: &String| v.replace(&format!("/{}/", from.name), &format!("/{}/", node.name));
+        match (arg.as_str(), value) {
+            ("--node-name", Some(_)) => out.extend([arg.clone(), node.name.clone()]),
+            ("--node-ip", Some(_)) => out.extend([arg.clone(), node.ip.to_string()]),
+            ("--healthz-bind-address", Some(_)) => {
+                out.extend([arg.clone(), format!("{}:{}", node.ip, AGENT_HEALTH_PORT)])
+            }
+            ("--state-dir" | "--cni-conf-dir", Some(v)) => out.extend([arg.clone(), swapped(v)]),
+            ("--node-label", Some(v)) if v.starts_with("topology.kubernetes.io/zone=") => {
+                out.extend([arg.clone(), format!("topology.kubernetes.io/zone={zone}")])
+            }
+            (a, _) if a == from.netns => {
+                out.push(node.netns.clone());
+                i += 1;
+                continue;
+            }
+            _ => {
+                out.push(arg.clone());
+                i += 1;
+                continue;
+            }
+        }
+        i += 2;
+    }
+    out
 }
 
 #[cfg(test)]
@@ -238,5 +294,48 @@ mod tests {
         for bad in ["", "Lab", "a b", "-x", "a/b", "averyveryverylongname1"] {
             assert!(check_name(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_node_added_later_joins_the_bridge_with_the_next_address_and_a_siblings_flags() {
+        let p = Plan::one_node("lab", 4);
+        let cmds: Vec<String> = p.commands().iter().map(|c| c.join(" ")).collect();
+        assert!(!cmds.iter().any(|c| c.contains("type bridge")), "the bridge exists: {cmds:?}");
+        assert!(cmds.contains(&"ip netns add pp-lab-node-4".to_string()));
+        assert!(cmds.contains(&"ip -n pp-lab-underlay link set n4 master br0".to_string()));
+        assert!(cmds.contains(&"ip -n pp-lab-node-4 addr add 192.168.56.14/24 dev eth0".to_string()));
+        assert!(cmds.contains(&"ip -n pp-lab-node-4 route add default via 192.168.56.2".to_string()));
+        let full = Plan::new("lab", 1);
+        let from = &full.nodes[0];
+        let s = |x: &str| x.to_string();
+        let template = [
+            s("ip"),
+            s("netns"),
+            s("exec"),
+            s("pp-lab-node-1"),
+            s("/b/node-agent"),
+            s("--node-name"),
+            s("node-1"),
+            s("--node-ip"),
+            s("192.168.56.11"),
+            s("--state-dir"),
+            s("/var/lib/podpath/lab/nodes/node-1/agent"),
+            s("--cni-conf-dir"),
+            s("/var/lib/podpath/lab/nodes/node-1/cni"),
+            s("--healthz-bind-address"),
+            s("192.168.56.11:10256"),
+            s("--proxy-mode"),
+            s("nftables"),
+            s("--masquerade=false"),
+            s("--node-label"),
+            s("topology.kubernetes.io/region=lab"),
+            s("--node-label"),
+            s("topology.kubernetes.io/zone=zone-a"),
+        ];
+        let argv = agent_argv_for(&template, from, &p.nodes[0], &zone_of(4)).join(" ");
+        assert_eq!(
+            argv,
+            "ip netns exec pp-lab-node-4 /b/node-agent --node-name node-4 --node-ip 192.168.56.14 --state-dir /var/lib/podpath/lab/nodes/node-4/agent --cni-conf-dir /var/lib/podpath/lab/nodes/node-4/cni --healthz-bind-address 192.168.56.14:10256 --proxy-mode nftables --masquerade=false --node-label topology.kubernetes.io/region=lab --node-label topology.kubernetes.io/zone=zone-a"
+        );
     }
 }

@@ -548,13 +548,7 @@ fn start(opts: &UpOptions, p: &Plan, st: &mut LabState, api: SocketAddr, progres
 /// Routes from the control plane to every node's pods, then the cluster DNS objects (not
 /// waited for: its pods become Ready a moment later, as CoreDNS's do).
 fn cluster_dns(p: &Plan, access: &ApiAccess, progress: &mut dyn FnMut(&str)) -> Result<()> {
-    let s = |x: &str| x.to_string();
-    let cp = p.netns_of("control-plane").expect("planned");
-    let (_, body) = access.get("/api/v1/nodes")?;
-    let nodes: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
-    for (cidr, via) in crate::dns::control_plane_routes(&nodes) {
-        run(&[s("ip"), s("-n"), cp.to_string(), s("route"), s("replace"), cidr, s("via"), via])?;
-    }
+    control_plane_routes(&p.lab, access)?;
     progress(&format!("cluster DNS: kube-system/kube-dns at {} (podpath/dns pods)", crate::dns::CLUSTER_DNS));
     for (path, obj) in crate::dns::objects() {
         let (code, body) = access.request("POST", path, &obj.to_string())?;
@@ -563,6 +557,75 @@ fn cluster_dns(p: &Plan, access: &ApiAccess, progress: &mut dyn FnMut(&str)) -> 
         }
     }
     Ok(())
+}
+
+/// Routes from the control plane to every node's pod CIDR (the API server reaches webhooks-free
+/// pods for `port-forward`, `exec` and the DNS server's lookups).
+fn control_plane_routes(lab: &str, access: &ApiAccess) -> Result<()> {
+    let s = |x: &str| x.to_string();
+    let cp = plan::netns_name(lab, "control-plane");
+    let (_, body) = access.get("/api/v1/nodes")?;
+    let nodes: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+    for (cidr, via) in crate::dns::control_plane_routes(&nodes) {
+        run(&[s("ip"), s("-n"), cp.clone(), s("route"), s("replace"), cidr, s("via"), via])?;
+    }
+    Ok(())
+}
+
+/// `podpath node add`: one more node joins the running lab, as a new machine joins a cluster —
+/// its namespace on the underlay with the next address, its agent started with the same flags
+/// as its siblings' (its own name, address, directories and zone), registered and Ready; the
+/// other nodes and the load balancer learn of it from the API, the control plane gets a route
+/// to its pods. Returns its name and the time until it was Ready.
+pub fn add_node(state_dir: &Path) -> Result<(String, Duration)> {
+    let t = Instant::now();
+    let mut st =
+        load_state(state_dir)?.ok_or_else(|| LabError::Usage(format!("no lab state in {}", state_dir.display())))?;
+    let i = st.nodes + 1;
+    if i > plan::MAX_NODES {
+        return Err(LabError::Usage(format!("lab {:?} has {} nodes, the most a lab has", st.name, st.nodes)));
+    }
+    let sibling =
+        st.procs.iter().find(|p| p.component.starts_with("node-") && !p.argv.is_empty()).cloned().ok_or_else(|| {
+            LabError::Usage(format!("lab {:?} has no node whose agent's command line was recorded", st.name))
+        })?;
+    if !st.procs.iter().any(|p| p.component == "apiserver-lite" && alive(p)) {
+        return Err(LabError::Usage(format!("lab {:?}'s API server is not running", st.name)));
+    }
+    let from_index: usize = sibling.component.strip_prefix("node-").and_then(|n| n.parse().ok()).unwrap_or(1);
+    let from = Plan::new(&st.name, from_index).nodes.pop().expect("planned");
+    let added = Plan::one_node(&st.name, i);
+    let node = added.nodes[0].clone();
+    if run(&["ip".into(), "netns".into(), "list".into()])?
+        .lines()
+        .any(|l| l.split_whitespace().next() == Some(&node.netns))
+    {
+        return Err(LabError::Usage(format!(
+            "namespace {} exists already (left by another lab of this name?): `podpath down --name {}` first",
+            node.netns, st.name
+        )));
+    }
+    // Recorded first: `down` removes it whatever happens next.
+    st.namespaces.push(node.netns.clone());
+    st.nodes = i;
+    save_state(state_dir, &st)?;
+    for argv in added.commands() {
+        run(&argv)?;
+    }
+    let dir = state_dir.join("nodes").join(&node.name);
+    std::fs::create_dir_all(dir.join("cni")).map_err(io(format!("create {}", dir.display())))?;
+    let argv = plan::agent_argv_for(&sibling.argv, &from, &node, &plan::zone_of(i));
+    let env: Vec<(&str, &Path)> = sibling.env.iter().map(|(k, v)| (k.as_str(), Path::new(v.as_str()))).collect();
+    let log = state_dir.join("logs").join(format!("{}.log", node.name));
+    st.procs.push(spawn(&node.name, &argv, &log, &env)?);
+    save_state(state_dir, &st)?;
+    let access = ApiAccess::of(&st)?;
+    wait_until(Duration::from_secs(30), &format!("{} to be Ready", node.name), || {
+        ready_nodes(&access).contains(&node.name)
+    })
+    .map_err(|e| with_log(e, &log))?;
+    control_plane_routes(&st.name, &access)?;
+    Ok((node.name, t.elapsed()))
 }
 
 fn with_log(e: LabError, log: &Path) -> LabError {
