@@ -162,8 +162,25 @@ fn main() {
         let t0 = Instant::now();
         assert!(lab.run("node", &["stop", "node-2"]).0);
         let detect = until(Duration::from_secs(30), || !in_rotation(&lab, "192.168.56.12"));
+        // Until the stopped node's pod is no ready endpoint, node-1's proxy still sends it
+        // half of what reaches it (Cluster policy).
+        let gone = until(Duration::from_secs(60), || lab.ready_endpoints("web").len() == 1);
         let _ = until(Duration::from_secs(30), || !node_ready(&lab, "node-2"));
         std::thread::sleep(Duration::from_secs(2));
+        let (failed, sent, _) = count(&log, t0, Instant::now());
+        if let Some(g) = gone {
+            BENCH.record(
+                "node stop node-2 (Cluster): its pod's endpoint not ready",
+                (g.as_secs_f64() * 100.0).round() / 100.0,
+                "s",
+                "",
+            );
+        }
+        BENCH.record("node stop node-2 (Cluster): requests failed of those sent", failed as f64, "requests", "");
+        println!(
+            "node stop: endpoint not ready after {}, {failed}/{sent} requests failed",
+            gone.map(|g| format!("{:.2} s", g.as_secs_f64())).unwrap_or("—".into())
+        );
         let t1 = Instant::now();
         assert!(lab.run("node", &["start", "node-2"]).0);
         let heal = until(Duration::from_secs(60), || {
