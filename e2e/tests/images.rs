@@ -499,6 +499,22 @@ fn jobs_run_to_completion_fail_past_their_backoff_limit_indexed_jobs_cover_every
     ]);
     assert!(events.contains("Job has reached the specified backoff limit"), "{events}");
 
+    // A pod failure policy (the documentation's example, its image swapped): exit code 42 of
+    // the main container fails the Job at once, without using up the back-off limit.
+    lab.apply(
+        "apiVersion: batch/v1\nkind: Job\nmetadata: {name: policy}\nspec:\n  completions: 2\n  parallelism: 2\n  backoffLimit: 6\n  podFailurePolicy:\n    rules:\n    - action: FailJob\n      onExitCodes: {containerName: main, operator: In, values: [42]}\n    - action: Ignore\n      onPodConditions: [{type: DisruptionTarget}]\n  template:\n    spec:\n      restartPolicy: Never\n      containers: [{name: main, image: busybox, command: [sh, -c, 'exit 42']}]\n",
+    );
+    lab.kubectl(&["wait", "--for=condition=failed", "job/policy", "--timeout=90s"]);
+    let failed = lab.kubectl(&[
+        "get",
+        "job",
+        "policy",
+        "-o",
+        "jsonpath={.status.conditions[?(@.type==\"Failed\")].reason}: {.status.conditions[?(@.type==\"Failed\")].message}",
+    ]);
+    assert!(failed.starts_with("PodFailurePolicy: Container main for pod default/policy-"), "{failed}");
+    assert!(failed.ends_with("failed with exit code 42 matching FailJob rule at index 0"), "{failed}");
+
     // Indexed: one pod per index, each told its index.
     lab.apply(
         "apiVersion: batch/v1\nkind: Job\nmetadata: {name: shards}\nspec:\n  completions: 3\n  parallelism: 3\n  completionMode: Indexed\n  template:\n    spec:\n      restartPolicy: Never\n      containers: [{name: c, image: busybox, command: [sh, -c, 'echo shard $JOB_COMPLETION_INDEX of $(hostname)']}]\n",
@@ -550,7 +566,7 @@ fn jobs_run_to_completion_fail_past_their_backoff_limit_indexed_jobs_cover_every
     lab.kubectl(&["delete", "cronjob", "tick", "never"]);
 
     // Deleting a Job takes its pods.
-    lab.kubectl(&["delete", "job", "pi", "shards", "broken"]);
+    lab.kubectl(&["delete", "job", "pi", "shards", "broken", "policy"]);
     wait_for(Duration::from_secs(30), "the Jobs' pods gone", || {
         let left = lab.kubectl(&["get", "pods", "-l", "job-name", "-o", "name"]);
         if left.trim().is_empty() {

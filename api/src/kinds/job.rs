@@ -21,7 +21,17 @@ pub(crate) fn default_job_spec(spec: &mut JobSpec) {
         spec.completions = Some(1);
     }
     spec.parallelism.get_or_insert(1);
-    spec.backoff_limit.get_or_insert(6);
+    // With a limit per index, the Job-wide one is off unless set.
+    spec.backoff_limit.get_or_insert(if spec.backoff_limit_per_index.is_some() { i32::MAX } else { 6 });
+    let replacement = if spec.pod_failure_policy.is_some() { "Failed" } else { "TerminatingOrFailed" };
+    spec.pod_replacement_policy.get_or_insert_with(|| replacement.into());
+    for rule in spec.pod_failure_policy.iter_mut().flat_map(|p| p.rules.iter_mut()) {
+        for pattern in rule.on_pod_conditions.iter_mut().flatten() {
+            if pattern.status.is_empty() {
+                pattern.status = "True".into();
+            }
+        }
+    }
     spec.completion_mode.get_or_insert_with(|| "NonIndexed".into());
     spec.suspend.get_or_insert(false);
     default_template(&mut spec.template);
@@ -41,6 +51,119 @@ pub(crate) fn validate_job_spec(spec: &JobSpec, path: &FieldPath, out: &mut Vec<
         out.push(v::not_supported(&path.child("completionMode"), m, &["NonIndexed", "Indexed"]));
     }
     validate_template(&spec.template, spec.selector.as_ref(), ENDING, &path.child("template"), out);
+    let indexed = spec.completion_mode.as_deref() == Some("Indexed");
+    if let Some(n) = spec.backoff_limit_per_index {
+        if !indexed {
+            out.push(v::forbidden(&path.child("backoffLimitPerIndex"), "requires indexed completion mode"));
+        } else if n < 0 {
+            out.push(v::invalid(&path.child("backoffLimitPerIndex"), &n, "must be greater than or equal to 0"));
+        }
+    }
+    if let Some(n) = spec.max_failed_indexes {
+        if spec.backoff_limit_per_index.is_none() {
+            out.push(v::required(&path.child("backoffLimitPerIndex"), "when maxFailedIndexes is specified"));
+        } else if n < 0 {
+            out.push(v::invalid(&path.child("maxFailedIndexes"), &n, "must be greater than or equal to 0"));
+        } else if spec.completions.is_some_and(|c| n > c) {
+            out.push(v::invalid(&path.child("maxFailedIndexes"), &n, "must be less than or equal to completions"));
+        }
+    }
+    const REPLACEMENT: [&str; 2] = ["Failed", "TerminatingOrFailed"];
+    match spec.pod_replacement_policy.as_deref() {
+        Some(p) if !REPLACEMENT.contains(&p) => {
+            out.push(v::not_supported(&path.child("podReplacementPolicy"), p, &REPLACEMENT))
+        }
+        Some(p) if p != "Failed" && spec.pod_failure_policy.is_some() => {
+            out.push(v::not_supported(&path.child("podReplacementPolicy"), p, &["Failed"]))
+        }
+        _ => {}
+    }
+    if let Some(policy) = &spec.pod_failure_policy {
+        let restart = spec.template.spec.as_ref().and_then(|s| s.restart_policy.clone()).unwrap_or_default();
+        if restart != "Never" {
+            let at = path.child("template").child("spec").child("restartPolicy");
+            out.push(v::invalid(&at, restart.as_str(), "only \"Never\" is supported when podFailurePolicy is specified"));
+        }
+        let rules_path = path.child("podFailurePolicy").child("rules");
+        if policy.rules.len() > 20 {
+            out.push(v::invalid(&rules_path, "", "must have at most 20 items"));
+        }
+        const ACTIONS: [&str; 4] = ["Count", "FailIndex", "FailJob", "Ignore"];
+        for (i, rule) in policy.rules.iter().enumerate() {
+            let at = rules_path.index(i);
+            if !ACTIONS.contains(&rule.action.as_str()) {
+                out.push(v::not_supported(&at.child("action"), rule.action.as_str(), &ACTIONS));
+            } else if rule.action == "FailIndex" && spec.backoff_limit_per_index.is_none() {
+                out.push(v::invalid(&at.child("action"), rule.action.as_str(), "requires the backoffLimitPerIndex to be set"));
+            }
+            match (&rule.on_exit_codes, &rule.on_pod_conditions) {
+                (Some(_), Some(_)) => out.push(v::invalid(&at, "", "specifying both OnExitCodes and OnPodConditions is not supported")),
+                (None, None) => out.push(v::invalid(&at, "", "specifying one of OnExitCodes and OnPodConditions is required")),
+                _ => {}
+            }
+            if let Some(codes) = &rule.on_exit_codes {
+                let op = at.child("onExitCodes").child("operator");
+                if !["In", "NotIn"].contains(&codes.operator.as_str()) {
+                    out.push(v::not_supported(&op, codes.operator.as_str(), &["In", "NotIn"]));
+                }
+                let values = at.child("onExitCodes").child("values");
+                if codes.values.is_empty() {
+                    out.push(v::required(&values, "at least one value is required"));
+                }
+                let mut seen = std::collections::BTreeSet::new();
+                for (j, code) in codes.values.iter().enumerate() {
+                    if !seen.insert(code) {
+                        out.push(v::duplicate(&values.index(j), code));
+                    }
+                    if codes.operator == "In" && *code == 0 {
+                        out.push(v::invalid(&values.index(j), code, "must not be 0 for the In operator"));
+                    }
+                }
+            }
+        }
+    }
+    if let Some(policy) = &spec.success_policy {
+        let at = path.child("successPolicy");
+        if !indexed {
+            out.push(v::invalid(&at, "", "requires indexed completion mode"));
+        }
+        if policy.rules.is_empty() || policy.rules.len() > 20 {
+            out.push(v::invalid(&at.child("rules"), "", "must have at least one rule and at most 20"));
+        }
+        for (i, rule) in policy.rules.iter().enumerate() {
+            let r = at.child("rules").index(i);
+            if rule.succeeded_indexes.is_none() && rule.succeeded_count.is_none() {
+                out.push(v::required(&r, "at least one of succeededCount or succeededIndexes must be specified"));
+            }
+            if let Some(c) = rule.succeeded_count {
+                if c < 0 {
+                    out.push(v::invalid(&r.child("succeededCount"), &c, "must be greater than or equal to 0"));
+                } else if spec.completions.is_some_and(|n| c > n) {
+                    out.push(v::invalid(&r.child("succeededCount"), &c, "must be less than or equal to completions"));
+                }
+            }
+            if let Some(ix) = &rule.succeeded_indexes {
+                if parse_indexes(ix).is_none() {
+                    out.push(v::invalid(&r.child("succeededIndexes"), ix.as_str(), "must be a list of indexes and ranges, e.g. 0-2,5"));
+                }
+            }
+        }
+    }
+}
+
+/// Indexes as `completedIndexes` and `succeededIndexes` write them (`0-2,5`); None when
+/// malformed (or a range over 100,000 wide).
+pub fn parse_indexes(text: &str) -> Option<std::collections::BTreeSet<i64>> {
+    let mut out = std::collections::BTreeSet::new();
+    for part in text.split(',').filter(|s| !s.is_empty()) {
+        let (a, b) = part.split_once('-').unwrap_or((part, part));
+        let (a, b): (i64, i64) = (a.parse().ok()?, b.parse().ok()?);
+        if a < 0 || b < a || b - a > 100_000 {
+            return None;
+        }
+        out.extend(a..=b);
+    }
+    Some(out)
 }
 
 impl ApiObject for Job {
@@ -170,5 +293,42 @@ mod tests {
             causes,
             ["spec.template.spec.restartPolicy: Unsupported value: \"Always\": supported values: \"OnFailure\", \"Never\""]
         );
+    }
+
+    #[test]
+    fn failure_and_success_policies_are_defaulted_and_checked() {
+        let mut j = job(Some("Never"));
+        let spec = j.spec.as_mut().unwrap();
+        spec.completion_mode = Some("Indexed".into());
+        spec.completions = Some(4);
+        spec.backoff_limit_per_index = Some(1);
+        spec.max_failed_indexes = Some(2);
+        spec.pod_failure_policy = Some(serde_json::from_value(json!({"rules": [
+            {"action": "FailIndex", "onExitCodes": {"operator": "In", "values": [42]}},
+            {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}]})).unwrap());
+        j.apply_defaults();
+        assert_eq!(j.validate(None), vec![]);
+        let spec = j.spec.clone().unwrap();
+        assert_eq!(spec.backoff_limit, Some(i32::MAX), "off with a limit per index");
+        assert_eq!(spec.pod_replacement_policy.as_deref(), Some("Failed"));
+        assert_eq!(spec.pod_failure_policy.unwrap().rules[1].on_pod_conditions.as_ref().unwrap()[0].status, "True");
+        let mut bad = job(Some("OnFailure"));
+        let spec = bad.spec.as_mut().unwrap();
+        spec.backoff_limit_per_index = Some(1);
+        spec.pod_failure_policy = Some(serde_json::from_value(json!({"rules": [
+            {"action": "FailIndex", "onExitCodes": {"operator": "In", "values": [0, 3, 3]}}]})).unwrap());
+        spec.success_policy = Some(serde_json::from_value(json!({"rules": [{"succeededIndexes": "3-1"}]})).unwrap());
+        bad.apply_defaults();
+        let causes: Vec<String> = bad.validate(None).iter().map(|c| c.to_string()).collect();
+        let want = [
+            "spec.backoffLimitPerIndex: Forbidden: requires indexed completion mode",
+            "spec.template.spec.restartPolicy: Invalid value: \"OnFailure\": only \"Never\" is supported when podFailurePolicy is specified",
+            "spec.podFailurePolicy.rules[0].onExitCodes.values[0]: Invalid value: 0: must not be 0 for the In operator",
+            "spec.podFailurePolicy.rules[0].onExitCodes.values[2]: Duplicate value: 3",
+            "spec.successPolicy: Invalid value: \"\": requires indexed completion mode",
+        ];
+        for w in want {
+            assert!(causes.iter().any(|c| c == w), "{w} in {causes:#?}");
+        }
     }
 }

@@ -3,7 +3,10 @@
 //! counted against `backoffLimit` with the real back-off before a replacement (10 s, doubling,
 //! 6 min at most), `activeDeadlineSeconds`, `suspend`, the conditions (`SuccessCriteriaMet`
 //! and `Complete`, `FailureTarget` and `Failed`) with their reasons, the Events, and
-//! `ttlSecondsAfterFinished`. [`plan_job`] decides (pure: the Job, its pods and the time in, a
+//! `ttlSecondsAfterFinished`; `podFailurePolicy` (a failed pod's exit codes or conditions fail
+//! the Job, fail its index, are ignored or counted), `backoffLimitPerIndex` and
+//! `maxFailedIndexes` (`failedIndexes`), `successPolicy`, `podReplacementPolicy`, and under
+//! `restartPolicy: OnFailure` the containers' restarts counted against `backoffLimit`. [`plan_job`] decides (pure: the Job, its pods and the time in, a
 //! plan out); [`sync_namespace`] reads and writes.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -137,6 +140,67 @@ pub fn pod_for(job: &Value, index: Option<i64>) -> Value {
     json!({"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec})
 }
 
+/// What a Job's `podFailurePolicy` makes of a failed pod: the first rule that matches, as
+/// (action, rule index, the failure as the message describes it). None: no rule matches
+/// (counted).
+fn policy_verdict(job: &Value, pod: &Value) -> Option<(String, usize, String)> {
+    let rules = job.pointer("/spec/podFailurePolicy/rules")?.as_array()?;
+    let (ns, name) = ns_name(pod);
+    let statuses: Vec<&Value> = ["initContainerStatuses", "containerStatuses"]
+        .iter()
+        .flat_map(|k| pod["status"][*k].as_array().into_iter().flatten())
+        .collect();
+    for (i, rule) in rules.iter().enumerate() {
+        let action = rule["action"].as_str().unwrap_or("").to_string();
+        if let Some(codes) = rule.get("onExitCodes").filter(|c| c.is_object()) {
+            let values: Vec<i64> = codes["values"].as_array().into_iter().flatten().filter_map(Value::as_i64).collect();
+            let only = codes["containerName"].as_str();
+            let hit = statuses.iter().find_map(|c| {
+                let code = c["state"]["terminated"]["exitCode"].as_i64().filter(|c| *c != 0)?;
+                let container = c["name"].as_str().unwrap_or("");
+                if only.is_some_and(|o| o != container) {
+                    return None;
+                }
+                let matched = match codes["operator"].as_str() {
+                    Some("In") => values.contains(&code),
+                    Some("NotIn") => !values.contains(&code),
+                    _ => false,
+                };
+                matched.then(|| format!("Container {container} for pod {ns}/{name} failed with exit code {code}"))
+            });
+            if let Some(what) = hit {
+                return Some((action, i, what));
+            }
+        }
+        for pattern in rule["onPodConditions"].as_array().into_iter().flatten() {
+            let want = pattern["status"].as_str().unwrap_or("True");
+            let found = pod["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|c| c["type"] == pattern["type"] && c["status"] == want);
+            if found {
+                let type_ = pattern["type"].as_str().unwrap_or("");
+                return Some((action, i, format!("Pod {ns}/{name} has condition {type_}")));
+            }
+        }
+    }
+    None
+}
+
+/// The containers' restarts of the pods still running (`restartPolicy: OnFailure`: a failing
+/// container restarts in its pod, and each restart counts against `backoffLimit`).
+fn restarts(pods: &[&Value]) -> i64 {
+    pods.iter()
+        .flat_map(|p| {
+            ["initContainerStatuses", "containerStatuses"]
+                .into_iter()
+                .flat_map(move |k| p["status"][k].as_array().into_iter().flatten())
+        })
+        .filter_map(|c| c["restartCount"].as_i64())
+        .sum()
+}
+
 /// The back-off before replacing a failed pod: 10 s doubling per failure, 6 min at most.
 fn backoff(failed: i64) -> jiff::SignedDuration {
     let steps = (failed - 1).clamp(0, 6) as u32;
@@ -188,8 +252,48 @@ pub fn plan_job(job: &Value, pods: &[&Value], now: Timestamp) -> JobPlan {
     }
     let succeeded = if indexed { done_indexes.len() as i64 } else { succeeded_pods.len() as i64 }
         .max(old["succeeded"].as_i64().unwrap_or(0));
-    let failed_pods: Vec<&Value> = pods.iter().filter(|p| phase(p) == "Failed").copied().collect();
+    // Failed pods as the pod failure policy judges them: ignored ones do not count, a FailJob
+    // match fails the Job, a FailIndex match fails the pod's index.
+    let mut fail_job: Option<String> = None;
+    let mut fail_index: BTreeSet<i64> = BTreeSet::new();
+    let failed_pods: Vec<&Value> = pods
+        .iter()
+        .filter(|p| phase(p) == "Failed")
+        .filter(|p| match policy_verdict(job, p) {
+            Some((action, i, what)) => match action.as_str() {
+                "Ignore" => false,
+                "FailJob" => {
+                    fail_job.get_or_insert(format!("{what} matching FailJob rule at index {i}"));
+                    true
+                }
+                "FailIndex" => {
+                    fail_index.extend(index_of(p));
+                    true
+                }
+                _ => true,
+            },
+            None => true,
+        })
+        .copied()
+        .collect();
     let failed = (failed_pods.len() as i64).max(old["failed"].as_i64().unwrap_or(0));
+    // Per index: each index's failures against `backoffLimitPerIndex`.
+    let per_index = spec["backoffLimitPerIndex"].as_i64().filter(|_| indexed);
+    let mut index_failures: BTreeMap<i64, (i64, Option<Timestamp>)> = BTreeMap::new();
+    for p in &failed_pods {
+        if let Some(i) = index_of(p) {
+            let e = index_failures.entry(i).or_default();
+            e.0 += 1;
+            e.1 = e.1.max(finished_at(p));
+        }
+    }
+    let mut failed_indexes: BTreeSet<i64> =
+        old["failedIndexes"].as_str().and_then(api::kinds::job::parse_indexes).unwrap_or_default();
+    if let Some(limit) = per_index {
+        failed_indexes.extend(index_failures.iter().filter(|(_, (n, _))| *n > limit).map(|(i, _)| *i));
+        failed_indexes.extend(fail_index);
+        failed_indexes.retain(|i| (0..completions.unwrap_or(0)).contains(i) && !done_indexes.contains(i));
+    }
 
     let mut status = json!({
         "active": active.len(), "ready": ready, "terminating": terminating,
@@ -203,6 +307,9 @@ pub fn plan_job(job: &Value, pods: &[&Value], now: Timestamp) -> JobPlan {
     }
     if indexed && !done_indexes.is_empty() {
         status["completedIndexes"] = json!(index_ranges(&done_indexes));
+    }
+    if per_index.is_some() {
+        status["failedIndexes"] = json!(index_ranges(&failed_indexes));
     }
     let mut conditions: Vec<Value> = old["conditions"].as_array().cloned().unwrap_or_default();
     let start = time(&old["startTime"]);
@@ -281,8 +388,55 @@ pub fn plan_job(job: &Value, pods: &[&Value], now: Timestamp) -> JobPlan {
         }
         plan.wake_at = Some(due);
     }
-    if failed > backoff_limit {
+    if let Some(message) = fail_job {
+        fail("PodFailurePolicy", &message, conditions, status, &mut plan);
+        return plan;
+    }
+    let on_failure = spec["template"]["spec"]["restartPolicy"] == "OnFailure";
+    let restarted = if on_failure { restarts(&active) } else { 0 };
+    if failed + restarted > backoff_limit {
         fail("BackoffLimitExceeded", "Job has reached the specified backoff limit", conditions, status, &mut plan);
+        return plan;
+    }
+    if let Some(max) = spec["maxFailedIndexes"].as_i64().filter(|_| per_index.is_some()) {
+        if failed_indexes.len() as i64 > max {
+            let message = "Job has exceeded the specified maximal number of failed indexes";
+            fail("MaxFailedIndexesExceeded", message, conditions, status, &mut plan);
+            return plan;
+        }
+    }
+    // Every index ended, some failed: Failed.
+    if per_index.is_some()
+        && !failed_indexes.is_empty()
+        && (done_indexes.len() + failed_indexes.len()) as i64 >= completions.unwrap_or(0)
+    {
+        fail("FailedIndexes", "Job has failed indexes", conditions, status, &mut plan);
+        return plan;
+    }
+    // A success policy's rule met: done, the rest of the pods stopped.
+    let matched_rule = spec["successPolicy"]["rules"].as_array().filter(|_| indexed).and_then(|rules| {
+        rules.iter().position(|r| {
+            let within: Option<BTreeSet<i64>> = r["succeededIndexes"].as_str().and_then(api::kinds::job::parse_indexes);
+            let hits = match &within {
+                Some(set) => set.intersection(&done_indexes).count() as i64,
+                None => done_indexes.len() as i64,
+            };
+            match (&within, r["succeededCount"].as_i64()) {
+                (Some(set), None) => !set.is_empty() && hits == set.len() as i64,
+                (_, Some(c)) => hits >= c,
+                (None, None) => false,
+            }
+        })
+    });
+    if let Some(i) = matched_rule {
+        let message = format!("Matched rules at index {i}");
+        conditions.push(condition("SuccessCriteriaMet", "SuccessPolicy", &message, now));
+        conditions.push(condition("Complete", "SuccessPolicy", &message, now));
+        status["conditions"] = json!(conditions);
+        status["completionTime"] = stamp(now);
+        plan.delete = active.iter().map(|p| ns_name(p).1).collect();
+        plan.events.push((EventType::Normal, "Completed", "Job completed".into()));
+        plan.status = status;
         return plan;
     }
 
@@ -305,26 +459,50 @@ pub fn plan_job(job: &Value, pods: &[&Value], now: Timestamp) -> JobPlan {
     }
     status["conditions"] = json!(conditions);
 
-    // More pods, unless a failure's back-off still runs.
-    let last_failure = failed_pods.iter().filter_map(|p| finished_at(p)).max();
-    let wait_until = last_failure.map(|t| t + backoff(failed));
-    if let Some(until) = wait_until.filter(|u| now < *u) {
+    // More pods, unless a failure's back-off still runs (per index with a limit per index).
+    let wake = |until: Timestamp, plan: &mut JobPlan| {
         plan.wake_at = Some(plan.wake_at.map_or(until, |w| w.min(until)));
-        plan.status = status;
-        return plan;
+    };
+    if per_index.is_none() {
+        let last_failure = failed_pods.iter().filter_map(|p| finished_at(p)).max();
+        let wait_until = last_failure.map(|t| t + backoff(failed));
+        if let Some(until) = wait_until.filter(|u| now < *u) {
+            wake(until, &mut plan);
+            plan.status = status;
+            return plan;
+        }
     }
+    // `podReplacementPolicy: Failed`: a pod being deleted still holds its place.
+    let holding: Vec<&Value> = if spec["podReplacementPolicy"] == "Failed" {
+        pods.iter().filter(|p| !ended(p)).copied().collect()
+    } else {
+        active.clone()
+    };
     if indexed {
-        let running: BTreeSet<i64> = active.iter().filter_map(|p| index_of(p)).collect();
-        let room = (parallelism - active.len() as i64).max(0) as usize;
-        let todo = (0..completions.unwrap_or(0)).filter(|i| !done_indexes.contains(i) && !running.contains(i));
-        plan.create = todo.take(room).map(|i| pod_for(job, Some(i))).collect();
+        let running: BTreeSet<i64> = holding.iter().filter_map(|p| index_of(p)).collect();
+        let room = (parallelism - holding.len() as i64).max(0) as usize;
+        let mut todo = vec![];
+        for i in 0..completions.unwrap_or(0) {
+            if done_indexes.contains(&i) || running.contains(&i) || failed_indexes.contains(&i) {
+                continue;
+            }
+            if let Some((n, Some(at))) = index_failures.get(&i).filter(|_| per_index.is_some()) {
+                let until = *at + backoff(*n);
+                if now < until {
+                    wake(until, &mut plan);
+                    continue;
+                }
+            }
+            todo.push(i);
+        }
+        plan.create = todo.into_iter().take(room).map(|i| pod_for(job, Some(i))).collect();
     } else {
         let wanted = match completions {
             Some(c) => parallelism.min(c - succeeded),
             None if succeeded > 0 => 0,
             None => parallelism,
         };
-        let n = (wanted - active.len() as i64).max(0);
+        let n = (wanted - holding.len() as i64).max(0);
         plan.create = (0..n).map(|_| pod_for(job, None)).collect();
     }
     plan.status = status;
@@ -536,5 +714,102 @@ mod tests {
         assert!(plan_job(&j, &[&ok, &running], now).status["conditions"].as_array().unwrap().is_empty());
         let plan = plan_job(&j, &[&ok], now);
         assert_eq!(plan.status["conditions"][1]["type"], "Complete");
+    }
+
+    fn exited(name: &str, index: Option<i64>, code: i64) -> Value {
+        let mut p = pod(name, "Failed", index);
+        p["status"]["containerStatuses"] = json!([{"name": "main", "restartCount": 0,
+            "state": {"terminated": {"exitCode": code, "finishedAt": "2026-11-26T11:00:00Z"}}}]);
+        p
+    }
+
+    #[test]
+    fn a_pod_failure_policy_fails_the_job_ignores_disruptions_or_counts() {
+        let now = at("2026-11-26T12:00:00Z");
+        // The documentation's example: exit code 42 fails the Job, a disruption is ignored.
+        let j = job(json!({"completions": 2, "parallelism": 2, "backoffLimit": 6, "podReplacementPolicy": "Failed",
+            "podFailurePolicy": {"rules": [
+                {"action": "FailJob", "onExitCodes": {"containerName": "main", "operator": "In", "values": [42]}},
+                {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}]}}));
+        let mut evicted = pod("pi-e", "Failed", None);
+        evicted["status"]["conditions"] = json!([{"type": "DisruptionTarget", "status": "True"}]);
+        let plan = plan_job(&j, &[&evicted], now);
+        assert_eq!(plan.create.len(), 2, "ignored: replaced at once, not counted");
+        assert!(plan.status.get("failed").is_none(), "{}", plan.status);
+        let other = exited("pi-o", None, 1);
+        let plan = plan_job(&j, &[&evicted, &other], now);
+        assert_eq!(plan.status["failed"], 1, "no rule matches exit code 1: counted");
+        let running = pod("pi-r", "Running", None);
+        let plan = plan_job(&j, &[&exited("pi-x", None, 42), &running], now);
+        let last = &plan.status["conditions"][1];
+        assert_eq!((last["type"].as_str(), last["reason"].as_str()), (Some("Failed"), Some("PodFailurePolicy")));
+        assert_eq!(
+            last["message"],
+            "Container main for pod default/pi-x failed with exit code 42 matching FailJob rule at index 0"
+        );
+        assert_eq!(plan.delete, ["pi-r"]);
+        // podReplacementPolicy Failed: a terminating pod still holds its place.
+        let mut leaving = pod("pi-t", "Running", None);
+        leaving["metadata"]["deletionTimestamp"] = json!("2026-11-26T11:59:59Z");
+        assert_eq!(plan_job(&j, &[&leaving], now).create.len(), 1);
+        let mut eager = j.clone();
+        eager["spec"]["podReplacementPolicy"] = json!("TerminatingOrFailed");
+        assert_eq!(plan_job(&eager, &[&leaving], now).create.len(), 2);
+    }
+
+    #[test]
+    fn indexes_fail_on_their_own_and_a_success_policy_ends_the_job_early() {
+        let now = at("2026-11-26T12:00:00Z");
+        let j = job(json!({"completions": 4, "parallelism": 4, "completionMode": "Indexed",
+            "backoffLimitPerIndex": 1, "backoffLimit": 2147483647,
+            "podFailurePolicy": {"rules": [{"action": "FailIndex", "onExitCodes": {"operator": "In", "values": [42]}}]}}));
+        // Index 0 failed once (exit 1): retried after its back-off; index 1 hit FailIndex.
+        let (f0, f1) = (exited("a", Some(0), 1), exited("b", Some(1), 42));
+        let (d2, d3) = (pod("c", "Succeeded", Some(2)), pod("d", "Succeeded", Some(3)));
+        let plan = plan_job(&j, &[&f0, &f1, &d2, &d3], now);
+        assert_eq!(plan.status["failedIndexes"], "1");
+        let idx: Vec<&str> =
+            plan.create.iter().map(|p| p["metadata"]["annotations"][INDEX_ANNOTATION].as_str().unwrap()).collect();
+        assert_eq!(idx, ["0"], "index 0 again (its back-off is over), index 1 never");
+        // Index 0 fails a second time: past its limit; every index ended, some failed.
+        let f0b = exited("a2", Some(0), 1);
+        let plan = plan_job(&j, &[&f0, &f0b, &f1, &d2, &d3], now);
+        assert_eq!(plan.status["failedIndexes"], "0-1");
+        assert_eq!(plan.status["conditions"][1]["reason"], "FailedIndexes");
+        assert_eq!(plan.status["conditions"][1]["message"], "Job has failed indexes");
+        let mut capped = j.clone();
+        capped["spec"]["maxFailedIndexes"] = json!(1);
+        let plan = plan_job(&capped, &[&f0, &f0b, &f1], now);
+        assert_eq!(plan.status["conditions"][1]["reason"], "MaxFailedIndexesExceeded");
+        // A success policy: index 0 and any one more is enough.
+        let sp = job(json!({"completions": 5, "parallelism": 5, "completionMode": "Indexed",
+            "successPolicy": {"rules": [{"succeededIndexes": "0-4", "succeededCount": 2}]}}));
+        let (s0, r1) = (pod("s0", "Succeeded", Some(0)), pod("r1", "Running", Some(1)));
+        assert!(plan_job(&sp, &[&s0, &r1], now).status["conditions"].as_array().unwrap().is_empty());
+        let s3 = pod("s3", "Succeeded", Some(3));
+        let plan = plan_job(&sp, &[&s0, &r1, &s3], now);
+        let types: Vec<(&str, &str)> = plan.status["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| (c["type"].as_str().unwrap(), c["reason"].as_str().unwrap()))
+            .collect();
+        assert_eq!(types, [("SuccessCriteriaMet", "SuccessPolicy"), ("Complete", "SuccessPolicy")]);
+        assert_eq!(plan.status["conditions"][1]["message"], "Matched rules at index 0");
+        assert_eq!(plan.delete, ["r1"]);
+    }
+
+    #[test]
+    fn on_failure_restarts_count_against_the_backoff_limit() {
+        let now = at("2026-11-26T12:00:00Z");
+        let mut j = job(json!({"completions": 1, "parallelism": 1, "backoffLimit": 2}));
+        j["spec"]["template"]["spec"]["restartPolicy"] = json!("OnFailure");
+        let mut p = pod("pi-a", "Running", None);
+        p["status"]["containerStatuses"] = json!([{"name": "c", "restartCount": 2}]);
+        assert!(plan_job(&j, &[&p], now).status["conditions"].as_array().unwrap().is_empty());
+        p["status"]["containerStatuses"][0]["restartCount"] = json!(3);
+        let plan = plan_job(&j, &[&p], now);
+        assert_eq!(plan.status["conditions"][1]["reason"], "BackoffLimitExceeded");
+        assert_eq!(plan.delete, ["pi-a"]);
     }
 }
