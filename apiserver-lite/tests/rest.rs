@@ -1448,11 +1448,13 @@ async fn claims_wait_for_their_pod_then_get_a_volume_on_its_node() {
     assert_eq!(pv["spec"]["claimRef"]["name"], "data");
     assert!(pv["spec"]["hostPath"]["path"].as_str().unwrap().starts_with("/var/lib/podpath/t/node-1/local-path/pvc-"));
     lab.eventually("/api/v1/namespaces/default/pods/user", |_, p| p["spec"]["nodeName"] == "node-1").await;
-    let (_, events) = lab.get("/api/v1/namespaces/default/events").await;
-    let reasons: Vec<&str> = events["items"].as_array().unwrap().iter().filter_map(|e| e["reason"].as_str()).collect();
-    for r in ["Provisioning", "ProvisioningSucceeded", "Scheduled"] {
-        assert!(reasons.contains(&r), "{r} in {reasons:?}");
-    }
+    // The Events are recorded just after the writes they tell of.
+    lab.eventually("/api/v1/namespaces/default/events", |_, events| {
+        let reasons: Vec<&str> =
+            events["items"].as_array().into_iter().flatten().filter_map(|e| e["reason"].as_str()).collect();
+        ["Provisioning", "ProvisioningSucceeded", "Scheduled"].iter().all(|r| reasons.contains(r))
+    })
+    .await;
     // Deleting the claim while the pod uses it: kept, Terminating.
     let (s, _) = lab.delete(&format!("{claims}/data")).await;
     assert_eq!(s, StatusCode::OK);

@@ -438,7 +438,7 @@ impl Lab {
     /// The LoadBalancer IP of Service `service` (namespace default), once allocated (10 s at
     /// most).
     pub fn lb_ip(&self, service: &str) -> String {
-        wait_for(Duration::from_secs(10), &format!("an LB IP for {service}"), || {
+        wait_for(Duration::from_secs(30), &format!("an LB IP for {service}"), || {
             let ip = self.kubectl(&["get", "svc", service, "-o", "jsonpath={.status.loadBalancer.ingress[0].ip}"]);
             if ip.is_empty() {
                 Err("none yet".into())

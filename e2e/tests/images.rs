@@ -129,14 +129,7 @@ fn a_deployment_of_an_image_answers_through_a_cluster_ip_and_the_load_balancer()
     );
     lab.kubectl(&["rollout", "status", "deployment/web", "--timeout=90s"]);
     lab.kubectl(&["expose", "deployment", "web", "--port=80", "--type=LoadBalancer"]);
-    let ip = wait_for(Duration::from_secs(30), "a LoadBalancer IP", || {
-        let ip = lab.kubectl(&["get", "svc", "web", "-o", "jsonpath={.status.loadBalancer.ingress[0].ip}"]);
-        if ip.is_empty() {
-            Err("none yet".into())
-        } else {
-            Ok(ip)
-        }
-    });
+    let ip = lab.lb_ip("web");
     let page = wait_for(Duration::from_secs(30), "the page through the LB", || {
         let (code, out) = lab.curl(&[&format!("http://{ip}/")]);
         if code == 0 && out.starts_with("served by web-") {
@@ -300,14 +293,7 @@ fn connecting_applications_with_services_runs_as_the_tutorial_has_it() {
     assert!(logs.is_empty() || !logs.contains("emerg"), "{logs}");
     // Through a NodePort and the LoadBalancer, from the client.
     lab.kubectl(&["patch", "svc", "my-nginx", "-p", "{\"spec\":{\"type\":\"LoadBalancer\"}}"]);
-    let lb = wait_for(Duration::from_secs(30), "a LoadBalancer IP", || {
-        let ip = lab.kubectl(&["get", "svc", "my-nginx", "-o", "jsonpath={.status.loadBalancer.ingress[0].ip}"]);
-        if ip.is_empty() {
-            Err("none yet".into())
-        } else {
-            Ok(ip)
-        }
-    });
+    let lb = lab.lb_ip("my-nginx");
     let np = lab.kubectl(&["get", "svc", "my-nginx", "-o", "jsonpath={.spec.ports[0].nodePort}"]);
     for url in [format!("http://{lb}/"), format!("http://192.168.56.12:{np}/")] {
         wait_for(Duration::from_secs(30), &format!("nginx's page at {url}"), || {

@@ -66,6 +66,18 @@ fn libraries_of(program: &str) -> Vec<String> {
 /// image — with every applet linked in `/bin`, glibc's `getent` and coreutils' `printenv` (the
 /// tutorials use both), an `/etc/os-release` naming it, passwd and group files, and
 /// `Cmd: ["sh"]` as the real busybox image has.
+/// A directory entry for each level of `dir` (`a`, `a/b`, `a/b/c`), so the tar has owners and
+/// modes for all of them.
+fn dir_levels(dir: &str) -> Vec<Entry> {
+    let mut at = String::new();
+    let mut out = vec![];
+    for part in dir.trim_start_matches('/').split('/').filter(|p| !p.is_empty()) {
+        at = if at.is_empty() { part.to_string() } else { format!("{at}/{part}") };
+        out.push(Entry::Dir { path: at.clone() });
+    }
+    out
+}
+
 pub fn busybox() -> TestImage {
     let bin = "/bin/busybox";
     assert!(Path::new(bin).is_file(), "busybox is installed (apt-get install busybox)");
@@ -105,12 +117,7 @@ pub fn busybox() -> TestImage {
     dirs.sort();
     dirs.dedup();
     for d in dirs {
-        // Each level, so the tar has owners and modes for them.
-        let mut at = String::new();
-        for part in d.trim_start_matches('/').split('/') {
-            at = if at.is_empty() { part.to_string() } else { format!("{at}/{part}") };
-            entries.push(Entry::Dir { path: at.clone() });
-        }
+        entries.extend(dir_levels(&d));
     }
     for l in &libs {
         // Through the host's links (merged /usr) to the file itself.
@@ -226,11 +233,7 @@ pub fn nginx() -> TestImage {
     base.layers[0].push(Entry::File { path: "etc/motd".into(), mode: 0o644, data: b"from the base layer\n".to_vec() });
     let mut layer = vec![];
     for dir in ["usr/sbin", "usr/share/nginx", "etc/nginx"] {
-        let mut at = String::new();
-        for part in dir.split('/') {
-            at = if at.is_empty() { part.to_string() } else { format!("{at}/{part}") };
-            layer.push(Entry::Dir { path: at.clone() });
-        }
+        layer.extend(dir_levels(dir));
     }
     layer.push(Entry::File {
         path: "usr/sbin/nginx".into(),

@@ -7,7 +7,7 @@
 //! `lastScheduleTime`, `lastSuccessfulTime`; the Events. [`plan_cronjob`] decides (pure);
 //! [`sync_namespace`] reads and writes.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 use api::cron::Schedule;
 use api::Kind;
@@ -15,10 +15,10 @@ use jiff::tz::TimeZone;
 use jiff::Timestamp;
 use serde_json::{json, Value};
 
-use super::events::{record, EventType, Report};
-use super::write::{controller_of, delete_quietly, ns_name, stamp, time};
+use super::events::{record, EventType};
+use super::write::{delete_quietly, ns_name, owned_or_collected, reporter, stamp, time, write_status};
 use crate::error::ApiError;
-use crate::registry::{Registry, Subresource, WriteOptions};
+use crate::registry::{Registry, WriteOptions};
 
 /// The annotation a scheduled Job carries: the time it was scheduled for.
 pub const SCHEDULED_ANNOTATION: &str = "batch.kubernetes.io/cronjob-scheduled-timestamp";
@@ -209,34 +209,14 @@ pub fn plan_cronjob(cj: &Value, jobs: &[&Value], now: Timestamp) -> CronPlan {
 pub async fn sync_namespace(reg: &Registry, ns: &str) -> Result<Option<Timestamp>, ApiError> {
     let (cronjobs, _) = reg.store.list(Kind::CronJob, Some(ns))?;
     let (jobs, _) = reg.store.list(Kind::Job, Some(ns))?;
-    let uids: BTreeSet<&str> = cronjobs.iter().filter_map(|c| c["metadata"]["uid"].as_str()).collect();
-    let mut owned: BTreeMap<String, Vec<&Value>> = BTreeMap::new();
-    for j in &jobs {
-        if let Some((kind, uid)) = controller_of(&j["metadata"]).filter(|(k, _)| k == "CronJob") {
-            if uids.contains(uid.as_str()) {
-                owned.entry(uid).or_default().push(j);
-            } else if j["metadata"].get("deletionTimestamp").is_none() && kind == "CronJob" {
-                // Background cascading delete: the Jobs of a gone CronJob.
-                delete_quietly(reg, Kind::Job, ns, &ns_name(j).1).await?;
-            }
-        }
-    }
+    let owned = owned_or_collected(reg, Kind::Job, ns, &jobs, "CronJob", &cronjobs).await?;
     let now = Timestamp::now();
     let mut wake: Option<Timestamp> = None;
     for cj in cronjobs.iter().filter(|c| c["metadata"].get("deletionTimestamp").is_none()) {
         let uid = cj["metadata"]["uid"].as_str().unwrap_or("");
         let mine = owned.get(uid).cloned().unwrap_or_default();
         let mut plan = plan_cronjob(cj, &mine, now);
-        let report = |type_: EventType, reason: &'static str, message: String| Report {
-            component: "cronjob-controller",
-            host: None,
-            object: cj,
-            kind: Kind::CronJob,
-            field_path: None,
-            type_,
-            reason,
-            message,
-        };
+        let report = reporter("cronjob-controller", Kind::CronJob, cj);
         for name in &plan.delete {
             delete_quietly(reg, Kind::Job, ns, name).await?;
         }
@@ -262,17 +242,7 @@ pub async fn sync_namespace(reg: &Registry, ns: &str) -> Result<Option<Timestamp
         for (type_, reason, message) in plan.events {
             record(reg, report(type_, reason, message)).await;
         }
-        if cj.get("status") != Some(&plan.status) {
-            let mut new = cj.clone();
-            new["status"] = plan.status;
-            match reg
-                .update(Kind::CronJob, Some(ns), &ns_name(cj).1, new, Subresource::Status, &WriteOptions::default())
-                .await
-            {
-                Ok(_) | Err(ApiError::Conflict { .. }) | Err(ApiError::NotFound { .. }) => {}
-                Err(e) => return Err(e),
-            }
-        }
+        write_status(reg, Kind::CronJob, cj, plan.status).await?;
         if let Some(w) = plan.wake_at {
             wake = Some(wake.map_or(w, |x| x.min(w)));
         }

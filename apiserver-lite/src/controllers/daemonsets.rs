@@ -13,12 +13,12 @@ use api::k8s_openapi::api::core::v1::{Node, Toleration};
 use api::Kind;
 use serde_json::{json, Value};
 
-use super::events::{record, EventType, Report};
+use super::events::{record, EventType};
 use super::taints::{taints_of, tolerations_of, untolerated, NO_EXECUTE, NO_SCHEDULE};
 use super::workloads::template_hash;
-use super::write::{controller_of, delete_quietly, is_terminating, ns_name};
+use super::write::{delete_quietly, is_terminating, ns_name, owned_or_collected, reporter, write_status};
 use crate::error::ApiError;
-use crate::registry::{Registry, Subresource, WriteOptions};
+use crate::registry::{Registry, WriteOptions};
 
 /// The label naming the template revision a daemon pod was made from.
 pub const REVISION_LABEL: &str = "controller-revision-hash";
@@ -212,20 +212,7 @@ pub fn plan_daemonset(ds: &Value, pods: &[&Value], nodes: &[Node]) -> DaemonPlan
 pub async fn sync_namespace(reg: &Registry, ns: &str) -> Result<(), ApiError> {
     let (sets, _) = reg.store.list(Kind::DaemonSet, Some(ns))?;
     let (pods, _) = reg.store.list(Kind::Pod, Some(ns))?;
-    let uids: BTreeSet<&str> = sets.iter().filter_map(|d| d["metadata"]["uid"].as_str()).collect();
-    let mut owned: BTreeMap<String, Vec<&Value>> = BTreeMap::new();
-    for p in &pods {
-        let Some((kind, uid)) = controller_of(&p["metadata"]) else { continue };
-        if kind != "DaemonSet" {
-            continue;
-        }
-        if uids.contains(uid.as_str()) {
-            owned.entry(uid).or_default().push(p);
-        } else if !is_terminating(p) {
-            // Background cascading delete: the pods of a gone DaemonSet.
-            delete_quietly(reg, Kind::Pod, ns, &ns_name(p).1).await?;
-        }
-    }
+    let owned = owned_or_collected(reg, Kind::Pod, ns, &pods, "DaemonSet", &sets).await?;
     if sets.is_empty() {
         return Ok(());
     }
@@ -235,16 +222,7 @@ pub async fn sync_namespace(reg: &Registry, ns: &str) -> Result<(), ApiError> {
         let uid = ds["metadata"]["uid"].as_str().unwrap_or("");
         let mine = owned.get(uid).cloned().unwrap_or_default();
         let plan = plan_daemonset(ds, &mine, &nodes);
-        let report = |type_: EventType, reason: &'static str, message: String| Report {
-            component: "daemonset-controller",
-            host: None,
-            object: ds,
-            kind: Kind::DaemonSet,
-            field_path: None,
-            type_,
-            reason,
-            message,
-        };
+        let report = reporter("daemonset-controller", Kind::DaemonSet, ds);
         for pod in plan.create {
             match reg.create(Kind::Pod, Some(ns), pod, &WriteOptions::default()).await {
                 Ok(created) => {
@@ -258,16 +236,7 @@ pub async fn sync_namespace(reg: &Registry, ns: &str) -> Result<(), ApiError> {
             delete_quietly(reg, Kind::Pod, ns, name).await?;
             record(reg, report(EventType::Normal, "SuccessfulDelete", format!("Deleted pod: {name}"))).await;
         }
-        if ds.get("status") != Some(&plan.status) {
-            let mut new = ds.clone();
-            new["status"] = plan.status;
-            let name = ns_name(ds).1;
-            match reg.update(Kind::DaemonSet, Some(ns), &name, new, Subresource::Status, &WriteOptions::default()).await
-            {
-                Ok(_) | Err(ApiError::Conflict { .. }) | Err(ApiError::NotFound { .. }) => {}
-                Err(e) => return Err(e),
-            }
-        }
+        write_status(reg, Kind::DaemonSet, ds, plan.status).await?;
     }
     Ok(())
 }

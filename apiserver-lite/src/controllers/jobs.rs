@@ -15,10 +15,10 @@ use api::Kind;
 use jiff::Timestamp;
 use serde_json::{json, Value};
 
-use super::events::{record, EventType, Report};
-use super::write::{controller_of, delete_quietly, ns_name, stamp, time};
+use super::events::{record, EventType};
+use super::write::{delete_quietly, ns_name, owned_or_collected, reporter, stamp, time, write_status};
 use crate::error::ApiError;
-use crate::registry::{Registry, Subresource, WriteOptions};
+use crate::registry::{Registry, WriteOptions};
 
 /// The annotation (and label) carrying an Indexed Job's pod index.
 pub const INDEX_ANNOTATION: &str = "batch.kubernetes.io/job-completion-index";
@@ -515,20 +515,7 @@ pub fn plan_job(job: &Value, pods: &[&Value], now: Timestamp) -> JobPlan {
 pub async fn sync_namespace(reg: &Registry, ns: &str) -> Result<Option<Timestamp>, ApiError> {
     let (jobs, _) = reg.store.list(Kind::Job, Some(ns))?;
     let (pods, _) = reg.store.list(Kind::Pod, Some(ns))?;
-    let uids: BTreeSet<&str> = jobs.iter().filter_map(|j| j["metadata"]["uid"].as_str()).collect();
-    let mut by_job: BTreeMap<String, Vec<&Value>> = BTreeMap::new();
-    for p in &pods {
-        let Some((kind, uid)) = controller_of(&p["metadata"]) else { continue };
-        if kind != "Job" {
-            continue;
-        }
-        if uids.contains(uid.as_str()) {
-            by_job.entry(uid).or_default().push(p);
-        } else if p["metadata"].get("deletionTimestamp").is_none() {
-            // Background cascading delete: the pods of a gone Job.
-            delete_quietly(reg, Kind::Pod, ns, &ns_name(p).1).await?;
-        }
-    }
+    let by_job = owned_or_collected(reg, Kind::Pod, ns, &pods, "Job", &jobs).await?;
     let now = Timestamp::now();
     let mut wake: Option<Timestamp> = None;
     for job in jobs.iter().filter(|j| j["metadata"].get("deletionTimestamp").is_none()) {
@@ -536,16 +523,7 @@ pub async fn sync_namespace(reg: &Registry, ns: &str) -> Result<Option<Timestamp
         let owned = by_job.get(uid).cloned().unwrap_or_default();
         let plan = plan_job(job, &owned, now);
         let name = ns_name(job).1;
-        let report = |type_: EventType, reason: &'static str, message: String| Report {
-            component: "job-controller",
-            host: None,
-            object: job,
-            kind: Kind::Job,
-            field_path: None,
-            type_,
-            reason,
-            message,
-        };
+        let report = reporter("job-controller", Kind::Job, job);
         if plan.expired {
             delete_quietly(reg, Kind::Job, ns, &name).await?;
             continue;
@@ -570,14 +548,7 @@ pub async fn sync_namespace(reg: &Registry, ns: &str) -> Result<Option<Timestamp
         for (type_, reason, message) in plan.events {
             record(reg, report(type_, reason, message)).await;
         }
-        if job.get("status") != Some(&plan.status) {
-            let mut new = job.clone();
-            new["status"] = plan.status;
-            match reg.update(Kind::Job, Some(ns), &name, new, Subresource::Status, &WriteOptions::default()).await {
-                Ok(_) | Err(ApiError::Conflict { .. }) | Err(ApiError::NotFound { .. }) => {}
-                Err(e) => return Err(e),
-            }
-        }
+        write_status(reg, Kind::Job, job, plan.status).await?;
         if let Some(w) = plan.wake_at {
             wake = Some(wake.map_or(w, |x| x.min(w)));
         }

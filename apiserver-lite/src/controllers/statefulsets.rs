@@ -20,11 +20,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use api::Kind;
 use serde_json::{json, Value};
 
-use super::events::{record, EventType, Report};
+use super::events::{record, EventType};
 use super::workloads::template_hash;
-use super::write::{controller_of, delete_quietly, is_terminating, ns_name};
+use super::write::{
+    controller_of, delete_quietly, is_terminating, ns_name, owned_or_collected, reporter, write_status,
+};
 use crate::error::ApiError;
-use crate::registry::{Registry, Subresource, WriteOptions};
+use crate::registry::{Registry, WriteOptions};
 
 pub const POD_NAME_LABEL: &str = "statefulset.kubernetes.io/pod-name";
 pub const POD_INDEX_LABEL: &str = "apps.kubernetes.io/pod-index";
@@ -268,35 +270,14 @@ pub async fn sync_namespace(reg: &Registry, ns: &str) -> Result<(), ApiError> {
         }
     }
     let claim_names: BTreeSet<String> = claims.iter().filter(|c| !is_terminating(c)).map(|c| ns_name(c).1).collect();
-    let mut owned: BTreeMap<String, Vec<&Value>> = BTreeMap::new();
-    for p in &pods {
-        let Some((kind, uid)) = controller_of(&p["metadata"]) else { continue };
-        if kind != "StatefulSet" {
-            continue;
-        }
-        if uids.contains(uid.as_str()) {
-            owned.entry(uid).or_default().push(p);
-        } else if !is_terminating(p) {
-            // Background cascading delete: the pods of a gone StatefulSet.
-            delete_quietly(reg, Kind::Pod, ns, &ns_name(p).1).await?;
-        }
-    }
+    let owned = owned_or_collected(reg, Kind::Pod, ns, &pods, "StatefulSet", &sets).await?;
     for sts in sets.iter().filter(|s| !is_terminating(s)) {
         let uid = sts["metadata"]["uid"].as_str().unwrap_or("");
         let mine = owned.get(uid).cloned().unwrap_or_default();
         let plan = plan_statefulset(sts, &mine);
         let (new_claims, gone_claims) = plan_claims(sts, &plan.create, &mine, &claim_names);
         let set = ns_name(sts).1;
-        let report = |type_: EventType, reason: &'static str, message: String| Report {
-            component: "statefulset-controller",
-            host: None,
-            object: sts,
-            kind: Kind::StatefulSet,
-            field_path: None,
-            type_,
-            reason,
-            message,
-        };
+        let report = reporter("statefulset-controller", Kind::StatefulSet, sts);
         let mut claims_failed = false;
         for claim in new_claims {
             let name = ns_name(&claim).1;
@@ -337,17 +318,7 @@ pub async fn sync_namespace(reg: &Registry, ns: &str) -> Result<(), ApiError> {
             let message = format!("delete Pod {name} in StatefulSet {set} successful");
             record(reg, report(EventType::Normal, "SuccessfulDelete", message)).await;
         }
-        if sts.get("status") != Some(&plan.status) {
-            let mut new = sts.clone();
-            new["status"] = plan.status;
-            match reg
-                .update(Kind::StatefulSet, Some(ns), &set, new, Subresource::Status, &WriteOptions::default())
-                .await
-            {
-                Ok(_) | Err(ApiError::Conflict { .. }) | Err(ApiError::NotFound { .. }) => {}
-                Err(e) => return Err(e),
-            }
-        }
+        write_status(reg, Kind::StatefulSet, sts, plan.status).await?;
     }
     Ok(())
 }

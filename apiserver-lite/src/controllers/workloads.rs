@@ -6,8 +6,6 @@
 //!
 //! Decisions are pure (`plan_*`); [`sync_namespace`] reads the objects and applies the plans.
 
-use std::collections::{BTreeMap, BTreeSet};
-
 use api::apps::{scaled_value, POD_TEMPLATE_HASH, REVISION_ANNOTATION};
 use api::k8s_openapi::api::core::v1::Pod;
 use api::kinds::pod::pod_is_ready;
@@ -15,7 +13,7 @@ use api::Kind;
 use serde_json::{json, Value};
 
 use super::events::{record, EventType, Report};
-use super::write::{controller_of, delete_quietly, is_terminating, new_time};
+use super::write::{delete_quietly, is_terminating, new_time};
 use crate::error::ApiError;
 use crate::registry::{Registry, Subresource, WriteOptions};
 
@@ -367,18 +365,7 @@ fn with_condition_times(old: &Value, mut status: Value) -> Value {
 }
 
 async fn write_status(reg: &Registry, kind: Kind, obj: &Value, status: Value) -> Result<(), ApiError> {
-    let status = with_condition_times(obj, status);
-    if obj.get("status") == Some(&status) {
-        return Ok(());
-    }
-    let mut new = obj.clone();
-    new["status"] = status;
-    let ns = obj["metadata"]["namespace"].as_str();
-    match reg.update(kind, ns, &name_of(obj), new, Subresource::Status, &WriteOptions::default()).await {
-        // Changed meanwhile: the next pass sees the new object.
-        Ok(_) | Err(ApiError::Conflict { .. }) | Err(ApiError::NotFound { .. }) => Ok(()),
-        Err(e) => Err(e),
-    }
+    super::write::write_status(reg, kind, obj, with_condition_times(obj, status)).await
 }
 
 async fn set_replicas(reg: &Registry, ns: &str, name: &str, n: i64) -> Result<(), ApiError> {
@@ -408,21 +395,11 @@ async fn set_revision(reg: &Registry, ns: &str, name: &str, revision: &str) -> R
 pub async fn sync_namespace(reg: &Registry, ns: &str) -> Result<(), ApiError> {
     let (deployments, _) = reg.store.list(Kind::Deployment, Some(ns))?;
     let (replicasets, _) = reg.store.list(Kind::ReplicaSet, Some(ns))?;
-    // Background cascading delete: ReplicaSets of a gone Deployment, pods of a gone ReplicaSet.
-    let deployment_uids: BTreeSet<&str> = deployments.iter().filter_map(|d| d["metadata"]["uid"].as_str()).collect();
-    for rs in &replicasets {
-        if let Some((kind, uid)) = controller_of(&rs["metadata"]) {
-            if kind == "Deployment" && !deployment_uids.contains(uid.as_str()) {
-                delete_quietly(reg, Kind::ReplicaSet, ns, &name_of(rs)).await?;
-            }
-        }
-    }
+    let by_deployment =
+        super::write::owned_or_collected(reg, Kind::ReplicaSet, ns, &replicasets, "Deployment", &deployments).await?;
     for d in deployments.iter().filter(|d| !is_terminating(d)) {
         let uid = d["metadata"]["uid"].as_str().unwrap_or("");
-        let owned: Vec<&Value> = replicasets
-            .iter()
-            .filter(|rs| controller_of(&rs["metadata"]).is_some_and(|(k, u)| k == "Deployment" && u == uid))
-            .collect();
+        let owned: Vec<&Value> = by_deployment.get(uid).cloned().unwrap_or_default();
         let plan = plan_deployment(d, &owned);
         let scaled = |name: &str, from: i64, to: i64| Report {
             component: "deployment-controller",
@@ -474,22 +451,7 @@ pub async fn sync_namespace(reg: &Registry, ns: &str) -> Result<(), ApiError> {
 
     let (replicasets, _) = reg.store.list(Kind::ReplicaSet, Some(ns))?;
     let (pods, _) = reg.store.list(Kind::Pod, Some(ns))?;
-    let rs_uids: BTreeSet<&str> = replicasets.iter().filter_map(|r| r["metadata"]["uid"].as_str()).collect();
-    let mut by_owner: BTreeMap<String, Vec<&Value>> = BTreeMap::new();
-    for p in &pods {
-        if let Some((kind, uid)) = controller_of(&p["metadata"]) {
-            if kind != "ReplicaSet" {
-                continue;
-            }
-            if !rs_uids.contains(uid.as_str()) {
-                if !is_terminating(p) {
-                    delete_quietly(reg, Kind::Pod, ns, &name_of(p)).await?;
-                }
-                continue;
-            }
-            by_owner.entry(uid).or_default().push(p);
-        }
-    }
+    let by_owner = super::write::owned_or_collected(reg, Kind::Pod, ns, &pods, "ReplicaSet", &replicasets).await?;
     for rs in replicasets.iter().filter(|rs| !is_terminating(rs)) {
         let uid = rs["metadata"]["uid"].as_str().unwrap_or("").to_string();
         let owned = by_owner.get(&uid).cloned().unwrap_or_default();
@@ -520,6 +482,7 @@ pub async fn sync_namespace(reg: &Registry, ns: &str) -> Result<(), ApiError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeSet;
 
     fn deployment(replicas: i64, image: &str, strategy: Value) -> Value {
         json!({

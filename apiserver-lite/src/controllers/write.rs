@@ -1,8 +1,12 @@
 //! What the controllers share to write: create-or-update of controller-owned objects, quiet
 //! deletes, conditions and timestamps.
 
+use std::collections::{BTreeMap, BTreeSet};
+
 use api::Kind;
 use serde_json::{json, Value};
+
+use super::events::{EventType, Report};
 
 use crate::error::ApiError;
 use crate::registry::{DeleteOptions, Registry, Subresource, WriteOptions};
@@ -132,4 +136,65 @@ pub(crate) fn time(v: &Value) -> Option<jiff::Timestamp> {
 /// A time as the API writes it (whole seconds).
 pub(crate) fn stamp(t: jiff::Timestamp) -> Value {
     json!(jiff::Timestamp::from_second(t.as_second()).unwrap_or(t).to_string())
+}
+
+/// Groups `dependents` (of `kind`) by the UID of their controller of kind `owner_kind` among
+/// `owners`; a dependent whose controller of that kind is gone is deleted — the garbage
+/// collector's background cascading delete.
+pub(crate) async fn owned_or_collected<'a>(
+    reg: &Registry,
+    kind: Kind,
+    ns: &str,
+    dependents: &'a [Value],
+    owner_kind: &str,
+    owners: &[Value],
+) -> Result<BTreeMap<String, Vec<&'a Value>>, ApiError> {
+    let uids: BTreeSet<&str> = owners.iter().filter_map(|o| o["metadata"]["uid"].as_str()).collect();
+    let mut owned: BTreeMap<String, Vec<&Value>> = BTreeMap::new();
+    for d in dependents {
+        let Some((k, uid)) = controller_of(&d["metadata"]) else { continue };
+        if k != owner_kind {
+            continue;
+        }
+        if uids.contains(uid.as_str()) {
+            owned.entry(uid).or_default().push(d);
+        } else if !is_terminating(d) {
+            delete_quietly(reg, kind, ns, &ns_name(d).1).await?;
+        }
+    }
+    Ok(owned)
+}
+
+/// Writes `status` as the object's status unless it is that already; a conflict or a gone
+/// object is left to the next pass (which sees the new object).
+pub(crate) async fn write_status(reg: &Registry, kind: Kind, obj: &Value, status: Value) -> Result<(), ApiError> {
+    if obj.get("status") == Some(&status) {
+        return Ok(());
+    }
+    let mut new = obj.clone();
+    new["status"] = status;
+    let (ns, name) = ns_name(obj);
+    let ns = kind.info().namespaced.then_some(ns.as_str());
+    match reg.update(kind, ns, &name, new, Subresource::Status, &WriteOptions::default()).await {
+        Ok(_) | Err(ApiError::Conflict { .. }) | Err(ApiError::NotFound { .. }) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// The Events `component` reports about `object` (of `kind`): `report(type, reason, message)`.
+pub(crate) fn reporter<'a>(
+    component: &'static str,
+    kind: Kind,
+    object: &'a Value,
+) -> impl Fn(EventType, &'a str, String) -> Report<'a> {
+    move |type_, reason, message| Report {
+        component,
+        host: None,
+        object,
+        kind,
+        field_path: None,
+        type_,
+        reason,
+        message,
+    }
 }
