@@ -637,7 +637,14 @@ impl Registry {
         let Some(uid) = meta_str(owner, "uid") else { return Ok(vec![]) };
         let ns = obj_ns(owner);
         let mut ops = Vec::new();
-        for kind in [Kind::ReplicaSet, Kind::Pod, Kind::EndpointSlice] {
+        for kind in [
+            Kind::ReplicaSet,
+            Kind::Pod,
+            Kind::EndpointSlice,
+            Kind::Job,
+            Kind::ControllerRevision,
+            Kind::PersistentVolumeClaim,
+        ] {
             let (objs, _) = self.store.list(kind, if ns.is_empty() { None } else { Some(ns.as_str()) })?;
             for obj in objs {
                 let Some(refs) = obj["metadata"]["ownerReferences"].as_array() else { continue };

@@ -634,6 +634,27 @@ fn a_daemonset_runs_one_pod_per_node_and_rolls_a_new_template_node_by_node() {
         let log = lab.kubectl(&["logs", name]);
         assert!(log.starts_with("v2 on agent-"), "{name}: {log}");
     }
+    // Each template is a ControllerRevision: `rollout history` lists both, `rollout undo` puts
+    // v1 back (rolled out again, its revision renumbered 3).
+    let history = lab.kubectl(&["rollout", "history", "ds/agent"]);
+    let revisions: Vec<&str> = history.lines().skip(2).filter_map(|l| l.split_whitespace().next()).collect();
+    assert_eq!(revisions, ["1", "2"], "{history}");
+    let shown = lab.kubectl(&["rollout", "history", "ds/agent", "--revision=1"]);
+    assert!(shown.contains("echo v1 on"), "{shown}");
+    lab.kubectl(&["rollout", "undo", "ds/agent"]);
+    lab.kubectl(&["rollout", "status", "ds/agent", "--timeout=120s"]);
+    wait_for(Duration::from_secs(60), "v1 back on both nodes", || {
+        let pods = lab.kubectl(&["get", "pods", "-l", "app=agent", "-o", "name"]);
+        let logs: Vec<String> = pods.lines().map(|p| kubectl_fails(&lab, &["logs", p])).collect();
+        if logs.len() == 2 && logs.iter().all(|l| l.starts_with("v1 on agent-")) {
+            Ok(())
+        } else {
+            Err(format!("{logs:?}"))
+        }
+    });
+    let history = lab.kubectl(&["rollout", "history", "ds/agent"]);
+    let revisions: Vec<&str> = history.lines().skip(2).filter_map(|l| l.split_whitespace().next()).collect();
+    assert_eq!(revisions, ["2", "3"], "{history}");
     let events = lab.kubectl(&[
         "get",
         "events",
@@ -676,6 +697,12 @@ fn statefulset_basics_as_written_ordered_pods_stable_dns_and_storage_that_stays(
         "jsonpath={.status.conditions[?(@.type==\"Ready\")].lastTransitionTime}",
     ]);
     assert!(ready0 <= created("web-1"), "web-0 ready at {ready0}, web-1 created at {}", created("web-1"));
+    let history = lab.kubectl(&["rollout", "history", "sts/web"]);
+    assert_eq!(
+        history.lines().skip(2).filter_map(|l| l.split_whitespace().next()).collect::<Vec<_>>(),
+        ["1"],
+        "{history}"
+    );
     // Each pod's claim, bound to a volume the lab's provisioner made on the pod's node.
     let claims = lab.kubectl(&["get", "pvc", "-l", "app=nginx", "--no-headers"]);
     let rows: Vec<Vec<&str>> = claims.lines().map(|l| l.split_whitespace().collect()).collect();

@@ -283,6 +283,7 @@ kinds! { $
     CronJob => cronjob,
     DaemonSet => daemonset,
     StatefulSet => statefulset,
+    ControllerRevision => controllerrevision,
 }
 
 impl Kind {

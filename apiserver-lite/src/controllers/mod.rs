@@ -16,6 +16,7 @@ pub mod jobs;
 pub mod load_balancers;
 pub mod namespaces;
 pub mod nodes;
+pub mod revisions;
 pub mod scheduler;
 pub mod statefulsets;
 pub mod taints;
@@ -196,8 +197,8 @@ struct Dirty {
     workloads: BTreeSet<String>,
     /// A node changed: every DaemonSet needs a look.
     daemonsets: bool,
-    /// Namespaces with a Job or CronJob to look at again at a time (a back-off, a deadline, a
-    /// TTL, a schedule).
+    /// Namespaces with a Job, CronJob or DaemonSet to look at again at a time (a back-off, a
+    /// deadline, a TTL, a schedule, a pod becoming available).
     job_wakes: BTreeMap<String, jiff::Timestamp>,
     /// A Service changed: a load-balancer address may have been freed.
     load_balancers: bool,
@@ -298,11 +299,11 @@ async fn reconcile(reg: &Registry, cfg: &ControllerConfig, dirty: &mut Dirty) ->
     }
     for ns in &workloads {
         workloads::sync_namespace(reg, ns).await?;
-        daemonsets::sync_namespace(reg, ns).await?;
+        let ds_wake = daemonsets::sync_namespace(reg, ns).await?;
         statefulsets::sync_namespace(reg, ns).await?;
         let cron_wake = cronjobs::sync_namespace(reg, ns).await?;
         let job_wake = jobs::sync_namespace(reg, ns).await?;
-        match [cron_wake, job_wake].into_iter().flatten().min() {
+        match [ds_wake, cron_wake, job_wake].into_iter().flatten().min() {
             Some(t) => {
                 dirty.job_wakes.insert(ns.clone(), t);
             }

@@ -12,8 +12,9 @@
 //! removes the claims of pods scaled away, `whenDeleted` those of a deleted set (the claims
 //! carry the set as owner, as upstream marks them). [`plan_claims`] decides those.
 //!
-//! Not done here: ControllerRevisions (a pod below `partition` that is
-//! recreated gets the current template), `minReadySeconds`, `maxUnavailable`.
+//! Its templates are kept as ControllerRevisions ([`super::revisions`]: `kubectl rollout
+//! history|undo sts`). Not done here: a pod below `partition` that is recreated gets the
+//! current template (not its revision's), `minReadySeconds`, `maxUnavailable`.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -21,6 +22,7 @@ use api::Kind;
 use serde_json::{json, Value};
 
 use super::events::{record, EventType};
+use super::revisions;
 use super::workloads::template_hash;
 use super::write::{
     controller_of, delete_quietly, is_terminating, ns_name, owned_or_collected, reporter, write_status,
@@ -260,6 +262,8 @@ pub async fn sync_namespace(reg: &Registry, ns: &str) -> Result<(), ApiError> {
     let (sets, _) = reg.store.list(Kind::StatefulSet, Some(ns))?;
     let (pods, _) = reg.store.list(Kind::Pod, Some(ns))?;
     let (claims, _) = reg.store.list(Kind::PersistentVolumeClaim, Some(ns))?;
+    let (revisions, _) = reg.store.list(Kind::ControllerRevision, Some(ns))?;
+    owned_or_collected(reg, Kind::ControllerRevision, ns, &revisions, "StatefulSet", &sets).await?;
     let uids: BTreeSet<&str> = sets.iter().filter_map(|s| s["metadata"]["uid"].as_str()).collect();
     // `whenDeleted: Delete`: the claims of a gone set go with it.
     for c in &claims {
@@ -275,6 +279,10 @@ pub async fn sync_namespace(reg: &Registry, ns: &str) -> Result<(), ApiError> {
         let uid = sts["metadata"]["uid"].as_str().unwrap_or("");
         let mine = owned.get(uid).cloned().unwrap_or_default();
         let plan = plan_statefulset(sts, &mine);
+        let in_use: BTreeSet<String> =
+            mine.iter().filter_map(|p| p["metadata"]["labels"][REVISION_LABEL].as_str().map(String::from)).collect();
+        let hash = template_hash(&sts["spec"]["template"]);
+        revisions::sync(reg, sts, "StatefulSet", &revision(sts), &hash, &revisions, &in_use).await?;
         let (new_claims, gone_claims) = plan_claims(sts, &plan.create, &mine, &claim_names);
         let set = ns_name(sts).1;
         let report = reporter("statefulset-controller", Kind::StatefulSet, sts);
