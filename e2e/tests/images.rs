@@ -788,39 +788,133 @@ fn statefulset_basics_as_written_ordered_pods_stable_dns_and_storage_that_stays(
             Err(format!("{p:?}"))
         }
     });
-    // Scale to 4 and back to 2: web-3 goes before web-2; the claims stay (Retain).
-    lab.kubectl(&["scale", "sts", "web", "--replicas=4"]);
-    lab.kubectl(&["rollout", "status", "sts/web", "--timeout=90s"]);
+    // Scale to 5 and back to 3: in order up, web-4 before web-3 down; the claims stay (Retain).
+    lab.kubectl(&["scale", "sts", "web", "--replicas=5"]);
+    lab.kubectl(&["rollout", "status", "sts/web", "--timeout=120s"]);
     let pods = lab.kubectl(&["get", "pods", "-l", "app=nginx", "-o", "name"]);
-    assert_eq!(pods.lines().count(), 4, "{pods}");
-    lab.kubectl(&["scale", "sts", "web", "--replicas=2"]);
-    wait_for(Duration::from_secs(60), "scaled back to web-0 and web-1", || {
+    assert_eq!(pods.lines().count(), 5, "{pods}");
+    lab.kubectl(&["scale", "sts", "web", "--replicas=3"]);
+    wait_for(Duration::from_secs(60), "scaled back to web-0 … web-2", || {
         let pods = lab.kubectl(&["get", "pods", "-l", "app=nginx", "-o", "name"]);
-        if pods.trim() == "pod/web-0\npod/web-1" {
+        if pods.trim() == "pod/web-0\npod/web-1\npod/web-2" {
             Ok(())
         } else {
             Err(pods)
         }
     });
     let claims = lab.kubectl(&["get", "pvc", "-l", "app=nginx", "-o", "name"]);
-    assert_eq!(claims.lines().count(), 4, "the claims of web-2 and web-3 stay: {claims}");
-    let events = lab.kubectl(&[
-        "get",
-        "events",
-        "--field-selector",
-        "involvedObject.name=web",
-        "--sort-by=.lastTimestamp",
-        "-o",
-        "custom-columns=M:.message",
-        "--no-headers",
-    ]);
+    assert_eq!(claims.lines().count(), 5, "the claims of web-3 and web-4 stay: {claims}");
+    let controller_messages = || {
+        lab.kubectl(&[
+            "get",
+            "events",
+            "--field-selector",
+            "involvedObject.name=web",
+            "--sort-by=.lastTimestamp",
+            "-o",
+            "custom-columns=M:.message",
+            "--no-headers",
+        ])
+    };
+    let events = controller_messages();
     assert!(events.contains("create Claim www-web-0 Pod web-0 in StatefulSet web success"), "{events}");
     let deletes: Vec<&str> = events.lines().filter(|l| l.starts_with("delete Pod")).collect();
     assert_eq!(
         deletes[deletes.len() - 2..],
-        ["delete Pod web-3 in StatefulSet web successful", "delete Pod web-2 in StatefulSet web successful"],
+        ["delete Pod web-4 in StatefulSet web successful", "delete Pod web-3 in StatefulSet web successful"],
         "{events}"
     );
+    let revision_of =
+        |pod: &str| lab.kubectl(&["get", "pod", pod, "-o", "jsonpath={.metadata.labels.controller-revision-hash}"]);
+    // "Updating StatefulSets": a new image rolls from web-2 down to web-0.
+    let first = revision_of("web-0");
+    lab.kubectl(&[
+        "patch",
+        "statefulset",
+        "web",
+        "--type=json",
+        "-p",
+        r#"[{"op": "replace", "path": "/spec/template/spec/containers/0/image", "value": "busybox:latest"}]"#,
+    ]);
+    lab.kubectl(&["rollout", "status", "sts/web", "--timeout=120s"]);
+    let second = revision_of("web-0");
+    assert_ne!(first, second);
+    for i in 0..3 {
+        assert_eq!(revision_of(&format!("web-{i}")), second);
+    }
+    let rolled: Vec<String> =
+        controller_messages().lines().filter(|l| l.starts_with("delete Pod")).map(String::from).collect();
+    assert_eq!(
+        rolled[rolled.len() - 3..],
+        [
+            "delete Pod web-2 in StatefulSet web successful",
+            "delete Pod web-1 in StatefulSet web successful",
+            "delete Pod web-0 in StatefulSet web successful"
+        ],
+        "reverse ordinal order"
+    );
+    // Staging an update with a partition: only web-2 takes it; web-1, deleted, comes back as
+    // it was; lowering the partition to 0 rolls the rest.
+    lab.kubectl(&[
+        "patch",
+        "statefulset",
+        "web",
+        "-p",
+        r#"{"spec":{"updateStrategy":{"type":"RollingUpdate","rollingUpdate":{"partition":2}}}}"#,
+    ]);
+    lab.kubectl(&[
+        "patch",
+        "statefulset",
+        "web",
+        "--type=json",
+        "-p",
+        r#"[{"op": "replace", "path": "/spec/template/spec/containers/0/image", "value": "docker.io/library/busybox:latest"}]"#,
+    ]);
+    let third = wait_for(Duration::from_secs(60), "web-2 on the staged revision", || {
+        let r = revision_of("web-2");
+        if r != second && !r.is_empty() {
+            Ok(r)
+        } else {
+            Err(r)
+        }
+    });
+    lab.kubectl(&["delete", "pod", "web-1"]);
+    wait_for(Duration::from_secs(60), "web-1 back, ready", || {
+        let s = kubectl_fails(
+            &lab,
+            &["get", "pod", "web-1", "-o", "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}"],
+        );
+        if s == "True" {
+            Ok(())
+        } else {
+            Err(s)
+        }
+    });
+    assert_eq!((revision_of("web-0"), revision_of("web-1")), (second.clone(), second.clone()), "below the partition");
+    lab.kubectl(&[
+        "patch",
+        "statefulset",
+        "web",
+        "-p",
+        r#"{"spec":{"updateStrategy":{"rollingUpdate":{"partition":0}}}}"#,
+    ]);
+    wait_for(Duration::from_secs(120), "every pod on the staged revision", || {
+        let revs: Vec<String> = (0..3).map(|i| revision_of(&format!("web-{i}"))).collect();
+        if revs.iter().all(|r| *r == third) {
+            Ok(())
+        } else {
+            Err(format!("{revs:?}"))
+        }
+    });
+    // The pages stayed on their volumes through all of it.
+    wait_for(Duration::from_secs(30), "the pages after the updates", || {
+        let p = pages();
+        if p == ["web-0", "web-1"] {
+            Ok(())
+        } else {
+            Err(format!("{p:?}"))
+        }
+    });
     // Cleaning up as the tutorial does: the set and the Service, then the claims, whose
     // volumes (reclaimPolicy Delete) go with their directories on the nodes.
     let dir = lab.kubectl(&["get", "pv", "-o", "jsonpath={.items[0].spec.hostPath.path}"]);
@@ -837,4 +931,87 @@ fn statefulset_basics_as_written_ordered_pods_stable_dns_and_storage_that_stays(
         }
     });
     assert!(!std::path::Path::new(&dir).exists(), "{dir} deleted by its node");
+}
+
+#[test]
+fn workloads_that_cannot_run_say_why_in_the_real_words_and_leave_nothing_after_delete() {
+    let (_reg, lab) = lab_with_registry("imgbad", "2");
+    // A StatefulSet whose pods fit no node: web-0 Pending with the scheduler's message, and
+    // (OrderedReady) no web-1.
+    lab.apply(
+        "apiVersion: apps/v1\nkind: StatefulSet\nmetadata: {name: stuck}\nspec:\n  serviceName: stuck\n  replicas: 2\n  selector: {matchLabels: {app: stuck}}\n  template:\n    metadata: {labels: {app: stuck}}\n    spec:\n      nodeSelector: {disk: none}\n      containers: [{name: c, image: busybox, command: [sleep, '3600']}]\n",
+    );
+    let message = wait_for(Duration::from_secs(30), "stuck-0 unschedulable", || {
+        let m = kubectl_fails(
+            &lab,
+            &["get", "pod", "stuck-0", "-o", "jsonpath={.status.conditions[?(@.type==\"PodScheduled\")].message}"],
+        );
+        if m.starts_with("0/2 nodes") {
+            Ok(m)
+        } else {
+            Err(m)
+        }
+    });
+    assert_eq!(
+        message,
+        "0/2 nodes are available: 2 node(s) didn't match Pod's node affinity/selector. preemption: 0/2 nodes are available: 2 Preemption is not helpful for scheduling."
+    );
+    let events = lab.kubectl(&[
+        "get",
+        "events",
+        "--field-selector",
+        "involvedObject.name=stuck-0",
+        "-o",
+        "custom-columns=R:.reason",
+        "--no-headers",
+    ]);
+    assert!(events.contains("FailedScheduling"), "{events}");
+    std::thread::sleep(Duration::from_secs(1));
+    let pods = lab.kubectl(&["get", "pods", "-l", "app=stuck", "-o", "name"]);
+    assert_eq!(pods.trim(), "pod/stuck-0", "web-1 waits for web-0");
+    let row = lab.kubectl(&["get", "sts", "stuck", "--no-headers"]);
+    assert_eq!(row.split_whitespace().nth(1), Some("0/2"), "{row}");
+    // A DaemonSet whose pods crash: each in CrashLoopBackOff with kubelet's Event, none ready.
+    lab.apply(
+        "apiVersion: apps/v1\nkind: DaemonSet\nmetadata: {name: crashy}\nspec:\n  selector: {matchLabels: {app: crashy}}\n  template:\n    metadata: {labels: {app: crashy}}\n    spec:\n      containers: [{name: c, image: busybox, command: [sh, -c, 'echo bad config; exit 1']}]\n",
+    );
+    wait_for(Duration::from_secs(60), "both daemon pods crash looping", || {
+        let reasons = lab.kubectl(&[
+            "get",
+            "pods",
+            "-l",
+            "app=crashy",
+            "-o",
+            "jsonpath={range .items[*]}{.status.containerStatuses[0].state.waiting.reason} {end}",
+        ]);
+        if reasons.split_whitespace().filter(|r| *r == "CrashLoopBackOff").count() == 2 {
+            Ok(())
+        } else {
+            Err(reasons)
+        }
+    });
+    let status = lab.kubectl(&[
+        "get",
+        "ds",
+        "crashy",
+        "-o",
+        "jsonpath={.status.desiredNumberScheduled} {.status.numberReady} {.status.numberUnavailable}",
+    ]);
+    assert_eq!(status, "2 0 2");
+    let pod = lab.kubectl(&["get", "pods", "-l", "app=crashy", "-o", "jsonpath={.items[0].metadata.name}"]);
+    let described = lab.kubectl(&["describe", "pod", &pod]);
+    assert!(described.contains("Back-off restarting failed container c in pod"), "{described}");
+    assert!(lab.kubectl(&["logs", &pod]).contains("bad config"));
+    // Deleted, nothing of them is left.
+    lab.kubectl(&["delete", "sts", "stuck"]);
+    lab.kubectl(&["delete", "ds", "crashy"]);
+    wait_for(Duration::from_secs(60), "their pods gone", || {
+        let left = lab.kubectl(&["get", "pods", "-l", "app in (stuck,crashy)", "-o", "name"]);
+        let revisions = lab.kubectl(&["get", "controllerrevisions", "-o", "name"]);
+        if left.trim().is_empty() && revisions.trim().is_empty() {
+            Ok(())
+        } else {
+            Err(format!("{left}{revisions}"))
+        }
+    });
 }

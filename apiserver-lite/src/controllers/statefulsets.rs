@@ -13,8 +13,8 @@
 //! carry the set as owner, as upstream marks them). [`plan_claims`] decides those.
 //!
 //! Its templates are kept as ControllerRevisions ([`super::revisions`]: `kubectl rollout
-//! history|undo sts`). Not done here: a pod below `partition` that is recreated gets the
-//! current template (not its revision's), `minReadySeconds`, `maxUnavailable`.
+//! history|undo sts`); a pod below `partition` made again gets its current revision's template.
+//! Not done here: `minReadySeconds`, `maxUnavailable`.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -68,9 +68,14 @@ pub fn revision(sts: &Value) -> String {
 
 /// Pod `ordinal` of set `sts`.
 pub fn pod_for(sts: &Value, ordinal: i64) -> Value {
+    pod_of_revision(sts, ordinal, &sts["spec"]["template"], &revision(sts))
+}
+
+/// Pod `ordinal` of set `sts` made from `template`, revision `rev` (an older one's, for pods
+/// below the partition).
+fn pod_of_revision(sts: &Value, ordinal: i64, template: &Value, rev: &str) -> Value {
     let set = sts["metadata"]["name"].as_str().unwrap_or("");
     let name = format!("{set}-{ordinal}");
-    let template = &sts["spec"]["template"];
     let mut meta = template["metadata"].clone();
     if !meta.is_object() {
         meta = json!({});
@@ -82,7 +87,7 @@ pub fn pod_for(sts: &Value, ordinal: i64) -> Value {
     meta["name"] = json!(name);
     meta["labels"][POD_NAME_LABEL] = json!(name);
     meta["labels"][POD_INDEX_LABEL] = json!(ordinal.to_string());
-    meta["labels"][REVISION_LABEL] = json!(revision(sts));
+    meta["labels"][REVISION_LABEL] = json!(rev);
     meta["ownerReferences"] = json!([{
         "apiVersion": "apps/v1", "kind": "StatefulSet", "name": set, "uid": sts["metadata"]["uid"],
         "controller": true, "blockOwnerDeletion": true,
@@ -105,12 +110,29 @@ pub fn pod_for(sts: &Value, ordinal: i64) -> Value {
 
 /// What StatefulSet `sts` needs done, given its pods. Pure.
 pub fn plan_statefulset(sts: &Value, pods: &[&Value]) -> SetPlan {
+    plan_statefulset_with(sts, pods, None)
+}
+
+/// [`plan_statefulset`], with the template of the set's current revision (from its
+/// ControllerRevision): a pod below the partition that must be made again is made from it, as
+/// upstream restores it. Pure.
+pub fn plan_statefulset_with(sts: &Value, pods: &[&Value], current_template: Option<&Value>) -> SetPlan {
     let set = sts["metadata"]["name"].as_str().unwrap_or("");
     let replicas = sts["spec"]["replicas"].as_i64().unwrap_or(1).max(0);
     let parallel = sts["spec"]["podManagementPolicy"] == "Parallel";
     let on_delete = sts["spec"]["updateStrategy"]["type"] == "OnDelete";
     let partition = sts["spec"]["updateStrategy"]["rollingUpdate"]["partition"].as_i64().unwrap_or(0);
     let update_revision = revision(sts);
+    let current_revision = sts["status"]["currentRevision"].as_str().unwrap_or("").to_string();
+    // Below the partition, a pod made again keeps the current revision (not OnDelete's).
+    let make = |i: i64| match current_template {
+        Some(t)
+            if !on_delete && i < partition && !current_revision.is_empty() && current_revision != update_revision =>
+        {
+            pod_of_revision(sts, i, t, &current_revision)
+        }
+        _ => pod_for(sts, i),
+    };
     let mut plan = SetPlan::default();
     let mut by_ordinal: BTreeMap<i64, &Value> = BTreeMap::new();
     for p in pods {
@@ -133,7 +155,7 @@ pub fn plan_statefulset(sts: &Value, pods: &[&Value]) -> SetPlan {
         for i in 0..replicas {
             match by_ordinal.get(&i) {
                 None => {
-                    plan.create.push(pod_for(sts, i));
+                    plan.create.push(make(i));
                     if !parallel {
                         blocked = true;
                         break;
@@ -278,7 +300,15 @@ pub async fn sync_namespace(reg: &Registry, ns: &str) -> Result<(), ApiError> {
     for sts in sets.iter().filter(|s| !is_terminating(s)) {
         let uid = sts["metadata"]["uid"].as_str().unwrap_or("");
         let mine = owned.get(uid).cloned().unwrap_or_default();
-        let plan = plan_statefulset(sts, &mine);
+        // The current revision's template, for pods below the partition made again.
+        let current_template = sts["status"]["currentRevision"].as_str().and_then(|cur| {
+            revisions.iter().find(|r| ns_name(r).1 == cur).map(|r| {
+                let mut t = r["data"]["spec"]["template"].clone();
+                t.as_object_mut().map(|o| o.remove("$patch"));
+                t
+            })
+        });
+        let plan = plan_statefulset_with(sts, &mine, current_template.as_ref());
         let in_use: BTreeSet<String> =
             mine.iter().filter_map(|p| p["metadata"]["labels"][REVISION_LABEL].as_str().map(String::from)).collect();
         let hash = template_hash(&sts["spec"]["template"]);
@@ -449,5 +479,27 @@ mod tests {
         assert_eq!(plan_claims(&scaled, &[], &[&w0], &have).1, ["www-web-1"]);
         let (create, _) = plan_claims(&scaled, &[pod_for(&scaled, 0)], &[], &BTreeSet::new());
         assert_eq!(create[0]["metadata"]["ownerReferences"][0]["kind"], "StatefulSet", "whenDeleted: Delete");
+    }
+
+    #[test]
+    fn a_pod_below_the_partition_made_again_keeps_its_revision() {
+        let old = sts(3, json!({}));
+        let old_rev = revision(&old);
+        let mut new = old.clone();
+        new["spec"]["template"]["spec"]["containers"][0]["image"] = json!("nginx:2");
+        new["spec"]["updateStrategy"]["rollingUpdate"]["partition"] = json!(2);
+        new["status"]["currentRevision"] = json!(old_rev);
+        let new_rev = revision(&new);
+        // web-1 was deleted by hand; web-2 runs the new template already.
+        let (w0, w2) = (pod("web-0", &old_rev, true), pod("web-2", &new_rev, true));
+        let plan = plan_statefulset_with(&new, &[&w0, &w2], Some(&old["spec"]["template"]));
+        assert_eq!(names(&plan.create), ["web-1"]);
+        assert_eq!(plan.create[0]["metadata"]["labels"][REVISION_LABEL], json!(old_rev));
+        assert_eq!(plan.create[0]["spec"]["containers"][0]["image"], "nginx");
+        // Without the partition it gets the new one.
+        let mut all = new.clone();
+        all["spec"]["updateStrategy"]["rollingUpdate"]["partition"] = json!(0);
+        let plan = plan_statefulset_with(&all, &[&w0, &w2], Some(&old["spec"]["template"]));
+        assert_eq!(plan.create[0]["metadata"]["labels"][REVISION_LABEL], json!(new_rev));
     }
 }
