@@ -2,7 +2,8 @@
 //! would, one module each: [`endpoints`] (Endpoints + EndpointSlices), [`scheduler`], [`nodes`]
 //! (node health, pod garbage collection), [`namespaces`] (lifecycle, default ServiceAccounts),
 //! [`load_balancers`] (pending LoadBalancer Services get freed addresses) and [`workloads`]
-//! (Deployments, ReplicaSets), [`statefulsets`], [`daemonsets`], [`jobs`], [`cronjobs`]. The
+//! (Deployments, ReplicaSets), [`statefulsets`], [`daemonsets`] (both keeping
+//! [`revisions`]), [`jobs`], [`cronjobs`], [`volumes`] (claims bound and provisioned). The
 //! endpoints controller, the scheduler and the
 //! workload controllers decide purely (`plan_*`: objects in, a plan out); their `sync` functions
 //! read and write. All follow the store's durable event log and also resync periodically, so a
