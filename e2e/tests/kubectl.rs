@@ -5,7 +5,7 @@ use std::io::{BufRead, BufReader};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use podpath_e2e::{text, ApiServer};
+use podpath_e2e::{text, wait_for, ApiServer};
 
 const CONTOUR: &str = "apiVersion: v1
 kind: Service
@@ -642,7 +642,8 @@ fn apply_prune_with_kubectls_default_list_and_the_kinds_it_needs() {
     let o = srv.kubectl(&["apply", "-f", dir.join("kinds.yaml").to_str().unwrap()]);
     let (out, err) = text(&o);
     assert!(o.status.success(), "{out}{err}");
-    assert!(err.contains("Warning: podpath runs no controller for persistentvolumeclaims"), "{err}");
+    assert!(err.contains("Warning: podpath runs no controller for replicationcontrollers"), "{err}");
+    assert!(!err.contains("persistentvolumeclaims"), "claims have their controller: {err}");
     let headers = |what: &str| -> Vec<String> {
         let out = ok(&srv, &["get", what]);
         out.lines().next().unwrap_or("").split("  ").map(|h| h.trim().to_string()).filter(|h| !h.is_empty()).collect()
@@ -659,8 +660,19 @@ fn apply_prune_with_kubectls_default_list_and_the_kinds_it_needs() {
         headers("pvc"),
         ["NAME", "STATUS", "VOLUME", "CAPACITY", "ACCESS MODES", "STORAGECLASS", "VOLUMEATTRIBUTESCLASS", "AGE"]
     );
-    let pv = ok(&srv, &["get", "pv", "pv1", "--no-headers"]);
-    assert_eq!(pv.split_whitespace().take(5).collect::<Vec<_>>(), ["pv1", "5Gi", "RWO", "Retain", "Pending"]);
+    // The volume controller makes the unclaimed volume Available; the claim got the default
+    // class, which waits for a pod.
+    let pv = wait_for(Duration::from_secs(10), "pv1 Available", || {
+        let pv = ok(&srv, &["get", "pv", "pv1", "--no-headers"]);
+        if pv.split_whitespace().nth(4) == Some("Available") {
+            Ok(pv)
+        } else {
+            Err(pv)
+        }
+    });
+    assert_eq!(pv.split_whitespace().take(5).collect::<Vec<_>>(), ["pv1", "5Gi", "RWO", "Retain", "Available"]);
+    let claim = ok(&srv, &["get", "pvc", "data", "--no-headers"]);
+    assert_eq!(claim.split_whitespace().take(3).collect::<Vec<_>>(), ["data", "Pending", "standard"], "{claim}");
     assert_eq!(ok(&srv, &["scale", "sts", "db", "--replicas=3"]), "statefulset.apps/db scaled\n");
     assert_eq!(ok(&srv, &["get", "sts", "db", "-o", "jsonpath={.spec.replicas}"]), "3");
     ok(&srv, &["delete", "job,cronjob,sts,ds,rc,pvc", "--all"]);
