@@ -95,8 +95,9 @@ pub async fn start(cfg: &Config) -> Result<Server, ApiError> {
     let store = Arc::new(store::Store::open_with(&cfg.data_dir, cfg.event_log_capacity)?);
     let registry = Arc::new(registry::Registry::open(store, cfg.ranges.clone())?);
     let endpoint = cfg.advertise.map(|a| (a.ip().to_string(), a.port()));
-    controllers::bootstrap(&registry, endpoint).await?;
-    let controllers = tokio::spawn(controllers::run(registry.clone(), cfg.controllers.clone()));
+    controllers::bootstrap(&registry, endpoint.clone()).await?;
+    let controllers_cfg = controllers::ControllerConfig { advertise: endpoint, ..cfg.controllers.clone() };
+    let controllers = tokio::spawn(controllers::run(registry.clone(), controllers_cfg));
     Ok(Server { registry, controllers })
 }
 

@@ -1478,3 +1478,17 @@ async fn claims_wait_for_their_pod_then_get_a_volume_on_its_node() {
     let message = p["status"]["conditions"][0]["message"].as_str().unwrap();
     assert!(message.starts_with("0/1 nodes are available: persistentvolumeclaim \"nope\" not found."), "{message}");
 }
+
+/// `default/kubernetes` deleted comes back, with the first address of the range, as the real
+/// server's reconciler makes it again.
+#[tokio::test]
+async fn the_kubernetes_service_comes_back_when_deleted() {
+    let lab = lab().await;
+    let path = format!("{SVCS}/kubernetes");
+    let (_, before) = lab.get(&path).await;
+    assert_eq!(lab.delete(&path).await.0, StatusCode::OK);
+    let after =
+        lab.eventually(&path, |s, v| s == StatusCode::OK && v["metadata"]["uid"] != before["metadata"]["uid"]).await;
+    assert_eq!(after["spec"]["clusterIP"], before["spec"]["clusterIP"]);
+    assert_eq!(after["spec"]["ports"][0]["port"], 443);
+}

@@ -52,6 +52,8 @@ pub struct ControllerConfig {
     pub event_ttl: Duration,
     /// At most this many Events are kept; the oldest go first.
     pub max_events: usize,
+    /// The API server's own address for `default/kubernetes` (its endpoints), if it has one.
+    pub advertise: Option<(String, u16)>,
 }
 
 impl Default for ControllerConfig {
@@ -62,6 +64,7 @@ impl Default for ControllerConfig {
             pod_gc_slack: Duration::from_secs(30),
             event_ttl: Duration::from_secs(3600),
             max_events: 10_000,
+            advertise: None,
         }
     }
 }
@@ -73,15 +76,7 @@ pub async fn bootstrap(reg: &Registry, apiserver_endpoint: Option<(String, u16)>
             reg.create(Kind::Namespace, None, json!({"metadata": {"name": ns}}), &WriteOptions::default()).await?;
         }
     }
-    if reg.store.get(Kind::Service, "default", "kubernetes")?.is_none() {
-        let first = reg.ranges().service_cidr.hosts().next().map(|ip| ip.to_string()).unwrap_or_default();
-        let svc = json!({
-            "metadata": {"name": "kubernetes", "labels": {"component": "apiserver", "provider": "kubernetes"}},
-            "spec": {"type": "ClusterIP", "clusterIP": first,
-                     "ports": [{"name": "https", "port": 443, "protocol": "TCP", "targetPort": 6443}]}
-        });
-        reg.create(Kind::Service, Some("default"), svc, &WriteOptions::default()).await?;
-    }
+    kubernetes_service(reg, apiserver_endpoint).await?;
     // The lab's L7 load balancer, as the default IngressClass.
     if reg.store.get(Kind::IngressClass, "", api::networking::LAB_CLASS)?.is_none() {
         let class = json!({
@@ -101,6 +96,21 @@ pub async fn bootstrap(reg: &Registry, apiserver_endpoint: Option<(String, u16)>
             "volumeBindingMode": "WaitForFirstConsumer",
         });
         reg.create(Kind::StorageClass, None, class, &WriteOptions::default()).await?;
+    }
+    Ok(())
+}
+
+/// `default/kubernetes` and its endpoints, as the real API server keeps them: made at start
+/// and made again (within a resync) whenever deleted.
+pub async fn kubernetes_service(reg: &Registry, apiserver_endpoint: Option<(String, u16)>) -> Result<(), ApiError> {
+    if reg.store.get(Kind::Service, "default", "kubernetes")?.is_none() {
+        let first = reg.ranges().service_cidr.hosts().next().map(|ip| ip.to_string()).unwrap_or_default();
+        let svc = json!({
+            "metadata": {"name": "kubernetes", "labels": {"component": "apiserver", "provider": "kubernetes"}},
+            "spec": {"type": "ClusterIP", "clusterIP": first,
+                     "ports": [{"name": "https", "port": 443, "protocol": "TCP", "targetPort": 6443}]}
+        });
+        reg.create(Kind::Service, Some("default"), svc, &WriteOptions::default()).await?;
     }
     // The apiserver's own endpoints, as the real apiserver maintains them (the Service has
     // no selector, so the endpoints controller leaves them alone).
@@ -277,6 +287,9 @@ async fn reconcile(reg: &Registry, cfg: &ControllerConfig, dirty: &mut Dirty) ->
     }
     if all || std::mem::take(&mut dirty.volumes) {
         volumes::sync(reg, &mut dirty.volume_events).await?;
+    }
+    if all || dirty.services.contains(&("default".to_string(), "kubernetes".to_string())) {
+        kubernetes_service(reg, cfg.advertise.clone()).await?;
     }
     if all || std::mem::take(&mut dirty.load_balancers) {
         load_balancers::retry_pending(reg).await?;
