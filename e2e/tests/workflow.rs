@@ -184,6 +184,12 @@ fn a_two_replica_deployment_is_spread_over_two_nodes_every_time() {
         return;
     }
     let lab = Lab::up("spread", &["--nodes", "2"]).expect("podpath up");
+    // kube-proxy's metrics server on every node's loopback, as "Using Source IP" reads it.
+    for node in ["node-1", "node-2"] {
+        assert_eq!(lab.exec(node, &["curl", "-s", "localhost:10249/proxyMode"]), "iptables");
+        let metrics = lab.exec(node, &["curl", "-s", "localhost:10249/metrics"]);
+        assert!(metrics.contains("kubeproxy_sync_proxy_rules_duration_seconds_count"), "{metrics}");
+    }
     let zones =
         lab.kubectl(&["get", "nodes", "-o", "jsonpath={.items[*].metadata.labels.topology\\.kubernetes\\.io/zone}"]);
     assert_eq!(zones, "zone-a zone-b");

@@ -42,6 +42,7 @@ impl Health {
     pub fn queued(&self) {
         let mut t = self.times.lock().expect("health lock");
         t.oldest_queued.get_or_insert_with(Instant::now);
+        self.metrics.queued();
     }
 
     pub fn updated(&self) {
@@ -115,6 +116,28 @@ pub async fn serve(
     axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())
         .with_graceful_shutdown(shutdown)
         .await
+}
+
+/// Serves kube-proxy's metrics server (its `--metrics-bind-address`, `127.0.0.1:10249`):
+/// `/proxyMode` (the mode's name, as `curl localhost:10249/proxyMode` on a node shows it),
+/// `/metrics` and `/healthz`, until `shutdown`.
+pub async fn serve_metrics(
+    listener: tokio::net::TcpListener,
+    health: Arc<Health>,
+    mode: &'static str,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let app = axum::Router::new()
+        .route("/proxyMode", get(move || async move { mode }))
+        .route("/healthz", get(|| async { "ok" }))
+        .route(
+            "/metrics",
+            get(|State(h): State<Arc<Health>>| async move {
+                ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], h.metrics.render())
+            }),
+        )
+        .with_state(health);
+    axum::serve(listener, app).with_graceful_shutdown(shutdown).await
 }
 
 #[cfg(test)]

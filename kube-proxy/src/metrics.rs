@@ -3,9 +3,14 @@
 //! every component of the node reports into (`podpath_node_sync_errors`), and whatever the
 //! other components of the node register beside them ([`Metrics::with`]).
 
+use std::time::Duration;
+
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
+use std::sync::atomic::AtomicU64;
 
 /// A counter by one label (`kind`, or `code` for the health answers). A plain array label set,
 /// so that other crates register and increment the same family without sharing a label type.
@@ -22,6 +27,12 @@ pub struct Metrics {
     healthz: KindCounter,
     livez: KindCounter,
     rules_repaired: KindCounter,
+    // kube-proxy's sync metrics, under its names.
+    sync_duration: Histogram,
+    full_sync_duration: Histogram,
+    partial_sync_duration: Histogram,
+    last_sync: Gauge<f64, AtomicU64>,
+    last_queued: Gauge<f64, AtomicU64>,
 }
 
 impl Default for Metrics {
@@ -56,7 +67,60 @@ impl Metrics {
         let livez = Family::default();
         registry.register("proxy_healthz", "/healthz answers by HTTP code", healthz.clone());
         registry.register("proxy_livez", "/livez answers by HTTP code", livez.clone());
-        Metrics { registry, sync_errors, healthz, livez, rules_repaired }
+        // kube-proxy's buckets: 1 ms doubling, 15 of them.
+        let histogram = || Histogram::new(exponential_buckets(0.001, 2.0, 15));
+        let (sync_duration, full_sync_duration, partial_sync_duration) = (histogram(), histogram(), histogram());
+        registry.register(
+            "kubeproxy_sync_proxy_rules_duration_seconds",
+            "SyncProxyRules latency in seconds",
+            sync_duration.clone(),
+        );
+        registry.register(
+            "kubeproxy_sync_full_proxy_rules_duration_seconds",
+            "SyncProxyRules latency in seconds for full resyncs",
+            full_sync_duration.clone(),
+        );
+        registry.register(
+            "kubeproxy_sync_partial_proxy_rules_duration_seconds",
+            "SyncProxyRules latency in seconds for partial resyncs",
+            partial_sync_duration.clone(),
+        );
+        let (last_sync, last_queued) = (Gauge::<f64, AtomicU64>::default(), Gauge::<f64, AtomicU64>::default());
+        registry.register(
+            "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
+            "The last time proxy rules were successfully synced",
+            last_sync.clone(),
+        );
+        registry.register(
+            "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
+            "The last time a sync of proxy rules was queued",
+            last_queued.clone(),
+        );
+        Metrics {
+            registry,
+            sync_errors,
+            healthz,
+            livez,
+            rules_repaired,
+            sync_duration,
+            full_sync_duration,
+            partial_sync_duration,
+            last_sync,
+            last_queued,
+        }
+    }
+
+    /// A sync of the proxy's rules finished (`full`: every Service rewritten), taking `took`.
+    pub fn synced(&self, full: bool, took: Duration) {
+        let s = took.as_secs_f64();
+        self.sync_duration.observe(s);
+        if full { &self.full_sync_duration } else { &self.partial_sync_duration }.observe(s);
+        self.last_sync.set(jiff::Timestamp::now().as_millisecond() as f64 / 1000.0);
+    }
+
+    /// A change arrived that a sync will apply.
+    pub fn queued(&self) {
+        self.last_queued.set(jiff::Timestamp::now().as_millisecond() as f64 / 1000.0);
     }
 
     /// The proxy found its rules changed from outside (`mode`: iptables, nftables).
@@ -108,5 +172,25 @@ mod tests {
         ] {
             assert!(page.lines().any(|l| l == line), "{line} in\n{page}");
         }
+    }
+
+    #[test]
+    fn syncs_are_timed_under_kube_proxys_names() {
+        let m = Metrics::new();
+        m.queued();
+        m.synced(true, Duration::from_millis(3));
+        m.synced(false, Duration::from_micros(500));
+        let page = m.render();
+        for line in [
+            "kubeproxy_sync_proxy_rules_duration_seconds_count 2",
+            "kubeproxy_sync_full_proxy_rules_duration_seconds_count 1",
+            "kubeproxy_sync_partial_proxy_rules_duration_seconds_bucket{le=\"0.001\"} 1",
+            "kubeproxy_sync_full_proxy_rules_duration_seconds_bucket{le=\"0.004\"} 1",
+        ] {
+            assert!(page.lines().any(|l| l == line), "{line} in\n{page}");
+        }
+        let last = page.lines().find(|l| l.starts_with("kubeproxy_sync_proxy_rules_last_timestamp_seconds ")).unwrap();
+        let secs: f64 = last.split_whitespace().nth(1).unwrap().parse().unwrap();
+        assert!(secs > 1.7e9, "{last}");
     }
 }

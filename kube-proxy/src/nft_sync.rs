@@ -415,6 +415,7 @@ pub async fn run_nft_proxier<K: NftKernel>(p: NftProxier<K>, synced: Option<toki
                         stale.push(Stale { due: tokio::time::Instant::now() + STALE_CHAIN_DELAY, chains: flushed });
                     }
                     health.updated();
+                    health.metrics.synced(full, started.elapsed());
                     if let Some(servers) = health_servers.as_mut() {
                         servers.sync(checks).await;
                     }

@@ -315,6 +315,7 @@ pub async fn run_proxier<K: Kernel>(p: Proxier<K>, synced: Option<tokio::sync::o
             Ok(()) => {
                 last = next;
                 health.updated();
+                health.metrics.synced(need_full, started.elapsed());
                 if let Some(servers) = health_servers.as_mut() {
                     servers.sync(checks).await;
                 }

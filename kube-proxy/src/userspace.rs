@@ -472,6 +472,7 @@ pub async fn run(p: UserspaceProxier<impl Kernel>, synced: Option<tokio::sync::o
         let mut rs = render(node_ip, &portals);
         let kernel2 = kernel.clone();
         let ensure = first;
+        let started = std::time::Instant::now();
         let result = tokio::task::spawn_blocking(move || -> Result<()> {
             let k = &*kernel2;
             let canary_gone = !k.save("nat", Some(CANARY))?.declares(CANARY);
@@ -491,8 +492,9 @@ pub async fn run(p: UserspaceProxier<impl Kernel>, synced: Option<tokio::sync::o
         .unwrap_or_else(|e| Err(ProxyError::Task(format!("sync task failed: {e}"))));
         match result {
             Ok(()) => {
-                first = false;
                 health.updated();
+                health.metrics.synced(first, started.elapsed());
+                first = false;
                 if let Some(tx) = synced.take() {
                     let _ = tx.send(());
                 }

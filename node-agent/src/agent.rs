@@ -38,6 +38,8 @@ pub struct AgentConfig {
     pub cni_bin_dirs: Vec<PathBuf>,
     /// `None`: no health server.
     pub healthz_bind: Option<SocketAddr>,
+    /// kube-proxy's metrics server (`/proxyMode`, `/metrics`, `/healthz`), if any.
+    pub metrics_bind: Option<SocketAddr>,
     /// The kubelet API's port on the node IP (container logs for `pods/log`); 0: none.
     pub kubelet_port: u16,
     /// Full resync period of routes (health timeout is twice this).
@@ -111,6 +113,18 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()>) -> Result
             .map_err(|e| AgentError::io(format!("listen on {addr} (--healthz-bind-address)"), e))?;
         tracing::info!(%addr, "health and metrics on /healthz, /livez, /metrics");
         tasks.spawn(health::serve(listener, health.clone(), stopped()));
+    }
+    if let (Some(addr), Some(p)) = (cfg.metrics_bind, &cfg.proxy) {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| AgentError::io(format!("listen on {addr} (--metrics-bind-address)"), e))?;
+        let mode = match p.mode {
+            ProxyMode::Iptables => "iptables",
+            ProxyMode::Nftables => "nftables",
+            ProxyMode::Userspace => "userspace",
+        };
+        tracing::info!(%addr, mode, "kube-proxy's metrics server: /proxyMode, /metrics, /healthz");
+        tasks.spawn(health::serve_metrics(listener, health.clone(), mode, stopped()));
     }
 
     // Wait for the API server as long as it takes (as kubelet does), unless told to stop.

@@ -47,6 +47,10 @@ struct Args {
     /// Health and metrics address (`/healthz`, `/livez`, `/metrics`); empty to disable.
     #[arg(long, default_value = "0.0.0.0:10256")]
     healthz_bind_address: String,
+    /// kube-proxy's metrics server (`/proxyMode`, `/metrics`, `/healthz`), as kube-proxy's
+    /// `--metrics-bind-address`; empty to disable.
+    #[arg(long, default_value = "127.0.0.1:10249")]
+    metrics_bind_address: String,
     /// Port of the kubelet API (container logs for `kubectl logs`) on `--node-ip`; 0 disables.
     #[arg(long, default_value_t = 10250)]
     kubelet_port: u16,
@@ -213,6 +217,10 @@ async fn run() -> Result<()> {
         "" => None,
         a => Some(a.parse().with_context(|| format!("--healthz-bind-address {a:?} is not IP:PORT"))?),
     };
+    let metrics_bind: Option<SocketAddr> = match args.metrics_bind_address.as_str() {
+        "" => None,
+        a => Some(a.parse().with_context(|| format!("--metrics-bind-address {a:?} is not IP:PORT"))?),
+    };
     let exe_dir = std::env::current_exe()?.parent().map(|p| p.to_path_buf()).unwrap_or_default();
     let cni_bin_dirs = match &args.cni_bin_dir {
         Some(dirs) => std::env::split_paths(dirs).collect(),
@@ -232,6 +240,7 @@ async fn run() -> Result<()> {
         cni_conf_dir: args.cni_conf_dir,
         cni_bin_dirs,
         healthz_bind,
+        metrics_bind,
         kubelet_port: args.kubelet_port,
         sync_period: Duration::from_secs(args.sync_period_seconds),
         backoff_base: Duration::from_secs_f64(args.restart_backoff_seconds),
