@@ -265,6 +265,19 @@ pub static MESSAGES: &[Message] = &[
         Field { tag: 1, json: "succeeded", kind: Str, repeated: true, omit_empty: true },
         Field { tag: 2, json: "failed", kind: Str, repeated: true, omit_empty: true },
     ] },
+    Message { name: "coordination.v1.Lease", fields: &[
+        Field { tag: 1, json: "metadata", kind: Msg("meta.v1.ObjectMeta"), repeated: false, omit_empty: false },
+        Field { tag: 2, json: "spec", kind: Msg("coordination.v1.LeaseSpec"), repeated: false, omit_empty: true },
+    ] },
+    Message { name: "coordination.v1.LeaseSpec", fields: &[
+        Field { tag: 1, json: "holderIdentity", kind: Str, repeated: false, omit_empty: true },
+        Field { tag: 2, json: "leaseDurationSeconds", kind: I32, repeated: false, omit_empty: true },
+        Field { tag: 3, json: "acquireTime", kind: Msg("meta.v1.MicroTime"), repeated: false, omit_empty: true },
+        Field { tag: 4, json: "renewTime", kind: Msg("meta.v1.MicroTime"), repeated: false, omit_empty: true },
+        Field { tag: 5, json: "leaseTransitions", kind: I32, repeated: false, omit_empty: true },
+        Field { tag: 6, json: "strategy", kind: Str, repeated: false, omit_empty: true },
+        Field { tag: 7, json: "preferredHolder", kind: Str, repeated: false, omit_empty: true },
+    ] },
     Message { name: "core.v1.Affinity", fields: &[
         Field { tag: 1, json: "nodeAffinity", kind: Msg("core.v1.NodeAffinity"), repeated: false, omit_empty: true },
         Field { tag: 2, json: "podAffinity", kind: Msg("core.v1.PodAffinity"), repeated: false, omit_empty: true },

@@ -225,6 +225,7 @@ impl pb::nodes_server::Nodes for Grpc {
         new["status"]["conditions"] = json!(conds);
         let out =
             reg.update(Kind::Node, None, &req.name, new, Subresource::Status, &WriteOptions::default()).await?.object;
+        crate::controllers::nodes::renew_lease(reg, &out).await?;
         Ok(Response::new(from_value::<core::Node>(out)?))
     }
 

@@ -12,6 +12,7 @@ use tonic::transport::Channel;
 
 struct Running {
     grpc: String,
+    rest: std::net::SocketAddr,
     _stop: tokio::sync::oneshot::Sender<()>,
     _dir: tempfile::TempDir,
 }
@@ -23,6 +24,7 @@ async fn run(token: Option<&str>) -> Running {
     let rest = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = grpc.local_addr().unwrap();
+    let rest_addr = rest.local_addr().unwrap();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(apiserver_lite::serve(cfg, vec![rest], Some(grpc), async {
         let _ = rx.await;
@@ -34,7 +36,7 @@ async fn run(token: Option<&str>) -> Running {
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    Running { grpc: url, _stop: tx, _dir: dir }
+    Running { grpc: url, rest: rest_addr, _stop: tx, _dir: dir }
 }
 
 async fn channel(r: &Running) -> Channel {
@@ -178,6 +180,24 @@ async fn nodes_register_get_a_pod_cidr_and_heartbeat() {
     assert!(ready.last_heartbeat_time.is_some());
     let err = nodes.heartbeat(pb::HeartbeatRequest { name: "nope".into(), conditions: vec![] }).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::NotFound);
+    // Each heartbeat renews the node's Lease in kube-node-lease, as the kubelet's does.
+    let lease = get_json(r.rest, "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/node-2").await;
+    assert_eq!(lease["spec"]["holderIdentity"], "node-2");
+    assert_eq!(lease["spec"]["leaseDurationSeconds"], 40);
+    assert_eq!(lease["metadata"]["ownerReferences"][0]["kind"], "Node");
+    let renewed = lease["spec"]["renewTime"].as_str().unwrap();
+    assert_eq!(renewed.len(), "2026-11-27T02:40:00.123456Z".len(), "a MicroTime: {renewed}");
+}
+
+/// A GET over plain HTTP/1.0; the body as JSON.
+async fn get_json(addr: std::net::SocketAddr, path: &str) -> serde_json::Value {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes()).await.unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.unwrap();
+    let body = out.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {out}"))
 }
 
 #[tokio::test]

@@ -882,7 +882,18 @@ async fn discovery_version_and_openapi() {
     assert_eq!(svc["shortNames"], json!(["svc"]));
     let (_, apis) = lab.get("/apis").await;
     let names: Vec<&str> = apis["groups"].as_array().unwrap().iter().filter_map(|g| g["name"].as_str()).collect();
-    assert_eq!(names, ["apps", "batch", "discovery.k8s.io", "events.k8s.io", "networking.k8s.io", "storage.k8s.io"]);
+    assert_eq!(
+        names,
+        [
+            "apps",
+            "batch",
+            "coordination.k8s.io",
+            "discovery.k8s.io",
+            "events.k8s.io",
+            "networking.k8s.io",
+            "storage.k8s.io"
+        ]
+    );
     // kubectl scale finds the Scale kind of deployments/scale through discovery.
     let (_, apps) = lab.get("/apis/apps/v1").await;
     let scale = apps["resources"].as_array().unwrap().iter().find(|r| r["name"] == "deployments/scale").unwrap();

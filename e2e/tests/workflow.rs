@@ -184,6 +184,10 @@ fn a_two_replica_deployment_is_spread_over_two_nodes_every_time() {
         return;
     }
     let lab = Lab::up("spread", &["--nodes", "2"]).expect("podpath up");
+    // Each node's Lease, renewed with its heartbeats, as `describe node` shows it.
+    let described = lab.kubectl(&["describe", "node", "node-1"]);
+    assert!(described.contains("HolderIdentity:  node-1"), "{described}");
+    assert!(!described.contains("RenewTime:       <unset>"), "{described}");
     // kube-proxy's metrics server on every node's loopback, as "Using Source IP" reads it.
     for node in ["node-1", "node-2"] {
         assert_eq!(lab.exec(node, &["curl", "-s", "localhost:10249/proxyMode"]), "iptables");

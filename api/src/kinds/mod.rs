@@ -284,6 +284,7 @@ kinds! { $
     DaemonSet => daemonset,
     StatefulSet => statefulset,
     ControllerRevision => controllerrevision,
+    Lease => lease,
 }
 
 impl Kind {

@@ -103,6 +103,15 @@ pub async fn bootstrap(reg: &Registry, apiserver_endpoint: Option<(String, u16)>
 /// `default/kubernetes` and its endpoints, as the real API server keeps them: made at start
 /// and made again (within a resync) whenever deleted.
 pub async fn kubernetes_service(reg: &Registry, apiserver_endpoint: Option<(String, u16)>) -> Result<(), ApiError> {
+    // The nodes' Leases' namespace, made again if deleted (as the system namespaces controller does).
+    let leases = api::kinds::lease::NODE_LEASE_NAMESPACE;
+    if reg.store.get(Kind::Namespace, "", leases)?.is_none() {
+        let ns = json!({"metadata": {"name": leases}});
+        match reg.create(Kind::Namespace, None, ns, &WriteOptions::default()).await {
+            Ok(_) | Err(ApiError::AlreadyExists { .. }) => {}
+            Err(e) => return Err(e),
+        }
+    }
     if reg.store.get(Kind::Service, "default", "kubernetes")?.is_none() {
         let first = reg.ranges().service_cidr.hosts().next().map(|ip| ip.to_string()).unwrap_or_default();
         let svc = json!({
@@ -271,6 +280,7 @@ async fn reconcile(reg: &Registry, cfg: &ControllerConfig, dirty: &mut Dirty) ->
     if all || periodic {
         nodes::node_health(reg, cfg.node_monitor_grace).await?;
         nodes::pod_gc(reg, cfg.pod_gc_slack).await?;
+        nodes::collect_leases(reg).await?;
     }
     if all {
         events::expire(reg, cfg.event_ttl, cfg.max_events).await?;

@@ -150,3 +150,62 @@ pub(crate) async fn pod_gc(reg: &Registry, slack: Duration) -> Result<(), ApiErr
     }
     Ok(())
 }
+/// How long a node's Lease lasts unrenewed (the kubelet's `nodeLeaseDurationSeconds`).
+pub const NODE_LEASE_SECONDS: i32 = 40;
+
+/// The time as a MicroTime (`2026-11-27T02:40:00.123456Z`).
+fn micro_time(t: jiff::Timestamp) -> String {
+    t.strftime("%Y-%m-%dT%H:%M:%S%.6fZ").to_string()
+}
+
+/// Renews node `name`'s Lease in `kube-node-lease` (made at its first heartbeat, owned by the
+/// Node so it goes with it), as the kubelet renews it: what `kubectl describe node` shows.
+pub async fn renew_lease(reg: &Registry, node: &Value) -> Result<(), ApiError> {
+    use crate::registry::{Subresource, WriteOptions};
+    use api::kinds::lease::NODE_LEASE_NAMESPACE as NS;
+    let (_, name) = ns_name(node);
+    let now = micro_time(jiff::Timestamp::now());
+    let opts = WriteOptions::default();
+    match reg.store.get(Kind::Lease, NS, &name)? {
+        Some(mut lease) => {
+            lease["spec"]["renewTime"] = json!(now);
+            lease["spec"]["holderIdentity"] = json!(name);
+            match reg.update(Kind::Lease, Some(NS), &name, lease, Subresource::Main, &opts).await {
+                Ok(_) | Err(ApiError::Conflict { .. }) | Err(ApiError::NotFound { .. }) => Ok(()),
+                Err(e) => Err(e),
+            }
+        }
+        None => {
+            let lease = json!({
+                "metadata": {"name": name, "namespace": NS, "ownerReferences": [{
+                    "apiVersion": "v1", "kind": "Node", "name": name, "uid": node["metadata"]["uid"]}]},
+                "spec": {"holderIdentity": name, "leaseDurationSeconds": NODE_LEASE_SECONDS, "renewTime": now},
+            });
+            match reg.create(Kind::Lease, Some(NS), lease, &opts).await {
+                Ok(_) | Err(ApiError::AlreadyExists { .. }) | Err(ApiError::NotFound { .. }) => Ok(()),
+                // The namespace is being made again (deleted by hand): the next heartbeat.
+                Err(ApiError::Forbidden { .. }) => Ok(()),
+                Err(e) => Err(e),
+            }
+        }
+    }
+}
+
+/// Deletes the Leases of nodes that are gone (the garbage collector's work for their owner
+/// references).
+pub(crate) async fn collect_leases(reg: &Registry) -> Result<(), ApiError> {
+    use api::kinds::lease::NODE_LEASE_NAMESPACE as NS;
+    let (leases, _) = reg.store.list(Kind::Lease, Some(NS))?;
+    if leases.is_empty() {
+        return Ok(());
+    }
+    let (nodes, _) = reg.store.list(Kind::Node, None)?;
+    let uids: BTreeSet<&str> = nodes.iter().filter_map(|n| n["metadata"]["uid"].as_str()).collect();
+    for l in &leases {
+        let owner = l["metadata"]["ownerReferences"].as_array().and_then(|o| o.iter().find(|r| r["kind"] == "Node"));
+        if owner.is_some_and(|o| !o["uid"].as_str().is_some_and(|u| uids.contains(u))) {
+            super::write::delete_quietly(reg, Kind::Lease, NS, &ns_name(l).1).await?;
+        }
+    }
+    Ok(())
+}
