@@ -36,6 +36,9 @@ pub enum ApiError {
     /// A watch asked for a resourceVersion older than the event log.
     #[error("too old resource version: {requested} ({current})")]
     Expired { requested: u64, current: u64 },
+    /// A list's continue token whose resourceVersion is older than the event log.
+    #[error("The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter, or use the continue token in this response to retrieve the remainder of the results. Continuing with the provided token results in an inconsistent list - objects that were created, modified, or deleted between the time the first chunk was returned and now may show up in the list.")]
+    ExpiredContinue,
     /// A patch type the server does not speak.
     #[error("the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml, application/strategic-merge-patch+json")]
     UnsupportedMediaType,
@@ -83,7 +86,7 @@ impl ApiError {
             ApiError::Invalid { .. } | ApiError::InvalidOptions { .. } => 422,
             ApiError::BadRequest(_) => 400,
             ApiError::Forbidden { .. } => 403,
-            ApiError::Expired { .. } => 410,
+            ApiError::Expired { .. } | ApiError::ExpiredContinue => 410,
             ApiError::UnsupportedMediaType => 415,
             ApiError::MethodNotAllowed => 405,
             ApiError::NotAcceptable(_) => 406,
@@ -101,7 +104,7 @@ impl ApiError {
             ApiError::Invalid { .. } | ApiError::InvalidOptions { .. } => "Invalid",
             ApiError::BadRequest(_) => "BadRequest",
             ApiError::Forbidden { .. } => "Forbidden",
-            ApiError::Expired { .. } => "Expired",
+            ApiError::Expired { .. } | ApiError::ExpiredContinue => "Expired",
             ApiError::UnsupportedMediaType => "UnsupportedMediaType",
             ApiError::MethodNotAllowed => "MethodNotAllowed",
             ApiError::NotAcceptable(_) => "NotAcceptable",
@@ -198,7 +201,7 @@ impl From<ApiError> for tonic::Status {
             | ApiError::BadRequest(_)
             | ApiError::UnsupportedMediaType => Code::InvalidArgument,
             ApiError::Forbidden { .. } => Code::PermissionDenied,
-            ApiError::Expired { .. } => Code::OutOfRange,
+            ApiError::Expired { .. } | ApiError::ExpiredContinue => Code::OutOfRange,
             ApiError::MethodNotAllowed | ApiError::NotAcceptable(_) => Code::Unimplemented,
             ApiError::Unauthorized => Code::Unauthenticated,
             ApiError::TooLarge(_) => Code::ResourceExhausted,

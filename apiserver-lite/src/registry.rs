@@ -3,7 +3,7 @@
 //! default, validate and allocate (pure functions from `api` plus the allocators) → one store
 //! commit → release the lock → flush and fdatasync (shared with concurrent writers) → answer.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
 use api::alloc::Exhausted;
@@ -114,6 +114,54 @@ fn now_json() -> Value {
     serde_json::to_value(now()).unwrap_or_default()
 }
 
+/// One page of a list.
+pub struct Page {
+    pub items: Vec<Value>,
+    /// The resourceVersion the page shows.
+    pub rv: u64,
+    /// The continue token of the next page, if there is one.
+    pub next: Option<String>,
+    /// How many objects the pages after this one hold (without selectors).
+    pub remaining: Option<i64>,
+}
+
+/// A continue token as the real server writes one: URL-safe base64 of
+/// `{"v":"meta.k8s.io/v1","rv":RV,"start":"KEY\u0000"}`.
+fn encode_continue(rv: u64, last_key: &str) -> String {
+    use base64::Engine;
+    let token = json!({"v": "meta.k8s.io/v1", "rv": rv, "start": format!("{last_key}\u{0}")});
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(token.to_string())
+}
+
+/// (resourceVersion, the last key served) of a continue token.
+fn decode_continue(token: &str) -> Result<(u64, String), ApiError> {
+    use base64::Engine;
+    let bad = |why: &str| ApiError::BadRequest(format!("invalid continue token: continue key is not valid: {why}"));
+    let raw = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(token.trim_end_matches('='))
+        .map_err(|e| bad(&format!("illegal base64 data: {e}")))?;
+    let v: Value = serde_json::from_slice(&raw).map_err(|e| bad(&e.to_string()))?;
+    if v["v"] != "meta.k8s.io/v1" {
+        return Err(bad(&format!(
+            "server does not recognize this encoded version {:?}",
+            v["v"].as_str().unwrap_or("")
+        )));
+    }
+    let rv = v["rv"]
+        .as_u64()
+        .filter(|r| *r > 0)
+        .ok_or_else(|| bad("incorrect encoded start resourceVersion (version meta.k8s.io/v1)"))?;
+    let start = v["start"].as_str().unwrap_or("");
+    let key = start.strip_suffix('\u{0}').unwrap_or(start);
+    if key.is_empty() {
+        return Err(bad("encoded start key empty"));
+    }
+    if key.split('/').any(|p| p == ".." || p == ".") || key.starts_with('/') {
+        return Err(bad(key));
+    }
+    Ok((rv, key.to_string()))
+}
+
 /// The object's `metadata.finalizers`.
 fn finalizers(obj: &Value) -> impl Iterator<Item = &str> {
     obj["metadata"]["finalizers"].as_array().into_iter().flatten().filter_map(Value::as_str)
@@ -158,6 +206,79 @@ impl Registry {
         let (items, rv) = self.store.list(kind, ns)?;
         let items = items.into_iter().filter(|o| labels.matches(labels_of(o).as_ref()) && fields.matches(o)).collect();
         Ok((items, rv))
+    }
+
+    /// One page of a list (`limit`, `continue`), as the real server pages: a first page of the
+    /// current objects; the pages after it of the objects as they were at the first page's
+    /// resourceVersion (rebuilt by undoing the event log's later changes), in key order after
+    /// the token's key. A token older than the event log is 410 Expired, as a compacted etcd
+    /// answers. `limit` 0: the rest at once.
+    pub fn list_page(
+        &self,
+        kind: Kind,
+        ns: Option<&str>,
+        labels: &LabelSelector,
+        fields: &FieldSelector,
+        limit: usize,
+        token: Option<&str>,
+    ) -> Result<Page, ApiError> {
+        let (items, current) = self.store.list(kind, ns)?;
+        let key = |o: &Value| {
+            let n = meta_str(o, "name").unwrap_or("");
+            match kind.info().namespaced {
+                true => format!("{}/{n}", obj_ns(o)),
+                false => n.to_string(),
+            }
+        };
+        let (rv, start, items) = match token {
+            None => (current, String::new(), items),
+            Some(t) => {
+                let (rv, start) = decode_continue(t)?;
+                if rv > current {
+                    return Err(ApiError::BadRequest(format!(
+                        "invalid continue token: continue key is not valid: resource version {rv} is in the future"
+                    )));
+                }
+                let events = self.store.events_since(rv, current).map_err(|_| ApiError::ExpiredContinue)?;
+                let mut at: BTreeMap<String, Value> = items.into_iter().map(|o| (key(&o), o)).collect();
+                for ev in events.iter().rev().filter(|e| e.kind == kind) {
+                    let obj = ev.object();
+                    if ns.is_some_and(|n| obj_ns(&obj) != n) {
+                        continue;
+                    }
+                    match (ev.type_, ev.prev()) {
+                        (crate::store::EventType::Added, _) => {
+                            at.remove(&key(&obj));
+                        }
+                        (_, Some(prev)) => {
+                            at.insert(key(&prev), prev);
+                        }
+                        (crate::store::EventType::Deleted, None) => {
+                            at.insert(key(&obj), obj);
+                        }
+                        // The state before a change is not known (events read back after a
+                        // restart): no consistent page can be made.
+                        (crate::store::EventType::Modified, None) => return Err(ApiError::ExpiredContinue),
+                    }
+                }
+                (rv, start, at.into_values().collect())
+            }
+        };
+        let mut matching: Vec<Value> = items
+            .into_iter()
+            .filter(|o| start.is_empty() || key(o) > start)
+            .filter(|o| labels.matches(labels_of(o).as_ref()) && fields.matches(o))
+            .collect();
+        matching.sort_by_key(|o| key(o));
+        let more = limit > 0 && matching.len() > limit;
+        let remaining = if more { matching.len() - limit } else { 0 };
+        if more {
+            matching.truncate(limit);
+        }
+        let next = more.then(|| encode_continue(rv, &key(matching.last().expect("limit > 0"))));
+        // The count is only known without selectors (the real server's rule too).
+        let remaining = (more && labels.is_empty() && fields.is_empty()).then_some(remaining as i64);
+        Ok(Page { items: matching, rv, next, remaining })
     }
 
     // === writes ===

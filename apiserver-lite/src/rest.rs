@@ -356,6 +356,34 @@ async fn handle_resource(
             if query_bool(q, "watch") {
                 return watch(st, kind, t.namespace.clone(), q, ls, fs, wants_table(headers)).await;
             }
+            let limit: usize = match q.get("limit").map(String::as_str) {
+                None | Some("") => 0,
+                // A negative limit is no limit, as the real server reads it.
+                Some(l) => l
+                    .parse::<i64>()
+                    .map(|l| l.max(0) as usize)
+                    .map_err(|_| ApiError::BadRequest(format!("limit: Invalid value: {l:?}: must be an integer")))?,
+            };
+            let token = q.get("continue").map(String::as_str).filter(|c| !c.is_empty());
+            if limit > 0 || token.is_some() {
+                let page = reg.list_page(kind, ns, &ls, &fs, limit, token)?;
+                let mut meta = json!({"resourceVersion": page.rv.to_string()});
+                if let Some(next) = &page.next {
+                    meta["continue"] = json!(next);
+                }
+                if let Some(n) = page.remaining {
+                    meta["remainingItemCount"] = json!(n);
+                }
+                let mut out = if wants_table(headers) {
+                    let full = q.get("includeObject").is_some_and(|i| i == "Object");
+                    to_table(kind, &page.items, &page.rv.to_string(), full, true)
+                } else {
+                    let items: Vec<Value> = page.items.into_iter().map(|i| with_type_meta(kind, i)).collect();
+                    json!({"kind": format!("{}List", kind.info().name), "apiVersion": kind.api_version(), "items": items})
+                };
+                out["metadata"] = meta;
+                return Ok(json_response(StatusCode::OK, &out));
+            }
             if !wants_table(headers) && ls.is_empty() && fs.is_empty() {
                 // The stored objects already carry kind and apiVersion: splice them in as they are.
                 let (raw, rv) = reg.store.list_raw(kind, ns)?;

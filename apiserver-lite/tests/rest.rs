@@ -1503,3 +1503,58 @@ async fn the_kubernetes_service_comes_back_when_deleted() {
     assert_eq!(after["spec"]["clusterIP"], before["spec"]["clusterIP"]);
     assert_eq!(after["spec"]["ports"][0]["port"], 443);
 }
+
+/// `limit`/`continue` as the real server pages: each page in key order with a token for the
+/// next and the count left; the pages after the first show the list as it was at the first
+/// (a create and a delete in between change nothing of them); a bad token is 400; a token
+/// older than the event log 410 Expired.
+#[tokio::test]
+async fn lists_page_with_limit_and_continue_over_a_consistent_snapshot() {
+    let lab = lab_with(|c| c.event_log_capacity = 64).await;
+    lab.post("/api/v1/namespaces", json!({"metadata": {"name": "paging"}})).await;
+    let cms = "/api/v1/namespaces/paging/configmaps";
+    for i in 0..10 {
+        let (s, _) =
+            lab.post(cms, json!({"metadata": {"name": format!("cm-{i}")}, "data": {"i": i.to_string()}})).await;
+        assert_eq!(s, StatusCode::CREATED);
+    }
+    let (s, first) = lab.get(&format!("{cms}?limit=4")).await;
+    assert_eq!(s, StatusCode::OK, "{first}");
+    let names = |l: &Value| -> Vec<String> {
+        l["items"].as_array().unwrap().iter().map(|i| i["metadata"]["name"].as_str().unwrap().to_string()).collect()
+    };
+    assert_eq!(names(&first), ["cm-0", "cm-1", "cm-2", "cm-3"]);
+    assert_eq!(first["metadata"]["remainingItemCount"], 6);
+    let token = first["metadata"]["continue"].as_str().unwrap().to_string();
+    // Changes after the first page.
+    lab.post(cms, json!({"metadata": {"name": "cm-5a"}})).await;
+    assert_eq!(lab.delete(&format!("{cms}/cm-7")).await.0, StatusCode::OK);
+    let (_, second) = lab.get(&format!("{cms}?limit=4&continue={token}")).await;
+    assert_eq!(names(&second), ["cm-4", "cm-5", "cm-6", "cm-7"], "as of the first page");
+    assert_eq!(second["metadata"]["resourceVersion"], first["metadata"]["resourceVersion"]);
+    let token = second["metadata"]["continue"].as_str().unwrap().to_string();
+    let (_, last) = lab.get(&format!("{cms}?limit=4&continue={token}")).await;
+    assert_eq!(names(&last), ["cm-8", "cm-9"]);
+    assert!(last["metadata"].get("continue").is_none() && last["metadata"].get("remainingItemCount").is_none());
+    // A new list sees the changes.
+    let (_, now) = lab.get(&format!("{cms}?limit=100")).await;
+    assert!(names(&now).contains(&"cm-5a".to_string()) && !names(&now).contains(&"cm-7".to_string()));
+    // Tables page too (kubectl get --chunk-size).
+    let (s, table) =
+        lab.call("GET", &format!("{cms}?limit=2"), None, "", "application/json;as=Table;v=v1;g=meta.k8s.io").await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(table["rows"].as_array().unwrap().len(), 2);
+    assert!(table["metadata"]["continue"].is_string(), "{table}");
+    // A token that is not one.
+    let (s, st) = lab.get(&format!("{cms}?limit=2&continue=bm9wZQ")).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{st}");
+    assert!(st["message"].as_str().unwrap().starts_with("invalid continue token: continue key is not valid"), "{st}");
+    // 100 writes later the first token's version has left the event log: 410 Expired.
+    for i in 0..100 {
+        lab.post(cms, json!({"metadata": {"name": format!("more-{i}")}})).await;
+    }
+    let (s, st) = lab.get(&format!("{cms}?limit=4&continue={}", first["metadata"]["continue"].as_str().unwrap())).await;
+    assert_eq!(s, StatusCode::GONE, "{st}");
+    assert_eq!(st["reason"], "Expired");
+    assert!(st["message"].as_str().unwrap().starts_with("The provided continue parameter is too old"), "{st}");
+}

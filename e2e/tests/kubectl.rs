@@ -1044,3 +1044,26 @@ spec:
     );
     assert_eq!(ok(&srv, &["get", "netpol", "deny-all", "-o", "jsonpath={.metadata.generation}"]), "2");
 }
+
+/// `kubectl get --chunk-size=2` pages through 10 objects with the server's continue tokens and
+/// prints them all, once each, under one header.
+#[test]
+fn kubectl_get_pages_with_chunk_size() {
+    assert!(kubectl_available(), "kubectl is required (it ships on the machine image as /usr/bin/kubectl)");
+    let srv = ApiServer::start(&[]).unwrap();
+    ok(&srv, &["create", "namespace", "chunks"]);
+    for i in 0..10 {
+        ok(&srv, &["-n", "chunks", "create", "configmap", &format!("cm-{i}"), "--from-literal=i=1"]);
+    }
+    let o = srv.kubectl(&["-n", "chunks", "get", "configmaps", "--chunk-size=2", "-v=6"]);
+    let (out, log) = text(&o);
+    assert!(o.status.success(), "{log}");
+    // Five requests: the first, then four with the token of the page before.
+    let continued = log.lines().filter(|l| l.contains("limit=2") && l.contains("continue=")).count();
+    assert_eq!(continued, 4, "{log}");
+    let rows: Vec<&str> = out.lines().filter(|l| l.starts_with("cm-")).collect();
+    assert_eq!(rows.len(), 10, "{out}");
+    assert_eq!(out.lines().filter(|l| l.starts_with("NAME")).count(), 1, "{out}");
+    let names = ok(&srv, &["-n", "chunks", "get", "configmaps", "--chunk-size=3", "-o", "name"]);
+    assert_eq!(names.lines().filter(|l| l.starts_with("configmap/cm-")).count(), 10, "{names}");
+}
