@@ -89,6 +89,27 @@ if (stsStatus?.replicas !== 1 || !stsStatus.updateRevision.startsWith('node-sts-
 await apps.deleteNamespacedStatefulSet({ name: 'node-sts', namespace: 'default' });
 step(`statefulset: status read (replicas ${stsStatus.replicas}, revision ${stsStatus.updateRevision})`);
 
+// A continue token whose resourceVersion has left the server's event log: 410 Expired.
+for (let i = 0; i < 3; i++) {
+  await core.createNamespacedConfigMap({ namespace: 'default', body: { metadata: { name: `node-page-${i}` } } });
+}
+const first = await core.listNamespacedConfigMap({ namespace: 'default', limit: 2 });
+const token = first.metadata?._continue;
+if (!token) throw new Error(`no continue token: ${JSON.stringify(first.metadata)}`);
+for (let i = 0; i < 60; i++) {
+  await core.patchNamespacedConfigMap({ name: 'node-page-0', namespace: 'default', body: { data: { n: `${i}` } } },
+    k8s.setHeaderOptions('Content-Type', k8s.PatchStrategy.MergePatch));
+}
+let expired;
+try {
+  await core.listNamespacedConfigMap({ namespace: 'default', limit: 2, _continue: token });
+} catch (e) {
+  expired = e;
+}
+if (expired?.code !== 410 || !String(expired.body).includes('"reason":"Expired"')) throw new Error(`expired token: ${expired}`);
+for (let i = 0; i < 3; i++) await core.deleteNamespacedConfigMap({ name: `node-page-${i}`, namespace: 'default' });
+step('an expired continue token: 410 Expired');
+
 await core.deleteNamespacedService({ name: 'node-web', namespace: 'default' });
 await apps.deleteNamespacedDeployment({ name: 'node-dep', namespace: 'default' });
 step('deleted');

@@ -155,6 +155,23 @@ def main(kubeconfig):
     assert core.message == "checked by the python client" and core.involved_object.name == "py-ev", core
     step("events.k8s.io/v1: created, listed by regarding.name, read as core/v1")
 
+    # Paging: limit and _continue over 7 ConfigMaps, each seen once, in order.
+    for i in range(7):
+        v1.create_namespaced_config_map("default", client.V1ConfigMap(
+            metadata=client.V1ObjectMeta(name=f"py-page-{i}", labels={"paged": "yes"}), data={"i": str(i)}))
+    paged, token, pages = [], None, 0
+    while True:
+        page = v1.list_namespaced_config_map("default", label_selector="paged=yes", limit=3, _continue=token)
+        paged += [c.metadata.name for c in page.items]
+        pages += 1
+        token = page.metadata._continue
+        if not token:
+            break
+    assert paged == [f"py-page-{i}" for i in range(7)] and pages == 3, (paged, pages)
+    for i in range(7):
+        v1.delete_namespaced_config_map(f"py-page-{i}", "default")
+    step(f"paged through {len(paged)} ConfigMaps in {pages} pages with limit and _continue")
+
     t.join(timeout=15)
     assert ("ADDED", "py-svc") in seen and ("DELETED", "py-svc") in seen, seen
     assert ("MODIFIED", "py-svc") in seen, seen
