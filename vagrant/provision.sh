@@ -214,7 +214,7 @@ retry ip route replace $LAB_CLIENT_NET via $LAB_GATEWAY
 modprobe br_netfilter 2>/dev/null || true
 if [ -e /proc/sys/net/bridge/bridge-nf-call-iptables ]; then sysctl -qw net.bridge.bridge-nf-call-iptables=1; fi
 EOF
-  service node-agent process "$BIN/node-agent" --node-name "$LAB_NAME" --node-ip "$LAB_IP" \
+  service node-agent process "$BIN/node-agent" --node-name "$LAB_NAME" --node-ip "$LAB_IP" --node-external-ip "$LAB_IP" \
     --apiserver "$LAB_CONTROL_PLANE:$GRPC_PORT" --state-dir /var/lib/podpath/node \
     --cni-conf-dir /etc/cni/net.d --cni-bin-dir "$CNI_BIN" --healthz-bind-address "$LAB_IP:10256" \
     --heartbeat-seconds 2 --restart-backoff-seconds 1 --proxy-mode "$LAB_PROXY_MODE" \

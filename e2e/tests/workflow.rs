@@ -225,4 +225,37 @@ fn a_two_replica_deployment_is_spread_over_two_nodes_every_time() {
         assert_ne!(nodes[0], nodes[1], "run {run}: both replicas on one node: {nodes:?}");
         lab.kubectl(&["scale", "deployment", "web", "--replicas=0"]);
     }
+    // "Using Source IP", type=NodePort: each node's ExternalIP, curled from outside, answers;
+    // with externalTrafficPolicy Cluster the pod sees a node's address as the client (SNAT).
+    lab.kubectl(&["scale", "deployment", "web", "--replicas=1"]);
+    lab.kubectl(&["rollout", "status", "deployment/web", "--timeout=60s"]);
+    lab.kubectl(&[
+        "expose",
+        "deployment",
+        "web",
+        "--name=nodeport",
+        "--port=80",
+        "--target-port=8080",
+        "--type=NodePort",
+    ]);
+    let port = lab.kubectl(&["get", "svc", "nodeport", "-o", "jsonpath={.spec.ports[0].nodePort}"]);
+    let externals = lab.kubectl(&[
+        "get",
+        "nodes",
+        "-o",
+        "jsonpath={.items[*].status.addresses[?(@.type==\"ExternalIP\")].address}",
+    ]);
+    assert_eq!(externals, "192.168.56.11 192.168.56.12");
+    for node in externals.split_whitespace() {
+        let page = podpath_e2e::wait_for(Duration::from_secs(20), "the NodePort from outside", || {
+            let (code, out) = lab.curl(&["-s", "--max-time", "2", &format!("http://{node}:{port}/")]);
+            if code == 0 && out.contains("client: ") {
+                Ok(out)
+            } else {
+                Err(out)
+            }
+        });
+        let client = page.lines().find(|l| l.starts_with("client: ")).unwrap_or("");
+        assert!(client.starts_with("client: 192.168.56.") || client.starts_with("client: 10.244."), "{page}");
+    }
 }

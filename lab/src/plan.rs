@@ -234,7 +234,7 @@ pub fn agent_argv_for(template: &[String], from: &NodeSpec, node: &NodeSpec, zon
         let swapped = |v: &String| v.replace(&format!("/{}/", from.name), &format!("/{}/", node.name));
         match (arg.as_str(), value) {
             ("--node-name", Some(_)) => out.extend([arg.clone(), node.name.clone()]),
-            ("--node-ip", Some(_)) => out.extend([arg.clone(), node.ip.to_string()]),
+            ("--node-ip" | "--node-external-ip", Some(_)) => out.extend([arg.clone(), node.ip.to_string()]),
             ("--healthz-bind-address", Some(_)) => {
                 out.extend([arg.clone(), format!("{}:{}", node.ip, AGENT_HEALTH_PORT)])
             }
@@ -318,6 +318,8 @@ mod tests {
             s("node-1"),
             s("--node-ip"),
             s("192.168.56.11"),
+            s("--node-external-ip"),
+            s("192.168.56.11"),
             s("--state-dir"),
             s("/var/lib/podpath/lab/nodes/node-1/agent"),
             s("--cni-conf-dir"),
@@ -335,7 +337,7 @@ mod tests {
         let argv = agent_argv_for(&template, from, &p.nodes[0], &zone_of(4)).join(" ");
         assert_eq!(
             argv,
-            "ip netns exec pp-lab-node-4 /b/node-agent --node-name node-4 --node-ip 192.168.56.14 --state-dir /var/lib/podpath/lab/nodes/node-4/agent --cni-conf-dir /var/lib/podpath/lab/nodes/node-4/cni --healthz-bind-address 192.168.56.14:10256 --proxy-mode nftables --masquerade=false --node-label topology.kubernetes.io/region=lab --node-label topology.kubernetes.io/zone=zone-a"
+            "ip netns exec pp-lab-node-4 /b/node-agent --node-name node-4 --node-ip 192.168.56.14 --node-external-ip 192.168.56.14 --state-dir /var/lib/podpath/lab/nodes/node-4/agent --cni-conf-dir /var/lib/podpath/lab/nodes/node-4/cni --healthz-bind-address 192.168.56.14:10256 --proxy-mode nftables --masquerade=false --node-label topology.kubernetes.io/region=lab --node-label topology.kubernetes.io/zone=zone-a"
         );
     }
 }

@@ -453,6 +453,10 @@ fn start(opts: &UpOptions, p: &Plan, st: &mut LabState, api: SocketAddr, progres
             n.name.clone(),
             s("--node-ip"),
             n.ip.to_string(),
+            // The lab's client reaches nodes at their node-network address, through the
+            // gateway: that is their external address.
+            s("--node-external-ip"),
+            n.ip.to_string(),
             s("--state-dir"),
             dir.join("agent").display().to_string(),
             s("--cni-conf-dir"),

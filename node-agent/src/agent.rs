@@ -26,6 +26,8 @@ use crate::routes::{self, NetlinkRoutes, RouteMetrics};
 pub struct AgentConfig {
     pub node_name: String,
     pub node_ip: IpAddr,
+    /// Published as the Node's ExternalIP, if given.
+    pub node_external_ip: Option<IpAddr>,
     pub apiserver: String,
     pub token: Option<String>,
     /// The API server's CA (PEM): TLS to the API; None: plain HTTP.
@@ -141,6 +143,7 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()>) -> Result
     let node_cfg = NodeConfig {
         name: cfg.node_name.clone(),
         internal_ip: cfg.node_ip,
+        external_ip: cfg.node_external_ip,
         max_pods: cfg.max_pods,
         labels: cfg.labels.clone(),
         kubelet_port: cfg.kubelet_port,

@@ -31,6 +31,10 @@ struct Args {
     /// This node's address on the node network (its InternalIP).
     #[arg(long, required_unless_present_any = ["cleanup", "kill_pods"])]
     node_ip: Option<IpAddr>,
+    /// The address clients outside the cluster reach this node at, published as its
+    /// ExternalIP (a cloud node's public address; the lab's: what its client reaches).
+    #[arg(long)]
+    node_external_ip: Option<IpAddr>,
     #[command(flatten)]
     api: podpath_client::daemon::ApiFlags,
     /// Where the agent keeps pod records, the CNI cache, IPAM state and pod logs.
@@ -230,6 +234,7 @@ async fn run() -> Result<()> {
     let cfg = AgentConfig {
         node_name: args.node_name.unwrap_or_default(),
         node_ip: args.node_ip.expect("required by clap"),
+        node_external_ip: args.node_external_ip,
         apiserver: args.api.apiserver,
         token,
         ca,

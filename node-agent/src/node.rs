@@ -66,6 +66,8 @@ pub fn host_facts() -> HostFacts {
 pub struct NodeConfig {
     pub name: String,
     pub internal_ip: IpAddr,
+    /// The ExternalIP, if any.
+    pub external_ip: Option<IpAddr>,
     pub max_pods: u32,
     pub labels: BTreeMap<String, String>,
     /// The kubelet API's port (0: none), published as `status.daemonEndpoints`.
@@ -105,10 +107,16 @@ pub fn node_object(cfg: &NodeConfig, facts: &HostFacts) -> core::Node {
         },
         spec: None,
         status: Some(core::NodeStatus {
-            addresses: Some(vec![
-                core::NodeAddress { type_: "InternalIP".into(), address: cfg.internal_ip.to_string() },
-                core::NodeAddress { type_: "Hostname".into(), address: cfg.name.clone() },
-            ]),
+            addresses: Some(
+                [
+                    Some(core::NodeAddress { type_: "InternalIP".into(), address: cfg.internal_ip.to_string() }),
+                    cfg.external_ip.map(|ip| core::NodeAddress { type_: "ExternalIP".into(), address: ip.to_string() }),
+                    Some(core::NodeAddress { type_: "Hostname".into(), address: cfg.name.clone() }),
+                ]
+                .into_iter()
+                .flatten()
+                .collect(),
+            ),
             // Ready from the start; the server stamps lastHeartbeatTime on every heartbeat.
             conditions: Some(vec![core::NodeCondition {
                 type_: "Ready".into(),
@@ -213,6 +221,7 @@ mod tests {
         let cfg = NodeConfig {
             name: "node-1".into(),
             internal_ip: "192.168.56.11".parse().unwrap(),
+            external_ip: None,
             max_pods: 110,
             labels: BTreeMap::new(),
             kubelet_port: 10250,

@@ -26,6 +26,7 @@ fn cfg(name: &str) -> NodeConfig {
         max_pods: 110,
         labels: Default::default(),
         kubelet_port: 0,
+        external_ip: None,
         annotations: Default::default(),
     }
 }
