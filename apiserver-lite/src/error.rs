@@ -63,6 +63,9 @@ pub enum ApiError {
     Storage(String),
     #[error("internal error: {0}")]
     Internal(String),
+    /// Nothing to proxy to (a Service without ready endpoints, a pod without an IP).
+    #[error("{0}")]
+    ServiceUnavailable(String),
 }
 
 impl ApiError {
@@ -93,6 +96,7 @@ impl ApiError {
             ApiError::Unauthorized => 401,
             ApiError::TooLarge(_) => 413,
             ApiError::RangeFull(_) | ApiError::Storage(_) | ApiError::Internal(_) => 500,
+            ApiError::ServiceUnavailable(_) => 503,
         }
     }
 
@@ -111,6 +115,7 @@ impl ApiError {
             ApiError::Unauthorized => "Unauthorized",
             ApiError::TooLarge(_) => "RequestEntityTooLarge",
             ApiError::RangeFull(_) | ApiError::Storage(_) | ApiError::Internal(_) => "InternalError",
+            ApiError::ServiceUnavailable(_) => "ServiceUnavailable",
         }
     }
 
@@ -206,6 +211,7 @@ impl From<ApiError> for tonic::Status {
             ApiError::Unauthorized => Code::Unauthenticated,
             ApiError::TooLarge(_) => Code::ResourceExhausted,
             ApiError::RangeFull(_) => Code::ResourceExhausted,
+            ApiError::ServiceUnavailable(_) => Code::Unavailable,
             ApiError::Storage(_) | ApiError::Internal(_) => Code::Internal,
         };
         tonic::Status::new(code, e.to_string())

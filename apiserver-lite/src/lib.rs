@@ -19,6 +19,7 @@ pub mod error;
 pub mod events_v1;
 pub mod grpc;
 pub mod logs;
+pub mod proxy;
 pub mod registry;
 pub mod response;
 pub mod rest;

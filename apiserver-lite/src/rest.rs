@@ -144,6 +144,16 @@ async fn dispatch(
         ["apis", g, v, rest @ ..] => (g, v, rest),
         _ => return Err(ApiError::NoRoute),
     };
+    if let ([], ["namespaces", ns, plural @ ("services" | "pods"), name, "proxy", ..]) = (group.as_bytes(), rest) {
+        // Everything after `/proxy/` goes to the backend as it is (a trailing slash too).
+        let marker = format!("/{plural}/{name}/proxy");
+        let tail = path.split_once(marker.as_str()).map(|(_, t)| t.trim_start_matches('/')).unwrap_or("");
+        let kind = if *plural == "services" { Kind::Service } else { Kind::Pod };
+        let (ns, name, tail) = (ns.to_string(), name.to_string(), tail.to_string());
+        let raw_query = req.uri().query().map(str::to_string);
+        let body = read_body(req, st.max_body_bytes).await?;
+        return crate::proxy::handle(&st, &method, kind, &ns, &name, &tail, raw_query.as_deref(), &headers, body).await;
+    }
     if let ([], ["namespaces", ns, "pods", name, sub]) = (group.as_bytes(), rest) {
         if let Some(verb) = crate::streaming::Verb::from_subresource(sub) {
             if method != Method::GET && method != Method::POST {
@@ -807,6 +817,12 @@ fn resource_list(group: &str, version: &str) -> Value {
                 resources.push(json!({"name": format!("pods/{sub}"), "singularName": "", "namespaced": true,
                                       "kind": kind, "verbs": ["create", "get"]}));
             }
+        }
+        if k.name == "Pod" || k.name == "Service" {
+            let options = if k.name == "Pod" { "PodProxyOptions" } else { "ServiceProxyOptions" };
+            resources.push(json!({"name": format!("{}/proxy", k.plural), "singularName": "", "namespaced": true,
+                                  "kind": options,
+                                  "verbs": ["create", "delete", "get", "patch", "update"]}));
         }
     }
     json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources})

@@ -258,4 +258,23 @@ fn a_two_replica_deployment_is_spread_over_two_nodes_every_time() {
         let client = page.lines().find(|l| l.starts_with("client: ")).unwrap_or("");
         assert!(client.starts_with("client: 192.168.56.") || client.starts_with("client: 10.244."), "{page}");
     }
+    // The API server's proxy subresources: to a ready endpoint of the Service, to a pod.
+    let page = lab.kubectl(&["get", "--raw", "/api/v1/namespaces/default/services/nodeport:80/proxy/hello?x=1"]);
+    // kubectl asks for JSON, which the echo server then answers in.
+    let v: serde_json::Value = serde_json::from_str(&page).unwrap_or_else(|e| panic!("{e}: {page}"));
+    assert!(v["pod"]["name"].as_str().unwrap().starts_with("web-"), "{page}");
+    assert!(page.contains("/hello?x=1"), "the path and query reach the pod: {page}");
+    assert_eq!(v["client"]["ip"], "192.168.56.10", "from the control plane");
+    let pod = lab.kubectl(&["get", "pods", "-l", "app=web", "-o", "jsonpath={.items[0].metadata.name}"]);
+    let page = lab.kubectl(&["get", "--raw", &format!("/api/v1/namespaces/default/pods/{pod}:8080/proxy/")]);
+    assert!(page.contains(&format!("\"name\": \"{pod}\"")), "{page}");
+    lab.kubectl(&["create", "service", "clusterip", "empty", "--tcp=80"]);
+    let o = std::process::Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(&lab.kubeconfig)
+        .args(["get", "--raw", "/api/v1/namespaces/default/services/empty:80/proxy/"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("no endpoints available for service"), "{err}");
 }
