@@ -24,8 +24,10 @@ OA = sorted(glob.glob(f"{REG}/*/k8s-openapi-0.29.0/src/v1_33"))[-1]
 # refuses kinds the server does not serve).
 GROUPS = ["core.v1", "apps.v1", "batch.v1", "coordination.v1", "discovery.v1", "networking.v1", "storage.v1"]
 # Request bodies that are not objects of a served kind: DeleteOptions (kubectl drain's DELETE
-# sends it) and the pods/eviction subresource's Eviction (drain's POST).
-OPTIONS = ["meta.v1.DeleteOptions", "policy.v1.Eviction"]
+# sends it), the pods/eviction subresource's Eviction (drain's POST), and the self-reviews
+# `kubectl auth whoami|can-i` create.
+OPTIONS = ["meta.v1.DeleteOptions", "policy.v1.Eviction", "authentication.v1.SelfSubjectReview",
+           "authorization.v1.SelfSubjectAccessReview", "authorization.v1.SelfSubjectRulesReview"]
 # Messages with a JSON form of their own (handled by the decoder, not the table).
 SPECIAL = {"util.intstr.IntOrString", "api.resource.Quantity", "meta.v1.Time", "meta.v1.MicroTime",
            "runtime.RawExtension", "meta.v1.Duration", "meta.v1.FieldsV1"}
@@ -67,7 +69,8 @@ for path in glob.glob(f"{PB}/**/mod.rs", recursive=True):
             repeated = "repeated" in attrs
             target = None
             if kind == "message":
-                t = re.sub(r"::core::option::Option<|::prost::alloc::vec::Vec<|>", "", ftype).strip()
+                # (A type rustfmt split over lines keeps a trailing comma once joined.)
+                t = re.sub(r"::core::option::Option<|::prost::alloc::vec::Vec<|>", "", ftype).strip().rstrip(",").strip()
                 parts = [p for p in t.split("::") if p not in ("super", "")]
                 tname = parts[-1]
                 if len(parts) > 1:

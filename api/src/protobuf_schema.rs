@@ -169,6 +169,84 @@ pub static MESSAGES: &[Message] = &[
         Field { tag: 1, json: "type", kind: Str, repeated: false, omit_empty: true },
         Field { tag: 2, json: "rollingUpdate", kind: Msg("apps.v1.RollingUpdateStatefulSetStrategy"), repeated: false, omit_empty: true },
     ] },
+    Message { name: "authentication.v1.ExtraValue", fields: &[
+        Field { tag: 1, json: "items", kind: Str, repeated: true, omit_empty: true },
+    ] },
+    Message { name: "authentication.v1.SelfSubjectReview", fields: &[
+        Field { tag: 1, json: "metadata", kind: Msg("meta.v1.ObjectMeta"), repeated: false, omit_empty: false },
+        Field { tag: 2, json: "status", kind: Msg("authentication.v1.SelfSubjectReviewStatus"), repeated: false, omit_empty: true },
+    ] },
+    Message { name: "authentication.v1.SelfSubjectReviewStatus", fields: &[
+        Field { tag: 1, json: "userInfo", kind: Msg("authentication.v1.UserInfo"), repeated: false, omit_empty: true },
+    ] },
+    Message { name: "authentication.v1.UserInfo", fields: &[
+        Field { tag: 1, json: "username", kind: Str, repeated: false, omit_empty: true },
+        Field { tag: 2, json: "uid", kind: Str, repeated: false, omit_empty: true },
+        Field { tag: 3, json: "groups", kind: Str, repeated: true, omit_empty: true },
+        Field { tag: 4, json: "extra", kind: MapMsg("authentication.v1.ExtraValue"), repeated: false, omit_empty: true },
+    ] },
+    Message { name: "authorization.v1.FieldSelectorAttributes", fields: &[
+        Field { tag: 1, json: "rawSelector", kind: Str, repeated: false, omit_empty: true },
+        Field { tag: 2, json: "requirements", kind: Msg("meta.v1.FieldSelectorRequirement"), repeated: true, omit_empty: true },
+    ] },
+    Message { name: "authorization.v1.LabelSelectorAttributes", fields: &[
+        Field { tag: 1, json: "rawSelector", kind: Str, repeated: false, omit_empty: true },
+        Field { tag: 2, json: "requirements", kind: Msg("meta.v1.LabelSelectorRequirement"), repeated: true, omit_empty: true },
+    ] },
+    Message { name: "authorization.v1.NonResourceAttributes", fields: &[
+        Field { tag: 1, json: "path", kind: Str, repeated: false, omit_empty: true },
+        Field { tag: 2, json: "verb", kind: Str, repeated: false, omit_empty: true },
+    ] },
+    Message { name: "authorization.v1.NonResourceRule", fields: &[
+        Field { tag: 1, json: "verbs", kind: Str, repeated: true, omit_empty: false },
+        Field { tag: 2, json: "nonResourceUrLs", kind: Str, repeated: true, omit_empty: true },
+    ] },
+    Message { name: "authorization.v1.ResourceAttributes", fields: &[
+        Field { tag: 1, json: "namespace", kind: Str, repeated: false, omit_empty: true },
+        Field { tag: 2, json: "verb", kind: Str, repeated: false, omit_empty: true },
+        Field { tag: 3, json: "group", kind: Str, repeated: false, omit_empty: true },
+        Field { tag: 4, json: "version", kind: Str, repeated: false, omit_empty: true },
+        Field { tag: 5, json: "resource", kind: Str, repeated: false, omit_empty: true },
+        Field { tag: 6, json: "subresource", kind: Str, repeated: false, omit_empty: true },
+        Field { tag: 7, json: "name", kind: Str, repeated: false, omit_empty: true },
+        Field { tag: 8, json: "fieldSelector", kind: Msg("authorization.v1.FieldSelectorAttributes"), repeated: false, omit_empty: true },
+        Field { tag: 9, json: "labelSelector", kind: Msg("authorization.v1.LabelSelectorAttributes"), repeated: false, omit_empty: true },
+    ] },
+    Message { name: "authorization.v1.ResourceRule", fields: &[
+        Field { tag: 1, json: "verbs", kind: Str, repeated: true, omit_empty: false },
+        Field { tag: 2, json: "apiGroups", kind: Str, repeated: true, omit_empty: true },
+        Field { tag: 3, json: "resources", kind: Str, repeated: true, omit_empty: true },
+        Field { tag: 4, json: "resourceNames", kind: Str, repeated: true, omit_empty: true },
+    ] },
+    Message { name: "authorization.v1.SelfSubjectAccessReview", fields: &[
+        Field { tag: 1, json: "metadata", kind: Msg("meta.v1.ObjectMeta"), repeated: false, omit_empty: false },
+        Field { tag: 2, json: "spec", kind: Msg("authorization.v1.SelfSubjectAccessReviewSpec"), repeated: false, omit_empty: false },
+        Field { tag: 3, json: "status", kind: Msg("authorization.v1.SubjectAccessReviewStatus"), repeated: false, omit_empty: true },
+    ] },
+    Message { name: "authorization.v1.SelfSubjectAccessReviewSpec", fields: &[
+        Field { tag: 1, json: "resourceAttributes", kind: Msg("authorization.v1.ResourceAttributes"), repeated: false, omit_empty: true },
+        Field { tag: 2, json: "nonResourceAttributes", kind: Msg("authorization.v1.NonResourceAttributes"), repeated: false, omit_empty: true },
+    ] },
+    Message { name: "authorization.v1.SelfSubjectRulesReview", fields: &[
+        Field { tag: 1, json: "metadata", kind: Msg("meta.v1.ObjectMeta"), repeated: false, omit_empty: false },
+        Field { tag: 2, json: "spec", kind: Msg("authorization.v1.SelfSubjectRulesReviewSpec"), repeated: false, omit_empty: false },
+        Field { tag: 3, json: "status", kind: Msg("authorization.v1.SubjectRulesReviewStatus"), repeated: false, omit_empty: true },
+    ] },
+    Message { name: "authorization.v1.SelfSubjectRulesReviewSpec", fields: &[
+        Field { tag: 1, json: "namespace", kind: Str, repeated: false, omit_empty: true },
+    ] },
+    Message { name: "authorization.v1.SubjectAccessReviewStatus", fields: &[
+        Field { tag: 1, json: "allowed", kind: Bool, repeated: false, omit_empty: false },
+        Field { tag: 2, json: "reason", kind: Str, repeated: false, omit_empty: true },
+        Field { tag: 3, json: "evaluationError", kind: Str, repeated: false, omit_empty: true },
+        Field { tag: 4, json: "denied", kind: Bool, repeated: false, omit_empty: true },
+    ] },
+    Message { name: "authorization.v1.SubjectRulesReviewStatus", fields: &[
+        Field { tag: 1, json: "resourceRules", kind: Msg("authorization.v1.ResourceRule"), repeated: true, omit_empty: false },
+        Field { tag: 2, json: "nonResourceRules", kind: Msg("authorization.v1.NonResourceRule"), repeated: true, omit_empty: false },
+        Field { tag: 3, json: "incomplete", kind: Bool, repeated: false, omit_empty: false },
+        Field { tag: 4, json: "evaluationError", kind: Str, repeated: false, omit_empty: true },
+    ] },
     Message { name: "batch.v1.CronJob", fields: &[
         Field { tag: 1, json: "metadata", kind: Msg("meta.v1.ObjectMeta"), repeated: false, omit_empty: false },
         Field { tag: 2, json: "spec", kind: Msg("batch.v1.CronJobSpec"), repeated: false, omit_empty: true },
@@ -1675,6 +1753,11 @@ pub static MESSAGES: &[Message] = &[
         Field { tag: 4, json: "propagationPolicy", kind: Str, repeated: false, omit_empty: true },
         Field { tag: 5, json: "dryRun", kind: Str, repeated: true, omit_empty: true },
         Field { tag: 6, json: "ignoreStoreReadErrorWithClusterBreakingPotential", kind: Bool, repeated: false, omit_empty: true },
+    ] },
+    Message { name: "meta.v1.FieldSelectorRequirement", fields: &[
+        Field { tag: 1, json: "key", kind: Str, repeated: false, omit_empty: false },
+        Field { tag: 2, json: "operator", kind: Str, repeated: false, omit_empty: false },
+        Field { tag: 3, json: "values", kind: Str, repeated: true, omit_empty: true },
     ] },
     Message { name: "meta.v1.LabelSelector", fields: &[
         Field { tag: 1, json: "matchLabels", kind: MapString, repeated: false, omit_empty: true },

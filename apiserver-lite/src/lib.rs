@@ -23,6 +23,7 @@ pub mod proxy;
 pub mod registry;
 pub mod response;
 pub mod rest;
+pub mod review;
 pub mod store;
 pub mod streaming;
 pub mod tls;

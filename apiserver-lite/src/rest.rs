@@ -125,8 +125,31 @@ async fn dispatch(
             return get_only(json_response(StatusCode::OK, &api_groups()));
         }
         ["api", "v1"] => return get_only(json_response(StatusCode::OK, &resource_list("", "v1"))),
-        ["apis", g, v] if groups().iter().any(|(gg, vv)| gg == g && vv == v) => {
+        ["apis", g, v] if groups().iter().chain(review_groups().iter()).any(|(gg, vv)| gg == g && vv == v) => {
             return get_only(json_response(StatusCode::OK, &resource_list(g, v)))
+        }
+        ["apis", g, v, plural] if crate::review::REVIEWS.iter().any(|r| r.0 == *g && r.1 == *v && r.2 == *plural) => {
+            if method != Method::POST {
+                return Err(ApiError::MethodNotAllowed);
+            }
+            let plural = plural.to_string();
+            let message = crate::review::REVIEWS
+                .iter()
+                .find(|r| r.2 == plural)
+                .map(|r| format!("{}.{}.{}", r.0.split('.').next().unwrap_or(""), r.1, r.3))
+                .unwrap_or_default();
+            let body = read_body(req, st.max_body_bytes).await?;
+            let protobuf = headers
+                .get(header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(|c| c.starts_with("application/vnd.kubernetes.protobuf"));
+            let value = match (body.is_empty(), protobuf) {
+                (true, _) => json!({}),
+                // kubectl's typed clients send these as protobuf.
+                (false, true) => api::protobuf::decode_message(&body, &message)?,
+                (false, false) => parse_body(&body, &headers)?,
+            };
+            return Ok(json_response(StatusCode::CREATED, &crate::review::answer(&plural, &value)?));
         }
         ["openapi", "v2"] => {
             accepts_json(&headers, "/openapi/v2")?;
@@ -769,8 +792,19 @@ fn api_versions(advertise: &str) -> Value {
            "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": advertise}]})
 }
 
+/// The groups of [`crate::review::REVIEWS`].
+fn review_groups() -> Vec<(&'static str, &'static str)> {
+    let mut gv: Vec<(&str, &str)> = crate::review::REVIEWS.iter().map(|r| (r.0, r.1)).collect();
+    gv.dedup();
+    gv
+}
+
 fn api_groups() -> Value {
-    let groups: Vec<Value> = groups()
+    let mut all = groups();
+    all.extend(review_groups());
+    all.sort();
+    all.dedup();
+    let groups: Vec<Value> = all
         .into_iter()
         .map(|(g, v)| {
             let gv = json!({"groupVersion": format!("{g}/{v}"), "version": v});
@@ -825,6 +859,10 @@ fn resource_list(group: &str, version: &str) -> Value {
                                   "verbs": ["create", "delete", "get", "patch", "update"]}));
         }
     }
+    for (_, _, plural, kind) in crate::review::REVIEWS.iter().filter(|r| r.0 == group && r.1 == version) {
+        resources.push(json!({"name": plural, "singularName": kind.to_lowercase(), "namespaced": false,
+                              "kind": kind, "verbs": ["create"]}));
+    }
     json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources})
 }
 
@@ -840,10 +878,22 @@ fn aggregated(headers: &HeaderMap, core: bool) -> Response {
         .find(|part| part.contains("as=APIGroupDiscoveryList"))
         .map(|part| if part.contains("v=v2beta1") { "v2beta1" } else { "v2" })
         .unwrap_or("v2");
-    let gvs: Vec<(&str, &str)> = if core { vec![("", "v1")] } else { groups() };
+    let gvs: Vec<(&str, &str)> = if core {
+        vec![("", "v1")]
+    } else {
+        let mut all = groups();
+        all.extend(review_groups());
+        all.sort();
+        all.dedup();
+        all
+    };
     let items: Vec<Value> = gvs
         .into_iter()
         .map(|(g, v)| {
+            let reviews = crate::review::REVIEWS.iter().filter(|r| r.0 == g && r.1 == v).map(|(_, _, plural, kind)| {
+                json!({"resource": plural, "responseKind": {"group": g, "version": v, "kind": kind},
+                       "scope": "Cluster", "singularResource": kind.to_lowercase(), "verbs": ["create"]})
+            });
             let resources: Vec<Value> = served()
                 .filter(|k| k.group == g && k.version == v)
                 .map(|k| {
@@ -888,6 +938,7 @@ fn aggregated(headers: &HeaderMap, core: bool) -> Response {
                     }
                     r
                 })
+                .chain(reviews)
                 .collect();
             let mut meta = json!({"creationTimestamp": null});
             if !g.is_empty() {

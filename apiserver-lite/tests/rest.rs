@@ -886,6 +886,8 @@ async fn discovery_version_and_openapi() {
         names,
         [
             "apps",
+            "authentication.k8s.io",
+            "authorization.k8s.io",
             "batch",
             "coordination.k8s.io",
             "discovery.k8s.io",

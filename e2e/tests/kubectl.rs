@@ -1067,3 +1067,17 @@ fn kubectl_get_pages_with_chunk_size() {
     let names = ok(&srv, &["-n", "chunks", "get", "configmaps", "--chunk-size=3", "-o", "name"]);
     assert_eq!(names.lines().filter(|l| l.starts_with("configmap/cm-")).count(), 10, "{names}");
 }
+
+/// `kubectl auth whoami` and `auth can-i`: the lab's token is the cluster's administrator.
+#[test]
+fn kubectl_auth_whoami_and_can_i_answer_for_the_administrator() {
+    assert!(kubectl_available(), "kubectl is required (it ships on the machine image as /usr/bin/kubectl)");
+    let srv = ApiServer::start(&[]).unwrap();
+    let me = ok(&srv, &["auth", "whoami", "-o", "jsonpath={.status.userInfo.username} {.status.userInfo.groups}"]);
+    assert!(me.starts_with("kubernetes-admin "), "{me}");
+    assert_eq!(ok(&srv, &["auth", "can-i", "create", "pods"]), "yes\n");
+    assert_eq!(ok(&srv, &["auth", "can-i", "delete", "nodes"]), "yes\n");
+    assert_eq!(ok(&srv, &["auth", "can-i", "get", "/healthz"]), "yes\n");
+    let list = ok(&srv, &["auth", "can-i", "--list"]);
+    assert!(list.lines().any(|l| l.starts_with("*.*")), "{list}");
+}
