@@ -46,7 +46,7 @@ fn main() {
     let mirror = format!("--registry-mirror=docker.io=http://{}", reg.addr);
     let lab = Lab::up("bctl", &["--nodes", "3", &mirror]).expect("podpath up");
     // The image pulled once, so the figures are the controllers' and the kubelet's.
-    lab.kubectl(&["run", "warm", "--image=busybox", "--", "true"]);
+    lab.kubectl(&["run", "warm", "--image=busybox", "--restart=Never", "--", "true"]);
     lab.kubectl(&["wait", "--for=jsonpath={.status.phase}=Succeeded", "pod/warm", "--timeout=60s"]);
     let runs = 3;
 
