@@ -324,10 +324,10 @@ async fn reconcile(reg: &Registry, cfg: &ControllerConfig, dirty: &mut Dirty) ->
     for ns in &workloads {
         workloads::sync_namespace(reg, ns).await?;
         let ds_wake = daemonsets::sync_namespace(reg, ns).await?;
-        statefulsets::sync_namespace(reg, ns).await?;
+        let sts_wake = statefulsets::sync_namespace(reg, ns).await?;
         let cron_wake = cronjobs::sync_namespace(reg, ns).await?;
         let job_wake = jobs::sync_namespace(reg, ns).await?;
-        match [ds_wake, cron_wake, job_wake].into_iter().flatten().min() {
+        match [ds_wake, sts_wake, cron_wake, job_wake].into_iter().flatten().min() {
             Some(t) => {
                 dirty.job_wakes.insert(ns.clone(), t);
             }

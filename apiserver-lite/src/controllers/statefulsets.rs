@@ -13,8 +13,10 @@
 //! carry the set as owner, as upstream marks them). [`plan_claims`] decides those.
 //!
 //! Its templates are kept as ControllerRevisions ([`super::revisions`]: `kubectl rollout
-//! history|undo sts`); a pod below `partition` made again gets its current revision's template.
-//! Not done here: `minReadySeconds`, `maxUnavailable`.
+//! history|undo sts`); a pod below `partition` made again gets its current revision's template;
+//! `minReadySeconds` counts a pod available (and lets the rollout go on) only that long after it
+//! became ready. `rollingUpdate.maxUnavailable` (an alpha feature upstream, off by default) is
+//! not read: one pod at a time, as a default cluster does.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -40,6 +42,8 @@ pub struct SetPlan {
     pub create: Vec<Value>,
     pub delete: Vec<String>,
     pub status: Value,
+    /// When a pod becomes available (`minReadySeconds`): look again then.
+    pub wake_at: Option<jiff::Timestamp>,
 }
 
 fn running_and_ready(p: &Value) -> bool {
@@ -110,13 +114,18 @@ fn pod_of_revision(sts: &Value, ordinal: i64, template: &Value, rev: &str) -> Va
 
 /// What StatefulSet `sts` needs done, given its pods. Pure.
 pub fn plan_statefulset(sts: &Value, pods: &[&Value]) -> SetPlan {
-    plan_statefulset_with(sts, pods, None)
+    plan_statefulset_with(sts, pods, None, jiff::Timestamp::UNIX_EPOCH)
 }
 
 /// [`plan_statefulset`], with the template of the set's current revision (from its
 /// ControllerRevision): a pod below the partition that must be made again is made from it, as
 /// upstream restores it. Pure.
-pub fn plan_statefulset_with(sts: &Value, pods: &[&Value], current_template: Option<&Value>) -> SetPlan {
+pub fn plan_statefulset_with(
+    sts: &Value,
+    pods: &[&Value],
+    current_template: Option<&Value>,
+    now: jiff::Timestamp,
+) -> SetPlan {
     let set = sts["metadata"]["name"].as_str().unwrap_or("");
     let replicas = sts["spec"]["replicas"].as_i64().unwrap_or(1).max(0);
     let parallel = sts["spec"]["podManagementPolicy"] == "Parallel";
@@ -185,8 +194,31 @@ pub fn plan_statefulset_with(sts: &Value, pods: &[&Value], current_template: Opt
     }
     // The rolling update: once every pod is there and ready, the highest outdated ordinal at
     // or above the partition goes (it is recreated from the new template).
-    let all_ready =
-        (0..replicas).all(|i| by_ordinal.get(&i).is_some_and(|p| running_and_ready(p) && !is_terminating(p)));
+    // Available: ready for `minReadySeconds` (a rolling update waits for every pod to be).
+    let min_ready = jiff::SignedDuration::from_secs(sts["spec"]["minReadySeconds"].as_i64().unwrap_or(0).max(0));
+    let mut wake: Option<jiff::Timestamp> = None;
+    let mut available = |p: &Value| {
+        if !running_and_ready(p) {
+            return false;
+        }
+        if min_ready.is_zero() {
+            return true;
+        }
+        let since = p["status"]["conditions"]
+            .as_array()
+            .and_then(|cs| cs.iter().find(|c| c["type"] == "Ready"))
+            .and_then(|c| super::write::time(&c["lastTransitionTime"]));
+        match since {
+            Some(t) if t + min_ready <= now => true,
+            Some(t) => {
+                let at = t + min_ready;
+                wake = Some(wake.map_or(at, |w: jiff::Timestamp| w.min(at)));
+                false
+            }
+            None => false,
+        }
+    };
+    let all_ready = (0..replicas).all(|i| by_ordinal.get(&i).is_some_and(|p| !is_terminating(p) && available(p)));
     if !on_delete && !blocked && all_ready && condemned.is_empty() {
         if let Some((_, p)) =
             by_ordinal.iter().rfind(|(i, p)| **i < replicas && **i >= partition && rev_of(p) != update_revision)
@@ -197,6 +229,7 @@ pub fn plan_statefulset_with(sts: &Value, pods: &[&Value], current_template: Opt
 
     let live: Vec<&Value> = by_ordinal.values().filter(|p| !is_terminating(p)).copied().collect();
     let ready = live.iter().filter(|p| running_and_ready(p)).count();
+    let available_count = live.iter().filter(|p| available(p)).count();
     let updated = live.iter().filter(|p| rev_of(p) == update_revision).count();
     // The current revision: the update's once every replica has it, else the oldest in use.
     let old_status = &sts["status"];
@@ -210,13 +243,14 @@ pub fn plan_statefulset_with(sts: &Value, pods: &[&Value], current_template: Opt
         "observedGeneration": sts["metadata"]["generation"].as_i64().unwrap_or(1),
         "replicas": live.len(),
         "readyReplicas": ready,
-        "availableReplicas": ready,
+        "availableReplicas": available_count,
         "currentReplicas": current,
         "updatedReplicas": updated,
         "currentRevision": current_revision,
         "updateRevision": update_revision,
         "collisionCount": 0,
     });
+    plan.wake_at = wake;
     plan
 }
 
@@ -279,8 +313,9 @@ pub fn plan_claims(
     (create, delete)
 }
 
-/// Brings the StatefulSets of namespace `ns` one step closer to what they ask for.
-pub async fn sync_namespace(reg: &Registry, ns: &str) -> Result<(), ApiError> {
+/// Brings the StatefulSets of namespace `ns` one step closer to what they ask for; returns
+/// when one must be looked at again (a pod becoming available), if any.
+pub async fn sync_namespace(reg: &Registry, ns: &str) -> Result<Option<jiff::Timestamp>, ApiError> {
     let (sets, _) = reg.store.list(Kind::StatefulSet, Some(ns))?;
     let (pods, _) = reg.store.list(Kind::Pod, Some(ns))?;
     let (claims, _) = reg.store.list(Kind::PersistentVolumeClaim, Some(ns))?;
@@ -296,6 +331,8 @@ pub async fn sync_namespace(reg: &Registry, ns: &str) -> Result<(), ApiError> {
         }
     }
     let claim_names: BTreeSet<String> = claims.iter().filter(|c| !is_terminating(c)).map(|c| ns_name(c).1).collect();
+    let now = jiff::Timestamp::now();
+    let mut wake: Option<jiff::Timestamp> = None;
     let owned = owned_or_collected(reg, Kind::Pod, ns, &pods, "StatefulSet", &sets).await?;
     for sts in sets.iter().filter(|s| !is_terminating(s)) {
         let uid = sts["metadata"]["uid"].as_str().unwrap_or("");
@@ -308,7 +345,10 @@ pub async fn sync_namespace(reg: &Registry, ns: &str) -> Result<(), ApiError> {
                 t
             })
         });
-        let plan = plan_statefulset_with(sts, &mine, current_template.as_ref());
+        let plan = plan_statefulset_with(sts, &mine, current_template.as_ref(), now);
+        if let Some(w) = plan.wake_at {
+            wake = Some(wake.map_or(w, |x: jiff::Timestamp| x.min(w)));
+        }
         let in_use: BTreeSet<String> =
             mine.iter().filter_map(|p| p["metadata"]["labels"][REVISION_LABEL].as_str().map(String::from)).collect();
         let hash = template_hash(&sts["spec"]["template"]);
@@ -358,7 +398,7 @@ pub async fn sync_namespace(reg: &Registry, ns: &str) -> Result<(), ApiError> {
         }
         write_status(reg, Kind::StatefulSet, sts, plan.status).await?;
     }
-    Ok(())
+    Ok(wake)
 }
 
 #[cfg(test)]
@@ -492,14 +532,39 @@ mod tests {
         let new_rev = revision(&new);
         // web-1 was deleted by hand; web-2 runs the new template already.
         let (w0, w2) = (pod("web-0", &old_rev, true), pod("web-2", &new_rev, true));
-        let plan = plan_statefulset_with(&new, &[&w0, &w2], Some(&old["spec"]["template"]));
+        let plan = plan_statefulset_with(&new, &[&w0, &w2], Some(&old["spec"]["template"]), jiff::Timestamp::now());
         assert_eq!(names(&plan.create), ["web-1"]);
         assert_eq!(plan.create[0]["metadata"]["labels"][REVISION_LABEL], json!(old_rev));
         assert_eq!(plan.create[0]["spec"]["containers"][0]["image"], "nginx");
         // Without the partition it gets the new one.
         let mut all = new.clone();
         all["spec"]["updateStrategy"]["rollingUpdate"]["partition"] = json!(0);
-        let plan = plan_statefulset_with(&all, &[&w0, &w2], Some(&old["spec"]["template"]));
+        let plan = plan_statefulset_with(&all, &[&w0, &w2], Some(&old["spec"]["template"]), jiff::Timestamp::now());
         assert_eq!(plan.create[0]["metadata"]["labels"][REVISION_LABEL], json!(new_rev));
+    }
+
+    #[test]
+    fn min_ready_seconds_holds_the_rollout_until_every_pod_is_available() {
+        let mut old = sts(2, json!({}));
+        old["spec"]["minReadySeconds"] = json!(30);
+        let old_rev = revision(&old);
+        let mut new = old.clone();
+        new["spec"]["template"]["spec"]["containers"][0]["image"] = json!("nginx:2");
+        let ready_at = |name: &str| {
+            let mut p = pod(name, &old_rev, true);
+            p["status"]["conditions"][0]["lastTransitionTime"] = json!("2026-11-27T03:00:00Z");
+            p
+        };
+        let (w0, w1) = (ready_at("web-0"), ready_at("web-1"));
+        let early: jiff::Timestamp = "2026-11-27T03:00:10Z".parse().unwrap();
+        let plan = plan_statefulset_with(&new, &[&w0, &w1], None, early);
+        assert!(plan.delete.is_empty(), "not available yet");
+        assert_eq!(plan.status["availableReplicas"], 0);
+        assert_eq!(plan.status["readyReplicas"], 2);
+        assert_eq!(plan.wake_at, Some("2026-11-27T03:00:30Z".parse().unwrap()));
+        let later: jiff::Timestamp = "2026-11-27T03:00:31Z".parse().unwrap();
+        let plan = plan_statefulset_with(&new, &[&w0, &w1], None, later);
+        assert_eq!(plan.delete, ["web-1"]);
+        assert_eq!(plan.status["availableReplicas"], 2);
     }
 }
