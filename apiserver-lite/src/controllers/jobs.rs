@@ -428,15 +428,18 @@ pub fn plan_job(job: &Value, pods: &[&Value], now: Timestamp) -> JobPlan {
             }
         })
     });
-    if let Some(i) = matched_rule {
-        let message = format!("Matched rules at index {i}");
-        conditions.push(condition("SuccessCriteriaMet", "SuccessPolicy", &message, now));
-        conditions.push(condition("Complete", "SuccessPolicy", &message, now));
+    // Succeeded: the conditions with the reason, its time, the pods still running stopped.
+    let succeed = |reason: &str, message: &str, mut conditions: Vec<Value>, mut status: Value, plan: &mut JobPlan| {
+        conditions.push(condition("SuccessCriteriaMet", reason, message, now));
+        conditions.push(condition("Complete", reason, message, now));
         status["conditions"] = json!(conditions);
         status["completionTime"] = stamp(now);
         plan.delete = active.iter().map(|p| ns_name(p).1).collect();
         plan.events.push((EventType::Normal, "Completed", "Job completed".into()));
         plan.status = status;
+    };
+    if let Some(i) = matched_rule {
+        succeed("SuccessPolicy", &format!("Matched rules at index {i}"), conditions, status, &mut plan);
         return plan;
     }
 
@@ -448,13 +451,7 @@ pub fn plan_job(job: &Value, pods: &[&Value], now: Timestamp) -> JobPlan {
     };
     if complete {
         let message = "Reached expected number of succeeded pods";
-        conditions.push(condition("SuccessCriteriaMet", "CompletionsReached", message, now));
-        conditions.push(condition("Complete", "CompletionsReached", message, now));
-        status["conditions"] = json!(conditions);
-        status["completionTime"] = stamp(now);
-        plan.delete = active.iter().map(|p| ns_name(p).1).collect();
-        plan.events.push((EventType::Normal, "Completed", "Job completed".into()));
-        plan.status = status;
+        succeed("CompletionsReached", message, conditions, status, &mut plan);
         return plan;
     }
     status["conditions"] = json!(conditions);
