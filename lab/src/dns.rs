@@ -84,6 +84,36 @@ pub fn control_plane_routes(nodes: &Value) -> Vec<(String, String)> {
     out
 }
 
+/// A DNS query for `name`'s A record (id 0x5050, recursion desired), as a resolver sends it.
+pub fn a_query(name: &str) -> Vec<u8> {
+    let mut q = vec![0x50, 0x50, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0];
+    for label in name.trim_end_matches('.').split('.') {
+        q.push(label.len() as u8);
+        q.extend_from_slice(label.as_bytes());
+    }
+    q.extend_from_slice(&[0, 0, 1, 0, 1]);
+    q
+}
+
+/// Whether `reply` answers the query [`a_query`] made: same id, NOERROR, one answer or more.
+pub fn answered(reply: &[u8]) -> bool {
+    reply.len() >= 12
+        && reply[0..2] == [0x50, 0x50]
+        && reply[3] & 0x0f == 0
+        && u16::from_be_bytes([reply[6], reply[7]]) > 0
+}
+
+/// Asks the cluster DNS for `name` from the current network namespace; whether it answered.
+pub fn cluster_dns_answers(name: &str, timeout: std::time::Duration) -> bool {
+    let Ok(s) = std::net::UdpSocket::bind(("0.0.0.0", 0)) else { return false };
+    let _ = s.set_read_timeout(Some(timeout));
+    if s.connect((CLUSTER_DNS, 53)).is_err() || s.send(&a_query(name)).is_err() {
+        return false;
+    }
+    let mut buf = [0u8; 512];
+    matches!(s.recv(&mut buf), Ok(n) if answered(&buf[..n]))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -112,5 +142,20 @@ mod tests {
             {"spec": {}, "status": {"addresses": [{"type": "InternalIP", "address": "192.168.56.12"}]}}
         ]});
         assert_eq!(control_plane_routes(&nodes), [("10.244.1.0/24".to_string(), "192.168.56.11".to_string())]);
+    }
+
+    #[test]
+    fn an_a_query_and_its_answer() {
+        let q = a_query("kubernetes.default.svc.cluster.local");
+        assert_eq!(&q[12..23], b"\x0akubernetes");
+        assert_eq!(&q[q.len() - 4..], [0, 1, 0, 1]);
+        let mut reply = q.clone();
+        reply[2] = 0x81;
+        reply[3] = 0x80;
+        assert!(!answered(&reply), "no answer record");
+        reply[7] = 1;
+        assert!(answered(&reply));
+        reply[3] = 0x83;
+        assert!(!answered(&reply), "NXDOMAIN");
     }
 }

@@ -400,6 +400,9 @@ fn start(opts: &UpOptions, p: &Plan, st: &mut LabState, api: SocketAddr, progres
     })
     .map_err(|e| with_log(e, &logs.join("apiserver-lite.log")))?;
     let access = ApiAccess::of(st)?;
+    // The cluster DNS first: its pods are placed as soon as nodes register, so they are running
+    // (and soon ready) by the time the nodes are.
+    cluster_dns_objects(&access, progress)?;
     let ca_file = st.ca_file.clone().expect("set above").display().to_string();
     // How node agents and lb-sim reach the API: its gRPC address, TLS with the lab CA, the token.
     let api_client = [
@@ -519,7 +522,7 @@ fn start(opts: &UpOptions, p: &Plan, st: &mut LabState, api: SocketAddr, progres
             LabError::NotReady(format!("{e}; not running: {} (see `podpath logs`)", dead.join(", ")))
         }
     })?;
-    cluster_dns(p, &access, progress)?;
+    control_plane_routes(&p.lab, &access)?;
     let gw = p.netns_of("gateway").expect("planned");
     progress(&format!("gateway: lb-sim ({} load balancers, health checks on :10256)", opts.lb_mode));
     let mut lb = vec![
@@ -541,6 +544,18 @@ fn start(opts: &UpOptions, p: &Plan, st: &mut LabState, api: SocketAddr, progres
         lb_status_in(gw).is_ok_and(|s| s["nodes"].as_array().is_some_and(|n| n.len() == nodes))
     })
     .map_err(|e| with_log(e, &logs.join("lb-sim.log")))?;
+    // The cluster DNS answers on every node before the lab is said to be ready: a pod made
+    // right away must resolve its first name (a Service without ready endpoints is REJECTed,
+    // and glibc gives up at once).
+    for n in &p.nodes {
+        let ns = format!("/run/netns/{}", n.netns);
+        wait_until(Duration::from_secs(30), &format!("the cluster DNS to answer on {}", n.name), || {
+            crate::hosts::in_netns_thread(ns.clone(), || {
+                crate::dns::cluster_dns_answers("kubernetes.default.svc.cluster.local", Duration::from_millis(200))
+            })
+            .unwrap_or(false)
+        })?;
+    }
     let ca_pem = std::fs::read_to_string(&ca_file).map_err(io(format!("read {ca_file}")))?;
     let token = std::fs::read_to_string(&token_file).map_err(io(format!("read {token_file}")))?;
     std::fs::write(kubeconfig_path(&opts.state_dir), kubeconfig(&opts.name, api, &ca_pem, token.trim()))
@@ -549,10 +564,9 @@ fn start(opts: &UpOptions, p: &Plan, st: &mut LabState, api: SocketAddr, progres
     Ok(())
 }
 
-/// Routes from the control plane to every node's pods, then the cluster DNS objects (not
-/// waited for: its pods become Ready a moment later, as CoreDNS's do).
-fn cluster_dns(p: &Plan, access: &ApiAccess, progress: &mut dyn FnMut(&str)) -> Result<()> {
-    control_plane_routes(&p.lab, access)?;
+/// The cluster DNS objects (kube-dns Service, the DNS Deployment); `up` waits at its end
+/// until the DNS answers on every node.
+fn cluster_dns_objects(access: &ApiAccess, progress: &mut dyn FnMut(&str)) -> Result<()> {
     progress(&format!("cluster DNS: kube-system/kube-dns at {} (podpath/dns pods)", crate::dns::CLUSTER_DNS));
     for (path, obj) in crate::dns::objects() {
         let (code, body) = access.request("POST", path, &obj.to_string())?;
