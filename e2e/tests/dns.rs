@@ -416,3 +416,25 @@ print(sent)
     let restarts = lab.cluster_dns_pods("{.items[*].status.containerStatuses[0].restartCount}");
     assert_eq!(restarts, "0 0", "no DNS pod restarted");
 }
+
+/// A pod made as soon as `podpath up` returns resolves its first name at once, in every one
+/// of 20 fresh labs: `up` waits until the cluster DNS answers on every node (before, the
+/// kube-dns Service had no ready endpoint yet, its REJECT failed glibc's first lookup).
+#[test]
+fn the_first_lookup_of_a_new_pod_in_a_fresh_lab_answers() {
+    if !testkit::netns::root_or_explain() {
+        return;
+    }
+    for run in 0..20 {
+        let lab = podpath_e2e::Lab::up("first", &["--nodes", "2"]).expect("podpath up");
+        lab.kubectl(&["create", "deployment", "web", "--image=podpath/echo"]);
+        lab.kubectl(&["expose", "deployment", "web", "--port=80", "--target-port=8080"]);
+        lab.kubectl(&["run", "c", "--image=busybox", "--", "sleep", "3600"]);
+        lab.kubectl(&["wait", "--for=condition=Ready", "pod/c", "--timeout=60s"]);
+        let t = std::time::Instant::now();
+        let out = lab.kubectl(&["exec", "c", "--", "getent", "hosts", "web.default.svc.cluster.local"]);
+        let took = t.elapsed();
+        assert!(out.contains("web.default.svc.cluster.local"), "run {run}: {out}");
+        assert!(took < Duration::from_secs(1), "run {run}: the first lookup took {took:?}");
+    }
+}

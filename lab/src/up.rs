@@ -547,6 +547,7 @@ fn start(opts: &UpOptions, p: &Plan, st: &mut LabState, api: SocketAddr, progres
     // The cluster DNS answers on every node before the lab is said to be ready: a pod made
     // right away must resolve its first name (a Service without ready endpoints is REJECTed,
     // and glibc gives up at once).
+    progress("cluster DNS: waiting until it answers on every node");
     for n in &p.nodes {
         let ns = format!("/run/netns/{}", n.netns);
         wait_until(Duration::from_secs(30), &format!("the cluster DNS to answer on {}", n.name), || {
