@@ -40,7 +40,7 @@ impl Which {
 #[derive(Subcommand)]
 enum Cmd {
     /// Build the lab: namespaces, API server, one node agent per node, the gateway's lb-sim;
-    /// wait until every node is Ready.
+    /// wait until every node is Ready and the cluster DNS answers on each.
     Up {
         #[command(flatten)]
         which: Which,
