@@ -524,16 +524,7 @@ impl Registry {
             Kind::PersistentVolumeClaim => {
                 if body.pointer("/spec/storageClassName").is_none_or(Value::is_null) {
                     let (classes, _) = self.store.list(Kind::StorageClass, None)?;
-                    let default = classes
-                        .iter()
-                        .filter(|c| {
-                            c["metadata"]["annotations"][api::kinds::storageclass::DEFAULT_CLASS_ANNOTATION] == "true"
-                        })
-                        .max_by(|a, b| {
-                            let created =
-                                |c: &Value| c["metadata"]["creationTimestamp"].as_str().unwrap_or("").to_string();
-                            created(a).cmp(&created(b)).then_with(|| meta_str(b, "name").cmp(&meta_str(a, "name")))
-                        });
+                    let default = crate::controllers::volumes::default_class(&classes);
                     if let (Some(class), Some(spec)) = (default, body.get_mut("spec").and_then(Value::as_object_mut)) {
                         spec.insert("storageClassName".into(), class["metadata"]["name"].clone());
                     }

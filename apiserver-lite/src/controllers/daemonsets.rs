@@ -18,7 +18,7 @@ use super::events::{record, EventType};
 use super::revisions;
 use super::taints::{taints_of, tolerations_of, untolerated, NO_EXECUTE, NO_SCHEDULE};
 use super::workloads::template_hash;
-use super::write::{delete_quietly, is_terminating, ns_name, owned_or_collected, reporter, time, write_status};
+use super::write::{delete_quietly, is_terminating, ns_name, owned_or_collected, ready_since, reporter, write_status};
 use crate::error::ApiError;
 use crate::registry::{Registry, WriteOptions};
 
@@ -140,14 +140,6 @@ fn max_surge(ds: &Value, desired: usize) -> usize {
         }
         _ => 0,
     }
-}
-
-/// When a ready pod became ready (its Ready condition's last transition).
-fn ready_since(p: &Value) -> Option<Timestamp> {
-    p.pointer("/status/conditions")
-        .and_then(Value::as_array)
-        .and_then(|cs| cs.iter().find(|c| c["type"] == "Ready" && c["status"] == "True"))
-        .and_then(|c| time(&c["lastTransitionTime"]))
 }
 
 /// What DaemonSet `ds` needs done, given its pods, the nodes and the time. Pure.

@@ -204,11 +204,7 @@ pub fn plan_statefulset_with(
         if min_ready.is_zero() {
             return true;
         }
-        let since = p["status"]["conditions"]
-            .as_array()
-            .and_then(|cs| cs.iter().find(|c| c["type"] == "Ready"))
-            .and_then(|c| super::write::time(&c["lastTransitionTime"]));
-        match since {
+        match super::write::ready_since(p) {
             Some(t) if t + min_ready <= now => true,
             Some(t) => {
                 let at = t + min_ready;

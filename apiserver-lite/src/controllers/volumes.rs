@@ -222,7 +222,7 @@ fn in_use(claim: &Value, pods: &[Value]) -> bool {
 }
 
 /// The default StorageClass (the newest of several).
-fn default_class(classes: &[Value]) -> Option<&Value> {
+pub(crate) fn default_class(classes: &[Value]) -> Option<&Value> {
     classes.iter().filter(|c| annotation(c, DEFAULT_CLASS_ANNOTATION) == Some("true")).max_by(|a, b| {
         let created = |c: &Value| c["metadata"]["creationTimestamp"].as_str().unwrap_or("").to_string();
         created(a).cmp(&created(b)).then_with(|| ns_name(b).1.cmp(&ns_name(a).1))

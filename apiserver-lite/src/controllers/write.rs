@@ -138,6 +138,14 @@ pub(crate) fn stamp(t: jiff::Timestamp) -> Value {
     json!(jiff::Timestamp::from_second(t.as_second()).unwrap_or(t).to_string())
 }
 
+/// When a ready pod became ready (its Ready condition's last transition); None when not ready.
+pub(crate) fn ready_since(p: &Value) -> Option<jiff::Timestamp> {
+    p.pointer("/status/conditions")
+        .and_then(Value::as_array)
+        .and_then(|cs| cs.iter().find(|c| c["type"] == "Ready" && c["status"] == "True"))
+        .and_then(|c| time(&c["lastTransitionTime"]))
+}
+
 /// Groups `dependents` (of `kind`) by the UID of their controller of kind `owner_kind` among
 /// `owners`; a dependent whose controller of that kind is gone is deleted — the garbage
 /// collector's background cascading delete.
