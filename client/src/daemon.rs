@@ -79,7 +79,13 @@ pub async fn stop_signal() {
 /// Logs to stderr through `tracing`, filtered by `filter` (RUST_LOG syntax: every daemon's
 /// `--log`), without module paths.
 pub fn init_logging(filter: &str) {
-    tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::new(filter)).with_target(false).init();
+    // Colours only on a terminal: a pod's log (a file) gets plain text.
+    use std::io::IsTerminal;
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+        .with_target(false)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
 }
 
 /// A process's start time (field 22 of `/proc/PID/stat`, in clock ticks since boot); None when

@@ -3,11 +3,17 @@
 //! TCP with hickory-server ([`server`]), kept current by watching the API ([`run`]), with CoreDNS's metrics, health and
 //! readiness endpoints ([`metrics`]).
 //!
-//! What it is not: CoreDNS. It answers the `kubernetes` plugin's records for the cluster domain
-//! and refuses other names (no forwarding, no Corefile).
+//! It reads a Corefile ([`corefile`], pure) and runs the plugins a lab needs in CoreDNS's
+//! order ([`pipeline`]): `errors`, `log`, `health`, `ready`, `prometheus`, `cache` ([`cache`]),
+//! `kubernetes`, `forward` ([`forward`]), `loop`, `reload`, `loadbalance`. What it is not:
+//! CoreDNS; other plugins are refused by name.
 
+pub mod cache;
+pub mod corefile;
 pub mod error;
+pub mod forward;
 pub mod metrics;
+pub mod pipeline;
 pub mod records;
 pub mod run;
 pub mod server;

@@ -27,13 +27,15 @@ pub struct Config {
     pub domain: Name,
     /// TTL of every answer (kubeadm's Corefile: 30).
     pub ttl: u32,
+    /// `pods insecure`: `a-b-c-d.<ns>.pod.<zone>` answers its address (`pods disabled`: NXDOMAIN).
+    pub pods: bool,
 }
 
 impl Config {
     pub fn new(domain: &str, ttl: u32) -> Result<Config, String> {
         let mut d = Name::from_ascii(domain).map_err(|e| format!("invalid cluster domain {domain:?}: {e}"))?;
         d.set_fqdn(true);
-        Ok(Config { domain: d.to_lowercase(), ttl })
+        Ok(Config { domain: d.to_lowercase(), ttl, pods: true })
     }
 }
 
@@ -308,6 +310,21 @@ impl Zone {
         z
     }
 
+    /// New settings (a reloaded Corefile): answers are made with them from now on.
+    pub fn set_config(&mut self, cfg: Config) {
+        self.cfg = cfg;
+        self.changed();
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// A negative answer of the zone (with its SOA).
+    pub fn negative_answer(&self, code: ResponseCode) -> Answer {
+        self.negative(code)
+    }
+
     pub fn serial(&self) -> u32 {
         self.serial
     }
@@ -521,7 +538,7 @@ impl Zone {
                     None => self.negative(ResponseCode::NXDomain),
                 }
             }
-            [ip, _ns, "pod"] => self.pod(&q, ip, qtype),
+            [ip, _ns, "pod"] if self.cfg.pods => self.pod(&q, ip, qtype),
             _ => self.negative(ResponseCode::NXDomain),
         }
     }

@@ -31,7 +31,7 @@ fn zone(endpoints: usize) -> Zone {
 
 async fn server(z: Zone) -> (SocketAddr, SocketAddr, SharedZone) {
     let shared = SharedZone::new(z);
-    let mut s = hickory_server::Server::new(Handler { zone: shared.clone(), metrics: Default::default() });
+    let mut s = hickory_server::Server::new(Handler::builtin(shared.clone(), Default::default()));
     let udp = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
     let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let (u, t) = (udp.local_addr().unwrap(), tcp.local_addr().unwrap());

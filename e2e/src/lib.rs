@@ -311,6 +311,25 @@ impl Lab {
         ]);
     }
 
+    /// Runs `kubectl ARGS` until its stdout satisfies `ok` (a failing kubectl counts as not
+    /// yet), at most `limit`; that stdout.
+    pub fn kubectl_until(&self, limit: Duration, args: &[&str], ok: impl Fn(&str) -> bool) -> String {
+        wait_for(limit, &format!("kubectl {}", args.join(" ")), || {
+            let out = Command::new("kubectl")
+                .arg("--kubeconfig")
+                .arg(&self.kubeconfig)
+                .args(args)
+                .output()
+                .map_err(|e| e.to_string())?;
+            let (o, e) = text(&out);
+            if out.status.success() && ok(&o) {
+                Ok(o)
+            } else {
+                Err(format!("{o}{e}"))
+            }
+        })
+    }
+
     /// `kubectl get pods -n kube-system -l k8s-app=kube-dns -o jsonpath=PATH` (the cluster DNS
     /// pods).
     pub fn cluster_dns_pods(&self, jsonpath: &str) -> String {

@@ -30,6 +30,19 @@ fn ask(addr: SocketAddr, name: &str, t: RecordType) -> Message {
     Message::from_vec(&buf[..n]).unwrap()
 }
 
+/// [`ask`], a missing answer an error (a query forwarded to an unreachable upstream takes 5 s).
+fn try_ask(addr: SocketAddr, name: &str, t: RecordType) -> Result<Message, String> {
+    let mut m = Message::query();
+    m.metadata.id = 8;
+    m.add_query(Query::query(Name::from_ascii(name).map_err(|e| e.to_string())?, t));
+    let s = UdpSocket::bind("0.0.0.0:0").map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).map_err(|e| e.to_string())?;
+    s.send_to(&m.to_vec().map_err(|e| e.to_string())?, addr).map_err(|e| e.to_string())?;
+    let mut buf = [0u8; 4096];
+    let n = s.recv(&mut buf).map_err(|e| format!("no answer: {e}"))?;
+    Message::from_vec(&buf[..n]).map_err(|e| e.to_string())
+}
+
 fn ok(api: &ApiServer, args: &[&str]) -> String {
     let o = api.kubectl(args);
     assert!(o.status.success(), "kubectl {args:?}: {}", String::from_utf8_lossy(&o.stderr));
@@ -107,6 +120,198 @@ fn bad_flags_are_refused_with_a_message() {
     let o = Command::new(bin("podpath-dns")).args(["--metrics-listen", "nope"]).output().unwrap();
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("--metrics-listen \"nope\" is not an address:port"), "{o:?}");
+}
+
+/// Starts `podpath-dns --conf FILE` against `api` on `addr`, stdout to `out`.
+fn with_corefile(api: &ApiServer, addr: SocketAddr, corefile: &std::path::Path, out: &std::path::Path) -> Dns {
+    Dns(spawn_with_corefile(api, addr, corefile, out))
+}
+
+fn spawn_with_corefile(api: &ApiServer, addr: SocketAddr, corefile: &std::path::Path, out: &std::path::Path) -> Child {
+    Command::new(bin("podpath-dns"))
+        .args(["--apiserver", &api.grpc.to_string(), "--listen", &addr.to_string()])
+        .arg("--conf")
+        .arg(corefile)
+        .arg("--token-file")
+        .arg(api.dir.path().join("token"))
+        .arg("--apiserver-ca-file")
+        .arg(api.data_dir.join("pki/ca.crt"))
+        .stdout(std::fs::File::create(out).unwrap())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+/// A Corefile file, as CoreDNS's `-conf`: `reload` picks up an edit that adds `log` (the
+/// queries are printed in CoreDNS's format from then on), a broken edit is logged as CoreDNS
+/// logs it and the running Corefile keeps answering; a bad Corefile at start ends the process
+/// with the parse error; a `forward` back to the server itself is the `loop` plugin's fatal loop.
+#[test]
+fn a_corefile_is_reloaded_and_bad_ones_are_refused() {
+    let api = ApiServer::start(&[]).unwrap();
+    let dir = api.dir.path();
+    let (conf, out) = (dir.join("Corefile"), dir.join("dns.out"));
+    let port = free_port();
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let base = "cluster.local {\n    errors\n    kubernetes\n    reload 2s\n}\n";
+    std::fs::write(&conf, base).unwrap();
+    let _dns = with_corefile(&api, addr, &conf, &out);
+    let q = "kubernetes.default.svc.cluster.local.";
+    let first = wait_for(Duration::from_secs(20), "podpath-dns answers", || {
+        std::panic::catch_unwind(|| ask(addr, q, RecordType::A)).map_err(|_| "no answer yet".to_string())
+    });
+    assert_eq!(first.answers[0].to_string(), format!("{q} 5 IN A 10.96.0.1"), "the kubernetes plugin's default TTL");
+    let printed = || std::fs::read_to_string(&out).unwrap();
+    assert!(printed().contains("[INFO] plugin/reload: Running configuration SHA512 = "), "{}", printed());
+    assert!(!printed().contains(" IN kubernetes"), "no log plugin yet: {}", printed());
+    std::fs::write(&conf, base.replace("    errors\n", "    errors\n    log\n")).unwrap();
+    let line = wait_for(Duration::from_secs(10), "the log plugin's line", || {
+        ask(addr, q, RecordType::A);
+        printed().lines().find(|l| l.contains("\"A IN kubernetes.default")).map(str::to_string).ok_or_else(printed)
+    });
+    assert!(line.starts_with("[INFO] 127.0.0.1:"), "{line}");
+    assert!(line.contains(&format!(" - 7 \"A IN {q} udp ")) && line.contains(" NOERROR qr,aa "), "{line}");
+    assert!(printed().contains("[INFO] Reloading\n") && printed().contains("[INFO] Reloading complete\n"));
+    // A directive CoreDNS does not know: logged, the running Corefile kept.
+    std::fs::write(&conf, base.replace("    errors\n", "    errors\n    bogus\n")).unwrap();
+    wait_for(Duration::from_secs(10), "the failed reload", || {
+        printed()
+            .contains("[ERROR] Restart failed: Corefile:3 - Error during parsing: Unknown directive 'bogus'\n")
+            .then_some(())
+            .ok_or_else(printed)
+    });
+    assert!(printed().contains(
+        "[ERROR] plugin/reload: Corefile changed but reload failed: starting with listener file descriptors: Corefile:3 - Error during parsing: Unknown directive 'bogus'"
+    ));
+    assert_eq!(ask(addr, q, RecordType::A).answers.len(), 1, "still answering with the Corefile before");
+
+    // At start, a bad Corefile is the end (as CoreDNS exits), with the parse error.
+    std::fs::write(dir.join("bad"), ".:53 {\n    forward . nowhere\n}\n").unwrap();
+    let o = Command::new(bin("podpath-dns"))
+        .args(["--apiserver", &api.grpc.to_string(), "--listen", &format!("127.0.0.1:{}", free_port())])
+        .arg("--conf")
+        .arg(dir.join("bad"))
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        e.contains("Corefile:2 - Error during parsing: plugin/forward: not an IP address or file: \"nowhere\""),
+        "{e}"
+    );
+    // Forwarding to itself: the loop plugin's probe comes back, the process exits.
+    let lport = free_port();
+    std::fs::write(dir.join("loop"), format!(".:{lport} {{\n    forward . 127.0.0.1:{lport}\n    loop\n}}\n")).unwrap();
+    let looped = spawn_with_corefile(
+        &api,
+        format!("127.0.0.1:{lport}").parse().unwrap(),
+        &dir.join("loop"),
+        &dir.join("loop.out"),
+    );
+    let o = podpath_e2e::wait_bounded(looped, Duration::from_secs(20));
+    assert_eq!(o.status.code(), Some(1));
+    let said = std::fs::read_to_string(dir.join("loop.out")).unwrap();
+    assert!(
+        said.contains(&format!("[FATAL] plugin/loop: Loop (127.0.0.1:{lport} -> :{lport}) detected for zone \".\"")),
+        "{said}"
+    );
+}
+
+/// "Debugging DNS Resolution" and "Customizing DNS Service", as written: the lab's DNS runs the
+/// Corefile of `kube-system/coredns`; `kubectl edit` adding `log` and a stub domain takes effect
+/// within seconds (queries appear in the DNS pods' logs; names of the stub domain are forwarded
+/// to a DNS server in a pod of a test namespace); an edit with an unknown plugin is logged as
+/// CoreDNS logs it and changes nothing; no DNS pod restarts.
+#[test]
+fn the_coredns_configmap_configures_the_cluster_dns() {
+    if !testkit::netns::root_or_explain() {
+        return;
+    }
+    let lab = podpath_e2e::Lab::up("corefile", &["--nodes", "1"]).unwrap();
+    let corefile =
+        lab.kubectl(&["get", "configmap", "coredns", "-n", "kube-system", "-o", "jsonpath={.data.Corefile}"]);
+    assert!(
+        corefile.starts_with(".:53 {\n    errors\n") && corefile.contains("forward . /etc/resolv.conf"),
+        "{corefile}"
+    );
+    // The upstream of the stub domain: podpath-dns in a pod of its own, serving `example.test`
+    // (its own Corefile, a file on the node: process pods see the node's files).
+    let dir = tempfile::tempdir().unwrap();
+    let upstream_conf = dir.path().join("Corefile");
+    std::fs::write(&upstream_conf, "example.test {\n    kubernetes\n    log\n}\n").unwrap();
+    lab.kubectl(&["create", "namespace", "dns-upstream"]);
+    lab.apply(&format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: upstream, namespace: dns-upstream}}\nspec:\n  containers:\n  - name: dns\n    image: podpath/dns\n    args: [--conf, {}]\n",
+        upstream_conf.display()
+    ));
+    lab.kubectl(&["wait", "-n", "dns-upstream", "--for=condition=Ready", "pod/upstream", "--timeout=60s"]);
+    let upstream_ip = lab.kubectl(&["get", "pod", "upstream", "-n", "dns-upstream", "-o", "jsonpath={.status.podIP}"]);
+    let dns: SocketAddr = "10.96.0.10:53".parse().unwrap();
+    let stub = "kubernetes.default.svc.example.test.";
+    // `kubectl -n kube-system edit configmap coredns`, the editor adding `log` and a stub block.
+    let editor = dir.path().join("editor.sh");
+    let edit = |script: &str| {
+        std::fs::write(&editor, format!("#!/bin/sh\nset -e\n{script}\n")).unwrap();
+        std::fs::set_permissions(&editor, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        let out = Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(&lab.kubeconfig)
+            .args(["-n", "kube-system", "edit", "configmap", "coredns"])
+            .env("KUBE_EDITOR", &editor)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "kubectl edit: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    // The Corefile is a block scalar in the YAML kubectl edits: `errors` gains a `log` after it,
+    // the closing brace of `.:53` (at the scalar's indentation) a stub block after it.
+    edit(&format!(
+        r#"sed -i -e 's/^\( *\)errors$/\1errors\n\1log/' -e 's/^    }}$/    }}\n    example.test:53 {{\n        errors\n        forward . {upstream_ip}\n    }}/' "$1""#
+    ));
+    let edited = lab.kubectl(&["get", "configmap", "coredns", "-n", "kube-system", "-o", "jsonpath={.data.Corefile}"]);
+    assert!(edited.contains("    errors\n    log\n") && edited.contains("example.test:53 {"), "{edited}");
+    // Within seconds (reload 2s), the stub domain answers through the upstream pod …
+    let answer = wait_for(Duration::from_secs(15), "the stub domain forwarded", || {
+        let m = lab.in_netns("node-1", move || try_ask(dns, stub, RecordType::A))?;
+        if m.answers.is_empty() {
+            Err(format!("{:?}", m.metadata.response_code))
+        } else {
+            Ok(m)
+        }
+    });
+    assert_eq!(answer.answers[0].to_string(), format!("{stub} 5 IN A 10.96.0.1"));
+    assert!(answer.metadata.authoritative, "the upstream is authoritative for it: forward passes its flags");
+    // … and the queries of the block with `log` appear in the DNS pods' logs, in CoreDNS's
+    // format (the stub block has no `log`: its queries are not there).
+    let cluster = "kubernetes.default.svc.cluster.local.";
+    let logs = lab.kubectl_until(
+        Duration::from_secs(15),
+        &["logs", "-n", "kube-system", "-l", "k8s-app=kube-dns", "--tail=-1"],
+        |l| {
+            let _ = lab.in_netns("node-1", move || try_ask(dns, cluster, RecordType::A));
+            l.contains("\"A IN kubernetes.default.svc.cluster.local. udp ")
+        },
+    );
+    assert!(!logs.contains("IN kubernetes.default.svc.example.test."), "{logs}");
+    assert!(logs.contains("[INFO] Reloading complete"), "{logs}");
+    let up_logs = lab.kubectl(&["logs", "-n", "dns-upstream", "upstream"]);
+    assert!(
+        up_logs.contains("\"A IN kubernetes.default.svc.example.test. udp ") && up_logs.contains(" NOERROR qr,aa "),
+        "{up_logs}"
+    );
+
+    // An unknown plugin: logged as CoreDNS logs a failed reload; the DNS keeps the Corefile it had.
+    edit(r#"sed -i -e 's/^\( *\)log$/\1log\n\1bogus/' "$1""#);
+    let logs = lab.kubectl_until(
+        Duration::from_secs(15),
+        &["logs", "-n", "kube-system", "-l", "k8s-app=kube-dns", "--tail=-1"],
+        |l| l.contains("[ERROR] Restart failed: Corefile:4 - Error during parsing: Unknown directive 'bogus'"),
+    );
+    assert!(logs.contains("[ERROR] plugin/reload: Corefile changed but reload failed"), "{logs}");
+    let again = lab.in_netns("node-1", move || ask(dns, stub, RecordType::A));
+    assert_eq!(again.answers.len(), 1, "the running Corefile still forwards the stub domain");
+    let restarts = lab.cluster_dns_pods("{.items[*].status.containerStatuses[0].restartCount}");
+    assert!(restarts.split_whitespace().all(|r| r == "0"), "no DNS pod restarted: {restarts}");
+    lab.kubectl(&["delete", "namespace", "dns-upstream", "--wait=false"]);
 }
 
 /// In a lab: `podpath up` runs the cluster DNS as kubeadm runs CoreDNS, and a query to
@@ -296,10 +501,12 @@ fn pods_resolve_every_record_type_with_real_tools() {
     assert_eq!(status(&["nobody.default.svc.cluster.local"]).0, "NXDOMAIN");
     let (code, out) = status(&["AAAA", "web.default.svc.cluster.local"]);
     assert!(code == "NOERROR" && out.contains("ANSWER: 0") && out.contains("IN\tSOA"), "{out}");
-    // ExternalName, pod records, a name outside the cluster (no upstream: refused at once).
-    assert_eq!(dig(&["ext.default.svc.cluster.local"]), ["example.org."]);
+    // ExternalName (its target looked up upstream too, which the lab cannot reach: the CNAME
+    // alone, after forward's 5 s), pod records, a name outside the cluster: forwarded to the
+    // node's resolver (`forward . /etc/resolv.conf`), unreachable from the lab: SERVFAIL.
+    assert_eq!(dig(&["+time=9", "+tries=1", "ext.default.svc.cluster.local"]), ["example.org."]);
     assert_eq!(dig(&[&format!("{}.default.pod.cluster.local", db0.replace('.', "-"))]), [db0.as_str()]);
-    assert_eq!(status(&["example.com"]).0, "REFUSED");
+    assert_eq!(status(&["+time=9", "+tries=1", "example.com"]).0, "SERVFAIL");
 
     // Search paths: `web` is each namespace's own, `web.default` crosses over.
     for (ns, name, want) in [("default", "web", &web), ("team", "web", &team_web), ("team", "web.default", &web)] {

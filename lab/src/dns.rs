@@ -13,11 +13,46 @@ pub const SERVICE_CIDR: &str = "10.96.0.0/12";
 /// kubeadm's cluster DNS address: the tenth address of the default service range 10.96.0.0/12.
 pub const CLUSTER_DNS: &str = "10.96.0.10";
 
+/// The lab's Corefile: kubeadm's, but for three lines. `cache` keeps no cluster names (a
+/// Service made after a failed lookup answers at once, not 30 s later), `reload` looks every
+/// 2 s (not 30 s ± 15 s) so an edit shows within seconds, and `health` has no lameduck (a DNS
+/// pod stops at once).
+pub const COREFILE: &str = ".:53 {
+    errors
+    health
+    ready
+    kubernetes cluster.local in-addr.arpa ip6.arpa {
+       pods insecure
+       fallthrough in-addr.arpa ip6.arpa
+       ttl 30
+    }
+    prometheus :9153
+    forward . /etc/resolv.conf {
+       max_concurrent 1000
+    }
+    cache 30 {
+       disable success cluster.local
+       disable denial cluster.local
+    }
+    loop
+    reload 2s
+    loadbalance
+}
+";
+
 /// What to create, in order: (collection path, object). An existing one (409) is kept.
 pub fn objects() -> Vec<(&'static str, Value)> {
     let labels = json!({"k8s-app": "kube-dns"});
     vec![
         ("/api/v1/namespaces", json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kube-system"}})),
+        (
+            "/api/v1/namespaces/kube-system/configmaps",
+            json!({
+                "apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": "coredns", "namespace": "kube-system"},
+                "data": {"Corefile": COREFILE}
+            }),
+        ),
         (
             "/api/v1/namespaces/kube-system/services",
             json!({
@@ -50,6 +85,9 @@ pub fn objects() -> Vec<(&'static str, Value)> {
                             "containers": [{
                                 "name": "coredns",
                                 "image": "podpath/dns",
+                                // CoreDNS reads the ConfigMap through a volume; podpath-dns
+                                // (a process, not a container) watches it through the API.
+                                "args": ["--corefile-configmap=kube-system/coredns"],
                                 "ports": [
                                     {"name": "dns", "containerPort": 53, "protocol": "UDP"},
                                     {"name": "dns-tcp", "containerPort": 53, "protocol": "TCP"},
@@ -121,7 +159,7 @@ mod tests {
     #[test]
     fn kubeadms_shape() {
         let o = objects();
-        let svc = &o[1].1;
+        let svc = &o[2].1;
         assert_eq!(svc["spec"]["clusterIP"], "10.96.0.10");
         let ports: Vec<String> = svc["spec"]["ports"]
             .as_array()
@@ -130,9 +168,14 @@ mod tests {
             .map(|p| format!("{}/{}", p["port"], p["protocol"].as_str().unwrap()))
             .collect();
         assert_eq!(ports, ["53/UDP", "53/TCP", "9153/TCP"]);
-        let pod = &o[2].1["spec"]["template"];
+        let pod = &o[3].1["spec"]["template"];
         assert_eq!(pod["metadata"]["labels"], svc["spec"]["selector"]);
         assert_eq!(pod["spec"]["containers"][0]["image"], "podpath/dns");
+        let corefile = o[1].1["data"]["Corefile"].as_str().unwrap();
+        // The Corefile loads in podpath-dns, and the pod runs it from the ConfigMap.
+        let c = podpath_dns::corefile::parse(corefile, "Corefile").unwrap();
+        assert!(c.servers[0].plugins.forward.is_some() && c.servers[0].plugins.reload.is_some());
+        assert_eq!(pod["spec"]["containers"][0]["args"][0], "--corefile-configmap=kube-system/coredns");
     }
 
     #[test]

@@ -54,6 +54,8 @@ pub struct AgentConfig {
     pub api_args: Vec<String>,
     /// kubelet's `--cluster-dns` and `--cluster-domain`.
     pub cluster_dns: Vec<String>,
+    /// The node's resolv.conf (kubelet's `--resolv-conf`).
+    pub resolv_conf: std::path::PathBuf,
     pub cluster_domain: String,
     /// `None`: no service proxy.
     pub proxy: Option<ProxyConfig>,
@@ -195,7 +197,7 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()>) -> Result
         cluster_dns: cfg.cluster_dns.clone(),
         cluster_domain: cfg.cluster_domain.clone(),
         host_resolv: kubelet::pods::dnsconf::parse_resolv(
-            &std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default(),
+            &std::fs::read_to_string(&cfg.resolv_conf).unwrap_or_default(),
         ),
         backoff_base: cfg.backoff_base,
         backoff_max: cfg.backoff_max,
@@ -460,5 +462,36 @@ async fn sync_routes_forever(
             }
             _ = tokio::time::sleep(period) => {}
         }
+    }
+}
+
+/// kubelet's `--resolv-conf`, with kubeadm's choice when none is given: systemd-resolved's
+/// upstream file when /etc/resolv.conf names only its loopback stub.
+pub fn resolv_conf_path(flag: &str) -> std::path::PathBuf {
+    if !flag.is_empty() {
+        return flag.into();
+    }
+    let etc = std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default();
+    let upstream = std::path::Path::new("/run/systemd/resolve/resolv.conf");
+    if only_stub(&etc) && upstream.exists() {
+        return upstream.into();
+    }
+    "/etc/resolv.conf".into()
+}
+
+/// Whether a resolv.conf's nameservers are all systemd-resolved's stub (127.0.0.53).
+fn only_stub(text: &str) -> bool {
+    let ns = kubelet::pods::dnsconf::parse_resolv(text).nameservers;
+    !ns.is_empty() && ns.iter().all(|n| n == "127.0.0.53")
+}
+
+#[cfg(test)]
+mod resolv_tests {
+    #[test]
+    fn only_the_stub_sends_kubelet_to_the_upstream_file() {
+        assert!(super::only_stub("nameserver 127.0.0.53\noptions edns0\n"));
+        assert!(!super::only_stub("nameserver 10.0.0.2\n"));
+        assert!(!super::only_stub(""));
+        assert_eq!(super::resolv_conf_path("/tmp/r.conf"), std::path::PathBuf::from("/tmp/r.conf"));
     }
 }

@@ -120,6 +120,12 @@ struct Args {
     /// kubelet's `--cluster-domain`: the domain pods search in.
     #[arg(long, default_value = "cluster.local")]
     cluster_domain: String,
+    /// kubelet's `--resolv-conf`: the node's resolver settings, which `Default` pods (the
+    /// cluster DNS's own) get. Empty: /etc/resolv.conf, or systemd-resolved's upstream file
+    /// when /etc/resolv.conf only names its 127.0.0.53 stub (as kubeadm picks it: a DNS pod
+    /// forwarding to 127.0.0.53 would reach itself, CoreDNS's loop).
+    #[arg(long, default_value = "")]
+    resolv_conf: String,
     /// Enforce NetworkPolicies for this node's pods (nftables table `ip podpath-policy`, in
     /// every proxy mode); `false` leaves every pod unisolated, as a cluster without a policy
     /// implementation does.
@@ -253,6 +259,7 @@ async fn run() -> Result<()> {
         workload_bin: kubelet::process::workload_binary()?,
         api_args,
         cluster_dns: args.cluster_dns.iter().map(|ip| ip.to_string()).collect(),
+        resolv_conf: node_agent::agent::resolv_conf_path(&args.resolv_conf),
         cluster_domain: args.cluster_domain.trim_end_matches('.').to_string(),
         proxy,
         network_policy: args.network_policy,
