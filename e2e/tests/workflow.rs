@@ -193,6 +193,22 @@ fn a_two_replica_deployment_is_spread_over_two_nodes_every_time() {
         assert_eq!(lab.exec(node, &["curl", "-s", "localhost:10249/proxyMode"]), "iptables");
         let metrics = lab.exec(node, &["curl", "-s", "localhost:10249/metrics"]);
         assert!(metrics.contains("kubeproxy_sync_proxy_rules_duration_seconds_count"), "{metrics}");
+        // The rules it owns, by table: the nat table's count is what iptables-save shows of
+        // kube-proxy's chains (KUBE-*), give or take the jumps from the built-in chains.
+        let nat: usize = metrics
+            .lines()
+            .find_map(|l| l.strip_prefix("kubeproxy_sync_proxy_rules_iptables_total{table=\"nat\"} "))
+            .unwrap_or_else(|| panic!("{metrics}"))
+            .parse()
+            .unwrap();
+        let saved = lab.exec(node, &["iptables-save", "-t", "nat"]);
+        let ours = saved.lines().filter(|l| l.starts_with("-A KUBE-")).count();
+        assert!(nat > 10 && nat.abs_diff(ours) <= 5, "metric {nat}, iptables-save {ours}");
+        let configz: serde_json::Value =
+            serde_json::from_str(&lab.exec(node, &["curl", "-s", "localhost:10249/configz"])).unwrap();
+        let c = &configz["kubeproxy.config.k8s.io"];
+        assert_eq!((c["mode"].as_str(), c["hostnameOverride"].as_str()), (Some("iptables"), Some(node)), "{configz}");
+        assert_eq!(c["clusterCIDR"], "10.244.0.0/16");
     }
     let zones =
         lab.kubectl(&["get", "nodes", "-o", "jsonpath={.items[*].metadata.labels.topology\\.kubernetes\\.io/zone}"]);

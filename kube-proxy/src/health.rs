@@ -120,15 +120,25 @@ pub async fn serve(
 
 /// Serves kube-proxy's metrics server (its `--metrics-bind-address`, `127.0.0.1:10249`):
 /// `/proxyMode` (the mode's name, as `curl localhost:10249/proxyMode` on a node shows it),
+/// `/configz` (the proxy's configuration under `kubeproxy.config.k8s.io`, as kube-proxy's),
 /// `/metrics` and `/healthz`, until `shutdown`.
 pub async fn serve_metrics(
     listener: tokio::net::TcpListener,
     health: Arc<Health>,
     mode: &'static str,
+    configz: serde_json::Value,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    let configz = Arc::new(serde_json::json!({ "kubeproxy.config.k8s.io": configz }).to_string());
     let app = axum::Router::new()
         .route("/proxyMode", get(move || async move { mode }))
+        .route(
+            "/configz",
+            get(move || {
+                let c = configz.clone();
+                async move { ([(header::CONTENT_TYPE, "application/json")], (*c).clone()) }
+            }),
+        )
         .route("/healthz", get(|| async { "ok" }))
         .route(
             "/metrics",

@@ -33,6 +33,8 @@ pub struct Metrics {
     partial_sync_duration: Histogram,
     last_sync: Gauge<f64, AtomicU64>,
     last_queued: Gauge<f64, AtomicU64>,
+    /// By `table`: the iptables rules the proxy owns.
+    iptables_total: Family<[(&'static str, String); 1], Gauge>,
 }
 
 impl Default for Metrics {
@@ -96,7 +98,14 @@ impl Metrics {
             "The last time a sync of proxy rules was queued",
             last_queued.clone(),
         );
+        let iptables_total = Family::default();
+        registry.register(
+            "kubeproxy_sync_proxy_rules_iptables_total",
+            "Total number of iptables rules owned by kube-proxy",
+            iptables_total.clone(),
+        );
         Metrics {
+            iptables_total,
             registry,
             sync_errors,
             healthz,
@@ -116,6 +125,11 @@ impl Metrics {
         self.sync_duration.observe(s);
         if full { &self.full_sync_duration } else { &self.partial_sync_duration }.observe(s);
         self.last_sync.set(jiff::Timestamp::now().as_millisecond() as f64 / 1000.0);
+    }
+
+    /// After an iptables sync: how many rules of the proxy's `table` the kernel holds.
+    pub fn iptables_rules(&self, table: &str, count: usize) {
+        self.iptables_total.get_or_create(&[("table", table.into())]).set(count as i64);
     }
 
     /// A change arrived that a sync will apply.

@@ -316,6 +316,11 @@ pub async fn run_proxier<K: Kernel>(p: Proxier<K>, synced: Option<tokio::sync::o
                 last = next;
                 health.updated();
                 health.metrics.synced(need_full, started.elapsed());
+                if let Some(a) = &applied {
+                    for table in ["filter", "nat"] {
+                        health.metrics.iptables_rules(table, a.rule_count(table));
+                    }
+                }
                 if let Some(servers) = health_servers.as_mut() {
                     servers.sync(checks).await;
                 }

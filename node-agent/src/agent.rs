@@ -128,7 +128,8 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()>) -> Result
             ProxyMode::Userspace => "userspace",
         };
         tracing::info!(%addr, mode, "kube-proxy's metrics server: /proxyMode, /metrics, /healthz");
-        tasks.spawn(health::serve_metrics(listener, health.clone(), mode, stopped()));
+        let configz = proxy_configz(&cfg, p, mode);
+        tasks.spawn(health::serve_metrics(listener, health.clone(), mode, configz, stopped()));
     }
 
     // Wait for the API server as long as it takes (as kubelet does), unless told to stop.
@@ -493,5 +494,50 @@ mod resolv_tests {
         assert!(!super::only_stub("nameserver 10.0.0.2\n"));
         assert!(!super::only_stub(""));
         assert_eq!(super::resolv_conf_path("/tmp/r.conf"), std::path::PathBuf::from("/tmp/r.conf"));
+    }
+}
+
+/// A Go duration as kube-proxy's configuration prints one (`1s`, `30s`, `500ms`).
+fn go_duration(d: Duration) -> String {
+    if d.subsec_millis() != 0 {
+        format!("{}ms", d.as_millis())
+    } else {
+        format!("{}s", d.as_secs())
+    }
+}
+
+/// The proxy's settings as kube-proxy's `/configz` shows its KubeProxyConfiguration.
+fn proxy_configz(cfg: &AgentConfig, p: &ProxyConfig, mode: &str) -> serde_json::Value {
+    let per_mode = serde_json::json!({
+        "masqueradeAll": false,
+        "masqueradeBit": 14,
+        "minSyncPeriod": go_duration(p.min_sync),
+        "syncPeriod": go_duration(cfg.sync_period),
+    });
+    let mut iptables = per_mode.clone();
+    iptables["localhostNodePorts"] = serde_json::json!(p.localhost_nodeports);
+    serde_json::json!({
+        "bindAddress": "0.0.0.0",
+        "clusterCIDR": p.cluster_cidr.map(|c| c.to_string()).unwrap_or_default(),
+        "detectLocalMode": "ClusterCIDR",
+        "healthzBindAddress": cfg.healthz_bind.map(|a| a.to_string()).unwrap_or_default(),
+        "hostnameOverride": cfg.node_name,
+        "iptables": iptables,
+        "metricsBindAddress": cfg.metrics_bind.map(|a| a.to_string()).unwrap_or_default(),
+        "mode": mode,
+        "nftables": per_mode,
+    })
+}
+
+#[cfg(test)]
+mod configz_tests {
+    use super::*;
+
+    #[test]
+    fn go_durations() {
+        assert_eq!(go_duration(Duration::from_secs(30)), "30s");
+        assert_eq!(go_duration(Duration::from_millis(1500)), "1500ms");
+        assert_eq!(go_duration(Duration::ZERO), "0s");
+        assert_eq!(go_duration(Duration::from_millis(100)), "100ms");
     }
 }

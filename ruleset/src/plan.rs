@@ -81,6 +81,11 @@ impl Applied {
             }
         }
     }
+    /// The number of rules of ours the kernel holds in a table (kube-proxy's
+    /// `sync_proxy_rules_iptables_total`).
+    pub fn rule_count(&self, table: &str) -> usize {
+        self.0.iter().filter(|((t, _), _)| t == table).map(|(_, rules)| rules.len()).sum()
+    }
     /// The chains of a table the kernel holds from us.
     pub fn chains(&self, table: &str) -> BTreeSet<String> {
         self.0.keys().filter(|(t, _)| t == table).map(|(_, c)| c.clone()).collect()
