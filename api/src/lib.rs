@@ -19,6 +19,7 @@ pub mod managed;
 pub mod netpol;
 pub mod networking;
 pub mod openapi;
+pub mod openapi_pb;
 pub mod patch;
 pub mod protobuf;
 #[rustfmt::skip]

@@ -62,6 +62,16 @@ pub fn definitions_v2(group_versions: &[(&str, &str)]) -> Map<String, Value> {
 fn rewrite_refs(v: &mut Value) {
     match v {
         Value::Object(m) => {
+            // OpenAPI v2 writes a property's reference with its description beside it (v3 needs
+            // `allOf: [{$ref}]` for that); kubectl's v2 reader follows only a plain `$ref`.
+            let single_ref = match m.get("allOf") {
+                Some(Value::Array(all)) if all.len() == 1 => all[0].get("$ref").cloned(),
+                _ => None,
+            };
+            if let Some(r) = single_ref {
+                m.remove("allOf");
+                m.insert("$ref".into(), r);
+            }
             for (k, val) in m.iter_mut() {
                 match (k.as_str(), val) {
                     ("$ref", Value::String(r)) => {

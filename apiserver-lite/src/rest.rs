@@ -152,6 +152,13 @@ async fn dispatch(
             return Ok(json_response(StatusCode::CREATED, &crate::review::answer(&plural, &value)?));
         }
         ["openapi", "v2"] => {
+            if wants_protobuf_openapi(&headers) {
+                static PB: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
+                let body = PB.get_or_init(|| api::openapi_pb::encode_v2(&openapi_v2())).clone();
+                let mut r = Response::new(Body::from(body));
+                r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(api::openapi_pb::MEDIA_TYPE));
+                return get_only(r);
+            }
             accepts_json(&headers, "/openapi/v2")?;
             return get_only(json_response(StatusCode::OK, &openapi_v2()));
         }
@@ -1034,8 +1041,17 @@ fn openapi_v2() -> Value {
     .clone()
 }
 
-/// The OpenAPI v2 document is served as JSON only: a client that accepts nothing else (kubectl's
-/// `--output plaintext-openapiv2` asks for the protobuf form) gets 406, not bytes it cannot read.
+/// Whether the client asks for the OpenAPI v2 document in gnostic's protobuf (kubectl does, to
+/// validate a `kind: List`); JSON otherwise.
+fn wants_protobuf_openapi(headers: &HeaderMap) -> bool {
+    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).unwrap_or("");
+    accept
+        .split(',')
+        .map(|t| t.split(';').next().unwrap_or("").trim())
+        .any(|t| t == api::openapi_pb::MEDIA_TYPE || t == api::openapi_pb::MEDIA_TYPE_ASKED)
+}
+
+/// A client that accepts neither JSON nor the protobuf form gets 406, not bytes it cannot read.
 fn accepts_json(headers: &HeaderMap, what: &str) -> Result<(), ApiError> {
     let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).unwrap_or("*/*");
     let ok = accept
@@ -1046,7 +1062,8 @@ fn accepts_json(headers: &HeaderMap, what: &str) -> Result<(), ApiError> {
         Ok(())
     } else {
         Err(ApiError::NotAcceptable(format!(
-            "{what} is served as application/json only (the protobuf form is not implemented); requested: {accept}"
+            "{what} is served as application/json and {}; requested: {accept}",
+            api::openapi_pb::MEDIA_TYPE
         )))
     }
 }

@@ -926,14 +926,23 @@ async fn discovery_version_and_openapi() {
     assert!(defs["io.k8s.api.core.v1.ServiceSpec"]["properties"]["ports"]["description"].is_string());
     assert_eq!(defs["io.k8s.api.apps.v1.Deployment"]["x-kubernetes-group-version-kind"][0]["kind"], "Deployment");
     assert!(v2["paths"]["/apis/networking.k8s.io/v1/namespaces/{namespace}/ingresses/{name}"]["patch"].is_object());
-    // Only JSON: the protobuf form is refused, not sent as JSON.
+    // In protobuf, as kubectl asks for it: gnostic's Document, answered under the media type
+    // kube-apiserver answers with (kubectl's own validation reads it: e2e/tests/kubectl.rs).
     let pb = "application/com.github.proto-openapi.spec.v2@v1.0+protobuf";
     let req = Request::builder().uri("/openapi/v2").header("accept", pb).body(Body::empty()).unwrap();
+    let resp = lab.app.clone().oneshot(req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["content-type"], "application/com.github.proto-openapi.spec.v2.v1.0+protobuf");
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(&bytes[..5], b"\x0a\x032.0", "field 1 (swagger) first");
+    assert!(bytes.windows(b"io.k8s.api.apps.v1.Deployment".len()).any(|w| w == b"io.k8s.api.apps.v1.Deployment"));
+    // Neither form acceptable: 406, not bytes the client cannot read.
+    let req = Request::builder().uri("/openapi/v2").header("accept", "application/xml").body(Body::empty()).unwrap();
     let resp = lab.app.clone().oneshot(req).await.unwrap();
     assert_eq!(resp.status(), 406);
     let body: Value = serde_json::from_slice(&resp.into_body().collect().await.unwrap().to_bytes()).unwrap();
     assert_eq!(body["reason"], "NotAcceptable");
-    assert!(body["message"].as_str().unwrap().contains("application/json only"), "{body}");
+    assert!(body["message"].as_str().unwrap().contains("application/json and application/com.github"), "{body}");
 }
 
 #[tokio::test]

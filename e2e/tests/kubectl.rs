@@ -514,6 +514,39 @@ fn kubectl_ingress_and_ingress_class() {
     assert_eq!(ok(&srv, &["get", "ing", "again", "-o", "jsonpath={.status.loadBalancer.ingress[0].ip}"]), address);
 }
 
+/// `kubectl get svc,deploy -o yaml > all.yaml && kubectl apply -f all.yaml`: a `kind: List`,
+/// which kubectl validates itself against the OpenAPI v2 document in protobuf; a List with an
+/// unknown field is refused whole, with kubectl's own message, and nothing of it is applied.
+#[test]
+fn kubectl_applies_a_list_it_got_and_validates_it_first() {
+    assert!(kubectl_available(), "kubectl is required (it ships on the machine image as /usr/bin/kubectl)");
+    let srv = ApiServer::start(&[]).unwrap();
+    ok(&srv, &["create", "deployment", "web", "--image=podpath/echo"]);
+    ok(&srv, &["create", "service", "clusterip", "web", "--tcp=80:8080"]);
+    // The controllers write the Deployment's status at once: its resourceVersion in the file
+    // must be the last, or apply conflicts, as it would on any cluster.
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    let all = srv.dir.path().join("all.yaml");
+    std::fs::write(&all, ok(&srv, &["get", "svc,deploy", "-o", "yaml"])).unwrap();
+    let out = ok(&srv, &["apply", "-f", all.to_str().unwrap()]);
+    assert!(out.contains("service/web configured\n") && out.contains("deployment.apps/web configured\n"), "{out}");
+    let bad = srv.dir.path().join("bad.yaml");
+    std::fs::write(
+        &bad,
+        "apiVersion: v1\nkind: List\nitems:\n- apiVersion: v1\n  kind: Service\n  metadata: {name: first}\n  spec: {ports: [{port: 80}]}\n- apiVersion: v1\n  kind: ConfigMap\n  metadata: {name: second}\n  bogus: 1\n",
+    )
+    .unwrap();
+    let err = fails(&srv, &["apply", "-f", bad.to_str().unwrap()]);
+    assert!(
+        err.contains("ValidationError(ConfigMap): unknown field \"bogus\" in io.k8s.api.core.v1.ConfigMap"),
+        "{err}"
+    );
+    assert!(!fails(&srv, &["get", "service", "first"]).is_empty(), "nothing of the List was applied");
+    // The same document answers `kubectl explain`'s v2 output.
+    let explained = ok(&srv, &["explain", "--output=plaintext-openapiv2", "deployment.spec.replicas"]);
+    assert!(explained.contains("FIELD:    replicas <integer>"), "{explained}");
+}
+
 #[test]
 fn kubectl_secrets() {
     assert!(kubectl_available(), "kubectl is required (it ships on the machine image as /usr/bin/kubectl)");
