@@ -25,6 +25,7 @@ pub mod protobuf;
 #[rustfmt::skip]
 pub mod protobuf_schema;
 pub mod quantity;
+pub mod rbac;
 pub mod selector;
 pub mod strict;
 pub mod table;

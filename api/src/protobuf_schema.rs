@@ -169,6 +169,12 @@ pub static MESSAGES: &[Message] = &[
         Field { tag: 1, json: "type", kind: Str, repeated: false, omit_empty: true },
         Field { tag: 2, json: "rollingUpdate", kind: Msg("apps.v1.RollingUpdateStatefulSetStrategy"), repeated: false, omit_empty: true },
     ] },
+    Message { name: "authentication.v1.BoundObjectReference", fields: &[
+        Field { tag: 1, json: "kind", kind: Str, repeated: false, omit_empty: true },
+        Field { tag: 2, json: "apiVersion", kind: Str, repeated: false, omit_empty: true },
+        Field { tag: 3, json: "name", kind: Str, repeated: false, omit_empty: true },
+        Field { tag: 4, json: "uId", kind: Str, repeated: false, omit_empty: true },
+    ] },
     Message { name: "authentication.v1.ExtraValue", fields: &[
         Field { tag: 1, json: "items", kind: Str, repeated: true, omit_empty: true },
     ] },
@@ -178,6 +184,20 @@ pub static MESSAGES: &[Message] = &[
     ] },
     Message { name: "authentication.v1.SelfSubjectReviewStatus", fields: &[
         Field { tag: 1, json: "userInfo", kind: Msg("authentication.v1.UserInfo"), repeated: false, omit_empty: true },
+    ] },
+    Message { name: "authentication.v1.TokenRequest", fields: &[
+        Field { tag: 1, json: "metadata", kind: Msg("meta.v1.ObjectMeta"), repeated: false, omit_empty: false },
+        Field { tag: 2, json: "spec", kind: Msg("authentication.v1.TokenRequestSpec"), repeated: false, omit_empty: false },
+        Field { tag: 3, json: "status", kind: Msg("authentication.v1.TokenRequestStatus"), repeated: false, omit_empty: true },
+    ] },
+    Message { name: "authentication.v1.TokenRequestSpec", fields: &[
+        Field { tag: 1, json: "audiences", kind: Str, repeated: true, omit_empty: false },
+        Field { tag: 3, json: "boundObjectRef", kind: Msg("authentication.v1.BoundObjectReference"), repeated: false, omit_empty: true },
+        Field { tag: 4, json: "expirationSeconds", kind: I64, repeated: false, omit_empty: true },
+    ] },
+    Message { name: "authentication.v1.TokenRequestStatus", fields: &[
+        Field { tag: 1, json: "token", kind: Str, repeated: false, omit_empty: false },
+        Field { tag: 2, json: "expirationTimestamp", kind: Msg("meta.v1.Time"), repeated: false, omit_empty: false },
     ] },
     Message { name: "authentication.v1.UserInfo", fields: &[
         Field { tag: 1, json: "username", kind: Str, repeated: false, omit_empty: true },
@@ -1938,6 +1958,46 @@ pub static MESSAGES: &[Message] = &[
     Message { name: "policy.v1.Eviction", fields: &[
         Field { tag: 1, json: "metadata", kind: Msg("meta.v1.ObjectMeta"), repeated: false, omit_empty: false },
         Field { tag: 2, json: "deleteOptions", kind: Msg("meta.v1.DeleteOptions"), repeated: false, omit_empty: true },
+    ] },
+    Message { name: "rbac.v1.AggregationRule", fields: &[
+        Field { tag: 1, json: "clusterRoleSelectors", kind: Msg("meta.v1.LabelSelector"), repeated: true, omit_empty: true },
+    ] },
+    Message { name: "rbac.v1.ClusterRole", fields: &[
+        Field { tag: 1, json: "metadata", kind: Msg("meta.v1.ObjectMeta"), repeated: false, omit_empty: false },
+        Field { tag: 2, json: "rules", kind: Msg("rbac.v1.PolicyRule"), repeated: true, omit_empty: true },
+        Field { tag: 3, json: "aggregationRule", kind: Msg("rbac.v1.AggregationRule"), repeated: false, omit_empty: true },
+    ] },
+    Message { name: "rbac.v1.ClusterRoleBinding", fields: &[
+        Field { tag: 1, json: "metadata", kind: Msg("meta.v1.ObjectMeta"), repeated: false, omit_empty: false },
+        Field { tag: 2, json: "subjects", kind: Msg("rbac.v1.Subject"), repeated: true, omit_empty: true },
+        Field { tag: 3, json: "roleRef", kind: Msg("rbac.v1.RoleRef"), repeated: false, omit_empty: false },
+    ] },
+    Message { name: "rbac.v1.PolicyRule", fields: &[
+        Field { tag: 1, json: "verbs", kind: Str, repeated: true, omit_empty: false },
+        Field { tag: 2, json: "apiGroups", kind: Str, repeated: true, omit_empty: true },
+        Field { tag: 3, json: "resources", kind: Str, repeated: true, omit_empty: true },
+        Field { tag: 4, json: "resourceNames", kind: Str, repeated: true, omit_empty: true },
+        Field { tag: 5, json: "nonResourceUrLs", kind: Str, repeated: true, omit_empty: true },
+    ] },
+    Message { name: "rbac.v1.Role", fields: &[
+        Field { tag: 1, json: "metadata", kind: Msg("meta.v1.ObjectMeta"), repeated: false, omit_empty: false },
+        Field { tag: 2, json: "rules", kind: Msg("rbac.v1.PolicyRule"), repeated: true, omit_empty: true },
+    ] },
+    Message { name: "rbac.v1.RoleBinding", fields: &[
+        Field { tag: 1, json: "metadata", kind: Msg("meta.v1.ObjectMeta"), repeated: false, omit_empty: false },
+        Field { tag: 2, json: "subjects", kind: Msg("rbac.v1.Subject"), repeated: true, omit_empty: true },
+        Field { tag: 3, json: "roleRef", kind: Msg("rbac.v1.RoleRef"), repeated: false, omit_empty: false },
+    ] },
+    Message { name: "rbac.v1.RoleRef", fields: &[
+        Field { tag: 1, json: "apiGroup", kind: Str, repeated: false, omit_empty: false },
+        Field { tag: 2, json: "kind", kind: Str, repeated: false, omit_empty: false },
+        Field { tag: 3, json: "name", kind: Str, repeated: false, omit_empty: false },
+    ] },
+    Message { name: "rbac.v1.Subject", fields: &[
+        Field { tag: 1, json: "kind", kind: Str, repeated: false, omit_empty: false },
+        Field { tag: 2, json: "apiGroup", kind: Str, repeated: false, omit_empty: true },
+        Field { tag: 3, json: "name", kind: Str, repeated: false, omit_empty: false },
+        Field { tag: 4, json: "namespace", kind: Str, repeated: false, omit_empty: true },
     ] },
     Message { name: "storage.v1.CSIDriver", fields: &[
         Field { tag: 1, json: "metadata", kind: Msg("meta.v1.ObjectMeta"), repeated: false, omit_empty: false },

@@ -27,12 +27,18 @@ pub enum ApiError {
     /// server answers an unknown `dryRun`).
     #[error("{kind}.meta.k8s.io \"\" is invalid: {}", causes.iter().map(|c| c.to_string()).collect::<Vec<_>>().join(", "))]
     InvalidOptions { kind: &'static str, causes: Vec<Cause> },
+    /// A request object of a kind that is not stored (TokenRequest) is invalid.
+    #[error("{kind}.{group} \"{name}\" is invalid: {}", causes.iter().map(|c| c.to_string()).collect::<Vec<_>>().join(", "))]
+    InvalidRequest { group: &'static str, kind: &'static str, name: String, causes: Vec<Cause> },
     /// A body or query that cannot be understood.
     #[error("{0}")]
     BadRequest(String),
     /// The request is understood but not allowed (protected namespace, terminating namespace).
     #[error("{resource} \"{name}\" is forbidden: {message}")]
     Forbidden { resource: String, name: String, message: String },
+    /// RBAC said no: the whole message is the authorizer's (`pods "web" is forbidden: User …`).
+    #[error("{message}")]
+    Denied { resource: String, name: String, message: String },
     /// A watch asked for a resourceVersion older than the event log.
     #[error("too old resource version: {requested} ({current})")]
     Expired { requested: u64, current: u64 },
@@ -86,9 +92,9 @@ impl ApiError {
         match self {
             ApiError::NotFound { .. } | ApiError::NoRoute => 404,
             ApiError::AlreadyExists { .. } | ApiError::Conflict { .. } | ApiError::ApplyConflict { .. } => 409,
-            ApiError::Invalid { .. } | ApiError::InvalidOptions { .. } => 422,
+            ApiError::Invalid { .. } | ApiError::InvalidOptions { .. } | ApiError::InvalidRequest { .. } => 422,
             ApiError::BadRequest(_) => 400,
-            ApiError::Forbidden { .. } => 403,
+            ApiError::Forbidden { .. } | ApiError::Denied { .. } => 403,
             ApiError::Expired { .. } | ApiError::ExpiredContinue => 410,
             ApiError::UnsupportedMediaType => 415,
             ApiError::MethodNotAllowed => 405,
@@ -105,9 +111,9 @@ impl ApiError {
             ApiError::NotFound { .. } | ApiError::NoRoute => "NotFound",
             ApiError::AlreadyExists { .. } => "AlreadyExists",
             ApiError::Conflict { .. } | ApiError::ApplyConflict { .. } => "Conflict",
-            ApiError::Invalid { .. } | ApiError::InvalidOptions { .. } => "Invalid",
+            ApiError::Invalid { .. } | ApiError::InvalidOptions { .. } | ApiError::InvalidRequest { .. } => "Invalid",
             ApiError::BadRequest(_) => "BadRequest",
-            ApiError::Forbidden { .. } => "Forbidden",
+            ApiError::Forbidden { .. } | ApiError::Denied { .. } => "Forbidden",
             ApiError::Expired { .. } | ApiError::ExpiredContinue => "Expired",
             ApiError::UnsupportedMediaType => "UnsupportedMediaType",
             ApiError::MethodNotAllowed => "MethodNotAllowed",
@@ -140,7 +146,8 @@ impl ApiError {
             ApiError::NotFound { resource, name, .. }
             | ApiError::AlreadyExists { resource, name, .. }
             | ApiError::Conflict { resource, name, .. }
-            | ApiError::Forbidden { resource, name, .. } => {
+            | ApiError::Forbidden { resource, name, .. }
+            | ApiError::Denied { resource, name, .. } => {
                 let (r, g) = split(resource);
                 let mut d = json!({"name": name, "kind": r});
                 if !g.is_empty() {
@@ -154,6 +161,9 @@ impl ApiError {
                     json!({"name": name, "group": kind.info().group, "kind": kind.info().name, "causes": causes});
             }
             ApiError::ApplyConflict { causes, .. } => s["details"] = json!({"causes": causes}),
+            ApiError::InvalidRequest { group, kind, name, causes } => {
+                s["details"] = json!({"name": name, "group": group, "kind": kind, "causes": causes});
+            }
             ApiError::InvalidOptions { kind, causes } => {
                 s["details"] = json!({"group": "meta.k8s.io", "kind": kind, "causes": causes});
             }
@@ -203,9 +213,10 @@ impl From<ApiError> for tonic::Status {
             ApiError::Conflict { .. } | ApiError::ApplyConflict { .. } => Code::Aborted,
             ApiError::Invalid { .. }
             | ApiError::InvalidOptions { .. }
+            | ApiError::InvalidRequest { .. }
             | ApiError::BadRequest(_)
             | ApiError::UnsupportedMediaType => Code::InvalidArgument,
-            ApiError::Forbidden { .. } => Code::PermissionDenied,
+            ApiError::Forbidden { .. } | ApiError::Denied { .. } => Code::PermissionDenied,
             ApiError::Expired { .. } | ApiError::ExpiredContinue => Code::OutOfRange,
             ApiError::MethodNotAllowed | ApiError::NotAcceptable(_) => Code::Unimplemented,
             ApiError::Unauthorized => Code::Unauthenticated,

@@ -14,6 +14,7 @@
 //! (no CRDs, no RBAC, no aggregation yet), and runs the controllers above in its own process.
 
 pub mod alloc;
+pub mod auth;
 pub mod controllers;
 pub mod error;
 pub mod events_v1;
@@ -79,6 +80,8 @@ impl Config {
 /// A running server's shared state, for tests and benchmarks.
 pub struct Server {
     pub registry: Arc<registry::Registry>,
+    /// The ServiceAccount token signer (`DATA_DIR/pki/sa.key`).
+    pub tokens: Arc<auth::Tokens>,
     controllers: tokio::task::JoinHandle<()>,
 }
 
@@ -99,8 +102,9 @@ pub async fn start(cfg: &Config) -> Result<Server, ApiError> {
     let endpoint = cfg.advertise.map(|a| (a.ip().to_string(), a.port()));
     controllers::bootstrap(&registry, endpoint.clone()).await?;
     let controllers_cfg = controllers::ControllerConfig { advertise: endpoint, ..cfg.controllers.clone() };
+    let tokens = Arc::new(auth::Tokens::load_or_create(&cfg.data_dir.join("pki"))?);
     let controllers = tokio::spawn(controllers::run(registry.clone(), controllers_cfg));
-    Ok(Server { registry, controllers })
+    Ok(Server { registry, tokens, controllers })
 }
 
 /// A server in this process serving gRPC on a free port of 127.0.0.1 until the runtime ends:
@@ -136,6 +140,7 @@ pub async fn serve(
         request_timeout: cfg.request_timeout,
         advertise,
         kubelet_netns: cfg.kubelet_netns.clone(),
+        tokens: Some(server.tokens.clone()),
     };
     let shutdown = shutdown.shared();
     let mut tasks = Vec::new();

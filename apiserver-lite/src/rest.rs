@@ -35,6 +35,8 @@ pub struct RestState {
     pub advertise: String,
     /// The network namespace node agents are reached from (`pods/log`); None: this one.
     pub kubelet_netns: Option<std::path::PathBuf>,
+    /// ServiceAccount tokens (TokenRequest, authentication); None: none are issued.
+    pub tokens: Option<Arc<crate::auth::Tokens>>,
 }
 
 pub fn router(state: RestState) -> Router {
@@ -48,21 +50,31 @@ async fn handle(State(st): State<RestState>, req: Request) -> Response {
         r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
         return r;
     }
-    if let Some(token) = &st.token {
-        let ok = req
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .is_some_and(|t| t.trim() == &**token);
-        if !ok {
-            return ApiError::Unauthorized.into_response();
-        }
-    }
     let query: BTreeMap<String, String> = form_urlencoded::parse(req.uri().query().unwrap_or("").as_bytes())
         .into_owned()
         .filter(|(k, _)| !k.is_empty())
         .collect();
+    // Authentication, impersonation, then RBAC on what the request asks.
+    let now = jiff::Timestamp::now().as_second();
+    let Some(mut user) =
+        crate::auth::authenticate(&st.registry, st.token.as_deref(), st.tokens.as_deref(), req.headers(), now)
+    else {
+        return ApiError::Unauthorized.into_response();
+    };
+    if let Some((as_user, checks)) = crate::auth::impersonation(req.headers()) {
+        for c in &checks {
+            if let Err(e) = crate::auth::authorize(&st.registry, &user, c) {
+                return e.into_response();
+            }
+        }
+        user = as_user;
+    }
+    let attrs = crate::auth::attributes(req.method(), &path, &query);
+    if let Err(e) = crate::auth::authorize(&st.registry, &user, &attrs) {
+        return e.into_response();
+    }
+    let mut req = req;
+    req.extensions_mut().insert(user);
     // Watches and followed logs stream for as long as the client reads.
     let is_watch = query_bool(&query, "watch")
         || (path.ends_with("/log") && query_bool(&query, "follow"))
@@ -108,6 +120,7 @@ async fn dispatch(
 ) -> Result<Response, ApiError> {
     let method = req.method().clone();
     let headers = req.headers().clone();
+    let user = req.extensions().get::<api::rbac::UserInfo>().cloned();
     let segs: Vec<&str> = path.trim_matches('/').split('/').filter(|s| !s.is_empty()).collect();
     let get_only = |r: Response| if method == Method::GET { Ok(r) } else { Err(ApiError::MethodNotAllowed) };
     match segs.as_slice() {
@@ -149,7 +162,14 @@ async fn dispatch(
                 (false, true) => api::protobuf::decode_message(&body, &message)?,
                 (false, false) => parse_body(&body, &headers)?,
             };
-            return Ok(json_response(StatusCode::CREATED, &crate::review::answer(&plural, &value)?));
+            let user = user.unwrap_or_else(api::rbac::UserInfo::admin);
+            let policy = if user.is_master() { Default::default() } else { crate::auth::policy(&st.registry)? };
+            return Ok(json_response(StatusCode::CREATED, &crate::review::answer(&plural, &value, &user, &policy)?));
+        }
+        ["api", "v1", "namespaces", ns, "serviceaccounts", name, "token"] => {
+            let (ns, name) = (ns.to_string(), name.to_string());
+            let body = read_body(req, st.max_body_bytes).await?;
+            return token_request(&st, &method, &headers, &ns, &name, body);
         }
         ["openapi", "v2"] => {
             if wants_protobuf_openapi(&headers) {
@@ -553,6 +573,73 @@ async fn handle_scale(
     Ok(json_response(StatusCode::OK, &scale))
 }
 
+/// `POST serviceaccounts/NAME/token` (TokenRequest, `kubectl create token`): a signed token of the
+/// ServiceAccount, valid `spec.expirationSeconds` (default 3600, at least 600) for
+/// `spec.audiences` (default: the issuer), as kube-apiserver answers it.
+fn token_request(
+    st: &RestState,
+    method: &Method,
+    headers: &HeaderMap,
+    ns: &str,
+    name: &str,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    if *method != Method::POST {
+        return Err(ApiError::MethodNotAllowed);
+    }
+    let ct = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
+    let req: Value = match (body.is_empty(), ct.starts_with("application/vnd.kubernetes.protobuf")) {
+        (true, _) => json!({}),
+        (false, true) => api::protobuf::decode_message(&body, "authentication.v1.TokenRequest")?,
+        (false, false) => parse_body(&body, headers)?,
+    };
+    let sa = st
+        .registry
+        .store
+        .get(Kind::ServiceAccount, ns, name)?
+        .ok_or_else(|| ApiError::not_found(Kind::ServiceAccount, name))?;
+    let Some(tokens) = &st.tokens else {
+        return Err(ApiError::BadRequest("this server issues no ServiceAccount tokens".into()));
+    };
+    let seconds = req.pointer("/spec/expirationSeconds").and_then(Value::as_i64).unwrap_or(3600);
+    let path = api::FieldPath::root("spec").child("expirationSeconds");
+    if seconds < 600 {
+        let cause = api::validation::invalid(&path, &seconds, "may not specify a duration less than 10 minutes");
+        return Err(ApiError::InvalidRequest {
+            group: "authentication.k8s.io",
+            kind: "TokenRequest",
+            name: name.into(),
+            causes: vec![cause],
+        });
+    }
+    if seconds > 1 << 32 {
+        let cause = api::validation::invalid(&path, &seconds, "may not specify a duration larger than 2^32 seconds");
+        return Err(ApiError::InvalidRequest {
+            group: "authentication.k8s.io",
+            kind: "TokenRequest",
+            name: name.into(),
+            causes: vec![cause],
+        });
+    }
+    let audiences: Vec<String> = req
+        .pointer("/spec/audiences")
+        .and_then(Value::as_array)
+        .map(|a| a.iter().filter_map(Value::as_str).map(str::to_string).collect())
+        .filter(|a: &Vec<String>| !a.is_empty())
+        .unwrap_or_else(|| vec![crate::auth::ISSUER.to_string()]);
+    let uid = sa.pointer("/metadata/uid").and_then(Value::as_str).unwrap_or("");
+    let now = jiff::Timestamp::now();
+    let token = tokens.issue(ns, name, uid, &audiences, now.as_second(), seconds);
+    let expires = jiff::Timestamp::from_second(now.as_second() + seconds).unwrap_or(now);
+    let out = json!({
+        "kind": "TokenRequest", "apiVersion": "authentication.k8s.io/v1",
+        "metadata": {"name": name, "namespace": ns, "creationTimestamp": jiff::Timestamp::from_second(now.as_second()).unwrap_or(now).to_string()},
+        "spec": {"audiences": audiences, "expirationSeconds": seconds, "boundObjectRef": req.pointer("/spec/boundObjectRef").cloned()},
+        "status": {"token": token, "expirationTimestamp": expires.to_string()},
+    });
+    Ok(json_response(StatusCode::CREATED, &out))
+}
+
 /// `POST pods/NAME/eviction` with a policy/v1 Eviction (JSON or protobuf): the pod is deleted
 /// with the Eviction's DeleteOptions, as the real server does when no PodDisruptionBudget
 /// stands in the way (podpath serves none). Answers 201 with a success Status.
@@ -846,6 +933,11 @@ fn resource_list(group: &str, version: &str) -> Value {
                                   "verbs": ["get", "patch", "update"]}),
             );
         }
+        if k.name == "ServiceAccount" {
+            resources.push(json!({"name": "serviceaccounts/token", "singularName": "", "namespaced": true,
+                                  "group": "authentication.k8s.io", "version": "v1", "kind": "TokenRequest",
+                                  "verbs": ["create"]}));
+        }
         // kubectl drain looks for this entry before it evicts instead of deleting.
         if k.name == "Pod" {
             resources.push(json!({"name": "pods/eviction", "singularName": "", "namespaced": true,
@@ -923,6 +1015,11 @@ fn aggregated(headers: &HeaderMap, core: bool) -> Response {
                         subresources.push(json!({"subresource": "scale",
                             "responseKind": {"group": "autoscaling", "version": "v1", "kind": "Scale"},
                             "verbs": ["get", "patch", "update"]}));
+                    }
+                    if k.name == "ServiceAccount" {
+                        subresources.push(json!({"subresource": "token",
+                            "responseKind": {"group": "authentication.k8s.io", "version": "v1", "kind": "TokenRequest"},
+                            "verbs": ["create"]}));
                     }
                     if k.name == "Pod" {
                         subresources.push(json!({"subresource": "eviction",

@@ -196,6 +196,7 @@ async fn fuzzed_requests_never_panic_hang_500_or_store_refused_objects() {
         request_timeout: cfg.request_timeout,
         advertise: "127.0.0.1:6443".into(),
         kubelet_netns: None,
+        tokens: Some(server.tokens.clone()),
     });
     let send = |method: &str, path: &str, ct: &str, body: Vec<u8>| {
         let app = app.clone();

@@ -51,6 +51,7 @@ fn app_for(server: &Server, cfg: &Config) -> Router {
         request_timeout: cfg.request_timeout,
         advertise: "127.0.0.1:6443".into(),
         kubelet_netns: None,
+        tokens: Some(server.tokens.clone()),
     })
 }
 
@@ -893,6 +894,7 @@ async fn discovery_version_and_openapi() {
             "discovery.k8s.io",
             "events.k8s.io",
             "networking.k8s.io",
+            "rbac.authorization.k8s.io",
             "storage.k8s.io"
         ]
     );

@@ -1101,6 +1101,86 @@ fn kubectl_get_pages_with_chunk_size() {
     assert_eq!(names.lines().filter(|l| l.starts_with("configmap/cm-")).count(), 10, "{names}");
 }
 
+/// RBAC with the real kubectl: a ServiceAccount bound to a Role that reads pods gets a token
+/// (`kubectl create token`) that lists pods and is refused everything else with
+/// kube-apiserver's 403 text; `auth can-i --as` answers yes and no for it; `auth whoami` with
+/// its token names it; a ClusterRoleBinding to `view` widens it; a deleted ServiceAccount's
+/// token is refused; bad roles and bindings get the real validation texts.
+#[test]
+fn kubectl_rbac_roles_bindings_tokens_and_can_i() {
+    assert!(kubectl_available(), "kubectl is required (it ships on the machine image as /usr/bin/kubectl)");
+    let srv = ApiServer::start(&[]).unwrap();
+    ok(&srv, &["create", "serviceaccount", "reader"]);
+    assert_eq!(
+        ok(&srv, &["create", "role", "pod-reader", "--verb=get,list,watch", "--resource=pods"]),
+        "role.rbac.authorization.k8s.io/pod-reader created\n"
+    );
+    ok(&srv, &["create", "rolebinding", "read-pods", "--role=pod-reader", "--serviceaccount=default:reader"]);
+    let rows = ok(&srv, &["get", "rolebinding", "read-pods"]);
+    assert!(rows.starts_with("NAME        ROLE              AGE\nread-pods   Role/pod-reader   "), "{rows}");
+    // The bootstrap policy is there, as on any cluster.
+    let roles = ok(&srv, &["get", "clusterroles", "-o", "name"]);
+    for r in ["cluster-admin", "admin", "edit", "view", "system:basic-user", "system:discovery"] {
+        assert!(roles.contains(&format!("clusterrole.rbac.authorization.k8s.io/{r}\n")), "{roles}");
+    }
+    let token = ok(&srv, &["create", "token", "reader"]);
+    assert!(token.starts_with("eyJ") && token.matches('.').count() == 2, "a JWT: {token}");
+    let as_reader = |args: &[&str]| {
+        let mut v = vec!["--token", token.trim()];
+        v.extend_from_slice(args);
+        srv.kubectl(&v)
+    };
+    let o = as_reader(&["get", "pods"]);
+    assert!(o.status.success(), "{}", text(&o).1);
+    let o = as_reader(&["get", "services"]);
+    assert_eq!(
+        text(&o).1,
+        "Error from server (Forbidden): services is forbidden: User \"system:serviceaccount:default:reader\" cannot list resource \"services\" in API group \"\" in the namespace \"default\"\n"
+    );
+    let o = as_reader(&["delete", "pod", "web"]);
+    assert!(text(&o).1.contains(
+        "pods \"web\" is forbidden: User \"system:serviceaccount:default:reader\" cannot delete resource \"pods\""
+    ));
+    let o = as_reader(&["get", "nodes"]);
+    assert!(
+        text(&o).1.contains("cannot list resource \"nodes\" in API group \"\" at the cluster scope"),
+        "{}",
+        text(&o).1
+    );
+    let o = as_reader(&["auth", "whoami", "-o", "jsonpath={.status.userInfo.username} {.status.userInfo.groups}"]);
+    assert_eq!(
+        text(&o).0,
+        "system:serviceaccount:default:reader [\"system:serviceaccounts\",\"system:serviceaccounts:default\",\"system:authenticated\"]"
+    );
+    // A ServiceAccount may not act as somebody else.
+    let o = as_reader(&["get", "pods", "--as=kubernetes-admin"]);
+    assert!(text(&o).1.contains("users \"kubernetes-admin\" is forbidden: User \"system:serviceaccount:default:reader\" cannot impersonate resource \"users\""));
+    // can-i, as the administrator impersonating it, and with its own token.
+    let sa = "--as=system:serviceaccount:default:reader";
+    assert_eq!(ok(&srv, &["auth", "can-i", "list", "pods", sa]), "yes\n");
+    assert_eq!(text(&srv.kubectl(&["auth", "can-i", "list", "services", sa])).0, "no\n");
+    assert_eq!(text(&srv.kubectl(&["auth", "can-i", "watch", "pods", "-n", "kube-system", sa])).0, "no\n");
+    let list = text(&as_reader(&["auth", "can-i", "--list"])).0;
+    assert!(list.lines().any(|l| l.starts_with("pods ") && l.ends_with("[get list watch]")), "{list}");
+    // view, cluster-wide: Deployments everywhere, still no Secrets.
+    ok(&srv, &["create", "clusterrolebinding", "reader-view", "--clusterrole=view", "--serviceaccount=default:reader"]);
+    assert_eq!(ok(&srv, &["auth", "can-i", "list", "deployments.apps", "-A", sa]), "yes\n");
+    assert_eq!(text(&srv.kubectl(&["auth", "can-i", "get", "secrets", sa])).0, "no\n");
+    // Bad input: the real validation texts.
+    let bad = srv.dir.path().join("bad.yaml");
+    std::fs::write(&bad, "apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {name: bad}\nrules:\n- {apiGroups: [\"\"], resources: [pods], verbs: []}\n").unwrap();
+    let e = fails(&srv, &["apply", "-f", bad.to_str().unwrap()]);
+    assert!(e.contains("rules[0].verbs: Required value: verbs must contain at least one value"), "{e}");
+    let e =
+        fails(&srv, &["patch", "rolebinding", "read-pods", "--type=merge", "-p", "{\"roleRef\":{\"name\":\"other\"}}"]);
+    assert!(e.contains("cannot change roleRef"), "{e}");
+    let e = fails(&srv, &["create", "token", "reader", "--duration=1m"]);
+    assert!(e.contains("TokenRequest.authentication.k8s.io \"reader\" is invalid: spec.expirationSeconds: Invalid value: 60: may not specify a duration less than 10 minutes"), "{e}");
+    // A token outlives nothing: the ServiceAccount gone, its token is refused.
+    ok(&srv, &["delete", "serviceaccount", "reader"]);
+    assert!(text(&as_reader(&["get", "pods"])).1.contains("Unauthorized"));
+}
+
 /// `kubectl auth whoami` and `auth can-i`: the lab's token is the cluster's administrator.
 #[test]
 fn kubectl_auth_whoami_and_can_i_answer_for_the_administrator() {

@@ -285,6 +285,10 @@ kinds! { $
     StatefulSet => statefulset,
     ControllerRevision => controllerrevision,
     Lease => lease,
+    Role => role,
+    ClusterRole => clusterrole,
+    RoleBinding => rolebinding,
+    ClusterRoleBinding => clusterrolebinding,
 }
 
 impl Kind {

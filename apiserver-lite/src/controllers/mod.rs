@@ -77,6 +77,17 @@ pub async fn bootstrap(reg: &Registry, apiserver_endpoint: Option<(String, u16)>
         }
     }
     kubernetes_service(reg, apiserver_endpoint).await?;
+    // RBAC's bootstrap policy, made when missing (kube-apiserver's reconciliation adds, never
+    // removes what an administrator changed).
+    let (roles, bindings) = api::rbac::bootstrap();
+    for (kind, objs) in [(Kind::ClusterRole, roles), (Kind::ClusterRoleBinding, bindings)] {
+        for o in objs {
+            let name = o.pointer("/metadata/name").and_then(serde_json::Value::as_str).unwrap_or("").to_string();
+            if reg.store.get(kind, "", &name)?.is_none() {
+                reg.create(kind, None, o, &WriteOptions::default()).await?;
+            }
+        }
+    }
     // The lab's L7 load balancer, as the default IngressClass.
     if reg.store.get(Kind::IngressClass, "", api::networking::LAB_CLASS)?.is_none() {
         let class = json!({

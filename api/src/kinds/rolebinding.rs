@@ -1,0 +1,41 @@
+//! rbac.authorization.k8s.io/v1 RoleBindings: validation with the real texts (the role reference,
+//! which never changes, and the subjects; [`crate::rbac`]), and the Table kubectl shows
+//! (`NAME ROLE AGE`, the role as `Kind/name`).
+
+use jiff::Timestamp;
+use serde_json::{json, Value};
+
+use super::{validate_meta, ApiObject, Kind, KindInfo};
+use crate::table::{self, col, Column, AGE_COLUMN, NAME_COLUMN};
+use crate::validation::Cause;
+
+pub use k8s_openapi::api::rbac::v1::RoleBinding;
+
+impl ApiObject for RoleBinding {
+    const KIND: Kind = Kind::RoleBinding;
+    const INFO: KindInfo = KindInfo {
+        group: crate::rbac::GROUP,
+        namespaced: true,
+        ..KindInfo::core("RoleBinding", "rolebindings", "rolebinding")
+    };
+
+    fn validate(&self, old: Option<&Self>) -> Vec<Cause> {
+        let mut out = Vec::new();
+        validate_meta(&self.metadata, crate::rbac::path_segment, &mut out);
+        let subjects = self.subjects.clone().unwrap_or_default();
+        crate::rbac::validate_binding(&self.role_ref, &subjects, true, old.map(|o| &o.role_ref), &mut out);
+        out
+    }
+
+    fn columns() -> Vec<Column> {
+        vec![NAME_COLUMN, col("Role", "string", 0), AGE_COLUMN]
+    }
+
+    fn cells(&self, now: Timestamp) -> Vec<Value> {
+        vec![
+            json!(self.metadata.name.clone().unwrap_or_default()),
+            json!(format!("{}/{}", self.role_ref.kind, self.role_ref.name)),
+            table::age(self.metadata.creation_timestamp.as_ref(), now),
+        ]
+    }
+}
