@@ -21,6 +21,7 @@ pub mod networking;
 pub mod openapi;
 pub mod openapi_pb;
 pub mod patch;
+pub mod prometheus;
 pub mod protobuf;
 #[rustfmt::skip]
 pub mod protobuf_schema;

@@ -22,6 +22,7 @@ pub mod grpc;
 pub mod logs;
 pub mod proxy;
 pub mod registry;
+pub mod resource_metrics;
 pub mod response;
 pub mod rest;
 pub mod review;
@@ -142,6 +143,8 @@ pub async fn serve(
         kubelet_netns: cfg.kubelet_netns.clone(),
         tokens: Some(server.tokens.clone()),
     };
+    // metrics-server's role: the kubelets' resource metrics, scraped.
+    tokio::spawn(resource_metrics::scrape(server.registry.clone(), token.clone(), cfg.kubelet_netns.clone()));
     let shutdown = shutdown.shared();
     let mut tasks = Vec::new();
     let tls_config = cfg.tls.as_ref().map(tls::server_config).transpose()?;

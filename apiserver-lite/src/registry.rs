@@ -97,6 +97,8 @@ pub struct Registry {
     alloc: Mutex<Allocators>,
     /// Which Event a repeated report goes into.
     pub(crate) events: crate::controllers::events::Correlator,
+    /// What the kubelets' resource metrics say (metrics.k8s.io, the HPA controller).
+    pub metrics: crate::resource_metrics::MetricsStore,
 }
 
 fn now() -> Time {
@@ -183,7 +185,12 @@ fn obj_ns(obj: &Value) -> String {
 impl Registry {
     pub fn open(store: Arc<Store>, ranges: Ranges) -> Result<Registry, ApiError> {
         let used = store.allocations()?;
-        Ok(Registry { store, alloc: Mutex::new(Allocators::new(ranges, used)), events: Default::default() })
+        Ok(Registry {
+            store,
+            alloc: Mutex::new(Allocators::new(ranges, used)),
+            events: Default::default(),
+            metrics: Default::default(),
+        })
     }
 
     pub fn ranges(&self) -> Ranges {

@@ -166,6 +166,10 @@ async fn dispatch(
             let policy = if user.is_master() { Default::default() } else { crate::auth::policy(&st.registry)? };
             return Ok(json_response(StatusCode::CREATED, &crate::review::answer(&plural, &value, &user, &policy)?));
         }
+        ["apis", crate::resource_metrics::GROUP, crate::resource_metrics::VERSION, rest @ ..] if !rest.is_empty() => {
+            let v = crate::resource_metrics::serve(&st.registry, rest, &query)?;
+            return get_only(json_response(StatusCode::OK, &v));
+        }
         ["api", "v1", "namespaces", ns, "serviceaccounts", name, "token"] => {
             let (ns, name) = (ns.to_string(), name.to_string());
             let body = read_body(req, st.max_body_bytes).await?;
@@ -886,9 +890,16 @@ fn api_versions(advertise: &str) -> Value {
            "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": advertise}]})
 }
 
-/// The groups of [`crate::review::REVIEWS`].
+/// Resources that are read, not stored: metrics.k8s.io's (group, version, plural, kind, namespaced).
+const METRICS: [(&str, &str, &str, &str, bool); 2] = [
+    (crate::resource_metrics::GROUP, crate::resource_metrics::VERSION, "nodes", "NodeMetrics", false),
+    (crate::resource_metrics::GROUP, crate::resource_metrics::VERSION, "pods", "PodMetrics", true),
+];
+
+/// The groups of [`crate::review::REVIEWS`] and [`METRICS`].
 fn review_groups() -> Vec<(&'static str, &'static str)> {
     let mut gv: Vec<(&str, &str)> = crate::review::REVIEWS.iter().map(|r| (r.0, r.1)).collect();
+    gv.extend(METRICS.iter().map(|m| (m.0, m.1)));
     gv.dedup();
     gv
 }
@@ -962,6 +973,10 @@ fn resource_list(group: &str, version: &str) -> Value {
         resources.push(json!({"name": plural, "singularName": kind.to_lowercase(), "namespaced": false,
                               "kind": kind, "verbs": ["create"]}));
     }
+    for (_, _, plural, kind, namespaced) in METRICS.iter().filter(|r| r.0 == group && r.1 == version) {
+        resources.push(json!({"name": plural, "singularName": "", "namespaced": namespaced,
+                              "kind": kind, "verbs": ["get", "list"]}));
+    }
     json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources})
 }
 
@@ -993,6 +1008,12 @@ fn aggregated(headers: &HeaderMap, core: bool) -> Response {
                 json!({"resource": plural, "responseKind": {"group": g, "version": v, "kind": kind},
                        "scope": "Cluster", "singularResource": kind.to_lowercase(), "verbs": ["create"]})
             });
+            let metrics = METRICS.iter().filter(|r| r.0 == g && r.1 == v).map(|(_, _, plural, kind, namespaced)| {
+                json!({"resource": plural, "responseKind": {"group": g, "version": v, "kind": kind},
+                       "scope": if *namespaced { "Namespaced" } else { "Cluster" }, "singularResource": "",
+                       "verbs": ["get", "list"]})
+            });
+            let reviews = reviews.chain(metrics);
             let resources: Vec<Value> = served()
                 .filter(|k| k.group == g && k.version == v)
                 .map(|k| {

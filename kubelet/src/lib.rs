@@ -34,6 +34,7 @@ pub mod process;
 pub mod server;
 pub mod stream;
 pub mod tail;
+pub mod usage;
 pub mod volumes;
 pub mod workload;
 

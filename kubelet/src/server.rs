@@ -409,6 +409,43 @@ async fn follow(
     }
 }
 
+/// `GET /metrics/resource`: every running container's CPU and memory (see [`crate::usage`]).
+async fn resource_metrics(State(k): State<Kubelet>, headers: HeaderMap) -> Response {
+    if let Err((code, msg)) = k.authorize(&headers) {
+        return error(code, msg);
+    }
+    let state_dir = k.pods.state_dir.clone();
+    let page = tokio::task::spawn_blocking(move || {
+        use nix::unistd::{sysconf, SysconfVar};
+        let ticks = sysconf(SysconfVar::CLK_TCK).ok().flatten().unwrap_or(100) as u64;
+        let page = sysconf(SysconfVar::PAGE_SIZE).ok().flatten().unwrap_or(4096) as u64;
+        let procs = crate::process::LinuxProcesses::default();
+        let table = crate::usage::ProcTable::read();
+        let mut containers = vec![];
+        for rec in load_records(&state_dir) {
+            for (name, c) in &rec.containers {
+                let Some(p) = c.process.filter(|p| !c.done && procs.alive(*p)) else { continue };
+                let (cpu_seconds, memory_bytes) = table.usage(p.pid, ticks, page);
+                containers.push(crate::usage::ContainerUsage {
+                    namespace: rec.namespace.clone(),
+                    pod: rec.name.clone(),
+                    container: name.clone(),
+                    cpu_seconds,
+                    memory_bytes,
+                    started: c.started_at.map(|t| t.as_second()).unwrap_or(0),
+                });
+            }
+        }
+        let me = std::process::id() as i32;
+        let agent =
+            table.procs.get(&me).map_or((0.0, 0), |s| (s.cpu_ticks as f64 / ticks.max(1) as f64, s.rss_pages * page));
+        crate::usage::render(&containers, agent, jiff::Timestamp::now().as_millisecond())
+    })
+    .await
+    .unwrap_or_default();
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], page).into_response()
+}
+
 /// Serves the kubelet API on `listener` until `shutdown`.
 pub async fn serve(
     listener: tokio::net::TcpListener,
@@ -421,6 +458,7 @@ pub async fn serve(
         .route("/exec/{ns}/{pod}/{container}", any(exec))
         .route("/attach/{ns}/{pod}/{container}", any(attach))
         .route("/portForward/{ns}/{pod}", any(port_forward))
+        .route("/metrics/resource", get(resource_metrics))
         .with_state(Kubelet { pods, token });
     axum::serve(listener, app).with_graceful_shutdown(shutdown).await
 }
