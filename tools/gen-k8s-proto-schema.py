@@ -22,13 +22,13 @@ OA = sorted(glob.glob(f"{REG}/*/k8s-openapi-0.29.0/src/v1_33"))[-1]
 # The API groups podpath serves: every object kind of them (a message with an ObjectMeta
 # `metadata`) is decoded, so serving another kind of these groups needs no new table (the decoder
 # refuses kinds the server does not serve).
-GROUPS = ["core.v1", "apps.v1", "batch.v1", "coordination.v1", "discovery.v1", "networking.v1", "rbac.v1", "storage.v1"]
+GROUPS = ["core.v1", "apps.v1", "autoscaling.v2", "batch.v1", "coordination.v1", "discovery.v1", "networking.v1", "rbac.v1", "storage.v1"]
 # Request bodies that are not objects of a served kind: DeleteOptions (kubectl drain's DELETE
 # sends it), the pods/eviction subresource's Eviction (drain's POST), and the self-reviews
 # `kubectl auth whoami|can-i` create.
 OPTIONS = ["meta.v1.DeleteOptions", "policy.v1.Eviction", "authentication.v1.SelfSubjectReview",
            "authorization.v1.SelfSubjectAccessReview", "authorization.v1.SelfSubjectRulesReview",
-           "authentication.v1.TokenRequest"]
+           "authentication.v1.TokenRequest", "autoscaling.v1.HorizontalPodAutoscaler"]
 # Messages with a JSON form of their own (handled by the decoder, not the table).
 SPECIAL = {"util.intstr.IntOrString", "api.resource.Quantity", "meta.v1.Time", "meta.v1.MicroTime",
            "runtime.RawExtension", "meta.v1.Duration", "meta.v1.FieldsV1"}

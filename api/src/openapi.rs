@@ -28,6 +28,12 @@ pub fn schemas(group: &str, version: &str) -> Map<String, Value> {
         generator.subschema_for::<EventV1>();
         names.push((<EventV1 as schemars::JsonSchema>::schema_name().into_owned(), "Event"));
     }
+    // autoscaling/v1 serves the v2 HorizontalPodAutoscalers converted.
+    if (group, version) == ("autoscaling", "v1") {
+        type HpaV1 = k8s_openapi::api::autoscaling::v1::HorizontalPodAutoscaler;
+        generator.subschema_for::<HpaV1>();
+        names.push((<HpaV1 as schemars::JsonSchema>::schema_name().into_owned(), "HorizontalPodAutoscaler"));
+    }
     let mut defs: Map<String, Value> = generator.take_definitions(true).into_iter().collect();
     for (name, kind) in &names {
         if let Some(Value::Object(schema)) = defs.get_mut(name) {

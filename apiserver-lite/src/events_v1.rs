@@ -196,14 +196,49 @@ fn invalid(name: &str, causes: Vec<Cause>) -> Response {
     )
 }
 
-/// The core/v1 request for an events.k8s.io/v1 one, or the response that refuses it.
-pub async fn to_core_request(req: Request, core: &str, limit: usize) -> Result<Request, Response> {
+/// How a resource served in a second version converts (this module's Events; autoscaling/v1's
+/// HorizontalPodAutoscalers): the request and response functions below take one.
+pub struct Conversion {
+    /// A request body (an object, or a merge/strategic patch of one) into the stored version.
+    pub to_storage: fn(&mut Value),
+    /// A JSON patch's paths into the stored version.
+    pub json_patch: fn(&mut Value),
+    pub field_selector: fn(&str) -> String,
+    /// A create's own validation in the served version: the refusal, if any.
+    pub validate_create: fn(&Value) -> Option<Response>,
+    /// An object, list, watch event or Table into the served version.
+    pub to_served: fn(&mut Value),
+    /// The protobuf message of a body in the served version, when clients send one.
+    pub protobuf: Option<&'static str>,
+}
+
+fn validate_event(v: &Value) -> Option<Response> {
+    let causes = validate_create(v);
+    if causes.is_empty() {
+        return None;
+    }
+    let name = v["metadata"]["name"].as_str().unwrap_or("").to_string();
+    Some(invalid(&name, causes))
+}
+
+/// events.k8s.io/v1 ↔ core/v1.
+pub static EVENTS: Conversion = Conversion {
+    to_storage: to_core,
+    json_patch: json_patch_to_core,
+    field_selector: field_selector_to_core,
+    validate_create: validate_event,
+    to_served: to_v1,
+    protobuf: None,
+};
+
+/// The stored version's request for one in the served version, or the response that refuses it.
+pub async fn to_core_request(req: Request, core: &str, limit: usize, conv: &Conversion) -> Result<Request, Response> {
     let (mut parts, body) = req.into_parts();
     let mut query: Vec<(String, String)> =
         form_urlencoded::parse(parts.uri.query().unwrap_or("").as_bytes()).into_owned().collect();
     for (k, val) in &mut query {
         if k == "fieldSelector" {
-            *val = field_selector_to_core(val);
+            *val = (conv.field_selector)(val);
         }
     }
     let qs = form_urlencoded::Serializer::new(String::new()).extend_pairs(&query).finish();
@@ -230,18 +265,21 @@ pub async fn to_core_request(req: Request, core: &str, limit: usize) -> Result<R
         return Ok(Request::from_parts(parts, Body::empty()));
     }
     let ct = parts.headers.get(header::CONTENT_TYPE).and_then(|c| c.to_str().ok()).unwrap_or("").to_string();
-    let mut value = crate::rest::parse_body(&bytes, &parts.headers).map_err(IntoResponse::into_response)?;
+    let mut value = match conv.protobuf.filter(|_| ct.starts_with("application/vnd.kubernetes.protobuf")) {
+        Some(message) => {
+            api::protobuf::decode_message(&bytes, message).map_err(|e| ApiError::from(e).into_response())?
+        }
+        None => crate::rest::parse_body(&bytes, &parts.headers).map_err(IntoResponse::into_response)?,
+    };
     if parts.method == Method::POST {
-        let causes = validate_create(&value);
-        if !causes.is_empty() {
-            let name = value["metadata"]["name"].as_str().unwrap_or("").to_string();
-            return Err(invalid(&name, causes));
+        if let Some(refused) = (conv.validate_create)(&value) {
+            return Err(refused);
         }
     }
     if ct.starts_with("application/json-patch+json") {
-        json_patch_to_core(&mut value);
+        (conv.json_patch)(&mut value);
     } else {
-        to_core(&mut value);
+        (conv.to_storage)(&mut value);
     }
     let out = serde_json::to_vec(&value).unwrap_or_default();
     parts.headers.insert(header::CONTENT_LENGTH, HeaderValue::from(out.len()));
@@ -254,9 +292,9 @@ pub async fn to_core_request(req: Request, core: &str, limit: usize) -> Result<R
     Ok(Request::from_parts(parts, Body::from(out)))
 }
 
-/// The core/v1 handlers' response as events.k8s.io/v1: whole JSON bodies converted, watch
+/// The stored version's response in the served version: whole JSON bodies converted, watch
 /// streams converted event by event (one JSON document per line).
-pub async fn to_v1_response(resp: Response, streaming: bool) -> Response {
+pub async fn to_v1_response(resp: Response, streaming: bool, conv: &'static Conversion) -> Response {
     let is_json = resp
         .headers()
         .get(header::CONTENT_TYPE)
@@ -275,7 +313,7 @@ pub async fn to_v1_response(resp: Response, streaming: bool) -> Response {
             let mut out = Vec::new();
             while let Some(i) = pending.iter().position(|b| *b == b'\n') {
                 let line: Vec<u8> = pending.drain(..=i).collect();
-                out.extend(convert_line(&line));
+                out.extend(convert_line(&line, conv));
             }
             Ok::<Bytes, axum::Error>(Bytes::from(out))
         });
@@ -287,7 +325,7 @@ pub async fn to_v1_response(resp: Response, streaming: bool) -> Response {
     };
     let out = match serde_json::from_slice::<Value>(&bytes) {
         Ok(mut v) => {
-            to_v1(&mut v);
+            (conv.to_served)(&mut v);
             serde_json::to_vec(&v).unwrap_or_default()
         }
         Err(_) => bytes.to_vec(),
@@ -296,10 +334,10 @@ pub async fn to_v1_response(resp: Response, streaming: bool) -> Response {
     Response::from_parts(parts, Body::from(out))
 }
 
-fn convert_line(line: &[u8]) -> Vec<u8> {
+fn convert_line(line: &[u8], conv: &Conversion) -> Vec<u8> {
     match serde_json::from_slice::<Value>(line) {
         Ok(mut v) => {
-            to_v1(&mut v);
+            (conv.to_served)(&mut v);
             let mut out = serde_json::to_vec(&v).unwrap_or_default();
             out.push(b'\n');
             out
@@ -361,7 +399,8 @@ mod tests {
         let mut w = json!({"type": "ADDED", "object": core_event()});
         to_v1(&mut w);
         assert_eq!(w["object"]["regarding"]["name"], "web");
-        let line = convert_line(format!("{}\n", json!({"type": "MODIFIED", "object": core_event()})).as_bytes());
+        let line =
+            convert_line(format!("{}\n", json!({"type": "MODIFIED", "object": core_event()})).as_bytes(), &EVENTS);
         let back: Value = serde_json::from_slice(&line).unwrap();
         assert_eq!(
             (back["type"].as_str(), back["object"]["note"].as_str()),

@@ -15,6 +15,7 @@
 
 pub mod alloc;
 pub mod auth;
+pub mod autoscaling_v1;
 pub mod controllers;
 pub mod error;
 pub mod events_v1;

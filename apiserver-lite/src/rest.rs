@@ -79,12 +79,16 @@ async fn handle(State(st): State<RestState>, req: Request) -> Response {
     let is_watch = query_bool(&query, "watch")
         || (path.ends_with("/log") && query_bool(&query, "follow"))
         || path.rsplit('/').next().and_then(crate::streaming::Verb::from_subresource).is_some();
-    if let Some(core) = crate::events_v1::core_path(&path) {
-        // events.k8s.io/v1: served by the core/v1 handlers, converted both ways.
-        return match crate::events_v1::to_core_request(req, &core, st.max_body_bytes).await {
+    // events.k8s.io/v1 (served by the core/v1 handlers) and autoscaling/v1 (by the v2 ones),
+    // converted both ways.
+    let converted = crate::events_v1::core_path(&path)
+        .map(|p| (p, &crate::events_v1::EVENTS))
+        .or_else(|| crate::autoscaling_v1::v2_path(&path).map(|p| (p, &crate::autoscaling_v1::HPA)));
+    if let Some((stored, conv)) = converted {
+        return match crate::events_v1::to_core_request(req, &stored, st.max_body_bytes, conv).await {
             Ok(req) => {
                 let resp = Box::pin(handle(State(st), req)).await;
-                crate::events_v1::to_v1_response(resp, is_watch).await
+                crate::events_v1::to_v1_response(resp, is_watch, conv).await
             }
             Err(refused) => refused,
         };
@@ -874,7 +878,11 @@ fn arch() -> &'static str {
 /// Every resource discovery and OpenAPI describe: the kinds, and events.k8s.io/v1 Events (the
 /// core Events in another version).
 fn served() -> impl Iterator<Item = &'static api::KindInfo> {
-    Kind::ALL.iter().map(|k| k.info()).chain(std::iter::once(&crate::events_v1::INFO))
+    Kind::ALL
+        .iter()
+        .map(|k| k.info())
+        .chain(std::iter::once(&crate::events_v1::INFO))
+        .chain(std::iter::once(&crate::autoscaling_v1::INFO))
 }
 
 /// The non-core group versions served.
@@ -883,6 +891,11 @@ fn groups() -> Vec<(&'static str, &'static str)> {
     gv.sort();
     gv.dedup();
     gv
+}
+
+/// Whether `version` is the one a group's clients should use: the stored kinds' version.
+fn is_preferred(group: &str, version: &str) -> bool {
+    Kind::ALL.iter().any(|k| k.info().group == group && k.info().version == version)
 }
 
 fn api_versions(advertise: &str) -> Value {
@@ -909,11 +922,20 @@ fn api_groups() -> Value {
     all.extend(review_groups());
     all.sort();
     all.dedup();
-    let groups: Vec<Value> = all
+    let mut by_group: Vec<(&str, Vec<&str>)> = vec![];
+    for (g, v) in all {
+        match by_group.iter_mut().find(|(name, _)| *name == g) {
+            Some((_, vs)) => vs.push(v),
+            None => by_group.push((g, vec![v])),
+        }
+    }
+    let groups: Vec<Value> = by_group
         .into_iter()
-        .map(|(g, v)| {
-            let gv = json!({"groupVersion": format!("{g}/{v}"), "version": v});
-            json!({"name": g, "versions": [gv.clone()], "preferredVersion": gv})
+        .map(|(g, mut vs)| {
+            vs.sort_by_key(|v| !is_preferred(g, v));
+            let versions: Vec<Value> =
+                vs.iter().map(|v| json!({"groupVersion": format!("{g}/{v}"), "version": v})).collect();
+            json!({"name": g, "preferredVersion": versions[0].clone(), "versions": versions})
         })
         .collect();
     json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
@@ -1072,8 +1094,22 @@ fn aggregated(headers: &HeaderMap, core: bool) -> Response {
             json!({"metadata": meta, "versions": [{"version": v, "resources": resources, "freshness": "Current"}]})
         })
         .collect();
+    // One item per group, its preferred version first (a group served in two versions).
+    let mut merged: Vec<Value> = vec![];
+    for item in items {
+        let name = item["metadata"]["name"].clone();
+        match merged.iter_mut().find(|m| m["metadata"]["name"] == name) {
+            Some(m) => {
+                if let (Some(vs), Some(more)) = (m["versions"].as_array_mut(), item["versions"].as_array()) {
+                    vs.extend(more.iter().cloned());
+                    vs.sort_by_key(|v| !is_preferred(name.as_str().unwrap_or(""), v["version"].as_str().unwrap_or("")));
+                }
+            }
+            None => merged.push(item),
+        }
+    }
     let body = json!({"kind": "APIGroupDiscoveryList", "apiVersion": format!("apidiscovery.k8s.io/{version}"),
-                      "metadata": {}, "items": items});
+                      "metadata": {}, "items": merged});
     let mut r = json_response(StatusCode::OK, &body);
     let ct = format!("application/json;g=apidiscovery.k8s.io;v={version};as=APIGroupDiscoveryList");
     r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_str(&ct).expect("valid header"));

@@ -889,15 +889,21 @@ async fn discovery_version_and_openapi() {
             "apps",
             "authentication.k8s.io",
             "authorization.k8s.io",
+            "autoscaling",
             "batch",
             "coordination.k8s.io",
             "discovery.k8s.io",
             "events.k8s.io",
+            "metrics.k8s.io",
             "networking.k8s.io",
             "rbac.authorization.k8s.io",
             "storage.k8s.io"
         ]
     );
+    let autoscaling = apis["groups"].as_array().unwrap().iter().find(|g| g["name"] == "autoscaling").unwrap();
+    assert_eq!(autoscaling["preferredVersion"]["version"], "v2");
+    assert_eq!(autoscaling["versions"], json!([{"groupVersion": "autoscaling/v2", "version": "v2"},
+                                              {"groupVersion": "autoscaling/v1", "version": "v1"}]));
     // kubectl scale finds the Scale kind of deployments/scale through discovery.
     let (_, apps) = lab.get("/apis/apps/v1").await;
     let scale = apps["resources"].as_array().unwrap().iter().find(|r| r["name"] == "deployments/scale").unwrap();

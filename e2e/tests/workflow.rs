@@ -294,3 +294,80 @@ fn a_two_replica_deployment_is_spread_over_two_nodes_every_time() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && err.contains("no endpoints available for service"), "{err}");
 }
+
+/// `kubectl top` and the HorizontalPodAutoscaler walkthrough's shape, in a lab: the nodes' and
+/// pods' CPU and memory as the kubelets' resource metrics give them, then `kubectl autoscale`
+/// (autoscaling/v1) of a Deployment whose pod burns a core against a 100m request: the HPA
+/// (read as autoscaling/v2) scales it to its maximum and says why, in its status, conditions
+/// and Events. The burners are deleted at once after (bounded: 2 pods, seconds).
+#[test]
+fn top_shows_usage_and_autoscale_scales_a_busy_deployment() {
+    if !root_or_explain() {
+        return;
+    }
+    let lab = Lab::up("hpa", &["--nodes", "1"]).expect("podpath up");
+    lab.apply(
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: burn}\nspec:\n  replicas: 1\n  selector: {matchLabels: {app: burn}}\n  template:\n    metadata: {labels: {app: burn}}\n    spec:\n      containers:\n      - name: burn\n        image: podpath/echo\n        command: [sh, -c, 'while :; do :; done']\n        resources: {requests: {cpu: 100m}}\n",
+    );
+    // Two scrapes (5 s apart) before there is a rate.
+    let nodes =
+        lab.kubectl_until(Duration::from_secs(30), &["top", "nodes", "--no-headers"], |o| o.starts_with("node-1 "));
+    let cols: Vec<&str> = nodes.split_whitespace().collect();
+    assert!(cols[1].ends_with('m') && cols[3].ends_with("Mi"), "{nodes}");
+    let pods = lab.kubectl_until(Duration::from_secs(30), &["top", "pods", "-l", "app=burn", "--no-headers"], |o| {
+        o.starts_with("burn-")
+    });
+    let cpu: i64 = pods.split_whitespace().nth(1).unwrap().trim_end_matches('m').parse().unwrap();
+    assert!(cpu > 300, "a busy loop uses most of a core: {pods}");
+    let out = lab.kubectl(&["autoscale", "deployment", "burn", "--cpu-percent=50", "--min=1", "--max=2"]);
+    assert_eq!(out, "horizontalpodautoscaler.autoscaling/burn autoscaled\n");
+    let v1 = lab.kubectl(&[
+        "get",
+        "horizontalpodautoscalers.v1.autoscaling",
+        "burn",
+        "-o",
+        "jsonpath={.apiVersion} {.spec.targetCPUUtilizationPercentage}",
+    ]);
+    assert_eq!(v1, "autoscaling/v1 50");
+    let scaled = lab.kubectl_until(
+        Duration::from_secs(40),
+        &["get", "deployment", "burn", "-o", "jsonpath={.spec.replicas}"],
+        |r| r == "2",
+    );
+    assert_eq!(scaled, "2");
+    let hpa = lab.kubectl(&["get", "hpa", "burn", "--no-headers"]);
+    assert!(hpa.contains("Deployment/burn") && hpa.contains("/50%"), "{hpa}");
+    let conds = lab.kubectl(&["get", "hpa", "burn", "-o", "jsonpath={.apiVersion} {.status.conditions[*].reason}"]);
+    assert!(conds.starts_with("autoscaling/v2 ") && conds.contains("ValidMetricFound"), "{conds}");
+    let events = lab.kubectl(&[
+        "get",
+        "events",
+        "--field-selector",
+        "reason=SuccessfulRescale",
+        "-o",
+        "jsonpath={.items[*].message}",
+    ]);
+    assert!(
+        events.contains("New size: 2; reason: cpu resource utilization (percentage of request) above target"),
+        "{events}"
+    );
+    lab.kubectl(&["delete", "deployment", "burn", "--wait=false"]);
+    // Bad input, from a v2 manifest: the real texts.
+    let bad = "apiVersion: autoscaling/v2\nkind: HorizontalPodAutoscaler\nmetadata: {name: bad}\nspec:\n  scaleTargetRef: {apiVersion: apps/v1, kind: Deployment, name: burn}\n  minReplicas: 3\n  maxReplicas: 2\n";
+    let mut child = Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(&lab.kubeconfig)
+        .args(["apply", "-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child.stdin.take().unwrap().write_all(bad.as_bytes()).unwrap();
+    let o = child.wait_with_output().unwrap();
+    let err = text(&o).1;
+    assert!(
+        err.contains("spec.maxReplicas: Invalid value: 2: must be greater than or equal to `minReplicas`"),
+        "{err}"
+    );
+}

@@ -289,6 +289,7 @@ kinds! { $
     ClusterRole => clusterrole,
     RoleBinding => rolebinding,
     ClusterRoleBinding => clusterrolebinding,
+    HorizontalPodAutoscaler => horizontalpodautoscaler,
 }
 
 impl Kind {

@@ -13,6 +13,7 @@ pub mod cronjobs;
 pub mod daemonsets;
 pub mod endpoints;
 pub mod events;
+pub mod hpa;
 pub mod jobs;
 pub mod load_balancers;
 pub mod namespaces;
@@ -295,6 +296,16 @@ async fn reconcile(reg: &Registry, cfg: &ControllerConfig, dirty: &mut Dirty) ->
     }
     if all {
         events::expire(reg, cfg.event_ttl, cfg.max_events).await?;
+    }
+    if all || periodic {
+        // The HPAs, every PERIOD_SECONDS.
+        static HISTORY: std::sync::LazyLock<hpa::History> = std::sync::LazyLock::new(Default::default);
+        static LAST: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(0);
+        let now = jiff::Timestamp::now().as_second();
+        if now - LAST.load(std::sync::atomic::Ordering::Relaxed) >= hpa::PERIOD_SECONDS {
+            LAST.store(now, std::sync::atomic::Ordering::Relaxed);
+            hpa::sync(reg, &HISTORY).await?;
+        }
     }
     if all || periodic || std::mem::take(&mut dirty.namespaces) {
         namespaces::namespace_lifecycle(reg).await?;
