@@ -91,10 +91,11 @@ fn log_query(q: &BTreeMap<String, String>, previous: bool) -> Result<Vec<String>
 /// `previous` needs that last run. Pure.
 fn check_status(pod: &Value, container: &str, previous: bool) -> Result<(), ApiError> {
     let name = pod["metadata"]["name"].as_str().unwrap_or("");
-    let status = pod
-        .pointer("/status/containerStatuses")
-        .and_then(Value::as_array)
-        .and_then(|s| s.iter().find(|c| c["name"] == container));
+    let status = ["/status/containerStatuses", "/status/ephemeralContainerStatuses"]
+        .iter()
+        .filter_map(|p| pod.pointer(p).and_then(Value::as_array))
+        .flatten()
+        .find(|c| c["name"] == container);
     let state = |k: &str| status.and_then(|s| s.pointer(&format!("/state/{k}")));
     let last_terminated = status.and_then(|s| s.pointer("/lastState/terminated")).is_some();
     if previous {
@@ -120,15 +121,14 @@ fn check_status(pod: &Value, container: &str, previous: bool) -> Result<(), ApiE
 /// The container a request names, or the pod's only one; the real server's 400s otherwise. Pure.
 pub fn container_of(pod: &Value, requested: Option<&str>) -> Result<String, ApiError> {
     let name = pod["metadata"]["name"].as_str().unwrap_or("");
-    let containers: Vec<&str> = pod
-        .pointer("/spec/containers")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .filter_map(|c| c["name"].as_str())
-        .collect();
+    let names = |list: &str| -> Vec<&str> {
+        pod.pointer(list).and_then(Value::as_array).into_iter().flatten().filter_map(|c| c["name"].as_str()).collect()
+    };
+    let containers = names("/spec/containers");
+    // Ephemeral containers (`kubectl debug`) have logs too, when named.
+    let ephemeral = names("/spec/ephemeralContainers");
     match requested.filter(|c| !c.is_empty()) {
-        Some(c) if containers.contains(&c) => Ok(c.to_string()),
+        Some(c) if containers.contains(&c) || ephemeral.contains(&c) => Ok(c.to_string()),
         Some(c) => Err(ApiError::BadRequest(format!("container {c} is not valid for pod {name}"))),
         None if containers.len() == 1 => Ok(containers[0].to_string()),
         None => Err(ApiError::BadRequest(format!(

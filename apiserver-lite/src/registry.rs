@@ -66,6 +66,8 @@ pub enum Subresource {
     Eviction,
     /// `pods/NAME/log`: the container's log, from its node agent.
     Log,
+    /// `pods/NAME/ephemeralcontainers`: only `spec.ephemeralContainers` changes (`kubectl debug`).
+    EphemeralContainers,
 }
 
 /// Options of a delete request.
@@ -586,6 +588,29 @@ impl Registry {
                     if let Some(o) = new.as_object_mut() {
                         o.remove("status");
                     }
+                }
+            }
+        }
+        // A pod's ephemeral containers change only through their subresource, which changes
+        // nothing else (the real pod strategy).
+        if kind == Kind::Pod {
+            let ephemeral = |o: &Value| o.pointer("/spec/ephemeralContainers").cloned();
+            let (keep, take) = match sub {
+                Subresource::EphemeralContainers => (old.clone(), ephemeral(&new)),
+                _ => (new.clone(), ephemeral(&old)),
+            };
+            new = keep;
+            match take {
+                Some(e) => new["spec"]["ephemeralContainers"] = e,
+                None => {
+                    if let Some(spec) = new.get_mut("spec").and_then(Value::as_object_mut) {
+                        spec.remove("ephemeralContainers");
+                    }
+                }
+            }
+            if sub == Subresource::EphemeralContainers {
+                if let Some(rv) = meta_str(&old, "resourceVersion") {
+                    new["metadata"]["resourceVersion"] = json!(rv);
                 }
             }
         }

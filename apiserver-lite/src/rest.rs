@@ -230,6 +230,9 @@ fn parse_target(group: &str, version: &str, rest: &[&str]) -> Option<Target> {
     let sub = |s: &str| match s {
         "status" => Some(Subresource::Status),
         "log" if group.is_empty() && rest.get(2) == Some(&"pods") => Some(Subresource::Log),
+        "ephemeralcontainers" if group.is_empty() && rest.get(2) == Some(&"pods") => {
+            Some(Subresource::EphemeralContainers)
+        }
         "eviction" if group.is_empty() && rest.get(2) == Some(&"pods") => Some(Subresource::Eviction),
         "scale" if matches!(Kind::from_plural(group, version, rest.get(2).copied().unwrap_or("")), Some(k) if k.has_scale()) => {
             Some(Subresource::Scale)
@@ -977,6 +980,8 @@ fn resource_list(group: &str, version: &str) -> Value {
                                   "group": "policy", "version": "v1", "kind": "Eviction", "verbs": ["create"]}));
             resources.push(json!({"name": "pods/log", "singularName": "", "namespaced": true,
                                   "kind": "Pod", "verbs": ["get"]}));
+            resources.push(json!({"name": "pods/ephemeralcontainers", "singularName": "", "namespaced": true,
+                                  "kind": "Pod", "verbs": ["get", "patch", "update"]}));
             for sub in ["attach", "exec", "portforward"] {
                 let kind = if sub == "portforward" { "PodPortForwardOptions" } else { "PodExecOptions" };
                 let kind = if sub == "attach" { "PodAttachOptions" } else { kind };
@@ -1070,6 +1075,9 @@ fn aggregated(headers: &HeaderMap, core: bool) -> Response {
                             "verbs": ["create"]}));
                         subresources.push(json!({"subresource": "log",
                             "responseKind": {"group": "", "version": "v1", "kind": "Pod"}, "verbs": ["get"]}));
+                        subresources.push(json!({"subresource": "ephemeralcontainers",
+                            "responseKind": {"group": "", "version": "v1", "kind": "Pod"},
+                            "verbs": ["get", "patch", "update"]}));
                         for (sub, kind) in [
                             ("attach", "PodAttachOptions"),
                             ("exec", "PodExecOptions"),

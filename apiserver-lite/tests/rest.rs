@@ -902,8 +902,11 @@ async fn discovery_version_and_openapi() {
     );
     let autoscaling = apis["groups"].as_array().unwrap().iter().find(|g| g["name"] == "autoscaling").unwrap();
     assert_eq!(autoscaling["preferredVersion"]["version"], "v2");
-    assert_eq!(autoscaling["versions"], json!([{"groupVersion": "autoscaling/v2", "version": "v2"},
-                                              {"groupVersion": "autoscaling/v1", "version": "v1"}]));
+    assert_eq!(
+        autoscaling["versions"],
+        json!([{"groupVersion": "autoscaling/v2", "version": "v2"},
+                                              {"groupVersion": "autoscaling/v1", "version": "v1"}])
+    );
     // kubectl scale finds the Scale kind of deployments/scale through discovery.
     let (_, apps) = lab.get("/apis/apps/v1").await;
     let scale = apps["resources"].as_array().unwrap().iter().find(|r| r["name"] == "deployments/scale").unwrap();
@@ -1070,7 +1073,7 @@ async fn dry_run_booleans_and_int64_extremes_as_the_real_server() {
     assert_eq!(s, StatusCode::OK);
 
     // A path the server does not serve: 404 with (empty) details, which kubectl reads.
-    let (s, st) = lab.get("/api/v1/namespaces/default/pods/forever/ephemeralcontainers").await;
+    let (s, st) = lab.get("/api/v1/namespaces/default/pods/forever/nonsense").await;
     assert_eq!((s, &st["details"]), (StatusCode::NOT_FOUND, &json!({})), "{st}");
 }
 

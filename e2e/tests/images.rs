@@ -1015,3 +1015,84 @@ fn workloads_that_cannot_run_say_why_in_the_real_words_and_leave_nothing_after_d
         }
     });
 }
+
+/// `kubectl debug -i POD --image=busybox --target=CONTAINER`: an ephemeral container joins the
+/// running pod — its network (the pod's localhost answers), its hostname, and with `--target`
+/// the target container's PID namespace (the nginx processes are listed) — runs once, is
+/// reported in `ephemeralContainerStatuses` and logged; the pod's own container is untouched
+/// (no restart, still Ready). Bad requests get the real texts.
+#[test]
+fn kubectl_debug_brings_a_tool_into_a_running_pod() {
+    let (reg, lab) = lab_with_registry("debug", "1");
+    reg.push("library/nginx:latest", &nginx(), None);
+    lab.kubectl(&["run", "web", "--image=nginx"]);
+    lab.kubectl(&["wait", "--for=condition=Ready", "pod/web", "--timeout=90s"]);
+    let script = "hostname; wget -qO- http://127.0.0.1/ | head -c 200; echo; ps -o comm,args";
+    let o = wait_bounded(
+        std::process::Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(&lab.kubeconfig)
+            .args([
+                "debug",
+                "-i",
+                "web",
+                "--image=busybox",
+                "--target=web",
+                "--container=dbg",
+                "--",
+                "sh",
+                "-c",
+                script,
+            ])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+        Duration::from_secs(90),
+    );
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{out}{err}");
+    assert!(out.starts_with("Targeting container \"web\"."), "{out}");
+    let state = wait_for(Duration::from_secs(30), "the ephemeral container's status", || {
+        let s = lab.kubectl(&["get", "pod", "web", "-o", "jsonpath={.status.ephemeralContainerStatuses[0].name} {.status.ephemeralContainerStatuses[0].state.terminated.reason}"]);
+        if s == "dbg Completed" {
+            Ok(s)
+        } else {
+            Err(s)
+        }
+    });
+    assert_eq!(state, "dbg Completed");
+    // What it printed (the attach may join after the first lines; the log has them all).
+    let logs = lab.kubectl(&["logs", "web", "-c", "dbg"]);
+    assert!(logs.starts_with("web\n"), "the pod's hostname: {logs}");
+    assert!(logs.contains("<title>Welcome to nginx!</title>"), "the pod's localhost answers: {logs}");
+    assert!(logs.contains("nginx: master process nginx -g daemon off;"), "the target's processes (--target): {logs}");
+    let main = lab.kubectl(&[
+        "get",
+        "pod",
+        "web",
+        "-o",
+        "jsonpath={.status.containerStatuses[0].restartCount} {.status.conditions[?(@.type==\"Ready\")].status}",
+    ]);
+    assert_eq!(main, "0 True");
+    // The same name again, a missing target, a change of an existing one: refused.
+    let err = kubectl_fails(&lab, &["patch", "pod", "web", "--subresource=ephemeralcontainers", "--type=json",
+        "-p", "[{\"op\": \"add\", \"path\": \"/spec/ephemeralContainers/-\", \"value\": {\"name\": \"dbg\", \"image\": \"busybox\"}}]"]);
+    assert!(err.contains("spec.ephemeralContainers[1].name: Duplicate value: \"dbg\""), "{err}");
+    let err = kubectl_fails(&lab, &["debug", "web", "--image=busybox", "--target=nope", "--container=x", "--", "true"]);
+    assert!(err.contains("spec.ephemeralContainers[1].targetContainerName: Not found: \"nope\""), "{err}");
+    let err = kubectl_fails(
+        &lab,
+        &[
+            "patch",
+            "pod",
+            "web",
+            "--subresource=ephemeralcontainers",
+            "--type=json",
+            "-p",
+            "[{\"op\": \"remove\", \"path\": \"/spec/ephemeralContainers/0\"}]",
+        ],
+    );
+    assert!(err.contains("existing ephemeral containers \"dbg\" may not be removed"), "{err}");
+}

@@ -885,8 +885,8 @@ fn node_operation_steps(srv: &ApiServer) {
 }
 
 /// What kubectl users hit when a server is careless: a server-side dry-run delete deletes
-/// nothing, a JSON patch cannot rename an object, and `kubectl debug` gets a clean error (its
-/// ephemeral containers are not served) instead of a nil-pointer panic in kubectl.
+/// nothing, a JSON patch cannot rename an object, and `kubectl debug` adds an ephemeral
+/// container through its subresource (a lab runs it: `e2e/tests/images.rs`).
 #[test]
 fn kubectl_dry_run_renames_and_debug_are_refused_cleanly() {
     assert!(kubectl_available(), "kubectl is required (it ships on the machine image as /usr/bin/kubectl)");
@@ -904,11 +904,25 @@ fn kubectl_dry_run_renames_and_debug_are_refused_cleanly() {
         &["patch", "pod", "web", "--type=json", "-p", r#"[{"op":"replace","path":"/metadata/uid","value":"u"}]"#],
     );
     assert!(err.contains("metadata.uid: Invalid value: \"u\": field is immutable"), "{err}");
-    let o = srv.kubectl(&["debug", "web", "--image=busybox", "--profile=general"]);
+    let o = srv.kubectl(&["debug", "web", "--image=busybox", "--profile=general", "--container=dbg"]);
     let (out, err) = text(&o);
-    assert!(!o.status.success(), "{out}");
-    assert!(err.contains("ephemeral containers are disabled for this cluster"), "{err}");
-    assert!(!err.contains("panic"), "{err}");
+    assert!(o.status.success(), "{out}{err}");
+    assert_eq!(
+        ok(
+            &srv,
+            &[
+                "get",
+                "pod",
+                "web",
+                "-o",
+                "jsonpath={.spec.ephemeralContainers[0].name} {.spec.ephemeralContainers[0].image}"
+            ]
+        ),
+        "dbg busybox"
+    );
+    // Through the pod itself, ephemeral containers do not change (only their subresource does).
+    ok(&srv, &["patch", "pod", "web", "--type=json", "-p", r#"[{"op":"remove","path":"/spec/ephemeralContainers"}]"#]);
+    assert_eq!(ok(&srv, &["get", "pod", "web", "-o", "jsonpath={.spec.ephemeralContainers[0].name}"]), "dbg");
 }
 
 /// Server-side apply with managedFields, through the real kubectl: a changed port replaces the

@@ -223,6 +223,9 @@ pub struct SpecInput<'a> {
     /// RLIMIT_NOFILE (soft, hard): the node's own (crun, without it, tries to raise the limit
     /// past what it may).
     pub nofile: (u64, u64),
+    /// An ephemeral container's target: the PID namespace (`/proc/PID/ns/pid`) it joins, so
+    /// `kubectl debug --target` sees the target's processes.
+    pub pid_namespace: Option<String>,
 }
 
 /// The OCI runtime spec (`config.json`) of a container.
@@ -233,8 +236,9 @@ pub fn runtime_spec(i: &SpecInput) -> Value {
     let ns = |kind: &str| json!({"type": kind, "path": format!("/proc/{}/ns/{}", i.sandbox_pid, if kind == "network" { "net" } else { kind })});
     // A PID namespace of the container's own, or with `shareProcessNamespace` the one the
     // sandbox made for its children (its first child, the pod's `pause`, is PID 1 there).
-    let pid = match i.pod.spec.as_ref().and_then(|s| s.share_process_namespace) {
-        Some(true) => json!({"type": "pid", "path": format!("/proc/{}/ns/pid_for_children", i.sandbox_pid)}),
+    let pid = match (&i.pid_namespace, i.pod.spec.as_ref().and_then(|s| s.share_process_namespace)) {
+        (Some(path), _) => json!({"type": "pid", "path": path}),
+        (None, Some(true)) => json!({"type": "pid", "path": format!("/proc/{}/ns/pid_for_children", i.sandbox_pid)}),
         _ => json!({"type": "pid"}),
     };
     let namespaces = vec![ns("network"), ns("uts"), ns("ipc"), json!({"type": "mount"}), pid];
@@ -400,6 +404,7 @@ mod tests {
             }],
             shm_bytes: 64 << 20,
             nofile: (1024, 4096),
+            pid_namespace: None,
         });
         assert_eq!(spec["linux"]["namespaces"][0], json!({"type": "network", "path": "/proc/42/ns/net"}));
         assert_eq!(spec["linux"]["namespaces"][4], json!({"type": "pid"}));
@@ -421,6 +426,7 @@ mod tests {
             binds: vec![],
             shm_bytes: 64 << 20,
             nofile: (1024, 4096),
+            pid_namespace: None,
         });
         assert_eq!(spec["linux"]["namespaces"][4], json!({"type": "pid", "path": "/proc/42/ns/pid_for_children"}));
     }

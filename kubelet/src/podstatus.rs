@@ -52,6 +52,8 @@ pub struct ContainerView {
     pub container_id: Option<String>,
     /// Whether it will be started again (restart policy and exit code allow it).
     pub will_restart: bool,
+    /// An ephemeral container: in `ephemeralContainerStatuses`, not in the pod's readiness.
+    pub ephemeral: bool,
 }
 
 /// The pod as the agent sees it.
@@ -158,6 +160,29 @@ pub fn phase(view: &PodView) -> &'static str {
 
 /// The full status to write for `pod`.
 pub fn pod_status(pod: &core::Pod, view: &PodView, now: Timestamp) -> core::PodStatus {
+    // Ephemeral containers have their own statuses and no say in the phase or readiness.
+    let all = view;
+    let regular =
+        PodView { containers: all.containers.iter().filter(|c| !c.ephemeral).cloned().collect(), ..all.clone() };
+    let view = &regular;
+    let status_of = |c: &ContainerView| core::ContainerStatus {
+        name: c.name.clone(),
+        image: c.image.clone(),
+        image_id: image_id(&c.image),
+        container_id: c.container_id.clone(),
+        ready: c.ready,
+        started: Some(matches!(c.state, ContainerState::Running { .. })),
+        restart_count: c.restart_count,
+        state: Some(state(&c.state)),
+        last_state: Some(
+            c.last_terminated
+                .as_ref()
+                .map(|t| core::ContainerState { terminated: Some(terminated(t)), ..Default::default() })
+                .unwrap_or_default(),
+        ),
+        ..Default::default()
+    };
+    let ephemeral: Vec<core::ContainerStatus> = all.containers.iter().filter(|c| c.ephemeral).map(status_of).collect();
     let previous = pod.status.as_ref();
     let phase = phase(view);
     let all_ready = !view.containers.is_empty() && view.containers.iter().all(|c| c.ready);
@@ -181,28 +206,8 @@ pub fn pod_status(pod: &core::Pod, view: &PodView, now: Timestamp) -> core::PodS
         pod_ips: (!ips.is_empty()).then(|| ips.iter().map(|ip| core::PodIP { ip: ip.clone() }).collect()),
         start_time: Some(time(view.start_time)),
         qos_class: Some("BestEffort".into()),
-        container_statuses: Some(
-            view.containers
-                .iter()
-                .map(|c| core::ContainerStatus {
-                    name: c.name.clone(),
-                    image: c.image.clone(),
-                    image_id: image_id(&c.image),
-                    container_id: c.container_id.clone(),
-                    ready: c.ready,
-                    started: Some(matches!(c.state, ContainerState::Running { .. })),
-                    restart_count: c.restart_count,
-                    state: Some(state(&c.state)),
-                    last_state: Some(
-                        c.last_terminated
-                            .as_ref()
-                            .map(|t| core::ContainerState { terminated: Some(terminated(t)), ..Default::default() })
-                            .unwrap_or_default(),
-                    ),
-                    ..Default::default()
-                })
-                .collect(),
-        ),
+        container_statuses: Some(view.containers.iter().map(status_of).collect()),
+        ephemeral_container_statuses: (!ephemeral.is_empty()).then_some(ephemeral),
         ..Default::default()
     }
 }
@@ -225,6 +230,7 @@ mod tests {
             restart_count: 0,
             container_id: Some("podpath://42".into()),
             will_restart: true,
+            ephemeral: false,
         }
     }
 
@@ -240,6 +246,34 @@ mod tests {
 
     fn cond<'a>(s: &'a core::PodStatus, t: &str) -> &'a core::PodCondition {
         s.conditions.as_ref().unwrap().iter().find(|c| c.type_ == t).unwrap()
+    }
+
+    #[test]
+    fn an_ephemeral_container_is_reported_apart_and_does_not_make_the_pod_unready() {
+        let done = ContainerView {
+            name: "dbg".into(),
+            state: ContainerState::Terminated(Terminated {
+                exit_code: 0,
+                signal: None,
+                reason: "Completed".into(),
+                message: None,
+                started_at: None,
+                finished_at: now(),
+                container_id: None,
+            }),
+            ready: false,
+            will_restart: false,
+            ephemeral: true,
+            ..running(false)
+        };
+        let s = pod_status(&core::Pod::default(), &view(vec![running(true), done]), now());
+        assert_eq!(s.container_statuses.as_ref().unwrap().len(), 1);
+        let e = &s.ephemeral_container_statuses.as_ref().unwrap()[0];
+        assert_eq!(
+            (e.name.as_str(), e.state.as_ref().unwrap().terminated.as_ref().unwrap().reason.as_deref()),
+            ("dbg", Some("Completed"))
+        );
+        assert_eq!((s.phase.as_deref(), cond(&s, "Ready").status.as_str()), (Some("Running"), "True"));
     }
 
     #[test]

@@ -130,11 +130,77 @@ fn pod_spec_mutable_view(pod: &Pod) -> Value {
         }
     }
     if let Some(o) = spec.as_object_mut() {
-        for k in ["activeDeadlineSeconds", "tolerations", "terminationGracePeriodSeconds"] {
+        // Ephemeral containers change through their own subresource, checked on their own.
+        for k in ["activeDeadlineSeconds", "tolerations", "terminationGracePeriodSeconds", "ephemeralContainers"] {
             o.remove(k);
         }
     }
     spec
+}
+
+/// Ephemeral containers (`kubectl debug`): only added, never changed or removed; each new one a
+/// valid container of a unique name, without the fields an ephemeral container may not have,
+/// its `targetContainerName` one of the pod's containers. The real texts.
+fn validate_ephemeral(
+    spec: &PodSpec,
+    before: &[k8s_openapi::api::core::v1::EphemeralContainer],
+    after: &[k8s_openapi::api::core::v1::EphemeralContainer],
+    path: &FieldPath,
+    out: &mut Vec<Cause>,
+) {
+    for b in before {
+        match after.iter().find(|a| a.name == b.name) {
+            None => out.push(v::forbidden(path, &format!("existing ephemeral containers \"{}\" may not be removed", b.name))),
+            Some(a) if a != b => {
+                let i = after.iter().position(|x| x.name == b.name).unwrap_or(0);
+                out.push(v::forbidden(&path.index(i), &format!("existing ephemeral containers \"{}\" may not be changed", b.name)));
+            }
+            _ => {}
+        }
+    }
+    let mut names: BTreeSet<String> = spec.containers.iter().map(|c| c.name.clone()).collect();
+    names.extend(spec.init_containers.iter().flatten().map(|c| c.name.clone()));
+    let mut claimed: BTreeSet<&str> = BTreeSet::new();
+    for (i, e) in after.iter().enumerate() {
+        // The first entry of an existing name is that container; any other is new.
+        if before.iter().any(|b| b.name == e.name) && claimed.insert(e.name.as_str()) {
+            names.insert(e.name.clone());
+            continue;
+        }
+        let p = path.index(i);
+        if e.name.is_empty() {
+            out.push(v::required(&p.child("name"), ""));
+        } else if !names.insert(e.name.clone()) {
+            out.push(v::duplicate(&p.child("name"), e.name.as_str()));
+        } else {
+            v::push_all(out, &p.child("name"), &e.name, v::dns1123_label(&e.name));
+        }
+        if e.image.as_deref().is_none_or(str::is_empty) {
+            out.push(v::required(&p.child("image"), ""));
+        }
+        if let Some(t) = e.target_container_name.as_deref() {
+            if !spec.containers.iter().any(|c| c.name == t) {
+                out.push(Cause {
+                    reason: "FieldValueNotFound".into(),
+                    field: p.child("targetContainerName").to_string(),
+                    message: format!("Not found: {t:?}"),
+                });
+            }
+        }
+        let forbidden = [
+            ("ports", e.ports.as_ref().is_some_and(|x| !x.is_empty())),
+            ("livenessProbe", e.liveness_probe.is_some()),
+            ("readinessProbe", e.readiness_probe.is_some()),
+            ("startupProbe", e.startup_probe.is_some()),
+            ("lifecycle", e.lifecycle.is_some()),
+            ("resources", e.resources.as_ref().is_some_and(|r| r.limits.is_some() || r.requests.is_some())),
+        ];
+        for (field, set) in forbidden {
+            if set {
+                out.push(v::forbidden(&p.child(field), "cannot be set for an Ephemeral Container"));
+            }
+        }
+    }
 }
 
 /// The API server's defaults for a pod spec (pods and the templates of workloads).
@@ -231,6 +297,17 @@ impl ApiObject for Pod {
             return out;
         };
         validate_pod_spec(spec, &spec_path, &mut out);
+        let ephemeral = spec.ephemeral_containers.clone().unwrap_or_default();
+        match old {
+            None if !ephemeral.is_empty() => {
+                out.push(v::forbidden(&spec_path.child("ephemeralContainers"), "cannot be set on create"));
+            }
+            None => {}
+            Some(o) => {
+                let before = o.spec.as_ref().and_then(|s| s.ephemeral_containers.clone()).unwrap_or_default();
+                validate_ephemeral(spec, &before, &ephemeral, &spec_path.child("ephemeralContainers"), &mut out);
+            }
+        }
         if let Some(old) = old {
             let mut before = pod_spec_mutable_view(old);
             let after = pod_spec_mutable_view(self);
@@ -350,5 +427,43 @@ impl ApiObject for Pod {
             json!(status.nominated_node_name.clone().unwrap_or_else(|| "<none>".into())),
             json!(gates),
         ]
+    }
+}
+
+#[cfg(test)]
+mod ephemeral_tests {
+    use super::*;
+
+    fn pod(ephemeral: Value) -> Pod {
+        serde_json::from_value(json!({"metadata": {"name": "web", "namespace": "default"},
+            "spec": {"containers": [{"name": "web", "image": "nginx"}], "ephemeralContainers": ephemeral}}))
+        .unwrap()
+    }
+
+    fn causes(new: &Pod, old: Option<&Pod>) -> Vec<String> {
+        new.validate(old).iter().map(|c| c.to_string()).collect()
+    }
+
+    #[test]
+    fn ephemeral_containers_are_only_added_and_checked_with_the_real_texts() {
+        let none = pod(json!([]));
+        let one = pod(json!([{"name": "dbg", "image": "busybox", "targetContainerName": "web"}]));
+        assert_eq!(causes(&one, Some(&none)), Vec::<String>::new());
+        assert_eq!(causes(&one, None), ["spec.ephemeralContainers: Forbidden: cannot be set on create"]);
+        assert_eq!(causes(&none, Some(&one)), ["spec.ephemeralContainers: Forbidden: existing ephemeral containers \"dbg\" may not be removed"]);
+        let changed = pod(json!([{"name": "dbg", "image": "alpine", "targetContainerName": "web"}]));
+        assert_eq!(causes(&changed, Some(&one)), ["spec.ephemeralContainers[0]: Forbidden: existing ephemeral containers \"dbg\" may not be changed"]);
+        let bad = pod(json!([{"name": "dbg", "image": "busybox", "targetContainerName": "web"},
+            {"name": "web", "image": "busybox"},
+            {"name": "x", "targetContainerName": "nope", "ports": [{"containerPort": 80}]}]));
+        assert_eq!(
+            causes(&bad, Some(&one)),
+            [
+                "spec.ephemeralContainers[1].name: Duplicate value: \"web\"",
+                "spec.ephemeralContainers[2].image: Required value",
+                "spec.ephemeralContainers[2].targetContainerName: Not found: \"nope\"",
+                "spec.ephemeralContainers[2].ports: Forbidden: cannot be set for an Ephemeral Container",
+            ]
+        );
     }
 }

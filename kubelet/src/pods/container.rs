@@ -29,6 +29,38 @@ pub(super) struct Ctr {
     /// After a failed pull: no new pull before this (ImagePullBackOff meanwhile).
     pub(super) pull_retry_at: Option<Instant>,
     pub(super) pull_backoff: Duration,
+    /// An ephemeral container (`kubectl debug`): never restarted, reported apart.
+    pub(super) ephemeral: bool,
+    /// Its target's PID namespace, found when it starts.
+    pub(super) pid_ns: Option<String>,
+}
+
+impl Ctr {
+    /// A container not started yet.
+    pub(super) fn new(spec: core::Container, rec: ContainerRecord, backoff: Duration, ephemeral: bool) -> Ctr {
+        Ctr {
+            spec,
+            rec,
+            waiting: None,
+            ready: false,
+            readiness: readiness(&core::Container::default(), None, &[]),
+            next_start: None,
+            backoff,
+            pull_retry_at: None,
+            pull_backoff: backoff,
+            ephemeral,
+            pid_ns: None,
+        }
+    }
+}
+
+/// An ephemeral container as the container it runs as (the same fields, less its target).
+pub(super) fn ephemeral_as_container(e: &core::EphemeralContainer) -> core::Container {
+    let mut v = serde_json::to_value(e).unwrap_or_default();
+    if let Some(o) = v.as_object_mut() {
+        o.remove("targetContainerName");
+    }
+    serde_json::from_value(v).unwrap_or_else(|_| core::Container { name: e.name.clone(), ..Default::default() })
 }
 
 impl Ctr {
@@ -55,13 +87,15 @@ impl Ctr {
             image: self.spec.image.clone().unwrap_or_default(),
             state,
             last_terminated,
-            ready: self.ready && self.rec.process.is_some(),
+            // An ephemeral container is never ready (it has no probes and serves nothing).
+            ready: self.ready && self.rec.process.is_some() && !self.ephemeral,
             restart_count: self.rec.restart_count,
             container_id: match (&self.rec.runtime_id, self.rec.process) {
                 (Some(id), Some(_)) => Some(format!("crun://{id}")),
                 (_, p) => p.map(|p| format!("podpath://{}", p.pid)),
             },
             will_restart: !self.rec.done,
+            ephemeral: self.ephemeral,
         }
     }
 }
@@ -188,7 +222,7 @@ impl<P: Processes, E: PluginExec, A: PodApi, Q: Prober> Deps<P, E, A, Q> {
         c.ready = false;
         c.rec.process = None;
         let policy = pod.spec.as_ref().and_then(|s| s.restart_policy.as_deref());
-        if !restarts(policy, exit_code) {
+        if c.ephemeral || !restarts(policy, exit_code) {
             c.rec.done = true;
             c.waiting = None;
             return;

@@ -362,6 +362,7 @@ impl<P: Processes, E: PluginExec, A: PodApi, Q: Prober> Deps<P, E, A, Q> {
                 let hard = l.maximum.unwrap_or(1 << 20);
                 (l.current.unwrap_or(hard).min(hard), hard)
             },
+            pid_namespace: c.pid_ns.clone(),
         });
         let dir = self.cfg.pod_containers_dir(&pod_uid);
         let bundle = dir.join(format!("{}-{attempt}", c.spec.name));

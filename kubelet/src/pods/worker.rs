@@ -188,6 +188,26 @@ fn view_of(cfg: &PodsConfig, rec: Option<&PodRecord>, ctrs: &[Ctr]) -> PodView {
     }
 }
 
+/// The pod's ephemeral containers, as containers.
+fn ephemeral_specs(pod: &core::Pod) -> Vec<core::Container> {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.ephemeral_containers.as_ref())
+        .map(|es| es.iter().map(super::container::ephemeral_as_container).collect())
+        .unwrap_or_default()
+}
+
+/// The PID namespace of the container `target` of the pod (its process, from the runtime's PID
+/// file when it is an image's), for an ephemeral container that names it.
+fn target_pid_ns(ctrs: &[Ctr], target: &str) -> Option<String> {
+    let t = ctrs.iter().find(|c| c.spec.name == target && !c.ephemeral)?;
+    let pid = match &t.rec.pid_file {
+        Some(f) => std::fs::read_to_string(f).ok()?.trim().parse::<i32>().ok()?,
+        None => t.rec.process?.pid,
+    };
+    Some(format!("/proc/{pid}/ns/pid"))
+}
+
 fn deleting(pod: &Option<core::Pod>) -> bool {
     pod.as_ref().is_none_or(|p| p.metadata.deletion_timestamp.is_some())
 }
@@ -247,23 +267,14 @@ impl<P: Processes, E: PluginExec, A: PodApi, Q: Prober> Worker<P, E, A, Q> {
             }
             None => None,
         };
-        let specs: Vec<core::Container> = pod.spec.as_ref().map(|s| s.containers.clone()).unwrap_or_default();
+        let mut specs: Vec<(core::Container, bool)> =
+            pod.spec.as_ref().map(|s| s.containers.iter().map(|c| (c.clone(), false)).collect()).unwrap_or_default();
+        specs.extend(ephemeral_specs(&pod).into_iter().map(|c| (c, true)));
         let mut ctrs: Vec<Ctr> = specs
             .into_iter()
-            .map(|spec| {
+            .map(|(spec, ephemeral)| {
                 let crec = rec.as_ref().and_then(|r| r.containers.get(&spec.name).cloned()).unwrap_or_default();
-                let idle = readiness(&core::Container::default(), None, &[]);
-                Ctr {
-                    spec,
-                    rec: crec,
-                    waiting: None,
-                    ready: false,
-                    readiness: idle,
-                    next_start: None,
-                    backoff: deps.cfg.backoff_base,
-                    pull_retry_at: None,
-                    pull_backoff: deps.cfg.backoff_base,
-                }
+                Ctr::new(spec, crec, deps.cfg.backoff_base, ephemeral)
             })
             .collect();
         let (exit_tx, exit_rx) = mpsc::unbounded_channel::<ExitMsg>();
@@ -329,6 +340,19 @@ impl<P: Processes, E: PluginExec, A: PodApi, Q: Prober> Worker<P, E, A, Q> {
         let Worker { deps, pod, rec, ctrs, exit_tx, .. } = self;
         if let Some(r) = rec.as_mut() {
             let now = Instant::now();
+            // An ephemeral container with a target joins the target's PID namespace.
+            let targets: Vec<(usize, Option<String>)> = ctrs
+                .iter()
+                .enumerate()
+                .filter(|(_, c)| c.ephemeral && c.rec.process.is_none() && c.pid_ns.is_none())
+                .filter_map(|(i, c)| {
+                    let e = pod.spec.as_ref()?.ephemeral_containers.as_ref()?.iter().find(|e| e.name == c.spec.name)?;
+                    Some((i, target_pid_ns(ctrs, e.target_container_name.as_deref()?)))
+                })
+                .collect();
+            for (i, ns) in targets {
+                ctrs[i].pid_ns = ns;
+            }
             for c in ctrs.iter_mut() {
                 if c.rec.process.is_none() && c.next_start.is_some_and(|t| t <= now) {
                     deps.start_container(pod, r, c, exit_tx, deps).await;
@@ -440,6 +464,14 @@ impl<P: Processes, E: PluginExec, A: PodApi, Q: Prober> Worker<P, E, A, Q> {
                     let status = self.pod.status.take();
                     self.pod = p;
                     self.pod.status = status;
+                    // New ephemeral containers (`kubectl debug`) start now.
+                    for spec in ephemeral_specs(&self.pod) {
+                        if self.rec.is_some() && !self.ctrs.iter().any(|c| c.spec.name == spec.name) {
+                            let mut c = Ctr::new(spec, Default::default(), self.deps.cfg.backoff_base, true);
+                            c.next_start = Some(Instant::now());
+                            self.ctrs.push(c);
+                        }
+                    }
                 }
             }
             Some((name, p, exit)) = self.exit_rx.recv() => self.exited(&name, p, exit),
