@@ -263,9 +263,14 @@ impl Store {
         // 8 MiB segments keep objects up to a few MiB (and their events) inside segments, which
         // sled's cleaner reclaims; at its default 512 KiB they go to blob files that 0.34 never
         // removes (600 updates of a 500 KB object: 1.6 GB of blobs, against 121 MB).
-        // A database made with the default keeps it (sled refuses to change it).
+        // sled refuses to change a database's segment size: one made with the default is
+        // copied once into a new one (its live data only, which also drops its old blobs).
+        recover_migration(dir)?;
         let db = match open(BIG_SEGMENTS) {
-            Err(sled::Error::Unsupported(why)) if why.contains("io buffer size") => open(SLED_DEFAULT_SEGMENTS),
+            Err(sled::Error::Unsupported(why)) if why.contains("io buffer size") => {
+                migrate(dir)?;
+                open(BIG_SEGMENTS)
+            }
             other => other,
         }
         .map_err(|e| ApiError::storage(format!("cannot open database in {}: {e}", dir.display())))?;
@@ -487,10 +492,117 @@ impl Store {
     }
 }
 
+/// Where a migration writes the new database, and where the old one waits for removal.
+const MIGRATING: &str = "db.migrating";
+const RETIRED: &str = "db.old";
+
+/// Finishes or undoes a migration a crash interrupted: a complete new database (renamed only
+/// after it was written and flushed) takes the place of a missing one; leftovers go.
+fn recover_migration(dir: &Path) -> Result<(), ApiError> {
+    let (db, new, old) = (dir.join("db"), dir.join(MIGRATING), dir.join(RETIRED));
+    let io = |what: &str, e: std::io::Error| ApiError::storage(format!("{what} in {}: {e}", dir.display()));
+    if !db.exists() && new.join("complete").exists() {
+        std::fs::rename(&new, &db).map_err(|e| io("cannot finish the database migration", e))?;
+    }
+    for leftover in [new, old] {
+        if leftover.exists() {
+            std::fs::remove_dir_all(&leftover).map_err(|e| io("cannot remove a migration's leftover", e))?;
+        }
+    }
+    Ok(())
+}
+
+/// Copies a database of sled's default 512 KiB segments into one of [`BIG_SEGMENTS`] (sled's
+/// export and import: the live keys only), then swaps them.
+fn migrate(dir: &Path) -> Result<(), ApiError> {
+    let (db_path, new_path, old_path) = (dir.join("db"), dir.join(MIGRATING), dir.join(RETIRED));
+    let fail = |what: &str, e: &dyn std::fmt::Display| {
+        ApiError::storage(format!("cannot migrate the database in {} ({what}): {e}", dir.display()))
+    };
+    tracing::info!(dir = %dir.display(), "copying the database into 8 MiB segments (once)");
+    {
+        let old = sled::Config::new()
+            .path(&db_path)
+            .segment_size(SLED_DEFAULT_SEGMENTS)
+            .open()
+            .map_err(|e| fail("open the old one", &e))?;
+        let new = sled::Config::new()
+            .path(&new_path)
+            .segment_size(BIG_SEGMENTS)
+            .open()
+            .map_err(|e| fail("make the new one", &e))?;
+        new.import(old.export());
+        new.flush().map_err(|e| fail("flush the new one", &e))?;
+    }
+    std::fs::write(new_path.join("complete"), b"").map_err(|e| fail("mark the new one complete", &e))?;
+    std::fs::rename(&db_path, &old_path).map_err(|e| fail("retire the old one", &e))?;
+    std::fs::rename(&new_path, &db_path).map_err(|e| fail("put the new one in place", &e))?;
+    let _ = std::fs::remove_file(db_path.join("complete"));
+    std::fs::remove_dir_all(&old_path).map_err(|e| fail("remove the old one", &e))?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[tokio::test]
+    async fn a_database_of_sleds_default_segments_is_copied_into_big_ones_once() {
+        let dir = tempfile::tempdir().unwrap();
+        // An old database: 512 KiB segments, one object and one overwritten 200 times (its old
+        // versions in blobs).
+        {
+            let db =
+                sled::Config::new().path(dir.path().join("db")).segment_size(SLED_DEFAULT_SEGMENTS).open().unwrap();
+            let big = vec![b'x'; 300 * 1024];
+            for i in 0..200u32 {
+                let mut v = big.clone();
+                v.extend_from_slice(&i.to_be_bytes());
+                db.insert("o/big", v).unwrap();
+            }
+            db.insert("m/rv", b"7".to_vec()).unwrap();
+            db.flush().unwrap();
+        }
+        let before = dir_size(dir.path());
+        let store = Store::open(dir.path()).unwrap();
+        assert_eq!(store.current_rv(), 7, "the data came along");
+        drop(store);
+        assert!(!dir.path().join(MIGRATING).exists() && !dir.path().join(RETIRED).exists());
+        let after = dir_size(dir.path());
+        assert!(after < before / 4, "{before} bytes before, {after} after");
+        // It opens with 8 MiB segments now (the default would be refused).
+        let again = sled::Config::new().path(dir.path().join("db")).segment_size(BIG_SEGMENTS).open();
+        assert!(again.is_ok());
+    }
+
+    #[test]
+    fn an_interrupted_migration_is_finished_or_undone() {
+        let dir = tempfile::tempdir().unwrap();
+        // Crashed between the two renames: the complete new one takes the old one's place.
+        std::fs::create_dir_all(dir.path().join(MIGRATING)).unwrap();
+        std::fs::write(dir.path().join(MIGRATING).join("complete"), b"").unwrap();
+        std::fs::create_dir_all(dir.path().join(RETIRED)).unwrap();
+        recover_migration(dir.path()).unwrap();
+        assert!(dir.path().join("db").exists() && !dir.path().join(RETIRED).exists());
+        // Crashed while copying: the half-made new one goes, the old one stays.
+        std::fs::create_dir_all(dir.path().join(MIGRATING)).unwrap();
+        recover_migration(dir.path()).unwrap();
+        assert!(dir.path().join("db").exists() && !dir.path().join(MIGRATING).exists());
+    }
+
+    fn dir_size(p: &Path) -> u64 {
+        std::fs::read_dir(p)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| match e.metadata() {
+                Ok(m) if m.is_dir() => dir_size(&e.path()),
+                Ok(m) => m.len(),
+                Err(_) => 0,
+            })
+            .sum()
+    }
 
     fn svc(name: &str) -> Value {
         json!({"metadata": {"name": name, "namespace": "default"}, "spec": {}})
