@@ -87,7 +87,11 @@ impl Conn {
     }
 
     async fn request(&mut self, method: &str, path: &str, body: &str) -> (u16, Vec<u8>) {
-        let headers = [("Content-Type", "application/json"), ("Accept", "application/json")];
+        self.request_ct(method, path, body, "application/json").await
+    }
+
+    async fn request_ct(&mut self, method: &str, path: &str, body: &str, ct: &str) -> (u16, Vec<u8>) {
+        let headers = [("Content-Type", ct), ("Accept", "application/json")];
         let r = self.0.send(&http::Request { method, path, headers: &headers, body: body.as_bytes() }).await.unwrap();
         (r.status, r.body.to_vec())
     }
@@ -279,6 +283,71 @@ async fn main() {
     println!("RSS at end: {:.1} MiB", rss_mib(pid));
     tokio::time::sleep(Duration::from_secs(7)).await;
     println!("RSS idle at end (7 s later): {:.1} MiB", rss_mib(pid));
+
+    // The data directory beside the live data: after the creates, and after 600 updates of a
+    // 500 KB ConfigMap (the pattern that once grew the directory without bound).
+    let bytes = live_bytes(&mut c).await;
+    let data_dir = server._dir.path().join("data");
+    let mib = |b: u64| b as f64 / 1048576.0;
+    let dir = dir_bytes(&data_dir);
+    println!("data directory {:.1} MiB for {:.1} MiB of live objects (as JSON)", mib(dir), mib(bytes as u64));
+    let big = "x".repeat(500 * 1024);
+    let (code, _) = c
+        .request(
+            "POST",
+            "/api/v1/namespaces/default/configmaps",
+            &format!("{{\"metadata\":{{\"name\":\"big\"}},\"data\":{{\"k\":\"{big}\"}}}}"),
+        )
+        .await;
+    assert_eq!(code, 201);
+    for i in 0..600 {
+        let body = format!("{{\"data\":{{\"k\":\"{big}{i}\"}}}}");
+        let (code, _) = c
+            .request_ct("PATCH", "/api/v1/namespaces/default/configmaps/big", &body, "application/merge-patch+json")
+            .await;
+        assert_eq!(code, 200);
+    }
+    let bytes = live_bytes(&mut c).await;
+    let dir = dir_bytes(&data_dir);
+    println!(
+        "after 600 updates of a 500 KB ConfigMap: data directory {:.1} MiB for {:.1} MiB of live objects",
+        mib(dir),
+        mib(bytes as u64)
+    );
+    BENCH.record(
+        &format!(
+            "data directory after {} Services and 600 updates of a 500 KB ConfigMap (live data {:.0} MiB)",
+            testkit::figures::thousands(total as u64),
+            mib(bytes as u64)
+        ),
+        (mib(dir) * 10.0).round() / 10.0,
+        "MiB",
+        "",
+    );
+}
+
+/// The bytes of every object the bench made, as the server lists them in JSON.
+async fn live_bytes(c: &mut Conn) -> usize {
+    let mut bytes = 0;
+    for path in
+        [SVCS, "/api/v1/namespaces/default/endpoints", "/apis/discovery.k8s.io/v1/endpointslices", "/api/v1/configmaps"]
+    {
+        bytes += c.request("GET", path, "").await.1.len();
+    }
+    bytes
+}
+
+fn dir_bytes(p: &std::path::Path) -> u64 {
+    std::fs::read_dir(p)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| match e.metadata() {
+            Ok(m) if m.is_dir() => dir_bytes(&e.path()),
+            Ok(m) => m.len(),
+            Err(_) => 0,
+        })
+        .sum()
 }
 
 fn num_cpus() -> usize {
