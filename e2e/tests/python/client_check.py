@@ -2,6 +2,7 @@
 
 Usage: client_check.py KUBECONFIG. Prints one line per step; exits non-zero on the first failure.
 """
+import json
 import sys
 import threading
 import time
@@ -171,6 +172,50 @@ def main(kubeconfig):
     for i in range(7):
         v1.delete_namespaced_config_map(f"py-page-{i}", "default")
     step(f"paged through {len(paged)} ConfigMaps in {pages} pages with limit and _continue")
+
+    # RBAC: a ServiceAccount bound to a Role that reads pods, its token from the TokenRequest
+    # API; a client with that token lists pods and gets kube-apiserver's 403 for Services.
+    rbac = client.RbacAuthorizationV1Api()
+    v1.create_namespaced_service_account("default", client.V1ServiceAccount(metadata=client.V1ObjectMeta(name="py-reader")))
+    rbac.create_namespaced_role("default", client.V1Role(
+        metadata=client.V1ObjectMeta(name="py-pod-reader"),
+        rules=[client.V1PolicyRule(api_groups=[""], resources=["pods"], verbs=["get", "list"])]))
+    rbac.create_namespaced_role_binding("default", client.V1RoleBinding(
+        metadata=client.V1ObjectMeta(name="py-read-pods"),
+        role_ref=client.V1RoleRef(api_group="rbac.authorization.k8s.io", kind="Role", name="py-pod-reader"),
+        subjects=[client.RbacV1Subject(kind="ServiceAccount", name="py-reader", namespace="default")]))
+    tr = v1.create_namespaced_service_account_token("py-reader", "default", client.AuthenticationV1TokenRequest(
+        spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=600)))
+    sa_cfg = client.Configuration.get_default_copy()
+    sa_cfg.api_key = {"authorization": "Bearer " + tr.status.token}
+    # The kubeconfig loader's hook would put the kubeconfig's token back before each request.
+    sa_cfg.refresh_api_key_hook = None
+    sa = client.CoreV1Api(client.ApiClient(sa_cfg))
+    sa.list_namespaced_pod("default")
+    try:
+        sa.list_namespaced_service("default")
+        raise AssertionError("a ServiceAccount that reads pods listed Services")
+    except ApiException as e:
+        assert e.status == 403, e
+        message = json.loads(e.body)["message"]
+        assert message == ('services is forbidden: User "system:serviceaccount:default:py-reader" cannot list '
+                           'resource "services" in API group "" in the namespace "default"'), message
+    review = client.AuthorizationV1Api(client.ApiClient(sa_cfg)).create_self_subject_access_review(
+        client.V1SelfSubjectAccessReview(spec=client.V1SelfSubjectAccessReviewSpec(
+            resource_attributes=client.V1ResourceAttributes(namespace="default", verb="list", resource="pods"))))
+    assert review.status.allowed, review.status
+    step("rbac: a ServiceAccount token reads pods, is refused Services (403), and its access review agrees")
+
+    # autoscaling/v2, read back through autoscaling/v1.
+    client.AutoscalingV2Api().create_namespaced_horizontal_pod_autoscaler("default", client.V2HorizontalPodAutoscaler(
+        metadata=client.V1ObjectMeta(name="py-hpa"),
+        spec=client.V2HorizontalPodAutoscalerSpec(
+            scale_target_ref=client.V2CrossVersionObjectReference(api_version="apps/v1", kind="Deployment", name="py"),
+            min_replicas=1, max_replicas=4, metrics=[client.V2MetricSpec(type="Resource", resource=client.V2ResourceMetricSource(
+                name="cpu", target=client.V2MetricTarget(type="Utilization", average_utilization=60)))])))
+    old = client.AutoscalingV1Api().read_namespaced_horizontal_pod_autoscaler("py-hpa", "default")
+    assert old.spec.target_cpu_utilization_percentage == 60 and old.spec.max_replicas == 4, old.spec
+    step("autoscaling/v2 HorizontalPodAutoscaler created, read as autoscaling/v1")
 
     t.join(timeout=15)
     assert ("ADDED", "py-svc") in seen and ("DELETED", "py-svc") in seen, seen
