@@ -826,6 +826,16 @@ fn statefulset_basics_as_written_ordered_pods_stable_dns_and_storage_that_stays(
     );
     let revision_of =
         |pod: &str| lab.kubectl(&["get", "pod", pod, "-o", "jsonpath={.metadata.labels.controller-revision-hash}"]);
+    // The same, while pods come and go (a pod being made again is briefly not there): None then.
+    let revision_now = |pod: &str| {
+        let o = std::process::Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(&lab.kubeconfig)
+            .args(["get", "pod", pod, "-o", "jsonpath={.metadata.labels.controller-revision-hash}"])
+            .output()
+            .unwrap();
+        o.status.success().then(|| String::from_utf8_lossy(&o.stdout).into_owned())
+    };
     // "Updating StatefulSets": a new image rolls from web-2 down to web-0.
     let first = revision_of("web-0");
     lab.kubectl(&[
@@ -870,13 +880,9 @@ fn statefulset_basics_as_written_ordered_pods_stable_dns_and_storage_that_stays(
         "-p",
         r#"[{"op": "replace", "path": "/spec/template/spec/containers/0/image", "value": "docker.io/library/busybox:latest"}]"#,
     ]);
-    let third = wait_for(Duration::from_secs(60), "web-2 on the staged revision", || {
-        let r = revision_of("web-2");
-        if r != second && !r.is_empty() {
-            Ok(r)
-        } else {
-            Err(r)
-        }
+    let third = wait_for(Duration::from_secs(60), "web-2 on the staged revision", || match revision_now("web-2") {
+        Some(r) if r != second && !r.is_empty() => Ok(r),
+        other => Err(format!("{other:?}")),
     });
     lab.kubectl(&["delete", "pod", "web-1"]);
     wait_for(Duration::from_secs(60), "web-1 back, ready", || {
@@ -899,8 +905,8 @@ fn statefulset_basics_as_written_ordered_pods_stable_dns_and_storage_that_stays(
         r#"{"spec":{"updateStrategy":{"rollingUpdate":{"partition":0}}}}"#,
     ]);
     wait_for(Duration::from_secs(120), "every pod on the staged revision", || {
-        let revs: Vec<String> = (0..3).map(|i| revision_of(&format!("web-{i}"))).collect();
-        if revs.iter().all(|r| *r == third) {
+        let revs: Vec<Option<String>> = (0..3).map(|i| revision_now(&format!("web-{i}"))).collect();
+        if revs.iter().all(|r| r.as_deref() == Some(third.as_str())) {
             Ok(())
         } else {
             Err(format!("{revs:?}"))
