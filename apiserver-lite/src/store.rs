@@ -266,14 +266,28 @@ impl Store {
         // sled refuses to change a database's segment size: one made with the default is
         // copied once into a new one (its live data only, which also drops its old blobs).
         recover_migration(dir)?;
-        let db = match open(BIG_SEGMENTS) {
+        let mut db = match open(BIG_SEGMENTS) {
             Err(sled::Error::Unsupported(why)) if why.contains("io buffer size") => {
-                migrate(dir)?;
+                migrate(dir, SLED_DEFAULT_SEGMENTS)?;
                 open(BIG_SEGMENTS)
             }
             other => other,
         }
         .map_err(|e| ApiError::storage(format!("cannot open database in {}: {e}", dir.display())))?;
+        // sled's cleaner leaves a churned database several times its live data (600 updates of
+        // a 500 KB object: 470 MB for 18 MB); on open, one far larger than what it holds is
+        // copied into a fresh one, live keys only.
+        let on_disk = dir_bytes(&dir.join("db"));
+        if on_disk > COMPACT_ABOVE {
+            let live: u64 = db.iter().filter_map(|kv| kv.ok()).map(|(k, v)| (k.len() + v.len()) as u64).sum();
+            if on_disk > COMPACT_RATIO * live {
+                tracing::info!(on_disk, live, "compacting the database (copying its live keys into a fresh one)");
+                drop(db);
+                migrate(dir, BIG_SEGMENTS)?;
+                db = open(BIG_SEGMENTS)
+                    .map_err(|e| ApiError::storage(format!("cannot open database in {}: {e}", dir.display())))?;
+            }
+        }
         let rv = match db.get("m/rv")? {
             Some(b) => std::str::from_utf8(&b).ok().and_then(|s| s.parse().ok()).unwrap_or(0),
             None => 0,
@@ -512,18 +526,39 @@ fn recover_migration(dir: &Path) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// Copies a database of sled's default 512 KiB segments into one of [`BIG_SEGMENTS`] (sled's
-/// export and import: the live keys only), then swaps them.
-fn migrate(dir: &Path) -> Result<(), ApiError> {
+/// A database is compacted on open when it takes more than this on disk (the unit tests' churn,
+/// bounded in time, leaves less garbage than a lab's: they use a lower bar) …
+const COMPACT_ABOVE: u64 = if cfg!(test) { 16 << 20 } else { 64 << 20 };
+/// … and more than this many times the bytes of its keys and values.
+const COMPACT_RATIO: u64 = 4;
+
+/// The bytes of the files under `p`.
+fn dir_bytes(p: &Path) -> u64 {
+    std::fs::read_dir(p)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| match e.metadata() {
+            Ok(m) if m.is_dir() => dir_bytes(&e.path()),
+            Ok(m) => m.len(),
+            Err(_) => 0,
+        })
+        .sum()
+}
+
+/// Copies the database (of `from_segments`) into a fresh one of [`BIG_SEGMENTS`] (sled's export
+/// and import: the live keys only), then swaps them: the migration of an old database, and
+/// the compaction of a churned one.
+fn migrate(dir: &Path, from_segments: usize) -> Result<(), ApiError> {
     let (db_path, new_path, old_path) = (dir.join("db"), dir.join(MIGRATING), dir.join(RETIRED));
     let fail = |what: &str, e: &dyn std::fmt::Display| {
         ApiError::storage(format!("cannot migrate the database in {} ({what}): {e}", dir.display()))
     };
-    tracing::info!(dir = %dir.display(), "copying the database into 8 MiB segments (once)");
+    tracing::info!(dir = %dir.display(), "copying the database's live keys into a fresh one");
     {
         let old = sled::Config::new()
             .path(&db_path)
-            .segment_size(SLED_DEFAULT_SEGMENTS)
+            .segment_size(from_segments)
             .open()
             .map_err(|e| fail("open the old one", &e))?;
         let new = sled::Config::new()
@@ -564,16 +599,42 @@ mod tests {
             db.insert("m/rv", b"7".to_vec()).unwrap();
             db.flush().unwrap();
         }
-        let before = dir_size(dir.path());
+        let before = dir_bytes(dir.path());
         let store = Store::open(dir.path()).unwrap();
         assert_eq!(store.current_rv(), 7, "the data came along");
         drop(store);
         assert!(!dir.path().join(MIGRATING).exists() && !dir.path().join(RETIRED).exists());
-        let after = dir_size(dir.path());
+        let after = dir_bytes(dir.path());
         assert!(after < before / 4, "{before} bytes before, {after} after");
         // It opens with 8 MiB segments now (the default would be refused).
         let again = sled::Config::new().path(dir.path().join("db")).segment_size(BIG_SEGMENTS).open();
         assert!(again.is_ok());
+    }
+
+    #[tokio::test]
+    async fn a_churned_database_is_compacted_on_open() {
+        let dir = tempfile::tempdir().unwrap();
+        // 400 overwrites of a 500 KB value, as a busy object's updates leave them.
+        {
+            let db = sled::Config::new().path(dir.path().join("db")).segment_size(BIG_SEGMENTS).open().unwrap();
+            for i in 0..400u32 {
+                let mut v = vec![b'y'; 500 * 1024];
+                v.extend_from_slice(&i.to_be_bytes());
+                db.insert("o/ConfigMap/default/big", v).unwrap();
+                if i % 50 == 0 {
+                    db.flush().unwrap();
+                }
+            }
+            db.insert("m/rv", b"400".to_vec()).unwrap();
+            db.flush().unwrap();
+        }
+        let before = dir_bytes(dir.path());
+        assert!(before > COMPACT_ABOVE, "sled kept {before} bytes of garbage, less than the threshold");
+        let store = Store::open(dir.path()).unwrap();
+        assert_eq!(store.current_rv(), 400);
+        drop(store);
+        let after = dir_bytes(dir.path());
+        assert!(after < 32 << 20, "{before} bytes before, {after} after (live: about 500 KB)");
     }
 
     #[test]
@@ -589,19 +650,6 @@ mod tests {
         std::fs::create_dir_all(dir.path().join(MIGRATING)).unwrap();
         recover_migration(dir.path()).unwrap();
         assert!(dir.path().join("db").exists() && !dir.path().join(MIGRATING).exists());
-    }
-
-    fn dir_size(p: &Path) -> u64 {
-        std::fs::read_dir(p)
-            .into_iter()
-            .flatten()
-            .flatten()
-            .map(|e| match e.metadata() {
-                Ok(m) if m.is_dir() => dir_size(&e.path()),
-                Ok(m) => m.len(),
-                Err(_) => 0,
-            })
-            .sum()
     }
 
     fn svc(name: &str) -> Value {
