@@ -344,7 +344,23 @@ async fn main() {
     let _ = server.child.wait();
     let restarted = Instant::now();
     server.child = spawn_on(&data_dir, server.addr);
-    wait_ready(server.addr);
+    // Serving again: the ConfigMap answers (a bare connect may come before the store is open).
+    loop {
+        assert!(restarted.elapsed() < Duration::from_secs(300), "the server did not come back");
+        if let Ok(mut conn) = http::Conn::connect(server.addr).await {
+            let headers = [("Accept", "application/json")];
+            let req = http::Request {
+                method: "GET",
+                path: "/api/v1/namespaces/default/configmaps/big",
+                headers: &headers,
+                body: b"",
+            };
+            if conn.send(&req).await.is_ok_and(|r| r.status == 200) {
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let reopened = dir_bytes(&data_dir);
     println!(
         "after a restart ({:.1} s to serve again): data directory {:.1} MiB",
