@@ -116,7 +116,7 @@ pub enum Op {
     },
 }
 
-fn parse_object(bytes: &[u8]) -> Result<Value, ApiError> {
+pub(crate) fn parse_object(bytes: &[u8]) -> Result<Value, ApiError> {
     serde_json::from_slice(bytes).map_err(|e| ApiError::storage(format!("corrupt object: {e}")))
 }
 
