@@ -144,6 +144,17 @@ impl MetricsStore {
         st.pods.retain(|_, (n, _)| n != node);
     }
 
+    /// Keeps only the nodes of `names` (the cluster's now): a deleted node's readings go.
+    pub fn keep_nodes(&self, names: &[String]) {
+        let gone: Vec<String> = {
+            let st = self.0.lock().unwrap_or_else(|e| e.into_inner());
+            st.nodes.keys().filter(|n| !names.contains(n)).cloned().collect()
+        };
+        for n in gone {
+            self.forget_node(&n);
+        }
+    }
+
     /// A node's usage: (nanocores, bytes, timestamp ms, window ms).
     pub fn node(&self, name: &str) -> Option<(u64, u64, i64, i64)> {
         self.0.lock().unwrap_or_else(|e| e.into_inner()).nodes.get(name)?.usage()
@@ -280,6 +291,11 @@ pub async fn scrape(reg: Arc<Registry>, token: Option<Arc<str>>, netns: Option<P
     loop {
         tick.tick().await;
         let Ok((nodes, _)) = reg.store.list(Kind::Node, None) else { continue };
+        let names: Vec<String> = nodes
+            .iter()
+            .filter_map(|n| n.pointer("/metadata/name").and_then(Value::as_str).map(str::to_string))
+            .collect();
+        reg.metrics.keep_nodes(&names);
         let mut tasks = tokio::task::JoinSet::new();
         for n in nodes {
             let name = n.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("").to_string();
@@ -356,6 +372,9 @@ mod tests {
         // A pod the node no longer reports is gone.
         m.record("node-1", &empty(1_015_000));
         assert!(m.0.lock().unwrap().pods.is_empty());
+        m.record("node-2", &page(1.0, 1, 1_000_000));
+        m.keep_nodes(&["node-2".to_string()]);
+        assert!(m.0.lock().unwrap().nodes.keys().eq(["node-2"].iter().copied()));
         m.forget_node("node-1");
         assert_eq!(m.node("node-1"), None);
     }
