@@ -222,7 +222,11 @@ pub fn attributes(method: &Method, path: &str, query: &BTreeMap<String, String>)
     let at = |i: usize| parts.get(i).copied().unwrap_or("");
     let (resource, name, subresource) = (at(0), at(1), at(2));
     let watch = query.get("watch").is_some_and(|v| v == "true" || v == "1");
+    // A WebSocket upgrade (GET) to exec, attach or port-forward needs `create`, as POST does
+    // (kube-apiserver's AuthorizePodWebsocketUpgradeCreatePermission, on since 1.31).
+    let connect = resource == "pods" && matches!(subresource, "exec" | "attach" | "portforward");
     let verb = match *method {
+        Method::GET if connect => "create",
         Method::GET | Method::HEAD if watch => "watch",
         Method::GET | Method::HEAD if name.is_empty() => "list",
         Method::GET | Method::HEAD => "get",
@@ -307,6 +311,11 @@ mod tests {
         assert_eq!(
             attrs(Method::POST, "/api/v1/namespaces/team/pods/web/exec", &[]),
             res("create", "", "pods", "exec", "team", "web")
+        );
+        assert_eq!(
+            attrs(Method::GET, "/api/v1/namespaces/team/pods/web/exec", &[("command", "sh")]),
+            res("create", "", "pods", "exec", "team", "web"),
+            "a WebSocket exec"
         );
         assert_eq!(
             attrs(Method::PATCH, "/apis/apps/v1/namespaces/a/deployments/d/scale", &[]),
