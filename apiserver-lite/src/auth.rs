@@ -223,7 +223,7 @@ pub fn attributes(method: &Method, path: &str, query: &BTreeMap<String, String>)
     let (resource, name, subresource) = (at(0), at(1), at(2));
     let watch = query.get("watch").is_some_and(|v| v == "true" || v == "1");
     // A WebSocket upgrade (GET) to exec, attach or port-forward needs `create`, as POST does
-    // (kube-apiserver's AuthorizePodWebsocketUpgradeCreatePermission, on since 1.31).
+    // (kube-apiserver's AuthorizePodWebsocketUpgradeCreatePermission).
     let connect = resource == "pods" && matches!(subresource, "exec" | "attach" | "portforward");
     let verb = match *method {
         Method::GET if connect => "create",
