@@ -88,58 +88,35 @@ pub fn json_patch_to_v2(ops: &mut Value) {
 
 /// A v2 object, list, watch event or Table as v1 shows it.
 pub fn to_v1(v: &mut Value) {
-    let Some(obj) = v.as_object_mut() else { return };
-    match obj.get("kind").and_then(Value::as_str) {
-        Some("HorizontalPodAutoscaler") => {
-            obj.insert("apiVersion".into(), json!("autoscaling/v1"));
-            if let Some(spec) = obj.get_mut("spec").and_then(Value::as_object_mut) {
-                let target = spec.remove("metrics").and_then(|m| {
-                    m.as_array()?.iter().find_map(|m| {
-                        (m.pointer("/resource/name")? == "cpu")
-                            .then(|| m.pointer("/resource/target/averageUtilization").cloned())?
-                    })
-                });
-                spec.remove("behavior");
-                if let Some(t) = target {
-                    spec.insert("targetCPUUtilizationPercentage".into(), t);
-                }
-            }
-            if let Some(status) = obj.get_mut("status").and_then(Value::as_object_mut) {
-                let current = status.remove("currentMetrics").and_then(|m| {
-                    m.as_array()?.iter().find_map(|m| {
-                        (m.pointer("/resource/name")? == "cpu")
-                            .then(|| m.pointer("/resource/current/averageUtilization").cloned())?
-                    })
-                });
-                status.remove("conditions");
-                if let Some(c) = current {
-                    status.insert("currentCPUUtilizationPercentage".into(), c);
-                }
-                status.entry("currentReplicas").or_insert(json!(0));
-                status.entry("desiredReplicas").or_insert(json!(0));
-            }
+    crate::events_v1::each_object(v, "HorizontalPodAutoscaler", "autoscaling/v2", "autoscaling/v1", hpa_to_v1);
+}
+
+/// The `averageUtilization` of the CPU Resource metric of a v2 metric list (`target` in the
+/// spec's, `current` in the status's).
+fn cpu_utilization(metrics: &Value, which: &str) -> Option<Value> {
+    metrics.as_array()?.iter().find_map(|m| {
+        (m.pointer("/resource/name")? == "cpu")
+            .then(|| m.pointer(&format!("/resource/{which}/averageUtilization")).cloned())?
+    })
+}
+
+/// One HorizontalPodAutoscaler's v2 fields as v1's.
+fn hpa_to_v1(obj: &mut serde_json::Map<String, Value>) {
+    if let Some(spec) = obj.get_mut("spec").and_then(Value::as_object_mut) {
+        let target = spec.remove("metrics").and_then(|m| cpu_utilization(&m, "target"));
+        spec.remove("behavior");
+        if let Some(t) = target {
+            spec.insert("targetCPUUtilizationPercentage".into(), t);
         }
-        Some("HorizontalPodAutoscalerList") => {
-            obj.insert("apiVersion".into(), json!("autoscaling/v1"));
-            for item in obj.get_mut("items").and_then(Value::as_array_mut).into_iter().flatten() {
-                item["apiVersion"] = json!("autoscaling/v2");
-                item["kind"] = json!("HorizontalPodAutoscaler");
-                to_v1(item);
-            }
+    }
+    if let Some(status) = obj.get_mut("status").and_then(Value::as_object_mut) {
+        let current = status.remove("currentMetrics").and_then(|m| cpu_utilization(&m, "current"));
+        status.remove("conditions");
+        if let Some(c) = current {
+            status.insert("currentCPUUtilizationPercentage".into(), c);
         }
-        Some("Table") => {
-            for row in obj.get_mut("rows").and_then(Value::as_array_mut).into_iter().flatten() {
-                if let Some(o) = row.get_mut("object") {
-                    to_v1(o);
-                }
-            }
-        }
-        None if obj.contains_key("type") && obj.contains_key("object") => {
-            if let Some(o) = obj.get_mut("object") {
-                to_v1(o);
-            }
-        }
-        _ => {}
+        status.entry("currentReplicas").or_insert(json!(0));
+        status.entry("desiredReplicas").or_insert(json!(0));
     }
 }
 

@@ -77,37 +77,54 @@ fn rename(obj: &mut serde_json::Map<String, Value>, to_core: bool) {
     }
 }
 
+/// Applies `one` to every object of `kind` in the stored version `stored` that a response
+/// holds — the object itself, a list's items, a Table's rows, a watch event's object — giving
+/// it and its list the served version `served`. Pure.
+pub fn each_object(
+    v: &mut Value,
+    kind: &str,
+    stored: &str,
+    served: &str,
+    one: fn(&mut serde_json::Map<String, Value>),
+) {
+    let Some(obj) = v.as_object_mut() else { return };
+    let objects: Vec<&mut Value> = match obj.get("kind").and_then(Value::as_str) {
+        Some(k) if k == kind => {
+            if obj.get("apiVersion").and_then(Value::as_str) == Some(stored) {
+                obj.insert("apiVersion".into(), json!(served));
+                one(obj);
+            }
+            return;
+        }
+        Some(k) if k.strip_suffix("List") == Some(kind) => {
+            obj.insert("apiVersion".into(), json!(served));
+            let mut items: Vec<&mut Value> =
+                obj.get_mut("items").and_then(Value::as_array_mut).into_iter().flatten().collect();
+            for item in items.iter_mut() {
+                item["apiVersion"] = json!(stored);
+                item["kind"] = json!(kind);
+            }
+            items
+        }
+        Some("Table") => obj
+            .get_mut("rows")
+            .and_then(Value::as_array_mut)
+            .into_iter()
+            .flatten()
+            .filter_map(|row| row.get_mut("object"))
+            .collect(),
+        // A watch event: {type, object}.
+        None if obj.contains_key("type") => obj.get_mut("object").into_iter().collect(),
+        _ => vec![],
+    };
+    for o in objects {
+        each_object(o, kind, stored, served, one);
+    }
+}
+
 /// An Event, EventList, watch event or Table as events.k8s.io/v1 shows it. Pure.
 pub fn to_v1(v: &mut Value) {
-    let Some(obj) = v.as_object_mut() else { return };
-    match obj.get("kind").and_then(Value::as_str) {
-        Some("Event") if obj.get("apiVersion").and_then(Value::as_str) == Some("v1") => {
-            obj.insert("apiVersion".into(), json!(format!("{GROUP}/{VERSION}")));
-            rename(obj, false);
-        }
-        Some("EventList") => {
-            obj.insert("apiVersion".into(), json!(format!("{GROUP}/{VERSION}")));
-            for item in obj.get_mut("items").and_then(Value::as_array_mut).into_iter().flatten() {
-                item["apiVersion"] = json!("v1");
-                item["kind"] = json!("Event");
-                to_v1(item);
-            }
-        }
-        Some("Table") => {
-            for row in obj.get_mut("rows").and_then(Value::as_array_mut).into_iter().flatten() {
-                if let Some(o) = row.get_mut("object") {
-                    to_v1(o);
-                }
-            }
-        }
-        // A watch event: {type, object}.
-        None if obj.contains_key("type") && obj.contains_key("object") => {
-            if let Some(o) = obj.get_mut("object") {
-                to_v1(o);
-            }
-        }
-        _ => {}
-    }
+    each_object(v, "Event", "v1", &format!("{GROUP}/{VERSION}"), |o| rename(o, false));
 }
 
 /// A request body (an Event, or a merge/strategic patch of one) as core/v1 takes it. Pure.
