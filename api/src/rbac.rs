@@ -81,6 +81,27 @@ pub enum Attributes {
     },
 }
 
+impl Attributes {
+    /// A request on a resource: `verb` on `group`'s `resource[/subresource]` `name` in `namespace`.
+    pub fn resource(
+        verb: &str,
+        group: &str,
+        resource: &str,
+        subresource: &str,
+        namespace: &str,
+        name: &str,
+    ) -> Attributes {
+        Attributes::Resource {
+            verb: verb.into(),
+            group: group.into(),
+            resource: resource.into(),
+            subresource: subresource.into(),
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+}
+
 /// The roles and bindings the decision reads.
 #[derive(Debug, Default, Clone)]
 pub struct Policy {
@@ -222,6 +243,25 @@ pub fn forbidden_message(user: &UserInfo, attrs: &Attributes, qualified: &str) -
             format!("forbidden: User \"{}\" cannot {verb} path \"{path}\"", user.name)
         }
     }
+}
+
+/// The Table of a RoleBinding or ClusterRoleBinding: `NAME ROLE AGE`, the role as `Kind/name`.
+pub fn binding_columns() -> Vec<crate::table::Column> {
+    use crate::table::{col, AGE_COLUMN, NAME_COLUMN};
+    vec![NAME_COLUMN, col("Role", "string", 0), AGE_COLUMN]
+}
+
+/// The cells of [`binding_columns`].
+pub fn binding_cells(
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    role_ref: &RoleRef,
+    now: jiff::Timestamp,
+) -> Vec<Value> {
+    vec![
+        json!(meta.name.clone().unwrap_or_default()),
+        json!(format!("{}/{}", role_ref.kind, role_ref.name)),
+        crate::table::age(meta.creation_timestamp.as_ref(), now),
+    ]
 }
 
 /// A rule as a SelfSubjectRulesReview lists it.
@@ -477,14 +517,7 @@ mod tests {
     }
 
     fn res(verb: &str, group: &str, resource: &str, sub: &str, ns: &str, name: &str) -> Attributes {
-        Attributes::Resource {
-            verb: verb.into(),
-            group: group.into(),
-            resource: resource.into(),
-            subresource: sub.into(),
-            namespace: ns.into(),
-            name: name.into(),
-        }
+        Attributes::resource(verb, group, resource, sub, ns, name)
     }
 
     #[test]

@@ -166,13 +166,9 @@ pub fn impersonation(headers: &HeaderMap) -> Option<(UserInfo, Vec<Attributes>)>
     let groups: Vec<String> =
         headers.get_all("impersonate-group").iter().filter_map(|v| v.to_str().ok()).map(str::to_string).collect();
     let uid = headers.get("impersonate-uid").and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
-    let check = |resource: &str, namespace: &str, name: &str| Attributes::Resource {
-        verb: "impersonate".into(),
-        group: if resource == "uids" { "authentication.k8s.io".into() } else { String::new() },
-        resource: resource.into(),
-        subresource: String::new(),
-        namespace: namespace.into(),
-        name: name.into(),
+    let check = |resource: &str, namespace: &str, name: &str| {
+        let group = if resource == "uids" { "authentication.k8s.io" } else { "" };
+        Attributes::resource("impersonate", group, resource, "", namespace, name)
     };
     let mut checks = vec![];
     let mut info = match user.strip_prefix("system:serviceaccount:").and_then(|r| r.split_once(':')) {
@@ -237,14 +233,7 @@ pub fn attributes(method: &Method, path: &str, query: &BTreeMap<String, String>)
         Method::DELETE => "delete",
         _ => "",
     };
-    Attributes::Resource {
-        verb: verb.into(),
-        group: group.into(),
-        resource: resource.into(),
-        subresource: subresource.into(),
-        namespace,
-        name: name.into(),
-    }
+    Attributes::resource(verb, group, resource, subresource, &namespace, name)
 }
 
 /// The roles and bindings of the store.
@@ -288,14 +277,7 @@ mod tests {
     }
 
     fn res(verb: &str, group: &str, resource: &str, sub: &str, ns: &str, name: &str) -> Attributes {
-        Attributes::Resource {
-            verb: verb.into(),
-            group: group.into(),
-            resource: resource.into(),
-            subresource: sub.into(),
-            namespace: ns.into(),
-            name: name.into(),
-        }
+        Attributes::resource(verb, group, resource, sub, ns, name)
     }
 
     #[test]

@@ -42,14 +42,14 @@ pub fn answer(plural: &str, body: &Value, user: &UserInfo, policy: &Policy) -> R
             let s =
                 |v: Option<&Value>, k: &str| v.and_then(|v| v.get(k)).and_then(Value::as_str).unwrap_or("").to_string();
             let attrs = match resource {
-                Some(_) => Attributes::Resource {
-                    verb: s(resource, "verb"),
-                    group: s(resource, "group"),
-                    resource: s(resource, "resource"),
-                    subresource: s(resource, "subresource"),
-                    namespace: s(resource, "namespace"),
-                    name: s(resource, "name"),
-                },
+                Some(_) => Attributes::resource(
+                    &s(resource, "verb"),
+                    &s(resource, "group"),
+                    &s(resource, "resource"),
+                    &s(resource, "subresource"),
+                    &s(resource, "namespace"),
+                    &s(resource, "name"),
+                ),
                 None => Attributes::NonResource { verb: s(non_resource, "verb"), path: s(non_resource, "path") },
             };
             let (allowed, reason) = policy.authorize(user, &attrs);

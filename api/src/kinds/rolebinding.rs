@@ -3,10 +3,10 @@
 //! (`NAME ROLE AGE`, the role as `Kind/name`).
 
 use jiff::Timestamp;
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use super::{validate_meta, ApiObject, Kind, KindInfo};
-use crate::table::{self, col, Column, AGE_COLUMN, NAME_COLUMN};
+use crate::table::Column;
 use crate::validation::Cause;
 
 pub use k8s_openapi::api::rbac::v1::RoleBinding;
@@ -28,14 +28,10 @@ impl ApiObject for RoleBinding {
     }
 
     fn columns() -> Vec<Column> {
-        vec![NAME_COLUMN, col("Role", "string", 0), AGE_COLUMN]
+        crate::rbac::binding_columns()
     }
 
     fn cells(&self, now: Timestamp) -> Vec<Value> {
-        vec![
-            json!(self.metadata.name.clone().unwrap_or_default()),
-            json!(format!("{}/{}", self.role_ref.kind, self.role_ref.name)),
-            table::age(self.metadata.creation_timestamp.as_ref(), now),
-        ]
+        crate::rbac::binding_cells(&self.metadata, &self.role_ref, now)
     }
 }
