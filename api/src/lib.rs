@@ -12,6 +12,7 @@ pub mod alloc;
 pub mod apps;
 pub mod convert;
 pub mod cron;
+pub mod dualstack;
 pub mod grpc_codec;
 #[macro_use]
 pub mod kinds;

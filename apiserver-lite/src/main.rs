@@ -32,21 +32,26 @@ struct Args {
     /// Address published as the `default/kubernetes` endpoint and in discovery.
     #[arg(long)]
     advertise_address: Option<SocketAddr>,
-    /// ClusterIP range.
+    /// ClusterIP range: one CIDR, or an IPv4 and an IPv6 CIDR separated by a comma for a
+    /// dual-stack cluster (the first is the default family).
     #[arg(long, default_value = "10.96.0.0/12")]
-    service_cluster_ip_range: ipnet::Ipv4Net,
+    service_cluster_ip_range: String,
     /// NodePort range, `low-high`.
     #[arg(long, default_value = "30000-32767")]
     service_node_port_range: String,
-    /// Pool of LoadBalancer ingress IPs.
+    /// Pools of LoadBalancer ingress IPs: one CIDR, or one per family separated by a comma.
     #[arg(long, default_value = "198.51.100.0/24")]
-    lb_ip_pool: ipnet::Ipv4Net,
-    /// Pod network; each node gets one subnet of it.
+    lb_ip_pool: String,
+    /// Pod network: one CIDR, or one per family separated by a comma; each node gets one
+    /// subnet of each.
     #[arg(long, default_value = "10.244.0.0/16")]
-    cluster_cidr: ipnet::Ipv4Net,
-    /// Prefix length of each node's pod CIDR.
-    #[arg(long, default_value_t = 24)]
+    cluster_cidr: String,
+    /// Prefix length of each node's IPv4 pod CIDR.
+    #[arg(long, alias = "node-cidr-mask-size-ipv4", default_value_t = 24)]
     node_cidr_mask_size: u8,
+    /// Prefix length of each node's IPv6 pod CIDR.
+    #[arg(long, default_value_t = 64)]
+    node_cidr_mask_size_ipv6: u8,
     /// How long Events are kept after their last occurrence.
     #[arg(long, default_value = "1h", value_parser = parse_duration)]
     event_ttl: Duration,
@@ -93,6 +98,39 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     }
 }
 
+/// The ranges of the flags, checked as kube-apiserver and kube-controller-manager check them.
+fn ranges_of(args: &Args) -> anyhow::Result<apiserver_lite::alloc::Ranges> {
+    use api::alloc::{parse_dual_cidrs, IpFamily};
+    let service_cidrs =
+        parse_dual_cidrs("--service-cluster-ip-range", &args.service_cluster_ip_range).map_err(anyhow::Error::msg)?;
+    for net in &service_cidrs {
+        // kube-apiserver's limit: at most 2^20 addresses (a /12 or a /108).
+        let (bits, min) = if IpFamily::of_net(net) == IpFamily::V4 { (32, 12) } else { (128, 108) };
+        if net.prefix_len() < min {
+            bail!("specified --service-cluster-ip-range {net} is too large; for {bits}-bit addresses, the mask must be >= {min}");
+        }
+    }
+    let lb_pools = parse_dual_cidrs("--lb-ip-pool", &args.lb_ip_pool).map_err(anyhow::Error::msg)?;
+    let cluster_cidrs = parse_dual_cidrs("--cluster-cidr", &args.cluster_cidr).map_err(anyhow::Error::msg)?;
+    for net in &cluster_cidrs {
+        let (mask, flag, max) = match IpFamily::of_net(net) {
+            IpFamily::V4 => (args.node_cidr_mask_size, "--node-cidr-mask-size", 30),
+            IpFamily::V6 => (args.node_cidr_mask_size_ipv6, "--node-cidr-mask-size-ipv6", 126),
+        };
+        if mask < net.prefix_len() || mask > max || mask - net.prefix_len() > 16 {
+            bail!("{flag} {mask} does not fit --cluster-cidr {net} (at most 16 bits longer than it)");
+        }
+    }
+    Ok(apiserver_lite::alloc::Ranges {
+        service_cidrs,
+        node_ports: parse_port_range(&args.service_node_port_range)?,
+        lb_pools,
+        cluster_cidrs,
+        node_cidr_prefix: args.node_cidr_mask_size,
+        node_cidr_prefix_v6: args.node_cidr_mask_size_ipv6,
+    })
+}
+
 fn parse_port_range(s: &str) -> Result<std::ops::RangeInclusive<u16>> {
     let (lo, hi) = s.split_once('-').context("--service-node-port-range must look like 30000-32767")?;
     let (lo, hi): (u16, u16) = (lo.trim().parse()?, hi.trim().parse()?);
@@ -125,17 +163,9 @@ async fn run() -> Result<()> {
         }
         None => None,
     };
-    if args.node_cidr_mask_size < args.cluster_cidr.prefix_len() || args.node_cidr_mask_size > 30 {
-        bail!("--node-cidr-mask-size {} does not fit --cluster-cidr {}", args.node_cidr_mask_size, args.cluster_cidr);
-    }
+    let ranges = ranges_of(&args)?;
     let mut cfg = apiserver_lite::Config::new(args.data_dir.clone());
-    cfg.ranges = apiserver_lite::alloc::Ranges {
-        service_cidr: args.service_cluster_ip_range,
-        node_ports: parse_port_range(&args.service_node_port_range)?,
-        lb_pool: args.lb_ip_pool,
-        cluster_cidr: args.cluster_cidr,
-        node_cidr_prefix: args.node_cidr_mask_size,
-    };
+    cfg.ranges = ranges;
     cfg.controllers.node_monitor_grace = args.node_monitor_grace_period;
     cfg.controllers.event_ttl = args.event_ttl;
     // Node agents listen in the lab's network, reached from the control plane's namespace.
@@ -155,9 +185,8 @@ async fn run() -> Result<()> {
         if let Ok(a) = args.grpc_listen.parse::<SocketAddr>() {
             hosts.push(a.ip().to_string());
         }
-        if let Some(first) = args.service_cluster_ip_range.hosts().next() {
-            hosts.push(first.to_string());
-        }
+        // `kubernetes.default`'s ClusterIPs, reached by pods.
+        hosts.extend(cfg.ranges.service_cidrs.iter().map(|n| api::alloc::first_address(n).to_string()));
         hosts.retain(|h| h != "0.0.0.0");
         let dir = args.cert_dir.clone().unwrap_or_else(|| args.data_dir.join("pki"));
         Some(apiserver_lite::tls::generated_identity(&dir, &hosts)?)

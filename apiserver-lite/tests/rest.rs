@@ -247,10 +247,15 @@ async fn requested_cluster_ip_and_node_port_are_honoured_or_rejected() {
         .iter()
         .map(|c| format!("{}: {}", c["field"].as_str().unwrap(), c["message"].as_str().unwrap()))
         .collect();
-    assert!(msgs.contains(&"spec.clusterIPs: Invalid value: []string{\"10.96.5.5\"}: failed to allocate IP 10.96.5.5: provided IP is already allocated".to_string()), "{msgs:?}");
-    assert!(
-        msgs.contains(&"spec.ports[0].nodePort: Invalid value: 30000: provided port is already allocated".to_string()),
-        "{msgs:?}"
+    // As kube-apiserver: the ClusterIPs are allocated first, and their failure is the answer.
+    assert_eq!(msgs, ["spec.clusterIPs: Invalid value: []string{\"10.96.5.5\"}: failed to allocate IP 10.96.5.5: provided IP is already allocated"]);
+    let clash =
+        json!({"metadata": {"name": "b"}, "spec": {"type": "NodePort", "ports": [{"port": 80, "nodePort": 30000}]}});
+    let (s, st) = lab.post(SVCS, clash).await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(
+        st["details"]["causes"][0]["message"], "Invalid value: 30000: provided port is already allocated",
+        "{st}"
     );
     let outside = json!({"metadata": {"name": "c"}, "spec": {"clusterIP": "10.0.0.1", "ports": [{"port": 80}]}});
     let (s, st) = lab.post(SVCS, outside).await;
@@ -544,7 +549,7 @@ async fn concurrent_creates_get_distinct_cluster_ips_and_node_ports() {
 #[tokio::test]
 async fn full_ranges_answer_with_a_clear_error() {
     let lab = lab_with(|c| {
-        c.ranges.service_cidr = "10.96.0.0/29".parse().unwrap(); // 6 usable, .1 is default/kubernetes
+        c.ranges.service_cidrs = vec!["10.96.0.0/29".parse().unwrap()]; // 6 usable, .1 is default/kubernetes
         c.ranges.node_ports = 30000..=30001;
     })
     .await;
@@ -1119,7 +1124,7 @@ async fn deeply_nested_yaml_is_refused_before_parsing() {
 /// oldest first, with no write to the Service itself (a cloud controller's queue).
 #[tokio::test]
 async fn pending_load_balancers_get_freed_addresses_oldest_first() {
-    let lab = lab_with(|c| c.ranges.lb_pool = "198.51.100.0/30".parse().unwrap()).await; // .1 and .2
+    let lab = lab_with(|c| c.ranges.lb_pools = vec!["198.51.100.0/30".parse().unwrap()]).await; // .1 and .2
     let lb =
         |name: &str| json!({"metadata": {"name": name}, "spec": {"type": "LoadBalancer", "ports": [{"port": 80}]}});
     let ip = |v: &Value| v["status"]["loadBalancer"]["ingress"][0]["ip"].as_str().map(str::to_string);
@@ -1611,4 +1616,159 @@ async fn large_updates_keep_the_data_directory_bounded() {
     }
     let size = dir_bytes(lab._dir.path());
     assert!(size < 300_000_000, "{size} bytes after 600 updates of 500 KB");
+}
+
+fn dual_stack(c: &mut Config) {
+    c.ranges.service_cidrs = vec!["10.96.0.0/12".parse().unwrap(), "fd00:10:96::/112".parse().unwrap()];
+    c.ranges.lb_pools = vec!["198.51.100.0/24".parse().unwrap(), "2001:db8:100::/120".parse().unwrap()];
+    c.ranges.cluster_cidrs = vec!["10.244.0.0/16".parse().unwrap(), "fd00:10:244::/56".parse().unwrap()];
+}
+
+fn causes(st: &Value) -> Vec<String> {
+    st["details"]["causes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|c| format!("{}: {}", c["field"].as_str().unwrap_or(""), c["message"].as_str().unwrap_or("")))
+        .collect()
+}
+
+#[tokio::test]
+async fn dual_stack_services_nodes_and_slices_as_a_dual_stack_cluster_keeps_them() {
+    let lab = lab_with(dual_stack).await;
+    // Nodes get a pod CIDR of each family, node-N subnet N.
+    let (s, n1) = lab.post("/api/v1/nodes", ready_node("node-1")).await;
+    assert_eq!(s, StatusCode::CREATED, "{n1}");
+    assert_eq!(n1["spec"]["podCIDRs"], json!(["10.244.1.0/24", "fd00:10:244:1::/64"]));
+    // A single-stack default, a dual-stack LoadBalancer with an address of each family.
+    let (s, single) = lab.post(SVCS, json!({"metadata": {"name": "one"}, "spec": {"ports": [{"port": 80}]}})).await;
+    assert_eq!(s, StatusCode::CREATED, "{single}");
+    assert_eq!(single["spec"]["ipFamilies"], json!(["IPv4"]));
+    assert_eq!(single["spec"]["ipFamilyPolicy"], "SingleStack");
+    let lb = json!({"metadata": {"name": "web"}, "spec": {"type": "LoadBalancer", "ipFamilyPolicy": "RequireDualStack",
+                    "ipFamilies": ["IPv6", "IPv4"], "selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8080}]}});
+    let (s, web) = lab.post(SVCS, lb).await;
+    assert_eq!(s, StatusCode::CREATED, "{web}");
+    let ips: Vec<String> =
+        web["spec"]["clusterIPs"].as_array().unwrap().iter().map(|i| i.as_str().unwrap().to_string()).collect();
+    assert_eq!(ips.len(), 2);
+    assert!(ips[0].starts_with("fd00:10:96::") && ips[1].starts_with("10."), "{ips:?}");
+    assert_eq!(web["spec"]["clusterIP"], ips[0]);
+    let ingress: Vec<&str> = web["status"]["loadBalancer"]["ingress"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["ip"].as_str().unwrap())
+        .collect();
+    assert_eq!(ingress, ["2001:db8:100::1", "198.51.100.1"]);
+    // The family order may not change; a secondary address is released only by SingleStack.
+    let url = format!("{SVCS}/web");
+    let (s, st) =
+        lab.patch(&url, "application/merge-patch+json", json!({"spec": {"ipFamilies": ["IPv4", "IPv6"]}})).await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{st}");
+    assert_eq!(
+        causes(&st),
+        [
+            format!(
+                "spec.clusterIPs[0]: Invalid value: \"{}\": expected an IPv4 value as indicated by `ipFamilies[0]`",
+                ips[0]
+            ),
+            format!(
+                "spec.clusterIPs[1]: Invalid value: \"{}\": expected an IPv6 value as indicated by `ipFamilies[1]`",
+                ips[1]
+            ),
+        ]
+    );
+    let (s, st) = lab
+        .patch(
+            &url,
+            "application/merge-patch+json",
+            json!({"spec": {"ipFamilyPolicy": "PreferDualStack", "ipFamilies": ["IPv6"]}}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{st}");
+    assert_eq!(
+        causes(&st),
+        ["spec.ipFamilyPolicy: Invalid value: \"PreferDualStack\": must be 'SingleStack' to release the secondary IP family"]
+    );
+    // Endpoints: a slice per family with the pods' addresses of that family.
+    let pod = json!({"metadata": {"name": "web-0", "labels": {"app": "web"}},
+                     "spec": {"containers": [{"name": "c", "image": "podpath/echo"}]}});
+    assert_eq!(lab.post("/api/v1/namespaces/default/pods", pod).await.0, StatusCode::CREATED);
+    let status = json!({"status": {"phase": "Running", "podIP": "10.244.1.5",
+                        "podIPs": [{"ip": "10.244.1.5"}, {"ip": "fd00:10:244:1::5"}],
+                        "conditions": [{"type": "Ready", "status": "True"}]}});
+    lab.patch("/api/v1/namespaces/default/pods/web-0/status", "application/merge-patch+json", status).await;
+    let slices = lab
+        .eventually(
+            "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices?labelSelector=kubernetes.io%2Fservice-name%3Dweb",
+            |_, v| {
+                v["items"].as_array().is_some_and(|i| {
+                    i.len() == 2 && i.iter().all(|s| s["endpoints"].as_array().is_some_and(|e| e.len() == 1))
+                })
+            },
+        )
+        .await;
+    let mut by_type: Vec<(String, String)> = slices["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            (s["addressType"].as_str().unwrap().into(), s["endpoints"][0]["addresses"][0].as_str().unwrap().into())
+        })
+        .collect();
+    by_type.sort();
+    assert_eq!(by_type, [("IPv4".into(), "10.244.1.5".into()), ("IPv6".into(), "fd00:10:244:1::5".into())]);
+    // v1 Endpoints hold the primary family (IPv6 here).
+    let ep = lab
+        .eventually("/api/v1/namespaces/default/endpoints/web", |s, v| s == StatusCode::OK && v["subsets"].is_array())
+        .await;
+    assert_eq!(ep["subsets"][0]["addresses"][0]["ip"], "fd00:10:244:1::5");
+    // Downgrade: SingleStack releases the IPv4 address, which another Service can then have.
+    let (s, down) =
+        lab.patch(&url, "application/merge-patch+json", json!({"spec": {"ipFamilyPolicy": "SingleStack"}})).await;
+    assert_eq!(s, StatusCode::OK, "{down}");
+    assert_eq!(down["spec"]["clusterIPs"], json!([ips[0]]));
+    assert_eq!(down["spec"]["ipFamilies"], json!(["IPv6"]));
+    let reuse = json!({"metadata": {"name": "reuse"}, "spec": {"clusterIP": ips[1], "ports": [{"port": 80}]}});
+    let (s, r) = lab.post(SVCS, reuse).await;
+    assert_eq!(s, StatusCode::CREATED, "{r}");
+    // Upgrade again: a new secondary address is allocated.
+    let (s, up) =
+        lab.patch(&url, "application/merge-patch+json", json!({"spec": {"ipFamilyPolicy": "PreferDualStack"}})).await;
+    assert_eq!(s, StatusCode::OK, "{up}");
+    assert_eq!(up["spec"]["ipFamilies"], json!(["IPv6", "IPv4"]));
+    assert_eq!(up["spec"]["clusterIPs"].as_array().unwrap().len(), 2);
+    assert_ne!(up["spec"]["clusterIPs"][1], json!(ips[1]));
+    // An IPv6 address outside the range.
+    let outside = json!({"metadata": {"name": "out"}, "spec": {"clusterIP": "fd00:99::5", "ports": [{"port": 80}]}});
+    let (s, st) = lab.post(SVCS, outside).await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(
+        causes(&st),
+        ["spec.clusterIPs: Invalid value: []string{\"fd00:99::5\"}: failed to allocate IP fd00:99::5: the provided IP (fd00:99::5) is not in the valid range. The range of valid IPs is fd00:10:96::/112"]
+    );
+}
+
+#[tokio::test]
+async fn a_single_stack_cluster_refuses_dual_stack_as_kube_apiserver_does() {
+    let lab = lab().await;
+    let svc =
+        json!({"metadata": {"name": "web"}, "spec": {"ipFamilyPolicy": "RequireDualStack", "ports": [{"port": 80}]}});
+    let (s, st) = lab.post(SVCS, svc).await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(st["message"], "Service \"web\" is invalid: spec.ipFamilyPolicy: Invalid value: \"RequireDualStack\": this cluster is not configured for dual-stack services");
+    let svc = json!({"metadata": {"name": "web"}, "spec": {"clusterIP": "fd00:10:96::5", "ports": [{"port": 80}]}});
+    let (s, st) = lab.post(SVCS, svc).await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(
+        causes(&st),
+        ["spec.clusterIPs[0]: Invalid value: []string{\"fd00:10:96::5\"}: IPv6 is not configured on this cluster"]
+    );
+    // PreferDualStack falls back to one family.
+    let svc =
+        json!({"metadata": {"name": "web"}, "spec": {"ipFamilyPolicy": "PreferDualStack", "ports": [{"port": 80}]}});
+    let (s, v) = lab.post(SVCS, svc).await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    assert_eq!(v["spec"]["ipFamilies"], json!(["IPv4"]));
 }

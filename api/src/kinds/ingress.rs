@@ -2,7 +2,6 @@
 //! (as a cloud's L7 load balancer would), and the Table. lb-sim serves them.
 
 use std::collections::BTreeSet;
-use std::net::Ipv4Addr;
 
 use k8s_openapi::api::networking::v1::{
     IngressBackend, IngressLoadBalancerIngress, IngressLoadBalancerStatus, IngressStatus,
@@ -13,7 +12,7 @@ use serde_json::{json, Value};
 use super::{validate_meta, ApiObject, Kind, KindInfo};
 use crate::table::{self, col, Column, AGE_COLUMN, NAME_COLUMN};
 use crate::validation::{self as v, Cause, FieldPath};
-use crate::alloc::{lb_ip_key, AllocKey, Allocate, Exhausted, Ranges};
+use crate::alloc::{lb_ip_key, AllocKey, Allocate, Exhausted, IpFamily, Ranges};
 use crate::networking::is_lab_ingress;
 
 pub use k8s_openapi::api::networking::v1::Ingress;
@@ -139,7 +138,8 @@ impl ApiObject for Ingress {
         if has_ip || !is_lab_ingress(self) {
             return Ok(());
         }
-        if let Ok(ip) = alloc.lb_ip(None) {
+        let family = alloc.ranges().lb_pools.first().map(IpFamily::of_net).unwrap_or(IpFamily::V4);
+        if let Ok(ip) = alloc.lb_ip(family, None) {
             let ingress = IngressLoadBalancerIngress { ip: Some(ip.to_string()), ..Default::default() };
             let load_balancer = IngressLoadBalancerStatus { ingress: Some(vec![ingress]) };
             self.status = Some(IngressStatus { load_balancer: Some(load_balancer) });
@@ -148,7 +148,7 @@ impl ApiObject for Ingress {
     }
 
     fn allocations(&self, ranges: &Ranges) -> BTreeSet<AllocKey> {
-        lb_ips(self).filter(|ip| ip.parse::<Ipv4Addr>().is_ok_and(|a| ranges.lb_pool.contains(&a))).map(lb_ip_key).collect()
+        lb_ips(self).filter(|ip| ranges.in_lb_pool(ip)).map(lb_ip_key).collect()
     }
 
     fn columns() -> Vec<Column> {

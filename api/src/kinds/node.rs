@@ -5,10 +5,9 @@ use std::collections::BTreeSet;
 use jiff::Timestamp;
 use serde_json::{json, Value};
 
-use ipnet::Ipv4Net;
 
 use super::{validate_meta, ApiObject, Kind, KindInfo};
-use crate::alloc::{pod_cidr_key, AllocKey, Allocate, Exhausted, Ranges};
+use crate::alloc::{pod_cidr_key, AllocKey, Allocate, Exhausted, IpFamily, Ranges};
 use crate::table::{self, col, Column, AGE_COLUMN, NAME_COLUMN};
 use crate::validation::{self as v, Cause, FieldPath};
 
@@ -102,58 +101,76 @@ impl ApiObject for Node {
         stamp_no_execute_taints(self, Some(old));
     }
 
-    /// The node's pod CIDR: assigned at registration (`node-N` gets subnet N), the one it asks
-    /// for when free, immutable afterwards.
+    /// The node's pod CIDRs, one per family of the cluster CIDRs (`--cluster-cidr=A[,B]`):
+    /// assigned at registration (`node-N` gets subnet N), the ones it asks for when free,
+    /// immutable afterwards.
     fn allocate(&mut self, old: Option<&Self>, alloc: &mut dyn Allocate, causes: &mut Vec<Cause>) -> Result<(), Exhausted> {
-        let old_cidr = old.and_then(|o| o.spec.as_ref()).and_then(|s| s.pod_cidr.clone());
+        let pod_cidrs = |n: &Self| -> Vec<String> {
+            let spec = n.spec.as_ref();
+            let list: Vec<String> = spec.and_then(|s| s.pod_cidrs.clone()).unwrap_or_default();
+            if list.is_empty() {
+                spec.and_then(|s| s.pod_cidr.clone()).filter(|c| !c.is_empty()).into_iter().collect()
+            } else {
+                list
+            }
+        };
+        let old_cidrs = old.map(pod_cidrs).unwrap_or_default();
+        let requested = pod_cidrs(self);
         let name = self.metadata.name.clone().unwrap_or_default();
-        let spec = self.spec.get_or_insert_with(Default::default);
-        let requested = spec.pod_cidr.clone().filter(|c| !c.is_empty());
-        let cidr = match (old_cidr, requested) {
-            (Some(o), Some(r)) if o != r => {
+        let cidrs = if !old_cidrs.is_empty() {
+            if !requested.is_empty() && requested != old_cidrs {
                 causes.push(v::forbidden(
                     &FieldPath::root("spec").child("podCIDRs"),
                     "node updates may not change podCIDR except from \"\" to valid",
                 ));
                 return Ok(());
             }
-            (Some(o), _) => o,
-            (None, Some(r)) => {
-                let in_range = r.parse::<Ipv4Net>().is_ok_and(|n| alloc.ranges().cluster_cidr.contains(&n));
-                if in_range && alloc.claim_pod_cidr(&r).is_err() {
+            old_cidrs
+        } else {
+            let mut out = Vec::new();
+            for (i, r) in requested.iter().enumerate() {
+                if alloc.ranges().in_cluster_cidr(r) && alloc.claim_pod_cidr(r).is_err() {
                     causes.push(v::invalid(
-                        &FieldPath::root("spec").child("podCIDR"),
+                        &FieldPath::root("spec").child("podCIDRs").index(i),
                         r.as_str(),
                         "is already assigned to another node",
                     ));
                     return Ok(());
                 }
-                r
+                out.push(r.clone());
             }
-            (None, None) => match alloc.pod_cidr(&name) {
-                Ok(c) => c.to_string(),
-                Err(_) => {
-                    return Err(Exhausted(format!(
-                        "Internal error occurred: failed to allocate a pod CIDR for node {name}: the cluster CIDR {} is full",
-                        alloc.ranges().cluster_cidr
-                    )))
+            if out.is_empty() {
+                let families: Vec<IpFamily> = alloc.ranges().cluster_cidrs.iter().map(IpFamily::of_net).collect();
+                for family in families {
+                    match alloc.pod_cidr(&name, family) {
+                        Ok(c) => out.push(c.to_string()),
+                        Err(_) => {
+                            return Err(Exhausted(format!(
+                                "Internal error occurred: failed to allocate a pod CIDR for node {name}: the cluster CIDR {} is full",
+                                alloc.ranges().cluster_cidr(family).map(|c| c.to_string()).unwrap_or_default()
+                            )))
+                        }
+                    }
                 }
-            },
+            }
+            out
         };
-        spec.pod_cidr = Some(cidr.clone());
-        spec.pod_cidrs = Some(vec![cidr]);
+        let spec = self.spec.get_or_insert_with(Default::default);
+        spec.pod_cidr = cidrs.first().cloned();
+        spec.pod_cidrs = Some(cidrs);
         Ok(())
     }
 
-    /// Only a CIDR inside the cluster CIDR is allocated; one outside it is the node's own
+    /// Only CIDRs inside the cluster CIDRs are allocated; one outside them is the node's own
     /// business (the allocator never hands it out).
     fn allocations(&self, ranges: &Ranges) -> BTreeSet<AllocKey> {
-        self.spec
-            .as_ref()
-            .and_then(|s| s.pod_cidr.as_deref())
-            .filter(|c| c.parse::<Ipv4Net>().is_ok_and(|n| ranges.cluster_cidr.contains(&n)))
-            .map(pod_cidr_key)
-            .into_iter()
+        let spec = self.spec.as_ref();
+        spec.and_then(|s| s.pod_cidrs.clone())
+            .unwrap_or_default()
+            .iter()
+            .chain(spec.and_then(|s| s.pod_cidr.as_ref()))
+            .filter(|c| ranges.in_cluster_cidr(c))
+            .map(|c| pod_cidr_key(c))
             .collect()
     }
 

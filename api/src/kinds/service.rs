@@ -1,15 +1,16 @@
 //! core/v1 Services: defaults, validation (the real server's messages), ClusterIP, NodePort and LoadBalancer-IP allocation, and the Table kubectl prints.
 
 use std::collections::BTreeSet;
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 
-use k8s_openapi::api::core::v1::ServiceStatus;
+use k8s_openapi::api::core::v1::{ServiceSpec, ServiceStatus};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use jiff::Timestamp;
 use serde_json::{json, Value};
 
 use super::{validate_int_or_name, validate_meta, validate_protocol, ApiObject, Kind, KindInfo};
-use crate::alloc::{cluster_ip_key, lb_ip_key, node_port_key, AllocError, AllocKey, Allocate, Exhausted, Ranges};
+use crate::alloc::{cluster_ip_key, lb_ip_key, node_port_key, AllocError, AllocKey, Allocate, Exhausted, IpFamily, Ranges};
+use crate::dualstack;
 use crate::table::{self, col, Column, AGE_COLUMN, NAME_COLUMN};
 use crate::validation::{self as v, Cause, FieldPath};
 
@@ -89,6 +90,10 @@ impl ApiObject for Service {
     /// real server does: a client-side apply patch from NodePort to ClusterIP still carries the
     /// old nodePorts.
     fn prepare_for_update(&mut self, old: &Self) {
+        if let (Some(spec), Some(old_spec)) = (self.spec.as_mut(), old.spec.as_ref()) {
+            dualstack::patch_allocated(spec, old_spec);
+            dualstack::normalize_cluster_ips(spec, Some(old_spec));
+        }
         // As `dropTypeDependentFields`: a Service that no longer needs a health-check NodePort
         // (not LoadBalancer with `externalTrafficPolicy: Local` any more) loses the one it had,
         // unless the client changed it — also when only the policy changed.
@@ -143,6 +148,9 @@ impl ApiObject for Service {
 
     fn prepare_for_create(&mut self) {
         self.status = Some(ServiceStatus { load_balancer: Some(Default::default()), ..Default::default() });
+        if let Some(spec) = self.spec.as_mut() {
+            dualstack::normalize_cluster_ips(spec, None);
+        }
     }
 
     /// ClusterIP (kept once set, honoured when requested, allocated otherwise), NodePorts,
@@ -150,81 +158,35 @@ impl ApiObject for Service {
     /// as a cloud controller would.
     fn allocate(&mut self, old: Option<&Self>, alloc: &mut dyn Allocate, causes: &mut Vec<Cause>) -> Result<(), Exhausted> {
         let ty = service_type(self).to_string();
-        let headless = service_is_headless(self);
         let wants_node_ports = service_wants_node_ports(self);
-        let old_spec = old.and_then(|o| o.spec.clone()).unwrap_or_default();
+        let old_spec_opt = old.and_then(|o| o.spec.clone());
+        let old_spec = old_spec_opt.clone().unwrap_or_default();
         let spec_path = FieldPath::root("spec");
         let spec = self.spec.get_or_insert_with(Default::default);
 
-        // ClusterIP: kept once set, honoured when requested, allocated otherwise.
-        let old_ip = old_spec.cluster_ip.clone().filter(|ip| !ip.is_empty() && ip != "None");
+        // ClusterIPs, one per family, as kube-apiserver's Service storage allocates them.
         if ty == "ExternalName" {
             spec.cluster_ip = None;
             spec.cluster_ips = None;
             spec.ip_families = None;
             spec.ip_family_policy = None;
         } else {
-            let requested = spec
-                .cluster_ip
-                .clone()
-                .filter(|ip| !ip.is_empty())
-                .or_else(|| spec.cluster_ips.as_ref().and_then(|ips| ips.first().cloned()));
-            let ip = if headless {
-                Some("None".to_string())
-            } else {
-                match (&old_ip, requested) {
-                    (Some(o), Some(r)) if *o != r => {
-                        causes.push(v::invalid(
-                            &spec_path.child("clusterIPs").index(0),
-                            [r].as_slice(),
-                            "may not change once set",
-                        ));
-                        None
-                    }
-                    (Some(o), _) => Some(o.clone()),
-                    (None, requested) => {
-                        let parsed = match requested.as_deref().map(str::parse::<Ipv4Addr>) {
-                            Some(Err(_)) => None, // validation already reported it
-                            Some(Ok(ip)) => Some(Some(ip)),
-                            None => Some(None),
-                        };
-                        match parsed {
-                            None => None,
-                            Some(req) => match alloc.cluster_ip(req) {
-                                Ok(ip) => Some(ip.to_string()),
-                                Err(e) => {
-                                    let shown = req.map(|i| i.to_string()).unwrap_or_default();
-                                    let detail = match e {
-                                        AllocError::NotInRange(r) => format!(
-                                            "failed to allocate IP {shown}: the provided IP ({shown}) is not in the valid range. The range of valid IPs is {r}"
-                                        ),
-                                        AllocError::AlreadyAllocated => {
-                                            format!("failed to allocate IP {shown}: provided IP is already allocated")
-                                        }
-                                        AllocError::Full => {
-                                            return Err(Exhausted("Internal error occurred: failed to allocate a serviceIP: range is full".into()))
-                                        }
-                                    };
-                                    causes.push(v::invalid(
-                                        &spec_path.child("clusterIPs"),
-                                        [shown].as_slice(),
-                                        &detail,
-                                    ));
-                                    None
-                                }
-                            },
-                        }
-                    }
+            if let Err(mut c) = dualstack::init_families(spec, old_spec_opt.as_ref(), alloc.ranges()) {
+                causes.append(&mut c);
+                return Ok(());
+            }
+            if let Some(old) = &old_spec_opt {
+                let c = dualstack::validate_upgrade_downgrade(spec, old);
+                if !c.is_empty() {
+                    causes.extend(c);
+                    return Ok(());
                 }
-            };
-            if let Some(ip) = ip {
-                spec.cluster_ip = Some(ip.clone());
-                spec.cluster_ips = Some(vec![ip]);
-                spec.ip_families = Some(vec!["IPv4".into()]);
-                spec.ip_family_policy.get_or_insert_with(|| "SingleStack".into());
+            }
+            allocate_cluster_ips(spec, old_spec_opt.as_ref(), alloc, causes)?;
+            if !causes.is_empty() {
+                return Ok(());
             }
         }
-
         // NodePorts.
         let old_ports = old_spec.ports.clone().unwrap_or_default();
         for (i, port) in spec.ports.iter_mut().flatten().enumerate() {
@@ -257,7 +219,7 @@ impl ApiObject for Service {
                 Err(AllocError::AlreadyAllocated) => {
                     causes.push(v::invalid(&path, &want.unwrap_or_default(), "provided port is already allocated"))
                 }
-                Err(AllocError::Full) => {
+                Err(AllocError::Full | AllocError::NotConfigured) => {
                     return Err(Exhausted("Internal error occurred: failed to allocate a nodePort: range is full".into()))
                 }
             }
@@ -272,7 +234,7 @@ impl ApiObject for Service {
             } else {
                 match alloc.node_port(want) {
                     Ok(p) => spec.health_check_node_port = Some(p),
-                    Err(AllocError::Full) => {
+                    Err(AllocError::Full | AllocError::NotConfigured) => {
                         return Err(Exhausted("Internal error occurred: failed to allocate a nodePort: range is full".into()))
                     }
                     Err(e) => causes.push(v::invalid(
@@ -294,45 +256,59 @@ impl ApiObject for Service {
         let lb = status.load_balancer.get_or_insert_with(Default::default);
         let spec = self.spec.as_ref().expect("spec was set above");
         if ty == "LoadBalancer" && spec.load_balancer_class.is_none() {
-            let current = lb.ingress.as_ref().and_then(|i| i.first()).and_then(|i| i.ip.clone());
             let requested = spec.load_balancer_ip.clone().filter(|ip| !ip.is_empty());
-            let keep = current.is_some() && (requested.is_none() || requested == current);
-            if !keep {
-                let req = requested.as_deref().and_then(|ip| ip.parse::<Ipv4Addr>().ok());
-                let pool = alloc.ranges().lb_pool;
-                let ip = match (req, requested.as_deref()) {
-                    // An address outside the pool is the user's own: publish it as is.
-                    (Some(r), _) if !pool.contains(&r) => Some(r.to_string()),
-                    (req, _) => match alloc.lb_ip(req) {
-                        Ok(ip) => Some(ip.to_string()),
-                        Err(AllocError::AlreadyAllocated) => {
-                            causes.push(v::invalid(
-                                &spec_path.child("loadBalancerIP"),
-                                requested.as_deref().unwrap_or(""),
-                                "provided IP is already allocated",
-                            ));
-                            None
+            let requested_addr = requested.as_deref().and_then(|ip| ip.parse::<IpAddr>().ok());
+            let current: Vec<String> =
+                lb.ingress.iter().flatten().filter_map(|i| i.ip.clone()).collect();
+            // One address per family of the Service that has a pool, as a dual-stack cloud
+            // gives them, in the order of `ipFamilies`.
+            let families: Vec<IpFamily> =
+                spec.ip_families.iter().flatten().filter_map(|f| IpFamily::parse(f)).collect();
+            let mut ingress = Vec::new();
+            for family in families {
+                let req = requested_addr.filter(|a| IpFamily::of(a) == family);
+                let kept = current.iter().find(|ip| IpFamily::of_str(ip) == Some(family)).cloned();
+                let ip = match (kept, req) {
+                    (Some(k), None) => Some(k),
+                    (Some(k), Some(r)) if k == r.to_string() => Some(k),
+                    (_, req) => {
+                        let Some(pool) = alloc.ranges().lb_pool(family) else { continue };
+                        match req {
+                            // An address outside the pool is the user's own: publish it as is.
+                            Some(r) if !pool.contains(&r) => Some(r.to_string()),
+                            req => match alloc.lb_ip(family, req) {
+                                Ok(ip) => Some(ip.to_string()),
+                                Err(AllocError::AlreadyAllocated) => {
+                                    causes.push(v::invalid(
+                                        &spec_path.child("loadBalancerIP"),
+                                        requested.as_deref().unwrap_or(""),
+                                        "provided IP is already allocated",
+                                    ));
+                                    None
+                                }
+                                Err(AllocError::NotInRange(r)) => {
+                                    causes.push(v::invalid(
+                                        &spec_path.child("loadBalancerIP"),
+                                        requested.as_deref().unwrap_or(""),
+                                        &format!("may not be the network or broadcast address of the pool {r}"),
+                                    ));
+                                    None
+                                }
+                                // A full pool leaves the Service pending, as a cloud would.
+                                Err(AllocError::Full | AllocError::NotConfigured) => None,
+                            },
                         }
-                        Err(AllocError::NotInRange(r)) => {
-                            causes.push(v::invalid(
-                                &spec_path.child("loadBalancerIP"),
-                                requested.as_deref().unwrap_or(""),
-                                &format!("may not be the network or broadcast address of the pool {r}"),
-                            ));
-                            None
-                        }
-                        // A full pool leaves the Service pending, as a cloud would.
-                        Err(AllocError::Full) => None,
-                    },
+                    }
                 };
-                lb.ingress = ip.map(|ip| {
-                    vec![k8s_openapi::api::core::v1::LoadBalancerIngress {
+                if let Some(ip) = ip {
+                    ingress.push(k8s_openapi::api::core::v1::LoadBalancerIngress {
                         ip: Some(ip),
                         ip_mode: Some("VIP".into()),
                         ..Default::default()
-                    }]
-                });
+                    });
+                }
             }
+            lb.ingress = (!ingress.is_empty()).then_some(ingress);
         } else {
             lb.ingress = None;
         }
@@ -343,7 +319,7 @@ impl ApiObject for Service {
         let mut keys = BTreeSet::new();
         let spec = self.spec.clone().unwrap_or_default();
         for ip in spec.cluster_ips.iter().flatten().chain(spec.cluster_ip.iter()) {
-            if ip.parse::<Ipv4Addr>().is_ok_and(|a| ranges.service_cidr.contains(&a)) {
+            if ranges.in_service_range(ip) {
                 keys.insert(cluster_ip_key(ip));
             }
         }
@@ -355,7 +331,7 @@ impl ApiObject for Service {
         }
         let status = self.status.as_ref().and_then(|s| s.load_balancer.as_ref());
         for ip in status.and_then(|l| l.ingress.as_ref()).into_iter().flatten().filter_map(|i| i.ip.as_deref()) {
-            if ip.parse::<Ipv4Addr>().is_ok_and(|a| ranges.lb_pool.contains(&a)) {
+            if ranges.in_lb_pool(ip) {
                 keys.insert(lb_ip_key(ip));
             }
         }
@@ -424,44 +400,15 @@ impl ApiObject for Service {
             }
         }
 
-        if let Some(ip) = spec.cluster_ip.as_deref() {
-            if ip != "None" && !ip.is_empty() && v::valid_ip(ip).is_none() {
-                out.push(v::invalid(&spec_path.child("clusterIPs").index(0), ip, v::IP_MSG));
-            }
-            if ip == "None" && (ty == "NodePort" || ty == "LoadBalancer") {
-                out.push(v::invalid(
-                    &spec_path.child("clusterIPs").index(0),
-                    ip,
-                    &format!("may not be set to 'None' for {ty} services"),
-                ));
-            }
+        if spec.cluster_ip.as_deref() == Some("None") && (ty == "NodePort" || ty == "LoadBalancer") {
+            out.push(v::invalid(
+                &spec_path.child("clusterIPs").index(0),
+                "None",
+                &format!("may not be set to 'None' for {ty} services"),
+            ));
         }
-        if let (Some(ip), Some(ips)) = (spec.cluster_ip.as_deref(), spec.cluster_ips.as_ref()) {
-            if !ip.is_empty() && ips.first().is_some_and(|first| first != ip) {
-                out.push(v::invalid(
-                    &spec_path.child("clusterIPs"),
-                    ips.as_slice(),
-                    "element [0] must match clusterIP",
-                ));
-            }
-        }
-        for (i, fam) in spec.ip_families.iter().flatten().enumerate() {
-            if fam != "IPv4" {
-                out.push(v::not_supported(&spec_path.child("ipFamilies").index(i), fam.as_str(), &["IPv4"]));
-            }
-        }
-        if let Some(policy) = spec.ip_family_policy.as_deref() {
-            const POLICIES: [&str; 3] = ["PreferDualStack", "RequireDualStack", "SingleStack"];
-            if !POLICIES.contains(&policy) {
-                out.push(v::not_supported(&spec_path.child("ipFamilyPolicy"), policy, &POLICIES));
-            } else if policy == "RequireDualStack" {
-                out.push(v::invalid(
-                    &spec_path.child("ipFamilyPolicy"),
-                    policy,
-                    "this cluster is not configured for dual-stack services",
-                ));
-            }
-        }
+        // `clusterIPs`, `ipFamilies` and `ipFamilyPolicy` are checked with the cluster's
+        // families when they are defaulted (`allocate`), as kube-apiserver checks them.
 
         for (i, ip) in spec.external_ips.iter().flatten().enumerate() {
             let path = spec_path.child("externalIPs").index(i);
@@ -626,4 +573,63 @@ impl ApiObject for Service {
             json!(table::format_labels(spec.selector.as_ref())),
         ]
     }
+}
+
+/// Allocates the ClusterIPs the defaulted families call for (`allocClusterIPs`,
+/// `updateClusterIPs`): all of them on create or when leaving ExternalName, the secondary one
+/// on an upgrade to dual-stack; nothing for headless Services. A release (a downgrade, a
+/// delete) follows from the object's allocations.
+fn allocate_cluster_ips(
+    spec: &mut ServiceSpec,
+    old: Option<&ServiceSpec>,
+    alloc: &mut dyn Allocate,
+    causes: &mut Vec<Cause>,
+) -> Result<(), Exhausted> {
+    if dualstack::unchanged_prefer_dual_stack(spec, old) || dualstack::is_headless(spec) {
+        return Ok(());
+    }
+    let from_scratch = old.is_none_or(|o| o.type_.as_deref() == Some("ExternalName"));
+    let families: Vec<IpFamily> = spec.ip_families.iter().flatten().filter_map(|f| IpFamily::parse(f)).collect();
+    let mut ips = spec.cluster_ips.clone().unwrap_or_default();
+    let todo: Vec<usize> = if from_scratch {
+        (0..families.len()).collect()
+    } else if old.is_some_and(|o| o.ip_families.as_ref().map_or(0, Vec::len) == 1) && families.len() == 2 {
+        vec![1]
+    } else {
+        vec![]
+    };
+    while ips.len() < families.len() {
+        ips.push(String::new()); // a marker: to be allocated
+    }
+    for i in todo {
+        let family = families[i];
+        let requested = Some(ips[i].clone()).filter(|ip| !ip.is_empty());
+        let req_addr = requested.as_deref().and_then(|ip| ip.parse::<IpAddr>().ok());
+        match alloc.cluster_ip(family, req_addr) {
+            Ok(ip) => ips[i] = ip.to_string(),
+            Err(AllocError::Full | AllocError::NotConfigured) => {
+                return Err(Exhausted("Internal error occurred: failed to allocate a serviceIP: range is full".into()))
+            }
+            Err(e) => {
+                let shown = requested.unwrap_or_default();
+                let why = match e {
+                    AllocError::NotInRange(r) => format!(
+                        "the provided IP ({shown}) is not in the valid range. The range of valid IPs is {r}"
+                    ),
+                    _ => "provided IP is already allocated".to_string(),
+                };
+                causes.push(v::invalid(
+                    &FieldPath::root("spec").child("clusterIPs"),
+                    ips.as_slice(),
+                    &format!("failed to allocate IP {shown}: {why}"),
+                ));
+                return Ok(());
+            }
+        }
+    }
+    if let Some(first) = ips.first() {
+        spec.cluster_ip = Some(first.clone());
+    }
+    spec.cluster_ips = (!ips.is_empty()).then_some(ips);
+    Ok(())
 }

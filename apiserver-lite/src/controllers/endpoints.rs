@@ -5,6 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use api::alloc::IpFamily;
 use api::k8s_openapi::api::core::v1::{Pod, Service};
 use api::kinds::pod::pod_is_ready;
 use api::selector::{FieldSelector, LabelSelector};
@@ -94,7 +95,29 @@ pub fn plan_endpoints(ns: &str, name: &str, svc: Option<&Service>, pods: &[Pod])
     let owner = json!([{"apiVersion": "v1", "kind": "Service", "name": name, "uid": svc.metadata.uid, "controller": true, "blockOwnerDeletion": true}]);
     let target_ref = |p: &Pod| json!({"kind": "Pod", "namespace": ns, "name": p.metadata.name, "uid": p.metadata.uid});
     let node_of = |p: &Pod| p.spec.as_ref().and_then(|s| s.node_name.clone());
-    let pod_ip = |p: &Pod| p.status.as_ref().and_then(|s| s.pod_ip.clone()).unwrap_or_default();
+    // The Service's families: its slices are per family (`addressType`), its Endpoints of
+    // the primary one, as kube-controller-manager writes them.
+    let families: Vec<IpFamily> = {
+        let f: Vec<IpFamily> = svc
+            .spec
+            .as_ref()
+            .and_then(|s| s.ip_families.as_ref())
+            .into_iter()
+            .flatten()
+            .filter_map(|f| IpFamily::parse(f))
+            .collect();
+        if f.is_empty() {
+            vec![IpFamily::V4]
+        } else {
+            f
+        }
+    };
+    let pod_ip_of = |p: &Pod, family: IpFamily| -> Option<String> {
+        let status = p.status.as_ref()?;
+        let listed = status.pod_ips.iter().flatten().map(|i| i.ip.clone());
+        listed.chain(status.pod_ip.clone()).find(|ip| IpFamily::of_str(ip) == Some(family))
+    };
+    let primary = families[0];
     // kube-controller-manager names an endpoint by its pod's hostname only when the pod's
     // subdomain is this Service (a StatefulSet's governing Service): that is what DNS serves
     // as <hostname>.<service>.<ns>.svc.
@@ -110,7 +133,8 @@ pub fn plan_endpoints(ns: &str, name: &str, svc: Option<&Service>, pods: &[Pod])
         let mut ready = Vec::new();
         let mut not_ready = Vec::new();
         for p in pods.iter().filter(|p| p.metadata.deletion_timestamp.is_none()) {
-            let mut addr = json!({"ip": pod_ip(p), "targetRef": target_ref(p)});
+            let Some(ip) = pod_ip_of(p, primary) else { continue };
+            let mut addr = json!({"ip": ip, "targetRef": target_ref(p)});
             if let Some(n) = node_of(p) {
                 addr["nodeName"] = json!(n);
             }
@@ -154,39 +178,42 @@ pub fn plan_endpoints(ns: &str, name: &str, svc: Option<&Service>, pods: &[Pod])
     let placeholder = groups.is_empty();
     let groups: Vec<(PortKey, Vec<Pod>)> =
         if placeholder { vec![(Vec::new(), Vec::new())] } else { groups.into_iter().collect() };
-    for (ports, pods) in groups {
-        let slice_name = slice_name(name, &ports);
-        let eps: Vec<Value> = pods
-            .iter()
-            .map(|p| {
-                let terminating = p.metadata.deletion_timestamp.is_some();
-                let ready = pod_is_ready(p);
-                let mut e = json!({
-                    "addresses": [pod_ip(p)],
-                    "conditions": {"ready": ready && !terminating, "serving": ready, "terminating": terminating},
-                    "targetRef": target_ref(p),
-                });
-                if let Some(n) = node_of(p) {
-                    e["nodeName"] = json!(n);
-                }
-                if let Some(h) = hostname_of(p) {
-                    e["hostname"] = json!(h);
-                }
-                e
-            })
-            .collect();
-        let mut slice = json!({
-            "metadata": {"name": slice_name, "namespace": ns, "labels": slice_labels, "ownerReferences": owner},
-            "addressType": "IPv4",
-            "endpoints": eps,
-        });
-        if !placeholder {
-            slice["ports"] = json!(ports
+    for family in families {
+        for (ports, pods) in &groups {
+            let slice_name = slice_name(name, ports, family);
+            let eps: Vec<Value> = pods
                 .iter()
-                .map(|(n, port, proto)| json!({"name": n, "port": port, "protocol": proto}))
-                .collect::<Vec<_>>());
+                .filter_map(|p| {
+                    let ip = pod_ip_of(p, family)?;
+                    let terminating = p.metadata.deletion_timestamp.is_some();
+                    let ready = pod_is_ready(p);
+                    let mut e = json!({
+                        "addresses": [ip],
+                        "conditions": {"ready": ready && !terminating, "serving": ready, "terminating": terminating},
+                        "targetRef": target_ref(p),
+                    });
+                    if let Some(n) = node_of(p) {
+                        e["nodeName"] = json!(n);
+                    }
+                    if let Some(h) = hostname_of(p) {
+                        e["hostname"] = json!(h);
+                    }
+                    Some(e)
+                })
+                .collect();
+            let mut slice = json!({
+                "metadata": {"name": slice_name, "namespace": ns, "labels": slice_labels, "ownerReferences": owner},
+                "addressType": family.as_str(),
+                "endpoints": eps,
+            });
+            if !placeholder {
+                slice["ports"] = json!(ports
+                    .iter()
+                    .map(|(n, port, proto)| json!({"name": n, "port": port, "protocol": proto}))
+                    .collect::<Vec<_>>());
+            }
+            slices.push(slice);
         }
-        slices.push(slice);
     }
     EndpointsPlan { endpoints: EndpointsWrite::Upsert(endpoints), slices }
 }
@@ -234,10 +261,12 @@ pub(crate) async fn sync_endpoints(reg: &Registry, ns: &str, name: &str) -> Resu
     Ok(())
 }
 
-/// A stable slice name: the Service name and a short hash of its port mapping.
-fn slice_name(svc: &str, ports: &PortKey) -> String {
+/// A stable slice name: the Service name and a short hash of its port mapping (and of its
+/// family, for IPv6 slices).
+fn slice_name(svc: &str, ports: &PortKey, family: IpFamily) -> String {
     let mut h: u32 = 2166136261;
-    for (n, p, proto) in ports {
+    let tag = (family == IpFamily::V6).then(|| ("IPv6".to_string(), 0, String::new()));
+    for (n, p, proto) in ports.iter().chain(tag.as_ref()) {
         for b in format!("{n}/{p}/{proto};").bytes() {
             h = (h ^ b as u32).wrapping_mul(16777619);
         }

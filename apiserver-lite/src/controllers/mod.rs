@@ -125,7 +125,9 @@ pub async fn kubernetes_service(reg: &Registry, apiserver_endpoint: Option<(Stri
         }
     }
     if reg.store.get(Kind::Service, "default", "kubernetes")?.is_none() {
-        let first = reg.ranges().service_cidr.hosts().next().map(|ip| ip.to_string()).unwrap_or_default();
+        // The first address of the primary range (.1, or ::1 in IPv6).
+        let first =
+            reg.ranges().service_cidrs.first().map(|n| api::alloc::first_address(n).to_string()).unwrap_or_default();
         let svc = json!({
             "metadata": {"name": "kubernetes", "labels": {"component": "apiserver", "provider": "kubernetes"}},
             "spec": {"type": "ClusterIP", "clusterIP": first,
@@ -143,7 +145,7 @@ pub async fn kubernetes_service(reg: &Registry, apiserver_endpoint: Option<(Stri
         let slice = json!({
             "metadata": {"name": "kubernetes", "namespace": "default",
                          "labels": {SERVICE_NAME_LABEL: "kubernetes", MANAGED_BY: "apiserver-lite"}},
-            "addressType": "IPv4",
+            "addressType": api::alloc::IpFamily::of_str(&ip).unwrap_or(api::alloc::IpFamily::V4).as_str(),
             "endpoints": [{"addresses": [ip], "conditions": {"ready": true, "serving": true, "terminating": false}}],
             "ports": [{"name": "https", "port": port, "protocol": "TCP"}],
         });
