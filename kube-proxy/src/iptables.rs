@@ -37,6 +37,11 @@ pub struct RenderConfig {
 }
 
 impl RenderConfig {
+    /// The family of this proxier (its node addresses'): `ip6tables` rules when IPv6.
+    pub fn ipv6(&self) -> bool {
+        self.node_ips.first().is_some_and(IpAddr::is_ipv6)
+    }
+
     /// kube-proxy's defaults for the node `node_name` at `node_ip`: the lab's pod network
     /// 10.244.0.0/16 as `--cluster-cidr`, external traffic masqueraded, `--random-fully`,
     /// localhost NodePorts. Fields are public to change.
@@ -414,7 +419,8 @@ fn filter_table(cfg: &RenderConfig, parts: &mut Parts) -> Table {
     for c in FILTER_CHAINS {
         t.declare(c);
     }
-    if cfg.localhost_nodeports {
+    // IPv6 has no route_localnet: no localhost NodePorts and no martians to drop.
+    if cfg.localhost_nodeports && !cfg.ipv6() {
         // route_localnet lets 127.0.0.1 NodePorts work, and lets martian localnet packets in
         // from outside too (https://issue.k8s.io/90259): those are dropped here.
         t.declare(FIREWALL_CHAIN);
@@ -472,7 +478,10 @@ fn nat_table(cfg: &RenderConfig, parts: Parts, existing: &BTreeSet<String>) -> (
     let last = Rule::new("KUBE-SERVICES")
         .comment("kubernetes service nodeports; NOTE: this must be the last rule in this chain")
         .dst_type("LOCAL");
-    let last = if cfg.localhost_nodeports {
+    // As kube-proxy: localhost NodePorts never work for IPv6, and for IPv4 only with them on.
+    let last = if cfg.ipv6() {
+        last.with(Match::Destination { addr: Addr::Net("::1/128".parse().expect("constant")), negated: true })
+    } else if cfg.localhost_nodeports {
         last
     } else {
         last.with(Match::Destination { addr: Addr::Net("127.0.0.0/8".parse().expect("constant")), negated: true })

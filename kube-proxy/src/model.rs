@@ -50,6 +50,41 @@ impl fmt::Display for ServiceKey {
     }
 }
 
+/// The IP family one proxier handles: kube-proxy runs one per family of a dual-stack node,
+/// each reading only its family's addresses of every Service and EndpointSlice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub enum Family {
+    #[default]
+    V4,
+    V6,
+}
+
+impl Family {
+    pub fn of(ip: &IpAddr) -> Family {
+        if ip.is_ipv6() {
+            Family::V6
+        } else {
+            Family::V4
+        }
+    }
+    pub fn of_net(net: &IpNet) -> Family {
+        Family::of(&net.addr())
+    }
+    /// As the API spells it (`ipFamilies`, an EndpointSlice's `addressType`).
+    pub fn api_name(self) -> &'static str {
+        match self {
+            Family::V4 => "IPv4",
+            Family::V6 => "IPv6",
+        }
+    }
+    pub fn nft(self) -> podpath_ruleset::nft::NftFamily {
+        match self {
+            Family::V4 => podpath_ruleset::nft::NftFamily::Ip,
+            Family::V6 => podpath_ruleset::nft::NftFamily::Ip6,
+        }
+    }
+}
+
 /// One port of one Service.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServicePort {
@@ -128,14 +163,31 @@ impl Endpoint {
     }
 }
 
-/// The service ports of a Service (none for headless or ExternalName Services, which the proxy
-/// does not handle).
+/// The IPv4 service ports of a Service ([`service_ports_of`]).
 pub fn service_ports(svc: &core::Service) -> Vec<ServicePort> {
+    service_ports_of(svc, Family::V4)
+}
+
+/// The service ports of a Service for the proxier of `family`: its ClusterIP of that family
+/// and only that family's load-balancer and external IPs and source ranges. None for a
+/// Service without a ClusterIP of the family, headless or ExternalName (the proxy does not
+/// handle those).
+pub fn service_ports_of(svc: &core::Service, family: Family) -> Vec<ServicePort> {
     let Some(spec) = &svc.spec else { return vec![] };
     if spec.type_.as_deref() == Some("ExternalName") {
         return vec![];
     }
-    let cluster_ip = spec.cluster_ip.as_deref().filter(|ip| *ip != "None").and_then(|ip| ip.parse().ok());
+    let of_family = |ip: &IpAddr| Family::of(ip) == family;
+    let cluster_ip: Option<IpAddr> = spec
+        .cluster_ips
+        .iter()
+        .flatten()
+        .chain(spec.cluster_ip.iter())
+        .filter_map(|ip| ip.parse::<IpAddr>().ok())
+        .find(of_family);
+    if cluster_ip.is_none() {
+        return vec![];
+    }
     let lb_ips: Vec<IpAddr> = svc
         .status
         .as_ref()
@@ -146,6 +198,7 @@ pub fn service_ports(svc: &core::Service) -> Vec<ServicePort> {
         // `ipMode: Proxy` addresses are not the node's business.
         .filter(|i| i.ip_mode.as_deref().is_none_or(|m| m == "VIP"))
         .filter_map(|i| i.ip.as_deref().and_then(|ip| ip.parse().ok()))
+        .filter(of_family)
         .collect();
     let is_lb = spec.type_.as_deref() == Some("LoadBalancer");
     let affinity = (spec.session_affinity.as_deref() == Some("ClientIP")).then(|| {
@@ -166,10 +219,21 @@ pub fn service_ports(svc: &core::Service) -> Vec<ServicePort> {
             cluster_ip,
             port,
             node_port: p.node_port.and_then(|n| u16::try_from(n).ok()).filter(|n| *n > 0),
-            external_ips: spec.external_ips.iter().flatten().filter_map(|ip| ip.parse().ok()).collect(),
+            external_ips: spec
+                .external_ips
+                .iter()
+                .flatten()
+                .filter_map(|ip| ip.parse().ok())
+                .filter(of_family)
+                .collect(),
             load_balancer_ips: if is_lb { lb_ips.clone() } else { vec![] },
             source_ranges: if is_lb {
-                spec.load_balancer_source_ranges.iter().flatten().filter_map(|r| r.trim().parse().ok()).collect()
+                spec.load_balancer_source_ranges
+                    .iter()
+                    .flatten()
+                    .filter_map(|r| r.trim().parse::<IpNet>().ok())
+                    .filter(|r| Family::of_net(r) == family)
+                    .collect()
             } else {
                 vec![]
             },
@@ -252,8 +316,13 @@ pub struct ServiceView {
 }
 
 impl ServiceView {
+    /// The IPv4 view.
     pub fn of(svc: &core::Service) -> ServiceView {
         ServiceView { ports: service_ports(svc) }
+    }
+    /// The view of the proxier of `family`.
+    pub fn of_family(svc: &core::Service, family: Family) -> ServiceView {
+        ServiceView { ports: service_ports_of(svc, family) }
     }
 }
 
@@ -286,6 +355,15 @@ pub struct SliceEndpoint {
 }
 
 impl SliceView {
+    /// The view of the proxier of `family`: a slice of another `addressType` is nobody's
+    /// (kube-proxy's endpoint cache reads only its family's slices).
+    pub fn of_family(s: &discovery::EndpointSlice, family: Family) -> SliceView {
+        if s.address_type != family.api_name() {
+            return SliceView::default();
+        }
+        SliceView::of(s)
+    }
+
     pub fn of(s: &discovery::EndpointSlice) -> SliceView {
         let service = s
             .metadata

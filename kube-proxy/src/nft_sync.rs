@@ -62,6 +62,9 @@ pub trait NftKernel: Send + Sync + 'static {
 #[derive(Debug, Clone, Default)]
 pub struct NftablesKernel {
     pub nft: Nft,
+    /// The table's family: `ip kube-proxy`, or `ip6 kube-proxy` for the IPv6 proxier (written
+    /// through `nft -f`: the netlink layer writes the `ip` family only).
+    pub family: NftFamily,
     /// Every transaction through `nft -f`, as text.
     pub text_only: bool,
     /// Rules per transaction of a load from nothing (0: [`RULES_PER_PART`]).
@@ -87,6 +90,11 @@ impl NftablesKernel {
     /// The netlink path first, in `nft`'s namespace.
     pub fn in_netns(nft: Nft) -> Self {
         NftablesKernel { nft, ..Default::default() }
+    }
+
+    /// The kernel of the proxier of one family (IPv6: the text path).
+    pub fn for_family(family: NftFamily) -> Self {
+        NftablesKernel { family, text_only: family == NftFamily::Ip6, ..Default::default() }
     }
 
     /// How many transactions went through `nft -f`.
@@ -195,10 +203,10 @@ impl NftKernel for NftablesKernel {
         self.with_socket(|s| s.generation()).ok()
     }
     fn chain_rules(&self, chain: &str) -> Result<Option<Vec<String>>> {
-        self.nft.chain_rules(NftFamily::Ip, TABLE, chain).map_err(network)
+        self.nft.chain_rules(self.family, TABLE, chain).map_err(network)
     }
     fn delete_table(&self) -> Result<()> {
-        self.nft.delete_table(NftFamily::Ip, TABLE).map_err(network)
+        self.nft.delete_table(self.family, TABLE).map_err(network)
     }
     fn clear_conntrack(&self, deletes: &[Vec<String>]) {
         podpath_ruleset::kernel::conntrack_delete(deletes)
@@ -259,16 +267,16 @@ impl<K: NftKernel> NftKernel for Arc<K> {
 /// there was one. Without `nft` installed there is nothing of ours to remove.
 pub fn cleanup_nftables() -> bool {
     let nft = Nft::default();
-    match nft.has_table(NftFamily::Ip, TABLE) {
-        Ok(true) => match nft.delete_table(NftFamily::Ip, TABLE) {
-            Ok(()) => true,
-            Err(e) => {
-                tracing::warn!("cannot delete the nftables table ip {TABLE}: {e}");
-                false
+    let mut removed = false;
+    for family in [NftFamily::Ip, NftFamily::Ip6] {
+        if let Ok(true) = nft.has_table(family, TABLE) {
+            match nft.delete_table(family, TABLE) {
+                Ok(()) => removed = true,
+                Err(e) => tracing::warn!("cannot delete the nftables table {} {TABLE}: {e}", family.name()),
             }
-        },
-        _ => false,
+        }
     }
+    removed
 }
 
 /// The nftables proxier's inputs.
@@ -455,7 +463,8 @@ pub async fn run_nft_proxier<K: NftKernel>(p: NftProxier<K>, synced: Option<toki
                     .collect();
                 if !chains.is_empty() {
                     let k = kernel.clone();
-                    let tx = delete_chains(NftFamily::Ip, TABLE, &chains);
+                    let family = if cfg.ipv6() { NftFamily::Ip6 } else { NftFamily::Ip };
+                    let tx = delete_chains(family, TABLE, &chains);
                     let r = tokio::task::spawn_blocking(move || {
                         let before = k.generation();
                         k.apply(&tx).map(|()| (before, k.generation()))

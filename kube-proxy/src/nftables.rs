@@ -15,7 +15,7 @@ use podpath_ruleset::nft::{Chain, Element, NftFamily, NftTable, Set};
 use sha2::{Digest, Sha256};
 
 use super::iptables::{RenderConfig, ServiceState};
-use super::model::{Categorized, Endpoint, ServicePort};
+use super::model::{Categorized, Endpoint, Family, ServicePort};
 
 /// The table kube-proxy owns (one per IP family).
 pub const TABLE: &str = "kube-proxy";
@@ -183,7 +183,7 @@ fn fixed(cfg: &RenderConfig, nft: &NftConfig) -> NftTable {
     let mut masquerading = Chain::regular("masquerading");
     match nft.layout {
         Layout::Current | Layout::SharedMaps => {
-            if let Some(cidr) = cfg.cluster_cidr.filter(|c| matches!(c, IpNet::V4(_))) {
+            if let Some(cidr) = cfg.cluster_cidr.filter(|c| Family::of_net(c) == family(cfg)) {
                 services = services.rule(format!(
                     "ip daddr @cluster-ips ip saddr != {cidr} mark set mark or {MASQ_MARK} comment \"masquerade clusterIP traffic from outside cluster\""
                 ));
@@ -211,7 +211,7 @@ fn fixed(cfg: &RenderConfig, nft: &NftConfig) -> NftTable {
     let mut check = Chain::regular("cluster-ips-check")
         .rule("ip daddr @cluster-ips reject comment \"Reject traffic to invalid ports of ClusterIPs\"");
     let cidrs: Vec<String> =
-        nft.service_cidrs.iter().filter(|c| matches!(c, IpNet::V4(_))).map(|c| c.to_string()).collect();
+        nft.service_cidrs.iter().filter(|c| Family::of_net(c) == family(cfg)).map(|c| c.to_string()).collect();
     if !cidrs.is_empty() {
         check = check.rule(format!(
             "ip daddr {{ {} }} drop comment \"Drop traffic to unallocated ClusterIPs\"",
@@ -233,12 +233,13 @@ fn fixed(cfg: &RenderConfig, nft: &NftConfig) -> NftTable {
 
 /// The node addresses that accept NodePort traffic.
 fn nodeport_ips(cfg: &RenderConfig) -> impl Iterator<Item = String> + '_ {
-    cfg.node_ips.iter().filter(|ip| ip.is_ipv4() && !ip.is_loopback()).map(|ip| ip.to_string())
+    cfg.node_ips.iter().filter(|ip| Family::of(ip) == family(cfg) && !ip.is_loopback()).map(|ip| ip.to_string())
 }
 
 /// The whole table for these service ports.
 pub fn render(cfg: &RenderConfig, nft: &NftConfig, services: &[ServiceState]) -> NftTable {
     let mut t = fixed(cfg, nft);
+    let v6 = cfg.ipv6();
     // shared-maps: DNAT chains for every endpoint count up to the largest in use, so that
     // an endpoint more or less is elements only (no chain to create: no `nft` run).
     let mut most = 0;
@@ -248,7 +249,58 @@ pub fn render(cfg: &RenderConfig, nft: &NftConfig, services: &[ServiceState]) ->
     for n in 1..=most {
         add_lb_chains(cfg, n, &mut t);
     }
+    if v6 {
+        to_ip6(&mut t);
+    }
     t
+}
+
+/// The IPv6 proxier's table from the rules written for IPv4: kube-proxy's two tables differ in
+/// exactly these words (`ip6 kube-proxy`; `ip6 daddr`/`ip6 saddr`; `dnat ip6 to`; `ipv6_addr`),
+/// its rules being formatted with the family's `ip`/`ip6` and address type. Pure.
+pub fn to_ip6(t: &mut NftTable) {
+    t.family = podpath_ruleset::nft::NftFamily::Ip6;
+    for c in &mut t.chains {
+        for r in &mut c.rules {
+            *r = ip6_words(r);
+        }
+    }
+    for s in &mut t.sets {
+        s.key_type = ip6_words(&s.key_type).replace("ipv4_addr", "ipv6_addr");
+        if let Some(v) = &mut s.value_type {
+            *v = ip6_words(v).replace("ipv4_addr", "ipv6_addr");
+        }
+    }
+}
+
+/// `ip` → `ip6` where it names the network header (`ip daddr`, `ip saddr`, `dnat ip to`,
+/// `dnat ip addr . port to`); quoted comments are left alone.
+fn ip6_words(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 8);
+    let mut quoted = false;
+    let mut rest = text;
+    while !rest.is_empty() {
+        if let Some(r) = rest.strip_prefix('"') {
+            quoted = !quoted;
+            out.push('"');
+            rest = r;
+            continue;
+        }
+        let at_word = out.is_empty() || out.ends_with([' ', '{', '(', '.']);
+        if !quoted && at_word {
+            if let Some(r) = rest.strip_prefix("ip ") {
+                if ["daddr", "saddr", "to ", "addr "].iter().any(|w| r.starts_with(w)) {
+                    out.push_str("ip6 ");
+                    rest = r;
+                    continue;
+                }
+            }
+        }
+        let ch = rest.chars().next().expect("non-empty");
+        out.push(ch);
+        rest = &rest[ch.len_utf8()..];
+    }
+    out
 }
 
 /// Adds one service port's elements, chains and sets to `t`; for a port the shared maps carry,
@@ -368,6 +420,10 @@ pub fn render_changed(
     if let Some(set) = before.set_mut("hairpin-connections") {
         set.elements.retain(|k, _| !shared.hairpin.contains_key(k));
     }
+    if cfg.ipv6() {
+        to_ip6(&mut before);
+        to_ip6(&mut after);
+    }
     (before, after)
 }
 
@@ -394,7 +450,8 @@ fn shared<'a>(cfg: &RenderConfig, nft: &NftConfig, st: &'a ServiceState) -> Opti
         return None;
     }
     let mut port = Port::new(sp, &st.endpoints, &cfg.node_name);
-    port.cluster_eps.retain(|e| e.ip.is_ipv4());
+    let fam = port_family(sp);
+    port.cluster_eps.retain(|e| Family::of(&e.ip) == fam);
     (!port.cluster_eps.is_empty() && !port.uses_fw()).then_some(port)
 }
 
@@ -413,7 +470,7 @@ fn shared_service(cfg: &RenderConfig, p: &Port<'_>, t: &mut NftTable) {
             t.add_element("endpoints", Element::key(&[addr, proto, port, &index]).to(to));
         }
     };
-    if let Some(cip) = sp.cluster_ip.filter(|ip| ip.is_ipv4()).map(|ip| ip.to_string()) {
+    if let Some(cip) = sp.cluster_ip.map(|ip| ip.to_string()) {
         t.add_element("cluster-ips", Element::key(&[&cip]));
         t.add_element(
             "service-ips",
@@ -421,7 +478,7 @@ fn shared_service(cfg: &RenderConfig, p: &Port<'_>, t: &mut NftTable) {
         );
         add_endpoints(t, &cip, &port);
     }
-    for ip in v4(&sp.external_ips).chain(v4(&sp.load_balancer_ips)) {
+    for ip in same(sp, &sp.external_ips).chain(same(sp, &sp.load_balancer_ips)) {
         t.add_element("service-ips", Element::key(&[&ip, proto, &port]).with_comment(&p.spn).to(external.clone()));
         add_endpoints(t, &ip, &port);
     }
@@ -440,7 +497,8 @@ fn shared_service(cfg: &RenderConfig, p: &Port<'_>, t: &mut NftTable) {
 /// Two Service ports with the same pods and target port share them.
 fn hairpin_elements<'a>(p: &'a Port<'_>) -> impl Iterator<Item = Element> + 'a {
     let proto = p.sp.protocol.as_str();
-    p.local_eps.iter().filter(|e| e.ip.is_ipv4()).map(move |e| {
+    let fam = port_family(p.sp);
+    p.local_eps.iter().filter(move |e| Family::of(&e.ip) == fam).map(move |e| {
         let (ip, eport) = (e.ip.to_string(), e.port.to_string());
         Element::key(&[&ip, &ip, proto, &eport])
     })
@@ -459,8 +517,24 @@ fn no_endpoint_verdict(p: &Port<'_>) -> &'static str {
     }
 }
 
-fn v4(ips: &[IpAddr]) -> impl Iterator<Item = String> + '_ {
-    ips.iter().filter(|ip| ip.is_ipv4()).map(|ip| ip.to_string())
+/// The family of this proxier's rules (its node addresses').
+fn family(cfg: &RenderConfig) -> Family {
+    if cfg.ipv6() {
+        Family::V6
+    } else {
+        Family::V4
+    }
+}
+
+/// A service port's family: its ClusterIP's (the proxier of each family reads only its own).
+fn port_family(sp: &ServicePort) -> Family {
+    sp.cluster_ip.map(|ip| Family::of(&ip)).unwrap_or_default()
+}
+
+/// The addresses of `ips` of the port's family.
+fn same<'a>(sp: &ServicePort, ips: &'a [IpAddr]) -> impl Iterator<Item = String> + 'a {
+    let fam = port_family(sp);
+    ips.iter().filter(move |ip| Family::of(ip) == fam).map(|ip| ip.to_string())
 }
 
 /// One service port's elements and chains.
@@ -482,7 +556,7 @@ fn service(cfg: &RenderConfig, nft: &NftConfig, st: &ServiceState, t: &mut NftTa
     let external_policy = if sp.external_policy_local { &local_chain } else { &svc_chain };
 
     // Elements.
-    if let Some(cip) = sp.cluster_ip.filter(|ip| ip.is_ipv4()).map(|ip| ip.to_string()) {
+    if let Some(cip) = sp.cluster_ip.map(|ip| ip.to_string()) {
         t.add_element("cluster-ips", Element::key(&[&cip]));
         if p.has_internal() {
             t.add_element("service-ips", Element::key(&[&cip, proto, &port]).to(format!("goto {internal}")));
@@ -491,7 +565,7 @@ fn service(cfg: &RenderConfig, nft: &NftConfig, st: &ServiceState, t: &mut NftTa
             t.add_element("no-endpoint-services", Element::key(&[&cip, proto, &port]).with_comment(&p.spn).to(verdict));
         }
     }
-    let external_ips: Vec<String> = v4(&sp.external_ips).chain(v4(&sp.load_balancer_ips)).collect();
+    let external_ips: Vec<String> = same(sp, &sp.external_ips).chain(same(sp, &sp.load_balancer_ips)).collect();
     for ip in &external_ips {
         if p.has_endpoints() {
             t.add_element("service-ips", Element::key(&[ip, proto, &port]).to(format!("goto {ext_chain}")));
@@ -505,7 +579,7 @@ fn service(cfg: &RenderConfig, nft: &NftConfig, st: &ServiceState, t: &mut NftTa
     }
     let uses_fw = p.uses_fw();
     if uses_fw {
-        for ip in v4(&sp.load_balancer_ips) {
+        for ip in same(sp, &sp.load_balancer_ips) {
             t.add_element("firewall-ips", Element::key(&[&ip, proto, &port]).to(format!("goto {fw_chain}")));
         }
     }
@@ -615,10 +689,10 @@ fn service(cfg: &RenderConfig, nft: &NftConfig, st: &ServiceState, t: &mut NftTa
     }
     if uses_fw {
         let mut ranges: Vec<String> =
-            sp.source_ranges.iter().filter(|r| matches!(r, IpNet::V4(_))).map(|r| r.to_string()).collect();
+            sp.source_ranges.iter().filter(|r| Family::of_net(r) == port_family(sp)).map(|r| r.to_string()).collect();
         // A range holding the node's own address lets the node reach the VIPs too.
         if sp.source_ranges.iter().any(|r| cfg.node_ips.iter().any(|ip| r.contains(ip))) {
-            ranges.extend(v4(&sp.load_balancer_ips));
+            ranges.extend(same(sp, &sp.load_balancer_ips));
         }
         t.chains.push(Chain::regular(fw_chain.clone()).rule(format!("ip saddr != {{ {} }} drop", ranges.join(", "))));
     }

@@ -15,10 +15,10 @@ use podpath_ruleset::nft::{delete_chains, Listing, NftFamily, NftTable, Transact
 use podpath_ruleset::Nft;
 use testkit::netns::{host_state, root_or_explain, Netns};
 
-use fixtures::{cfg, ep, services};
+use fixtures::{cfg, cfg_v6, ep, services, services_v6};
 
 fn assert_kernel_holds(nft: &Nft, t: &NftTable) {
-    let text = nft.list_table(NftFamily::Ip, TABLE, false).unwrap().expect("the table exists");
+    let text = nft.list_table(t.family, TABLE, false).unwrap().expect("the table exists");
     let Listing { chains: got_chains, sets: got_sets } = Listing::parse(&text);
     let Listing { chains: want_chains, sets: want_sets } = Listing::of(t);
     assert_eq!(got_chains.keys().collect::<Vec<_>>(), want_chains.keys().collect::<Vec<_>>(), "chains\n{text}");
@@ -279,4 +279,44 @@ fn a_table_loaded_over_netlink_lists_back_as_the_one_nft_loads() {
     }
     drop((text_ns, netlink_ns));
     assert_eq!(host_state(), before_host, "the host namespace changed");
+}
+
+/// The IPv6 proxier's table, `ip6 kube-proxy`, in every layout: nft takes it (through `nft -f`,
+/// the netlink layer writes `ip` only), lists it back as rendered, and a partial sync between
+/// two renders changes only what it says; the `ip` table of the IPv4 proxier beside it is left
+/// alone.
+#[test]
+fn the_ipv6_table_loads_and_lists_back_in_every_layout() {
+    if !root_or_explain() {
+        return;
+    }
+    let before = host_state();
+    let ns = Netns::new("ppnft6");
+    let nft = Nft::in_netns(&ns.name);
+    let v4 = render(&cfg(), &NftConfig::default(), &services());
+    nft.apply(&Transaction::between(None, &v4).0).unwrap();
+    for layout in [Layout::Current, Layout::V134, Layout::SharedMaps] {
+        let config = NftConfig { layout, service_cidrs: vec!["fd00:10:96::/112".parse().unwrap()] };
+        let first = render(&cfg_v6(), &config, &services_v6());
+        assert_eq!(first.family, NftFamily::Ip6);
+        let (tx, _) = Transaction::between(None, &first);
+        let text = tx.text();
+        assert!(text.contains("table ip6 kube-proxy") && !text.contains(" ip daddr"), "{text}");
+        if let Err(e) = nft.apply(&tx) {
+            panic!("{layout:?}: nft refused the IPv6 table: {e}\n{text}");
+        }
+        assert_kernel_holds(&nft, &first);
+        let mut next = services_v6();
+        next[0].endpoints.pop();
+        next.retain(|s| s.port.id.name != "empty");
+        let second = render(&cfg_v6(), &config, &next);
+        let (tx, stale) = Transaction::between(Some(&first), &second);
+        nft.apply(&tx).unwrap_or_else(|e| panic!("{layout:?}: {e}\n{}", tx.text()));
+        nft.apply(&delete_chains(NftFamily::Ip6, TABLE, &stale)).unwrap();
+        assert_kernel_holds(&nft, &second);
+        nft.delete_table(NftFamily::Ip6, TABLE).unwrap();
+    }
+    assert_kernel_holds(&nft, &v4);
+    drop(ns);
+    assert_eq!(host_state(), before, "the host namespace changed");
 }

@@ -76,11 +76,17 @@ impl Network {
 }
 
 /// The configuration written for a node when `--cni-conf-dir` has none: podpath's bridge and
-/// IPAM plugins on `cni0` with the node's pod CIDR, no masquerade (pod-to-pod traffic between
+/// IPAM plugins on `cni0` with the node's pod CIDRs (a range set per family, as host-local's
+/// `ranges`), no masquerade (pod-to-pod traffic between
 /// nodes keeps its source address), same-node pod traffic routed through the node (so the
 /// NetworkPolicy filter in its forward hook sees every pod's packets), IPAM state in the agent's state directory (nodes of one
 /// host must not share it).
-pub fn default_network_config(pod_cidr: &str, ipam_dir: &Path) -> Value {
+pub fn default_network_config(pod_cidrs: &[String], ipam_dir: &Path) -> Value {
+    let ranges: Vec<Value> = pod_cidrs.iter().map(|c| json!([{"subnet": c}])).collect();
+    let routes: Vec<Value> = pod_cidrs
+        .iter()
+        .map(|c| if c.contains(':') { json!({"dst": "::/0"}) } else { json!({"dst": "0.0.0.0/0"}) })
+        .collect();
     json!({
         "cniVersion": "1.1.0",
         "name": "podpath",
@@ -93,8 +99,8 @@ pub fn default_network_config(pod_cidr: &str, ipam_dir: &Path) -> Value {
             "routeSameBridge": true,
             "ipam": {
                 "type": "podpath-ipam",
-                "ranges": [[{"subnet": pod_cidr}]],
-                "routes": [{"dst": "0.0.0.0/0"}],
+                "ranges": ranges,
+                "routes": routes,
                 "dataDir": ipam_dir.display().to_string(),
             }
         }]
@@ -124,15 +130,15 @@ pub fn load_network(dir: &Path) -> Result<Option<Network>> {
 }
 
 /// Loads the directory's configuration, writing the default one first when there is none.
-pub fn load_or_write_default(dir: &Path, pod_cidr: &str, ipam_dir: &Path) -> Result<Network> {
+pub fn load_or_write_default(dir: &Path, pod_cidrs: &[String], ipam_dir: &Path) -> Result<Network> {
     if let Some(n) = load_network(dir)? {
         return Ok(n);
     }
     std::fs::create_dir_all(dir).map_err(|e| KubeletError::io(format!("create {}", dir.display()), e))?;
     let path = dir.join(DEFAULT_CONFLIST);
-    let text = serde_json::to_string_pretty(&default_network_config(pod_cidr, ipam_dir)).expect("json");
+    let text = serde_json::to_string_pretty(&default_network_config(pod_cidrs, ipam_dir)).expect("json");
     write_atomic(&path, text.as_bytes())?;
-    tracing::info!(path = %path.display(), %pod_cidr, "wrote the default CNI configuration");
+    tracing::info!(path = %path.display(), ?pod_cidrs, "wrote the default CNI configuration");
     Network::parse(&path, &text)
 }
 

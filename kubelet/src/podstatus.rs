@@ -61,7 +61,8 @@ pub struct ContainerView {
 pub struct PodView {
     pub sandbox_ready: bool,
     pub pod_ips: Vec<IpAddr>,
-    pub host_ip: IpAddr,
+    /// The node's addresses, primary first (`hostIP`, `hostIPs`).
+    pub host_ips: Vec<IpAddr>,
     pub start_time: Timestamp,
     pub containers: Vec<ContainerView>,
 }
@@ -200,8 +201,8 @@ pub fn pod_status(pod: &core::Pod, view: &PodView, now: Timestamp) -> core::PodS
     core::PodStatus {
         phase: Some(phase.into()),
         conditions: Some(conditions),
-        host_ip: Some(view.host_ip.to_string()),
-        host_ips: Some(vec![core::HostIP { ip: view.host_ip.to_string() }]),
+        host_ip: view.host_ips.first().map(|ip| ip.to_string()),
+        host_ips: Some(view.host_ips.iter().map(|ip| core::HostIP { ip: ip.to_string() }).collect()),
         pod_ip: ips.first().cloned(),
         pod_ips: (!ips.is_empty()).then(|| ips.iter().map(|ip| core::PodIP { ip: ip.clone() }).collect()),
         start_time: Some(time(view.start_time)),
@@ -238,7 +239,7 @@ mod tests {
         PodView {
             sandbox_ready: true,
             pod_ips: vec!["10.244.1.2".parse().unwrap()],
-            host_ip: "192.168.56.11".parse().unwrap(),
+            host_ips: vec!["192.168.56.11".parse().unwrap()],
             start_time: now(),
             containers: cs,
         }

@@ -212,6 +212,7 @@ fn world() -> World {
         cfg: PodsConfig {
             node_name: "node-1".into(),
             node_ip: "192.168.56.11".parse().unwrap(),
+            node_ips: vec!["192.168.56.11".parse().unwrap()],
             state_dir: dir.path().join("state"),
             workload_bin: "/opt/podpath/podpath-workload".into(),
             api_args: vec!["--apiserver".into(), "192.168.56.10:6444".into()],

@@ -25,9 +25,12 @@ use crate::routes::{self, NetlinkRoutes, RouteMetrics};
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
     pub node_name: String,
+    /// The primary InternalIP (`node_ips[0]`).
     pub node_ip: IpAddr,
-    /// Published as the Node's ExternalIP, if given.
-    pub node_external_ip: Option<IpAddr>,
+    /// Every InternalIP, primary family first (two on a dual-stack node).
+    pub node_ips: Vec<IpAddr>,
+    /// Published as the Node's ExternalIPs.
+    pub node_external_ips: Vec<IpAddr>,
     pub apiserver: String,
     pub token: Option<String>,
     /// The API server's CA (PEM): TLS to the API; None: plain HTTP.
@@ -81,7 +84,8 @@ pub enum ProxyMode {
 pub struct ProxyConfig {
     pub mode: ProxyMode,
     pub backend: podpath_ruleset::Backend,
-    pub cluster_cidr: Option<ipnet::IpNet>,
+    /// The pod network, one CIDR per family.
+    pub cluster_cidrs: Vec<ipnet::IpNet>,
     pub masquerade_external: bool,
     pub min_sync: Duration,
     pub nft: kube_proxy::nftables::NftConfig,
@@ -145,8 +149,8 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()>) -> Result
     let local_path_root = local_path_root.canonicalize().unwrap_or(local_path_root);
     let node_cfg = NodeConfig {
         name: cfg.node_name.clone(),
-        internal_ip: cfg.node_ip,
-        external_ip: cfg.node_external_ip,
+        internal_ips: cfg.node_ips.clone(),
+        external_ips: cfg.node_external_ips.clone(),
         max_pods: cfg.max_pods,
         labels: cfg.labels.clone(),
         kubelet_port: cfg.kubelet_port,
@@ -154,18 +158,22 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()>) -> Result
     };
     let desired = node::node_object(&node_cfg, &node::host_facts());
     let registered = node::register(&client, &desired).await?;
-    let pod_cidr = registered.spec.as_ref().and_then(|s| s.pod_cidr.clone()).unwrap_or_default();
-    tracing::info!(node = %cfg.node_name, %pod_cidr, "registered");
+    let spec = registered.spec.as_ref();
+    let mut pod_cidrs: Vec<String> = spec.and_then(|s| s.pod_cidrs.clone()).unwrap_or_default();
+    if pod_cidrs.is_empty() {
+        pod_cidrs.extend(spec.and_then(|s| s.pod_cidr.clone()).filter(|c| !c.is_empty()));
+    }
+    tracing::info!(node = %cfg.node_name, pod_cidrs = ?pod_cidrs, "registered");
 
     let network = match cni::load_network(&cfg.cni_conf_dir)? {
         Some(n) => n,
-        None if pod_cidr.is_empty() => {
+        None if pod_cidrs.is_empty() => {
             return Err(AgentError::Config(format!(
                 "no CNI configuration in {} and the API server assigned no pod CIDR to write one",
                 cfg.cni_conf_dir.display()
             )))
         }
-        None => cni::load_or_write_default(&cfg.cni_conf_dir, &pod_cidr, &cfg.state_dir.join("ipam"))?,
+        None => cni::load_or_write_default(&cfg.cni_conf_dir, &pod_cidrs, &cfg.state_dir.join("ipam"))?,
     };
     tracing::info!(network = %network.name, config = %network.source.display(), "CNI network");
 
@@ -192,6 +200,7 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()>) -> Result
     let pods_cfg = PodsConfig {
         node_name: cfg.node_name.clone(),
         node_ip: cfg.node_ip,
+        node_ips: cfg.node_ips.clone(),
         state_dir: cfg.state_dir.clone(),
         workload_bin: cfg.workload_bin.clone(),
         api_args: cfg.api_args.clone(),
@@ -309,22 +318,27 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()>) -> Result
 
     kube_proxy::stall::watch(&cfg.state_dir);
     if let Some(p) = &cfg.proxy {
-        use kube_proxy::model::{ServiceView, SliceView};
+        use kube_proxy::model::{Family, ServiceView, SliceView};
         use kube_proxy::{nft_sync, sync, userspace};
         use podpath_ruleset::kernel::IptablesKernel;
         let kernel = Arc::new(IptablesKernel::new(p.backend));
         // The other modes' rules go first: never two proxies' rules in one namespace.
         {
             let (kernel, mode) = (kernel.clone(), p.mode);
+            let v6 = cfg.node_ips.iter().any(IpAddr::is_ipv6);
             tokio::task::spawn_blocking(move || -> Result<()> {
                 if mode != ProxyMode::Nftables {
                     nft_sync::cleanup_nftables();
                 }
-                if mode != ProxyMode::Iptables {
-                    sync::cleanup(&*kernel)?;
-                }
-                if mode != ProxyMode::Userspace {
-                    userspace::cleanup(&*kernel)?;
+                let v6_kernel = IptablesKernel { ipt: kernel.ipt.clone().v6() };
+                let kernels: Vec<&IptablesKernel> = if v6 { vec![&*kernel, &v6_kernel] } else { vec![&*kernel] };
+                for k in kernels {
+                    if mode != ProxyMode::Iptables {
+                        sync::cleanup(k)?;
+                    }
+                    if mode != ProxyMode::Userspace {
+                        userspace::cleanup(k)?;
+                    }
                 }
                 Ok(())
             })
@@ -339,87 +353,114 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()>) -> Result
                 if p.backend == podpath_ruleset::Backend::Nft { "legacy" } else { "nft" }
             )));
         }
-        // The caches keep what the proxy reads of each object, not the object.
-        let services: Arc<Store<ServiceView>> = Store::new();
-        let slices: Arc<Store<SliceView>> = Store::new();
-        tokio::spawn(reflector::run_mapped(client.clone(), Filter::default(), services.clone(), |s: core::Service| {
-            ServiceView::of(&s)
-        }));
-        tokio::spawn(reflector::run_mapped(
-            client.clone(),
-            Filter::default(),
-            slices.clone(),
-            |s: k8s_openapi::api::discovery::v1::EndpointSlice| SliceView::of(&s),
-        ));
-        // What both kernel modes render with; nftables mode never answers NodePorts on
-        // 127.0.0.1 (kube-proxy's neither), and nft always has `masquerade fully-random`.
-        let render = kube_proxy::iptables::RenderConfig {
-            node_name: cfg.node_name.clone(),
-            node_ips: vec![cfg.node_ip],
-            cluster_cidr: p.cluster_cidr,
-            masquerade_external: p.masquerade_external,
-            random_fully: true,
-            localhost_nodeports: false,
+        if p.localhost_nodeports && p.mode == ProxyMode::Iptables && cfg.node_ips.iter().any(IpAddr::is_ipv4) {
+            // As kube-proxy does: 127.0.0.1 reaches NodePorts only with route_localnet
+            // (this node's network namespace only; KUBE-FIREWALL drops martians).
+            if let Err(e) = std::fs::write("/proc/sys/net/ipv4/conf/all/route_localnet", "1") {
+                tracing::warn!("cannot set route_localnet (localhost NodePorts will not answer): {e}");
+            }
+        }
+        // One proxier per family of the node, as kube-proxy runs on a dual-stack node: each
+        // reads its family's addresses only and writes its own rules (iptables or ip6tables,
+        // table ip or ip6 kube-proxy). The first serves the health-check NodePorts, on `::`
+        // when the node has IPv6 (a socket that takes both families).
+        let health_bind: IpAddr = if cfg.node_ips.iter().any(IpAddr::is_ipv6) {
+            IpAddr::from(std::net::Ipv6Addr::UNSPECIFIED)
+        } else {
+            IpAddr::from([0, 0, 0, 0])
         };
-        match p.mode {
-            ProxyMode::Iptables => {
-                let render = kube_proxy::iptables::RenderConfig {
-                    random_fully: kernel.ipt.supports_random_fully(),
-                    localhost_nodeports: p.localhost_nodeports,
-                    ..render
-                };
-                if p.localhost_nodeports {
-                    // As kube-proxy does: 127.0.0.1 reaches NodePorts only with route_localnet
-                    // (this node's network namespace only; KUBE-FIREWALL drops martians).
-                    if let Err(e) = std::fs::write("/proc/sys/net/ipv4/conf/all/route_localnet", "1") {
-                        tracing::warn!("cannot set route_localnet (localhost NodePorts will not answer): {e}");
-                    }
+        for (i, &node_ip) in cfg.node_ips.iter().enumerate() {
+            let family = Family::of(&node_ip);
+            let health_check_bind = (i == 0).then_some(health_bind);
+            // The caches keep what the proxy reads of each object, not the object.
+            let services: Arc<Store<ServiceView>> = Store::new();
+            let slices: Arc<Store<SliceView>> = Store::new();
+            tokio::spawn(reflector::run_mapped(
+                client.clone(),
+                Filter::default(),
+                services.clone(),
+                move |s: core::Service| ServiceView::of_family(&s, family),
+            ));
+            tokio::spawn(reflector::run_mapped(
+                client.clone(),
+                Filter::default(),
+                slices.clone(),
+                move |s: k8s_openapi::api::discovery::v1::EndpointSlice| SliceView::of_family(&s, family),
+            ));
+            // What both kernel modes render with; nftables mode never answers NodePorts on
+            // 127.0.0.1 (kube-proxy's neither), and nft always has `masquerade fully-random`.
+            let render = kube_proxy::iptables::RenderConfig {
+                node_name: cfg.node_name.clone(),
+                node_ips: vec![node_ip],
+                cluster_cidr: p.cluster_cidrs.iter().copied().find(|c| Family::of_net(c) == family),
+                masquerade_external: p.masquerade_external,
+                random_fully: true,
+                localhost_nodeports: false,
+            };
+            let kernel = if family == Family::V6 {
+                Arc::new(IptablesKernel { ipt: kernel.ipt.clone().v6() })
+            } else {
+                kernel.clone()
+            };
+            match p.mode {
+                ProxyMode::Iptables => {
+                    let render = kube_proxy::iptables::RenderConfig {
+                        random_fully: kernel.ipt.supports_random_fully(),
+                        localhost_nodeports: p.localhost_nodeports,
+                        ..render
+                    };
+                    tracing::info!(
+                        mode = "iptables",
+                        family = family.api_name(),
+                        backend = p.backend.name(),
+                        masquerade_external = p.masquerade_external,
+                        "service proxy"
+                    );
+                    let proxier = sync::Proxier {
+                        kernel,
+                        render,
+                        services,
+                        slices,
+                        health: health.clone(),
+                        period: cfg.sync_period,
+                        min_interval: p.min_sync,
+                        health_check_bind,
+                    };
+                    tokio::spawn(sync::run_proxier(proxier, None));
                 }
-                tracing::info!(
-                    mode = "iptables",
-                    backend = p.backend.name(),
-                    masquerade_external = p.masquerade_external,
-                    "service proxy"
-                );
-                let proxier = sync::Proxier {
-                    kernel,
-                    render,
-                    services,
-                    slices,
-                    health: health.clone(),
-                    period: cfg.sync_period,
-                    min_interval: p.min_sync,
-                    health_check_bind: Some(std::net::IpAddr::from([0, 0, 0, 0])),
-                };
-                tokio::spawn(sync::run_proxier(proxier, None));
-            }
-            ProxyMode::Nftables => {
-                tracing::info!(mode = "nftables", layout = ?p.nft.layout, masquerade_external = p.masquerade_external, "service proxy");
-                let proxier = nft_sync::NftProxier {
-                    kernel: Arc::new(nft_sync::NftablesKernel::default()),
-                    render,
-                    nft: p.nft.clone(),
-                    services,
-                    slices,
-                    health: health.clone(),
-                    period: cfg.sync_period,
-                    min_interval: p.min_sync,
-                    health_check_bind: Some(std::net::IpAddr::from([0, 0, 0, 0])),
-                };
-                tokio::spawn(nft_sync::run_nft_proxier(proxier, None));
-            }
-            ProxyMode::Userspace => {
-                tracing::info!(mode = "userspace", backend = p.backend.name(), "service proxy");
-                let proxier = userspace::UserspaceProxier {
-                    kernel,
-                    node_name: cfg.node_name.clone(),
-                    node_ip: cfg.node_ip,
-                    services,
-                    slices,
-                    health: health.clone(),
-                    period: cfg.sync_period,
-                };
-                tokio::spawn(userspace::run(proxier, None));
+                ProxyMode::Nftables => {
+                    tracing::info!(mode = "nftables", family = family.api_name(), layout = ?p.nft.layout, masquerade_external = p.masquerade_external, "service proxy");
+                    let proxier = nft_sync::NftProxier {
+                        kernel: Arc::new(nft_sync::NftablesKernel::for_family(family.nft())),
+                        render,
+                        nft: p.nft.clone(),
+                        services,
+                        slices,
+                        health: health.clone(),
+                        period: cfg.sync_period,
+                        min_interval: p.min_sync,
+                        health_check_bind,
+                    };
+                    tokio::spawn(nft_sync::run_nft_proxier(proxier, None));
+                }
+                ProxyMode::Userspace => {
+                    tracing::info!(
+                        mode = "userspace",
+                        family = family.api_name(),
+                        backend = p.backend.name(),
+                        "service proxy"
+                    );
+                    let proxier = userspace::UserspaceProxier {
+                        kernel,
+                        node_name: cfg.node_name.clone(),
+                        node_ip,
+                        services,
+                        slices,
+                        health: health.clone(),
+                        period: cfg.sync_period,
+                    };
+                    tokio::spawn(userspace::run(proxier, None));
+                }
             }
         }
     }
@@ -518,7 +559,7 @@ fn proxy_configz(cfg: &AgentConfig, p: &ProxyConfig, mode: &str) -> serde_json::
     iptables["localhostNodePorts"] = serde_json::json!(p.localhost_nodeports);
     serde_json::json!({
         "bindAddress": "0.0.0.0",
-        "clusterCIDR": p.cluster_cidr.map(|c| c.to_string()).unwrap_or_default(),
+        "clusterCIDR": p.cluster_cidrs.iter().map(|c| c.to_string()).collect::<Vec<_>>().join(","),
         "detectLocalMode": "ClusterCIDR",
         "healthzBindAddress": cfg.healthz_bind.map(|a| a.to_string()).unwrap_or_default(),
         "hostnameOverride": cfg.node_name,

@@ -28,13 +28,14 @@ struct Args {
     /// Name of this node.
     #[arg(long, required_unless_present_any = ["cleanup", "kill_pods"])]
     node_name: Option<String>,
-    /// This node's address on the node network (its InternalIP).
-    #[arg(long, required_unless_present_any = ["cleanup", "kill_pods"])]
-    node_ip: Option<IpAddr>,
-    /// The address clients outside the cluster reach this node at, published as its
-    /// ExternalIP (a cloud node's public address; the lab's: what its client reaches).
-    #[arg(long)]
-    node_external_ip: Option<IpAddr>,
+    /// This node's address on the node network (its InternalIP); two, an IPv4 and an IPv6
+    /// one separated by a comma, on a dual-stack node (the first is its primary family).
+    #[arg(long, value_delimiter = ',', required_unless_present_any = ["cleanup", "kill_pods"])]
+    node_ip: Vec<IpAddr>,
+    /// The addresses clients outside the cluster reach this node at, published as its
+    /// ExternalIPs (a cloud node's public address; the lab's: what its client reaches).
+    #[arg(long, value_delimiter = ',')]
+    node_external_ip: Vec<IpAddr>,
     #[command(flatten)]
     api: podpath_client::daemon::ApiFlags,
     /// Where the agent keeps pod records, the CNI cache, IPAM state and pod logs.
@@ -95,9 +96,10 @@ struct Args {
     /// iptables backend (never both in one namespace).
     #[arg(long, value_enum, default_value_t = Backend::Nft)]
     iptables_backend: Backend,
-    /// The pod network: traffic to a ClusterIP from outside it is masqueraded.
-    #[arg(long, default_value = "10.244.0.0/16")]
-    cluster_cidr: String,
+    /// The pod network (one CIDR, or one per family separated by a comma): traffic to a
+    /// ClusterIP from outside it is masqueraded.
+    #[arg(long, value_delimiter = ',', default_value = "10.244.0.0/16")]
+    cluster_cidr: Vec<String>,
     /// Lab knob: `false` leaves out the masquerade of external traffic (scenario 4 then breaks,
     /// which is the point of the exercise).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
@@ -198,11 +200,11 @@ async fn run() -> Result<()> {
         Some(mode) => Some(agent::ProxyConfig {
             mode,
             backend,
-            cluster_cidr: Some(
-                args.cluster_cidr
-                    .parse()
-                    .with_context(|| format!("--cluster-cidr {:?} is not a CIDR", args.cluster_cidr))?,
-            ),
+            cluster_cidrs: args
+                .cluster_cidr
+                .iter()
+                .map(|c| c.parse().with_context(|| format!("--cluster-cidr {c:?} is not a CIDR")))
+                .collect::<Result<_>>()?,
             masquerade_external: args.masquerade,
             min_sync: Duration::from_secs_f64(args.min_sync_seconds.max(0.0)),
             nft: kube_proxy::nftables::NftConfig { layout, service_cidrs },
@@ -237,10 +239,17 @@ async fn run() -> Result<()> {
         None => vec![exe_dir.clone(), "/opt/cni/bin".into(), "/usr/lib/cni".into()],
     };
     let api_args = args.api.to_args();
+    let node_ips = args.node_ip.clone();
+    match node_ips.as_slice() {
+        [_] => {}
+        [a, b] if a.is_ipv4() != b.is_ipv4() => {}
+        _ => bail!("--node-ip: one address, or an IPv4 and an IPv6 address separated by a comma"),
+    }
     let cfg = AgentConfig {
         node_name: args.node_name.unwrap_or_default(),
-        node_ip: args.node_ip.expect("required by clap"),
-        node_external_ip: args.node_external_ip,
+        node_ip: node_ips[0],
+        node_ips: node_ips.clone(),
+        node_external_ips: args.node_external_ip.clone(),
         apiserver: args.api.apiserver,
         token,
         ca,

@@ -65,9 +65,10 @@ pub fn host_facts() -> HostFacts {
 #[derive(Debug, Clone)]
 pub struct NodeConfig {
     pub name: String,
-    pub internal_ip: IpAddr,
-    /// The ExternalIP, if any.
-    pub external_ip: Option<IpAddr>,
+    /// The InternalIPs, primary family first.
+    pub internal_ips: Vec<IpAddr>,
+    /// The ExternalIPs, if any.
+    pub external_ips: Vec<IpAddr>,
     pub max_pods: u32,
     pub labels: BTreeMap<String, String>,
     /// The kubelet API's port (0: none), published as `status.daemonEndpoints`.
@@ -108,14 +109,16 @@ pub fn node_object(cfg: &NodeConfig, facts: &HostFacts) -> core::Node {
         spec: None,
         status: Some(core::NodeStatus {
             addresses: Some(
-                [
-                    Some(core::NodeAddress { type_: "InternalIP".into(), address: cfg.internal_ip.to_string() }),
-                    cfg.external_ip.map(|ip| core::NodeAddress { type_: "ExternalIP".into(), address: ip.to_string() }),
-                    Some(core::NodeAddress { type_: "Hostname".into(), address: cfg.name.clone() }),
-                ]
-                .into_iter()
-                .flatten()
-                .collect(),
+                cfg.internal_ips
+                    .iter()
+                    .map(|ip| core::NodeAddress { type_: "InternalIP".into(), address: ip.to_string() })
+                    .chain(
+                        cfg.external_ips
+                            .iter()
+                            .map(|ip| core::NodeAddress { type_: "ExternalIP".into(), address: ip.to_string() }),
+                    )
+                    .chain([core::NodeAddress { type_: "Hostname".into(), address: cfg.name.clone() }])
+                    .collect(),
             ),
             // Ready from the start; the server stamps lastHeartbeatTime on every heartbeat.
             conditions: Some(vec![core::NodeCondition {
@@ -220,8 +223,8 @@ mod tests {
         };
         let cfg = NodeConfig {
             name: "node-1".into(),
-            internal_ip: "192.168.56.11".parse().unwrap(),
-            external_ip: None,
+            internal_ips: vec!["192.168.56.11".parse().unwrap()],
+            external_ips: vec![],
             max_pods: 110,
             labels: BTreeMap::new(),
             kubelet_port: 10250,

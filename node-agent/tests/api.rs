@@ -22,11 +22,11 @@ async fn server() -> Server {
 fn cfg(name: &str) -> NodeConfig {
     NodeConfig {
         name: name.into(),
-        internal_ip: "192.168.56.11".parse().unwrap(),
+        internal_ips: vec!["192.168.56.11".parse().unwrap()],
         max_pods: 110,
         labels: Default::default(),
         kubelet_port: 0,
-        external_ip: None,
+        external_ips: vec![],
         annotations: Default::default(),
     }
 }

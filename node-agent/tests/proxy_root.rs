@@ -62,3 +62,54 @@ fn the_kernel_takes_every_rule_and_stale_chains_go() {
     drop(ns);
     assert_eq!(host_state(), before, "the host namespace changed");
 }
+
+/// The IPv6 proxier's ruleset through the real `ip6tables-restore`: the same shapes with v6
+/// addresses, `[addr]:port` DNATs, no KUBE-FIREWALL and `! -d ::1/128` before the NodePorts
+/// jump (kube-proxy never answers NodePorts on ::1).
+#[test]
+fn ip6tables_takes_the_ipv6_proxiers_rules() {
+    if !root_or_explain() {
+        return;
+    }
+    let before = host_state();
+    let ns = Netns::new("ppx6");
+    let cfg = RenderConfig {
+        cluster_cidr: Some("fd00:10:244::/56".parse().unwrap()),
+        ..RenderConfig::new("node-1", "fd00:56::11".parse().unwrap())
+    };
+    let port = ServicePort {
+        cluster_ip: Some("fd00:10:96::2a".parse().unwrap()),
+        node_port: Some(30080),
+        load_balancer_ips: vec!["2001:db8:100::7".parse().unwrap()],
+        source_ranges: vec!["2001:db8:113::/64".parse().unwrap()],
+        affinity_seconds: Some(600),
+        ..ServicePort::new("default", "contour", "http", "tcp", 80)
+    };
+    let endpoints = (1..=2)
+        .map(|i| Endpoint {
+            ip: format!("fd00:10:244:{i}::5").parse().unwrap(),
+            port: 8080,
+            node: Some(format!("node-{i}").into()),
+            ready: true,
+            serving: true,
+            terminating: false,
+        })
+        .collect();
+    let rendered = render(&cfg, &[ServiceState { port, endpoints }], &BTreeSet::new());
+    let ipt = Iptables::new(Backend::System).v6().in_netns(&ns.name);
+    if let Err(e) = ipt.restore(&rendered.ruleset) {
+        panic!("ip6tables-restore refused the ruleset: {e}\n{}", rendered.ruleset);
+    }
+    let nat = ipt.save_text("nat").unwrap();
+    assert!(nat.contains("-A KUBE-SERVICES -d fd00:10:96::2a/128 -p tcp -m comment --comment \"default/contour:http cluster IP\" -m tcp --dport 80 -j KUBE-SVC-"), "{nat}");
+    assert!(nat.contains("-j DNAT --to-destination [fd00:10:244:1::5]:8080"), "{nat}");
+    assert!(nat.contains("! -s fd00:10:244::/56 -d fd00:10:96::2a/128"), "{nat}");
+    assert!(
+        nat.contains("-A KUBE-SERVICES ! -d ::1/128 -m comment --comment \"kubernetes service nodeports; NOTE: this must be the last rule in this chain\" -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS"),
+        "{nat}"
+    );
+    let filter = ipt.save_text("filter").unwrap();
+    assert!(!filter.contains("KUBE-FIREWALL"), "{filter}");
+    drop(ns);
+    assert_eq!(host_state(), before, "the host namespace changed");
+}

@@ -12,8 +12,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 
 /// `ip` or `ip6`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub enum NftFamily {
+    #[default]
     Ip,
     Ip6,
 }
@@ -611,13 +612,14 @@ pub fn listed(rule: &str) -> String {
             Some(close)
                 if !is_update
                     && !tail[..close].contains(',')
-                    && !tail[..close].contains(':')
+                    && !tail[..close].contains(" : ")
                     && !tail[..close].contains('{') =>
             {
                 result.push_str(&tail[..close]);
                 rest = &tail[close + 2..];
             }
-            Some(close) if !is_update && !tail[..close].contains(':') && !tail[..close].contains('{') => {
+            // (A map's `key : value`, spaced: IPv6 addresses hold colons too.)
+            Some(close) if !is_update && !tail[..close].contains(" : ") && !tail[..close].contains('{') => {
                 // An anonymous set of addresses lists in address order.
                 let mut items: Vec<&str> = tail[..close].split(", ").collect();
                 items.sort_by_key(|i| {

@@ -57,8 +57,19 @@ pub trait Dataplane {
     /// switch DNATed packets between ports.
     fn route_between_ports(&mut self, bridge: &str) -> Result<()>;
     /// Addresses and routes on the container interface (a route without `gw` uses the gateway
-    /// of the address of its family).
-    fn configure_container(&mut self, netns: &Path, ifname: &str, ips: &[IpConfig], routes: &[Route]) -> Result<()>;
+    /// of the address of its family). IPv6 addresses skip duplicate address detection (the
+    /// reference bridge's default, `enableDad: false`). With `isolated` (ports that may not
+    /// reach each other), an IPv6 address gets no on-link prefix route, only its gateway is
+    /// on-link: IPv6 has no `proxy_arp_pvlan`, so pods of the bridge reach each other through
+    /// the gateway as IPv4 ones do.
+    fn configure_container(
+        &mut self,
+        netns: &Path,
+        ifname: &str,
+        ips: &[IpConfig],
+        routes: &[Route],
+        isolated: bool,
+    ) -> Result<()>;
     /// Puts a gateway address on the bridge (already present is fine).
     fn add_bridge_address(&mut self, bridge: &Link, addr: IpNet) -> Result<()>;
     fn enable_ip_forward(&mut self, v6: bool) -> Result<()>;
@@ -286,7 +297,15 @@ impl Dataplane for Netlink {
         Ok((host_link, container))
     }
 
-    fn configure_container(&mut self, netns: &Path, ifname: &str, ips: &[IpConfig], routes: &[Route]) -> Result<()> {
+    fn configure_container(
+        &mut self,
+        netns: &Path,
+        ifname: &str,
+        ips: &[IpConfig],
+        routes: &[Route],
+        isolated: bool,
+    ) -> Result<()> {
+        use rtnetlink::packet_route::address::{AddressAttribute, AddressFlags};
         let (ifname, ips, routes) = (ifname.to_string(), ips.to_vec(), routes.to_vec());
         in_netns(netns, move |h| {
             Box::pin(async move {
@@ -294,11 +313,25 @@ impl Dataplane for Netlink {
                     .await?
                     .ok_or_else(|| CniError::new(code::INTERNAL, format!("{ifname} is missing")))?;
                 for ip in &ips {
-                    h.address()
-                        .add(link.index, ip.address.addr(), ip.address.prefix_len())
-                        .execute()
+                    let mut req = h.address().add(link.index, ip.address.addr(), ip.address.prefix_len());
+                    if ip.address.addr().is_ipv6() {
+                        let mut flags = AddressFlags::Nodad;
+                        if isolated && ip.gateway.is_some() {
+                            flags |= AddressFlags::Noprefixroute;
+                        }
+                        req.message_mut().attributes.push(AddressAttribute::Flags(flags));
+                    }
+                    req.execute()
                         .await
                         .map_err(|e| internal(format!("cannot add address {} to {ifname}", ip.address), e))?;
+                    if let (true, true, Some(gw)) = (isolated, ip.address.addr().is_ipv6(), ip.gateway) {
+                        let on_link = IpNet::new(gw, 128).expect("128 fits an IPv6 address");
+                        h.route()
+                            .add(route_message(on_link, None, link.index)?)
+                            .execute()
+                            .await
+                            .map_err(|e| internal(format!("cannot add the on-link route to {gw}"), e))?;
+                    }
                 }
                 for r in &routes {
                     let gw = r.effective_gw(&ips);
@@ -317,7 +350,13 @@ impl Dataplane for Netlink {
         let h = self.handle.clone();
         let index = bridge.index;
         self.rt.block_on(async move {
-            match h.address().add(index, addr.addr(), addr.prefix_len()).execute().await {
+            use rtnetlink::packet_route::address::{AddressAttribute, AddressFlags};
+            let mut req = h.address().add(index, addr.addr(), addr.prefix_len());
+            if addr.addr().is_ipv6() {
+                // Usable at once: a tentative gateway address would drop the first packets.
+                req.message_mut().attributes.push(AddressAttribute::Flags(AddressFlags::Nodad));
+            }
+            match req.execute().await {
                 Ok(()) => Ok(()),
                 Err(e) if errno(&e) == Some(EEXIST) => Ok(()),
                 Err(e) => Err(internal(format!("cannot add gateway address {addr} to the bridge"), e)),

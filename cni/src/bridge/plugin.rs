@@ -171,7 +171,7 @@ fn add_steps(
             }
         }
     }
-    dp.configure_container(netns, &inv.ifname, &result.ips, &routes)?;
+    dp.configure_container(netns, &inv.ifname, &result.ips, &routes, cfg.route_same_bridge)?;
     if cfg.is_gateway {
         for ip in &result.ips {
             if let Some(gw) = ip.gateway {
@@ -395,6 +395,7 @@ mod tests {
             _ifname: &str,
             ips: &[IpConfig],
             routes: &[Route],
+            _isolated: bool,
         ) -> Result<()> {
             self.maybe_fail("configure")?;
             self.ops.push(Op::Configure {

@@ -64,3 +64,51 @@ pub fn services() -> Vec<ServiceState> {
 pub fn cfg() -> RenderConfig {
     RenderConfig::new("node-1", "192.168.56.11".parse().unwrap())
 }
+
+/// The same Services for the IPv6 proxier: every address mapped to its IPv6 counterpart of the
+/// lab's plan (10.96.0.X → fd00:10:96::X, 10.244.N.M → fd00:10:244:N::M, 198.51.100.X →
+/// 2001:db8:100::X, …).
+pub fn services_v6() -> Vec<ServiceState> {
+    let ip = |a: std::net::IpAddr| -> std::net::IpAddr { v6(&a.to_string()).parse().unwrap() };
+    let net = |n: ipnet::IpNet| -> ipnet::IpNet {
+        match n.to_string().as_str() {
+            "203.0.113.0/24" => "2001:db8:113::/64".parse().unwrap(),
+            "192.168.56.0/24" => "fd00:56::/64".parse().unwrap(),
+            other => panic!("no IPv6 counterpart for {other}"),
+        }
+    };
+    services()
+        .into_iter()
+        .map(|mut s| {
+            let p = &mut s.port;
+            p.cluster_ip = p.cluster_ip.map(ip);
+            p.load_balancer_ips = p.load_balancer_ips.iter().copied().map(ip).collect();
+            p.external_ips = p.external_ips.iter().copied().map(ip).collect();
+            p.source_ranges = p.source_ranges.iter().copied().map(net).collect();
+            for e in &mut s.endpoints {
+                e.ip = ip(e.ip);
+            }
+            s
+        })
+        .collect()
+}
+
+/// An IPv4 address of the fixtures as its IPv6 counterpart.
+pub fn v6(a: &str) -> String {
+    let o: Vec<&str> = a.split('.').collect();
+    match o.as_slice() {
+        ["10", "96", "0", x] => format!("fd00:10:96::{x}"),
+        ["10", "244", n, m] => format!("fd00:10:244:{n}::{m}"),
+        ["198", "51", "100", x] => format!("2001:db8:100::{x}"),
+        ["169", "10", "10", x] => format!("2001:db8:169::{x}"),
+        ["192", "168", "56", x] => format!("fd00:56::{x}"),
+        _ => panic!("no IPv6 counterpart for {a}"),
+    }
+}
+
+pub fn cfg_v6() -> RenderConfig {
+    RenderConfig {
+        cluster_cidr: Some("fd00:10:244::/56".parse().unwrap()),
+        ..RenderConfig::new("node-1", "fd00:56::11".parse().unwrap())
+    }
+}

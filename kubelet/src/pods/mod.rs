@@ -118,6 +118,8 @@ impl<T: Prober> Prober for Arc<T> {
 pub struct PodsConfig {
     pub node_name: String,
     pub node_ip: IpAddr,
+    /// Every InternalIP of the node (a pod's `status.hostIPs`), primary first.
+    pub node_ips: Vec<IpAddr>,
     pub state_dir: PathBuf,
     /// `podpath-workload`.
     pub workload_bin: PathBuf,

@@ -182,7 +182,7 @@ fn view_of(cfg: &PodsConfig, rec: Option<&PodRecord>, ctrs: &[Ctr]) -> PodView {
     PodView {
         sandbox_ready: rec.is_some(),
         pod_ips: rec.map(|r| r.pod_ips.clone()).unwrap_or_default(),
-        host_ip: cfg.node_ip,
+        host_ips: if cfg.node_ips.is_empty() { vec![cfg.node_ip] } else { cfg.node_ips.clone() },
         start_time: rec.map(|r| r.start_time).unwrap_or_else(Timestamp::now),
         containers: ctrs.iter().map(Ctr::view).collect(),
     }
