@@ -114,3 +114,25 @@ mod tests {
         assert_eq!(start_time(i32::MAX), None);
     }
 }
+
+/// Where a server asked to listen on `0.0.0.0:P` binds, in order: `[::]:P` first — one socket
+/// that takes both families (Linux's default `bindv6only=0`), so a pod of an IPv6 or
+/// dual-stack lab is reached on every address it has — then `0.0.0.0:P` where IPv6 is off.
+/// Any other address is bound as given.
+pub fn listen_candidates(addr: std::net::SocketAddr) -> Vec<std::net::SocketAddr> {
+    if addr.ip() == std::net::IpAddr::from([0, 0, 0, 0]) {
+        vec![std::net::SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, addr.port())), addr]
+    } else {
+        vec![addr]
+    }
+}
+
+#[cfg(test)]
+mod listen_tests {
+    #[test]
+    fn the_ipv4_wildcard_tries_the_dual_stack_socket_first() {
+        let c = super::listen_candidates("0.0.0.0:53".parse().unwrap());
+        assert_eq!(c, ["[::]:53".parse().unwrap(), "0.0.0.0:53".parse().unwrap()]);
+        assert_eq!(super::listen_candidates("127.0.0.1:53".parse().unwrap()).len(), 1);
+    }
+}

@@ -340,6 +340,8 @@ pub fn log_line(
     rsize: usize,
     took: Duration,
 ) -> String {
+    // An IPv4 client of the dual-stack socket as itself, as Go's net package shows it.
+    let src = SocketAddr::new(src.ip().to_canonical(), src.port());
     let host = match src {
         SocketAddr::V4(a) => a.ip().to_string(),
         SocketAddr::V6(a) => format!("[{}]", a.ip()),

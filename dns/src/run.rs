@@ -48,7 +48,14 @@ async fn http(
     path: &'static str,
     body: impl Fn() -> String + Clone + Send + Sync + 'static,
 ) -> Result<()> {
-    let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| DnsError::Bind(addr, e))?;
+    let mut bound = Err(DnsError::Bind(addr, std::io::Error::other("no address")));
+    for a in podpath_client::daemon::listen_candidates(addr) {
+        bound = tokio::net::TcpListener::bind(a).await.map_err(|e| DnsError::Bind(a, e));
+        if bound.is_ok() {
+            break;
+        }
+    }
+    let listener = bound?;
     let app = axum::Router::new().route(
         path,
         axum::routing::get(move || {
@@ -104,8 +111,24 @@ fn load(text: &str, file: &str, listen: SocketAddr) -> std::result::Result<Pipel
 
 /// Binds the sockets first (a wrong address fails at once), then serves until `shutdown`.
 pub async fn run(opts: Options, shutdown: impl std::future::Future<Output = ()>) -> Result<()> {
-    let udp = tokio::net::UdpSocket::bind(opts.listen).await.map_err(|e| DnsError::Bind(opts.listen, e))?;
-    let tcp = tokio::net::TcpListener::bind(opts.listen).await.map_err(|e| DnsError::Bind(opts.listen, e))?;
+    // `0.0.0.0` (a Corefile's `:53`) is every address of both families, as CoreDNS's `:53`.
+    let candidates = podpath_client::daemon::listen_candidates(opts.listen);
+    let (mut udp, mut tcp, mut last) = (None, None, None);
+    for addr in candidates {
+        match tokio::net::UdpSocket::bind(addr).await {
+            Ok(u) => match tokio::net::TcpListener::bind(addr).await {
+                Ok(t) => {
+                    (udp, tcp) = (Some(u), Some(t));
+                    break;
+                }
+                Err(e) => last = Some(DnsError::Bind(addr, e)),
+            },
+            Err(e) => last = Some(DnsError::Bind(addr, e)),
+        }
+    }
+    let (Some(udp), Some(tcp)) = (udp, tcp) else {
+        return Err(last.expect("at least one candidate"));
+    };
     let connect = || async {
         ApiClient::connect_patiently(&opts.apiserver, opts.token.as_deref(), opts.ca.as_deref(), None)
             .await

@@ -106,7 +106,7 @@ pub const FIREWALL_JUMPS: &[Jump] = &[
 /// The jumps a sync with `cfg` keeps in place.
 pub fn jumps(cfg: &RenderConfig) -> Vec<Jump> {
     let mut out = JUMPS.to_vec();
-    if cfg.localhost_nodeports {
+    if cfg.localhost_nodeports && !cfg.ipv6() {
         out.extend_from_slice(FIREWALL_JUMPS);
     }
     out

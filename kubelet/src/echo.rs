@@ -111,14 +111,14 @@ pub async fn serve(identity: Identity, options: EchoOptions) -> std::io::Result<
     };
     let mut tasks = tokio::task::JoinSet::new();
     for (port, mode) in &options.ports {
-        let listener = TcpListener::bind(("0.0.0.0", *port))
+        let listener = bind_any(*port, |a| async move { TcpListener::bind(a).await })
             .await
             .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on port {port}: {e}")))?;
         eprintln!("podpath/echo: {mode:?} on port {port}");
         tasks.spawn(accept_loop(listener, *mode, identity.clone(), tls.clone()));
     }
     for port in &options.udp_ports {
-        let socket = tokio::net::UdpSocket::bind(("0.0.0.0", *port))
+        let socket = bind_any(*port, |a| async move { tokio::net::UdpSocket::bind(a).await })
             .await
             .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on UDP port {port}: {e}")))?;
         eprintln!("podpath/echo: UDP on port {port}");
@@ -138,6 +138,25 @@ pub async fn serve(identity: Identity, options: EchoOptions) -> std::io::Result<
     Ok(())
 }
 
+fn canonical(a: std::net::SocketAddr) -> std::net::SocketAddr {
+    std::net::SocketAddr::new(a.ip().to_canonical(), a.port())
+}
+
+/// Binds every address of the pod, both families (`[::]`, or `0.0.0.0` where IPv6 is off).
+async fn bind_any<T, F: std::future::Future<Output = std::io::Result<T>>>(
+    port: u16,
+    bind: impl Fn(std::net::SocketAddr) -> F,
+) -> std::io::Result<T> {
+    let mut last = None;
+    for a in podpath_client::daemon::listen_candidates(std::net::SocketAddr::from(([0, 0, 0, 0], port))) {
+        match bind(a).await {
+            Ok(s) => return Ok(s),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.expect("at least one candidate"))
+}
+
 async fn accept_loop(
     listener: TcpListener,
     mode: PortMode,
@@ -147,6 +166,8 @@ async fn accept_loop(
     loop {
         let (stream, client) = listener.accept().await?;
         let server = stream.local_addr()?;
+        // IPv4 peers of the dual-stack socket as themselves (not `::ffff:a.b.c.d`).
+        let (client, server) = (canonical(client), canonical(server));
         let _ = stream.set_nodelay(true);
         let identity = identity.clone();
         let tls = tls.clone();

@@ -41,7 +41,8 @@ pub const COREFILE: &str = ".:53 {
 ";
 
 /// What to create, in order: (collection path, object). An existing one (409) is kept.
-pub fn objects() -> Vec<(&'static str, Value)> {
+/// `cluster_dns`: the kube-dns Service's address (the tenth of the primary Service range).
+pub fn objects(cluster_dns: &str) -> Vec<(&'static str, Value)> {
     let labels = json!({"k8s-app": "kube-dns"});
     vec![
         ("/api/v1/namespaces", json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kube-system"}})),
@@ -60,7 +61,7 @@ pub fn objects() -> Vec<(&'static str, Value)> {
                 "metadata": {"name": "kube-dns", "namespace": "kube-system",
                              "labels": {"k8s-app": "kube-dns", "kubernetes.io/name": "CoreDNS"}},
                 "spec": {
-                    "clusterIP": CLUSTER_DNS,
+                    "clusterIP": cluster_dns,
                     "selector": labels,
                     "ports": [
                         {"name": "dns", "port": 53, "protocol": "UDP", "targetPort": 53},
@@ -124,12 +125,19 @@ pub fn control_plane_routes(nodes: &Value) -> Vec<(String, String)> {
 
 /// A DNS query for `name`'s A record (id 0x5050, recursion desired), as a resolver sends it.
 pub fn a_query(name: &str) -> Vec<u8> {
+    query(name, 1)
+}
+
+/// A DNS query for `name`'s record of type `qtype` (1 A, 28 AAAA).
+pub fn query(name: &str, qtype: u16) -> Vec<u8> {
     let mut q = vec![0x50, 0x50, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0];
     for label in name.trim_end_matches('.').split('.') {
         q.push(label.len() as u8);
         q.extend_from_slice(label.as_bytes());
     }
-    q.extend_from_slice(&[0, 0, 1, 0, 1]);
+    q.push(0);
+    q.extend_from_slice(&qtype.to_be_bytes());
+    q.extend_from_slice(&[0, 1]);
     q
 }
 
@@ -141,11 +149,16 @@ pub fn answered(reply: &[u8]) -> bool {
         && u16::from_be_bytes([reply[6], reply[7]]) > 0
 }
 
-/// Asks the cluster DNS for `name` from the current network namespace; whether it answered.
-pub fn cluster_dns_answers(name: &str, timeout: std::time::Duration) -> bool {
-    let Ok(s) = std::net::UdpSocket::bind(("0.0.0.0", 0)) else { return false };
+/// Asks the cluster DNS at `server` for `name` from the current network namespace; whether it
+/// answered.
+pub fn cluster_dns_answers(server: &str, name: &str, timeout: std::time::Duration) -> bool {
+    let Ok(ip) = server.parse::<std::net::IpAddr>() else { return false };
+    let any: std::net::IpAddr = if ip.is_ipv6() { std::net::Ipv6Addr::UNSPECIFIED.into() } else { [0, 0, 0, 0].into() };
+    let Ok(s) = std::net::UdpSocket::bind((any, 0)) else { return false };
     let _ = s.set_read_timeout(Some(timeout));
-    if s.connect((CLUSTER_DNS, 53)).is_err() || s.send(&a_query(name)).is_err() {
+    // The Services of an IPv6 cluster have AAAA records only.
+    let qtype = if ip.is_ipv6() { 28 } else { 1 };
+    if s.connect((ip, 53)).is_err() || s.send(&query(name, qtype)).is_err() {
         return false;
     }
     let mut buf = [0u8; 512];
@@ -158,7 +171,7 @@ mod tests {
 
     #[test]
     fn kubeadms_shape() {
-        let o = objects();
+        let o = objects(CLUSTER_DNS);
         let svc = &o[2].1;
         assert_eq!(svc["spec"]["clusterIP"], "10.96.0.10");
         let ports: Vec<String> = svc["spec"]["ports"]

@@ -292,7 +292,7 @@ pub fn kill_pod(st: &LabState, target: &str) -> Result<i32> {
 
 /// The namespace of `node` (node-1 … node-N) in this lab.
 fn node_netns(st: &LabState, node: &str) -> Result<String> {
-    let p = Plan::new(&st.name, st.nodes);
+    let p = Plan::with_family(&st.name, st.nodes, st.ip_family);
     match p.netns_of(node) {
         Some(ns) if node.starts_with("node-") => Ok(ns.to_string()),
         _ => Err(LabError::Usage(format!("no node {node:?} in lab {:?}: node-1…node-{}", st.name, st.nodes))),

@@ -30,7 +30,7 @@ pub fn exec_argv(st: &LabState, host: &str, cmd: &[String]) -> Result<Vec<String
         let pid = pod_pid(st, &ApiAccess::of(st)?, ns, name)?;
         argv = ["nsenter", "-t", &pid, "-n", "-u", "-m", "-r", "--"].iter().map(|s| s.to_string()).collect();
     } else {
-        let p = Plan::new(&st.name, st.nodes);
+        let p = Plan::with_family(&st.name, st.nodes, st.ip_family);
         let ns = p.netns_of(host).ok_or_else(|| {
             LabError::Usage(format!(
                 "no host {host:?} in lab {:?}: client, gateway, control-plane, node-1…node-{}, pod/NS/NAME",
@@ -104,7 +104,7 @@ pub fn pod_pid(st: &LabState, api: &ApiAccess, ns: &str, name: &str) -> Result<S
 
 /// lb-sim's status document (`GET /status` in the gateway's namespace).
 pub fn lb_status(st: &LabState) -> Result<serde_json::Value> {
-    let p = Plan::new(&st.name, st.nodes);
+    let p = Plan::with_family(&st.name, st.nodes, st.ip_family);
     lb_status_in(p.netns_of("gateway").expect("planned"))
 }
 

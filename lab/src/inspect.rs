@@ -15,7 +15,7 @@ pub type NodeTables = BTreeMap<String, Vec<(String, String)>>;
 
 /// `iptables-save` of `tables` on every node of the lab, read in parallel.
 pub fn node_tables(st: &LabState, tables: &[&str]) -> Result<NodeTables> {
-    let plan = Plan::new(&st.name, st.nodes);
+    let plan = Plan::with_family(&st.name, st.nodes, st.ip_family);
     let nodes: Vec<(String, String)> =
         plan.nodes.iter().map(|n| (n.name.clone(), plan.netns_of(&n.name).expect("planned").to_string())).collect();
     type OneNode = (String, Vec<(String, String)>);
@@ -66,7 +66,7 @@ fn nft_rules(st: &LabState) -> Result<BTreeMap<String, Vec<String>>> {
 
 /// Every node's table `ip kube-proxy` (`nft list table`), read in parallel.
 fn nft_listings(st: &LabState) -> Result<BTreeMap<String, podpath_ruleset::nft::Listing>> {
-    let plan = Plan::new(&st.name, st.nodes);
+    let plan = Plan::with_family(&st.name, st.nodes, st.ip_family);
     let nodes: Vec<(String, String)> =
         plan.nodes.iter().map(|n| (n.name.clone(), plan.netns_of(&n.name).expect("planned").to_string())).collect();
     type OneNode = (String, podpath_ruleset::nft::Listing);

@@ -13,6 +13,7 @@
 pub mod dns;
 pub mod doctor;
 pub mod explain;
+pub mod family;
 pub mod fault;
 pub mod hosts;
 pub mod inspect;

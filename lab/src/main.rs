@@ -63,6 +63,10 @@ enum Cmd {
         /// "networking 101" walkthrough).
         #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
         masquerade: bool,
+        /// The cluster's IP families: `ipv4`, `ipv6` (Services, pods and nodes' InternalIPs
+        /// IPv6 only) or `dual` (both, IPv4 primary), as kind's `ipFamily`.
+        #[arg(long, value_enum, default_value_t = lab::family::IpFamilyMode::Ipv4)]
+        ip_family: lab::family::IpFamilyMode,
         /// Host port for kubectl (default: a free one).
         #[arg(long, default_value_t = 0)]
         api_port: u16,
@@ -420,6 +424,7 @@ fn run() -> Result<()> {
             nftables_layout,
             lb_mode,
             masquerade,
+            ip_family,
             api_port,
             registry_mirrors,
             plain_http_registries,
@@ -437,6 +442,7 @@ fn run() -> Result<()> {
                 nftables_layout,
                 lb_mode,
                 masquerade,
+                ip_family,
                 state_dir: dir.clone(),
                 bin_dir,
                 api_port,

@@ -1,7 +1,9 @@
 //! The lab's topology as data (pure): namespaces, links, addresses, routes and sysctls, from the
 //! address plan of docs/architecture.md. `apply` turns it into `ip` commands in one place.
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use crate::family::{self, IpFamilyMode};
 
 /// One host of the lab (a network namespace).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,13 +38,15 @@ pub struct Addr {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DefaultRoute {
     pub netns: String,
-    pub via: Ipv4Addr,
+    pub via: IpAddr,
 }
 
 /// The whole topology.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Plan {
     pub lab: String,
+    /// The cluster's families (the lab's wiring is IPv4 in every mode).
+    pub family: IpFamilyMode,
     pub hosts: Vec<Host>,
     pub links: Vec<Link>,
     pub addrs: Vec<Addr>,
@@ -56,7 +60,17 @@ pub struct Plan {
 pub struct NodeSpec {
     pub name: String,
     pub netns: String,
+    /// Its address on the IPv4 underlay (always there: the lab's wiring).
     pub ip: Ipv4Addr,
+    /// Its IPv6 underlay address, in an IPv6 or dual-stack lab.
+    pub ip6: Option<Ipv6Addr>,
+}
+
+impl NodeSpec {
+    /// Its InternalIPs (`--node-ip`), primary family first.
+    pub fn node_ips(&self, family: IpFamilyMode) -> String {
+        family.node_ips(self.ip)
+    }
 }
 
 pub const UNDERLAY_PREFIX: [u8; 3] = [192, 168, 56];
@@ -112,7 +126,14 @@ pub fn check_name(name: &str) -> Result<(), String> {
 }
 
 impl Plan {
+    /// An IPv4 lab's plan.
     pub fn new(lab: &str, nodes: usize) -> Plan {
+        Plan::with_family(lab, nodes, IpFamilyMode::Ipv4)
+    }
+
+    /// The plan of a lab of `family`: IPv6 addresses on every host beside the IPv4 ones when
+    /// the cluster has IPv6 (`nodad`: a lab's addresses are unique by plan, and usable at once).
+    pub fn with_family(lab: &str, nodes: usize, family: IpFamilyMode) -> Plan {
         let ns = |role: &str| netns_name(lab, role);
         let mut hosts = vec![];
         for role in ["underlay", "gateway", "client", "control-plane"] {
@@ -122,7 +143,9 @@ impl Plan {
         for i in 1..=nodes {
             let name = format!("node-{i}");
             hosts.push(Host { role: name.clone(), netns: ns(&name) });
-            node_specs.push(NodeSpec { name: name.clone(), netns: ns(&name), ip: node_ip(i) });
+            let ip = node_ip(i);
+            let ip6 = family.has_v6().then(|| family::underlay6(ip.octets()[3]));
+            node_specs.push(NodeSpec { name: name.clone(), netns: ns(&name), ip, ip6 });
         }
         let ul = ns("underlay");
         let on_bridge = |port: &str, host: &str| Link {
@@ -151,26 +174,42 @@ impl Plan {
             Addr { netns: ns("control-plane"), dev: "eth0".into(), cidr: format!("{CONTROL_PLANE}/24") },
         ];
         let mut routes = vec![
-            DefaultRoute { netns: ns("client"), via: GATEWAY_EXTERNAL },
-            DefaultRoute { netns: ns("control-plane"), via: GATEWAY_UNDERLAY },
+            DefaultRoute { netns: ns("client"), via: GATEWAY_EXTERNAL.into() },
+            DefaultRoute { netns: ns("control-plane"), via: GATEWAY_UNDERLAY.into() },
         ];
         for n in &node_specs {
             addrs.push(Addr { netns: n.netns.clone(), dev: "eth0".into(), cidr: format!("{}/24", n.ip) });
-            routes.push(DefaultRoute { netns: n.netns.clone(), via: GATEWAY_UNDERLAY });
+            routes.push(DefaultRoute { netns: n.netns.clone(), via: GATEWAY_UNDERLAY.into() });
+        }
+        if family.has_v6() {
+            let gw6 = family::underlay6(GATEWAY_UNDERLAY.octets()[3]);
+            let gw6_ext = family::external6(GATEWAY_EXTERNAL.octets()[3]);
+            let v6 = |netns: String, dev: &str, ip: Ipv6Addr| Addr { netns, dev: dev.into(), cidr: format!("{ip}/64") };
+            addrs.push(v6(ns("gateway"), "eth0", gw6));
+            addrs.push(v6(ns("gateway"), "eth1", gw6_ext));
+            addrs.push(v6(ns("client"), "eth0", family::external6(CLIENT.octets()[3])));
+            addrs.push(v6(ns("control-plane"), "eth0", family::underlay6(CONTROL_PLANE.octets()[3])));
+            routes.push(DefaultRoute { netns: ns("client"), via: gw6_ext.into() });
+            routes.push(DefaultRoute { netns: ns("control-plane"), via: gw6.into() });
+            for n in &node_specs {
+                addrs.push(v6(n.netns.clone(), "eth0", n.ip6.expect("planned with IPv6")));
+                routes.push(DefaultRoute { netns: n.netns.clone(), via: gw6.into() });
+            }
         }
         let mut forwarding = vec![ns("gateway")];
         forwarding.extend(node_specs.iter().map(|n| n.netns.clone()));
-        Plan { lab: lab.into(), hosts, links, addrs, routes, forwarding, nodes: node_specs }
+        Plan { lab: lab.into(), family, hosts, links, addrs, routes, forwarding, nodes: node_specs }
     }
 
     /// The part of a lab's plan that node-`i` (1-based) adds to it: its namespace, its link to
     /// the underlay bridge, its address, route and forwarding (`podpath node add`).
-    pub fn one_node(lab: &str, i: usize) -> Plan {
-        let full = Plan::new(lab, i);
+    pub fn one_node(lab: &str, i: usize, family: IpFamilyMode) -> Plan {
+        let full = Plan::with_family(lab, i, family);
         let node = full.nodes.last().cloned().expect("i ≥ 1");
         let only = |netns: &str| netns == node.netns;
         Plan {
             lab: lab.into(),
+            family,
             hosts: full.hosts.into_iter().filter(|h| only(&h.netns)).collect(),
             links: full.links.into_iter().filter(|l| only(&l.b)).collect(),
             addrs: full.addrs.into_iter().filter(|a| only(&a.netns)).collect(),
@@ -210,13 +249,25 @@ impl Plan {
             out.push(v(&["ip", "-n", &l.b, "link", "set", &l.b_if, "up"]));
         }
         for a in &self.addrs {
-            out.push(v(&["ip", "-n", &a.netns, "addr", "add", &a.cidr, "dev", &a.dev]));
+            let mut argv = v(&["ip", "-n", &a.netns, "addr", "add", &a.cidr, "dev", &a.dev]);
+            if a.cidr.contains(':') {
+                argv.push("nodad".into());
+            }
+            out.push(argv);
         }
         for r in &self.routes {
-            out.push(v(&["ip", "-n", &r.netns, "route", "add", "default", "via", &r.via.to_string()]));
+            let via = r.via.to_string();
+            if r.via.is_ipv6() {
+                out.push(v(&["ip", "-6", "-n", &r.netns, "route", "add", "default", "via", &via]));
+            } else {
+                out.push(v(&["ip", "-n", &r.netns, "route", "add", "default", "via", &via]));
+            }
         }
         for ns in &self.forwarding {
             out.push(v(&["ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv4.ip_forward=1"]));
+            if self.family.has_v6() {
+                out.push(v(&["ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"]));
+            }
         }
         out
     }
@@ -298,7 +349,7 @@ mod tests {
 
     #[test]
     fn a_node_added_later_joins_the_bridge_with_the_next_address_and_a_siblings_flags() {
-        let p = Plan::one_node("lab", 4);
+        let p = Plan::one_node("lab", 4, IpFamilyMode::Ipv4);
         let cmds: Vec<String> = p.commands().iter().map(|c| c.join(" ")).collect();
         assert!(!cmds.iter().any(|c| c.contains("type bridge")), "the bridge exists: {cmds:?}");
         assert!(cmds.contains(&"ip netns add pp-lab-node-4".to_string()));

@@ -370,7 +370,7 @@ pub fn explain(st: &LabState, target: &str) -> Result<PolicyExplanation> {
             p["spec"]["nodeName"].as_str().unwrap_or("?").to_string(),
         ));
     }
-    let plan = crate::plan::Plan::new(&st.name, st.nodes);
+    let plan = crate::plan::Plan::with_family(&st.name, st.nodes, st.ip_family);
     let mut dumps = BTreeMap::new();
     for n in &plan.nodes {
         let netns = plan.netns_of(&n.name).expect("planned");

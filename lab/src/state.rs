@@ -36,6 +36,9 @@ pub struct LabState {
     pub nftables_layout: Option<String>,
     #[serde(default)]
     pub lb_mode: LbMode,
+    /// The cluster's IP families (`--ip-family`); labs made before it are IPv4.
+    #[serde(default)]
+    pub ip_family: crate::family::IpFamilyMode,
     pub api: String,
     /// The API server's CA (TLS); absent for a lab made before the API spoke TLS.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -26,6 +26,8 @@ pub struct UpOptions {
     pub lb_mode: LbMode,
     /// `false` leaves out the nodes' masquerade of external traffic (the scenario-4 lesson).
     pub masquerade: bool,
+    /// The cluster's IP families.
+    pub ip_family: crate::family::IpFamilyMode,
     pub state_dir: PathBuf,
     /// Where `apiserver-lite`, `node-agent`, `podpath-workload` and the CNI plugins are.
     pub bin_dir: PathBuf,
@@ -314,7 +316,7 @@ pub fn up(opts: &UpOptions, progress: &mut dyn FnMut(&str)) -> Result<LabState> 
             st.name
         )));
     }
-    let p = Plan::new(&opts.name, opts.nodes);
+    let p = Plan::with_family(&opts.name, opts.nodes, opts.ip_family);
     let taken: Vec<String> = run(&["ip".into(), "netns".into(), "list".into()])?
         .lines()
         .filter_map(|l| l.split_whitespace().next().map(str::to_string))
@@ -340,6 +342,7 @@ pub fn up(opts: &UpOptions, progress: &mut dyn FnMut(&str)) -> Result<LabState> 
         proxy_mode: opts.proxy_mode,
         nftables_layout: (opts.proxy_mode == ProxyMode::Nftables).then(|| opts.nftables_layout.clone()),
         lb_mode: opts.lb_mode,
+        ip_family: opts.ip_family,
         api: api.to_string(),
         ca_file: Some(opts.state_dir.join("apiserver").join("pki").join("ca.crt")),
         token_file: Some(token_file),
@@ -374,8 +377,16 @@ fn start(opts: &UpOptions, p: &Plan, st: &mut LabState, api: SocketAddr, progres
     let s = |x: &str| x.to_string();
     let logs = opts.state_dir.join("logs");
     let cp = p.netns_of("control-plane").expect("planned");
-    progress(&format!("apiserver-lite: kubectl on {api}, node agents on {}:{}", plan::CONTROL_PLANE, plan::GRPC_PORT));
-    let apiserver = vec![
+    // The control plane as the cluster reaches it: over IPv6 in an IPv6 lab (its pods, the DNS
+    // server's among them, have no IPv4 address), else over the IPv4 underlay.
+    let cp_ip: std::net::IpAddr = if opts.ip_family == crate::family::IpFamilyMode::Ipv6 {
+        crate::family::underlay6(plan::CONTROL_PLANE.octets()[3]).into()
+    } else {
+        plan::CONTROL_PLANE.into()
+    };
+    let grpc_addr = SocketAddr::new(cp_ip, plan::GRPC_PORT);
+    progress(&format!("apiserver-lite: kubectl on {api}, node agents on {grpc_addr}"));
+    let mut apiserver = vec![
         bin("apiserver-lite"),
         s("--data-dir"),
         opts.state_dir.join("apiserver").display().to_string(),
@@ -386,12 +397,25 @@ fn start(opts: &UpOptions, p: &Plan, st: &mut LabState, api: SocketAddr, progres
         s("--netns-listen"),
         format!("{}:{}", plan::CONTROL_PLANE, plan::API_PORT),
         s("--grpc-listen"),
-        format!("{}:{}", plan::CONTROL_PLANE, plan::GRPC_PORT),
+        grpc_addr.to_string(),
         s("--node-monitor-grace-period"),
         s("10s"),
         s("--token-file"),
         token_file.clone(),
+        s("--service-cluster-ip-range"),
+        opts.ip_family.service_cidrs(),
+        s("--cluster-cidr"),
+        opts.ip_family.cluster_cidrs(),
+        s("--lb-ip-pool"),
+        opts.ip_family.lb_pools(),
     ];
+    // Pods reach `kubernetes.default` (10.96.0.1, fd00:10:96::1) at the control plane's REST
+    // address of the cluster's family, as a real API server advertises its own.
+    let rest_cp = SocketAddr::new(cp_ip, plan::API_PORT).to_string();
+    if cp_ip.is_ipv6() {
+        apiserver.extend([s("--netns-listen"), rest_cp.clone()]);
+    }
+    apiserver.extend([s("--advertise-address"), rest_cp]);
     st.procs.push(spawn("apiserver-lite", &apiserver, &logs.join("apiserver-lite.log"), &[])?);
     save_state(&opts.state_dir, st)?;
     // Over TLS with the CA the server made (once it has made it).
@@ -402,12 +426,12 @@ fn start(opts: &UpOptions, p: &Plan, st: &mut LabState, api: SocketAddr, progres
     let access = ApiAccess::of(st)?;
     // The cluster DNS first: its pods are placed as soon as nodes register, so they are running
     // (and soon ready) by the time the nodes are.
-    cluster_dns_objects(&access, progress)?;
+    cluster_dns_objects(&access, opts.ip_family, progress)?;
     let ca_file = st.ca_file.clone().expect("set above").display().to_string();
     // How node agents and lb-sim reach the API: its gRPC address, TLS with the lab CA, the token.
     let api_client = [
         s("--apiserver"),
-        format!("{}:{}", plan::CONTROL_PLANE, plan::GRPC_PORT),
+        grpc_addr.to_string(),
         s("--apiserver-ca-file"),
         ca_file.clone(),
         s("--token-file"),
@@ -455,11 +479,11 @@ fn start(opts: &UpOptions, p: &Plan, st: &mut LabState, api: SocketAddr, progres
             s("--node-name"),
             n.name.clone(),
             s("--node-ip"),
-            n.ip.to_string(),
+            n.node_ips(opts.ip_family),
             // The lab's client reaches nodes at their node-network address, through the
             // gateway: that is their external address.
             s("--node-external-ip"),
-            n.ip.to_string(),
+            n.node_ips(opts.ip_family),
             s("--state-dir"),
             dir.join("agent").display().to_string(),
             s("--cni-conf-dir"),
@@ -467,7 +491,12 @@ fn start(opts: &UpOptions, p: &Plan, st: &mut LabState, api: SocketAddr, progres
             s("--cni-bin-dir"),
             format!("{}:/opt/cni/bin:/usr/lib/cni", opts.bin_dir.display()),
             s("--healthz-bind-address"),
-            format!("{}:{}", n.ip, plan::AGENT_HEALTH_PORT),
+            // With IPv6, every address (lb-sim checks the node at its InternalIP).
+            if opts.ip_family.has_v6() {
+                format!("[::]:{}", plan::AGENT_HEALTH_PORT)
+            } else {
+                format!("{}:{}", n.ip, plan::AGENT_HEALTH_PORT)
+            },
             s("--heartbeat-seconds"),
             s("2"),
             s("--restart-backoff-seconds"),
@@ -477,10 +506,12 @@ fn start(opts: &UpOptions, p: &Plan, st: &mut LabState, api: SocketAddr, progres
             s("--nftables-layout"),
             opts.nftables_layout.clone(),
             s("--service-cluster-ip-range"),
-            s(crate::dns::SERVICE_CIDR),
+            opts.ip_family.service_cidrs(),
+            s("--cluster-cidr"),
+            opts.ip_family.cluster_cidrs(),
             format!("--masquerade={}", opts.masquerade),
             s("--cluster-dns"),
-            s(crate::dns::CLUSTER_DNS),
+            s(opts.ip_family.cluster_dns()),
             s("--cluster-domain"),
             s("cluster.local"),
             s("--node-label"),
@@ -548,11 +579,16 @@ fn start(opts: &UpOptions, p: &Plan, st: &mut LabState, api: SocketAddr, progres
     // right away must resolve its first name (a Service without ready endpoints is REJECTed,
     // and glibc gives up at once).
     progress("cluster DNS: waiting until it answers on every node");
+    let dns_server: &'static str = opts.ip_family.cluster_dns();
     for n in &p.nodes {
         let ns = format!("/run/netns/{}", n.netns);
         wait_until(Duration::from_secs(30), &format!("the cluster DNS to answer on {}", n.name), || {
             crate::hosts::in_netns_thread(ns.clone(), || {
-                crate::dns::cluster_dns_answers("kubernetes.default.svc.cluster.local", Duration::from_millis(200))
+                crate::dns::cluster_dns_answers(
+                    dns_server,
+                    "kubernetes.default.svc.cluster.local",
+                    Duration::from_millis(200),
+                )
             })
             .unwrap_or(false)
         })?;
@@ -567,9 +603,13 @@ fn start(opts: &UpOptions, p: &Plan, st: &mut LabState, api: SocketAddr, progres
 
 /// The cluster DNS objects (kube-dns Service, the DNS Deployment); `up` waits at its end
 /// until the DNS answers on every node.
-fn cluster_dns_objects(access: &ApiAccess, progress: &mut dyn FnMut(&str)) -> Result<()> {
-    progress(&format!("cluster DNS: kube-system/kube-dns at {} (podpath/dns pods)", crate::dns::CLUSTER_DNS));
-    for (path, obj) in crate::dns::objects() {
+fn cluster_dns_objects(
+    access: &ApiAccess,
+    family: crate::family::IpFamilyMode,
+    progress: &mut dyn FnMut(&str),
+) -> Result<()> {
+    progress(&format!("cluster DNS: kube-system/kube-dns at {} (podpath/dns pods)", family.cluster_dns()));
+    for (path, obj) in crate::dns::objects(family.cluster_dns()) {
         let (code, body) = access.request("POST", path, &obj.to_string())?;
         if !(200..300).contains(&code) && code != 409 {
             return Err(LabError::NotReady(format!("cannot create the cluster DNS ({path}): {code} {body}")));
@@ -612,8 +652,8 @@ pub fn add_node(state_dir: &Path) -> Result<(String, Duration)> {
         return Err(LabError::Usage(format!("lab {:?}'s API server is not running", st.name)));
     }
     let from_index: usize = sibling.component.strip_prefix("node-").and_then(|n| n.parse().ok()).unwrap_or(1);
-    let from = Plan::new(&st.name, from_index).nodes.pop().expect("planned");
-    let added = Plan::one_node(&st.name, i);
+    let from = Plan::with_family(&st.name, from_index, st.ip_family).nodes.pop().expect("planned");
+    let added = Plan::one_node(&st.name, i, st.ip_family);
     let node = added.nodes[0].clone();
     if run(&["ip".into(), "netns".into(), "list".into()])?
         .lines()

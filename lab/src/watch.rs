@@ -194,7 +194,7 @@ pub fn snapshot(st: &LabState, dir: &std::path::Path) -> Result<Snapshot> {
             }
         }
     }
-    let plan = Plan::new(&st.name, st.nodes);
+    let plan = Plan::with_family(&st.name, st.nodes, st.ip_family);
     if let Some(gw) = plan.netns_of("gateway") {
         if let Ok(status) = crate::hosts::lb_status_in(gw) {
             for f in status["frontends"].as_array().into_iter().flatten() {

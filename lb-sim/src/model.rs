@@ -72,7 +72,10 @@ impl std::fmt::Display for Check {
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct LbNode {
     pub name: String,
+    /// The address its health is checked at (its IPv4 InternalIP when it has one).
     pub ip: IpAddr,
+    /// Every InternalIP: a VIP is routed or proxied to the node's address of its own family.
+    pub ips: Vec<IpAddr>,
 }
 
 /// A node behind a frontend, with its check.
@@ -112,7 +115,7 @@ pub fn lb_nodes(nodes: &[core::Node]) -> Vec<LbNode> {
         .filter(|n| !n.metadata.labels.as_ref().is_some_and(|l| l.contains_key(EXCLUDE_FROM_LB)))
         .filter(|n| n.metadata.deletion_timestamp.is_none())
         .filter_map(|n| {
-            let ip = n
+            let ips: Vec<IpAddr> = n
                 .status
                 .as_ref()?
                 .addresses
@@ -120,8 +123,9 @@ pub fn lb_nodes(nodes: &[core::Node]) -> Vec<LbNode> {
                 .iter()
                 .filter(|a| a.type_ == "InternalIP")
                 .filter_map(|a| a.address.parse::<IpAddr>().ok())
-                .min_by_key(|ip| ip.is_ipv6())?;
-            Some(LbNode { name: n.metadata.name.clone()?, ip })
+                .collect();
+            let ip = ips.iter().copied().min_by_key(|ip| ip.is_ipv6())?;
+            Some(LbNode { name: n.metadata.name.clone()?, ip, ips })
         })
         .collect();
     out.sort();
@@ -159,11 +163,18 @@ pub fn frontends(services: &[core::Service], nodes: &[LbNode], mode: Mode, node_
             (true, Some(port)) => Check { ip: n.ip, port, path: "/".into() },
             _ => Check { ip: n.ip, port: node_health_port, path: "/healthz".into() },
         };
-        let backends: Vec<Backend> = nodes
-            .iter()
-            .filter(|n| pinned.as_ref().is_none_or(|p| *p == n.name))
-            .map(|n| Backend { node: n.name.clone(), ip: n.ip, check: check_for(n) })
-            .collect();
+        // A node is a backend of a VIP at its address of the VIP's family (IPv6 routes cannot
+        // use an IPv4 nexthop); a node without one is no backend of that VIP.
+        let backends_for = |vip: IpAddr| -> Vec<Backend> {
+            nodes
+                .iter()
+                .filter(|n| pinned.as_ref().is_none_or(|p| *p == n.name))
+                .filter_map(|n| {
+                    let ip = n.ips.iter().copied().find(|a| a.is_ipv6() == vip.is_ipv6())?;
+                    Some(Backend { node: n.name.clone(), ip, check: check_for(n) })
+                })
+                .collect()
+        };
         let mut vips: Vec<(IpAddr, VipKind)> = Vec::new();
         if spec.type_.as_deref() == Some("LoadBalancer") {
             let ingress = svc.status.as_ref().and_then(|s| s.load_balancer.as_ref()).and_then(|l| l.ingress.as_ref());
@@ -189,7 +200,7 @@ pub fn frontends(services: &[core::Service], nodes: &[LbNode], mode: Mode, node_
                 delivery,
                 ports: ports.clone(),
                 pinned: pinned.clone(),
-                backends: backends.clone(),
+                backends: backends_for(vip),
             });
         }
     }
@@ -248,7 +259,12 @@ mod tests {
     use serde_json::json;
 
     fn nodes() -> Vec<LbNode> {
-        (1..=3).map(|i| LbNode { name: format!("node-{i}"), ip: format!("192.168.56.1{i}").parse().unwrap() }).collect()
+        (1..=3)
+            .map(|i| {
+                let ip: IpAddr = format!("192.168.56.1{i}").parse().unwrap();
+                LbNode { name: format!("node-{i}"), ip, ips: vec![ip] }
+            })
+            .collect()
     }
 
     fn svc(v: serde_json::Value) -> core::Service {
@@ -277,7 +293,10 @@ mod tests {
             {"metadata": {"name": "c", "labels": {EXCLUDE_FROM_LB: ""}}, "status": {"addresses": [{"type": "InternalIP", "address": "10.0.0.3"}]}}
         ]))
         .unwrap();
-        assert_eq!(lb_nodes(&ns), vec![LbNode { name: "b".into(), ip: ip("10.0.0.2") }]);
+        assert_eq!(
+            lb_nodes(&ns),
+            vec![LbNode { name: "b".into(), ip: ip("10.0.0.2"), ips: vec![ip("fd00::2"), ip("10.0.0.2")] }]
+        );
     }
 
     #[test]
@@ -299,6 +318,33 @@ mod tests {
         assert!(local_addresses(&fs).is_empty());
         // Nobody healthy: no route at all (the gateway answers "unreachable").
         assert!(routes(&fs, &|_: &Check| false).is_empty());
+    }
+
+    #[test]
+    fn a_dual_stack_service_is_routed_to_each_nodes_address_of_the_vips_family() {
+        let dual: Vec<LbNode> = (1..=2)
+            .map(|i| {
+                let (v4, v6): (IpAddr, IpAddr) =
+                    (format!("192.168.56.1{i}").parse().unwrap(), format!("fd00:56::1{i}").parse().unwrap());
+                LbNode { name: format!("node-{i}"), ip: v4, ips: vec![v4, v6] }
+            })
+            .collect();
+        let s6 = || {
+            svc(json!({"metadata": {"name": "web", "namespace": "default"},
+                "spec": {"type": "LoadBalancer", "ports": [{"port": 80, "nodePort": 30080}]},
+                "status": {"loadBalancer": {"ingress": [{"ip": "198.51.100.1"}, {"ip": "2001:db8:100::1"}]}}}))
+        };
+        let fs = frontends(&[s6()], &dual, Mode::Passthrough, 10256);
+        let r = routes(&fs, &|_: &Check| true);
+        assert_eq!(r[&ip("2001:db8:100::1")], [ip("fd00:56::11"), ip("fd00:56::12")].into());
+        assert_eq!(r[&ip("198.51.100.1")], [ip("192.168.56.11"), ip("192.168.56.12")].into());
+        // One health check per node, whatever the VIP's family.
+        assert_eq!(checks(&fs).len(), 2);
+        // Proxied (NodePort mode): the IPv6 VIP to the nodes' IPv6 addresses.
+        let p = proxies(&frontends(&[s6()], &dual, Mode::Nodeport, 10256), &|_: &Check| true);
+        let want: Vec<SocketAddr> =
+            vec!["[fd00:56::11]:30080".parse().unwrap(), "[fd00:56::12]:30080".parse().unwrap()];
+        assert_eq!(p[&"[2001:db8:100::1]:80".parse().unwrap()], want);
     }
 
     #[test]

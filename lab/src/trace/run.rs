@@ -163,7 +163,7 @@ fn lookup(st: &LabState, api: &ApiAccess, objects: &Objects, from: &str, name: &
         .nameservers
         .first()
         .ok_or_else(|| LabError::NotReady(format!("pod {ns}/{pod}'s /etc/resolv.conf names no IPv4 nameserver")))?;
-    let plan = Plan::new(&st.name, st.nodes);
+    let plan = Plan::with_family(&st.name, st.nodes, st.ip_family);
     let pods = &objects.pods;
     let node = pods.values().find(|(p, _)| *p == format!("{ns}/{pod}")).map(|(_, node)| node.clone());
     let dns_service = objects.cluster_ips.get(&server).map(|s| format!("Service {s} ")).unwrap_or_default();
@@ -700,7 +700,7 @@ pub(crate) fn lock_path(name: &str) -> std::path::PathBuf {
 /// Traces one request through the lab; a request by name, the lookup first.
 pub fn trace(st: &LabState, req: &Request) -> Result<Trace> {
     let tracer = Tracer::of(st);
-    let plan = Plan::new(&st.name, st.nodes);
+    let plan = Plan::with_family(&st.name, st.nodes, st.ip_family);
     let api = crate::state::ApiAccess::of(st)?;
     let api = &api;
     let src_ns = ns_path_of(st, &plan, api, &req.from)?;
