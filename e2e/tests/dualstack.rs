@@ -1,0 +1,194 @@
+//! IPv6 and dual-stack labs end to end (`podpath up --ip-family ipv6|dual`), with the real
+//! kubectl: the client reaches a LoadBalancer Service over IPv6 (and IPv4) through the
+//! passthrough gateway, a NodePort over IPv6, a pod a ClusterIP over IPv6 and the cluster DNS
+//! answers AAAA; the nodes hold kube-proxy's ip6tables rules or its `ip6 kube-proxy` table.
+//! Root only (CI runs as root).
+
+use std::time::Duration;
+
+use podpath_e2e::{wait_for, Lab};
+use testkit::netns::{host_state, root_or_explain};
+
+const WEB: &str = "apiVersion: apps/v1
+kind: Deployment
+metadata: {name: web}
+spec:
+  replicas: 2
+  selector: {matchLabels: {app: web}}
+  template:
+    metadata: {labels: {app: web}}
+    spec:
+      topologySpreadConstraints:
+      - {maxSkew: 1, topologyKey: kubernetes.io/hostname, whenUnsatisfiable: DoNotSchedule, labelSelector: {matchLabels: {app: web}}}
+      containers: [{name: echo, image: podpath/echo, ports: [{containerPort: 8080}]}]
+";
+
+fn service(policy: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: web}}\nspec:\n  type: LoadBalancer\n  ipFamilyPolicy: {policy}\n  \
+         selector: {{app: web}}\n  ports: [{{port: 80, targetPort: 8080}}]\n"
+    )
+}
+
+/// The pods of `app=web` the client reaches at `url` in a few tries (both, eventually).
+fn pods_reached(lab: &Lab, url: &str) -> std::collections::BTreeSet<String> {
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..12 {
+        let (code, out) = lab.curl(&["-g", url]);
+        assert_eq!(code, 0, "curl {url}: {out}");
+        if let Some(pod) = out.lines().find_map(|l| l.strip_prefix("pod: ")) {
+            seen.insert(pod.to_string());
+        }
+        if seen.len() == 2 {
+            break;
+        }
+    }
+    seen
+}
+
+/// Waits until the Service's endpoints of `family` hold both pods.
+fn wait_endpoints(lab: &Lab, family: &str) {
+    lab.kubectl_until(
+        Duration::from_secs(30),
+        &[
+            "get",
+            "endpointslices",
+            "-l",
+            "kubernetes.io/service-name=web",
+            "-o",
+            &format!("jsonpath={{range .items[?(@.addressType==\"{family}\")]}}{{.endpoints[*].addresses[0]}}{{end}}"),
+        ],
+        |o| o.split_whitespace().count() == 2,
+    );
+}
+
+/// A busybox pod to ask from, Ready.
+fn client_pod(lab: &Lab) {
+    lab.kubectl(&["run", "cl", "--image=busybox", "--restart=Never", "--", "sleep", "3600"]);
+    lab.kubectl(&["wait", "--for=condition=Ready", "pod/cl", "--timeout=60s"]);
+}
+
+#[test]
+fn an_ipv6_lab_serves_a_load_balancer_a_node_port_a_cluster_ip_and_aaaa_records() {
+    if !root_or_explain() {
+        return;
+    }
+    let before = host_state();
+    let lab = Lab::up("v6", &["--nodes", "2", "--ip-family", "ipv6"]).expect("podpath up --ip-family ipv6");
+    let nodes = lab.kubectl(&["get", "nodes", "-o", "jsonpath={.items[*].status.addresses[0].address}"]);
+    assert_eq!(nodes, "fd00:56::11 fd00:56::12");
+    let cidrs = lab.kubectl(&["get", "node", "node-1", "-o", "jsonpath={.spec.podCIDRs}"]);
+    assert_eq!(cidrs, "[\"fd00:10:244:1::/64\"]");
+    lab.apply(WEB);
+    lab.apply(&service("SingleStack"));
+    lab.kubectl(&["rollout", "status", "deploy/web", "--timeout=60s"]);
+    let families = lab.kubectl(&["get", "svc", "web", "-o", "jsonpath={.spec.ipFamilies} {.spec.clusterIP}"]);
+    assert!(families.starts_with("[\"IPv6\"] fd00:10:96::"), "{families}");
+    let cluster_ip = families.split(' ').nth(1).unwrap().to_string();
+    wait_endpoints(&lab, "IPv6");
+    let lb = lab.lb_ip("web");
+    assert_eq!(lb, "2001:db8:100::1");
+    // Through the gateway's passthrough routes (IPv6 nexthops) to both pods.
+    let seen = wait_for(Duration::from_secs(20), "both pods through the IPv6 LoadBalancer", || {
+        let s = pods_reached(&lab, "http://[2001:db8:100::1]/");
+        if s.len() == 2 {
+            Ok(s)
+        } else {
+            Err(format!("{s:?}"))
+        }
+    });
+    assert_eq!(seen.len(), 2);
+    let node_port = lab.kubectl(&["get", "svc", "web", "-o", "jsonpath={.spec.ports[0].nodePort}"]);
+    let (code, out) = lab.curl(&["-g", &format!("http://[fd00:56::12]:{node_port}/")]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("pod: default/web-"), "{out}");
+    // From a pod: the ClusterIP over IPv6, and the cluster DNS (fd00:10:96::a) answering AAAA.
+    client_pod(&lab);
+    let resolv = lab.kubectl(&["exec", "cl", "--", "cat", "/etc/resolv.conf"]);
+    assert!(resolv.contains("nameserver fd00:10:96::a"), "{resolv}");
+    let page = lab.kubectl(&["exec", "cl", "--", "wget", "-qO-", &format!("http://[{cluster_ip}]/")]);
+    assert!(page.contains("pod: default/web-"), "{page}");
+    let answer = lab.kubectl(&["exec", "cl", "--", "nslookup", "-type=AAAA", "web.default.svc.cluster.local"]);
+    assert!(answer.contains(&cluster_ip), "{answer}");
+    // kube-proxy's ip6tables rules on the node, as on a real IPv6 node.
+    let nat = lab.exec("node-1", &["ip6tables-save", "-t", "nat"]);
+    assert!(
+        nat.contains(&format!(
+            "-A KUBE-SERVICES -d {cluster_ip}/128 -p tcp -m comment --comment \"default/web cluster IP\""
+        )),
+        "{nat}"
+    );
+    assert!(nat.contains("! -d ::1/128"), "{nat}");
+    drop(lab);
+    assert_eq!(host_state(), before, "the host namespace changed");
+}
+
+#[test]
+fn a_dual_stack_lab_in_nftables_mode_answers_both_families() {
+    if !root_or_explain() {
+        return;
+    }
+    let before = host_state();
+    let lab = Lab::up("ds", &["--nodes", "2", "--ip-family", "dual", "--proxy-mode", "nftables"])
+        .expect("podpath up --ip-family dual");
+    let cidrs = lab.kubectl(&["get", "node", "node-2", "-o", "jsonpath={.spec.podCIDRs}"]);
+    assert_eq!(cidrs, "[\"10.244.2.0/24\",\"fd00:10:244:2::/64\"]");
+    lab.apply(WEB);
+    lab.apply(&service("RequireDualStack"));
+    lab.kubectl(&["rollout", "status", "deploy/web", "--timeout=60s"]);
+    let ips = lab.kubectl(&["get", "svc", "web", "-o", "jsonpath={.spec.clusterIPs[*]}"]);
+    let ips: Vec<&str> = ips.split(' ').collect();
+    assert!(ips.len() == 2 && ips[0].starts_with("10.") && ips[1].starts_with("fd00:10:96::"), "{ips:?}");
+    let ingress = lab.kubectl_until(
+        Duration::from_secs(30),
+        &["get", "svc", "web", "-o", "jsonpath={.status.loadBalancer.ingress[*].ip}"],
+        |o| o.split(' ').count() == 2,
+    );
+    assert_eq!(ingress, "198.51.100.1 2001:db8:100::1");
+    let pod_ips = lab.kubectl(&["get", "pods", "-l", "app=web", "-o", "jsonpath={.items[0].status.podIPs[*].ip}"]);
+    assert_eq!(pod_ips.split(' ').count(), 2, "{pod_ips}");
+    wait_endpoints(&lab, "IPv4");
+    wait_endpoints(&lab, "IPv6");
+    for url in ["http://198.51.100.1/", "http://[2001:db8:100::1]/"] {
+        let seen = wait_for(Duration::from_secs(20), &format!("both pods at {url}"), || {
+            let s = pods_reached(&lab, url);
+            if s.len() == 2 {
+                Ok(s)
+            } else {
+                Err(format!("{s:?}"))
+            }
+        });
+        assert_eq!(seen.len(), 2);
+    }
+    client_pod(&lab);
+    let page = lab.kubectl(&["exec", "cl", "--", "wget", "-qO-", &format!("http://[{}]/", ips[1])]);
+    assert!(page.contains("pod: default/web-"), "{page}");
+    let a = lab.kubectl(&["exec", "cl", "--", "nslookup", "-type=A", "web.default.svc.cluster.local"]);
+    assert!(a.contains(ips[0]), "{a}");
+    let aaaa = lab.kubectl(&["exec", "cl", "--", "nslookup", "-type=AAAA", "web.default.svc.cluster.local"]);
+    assert!(aaaa.contains(ips[1]), "{aaaa}");
+    // One table per family, as kube-proxy's nftables mode keeps them.
+    let v6 = lab.exec("node-1", &["nft", "list", "table", "ip6", "kube-proxy"]);
+    assert!(v6.contains(&format!("{} . tcp . 80 : goto service-", ips[1])), "{v6}");
+    assert!(v6.contains("type ipv6_addr"), "{v6}");
+    let v4 = lab.exec("node-1", &["nft", "list", "table", "ip", "kube-proxy"]);
+    assert!(v4.contains(&format!("{} . tcp . 80 : goto service-", ips[0])), "{v4}");
+    // The family order is fixed once set: the real server's answer, through kubectl.
+    let out = std::process::Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(&lab.kubeconfig)
+        .args(["patch", "svc", "web", "--type=merge", "-p", r#"{"spec":{"ipFamilies":["IPv6","IPv4"]}}"#])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains(&format!(
+            "The Service \"web\" is invalid: \n* spec.clusterIPs[0]: Invalid value: \"{}\": expected an IPv6 value as indicated by `ipFamilies[0]`",
+            ips[0]
+        )),
+        "{err}"
+    );
+    drop(lab);
+    assert_eq!(host_state(), before, "the host namespace changed");
+}
