@@ -52,6 +52,20 @@ fn python_client_create_list_watch_delete() {
     assert!(out.contains("python client: ok"), "{out}");
 }
 
+/// A dual-stack API server (two Service ranges, as kube-apiserver's
+/// `--service-cluster-ip-range=IPv4,IPv6`): the Python client creates a RequireDualStack
+/// Service and reads both `clusterIPs`.
+#[test]
+fn python_client_reads_both_cluster_ips_of_a_dual_stack_service() {
+    let python = venv();
+    let srv = ApiServer::start(&["--service-cluster-ip-range", "10.96.0.0/12,fd00:10:96::/112"]).unwrap();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/dualstack_check.py");
+    let o = Command::new(python).arg(script).arg(&srv.kubeconfig).env("HOME", srv.dir.path()).output().unwrap();
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "python client failed:\n{out}\n{err}");
+    assert!(out.contains("python dual-stack: ok"), "{out}");
+}
+
 /// kubernetes_asyncio's watch (`watch=True`) and Deployment creates read by kubernetes_asyncio
 /// and kr8s, both of which failed before.
 #[test]
