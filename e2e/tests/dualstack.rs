@@ -119,6 +119,33 @@ fn an_ipv6_lab_serves_a_load_balancer_a_node_port_a_cluster_ip_and_aaaa_records(
         "{nat}"
     );
     assert!(nat.contains("! -d ::1/128"), "{nat}");
+    // A NetworkPolicy with IPv6 ipBlocks: the pod network in, the "internet" client out.
+    lab.apply(
+        "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: web-in}\nspec:\n  \
+         podSelector: {matchLabels: {app: web}}\n  ingress:\n  - from:\n    - ipBlock: {cidr: \"fd00:10:244::/56\"}\n    \
+         - ipBlock: {cidr: \"2001:db8:113::/64\", except: [\"2001:db8:113::10/128\"]}\n",
+    );
+    wait_for(Duration::from_secs(20), "the client to be refused by the IPv6 ipBlock", || {
+        let (code, out) = lab.curl(&["--max-time", "2", "-g", "http://[2001:db8:100::1]/"]);
+        if code != 0 {
+            Ok(())
+        } else {
+            Err(out)
+        }
+    });
+    let page = lab.kubectl(&["exec", "cl", "--", "wget", "-qO-", "-T", "5", &format!("http://[{cluster_ip}]/")]);
+    assert!(page.contains("pod: default/web-"), "pods are still let in: {page}");
+    let table = lab.exec("node-1", &["ip6tables-save", "-t", "filter"]);
+    assert!(table.contains("-A PODPATH-POLICY"), "{table}");
+    lab.kubectl(&["delete", "networkpolicy", "web-in"]);
+    wait_for(Duration::from_secs(20), "the client to be let in again", || {
+        let (code, out) = lab.curl(&["--max-time", "2", "-g", "http://[2001:db8:100::1]/"]);
+        if code == 0 {
+            Ok(())
+        } else {
+            Err(out)
+        }
+    });
     drop(lab);
     assert_eq!(host_state(), before, "the host namespace changed");
 }
@@ -173,6 +200,33 @@ fn a_dual_stack_lab_in_nftables_mode_answers_both_families() {
     assert!(v6.contains("type ipv6_addr"), "{v6}");
     let v4 = lab.exec("node-1", &["nft", "list", "table", "ip", "kube-proxy"]);
     assert!(v4.contains(&format!("{} . tcp . 80 : goto service-", ips[0])), "{v4}");
+    // NetworkPolicy per family: only the IPv6 pod network may reach the web pods.
+    lab.apply(
+        "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: web-in}\nspec:\n  \
+         podSelector: {matchLabels: {app: web}}\n  ingress:\n  - from: [{ipBlock: {cidr: \"fd00:10:244::/56\"}}]\n",
+    );
+    for url in ["http://198.51.100.1/", "http://[2001:db8:100::1]/"] {
+        wait_for(Duration::from_secs(20), &format!("{url} to be refused"), || {
+            let (code, out) = lab.curl(&["--max-time", "2", "-g", url]);
+            if code != 0 {
+                Ok(())
+            } else {
+                Err(out)
+            }
+        });
+    }
+    let page = lab.kubectl(&["exec", "cl", "--", "wget", "-qO-", "-T", "5", &format!("http://[{}]/", ips[1])]);
+    assert!(page.contains("pod: default/web-"), "{page}");
+    let out = std::process::Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(&lab.kubeconfig)
+        .args(["exec", "cl", "--", "timeout", "3", "wget", "-qO-", &format!("http://{}/", ips[0])])
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "the pod's IPv4 connection is not in the IPv6 ipBlock");
+    let policy6 = lab.exec("node-1", &["nft", "list", "table", "ip6", "podpath-policy"]);
+    assert!(policy6.contains("ip6 saddr fd00:10:244::/56 accept"), "{policy6}");
+    lab.kubectl(&["delete", "networkpolicy", "web-in"]);
     // The family order is fixed once set: the real server's answer, through kubectl.
     let out = std::process::Command::new("kubectl")
         .arg("--kubeconfig")

@@ -45,6 +45,8 @@ pub struct PodView {
     pub labels: BTreeMap<String, String>,
     /// None: not on the pod network (hostNetwork, or no address yet).
     pub ip: Option<IpAddr>,
+    /// Every address (`podIPs`): one per family on a dual-stack node.
+    pub ips: Vec<IpAddr>,
     pub node: Option<String>,
     /// Container ports with a name: name, number, protocol.
     pub named_ports: Vec<(String, u16, String)>,
@@ -59,6 +61,20 @@ impl PodView {
         } else {
             p.status.as_ref().and_then(|s| s.pod_ip.as_deref()).and_then(|i| i.parse().ok())
         };
+        let mut ips: Vec<IpAddr> = if host_network {
+            vec![]
+        } else {
+            p.status
+                .as_ref()
+                .and_then(|s| s.pod_ips.as_ref())
+                .into_iter()
+                .flatten()
+                .filter_map(|i| i.ip.parse().ok())
+                .collect()
+        };
+        if ips.is_empty() {
+            ips.extend(ip);
+        }
         // A pod that has ended holds no address any more (kubelet's rule for its IP's reuse).
         let ended = matches!(p.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Succeeded" | "Failed"));
         let named_ports = spec
@@ -79,6 +95,7 @@ impl PodView {
             name: p.metadata.name.clone().unwrap_or_default(),
             labels: p.metadata.labels.clone().unwrap_or_default(),
             ip: ip.filter(|_| !ended),
+            ips: if ended { vec![] } else { ips },
             node: spec.and_then(|s| s.node_name.clone()),
             named_ports,
         }
@@ -90,11 +107,30 @@ pub fn namespace_labels(n: &core::Namespace) -> BTreeMap<String, String> {
     n.metadata.labels.clone().unwrap_or_default()
 }
 
-/// The pods of the pod network as the policy semantics see them (namespace labels joined).
+/// The pods of the pod network as the policy semantics see them (namespace labels joined),
+/// each at its primary address.
 pub fn world(pods: &[PodView], namespaces: &BTreeMap<String, BTreeMap<String, String>>) -> Vec<(Pod, Option<String>)> {
+    world_of(pods, namespaces, |v| v.ip)
+}
+
+/// The pods with an address of one family, each at that address (`v6`: IPv6), for the plan of
+/// that family.
+pub fn world_family(
+    pods: &[PodView],
+    namespaces: &BTreeMap<String, BTreeMap<String, String>>,
+    v6: bool,
+) -> Vec<(Pod, Option<String>)> {
+    world_of(pods, namespaces, |v| v.ips.iter().copied().find(|a| a.is_ipv6() == v6))
+}
+
+fn world_of(
+    pods: &[PodView],
+    namespaces: &BTreeMap<String, BTreeMap<String, String>>,
+    address: impl Fn(&PodView) -> Option<IpAddr>,
+) -> Vec<(Pod, Option<String>)> {
     pods.iter()
         .filter_map(|v| {
-            let ip = v.ip?;
+            let ip = address(v)?;
             Some((
                 Pod {
                     namespace: v.namespace.clone(),
@@ -130,9 +166,18 @@ pub trait PolicyKernel: Send + Sync + 'static {
 #[derive(Debug, Default)]
 pub struct NftPolicyKernel {
     nft: Nft,
+    /// `ip podpath-policy`, or `ip6` for the IPv6 enforcer.
+    family: NftFamily,
     /// Chains flushed by an earlier transaction, deleted a second later at the soonest (a map
     /// element may have pointed at them: kube-proxy's rule), and when they were flushed.
     stale: std::sync::Mutex<(Vec<String>, Option<Instant>)>,
+}
+
+impl NftPolicyKernel {
+    /// The kernel of the enforcer of one family.
+    pub fn for_family(v6: bool) -> NftPolicyKernel {
+        NftPolicyKernel { family: if v6 { NftFamily::Ip6 } else { NftFamily::Ip }, ..Default::default() }
+    }
 }
 
 impl PolicyKernel for NftPolicyKernel {
@@ -144,7 +189,7 @@ impl PolicyKernel for NftPolicyKernel {
             // The table is replaced whole: nothing stale survives.
             stale.0.clear();
         } else if !stale.0.is_empty() && stale.1.is_some_and(|t| t.elapsed() >= Duration::from_secs(1)) {
-            tx.ops.extend(delete_chains(NftFamily::Ip, render::TABLE, &stale.0).ops);
+            tx.ops.extend(delete_chains(self.family, render::TABLE, &stale.0).ops);
             stale.0.clear();
         }
         if tx.is_empty() {
@@ -158,7 +203,7 @@ impl PolicyKernel for NftPolicyKernel {
         Ok(tx.len())
     }
     fn present(&self) -> Result<bool> {
-        self.nft.has_table(NftFamily::Ip, render::TABLE).map_err(|e| net_err("list the NetworkPolicy table", e))
+        self.nft.has_table(self.family, render::TABLE).map_err(|e| net_err("list the NetworkPolicy table", e))
     }
     fn pending(&self) -> bool {
         !self.stale.lock().unwrap_or_else(|e| e.into_inner()).0.is_empty()
@@ -268,8 +313,10 @@ pub fn nft_available() -> bool {
 /// not use); nothing there, or no `nft`, is fine.
 pub fn cleanup(nft_table: bool, iptables: Option<&dyn Kernel>) -> Result<()> {
     let nft = Nft::default();
-    if nft_table && nft.has_table(NftFamily::Ip, render::TABLE).unwrap_or(false) {
-        nft.delete_table(NftFamily::Ip, render::TABLE).map_err(|e| net_err("delete the NetworkPolicy table", e))?;
+    for family in [NftFamily::Ip, NftFamily::Ip6] {
+        if nft_table && nft.has_table(family, render::TABLE).unwrap_or(false) {
+            nft.delete_table(family, render::TABLE).map_err(|e| net_err("delete the NetworkPolicy table", e))?;
+        }
     }
     if let Some(k) = iptables {
         let saved = k.save("filter", None)?;
@@ -290,6 +337,8 @@ pub struct Enforcer<K: PolicyKernel> {
     pub policies: Arc<Store<NetworkPolicy>>,
     /// How often the table's presence is checked when nothing changes.
     pub period: Duration,
+    /// The family this enforcer keeps (IPv6: the pods' IPv6 addresses and IPv6 ipBlocks).
+    pub v6: bool,
 }
 
 /// What one sync did (for logs and tests).
@@ -354,12 +403,17 @@ pub async fn run<K: PolicyKernel>(e: Enforcer<K>, done: Option<tokio::sync::mpsc
 /// The plan for this node from the caches now.
 fn current_plan<K: PolicyKernel>(e: &Enforcer<K>) -> Plan {
     let namespaces: BTreeMap<String, BTreeMap<String, String>> = e.namespaces.entries().into_iter().collect();
-    let w = world(&e.pods.list(), &namespaces);
+    let w = world_family(&e.pods.list(), &namespaces, e.v6);
     let local: std::collections::BTreeSet<(String, String)> = w
         .iter()
         .filter(|(_, n)| n.as_deref() == Some(e.node_name.as_str()))
         .map(|(p, _)| (p.namespace.clone(), p.name.clone()))
         .collect();
     let pods: Vec<Pod> = w.into_iter().map(|(p, _)| p).collect();
-    render::plan(&e.policies.list(), &pods, &|p: &Pod| local.contains(&(p.namespace.clone(), p.name.clone())))
+    render::plan_family(
+        &e.policies.list(),
+        &pods,
+        &|p: &Pod| local.contains(&(p.namespace.clone(), p.name.clone())),
+        e.v6,
+    )
 }

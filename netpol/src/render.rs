@@ -24,9 +24,9 @@
 //! `api::netpol`, whose predicates these rules are built from.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::IpAddr;
 
-use ipnet::{IpNet, Ipv4Net};
+use ipnet::IpNet;
 
 use api::k8s_openapi::api::networking::v1::{IPBlock, NetworkPolicy, NetworkPolicyPeer, NetworkPolicyPort};
 use api::k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -51,7 +51,7 @@ pub struct PodChain {
     pub direction: Direction,
     /// `namespace/name`.
     pub pod: String,
-    pub ip: Ipv4Addr,
+    pub ip: IpAddr,
     pub lines: Vec<Line>,
     /// The policies that isolate it (`namespace/name`).
     pub isolated_by: Vec<String>,
@@ -73,12 +73,12 @@ pub enum Peer {
     Pods {
         set: String,
         comment: String,
-        addrs: BTreeSet<Ipv4Addr>,
+        addrs: BTreeSet<IpAddr>,
     },
-    /// An ipBlock (IPv4).
+    /// An ipBlock of the plan's family.
     Block {
-        cidr: Ipv4Net,
-        except: Vec<Ipv4Net>,
+        cidr: IpNet,
+        except: Vec<IpNet>,
     },
 }
 
@@ -98,24 +98,36 @@ pub enum Port {
     Named {
         set: String,
         comment: String,
-        dests: BTreeSet<(Ipv4Addr, String, u16)>,
+        dests: BTreeSet<(IpAddr, String, u16)>,
     },
 }
 
-/// What a node enforces, before it is written in either rule language.
+/// What a node enforces for one IP family, before it is written in either rule language.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Plan {
+    /// The IPv6 plan (table `ip6 podpath-policy`, ip6tables); else IPv4.
+    pub v6: bool,
     pub chains: Vec<PodChain>,
 }
 
-/// The plan for the pods of one node: `pods` are every pod of the pod network (with an
-/// address), `local` says which of them run on this node.
+/// The IPv4 plan for the pods of one node ([`plan_family`]).
 pub fn plan(policies: &[NetworkPolicy], pods: &[Pod], local: &dyn Fn(&Pod) -> bool) -> Plan {
+    plan_family(policies, pods, local, false)
+}
+
+/// The plan of one family for the pods of one node: `pods` are every pod of the pod network,
+/// each with its address of that family (pods without one are left out by the caller),
+/// `local` says which of them run on this node; ipBlocks of the other family are no peers here
+/// (a dual-stack node enforces each family with its own table, as Calico does).
+pub fn plan_family(policies: &[NetworkPolicy], pods: &[Pod], local: &dyn Fn(&Pod) -> bool, v6: bool) -> Plan {
     let mut sorted: Vec<&NetworkPolicy> = policies.iter().collect();
     sorted.sort_by_key(|p| key(p));
-    let mut out = Plan::default();
+    let mut out = Plan { v6, chains: vec![] };
     for pod in pods.iter().filter(|p| local(p)) {
-        let IpAddr::V4(ip) = pod.ip else { continue };
+        let ip = pod.ip;
+        if ip.is_ipv6() != v6 {
+            continue;
+        }
         for direction in [Direction::Ingress, Direction::Egress] {
             let isolating: Vec<&NetworkPolicy> = sorted
                 .iter()
@@ -129,7 +141,7 @@ pub fn plan(policies: &[NetworkPolicy], pods: &[Pod], local: &dyn Fn(&Pod) -> bo
                 direction,
                 pod: format!("{}/{}", pod.namespace, pod.name),
                 ip,
-                lines: isolating.iter().flat_map(|p| policy_lines(p, direction, pod, pods)).collect(),
+                lines: isolating.iter().flat_map(|p| policy_lines(p, direction, pod, pods, v6)).collect(),
                 isolated_by: isolating.iter().map(|p| key(p)).collect(),
             });
         }
@@ -159,16 +171,18 @@ fn verdict_of(d: Direction) -> (&'static str, &'static str) {
 
 /// The plan as one nftables table.
 pub fn nft(plan: &Plan) -> NftTable {
-    let mut t = NftTable::new(NftFamily::Ip, TABLE);
+    // The family's words: `ip`/`ip6`, `ipv4_addr`/`ipv6_addr`.
+    let (ip, addr_type) = if plan.v6 { ("ip6", "ipv6_addr") } else { ("ip", "ipv4_addr") };
+    let mut t = NftTable::new(if plan.v6 { NftFamily::Ip6 } else { NftFamily::Ip }, TABLE);
     t.comment = Some("NetworkPolicy enforcement by the podpath node agent".into());
     t.add_chain(
         Chain::base("forward", "filter", "forward", 0)
             .rule("ct state established,related accept")
-            .rule(format!("ip saddr vmap @{EGRESS_PODS}"))
-            .rule(format!("ip daddr vmap @{INGRESS_PODS}")),
+            .rule(format!("{ip} saddr vmap @{EGRESS_PODS}"))
+            .rule(format!("{ip} daddr vmap @{INGRESS_PODS}")),
     );
-    t.sets.push(Set::map(INGRESS_PODS, "ipv4_addr", "verdict").with_comment("local pods isolated for ingress"));
-    t.sets.push(Set::map(EGRESS_PODS, "ipv4_addr", "verdict").with_comment("local pods isolated for egress"));
+    t.sets.push(Set::map(INGRESS_PODS, addr_type, "verdict").with_comment("local pods isolated for ingress"));
+    t.sets.push(Set::map(EGRESS_PODS, addr_type, "verdict").with_comment("local pods isolated for egress"));
     let mut sets: BTreeMap<String, Set> = BTreeMap::new();
     for c in &plan.chains {
         let chain_name = name(direction_word(c.direction), &c.pod);
@@ -179,18 +193,18 @@ pub fn nft(plan: &Plan) -> NftTable {
             let peer = match &l.peer {
                 Peer::Any => String::new(),
                 Peer::Pods { set, comment, addrs } => {
-                    let mut s = Set::plain(set, "ipv4_addr").with_comment(comment.clone());
+                    let mut s = Set::plain(set, addr_type).with_comment(comment.clone());
                     for a in addrs {
                         s.insert(Element::key(&[&a.to_string()]));
                     }
                     sets.insert(set.clone(), s);
-                    format!("ip {addr} @{set} ")
+                    format!("{ip} {addr} @{set} ")
                 }
                 Peer::Block { cidr, except } => {
-                    let mut text = format!("ip {addr} {cidr} ");
+                    let mut text = format!("{ip} {addr} {cidr} ");
                     if !except.is_empty() {
                         let list: Vec<String> = except.iter().map(|e| e.to_string()).collect();
-                        text.push_str(&format!("ip {addr} != {{ {} }} ", list.join(", ")));
+                        text.push_str(&format!("{ip} {addr} != {{ {} }} ", list.join(", ")));
                     }
                     text
                 }
@@ -201,12 +215,13 @@ pub fn nft(plan: &Plan) -> NftTable {
                 Port::Range { proto, lo, hi } if lo == hi => format!("{proto} dport {lo} "),
                 Port::Range { proto, lo, hi } => format!("{proto} dport {lo}-{hi} "),
                 Port::Named { set, comment, dests } => {
-                    let mut s = Set::plain(set, "ipv4_addr . inet_proto . inet_service").with_comment(comment.clone());
-                    for (ip, proto, n) in dests {
-                        s.insert(Element::key(&[&ip.to_string(), proto, &n.to_string()]));
+                    let mut s = Set::plain(set, &format!("{addr_type} . inet_proto . inet_service"))
+                        .with_comment(comment.clone());
+                    for (a, proto, n) in dests {
+                        s.insert(Element::key(&[&a.to_string(), proto, &n.to_string()]));
                     }
                     sets.insert(set.clone(), s);
-                    format!("ip daddr . meta l4proto . th dport @{set} ")
+                    format!("{ip} daddr . meta l4proto . th dport @{set} ")
                 }
             };
             chain = chain.rule(format!("{peer}{port}{verdict} comment {}", quoted(&l.comment)));
@@ -246,7 +261,7 @@ pub fn iptables(plan: &Plan) -> Table {
             .comment("connections made before a policy keep working")
             .jump("ACCEPT"),
     );
-    let host = |ip: Ipv4Addr| Addr::Net(IpNet::V4(Ipv4Net::new(ip, 32).expect("/32")));
+    let host = |ip: IpAddr| Addr::Net(IpNet::from(ip));
     let mut jumps = vec![];
     let mut chains = vec![];
     for c in &plan.chains {
@@ -268,7 +283,7 @@ pub fn iptables(plan: &Plan) -> Table {
                 Peer::Any => vec![None],
                 Peer::Pods { addrs, .. } => addrs.iter().map(|a| Some(host(*a))).collect(),
                 Peer::Block { cidr, except } => {
-                    cidr_minus(*cidr, except).into_iter().map(|n| Some(Addr::Net(IpNet::V4(n)))).collect()
+                    cidr_minus(*cidr, except).into_iter().map(|n| Some(Addr::Net(n))).collect()
                 }
             };
             let ports: Vec<IptPort> = match &l.port {
@@ -326,7 +341,7 @@ pub fn iptables(plan: &Plan) -> Table {
 type IptPort = (Option<podpath_ruleset::Addr>, Option<(String, Option<String>)>);
 
 /// `net` without the `except` prefixes, as the fewest prefixes that remain.
-pub fn cidr_minus(net: Ipv4Net, except: &[Ipv4Net]) -> Vec<Ipv4Net> {
+pub fn cidr_minus(net: IpNet, except: &[IpNet]) -> Vec<IpNet> {
     if except.iter().any(|e| e.contains(&net)) {
         return vec![];
     }
@@ -383,7 +398,7 @@ fn quoted(text: &str) -> String {
 }
 
 /// The lines one policy gives `pod`'s chain for `direction`.
-fn policy_lines(p: &NetworkPolicy, direction: Direction, pod: &Pod, pods: &[Pod]) -> Vec<Line> {
+fn policy_lines(p: &NetworkPolicy, direction: Direction, pod: &Pod, pods: &[Pod], v6: bool) -> Vec<Line> {
     let policy = key(p);
     let ns = p.metadata.namespace.as_deref().unwrap_or("default");
     let (peer_word, set_prefix) = match direction {
@@ -417,7 +432,7 @@ fn policy_lines(p: &NetworkPolicy, direction: Direction, pod: &Pod, pods: &[Pod]
             let m = match peer {
                 None => Peer::Any,
                 Some(peer) => match &peer.ip_block {
-                    Some(block) => match block_of(block) {
+                    Some(block) => match block_of(block, v6) {
                         Some(b) => b,
                         None => continue,
                     },
@@ -427,10 +442,8 @@ fn policy_lines(p: &NetworkPolicy, direction: Direction, pod: &Pod, pods: &[Pod]
                         addrs: pods
                             .iter()
                             .filter(|o| netpol::peer_matches(peer, ns, &End::Pod(o)))
-                            .filter_map(|o| match o.ip {
-                                IpAddr::V4(a) => Some(a),
-                                IpAddr::V6(_) => None,
-                            })
+                            .map(|o| o.ip)
+                            .filter(|a| a.is_ipv6() == v6)
                             .collect(),
                     },
                 },
@@ -464,7 +477,10 @@ fn policy_lines(p: &NetworkPolicy, direction: Direction, pod: &Pod, pods: &[Pod]
                         // name such a port, each with its own number.
                         let mut dests = BTreeSet::new();
                         for other in pods {
-                            let IpAddr::V4(ip) = other.ip else { continue };
+                            let ip = other.ip;
+                            if ip.is_ipv6() != v6 {
+                                continue;
+                            }
                             if peer.is_some_and(|x| !netpol::peer_matches(x, ns, &End::Pod(other))) {
                                 continue;
                             }
@@ -496,17 +512,16 @@ fn policy_lines(p: &NetworkPolicy, direction: Direction, pod: &Pod, pods: &[Pod]
     out
 }
 
-/// An IPv4 ipBlock (None for IPv6: this table is IPv4).
-fn block_of(block: &IPBlock) -> Option<Peer> {
-    let Ok(ipnet::IpNet::V4(net)) = block.cidr.parse::<ipnet::IpNet>() else { return None };
-    let except: BTreeSet<Ipv4Net> = block
+/// An ipBlock of the plan's family (None for the other family's: its own table has it).
+fn block_of(block: &IPBlock, v6: bool) -> Option<Peer> {
+    let net = block.cidr.parse::<IpNet>().ok().filter(|n| n.addr().is_ipv6() == v6)?;
+    let except: BTreeSet<IpNet> = block
         .except
         .iter()
         .flatten()
-        .filter_map(|e| match e.parse::<ipnet::IpNet>() {
-            Ok(ipnet::IpNet::V4(n)) => Some(n.trunc()),
-            _ => None,
-        })
+        .filter_map(|e| e.parse::<IpNet>().ok())
+        .filter(|n| n.addr().is_ipv6() == v6)
+        .map(|n| n.trunc())
         .collect();
     Some(Peer::Block { cidr: net.trunc(), except: except.into_iter().collect() })
 }

@@ -277,12 +277,20 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()>) -> Result
         let nft_mode = cfg.proxy.as_ref().is_some_and(|p| p.mode == ProxyMode::Nftables);
         let backend = cfg.proxy.as_ref().map(|p| p.backend).unwrap_or(podpath_ruleset::Backend::Nft);
         let ipt = Arc::new(podpath_ruleset::kernel::IptablesKernel::new(backend));
+        // One enforcer per family of the node (each with its own table or ip(6)tables chains).
+        let families: Vec<bool> = cfg.node_ips.iter().map(IpAddr::is_ipv6).collect();
         {
             // The other form's rules go first (a mode change since the last run).
             let ipt = ipt.clone();
+            let v6 = families.contains(&true);
             tokio::task::spawn_blocking(move || {
+                let ipt6 = podpath_ruleset::kernel::IptablesKernel { ipt: ipt.ipt.clone().v6() };
                 let other: Option<&dyn podpath_ruleset::kernel::Kernel> = if nft_mode { Some(&*ipt) } else { None };
-                netpol::cleanup(!nft_mode && netpol::nft_available(), other)
+                netpol::cleanup(!nft_mode && netpol::nft_available(), other)?;
+                if nft_mode && v6 {
+                    netpol::cleanup(false, Some(&ipt6))?;
+                }
+                Ok::<(), netpol::NetpolError>(())
             })
             .await
             .map_err(|e| AgentError::Task(e.to_string()))??;
@@ -299,17 +307,31 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()>) -> Result
                 |n: core::Namespace| netpol::namespace_labels(&n),
             ));
             tokio::spawn(reflector::run(client.clone(), Filter::default(), policies.clone()));
-            let (node_name, period) = (cfg.node_name.clone(), cfg.sync_period);
-            if nft_mode {
-                tracing::info!("NetworkPolicy enforcement: nftables table ip podpath-policy");
-                let kernel = Arc::new(NftPolicyKernel::default());
-                let e = Enforcer { kernel, node_name, pods: all_pods, namespaces, policies, period };
-                tokio::spawn(netpol::run(e, None));
-            } else {
-                tracing::info!(backend = backend.name(), "NetworkPolicy enforcement: filter chains PODPATH-POLICY");
-                let kernel = Arc::new(IptablesPolicyKernel { kernel: ipt });
-                let e = Enforcer { kernel, node_name, pods: all_pods, namespaces, policies, period };
-                tokio::spawn(netpol::run(e, None));
+            let period = cfg.sync_period;
+            for v6 in families {
+                let node_name = cfg.node_name.clone();
+                let (pods, namespaces, policies) = (all_pods.clone(), namespaces.clone(), policies.clone());
+                let family = if v6 { "ip6" } else { "ip" };
+                if nft_mode {
+                    tracing::info!("NetworkPolicy enforcement: nftables table {family} podpath-policy");
+                    let kernel = Arc::new(NftPolicyKernel::for_family(v6));
+                    let e = Enforcer { kernel, node_name, pods, namespaces, policies, period, v6 };
+                    tokio::spawn(netpol::run(e, None));
+                } else {
+                    let tool = if v6 { "ip6tables" } else { "iptables" };
+                    tracing::info!(
+                        backend = backend.name(),
+                        "NetworkPolicy enforcement: {tool} filter chains PODPATH-POLICY"
+                    );
+                    let kernel = if v6 {
+                        Arc::new(podpath_ruleset::kernel::IptablesKernel { ipt: ipt.ipt.clone().v6() })
+                    } else {
+                        ipt.clone()
+                    };
+                    let kernel = Arc::new(IptablesPolicyKernel { kernel });
+                    let e = Enforcer { kernel, node_name, pods, namespaces, policies, period, v6 };
+                    tokio::spawn(netpol::run(e, None));
+                }
             }
         } else {
             tracing::warn!("no `nft` command: NetworkPolicies are not enforced on this node");

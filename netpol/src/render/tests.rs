@@ -9,6 +9,24 @@ pub(crate) fn world() -> Vec<Pod> {
     netpol::suite_world(|i, j| format!("10.244.{}.{}", if j == 2 { 2 } else { 1 }, 10 + i * 3 + j).parse().unwrap())
 }
 
+/// The world at IPv6 addresses: fd00:10:244:1::M and fd00:10:244:2::M.
+pub(crate) fn world_v6() -> Vec<Pod> {
+    netpol::suite_world(|i, j| {
+        format!("fd00:10:244:{}::{}", if j == 2 { 2 } else { 1 }, 10 + i * 3 + j).parse().unwrap()
+    })
+}
+
+/// The cases for IPv6 pods: the pod network fd00:10:244::/56, single addresses as /128.
+pub(crate) fn cases_v6(pods: &[Pod]) -> Vec<(String, Vec<NetworkPolicy>)> {
+    let v4 = cases(pods, "fd00:10:244::/56");
+    v4.into_iter()
+        .map(|(name, policies)| {
+            let text = serde_json::to_string(&policies).unwrap().replace("/32\"", "/128\"");
+            (name, serde_json::from_str(&text).unwrap())
+        })
+        .collect()
+}
+
 /// The cases, with placeholders filled for `pods`.
 pub(crate) fn cases(pods: &[Pod], pod_cidr: &str) -> Vec<(String, Vec<NetworkPolicy>)> {
     let text = include_str!("../../testdata/netpol-cases.yaml");
@@ -63,13 +81,13 @@ fn matches(t: &NftTable, rule: &str, p: Packet<'_>) -> (bool, String) {
     while i < tokens.len() {
         match tokens[i] {
             "accept" | "return" | "drop" => return (ok, tokens[i].to_string()),
-            "ip" if tokens[i + 1] == "daddr" && tokens.get(i + 2) == Some(&".") => {
+            "ip" | "ip6" if tokens[i + 1] == "daddr" && tokens.get(i + 2) == Some(&".") => {
                 // ip daddr . meta l4proto . th dport @set
                 let set = tokens[i + 8].trim_start_matches('@');
                 ok &= in_set(t, set, &[p.dst.to_string(), p.proto.to_string(), p.dport.to_string()]);
                 i += 9;
             }
-            "ip" => {
+            "ip" | "ip6" => {
                 let a = addr(tokens[i + 1]);
                 let arg = tokens[i + 2];
                 if arg == "!=" {
@@ -157,11 +175,27 @@ fn node_of(p: &Pod) -> u8 {
 
 #[test]
 fn every_case_enforces_what_the_model_decides_for_every_pair_port_and_protocol() {
-    let pods = world();
+    every_case_in(false);
+}
+
+/// The same over IPv6 addresses (the `ip6 podpath-policy` table of a dual-stack or IPv6 node):
+/// pods at fd00:10:244:N::M, ipBlocks of IPv6 prefixes.
+#[test]
+fn the_ipv6_table_enforces_what_the_model_decides_for_every_case() {
+    every_case_in(true);
+}
+
+fn every_case_in(v6: bool) {
+    let pods = if v6 { world_v6() } else { world() };
     let mut checked = 0;
-    for (case, policies) in cases(&pods, "10.244.0.0/16") {
+    let all_cases = if v6 { cases_v6(&pods) } else { cases(&pods, "10.244.0.0/16") };
+    for (case, policies) in all_cases {
         let tables: Vec<NftTable> =
-            [1u8, 2].iter().map(|n| render(&policies, &pods, &|p: &Pod| node_of(p) == *n)).collect();
+            [1u8, 2].iter().map(|n| nft(&plan_family(&policies, &pods, &|p: &Pod| node_of(p) == *n, v6))).collect();
+        if v6 {
+            assert_eq!(tables[0].family, NftFamily::Ip6);
+            assert!(tables[0].chains[0].rules.iter().all(|r| !r.contains("ip saddr") && !r.contains("ip daddr")));
+        }
         for src in &pods {
             for dst in &pods {
                 for (port, proto) in [(80, "tcp"), (81, "tcp"), (80, "udp"), (81, "udp")] {
@@ -239,7 +273,7 @@ fn the_iptables_form_enforces_the_same_for_every_case() {
 
 #[test]
 fn an_except_leaves_the_fewest_prefixes() {
-    let n = |s: &str| s.parse::<Ipv4Net>().unwrap();
+    let n = |s: &str| s.parse::<IpNet>().unwrap();
     assert_eq!(cidr_minus(n("10.0.0.0/30"), &[n("10.0.0.1/32")]), [n("10.0.0.0/32"), n("10.0.0.2/31")]);
     assert_eq!(cidr_minus(n("10.0.0.0/8"), &[]), [n("10.0.0.0/8")]);
     assert!(cidr_minus(n("10.1.0.0/16"), &[n("10.0.0.0/8")]).is_empty());
