@@ -246,3 +246,50 @@ fn a_dual_stack_lab_in_nftables_mode_answers_both_families() {
     drop(lab);
     assert_eq!(host_state(), before, "the host namespace changed");
 }
+
+/// The gateway's proxies over IPv6 (`--lb-mode nodeport`): a LoadBalancer IP proxied to the
+/// nodes' IPv6 NodePorts, and an Ingress served by the L7 proxy with `X-Forwarded-For` in the
+/// IPv6 form.
+#[test]
+fn an_ipv6_lab_proxies_load_balancers_and_ingresses() {
+    if !root_or_explain() {
+        return;
+    }
+    let before = host_state();
+    let lab = Lab::up("v6p", &["--nodes", "2", "--ip-family", "ipv6", "--lb-mode", "nodeport"])
+        .expect("podpath up --ip-family ipv6 --lb-mode nodeport");
+    lab.apply(WEB);
+    lab.apply(&service("SingleStack"));
+    lab.kubectl(&["create", "ingress", "web", "--rule=/*=web:80"]);
+    lab.kubectl(&["rollout", "status", "deploy/web", "--timeout=60s"]);
+    wait_endpoints(&lab, "IPv6");
+    assert_eq!(lab.lb_ip("web"), "2001:db8:100::1");
+    let seen = wait_for(Duration::from_secs(20), "both pods through the proxied IPv6 LoadBalancer", || {
+        let s = pods_reached(&lab, "http://[2001:db8:100::1]/");
+        if s.len() == 2 {
+            Ok(s)
+        } else {
+            Err(format!("{s:?}"))
+        }
+    });
+    assert_eq!(seen.len(), 2);
+    let ingress = lab.kubectl_until(
+        Duration::from_secs(30),
+        &["get", "ingress", "web", "-o", "jsonpath={.status.loadBalancer.ingress[0].ip}"],
+        |o| !o.is_empty(),
+    );
+    assert_eq!(ingress, "2001:db8:100::2");
+    let page = wait_for(Duration::from_secs(20), "the Ingress to answer", || {
+        let (code, out) = lab.curl(&["-g", "http://[2001:db8:100::2]/"]);
+        if code == 0 && out.contains("pod: default/web-") {
+            Ok(out)
+        } else {
+            Err(out)
+        }
+    });
+    assert!(page.contains("x-forwarded-for: 2001:db8:113::10, 2001:db8:100::2"), "{page}");
+    let lo = lab.exec("gateway", &["ip", "-6", "address", "show", "dev", "lo"]);
+    assert!(lo.contains("inet6 2001:db8:100::1/128 scope global nodad noprefixroute"), "{lo}");
+    drop(lab);
+    assert_eq!(host_state(), before, "the host namespace changed");
+}

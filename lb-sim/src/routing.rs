@@ -21,8 +21,12 @@ use crate::error::{LbError, Result};
 /// `proto` of lb-sim's routes and nexthops (unassigned in iproute2's rt_protos; the node agent
 /// uses 77).
 pub const PROTO: u8 = 78;
-/// The label of the proxies' addresses on `lo`.
+/// The label of the proxies' IPv4 addresses on `lo`.
 pub const ADDRESS_LABEL: &str = "lo:pplb";
+/// The flags that mark the proxies' IPv6 addresses on `lo`: IPv6 addresses have no label (and
+/// Debian 12's iproute2 no address `proto`), so lb-sim adds its own with both `nodad` and
+/// `noprefixroute` — flags a /128 on `lo` has no other use for — and knows them by these.
+pub const V6_FLAGS: &str = "nodad noprefixroute";
 /// Group ids start here; node nexthops use ids below.
 pub const FIRST_GROUP_ID: u32 = 0x10000;
 /// Buckets per group: enough for an even spread over a lab's nodes.
@@ -41,7 +45,7 @@ pub struct Observed {
     pub groups: BTreeMap<u32, Vec<u32>>,
     /// Routes: destination → nexthop group id (None: a route of ours without one).
     pub routes: BTreeMap<IpAddr, Option<u32>>,
-    /// Addresses with [`ADDRESS_LABEL`].
+    /// IPv4 addresses with [`ADDRESS_LABEL`], IPv6 ones with [`V6_FLAGS`].
     pub addresses: BTreeSet<IpAddr>,
 }
 
@@ -102,7 +106,11 @@ pub fn plan(want: &Wanted, have: &Observed, devices: &BTreeMap<IpAddr, String>, 
         }
     }
     for ip in want.addresses.difference(&have.addresses) {
-        lines.push(format!("address add {} dev lo label {ADDRESS_LABEL}", host_prefix(ip)));
+        if ip.is_ipv6() {
+            lines.push(format!("address add {} dev lo {V6_FLAGS}", host_prefix(ip)));
+        } else {
+            lines.push(format!("address add {} dev lo label {ADDRESS_LABEL}", host_prefix(ip)));
+        }
     }
     for vip in have.routes.keys().filter(|v| !want.routes.contains_key(v)) {
         lines.push(format!("route del {} proto {PROTO}", host_prefix(vip)));
@@ -116,7 +124,11 @@ pub fn plan(want: &Wanted, have: &Observed, devices: &BTreeMap<IpAddr, String>, 
         }
     }
     for ip in have.addresses.difference(&want.addresses) {
-        lines.push(format!("address del {} dev lo label {ADDRESS_LABEL}", host_prefix(ip)));
+        if ip.is_ipv6() {
+            lines.push(format!("address del {} dev lo", host_prefix(ip)));
+        } else {
+            lines.push(format!("address del {} dev lo label {ADDRESS_LABEL}", host_prefix(ip)));
+        }
     }
     lines
 }
@@ -148,11 +160,15 @@ pub fn parse_routes(json: &str, into: &mut Observed) -> std::result::Result<(), 
     Ok(())
 }
 
-/// Reads `ip -j address show dev lo`: the addresses labelled [`ADDRESS_LABEL`].
+/// Reads `ip -j address show dev lo`: the addresses labelled [`ADDRESS_LABEL`] and the IPv6
+/// ones with [`V6_FLAGS`].
 pub fn parse_addresses(json: &str, into: &mut Observed) -> std::result::Result<(), String> {
     for link in parse_array(json)? {
         for a in link["addr_info"].as_array().into_iter().flatten() {
-            if a["label"].as_str() == Some(ADDRESS_LABEL) {
+            let flagged = |f: &str| a[f].as_bool() == Some(true);
+            let ours = a["label"].as_str() == Some(ADDRESS_LABEL)
+                || (a["family"].as_str() == Some("inet6") && flagged("nodad") && flagged("noprefixroute"));
+            if ours {
                 if let Some(ip) = a["local"].as_str().and_then(|l| l.parse().ok()) {
                     into.addresses.insert(ip);
                 }
@@ -397,6 +413,27 @@ mod tests {
             lines.iter().position(|l| l.starts_with("route del"))
                 < lines.iter().position(|l| l.starts_with("nexthop del"))
         );
+    }
+
+    #[test]
+    fn ipv6_proxy_addresses_are_known_by_their_flags() {
+        let mut o = Observed::default();
+        let w = want(&[], &["2001:db8:100::1", "198.51.100.2"]);
+        let lines = plan(&w, &o, &devices(), 5);
+        assert!(lines.contains(&"address add 2001:db8:100::1/128 dev lo nodad noprefixroute".to_string()), "{lines:?}");
+        apply(&mut o, &lines);
+        // Made once; the next sync has nothing to do.
+        assert!(plan(&w, &o, &devices(), 5).is_empty());
+        let mut read = Observed::default();
+        parse_addresses(
+            r#"[{"ifname":"lo","addr_info":[{"family":"inet6","local":"2001:db8:100::1","prefixlen":128,"scope":"global","nodad":true,"noprefixroute":true},
+                {"family":"inet6","local":"::1","prefixlen":128,"scope":"host"}]}]"#,
+            &mut read,
+        )
+        .unwrap();
+        assert_eq!(read.addresses, [ip("2001:db8:100::1")].into());
+        let lines = plan(&Wanted::default(), &read, &devices(), 5);
+        assert_eq!(lines, ["address del 2001:db8:100::1/128 dev lo"]);
     }
 
     #[test]
