@@ -248,16 +248,18 @@ fn a_dual_stack_lab_in_nftables_mode_answers_both_families() {
 }
 
 /// The gateway's proxies over IPv6 (`--lb-mode nodeport`): a LoadBalancer IP proxied to the
-/// nodes' IPv6 NodePorts, and an Ingress served by the L7 proxy with `X-Forwarded-For` in the
-/// IPv6 form.
+/// nodes' IPv6 NodePorts (served by the nodes' userspace proxies), and an Ingress served by the
+/// L7 proxy with `X-Forwarded-For` in the IPv6 form.
 #[test]
 fn an_ipv6_lab_proxies_load_balancers_and_ingresses() {
     if !root_or_explain() {
         return;
     }
     let before = host_state();
-    let lab = Lab::up("v6p", &["--nodes", "2", "--ip-family", "ipv6", "--lb-mode", "nodeport"])
-        .expect("podpath up --ip-family ipv6 --lb-mode nodeport");
+    // The nodes in the userspace mode: its proxy sockets and held NodePorts on `[::]`.
+    let lab =
+        Lab::up("v6p", &["--nodes", "2", "--ip-family", "ipv6", "--lb-mode", "nodeport", "--proxy-mode", "userspace"])
+            .expect("podpath up --ip-family ipv6 --lb-mode nodeport --proxy-mode userspace");
     lab.apply(WEB);
     lab.apply(&service("SingleStack"));
     lab.kubectl(&["create", "ingress", "web", "--rule=/*=web:80"]);

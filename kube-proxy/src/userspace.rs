@@ -360,16 +360,43 @@ impl Drop for ProxySocket {
     }
 }
 
-async fn open_socket(sp: &ServicePort) -> std::io::Result<ProxySocket> {
+/// A socket on every address of one family: `0.0.0.0`, or `[::]` IPv6-only (the IPv4 proxier
+/// of a dual-stack node holds the same port numbers).
+fn bind_any(v6: bool, port: u16, udp: bool) -> std::io::Result<socket2::Socket> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let (domain, addr): (Domain, SocketAddr) = if v6 {
+        (Domain::IPV6, (std::net::Ipv6Addr::UNSPECIFIED, port).into())
+    } else {
+        (Domain::IPV4, (Ipv4Addr::UNSPECIFIED, port).into())
+    };
+    let s = if udp {
+        Socket::new(domain, Type::DGRAM, Some(Protocol::UDP))?
+    } else {
+        Socket::new(domain, Type::STREAM, Some(Protocol::TCP))?
+    };
+    if v6 {
+        s.set_only_v6(true)?;
+    }
+    if !udp {
+        s.set_reuse_address(true)?;
+    }
+    s.bind(&addr.into())?;
+    if !udp {
+        s.listen(1024)?;
+    }
+    s.set_nonblocking(true)?;
+    Ok(s)
+}
+
+async fn open_socket(sp: &ServicePort, v6: bool) -> std::io::Result<ProxySocket> {
     let balancer: Arc<Mutex<Balancer>> = Default::default();
-    let any: SocketAddr = (Ipv4Addr::UNSPECIFIED, 0).into();
     let (proxy_port, task) = match sp.protocol.as_str() {
         "udp" => {
-            let s = UdpSocket::bind(any).await?;
+            let s = UdpSocket::from_std(bind_any(v6, 0, true)?.into())?;
             (s.local_addr()?.port(), tokio::spawn(serve_udp(s, balancer.clone(), sp.spn().clone())))
         }
         _ => {
-            let l = TcpListener::bind(any).await?;
+            let l = TcpListener::from_std(bind_any(v6, 0, false)?.into())?;
             (l.local_addr()?.port(), tokio::spawn(serve_tcp(l, balancer.clone(), sp.spn().clone())))
         }
     };
@@ -418,7 +445,7 @@ pub async fn run(p: UserspaceProxier<impl Kernel>, synced: Option<tokio::sync::o
             let key = st.port.key();
             wanted_keys.insert(key.clone());
             if !sockets.contains_key(&key) {
-                match open_socket(&st.port).await {
+                match open_socket(&st.port, node_ip.is_ipv6()).await {
                     Ok(s) => {
                         tracing::info!(service = %st.port.spn(), protocol = %st.port.protocol, proxy_port = s.proxy_port, "proxy socket opened");
                         sockets.insert(key.clone(), s);
@@ -445,7 +472,7 @@ pub async fn run(p: UserspaceProxier<impl Kernel>, synced: Option<tokio::sync::o
                     Some((owner, _)) => {
                         tracing::warn!(service = %st.port.spn(), "NodePort {np} is already held for {owner}")
                     }
-                    None => match HeldPort::claim(np, &st.port.protocol) {
+                    None => match HeldPort::claim(np, &st.port.protocol, node_ip.is_ipv6()) {
                         Ok(h) => {
                             held.insert(slot, (key.clone(), h));
                             node_port_held = true;
@@ -520,11 +547,11 @@ pub enum HeldPort {
 }
 
 impl HeldPort {
-    pub fn claim(port: u16, protocol: &str) -> std::io::Result<HeldPort> {
-        let addr: SocketAddr = (Ipv4Addr::UNSPECIFIED, port).into();
+    /// Holds `port` on every address of the family (`v6`: IPv6 only).
+    pub fn claim(port: u16, protocol: &str, v6: bool) -> std::io::Result<HeldPort> {
         Ok(match protocol {
-            "udp" => HeldPort::Udp(std::net::UdpSocket::bind(addr)?),
-            _ => HeldPort::Tcp(std::net::TcpListener::bind(addr)?),
+            "udp" => HeldPort::Udp(bind_any(v6, port, true)?.into()),
+            _ => HeldPort::Tcp(bind_any(v6, port, false)?.into()),
         })
     }
 }
