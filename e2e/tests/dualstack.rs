@@ -119,6 +119,13 @@ fn an_ipv6_lab_serves_a_load_balancer_a_node_port_a_cluster_ip_and_aaaa_records(
         "{nat}"
     );
     assert!(nat.contains("! -d ::1/128"), "{nat}");
+    // `podpath explain` and `podpath rules` read the ip6tables rules of an IPv6 lab.
+    let (ok, explained) = lab.run("explain", &["web"]);
+    assert!(ok, "{explained}");
+    assert!(explained.contains(&format!("to [{cluster_ip}]:80/tcp (cluster IP) → KUBE-SVC-")), "{explained}");
+    assert!(explained.contains("rewrite the destination to [fd00:10:244:"), "{explained}");
+    let (ok, rules) = lab.run("rules", &[]);
+    assert!(ok && rules.contains("ip6/nat -A KUBE-SERVICES -d "), "{rules}");
     // A NetworkPolicy with IPv6 ipBlocks: the pod network in, the "internet" client out.
     lab.apply(
         "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: web-in}\nspec:\n  \
@@ -198,6 +205,11 @@ fn a_dual_stack_lab_in_nftables_mode_answers_both_families() {
     let v6 = lab.exec("node-1", &["nft", "list", "table", "ip6", "kube-proxy"]);
     assert!(v6.contains(&format!("{} . tcp . 80 : goto service-", ips[1])), "{v6}");
     assert!(v6.contains("type ipv6_addr"), "{v6}");
+    let (ok, rules) = lab.run("rules", &[]);
+    assert!(
+        ok && rules.contains("nft6 element service-ips: ") && rules.contains("nft element service-ips: "),
+        "{rules}"
+    );
     let v4 = lab.exec("node-1", &["nft", "list", "table", "ip", "kube-proxy"]);
     assert!(v4.contains(&format!("{} . tcp . 80 : goto service-", ips[0])), "{v4}");
     // NetworkPolicy per family: only the IPv6 pod network may reach the web pods.

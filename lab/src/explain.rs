@@ -3,7 +3,7 @@
 //! Works on `iptables-save` text of both proxy modes, so it explains exactly what is installed.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 
 use podpath_ruleset::{Addr, Match, RecentOp, Rule, Target};
 use serde::Serialize;
@@ -176,17 +176,37 @@ fn purpose(table: &str, chain: &str) -> String {
     p.to_string()
 }
 
-fn with_pod(endpoint: &str, pods: &BTreeMap<Ipv4Addr, String>) -> String {
-    let ip = endpoint.split(':').next().and_then(|i| i.parse::<Ipv4Addr>().ok());
+fn with_pod(endpoint: &str, pods: &BTreeMap<IpAddr, String>) -> String {
+    // `10.244.1.5:8080`, `[fd00:10:244:1::5]:8080`, or an address alone.
+    let ip = endpoint
+        .parse::<std::net::SocketAddr>()
+        .map(|s| s.ip())
+        .ok()
+        .or_else(|| endpoint.split(':').next().and_then(|i| i.parse::<IpAddr>().ok()))
+        .or_else(|| endpoint.parse::<IpAddr>().ok());
     match ip.and_then(|i| pods.get(&i)) {
         Some(p) => format!("{endpoint} (pod {p})"),
         None => endpoint.to_string(),
     }
 }
 
-/// An address as people read it (a `/32` network is a host).
+/// An address as people read it (a `/32` or `/128` network is a host).
 fn addr_text(a: &Addr) -> String {
-    a.to_string().trim_end_matches("/32").to_string()
+    let t = a.to_string();
+    if t.contains(':') {
+        t.trim_end_matches("/128").to_string()
+    } else {
+        t.trim_end_matches("/32").to_string()
+    }
+}
+
+/// `ip:port`, with the IPv6 address in brackets.
+fn host_port(host: &str, port: &str) -> String {
+    if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
 }
 
 fn is_local(rule: &Rule, source: bool) -> bool {
@@ -198,7 +218,7 @@ fn destination(rule: &Rule) -> String {
     let proto = rule.protocol().unwrap_or("tcp");
     let port = rule.destination_port().unwrap_or("*");
     match rule.destination() {
-        Some((d, _)) => format!("{}:{port}/{proto}", addr_text(&d)),
+        Some((d, _)) => format!("{}/{proto}", host_port(&addr_text(&d), port)),
         None if rule.chain.contains("NODEPORT") => format!("NodePort {port}/{proto}"),
         None if is_local(rule, false) => format!("any address of this node, port {port}/{proto}"),
         None => format!("port {port}/{proto}"),
@@ -214,7 +234,7 @@ fn affinity_check(rule: &Rule) -> Option<Option<u32>> {
 }
 
 /// A rule in words.
-pub fn describe(rule: &Rule, pods: &BTreeMap<Ipv4Addr, String>) -> String {
+pub fn describe(rule: &Rule, pods: &BTreeMap<IpAddr, String>) -> String {
     let comment = rule.comment_text().unwrap_or_default();
     let target = rule.target.as_ref().map(Target::name).unwrap_or("");
     let chain = rule.chain.as_str();
@@ -282,7 +302,7 @@ pub fn describe(rule: &Rule, pods: &BTreeMap<Ipv4Addr, String>) -> String {
 
 /// Each endpoint's share of new connections in a service chain: the rule's probability of what
 /// the rules before it left over.
-fn shares(rules: &[&Rule], pods: &BTreeMap<Ipv4Addr, String>) -> Vec<Share> {
+fn shares(rules: &[&Rule], pods: &BTreeMap<IpAddr, String>) -> Vec<Share> {
     let mut left = 1.0;
     let mut out = Vec::new();
     for r in rules {
@@ -302,7 +322,7 @@ fn shares(rules: &[&Rule], pods: &BTreeMap<Ipv4Addr, String>) -> Vec<Share> {
 }
 
 /// The chains of one node for the Service.
-fn node_chains(saves: &[(&str, &str)], service: &str, pods: &BTreeMap<Ipv4Addr, String>) -> Vec<Chain> {
+fn node_chains(saves: &[(&str, &str)], service: &str, pods: &BTreeMap<IpAddr, String>) -> Vec<Chain> {
     let mut chains: Vec<Chain> = Vec::new();
     for (table, save) in saves {
         let rules = saved(save);
@@ -381,7 +401,7 @@ fn summary(svc: &serde_json::Value) -> Vec<String> {
 fn port_endpoints(
     svc: &serde_json::Value,
     slices: &[serde_json::Value],
-    pods: &BTreeMap<Ipv4Addr, String>,
+    pods: &BTreeMap<IpAddr, String>,
 ) -> Vec<PortEndpoints> {
     let mut out = Vec::new();
     for p in svc["spec"]["ports"].as_array().into_iter().flatten() {
@@ -420,7 +440,7 @@ pub fn explain(
     svc: &serde_json::Value,
     slices: &[serde_json::Value],
     nodes: &BTreeMap<String, Vec<(String, String)>>,
-    pods: &BTreeMap<Ipv4Addr, String>,
+    pods: &BTreeMap<IpAddr, String>,
 ) -> Explanation {
     let service = service_name(svc);
     let groups = group_nodes(nodes.iter().map(|(node, saves)| {
@@ -458,7 +478,7 @@ fn group_nodes<'a>(per_node: impl Iterator<Item = (&'a String, Vec<Chain>)>) -> 
 fn assemble(
     svc: &serde_json::Value,
     slices: &[serde_json::Value],
-    pods: &BTreeMap<Ipv4Addr, String>,
+    pods: &BTreeMap<IpAddr, String>,
     service: String,
     groups: Vec<NodeGroup>,
 ) -> Explanation {
@@ -479,7 +499,7 @@ pub fn explain_nft(
     svc: &serde_json::Value,
     slices: &[serde_json::Value],
     nodes: &BTreeMap<String, podpath_ruleset::nft::Listing>,
-    pods: &BTreeMap<Ipv4Addr, String>,
+    pods: &BTreeMap<IpAddr, String>,
 ) -> Explanation {
     let service = service_name(svc);
     let groups = group_nodes(nodes.iter().map(|(node, listing)| (node, nft_chains(svc, listing, &service, pods))));
@@ -518,10 +538,13 @@ fn nft_chain_purpose(chain: &str) -> &'static str {
     }
 }
 
-/// `10.244.1.5 . 8080` → `10.244.1.5:8080 (pod default/web-x)`.
-fn nft_endpoint(pair: &str, pods: &BTreeMap<Ipv4Addr, String>) -> String {
-    let addr = pair.replace(" . ", ":");
-    with_pod(addr.trim(), pods)
+/// `10.244.1.5 . 8080` → `10.244.1.5:8080 (pod default/web-x)` (IPv6 in brackets).
+fn nft_endpoint(pair: &str, pods: &BTreeMap<IpAddr, String>) -> String {
+    let addr = match pair.trim().split_once(" . ") {
+        Some((host, port)) => host_port(host.trim(), port.trim()),
+        None => pair.trim().to_string(),
+    };
+    with_pod(&addr, pods)
 }
 
 /// One element of a map in words.
@@ -557,7 +580,7 @@ fn nft_element_words(map: &str, element: &str, svc: &serde_json::Value) -> Strin
 }
 
 /// One listed rule of a per-Service chain in words.
-fn nft_rule_words(rule: &str, pods: &BTreeMap<Ipv4Addr, String>) -> String {
+fn nft_rule_words(rule: &str, pods: &BTreeMap<IpAddr, String>) -> String {
     let comment = rule.split(" comment \"").nth(1).map(|c| c.trim_end_matches('"'));
     if let Some(rest) = rule.strip_suffix(" map @endpoints") {
         let n = rest.rsplit("numgen random mod ").next().unwrap_or("?");
@@ -626,7 +649,7 @@ fn nft_chains(
     svc: &serde_json::Value,
     listing: &podpath_ruleset::nft::Listing,
     service: &str,
-    pods: &BTreeMap<Ipv4Addr, String>,
+    pods: &BTreeMap<IpAddr, String>,
 ) -> Vec<Chain> {
     let marker = format!("-{service}/");
     let ips: Vec<String> = ["clusterIP"].iter().filter_map(|k| svc["spec"][k].as_str().map(str::to_string)).collect();

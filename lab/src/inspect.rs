@@ -13,8 +13,9 @@ use crate::{io, rules, trace, LabError, Result};
 /// Per node: each table's `iptables-save` text.
 pub type NodeTables = BTreeMap<String, Vec<(String, String)>>;
 
-/// `iptables-save` of `tables` on every node of the lab, read in parallel.
-pub fn node_tables(st: &LabState, tables: &[&str]) -> Result<NodeTables> {
+/// `iptables-save` (`ip6tables-save` with `v6`) of `tables` on every node of the lab, read in
+/// parallel.
+pub fn node_tables(st: &LabState, tables: &[&str], v6: bool) -> Result<NodeTables> {
     let plan = Plan::with_family(&st.name, st.nodes, st.ip_family);
     let nodes: Vec<(String, String)> =
         plan.nodes.iter().map(|n| (n.name.clone(), plan.netns_of(&n.name).expect("planned").to_string())).collect();
@@ -26,9 +27,13 @@ pub fn node_tables(st: &LabState, tables: &[&str]) -> Result<NodeTables> {
                 s.spawn(move || -> Result<OneNode> {
                     let mut out = Vec::new();
                     for table in tables {
-                        let ipt = podpath_ruleset::Iptables::new(podpath_ruleset::Backend::System).in_netns(netns);
+                        let mut ipt = podpath_ruleset::Iptables::new(podpath_ruleset::Backend::System).in_netns(netns);
+                        if v6 {
+                            ipt = ipt.v6();
+                        }
+                        let tool = if v6 { "ip6tables-save" } else { "iptables-save" };
                         let save = ipt.save_text(table).map_err(|e| LabError::Command {
-                            cmd: format!("iptables-save -t {table} in {netns}"),
+                            cmd: format!("{tool} -t {table} in {netns}"),
                             stderr: e.to_string(),
                         })?;
                         out.push((table.to_string(), save));
@@ -44,28 +49,59 @@ pub fn node_tables(st: &LabState, tables: &[&str]) -> Result<NodeTables> {
     saves.into_iter().collect()
 }
 
-/// Every node's proxy rules (nat and filter) as lines (`rules::proxy_rules`).
+/// Every node's proxy rules (nat and filter) as lines (`rules::proxy_rules`); a lab with IPv6
+/// has its ip6tables rules too, their lines led by `ip6/nat` and `ip6/filter`.
 pub fn proxy_rules(st: &LabState) -> Result<BTreeMap<String, Vec<String>>> {
-    if st.proxy_mode == crate::ProxyMode::Nftables {
-        return nft_rules(st);
+    let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for v6 in families(st) {
+        let rules = if st.proxy_mode == crate::ProxyMode::Nftables {
+            nft_rules(st, v6)?
+        } else {
+            node_tables(st, &["nat", "filter"], v6)?
+                .into_iter()
+                .map(|(node, tables)| {
+                    let lines = tables
+                        .iter()
+                        .flat_map(|(t, save)| {
+                            rules::proxy_rules(&if v6 { format!("ip6/{t}") } else { t.clone() }, save)
+                        })
+                        .collect();
+                    (node, lines)
+                })
+                .collect()
+        };
+        for (node, lines) in rules {
+            out.entry(node).or_default().extend(lines);
+        }
     }
-    Ok(node_tables(st, &["nat", "filter"])?
+    Ok(out)
+}
+
+/// The lab's families (`true`: IPv6).
+fn families(st: &LabState) -> Vec<bool> {
+    let mut out = vec![];
+    if st.ip_family.has_v4() {
+        out.push(false);
+    }
+    if st.ip_family.has_v6() {
+        out.push(true);
+    }
+    out
+}
+
+/// In nftables mode: every node's table `ip kube-proxy` (`ip6 kube-proxy` with `v6`) as lines,
+/// one per rule and per map or set element (`nft chain services: …`, `nft6 element
+/// service-ips: …`).
+fn nft_rules(st: &LabState, v6: bool) -> Result<BTreeMap<String, Vec<String>>> {
+    let lead = if v6 { "nft6" } else { "nft" };
+    Ok(nft_listings(st, v6)?
         .into_iter()
-        .map(|(node, tables)| (node, tables.iter().flat_map(|(t, save)| rules::proxy_rules(t, save)).collect()))
+        .map(|(node, l)| (node, l.lines().into_iter().map(|l| format!("{lead} {l}")).collect()))
         .collect())
 }
 
-/// In nftables mode: every node's table `ip kube-proxy` as lines, one per rule and per map or
-/// set element (`nft chain services: …`, `nft element service-ips: …`).
-fn nft_rules(st: &LabState) -> Result<BTreeMap<String, Vec<String>>> {
-    Ok(nft_listings(st)?
-        .into_iter()
-        .map(|(node, l)| (node, l.lines().into_iter().map(|l| format!("nft {l}")).collect()))
-        .collect())
-}
-
-/// Every node's table `ip kube-proxy` (`nft list table`), read in parallel.
-fn nft_listings(st: &LabState) -> Result<BTreeMap<String, podpath_ruleset::nft::Listing>> {
+/// Every node's table `ip kube-proxy` (`ip6` with `v6`; `nft list table`), read in parallel.
+fn nft_listings(st: &LabState, v6: bool) -> Result<BTreeMap<String, podpath_ruleset::nft::Listing>> {
     let plan = Plan::with_family(&st.name, st.nodes, st.ip_family);
     let nodes: Vec<(String, String)> =
         plan.nodes.iter().map(|n| (n.name.clone(), plan.netns_of(&n.name).expect("planned").to_string())).collect();
@@ -77,7 +113,11 @@ fn nft_listings(st: &LabState) -> Result<BTreeMap<String, podpath_ruleset::nft::
                 s.spawn(move || -> Result<OneNode> {
                     let nft = podpath_ruleset::Nft::in_netns(netns);
                     let text = nft
-                        .list_table(podpath_ruleset::nft::NftFamily::Ip, "kube-proxy", false)
+                        .list_table(
+                            if v6 { podpath_ruleset::nft::NftFamily::Ip6 } else { podpath_ruleset::nft::NftFamily::Ip },
+                            "kube-proxy",
+                            false,
+                        )
                         .map_err(|e| LabError::Command {
                             cmd: format!("nft list table in {netns}"),
                             stderr: e.to_string(),
@@ -187,15 +227,18 @@ pub fn explain(st: &LabState, service: &str) -> Result<crate::explain::Explanati
     }
     let svc: serde_json::Value =
         serde_json::from_str(&body).map_err(|e| LabError::NotReady(format!("service {ns}/{name}: {e}")))?;
-    let pods = trace::run::pods_by_ip(api).into_iter().map(|(ip, (pod, _))| (ip, pod)).collect();
+    let pods = trace::run::pods_by_any_ip(api);
+    // The rules of the Service's primary family (its `clusterIP`'s): ip6tables or `ip6
+    // kube-proxy` for an IPv6 one.
+    let v6 = svc["spec"]["clusterIP"].as_str().is_some_and(|ip| ip.contains(':'));
     let slices = trace::run::api_get(
         api,
         &format!("/apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices?labelSelector=kubernetes.io%2Fservice-name%3D{name}"),
     );
     let slices = slices["items"].as_array().cloned().unwrap_or_default();
     if st.proxy_mode == crate::ProxyMode::Nftables {
-        return Ok(crate::explain::explain_nft(&svc, &slices, &nft_listings(st)?, &pods));
+        return Ok(crate::explain::explain_nft(&svc, &slices, &nft_listings(st, v6)?, &pods));
     }
-    let saves = node_tables(st, &["nat", "filter"])?;
+    let saves = node_tables(st, &["nat", "filter"], v6)?;
     Ok(crate::explain::explain(&svc, &slices, &saves, &pods))
 }

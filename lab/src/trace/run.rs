@@ -652,6 +652,23 @@ pub(crate) fn pods_by_ip(api: &ApiAccess) -> BTreeMap<Ipv4Addr, (String, String)
     pods
 }
 
+/// Every pod address (both families of a dual-stack pod) → `ns/name`, from the API.
+pub(crate) fn pods_by_any_ip(api: &ApiAccess) -> BTreeMap<std::net::IpAddr, String> {
+    let mut pods = BTreeMap::new();
+    for p in api_get(api, "/api/v1/pods")["items"].as_array().into_iter().flatten() {
+        let name = format!(
+            "{}/{}",
+            p["metadata"]["namespace"].as_str().unwrap_or(""),
+            p["metadata"]["name"].as_str().unwrap_or("")
+        );
+        let listed = p["status"]["podIPs"].as_array().into_iter().flatten().filter_map(|i| i["ip"].as_str());
+        for ip in listed.chain(p["status"]["podIP"].as_str()).filter_map(|i| i.parse().ok()) {
+            pods.insert(ip, name.clone());
+        }
+    }
+    pods
+}
+
 fn api_objects(api: &ApiAccess) -> Objects {
     let get = |path: &str| api_get(api, path);
     let mut o = Objects { pods: pods_by_ip(api), ..Default::default() };
