@@ -163,7 +163,12 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 }
 
 fn bench_latency() {
-    let (lab, _) = up(3, &[]);
+    latency(&[], "")
+}
+
+/// Create → first 200, in a lab made with `extra` (`label` leads the figure's name).
+fn latency(extra: &[&str], label: &str) {
+    let (lab, _) = up(3, extra);
     create_pods(&lab, 10, 3);
     let a = &api(&lab);
     let client = enter(&lab, "client");
@@ -180,7 +185,7 @@ fn bench_latency() {
         assert_eq!(code, 201, "{out}");
         let v: serde_json::Value = serde_json::from_str(&out).unwrap();
         let ip = v["status"]["loadBalancer"]["ingress"][0]["ip"].as_str().expect("LB IP at create").to_string();
-        let addr: SocketAddr = format!("{ip}:80").parse().unwrap();
+        let addr = SocketAddr::new(ip.parse().unwrap(), 80);
         let ns = client.try_clone().unwrap();
         let elapsed = std::thread::spawn(move || {
             nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
@@ -197,13 +202,13 @@ fn bench_latency() {
     let mut sorted = ms.clone();
     sorted.sort_by(f64::total_cmp);
     BENCH.record(
-        "Service create → first 200 through the LB IP from the client, p99 of 50",
+        &format!("{label}Service create → first 200 through the LB IP from the client, p99 of 50"),
         percentile(&sorted, 0.99).round(),
         "ms",
         "≤ 50",
     );
     println!(
-        "Service create → first 200 through the LB IP from the client, 50 Services: p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms",
+        "{label}Service create → first 200 through the LB IP from the client, 50 Services: p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms",
         percentile(&sorted, 0.5),
         percentile(&sorted, 0.99),
         sorted[sorted.len() - 1]
@@ -266,23 +271,26 @@ fn create_web_service(a: &ApiAccess, type_: &str, annotations: serde_json::Value
 
 /// Port 80 of the LB address an object got at create.
 fn lb_address(obj: &serde_json::Value) -> SocketAddr {
-    format!("{}:80", obj["status"]["loadBalancer"]["ingress"][0]["ip"].as_str().expect("address at create"))
-        .parse()
-        .unwrap()
+    let ip = obj["status"]["loadBalancer"]["ingress"][0]["ip"].as_str().expect("address at create");
+    SocketAddr::new(ip.parse().unwrap(), 80)
 }
 
 /// Port 8080 of a pod's IP.
 fn pod_address(a: &ApiAccess, name: &str) -> SocketAddr {
     let (_, pod) = request(a, "GET", &format!("/api/v1/namespaces/default/pods/{name}"), "").unwrap();
     let pod: serde_json::Value = serde_json::from_str(&pod).unwrap();
-    format!("{}:8080", pod["status"]["podIP"].as_str().unwrap()).parse().unwrap()
+    SocketAddr::new(pod["status"]["podIP"].as_str().unwrap().parse().unwrap(), 8080)
 }
 
 /// Requests/s to `target` against straight to `pod_addr` (a pod on node-1; the gateway gets a
 /// route to node-1's pod CIDR inside the lab), loads interleaved direct/target/direct:
 /// (target, direct mean, failed requests).
 fn against_direct(lab: &Lab, target: SocketAddr, pod_addr: SocketAddr, seconds: f64) -> (f64, f64, u64) {
-    lab.exec("gateway", &["ip", "route", "add", "10.244.1.0/24", "via", "192.168.56.11"]);
+    if pod_addr.is_ipv6() {
+        lab.exec("gateway", &["ip", "-6", "route", "add", "fd00:10:244:1::/64", "via", "fd00:56::11"]);
+    } else {
+        lab.exec("gateway", &["ip", "route", "add", "10.244.1.0/24", "via", "192.168.56.11"]);
+    }
     in_netns(lab, "client", move || {
         let t = Instant::now();
         while !(get_ok(target) && get_ok(pod_addr)) {
@@ -297,9 +305,16 @@ fn against_direct(lab: &Lab, target: SocketAddr, pod_addr: SocketAddr, seconds: 
 }
 
 fn bench_throughput() {
+    throughput(&["iptables", "userspace"], &[], "")
+}
+
+/// The LB/direct ratio of each proxy mode, in labs made with `extra`.
+fn throughput(modes: &[&str], extra: &[&str], label: &str) {
     let seconds = bench_seconds();
-    for mode in ["iptables", "userspace"] {
-        let (lab, _) = up(3, &["--proxy-mode", mode]);
+    for mode in modes {
+        let mut args = vec!["--proxy-mode", mode];
+        args.extend_from_slice(extra);
+        let (lab, _) = up(3, &args);
         create_pods(&lab, 1, 3);
         let a = &api(&lab);
         // Pinned to the pod's node, so both paths cross the same hops and differ only by the
@@ -308,13 +323,13 @@ fn bench_throughput() {
         let (lb, pod_addr) = (lb_address(&svc), pod_address(a, "p0"));
         let (via_lb, direct, failed) = against_direct(&lab, lb, pod_addr, seconds);
         BENCH.record(
-            &format!("{mode} mode: req/s through the LB IP ÷ pod IP straight"),
+            &format!("{label}{mode} mode: req/s through the LB IP ÷ pod IP straight"),
             (via_lb / direct * 100.0).round() / 100.0,
             "ratio",
             "",
         );
         println!(
-            "{mode:<9} req/s, new connection each: LB IP → node-1 → pod {via_lb:>7.0}; pod IP straight {direct:>7.0}; ratio {:.2} (failed requests: {})",
+            "{label}{mode:<9} req/s, new connection each: LB IP → node-1 → pod {via_lb:>7.0}; pod IP straight {direct:>7.0}; ratio {:.2} (failed requests: {})",
             via_lb / direct,
             failed
         );
@@ -433,6 +448,12 @@ fn main() {
     }
     if run("l7") {
         bench_l7();
+    }
+    if run("ipv6") {
+        // The same methods in an IPv6 lab: run with `latency throughput ipv6` for both
+        // families in one run.
+        latency(&["--ip-family", "ipv6"], "IPv6: ");
+        throughput(&["iptables"], &["--ip-family", "ipv6"], "IPv6: ");
     }
     if run("trace") {
         bench_trace();

@@ -20,7 +20,8 @@
 //! Run: `sudo cargo bench -p podpath-kube-proxy --bench proxy [-- SIZES [MODES]]`, e.g.
 //! `-- 1000,10000 legacy,nft,nftables,v1.34,shared-maps` (the default; `nftables` is
 //! kube-proxy's nftables mode, `v1.34` and `shared-maps` the same mode with
-//! `--nftables-layout v1.34` / `shared-maps`). A step that has not finished after
+//! `--nftables-layout v1.34` / `shared-maps`; `dual` adds a dual-stack node's two shared-maps
+//! tables, `ip` and `ip6 kube-proxy`, loaded and changed one after the other). A step that has not finished after
 //! `PODPATH_BENCH_LIMIT_SECONDS` (default 300) is stopped and reported as such.
 //! With `PODPATH_FIGURES=book/perf/figures.tsv` its figures are appended to the book's
 //! performance data (`testkit::figures`).
@@ -64,6 +65,52 @@ fn services(n: usize, eps: usize) -> Vec<ServiceState> {
 
 fn config() -> RenderConfig {
     RenderConfig::new("node-1", "192.168.56.11".parse().unwrap())
+}
+
+/// The same Services' IPv6 side (a dual-stack cluster's second family): ClusterIPs of
+/// fd00:10:96::/112, endpoints fd00:10:1JJ::I.
+fn services_v6(n: usize, eps: usize) -> Vec<ServiceState> {
+    services(n, eps)
+        .into_iter()
+        .enumerate()
+        .map(|(i, mut s)| {
+            s.port.cluster_ip = Some(format!("fd00:10:96::{:x}", i + 1).parse().unwrap());
+            for (j, e) in s.endpoints.iter_mut().enumerate() {
+                e.ip = format!("fd00:10:{}::{:x}", 100 + j, i + 2).parse().unwrap();
+            }
+            s
+        })
+        .collect()
+}
+
+fn config_v6() -> RenderConfig {
+    RenderConfig {
+        cluster_cidr: Some("fd00:10::/32".parse().unwrap()),
+        ..RenderConfig::new("node-1", "fd00:56::11".parse().unwrap())
+    }
+}
+
+/// In the namespace: a dual-stack node's two nftables proxiers in the shared-maps layout, one
+/// after the other: the cold load of `ip kube-proxy` (netlink) and of `ip6 kube-proxy` (`nft
+/// -f`: the netlink layer writes `ip` only), then one endpoint change in each.
+fn child_nft_dual(n: usize) {
+    use kube_proxy::nft_sync::{sync_changed, sync_full, NftablesKernel};
+    let nft = nft_config("shared-maps");
+    for (family, kernel, cfg, mut state) in [
+        ("v4", NftablesKernel::default(), config(), services(n, 10)),
+        ("v6", NftablesKernel::for_family(podpath_ruleset::nft::NftFamily::Ip6), config_v6(), services_v6(n, 10)),
+    ] {
+        let t = Instant::now();
+        let (mut table, _) = sync_full(&kernel, &cfg, &nft, &state).expect("full sync");
+        println!("{family}-full {}", t.elapsed().as_secs_f64() * 1e3);
+        let mut shared = kube_proxy::nftables::Shared::of(&cfg, &nft, &state);
+        let old = state[n / 2].clone();
+        state[n / 2].endpoints.pop();
+        let t = Instant::now();
+        sync_changed(&kernel, &cfg, &nft, &mut shared, &mut table, &[old], &state[n / 2..=n / 2])
+            .expect("partial sync");
+        println!("{family}-partial {}", t.elapsed().as_secs_f64() * 1e3);
+    }
 }
 
 /// Milliseconds the restores of `inputs` (one after the other) take in `ns`, or `None` when they
@@ -483,6 +530,10 @@ fn main() {
         child_nft_elements(args[pos + 1].parse().unwrap(), &args[pos + 2]);
         return;
     }
+    if let Some(pos) = args.iter().position(|a| a == "--child-nft-dual") {
+        child_nft_dual(args[pos + 1].parse().unwrap());
+        return;
+    }
     if let Some(pos) = args.iter().position(|a| a == "--child-nft-file") {
         child_nft_file(&args[pos + 1]);
         return;
@@ -501,8 +552,13 @@ fn main() {
         .map(|s| s.split(',').map(str::to_string).collect())
         .unwrap_or_else(|| ["legacy", "nft", "nftables", "v1.34", "shared-maps"].map(String::from).to_vec());
     let nft_modes: Vec<&str> = modes.iter().map(String::as_str).filter(|m| nft_layout(m).is_some()).collect();
-    let backends: Vec<Backend> =
-        modes.iter().filter(|m| !nft_modes.contains(&m.as_str())).map(|b| b.parse().unwrap()).collect();
+    // `dual`: a dual-stack node's two shared-maps tables (not one of the iptables backends).
+    let dual = modes.iter().any(|m| m == "dual");
+    let backends: Vec<Backend> = modes
+        .iter()
+        .filter(|m| !nft_modes.contains(&m.as_str()) && m.as_str() != "dual")
+        .map(|b| b.parse().unwrap())
+        .collect();
     let limit = limit();
     let cfg = config();
     let root = testkit::netns::root_or_explain();
@@ -530,6 +586,22 @@ fn main() {
         );
         if !root {
             continue;
+        }
+        if dual {
+            let ns = testkit::netns::Netns::new("ppb");
+            let out = in_netns(&ns.name, &["--child-nft-dual", &n.to_string()], limit);
+            drop(ns);
+            let size = format!("{} × 10", testkit::figures::thousands(n as u64));
+            for (family, name) in [("v4", "IPv4 (netlink)"), ("v6", "IPv6 (nft -f)")] {
+                let (full, partial) = (get(&out, &format!("{family}-full")), get(&out, &format!("{family}-partial")));
+                figure(format!("dual-stack shared-maps, {name} table cold load, {size}"), full, "ms", "");
+                figure(format!("dual-stack shared-maps, {name} table one endpoint change, {size}"), partial, "ms", "");
+                println!(
+                    "  dual-stack shared-maps, {name} table: cold load {}, one endpoint change {}",
+                    show(full, limit),
+                    show(partial, limit)
+                );
+            }
         }
         for &backend in &backends {
             let b = backend.name();
