@@ -1109,7 +1109,7 @@ fn faults_a_link_down_behind_the_load_balancer_blackhole_and_loss() {
     assert!(rules.contains("90:\tfrom all to 10.244.2.0/24 blackhole"), "{rules}");
     let (ok, out) = lab.run("fault", &["loss", "node-1", "30"]);
     assert!(ok, "{out}");
-    let table = lab.exec("node-1", &["nft", "list", "table", "ip", "podpath-faults"]);
+    let table = lab.exec("node-1", &["nft", "list", "table", "inet", "podpath-faults"]);
     assert!(table.contains("numgen random mod 100 < 30"), "{table}");
     // Delay needs netem: made where the kernel has it, refused in one line where not.
     let (ok, out) = lab.run("fault", &["delay", "node-1", "100"]);
@@ -1126,7 +1126,7 @@ fn faults_a_link_down_behind_the_load_balancer_blackhole_and_loss() {
     let (ok, out) = lab.run("fault", &["clear", "node-1"]);
     assert!(ok && out.contains("node-1: cleared packets to 10.244.2.0/24 discarded"), "{out}");
     assert!(!lab.exec("node-1", &["ip", "rule", "show"]).contains("blackhole"));
-    let (ok, _) = lab.run("exec", &["node-1", "--", "nft", "list", "table", "ip", "podpath-faults"]);
+    let (ok, _) = lab.run("exec", &["node-1", "--", "nft", "list", "table", "inet", "podpath-faults"]);
     assert!(!ok, "the loss table is gone");
 
     // node-2's uplink up again: back in rotation.

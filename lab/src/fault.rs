@@ -81,23 +81,26 @@ pub fn plan(ns: &str, node: &str, agent_dir: &Path, req: &Request) -> (Vec<Step>
         ),
         Request::Blackhole(cidr) => {
             let c = cidr.to_string();
+            let fam = if cidr.addr().is_ipv6() { "-6" } else { "-4" };
             // A routing rule, not a route: the node's own route to the CIDR (another node's
             // pods) stays as it is, and the rule is looked at first.
             (
-                vec![argv(&["ip", "-n", ns, "rule", "add", "to", &c, "blackhole", "pref", "90"])],
+                vec![argv(&["ip", fam, "-n", ns, "rule", "add", "to", &c, "blackhole", "pref", "90"])],
                 fault(
                     "blackhole",
                     format!("packets to {c} discarded (ip rule, before every route)"),
-                    vec![argv(&["ip", "-n", ns, "rule", "del", "to", &c, "blackhole", "pref", "90"])],
+                    vec![argv(&["ip", fam, "-n", ns, "rule", "del", "to", &c, "blackhole", "pref", "90"])],
                 ),
             )
         }
         Request::Loss(percent) => {
-            // Both ways on the uplink, before conntrack and NAT (raw priority).
+            // Both ways on the uplink, before conntrack and NAT (raw priority); 100% is every
+            // packet (nft takes `numgen mod 100 <` up to 99 only).
+            let pick = if *percent >= 100 { String::new() } else { format!("numgen random mod 100 < {percent} ") };
             let rules = format!(
-                "table ip {LOSS_TABLE} {{\n\
-                 \tchain in {{ type filter hook prerouting priority -310; iifname \"eth0\" numgen random mod 100 < {percent} counter drop comment \"podpath fault: loss {percent}%\"; }}\n\
-                 \tchain out {{ type filter hook output priority -310; oifname \"eth0\" numgen random mod 100 < {percent} counter drop comment \"podpath fault: loss {percent}%\"; }}\n\
+                "table inet {LOSS_TABLE} {{\n\
+                 \tchain in {{ type filter hook prerouting priority -310; iifname \"eth0\" {pick}counter drop comment \"podpath fault: loss {percent}%\"; }}\n\
+                 \tchain out {{ type filter hook output priority -310; oifname \"eth0\" {pick}counter drop comment \"podpath fault: loss {percent}%\"; }}\n\
                  }}\n"
             );
             (
@@ -105,9 +108,9 @@ pub fn plan(ns: &str, node: &str, agent_dir: &Path, req: &Request) -> (Vec<Step>
                 fault(
                     "loss",
                     format!(
-                        "drops {percent}% of the packets in and out of eth0 (nftables numgen, table ip {LOSS_TABLE})"
+                        "drops {percent}% of the packets in and out of eth0 (nftables numgen, table inet {LOSS_TABLE})"
                     ),
-                    vec![argv(&["ip", "netns", "exec", ns, "nft", "delete", "table", "ip", LOSS_TABLE])],
+                    vec![argv(&["ip", "netns", "exec", ns, "nft", "delete", "table", "inet", LOSS_TABLE])],
                 ),
             )
         }
@@ -254,11 +257,17 @@ pub fn flush_rules(st: &LabState, node: &str) -> Result<std::time::Duration> {
         Ok(repairs(&body, kind))
     };
     let before = repaired()?;
+    // The primary family's rules (an IPv6 lab's are the only ones).
+    let v6 = st.ip_family == crate::family::IpFamilyMode::Ipv6;
     let flush = match kind {
         "nftables" => {
-            ["ip", "netns", "exec", &ns, "nft", "flush", "table", "ip", "kube-proxy"].map(String::from).to_vec()
+            ["ip", "netns", "exec", &ns, "nft", "flush", "table", if v6 { "ip6" } else { "ip" }, "kube-proxy"]
+                .map(String::from)
+                .to_vec()
         }
-        _ => ["ip", "netns", "exec", &ns, "iptables", "-t", "nat", "-F"].map(String::from).to_vec(),
+        _ => ["ip", "netns", "exec", &ns, if v6 { "ip6tables" } else { "iptables" }, "-t", "nat", "-F"]
+            .map(String::from)
+            .to_vec(),
     };
     run(&flush)?;
     let t = std::time::Instant::now();
@@ -309,13 +318,17 @@ mod tests {
         assert_eq!(make, [argv(&["ip", "-n", "pp-lab-node-2", "link", "set", "eth0", "down"])]);
         assert_eq!(f.undo, [argv(&["ip", "-n", "pp-lab-node-2", "link", "set", "eth0", "up"])]);
         let (make, f) = plan("ns", "node-1", Path::new("/a"), &Request::Blackhole("10.244.2.0/24".parse().unwrap()));
-        assert_eq!(make[0].argv[4..], ["add", "to", "10.244.2.0/24", "blackhole", "pref", "90"]);
-        assert_eq!(f.undo[0].argv[4..], ["del", "to", "10.244.2.0/24", "blackhole", "pref", "90"]);
+        assert_eq!(make[0].argv[5..], ["add", "to", "10.244.2.0/24", "blackhole", "pref", "90"]);
+        assert_eq!(f.undo[0].argv[5..], ["del", "to", "10.244.2.0/24", "blackhole", "pref", "90"]);
+        // 100% drops every packet: no numgen (nft takes `mod 100 <` up to 99).
+        let (all, _) = plan("ns", "node-1", Path::new("/a"), &Request::Loss(100));
+        let text = all[0].input.clone().unwrap();
+        assert!(text.contains("iifname \"eth0\" counter drop") && !text.contains("numgen"), "{text}");
         let (make, f) = plan("ns", "node-1", Path::new("/a"), &Request::Loss(30));
         assert_eq!(make[0].argv, argv(&["ip", "netns", "exec", "ns", "nft", "-f", "-"]).argv);
         let rules = make[0].input.as_deref().unwrap();
         assert!(rules.contains("iifname \"eth0\" numgen random mod 100 < 30 counter drop"), "{rules}");
-        assert_eq!(f.undo, [argv(&["ip", "netns", "exec", "ns", "nft", "delete", "table", "ip", "podpath-faults"])]);
+        assert_eq!(f.undo, [argv(&["ip", "netns", "exec", "ns", "nft", "delete", "table", "inet", "podpath-faults"])]);
         let (_, f) = plan("ns", "node-1", Path::new("/a"), &Request::Delay(100));
         assert_eq!(f.undo[0].argv[4..], ["tc", "qdisc", "del", "dev", "eth0", "root"]);
         let (make, f) = plan("ns", "node-1", Path::new("/a"), &Request::StallProxy { until: None });
