@@ -121,7 +121,9 @@ pub fn probe(addr: SocketAddr, proto: Protocol, timeout: Duration) -> bool {
     match proto {
         Protocol::Tcp => TcpStream::connect_timeout(&addr, timeout).is_ok(),
         Protocol::Udp => {
-            let Ok(s) = UdpSocket::bind(("0.0.0.0", 0)) else { return false };
+            let any: std::net::IpAddr =
+                if addr.is_ipv6() { std::net::Ipv6Addr::UNSPECIFIED.into() } else { [0, 0, 0, 0].into() };
+            let Ok(s) = UdpSocket::bind((any, 0)) else { return false };
             let _ = s.set_read_timeout(Some(timeout));
             if s.connect(addr).is_err() || s.send(b"probe\n").is_err() {
                 return false;
