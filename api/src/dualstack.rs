@@ -327,10 +327,6 @@ pub fn init_families(spec: &mut ServiceSpec, old: Option<&ServiceSpec>, ranges: 
     Ok(())
 }
 
-fn headless_of(spec: &ServiceSpec) -> bool {
-    is_headless(spec)
-}
-
 /// The upgrade and downgrade checks of `ValidateServiceUpdate`, on the defaulted fields.
 pub fn validate_upgrade_downgrade(new: &ServiceSpec, old: &ServiceSpec) -> Vec<Cause> {
     let mut out = Vec::new();
@@ -340,7 +336,7 @@ pub fn validate_upgrade_downgrade(new: &ServiceSpec, old: &ServiceSpec) -> Vec<C
     let spec_path = FieldPath::root("spec");
     let ips_path = spec_path.child("clusterIPs");
     let fams_path = spec_path.child("ipFamilies");
-    let (new_headless, old_headless) = (headless_of(new), headless_of(old));
+    let (new_headless, old_headless) = (is_headless(new), is_headless(old));
     let (nips, oips) = (ips(new), ips(old));
     if !(old_headless && new_headless) {
         if oips.len() == nips.len() {

@@ -127,6 +127,22 @@ pub fn listen_candidates(addr: std::net::SocketAddr) -> Vec<std::net::SocketAddr
     }
 }
 
+/// Binds `addr` with `bind`, trying [`listen_candidates`] in order: the first that binds, or
+/// the last error (with the address it concerns).
+pub async fn bind_any<T, F: std::future::Future<Output = std::io::Result<T>>>(
+    addr: std::net::SocketAddr,
+    bind: impl Fn(std::net::SocketAddr) -> F,
+) -> std::result::Result<T, (std::net::SocketAddr, std::io::Error)> {
+    let mut last = None;
+    for a in listen_candidates(addr) {
+        match bind(a).await {
+            Ok(s) => return Ok(s),
+            Err(e) => last = Some((a, e)),
+        }
+    }
+    Err(last.expect("at least one candidate"))
+}
+
 #[cfg(test)]
 mod listen_tests {
     #[test]

@@ -48,14 +48,9 @@ async fn http(
     path: &'static str,
     body: impl Fn() -> String + Clone + Send + Sync + 'static,
 ) -> Result<()> {
-    let mut bound = Err(DnsError::Bind(addr, std::io::Error::other("no address")));
-    for a in podpath_client::daemon::listen_candidates(addr) {
-        bound = tokio::net::TcpListener::bind(a).await.map_err(|e| DnsError::Bind(a, e));
-        if bound.is_ok() {
-            break;
-        }
-    }
-    let listener = bound?;
+    let listener = podpath_client::daemon::bind_any(addr, tokio::net::TcpListener::bind)
+        .await
+        .map_err(|(a, e)| DnsError::Bind(a, e))?;
     let app = axum::Router::new().route(
         path,
         axum::routing::get(move || {
@@ -112,23 +107,11 @@ fn load(text: &str, file: &str, listen: SocketAddr) -> std::result::Result<Pipel
 /// Binds the sockets first (a wrong address fails at once), then serves until `shutdown`.
 pub async fn run(opts: Options, shutdown: impl std::future::Future<Output = ()>) -> Result<()> {
     // `0.0.0.0` (a Corefile's `:53`) is every address of both families, as CoreDNS's `:53`.
-    let candidates = podpath_client::daemon::listen_candidates(opts.listen);
-    let (mut udp, mut tcp, mut last) = (None, None, None);
-    for addr in candidates {
-        match tokio::net::UdpSocket::bind(addr).await {
-            Ok(u) => match tokio::net::TcpListener::bind(addr).await {
-                Ok(t) => {
-                    (udp, tcp) = (Some(u), Some(t));
-                    break;
-                }
-                Err(e) => last = Some(DnsError::Bind(addr, e)),
-            },
-            Err(e) => last = Some(DnsError::Bind(addr, e)),
-        }
-    }
-    let (Some(udp), Some(tcp)) = (udp, tcp) else {
-        return Err(last.expect("at least one candidate"));
-    };
+    let (udp, tcp) = podpath_client::daemon::bind_any(opts.listen, |a| async move {
+        Ok((tokio::net::UdpSocket::bind(a).await?, tokio::net::TcpListener::bind(a).await?))
+    })
+    .await
+    .map_err(|(a, e)| DnsError::Bind(a, e))?;
     let connect = || async {
         ApiClient::connect_patiently(&opts.apiserver, opts.token.as_deref(), opts.ca.as_deref(), None)
             .await

@@ -46,6 +46,31 @@ fn pods_reached(lab: &Lab, url: &str) -> std::collections::BTreeSet<String> {
     seen
 }
 
+/// Waits (20 s at most) until the client has reached both pods at `url`.
+fn both_pods_answer(lab: &Lab, url: &str) {
+    wait_for(Duration::from_secs(20), &format!("both pods at {url}"), || {
+        let s = pods_reached(lab, url);
+        if s.len() == 2 {
+            Ok(())
+        } else {
+            Err(format!("{s:?}"))
+        }
+    });
+}
+
+/// Waits (20 s at most) until the client's request to `url` is answered (`answered`) or not.
+fn wait_client(lab: &Lab, url: &str, answered: bool) {
+    let what = if answered { "answered" } else { "refused" };
+    wait_for(Duration::from_secs(20), &format!("{url} to be {what}"), || {
+        let (code, out) = lab.curl(&["--max-time", "2", "-g", url]);
+        if (code == 0) == answered {
+            Ok(())
+        } else {
+            Err(out)
+        }
+    });
+}
+
 /// Waits until the Service's endpoints of `family` hold both pods.
 fn wait_endpoints(lab: &Lab, family: &str) {
     lab.kubectl_until(
@@ -89,15 +114,7 @@ fn an_ipv6_lab_serves_a_load_balancer_a_node_port_a_cluster_ip_and_aaaa_records(
     let lb = lab.lb_ip("web");
     assert_eq!(lb, "2001:db8:100::1");
     // Through the gateway's passthrough routes (IPv6 nexthops) to both pods.
-    let seen = wait_for(Duration::from_secs(20), "both pods through the IPv6 LoadBalancer", || {
-        let s = pods_reached(&lab, "http://[2001:db8:100::1]/");
-        if s.len() == 2 {
-            Ok(s)
-        } else {
-            Err(format!("{s:?}"))
-        }
-    });
-    assert_eq!(seen.len(), 2);
+    both_pods_answer(&lab, "http://[2001:db8:100::1]/");
     let node_port = lab.kubectl(&["get", "svc", "web", "-o", "jsonpath={.spec.ports[0].nodePort}"]);
     let (code, out) = lab.curl(&["-g", &format!("http://[fd00:56::12]:{node_port}/")]);
     assert_eq!(code, 0, "{out}");
@@ -132,27 +149,13 @@ fn an_ipv6_lab_serves_a_load_balancer_a_node_port_a_cluster_ip_and_aaaa_records(
          podSelector: {matchLabels: {app: web}}\n  ingress:\n  - from:\n    - ipBlock: {cidr: \"fd00:10:244::/56\"}\n    \
          - ipBlock: {cidr: \"2001:db8:113::/64\", except: [\"2001:db8:113::10/128\"]}\n",
     );
-    wait_for(Duration::from_secs(20), "the client to be refused by the IPv6 ipBlock", || {
-        let (code, out) = lab.curl(&["--max-time", "2", "-g", "http://[2001:db8:100::1]/"]);
-        if code != 0 {
-            Ok(())
-        } else {
-            Err(out)
-        }
-    });
+    wait_client(&lab, "http://[2001:db8:100::1]/", false);
     let page = lab.kubectl(&["exec", "cl", "--", "wget", "-qO-", "-T", "5", &format!("http://[{cluster_ip}]/")]);
     assert!(page.contains("pod: default/web-"), "pods are still let in: {page}");
     let table = lab.exec("node-1", &["ip6tables-save", "-t", "filter"]);
     assert!(table.contains("-A PODPATH-POLICY"), "{table}");
     lab.kubectl(&["delete", "networkpolicy", "web-in"]);
-    wait_for(Duration::from_secs(20), "the client to be let in again", || {
-        let (code, out) = lab.curl(&["--max-time", "2", "-g", "http://[2001:db8:100::1]/"]);
-        if code == 0 {
-            Ok(())
-        } else {
-            Err(out)
-        }
-    });
+    wait_client(&lab, "http://[2001:db8:100::1]/", true);
     drop(lab);
     assert_eq!(host_state(), before, "the host namespace changed");
 }
@@ -184,15 +187,7 @@ fn a_dual_stack_lab_in_nftables_mode_answers_both_families() {
     wait_endpoints(&lab, "IPv4");
     wait_endpoints(&lab, "IPv6");
     for url in ["http://198.51.100.1/", "http://[2001:db8:100::1]/"] {
-        let seen = wait_for(Duration::from_secs(20), &format!("both pods at {url}"), || {
-            let s = pods_reached(&lab, url);
-            if s.len() == 2 {
-                Ok(s)
-            } else {
-                Err(format!("{s:?}"))
-            }
-        });
-        assert_eq!(seen.len(), 2);
+        both_pods_answer(&lab, url);
     }
     client_pod(&lab);
     let page = lab.kubectl(&["exec", "cl", "--", "wget", "-qO-", &format!("http://[{}]/", ips[1])]);
@@ -218,14 +213,7 @@ fn a_dual_stack_lab_in_nftables_mode_answers_both_families() {
          podSelector: {matchLabels: {app: web}}\n  ingress:\n  - from: [{ipBlock: {cidr: \"fd00:10:244::/56\"}}]\n",
     );
     for url in ["http://198.51.100.1/", "http://[2001:db8:100::1]/"] {
-        wait_for(Duration::from_secs(20), &format!("{url} to be refused"), || {
-            let (code, out) = lab.curl(&["--max-time", "2", "-g", url]);
-            if code != 0 {
-                Ok(())
-            } else {
-                Err(out)
-            }
-        });
+        wait_client(&lab, url, false);
     }
     let page = lab.kubectl(&["exec", "cl", "--", "wget", "-qO-", "-T", "5", &format!("http://[{}]/", ips[1])]);
     assert!(page.contains("pod: default/web-"), "{page}");
@@ -278,15 +266,7 @@ fn an_ipv6_lab_proxies_load_balancers_and_ingresses() {
     lab.kubectl(&["rollout", "status", "deploy/web", "--timeout=60s"]);
     wait_endpoints(&lab, "IPv6");
     assert_eq!(lab.lb_ip("web"), "2001:db8:100::1");
-    let seen = wait_for(Duration::from_secs(20), "both pods through the proxied IPv6 LoadBalancer", || {
-        let s = pods_reached(&lab, "http://[2001:db8:100::1]/");
-        if s.len() == 2 {
-            Ok(s)
-        } else {
-            Err(format!("{s:?}"))
-        }
-    });
-    assert_eq!(seen.len(), 2);
+    both_pods_answer(&lab, "http://[2001:db8:100::1]/");
     let ingress = lab.kubectl_until(
         Duration::from_secs(30),
         &["get", "ingress", "web", "-o", "jsonpath={.status.loadBalancer.ingress[0].ip}"],

@@ -147,14 +147,7 @@ async fn bind_any<T, F: std::future::Future<Output = std::io::Result<T>>>(
     port: u16,
     bind: impl Fn(std::net::SocketAddr) -> F,
 ) -> std::io::Result<T> {
-    let mut last = None;
-    for a in podpath_client::daemon::listen_candidates(std::net::SocketAddr::from(([0, 0, 0, 0], port))) {
-        match bind(a).await {
-            Ok(s) => return Ok(s),
-            Err(e) => last = Some(e),
-        }
-    }
-    Err(last.expect("at least one candidate"))
+    podpath_client::daemon::bind_any(std::net::SocketAddr::from(([0, 0, 0, 0], port)), bind).await.map_err(|(_, e)| e)
 }
 
 async fn accept_loop(

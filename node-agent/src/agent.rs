@@ -284,7 +284,7 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()>) -> Result
             let ipt = ipt.clone();
             let v6 = families.contains(&true);
             tokio::task::spawn_blocking(move || {
-                let ipt6 = podpath_ruleset::kernel::IptablesKernel { ipt: ipt.ipt.clone().v6() };
+                let ipt6 = ipt.v6();
                 let other: Option<&dyn podpath_ruleset::kernel::Kernel> = if nft_mode { Some(&*ipt) } else { None };
                 netpol::cleanup(!nft_mode && netpol::nft_available(), other)?;
                 if nft_mode && v6 {
@@ -323,11 +323,7 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()>) -> Result
                         backend = backend.name(),
                         "NetworkPolicy enforcement: {tool} filter chains PODPATH-POLICY"
                     );
-                    let kernel = if v6 {
-                        Arc::new(podpath_ruleset::kernel::IptablesKernel { ipt: ipt.ipt.clone().v6() })
-                    } else {
-                        ipt.clone()
-                    };
+                    let kernel = if v6 { Arc::new(ipt.v6()) } else { ipt.clone() };
                     let kernel = Arc::new(IptablesPolicyKernel { kernel });
                     let e = Enforcer { kernel, node_name, pods, namespaces, policies, period, v6 };
                     tokio::spawn(netpol::run(e, None));
@@ -352,7 +348,7 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()>) -> Result
                 if mode != ProxyMode::Nftables {
                     nft_sync::cleanup_nftables();
                 }
-                let v6_kernel = IptablesKernel { ipt: kernel.ipt.clone().v6() };
+                let v6_kernel = kernel.v6();
                 let kernels: Vec<&IptablesKernel> = if v6 { vec![&*kernel, &v6_kernel] } else { vec![&*kernel] };
                 for k in kernels {
                     if mode != ProxyMode::Iptables {
@@ -419,11 +415,7 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()>) -> Result
                 random_fully: true,
                 localhost_nodeports: false,
             };
-            let kernel = if family == Family::V6 {
-                Arc::new(IptablesKernel { ipt: kernel.ipt.clone().v6() })
-            } else {
-                kernel.clone()
-            };
+            let kernel = if family == Family::V6 { Arc::new(kernel.v6()) } else { kernel.clone() };
             match p.mode {
                 ProxyMode::Iptables => {
                     let render = kube_proxy::iptables::RenderConfig {

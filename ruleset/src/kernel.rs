@@ -43,6 +43,11 @@ impl IptablesKernel {
     pub fn new(backend: Backend) -> IptablesKernel {
         IptablesKernel { ipt: Iptables::new(backend) }
     }
+
+    /// The same backend for IPv6 (`ip6tables`): a dual-stack node's second proxier and enforcer.
+    pub fn v6(&self) -> IptablesKernel {
+        IptablesKernel { ipt: self.ipt.clone().v6() }
+    }
 }
 
 impl Kernel for IptablesKernel {
