@@ -143,6 +143,24 @@ fn an_ipv6_lab_serves_a_load_balancer_a_node_port_a_cluster_ip_and_aaaa_records(
     assert!(explained.contains("rewrite the destination to [fd00:10:244:"), "{explained}");
     let (ok, rules) = lab.run("rules", &[]);
     assert!(ok && rules.contains("ip6/nat -A KUBE-SERVICES -d "), "{rules}");
+    // `podpath trace` over IPv6: ip6tables' rules as ip6tables-save prints them, from the
+    // client through the LB; by name from a pod, the AAAA lookup first.
+    let (ok, traced) = lab.run("trace", &["http://[2001:db8:100::1]/"]);
+    assert!(ok, "{traced}");
+    for want in [
+        "client [2001:db8:113::10]:",
+        "\"default/web loadbalancer IP\"",
+        "-j DNAT --to-destination [fd00:10:244:",
+        "answered 200",
+    ] {
+        assert!(traced.contains(want), "{want}: {traced}");
+    }
+    let (ok, traced) = lab.run("trace", &["--from", "pod/default/cl", "http://web.default/"]);
+    assert!(ok, "{traced}");
+    assert!(traced.contains("nameserver fd00:10:96::a"), "{traced}");
+    assert!(traced.contains("AAAA? web.default.default.svc.cluster.local. → NXDOMAIN"), "{traced}");
+    assert!(traced.contains(&format!("{cluster_ip} is the ClusterIP of Service default/web")), "{traced}");
+    assert!(traced.contains("\"default/web cluster IP\""), "{traced}");
     // A NetworkPolicy with IPv6 ipBlocks: the pod network in, the "internet" client out.
     lab.apply(
         "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: web-in}\nspec:\n  \
@@ -150,6 +168,9 @@ fn an_ipv6_lab_serves_a_load_balancer_a_node_port_a_cluster_ip_and_aaaa_records(
          - ipBlock: {cidr: \"2001:db8:113::/64\", except: [\"2001:db8:113::10/128\"]}\n",
     );
     wait_client(&lab, "http://[2001:db8:100::1]/", false);
+    // The trace names the policy that dropped the request, and its ip6tables rule.
+    let (_, traced) = lab.run("trace", &["--timeout", "1", "http://[2001:db8:100::1]/"]);
+    assert!(traced.contains("(isolated by default/web-in)") && traced.contains("-j DROP"), "{traced}");
     let page = lab.kubectl(&["exec", "cl", "--", "wget", "-qO-", "-T", "5", &format!("http://[{cluster_ip}]/")]);
     assert!(page.contains("pod: default/web-"), "pods are still let in: {page}");
     let table = lab.exec("node-1", &["ip6tables-save", "-t", "filter"]);
@@ -207,6 +228,15 @@ fn a_dual_stack_lab_in_nftables_mode_answers_both_families() {
     );
     let v4 = lab.exec("node-1", &["nft", "list", "table", "ip", "kube-proxy"]);
     assert!(v4.contains(&format!("{} . tcp . 80 : goto service-", ips[0])), "{v4}");
+    // `podpath trace` of each family walks that family's table.
+    let (ok, traced) = lab.run("trace", &["http://[2001:db8:100::1]/"]);
+    assert!(ok, "{traced}");
+    assert!(traced.contains("map service-ips element 2001:db8:100::1 . tcp . 80"), "{traced}");
+    assert!(traced.contains("dnat ip6 to") && traced.contains("answered 200"), "{traced}");
+    let (ok, traced) = lab.run("trace", &["http://198.51.100.1/"]);
+    assert!(ok, "{traced}");
+    assert!(traced.contains("map service-ips element 198.51.100.1 . tcp . 80"), "{traced}");
+    assert!(traced.contains("dnat ip to") && traced.contains("answered 200"), "{traced}");
     // NetworkPolicy per family: only the IPv6 pod network may reach the web pods.
     lab.apply(
         "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: web-in}\nspec:\n  \
@@ -267,6 +297,12 @@ fn an_ipv6_lab_proxies_load_balancers_and_ingresses() {
     wait_endpoints(&lab, "IPv6");
     assert_eq!(lab.lb_ip("web"), "2001:db8:100::1");
     both_pods_answer(&lab, "http://[2001:db8:100::1]/");
+    // The trace follows the request through both relays: its DSCP in the traffic class.
+    let (ok, traced) = lab.run("trace", &["http://[2001:db8:100::1]/"]);
+    assert!(ok, "{traced}");
+    assert!(traced.contains("lb-sim (nodeport LB of default/web) accepted on [2001:db8:100::1]:80"), "{traced}");
+    assert!(traced.contains("node-agent's userspace proxy for default/web accepted on [fd00:56::1"), "{traced}");
+    assert!(traced.contains("answered 200"), "{traced}");
     let ingress = lab.kubectl_until(
         Duration::from_secs(30),
         &["get", "ingress", "web", "-o", "jsonpath={.status.loadBalancer.ingress[0].ip}"],

@@ -166,7 +166,13 @@ fn churn_leaves_the_kernel_equal_to_the_model_after_every_batch() {
         });
         assert_eq!(s.difference, None, "{layout}");
         assert!(s.batches >= 10 && s.changes >= s.batches, "{layout}: {s:?}");
-        assert_eq!(s.half_applied, Vec::<String>::new(), "{layout}: {} connections", s.connections);
+        assert_eq!(
+            s.half_applied,
+            Vec::<String>::new(),
+            "{layout}: {} connections; the batches:\n{}",
+            s.connections,
+            s.batch_log.join("\n")
+        );
         assert!(s.answered >= 200, "{layout}: too few connections answered to tell: {s:?}");
         assert!(s.lost * 100 <= s.connections, "{layout}: {} of {} connections lost", s.lost, s.connections);
         drop(ns);

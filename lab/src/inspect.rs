@@ -227,7 +227,8 @@ pub fn explain(st: &LabState, service: &str) -> Result<crate::explain::Explanati
     }
     let svc: serde_json::Value =
         serde_json::from_str(&body).map_err(|e| LabError::NotReady(format!("service {ns}/{name}: {e}")))?;
-    let pods = trace::run::pods_by_any_ip(api);
+    let pods: BTreeMap<std::net::IpAddr, String> =
+        trace::run::pods_by_ip(api).into_iter().map(|(ip, (pod, _))| (ip, pod)).collect();
     // The rules of the Service's primary family (its `clusterIP`'s): ip6tables or `ip6
     // kube-proxy` for an IPv6 one.
     let v6 = svc["spec"]["clusterIP"].as_str().is_some_and(|ip| ip.contains(':'));

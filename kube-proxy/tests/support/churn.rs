@@ -30,6 +30,8 @@ pub struct Churn {
     objects: BTreeMap<usize, (Kind, Vec<Ep>)>,
     next_service: usize,
     next_address: u32,
+    /// The Service the last [`Churn::step`] changed.
+    pub last_service: usize,
 }
 
 /// NodePorts only below this Service number (each gets 30000 + its number: no two alike).
@@ -45,6 +47,7 @@ impl Churn {
             objects: BTreeMap::new(),
             next_service: n,
             next_address: 0,
+            last_service: 0,
         };
         for i in 0..n {
             let kind = c.kind(i);
@@ -102,6 +105,7 @@ impl Churn {
     pub fn step(&mut self) -> &'static str {
         let keys: Vec<usize> = self.objects.keys().copied().collect();
         let i = keys[self.rng.usize(..keys.len())];
+        self.last_service = i;
         let roll = self.rng.u8(0..100);
         let what = match roll {
             0..=39 => "endpoint replaced",
@@ -122,6 +126,7 @@ impl Churn {
             "service created" => {
                 let i = self.next_service;
                 self.next_service += 1;
+                self.last_service = i;
                 let kind = self.kind(i);
                 let eps = (0..self.rng.usize(1..=10)).map(|_| (self.address(), true)).collect();
                 self.objects.insert(i, (kind, eps));
@@ -218,8 +223,11 @@ pub struct Soaked {
     pub lost: usize,
     /// Connections that reached an address that was not a ready endpoint of the Service
     /// before or after the batch being applied, or failed while it had endpoints both before
-    /// and after: a half-applied Service (the first few).
+    /// and after: a half-applied Service (the first few), with the syncs under way when the
+    /// connection started and ended (`sync 2k+1`: batch k+1 being applied; `2k`: applied).
     pub half_applied: Vec<String>,
+    /// What each batch changed (`svc-N: what`), to read a half-applied connection against.
+    pub batch_log: Vec<String>,
 }
 
 /// A prober thread's counts: connections, answered, lost, and the half-applied ones seen.
@@ -246,6 +254,8 @@ struct Prober {
     allowed: Arc<Mutex<BTreeMap<String, Allowed>>>,
     /// The ClusterIPs the batch being applied changes (probed more often).
     focus: Arc<Mutex<Vec<String>>>,
+    /// Odd while a batch is being applied, even between batches.
+    sync: Arc<std::sync::atomic::AtomicUsize>,
     stop: Arc<std::sync::atomic::AtomicBool>,
     threads: Vec<std::thread::JoinHandle<Probed>>,
 }
@@ -271,6 +281,7 @@ impl Prober {
         let allowed: Arc<Mutex<BTreeMap<String, Allowed>>> =
             Arc::new(Mutex::new(ready.into_iter().map(|(c, e)| (c, allowed_after(e))).collect()));
         let focus: Arc<Mutex<Vec<String>>> = Arc::new(Mutex::new(vec![]));
+        let sync = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let server = {
             let stop = stop.clone();
             std::thread::spawn(move || {
@@ -292,7 +303,7 @@ impl Prober {
             })
         };
         let client = {
-            let (stop, allowed, focus) = (stop.clone(), allowed.clone(), focus.clone());
+            let (stop, allowed, focus, sync) = (stop.clone(), allowed.clone(), focus.clone(), sync.clone());
             std::thread::spawn(move || {
                 let mut rng = fastrand::Rng::with_seed(5);
                 let (mut connections, mut answered, mut lost, mut bad) = (0, 0, 0, vec![]);
@@ -313,6 +324,7 @@ impl Prober {
                     let now = |a: &Mutex<BTreeMap<String, Allowed>>| {
                         a.lock().unwrap().get(&pick).cloned().unwrap_or((BTreeSet::new(), true))
                     };
+                    let sync_before = sync.load(Ordering::SeqCst);
                     let before = now(&allowed);
                     let addr: std::net::SocketAddr = format!("{pick}:80").parse().unwrap();
                     let t = std::time::Duration::from_secs(1);
@@ -329,13 +341,16 @@ impl Prober {
                     });
                     drop(connected);
                     let after = now(&allowed);
+                    let syncs = format!("syncs {sync_before}→{}", sync.load(Ordering::SeqCst));
                     connections += 1;
                     match got {
                         Ok(Ok(ep)) if before.0.contains(&ep) || after.0.contains(&ep) => answered += 1,
-                        Ok(Ok(ep)) => bad.push(format!("{pick}:80 reached {ep}, allowed {before:?} / {after:?}")),
+                        Ok(Ok(ep)) => {
+                            bad.push(format!("{pick}:80 reached {ep}, allowed {before:?} / {after:?} ({syncs})"))
+                        }
                         Ok(Err(_)) | Err(std::io::ErrorKind::TimedOut) => lost += 1,
                         Err(e) if !before.1 && !after.1 => {
-                            bad.push(format!("{pick}:80 refused ({e}) with endpoints {before:?} / {after:?}"))
+                            bad.push(format!("{pick}:80 refused ({e}) with endpoints {before:?} / {after:?} ({syncs})"))
                         }
                         Err(_) => {}
                     }
@@ -345,7 +360,7 @@ impl Prober {
                 (connections, answered, lost, bad)
             })
         };
-        Prober { allowed, focus, stop, threads: vec![server, client] }
+        Prober { allowed, focus, sync, stop, threads: vec![server, client] }
     }
 
     /// While a batch is applied: old and new endpoints both allowed.
@@ -368,10 +383,12 @@ impl Prober {
         }
         // One lock at a time (the client takes `focus`, then `allowed`).
         *self.focus.lock().unwrap() = changed;
+        self.sync.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// The batch is in the kernel: only the new endpoints.
     fn applied(&self, after: &BTreeMap<String, BTreeSet<String>>) {
+        self.sync.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         self.focus.lock().unwrap().clear();
         *self.allowed.lock().unwrap() = after.iter().map(|(c, e)| (c.clone(), allowed_after(e.clone()))).collect();
     }
@@ -422,9 +439,12 @@ pub fn soak(
     let mut rng = fastrand::Rng::with_seed(batch.start().wrapping_add(max_batches) as u64);
     while out.batches < max_batches && std::time::Instant::now() < until {
         let mut did = vec![];
+        let mut log = vec![];
         for _ in 0..rng.usize(batch.clone()) {
             did.push(churn.step());
+            log.push(format!("{} ({}): {}", churn.last_service, cluster_ip(churn.last_service), did.last().unwrap()));
         }
+        out.batch_log.push(format!("batch {}: {}", out.batches + 1, log.join(", ")));
         out.changes += did.len();
         out.batches += 1;
         let next = churn.ready();

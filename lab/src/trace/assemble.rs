@@ -2,7 +2,7 @@
 //! each host's steps ([`super::steps`]), the relays, the conntrack entries of the flow, and
 //! where and why a failed request stopped.
 
-use std::net::SocketAddrV4;
+use std::net::SocketAddr;
 
 use podpath_ruleset::Target;
 
@@ -66,11 +66,11 @@ pub fn assemble(observed: &Observed, objects: &Objects, outcome: Outcome) -> Tra
                     let route = objects.routes.get(&(k, host.clone()))?;
                     let dev = route.lines().next()?.split(" dev ").nth(1)?.split(' ').next()?.to_string();
                     let last = obs.last()?;
-                    (dev == "cni0" && objects.pods.contains_key(last.dst.ip())).then_some((dev, last))
+                    (dev == "cni0" && objects.pods.contains_key(&last.dst.ip())).then_some((dev, last))
                 })
                 .filter(|_| !stopped_here);
             if let Some((dev, o)) = bridged {
-                let who = objects.pods.get(o.dst.ip()).map(|(p, _)| p.clone());
+                let who = objects.pods.get(&o.dst.ip()).map(|(p, _)| p.clone());
                 // The source the pod sees: this host's conntrack entry for the packet as delivered,
                 // or the packet's own source when this host did not translate it.
                 let seen = observed.conntrack.get(host).and_then(|cts| {
@@ -150,7 +150,7 @@ fn relay_step(relay: &Relay, objects: &Objects, answered: bool) -> Step {
                 .into_iter()
                 .find(|r| match &r.target {
                     Some(Target::Redirect { to_ports }) => to_ports.parse() == Ok(port),
-                    Some(Target::Dnat { to }) => to.parse::<SocketAddrV4>().is_ok_and(|a| a.port() == port),
+                    Some(Target::Dnat { to }) => to.parse::<SocketAddr>().is_ok_and(|a| a.port() == port),
                     _ => false,
                 })
                 .and_then(|r| r.comment_text().map(str::to_string))
@@ -165,13 +165,13 @@ fn relay_step(relay: &Relay, objects: &Objects, answered: bool) -> Step {
     let many = relay.attempts.len() > 1;
     for (i, (leg, result)) in relay.attempts.iter().enumerate() {
         let to = leg.start.1;
-        let name = name_of(objects, *to.ip()).map(|n| format!(" ({n})")).unwrap_or_default();
+        let name = name_of(objects, to.ip()).map(|n| format!(" ({n})")).unwrap_or_default();
         let nth = if many { format!("attempt {}", i + 1) } else { "connection".to_string() };
         // The connection the answer came back on was made, whatever conntrack kept of it.
         let result = if answered && i + 1 == relay.attempts.len() { "connected" } else { result.as_str() };
         let mut line = format!("{nth}: {} → {to}{name} {result}", leg.start.0);
         if relay.host == "gateway" && i + 1 == relay.attempts.len() {
-            if let (Some((_, nodes)), Some(node)) = (&objects.lb, objects.nodes.get(to.ip())) {
+            if let (Some((_, nodes)), Some(node)) = (&objects.lb, objects.nodes.get(&to.ip())) {
                 line += &also_in_rotation(nodes, node);
             }
         }
@@ -201,7 +201,7 @@ fn explain_failure(observed: &Observed, t: &Tuples, path: &[String], reply: &[St
             .iter()
             .find(|o| o.is_syn_ack() && t.backward.contains(&(o.src, o.dst)) && (o.src, o.dst) != expected)
         {
-            let who = name_of(objects, *o.src.ip()).map(|n| format!(" ({n})")).unwrap_or_default();
+            let who = name_of(objects, o.src.ip()).map(|n| format!(" ({n})")).unwrap_or_default();
             return format!(
                 "the reply reached {} from {}{who} instead of {}: it belongs to no connection there and is dropped (no masquerade on the node that forwarded the request; reply path: {})",
                 observed.from,
@@ -273,7 +273,7 @@ PACKET: 2 c2 IN=eth0 SRC=10.0.0.1 DST=10.0.0.2 LEN=60 TOS=0x0 TTL=64 ID=9 DF SPO
         let mut o = Objects::default();
         o.pods.insert("10.244.1.5".parse().unwrap(), ("default/web-1".into(), "node-1".into()));
         for i in 1..=3u8 {
-            o.nodes.insert(Ipv4Addr::new(192, 168, 56, 10 + i), format!("node-{i}"));
+            o.nodes.insert(Ipv4Addr::new(192, 168, 56, 10 + i).into(), format!("node-{i}"));
         }
         o.traffic_policy.insert("default/web".into(), "Cluster".into());
         o.nat_rules.insert("node-3".into(), NAT3.into());

@@ -3,21 +3,21 @@
 //! ([`candidates`]), and the words for each answer ([`describe`]); `run` sends the queries.
 
 use std::collections::BTreeMap;
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 
 use serde::Serialize;
 
 /// What a resolver takes from `/etc/resolv.conf`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ResolvConf {
-    pub nameservers: Vec<Ipv4Addr>,
+    pub nameservers: Vec<IpAddr>,
     pub search: Vec<String>,
     pub ndots: usize,
 }
 
 impl ResolvConf {
     /// glibc's reading: the last `search` (or `domain`) line wins, `options ndots:N` (default 1,
-    /// at most 15), IPv4 nameservers in order.
+    /// at most 15), nameservers of both families in order.
     pub fn parse(text: &str) -> ResolvConf {
         let mut rc = ResolvConf { nameservers: vec![], search: vec![], ndots: 1 };
         for line in text.lines() {
@@ -65,8 +65,11 @@ pub fn candidates(name: &str, rc: &ResolvConf) -> Vec<String> {
 /// One query the trace sent and what came back.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Query {
-    /// The name asked (type A).
+    /// The name asked.
     pub name: String,
+    /// The record type asked: `A`, or `AAAA` in an IPv6-only lab.
+    #[serde(rename = "type")]
+    pub rtype: String,
     /// NOERROR, NXDOMAIN, REFUSED, … or `timeout`.
     pub rcode: String,
     /// The answer section, one record per line as a zone file writes it.
@@ -87,7 +90,7 @@ pub struct Lookup {
     pub queries: Vec<Query>,
     /// The address the request then went to.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub address: Option<Ipv4Addr>,
+    pub address: Option<IpAddr>,
     /// What owns that address (`ClusterIP of Service default/web`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub owner: Option<String>,
@@ -106,19 +109,19 @@ pub fn rcode_name(code: u16) -> String {
     }
 }
 
-/// The first A record's address of an answer, if there is one.
-pub fn first_address(answers: &[String]) -> Option<Ipv4Addr> {
+/// The first A or AAAA record's address of an answer, if there is one.
+pub fn first_address(answers: &[String]) -> Option<IpAddr> {
     answers.iter().find_map(|r| {
         let w: Vec<&str> = r.split_whitespace().collect();
-        (w.len() >= 5 && w[3] == "A").then(|| w[4].parse().ok()).flatten()
+        (w.len() >= 5 && matches!(w[3], "A" | "AAAA")).then(|| w[4].parse().ok()).flatten()
     })
 }
 
 /// The Service or pod behind an address, from the API's cluster IPs and pod IPs.
 pub fn describe(
-    ip: Ipv4Addr,
-    cluster_ips: &BTreeMap<Ipv4Addr, String>,
-    pods: &BTreeMap<Ipv4Addr, (String, String)>,
+    ip: IpAddr,
+    cluster_ips: &BTreeMap<IpAddr, String>,
+    pods: &BTreeMap<IpAddr, (String, String)>,
 ) -> Option<String> {
     if let Some(svc) = cluster_ips.get(&ip) {
         return Some(format!("ClusterIP of Service {svc}"));
@@ -144,7 +147,7 @@ pub fn lines(l: &Lookup) -> Vec<(String, &'static str)> {
         let via = q.answered_by.as_ref().map(|a| format!(", answered by {a}")).unwrap_or_default();
         let tcp = if q.tcp { ", truncated over UDP, asked again over TCP" } else { "" };
         let kind = if q.answers.is_empty() { "stop" } else { "answer" };
-        out.push((format!("A? {} → {} ({:.1} ms{tcp}{via})", q.name, q.rcode, q.millis), kind));
+        out.push((format!("{}? {} → {} ({:.1} ms{tcp}{via})", q.rtype, q.name, q.rcode, q.millis), kind));
         for a in &q.answers {
             out.push((format!("  {a}"), "answer"));
         }
@@ -170,13 +173,14 @@ mod tests {
     #[test]
     fn kubelets_resolv_conf_reads_back() {
         let rc = pod_conf();
-        assert_eq!(rc.nameservers, ["10.96.0.10".parse::<Ipv4Addr>().unwrap()]);
+        assert_eq!(rc.nameservers, ["10.96.0.10".parse::<IpAddr>().unwrap()]);
         assert_eq!(rc.search, ["team.svc.cluster.local", "svc.cluster.local", "cluster.local"]);
         assert_eq!(rc.ndots, 5);
         let host =
             ResolvConf::parse("# generated\ndomain lab.\nsearch a b\nnameserver fd00::1\nnameserver 1.1.1.1 ; x\n");
         assert_eq!((host.search, host.ndots), (vec!["a".to_string(), "b".to_string()], 1));
-        assert_eq!(host.nameservers, ["1.1.1.1".parse::<Ipv4Addr>().unwrap()]);
+        // Both families, in order (an IPv6-only lab's pods have an IPv6 nameserver).
+        assert_eq!(host.nameservers, ["fd00::1".parse::<IpAddr>().unwrap(), "1.1.1.1".parse().unwrap()]);
         assert_eq!(ResolvConf::parse("options ndots:40").ndots, 15);
     }
 
@@ -203,11 +207,12 @@ mod tests {
     fn answers_name_their_owner() {
         let answers = vec!["web.default.svc.cluster.local. 30 IN A 10.96.0.42".to_string()];
         let ip = first_address(&answers).unwrap();
-        assert_eq!(ip, Ipv4Addr::new(10, 96, 0, 42));
+        assert_eq!(ip, IpAddr::from([10, 96, 0, 42]));
         let svcs = BTreeMap::from([(ip, "default/web".to_string())]);
-        let pods = BTreeMap::from([(Ipv4Addr::new(10, 244, 1, 5), ("default/db-0".to_string(), "node-1".to_string()))]);
+        let pods =
+            BTreeMap::from([(IpAddr::from([10, 244, 1, 5]), ("default/db-0".to_string(), "node-1".to_string()))]);
         assert_eq!(describe(ip, &svcs, &pods).unwrap(), "ClusterIP of Service default/web");
-        assert!(describe(Ipv4Addr::new(10, 244, 1, 5), &svcs, &pods)
+        assert!(describe(IpAddr::from([10, 244, 1, 5]), &svcs, &pods)
             .unwrap()
             .starts_with("pod default/db-0 on node-1"));
         assert_eq!(first_address(&["x. 30 IN CNAME example.org.".to_string()]), None);
@@ -217,6 +222,7 @@ mod tests {
     fn a_lookup_reads_as_the_resolver_went() {
         let q = |name: &str, rcode: &str, answers: &[&str]| Query {
             name: name.into(),
+            rtype: "A".into(),
             rcode: rcode.into(),
             answers: answers.iter().map(|a| a.to_string()).collect(),
             millis: 1.25,
@@ -230,7 +236,7 @@ mod tests {
                 q("web.default.team.svc.cluster.local.", "NXDOMAIN", &[]),
                 q("web.default.svc.cluster.local.", "NOERROR", &["web.default.svc.cluster.local. 30 IN A 10.96.0.42"]),
             ],
-            address: Some(Ipv4Addr::new(10, 96, 0, 42)),
+            address: Some(IpAddr::from([10, 96, 0, 42])),
             owner: Some("ClusterIP of Service default/web".into()),
         };
         let text: Vec<String> = lines(&l).into_iter().map(|(t, _)| t).collect();

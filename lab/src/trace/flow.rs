@@ -3,7 +3,7 @@
 //! to ask each host about.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::SocketAddrV4;
+use std::net::SocketAddr;
 
 use super::parse::{CtEntry, Observation};
 
@@ -12,8 +12,8 @@ use super::parse::{CtEntry, Observation};
 pub struct Observed {
     pub from: String,
     /// The probe's own address and the address it connected to.
-    pub src: Option<SocketAddrV4>,
-    pub dst: Option<SocketAddrV4>,
+    pub src: Option<SocketAddr>,
+    pub dst: Option<SocketAddr>,
     pub packets: BTreeMap<String, Vec<Observation>>,
     pub conntrack: BTreeMap<String, Vec<CtEntry>>,
 }
@@ -22,16 +22,16 @@ pub struct Observed {
 /// the way (the closure over the hosts' conntrack entries).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Tuples {
-    pub forward: BTreeSet<(SocketAddrV4, SocketAddrV4)>,
-    pub backward: BTreeSet<(SocketAddrV4, SocketAddrV4)>,
+    pub forward: BTreeSet<(SocketAddr, SocketAddr)>,
+    pub backward: BTreeSet<(SocketAddr, SocketAddr)>,
 }
 
-fn rev(t: (SocketAddrV4, SocketAddrV4)) -> (SocketAddrV4, SocketAddrV4) {
+fn rev(t: (SocketAddr, SocketAddr)) -> (SocketAddr, SocketAddr) {
     (t.1, t.0)
 }
 
 /// The flow's tuples, starting from the probe's (src, dst).
-pub fn tuples(start: (SocketAddrV4, SocketAddrV4), conntrack: &BTreeMap<String, Vec<CtEntry>>) -> Tuples {
+pub fn tuples(start: (SocketAddr, SocketAddr), conntrack: &BTreeMap<String, Vec<CtEntry>>) -> Tuples {
     let mut t = Tuples::default();
     t.forward.insert(start);
     t.backward.insert(rev(start));
@@ -70,14 +70,14 @@ pub fn request_path(observed: &Observed, t: &Tuples) -> Vec<String> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Leg {
     /// The connection's first tuple (as its sender made it).
-    pub start: (SocketAddrV4, SocketAddrV4),
+    pub start: (SocketAddr, SocketAddr),
     pub tuples: Tuples,
     /// The hosts its first packet crossed (the sender first, when traced).
     pub path: Vec<String>,
 }
 
 impl Leg {
-    fn new(start: (SocketAddrV4, SocketAddrV4), observed: &Observed) -> Leg {
+    fn new(start: (SocketAddr, SocketAddr), observed: &Observed) -> Leg {
         let tuples = tuples(start, &observed.conntrack);
         let path = request_path(observed, &tuples);
         Leg { start, tuples, path }
@@ -90,7 +90,7 @@ impl Leg {
 pub struct Relay {
     pub host: String,
     /// The address it accepted the connection on (after any REDIRECT).
-    pub accepted_on: SocketAddrV4,
+    pub accepted_on: SocketAddr,
     /// Its connections for the request, in order, with how each went (`connected`, `refused
     /// (reset from …)`, `no answer`); the last one is the one the request went on.
     pub attempts: Vec<(Leg, String)>,
@@ -130,7 +130,7 @@ fn attempt_result(observed: &Observed, host: &str, leg: &Leg) -> String {
 pub fn follow(observed: &Observed) -> Flow {
     let (Some(src), Some(dst)) = (observed.src, observed.dst) else { return Flow::default() };
     let mut flow = Flow { legs: vec![Leg::new((src, dst), observed)], relays: vec![] };
-    let mut known: BTreeSet<(SocketAddrV4, SocketAddrV4)> = flow.legs[0].tuples.forward.clone();
+    let mut known: BTreeSet<(SocketAddr, SocketAddr)> = flow.legs[0].tuples.forward.clone();
     // Bounded: the lab has at most two relays on a path (gateway, then a node).
     for _ in 0..4 {
         let leg = flow.legs.last().expect("one leg at least");
@@ -151,7 +151,7 @@ pub fn follow(observed: &Observed) -> Flow {
             .map(|o| o.dst)
             .next_back();
         let Some(accepted_on) = translated.or(seen) else { break };
-        let mut starts: Vec<(SocketAddrV4, SocketAddrV4)> = Vec::new();
+        let mut starts: Vec<(SocketAddr, SocketAddr)> = Vec::new();
         for o in obs {
             let opened_here = o.is_syn() && o.iif.is_none() && u32::from(o.tos) & 0xfc == PROBE_TOS;
             if opened_here && !known.contains(&(o.src, o.dst)) && !starts.contains(&(o.src, o.dst)) {

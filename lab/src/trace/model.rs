@@ -2,7 +2,7 @@
 //! and the hops and steps it shows.
 
 use std::collections::BTreeMap;
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 
 use serde::Serialize;
 
@@ -10,11 +10,11 @@ use serde::Serialize;
 #[derive(Debug, Clone, Default)]
 pub struct Objects {
     /// Pod IP → (`ns/name`, node).
-    pub pods: BTreeMap<Ipv4Addr, (String, String)>,
+    pub pods: BTreeMap<IpAddr, (String, String)>,
     /// Node IP → node name.
-    pub nodes: BTreeMap<Ipv4Addr, String>,
+    pub nodes: BTreeMap<IpAddr, String>,
     /// ClusterIP → Service `ns/name`.
-    pub cluster_ips: BTreeMap<Ipv4Addr, String>,
+    pub cluster_ips: BTreeMap<IpAddr, String>,
     /// `ns/name` → externalTrafficPolicy.
     pub traffic_policy: BTreeMap<String, String>,
     /// Per host: `iptables-save -t nat` (for rule positions and probabilities).
@@ -91,7 +91,7 @@ pub struct Trace {
     pub lookup: Option<super::dns::Lookup>,
 }
 
-pub(crate) fn name_of(objects: &Objects, ip: Ipv4Addr) -> Option<String> {
+pub(crate) fn name_of(objects: &Objects, ip: IpAddr) -> Option<String> {
     if let Some((pod, _)) = objects.pods.get(&ip) {
         return Some(format!("pod {pod}"));
     }
@@ -102,7 +102,7 @@ pub(crate) fn name_of(objects: &Objects, ip: Ipv4Addr) -> Option<String> {
 /// leads to.
 pub(crate) fn route_text(objects: &Objects, raw: &str) -> String {
     let line = raw.lines().next().unwrap_or("").trim();
-    let via = line.split(" via ").nth(1).and_then(|r| r.split(' ').next()).and_then(|v| v.parse::<Ipv4Addr>().ok());
+    let via = line.split(" via ").nth(1).and_then(|r| r.split(' ').next()).and_then(|v| v.parse::<IpAddr>().ok());
     let dev = line.split(" dev ").nth(1).and_then(|r| r.split(' ').next()).unwrap_or("?");
     let dst = line.split(' ').next().unwrap_or("?");
     match via {

@@ -4,7 +4,7 @@
 //! element that chose the endpoint, the DNAT, masquerade or reject rule, and the Service and
 //! endpoint behind them (kube-proxy's chain names carry `ns/svc/proto/port`).
 
-use std::net::SocketAddrV4;
+use std::net::SocketAddr;
 
 use podpath_ruleset::nft::Listing;
 
@@ -77,7 +77,7 @@ fn numgen_mod(rule: &str) -> Option<usize> {
 
 /// What a DNAT rule translated to, and how the endpoint was chosen: the address the packet
 /// carried next (`after`), found among the `numgen` map's entries; or the rule's one address.
-fn dnat_choice(rule: &str, after: Option<SocketAddrV4>) -> (Option<SocketAddrV4>, String) {
+fn dnat_choice(rule: &str, after: Option<SocketAddr>) -> (Option<SocketAddr>, String) {
     let entries = anonymous_map(rule);
     if !entries.is_empty() {
         let n = numgen_mod(rule).unwrap_or(entries.len());
@@ -96,7 +96,7 @@ fn dnat_choice(rule: &str, after: Option<SocketAddrV4>) -> (Option<SocketAddrV4>
         .split_once("dnat to ")
         .or_else(|| rule.split_once("dnat ip to "))
         .and_then(|(_, r)| r.split_whitespace().next())
-        .and_then(|a| a.parse::<SocketAddrV4>().ok());
+        .and_then(|a| a.parse::<SocketAddr>().ok());
     (to.or(after), String::new())
 }
 
@@ -107,10 +107,10 @@ fn dnat_choice(rule: &str, after: Option<SocketAddrV4>) -> (Option<SocketAddrV4>
 pub(crate) fn observation_steps(
     host: &str,
     o: &Observation,
-    after: Option<SocketAddrV4>,
+    after: Option<SocketAddr>,
     listing: Option<&Listing>,
     objects: &Objects,
-    masq_src: Option<SocketAddrV4>,
+    masq_src: Option<SocketAddr>,
     stopped: &mut Option<String>,
     service: &mut Option<String>,
 ) -> Vec<Step> {
@@ -229,7 +229,7 @@ pub(crate) fn observation_steps(
                     }
                 }
                 let to_text = to.map(|a| a.to_string()).unwrap_or_else(|| "?".into());
-                let who = to.and_then(|a| name_of(objects, *a.ip())).map(|n| format!(" ({n})")).unwrap_or_default();
+                let who = to.and_then(|a| name_of(objects, a.ip())).map(|n| format!(" ({n})")).unwrap_or_default();
                 decisive.push(Step {
                     kind: "dnat".into(),
                     text: format!("DNAT {to_text}{who}{how}"),
@@ -336,7 +336,7 @@ trace id b69b47ed ip kube-proxy reject-chain rule reject (verdict drop)
 
     fn objects() -> Objects {
         let mut o = Objects::default();
-        o.pods.insert(Ipv4Addr::new(10, 244, 2, 3), ("default/web-2".into(), "node-2".into()));
+        o.pods.insert(Ipv4Addr::new(10, 244, 2, 3).into(), ("default/web-2".into(), "node-2".into()));
         o.traffic_policy.insert("default/web".into(), "Cluster".into());
         o.nft_tables.insert("node-1".into(), TABLE_TEXT.into());
         o
@@ -420,7 +420,7 @@ trace id 9 ip kube-proxy endpoint-AAAAAAAA-default/web/tcp/http__10.244.1.3/8080
         let obs = parse_nft_monitor(text);
         let mut stopped = None;
         let mut objects = objects();
-        objects.pods.insert(Ipv4Addr::new(10, 244, 1, 3), ("default/web-1".into(), "node-1".into()));
+        objects.pods.insert(Ipv4Addr::new(10, 244, 1, 3).into(), ("default/web-1".into(), "node-1".into()));
         let steps = node_steps("node-1", &obs.iter().collect::<Vec<_>>(), &objects, None, &mut stopped);
         let texts: Vec<&str> = steps.iter().map(|s| s.text.as_str()).collect();
         assert_eq!(
@@ -456,7 +456,7 @@ trace id 39bc9611 ip kube-proxy masquerading rule ct status dnat ip saddr . ip d
 ";
         let mut objects = objects();
         objects.nft_tables.insert("node-1".into(), table.into());
-        objects.pods.insert(Ipv4Addr::new(10, 244, 1, 3), ("default/web-1".into(), "node-1".into()));
+        objects.pods.insert(Ipv4Addr::new(10, 244, 1, 3).into(), ("default/web-1".into(), "node-1".into()));
         let obs = parse_nft_monitor(text);
         let mut stopped = None;
         let masq = Some("10.244.1.1:40000".parse().unwrap());

@@ -4,7 +4,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+
+use hickory_proto::rr::RecordType;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -43,15 +45,16 @@ pub struct Request {
 /// Where the request goes: an address, or a name the source pod's resolver looks up first.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Target {
-    Addr(SocketAddrV4),
+    Addr(SocketAddr),
     Name { name: String, port: u16 },
 }
 
-/// Parses `http://HOST[:PORT][/PATH]` or `HOST:PORT`, HOST an IPv4 address or a DNS name.
+/// Parses `http://HOST[:PORT][/PATH]` or `HOST:PORT`, HOST an IPv4 address, an IPv6 address
+/// in brackets (`[fd00:10:96::a]:80`) or a DNS name.
 pub fn parse_target(target: &str) -> Result<(Target, String, String)> {
     let usage = || {
         LabError::Usage(format!(
-            "{target:?}: give http://HOST[:PORT]/PATH or HOST:PORT (HOST an IPv4 address of the lab — LB, external, cluster or pod IP — or, from a pod, a name such as web.default)"
+            "{target:?}: give http://HOST[:PORT]/PATH or HOST:PORT (HOST an address of the lab — LB, external, cluster or pod IP, an IPv6 one in brackets — or, from a pod, a name such as web.default)"
         ))
     };
     let (rest, default_port) = match target.strip_prefix("http://") {
@@ -67,13 +70,27 @@ pub fn parse_target(target: &str) -> Result<(Target, String, String)> {
         Some(i) => (&rest[..i], rest[i..].to_string()),
         None => (rest, "/".to_string()),
     };
-    let (host, port) = match hostport.rsplit_once(':') {
-        Some((h, p)) => (h, p.parse::<u16>().map_err(|_| usage())?),
-        None if default_port != 0 => (hostport, default_port),
-        None => return Err(usage()),
+    // `[v6]` or `[v6]:port`; else `host` or `host:port`.
+    let (host, port) = match hostport.strip_prefix('[') {
+        Some(inner) => {
+            let (addr, after) = inner.split_once(']').ok_or_else(usage)?;
+            let port = match after.strip_prefix(':') {
+                Some(p) => p.parse::<u16>().map_err(|_| usage())?,
+                None if after.is_empty() && default_port != 0 => default_port,
+                None => return Err(usage()),
+            };
+            let ip = addr.parse::<Ipv6Addr>().map_err(|_| usage())?;
+            return Ok((Target::Addr(SocketAddr::new(ip.into(), port)), path, hostport.to_string()));
+        }
+        None => match hostport.rsplit_once(':') {
+            Some((h, _)) if h.contains(':') => return Err(usage()),
+            Some((h, p)) => (h, p.parse::<u16>().map_err(|_| usage())?),
+            None if default_port != 0 => (hostport, default_port),
+            None => return Err(usage()),
+        },
     };
     if let Ok(ip) = host.parse::<Ipv4Addr>() {
-        return Ok((Target::Addr(SocketAddrV4::new(ip, port)), path, hostport.to_string()));
+        return Ok((Target::Addr(SocketAddr::new(ip.into(), port)), path, hostport.to_string()));
     }
     let valid = !host.is_empty()
         && host.len() <= 253
@@ -89,20 +106,22 @@ pub fn parse_target(target: &str) -> Result<(Target, String, String)> {
     Ok((Target::Name { name: host.to_string(), port }, path, hostport.to_string()))
 }
 
-/// One A query over UDP from the current thread's namespace (again over TCP when the answer
-/// comes truncated): (response code, answer records, whether TCP was used, local port).
-fn ask(server: Ipv4Addr, qname: &str) -> (String, Vec<String>, bool, u16) {
+/// One query (`rtype` A or AAAA) over UDP from the current thread's namespace (again over TCP
+/// when the answer comes truncated): (response code, answer records, whether TCP was used,
+/// local port).
+fn ask(server: IpAddr, qname: &str, rtype: RecordType) -> (String, Vec<String>, bool, u16) {
     use hickory_proto::op::{Message, Query as DnsQuery};
-    use hickory_proto::rr::{Name, RecordType};
+    use hickory_proto::rr::Name;
     use std::io::{Read, Write};
     let Ok(name) = Name::from_ascii(qname) else { return ("bad name".into(), vec![], false, 0) };
     let mut m = Message::query();
     m.metadata.id = std::process::id() as u16 ^ 0x5a5a;
     m.metadata.recursion_desired = true;
-    m.add_query(DnsQuery::query(name, RecordType::A));
+    m.add_query(DnsQuery::query(name, rtype));
     let Ok(wire) = m.to_vec() else { return ("bad name".into(), vec![], false, 0) };
     let dst = SocketAddr::from((server, 53));
-    let udp = match std::net::UdpSocket::bind("0.0.0.0:0") {
+    let any: SocketAddr = if server.is_ipv6() { "[::]:0" } else { "0.0.0.0:0" }.parse().expect("an address");
+    let udp = match std::net::UdpSocket::bind(any) {
         Ok(u) => u,
         Err(e) => return (format!("socket: {e}"), vec![], false, 0),
     };
@@ -162,8 +181,10 @@ fn lookup(st: &LabState, api: &ApiAccess, objects: &Objects, from: &str, name: &
     let server = *resolv
         .nameservers
         .first()
-        .ok_or_else(|| LabError::NotReady(format!("pod {ns}/{pod}'s /etc/resolv.conf names no IPv4 nameserver")))?;
+        .ok_or_else(|| LabError::NotReady(format!("pod {ns}/{pod}'s /etc/resolv.conf names no nameserver")))?;
     let plan = Plan::with_family(&st.name, st.nodes, st.ip_family);
+    // The family of the lab's primary: what a client of an IPv6-only lab asks for is AAAA.
+    let rtype = if !st.ip_family.has_v4() { RecordType::AAAA } else { RecordType::A };
     let pods = &objects.pods;
     let node = pods.values().find(|(p, _)| *p == format!("{ns}/{pod}")).map(|(_, node)| node.clone());
     let dns_service = objects.cluster_ips.get(&server).map(|s| format!("Service {s} ")).unwrap_or_default();
@@ -174,19 +195,21 @@ fn lookup(st: &LabState, api: &ApiAccess, objects: &Objects, from: &str, name: &
         let t = Instant::now();
         let q = qname.clone();
         let (rcode, answers, tcp, port) =
-            crate::hosts::in_netns_thread(format!("/proc/{pid}/ns/net"), move || ask(server, &q))?;
+            crate::hosts::in_netns_thread(format!("/proc/{pid}/ns/net"), move || ask(server, &q, rtype))?;
         let millis = t.elapsed().as_secs_f64() * 1000.0;
         // The node's NAT of the query: its reply comes from the DNS pod that answered.
         let answered_by = node_ns.as_deref().and_then(|node_ns| {
-            let ct = in_ns(node_ns, &["conntrack", "-L", "-p", "udp", "--orig-port-src", &port.to_string()]).ok()?;
-            let e = parse::parse_conntrack(&ct).into_iter().find(|e| *e.orig.1.ip() == server)?;
+            let family = if server.is_ipv6() { "ipv6" } else { "ipv4" };
+            let port = port.to_string();
+            let ct = in_ns(node_ns, &["conntrack", "-L", "-f", family, "-p", "udp", "--orig-port-src", &port]).ok()?;
+            let e = parse::parse_conntrack(&ct).into_iter().find(|e| e.orig.1.ip() == server)?;
             let backend = e.reply.0;
-            let who = pods.get(backend.ip()).map(|(p, _)| format!("pod {p} ")).unwrap_or_default();
+            let who = pods.get(&backend.ip()).map(|(p, _)| format!("pod {p} ")).unwrap_or_default();
             let node = node.as_deref().unwrap_or("the node");
             Some(format!("{who}{backend} ({node}'s DNAT of {dns_service}{server}:53)"))
         });
         let found = first_address(&answers);
-        queries.push(Query { name: qname, rcode, answers, millis, tcp, answered_by });
+        queries.push(Query { name: qname, rtype: rtype.to_string(), rcode, answers, millis, tcp, answered_by });
         if found.is_some() {
             address = found;
             break;
@@ -238,53 +261,75 @@ pub fn trace_rules(probe_port: u16) -> Ruleset {
     Ruleset { tables: vec![raw] }
 }
 
-/// The nftables mode's trace table: the same packets as [`trace_rules`] get `meta nftrace`,
-/// before conntrack and NAT (priority -350, as iptables' raw table is before them), so
-/// `nft monitor trace` prints every rule of every table they meet — `ip kube-proxy` included,
-/// which xtables-monitor does not print.
-pub fn nft_trace_table(probe_port: u16) -> NftTable {
+/// The nftables trace table (`ip podpath-trace`, or `ip6 podpath-trace` for an IPv6 request):
+/// the same packets as [`trace_rules`] get `meta nftrace`, before conntrack and NAT (priority
+/// -350, as iptables' raw table is before them), so `nft monitor trace` prints every rule of
+/// every table of that family they meet — `ip kube-proxy` included, which xtables-monitor does
+/// not print. The DSCP is in the traffic class for IPv6.
+pub fn nft_trace_table(probe_port: u16, family: NftFamily) -> NftTable {
     let dscp = PROBE_TOS >> 2;
-    let mut t = NftTable::new(NftFamily::Ip, NFT_TRACE_TABLE);
+    let ip = if family == NftFamily::Ip6 { "ip6" } else { "ip" };
+    let mut t = NftTable::new(family, NFT_TRACE_TABLE);
     t.comment = Some("podpath trace: the probe's packets, for nft monitor trace".into());
     for hook in ["prerouting", "output"] {
         t.add_chain(NftChain::base(hook, "filter", hook, -350).rule("jump probe"));
     }
     t.add_chain(
         NftChain::regular("probe")
-            .rule(format!("ip dscp 0x{dscp:x} tcp flags & (syn | ack) == syn meta nftrace set 1"))
+            .rule(format!("{ip} dscp 0x{dscp:x} tcp flags & (syn | ack) == syn meta nftrace set 1"))
             .rule(format!("tcp dport {probe_port} tcp flags & (syn | ack) == syn | ack meta nftrace set 1"))
-            .rule(format!("ip dscp 0x{dscp:x} tcp flags & rst == rst meta nftrace set 1"))
-            .rule(format!("ip dscp 0x{dscp:x} udp dport {CANARY_PORT} meta nftrace set 1")),
+            .rule(format!("{ip} dscp 0x{dscp:x} tcp flags & rst == rst meta nftrace set 1"))
+            .rule(format!("{ip} dscp 0x{dscp:x} udp dport {CANARY_PORT} meta nftrace set 1")),
     );
     t
 }
 
-/// Which trace a lab's hosts get: iptables' raw-table TRACE rules read by xtables-monitor, or
-/// (nftables mode) the nftrace table read by `nft monitor trace`.
+/// Which trace a lab's hosts get, by proxy mode and the request's family: iptables' raw-table
+/// TRACE rules read by xtables-monitor (IPv4, iptables modes); else the nftrace table read by
+/// `nft monitor trace` — for IPv6 in the iptables modes too, with handles (`-a`) to find each
+/// ip6tables rule it prints in `ip6tables-save` (xtables-monitor prints no ip6tables rule).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Tracer {
     Xtables,
     Nft,
+    Ip6tables,
+    Nft6,
 }
 
 impl Tracer {
-    fn of(st: &LabState) -> Tracer {
-        if st.proxy_mode == crate::ProxyMode::Nftables {
-            Tracer::Nft
+    fn of(st: &LabState, v6: bool) -> Tracer {
+        match (st.proxy_mode == crate::ProxyMode::Nftables, v6) {
+            (false, false) => Tracer::Xtables,
+            (true, false) => Tracer::Nft,
+            (false, true) => Tracer::Ip6tables,
+            (true, true) => Tracer::Nft6,
+        }
+    }
+    fn v6(self) -> bool {
+        matches!(self, Tracer::Ip6tables | Tracer::Nft6)
+    }
+    /// The rules of the proxy mode are nftables' own (not iptables-nft's).
+    fn nft_rules(self) -> bool {
+        matches!(self, Tracer::Nft | Tracer::Nft6)
+    }
+    fn family(self) -> NftFamily {
+        if self.v6() {
+            NftFamily::Ip6
         } else {
-            Tracer::Xtables
+            NftFamily::Ip
         }
     }
     fn monitor(self) -> &'static [&'static str] {
         match self {
             Tracer::Xtables => &["xtables-monitor", "--trace"],
-            Tracer::Nft => &["nft", "monitor", "trace"],
+            Tracer::Nft | Tracer::Nft6 => &["nft", "monitor", "trace"],
+            Tracer::Ip6tables => &["nft", "-a", "monitor", "trace"],
         }
     }
     fn parse(self, text: &str) -> Vec<parse::Observation> {
         match self {
             Tracer::Xtables => parse::parse_monitor(text),
-            Tracer::Nft => parse::parse_nft_monitor(text),
+            _ => parse::parse_nft_monitor(text),
         }
     }
     /// Installs the trace rules in a namespace (first removing a killed trace's left-overs).
@@ -294,8 +339,8 @@ impl Tracer {
             Tracer::Xtables => iptables(ns)
                 .restore(&trace_rules(probe_port))
                 .map_err(|e| LabError::Command { cmd: format!("iptables-restore in {ns}"), stderr: e.to_string() }),
-            Tracer::Nft => Nft::in_netns(ns)
-                .apply(&NftTransaction::between(None, &nft_trace_table(probe_port)).0)
+            _ => Nft::in_netns(ns)
+                .apply(&NftTransaction::between(None, &nft_trace_table(probe_port, self.family())).0)
                 .map_err(|e| LabError::Command { cmd: format!("nft -f in {ns}"), stderr: e.to_string() }),
         }
     }
@@ -304,6 +349,29 @@ impl Tracer {
 /// `iptables` in a lab namespace (the system's, as the lab's nodes use it).
 fn iptables(netns: &str) -> Iptables {
     Iptables::new(Backend::System).in_netns(netns)
+}
+
+/// `ip6tables` in a lab namespace.
+fn ip6tables(netns: &str) -> Iptables {
+    Iptables::new(Backend::System).v6().in_netns(netns)
+}
+
+/// Table → `nft -a list table ip6 T`, and table → `ip6tables-save -t T`.
+type Ip6tablesListings = (BTreeMap<String, String>, BTreeMap<String, String>);
+
+/// The tables ip6tables-nft writes, each as `nft -a list table ip6 T` and `ip6tables-save -t
+/// T` print it (for [`parse::ip6tables_hits`]); tables that are not there are left out.
+fn ip6tables_listings(ns: &str) -> Ip6tablesListings {
+    let (mut listings, mut saves) = (BTreeMap::new(), BTreeMap::new());
+    for table in ["raw", "mangle", "nat", "filter"] {
+        let listed = in_ns(ns, &["nft", "-a", "list", "table", "ip6", table]);
+        let saved = ip6tables(ns).save_text(table);
+        if let (Ok(l), Ok(s)) = (listed, saved) {
+            listings.insert(table.to_string(), l);
+            saves.insert(table.to_string(), s);
+        }
+    }
+    (listings, saves)
 }
 
 /// What removes a trace's chain and every jump to it from a raw table as saved: one transaction.
@@ -333,7 +401,9 @@ pub fn remove_rules(netns: &str) {
         }
     }
     // Without nft installed (an iptables-only machine) there is no such table either.
-    let _ = Nft::in_netns(netns).delete_table(NftFamily::Ip, NFT_TRACE_TABLE);
+    for family in [NftFamily::Ip, NftFamily::Ip6] {
+        let _ = Nft::in_netns(netns).delete_table(family, NFT_TRACE_TABLE);
+    }
 }
 
 /// The per-namespace switch that lets an accepted socket know its SYN's TOS, so relays (the
@@ -421,22 +491,28 @@ impl Drop for Guard {
     }
 }
 
-/// Sends one sync datagram from a namespace, from a source port not in `taken`; returns that
-/// port (it tells this datagram from every earlier one).
-fn send_canary(ns_path: &str, taken: &BTreeSet<u16>) -> Result<u16> {
+/// Sends one sync datagram from a namespace (to the loopback address of the traced family),
+/// from a source port not in `taken`; returns that port (it tells this datagram from every
+/// earlier one).
+fn send_canary(ns_path: &str, v6: bool, taken: &BTreeSet<u16>) -> Result<u16> {
     let taken = taken.clone();
     in_netns_thread(ns_path.to_string(), move || -> std::io::Result<u16> {
+        let lo: IpAddr = if v6 { Ipv6Addr::LOCALHOST.into() } else { Ipv4Addr::LOCALHOST.into() };
         // An ephemeral port is random; a few tries find one this monitor has not seen yet.
         for _ in 0..16 {
-            let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::DGRAM, None)?;
-            s.set_tos_v4(PROBE_TOS)?;
-            s.bind(&SocketAddr::from((Ipv4Addr::LOCALHOST, 0)).into())?;
-            let port = s.local_addr()?.as_socket_ipv4().map(|a| a.port()).unwrap_or(0);
+            let s =
+                socket2::Socket::new(socket2::Domain::for_address(SocketAddr::new(lo, 0)), socket2::Type::DGRAM, None)?;
+            if v6 {
+                s.set_tclass_v6(PROBE_TOS)?;
+            } else {
+                s.set_tos_v4(PROBE_TOS)?;
+            }
+            s.bind(&SocketAddr::new(lo, 0).into())?;
+            let port = s.local_addr()?.as_socket().map(|a| a.port()).unwrap_or(0);
             if taken.contains(&port) {
                 continue;
             }
-            let to = SocketAddr::from((Ipv4Addr::LOCALHOST, CANARY_PORT));
-            s.send_to(b"podpath-trace", &to.into())?;
+            s.send_to(b"podpath-trace", &SocketAddr::new(lo, CANARY_PORT).into())?;
             return Ok(port);
         }
         Err(std::io::Error::other("no fresh source port for the sync datagram"))
@@ -451,7 +527,7 @@ fn canary_ports(tracer: Tracer, text: &str) -> BTreeSet<u16> {
     tracer
         .parse(text)
         .iter()
-        .filter(|o| o.proto == "UDP" && o.dst.port() == CANARY_PORT && *o.dst.ip() == Ipv4Addr::LOCALHOST)
+        .filter(|o| o.proto == "UDP" && o.dst.port() == CANARY_PORT && o.dst.ip().is_loopback())
         .map(|o| o.src.port())
         .collect()
 }
@@ -479,7 +555,7 @@ fn monitors_subscribed(
     exited: impl FnMut(usize) -> bool,
     restart: impl FnMut(usize) -> Result<()>,
 ) -> Result<()> {
-    let send = |i: usize| send_canary(&format!("/run/netns/{}", hosts[i].1), &BTreeSet::new()).map(|_| ());
+    let send = |i: usize| send_canary(&format!("/run/netns/{}", hosts[i].1), tracer.v6(), &BTreeSet::new()).map(|_| ());
     let names: Vec<&str> = hosts.iter().map(|(h, _)| h.as_str()).collect();
     wait_subscribed(tracer, &names, outputs, Duration::from_secs(15), send, exited, restart)
 }
@@ -537,7 +613,7 @@ fn wait_subscribed(
 fn monitors_drained(tracer: Tracer, hosts: &[(String, String)], outputs: &[Arc<Mutex<String>>]) -> Result<()> {
     let mut awaited = Vec::new();
     for ((_, ns), out) in hosts.iter().zip(outputs) {
-        awaited.push(send_canary(&format!("/run/netns/{ns}"), &canary_ports(tracer, &monitor_text(out)))?);
+        awaited.push(send_canary(&format!("/run/netns/{ns}"), tracer.v6(), &canary_ports(tracer, &monitor_text(out)))?);
     }
     // As long as the subscription wait: a monitor on a loaded machine can lag seconds behind
     // (CI once saw more than 5 s); a healthy one answers in milliseconds.
@@ -561,24 +637,35 @@ fn monitors_drained(tracer: Tracer, hosts: &[(String, String)], outputs: &[Arc<M
 }
 
 /// The probe's socket, made and bound inside the source's namespace (a socket stays in the
-/// namespace it was made in), so its port is known before the trace rules go in.
-fn probe_socket(ns_path: &str) -> Result<(socket2::Socket, SocketAddrV4)> {
-    in_netns_thread(ns_path.to_string(), || -> std::io::Result<(socket2::Socket, SocketAddrV4)> {
-        let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
-        s.set_tos_v4(PROBE_TOS)?;
-        s.bind(&SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)).into())?;
-        let local = s.local_addr()?.as_socket_ipv4().ok_or_else(|| std::io::Error::other("not IPv4"))?;
+/// namespace it was made in) for the destination's family, so its port is known before the
+/// trace rules go in. The DSCP rides in the TOS byte (IPv4) or the traffic class (IPv6).
+fn probe_socket(ns_path: &str, v6: bool) -> Result<(socket2::Socket, SocketAddr)> {
+    in_netns_thread(ns_path.to_string(), move || -> std::io::Result<(socket2::Socket, SocketAddr)> {
+        let (domain, any) = if v6 {
+            (socket2::Domain::IPV6, SocketAddr::from((Ipv6Addr::UNSPECIFIED, 0)))
+        } else {
+            (socket2::Domain::IPV4, SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)))
+        };
+        let s = socket2::Socket::new(domain, socket2::Type::STREAM, None)?;
+        if v6 {
+            s.set_only_v6(true)?;
+            s.set_tclass_v6(PROBE_TOS)?;
+        } else {
+            s.set_tos_v4(PROBE_TOS)?;
+        }
+        s.bind(&any.into())?;
+        let local = s.local_addr()?.as_socket().ok_or_else(|| std::io::Error::other("not an IP socket"))?;
         Ok((s, local))
     })?
     .map_err(|e| LabError::Io { what: "make the probe's socket".into(), source: e })
 }
 
 /// The probe: one HTTP request on the prepared socket; returns the source address it had.
-fn probe(s: socket2::Socket, bound: SocketAddrV4, dst: SocketAddrV4, req: &Request) -> (SocketAddrV4, Outcome) {
+fn probe(s: socket2::Socket, bound: SocketAddr, dst: SocketAddr, req: &Request) -> (SocketAddr, Outcome) {
     let t = Instant::now();
-    let connected = s.connect_timeout(&SocketAddr::V4(dst).into(), req.timeout);
+    let connected = s.connect_timeout(&dst.into(), req.timeout);
     // The source address is chosen at connect time (the port was fixed by bind).
-    let local = s.local_addr().ok().and_then(|a| a.as_socket_ipv4()).filter(|a| !a.ip().is_unspecified());
+    let local = s.local_addr().ok().and_then(|a| a.as_socket()).filter(|a| !a.ip().is_unspecified());
     let local = local.unwrap_or(bound);
     if let Err(e) = connected {
         return (local, failed(t, e.to_string()));
@@ -636,24 +723,8 @@ pub(crate) fn api_get(api: &ApiAccess, path: &str) -> serde_json::Value {
     }
 }
 
-/// Pod IP → (`ns/name`, node), from the API.
-pub(crate) fn pods_by_ip(api: &ApiAccess) -> BTreeMap<Ipv4Addr, (String, String)> {
-    let mut pods = BTreeMap::new();
-    for p in api_get(api, "/api/v1/pods")["items"].as_array().into_iter().flatten() {
-        if let Some(ip) = p["status"]["podIP"].as_str().and_then(|i| i.parse().ok()) {
-            let name = format!(
-                "{}/{}",
-                p["metadata"]["namespace"].as_str().unwrap_or(""),
-                p["metadata"]["name"].as_str().unwrap_or("")
-            );
-            pods.insert(ip, (name, p["spec"]["nodeName"].as_str().unwrap_or("").to_string()));
-        }
-    }
-    pods
-}
-
-/// Every pod address (both families of a dual-stack pod) → `ns/name`, from the API.
-pub(crate) fn pods_by_any_ip(api: &ApiAccess) -> BTreeMap<std::net::IpAddr, String> {
+/// Every pod address (both families of a dual-stack pod) → (`ns/name`, node), from the API.
+pub(crate) fn pods_by_ip(api: &ApiAccess) -> BTreeMap<IpAddr, (String, String)> {
     let mut pods = BTreeMap::new();
     for p in api_get(api, "/api/v1/pods")["items"].as_array().into_iter().flatten() {
         let name = format!(
@@ -661,9 +732,10 @@ pub(crate) fn pods_by_any_ip(api: &ApiAccess) -> BTreeMap<std::net::IpAddr, Stri
             p["metadata"]["namespace"].as_str().unwrap_or(""),
             p["metadata"]["name"].as_str().unwrap_or("")
         );
+        let node = p["spec"]["nodeName"].as_str().unwrap_or("").to_string();
         let listed = p["status"]["podIPs"].as_array().into_iter().flatten().filter_map(|i| i["ip"].as_str());
         for ip in listed.chain(p["status"]["podIP"].as_str()).filter_map(|i| i.parse().ok()) {
-            pods.insert(ip, name.clone());
+            pods.insert(ip, (name.clone(), node.clone()));
         }
     }
     pods
@@ -678,7 +750,8 @@ fn api_objects(api: &ApiAccess) -> Objects {
             s["metadata"]["namespace"].as_str().unwrap_or(""),
             s["metadata"]["name"].as_str().unwrap_or("")
         );
-        if let Some(ip) = s["spec"]["clusterIP"].as_str().and_then(|i| i.parse().ok()) {
+        let ips = s["spec"]["clusterIPs"].as_array().into_iter().flatten().filter_map(|i| i.as_str());
+        for ip in ips.chain(s["spec"]["clusterIP"].as_str()).filter_map(|i| i.parse().ok()) {
             o.cluster_ips.insert(ip, name.clone());
         }
         if let Some(p) = s["spec"]["externalTrafficPolicy"].as_str() {
@@ -716,7 +789,6 @@ pub(crate) fn lock_path(name: &str) -> std::path::PathBuf {
 
 /// Traces one request through the lab; a request by name, the lookup first.
 pub fn trace(st: &LabState, req: &Request) -> Result<Trace> {
-    let tracer = Tracer::of(st);
     let plan = Plan::with_family(&st.name, st.nodes, st.ip_family);
     let api = crate::state::ApiAccess::of(st)?;
     let api = &api;
@@ -728,11 +800,20 @@ pub fn trace(st: &LabState, req: &Request) -> Result<Trace> {
             let mut l = lookup(st, api, &objects, &req.from, name)?;
             l.owner = l.address.and_then(|ip| describe(ip, &objects.cluster_ips, &objects.pods));
             match l.address {
-                Some(ip) => (SocketAddrV4::new(ip, *port), Some(l)),
+                Some(ip) => (SocketAddr::new(ip, *port), Some(l)),
                 None => return Ok(unresolved(req, l)),
             }
         }
     };
+    let has = if dst.is_ipv6() { st.ip_family.has_v6() } else { st.ip_family.has_v4() };
+    if !has {
+        let family = if dst.is_ipv6() { "IPv6" } else { "IPv4" };
+        return Err(LabError::Usage(format!(
+            "{dst}: lab {} has no {family} (it was made with --ip-family {})",
+            st.name, st.ip_family
+        )));
+    }
+    let tracer = Tracer::of(st, dst.is_ipv6());
     let mut hosts: Vec<(String, String)> = vec![("client".into(), String::new()), ("gateway".into(), String::new())];
     hosts.extend(plan.nodes.iter().map(|n| (n.name.clone(), String::new())));
     for (h, ns) in &mut hosts {
@@ -748,7 +829,7 @@ pub fn trace(st: &LabState, req: &Request) -> Result<Trace> {
     let _lock = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive)
         .map_err(|(_, e)| LabError::Io { what: "lock the lab for tracing".into(), source: e.into() })?;
 
-    let (socket, bound) = probe_socket(&src_ns)?;
+    let (socket, bound) = probe_socket(&src_ns, dst.is_ipv6())?;
     let guard = Guard::new();
     guard.with(|i| i.namespaces.extend(hosts.iter().map(|(_, ns)| ns.clone())));
     let installed: Vec<Result<()>> = std::thread::scope(|s| {
@@ -818,7 +899,10 @@ pub fn trace(st: &LabState, req: &Request) -> Result<Trace> {
     let conntrack: Vec<String> = std::thread::scope(|s| {
         let jobs: Vec<_> = hosts
             .iter()
-            .map(|(_, ns)| s.spawn(move || in_ns(ns, &["conntrack", "-L", "-p", "tcp"]).unwrap_or_default()))
+            .map(|(_, ns)| {
+                let family = if tracer.v6() { "ipv6" } else { "ipv4" };
+                s.spawn(move || in_ns(ns, &["conntrack", "-L", "-f", family, "-p", "tcp"]).unwrap_or_default())
+            })
             .collect();
         jobs.into_iter().map(|j| j.join().unwrap_or_default()).collect()
     });
@@ -828,7 +912,10 @@ pub fn trace(st: &LabState, req: &Request) -> Result<Trace> {
     }
     let mut objects = api_objects(api);
     for n in &plan.nodes {
-        objects.nodes.insert(n.ip, n.name.clone());
+        objects.nodes.insert(n.ip.into(), n.name.clone());
+        if let Some(ip6) = n.ip6 {
+            objects.nodes.insert(ip6.into(), n.name.clone());
+        }
     }
     let flow = flow::follow(&observed);
     let queries = flow::route_queries(&observed, &flow);
@@ -853,7 +940,9 @@ pub fn trace(st: &LabState, req: &Request) -> Result<Trace> {
     }
     let traced_nodes: BTreeSet<&String> =
         flow.legs.iter().flat_map(|l| &l.path).filter(|h| h.starts_with("node-")).collect();
-    let rules: Vec<(String, String)> = std::thread::scope(|s| {
+    // Per traced node: the NAT rules (iptables-save, or the kube-proxy table), and for
+    // ip6tables the listings that place each rule hit by its handle.
+    let rules: Vec<(String, String, Option<Ip6tablesListings>)> = std::thread::scope(|s| {
         let jobs: Vec<_> = traced_nodes
             .iter()
             .map(|host| {
@@ -861,21 +950,29 @@ pub fn trace(st: &LabState, req: &Request) -> Result<Trace> {
                 s.spawn(move || {
                     let text = match tracer {
                         Tracer::Xtables => iptables(&ns).save_text("nat").unwrap_or_default(),
-                        Tracer::Nft => Nft::in_netns(&ns)
-                            .list_table(NftFamily::Ip, super::nft_steps::TABLE, false)
+                        Tracer::Ip6tables => ip6tables(&ns).save_text("nat").unwrap_or_default(),
+                        Tracer::Nft | Tracer::Nft6 => Nft::in_netns(&ns)
+                            .list_table(tracer.family(), super::nft_steps::TABLE, false)
                             .ok()
                             .flatten()
                             .unwrap_or_default(),
                     };
-                    ((*host).clone(), text)
+                    let placed = (tracer == Tracer::Ip6tables).then(|| ip6tables_listings(&ns));
+                    ((*host).clone(), text, placed)
                 })
             })
             .collect();
         jobs.into_iter().filter_map(|j| j.join().ok()).collect()
     });
-    match tracer {
-        Tracer::Xtables => objects.nat_rules.extend(rules),
-        Tracer::Nft => objects.nft_tables.extend(rules),
+    for (host, text, placed) in rules {
+        if let (Some((listings, saves)), Some(obs)) = (placed, observed.packets.get_mut(&host)) {
+            parse::ip6tables_hits(obs, &listings, &saves);
+        }
+        if tracer.nft_rules() {
+            objects.nft_tables.insert(host, text);
+        } else {
+            objects.nat_rules.insert(host, text);
+        }
     }
     if flow.legs.iter().any(|l| l.path.iter().any(|h| h == "gateway")) {
         if let Ok(doc) = crate::lb_status(st) {
@@ -920,6 +1017,42 @@ fn unresolved(req: &Request, l: Lookup) -> Trace {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn targets_of_both_families_and_names() {
+        let addr = |t: &str| match parse_target(t).unwrap() {
+            (Target::Addr(a), path, host) => (a.to_string(), path, host),
+            (t, ..) => panic!("{t:?}"),
+        };
+        assert_eq!(addr("http://198.51.100.1/x"), ("198.51.100.1:80".into(), "/x".into(), "198.51.100.1".into()));
+        assert_eq!(
+            addr("http://[2001:db8:100::1]/"),
+            ("[2001:db8:100::1]:80".into(), "/".into(), "[2001:db8:100::1]".into())
+        );
+        assert_eq!(addr("[fd00:10:96::a]:53").0, "[fd00:10:96::a]:53");
+        assert_eq!(addr("http://[fd00::5]:8080/p").0, "[fd00::5]:8080");
+        assert_eq!(
+            parse_target("http://web.default:8080/").unwrap().0,
+            Target::Name { name: "web.default".into(), port: 8080 }
+        );
+        // An IPv6 address must be in brackets (its colons are not a port), and well formed.
+        for bad in
+            ["http://fd00::5/", "fd00::5:80", "[fd00::5]", "http://[fd00::zz]/", "http://[fd00::5/", "[10.0.0.1]:80"]
+        {
+            let e = parse_target(bad).unwrap_err().to_string();
+            assert!(e.contains("an IPv6 one in brackets"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn the_ipv6_trace_table_matches_the_traffic_class() {
+        let t = nft_trace_table(41000, NftFamily::Ip6);
+        let text = NftTransaction::between(None, &t).0.text();
+        assert!(text.contains("table ip6 podpath-trace"), "{text}");
+        assert!(text.contains("ip6 dscp 0x2d tcp flags & (syn | ack) == syn meta nftrace set 1"), "{text}");
+        assert!(text.contains("ip6 dscp 0x2d udp dport 9 meta nftrace set 1"), "{text}");
+        assert!(!text.contains("ip dscp"), "{text}");
+    }
 
     #[test]
     fn a_sync_datagram_seen_at_several_hooks_counts_once_by_its_port() {

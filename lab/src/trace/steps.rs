@@ -1,7 +1,7 @@
 //! A node's rule hits in words (pure): which chain walk mattered, which endpoint a Service chain
 //! chose and with what probability, what NAT and filtering did, and the object behind each.
 
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::{IpAddr, SocketAddr};
 
 use podpath_ruleset::{Match, RecentOp, Rule, Target};
 
@@ -56,7 +56,7 @@ pub(crate) fn node_steps(
     host: &str,
     obs: &[&Observation],
     objects: &Objects,
-    masq_src: Option<SocketAddrV4>,
+    masq_src: Option<SocketAddr>,
     stopped: &mut Option<String>,
 ) -> Vec<Step> {
     let mut steps = Vec::new();
@@ -140,7 +140,7 @@ pub(crate) fn node_steps(
                 ("nat", None) if h.verdict == "ACCEPT" => {
                     if let Some(Target::Dnat { to }) = h.target() {
                         relevant = true;
-                        let ip = to.split(':').next().and_then(|i| i.parse::<Ipv4Addr>().ok());
+                        let ip = dnat_ip(to);
                         let who = ip.and_then(|i| name_of(objects, i)).map(|n| format!(" ({n})")).unwrap_or_default();
                         decisive.push(Step {
                             kind: "dnat".into(),
@@ -238,7 +238,7 @@ fn policy_step(
 ) -> Option<Step> {
     let comment = any_comment(h).unwrap_or_default();
     let (other, word) = if dir == "ingress" { (o.src, "from") } else { (o.dst, "to") };
-    let other = match name_of(objects, *other.ip()) {
+    let other = match name_of(objects, other.ip()) {
         Some(n) => format!("{n} ({})", other.ip()),
         None => other.ip().to_string(),
     };
@@ -305,4 +305,10 @@ fn append(words: &mut Vec<String>, more: &str) {
 pub(crate) fn service_of(comment: &str) -> Option<String> {
     let first = comment.split(' ').next()?;
     (first.contains('/') && !first.starts_with("kubernetes")).then(|| first.to_string())
+}
+
+/// The address of a DNAT target: `10.244.1.5:8080`, `[fd00:10:244:1::5]:8080`, or an address
+/// alone.
+fn dnat_ip(to: &str) -> Option<IpAddr> {
+    to.parse::<SocketAddr>().map(|a| a.ip()).ok().or_else(|| to.trim_matches(['[', ']']).parse().ok())
 }
