@@ -116,3 +116,51 @@ async fn kube_rs_create_list_watch_delete() {
         assert!(kinds.iter().any(|x| x == k), "{k} in {kinds:?}");
     }
 }
+
+/// A dual-stack API server (`--service-cluster-ip-range` with a CIDR of each family): kube-rs
+/// creates a RequireDualStack Service IPv6-first and reads both `clusterIPs`, downgrades it by
+/// merge patch, and gets kube-apiserver's words for a single-stack policy with two families.
+#[tokio::test]
+async fn kube_rs_reads_both_cluster_ips_of_a_dual_stack_service() {
+    let srv = ApiServer::start(&["--service-cluster-ip-range", "10.96.0.0/12,fd00:10:96::/112"]).unwrap();
+    let services: Api<Service> = Api::namespaced(client(&srv).await, "default");
+    let dual: Service = serde_json::from_value(json!({
+        "metadata": {"name": "rs-dual"},
+        "spec": {"ipFamilyPolicy": "RequireDualStack", "ipFamilies": ["IPv6", "IPv4"],
+                 "selector": {"app": "rs"}, "ports": [{"port": 80, "targetPort": 8080}]}
+    }))
+    .unwrap();
+    let created = services.create(&PostParams::default(), &dual).await.unwrap();
+    let spec = created.spec.unwrap();
+    let ips: Vec<std::net::IpAddr> = spec.cluster_ips.clone().unwrap().iter().map(|i| i.parse().unwrap()).collect();
+    assert!(ips.len() == 2 && ips[0].is_ipv6() && ips[1].is_ipv4(), "{ips:?}");
+    assert_eq!(spec.cluster_ip.as_deref(), spec.cluster_ips.as_ref().map(|c| c[0].as_str()));
+    assert_eq!(spec.ip_families.as_deref(), Some(&["IPv6".to_string(), "IPv4".to_string()][..]));
+    let got = services.get("rs-dual").await.unwrap().spec.unwrap();
+    assert_eq!(got.cluster_ips, spec.cluster_ips);
+
+    let down = services
+        .patch("rs-dual", &PatchParams::default(), &Patch::Merge(json!({"spec": {"ipFamilyPolicy": "SingleStack"}})))
+        .await
+        .unwrap()
+        .spec
+        .unwrap();
+    assert_eq!(down.cluster_ips.as_deref(), spec.cluster_ips.as_ref().map(|c| &c[..1]));
+    assert_eq!(down.ip_families.as_deref(), Some(&["IPv6".to_string()][..]));
+
+    let bad: Service = serde_json::from_value(json!({
+        "metadata": {"name": "rs-bad"},
+        "spec": {"ipFamilyPolicy": "SingleStack", "ipFamilies": ["IPv4", "IPv6"], "ports": [{"port": 80}]}
+    }))
+    .unwrap();
+    match services.create(&PostParams::default(), &bad).await.unwrap_err() {
+        kube::Error::Api(s) => {
+            assert_eq!(s.code, 422);
+            assert_eq!(
+                s.message,
+                "Service \"rs-bad\" is invalid: spec.ipFamilyPolicy: Invalid value: \"SingleStack\": must be 'RequireDualStack' or 'PreferDualStack' when multiple IP families are specified"
+            );
+        }
+        e => panic!("expected a 422 Status, got {e:?}"),
+    }
+}

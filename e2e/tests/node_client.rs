@@ -56,6 +56,21 @@ fn node_client_over_tls_with_the_lab_ca() {
     assert!(out.contains("node client: ok"), "{out}");
 }
 
+/// A dual-stack API server (two Service ranges): the client creates a RequireDualStack
+/// Service and reads both `clusterIPs`, downgrades it, and gets the real refusal of a
+/// single-stack policy with two families.
+#[test]
+fn node_client_reads_both_cluster_ips_of_a_dual_stack_service() {
+    let dir = modules();
+    let srv = ApiServer::start(&["--service-cluster-ip-range", "10.96.0.0/12,fd00:10:96::/112"]).unwrap();
+    let script = dir.join("dualstack_check.mjs");
+    std::fs::copy(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/node/dualstack_check.mjs"), &script).unwrap();
+    let o = Command::new("node").arg(&script).arg(&srv.kubeconfig).env("HOME", srv.dir.path()).output().unwrap();
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "node client failed:\n{out}\n{err}");
+    assert!(out.contains("node dual-stack: ok"), "{out}");
+}
+
 /// The client's Exec, pod log and PortForward against a real lab. Root only.
 #[test]
 fn node_client_exec_logs_and_port_forward_in_a_lab() {
