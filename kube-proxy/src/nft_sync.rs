@@ -62,8 +62,7 @@ pub trait NftKernel: Send + Sync + 'static {
 #[derive(Debug, Clone, Default)]
 pub struct NftablesKernel {
     pub nft: Nft,
-    /// The table's family: `ip kube-proxy`, or `ip6 kube-proxy` for the IPv6 proxier (written
-    /// through `nft -f`: the netlink layer writes the `ip` family only).
+    /// The table's family: `ip kube-proxy`, or `ip6 kube-proxy` for the IPv6 proxier.
     pub family: NftFamily,
     /// Every transaction through `nft -f`, as text.
     pub text_only: bool,
@@ -92,9 +91,10 @@ impl NftablesKernel {
         NftablesKernel { nft, ..Default::default() }
     }
 
-    /// The kernel of the proxier of one family (IPv6: the text path).
+    /// The kernel of the proxier of one family (`ip kube-proxy` or `ip6 kube-proxy`), over
+    /// netlink.
     pub fn for_family(family: NftFamily) -> Self {
-        NftablesKernel { family, text_only: family == NftFamily::Ip6, ..Default::default() }
+        NftablesKernel { family, ..Default::default() }
     }
 
     /// How many transactions went through `nft -f`.
@@ -174,7 +174,7 @@ impl NftKernel for NftablesKernel {
         // dark meanwhile. One loaded from nothing goes in several (nothing is lost while it is
         // loading): the kernel binds each anonymous set by walking its whole transaction, so one
         // transaction of 10,000 Services in kube-proxy's layouts costs it tens of seconds.
-        if self.text_only || self.with_socket(|s| s.has_table(TABLE))? {
+        if self.text_only || self.with_socket(|s| s.has_table(self.family, TABLE))? {
             return self.apply_with(&Transaction::between(None, table).0, Some(&[]));
         }
         // Declarations and rules in parts, then the elements (nearly all of a shared-maps

@@ -287,10 +287,76 @@ fn a_table_loaded_over_netlink_lists_back_as_the_one_nft_loads() {
     assert_eq!(host_state(), before_host, "the host namespace changed");
 }
 
-/// The IPv6 proxier's table, `ip6 kube-proxy`, in every layout: nft takes it (through `nft -f`,
-/// the netlink layer writes `ip` only), lists it back as rendered, and a partial sync between
-/// two renders changes only what it says; the `ip` table of the IPv4 proxier beside it is left
-/// alone.
+/// The netlink layer's reference check for the IPv6 proxier's table (`ip6 kube-proxy`): in
+/// every layout the same ruleset loaded over netlink in one namespace and through `nft -f` in
+/// another lists back the same, word for word and object for object — from nothing (in
+/// parts), over the table, and after a partial sync (an endpoint fewer, a Service gone).
+#[test]
+fn the_ipv6_table_over_netlink_lists_back_as_the_one_nft_loads() {
+    use kube_proxy::nft_sync::{sync_changed, sync_full, NftKernel, NftablesKernel};
+    use kube_proxy::nftables::Shared;
+    if !root_or_explain() {
+        return;
+    }
+    let before_host = host_state();
+    let (text_ns, netlink_ns) = (Netns::new("pptx6"), Netns::new("ppnl6"));
+    let mut text = NftablesKernel::text(Nft::in_netns(&text_ns.name));
+    text.family = NftFamily::Ip6;
+    let mut netlink = NftablesKernel::in_netns(Nft::in_netns(&netlink_ns.name));
+    netlink.family = NftFamily::Ip6;
+    netlink.rules_per_part = 4;
+    let json = |k: &NftablesKernel| testkit::nft::listed_json(k.nft.netns.as_deref().unwrap(), "ip6", TABLE);
+    let same = |what: &str| {
+        let (a, b) = (
+            text.nft.list_table(NftFamily::Ip6, TABLE, false).unwrap(),
+            netlink.nft.list_table(NftFamily::Ip6, TABLE, false).unwrap(),
+        );
+        assert!(a.is_some(), "{what}: no table");
+        assert_eq!(b, a, "{what}: netlink (left) and nft -f (right) differ");
+        assert_eq!(json(&netlink), json(&text), "{what}: the JSON listings differ");
+        assert_eq!(netlink.nft_runs(), 0, "{what}: a transaction went to nft -f");
+        a.unwrap()
+    };
+    for layout in [Layout::Current, Layout::V134, Layout::SharedMaps] {
+        let config = NftConfig { layout, service_cidrs: vec!["fd00:10:96::/112".parse().unwrap()] };
+        // Every rule and set of the render goes over netlink (none silently through nft -f).
+        let rendered = render(&cfg_v6(), &config, &services_v6());
+        assert_eq!(nfnl::unwritable(&rendered), Vec::<String>::new(), "{layout:?}");
+        for k in [&text, &netlink] {
+            k.delete_table().unwrap_or_default();
+            sync_full(k, &cfg_v6(), &config, &services_v6()).unwrap();
+        }
+        same(&format!("{layout:?}: full load from nothing"));
+        let mut kept = vec![];
+        for k in [&text, &netlink] {
+            kept.push(sync_full(k, &cfg_v6(), &config, &services_v6()).unwrap().0);
+        }
+        let listed = same(&format!("{layout:?}: full load over the table"));
+        for shape in ["ip6 saddr != { ", "masquerade", "reject", "ip6 daddr"] {
+            assert!(listed.contains(shape), "{layout:?}: the fixture lost its {shape:?} rule\n{listed}");
+        }
+        // A partial sync, as the proxier makes one.
+        let mut next = services_v6();
+        next[0].endpoints.pop();
+        next.retain(|s| s.port.id.name != "empty");
+        for (k, table) in [&text, &netlink].into_iter().zip(kept.iter_mut()) {
+            let mut shared = Shared::of(&cfg_v6(), &config, &services_v6());
+            let (stale, _) = sync_changed(k, &cfg_v6(), &config, &mut shared, table, &services_v6(), &next)
+                .unwrap_or_else(|e| panic!("{layout:?}: {e}"));
+            let stale: Vec<String> = stale.into_iter().filter(|c| table.chain(c).is_none()).collect();
+            if !stale.is_empty() {
+                k.apply(&delete_chains(NftFamily::Ip6, TABLE, &stale)).unwrap();
+            }
+        }
+        same(&format!("{layout:?}: after a partial sync"));
+    }
+    drop((text_ns, netlink_ns));
+    assert_eq!(host_state(), before_host, "the host namespace changed");
+}
+
+/// The IPv6 proxier's table, `ip6 kube-proxy`, in every layout: nft takes it, lists it back as
+/// rendered, and a partial sync between two renders changes only what it says; the `ip` table
+/// of the IPv4 proxier beside it is left alone.
 #[test]
 fn the_ipv6_table_loads_and_lists_back_in_every_layout() {
     if !root_or_explain() {

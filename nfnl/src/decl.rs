@@ -53,6 +53,7 @@ const DATA_VERDICT: u32 = 0xffff_ff00;
 // nft's data type ids (a concatenation: each next id shifted in 6 bits at a time).
 const TYPE_INTEGER: u32 = 4;
 const TYPE_IPADDR: u32 = 7;
+const TYPE_IP6ADDR: u32 = 8;
 const TYPE_INET_PROTOCOL: u32 = 12;
 const TYPE_INET_SERVICE: u32 = 13;
 const TYPE_MARK: u32 = 19;
@@ -151,6 +152,7 @@ pub(super) fn chain(out: &mut Vec<u8>, table: &str, c: &Chain) -> Option<()> {
 fn type_name(name: &str) -> Option<(u32, u32, u32)> {
     Some(match name {
         "ipv4_addr" => (TYPE_IPADDR, 4, BYTEORDER_BIG),
+        "ipv6_addr" => (TYPE_IP6ADDR, 16, BYTEORDER_BIG),
         "inet_proto" => (TYPE_INET_PROTOCOL, 1, BYTEORDER_HOST),
         "inet_service" => (TYPE_INET_SERVICE, 2, BYTEORDER_BIG),
         "mark" => (TYPE_MARK, 4, BYTEORDER_HOST),
@@ -193,6 +195,12 @@ fn field_type(f: Field) -> Option<(u32, Vec<u8>)> {
             ud_u32(&mut d, 0, 12)?;
             ud_u32(&mut d, 1, if f == Field::IpSaddr { 11 } else { 12 })?;
             (TYPE_IPADDR, EXPR_PAYLOAD)
+        }
+        Field::Ip6Saddr | Field::Ip6Daddr => {
+            // Protocol description 13 (ip6), template 8 (saddr) or 9 (daddr).
+            ud_u32(&mut d, 0, 13)?;
+            ud_u32(&mut d, 1, if f == Field::Ip6Saddr { 8 } else { 9 })?;
+            (TYPE_IP6ADDR, EXPR_PAYLOAD)
         }
         Field::Dport(Some(6)) => {
             // Protocol description 8 (tcp), template 2 (dport).
@@ -328,7 +336,10 @@ fn anon_elements(a: &Anon) -> Vec<u8> {
                     key(e, &k.to_ne_bytes());
                     nested(e, NFTA_SET_ELEM_DATA, |d| {
                         attr_with(d, NFTA_DATA_VALUE, |v| {
-                            v.extend(addr.octets());
+                            match addr {
+                                std::net::IpAddr::V4(a) => v.extend(a.octets()),
+                                std::net::IpAddr::V6(a) => v.extend(a.octets()),
+                            }
                             v.extend(port.to_be_bytes());
                             v.extend([0, 0]);
                         })
@@ -336,27 +347,38 @@ fn anon_elements(a: &Anon) -> Vec<u8> {
                 });
             }
         }
-        AnonKind::Addresses { ranges, interval, .. } => {
-            let boundary = |list: &mut Vec<u8>, at: u64, end: bool| {
+        AnonKind::Addresses { field, ranges, interval } => {
+            let (width, last) = address_width(*field);
+            let boundary = |list: &mut Vec<u8>, at: u128, end: bool| {
                 nested(list, NFTA_LIST_ELEM, |e| {
                     if end {
                         u32be(e, NFTA_SET_ELEM_FLAGS, SET_ELEM_INTERVAL_END);
                     }
-                    key(e, &(at as u32).to_be_bytes());
+                    key(e, &at.to_be_bytes()[16 - width..]);
                 });
             };
             if *interval && ranges.first().is_some_and(|r| r.0 > 0) {
                 boundary(&mut list, 0, true);
             }
-            for &(start, end) in ranges {
-                boundary(&mut list, start, false);
-                if *interval && end <= u64::from(u32::MAX) {
-                    boundary(&mut list, end, true);
+            for &(first, end) in ranges {
+                boundary(&mut list, first, false);
+                // A range that reaches the family's last address has no end element.
+                if *interval && end < last {
+                    boundary(&mut list, end + 1, true);
                 }
             }
         }
     }
     list
+}
+
+/// An address field's length in bytes and the family's last address as a number.
+fn address_width(f: Field) -> (usize, u128) {
+    if f.is_v6() {
+        (16, u128::MAX)
+    } else {
+        (4, u128::from(u32::MAX))
+    }
 }
 
 /// The number of elements [`anon_elements`] writes.
@@ -365,9 +387,10 @@ fn anon_size(a: &Anon) -> u32 {
         AnonKind::Verdicts(v) => v.len() as u32,
         AnonKind::AddressPorts(v) => v.len() as u32,
         AnonKind::Addresses { ranges, interval: false, .. } => ranges.len() as u32,
-        AnonKind::Addresses { ranges, interval: true, .. } => {
+        AnonKind::Addresses { field, ranges, interval: true } => {
             let lead = u32::from(ranges.first().is_some_and(|r| r.0 > 0));
-            let ends = ranges.iter().filter(|r| r.1 <= u64::from(u32::MAX)).count() as u32;
+            let last = address_width(*field).1;
+            let ends = ranges.iter().filter(|r| r.1 < last).count() as u32;
             lead + ranges.len() as u32 + ends
         }
     }
@@ -385,12 +408,19 @@ pub(super) fn anon(table: &str, a: &Anon) -> Option<(Vec<u8>, Vec<u8>)> {
             u32be(&mut out, NFTA_SET_FLAGS, SET_ANONYMOUS | SET_CONSTANT | SET_MAP);
             u32be(&mut out, NFTA_SET_KEY_TYPE, TYPE_INTEGER);
             u32be(&mut out, NFTA_SET_KEY_LEN, 4);
-            if verdicts {
-                u32be(&mut out, NFTA_SET_DATA_TYPE, DATA_VERDICT);
-                u32be(&mut out, NFTA_SET_DATA_LEN, 0);
-            } else {
-                u32be(&mut out, NFTA_SET_DATA_TYPE, (TYPE_IPADDR << TYPE_BITS) | TYPE_INET_SERVICE);
-                u32be(&mut out, NFTA_SET_DATA_LEN, 8);
+            match &a.kind {
+                AnonKind::AddressPorts(entries) if entries.first().is_some_and(|e| e.1.is_ipv6()) => {
+                    u32be(&mut out, NFTA_SET_DATA_TYPE, (TYPE_IP6ADDR << TYPE_BITS) | TYPE_INET_SERVICE);
+                    u32be(&mut out, NFTA_SET_DATA_LEN, 20);
+                }
+                AnonKind::AddressPorts(_) => {
+                    u32be(&mut out, NFTA_SET_DATA_TYPE, (TYPE_IPADDR << TYPE_BITS) | TYPE_INET_SERVICE);
+                    u32be(&mut out, NFTA_SET_DATA_LEN, 8);
+                }
+                _ => {
+                    u32be(&mut out, NFTA_SET_DATA_TYPE, DATA_VERDICT);
+                    u32be(&mut out, NFTA_SET_DATA_LEN, 0);
+                }
             }
             ud_u32(&mut u, UDATA_SET_KEYBYTEORDER, BYTEORDER_HOST)?;
             ud_u32(&mut u, UDATA_SET_DATABYTEORDER, BYTEORDER_INVALID)?;
@@ -405,14 +435,14 @@ pub(super) fn anon(table: &str, a: &Anon) -> Option<(Vec<u8>, Vec<u8>)> {
         AnonKind::Addresses { field, interval, .. } => {
             let flags = SET_ANONYMOUS | SET_CONSTANT | if *interval { SET_INTERVAL } else { 0 };
             u32be(&mut out, NFTA_SET_FLAGS, flags);
-            u32be(&mut out, NFTA_SET_KEY_TYPE, TYPE_IPADDR);
-            u32be(&mut out, NFTA_SET_KEY_LEN, 4);
+            let (width, _) = address_width(*field);
+            u32be(&mut out, NFTA_SET_KEY_TYPE, if field.is_v6() { TYPE_IP6ADDR } else { TYPE_IPADDR });
+            u32be(&mut out, NFTA_SET_KEY_LEN, width as u32);
             ud_u32(&mut u, UDATA_SET_KEYBYTEORDER, BYTEORDER_BIG)?;
             if *interval {
                 ud_u32(&mut u, UDATA_SET_MERGE_ELEMENTS, 1)?;
             }
-            let f = if *field == 11 { Field::IpSaddr } else { Field::IpDaddr };
-            ud(&mut u, UDATA_SET_KEY_TYPEOF, &field_type(f)?.1)?;
+            ud(&mut u, UDATA_SET_KEY_TYPEOF, &field_type(*field)?.1)?;
         }
     }
     u32be(&mut out, NFTA_SET_ID, a.id);
@@ -466,14 +496,29 @@ mod tests {
             id: 3,
             name: "__set%d".into(),
             kind: AnonKind::Addresses {
-                field: 11,
-                ranges: vec![(0x0a00_0000, 0x0b00_0000), (0xffff_ff00, 1 << 32)],
+                field: Field::IpSaddr,
+                ranges: vec![(0x0a00_0000, 0x0aff_ffff), (0xffff_ff00, 0xffff_ffff)],
                 interval: true,
             },
         };
         // 0.0.0.0 end, 10.0.0.0, 11.0.0.0 end, 255.255.255.0 (reaching the last address: no end).
         assert_eq!(anon_size(&a), 4);
-        assert!(anon("t", &a).is_some());
+        let (_, elements) = anon("t", &a).unwrap();
+        assert!(elements.windows(4).any(|w| w == [0x0b, 0, 0, 0]), "11.0.0.0 as an end");
+        // IPv6: 16-byte boundaries, `::` as the leading end.
+        let six = Anon {
+            id: 4,
+            name: "__set%d".into(),
+            kind: AnonKind::Addresses {
+                field: Field::Ip6Saddr,
+                ranges: vec![(0xfd00_u128 << 112, (0xfd00_u128 << 112) | ((1 << 72) - 1))],
+                interval: true,
+            },
+        };
+        assert_eq!(anon_size(&six), 3);
+        let (_, elements) = anon("t", &six).unwrap();
+        let end: [u8; 16] = ((0xfd00_u128 << 112) + (1 << 72)).to_be_bytes();
+        assert!(elements.windows(16).any(|w| w == end), "fd00:0:0:100:: as the end");
     }
 
     #[test]

@@ -14,7 +14,7 @@
 //! host order; a verdict is a code and a chain name; a comment is nftables' user-data record.
 //!
 //! What it is not: a general nftables library. It writes the forms the proxy and the
-//! NetworkPolicy printers use (IPv4, the `ip` family) and nothing else; whatever it cannot
+//! NetworkPolicy printers use (the `ip` and `ip6` families) and nothing else; whatever it cannot
 //! write makes [`encode`] give `None` (and [`unwritable`] says what), so the caller uses
 //! `nft -f` — never a guess. It reads nothing back but acknowledgements, the generation and a
 //! table's existence: listing stays `nft`'s job.
@@ -22,9 +22,9 @@
 //! Its proof is the kernel's: `tests/roundtrip.rs` loads tables both ways (this crate and
 //! `nft -f`) in two network namespaces and compares `nft list` and `nft -j list`.
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
-use podpath_ruleset::nft::{Element, NftTable, Op, Set, Transaction};
+use podpath_ruleset::nft::{Element, NftFamily, NftTable, Op, Set, Transaction};
 
 mod decl;
 mod error;
@@ -60,6 +60,7 @@ const NFTA_RULE_EXPRESSIONS: u16 = 4;
 const NFTA_RULE_USERDATA: u16 = 7;
 const NFTNL_UDATA_RULE_COMMENT: u8 = 0;
 const NFPROTO_IPV4: u8 = 2;
+const NFPROTO_IPV6: u8 = 10;
 const NLA_F_NESTED: u16 = 0x8000;
 const NFTA_SET_ELEM_LIST_TABLE: u16 = 1;
 const NFTA_SET_ELEM_LIST_SET: u16 = 2;
@@ -71,10 +72,19 @@ const NFTA_SET_ELEM_USERDATA: u16 = 6;
 const NFTA_DATA_VALUE: u16 = 1;
 const NFTNL_UDATA_SET_ELEM_COMMENT: u8 = 0;
 
+/// A table family's number in nfgenmsg.
+fn family_number(f: NftFamily) -> u8 {
+    match f {
+        NftFamily::Ip => NFPROTO_IPV4,
+        NftFamily::Ip6 => NFPROTO_IPV6,
+    }
+}
+
 /// One field of a key or value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Field {
     Ipv4,
+    Ipv6,
     Proto,
     Port,
     /// A 32-bit integer in host order (`numgen`, `mark`).
@@ -88,6 +98,7 @@ fn fields(declared: &str) -> Option<Vec<Field>> {
         .split(" . ")
         .map(|f| match f.trim() {
             "ipv4_addr" | "ip daddr" | "ip saddr" => Some(Field::Ipv4),
+            "ipv6_addr" | "ip6 daddr" | "ip6 saddr" => Some(Field::Ipv6),
             "inet_proto" | "meta l4proto" => Some(Field::Proto),
             "inet_service" | "th dport" | "tcp dport" | "udp dport" | "sctp dport" => Some(Field::Port),
             "mark" => Some(Field::HostU32),
@@ -114,6 +125,7 @@ fn value_into<S: AsRef<str>>(out: &mut Vec<u8>, fields: &[Field], parts: &[S]) -
         let p = p.as_ref().trim();
         match f {
             Field::Ipv4 => out.extend(p.parse::<Ipv4Addr>().ok()?.octets()),
+            Field::Ipv6 => out.extend(p.parse::<Ipv6Addr>().ok()?.octets()),
             Field::Proto => {
                 let n: u8 = match p {
                     "tcp" => 6,
@@ -244,6 +256,7 @@ pub fn encodable(set: &Set) -> bool {
 /// only fills the receive queue), end.
 struct Batch<'a> {
     table: &'a str,
+    family: u8,
     out: Vec<u8>,
     seq: u32,
     n: u32,
@@ -252,17 +265,17 @@ struct Batch<'a> {
 }
 
 impl<'a> Batch<'a> {
-    fn new(table: &'a str, seq: u32) -> Self {
+    fn new(table: &'a str, family: NftFamily, seq: u32) -> Self {
         let mut out = Vec::new();
         message(&mut out, NFNL_MSG_BATCH_BEGIN, NLM_F_REQUEST, seq, 0, NFNL_SUBSYS_NFTABLES, &[]);
-        Batch { table, out, seq, n: 0, last: 0 }
+        Batch { table, family: family_number(family), out, seq, n: 0, last: 0 }
     }
 
     fn message(&mut self, kind: u16, flags: u16, body: &[u8]) {
         self.n += 1;
         self.last = self.out.len();
         let seq = self.seq.wrapping_add(self.n);
-        message(&mut self.out, (NFNL_SUBSYS_NFTABLES << 8) | kind, flags, seq, NFPROTO_IPV4, 0, body);
+        message(&mut self.out, (NFNL_SUBSYS_NFTABLES << 8) | kind, flags, seq, self.family, 0, body);
     }
 
     /// Adds (or deletes) `elements` of `set`, as many messages as their size needs.
@@ -346,7 +359,7 @@ pub fn skeleton(table: &NftTable) -> NftTable {
 /// The batch adding every element of `table`'s sets that this layer writes (numbered from
 /// `seq + 1`); None when there are none.
 pub fn encode_elements(table: &NftTable, seq: u32) -> Option<(Vec<u8>, u32)> {
-    let mut batch = Batch::new(&table.name, seq);
+    let mut batch = Batch::new(&table.name, table.family, seq);
     for s in &table.sets {
         if let Some(layout) = Layout::of(s) {
             batch.elements(s, &layout, true, s.elements.values())?;
@@ -372,9 +385,9 @@ pub fn encode(tx: &Transaction, sets: &[Set], seq: u32) -> Option<(Vec<u8>, u32)
         attr(body, 1, &strz(table));
         attr(body, kind, &strz(name));
     };
-    let mut batch = Batch::new(table, seq);
+    let mut batch = Batch::new(table, tx.family, seq);
     // Set ids, numbered in the batch: named sets' and anonymous ones' (named after the batch).
-    let mut ids = rule::Ids::tagged(format!("pp{:x}-", seq));
+    let mut ids = rule::Ids::tagged(format!("pp{:x}-", seq), tx.family == NftFamily::Ip6);
     let mut named_ids = 0u32;
     let mut i = 0;
     while i < tx.ops.len() {
@@ -445,7 +458,7 @@ pub fn unwritable(table: &NftTable) -> Vec<String> {
     let mut out = vec![];
     for c in &table.chains {
         for r in &c.rules {
-            if rule::compile(r, &mut rule::Ids::default()).is_none() {
+            if rule::compile(r, &mut rule::Ids::of_family(table.family == NftFamily::Ip6)).is_none() {
                 out.push(format!("chain {}: {r}", c.name));
             }
         }
@@ -553,15 +566,15 @@ impl Socket {
         }
     }
 
-    /// Whether this namespace holds the `ip` table `name`.
-    pub fn has_table(&mut self, name: &str) -> Result<bool> {
+    /// Whether this namespace holds the table `name` of `family`.
+    pub fn has_table(&mut self, family: NftFamily, name: &str) -> Result<bool> {
         let seq = self.seq;
         self.seq = seq.wrapping_add(1);
         let mut body = vec![];
         attr(&mut body, 1, &strz(name));
         let mut msg = vec![];
         let kind = (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETTABLE;
-        message(&mut msg, kind, NLM_F_REQUEST | NLM_F_ACK, seq, NFPROTO_IPV4, 0, &body);
+        message(&mut msg, kind, NLM_F_REQUEST | NLM_F_ACK, seq, family_number(family), 0, &body);
         self.sock.send(&msg, 0).map_err(|e| io("send", e))?;
         let mut buf = vec![0u8; 8192];
         let mut found = false;

@@ -11,7 +11,7 @@
 //! shorter load): so `nft list` prints a table loaded this way exactly as one loaded by `nft -f`,
 //! which the root test `nftables_netlink_root` checks. Pure.
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, SocketAddr};
 
 use super::{attr, nested, strz};
 
@@ -40,6 +40,7 @@ const CMP_NEQ: u32 = 1;
 const LOOKUP_F_INV: u32 = 1;
 const NAT_DNAT: u32 = 1;
 const NFPROTO_IPV4: u32 = 2;
+const NFPROTO_IPV6: u32 = 10;
 const NAT_RANGE_PROTO_SPECIFIED: u32 = 0x2;
 const NAT_RANGE_PROTO_RANDOM_FULLY: u32 = 0x10;
 const NG_RANDOM: u32 = 1;
@@ -107,11 +108,17 @@ pub(super) struct Ids {
     last: u32,
     /// None: nft's templates.
     tag: Option<String>,
+    /// The table is `ip6`: what a family-less word means (`reject`'s ICMPv6 code).
+    pub v6: bool,
 }
 
 impl Ids {
-    pub fn tagged(tag: String) -> Ids {
-        Ids { last: 0, tag: Some(tag) }
+    pub fn tagged(tag: String, v6: bool) -> Ids {
+        Ids { last: 0, tag: Some(tag), v6 }
+    }
+    /// nft's templates, in a table of `v6`'s family.
+    pub fn of_family(v6: bool) -> Ids {
+        Ids { v6, ..Default::default() }
     }
     fn next(&mut self, map: bool) -> (u32, String) {
         self.last += 1;
@@ -128,12 +135,12 @@ impl Ids {
 pub(super) enum AnonKind {
     /// `numgen … vmap { 0 : goto a , … }`.
     Verdicts(Vec<(u32, Verdict)>),
-    /// `numgen … map { 0 : 10.0.0.1 . 80 , … }`.
-    AddressPorts(Vec<(u32, Ipv4Addr, u16)>),
-    /// `ip saddr { … }`: the field (nft's template id: 11 saddr, 12 daddr) and the address
-    /// ranges, half open (`end` 2³² for one that reaches the last address), sorted and merged;
-    /// `interval` when one is a prefix shorter than /32.
-    Addresses { field: u32, ranges: Vec<(u64, u64)>, interval: bool },
+    /// `numgen … map { 0 : 10.0.0.1 . 80 , … }` (addresses of one family).
+    AddressPorts(Vec<(u32, IpAddr, u16)>),
+    /// `ip saddr { … }` or `ip6 saddr { … }`: the field and the address ranges, first and
+    /// last address of each (as numbers), sorted and merged; `interval` when one is a prefix
+    /// shorter than a whole address.
+    Addresses { field: Field, ranges: Vec<(u128, u128)>, interval: bool },
 }
 
 /// A compiled rule: its expressions (the payload of `NFTA_RULE_EXPRESSIONS`), the anonymous
@@ -193,6 +200,8 @@ impl<'a> Tokens<'a> {
 pub(super) enum Field {
     IpSaddr,
     IpDaddr,
+    Ip6Saddr,
+    Ip6Daddr,
     L4proto,
     /// `th dport` (None) or a protocol's own (`tcp dport`: the protocol number).
     Dport(Option<u8>),
@@ -204,6 +213,8 @@ impl Field {
         Some(match (t.next()?, t.next()?) {
             ("ip", "saddr") => Field::IpSaddr,
             ("ip", "daddr") => Field::IpDaddr,
+            ("ip6", "saddr") => Field::Ip6Saddr,
+            ("ip6", "daddr") => Field::Ip6Daddr,
             ("meta", "l4proto") => Field::L4proto,
             ("th", "dport") => Field::Dport(None),
             (p, "dport") => Field::Dport(Some(proto(p)?)),
@@ -218,14 +229,17 @@ impl Field {
     pub(super) fn len(self) -> usize {
         match self {
             Field::IpSaddr | Field::IpDaddr | Field::Numgen(_) => 4,
+            Field::Ip6Saddr | Field::Ip6Daddr => 16,
             Field::L4proto => 1,
             Field::Dport(_) => 2,
         }
     }
     fn load(self, out: &mut Vec<u8>, dreg: u32) {
         match self {
-            Field::IpSaddr => payload(out, dreg, PAYLOAD_NETWORK, 12, 4),
-            Field::IpDaddr => payload(out, dreg, PAYLOAD_NETWORK, 16, 4),
+            Field::IpSaddr | Field::IpDaddr | Field::Ip6Saddr | Field::Ip6Daddr => {
+                let (offset, len) = self.address().expect("an address field");
+                payload(out, dreg, PAYLOAD_NETWORK, offset, len)
+            }
             Field::L4proto => meta_load(out, dreg, META_L4PROTO),
             Field::Dport(_) => payload(out, dreg, PAYLOAD_TRANSPORT, 2, 2),
             Field::Numgen(m) => expr(out, "numgen", |d| {
@@ -235,6 +249,22 @@ impl Field {
                 u32attr(d, 4, 0);
             }),
         }
+    }
+}
+
+impl Field {
+    /// An address field's offset in the network header and its length.
+    pub(super) fn address(self) -> Option<(u32, u32)> {
+        Some(match self {
+            Field::IpSaddr => (12, 4),
+            Field::IpDaddr => (16, 4),
+            Field::Ip6Saddr => (8, 16),
+            Field::Ip6Daddr => (24, 16),
+            _ => return None,
+        })
+    }
+    pub(super) fn is_v6(self) -> bool {
+        matches!(self, Field::Ip6Saddr | Field::Ip6Daddr)
     }
 }
 
@@ -304,14 +334,14 @@ fn cmp(out: &mut Vec<u8>, op: u32, data: &[u8]) {
     });
 }
 
-/// `reg 1 = (reg 1 & mask) ^ xor`, four bytes.
-fn bitwise(out: &mut Vec<u8>, mask: [u8; 4], xor: [u8; 4]) {
+/// `reg 1 = (reg 1 & mask) ^ xor`, as many bytes as the mask.
+fn bitwise(out: &mut Vec<u8>, mask: &[u8], xor: &[u8]) {
     expr(out, "bitwise", |d| {
         u32attr(d, 1, REG_1);
         u32attr(d, 2, REG_1);
-        u32attr(d, 3, 4);
-        value(d, 4, &mask);
-        value(d, 5, &xor);
+        u32attr(d, 3, mask.len() as u32);
+        value(d, 4, mask);
+        value(d, 5, xor);
     });
 }
 
@@ -345,10 +375,10 @@ fn verdict(out: &mut Vec<u8>, v: &Verdict) {
     });
 }
 
-fn dnat(out: &mut Vec<u8>, proto_reg: u32, flags: Option<u32>) {
+fn dnat(out: &mut Vec<u8>, v6: bool, proto_reg: u32, flags: Option<u32>) {
     expr(out, "nat", |d| {
         u32attr(d, 1, NAT_DNAT);
-        u32attr(d, 2, NFPROTO_IPV4);
+        u32attr(d, 2, if v6 { NFPROTO_IPV6 } else { NFPROTO_IPV4 });
         u32attr(d, 3, REG_1);
         u32attr(d, 5, proto_reg);
         if let Some(f) = flags {
@@ -371,19 +401,61 @@ impl SetRef {
     }
 }
 
-/// `a.b.c.d` or `a.b.c.d/n` as a half-open range of addresses and its prefix length.
-fn prefix(text: &str) -> Option<(Ipv4Addr, u8)> {
+/// An address or a prefix (`a.b.c.d/n`, `fd00::/56`) of the family `v6` says: the first
+/// address and the prefix length.
+fn prefix(text: &str, v6: bool) -> Option<(IpAddr, u8)> {
     let (addr, len) = match text.split_once('/') {
-        Some((a, l)) => (a.parse::<Ipv4Addr>().ok()?, l.parse::<u8>().ok().filter(|l| *l <= 32)?),
-        None => (text.parse().ok()?, 32),
+        Some((a, l)) => (a.parse::<IpAddr>().ok()?, l.parse::<u8>().ok()?),
+        None => {
+            let a = text.parse::<IpAddr>().ok()?;
+            (a, if a.is_ipv6() { 128 } else { 32 })
+        }
     };
-    let mask = if len == 0 { 0 } else { u32::MAX << (32 - len) };
-    Some((Ipv4Addr::from(u32::from(addr) & mask), len))
+    let bits = if addr.is_ipv6() { 128 } else { 32 };
+    if addr.is_ipv6() != v6 || len > bits {
+        return None;
+    }
+    let (first, _) = range((addr, len));
+    let first = if v6 { IpAddr::from(first.to_be_bytes()) } else { IpAddr::from((first as u32).to_be_bytes()) };
+    Some((first, len))
 }
 
-fn range((addr, len): (Ipv4Addr, u8)) -> (u64, u64) {
-    let start = u64::from(u32::from(addr));
-    (start, start + (1u64 << (32 - len)))
+/// An address as a number.
+fn number_of(addr: IpAddr) -> u128 {
+    match addr {
+        IpAddr::V4(a) => u128::from(u32::from(a)),
+        IpAddr::V6(a) => u128::from(a),
+    }
+}
+
+/// A prefix's first and last address, as numbers.
+fn range((addr, len): (IpAddr, u8)) -> (u128, u128) {
+    let bits: u32 = if addr.is_ipv6() { 128 } else { 32 };
+    let host = bits - u32::from(len);
+    let span = if host == 128 { u128::MAX } else { (1u128 << host) - 1 };
+    let first = number_of(addr) & !span;
+    (first, first | span)
+}
+
+/// The bytes of the network-order mask of a prefix of `len` bits in an address of `bytes`.
+fn mask_bytes(len: u8, bytes: usize) -> Vec<u8> {
+    (0..bytes)
+        .map(|i| {
+            let bits = (u32::from(len)).saturating_sub(8 * i as u32).min(8);
+            if bits == 0 {
+                0
+            } else {
+                0xffu8 << (8 - bits)
+            }
+        })
+        .collect()
+}
+
+fn octets(addr: IpAddr) -> Vec<u8> {
+    match addr {
+        IpAddr::V4(a) => a.octets().to_vec(),
+        IpAddr::V6(a) => a.octets().to_vec(),
+    }
 }
 
 /// Compiles `text`; `ids` numbers the anonymous sets it declares (shared by a whole batch).
@@ -410,7 +482,7 @@ pub(super) fn compile(text: &str, ids: &mut Ids) -> Option<Rule> {
                     u32attr(d, 2, key);
                     u32attr(d, 1, REG_1);
                 });
-                bitwise(out, bits.to_ne_bytes(), [0; 4]);
+                bitwise(out, &bits.to_ne_bytes(), &[0; 4]);
                 cmp(out, CMP_NEQ, &[0; 4]);
             }
             "mark" => {
@@ -425,7 +497,7 @@ pub(super) fn compile(text: &str, ids: &mut Ids) -> Option<Rule> {
                         };
                         let v = number(t.next()?)?;
                         meta_load(out, REG_1, META_MARK);
-                        bitwise(out, mask.to_ne_bytes(), [0; 4]);
+                        bitwise(out, &mask.to_ne_bytes(), &[0; 4]);
                         cmp(out, op, &v.to_ne_bytes());
                     }
                     "set" => {
@@ -437,7 +509,7 @@ pub(super) fn compile(text: &str, ids: &mut Ids) -> Option<Rule> {
                             _ => return None,
                         };
                         meta_load(out, REG_1, META_MARK);
-                        bitwise(out, mask.to_ne_bytes(), xor.to_ne_bytes());
+                        bitwise(out, &mask.to_ne_bytes(), &xor.to_ne_bytes());
                         expr(out, "meta", |d| {
                             u32attr(d, 2, META_MARK);
                             u32attr(d, 3, REG_1);
@@ -472,10 +544,11 @@ pub(super) fn compile(text: &str, ids: &mut Ids) -> Option<Rule> {
             }
             "reject" => {
                 t.next();
-                // nft's default for `ip`: ICMP port unreachable.
+                // nft's default: ICMP port unreachable (code 3), ICMPv6's in `ip6` (code 4).
+                let code = if ids.v6 { 4 } else { 3 };
                 expr(out, "reject", |d| {
                     u32attr(d, 1, 0);
-                    attr(d, 2, &[3]);
+                    attr(d, 2, &[code]);
                 });
             }
             "update" => {
@@ -484,7 +557,7 @@ pub(super) fn compile(text: &str, ids: &mut Ids) -> Option<Rule> {
                 t.expect("{")?;
                 let field = Field::parse(&mut t)?;
                 t.expect("}")?;
-                if field != Field::IpSaddr && field != Field::IpDaddr {
+                if field.address().is_none() || field.is_v6() != ids.v6 {
                     return None;
                 }
                 field.load(out, REG_1);
@@ -498,7 +571,7 @@ pub(super) fn compile(text: &str, ids: &mut Ids) -> Option<Rule> {
                 t.next();
                 compile_dnat(&mut t, out, &mut rule.sets, ids)?;
             }
-            "ip" | "meta" | "th" | "tcp" | "udp" | "sctp" | "numgen" => {
+            "ip" | "ip6" | "meta" | "th" | "tcp" | "udp" | "sctp" | "numgen" => {
                 compile_match(&mut t, out, &mut rule.sets, ids)?;
             }
             _ => return None,
@@ -542,44 +615,55 @@ fn ct_bits(list: &str, bit: fn(&str) -> Option<u32>) -> Option<u32> {
     list.split(',').try_fold(0, |acc, s| Some(acc | bit(s)?))
 }
 
-/// `dnat to A:P`, `dnat ip addr . port to numgen … map { … }`, `dnat ip to KEY map @SET`.
+/// `dnat to A:P` (`[A6]:P`), `dnat ip addr . port to numgen … map { … }`, `dnat ip to KEY
+/// map @SET`, and the same with `ip6`.
 fn compile_dnat(t: &mut Tokens, out: &mut Vec<u8>, sets: &mut Vec<Anon>, ids: &mut Ids) -> Option<()> {
     match t.next()? {
         "to" => {
-            let (a, p) = t.next()?.split_once(':')?;
-            let (addr, port) = (a.parse::<Ipv4Addr>().ok()?, p.parse::<u16>().ok()?);
-            immediate(out, REG_1, &addr.octets());
-            immediate(out, REG_2, &port.to_be_bytes());
-            dnat(out, REG_2, Some(NAT_RANGE_PROTO_SPECIFIED));
+            let to = t.next()?.parse::<SocketAddr>().ok()?;
+            if to.is_ipv6() != ids.v6 {
+                return None;
+            }
+            immediate(out, REG_1, &octets(to.ip()));
+            immediate(out, REG_2, &to.port().to_be_bytes());
+            dnat(out, ids.v6, REG_2, Some(NAT_RANGE_PROTO_SPECIFIED));
         }
-        "ip" => match t.next()? {
-            "addr" => {
-                for w in [".", "port", "to"] {
-                    t.expect(w)?;
+        family @ ("ip" | "ip6") => {
+            let v6 = family == "ip6";
+            if v6 != ids.v6 {
+                return None;
+            }
+            // The address in register 1, the port in the 32-bit register after it.
+            let port_reg = REG32_00 + if v6 { 4 } else { 1 };
+            match t.next()? {
+                "addr" => {
+                    for w in [".", "port", "to"] {
+                        t.expect(w)?;
+                    }
+                    let Field::Numgen(m) = Field::parse(t)? else { return None };
+                    t.expect("map")?;
+                    t.expect("{")?;
+                    let entries = braced(t, |t| {
+                        let key: u32 = t.next()?.parse().ok()?;
+                        t.expect(":")?;
+                        let addr = t.next()?.parse::<IpAddr>().ok().filter(|a| a.is_ipv6() == v6)?;
+                        t.expect(".")?;
+                        Some((key, addr, t.next()?.parse::<u16>().ok()?))
+                    })?;
+                    numgen_map(out, sets, ids, m, AnonKind::AddressPorts(entries), REG_1);
+                    dnat(out, v6, port_reg, None);
                 }
-                let Field::Numgen(m) = Field::parse(t)? else { return None };
-                t.expect("map")?;
-                t.expect("{")?;
-                let entries = braced(t, |t| {
-                    let key: u32 = t.next()?.parse().ok()?;
-                    t.expect(":")?;
-                    let addr = t.next()?.parse::<Ipv4Addr>().ok()?;
-                    t.expect(".")?;
-                    Some((key, addr, t.next()?.parse::<u16>().ok()?))
-                })?;
-                numgen_map(out, sets, ids, m, AnonKind::AddressPorts(entries), REG_1);
-                dnat(out, REG32_00 + 1, None);
+                "to" => {
+                    let fields = concat(t)?;
+                    t.expect("map")?;
+                    let set = t.next()?.strip_prefix('@')?.to_string();
+                    load_concat(out, &fields);
+                    lookup(out, &SetRef::Named(set), Some(REG_1), false);
+                    dnat(out, v6, port_reg, None);
+                }
+                _ => return None,
             }
-            "to" => {
-                let fields = concat(t)?;
-                t.expect("map")?;
-                let set = t.next()?.strip_prefix('@')?.to_string();
-                load_concat(out, &fields);
-                lookup(out, &SetRef::Named(set), Some(REG_1), false);
-                dnat(out, REG32_00 + 1, None);
-            }
-            _ => return None,
-        },
+        }
         _ => return None,
     }
     Some(())
@@ -658,7 +742,11 @@ fn compile_match(t: &mut Tokens, out: &mut Vec<u8>, sets: &mut Vec<Anon>, ids: &
             }
             let op = if negate { CMP_NEQ } else { CMP_EQ };
             match field {
-                Field::IpSaddr | Field::IpDaddr => {
+                Field::IpSaddr | Field::IpDaddr | Field::Ip6Saddr | Field::Ip6Daddr => {
+                    let v6 = field.is_v6();
+                    if v6 != ids.v6 {
+                        return None;
+                    }
                     if let Some(set) = t.peek().and_then(|w| w.strip_prefix('@')) {
                         t.next();
                         field.load(out, REG_1);
@@ -667,22 +755,22 @@ fn compile_match(t: &mut Tokens, out: &mut Vec<u8>, sets: &mut Vec<Anon>, ids: &
                     }
                     let prefixes = if t.peek() == Some("{") {
                         t.next();
-                        braced(t, |t| prefix(t.next()?))?
+                        braced(t, |t| prefix(t.next()?, v6))?
                     } else {
-                        vec![prefix(t.next()?)?]
+                        vec![prefix(t.next()?, v6)?]
                     };
-                    let tmpl = if field == Field::IpSaddr { 11 } else { 12 };
+                    let whole = if v6 { 128 } else { 32 };
                     if let [(addr, len)] = prefixes[..] {
                         // A one-element set is a comparison, as nft makes it.
                         address_match(out, field, addr, len, op);
                     } else {
-                        let interval = prefixes.iter().any(|(_, l)| *l < 32);
-                        let mut ranges: Vec<(u64, u64)> = prefixes.into_iter().map(range).collect();
+                        let interval = prefixes.iter().any(|(_, l)| *l < whole);
+                        let mut ranges: Vec<(u128, u128)> = prefixes.into_iter().map(range).collect();
                         ranges.sort();
-                        let mut merged: Vec<(u64, u64)> = vec![];
+                        let mut merged: Vec<(u128, u128)> = vec![];
                         for r in ranges {
                             match merged.last_mut() {
-                                Some(last) if interval && r.0 <= last.1 => last.1 = last.1.max(r.1),
+                                Some(last) if interval && r.0 <= last.1.saturating_add(1) => last.1 = last.1.max(r.1),
                                 Some(last) if !interval && r == *last => {}
                                 _ => merged.push(r),
                             }
@@ -690,7 +778,7 @@ fn compile_match(t: &mut Tokens, out: &mut Vec<u8>, sets: &mut Vec<Anon>, ids: &
                         field.load(out, REG_1);
                         let (id, name) = ids.next(false);
                         lookup(out, &SetRef::Anon(id, name.clone()), None, negate);
-                        let kind = AnonKind::Addresses { field: tmpl, ranges: merged, interval };
+                        let kind = AnonKind::Addresses { field, ranges: merged, interval };
                         sets.push(Anon { id, name, kind });
                     }
                 }
@@ -713,17 +801,16 @@ fn compile_match(t: &mut Tokens, out: &mut Vec<u8>, sets: &mut Vec<Anon>, ids: &
 
 /// An address or prefix compared as nft compares it: whole bytes loaded alone, other prefix
 /// lengths masked.
-fn address_match(out: &mut Vec<u8>, field: Field, addr: Ipv4Addr, len: u8, op: u32) {
-    let offset = if field == Field::IpSaddr { 12 } else { 16 };
-    let o = addr.octets();
+fn address_match(out: &mut Vec<u8>, field: Field, addr: IpAddr, len: u8, op: u32) {
+    let (offset, size) = field.address().expect("an address field");
+    let o = octets(addr);
     if len.is_multiple_of(8) && len > 0 {
         let n = usize::from(len / 8);
         payload(out, REG_1, PAYLOAD_NETWORK, offset, n as u32);
         cmp(out, op, &o[..n]);
     } else {
-        let mask = if len == 0 { 0 } else { u32::MAX << (32 - len) };
-        payload(out, REG_1, PAYLOAD_NETWORK, offset, 4);
-        bitwise(out, mask.to_be_bytes(), [0; 4]);
+        payload(out, REG_1, PAYLOAD_NETWORK, offset, size);
+        bitwise(out, &mask_bytes(len, size as usize), &vec![0; size as usize]);
         cmp(out, op, &o);
     }
 }
@@ -788,7 +875,7 @@ mod tests {
 
     #[test]
     fn anonymous_sets_are_numbered_merged_and_kept_with_the_rule() {
-        let mut ids = Ids::tagged("t1-".into());
+        let mut ids = Ids::tagged("t1-".into(), false);
         compile("ip saddr != { 10.0.0.1, 10.0.0.2 } drop", &mut ids).unwrap();
         let r = compile("ip saddr != { 10.1.0.0/16, 10.0.0.0/8, 192.168.1.0/24 } drop", &mut ids).unwrap();
         assert_eq!(
@@ -797,8 +884,8 @@ mod tests {
                 id: 2,
                 name: "__t1-2".into(),
                 kind: AnonKind::Addresses {
-                    field: 11,
-                    ranges: vec![(0x0a00_0000, 0x0b00_0000), (0xc0a8_0100, 0xc0a8_0200)],
+                    field: Field::IpSaddr,
+                    ranges: vec![(0x0a00_0000, 0x0aff_ffff), (0xc0a8_0100, 0xc0a8_01ff)],
                     interval: true
                 }
             }]
@@ -812,13 +899,51 @@ mod tests {
     fn a_prefix_compares_whole_bytes_alone_and_masks_the_rest() {
         assert_eq!(names(&c("ip saddr 10.0.0.0/8 goto x")), ["payload", "cmp", "immediate"]);
         assert_eq!(names(&c("ip saddr 10.240.0.0/12 goto x")), ["payload", "bitwise", "cmp", "immediate"]);
-        assert_eq!(prefix("10.250.1.1/12"), Some(("10.240.0.0".parse().unwrap(), 12)), "host bits cleared");
+        assert_eq!(prefix("10.250.1.1/12", false), Some(("10.240.0.0".parse().unwrap(), 12)), "host bits cleared");
+        assert_eq!(prefix("fd00:10:244:1::5/56", true), Some(("fd00:10:244::".parse().unwrap(), 56)));
+        assert_eq!(prefix("fd00::1", false), None, "the table's family only");
+        assert_eq!(mask_bytes(12, 4), [0xff, 0xf0, 0, 0]);
+    }
+
+    /// An `ip6` table's rules: 16-byte addresses (a concatenation's next field four 32-bit
+    /// registers on), ICMPv6's reject code, the IPv6 NAT family; an `ip` word refused there.
+    #[test]
+    fn the_ip6_family_compiles_its_own_words() {
+        let c6 = |text: &str| compile(text, &mut Ids::of_family(true));
+        let cases: &[(&str, &[&str])] = &[
+            ("ip6 daddr . meta l4proto . th dport vmap @service-ips", &["payload", "meta", "payload", "lookup"]),
+            ("ip6 saddr fd00:10:244::/56 goto x", &["payload", "cmp", "immediate"]),
+            ("ip6 daddr { fd00:10:96::/112 } drop", &["payload", "cmp", "immediate"]),
+            ("ip6 daddr fd00:10:96::/108 drop", &["payload", "bitwise", "cmp", "immediate"]),
+            ("ip6 saddr != { 2001:db8:113::/64, fd00:56::/64, 2001:db8:100::7 } drop", &["payload", "lookup", "immediate"]),
+            ("meta l4proto tcp dnat to [fd00:10:244:1::7]:8080", &["meta", "cmp", "immediate", "immediate", "nat"]),
+            ("meta l4proto tcp dnat ip6 addr . port to numgen random mod 2 map { 0 : fd00::1 . 80 , 1 : fd00::2 . 80 }",
+             &["meta", "cmp", "numgen", "lookup", "nat"]),
+            ("dnat ip6 to ip6 daddr . meta l4proto . tcp dport . numgen random mod 2 map @endpoints",
+             &["meta", "cmp", "payload", "meta", "payload", "numgen", "lookup", "nat"]),
+            ("update @aff { ip6 saddr }", &["payload", "dynset"]),
+            ("reject", &["reject"]),
+        ];
+        for (text, want) in cases {
+            assert_eq!(c6(text).map(|r| names(&r)).unwrap_or_default(), *want, "{text}");
+        }
+        // The port of `dnat ip6 … map` is read from the register after the 16-byte address.
+        let r = c6("dnat ip6 to ip6 daddr . meta l4proto . tcp dport . numgen random mod 2 map @endpoints").unwrap();
+        let port_reg = (REG32_00 + 4).to_be_bytes();
+        assert!(r.exprs.windows(4).any(|w| w == port_reg));
+        let reject = c6("reject").unwrap();
+        assert!(reject.exprs.windows(5).any(|w| w == [5, 0, 2, 0, 4]), "ICMPv6 port unreachable");
+        for v4_word in ["ip daddr 10.0.0.1 drop", "dnat ip to ip daddr . tcp dport map @m", "dnat to 10.0.0.1:80"] {
+            assert!(c6(v4_word).is_none(), "{v4_word}");
+        }
+        assert!(compile("dnat to [fd00::1]:80", &mut Ids::default()).is_none());
     }
 
     #[test]
     fn what_it_does_not_know_is_refused_not_guessed() {
         for text in [
             "ip6 daddr ::1 drop",
+            "ip daddr 10.0.0.0/33 drop",
             "counter",
             "ip daddr 10.0.0.300 drop",
             "mark set mark and 0x1",

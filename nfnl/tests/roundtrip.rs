@@ -134,7 +134,10 @@ fn a_table_of_every_form_lists_back_as_the_one_nft_loads() {
         assert!(listed.contains(shape), "the fixture lost its {shape:?}\n{listed}");
     }
     let g = socket.generation().unwrap();
-    assert!(socket.has_table(TABLE).unwrap() && !socket.has_table("no-such-table").unwrap());
+    assert!(
+        socket.has_table(NftFamily::Ip, TABLE).unwrap() && !socket.has_table(NftFamily::Ip, "no-such-table").unwrap()
+    );
+    assert!(!socket.has_table(NftFamily::Ip6, TABLE).unwrap(), "an ip table is not an ip6 one");
 
     // Elements in and out, a chain rewritten, a chain and a set added.
     let mut next = first.clone();
@@ -168,7 +171,7 @@ fn a_table_of_every_form_lists_back_as_the_one_nft_loads() {
     let mut tx = Transaction::new(&next);
     tx.ops.push(Op::DeleteTable);
     apply(&tx, &[], &text, &mut socket);
-    assert!(!socket.has_table(TABLE).unwrap(), "the table is gone over netlink");
+    assert!(!socket.has_table(NftFamily::Ip, TABLE).unwrap(), "the table is gone over netlink");
     assert!(!text.has_table(NftFamily::Ip, TABLE).unwrap(), "and through nft -f");
     drop((text_ns, netlink_ns));
     assert_eq!(host_state(), before, "the host namespace changed");
