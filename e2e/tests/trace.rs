@@ -297,6 +297,55 @@ fn trace_shows_where_an_unmasqueraded_request_stops_and_ctrl_c_cleans_up() {
     assert_eq!(out.status.code(), Some(130), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(String::from_utf8_lossy(&out.stderr).contains("trace rules removed"));
     assert_no_trace_rules(&lab);
+
+    // Killed outright (no cleanup can run): its monitors die with it, its rules stay, and the
+    // next trace removes them before it installs its own, and leaves none.
+    let mut child = std::process::Command::new(bin("podpath"))
+        .args(["trace", "--name", &lab.name, "--state-dir", lab.state.to_str().unwrap(), "--timeout", "10"])
+        .arg("http://169.10.10.1/")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("run podpath trace");
+    let pid = child.id();
+    let monitors = || -> Vec<u32> {
+        // The trace's monitors: its children, alive (not yet zombies).
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+            .filter(|p| {
+                let status = std::fs::read_to_string(format!("/proc/{p}/status")).unwrap_or_default();
+                status.contains(&format!("\nPPid:\t{pid}\n")) && !status.contains("State:\tZ")
+            })
+            .collect()
+    };
+    // One per host: client, gateway, node-1, node-2.
+    wait_for(Duration::from_secs(10), "the trace's monitors", || {
+        let m = monitors();
+        if m.len() == 4 {
+            Ok(())
+        } else {
+            Err(format!("{m:?}"))
+        }
+    });
+    let children = monitors();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    wait_for(Duration::from_secs(5), "the killed trace's monitors to end", || {
+        let alive: Vec<&u32> = children
+            .iter()
+            .filter(|c| std::fs::read_to_string(format!("/proc/{c}/status")).is_ok_and(|s| !s.contains("State:\tZ")))
+            .collect();
+        if alive.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("{alive:?}"))
+        }
+    });
+    assert!(lab.exec("node-1", &["iptables-save", "-t", "raw"]).contains("PODPATH-TRACE"));
+    let (_, t) = trace_json(&lab, &["--timeout", "1", "http://169.10.10.1/"]);
+    assert_eq!(hosts(&t)[..2], ["client", "gateway"], "{t:#}");
+    assert_no_trace_rules(&lab);
 }
 
 /// Scenario 2: lb-sim's NodePort proxy on the gateway, then a node's userspace proxy, which

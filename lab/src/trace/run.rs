@@ -332,9 +332,30 @@ impl Tracer {
             _ => parse::parse_nft_monitor(text),
         }
     }
-    /// Installs the trace rules in a namespace (first removing a killed trace's left-overs).
+    /// Removes exactly what [`Tracer::install`] wrote, in one transaction; when that fails (the
+    /// rules were changed meanwhile), searches the host for them ([`remove_rules`]).
+    fn uninstall(self, ns: &str, probe_port: u16) {
+        let removed = match self {
+            Tracer::Xtables => {
+                let mut raw = Table::new("raw");
+                for cmd in &trace_rules(probe_port).tables[0].commands {
+                    if let RuleCommand::Insert { rule, .. } = cmd {
+                        raw.commands.push(RuleCommand::Delete(rule.clone()));
+                    }
+                }
+                raw.commands.push(RuleCommand::Flush(TRACE_CHAIN.into()));
+                raw.commands.push(RuleCommand::DeleteChain(TRACE_CHAIN.into()));
+                iptables(ns).restore(&Ruleset { tables: vec![raw] }).is_ok()
+            }
+            _ => Nft::in_netns(ns).delete_table(self.family(), NFT_TRACE_TABLE).is_ok(),
+        };
+        if !removed {
+            remove_rules(ns);
+        }
+    }
+
+    /// Installs the trace rules in a namespace.
     fn install(self, ns: &str, probe_port: u16) -> Result<()> {
-        remove_rules(ns);
         match self {
             Tracer::Xtables => iptables(ns)
                 .restore(&trace_rules(probe_port))
@@ -428,6 +449,9 @@ fn set_reflect_tos(ns: &str, value: &str) -> Option<String> {
 #[derive(Default)]
 pub struct Installed {
     namespaces: Vec<String>,
+    /// The trace rules installed (and the probe's port they name): removed as they were
+    /// written, one transaction per host; unknown, each host is searched for them.
+    rules: Option<(Tracer, u16)>,
     monitors: Vec<Child>,
     /// Namespaces whose `tcp_reflect_tos` the trace changed, with the value to put back.
     reflect_tos: Vec<(String, String)>,
@@ -440,13 +464,22 @@ impl Installed {
             let _ = m.wait();
         }
         self.monitors.clear();
-        for (ns, old) in self.reflect_tos.drain(..) {
-            set_reflect_tos(&ns, &old);
-        }
         let namespaces: Vec<String> = self.namespaces.drain(..).collect();
+        let reflect: Vec<(String, String)> = self.reflect_tos.drain(..).collect();
+        let rules = self.rules.take();
+        // Every host at once: its switch put back, its rules removed.
         std::thread::scope(|s| {
             for ns in &namespaces {
-                s.spawn(move || remove_rules(ns));
+                let old = reflect.iter().find(|(n, _)| n == ns).map(|(_, old)| old.clone());
+                s.spawn(move || {
+                    if let Some(old) = old {
+                        set_reflect_tos(ns, &old);
+                    }
+                    match rules {
+                        Some((tracer, port)) => tracer.uninstall(ns, port),
+                        None => remove_rules(ns),
+                    }
+                });
             }
         });
     }
@@ -819,35 +852,70 @@ pub fn trace(st: &LabState, req: &Request) -> Result<Trace> {
     for (h, ns) in &mut hosts {
         *ns = plan.netns_of(h).expect("planned host").to_string();
     }
-    // One trace per lab at a time: the probe's DSCP is the same for every trace.
+    // One trace per lab at a time: the probe's DSCP is the same for every trace. The lock file
+    // also says whether a trace's rules may be left in the hosts (`installed`: one was killed
+    // before its cleanup); only then does a trace look for left-overs before installing.
     let lock = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
+        .read(true)
         .write(true)
         .open(lock_path(&st.name))
         .map_err(|e| LabError::Io { what: "open the trace lock".into(), source: e })?;
-    let _lock = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive)
+    let mut lock = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive)
         .map_err(|(_, e)| LabError::Io { what: "lock the lab for tracing".into(), source: e.into() })?;
+    // A killed trace's rules and switches: `tcp_reflect_tos` back to what it recorded (the
+    // kernel's default, 0, where it recorded nothing).
+    let left_overs = marked_installed(&mut lock).map_err(io("read the trace lock"))?;
 
     let (socket, bound) = probe_socket(&src_ns, dst.is_ipv6())?;
     let guard = Guard::new();
-    guard.with(|i| i.namespaces.extend(hosts.iter().map(|(_, ns)| ns.clone())));
-    let installed: Vec<Result<()>> = std::thread::scope(|s| {
-        let jobs: Vec<_> = hosts.iter().map(|(_, ns)| s.spawn(move || tracer.install(ns, bound.port()))).collect();
+    guard.with(|i| {
+        i.namespaces.extend(hosts.iter().map(|(_, ns)| ns.clone()));
+        i.rules = Some((tracer, bound.port()));
+    });
+    mark_installed(&mut lock, Some(&[])).map_err(io("write the trace lock"))?;
+    // Per host at once: the trace rules, and `tcp_reflect_tos` on (its old value kept).
+    let installed: Vec<(Result<()>, Option<String>)> = std::thread::scope(|s| {
+        let jobs: Vec<_> = hosts
+            .iter()
+            .map(|(_, ns)| {
+                let left = left_overs
+                    .as_ref()
+                    .map(|l| l.iter().find(|(n, _)| n == ns).map(|(_, old)| old.clone()).unwrap_or_else(|| "0".into()));
+                s.spawn(move || {
+                    if let Some(old) = left {
+                        remove_rules(ns);
+                        set_reflect_tos(ns, &old);
+                    }
+                    let done = tracer.install(ns, bound.port());
+                    (done, set_reflect_tos(ns, "1"))
+                })
+            })
+            .collect();
         jobs.into_iter()
-            .map(|j| j.join().unwrap_or_else(|_| Err(LabError::NotReady("install thread panicked".into()))))
+            .map(|j| j.join().unwrap_or_else(|_| (Err(LabError::NotReady("install thread panicked".into())), None)))
             .collect()
     });
-    installed.into_iter().collect::<Result<Vec<()>>>()?;
-    for (_, ns) in &hosts {
-        if let Some(old) = set_reflect_tos(ns, "1") {
-            guard.with(|i| i.reflect_tos.push((ns.clone(), old)));
+    let mut results = vec![];
+    let mut olds = vec![];
+    for ((_, ns), (done, old)) in hosts.iter().zip(installed) {
+        if let Some(old) = old {
+            guard.with(|i| i.reflect_tos.push((ns.clone(), old.clone())));
+            olds.push((ns.clone(), old));
         }
+        results.push(done);
     }
+    mark_installed(&mut lock, Some(&olds)).map_err(io("write the trace lock"))?;
+    results.into_iter().collect::<Result<Vec<()>>>()?;
     // A monitor per host, its lines collected into `out` (monitor i is `guard`'s monitors[i]).
     let spawn_monitor = |ns: &str, out: &Arc<Mutex<String>>| -> Result<Child> {
-        let mut child = Command::new("ip")
-            .args(["netns", "exec", ns])
+        // A monitor ends with the trace, also one killed before its cleanup: util-linux's
+        // setpriv sets the parent-death signal (no `pre_exec`: the workspace denies unsafe) and
+        // execs `ip netns exec`, which execs the monitor, keeping it. Spawned from the main
+        // thread only: the signal follows the thread that forked.
+        let mut child = Command::new("setpriv")
+            .args(["--pdeathsig", "KILL", "ip", "netns", "exec", ns])
             .args(tracer.monitor())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -893,8 +961,68 @@ pub fn trace(st: &LabState, req: &Request) -> Result<Trace> {
         std::thread::sleep(Duration::from_millis(200));
     }
     monitors_drained(tracer, &hosts, &outputs)?;
-    drop(guard);
+    // What the monitors printed up to the drain; then the hosts are put back (monitors
+    // stopped, rules removed) while the rest is read.
+    let texts: Vec<String> = outputs.iter().map(|o| monitor_text(o)).collect();
+    std::thread::scope(|s| -> Result<Trace> {
+        let cleaning = s.spawn(|| guard.with(|i| i.cleanup()));
+        let t = read_back(st, &plan, api, tracer, &hosts, &texts, req, src, dst, outcome);
+        let _ = cleaning.join();
+        t
+    })
+    .and_then(|mut t| {
+        drop(guard);
+        mark_installed(&mut lock, None).map_err(io("write the trace lock"))?;
+        t.lookup = lookup;
+        Ok(t)
+    })
+}
 
+/// What the lock file says of the last trace: None when it cleaned up after itself; else its
+/// rules may still be in the hosts, and the `tcp_reflect_tos` values it found (namespace, value).
+fn marked_installed(lock: &mut std::fs::File) -> std::io::Result<Option<Vec<(String, String)>>> {
+    use std::io::Seek;
+    let mut text = String::new();
+    lock.seek(std::io::SeekFrom::Start(0))?;
+    lock.read_to_string(&mut text)?;
+    let mut lines = text.lines();
+    if lines.next() != Some("installed") {
+        return Ok(None);
+    }
+    Ok(Some(lines.filter_map(|l| l.split_once(' ')).map(|(ns, v)| (ns.to_string(), v.to_string())).collect()))
+}
+
+/// Records in the lock file that the trace's rules are installed (with the `tcp_reflect_tos`
+/// values to put back), or (None) that they are no longer.
+fn mark_installed(lock: &mut std::fs::File, installed: Option<&[(String, String)]>) -> std::io::Result<()> {
+    use std::io::Seek;
+    lock.set_len(0)?;
+    lock.seek(std::io::SeekFrom::Start(0))?;
+    if let Some(olds) = installed {
+        let mut text = String::from("installed\n");
+        for (ns, v) in olds {
+            text.push_str(&format!("{ns} {v}\n"));
+        }
+        lock.write_all(text.as_bytes())?;
+    }
+    Ok(())
+}
+
+/// After the probe: the hosts' conntrack, routes, rules and the API's objects, read while the
+/// trace's own rules are being removed; the trace assembled from them.
+#[allow(clippy::too_many_arguments)]
+fn read_back(
+    st: &LabState,
+    plan: &Plan,
+    api: &ApiAccess,
+    tracer: Tracer,
+    hosts: &[(String, String)],
+    texts: &[String],
+    req: &Request,
+    src: SocketAddr,
+    dst: SocketAddr,
+    outcome: Outcome,
+) -> Result<Trace> {
     let mut observed = Observed { from: req.from.clone(), src: Some(src), dst: Some(dst), ..Default::default() };
     let conntrack: Vec<String> = std::thread::scope(|s| {
         let jobs: Vec<_> = hosts
@@ -906,8 +1034,8 @@ pub fn trace(st: &LabState, req: &Request) -> Result<Trace> {
             .collect();
         jobs.into_iter().map(|j| j.join().unwrap_or_default()).collect()
     });
-    for (((h, _), out), ct) in hosts.iter().zip(&outputs).zip(&conntrack) {
-        observed.packets.insert(h.clone(), tracer.parse(&out.lock().unwrap_or_else(|e| e.into_inner())));
+    for (((h, _), text), ct) in hosts.iter().zip(texts).zip(&conntrack) {
+        observed.packets.insert(h.clone(), tracer.parse(text));
         observed.conntrack.insert(h.clone(), parse::parse_conntrack(ct));
     }
     let mut objects = api_objects(api);
@@ -989,9 +1117,7 @@ pub fn trace(st: &LabState, req: &Request) -> Result<Trace> {
             }
         }
     }
-    let mut t = super::assemble::assemble(&observed, &objects, outcome);
-    t.lookup = lookup;
-    Ok(t)
+    Ok(super::assemble::assemble(&observed, &objects, outcome))
 }
 
 /// The trace of a request whose name did not resolve: the lookup, and no connection.
