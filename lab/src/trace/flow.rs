@@ -76,9 +76,32 @@ pub struct Leg {
     pub path: Vec<String>,
 }
 
+/// Adds to the forward tuples those of the same packets at later hooks of a host: a packet keeps
+/// its trace id through the hooks of one namespace (and its IP ID or flow label through NAT),
+/// so its tuple after a DNAT is known even where conntrack never confirmed the flow (the packet
+/// was dropped on that host: a NetworkPolicy's drop after kube-proxy's DNAT).
+fn with_same_packets(mut t: Tuples, observed: &Observed) -> Tuples {
+    loop {
+        let before = t.forward.len();
+        for obs in observed.packets.values() {
+            let seen: BTreeSet<(&str, u32)> = obs
+                .iter()
+                .filter(|o| o.is_syn() && t.forward.contains(&(o.src, o.dst)))
+                .map(|o| (o.id.as_str(), o.ip_id))
+                .collect();
+            for o in obs.iter().filter(|o| o.is_syn() && seen.contains(&(o.id.as_str(), o.ip_id))) {
+                t.forward.insert((o.src, o.dst));
+            }
+        }
+        if t.forward.len() == before {
+            return t;
+        }
+    }
+}
+
 impl Leg {
     fn new(start: (SocketAddr, SocketAddr), observed: &Observed) -> Leg {
-        let tuples = tuples(start, &observed.conntrack);
+        let tuples = with_same_packets(tuples(start, &observed.conntrack), observed);
         let path = request_path(observed, &tuples);
         Leg { start, tuples, path }
     }
@@ -234,4 +257,36 @@ fn route_query(observed: &Observed, t: &Tuples, host: &str) -> Option<Vec<String
         last.dst.port().to_string(),
     ]);
     Some(args)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::trace::parse::parse_nft_monitor;
+
+    /// A request DNATed to a pod of the same node and dropped there by a NetworkPolicy: the node
+    /// has no conntrack entry (the flow was never confirmed), yet the packet after the DNAT is
+    /// the same packet (trace id and flow label), so it is part of the flow.
+    #[test]
+    fn a_packet_dropped_after_its_dnat_stays_in_the_flow() {
+        let node = "trace id 9da4829b ip6 nat PREROUTING packet: iif \"eth0\" ip6 saddr 2001:db8:113::10 ip6 daddr 2001:db8:100::1 ip6 dscp 0x2d ip6 ecn not-ect ip6 hoplimit 63 ip6 flowlabel 378401 ip6 length 40 tcp sport 36167 tcp dport 80 tcp flags == syn tcp window 64800
+trace id 9da4829b ip6 nat KUBE-SEP-A rule meta l4proto tcp counter packets 0 bytes 0 dnat to [fd00:10:244:1::3]:8080 (verdict accept)
+trace id 9da4829b ip6 filter FORWARD packet: iif \"eth0\" oif \"cni0\" ip6 saddr 2001:db8:113::10 ip6 daddr fd00:10:244:1::3 ip6 dscp 0x2d ip6 ecn not-ect ip6 hoplimit 62 ip6 flowlabel 378401 ip6 length 40 tcp sport 36167 tcp dport 8080 tcp flags == syn tcp window 64800
+trace id 9da4829b ip6 filter PODPATH-ING-X rule counter packets 0 bytes 0 drop (verdict drop)
+trace id 5555aaaa ip6 filter FORWARD packet: iif \"eth0\" oif \"cni0\" ip6 saddr 2001:db8:113::10 ip6 daddr fd00:10:244:1::9 ip6 dscp 0x2d ip6 ecn not-ect ip6 hoplimit 62 ip6 flowlabel 1 ip6 length 40 tcp sport 36167 tcp dport 8080 tcp flags == syn tcp window 64800
+";
+        let (src, dst) = ("[2001:db8:113::10]:36167".parse().unwrap(), "[2001:db8:100::1]:80".parse().unwrap());
+        let observed = Observed {
+            from: "client".into(),
+            src: Some(src),
+            dst: Some(dst),
+            packets: BTreeMap::from([("node-1".to_string(), parse_nft_monitor(node))]),
+            conntrack: BTreeMap::new(),
+        };
+        let flow = follow(&observed);
+        let after_dnat = (src, "[fd00:10:244:1::3]:8080".parse().unwrap());
+        assert!(flow.legs[0].tuples.forward.contains(&after_dnat), "{:?}", flow.legs[0].tuples);
+        // Another packet (another id and flow label) is not.
+        assert!(!flow.legs[0].tuples.forward.iter().any(|t| t.1.ip().to_string() == "fd00:10:244:1::9"));
+    }
 }
