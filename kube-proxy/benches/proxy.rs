@@ -91,15 +91,22 @@ fn config_v6() -> RenderConfig {
 }
 
 /// In the namespace: a dual-stack node's two nftables proxiers in the shared-maps layout, one
-/// after the other: the cold load of `ip kube-proxy` (netlink) and of `ip6 kube-proxy` (`nft
-/// -f`: the netlink layer writes `ip` only), then one endpoint change in each.
+/// after the other: the cold load of `ip kube-proxy` and of `ip6 kube-proxy` (both over
+/// netlink), then one endpoint change in each; then the `ip6` table again through `nft -f` (the
+/// path it took before the netlink layer wrote `ip6`), for comparison.
 fn child_nft_dual(n: usize) {
-    use kube_proxy::nft_sync::{sync_changed, sync_full, NftablesKernel};
+    use kube_proxy::nft_sync::{sync_changed, sync_full, NftKernel, NftablesKernel};
+    use podpath_ruleset::nft::NftFamily;
     let nft = nft_config("shared-maps");
+    let mut text6 = NftablesKernel::text(podpath_ruleset::Nft::default());
+    text6.family = NftFamily::Ip6;
     for (family, kernel, cfg, mut state) in [
         ("v4", NftablesKernel::default(), config(), services(n, 10)),
-        ("v6", NftablesKernel::for_family(podpath_ruleset::nft::NftFamily::Ip6), config_v6(), services_v6(n, 10)),
+        ("v6", NftablesKernel::for_family(NftFamily::Ip6), config_v6(), services_v6(n, 10)),
+        ("v6text", text6, config_v6(), services_v6(n, 10)),
     ] {
+        // Each from nothing.
+        let _ = kernel.delete_table();
         let t = Instant::now();
         let (mut table, _) = sync_full(&kernel, &cfg, &nft, &state).expect("full sync");
         println!("{family}-full {}", t.elapsed().as_secs_f64() * 1e3);
@@ -592,7 +599,7 @@ fn main() {
             let out = in_netns(&ns.name, &["--child-nft-dual", &n.to_string()], limit);
             drop(ns);
             let size = format!("{} × 10", testkit::figures::thousands(n as u64));
-            for (family, name) in [("v4", "IPv4 (netlink)"), ("v6", "IPv6 (nft -f)")] {
+            for (family, name) in [("v4", "IPv4 (netlink)"), ("v6", "IPv6 (netlink)"), ("v6text", "IPv6 (nft -f)")] {
                 let (full, partial) = (get(&out, &format!("{family}-full")), get(&out, &format!("{family}-partial")));
                 figure(format!("dual-stack shared-maps, {name} table cold load, {size}"), full, "ms", "");
                 figure(format!("dual-stack shared-maps, {name} table one endpoint change, {size}"), partial, "ms", "");
