@@ -315,7 +315,9 @@ fn trace_shows_where_an_unmasqueraded_request_stops_and_ctrl_c_cleans_up() {
             .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
             .filter(|p| {
                 let status = std::fs::read_to_string(format!("/proc/{p}/status")).unwrap_or_default();
-                status.contains(&format!("\nPPid:\t{pid}\n")) && !status.contains("State:\tZ")
+                status.starts_with("Name:\txtables-monitor\n")
+                    && status.contains(&format!("\nPPid:\t{pid}\n"))
+                    && !status.contains("State:\tZ")
             })
             .collect()
     };

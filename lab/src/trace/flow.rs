@@ -199,6 +199,21 @@ pub fn follow(observed: &Observed) -> Flow {
     flow
 }
 
+/// The connections to ask a host's conntrack about: the first tuple of each of the probe's
+/// SYNs the host traced (one packet: one trace id and IP ID), which is the packet before this
+/// host's NAT, the original direction of its entry. A host that traced none has no entry of the
+/// flow: it is not asked.
+pub fn conntrack_queries(obs: &[Observation]) -> Vec<(SocketAddr, SocketAddr)> {
+    let mut packets = BTreeSet::new();
+    let mut out = vec![];
+    for o in obs.iter().filter(|o| o.is_syn()) {
+        if packets.insert((o.id.as_str(), o.ip_id)) && !out.contains(&(o.src, o.dst)) {
+            out.push((o.src, o.dst));
+        }
+    }
+    out
+}
+
 /// The hosts the reply's first packet (SYN-ACK) crossed, in order.
 pub fn reply_path(observed: &Observed, t: &Tuples) -> Vec<String> {
     path_of(observed, |o| o.is_syn_ack() && t.backward.contains(&(o.src, o.dst)))
@@ -288,5 +303,10 @@ trace id 5555aaaa ip6 filter FORWARD packet: iif \"eth0\" oif \"cni0\" ip6 saddr
         assert!(flow.legs[0].tuples.forward.contains(&after_dnat), "{:?}", flow.legs[0].tuples);
         // Another packet (another id and flow label) is not.
         assert!(!flow.legs[0].tuples.forward.iter().any(|t| t.1.ip().to_string() == "fd00:10:244:1::9"));
+        // conntrack is asked about each packet's first tuple: the DNATed one is the same packet.
+        assert_eq!(
+            conntrack_queries(&observed.packets["node-1"]),
+            [(src, dst), (src, "[fd00:10:244:1::9]:8080".parse().unwrap())]
+        );
     }
 }

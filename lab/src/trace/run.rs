@@ -1024,19 +1024,55 @@ fn read_back(
     outcome: Outcome,
 ) -> Result<Trace> {
     let mut observed = Observed { from: req.from.clone(), src: Some(src), dst: Some(dst), ..Default::default() };
-    let conntrack: Vec<String> = std::thread::scope(|s| {
-        let jobs: Vec<_> = hosts
+    for ((h, _), text) in hosts.iter().zip(texts) {
+        observed.packets.insert(h.clone(), tracer.parse(text));
+    }
+    // Each host's conntrack asked about the flow's connections only (the kernel filters the
+    // table: a node under load holds thousands of entries), and only hosts the probe crossed.
+    let family = if tracer.v6() { "ipv6" } else { "ipv4" };
+    let queries: Vec<(&str, &str, (SocketAddr, SocketAddr))> = hosts
+        .iter()
+        .flat_map(|(h, ns)| {
+            flow::conntrack_queries(&observed.packets[h]).into_iter().map(move |t| (h.as_str(), ns.as_str(), t))
+        })
+        .collect();
+    let answers: Vec<String> = std::thread::scope(|s| {
+        let jobs: Vec<_> = queries
             .iter()
-            .map(|(_, ns)| {
-                let family = if tracer.v6() { "ipv6" } else { "ipv4" };
-                s.spawn(move || in_ns(ns, &["conntrack", "-L", "-f", family, "-p", "tcp"]).unwrap_or_default())
+            .map(|(_, ns, (from, to))| {
+                s.spawn(move || {
+                    let (src, dst) = (from.ip().to_string(), to.ip().to_string());
+                    let (sport, dport) = (from.port().to_string(), to.port().to_string());
+                    let argv = [
+                        "conntrack",
+                        "-L",
+                        "-f",
+                        family,
+                        "-p",
+                        "tcp",
+                        "--orig-src",
+                        &src,
+                        "--orig-dst",
+                        &dst,
+                        "--orig-port-src",
+                        &sport,
+                        "--orig-port-dst",
+                        &dport,
+                    ];
+                    in_ns(ns, &argv).unwrap_or_default()
+                })
             })
             .collect();
         jobs.into_iter().map(|j| j.join().unwrap_or_default()).collect()
     });
-    for (((h, _), text), ct) in hosts.iter().zip(texts).zip(&conntrack) {
-        observed.packets.insert(h.clone(), tracer.parse(text));
-        observed.conntrack.insert(h.clone(), parse::parse_conntrack(ct));
+    for (h, _) in hosts {
+        let entries = queries
+            .iter()
+            .zip(&answers)
+            .filter(|((host, _, _), _)| host == h)
+            .flat_map(|(_, text)| parse::parse_conntrack(text))
+            .collect();
+        observed.conntrack.insert(h.clone(), entries);
     }
     let mut objects = api_objects(api);
     for n in &plan.nodes {
