@@ -875,6 +875,40 @@ pub fn trace(st: &LabState, req: &Request) -> Result<Trace> {
         i.rules = Some((tracer, bound.port()));
     });
     mark_installed(&mut lock, Some(&[])).map_err(io("write the trace lock"))?;
+    // A monitor per host, its lines collected into `out` (monitor i is `guard`'s monitors[i]),
+    // started first: they start up while the rules go in (xtables-monitor asks for each rule it
+    // prints; `nft monitor` prints the trace table's own rules, added after it started, by
+    // handle, and those hooks are not shown).
+    let spawn_monitor = |ns: &str, out: &Arc<Mutex<String>>| -> Result<Child> {
+        // A monitor ends with the trace, also one killed before its cleanup: util-linux's
+        // setpriv sets the parent-death signal (no `pre_exec`: the workspace denies unsafe) and
+        // execs `ip netns exec`, which execs the monitor, keeping it. Spawned from the main
+        // thread only: the signal follows the thread that forked.
+        let mut child = Command::new("setpriv")
+            .args(["--pdeathsig", "KILL", "ip", "netns", "exec", ns])
+            .args(tracer.monitor())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| LabError::Io { what: format!("cannot run {}", tracer.monitor().join(" ")), source: e })?;
+        let (stdout, sink) = (child.stdout.take().expect("piped"), out.clone());
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(std::result::Result::ok) {
+                let mut s = sink.lock().unwrap_or_else(|e| e.into_inner());
+                s.push_str(&line);
+                s.push('\n');
+            }
+        });
+        Ok(child)
+    };
+    let mut outputs = Vec::new();
+    for (_, ns) in &hosts {
+        let out = Arc::new(Mutex::new(String::new()));
+        let child = spawn_monitor(ns, &out)?;
+        guard.with(|i| i.monitors.push(child));
+        outputs.push(out);
+    }
     // Per host at once: the trace rules, and `tcp_reflect_tos` on (its old value kept).
     let installed: Vec<(Result<()>, Option<String>)> = std::thread::scope(|s| {
         let jobs: Vec<_> = hosts
@@ -908,37 +942,6 @@ pub fn trace(st: &LabState, req: &Request) -> Result<Trace> {
     }
     mark_installed(&mut lock, Some(&olds)).map_err(io("write the trace lock"))?;
     results.into_iter().collect::<Result<Vec<()>>>()?;
-    // A monitor per host, its lines collected into `out` (monitor i is `guard`'s monitors[i]).
-    let spawn_monitor = |ns: &str, out: &Arc<Mutex<String>>| -> Result<Child> {
-        // A monitor ends with the trace, also one killed before its cleanup: util-linux's
-        // setpriv sets the parent-death signal (no `pre_exec`: the workspace denies unsafe) and
-        // execs `ip netns exec`, which execs the monitor, keeping it. Spawned from the main
-        // thread only: the signal follows the thread that forked.
-        let mut child = Command::new("setpriv")
-            .args(["--pdeathsig", "KILL", "ip", "netns", "exec", ns])
-            .args(tracer.monitor())
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|e| LabError::Io { what: format!("cannot run {}", tracer.monitor().join(" ")), source: e })?;
-        let (stdout, sink) = (child.stdout.take().expect("piped"), out.clone());
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(std::result::Result::ok) {
-                let mut s = sink.lock().unwrap_or_else(|e| e.into_inner());
-                s.push_str(&line);
-                s.push('\n');
-            }
-        });
-        Ok(child)
-    };
-    let mut outputs = Vec::new();
-    for (_, ns) in &hosts {
-        let out = Arc::new(Mutex::new(String::new()));
-        let child = spawn_monitor(ns, &out)?;
-        guard.with(|i| i.monitors.push(child));
-        outputs.push(out);
-    }
     monitors_subscribed(
         tracer,
         &hosts,
