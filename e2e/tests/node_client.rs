@@ -3,7 +3,7 @@
 //! the kubeconfig users get: https, the lab CA, a bearer token. It refused podpath's plain-HTTP
 //! kubeconfig before the API spoke TLS.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use podpath_e2e::{text, ApiServer, Lab};
@@ -42,18 +42,24 @@ fn modules() -> PathBuf {
     dir
 }
 
+/// Runs one of `tests/node/`'s scripts with the installed client (copied next to
+/// `node_modules`, so that its `import` finds the client) against `kubeconfig`; asserts that it
+/// succeeded and printed `ok_line`.
+fn run_check(script: &str, kubeconfig: &Path, home: &Path, ok_line: &str) {
+    let dir = modules();
+    let copy = dir.join(script);
+    std::fs::copy(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/node").join(script), &copy).unwrap();
+    let o = Command::new("node").arg(&copy).arg(kubeconfig).env("HOME", home).output().unwrap();
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{script} failed:\n{out}\n{err}");
+    assert!(out.contains(ok_line), "{out}");
+}
+
 #[test]
 fn node_client_over_tls_with_the_lab_ca() {
-    let dir = modules();
     // A short event log, so a continue token expires within the script.
     let srv = ApiServer::start(&["--event-log-capacity", "50"]).unwrap();
-    // The script goes next to node_modules so that `import` finds the client.
-    let script = dir.join("client_check.mjs");
-    std::fs::copy(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/node/client_check.mjs"), &script).unwrap();
-    let o = Command::new("node").arg(&script).arg(&srv.kubeconfig).env("HOME", srv.dir.path()).output().unwrap();
-    let (out, err) = text(&o);
-    assert!(o.status.success(), "node client failed:\n{out}\n{err}");
-    assert!(out.contains("node client: ok"), "{out}");
+    run_check("client_check.mjs", &srv.kubeconfig, srv.dir.path(), "node client: ok");
 }
 
 /// A dual-stack API server (two Service ranges): the client creates a RequireDualStack
@@ -61,14 +67,8 @@ fn node_client_over_tls_with_the_lab_ca() {
 /// single-stack policy with two families.
 #[test]
 fn node_client_reads_both_cluster_ips_of_a_dual_stack_service() {
-    let dir = modules();
     let srv = ApiServer::start(&["--service-cluster-ip-range", "10.96.0.0/12,fd00:10:96::/112"]).unwrap();
-    let script = dir.join("dualstack_check.mjs");
-    std::fs::copy(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/node/dualstack_check.mjs"), &script).unwrap();
-    let o = Command::new("node").arg(&script).arg(&srv.kubeconfig).env("HOME", srv.dir.path()).output().unwrap();
-    let (out, err) = text(&o);
-    assert!(o.status.success(), "node client failed:\n{out}\n{err}");
-    assert!(out.contains("node dual-stack: ok"), "{out}");
+    run_check("dualstack_check.mjs", &srv.kubeconfig, srv.dir.path(), "node dual-stack: ok");
 }
 
 /// The client's Exec, pod log and PortForward against a real lab. Root only.
@@ -77,13 +77,7 @@ fn node_client_exec_logs_and_port_forward_in_a_lab() {
     if !root_or_explain() {
         return;
     }
-    let dir = modules();
     let lab = Lab::with_web_and_ticker("jsstream").unwrap();
-    let script = dir.join("stream_check.mjs");
-    std::fs::copy(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/node/stream_check.mjs"), &script).unwrap();
     let home = tempfile::tempdir().unwrap();
-    let o = Command::new("node").arg(&script).arg(&lab.kubeconfig).env("HOME", home.path()).output().unwrap();
-    let (out, err) = text(&o);
-    assert!(o.status.success(), "node streaming failed:\n{out}\n{err}");
-    assert!(out.contains("node streaming: ok"), "{out}");
+    run_check("stream_check.mjs", &lab.kubeconfig, home.path(), "node streaming: ok");
 }

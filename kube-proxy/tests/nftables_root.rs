@@ -208,6 +208,46 @@ fn the_generation_moves_with_every_transaction_and_only_then() {
     assert_eq!(host_state(), before_host);
 }
 
+/// The table of one family through both paths, each in a namespace of its own: `nft -f`
+/// (`text`) and netlink (`netlink`, a few rules per transaction, so that a load from nothing
+/// goes in many parts).
+struct BothPaths {
+    family: NftFamily,
+    text: kube_proxy::nft_sync::NftablesKernel,
+    netlink: kube_proxy::nft_sync::NftablesKernel,
+    _namespaces: (Netns, Netns),
+}
+
+impl BothPaths {
+    fn new(family: NftFamily, text_tag: &str, netlink_tag: &str) -> BothPaths {
+        use kube_proxy::nft_sync::NftablesKernel;
+        let (text_ns, netlink_ns) = (Netns::new(text_tag), Netns::new(netlink_tag));
+        let mut text = NftablesKernel::text(Nft::in_netns(&text_ns.name));
+        text.family = family;
+        let mut netlink = NftablesKernel::in_netns(Nft::in_netns(&netlink_ns.name));
+        netlink.family = family;
+        netlink.rules_per_part = 4;
+        BothPaths { family, text, netlink, _namespaces: (text_ns, netlink_ns) }
+    }
+
+    /// Both kernels list the table alike, word for word and as JSON (handles aside), and no
+    /// transaction of the netlink side went to `nft -f`; the listing.
+    fn same(&self, what: &str) -> String {
+        let json = |k: &kube_proxy::nft_sync::NftablesKernel| {
+            testkit::nft::listed_json(k.nft.netns.as_deref().unwrap(), self.family.name(), TABLE)
+        };
+        let (a, b) = (
+            self.text.nft.list_table(self.family, TABLE, false).unwrap(),
+            self.netlink.nft.list_table(self.family, TABLE, false).unwrap(),
+        );
+        assert!(a.is_some(), "{what}: no table");
+        assert_eq!(b, a, "{what}: netlink (left) and nft -f (right) differ");
+        assert_eq!(json(&self.netlink), json(&self.text), "{what}: the JSON listings differ");
+        assert_eq!(self.netlink.nft_runs(), 0, "{what}: a transaction went to nft -f");
+        a.unwrap()
+    }
+}
+
 /// The reference check of the netlink layer: in every layout, the same ruleset loaded over
 /// netlink (one batch) in one namespace and through `nft -f` in another lists back the same,
 /// word for word (`nft list`) and object for object (`nft -j list`, handles aside) — for the
@@ -215,40 +255,26 @@ fn the_generation_moves_with_every_transaction_and_only_then() {
 /// synced into both.
 #[test]
 fn a_table_loaded_over_netlink_lists_back_as_the_one_nft_loads() {
-    use kube_proxy::nft_sync::{sync_changed, sync_full, NftKernel, NftablesKernel};
+    use kube_proxy::nft_sync::{sync_changed, sync_full, NftKernel};
     use kube_proxy::nftables::Shared;
     use kube_proxy::tracker::Tracker;
     if !root_or_explain() {
         return;
     }
     let before_host = host_state();
-    let (text_ns, netlink_ns) = (Netns::new("pptx"), Netns::new("ppnl"));
-    let text = NftablesKernel::text(Nft::in_netns(&text_ns.name));
-    // A few rules per transaction, so that the load from nothing goes in many parts.
-    let mut netlink = NftablesKernel::in_netns(Nft::in_netns(&netlink_ns.name));
-    netlink.rules_per_part = 4;
-    let json = |k: &NftablesKernel| testkit::nft::listed_json(k.nft.netns.as_deref().unwrap(), "ip", TABLE);
-    let same = |what: &str| {
-        let (a, b) = (
-            text.nft.list_table(NftFamily::Ip, TABLE, false).unwrap(),
-            netlink.nft.list_table(NftFamily::Ip, TABLE, false).unwrap(),
-        );
-        assert!(a.is_some(), "{what}: no table");
-        assert_eq!(b, a, "{what}: netlink (left) and nft -f (right) differ");
-        assert_eq!(json(&netlink), json(&text), "{what}: the JSON listings differ");
-        assert_eq!(netlink.nft_runs(), 0, "{what}: a transaction went to nft -f");
-        a.unwrap()
-    };
+    let both = BothPaths::new(NftFamily::Ip, "pptx", "ppnl");
+    let (text, netlink) = (&both.text, &both.netlink);
+    let same = |what: &str| both.same(what);
     for layout in [Layout::Current, Layout::V134, Layout::SharedMaps] {
         let config = NftConfig { layout, service_cidrs: vec!["10.96.0.0/12".parse().unwrap()] };
         // From nothing (the netlink side in parts), then over the table that is there (one
         // transaction).
-        for k in [&text, &netlink] {
+        for k in [text, netlink] {
             k.delete_table().unwrap_or_default();
             sync_full(k, &cfg(), &config, &services()).unwrap();
         }
         same(&format!("{layout:?}: full load from nothing"));
-        for k in [&text, &netlink] {
+        for k in [text, netlink] {
             sync_full(k, &cfg(), &config, &services()).unwrap();
         }
         let listed = same(&format!("{layout:?}: full load over the table"));
@@ -264,7 +290,7 @@ fn a_table_loaded_over_netlink_lists_back_as_the_one_nft_loads() {
         tracker.update(&churn.services, &churn.slices);
         let state = tracker.list();
         let mut kept = vec![];
-        for k in [&text, &netlink] {
+        for k in [text, netlink] {
             let (table, _) = sync_full(k, &cfg(), &config, &state).unwrap();
             kept.push((table, Shared::of(&cfg(), &config, &state)));
         }
@@ -272,7 +298,7 @@ fn a_table_loaded_over_netlink_lists_back_as_the_one_nft_loads() {
         for batch in 0..15 {
             let did: Vec<&str> = (0..1 + batch % 6).map(|_| churn.step()).collect();
             let delta = tracker.update(&churn.services, &churn.slices);
-            for (k, (table, shared)) in [&text, &netlink].into_iter().zip(kept.iter_mut()) {
+            for (k, (table, shared)) in [text, netlink].into_iter().zip(kept.iter_mut()) {
                 let (stale, _) = sync_changed(k, &cfg(), &config, shared, table, &delta.old, &delta.new)
                     .unwrap_or_else(|e| panic!("{layout:?} batch {batch} {did:?}: {e}"));
                 let stale: Vec<String> = stale.into_iter().filter(|c| table.chain(c).is_none()).collect();
@@ -283,7 +309,7 @@ fn a_table_loaded_over_netlink_lists_back_as_the_one_nft_loads() {
             same(&format!("{layout:?}: after batch {batch} {did:?}"));
         }
     }
-    drop((text_ns, netlink_ns));
+    drop(both);
     assert_eq!(host_state(), before_host, "the host namespace changed");
 }
 
@@ -293,42 +319,27 @@ fn a_table_loaded_over_netlink_lists_back_as_the_one_nft_loads() {
 /// parts), over the table, and after a partial sync (an endpoint fewer, a Service gone).
 #[test]
 fn the_ipv6_table_over_netlink_lists_back_as_the_one_nft_loads() {
-    use kube_proxy::nft_sync::{sync_changed, sync_full, NftKernel, NftablesKernel};
+    use kube_proxy::nft_sync::{sync_changed, sync_full, NftKernel};
     use kube_proxy::nftables::Shared;
     if !root_or_explain() {
         return;
     }
     let before_host = host_state();
-    let (text_ns, netlink_ns) = (Netns::new("pptx6"), Netns::new("ppnl6"));
-    let mut text = NftablesKernel::text(Nft::in_netns(&text_ns.name));
-    text.family = NftFamily::Ip6;
-    let mut netlink = NftablesKernel::in_netns(Nft::in_netns(&netlink_ns.name));
-    netlink.family = NftFamily::Ip6;
-    netlink.rules_per_part = 4;
-    let json = |k: &NftablesKernel| testkit::nft::listed_json(k.nft.netns.as_deref().unwrap(), "ip6", TABLE);
-    let same = |what: &str| {
-        let (a, b) = (
-            text.nft.list_table(NftFamily::Ip6, TABLE, false).unwrap(),
-            netlink.nft.list_table(NftFamily::Ip6, TABLE, false).unwrap(),
-        );
-        assert!(a.is_some(), "{what}: no table");
-        assert_eq!(b, a, "{what}: netlink (left) and nft -f (right) differ");
-        assert_eq!(json(&netlink), json(&text), "{what}: the JSON listings differ");
-        assert_eq!(netlink.nft_runs(), 0, "{what}: a transaction went to nft -f");
-        a.unwrap()
-    };
+    let both = BothPaths::new(NftFamily::Ip6, "pptx6", "ppnl6");
+    let (text, netlink) = (&both.text, &both.netlink);
+    let same = |what: &str| both.same(what);
     for layout in [Layout::Current, Layout::V134, Layout::SharedMaps] {
         let config = NftConfig { layout, service_cidrs: vec!["fd00:10:96::/112".parse().unwrap()] };
         // Every rule and set of the render goes over netlink (none silently through nft -f).
         let rendered = render(&cfg_v6(), &config, &services_v6());
         assert_eq!(nfnl::unwritable(&rendered), Vec::<String>::new(), "{layout:?}");
-        for k in [&text, &netlink] {
+        for k in [text, netlink] {
             k.delete_table().unwrap_or_default();
             sync_full(k, &cfg_v6(), &config, &services_v6()).unwrap();
         }
         same(&format!("{layout:?}: full load from nothing"));
         let mut kept = vec![];
-        for k in [&text, &netlink] {
+        for k in [text, netlink] {
             kept.push(sync_full(k, &cfg_v6(), &config, &services_v6()).unwrap().0);
         }
         let listed = same(&format!("{layout:?}: full load over the table"));
@@ -339,7 +350,7 @@ fn the_ipv6_table_over_netlink_lists_back_as_the_one_nft_loads() {
         let mut next = services_v6();
         next[0].endpoints.pop();
         next.retain(|s| s.port.id.name != "empty");
-        for (k, table) in [&text, &netlink].into_iter().zip(kept.iter_mut()) {
+        for (k, table) in [text, netlink].into_iter().zip(kept.iter_mut()) {
             let mut shared = Shared::of(&cfg_v6(), &config, &services_v6());
             let (stale, _) = sync_changed(k, &cfg_v6(), &config, &mut shared, table, &services_v6(), &next)
                 .unwrap_or_else(|e| panic!("{layout:?}: {e}"));
@@ -350,7 +361,7 @@ fn the_ipv6_table_over_netlink_lists_back_as_the_one_nft_loads() {
         }
         same(&format!("{layout:?}: after a partial sync"));
     }
-    drop((text_ns, netlink_ns));
+    drop(both);
     assert_eq!(host_state(), before_host, "the host namespace changed");
 }
 
