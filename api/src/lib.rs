@@ -12,8 +12,10 @@ pub mod alloc;
 pub mod apps;
 pub mod convert;
 pub mod cron;
+pub mod custom;
 pub mod dualstack;
 pub mod grpc_codec;
+pub mod jsonpath;
 #[macro_use]
 pub mod kinds;
 pub mod managed;
@@ -28,6 +30,7 @@ pub mod protobuf;
 pub mod protobuf_schema;
 pub mod quantity;
 pub mod rbac;
+pub mod schema;
 pub mod selector;
 pub mod strict;
 pub mod table;

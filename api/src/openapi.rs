@@ -19,7 +19,7 @@ pub fn schemas(group: &str, version: &str) -> Map<String, Value> {
         let name = with_kind_type!(*k, T => {
             generator.subschema_for::<T>();
             <T as schemars::JsonSchema>::schema_name().into_owned()
-        });
+        }, custom _c => continue);
         names.push((name, k.info().name));
     }
     // events.k8s.io/v1 serves the core Events in another version (no kind of its own).

@@ -231,28 +231,34 @@ macro_rules! kinds {
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
         pub enum Kind {
             $($variant,)*
+            /// A kind a CustomResourceDefinition added (see [`crate::custom`]).
+            Custom(crate::custom::CustomKind),
         }
 
         impl Kind {
-            /// Every served kind, in the list's order.
+            /// Every built-in kind, in the list's order (custom kinds:
+            /// [`CustomKind::all_served`](crate::custom::CustomKind::all_served)).
             pub const ALL: &'static [Kind] = &[$(Kind::$variant,)*];
 
             pub fn info(self) -> &'static KindInfo {
                 match self {
                     $(Kind::$variant => &<$module::$variant as ApiObject>::INFO,)*
+                    Kind::Custom(c) => c.info(),
                 }
             }
         }
 
-        /// Runs `$body` with `$t` bound to the Rust type of `$kind`.
+        /// Runs `$body` with `$t` bound to the Rust type of `$kind`, or `$custom` with `$c`
+        /// bound to the [`CustomKind`](crate::custom::CustomKind) of a custom kind.
         #[macro_export]
         macro_rules! with_kind_type {
-            ($d kind:expr, $d t:ident => $d body:expr) => {
+            ($d kind:expr, $d t:ident => $d body:expr, custom $d c:ident => $d custom:expr) => {
                 match $d kind {
                     $($d crate::Kind::$variant => {
                         type $d t = $d crate::kinds::$module::$variant;
                         $d body
                     })*
+                    $d crate::Kind::Custom($d c) => $d custom,
                 }
             };
         }
@@ -290,20 +296,53 @@ kinds! { $
     RoleBinding => rolebinding,
     ClusterRoleBinding => clusterrolebinding,
     HorizontalPodAutoscaler => horizontalpodautoscaler,
+    CustomResourceDefinition => customresourcedefinition,
+    ValidatingAdmissionPolicy => validatingadmissionpolicy,
+    ValidatingAdmissionPolicyBinding => validatingadmissionpolicybinding,
 }
 
 impl Kind {
-    /// Finds a kind by the URL triple `/{group}/{version}/{plural}`.
+    /// Finds a kind by the URL triple `/{group}/{version}/{plural}`: a built-in one, or a custom
+    /// one served at that version.
     pub fn from_plural(group: &str, version: &str, plural: &str) -> Option<Kind> {
-        Kind::ALL.iter().copied().find(|k| {
-            let i = k.info();
-            i.group == group && i.version == version && i.plural == plural
-        })
+        Kind::ALL
+            .iter()
+            .copied()
+            .find(|k| {
+                let i = k.info();
+                i.group == group && i.version == version && i.plural == plural
+            })
+            .or_else(|| crate::custom::CustomKind::served(group, version, plural).map(Kind::Custom))
     }
 
-    /// Finds a kind by its `kind` name (`Service`).
+    /// Finds a built-in kind by its `kind` name (`Service`).
     pub fn from_name(name: &str) -> Option<Kind> {
         Kind::ALL.iter().copied().find(|k| k.info().name == name)
+    }
+
+    /// The name the store keys objects of this kind by: the kind's name for a built-in kind,
+    /// `plural.group` for a custom one (two groups may both define a `Gateway`).
+    pub fn store_name(self) -> String {
+        match self {
+            Kind::Custom(c) => c.resource(),
+            k => k.info().name.to_string(),
+        }
+    }
+
+    /// The kind a store name names (see [`Kind::store_name`]).
+    pub fn from_store_name(name: &str) -> Option<Kind> {
+        match name.contains('.') {
+            true => crate::custom::CustomKind::by_resource(name).map(Kind::Custom),
+            false => Kind::from_name(name),
+        }
+    }
+
+    /// The `kind` of a list of this kind (`ServiceList`; a CRD's `listKind`).
+    pub fn list_kind(self) -> String {
+        match self {
+            Kind::Custom(c) => c.list_kind().to_string(),
+            k => format!("{}List", k.info().name),
+        }
     }
 
     /// Whether the kind has a `/scale` subresource (autoscaling/v1 Scale).
