@@ -41,6 +41,8 @@ pub struct CustomFacts {
 /// One row of the table.
 struct Entry {
     info: &'static KindInfo,
+    /// The facts as served in each served version (only `version` differs).
+    versions: &'static [&'static KindInfo],
     /// Served right now (its CRD exists and is established).
     served: &'static [&'static str],
     list_kind: &'static str,
@@ -84,30 +86,80 @@ fn interned(facts: &CustomFacts) -> (&'static KindInfo, &'static [&'static str],
         has_generation: true,
         field_selectors: list(&facts.selectable),
         no_controller: false,
+        custom: true,
     }));
     let out = (info, list(&facts.served), s(&facts.list_kind));
     seen.insert(facts.clone(), out);
     out
 }
 
+/// A list of interned facts, itself interned (the same list again takes no memory).
+fn intern_list(list: Vec<&'static KindInfo>) -> &'static [&'static KindInfo] {
+    type Lists = HashMap<Vec<usize>, &'static [&'static KindInfo]>;
+    static SEEN: OnceLock<Mutex<Lists>> = OnceLock::new();
+    let key: Vec<usize> = list.iter().map(|i| *i as *const KindInfo as usize).collect();
+    let mut seen = SEEN.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
+    *seen.entry(key).or_insert_with(|| Box::leak(list.into_boxed_slice()))
+}
+
+/// How Kubernetes orders versions: GA before beta before alpha, higher numbers first, then
+/// others by name. Returns a key that sorts the preferred version first.
+pub fn version_priority(v: &str) -> (u8, i64, i64, String) {
+    let parse = |rest: &str| -> Option<(u8, i64, i64)> {
+        let (major, tail) = rest.split_at(rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(rest.len()));
+        let major: i64 = major.parse().ok()?;
+        if tail.is_empty() {
+            return Some((0, -major, 0));
+        }
+        for (word, rank) in [("beta", 1u8), ("alpha", 2u8)] {
+            if let Some(n) = tail.strip_prefix(word) {
+                return Some((rank, -major, -n.parse::<i64>().ok()?));
+            }
+        }
+        None
+    };
+    match v.strip_prefix('v').and_then(parse) {
+        Some((rank, major, minor)) => (rank, major, minor, String::new()),
+        None => (3, 0, 0, v.to_string()),
+    }
+}
+
 impl CustomKind {
     /// Registers (or updates) a custom resource and returns its kind.
     pub fn register(facts: &CustomFacts) -> CustomKind {
         let (info, served, list_kind) = interned(facts);
+        let per_version: Vec<&'static KindInfo> = facts
+            .served
+            .iter()
+            .map(|v| interned(&CustomFacts { version: v.clone(), ..facts.clone() }).0)
+            .collect();
+        let versions: &'static [&'static KindInfo] = intern_list(per_version);
         let key = format!("{}.{}", facts.plural, facts.group);
         let mut t = table().write().unwrap_or_else(|e| e.into_inner());
         match t.by_resource.get(&key).copied() {
             Some(i) => {
-                t.rows[i as usize] = Entry { info, served, list_kind };
+                t.rows[i as usize] = Entry { info, versions, served, list_kind };
                 CustomKind(i)
             }
             None => {
                 let i = t.rows.len() as u32;
-                t.rows.push(Entry { info, served, list_kind });
+                t.rows.push(Entry { info, versions, served, list_kind });
                 t.by_resource.insert(key, i);
                 CustomKind(i)
             }
         }
+    }
+
+    /// The kind of `plural.group`, registered unserved if it never was (events and keys read
+    /// back from the store before the CRDs are loaded).
+    pub fn reserve(resource: &str) -> CustomKind {
+        if let Some(k) = CustomKind::by_resource(resource) {
+            return k;
+        }
+        let (plural, group) = resource.split_once('.').unwrap_or((resource, ""));
+        let k = CustomKind::register(&CustomFacts { group: group.into(), plural: plural.into(), ..Default::default() });
+        k.unserve();
+        k
     }
 
     /// Stops serving a custom resource (its CRD is gone); its index stays for its events.
@@ -115,6 +167,7 @@ impl CustomKind {
         let mut t = table().write().unwrap_or_else(|e| e.into_inner());
         if let Some(e) = t.rows.get_mut(self.0 as usize) {
             e.served = &[];
+            e.versions = &[];
         }
     }
 
@@ -149,6 +202,12 @@ impl CustomKind {
         t.rows.get(self.0 as usize).map(|e| e.served).unwrap_or(&[])
     }
 
+    /// The resource's facts in each version served now (discovery lists each).
+    pub fn version_infos(self) -> &'static [&'static KindInfo] {
+        let t = table().read().unwrap_or_else(|e| e.into_inner());
+        t.rows.get(self.0 as usize).map(|e| e.versions).unwrap_or(&[])
+    }
+
     pub fn list_kind(self) -> &'static str {
         let t = table().read().unwrap_or_else(|e| e.into_inner());
         t.rows.get(self.0 as usize).map(|e| e.list_kind).unwrap_or("")
@@ -168,6 +227,13 @@ static UNKNOWN: KindInfo = KindInfo::core("", "", "");
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn versions_are_preferred_as_kubernetes_orders_them() {
+        let mut v = vec!["v1alpha1", "foo", "v1beta1", "v2", "v1", "v1beta2", "v11alpha2"];
+        v.sort_by_key(|x| version_priority(x));
+        assert_eq!(v, ["v2", "v1", "v1beta2", "v1beta1", "v11alpha2", "v1alpha1", "foo"]);
+    }
 
     fn facts(plural: &str, short: &[&str]) -> CustomFacts {
         CustomFacts {
@@ -194,6 +260,8 @@ mod tests {
         assert_eq!(CustomKind::served("stable.example.com", "v1beta1", "crontabs"), Some(a));
         assert_eq!(CustomKind::served("stable.example.com", "v2", "crontabs"), None);
         assert_eq!(a.resource(), "crontabs.stable.example.com");
+        let versions: Vec<&str> = a.version_infos().iter().map(|i| i.version).collect();
+        assert_eq!(versions, ["v1", "v1beta1"]);
         a.unserve();
         assert_eq!(CustomKind::served("stable.example.com", "v1", "crontabs"), None);
         assert_eq!(CustomKind::by_resource("crontabs.stable.example.com"), Some(a));

@@ -48,6 +48,41 @@ pub fn schemas(group: &str, version: &str) -> Map<String, Value> {
     defs
 }
 
+/// The name the real server gives a custom kind's schema: the group reversed, the version and
+/// the kind (`com.example.stable.v1.CronTab`).
+pub fn custom_schema_name(group: &str, version: &str, kind: &str) -> String {
+    let reversed: Vec<&str> = group.split('.').rev().collect();
+    format!("{}.{version}.{kind}", reversed.join("."))
+}
+
+/// `components.schemas` for custom kinds of one group/version: each kind's CRD schema with
+/// `apiVersion`, `kind` and `metadata` (ObjectMeta, whose schemas come along), marked with its
+/// `x-kubernetes-group-version-kind`, as the apiextensions server publishes them.
+pub fn custom_schemas(
+    group: &str,
+    version: &str,
+    kinds: &[(&str, Option<&k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::JSONSchemaProps>)],
+) -> Map<String, Value> {
+    type ObjectMeta = k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    let mut generator = schemars::generate::SchemaSettings::openapi3().into_generator();
+    generator.subschema_for::<ObjectMeta>();
+    let meta_name = <ObjectMeta as schemars::JsonSchema>::schema_name().into_owned();
+    let mut defs: Map<String, Value> = generator.take_definitions(true).into_iter().collect();
+    for (kind, schema) in kinds {
+        let mut s = schema.and_then(|s| serde_json::to_value(s).ok()).unwrap_or_else(|| json!({"type": "object"}));
+        if let Some(obj) = s.as_object_mut() {
+            let props = obj.entry("properties").or_insert_with(|| json!({}));
+            props["apiVersion"] = json!({"type": "string", "description": "APIVersion defines the versioned schema of this representation of an object."});
+            props["kind"] = json!({"type": "string", "description": "Kind is a string value representing the REST resource this object represents."});
+            props["metadata"] = json!({"allOf": [{"$ref": format!("{REF_PREFIX}{meta_name}")}],
+                "description": "Standard object's metadata. More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#metadata"});
+            obj.insert("x-kubernetes-group-version-kind".into(), json!([{"group": group, "version": version, "kind": kind}]));
+        }
+        defs.insert(custom_schema_name(group, version, kind), s);
+    }
+    defs
+}
+
 const REF_PREFIX: &str = "#/components/schemas/";
 
 /// The `definitions` of an OpenAPI v2 (Swagger 2.0) document for the given group/versions: the
@@ -117,7 +152,10 @@ fn mark_lists(
     seen: &mut std::collections::BTreeSet<(String, Vec<String>)>,
 ) {
     use crate::patch::{list_strategy, ListStrategy};
-    if path.len() > 16 || !seen.insert((name.to_string(), path.clone())) {
+    // A definition that reaches itself (JSONSchemaProps) is walked once per path, not once
+    // per way round its cycle (which grows exponentially with the depth).
+    let cyclic = path.len() > 1 && seen.iter().any(|(n, p)| n == name && path.starts_with(p) && p.len() < path.len());
+    if cyclic || path.len() > 16 || !seen.insert((name.to_string(), path.clone())) {
         return;
     }
     let Some(props) = defs.get(name).and_then(|d| d.get("properties")).and_then(Value::as_object).cloned() else {
@@ -154,6 +192,14 @@ fn mark_lists(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_recursive_schema_is_walked_once_round_its_cycle() {
+        // JSONSchemaProps refers to itself through a dozen fields: the walk must not follow
+        // every way round (this took forever before).
+        let defs = schemas("apiextensions.k8s.io", "v1");
+        assert!(defs.contains_key("io.k8s.apiextensions-apiserver.pkg.apis.apiextensions.v1.JSONSchemaProps"), "{:?}", defs.keys().collect::<Vec<_>>());
+    }
 
     #[test]
     fn core_v1_has_the_service_schema_with_descriptions_and_refs_that_resolve() {

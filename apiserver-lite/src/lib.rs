@@ -11,12 +11,13 @@
 //! Start with [`serve`]: it takes already-bound listeners and a shutdown future.
 //!
 //! What it is not: kube-apiserver. It stores in sled, not etcd, serves the kinds `api` lists
-//! (no CRDs, no RBAC, no aggregation yet), and runs the controllers above in its own process.
+//! and the custom resources of its CRDs (no aggregation, no admission webhooks), and runs the controllers above in its own process.
 
 pub mod alloc;
 pub mod auth;
 pub mod autoscaling_v1;
 pub mod controllers;
+pub mod crd;
 pub mod error;
 pub mod events_v1;
 pub mod grpc;

@@ -53,6 +53,8 @@ pub struct WriteOptions {
     pub force: bool,
     /// Set by [`Registry::patch`] for server-side apply: the applied configuration.
     pub(crate) apply_config: Option<Value>,
+    /// The version a custom object was written in (its schema applies); None: the storage one.
+    pub served_version: Option<String>,
 }
 
 /// The main resource or its `/status` subresource.
@@ -101,6 +103,8 @@ pub struct Registry {
     pub(crate) events: crate::controllers::events::Correlator,
     /// What the kubelets' resource metrics say (metrics.k8s.io, the HPA controller).
     pub metrics: crate::resource_metrics::MetricsStore,
+    /// The custom resources that established CRDs serve.
+    pub crds: crate::crd::Crds,
 }
 
 fn now() -> Time {
@@ -192,6 +196,7 @@ impl Registry {
             alloc: Mutex::new(Allocators::new(ranges, used)),
             events: Default::default(),
             metrics: Default::default(),
+            crds: Default::default(),
         })
     }
 
@@ -536,8 +541,9 @@ impl Registry {
         self.admission_plugins(kind, &mut body)?;
         let owner = alloc::owner(kind, &ns, &name);
         let mut claims = Claims::new(owner.clone());
-        let mut admitted =
-            api::with_kind_type!(kind, T => self.admit::<T>(body, None, Subresource::Main, opts, &mut claims)?);
+        let mut admitted = api::with_kind_type!(kind,
+            T => self.admit::<T>(body, None, Subresource::Main, opts, &mut claims)?,
+            custom c => self.admit_custom(c, body, None, Subresource::Main, opts)?);
         set_managed_fields(kind, &mut admitted.object, None, Subresource::Main, opts);
         self.commit_write(g, kind, None, admitted, true, claims, opts)
     }
@@ -679,7 +685,9 @@ impl Registry {
         }
         let owner = alloc::owner(kind, &obj_ns(&old), &name);
         let mut claims = Claims::new(owner);
-        let mut admitted = api::with_kind_type!(kind, T => self.admit::<T>(new, Some(&old), sub, opts, &mut claims)?);
+        let mut admitted = api::with_kind_type!(kind,
+            T => self.admit::<T>(new, Some(&old), sub, opts, &mut claims)?,
+            custom c => self.admit_custom(c, new, Some(&old), sub, opts)?);
         set_managed_fields(kind, &mut admitted.object, Some(&old), sub, opts);
         let object = &mut admitted.object;
         // No change: no write, no event, same resourceVersion (as the real server does).
@@ -688,7 +696,22 @@ impl Registry {
             let outcome = Outcome { object: admitted.object, created: false, warnings: admitted.warnings };
             return Ok(Pending { rv: None, outcome });
         }
-        if old.get("spec") != object.get("spec") {
+        // Custom objects count a change of anything but metadata and status.
+        let spec_changed = match kind {
+            Kind::Custom(_) => {
+                let body = |o: &Value| -> Value {
+                    let mut o = o.clone();
+                    if let Some(m) = o.as_object_mut() {
+                        m.remove("metadata");
+                        m.remove("status");
+                    }
+                    o
+                };
+                body(&old) != body(object)
+            }
+            _ => old.get("spec") != object.get("spec"),
+        };
+        if spec_changed {
             if let Some(gen) = old["metadata"]["generation"].as_i64() {
                 object["metadata"]["generation"] = json!(gen + 1);
             }
@@ -751,7 +774,9 @@ impl Registry {
             node_ready: &node_ready,
         };
         // A stored object that does not decode any more can still be removed.
-        let mut plan = api::with_kind_type!(kind, T => api::decode::<T>(&old).map(|o| o.deletion(&ctx)).unwrap_or(DeletePlan::Remove));
+        let mut plan = api::with_kind_type!(kind,
+            T => api::decode::<T>(&old).map(|o| o.deletion(&ctx)).unwrap_or(DeletePlan::Remove),
+            custom _c => DeletePlan::Remove);
         // Finalizers hold an object that would go now: it is marked and stays until the last
         // one is taken out (the update that empties them removes it).
         if matches!(plan, DeletePlan::Remove) && has_finalizers(&old) {
@@ -846,8 +871,9 @@ impl Registry {
         let name = meta_str(&old, "name").unwrap_or("").to_string();
         let ns = obj_ns(&old);
         let ranges = self.ranges();
-        let released =
-            api::with_kind_type!(kind, T => api::decode::<T>(&old).map(|o| o.allocations(&ranges)).unwrap_or_default());
+        let released = api::with_kind_type!(kind,
+            T => api::decode::<T>(&old).map(|o| o.allocations(&ranges)).unwrap_or_default(),
+            custom _c => BTreeSet::new());
         let owner = alloc::owner(kind, &ns, &name);
         let mut ops: Vec<Op> = released.iter().map(|k| Op::Alloc { key: k.clone(), owner: None }).collect();
         ops.extend(extra);
@@ -901,6 +927,21 @@ impl Registry {
             }),
             Some(_) => Ok(()),
         }
+    }
+
+    /// Admits a custom object by its CRD's schema (see [`crate::crd::admit`]).
+    fn admit_custom(
+        &self,
+        kind: api::custom::CustomKind,
+        body: Value,
+        old: Option<&Value>,
+        sub: Subresource,
+        opts: &WriteOptions,
+    ) -> Result<Admitted, ApiError> {
+        let name = meta_str(&body, "name").unwrap_or("").to_string();
+        let model = self.crds.get(kind).ok_or_else(|| ApiError::not_found(Kind::Custom(kind), &name))?;
+        let out = crate::crd::admit(kind, &model, body, old, sub, opts)?;
+        Ok(Admitted { object: out.object, warnings: out.warnings, before: BTreeSet::new(), after: BTreeSet::new() })
     }
 
     /// Decodes, defaults, validates and allocates.

@@ -111,6 +111,8 @@ async fn handle(State(st): State<RestState>, req: Request) -> Response {
 /// A parsed resource URL.
 struct Target {
     kind: Kind,
+    /// The version of the URL (a custom resource may be served in several).
+    version: String,
     namespace: Option<String>,
     name: Option<String>,
     sub: Subresource,
@@ -190,10 +192,12 @@ async fn dispatch(
             accepts_json(&headers, "/openapi/v2")?;
             return get_only(json_response(StatusCode::OK, &openapi_v2()));
         }
-        ["openapi", "v3"] => return get_only(json_response(StatusCode::OK, &openapi_index())),
-        ["openapi", "v3", "api", "v1"] => return get_only(json_response(StatusCode::OK, &openapi_doc("", "v1"))),
+        ["openapi", "v3"] => return get_only(json_response(StatusCode::OK, &openapi_index(&st.registry))),
+        ["openapi", "v3", "api", "v1"] => {
+            return get_only(json_response(StatusCode::OK, &openapi_doc(&st.registry, "", "v1")))
+        }
         ["openapi", "v3", "apis", g, v] if groups().iter().any(|(gg, vv)| gg == g && vv == v) => {
-            return get_only(json_response(StatusCode::OK, &openapi_doc(g, v)))
+            return get_only(json_response(StatusCode::OK, &openapi_doc(&st.registry, g, v)))
         }
         _ => {}
     }
@@ -241,6 +245,7 @@ fn parse_target(group: &str, version: &str, rest: &[&str]) -> Option<Target> {
     };
     let t = |k: Kind, ns: Option<&str>, name: Option<&str>, s: Subresource| Target {
         kind: k,
+        version: version.to_string(),
         namespace: ns.map(str::to_string),
         name: name.map(str::to_string),
         sub: s,
@@ -406,8 +411,23 @@ async fn handle_resource(
     let reg = &st.registry;
     let kind = t.kind;
     let ns = t.namespace.as_deref();
-    if kind.info().namespaced && ns.is_some() && t.name.is_none() && *method == Method::POST {
-        // Creating in a namespace: fine. Cluster-wide POST of a namespaced kind is not.
+    let view = View::new(reg, kind, &t.version)?;
+    if let Kind::Custom(_) = kind {
+        // Custom objects have no protobuf form: a protobuf body is refused, as the real server
+        // refuses it, and a client that accepts nothing else gets 406.
+        let ct = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
+        if !body.is_empty() && ct.starts_with("application/vnd.kubernetes.protobuf") {
+            return Err(ApiError::UnsupportedMediaType);
+        }
+        let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).unwrap_or("*/*");
+        let json_ok = accept.split(',').map(|t| t.split(';').next().unwrap_or("").trim()).any(|t| {
+            matches!(t, "" | "*/*" | "application/*" | "application/json" | "application/yaml")
+        });
+        if !json_ok {
+            return Err(ApiError::NotAcceptable(format!(
+                "only the following media types are accepted: application/json, application/yaml; requested: {accept}"
+            )));
+        }
     }
     if t.sub == Subresource::Scale {
         return handle_scale(st, method, headers, q, &t, body).await;
@@ -425,7 +445,7 @@ async fn handle_resource(
         (Method::GET, None) => {
             let (ls, fs) = selectors(kind, q)?;
             if query_bool(q, "watch") {
-                return watch(st, kind, t.namespace.clone(), q, ls, fs, wants_table(headers)).await;
+                return watch(st, view, t.namespace.clone(), q, ls, fs, wants_table(headers)).await;
             }
             let limit: usize = match q.get("limit").map(String::as_str) {
                 None | Some("") => 0,
@@ -447,21 +467,21 @@ async fn handle_resource(
                 }
                 let mut out = if wants_table(headers) {
                     let full = q.get("includeObject").is_some_and(|i| i == "Object");
-                    to_table(kind, &page.items, &page.rv.to_string(), full, true)
+                    view.table(&page.items, &page.rv.to_string(), full, true)
                 } else {
-                    let items: Vec<Value> = page.items.into_iter().map(|i| with_type_meta(kind, i)).collect();
-                    json!({"kind": format!("{}List", kind.info().name), "apiVersion": kind.api_version(), "items": items})
+                    let items: Vec<Value> = page.items.into_iter().map(|i| view.typed(i)).collect();
+                    json!({"kind": kind.list_kind(), "apiVersion": view.api_version(), "items": items})
                 };
                 out["metadata"] = meta;
                 return Ok(json_response(StatusCode::OK, &out));
             }
-            if !wants_table(headers) && ls.is_empty() && fs.is_empty() {
+            if !wants_table(headers) && ls.is_empty() && fs.is_empty() && view.as_stored() {
                 // The stored objects already carry kind and apiVersion: splice them in as they are.
                 let (raw, rv) = reg.store.list_raw(kind, ns)?;
                 let mut body = format!(
-                    r#"{{"kind":"{}List","apiVersion":"{}","metadata":{{"resourceVersion":"{rv}"}},"items":["#,
-                    kind.info().name,
-                    kind.api_version()
+                    r#"{{"kind":"{}","apiVersion":"{}","metadata":{{"resourceVersion":"{rv}"}},"items":["#,
+                    kind.list_kind(),
+                    view.api_version()
                 )
                 .into_bytes();
                 body.reserve(raw.iter().map(|r| r.len() + 1).sum());
@@ -479,12 +499,12 @@ async fn handle_resource(
             let (items, rv) = reg.list(kind, ns, &ls, &fs)?;
             if wants_table(headers) {
                 let full = q.get("includeObject").is_some_and(|i| i == "Object");
-                return Ok(json_response(StatusCode::OK, &to_table(kind, &items, &rv.to_string(), full, true)));
+                return Ok(json_response(StatusCode::OK, &view.table(&items, &rv.to_string(), full, true)));
             }
-            let items: Vec<Value> = items.into_iter().map(|i| with_type_meta(kind, i)).collect();
+            let items: Vec<Value> = items.into_iter().map(|i| view.typed(i)).collect();
             Ok(json_response(
                 StatusCode::OK,
-                &json!({"kind": format!("{}List", kind.info().name), "apiVersion": kind.api_version(),
+                &json!({"kind": kind.list_kind(), "apiVersion": view.api_version(),
                         "metadata": {"resourceVersion": rv.to_string()}, "items": items}),
             ))
         }
@@ -493,33 +513,43 @@ async fn handle_resource(
             if wants_table(headers) {
                 let full = q.get("includeObject").is_some_and(|i| i == "Object");
                 let rv = obj["metadata"]["resourceVersion"].as_str().unwrap_or("").to_string();
-                return Ok(json_response(StatusCode::OK, &to_table(kind, &[obj], &rv, full, true)));
+                return Ok(json_response(StatusCode::OK, &view.table(&[obj], &rv, full, true)));
             }
-            Ok(json_response(StatusCode::OK, &with_type_meta(kind, obj)))
+            Ok(json_response(StatusCode::OK, &view.typed(obj)))
         }
         (Method::POST, None) => {
             if kind.info().namespaced && ns.is_none() {
                 return Err(ApiError::MethodNotAllowed);
             }
-            let value = parse_body(&body, headers)?;
-            let out = reg.create(kind, ns, value, &write_options(q, headers, "CreateOptions")?).await?;
-            Ok(with_warnings(json_response(StatusCode::CREATED, &out.object), &out.warnings))
+            let value = view.to_storage(parse_body(&body, headers)?)?;
+            let opts = WriteOptions { served_version: Some(t.version.clone()), ..write_options(q, headers, "CreateOptions")? };
+            let out = reg.create(kind, ns, value, &opts).await?;
+            Ok(with_warnings(json_response(StatusCode::CREATED, &view.typed(out.object)), &out.warnings))
         }
         (Method::PUT, Some(name)) => {
-            let value = parse_body(&body, headers)?;
-            let out = reg.update(kind, ns, name, value, t.sub, &write_options(q, headers, "UpdateOptions")?).await?;
-            Ok(with_warnings(json_response(StatusCode::OK, &out.object), &out.warnings))
+            let value = view.to_storage(parse_body(&body, headers)?)?;
+            let opts = WriteOptions { served_version: Some(t.version.clone()), ..write_options(q, headers, "UpdateOptions")? };
+            let out = reg.update(kind, ns, name, value, t.sub, &opts).await?;
+            Ok(with_warnings(json_response(StatusCode::OK, &view.typed(out.object)), &out.warnings))
         }
         (Method::PATCH, Some(name)) => {
             let ct = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
             let ty = PatchType::from_content_type(ct).ok_or(ApiError::UnsupportedMediaType)?;
+            // Custom objects have no strategic merge information: the real server refuses it.
+            if ty == PatchType::Strategic && matches!(kind, Kind::Custom(_)) {
+                return Err(ApiError::UnsupportedMediaType);
+            }
             if ty == PatchType::Apply && !q.contains_key("fieldManager") {
                 return Err(ApiError::BadRequest("PatchOptions.meta.k8s.io \"\" is invalid: fieldManager: Required value: is required for apply patch".into()));
             }
-            let value = parse_body(&body, headers)?;
-            let out = reg.patch(kind, ns, name, ty, value, t.sub, &write_options(q, headers, "PatchOptions")?).await?;
+            let mut value = parse_body(&body, headers)?;
+            if ty == PatchType::Apply {
+                value = view.to_storage(value)?;
+            }
+            let opts = WriteOptions { served_version: Some(t.version.clone()), ..write_options(q, headers, "PatchOptions")? };
+            let out = reg.patch(kind, ns, name, ty, value, t.sub, &opts).await?;
             let code = if out.created { StatusCode::CREATED } else { StatusCode::OK };
-            Ok(with_warnings(json_response(code, &out.object), &out.warnings))
+            Ok(with_warnings(json_response(code, &view.typed(out.object)), &out.warnings))
         }
         (Method::DELETE, Some(name)) => {
             if t.sub != Subresource::Main {
@@ -527,7 +557,7 @@ async fn handle_resource(
             }
             let opts = delete_options(&body, headers, q)?;
             let obj = reg.delete(kind, ns, name, &opts).await?;
-            Ok(json_response(StatusCode::OK, &with_type_meta(kind, obj)))
+            Ok(json_response(StatusCode::OK, &view.typed(obj)))
         }
         (Method::DELETE, None) => {
             let (ls, fs) = selectors(kind, q)?;
@@ -538,7 +568,7 @@ async fn handle_resource(
                 let name = item["metadata"]["name"].as_str().unwrap_or("").to_string();
                 let item_ns = item["metadata"]["namespace"].as_str().map(str::to_string);
                 match reg.delete(kind, item_ns.as_deref(), &name, &opts).await {
-                    Ok(o) => deleted.push(o),
+                    Ok(o) => deleted.push(view.typed(o)),
                     Err(ApiError::NotFound { .. }) | Err(ApiError::Forbidden { .. }) => {}
                     Err(e) => return Err(e),
                 }
@@ -546,7 +576,7 @@ async fn handle_resource(
             let rv = reg.store.current_rv().to_string();
             Ok(json_response(
                 StatusCode::OK,
-                &json!({"kind": format!("{}List", kind.info().name), "apiVersion": kind.api_version(),
+                &json!({"kind": kind.list_kind(), "apiVersion": view.api_version(),
                         "metadata": {"resourceVersion": rv}, "items": deleted}),
             ))
         }
@@ -755,6 +785,69 @@ fn delete_options(body: &Bytes, headers: &HeaderMap, q: &BTreeMap<String, String
     Ok(opts)
 }
 
+/// How a request's objects are shown: a built-in kind as stored, a custom one in the version
+/// of the URL, with its CRD's printer columns.
+#[derive(Clone)]
+struct View {
+    kind: Kind,
+    custom: Option<(api::custom::CustomKind, String, Arc<crate::crd::Model>)>,
+}
+
+impl View {
+    fn new(reg: &Registry, kind: Kind, version: &str) -> Result<View, ApiError> {
+        let custom = match kind {
+            Kind::Custom(c) => {
+                let model = reg.crds.get(c).ok_or(ApiError::NoRoute)?;
+                Some((c, version.to_string(), model))
+            }
+            _ => None,
+        };
+        Ok(View { kind, custom })
+    }
+
+    fn typed(&self, obj: Value) -> Value {
+        match &self.custom {
+            Some((c, v, _)) => crate::crd::served_as(*c, v, obj),
+            None => with_type_meta(self.kind, obj),
+        }
+    }
+
+    fn api_version(&self) -> String {
+        match &self.custom {
+            Some((c, v, _)) => format!("{}/{v}", c.info().group),
+            None => self.kind.api_version(),
+        }
+    }
+
+    /// Whether objects are served as they are stored (a list can be spliced from the store).
+    fn as_stored(&self) -> bool {
+        self.custom.as_ref().is_none_or(|(_, v, m)| *v == m.storage)
+    }
+
+    fn table(&self, items: &[Value], rv: &str, full: bool, headers: bool) -> Value {
+        match &self.custom {
+            Some((c, v, m)) => crate::crd::table(*c, m, v, items, rv, full, headers),
+            None => to_table(self.kind, items, rv, full, headers),
+        }
+    }
+
+    /// A body written in the URL's version, made the storage version's (conversion `None`).
+    fn to_storage(&self, mut body: Value) -> Result<Value, ApiError> {
+        if let Some((c, _, m)) = &self.custom {
+            if let Some(av) = body.get("apiVersion").and_then(Value::as_str) {
+                if av != self.api_version() {
+                    return Err(ApiError::BadRequest(format!(
+                        "the API version in the data ({av}) does not match the expected API version ({})",
+                        self.api_version()
+                    )));
+                }
+                body["apiVersion"] = json!(format!("{}/{}", c.info().group, m.storage));
+            }
+        }
+        Ok(body)
+    }
+}
+
 fn with_type_meta(kind: Kind, mut obj: Value) -> Value {
     if let Some(o) = obj.as_object_mut() {
         o.insert("kind".into(), json!(kind.info().name));
@@ -783,6 +876,11 @@ pub fn to_table(kind: Kind, items: &[Value], rv: &str, full_objects: bool, heade
             })
             .collect();
         api::table::table(&T::columns(), rows, rv, headers)
+    }, custom _c => {
+        // Custom objects are shown by their CRD's columns (`View::table`); without the CRD
+        // only their names are known.
+        let rows = items.iter().map(|i| (vec![i["metadata"]["name"].clone()], api::table::partial_object_metadata(&i["metadata"]))).collect();
+        api::table::table(&[api::table::NAME_COLUMN], rows, rv, headers)
     })
 }
 
@@ -791,7 +889,7 @@ pub fn to_table(kind: Kind, items: &[Value], rv: &str, full_objects: bool, heade
 #[allow(clippy::too_many_arguments)]
 async fn watch(
     st: &RestState,
-    kind: Kind,
+    view: View,
     ns: Option<String>,
     q: &BTreeMap<String, String>,
     labels: LabelSelector,
@@ -813,6 +911,7 @@ async fn watch(
         None => Duration::from_secs(1800 + fastrand::u64(0..1800)),
     };
     let bookmarks = query_bool(q, "allowWatchBookmarks");
+    let kind = view.kind;
     let spec = WatchSpec {
         filter: WatchFilter { kind, ns, labels, fields },
         from: requested,
@@ -828,18 +927,18 @@ async fn watch(
                 WatchItem::Event(t, obj) => {
                     let object = if table {
                         let rv = obj["metadata"]["resourceVersion"].as_str().unwrap_or("").to_string();
-                        let t = to_table(kind, &[obj], &rv, false, !headers_sent);
+                        let t = view.table(&[obj], &rv, false, !headers_sent);
                         headers_sent = true;
                         t
                     } else {
-                        with_type_meta(kind, obj)
+                        view.typed(obj)
                     };
                     json!({"type": t.as_str(), "object": object})
                 }
                 // A REST watch without resourceVersion has no end-of-snapshot marker.
                 WatchItem::Synced(_) => continue,
                 WatchItem::Bookmark(rv) => json!({"type": "BOOKMARK", "object": {"kind": kind.info().name,
-                    "apiVersion": kind.api_version(), "metadata": {"resourceVersion": rv.to_string()}}}),
+                    "apiVersion": view.api_version(), "metadata": {"resourceVersion": rv.to_string()}}}),
                 WatchItem::Expired { requested, current } => {
                     json!({"type": "ERROR", "object": ApiError::Expired { requested, current }.status()})
                 }
@@ -881,11 +980,13 @@ fn arch() -> &'static str {
 /// Every resource discovery and OpenAPI describe: the kinds, and events.k8s.io/v1 Events (the
 /// core Events in another version).
 fn served() -> impl Iterator<Item = &'static api::KindInfo> {
+    let custom = api::custom::CustomKind::all_served().into_iter().flat_map(|c| c.version_infos().iter().copied());
     Kind::ALL
         .iter()
         .map(|k| k.info())
         .chain(std::iter::once(&crate::events_v1::INFO))
         .chain(std::iter::once(&crate::autoscaling_v1::INFO))
+        .chain(custom)
 }
 
 /// The non-core group versions served.
@@ -897,8 +998,14 @@ fn groups() -> Vec<(&'static str, &'static str)> {
 }
 
 /// Whether `version` is the one a group's clients should use: the stored kinds' version.
+/// A group only custom resources serve prefers its highest version (`v1` over `v1beta1`), as
+/// the real server orders CRD versions.
 fn is_preferred(group: &str, version: &str) -> bool {
-    Kind::ALL.iter().any(|k| k.info().group == group && k.info().version == version)
+    if Kind::ALL.iter().any(|k| k.info().group == group) {
+        return Kind::ALL.iter().any(|k| k.info().group == group && k.info().version == version);
+    }
+    let best = served().filter(|k| k.group == group).map(|k| k.version).min_by_key(|v| api::custom::version_priority(v));
+    best == Some(version)
 }
 
 fn api_versions(advertise: &str) -> Value {
@@ -1124,9 +1231,13 @@ fn aggregated(headers: &HeaderMap, core: bool) -> Response {
     r
 }
 
-/// Changes whenever the served kinds change, so kubectl's OpenAPI cache is refreshed.
-fn openapi_hash() -> String {
+/// Changes whenever the served kinds or a CRD's schema change, so kubectl's OpenAPI cache is
+/// refreshed.
+fn openapi_hash(reg: &Registry) -> String {
     let mut h: u64 = 1469598103934665603;
+    for b in reg.crds.revision().to_le_bytes() {
+        h = (h ^ b as u64).wrapping_mul(1099511628211);
+    }
     for k in served() {
         for b in format!("{}/{}/{}/{}", k.group, k.version, k.plural, env!("CARGO_PKG_VERSION")).bytes() {
             h = (h ^ b as u64).wrapping_mul(1099511628211);
@@ -1135,8 +1246,8 @@ fn openapi_hash() -> String {
     format!("{h:016X}")
 }
 
-fn openapi_index() -> Value {
-    let hash = openapi_hash();
+fn openapi_index(reg: &Registry) -> Value {
+    let hash = openapi_hash(reg);
     let mut paths = serde_json::Map::new();
     paths.insert("api/v1".into(), json!({"serverRelativeURL": format!("/openapi/v3/api/v1?hash={hash}")}));
     for (g, v) in groups() {
@@ -1151,16 +1262,21 @@ fn openapi_index() -> Value {
 /// The OpenAPI v3 document of a group/version: the kinds' real schemas (`kubectl explain`) and
 /// one PATCH operation per kind with the `fieldValidation` parameter, which is what tells
 /// kubectl to leave validation to the server. Built once per group/version.
-fn openapi_doc(group: &str, version: &str) -> Value {
-    static DOCS: std::sync::OnceLock<std::sync::Mutex<BTreeMap<String, Arc<Value>>>> = std::sync::OnceLock::new();
+fn openapi_doc(reg: &Registry, group: &str, version: &str) -> Value {
+    type Docs = BTreeMap<String, (u64, Arc<Value>)>;
+    static DOCS: std::sync::OnceLock<std::sync::Mutex<Docs>> = std::sync::OnceLock::new();
     let cache = DOCS.get_or_init(Default::default);
     let key = format!("{group}/{version}");
-    if let Some(doc) = cache.lock().ok().and_then(|c| c.get(&key).cloned()) {
-        return (*doc).clone();
+    // Built-in documents never change; those with custom kinds follow the CRDs' revision.
+    let revision = reg.crds.revision();
+    if let Some((rev, doc)) = cache.lock().ok().and_then(|c| c.get(&key).cloned()) {
+        if rev == revision || !served().any(|k| k.group == group && k.version == version && k.custom) {
+            return (*doc).clone();
+        }
     }
-    let doc = build_openapi_doc(group, version);
+    let doc = build_openapi_doc(reg, group, version);
     if let Ok(mut c) = cache.lock() {
-        c.insert(key, Arc::new(doc.clone()));
+        c.insert(key, (revision, Arc::new(doc.clone())));
     }
     doc
 }
@@ -1181,10 +1297,12 @@ fn object_path(k: &api::KindInfo) -> String {
 fn openapi_v2() -> Value {
     static DOC: std::sync::OnceLock<Value> = std::sync::OnceLock::new();
     DOC.get_or_init(|| {
+        // Built-in kinds only: kubectl reads custom kinds from OpenAPI v3 (a custom kind here
+        // would make its apply choose a strategic merge patch, which custom kinds refuse).
         let mut gvs = vec![("", "v1")];
-        gvs.extend(groups());
+        gvs.extend(groups().into_iter().filter(|(g, v)| served().any(|k| k.group == *g && k.version == *v && !k.custom)));
         let mut paths = serde_json::Map::new();
-        for k in served() {
+        for k in served().filter(|k| !k.custom) {
             let op = json!({
                 "x-kubernetes-group-version-kind": {"group": k.group, "version": k.version, "kind": k.name},
                 "consumes": ["application/json-patch+json", "application/merge-patch+json",
@@ -1230,23 +1348,43 @@ fn accepts_json(headers: &HeaderMap, what: &str) -> Result<(), ApiError> {
     }
 }
 
-fn build_openapi_doc(group: &str, version: &str) -> Value {
+fn build_openapi_doc(reg: &Registry, group: &str, version: &str) -> Value {
     let mut paths = serde_json::Map::new();
     for k in served().filter(|k| k.group == group && k.version == version) {
         let path = object_path(k);
+        let mut content = json!({
+            "application/apply-patch+yaml": {"schema": {}},
+            "application/json-patch+json": {"schema": {}},
+            "application/merge-patch+json": {"schema": {}}});
+        // Custom kinds take no strategic merge patch (kubectl apply reads this to choose).
+        if !k.custom {
+            content["application/strategic-merge-patch+json"] = json!({"schema": {}});
+        }
         let op = json!({
             "x-kubernetes-group-version-kind": {"group": group, "version": version, "kind": k.name},
             "parameters": [{"name": "fieldValidation", "in": "query", "schema": {"type": "string", "uniqueItems": true}},
                            {"name": "fieldManager", "in": "query", "schema": {"type": "string", "uniqueItems": true}}],
-            "requestBody": {"content": {
-                "application/apply-patch+yaml": {"schema": {}},
-                "application/json-patch+json": {"schema": {}},
-                "application/merge-patch+json": {"schema": {}},
-                "application/strategic-merge-patch+json": {"schema": {}}}},
+            "requestBody": {"content": content},
             "responses": {"200": {"description": "OK"}}
         });
         paths.insert(path, json!({"patch": op}));
     }
+    let mut schemas = api::openapi::schemas(group, version);
+    let models: Vec<(String, Arc<crate::crd::Model>)> = reg
+        .crds
+        .all()
+        .into_iter()
+        .filter(|(c, _)| c.info().group == group)
+        .map(|(c, m)| (c.info().name.to_string(), m))
+        .collect();
+    let kinds: Vec<(&str, Option<&api::k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::JSONSchemaProps>)> =
+        models
+            .iter()
+            .filter_map(|(kind, m)| m.version(Some(version)).map(|v| (kind.as_str(), v.schema.as_ref())))
+            .collect();
+    if !kinds.is_empty() {
+        schemas.extend(api::openapi::custom_schemas(group, version, &kinds));
+    }
     json!({"openapi": "3.0.0", "info": {"title": "Kubernetes", "version": "v1.32.0"},
-           "paths": paths, "components": {"schemas": api::openapi::schemas(group, version)}})
+           "paths": paths, "components": {"schemas": schemas}})
 }

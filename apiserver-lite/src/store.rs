@@ -122,7 +122,7 @@ pub(crate) fn parse_object(bytes: &[u8]) -> Result<Value, ApiError> {
 
 /// The storage key of an object.
 pub fn object_key(kind: Kind, ns: &str, name: &str) -> String {
-    format!("o/{}/{}/{}", kind.info().name, ns, name)
+    format!("o/{}/{}/{}", kind.store_name(), ns, name)
 }
 
 fn ns_and_name(obj: &Value) -> (String, String) {
@@ -300,7 +300,7 @@ impl Store {
                 Ok(ev) => ev,
                 Err(_) => continue,
             };
-            let Some(kind) = Kind::from_name(&ev.kind) else { continue };
+            let Some(kind) = Kind::from_store_name(&ev.kind) else { continue };
             let object = bytes::Bytes::from(serde_json::to_vec(&ev.object)?);
             log.push_back(Arc::new(StoredEvent { rv, kind, type_: ev.type_, object, prev: None }));
         }
@@ -356,8 +356,8 @@ impl Store {
     /// Like [`Store::list`], but the stored JSON bytes, unparsed (plain lists need no parsing).
     pub fn list_raw(&self, kind: Kind, ns: Option<&str>) -> Result<(Vec<sled::IVec>, u64), ApiError> {
         let prefix = match ns {
-            Some(ns) => format!("o/{}/{}/", kind.info().name, ns),
-            None => format!("o/{}/", kind.info().name),
+            Some(ns) => format!("o/{}/{}/", kind.store_name(), ns),
+            None => format!("o/{}/", kind.store_name()),
         };
         let applied = self.applied.read().map_err(|_| ApiError::internal("store lock poisoned"))?;
         let mut out = Vec::new();
@@ -369,7 +369,7 @@ impl Store {
 
     /// Objects of `kind` in `ns` whose name starts with `name_prefix` (a key-range scan).
     pub fn list_name_prefix(&self, kind: Kind, ns: &str, name_prefix: &str) -> Result<Vec<Value>, ApiError> {
-        let prefix = format!("o/{}/{}/{}", kind.info().name, ns, name_prefix);
+        let prefix = format!("o/{}/{}/{}", kind.store_name(), ns, name_prefix);
         let mut out = Vec::new();
         for item in self.db.scan_prefix(prefix.as_bytes()) {
             out.push(parse_object(&item?.1)?);
@@ -433,7 +433,7 @@ impl Store {
         for ev in &events {
             // {"kind":…,"type":…,"object":<the stored bytes>}, without re-serialising the object.
             let mut disk =
-                format!(r#"{{"kind":"{}","type":"{}","object":"#, ev.kind.info().name, ev.type_.as_str()).into_bytes();
+                format!(r#"{{"kind":"{}","type":"{}","object":"#, ev.kind.store_name(), ev.type_.as_str()).into_bytes();
             disk.extend_from_slice(&ev.object);
             disk.push(b'}');
             batch.insert(format!("e/{:016x}", ev.rv).as_bytes(), disk);

@@ -8,7 +8,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
     CustomResourceDefinitionVersion, CustomResourceSubresourceScale, JSONSchemaProps,
 };
 
-use super::{validate_meta, ApiObject, Kind, KindInfo};
+use super::{validate_meta, ApiObject, DeleteContext, DeletePlan, Kind, KindInfo};
 use crate::custom::CustomFacts;
 use crate::validation::{self as v, Cause, FieldPath};
 
@@ -66,6 +66,15 @@ impl ApiObject for CustomResourceDefinition {
             if s.stored_versions.as_ref().is_none_or(|v| v.is_empty()) {
                 s.stored_versions = status.stored_versions;
             }
+        }
+    }
+
+    /// A CRD stays, terminating, until the controller has deleted its objects (the real
+    /// server's `customresourcecleanup` finalizer).
+    fn deletion(&self, ctx: &DeleteContext<'_>) -> DeletePlan {
+        match self.metadata.deletion_timestamp {
+            Some(_) => DeletePlan::AlreadyDeleting,
+            None => DeletePlan::MarkDeleting { at: ctx.now, grace_seconds: Some(0), phase: None },
         }
     }
 

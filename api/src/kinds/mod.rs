@@ -44,6 +44,8 @@ pub struct KindInfo {
     /// Stored and served, but no podpath component acts on it (kubectl's default prune list
     /// needs these kinds): a create answers with a warning that says so.
     pub no_controller: bool,
+    /// Defined by a CRD (see [`crate::custom`]).
+    pub custom: bool,
 }
 
 impl KindInfo {
@@ -63,6 +65,7 @@ impl KindInfo {
             has_generation: false,
             field_selectors: &[],
             no_controller: false,
+            custom: false,
         }
     }
 }
@@ -168,6 +171,11 @@ pub(crate) fn validate_meta(meta: &ObjectMeta, name_rule: fn(&str) -> Vec<String
     if let Some(annotations) = &meta.annotations {
         v::annotations(annotations, &path.child("annotations"), out);
     }
+}
+
+/// Validates the `metadata` of an object whose name is a DNS subdomain (custom objects').
+pub fn validate_object_meta(meta: &ObjectMeta, out: &mut Vec<Cause>) {
+    validate_meta(meta, v::dns1123_subdomain, out);
 }
 
 /// The start of validating a kind whose spec is required: the metadata, then the spec, or a
@@ -329,10 +337,11 @@ impl Kind {
         }
     }
 
-    /// The kind a store name names (see [`Kind::store_name`]).
+    /// The kind a store name names (see [`Kind::store_name`]); a custom resource not known
+    /// yet is reserved (its CRD is loaded later).
     pub fn from_store_name(name: &str) -> Option<Kind> {
         match name.contains('.') {
-            true => crate::custom::CustomKind::by_resource(name).map(Kind::Custom),
+            true => Some(Kind::Custom(crate::custom::CustomKind::reserve(name))),
             false => Kind::from_name(name),
         }
     }

@@ -9,6 +9,7 @@
 //! read and write. All follow the store's durable event log and also resync periodically, so a
 //! missed event heals itself.
 
+pub mod crds;
 pub mod cronjobs;
 pub mod daemonsets;
 pub mod endpoints;
@@ -78,6 +79,8 @@ pub async fn bootstrap(reg: &Registry, apiserver_endpoint: Option<(String, u16)>
         }
     }
     kubernetes_service(reg, apiserver_endpoint).await?;
+    // The CRDs' resources are served before the first request.
+    crds::sync(reg).await?;
     // RBAC's bootstrap policy, made when missing (kube-apiserver's reconciliation adds, never
     // removes what an administrator changed).
     let (roles, bindings) = api::rbac::bootstrap();
@@ -195,6 +198,7 @@ pub async fn run(reg: Arc<Registry>, cfg: ControllerConfig) {
                                     | Kind::PersistentVolumeClaim
                                     | Kind::PersistentVolume
                                     | Kind::StorageClass
+                                    | Kind::CustomResourceDefinition
                             ) {
                                 dirty.note(ev.kind, &ev.object(), ev.prev().as_ref());
                             }
@@ -238,6 +242,8 @@ struct Dirty {
     load_balancers: bool,
     /// Claims, volumes or what they depend on (classes, pods, nodes) changed.
     volumes: bool,
+    /// A CRD changed.
+    crds: bool,
     /// The volume controller's once-only Events already recorded (claim uid, reason).
     volume_events: BTreeSet<(String, &'static str)>,
 }
@@ -247,6 +253,7 @@ impl Dirty {
         let ns = obj["metadata"]["namespace"].as_str().unwrap_or("").to_string();
         let name = obj["metadata"]["name"].as_str().unwrap_or("").to_string();
         match kind {
+            Kind::CustomResourceDefinition => self.crds = true,
             Kind::Service => {
                 self.services.insert((ns, name));
                 self.load_balancers = true;
@@ -291,6 +298,9 @@ impl Dirty {
 async fn reconcile(reg: &Registry, cfg: &ControllerConfig, dirty: &mut Dirty) -> Result<(), ApiError> {
     let all = std::mem::take(&mut dirty.all);
     let periodic = std::mem::take(&mut dirty.periodic);
+    if all || std::mem::take(&mut dirty.crds) {
+        crds::sync(reg).await?;
+    }
     if all || periodic {
         nodes::node_health(reg, cfg.node_monitor_grace).await?;
         nodes::pod_gc(reg, cfg.pod_gc_slack).await?;

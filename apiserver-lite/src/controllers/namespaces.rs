@@ -19,7 +19,9 @@ pub(crate) async fn namespace_lifecycle(reg: &Registry) -> Result<(), ApiError> 
         }
         let (_, ns) = ns_name(&n);
         let mut remaining = 0;
-        for &kind in Kind::ALL.iter().filter(|k| k.info().namespaced) {
+        let custom = reg.crds.all().into_iter().map(|(c, _)| Kind::Custom(c));
+        let kinds: Vec<Kind> = Kind::ALL.iter().copied().chain(custom).filter(|k| k.info().namespaced).collect();
+        for kind in kinds {
             let (items, _) = reg.store.list(kind, Some(&ns))?;
             for item in items {
                 remaining += 1;
