@@ -10,6 +10,8 @@
 
 pub mod alloc;
 pub mod apps;
+#[cfg(feature = "cel")]
+pub mod cel;
 pub mod convert;
 pub mod cron;
 pub mod custom;

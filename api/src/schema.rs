@@ -432,20 +432,20 @@ pub fn validate(value: &Value, s: &Schema, path: &FieldPath, out: &mut Vec<Cause
     if value.is_null() {
         if !flag(s.nullable) && (s.type_.is_some() || flag(s.x_kubernetes_int_or_string)) {
             let want = if flag(s.x_kubernetes_int_or_string) { "integer,string" } else { s.type_.as_deref().unwrap_or("") };
-            out.push(v::invalid(path, "null", &format!("{shown} in body must be of type {want}: \"null\"")));
+            out.push(type_invalid(path, "null", &format!("{shown} in body must be of type {want}: \"null\"")));
         }
         return;
     }
     let got = type_name(value);
     if flag(s.x_kubernetes_int_or_string) {
         if got != "integer" && got != "string" {
-            out.push(v::invalid(path, got, &format!("{shown} in body must be of type integer,string: \"{got}\"")));
+            out.push(type_invalid(path, got, &format!("{shown} in body must be of type integer,string: \"{got}\"")));
             return;
         }
     } else if let Some(want) = s.type_.as_deref().filter(|t| !t.is_empty()) {
         let fits = want == got || (want == "number" && got == "integer");
         if !fits {
-            out.push(v::invalid(path, got, &format!("{shown} in body must be of type {want}: \"{got}\"")));
+            out.push(type_invalid(path, got, &format!("{shown} in body must be of type {want}: \"{got}\"")));
             return;
         }
     }
@@ -500,6 +500,11 @@ pub fn validate(value: &Value, s: &Schema, path: &FieldPath, out: &mut Vec<Cause
             out.push(v::invalid(path, value, &format!("{shown} in body should not validate the schema (not)")));
         }
     }
+}
+
+/// A value of the wrong type (`FieldValueTypeInvalid`: it keeps CEL rules from running).
+fn type_invalid(path: &FieldPath, got: &str, detail: &str) -> Cause {
+    Cause { reason: "FieldValueTypeInvalid".into(), ..v::invalid(path, got, detail) }
 }
 
 fn string(text: &str, s: &Schema, path: &FieldPath, shown: &str, out: &mut Vec<Cause>) {

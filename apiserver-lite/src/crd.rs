@@ -126,6 +126,24 @@ pub fn admit(
         api::schema::drop_nulls(&mut body, schema);
         api::schema::apply_defaults(&mut body, schema);
         api::schema::validate(&body, schema, &FieldPath::default(), &mut causes);
+        // CEL rules do not run on an object with a blocking error (a wrong type, a missing or
+        // unsupported value, too long, too many), as the real server does.
+        const BLOCKING: &[&str] = &[
+            "FieldValueNotSupported",
+            "FieldValueRequired",
+            "FieldValueTooLong",
+            "FieldValueTooMany",
+            "FieldValueTypeInvalid",
+        ];
+        if causes.iter().any(|c| BLOCKING.contains(&c.reason.as_str())) {
+            causes.push(api::Cause {
+                reason: "FieldValueInvalid".into(),
+                field: "<nil>".into(),
+                message: "Invalid value: \"null\": some validation rules were not checked because the object was invalid; correct the existing errors to complete validation".into(),
+            });
+        } else {
+            api::cel::validate(&body, old, schema, &FieldPath::default(), &mut causes);
+        }
     }
     if version.deprecated && old.is_none() {
         warnings.push(version.deprecation_warning.clone().unwrap_or_else(|| {

@@ -46,7 +46,16 @@ spec:
           spec:
             type: object
             required: [colour]
+            x-kubernetes-validations:
+            - rule: "self.size <= 5 || self.colour != 'red'"
+              message: a red widget is at most 5 big
+            - rule: "!has(self.code) || self.code != 'bad'"
+              messageExpression: "'code ' + self.code + ' is refused'"
             properties:
+              serial:
+                type: string
+                x-kubernetes-validations:
+                - {rule: self == oldSelf, message: serial is immutable}
               size:
                 type: integer
                 minimum: 1
@@ -103,6 +112,7 @@ metadata:
   name: small
 spec:
   colour: red
+  serial: s-1
   port: http
   extra: {anything: [1, 2]}
   parts:
@@ -217,6 +227,16 @@ fn a_crd_serves_its_resource_to_kubectl() {
     let odd: serde_json::Value = serde_json::from_str(&ok(&srv, &["get", "widget", "odd", "-o", "json"])).unwrap();
     assert!(odd["spec"].get("shape").is_none(), "pruned: {odd}");
 
+    // CEL rules: the messages, a message expression, a transition rule.
+    let red = write(&srv, "red.yaml", &WIDGET.replace("name: small", "name: red").replace("colour: red", "colour: red\n  size: 6"));
+    let err = fails(&srv, &["apply", "-f", &red]);
+    assert!(err.contains("spec: Invalid value: a red widget is at most 5 big"), "{err}");
+    let bad_code = write(&srv, "code.yaml", &WIDGET.replace("name: small", "name: coded").replace("colour: red", "colour: red\n  code: bad"));
+    let err = fails(&srv, &["apply", "-f", &bad_code]);
+    assert!(err.contains("spec: Invalid value: code bad is refused"), "{err}");
+    let err = fails(&srv, &["patch", "widget", "small", "--type=merge", "-p", r#"{"spec":{"serial":"s-2"}}"#]);
+    assert!(err.contains(r#"spec.serial: Invalid value: "s-2": serial is immutable"#), "{err}");
+
     // explain reads the CRD's schema.
     let explain = ok(&srv, &["explain", "widget.spec.size"]);
     assert!(explain.contains("GROUP:      test.podpath.dev") && explain.contains("How big the widget is."), "{explain}");
@@ -290,6 +310,12 @@ fn invalid_crds_are_refused_with_the_real_texts() {
     ] {
         assert!(err.contains(want), "missing {want:?} in:\n{err}");
     }
+    let bad_rule = write(&srv, "rule.yaml", &CRD.replace("self.size <= 5 || self.colour != 'red'", "self.size <= "));
+    let err = fails(&srv, &["apply", "-f", &bad_rule]);
+    assert!(
+        err.contains(r#"spec.versions[0].schema.openAPIV3Schema.properties[spec].x-kubernetes-validations[0].rule: Invalid value: "self.size <= ": compilation failed"#),
+        "{err}"
+    );
     let two_storage = write(&srv, "two.yaml", &CRD.replace("    storage: false\n", "    storage: true\n"));
     let err = fails(&srv, &["apply", "-f", &two_storage]);
     assert!(err.contains("must have exactly one version marked as storage version"), "{err}");

@@ -220,6 +220,8 @@ fn validate_version(ver: &CustomResourceDefinitionVersion, at: &FieldPath, out: 
         None => {}
         Some(s) => {
             out.extend(crate::schema::structural(s, &schema_path));
+            #[cfg(feature = "cel")]
+            crate::cel::check_rules(s, &schema_path, out);
             let has_status = ver.subresources.as_ref().is_some_and(|r| r.status.is_some());
             if has_status && s.type_.as_deref().is_some_and(|t| t != "object") {
                 out.push(v::invalid(
