@@ -291,7 +291,18 @@ fn kind_of(k: i32) -> Result<Kind, Status> {
         .ok_or_else(|| Status::invalid_argument("kind is required"))
 }
 
+/// The served custom resource `plural.group`.
+fn custom_kind(reg: &Registry, resource: &str) -> Result<Kind, Status> {
+    api::custom::CustomKind::by_resource(resource)
+        .filter(|c| reg.crds.get(*c).is_some())
+        .map(Kind::Custom)
+        .ok_or_else(|| Status::not_found(format!("the server doesn't have a resource type {resource:?}")))
+}
+
 fn proto_object(kind: Kind, v: Value) -> Result<pb::watch_event::Object, Status> {
+    if let Kind::Custom(_) = kind {
+        return Ok(pb::watch_event::Object::ObjectJson(v.to_string()));
+    }
     match api::convert::event_object(kind, v) {
         Some(o) => o.map_err(|e| Status::internal(e.to_string())),
         None => Err(Status::unimplemented(format!("{kind} objects are not watchable over gRPC"))),
@@ -304,7 +315,10 @@ impl pb::watch_server::Watch for Grpc {
 
     async fn watch(&self, r: Request<pb::WatchRequest>) -> Result<Response<WatchStream>, Status> {
         let req = r.into_inner();
-        let kind = kind_of(req.kind)?;
+        let kind = match req.resource.as_str() {
+            "" => kind_of(req.kind)?,
+            resource => custom_kind(&self.registry, resource)?,
+        };
         let (labels, fields) = selectors(kind, &req.label_selector, &req.field_selector)?;
         let from = match req.resource_version.as_str() {
             "" => None,
@@ -360,6 +374,84 @@ impl pb::watch_server::Watch for Grpc {
     }
 }
 
+/// A custom object's JSON, as a request carries it.
+fn object_json(o: &pb::CustomObject) -> Result<Value, Status> {
+    let v: Value = serde_json::from_str(&o.json).map_err(|e| Status::invalid_argument(format!("json: {e}")))?;
+    if !v.is_object() {
+        return Err(Status::invalid_argument("json: an object is required"));
+    }
+    Ok(v)
+}
+
+fn custom_reply(resource: &str, v: &Value) -> pb::CustomObject {
+    pb::CustomObject { resource: resource.to_string(), json: v.to_string() }
+}
+
+/// The namespace of a custom object's request: its own, or none for a cluster-scoped kind.
+fn custom_ns(kind: Kind, ns: &str) -> Option<String> {
+    kind.info().namespaced.then(|| if ns.is_empty() { "default".to_string() } else { ns.to_string() })
+}
+
+impl Grpc {
+    async fn custom_write(&self, r: &pb::CustomObject, sub: Option<Subresource>) -> Result<pb::CustomObject, Status> {
+        let kind = custom_kind(&self.registry, &r.resource)?;
+        let v = object_json(r)?;
+        let ns = custom_ns(kind, v["metadata"]["namespace"].as_str().unwrap_or(""));
+        let opts = WriteOptions::default();
+        let out = match sub {
+            None => self.registry.create(kind, ns.as_deref(), v, &opts).await?,
+            Some(sub) => {
+                let name = name_of(&v)?;
+                self.registry.update(kind, ns.as_deref(), &name, v, sub, &opts).await?
+            }
+        };
+        Ok(custom_reply(&r.resource, &out.object))
+    }
+}
+
+#[tonic::async_trait]
+impl pb::custom_objects_server::CustomObjects for Grpc {
+    async fn create(&self, r: Request<pb::CustomObject>) -> Result<Response<pb::CustomObject>, Status> {
+        Ok(Response::new(self.custom_write(r.get_ref(), None).await?))
+    }
+
+    async fn get(&self, r: Request<pb::CustomGetRequest>) -> Result<Response<pb::CustomObject>, Status> {
+        let r = r.get_ref();
+        let kind = custom_kind(&self.registry, &r.resource)?;
+        let ns = custom_ns(kind, &r.namespace).unwrap_or_default();
+        let v = self.registry.get(kind, &ns, &r.name)?;
+        Ok(Response::new(custom_reply(&r.resource, &v)))
+    }
+
+    async fn list(&self, r: Request<pb::CustomListRequest>) -> Result<Response<pb::CustomObjectList>, Status> {
+        let r = r.get_ref();
+        let kind = custom_kind(&self.registry, &r.resource)?;
+        let (labels, fields) = selectors(kind, &r.label_selector, &r.field_selector)?;
+        let ns = (!r.namespace.is_empty()).then_some(r.namespace.as_str());
+        let (items, rv) = self.registry.list(kind, ns, &labels, &fields)?;
+        Ok(Response::new(pb::CustomObjectList {
+            items_json: items.iter().map(Value::to_string).collect(),
+            resource_version: rv.to_string(),
+        }))
+    }
+
+    async fn update(&self, r: Request<pb::CustomObject>) -> Result<Response<pb::CustomObject>, Status> {
+        Ok(Response::new(self.custom_write(r.get_ref(), Some(Subresource::Main)).await?))
+    }
+
+    async fn update_status(&self, r: Request<pb::CustomObject>) -> Result<Response<pb::CustomObject>, Status> {
+        Ok(Response::new(self.custom_write(r.get_ref(), Some(Subresource::Status)).await?))
+    }
+
+    async fn delete(&self, r: Request<pb::CustomDeleteRequest>) -> Result<Response<pb::CustomObject>, Status> {
+        let r = r.get_ref();
+        let kind = custom_kind(&self.registry, &r.resource)?;
+        let ns = custom_ns(kind, &r.namespace);
+        let v = self.registry.delete(kind, ns.as_deref(), &r.name, &DeleteOptions::default()).await?;
+        Ok(Response::new(custom_reply(&r.resource, &v)))
+    }
+}
+
 /// Serves the gRPC API (with reflection) on `listener` until `shutdown` completes.
 pub async fn serve_grpc(
     registry: Arc<Registry>,
@@ -407,6 +499,10 @@ pub async fn serve_grpc(
         ))
         .add_service(InterceptedService::new(
             pb::persistent_volumes_server::PersistentVolumesServer::new(svc.clone()).max_decoding_message_size(limit),
+            check.clone(),
+        ))
+        .add_service(InterceptedService::new(
+            pb::custom_objects_server::CustomObjectsServer::new(svc.clone()).max_decoding_message_size(limit),
             check.clone(),
         ))
         .add_service(InterceptedService::new(

@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use api::proto::custom_objects_client::CustomObjectsClient;
 use api::proto::events_client::EventsClient;
 use api::proto::nodes_client::NodesClient;
 use api::proto::persistent_volumes_client::PersistentVolumesClient;
@@ -36,6 +37,8 @@ pub struct ApiClient {
     pub watch: WatchClient<Svc>,
     pub events: EventsClient<Svc>,
     pub volumes: PersistentVolumesClient<Svc>,
+    /// Objects of custom resources (CRDs), as JSON.
+    pub custom: CustomObjectsClient<Svc>,
 }
 
 impl ApiClient {
@@ -66,7 +69,8 @@ impl ApiClient {
             pods: PodsClient::with_interceptor(channel.clone(), auth.clone()),
             watch: WatchClient::with_interceptor(channel.clone(), auth.clone()),
             events: EventsClient::with_interceptor(channel.clone(), auth.clone()),
-            volumes: PersistentVolumesClient::with_interceptor(channel, auth),
+            volumes: PersistentVolumesClient::with_interceptor(channel.clone(), auth.clone()),
+            custom: CustomObjectsClient::with_interceptor(channel, auth),
         })
     }
 

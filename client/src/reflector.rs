@@ -252,7 +252,44 @@ pub async fn run_mapped<T: Watched, U, S: Sink<U>>(
     sink: Arc<S>,
     map: impl Fn(T) -> U,
 ) {
-    let store = sink;
+    let request = pb::WatchRequest { kind: T::PROTO_KIND as i32, ..Default::default() };
+    let decode = |o: pb::watch_event::Object| -> Option<Result<(String, U), String>> {
+        let p = T::from_event_object(o)?;
+        Some(from_proto::<T>(&p).map(|o| (o.key(), map(o))).map_err(|e| e.to_string()))
+    };
+    run_request(client, filter, request, plural::<T>(), sink, decode).await
+}
+
+/// Keeps `store` in sync with the objects of a custom resource (`plural.group`, served by a
+/// CRD), as JSON in its storage version, keyed `namespace/name` (or `name`).
+pub async fn run_custom(client: ApiClient, resource: &str, filter: Filter, store: Arc<Store<serde_json::Value>>) {
+    let request = pb::WatchRequest { resource: resource.to_string(), ..Default::default() };
+    let decode = |o: pb::watch_event::Object| -> Option<Result<(String, serde_json::Value), String>> {
+        let pb::watch_event::Object::ObjectJson(json) = o else { return None };
+        Some(serde_json::from_str::<serde_json::Value>(&json).map_err(|e| e.to_string()).map(|v| (json_key(&v), v)))
+    };
+    run_request(client, filter, request, resource, store, decode).await
+}
+
+/// `namespace/name` (or `name`) of an object as JSON.
+pub fn json_key(v: &serde_json::Value) -> String {
+    let name = v["metadata"]["name"].as_str().unwrap_or("");
+    match v["metadata"]["namespace"].as_str() {
+        Some(ns) if !ns.is_empty() => format!("{ns}/{name}"),
+        _ => name.to_string(),
+    }
+}
+
+/// The watch loop of every reflector: `request` (a kind or a resource) with the filter, each
+/// event's object made a keyed `U` by `decode`.
+async fn run_request<U, S: Sink<U>>(
+    client: ApiClient,
+    filter: Filter,
+    request: pb::WatchRequest,
+    what: &str,
+    store: Arc<S>,
+    decode: impl Fn(pb::watch_event::Object) -> Option<Result<(String, U), String>>,
+) {
     let mut state: WatchState<U> = WatchState::Empty;
     let mut backoff = Duration::from_millis(200);
     loop {
@@ -264,11 +301,11 @@ pub async fn run_mapped<T: Watched, U, S: Sink<U>>(
             state = WatchState::Empty;
         }
         let req = pb::WatchRequest {
-            kind: T::PROTO_KIND as i32,
             namespace: filter.namespace.clone(),
             label_selector: filter.label_selector.clone(),
             field_selector: filter.field_selector.clone(),
             resource_version: rv,
+            ..request.clone()
         };
         let mut watch = client.watch.clone();
         match watch.watch(req).await {
@@ -279,15 +316,14 @@ pub async fn run_mapped<T: Watched, U, S: Sink<U>>(
                         Ok(Some(ev)) => {
                             backoff = Duration::from_millis(200);
                             let event = Type::try_from(ev.r#type).unwrap_or(Type::Unspecified);
-                            let object = match ev.object.and_then(T::from_event_object).map(|p| from_proto::<T>(&p)) {
+                            let object = match ev.object.and_then(&decode) {
                                 Some(Ok(o)) => Some(o),
                                 Some(Err(e)) => {
-                                    tracing::warn!(kind = plural::<T>(), error = %e, "skipping an object that does not decode");
+                                    tracing::warn!(kind = what, error = %e, "skipping an object that does not decode");
                                     None
                                 }
                                 None => None,
                             };
-                            let object = object.map(|o| (o.key(), map(o)));
                             let (next, change) = step(state, event, ev.resource_version, object);
                             state = next;
                             store.apply(change);
@@ -295,10 +331,10 @@ pub async fn run_mapped<T: Watched, U, S: Sink<U>>(
                         Ok(None) => break,
                         Err(status) => {
                             if status.code() == tonic::Code::OutOfRange {
-                                tracing::info!(kind = plural::<T>(), "watch version expired; relisting");
+                                tracing::info!(kind = what, "watch version expired; relisting");
                                 state = WatchState::Empty;
                             } else {
-                                tracing::warn!(kind = plural::<T>(), error = %status, "watch failed; reconnecting");
+                                tracing::warn!(kind = what, error = %status, "watch failed; reconnecting");
                             }
                             break;
                         }
@@ -309,7 +345,7 @@ pub async fn run_mapped<T: Watched, U, S: Sink<U>>(
                 if status.code() == tonic::Code::OutOfRange {
                     state = WatchState::Empty;
                 }
-                tracing::warn!(kind = plural::<T>(), error = %status, "cannot watch; retrying in {backoff:?}");
+                tracing::warn!(kind = what, error = %status, "cannot watch; retrying in {backoff:?}");
             }
         }
         tokio::time::sleep(backoff).await;

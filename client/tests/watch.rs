@@ -168,3 +168,82 @@ async fn tls_connections_verify_the_lab_ca() {
     let err = anonymous.nodes.list(api::proto::ListRequest::default()).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::Unauthenticated);
 }
+
+/// A CRD's objects over gRPC, as JSON: written (validated by the CRD's schema), read, listed,
+/// their status updated, deleted, and followed by a reflector.
+#[tokio::test]
+async fn custom_objects_over_grpc_as_json() {
+    use api::proto as pb;
+    let s = server().await;
+    let crd = serde_json::json!({"metadata": {"name": "things.test.podpath.dev"},
+        "spec": {"group": "test.podpath.dev", "scope": "Namespaced",
+            "names": {"plural": "things", "kind": "Thing"},
+            "versions": [{"name": "v1", "served": true, "storage": true, "subresources": {"status": {}},
+                "schema": {"openAPIV3Schema": {"type": "object", "properties": {
+                    "spec": {"type": "object", "properties": {"size": {"type": "integer", "maximum": 5, "default": 1}}},
+                    "status": {"type": "object", "properties": {"ready": {"type": "boolean"}}}}}}}]}});
+    let opts = apiserver_lite::registry::WriteOptions::default();
+    s.registry.create(api::Kind::CustomResourceDefinition, None, crd, &opts).await.unwrap();
+    let client = ApiClient::connect(&s.grpc, None, None).await.unwrap();
+    let resource = "things.test.podpath.dev";
+    let thing = |size: i64| pb::CustomObject {
+        resource: resource.into(),
+        json: serde_json::json!({"apiVersion": "test.podpath.dev/v1", "kind": "Thing",
+            "metadata": {"name": format!("t{size}"), "namespace": "default"}, "spec": {"size": size}})
+        .to_string(),
+    };
+    // Served once the controller has established the CRD.
+    let created = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            match client.custom.clone().create(thing(2)).await {
+                Ok(r) => break r.into_inner(),
+                Err(e) if e.code() == tonic::Code::NotFound => tokio::time::sleep(Duration::from_millis(50)).await,
+                Err(e) => panic!("{e}"),
+            }
+        }
+    })
+    .await
+    .expect("the CRD is served");
+    let v: serde_json::Value = serde_json::from_str(&created.json).unwrap();
+    assert_eq!(v["spec"]["size"], 2);
+    let err = client.custom.clone().create(thing(9)).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(err.message().contains("spec.size in body should be less than or equal to 5"), "{}", err.message());
+
+    let store = Store::<serde_json::Value>::new();
+    tokio::spawn(reflector::run_custom(client.clone(), resource, Filter::default(), store.clone()));
+    store.wait_synced().await;
+    assert!(store.get("default/t2").is_some());
+
+    let mut with_status = v.clone();
+    with_status["status"] = serde_json::json!({"ready": true});
+    let req = pb::CustomObject { resource: resource.into(), json: with_status.to_string() };
+    client.custom.clone().update_status(req).await.unwrap();
+    let mut changes = store.changes();
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while store.get("default/t2").is_none_or(|t| t["status"]["ready"] != true) {
+            changes.changed().await.unwrap();
+        }
+    })
+    .await
+    .expect("the status change arrives");
+    let list = client
+        .custom
+        .clone()
+        .list(pb::CustomListRequest { resource: resource.into(), namespace: "default".into(), ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(list.items_json.len(), 1);
+    let gone = pb::CustomDeleteRequest { resource: resource.into(), namespace: "default".into(), name: "t2".into() };
+    client.custom.clone().delete(gone).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while store.get("default/t2").is_some() {
+            changes.changed().await.unwrap();
+        }
+    })
+    .await
+    .expect("the deletion arrives");
+    let missing = client.custom.clone().get(pb::CustomGetRequest { resource: "nothings.x.y".into(), ..Default::default() }).await;
+    assert_eq!(missing.unwrap_err().code(), tonic::Code::NotFound);
+}
