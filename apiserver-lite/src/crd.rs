@@ -161,6 +161,57 @@ pub fn admit(
     Ok(Admitted { object: body, warnings })
 }
 
+/// The fields of a `.a.b.c` path (what scale paths are).
+fn fields(path: &str) -> Vec<&str> {
+    path.trim_start_matches('.').split('.').filter(|f| !f.is_empty()).collect()
+}
+
+fn get_path<'a>(obj: &'a Value, path: &str) -> Option<&'a Value> {
+    fields(path).into_iter().try_fold(obj, |v, f| v.get(f))
+}
+
+/// Sets the value at a `.a.b` path, making the objects on the way.
+pub fn set_path(obj: &mut Value, path: &str, value: Value) {
+    let fs = fields(path);
+    let Some((last, parents)) = fs.split_last() else { return };
+    let mut cur = obj;
+    for f in parents {
+        if !cur.get(*f).is_some_and(Value::is_object) {
+            cur[*f] = json!({});
+        }
+        cur = &mut cur[*f];
+    }
+    cur[*last] = value;
+}
+
+/// The autoscaling/v1 Scale of a custom object, read at its CRD's scale paths.
+pub fn scale_of(
+    obj: &Value,
+    paths: &api::k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceSubresourceScale,
+) -> Value {
+    let meta = &obj["metadata"];
+    let selector = paths
+        .label_selector_path
+        .as_deref()
+        .and_then(|p| get_path(obj, p))
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    let mut status = json!({"replicas": get_path(obj, &paths.status_replicas_path).and_then(Value::as_i64).unwrap_or(0)});
+    if !selector.is_empty() {
+        status["selector"] = json!(selector);
+    }
+    json!({
+        "kind": "Scale",
+        "apiVersion": "autoscaling/v1",
+        "metadata": {
+            "name": meta["name"], "namespace": meta["namespace"], "uid": meta["uid"],
+            "resourceVersion": meta["resourceVersion"], "creationTimestamp": meta["creationTimestamp"],
+        },
+        "spec": {"replicas": get_path(obj, &paths.spec_replicas_path).and_then(Value::as_i64).unwrap_or(0)},
+        "status": status,
+    })
+}
+
 /// `apiVersion` of an object as served at `version` (conversion `None`: only that changes).
 pub fn served_as(kind: CustomKind, version: &str, mut obj: Value) -> Value {
     if let Some(o) = obj.as_object_mut() {

@@ -440,7 +440,12 @@ impl Registry {
     ) -> Result<Value, ApiError> {
         let g = self.store.lock().await;
         let old = self.store.get(kind, ns, name)?.ok_or_else(|| ApiError::not_found(kind, name))?;
-        let wanted = change(&scale_of(&old))?;
+        let custom = self.custom_scale(kind);
+        let view = |o: &Value| match &custom {
+            Some(paths) => crate::crd::scale_of(o, paths),
+            None => scale_of(o),
+        };
+        let wanted = change(&view(&old))?;
         if let Some(rv) = wanted.pointer("/metadata/resourceVersion").and_then(Value::as_str).filter(|r| !r.is_empty())
         {
             if Some(rv) != meta_str(&old, "resourceVersion") {
@@ -459,10 +464,23 @@ impl Registry {
             },
         };
         let mut new = old.clone();
-        new["spec"]["replicas"] = json!(replicas);
+        match &custom {
+            Some(paths) => crate::crd::set_path(&mut new, &paths.spec_replicas_path, json!(replicas)),
+            None => new["spec"]["replicas"] = json!(replicas),
+        }
         let out = self.update_locked(&g, kind, old, new, Subresource::Main, opts)?;
         drop(g);
-        Ok(scale_of(&self.finish(out).await?.object))
+        Ok(view(&self.finish(out).await?.object))
+    }
+
+    /// The scale subresource of a custom kind (its CRD's paths), if it is one.
+    pub fn custom_scale(
+        &self,
+        kind: Kind,
+    ) -> Option<api::k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceSubresourceScale>
+    {
+        let Kind::Custom(c) = kind else { return None };
+        self.crds.get(c)?.version(None)?.scale.clone()
     }
 
     async fn finish(&self, out: Pending) -> Result<Outcome, ApiError> {

@@ -597,7 +597,10 @@ async fn handle_scale(
     let (ns, name) = (t.namespace.as_deref().unwrap_or(""), t.name.as_deref().unwrap_or(""));
     let reg = &st.registry;
     let scale = match *method {
-        Method::GET => crate::registry::scale_of(&reg.get(t.kind, ns, name)?),
+        Method::GET => match reg.custom_scale(t.kind) {
+            Some(paths) => crate::crd::scale_of(&reg.get(t.kind, ns, name)?, &paths),
+            None => crate::registry::scale_of(&reg.get(t.kind, ns, name)?),
+        },
         Method::PUT => {
             let wanted = parse_body(&body, headers)?;
             reg.update_scale(t.kind, ns, name, |_| Ok(wanted), &write_options(q, headers, "UpdateOptions")?).await?

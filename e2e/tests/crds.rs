@@ -204,6 +204,20 @@ fn a_crd_serves_its_resource_to_kubectl() {
     let got: serde_json::Value = serde_json::from_str(&ok(&srv, &["get", "widget", "small", "-o", "json"])).unwrap();
     assert_eq!(got["status"]["replicas"], 1);
 
+    // The scale subresource, at the CRD's paths.
+    assert_eq!(ok(&srv, &["scale", "widget", "small", "--replicas=3"]), "widget.test.podpath.dev/small scaled\n");
+    let got: serde_json::Value = serde_json::from_str(&ok(&srv, &["get", "widget", "small", "-o", "json"])).unwrap();
+    assert_eq!(got["spec"]["replicas"], 3);
+    let scale: serde_json::Value =
+        serde_json::from_str(&ok(&srv, &["get", "widget", "small", "--subresource=scale", "-o", "json"])).unwrap();
+    assert_eq!((scale["kind"].as_str(), scale["spec"]["replicas"].as_i64(), scale["status"]["replicas"].as_i64()), (Some("Scale"), Some(3), Some(1)));
+
+    // Field selectors on metadata.
+    let named = ok(&srv, &["get", "widgets", "--field-selector", "metadata.name=small", "-o", "name"]);
+    assert_eq!(named, "widget.test.podpath.dev/small\n");
+    let err = fails(&srv, &["get", "widgets", "--field-selector", "spec.colour=red"]);
+    assert!(err.contains("field label not supported: spec.colour"), "{err}");
+
     // Validation, with the apiextensions server's texts.
     let bad = write(&srv, "bad.yaml", &WIDGET.replace("name: small", "name: big").replace("colour: red", "colour: pink\n  size: 11\n  code: ABCD").replace("port: http", "port: 1.5"));
     let err = fails(&srv, &["apply", "-f", &bad]);
