@@ -115,8 +115,27 @@ pub fn check_rules(schema: &Schema, path: &FieldPath, out: &mut Vec<Cause>) {
 // === evaluation ===
 
 const RESERVED: &[&str] = &[
-    "true", "false", "null", "in", "as", "break", "const", "continue", "else", "for", "function", "if", "import",
-    "let", "loop", "package", "namespace", "return", "var", "void", "while",
+    "true",
+    "false",
+    "null",
+    "in",
+    "as",
+    "break",
+    "const",
+    "continue",
+    "else",
+    "for",
+    "function",
+    "if",
+    "import",
+    "let",
+    "loop",
+    "package",
+    "namespace",
+    "return",
+    "var",
+    "void",
+    "while",
 ];
 
 /// A property name as CEL sees it (Kubernetes' escaping).
@@ -172,7 +191,11 @@ fn is_cidr(s: Arc<String>) -> bool {
 
 fn is_url(s: Arc<String>) -> bool {
     match s.split_once("://") {
-        Some((scheme, rest)) => !scheme.is_empty() && scheme.chars().all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c)) && !rest.is_empty(),
+        Some((scheme, rest)) => {
+            !scheme.is_empty()
+                && scheme.chars().all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c))
+                && !rest.is_empty()
+        }
         None => s.starts_with('/'),
     }
 }
@@ -234,9 +257,11 @@ fn failure(path: &FieldPath, value: &Value, schema: &Schema, detail: &str, reaso
     match reason {
         Some("FieldValueForbidden") => v::forbidden(path, detail),
         Some("FieldValueRequired") => v::required(path, detail),
-        Some("FieldValueDuplicate") => {
-            Cause { reason: "FieldValueDuplicate".into(), field: path.to_string(), message: format!("Duplicate value: {}", value) }
-        }
+        Some("FieldValueDuplicate") => Cause {
+            reason: "FieldValueDuplicate".into(),
+            field: path.to_string(),
+            message: format!("Duplicate value: {}", value),
+        },
         _ => Cause { reason: "FieldValueInvalid".into(), field: path.to_string(), message: shown(detail) },
     }
 }
@@ -255,7 +280,7 @@ pub fn validate(value: &Value, old: Option<&Value>, schema: &Schema, path: &Fiel
             continue;
         }
         let at = match rule.field_path.as_deref().filter(|f| !f.is_empty()) {
-            Some(f) => FieldPath::root(&format!("{path}{f}").trim_start_matches('.').to_string()),
+            Some(f) => FieldPath::root(format!("{path}{f}").trim_start_matches('.')),
             None => path.clone(),
         };
         match run(&program, value, if transition { old } else { None }) {
@@ -317,23 +342,34 @@ mod tests {
     #[test]
     fn rules_of_the_kind_the_gateway_api_writes() {
         let s = schema(json!({"type": "object", "properties": {"spec": {"type": "object",
-            "x-kubernetes-validations": [
-                {"rule": "!(has(self.percent) && has(self.fraction))", "message": "only one of percent or fraction may be specified"},
-                {"rule": "self.hostnames.all(h, !isIP(h))", "message": "hostnames must not be IPs"}],
-            "properties": {
-                "percent": {"type": "integer"}, "fraction": {"type": "object"},
-                "hostnames": {"type": "array", "items": {"type": "string"}},
-                "refs": {"type": "array", "items": {"type": "object", "properties": {"namespace": {"type": "string"}, "name": {"type": "string"}}},
-                    "x-kubernetes-validations": [{"rule": "self.all(p1, self.exists_one(p2, p1.name == p2.name && ((!has(p1.__namespace__) && !has(p2.__namespace__)) || (has(p1.__namespace__) && has(p2.__namespace__) && p1.__namespace__ == p2.__namespace__))))", "message": "refs must be unique"}]},
-                "key": {"type": "string", "x-kubernetes-validations": [{"rule": "self.split('/')[0].size() < 5"}]},
-                "mode": {"type": "string", "x-kubernetes-validations": [{"rule": "self == oldSelf", "message": "mode is immutable"}]},
-                "timeout": {"type": "string", "x-kubernetes-validations": [{"rule": "duration(self) >= duration('1ms')", "message": "too short"}]},
-            }}}}));
-        assert_eq!(causes(&s, json!({"spec": {"percent": 1, "hostnames": ["a.example"], "key": "abc/def", "timeout": "10s",
-            "refs": [{"name": "a"}, {"name": "a", "namespace": "x"}]}}), None), Vec::<String>::new());
+        "x-kubernetes-validations": [
+            {"rule": "!(has(self.percent) && has(self.fraction))", "message": "only one of percent or fraction may be specified"},
+            {"rule": "self.hostnames.all(h, !isIP(h))", "message": "hostnames must not be IPs"}],
+        "properties": {
+            "percent": {"type": "integer"}, "fraction": {"type": "object"},
+            "hostnames": {"type": "array", "items": {"type": "string"}},
+            "refs": {"type": "array", "items": {"type": "object", "properties": {"namespace": {"type": "string"}, "name": {"type": "string"}}},
+                "x-kubernetes-validations": [{"rule": "self.all(p1, self.exists_one(p2, p1.name == p2.name && ((!has(p1.__namespace__) && !has(p2.__namespace__)) || (has(p1.__namespace__) && has(p2.__namespace__) && p1.__namespace__ == p2.__namespace__))))", "message": "refs must be unique"}]},
+            "key": {"type": "string", "x-kubernetes-validations": [{"rule": "self.split('/')[0].size() < 5"}]},
+            "mode": {"type": "string", "x-kubernetes-validations": [{"rule": "self == oldSelf", "message": "mode is immutable"}]},
+            "timeout": {"type": "string", "x-kubernetes-validations": [{"rule": "duration(self) >= duration('1ms')", "message": "too short"}]},
+        }}}}));
         assert_eq!(
-            causes(&s, json!({"spec": {"percent": 1, "fraction": {}, "hostnames": ["10.0.0.1"], "key": "abcdef/x",
-                "timeout": "0s", "refs": [{"name": "a"}, {"name": "a"}]}}), None),
+            causes(
+                &s,
+                json!({"spec": {"percent": 1, "hostnames": ["a.example"], "key": "abc/def", "timeout": "10s",
+            "refs": [{"name": "a"}, {"name": "a", "namespace": "x"}]}}),
+                None
+            ),
+            Vec::<String>::new()
+        );
+        assert_eq!(
+            causes(
+                &s,
+                json!({"spec": {"percent": 1, "fraction": {}, "hostnames": ["10.0.0.1"], "key": "abcdef/x",
+                "timeout": "0s", "refs": [{"name": "a"}, {"name": "a"}]}}),
+                None
+            ),
             [
                 "spec: Invalid value: only one of percent or fraction may be specified",
                 "spec: Invalid value: hostnames must not be IPs",
@@ -345,18 +381,32 @@ mod tests {
         // A transition rule runs only on updates.
         assert_eq!(causes(&s, json!({"spec": {"hostnames": [], "mode": "a"}}), None), Vec::<String>::new());
         assert_eq!(
-            causes(&s, json!({"spec": {"hostnames": [], "mode": "b"}}), Some(json!({"spec": {"hostnames": [], "mode": "a"}}))),
+            causes(
+                &s,
+                json!({"spec": {"hostnames": [], "mode": "b"}}),
+                Some(json!({"spec": {"hostnames": [], "mode": "a"}}))
+            ),
             ["spec.mode: Invalid value: \"b\": mode is immutable"]
         );
     }
 
     #[test]
     fn a_rule_that_does_not_compile_makes_the_crd_invalid() {
-        let s = schema(json!({"type": "object", "x-kubernetes-validations": [{"rule": "self.a ==", "message": "m"}, {"rule": ""}]}));
+        let s = schema(
+            json!({"type": "object", "x-kubernetes-validations": [{"rule": "self.a ==", "message": "m"}, {"rule": ""}]}),
+        );
         let mut out = Vec::new();
         check_rules(&s, &FieldPath::root("openAPIV3Schema"), &mut out);
-        assert!(out[0].to_string().starts_with("openAPIV3Schema.x-kubernetes-validations[0].rule: Invalid value: \"self.a ==\": compilation failed:"), "{out:?}");
-        assert_eq!(out[1].to_string(), "openAPIV3Schema.x-kubernetes-validations[1].rule: Required value: rule is not specified");
+        assert!(
+            out[0].to_string().starts_with(
+                "openAPIV3Schema.x-kubernetes-validations[0].rule: Invalid value: \"self.a ==\": compilation failed:"
+            ),
+            "{out:?}"
+        );
+        assert_eq!(
+            out[1].to_string(),
+            "openAPIV3Schema.x-kubernetes-validations[1].rule: Required value: rule is not specified"
+        );
         assert_eq!(escape("namespace"), "__namespace__");
         assert_eq!(escape("a.b-c/d__e"), "a__dot__b__dash__c__slash__d__underscores__e");
     }

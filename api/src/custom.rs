@@ -69,7 +69,9 @@ fn interned(facts: &CustomFacts) -> (&'static KindInfo, &'static [&'static str],
         return *i;
     }
     let s = |v: &str| -> &'static str { Box::leak(v.to_string().into_boxed_str()) };
-    let list = |v: &[String]| -> &'static [&'static str] { Box::leak(v.iter().map(|x| s(x)).collect::<Vec<_>>().into_boxed_slice()) };
+    let list = |v: &[String]| -> &'static [&'static str] {
+        Box::leak(v.iter().map(|x| s(x)).collect::<Vec<_>>().into_boxed_slice())
+    };
     let info: &'static KindInfo = Box::leak(Box::new(KindInfo {
         group: s(&facts.group),
         version: s(&facts.version),
@@ -99,7 +101,7 @@ fn intern_list(list: Vec<&'static KindInfo>) -> &'static [&'static KindInfo] {
     static SEEN: OnceLock<Mutex<Lists>> = OnceLock::new();
     let key: Vec<usize> = list.iter().map(|i| *i as *const KindInfo as usize).collect();
     let mut seen = SEEN.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
-    *seen.entry(key).or_insert_with(|| Box::leak(list.into_boxed_slice()))
+    seen.entry(key).or_insert_with(|| Box::leak(list.into_boxed_slice()))
 }
 
 /// How Kubernetes orders versions: GA before beta before alpha, higher numbers first, then
@@ -128,11 +130,8 @@ impl CustomKind {
     /// Registers (or updates) a custom resource and returns its kind.
     pub fn register(facts: &CustomFacts) -> CustomKind {
         let (info, served, list_kind) = interned(facts);
-        let per_version: Vec<&'static KindInfo> = facts
-            .served
-            .iter()
-            .map(|v| interned(&CustomFacts { version: v.clone(), ..facts.clone() }).0)
-            .collect();
+        let per_version: Vec<&'static KindInfo> =
+            facts.served.iter().map(|v| interned(&CustomFacts { version: v.clone(), ..facts.clone() }).0).collect();
         let versions: &'static [&'static KindInfo] = intern_list(per_version);
         let key = format!("{}.{}", facts.plural, facts.group);
         let mut t = table().write().unwrap_or_else(|e| e.into_inner());

@@ -15,7 +15,11 @@ enum Step {
     Index(i64),
     All,
     /// `[?(@.a.b OP literal)]`; `None` literal: the field exists.
-    Filter { field: Vec<String>, op: Op, literal: Option<Value> },
+    Filter {
+        field: Vec<String>,
+        op: Op,
+        literal: Option<Value>,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -76,7 +76,10 @@ pub fn custom_schemas(
             props["kind"] = json!({"type": "string", "description": "Kind is a string value representing the REST resource this object represents."});
             props["metadata"] = json!({"allOf": [{"$ref": format!("{REF_PREFIX}{meta_name}")}],
                 "description": "Standard object's metadata. More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#metadata"});
-            obj.insert("x-kubernetes-group-version-kind".into(), json!([{"group": group, "version": version, "kind": kind}]));
+            obj.insert(
+                "x-kubernetes-group-version-kind".into(),
+                json!([{"group": group, "version": version, "kind": kind}]),
+            );
         }
         defs.insert(custom_schema_name(group, version, kind), s);
     }
@@ -198,7 +201,11 @@ mod tests {
         // JSONSchemaProps refers to itself through a dozen fields: the walk must not follow
         // every way round (this took forever before).
         let defs = schemas("apiextensions.k8s.io", "v1");
-        assert!(defs.contains_key("io.k8s.apiextensions-apiserver.pkg.apis.apiextensions.v1.JSONSchemaProps"), "{:?}", defs.keys().collect::<Vec<_>>());
+        assert!(
+            defs.contains_key("io.k8s.apiextensions-apiserver.pkg.apis.apiextensions.v1.JSONSchemaProps"),
+            "{:?}",
+            defs.keys().collect::<Vec<_>>()
+        );
     }
 
     #[test]

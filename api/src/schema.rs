@@ -131,7 +131,11 @@ fn node(s: &Schema, path: &FieldPath, level: Level, out: &mut Vec<Cause>) {
         (s.definitions.is_some(), "definitions", "definitions is not supported"),
         (s.dependencies.is_some(), "dependencies", "dependencies is not supported"),
         (s.ref_path.is_some(), "$ref", "$ref is not supported"),
-        (flag(s.unique_items), "uniqueItems", "uniqueItems cannot be set to true since the runtime complexity becomes quadratic"),
+        (
+            flag(s.unique_items),
+            "uniqueItems",
+            "uniqueItems cannot be set to true since the runtime complexity becomes quadratic",
+        ),
     ] {
         if set {
             out.push(v::forbidden(&path.child(name), why));
@@ -144,7 +148,10 @@ fn node(s: &Schema, path: &FieldPath, level: Level, out: &mut Vec<Cause>) {
         out.push(v::required(&path.child("items"), "must be specified"));
     }
     if s.properties.is_some() && matches!(s.additional_properties, Some(JSONSchemaPropsOrBool::Schema(_))) {
-        out.push(v::forbidden(&path.child("additionalProperties"), "additionalProperties and properties are mutual exclusive"));
+        out.push(v::forbidden(
+            &path.child("additionalProperties"),
+            "additionalProperties and properties are mutual exclusive",
+        ));
     }
     if let Some(p) = &s.pattern {
         if let Err(e) = regex::Regex::new(p) {
@@ -188,7 +195,11 @@ fn value_validation(s: &Schema, path: &FieldPath, out: &mut Vec<Cause>) {
         (s.title.is_some(), "title", "must be empty to be structural"),
         (s.description.is_some(), "description", "must be empty to be structural"),
         (flag(s.nullable), "nullable", "must be false to be structural"),
-        (flag(s.x_kubernetes_preserve_unknown_fields), "x-kubernetes-preserve-unknown-fields", "must be false to be structural"),
+        (
+            flag(s.x_kubernetes_preserve_unknown_fields),
+            "x-kubernetes-preserve-unknown-fields",
+            "must be false to be structural",
+        ),
         (flag(s.x_kubernetes_embedded_resource), "x-kubernetes-embedded-resource", "must be false to be structural"),
         (flag(s.x_kubernetes_int_or_string), "x-kubernetes-int-or-string", "must be false to be structural"),
         (s.x_kubernetes_list_map_keys.is_some(), "x-kubernetes-list-map-keys", "must be empty to be structural"),
@@ -233,7 +244,9 @@ fn list_type(s: &Schema, path: &FieldPath, out: &mut Vec<Cause>) {
                 ));
             }
             match items(s) {
-                None => out.push(v::required(&path.child("items"), "must have a schema if x-kubernetes-list-type is map")),
+                None => {
+                    out.push(v::required(&path.child("items"), "must have a schema if x-kubernetes-list-type is map"))
+                }
                 Some(i) if i.type_.as_deref() != Some("object") => out.push(v::invalid(
                     &path.child("items").child("type"),
                     i.type_.as_deref().unwrap_or(""),
@@ -270,7 +283,10 @@ fn list_type(s: &Schema, path: &FieldPath, out: &mut Vec<Cause>) {
             }
         }
     } else if !keys.is_empty() {
-        out.push(v::required(&path.child("x-kubernetes-list-type"), "must be map if x-kubernetes-list-map-keys is non-empty"));
+        out.push(v::required(
+            &path.child("x-kubernetes-list-type"),
+            "must be map if x-kubernetes-list-map-keys is non-empty",
+        ));
     }
 }
 
@@ -310,7 +326,8 @@ fn prune_at(value: &mut Value, s: &Schema, path: &str, root: bool, dropped: &mut
             let embedded = root || flag(s.x_kubernetes_embedded_resource);
             if embedded {
                 if let Some(Value::Object(meta)) = map.get_mut("metadata") {
-                    let unknown: Vec<String> = meta.keys().filter(|k| !META_FIELDS.contains(&k.as_str())).cloned().collect();
+                    let unknown: Vec<String> =
+                        meta.keys().filter(|k| !META_FIELDS.contains(&k.as_str())).cloned().collect();
                     for k in unknown {
                         meta.remove(&k);
                         dropped.push(format!("{path}.metadata.{k}"));
@@ -431,7 +448,8 @@ pub fn validate(value: &Value, s: &Schema, path: &FieldPath, out: &mut Vec<Cause
     let shown = if path.as_str().is_empty() { "body".to_string() } else { path.to_string() };
     if value.is_null() {
         if !flag(s.nullable) && (s.type_.is_some() || flag(s.x_kubernetes_int_or_string)) {
-            let want = if flag(s.x_kubernetes_int_or_string) { "integer,string" } else { s.type_.as_deref().unwrap_or("") };
+            let want =
+                if flag(s.x_kubernetes_int_or_string) { "integer,string" } else { s.type_.as_deref().unwrap_or("") };
             out.push(type_invalid(path, "null", &format!("{shown} in body must be of type {want}: \"null\"")));
         }
         return;
@@ -490,7 +508,11 @@ pub fn validate(value: &Value, s: &Schema, path: &FieldPath, out: &mut Vec<Cause
             })
             .count();
         if passing != 1 {
-            out.push(v::invalid(path, value, &format!("{shown} in body must validate one and only one schema (oneOf)")));
+            out.push(v::invalid(
+                path,
+                value,
+                &format!("{shown} in body must validate one and only one schema (oneOf)"),
+            ));
         }
     }
     if let Some(not) = &s.not {
@@ -691,7 +713,10 @@ mod tests {
 
     #[test]
     fn objects_get_the_real_servers_errors() {
-        assert_eq!(causes(json!({"spec": {"cronSpec": "* * * * */5", "replicas": 3, "port": "http"}})), Vec::<String>::new());
+        assert_eq!(
+            causes(json!({"spec": {"cronSpec": "* * * * */5", "replicas": 3, "port": "http"}})),
+            Vec::<String>::new()
+        );
         assert_eq!(
             causes(json!({"spec": {"cronSpec": "* * * *", "replicas": "3", "image": "a-very-long-image-name-indeed",
                                    "mode": "Medium", "port": 1.5}})),
@@ -704,7 +729,9 @@ mod tests {
             ]
         );
         assert_eq!(
-            causes(json!({"spec": {"replicas": 11, "ports": [{"name": "a"}, {"name": "a", "port": 2}], "labels": {"x": 1}}})),
+            causes(
+                json!({"spec": {"replicas": 11, "ports": [{"name": "a"}, {"name": "a", "port": 2}], "labels": {"x": 1}}})
+            ),
             [
                 "spec.cronSpec: Required value",
                 "spec.labels.x: Invalid value: \"integer\": spec.labels.x in body must be of type string: \"integer\"",
@@ -740,9 +767,19 @@ mod tests {
             "re": {"type": "string", "pattern": "(("}}}));
         let got: Vec<String> = structural(&bad, &path).iter().map(|c| c.to_string()).collect();
         let p = "spec.versions[0].schema.openAPIV3Schema.properties";
-        assert!(got.contains(&format!("{p}[spec].type: Required value: must not be empty for specified object fields")), "{got:#?}");
+        assert!(
+            got.contains(&format!("{p}[spec].type: Required value: must not be empty for specified object fields")),
+            "{got:#?}"
+        );
         assert!(got.contains(&format!("{p}[list].x-kubernetes-list-map-keys: Required value: must not be empty if x-kubernetes-list-type is map")), "{got:#?}");
-        assert!(got.contains(&format!("{p}[any].anyOf[0].type: Forbidden: must be empty to be structural")), "{got:#?}");
-        assert!(got.iter().any(|c| c.starts_with(&format!("{p}[re].pattern: Invalid value: \"((\": must be a valid regular expression"))), "{got:#?}");
+        assert!(
+            got.contains(&format!("{p}[any].anyOf[0].type: Forbidden: must be empty to be structural")),
+            "{got:#?}"
+        );
+        assert!(
+            got.iter().any(|c| c
+                .starts_with(&format!("{p}[re].pattern: Invalid value: \"((\": must be a valid regular expression"))),
+            "{got:#?}"
+        );
     }
 }

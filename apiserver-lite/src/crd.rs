@@ -146,9 +146,12 @@ pub fn admit(
         }
     }
     if version.deprecated && old.is_none() {
-        warnings.push(version.deprecation_warning.clone().unwrap_or_else(|| {
-            format!("{}/{} {} is deprecated", info.group, version.name, info.name)
-        }));
+        warnings.push(
+            version
+                .deprecation_warning
+                .clone()
+                .unwrap_or_else(|| format!("{}/{} {} is deprecated", info.group, version.name, info.name)),
+        );
     }
     if !causes.is_empty() {
         causes.sort_by(|a, b| a.field.cmp(&b.field));
@@ -190,13 +193,10 @@ pub fn scale_of(
     paths: &api::k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceSubresourceScale,
 ) -> Value {
     let meta = &obj["metadata"];
-    let selector = paths
-        .label_selector_path
-        .as_deref()
-        .and_then(|p| get_path(obj, p))
-        .and_then(Value::as_str)
-        .unwrap_or("");
-    let mut status = json!({"replicas": get_path(obj, &paths.status_replicas_path).and_then(Value::as_i64).unwrap_or(0)});
+    let selector =
+        paths.label_selector_path.as_deref().and_then(|p| get_path(obj, p)).and_then(Value::as_str).unwrap_or("");
+    let mut status =
+        json!({"replicas": get_path(obj, &paths.status_replicas_path).and_then(Value::as_i64).unwrap_or(0)});
     if !selector.is_empty() {
         status["selector"] = json!(selector);
     }
@@ -223,18 +223,23 @@ pub fn served_as(kind: CustomKind, version: &str, mut obj: Value) -> Value {
 
 /// The Table of custom objects: Name, the version's printer columns (Age when it has none),
 /// as the apiextensions server converts them.
-pub fn table(kind: CustomKind, model: &Model, version: &str, items: &[Value], rv: &str, full: bool, headers: bool) -> Value {
+pub fn table(
+    kind: CustomKind,
+    model: &Model,
+    version: &str,
+    items: &[Value],
+    rv: &str,
+    full: bool,
+    headers: bool,
+) -> Value {
     let age = api::k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceColumnDefinition {
         name: "Age".into(),
         type_: "date".into(),
         json_path: ".metadata.creationTimestamp".into(),
         ..Default::default()
     };
-    let columns = model
-        .version(Some(version))
-        .map(|v| v.columns.clone())
-        .filter(|c| !c.is_empty())
-        .unwrap_or_else(|| vec![age]);
+    let columns =
+        model.version(Some(version)).map(|v| v.columns.clone()).filter(|c| !c.is_empty()).unwrap_or_else(|| vec![age]);
     let paths: Vec<Option<api::jsonpath::JsonPath>> =
         columns.iter().map(|c| api::jsonpath::JsonPath::parse(&c.json_path).ok()).collect();
     let mut defs = vec![json!({"name": "Name", "type": "string", "format": "name",
@@ -268,7 +273,8 @@ pub fn table(kind: CustomKind, model: &Model, version: &str, items: &[Value], rv
             json!({"cells": cells, "object": object})
         })
         .collect();
-    let mut t = json!({"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": {"resourceVersion": rv}, "rows": rows});
+    let mut t =
+        json!({"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": {"resourceVersion": rv}, "rows": rows});
     if headers {
         t["columnDefinitions"] = json!(defs);
     }
@@ -340,11 +346,15 @@ mod tests {
         let err = admit(kind, &model, body, None, Subresource::Main, &strict).err().unwrap();
         assert_eq!(err.to_string(), "strict decoding error: unknown field \"spec.colour\"");
         let big = json!({"metadata": {"name": "w"}, "spec": {"size": 9}});
-        let Err(ApiError::Invalid { causes, .. }) = admit(kind, &model, big, None, Subresource::Main, &WriteOptions::default())
+        let Err(ApiError::Invalid { causes, .. }) =
+            admit(kind, &model, big, None, Subresource::Main, &WriteOptions::default())
         else {
             panic!("not invalid")
         };
-        assert_eq!(causes[0].to_string(), "spec.size: Invalid value: 9: spec.size in body should be less than or equal to 5");
+        assert_eq!(
+            causes[0].to_string(),
+            "spec.size: Invalid value: 9: spec.size in body should be less than or equal to 5"
+        );
     }
 
     #[test]
@@ -353,7 +363,8 @@ mod tests {
         let item = json!({"metadata": {"name": "w"}, "spec": {"size": 4},
             "status": {"conditions": [{"type": "Ready", "status": "True"}]}});
         let t = table(kind, &model, "v1", &[item], "7", false, true);
-        let names: Vec<&str> = t["columnDefinitions"].as_array().unwrap().iter().map(|c| c["name"].as_str().unwrap()).collect();
+        let names: Vec<&str> =
+            t["columnDefinitions"].as_array().unwrap().iter().map(|c| c["name"].as_str().unwrap()).collect();
         assert_eq!(names, ["Name", "Size", "Ready"]);
         assert_eq!(t["rows"][0]["cells"], json!(["w", 4, "True"]));
     }

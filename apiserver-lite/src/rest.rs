@@ -420,9 +420,10 @@ async fn handle_resource(
             return Err(ApiError::UnsupportedMediaType);
         }
         let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).unwrap_or("*/*");
-        let json_ok = accept.split(',').map(|t| t.split(';').next().unwrap_or("").trim()).any(|t| {
-            matches!(t, "" | "*/*" | "application/*" | "application/json" | "application/yaml")
-        });
+        let json_ok = accept
+            .split(',')
+            .map(|t| t.split(';').next().unwrap_or("").trim())
+            .any(|t| matches!(t, "" | "*/*" | "application/*" | "application/json" | "application/yaml"));
         if !json_ok {
             return Err(ApiError::NotAcceptable(format!(
                 "only the following media types are accepted: application/json, application/yaml; requested: {accept}"
@@ -522,13 +523,15 @@ async fn handle_resource(
                 return Err(ApiError::MethodNotAllowed);
             }
             let value = view.to_storage(parse_body(&body, headers)?)?;
-            let opts = WriteOptions { served_version: Some(t.version.clone()), ..write_options(q, headers, "CreateOptions")? };
+            let opts =
+                WriteOptions { served_version: Some(t.version.clone()), ..write_options(q, headers, "CreateOptions")? };
             let out = reg.create(kind, ns, value, &opts).await?;
             Ok(with_warnings(json_response(StatusCode::CREATED, &view.typed(out.object)), &out.warnings))
         }
         (Method::PUT, Some(name)) => {
             let value = view.to_storage(parse_body(&body, headers)?)?;
-            let opts = WriteOptions { served_version: Some(t.version.clone()), ..write_options(q, headers, "UpdateOptions")? };
+            let opts =
+                WriteOptions { served_version: Some(t.version.clone()), ..write_options(q, headers, "UpdateOptions")? };
             let out = reg.update(kind, ns, name, value, t.sub, &opts).await?;
             Ok(with_warnings(json_response(StatusCode::OK, &view.typed(out.object)), &out.warnings))
         }
@@ -546,7 +549,8 @@ async fn handle_resource(
             if ty == PatchType::Apply {
                 value = view.to_storage(value)?;
             }
-            let opts = WriteOptions { served_version: Some(t.version.clone()), ..write_options(q, headers, "PatchOptions")? };
+            let opts =
+                WriteOptions { served_version: Some(t.version.clone()), ..write_options(q, headers, "PatchOptions")? };
             let out = reg.patch(kind, ns, name, ty, value, t.sub, &opts).await?;
             let code = if out.created { StatusCode::CREATED } else { StatusCode::OK };
             Ok(with_warnings(json_response(code, &view.typed(out.object)), &out.warnings))
@@ -1007,7 +1011,8 @@ fn is_preferred(group: &str, version: &str) -> bool {
     if Kind::ALL.iter().any(|k| k.info().group == group) {
         return Kind::ALL.iter().any(|k| k.info().group == group && k.info().version == version);
     }
-    let best = served().filter(|k| k.group == group).map(|k| k.version).min_by_key(|v| api::custom::version_priority(v));
+    let best =
+        served().filter(|k| k.group == group).map(|k| k.version).min_by_key(|v| api::custom::version_priority(v));
     best == Some(version)
 }
 
@@ -1303,7 +1308,9 @@ fn openapi_v2() -> Value {
         // Built-in kinds only: kubectl reads custom kinds from OpenAPI v3 (a custom kind here
         // would make its apply choose a strategic merge patch, which custom kinds refuse).
         let mut gvs = vec![("", "v1")];
-        gvs.extend(groups().into_iter().filter(|(g, v)| served().any(|k| k.group == *g && k.version == *v && !k.custom)));
+        gvs.extend(
+            groups().into_iter().filter(|(g, v)| served().any(|k| k.group == *g && k.version == *v && !k.custom)),
+        );
         let mut paths = serde_json::Map::new();
         for k in served().filter(|k| !k.custom) {
             let op = json!({
@@ -1380,11 +1387,13 @@ fn build_openapi_doc(reg: &Registry, group: &str, version: &str) -> Value {
         .filter(|(c, _)| c.info().group == group)
         .map(|(c, m)| (c.info().name.to_string(), m))
         .collect();
-    let kinds: Vec<(&str, Option<&api::k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::JSONSchemaProps>)> =
-        models
-            .iter()
-            .filter_map(|(kind, m)| m.version(Some(version)).map(|v| (kind.as_str(), v.schema.as_ref())))
-            .collect();
+    let kinds: Vec<(
+        &str,
+        Option<&api::k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::JSONSchemaProps>,
+    )> = models
+        .iter()
+        .filter_map(|(kind, m)| m.version(Some(version)).map(|v| (kind.as_str(), v.schema.as_ref())))
+        .collect();
     if !kinds.is_empty() {
         schemas.extend(api::openapi::custom_schemas(group, version, &kinds));
     }

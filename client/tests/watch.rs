@@ -244,6 +244,7 @@ async fn custom_objects_over_grpc_as_json() {
     })
     .await
     .expect("the deletion arrives");
-    let missing = client.custom.clone().get(pb::CustomGetRequest { resource: "nothings.x.y".into(), ..Default::default() }).await;
+    let missing =
+        client.custom.clone().get(pb::CustomGetRequest { resource: "nothings.x.y".into(), ..Default::default() }).await;
     assert_eq!(missing.unwrap_err().code(), tonic::Code::NotFound);
 }

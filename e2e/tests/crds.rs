@@ -144,21 +144,30 @@ fn write(srv: &ApiServer, name: &str, content: &str) -> String {
 fn a_crd_serves_its_resource_to_kubectl() {
     let srv = ApiServer::start(&[]).unwrap();
     let crd = write(&srv, "crd.yaml", CRD);
-    assert_eq!(ok(&srv, &["apply", "-f", &crd]), "customresourcedefinition.apiextensions.k8s.io/widgets.test.podpath.dev created\n");
+    assert_eq!(
+        ok(&srv, &["apply", "-f", &crd]),
+        "customresourcedefinition.apiextensions.k8s.io/widgets.test.podpath.dev created\n"
+    );
     ok(&srv, &["wait", "--for", "condition=established", "crd/widgets.test.podpath.dev", "--timeout=10s"]);
     let status: serde_json::Value =
         serde_json::from_str(&ok(&srv, &["get", "crd", "widgets.test.podpath.dev", "-o", "json"])).unwrap();
     assert_eq!(status["status"]["acceptedNames"]["kind"], "Widget");
     assert_eq!(status["status"]["storedVersions"], serde_json::json!(["v1"]));
     let crds = ok(&srv, &["get", "crds"]);
-    assert!(crds.starts_with("NAME") && crds.contains("CREATED AT") && crds.contains("widgets.test.podpath.dev"), "{crds}");
+    assert!(
+        crds.starts_with("NAME") && crds.contains("CREATED AT") && crds.contains("widgets.test.podpath.dev"),
+        "{crds}"
+    );
 
     // Discovery: the resource, its short name and category, both versions.
     let resources = ok(&srv, &["api-resources", "--api-group=test.podpath.dev"]);
     let row: Vec<&str> = resources.lines().nth(1).unwrap().split_whitespace().collect();
     assert_eq!(row, ["widgets", "wd", "test.podpath.dev/v1", "true", "Widget"], "{resources}");
     let versions = ok(&srv, &["api-versions"]);
-    assert!(versions.contains("test.podpath.dev/v1\n") && versions.contains("test.podpath.dev/v1beta1\n"), "{versions}");
+    assert!(
+        versions.contains("test.podpath.dev/v1\n") && versions.contains("test.podpath.dev/v1beta1\n"),
+        "{versions}"
+    );
 
     // Create: defaults filled in, printer columns shown.
     let widget = write(&srv, "widget.yaml", WIDGET);
@@ -195,8 +204,18 @@ fn a_crd_serves_its_resource_to_kubectl() {
     assert!(err.contains("UnsupportedMediaType") || err.contains("415") || err.contains("unknown format"), "{err}");
 
     // The status subresource: only status changes through it, and never through the object.
-    ok(&srv, &["patch", "widget", "small", "--subresource=status", "--type=merge", "-p",
-        r#"{"status":{"replicas":1,"conditions":[{"type":"Ready","status":"True"}]}}"#]);
+    ok(
+        &srv,
+        &[
+            "patch",
+            "widget",
+            "small",
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            r#"{"status":{"replicas":1,"conditions":[{"type":"Ready","status":"True"}]}}"#,
+        ],
+    );
     ok(&srv, &["patch", "widget", "small", "--type=merge", "-p", r#"{"status":{"replicas":7}}"#]);
     let table = ok(&srv, &["get", "widget", "small"]);
     let row: Vec<&str> = table.lines().nth(1).unwrap().split_whitespace().collect();
@@ -210,7 +229,10 @@ fn a_crd_serves_its_resource_to_kubectl() {
     assert_eq!(got["spec"]["replicas"], 3);
     let scale: serde_json::Value =
         serde_json::from_str(&ok(&srv, &["get", "widget", "small", "--subresource=scale", "-o", "json"])).unwrap();
-    assert_eq!((scale["kind"].as_str(), scale["spec"]["replicas"].as_i64(), scale["status"]["replicas"].as_i64()), (Some("Scale"), Some(3), Some(1)));
+    assert_eq!(
+        (scale["kind"].as_str(), scale["spec"]["replicas"].as_i64(), scale["status"]["replicas"].as_i64()),
+        (Some("Scale"), Some(3), Some(1))
+    );
 
     // Field selectors on metadata.
     let named = ok(&srv, &["get", "widgets", "--field-selector", "metadata.name=small", "-o", "name"]);
@@ -219,7 +241,14 @@ fn a_crd_serves_its_resource_to_kubectl() {
     assert!(err.contains("field label not supported: spec.colour"), "{err}");
 
     // Validation, with the apiextensions server's texts.
-    let bad = write(&srv, "bad.yaml", &WIDGET.replace("name: small", "name: big").replace("colour: red", "colour: pink\n  size: 11\n  code: ABCD").replace("port: http", "port: 1.5"));
+    let bad = write(
+        &srv,
+        "bad.yaml",
+        &WIDGET
+            .replace("name: small", "name: big")
+            .replace("colour: red", "colour: pink\n  size: 11\n  code: ABCD")
+            .replace("port: http", "port: 1.5"),
+    );
     let err = fails(&srv, &["apply", "-f", &bad]);
     for want in [
         r#"The Widget "big" is invalid:"#,
@@ -230,10 +259,18 @@ fn a_crd_serves_its_resource_to_kubectl() {
     ] {
         assert!(err.contains(want), "missing {want:?} in:\n{err}");
     }
-    let dup = write(&srv, "dup.yaml", &WIDGET.replace("name: small", "name: dup").replace("  - name: axle\n", "  - name: axle\n  - name: axle\n"));
+    let dup = write(
+        &srv,
+        "dup.yaml",
+        &WIDGET.replace("name: small", "name: dup").replace("  - name: axle\n", "  - name: axle\n  - name: axle\n"),
+    );
     let err = fails(&srv, &["apply", "-f", &dup]);
     assert!(err.contains(r#"spec.parts[1]: Duplicate value: map[string]interface {}{"name":"axle"}"#), "{err}");
-    let unknown = write(&srv, "unknown.yaml", &WIDGET.replace("name: small", "name: odd").replace("  port: http\n", "  port: http\n  shape: round\n"));
+    let unknown = write(
+        &srv,
+        "unknown.yaml",
+        &WIDGET.replace("name: small", "name: odd").replace("  port: http\n", "  port: http\n  shape: round\n"),
+    );
     let err = fails(&srv, &["apply", "-f", &unknown]);
     assert!(err.contains(r#"unknown field "spec.shape""#), "{err}");
     let o = srv.kubectl(&["apply", "--validate=false", "-f", &unknown]);
@@ -242,10 +279,18 @@ fn a_crd_serves_its_resource_to_kubectl() {
     assert!(odd["spec"].get("shape").is_none(), "pruned: {odd}");
 
     // CEL rules: the messages, a message expression, a transition rule.
-    let red = write(&srv, "red.yaml", &WIDGET.replace("name: small", "name: red").replace("colour: red", "colour: red\n  size: 6"));
+    let red = write(
+        &srv,
+        "red.yaml",
+        &WIDGET.replace("name: small", "name: red").replace("colour: red", "colour: red\n  size: 6"),
+    );
     let err = fails(&srv, &["apply", "-f", &red]);
     assert!(err.contains("spec: Invalid value: a red widget is at most 5 big"), "{err}");
-    let bad_code = write(&srv, "code.yaml", &WIDGET.replace("name: small", "name: coded").replace("colour: red", "colour: red\n  code: bad"));
+    let bad_code = write(
+        &srv,
+        "code.yaml",
+        &WIDGET.replace("name: small", "name: coded").replace("colour: red", "colour: red\n  code: bad"),
+    );
     let err = fails(&srv, &["apply", "-f", &bad_code]);
     assert!(err.contains("spec: Invalid value: code bad is refused"), "{err}");
     let err = fails(&srv, &["patch", "widget", "small", "--type=merge", "-p", r#"{"spec":{"serial":"s-2"}}"#]);
@@ -253,7 +298,10 @@ fn a_crd_serves_its_resource_to_kubectl() {
 
     // explain reads the CRD's schema.
     let explain = ok(&srv, &["explain", "widget.spec.size"]);
-    assert!(explain.contains("GROUP:      test.podpath.dev") && explain.contains("How big the widget is."), "{explain}");
+    assert!(
+        explain.contains("GROUP:      test.podpath.dev") && explain.contains("How big the widget is."),
+        "{explain}"
+    );
 
     // A watch sees changes.
     let mut watch = srv

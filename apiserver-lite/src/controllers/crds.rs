@@ -52,12 +52,22 @@ pub fn verdict(crd: &CustomResourceDefinition, others: &[CustomResourceDefinitio
         }
         None => {
             conditions.push(("NamesAccepted", "True", "NoConflicts", "no conflicts found".to_string()));
-            conditions.push(("Established", "True", "InitialNamesAccepted", "the initial names have been accepted".to_string()));
+            conditions.push((
+                "Established",
+                "True",
+                "InitialNamesAccepted",
+                "the initial names have been accepted".to_string(),
+            ));
             true
         }
     };
     if deleting {
-        conditions.push(("Terminating", "True", "InstanceDeletionInProgress", "CustomResource deletion is in progress".to_string()));
+        conditions.push((
+            "Terminating",
+            "True",
+            "InstanceDeletionInProgress",
+            "CustomResource deletion is in progress".to_string(),
+        ));
     }
     Verdict { conditions, serve }
 }
@@ -104,17 +114,17 @@ fn strip_nulls(mut v: Value) -> Value {
 /// Serves what every CRD defines, writes their conditions, and finishes deletions.
 pub(crate) async fn sync(reg: &Registry) -> Result<(), ApiError> {
     let (stored, _) = reg.store.list(Kind::CustomResourceDefinition, None)?;
-    let typed: Vec<(Value, CustomResourceDefinition)> = stored
-        .into_iter()
-        .filter_map(|v| serde_json::from_value(v.clone()).ok().map(|t| (v, t)))
-        .collect();
+    let typed: Vec<(Value, CustomResourceDefinition)> =
+        stored.into_iter().filter_map(|v| serde_json::from_value(v.clone()).ok().map(|t| (v, t))).collect();
     let all: Vec<CustomResourceDefinition> = typed.iter().map(|(_, t)| t.clone()).collect();
     let mut live = std::collections::BTreeSet::new();
     for (raw, c) in &typed {
         // Older CRDs keep their names: only those created before this one count.
         let older: Vec<CustomResourceDefinition> = all
             .iter()
-            .filter(|o| o.metadata.creation_timestamp <= c.metadata.creation_timestamp && o.metadata.name != c.metadata.name)
+            .filter(|o| {
+                o.metadata.creation_timestamp <= c.metadata.creation_timestamp && o.metadata.name != c.metadata.name
+            })
             .cloned()
             .collect();
         let v = verdict(c, &older);
@@ -122,14 +132,18 @@ pub(crate) async fn sync(reg: &Registry) -> Result<(), ApiError> {
         let resource = format!("{}.{}", facts.plural, facts.group);
         if v.serve {
             let kind = CustomKind::register(&facts);
-            let model = Model { crd: resource.clone(), storage: facts.version.clone(), versions: crd::served_versions(c) };
-            let changed = reg.crds.get(kind).is_none_or(|m| format!("{:?}", m.versions) != format!("{:?}", model.versions));
+            let model =
+                Model { crd: resource.clone(), storage: facts.version.clone(), versions: crd::served_versions(c) };
+            let changed =
+                reg.crds.get(kind).is_none_or(|m| format!("{:?}", m.versions) != format!("{:?}", model.versions));
             if changed {
                 reg.crds.set(kind, model);
             }
             live.insert(kind);
         }
-        let now = api::k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::from_second(jiff::Timestamp::now().as_second()).unwrap_or_default());
+        let now = api::k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            jiff::Timestamp::from_second(jiff::Timestamp::now().as_second()).unwrap_or_default(),
+        );
         let now = serde_json::to_value(now).unwrap_or_default();
         let status = status_of(raw, c, &v, now.as_str().unwrap_or(""));
         if raw["status"] != status {
@@ -209,10 +223,13 @@ mod tests {
         let a = crd("a.example.com", "Widget", &["w"]);
         let v = verdict(&a, &[]);
         assert!(v.serve);
-        assert_eq!(v.conditions[1], ("Established", "True", "InitialNamesAccepted", "the initial names have been accepted".to_string()));
+        assert_eq!(
+            v.conditions[1],
+            ("Established", "True", "InitialNamesAccepted", "the initial names have been accepted".to_string())
+        );
         let mut b = crd("a.example.com", "Gadget", &["w"]);
         b.metadata.name = Some("gadgets.a.example.com".into());
-        let v = verdict(&b, &[a.clone()]);
+        let v = verdict(&b, std::slice::from_ref(&a));
         assert!(!v.serve);
         assert_eq!(v.conditions[0], ("NamesAccepted", "False", "KindConflict", "\"w\" is already in use".to_string()));
         // Another group may use the same kind.
