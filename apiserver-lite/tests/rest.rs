@@ -891,6 +891,8 @@ async fn discovery_version_and_openapi() {
     assert_eq!(
         names,
         [
+            "admissionregistration.k8s.io",
+            "apiextensions.k8s.io",
             "apps",
             "authentication.k8s.io",
             "authorization.k8s.io",
