@@ -17,6 +17,7 @@
 
 pub mod error;
 pub mod events;
+pub mod gateway;
 pub mod health;
 pub mod l7;
 pub mod l7_proxy;

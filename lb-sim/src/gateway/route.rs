@@ -1,0 +1,339 @@
+//! Routing one request through a Gateway's site, as the Gateway API orders it (pure): the
+//! listener by the most specific hostname, then among the rules of the routes attached to it
+//! whose hostnames match the request, the match with an Exact path, then a regular expression
+//! (the longest), then the longest prefix, then a method, then the most header matches, then the most query matches; ties go to the
+//! oldest route, then to `namespace/name` order, then to the rule's order. Then the filters:
+//! what a redirect answers, how the request is rewritten, which headers change; and the
+//! backend by weight.
+
+use std::collections::BTreeMap;
+
+use super::plan::{Backend, ListenerSite, Match, PathRule, Rule, Site};
+use super::types::{HeaderModifier, HttpRouteFilter, PathModifier, ValueMatch};
+
+/// A request as routing sees it.
+#[derive(Debug, Clone, Default)]
+pub struct Request<'a> {
+    /// The Host header (or :authority), without a port.
+    pub host: &'a str,
+    pub method: &'a str,
+    /// The path, without the query.
+    pub path: &'a str,
+    /// The query string (without `?`).
+    pub query: &'a str,
+    /// Header names in lower case.
+    pub headers: &'a [(String, String)],
+}
+
+/// What matched.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Matched<'a> {
+    pub listener: &'a ListenerSite,
+    pub rule: &'a Rule,
+    pub matched: &'a Match,
+}
+
+/// The listener that takes a host: an exact hostname before the longest wildcard, before none.
+pub fn listener<'a>(site: &'a Site, host: &str) -> Option<&'a ListenerSite> {
+    site.listeners
+        .iter()
+        .filter(|l| l.hostname.as_deref().is_none_or(|h| super::plan::host_matches(h, host)))
+        .max_by_key(|l| match l.hostname.as_deref() {
+            None => (0, 0),
+            Some(h) if h.starts_with("*.") => (1, h.len()),
+            Some(h) => (2, h.len()),
+        })
+}
+
+fn path_matches(rule: &PathRule, path: &str) -> bool {
+    match rule {
+        PathRule::Exact(p) => p == path,
+        PathRule::Prefix(p) => {
+            let p = p.trim_end_matches('/');
+            p.is_empty() || path == p || path.strip_prefix(p).is_some_and(|rest| rest.starts_with('/'))
+        }
+        PathRule::Regex(re) => regex::Regex::new(&format!("^(?:{re})$")).is_ok_and(|r| r.is_match(path)),
+    }
+}
+
+fn value_matches(m: &ValueMatch, value: Option<&str>) -> bool {
+    let Some(v) = value else { return false };
+    match m.type_.as_deref().unwrap_or("Exact") {
+        "RegularExpression" => regex::Regex::new(&format!("^(?:{})$", m.value)).is_ok_and(|r| r.is_match(v)),
+        _ => v == m.value,
+    }
+}
+
+fn query_pairs(q: &str) -> Vec<(String, String)> {
+    q.split('&')
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            let (k, v) = p.split_once('=').unwrap_or((p, ""));
+            (percent_decode(k), percent_decode(v))
+        })
+        .collect()
+}
+
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'%' if i + 2 < b.len() => match u8::from_str_radix(&s[i + 1..i + 3], 16) {
+                Ok(x) => {
+                    out.push(x);
+                    i += 3;
+                    continue;
+                }
+                Err(_) => out.push(b'%'),
+            },
+            b'+' => out.push(b' '),
+            c => out.push(c),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn matches(m: &Match, req: &Request<'_>, query: &[(String, String)]) -> bool {
+    let header = |name: &str| req.headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str());
+    let param = |name: &str| query.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str());
+    path_matches(&m.path, req.path)
+        && m.method.as_deref().is_none_or(|meth| meth.eq_ignore_ascii_case(req.method))
+        && m.headers.iter().all(|h| value_matches(h, header(&h.name)))
+        && m.query.iter().all(|q| value_matches(q, param(&q.name)))
+}
+
+/// Whether a rule's hostnames take the request's host (none: the listener's alone decide).
+fn rule_takes(rule: &Rule, host: &str) -> Option<(u8, usize)> {
+    if rule.hostnames.is_empty() {
+        return Some((0, 0));
+    }
+    rule.hostnames
+        .iter()
+        .filter(|h| super::plan::host_matches(h, host))
+        .map(|h| if h.starts_with("*.") { (1, h.len()) } else { (2, h.len()) })
+        .max()
+}
+
+/// The rule and match a request goes to.
+pub fn route<'a>(site: &'a Site, req: &Request<'_>) -> Option<Matched<'a>> {
+    let l = listener(site, req.host)?;
+    let query = query_pairs(req.query);
+    // The precedence key: bigger wins, except the created time and names (smaller wins).
+    type Key<'b> = (
+        (u8, usize),
+        u8,
+        usize,
+        bool,
+        usize,
+        usize,
+        std::cmp::Reverse<&'b str>,
+        std::cmp::Reverse<&'b str>,
+        std::cmp::Reverse<usize>,
+    );
+    let mut best: Option<(Key<'a>, &'a Rule, &'a Match)> = None;
+    for rule in &l.rules {
+        let Some(host_rank) = rule_takes(rule, req.host) else { continue };
+        for m in rule.matches.iter().filter(|m| matches(m, req, &query)) {
+            // Exact, then regular expressions (their precedence is implementation-specific: by
+            // length, after Exact and before any prefix, as Envoy Gateway orders them), then
+            // the longest prefix.
+            let (class, len) = match &m.path {
+                PathRule::Exact(p) => (2, p.len()),
+                PathRule::Regex(r) => (1, r.len()),
+                PathRule::Prefix(p) => (0, p.trim_end_matches('/').len()),
+            };
+            let key: Key<'a> = (
+                host_rank,
+                class,
+                len,
+                m.method.is_some(),
+                m.headers.len(),
+                m.query.len(),
+                std::cmp::Reverse(rule.created.as_str()),
+                std::cmp::Reverse(rule.route.as_str()),
+                std::cmp::Reverse(rule.index),
+            );
+            if best.as_ref().is_none_or(|(k, _, _)| key > *k) {
+                best = Some((key, rule, m));
+            }
+        }
+    }
+    best.map(|(_, rule, matched)| Matched { listener: l, rule, matched })
+}
+
+/// The backend for a roll in `[0, total weight)`: each backend takes a share of rolls as big
+/// as its weight. None when every weight is 0.
+pub fn pick(backends: &[Backend], roll: u32) -> Option<&Backend> {
+    let total: u32 = backends.iter().map(|b| b.weight).sum();
+    if total == 0 {
+        return None;
+    }
+    let mut r = roll % total;
+    for b in backends {
+        if r < b.weight {
+            return Some(b);
+        }
+        r -= b.weight;
+    }
+    None
+}
+
+pub fn total_weight(backends: &[Backend]) -> u32 {
+    backends.iter().map(|b| b.weight).sum()
+}
+
+/// What the filters of a rule (then its backend's) do to a request.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Effects {
+    /// A redirect answered at once: (status, Location).
+    pub redirect: Option<(u16, String)>,
+    /// The path (and query) sent to the backend.
+    pub path: Option<String>,
+    pub host: Option<String>,
+    pub request_headers: Vec<HeaderModifier>,
+    pub response_headers: Vec<HeaderModifier>,
+    /// Backends (`namespace/name`, port) that get a copy.
+    pub mirrors: Vec<(String, i32)>,
+    /// The filters that acted, by type, for traces.
+    pub applied: Vec<String>,
+}
+
+fn rewrite_path(m: &PathModifier, matched: &PathRule, path: &str) -> String {
+    match m.type_.as_str() {
+        "ReplaceFullPath" => m.replace_full_path.clone().unwrap_or_else(|| "/".into()),
+        _ => {
+            let prefix = match matched {
+                PathRule::Prefix(p) | PathRule::Exact(p) => p.trim_end_matches('/').to_string(),
+                PathRule::Regex(_) => String::new(),
+            };
+            let rest = path.strip_prefix(prefix.as_str()).unwrap_or(path);
+            let with = m.replace_prefix_match.clone().unwrap_or_else(|| "/".into());
+            let with = with.trim_end_matches('/');
+            let joined = match (with.is_empty(), rest.is_empty()) {
+                (true, true) => "/".to_string(),
+                (true, false) => rest.to_string(),
+                (false, _) => format!("{with}{rest}"),
+            };
+            if joined.starts_with('/') {
+                joined
+            } else {
+                format!("/{joined}")
+            }
+        }
+    }
+}
+
+/// The effects of `filters` on a request that matched `matched` (`https`: the listener's
+/// scheme; `port`: the listener's port).
+pub fn effects(
+    filters: &[HttpRouteFilter],
+    matched: &PathRule,
+    req: &Request<'_>,
+    https: bool,
+    port: u16,
+    route_ns: &str,
+) -> Effects {
+    let mut e = Effects::default();
+    for f in filters {
+        match f.type_.as_str() {
+            "RequestHeaderModifier" => {
+                if let Some(m) = &f.request_header_modifier {
+                    e.request_headers.push(m.clone());
+                    e.applied.push(f.type_.clone());
+                }
+            }
+            "ResponseHeaderModifier" => {
+                if let Some(m) = &f.response_header_modifier {
+                    e.response_headers.push(m.clone());
+                    e.applied.push(f.type_.clone());
+                }
+            }
+            "RequestRedirect" => {
+                let Some(r) = &f.request_redirect else { continue };
+                let scheme = r.scheme.clone().unwrap_or_else(|| if https { "https".into() } else { "http".into() });
+                let host = r.hostname.clone().unwrap_or_else(|| req.host.to_string());
+                // The port: the filter's, else the scheme's default when the scheme changed,
+                // else the listener's; a scheme's default port is not written.
+                let port = match (r.port, r.scheme.is_some()) {
+                    (Some(p), _) => p as u16,
+                    (None, true) => {
+                        if scheme == "https" {
+                            443
+                        } else {
+                            80
+                        }
+                    }
+                    (None, false) => port,
+                };
+                let default_port = (scheme == "https" && port == 443) || (scheme == "http" && port == 80);
+                let path = match &r.path {
+                    Some(m) => rewrite_path(m, matched, req.path),
+                    None => req.path.to_string(),
+                };
+                let query = if req.query.is_empty() { String::new() } else { format!("?{}", req.query) };
+                let authority = if default_port { host } else { format!("{host}:{port}") };
+                let code = r.status_code.unwrap_or(302) as u16;
+                e.redirect = Some((code, format!("{scheme}://{authority}{path}{query}")));
+                e.applied.push(f.type_.clone());
+                return e;
+            }
+            "URLRewrite" => {
+                let Some(r) = &f.url_rewrite else { continue };
+                if let Some(h) = &r.hostname {
+                    e.host = Some(h.clone());
+                }
+                if let Some(m) = &r.path {
+                    let p = rewrite_path(m, matched, req.path);
+                    e.path = Some(if req.query.is_empty() { p } else { format!("{p}?{}", req.query) });
+                }
+                e.applied.push(f.type_.clone());
+            }
+            "RequestMirror" => {
+                if let Some(m) = &f.request_mirror {
+                    let ns = m.backend_ref.namespace.clone().unwrap_or_else(|| route_ns.to_string());
+                    e.mirrors.push((format!("{ns}/{}", m.backend_ref.name), m.backend_ref.port.unwrap_or(0)));
+                    e.applied.push(f.type_.clone());
+                }
+            }
+            _ => {}
+        }
+    }
+    e
+}
+
+/// Headers after the modifiers: `set` replaces, `add` appends, `remove` drops (names compared
+/// without case).
+pub fn modify_headers(headers: &mut Vec<(String, String)>, mods: &[HeaderModifier]) {
+    for m in mods {
+        for nv in &m.set {
+            headers.retain(|(k, _)| !k.eq_ignore_ascii_case(&nv.name));
+            headers.push((nv.name.to_ascii_lowercase(), nv.value.clone()));
+        }
+        for nv in &m.add {
+            match headers.iter_mut().find(|(k, _)| k.eq_ignore_ascii_case(&nv.name)) {
+                Some((_, v)) => {
+                    v.push(',');
+                    v.push_str(&nv.value);
+                }
+                None => headers.push((nv.name.to_ascii_lowercase(), nv.value.clone())),
+            }
+        }
+        for name in &m.remove {
+            headers.retain(|(k, _)| !k.eq_ignore_ascii_case(name));
+        }
+    }
+}
+
+/// How many rules each route has on a site (for status pages).
+pub fn rules_by_route(site: &Site) -> BTreeMap<String, usize> {
+    let mut out = BTreeMap::new();
+    for l in &site.listeners {
+        for r in &l.rules {
+            *out.entry(r.route.clone()).or_default() += 1;
+        }
+    }
+    out
+}
