@@ -7,6 +7,7 @@ use api::proto::events_client::EventsClient;
 use api::proto::nodes_client::NodesClient;
 use api::proto::persistent_volumes_client::PersistentVolumesClient;
 use api::proto::pods_client::PodsClient;
+use api::proto::services_client::ServicesClient;
 use api::proto::watch_client::WatchClient;
 use tonic::metadata::MetadataValue;
 use tonic::service::interceptor::InterceptedService;
@@ -39,6 +40,7 @@ pub struct ApiClient {
     pub volumes: PersistentVolumesClient<Svc>,
     /// Objects of custom resources (CRDs), as JSON.
     pub custom: CustomObjectsClient<Svc>,
+    pub services: ServicesClient<Svc>,
 }
 
 impl ApiClient {
@@ -70,7 +72,8 @@ impl ApiClient {
             watch: WatchClient::with_interceptor(channel.clone(), auth.clone()),
             events: EventsClient::with_interceptor(channel.clone(), auth.clone()),
             volumes: PersistentVolumesClient::with_interceptor(channel.clone(), auth.clone()),
-            custom: CustomObjectsClient::with_interceptor(channel, auth),
+            custom: CustomObjectsClient::with_interceptor(channel.clone(), auth.clone()),
+            services: ServicesClient::with_interceptor(channel, auth),
         })
     }
 

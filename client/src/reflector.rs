@@ -345,7 +345,12 @@ async fn run_request<U, S: Sink<U>>(
                 if status.code() == tonic::Code::OutOfRange {
                     state = WatchState::Empty;
                 }
-                tracing::warn!(kind = what, error = %status, "cannot watch; retrying in {backoff:?}");
+                // A custom resource whose CRD is not installed: quietly, until it is.
+                if status.code() == tonic::Code::NotFound {
+                    tracing::debug!(kind = what, error = %status, "not served; retrying in {backoff:?}");
+                } else {
+                    tracing::warn!(kind = what, error = %status, "cannot watch; retrying in {backoff:?}");
+                }
             }
         }
         tokio::time::sleep(backoff).await;

@@ -108,6 +108,26 @@ pub struct Frontend {
     pub backends: Vec<Backend>,
 }
 
+/// Each node's pod subnets, through the node's address of the subnet's family (what the
+/// Gateways need to reach endpoints directly).
+pub fn pod_subnets(nodes: &[core::Node], lb: &[LbNode]) -> BTreeMap<ipnet::IpNet, IpAddr> {
+    let mut out = BTreeMap::new();
+    for n in nodes {
+        let Some(name) = n.metadata.name.as_deref() else { continue };
+        let Some(node) = lb.iter().find(|l| l.name == name) else { continue };
+        let spec = n.spec.clone().unwrap_or_default();
+        let cidrs =
+            spec.pod_cidrs.clone().filter(|c| !c.is_empty()).or(spec.pod_cidr.map(|c| vec![c])).unwrap_or_default();
+        for c in cidrs {
+            let Ok(net) = c.parse::<ipnet::IpNet>() else { continue };
+            if let Some(via) = node.ips.iter().find(|ip| ip.is_ipv4() == net.addr().is_ipv4()) {
+                out.insert(net, *via);
+            }
+        }
+    }
+    out
+}
+
 /// The nodes that can be backends: an InternalIP, and not excluded by label.
 pub fn lb_nodes(nodes: &[core::Node]) -> Vec<LbNode> {
     let mut out: Vec<LbNode> = nodes

@@ -14,6 +14,7 @@ use std::io::Write;
 use std::net::IpAddr;
 use std::process::{Command, Stdio};
 
+use ipnet::IpNet;
 use serde_json::Value;
 
 use crate::error::{LbError, Result};
@@ -47,6 +48,8 @@ pub struct Observed {
     pub routes: BTreeMap<IpAddr, Option<u32>>,
     /// IPv4 addresses with [`ADDRESS_LABEL`], IPv6 ones with [`V6_FLAGS`].
     pub addresses: BTreeSet<IpAddr>,
+    /// Routes of ours to a subnet (not one address): subnet → the node it goes through.
+    pub subnets: BTreeMap<IpNet, Option<IpAddr>>,
 }
 
 /// What lb-sim wants: VIP → node IPs, and the addresses the proxies listen on.
@@ -54,6 +57,9 @@ pub struct Observed {
 pub struct Wanted {
     pub routes: BTreeMap<IpAddr, BTreeSet<IpAddr>>,
     pub addresses: BTreeSet<IpAddr>,
+    /// Nodes' pod subnets, each through its node (the Gateways reach endpoints directly, as a
+    /// cloud's container-native load balancer does).
+    pub subnets: BTreeMap<IpNet, IpAddr>,
 }
 
 fn host_prefix(ip: &IpAddr) -> String {
@@ -105,6 +111,14 @@ pub fn plan(want: &Wanted, have: &Observed, devices: &BTreeMap<IpAddr, String>, 
             lines.push(format!("route replace {} nhid {group} proto {PROTO}", host_prefix(vip)));
         }
     }
+    for (net, node) in &want.subnets {
+        if have.subnets.get(net) != Some(&Some(*node)) {
+            lines.push(format!("route replace {net} via {node} proto {PROTO}"));
+        }
+    }
+    for net in have.subnets.keys().filter(|n| !want.subnets.contains_key(n)) {
+        lines.push(format!("route del {net} proto {PROTO}"));
+    }
     for ip in want.addresses.difference(&have.addresses) {
         if ip.is_ipv6() {
             lines.push(format!("address add {} dev lo {V6_FLAGS}", host_prefix(ip)));
@@ -153,6 +167,12 @@ pub fn parse_nexthops(json: &str, into: &mut Observed) -> std::result::Result<()
 pub fn parse_routes(json: &str, into: &mut Observed) -> std::result::Result<(), String> {
     for r in parse_array(json)? {
         let Some(dst) = r["dst"].as_str() else { continue };
+        if let Ok(net) = dst.parse::<IpNet>() {
+            if net.prefix_len() < net.max_prefix_len() {
+                into.subnets.insert(net, r["gateway"].as_str().and_then(|g| g.parse().ok()));
+                continue;
+            }
+        }
         let ip = dst.split('/').next().unwrap_or(dst);
         let Ok(ip) = ip.parse::<IpAddr>() else { continue };
         into.routes.insert(ip, r["nhid"].as_u64().and_then(|i| u32::try_from(i).ok()));
@@ -313,7 +333,24 @@ mod tests {
         Wanted {
             routes: routes.iter().map(|(v, ns)| (ip(v), ns.iter().map(|n| ip(n)).collect())).collect(),
             addresses: addresses.iter().map(|a| ip(a)).collect(),
+            ..Default::default()
         }
+    }
+
+    #[test]
+    fn pod_subnets_go_through_their_nodes_and_are_read_back() {
+        let mut w = want(&[], &[]);
+        w.subnets.insert("10.244.1.0/24".parse().unwrap(), ip("192.168.56.11"));
+        let lines = plan(&w, &Observed::default(), &devices(), IDLE_TIMER_SECONDS);
+        assert_eq!(lines, ["route replace 10.244.1.0/24 via 192.168.56.11 proto 78"]);
+        let mut have = Observed::default();
+        let listing = r#"[{"dst":"10.244.1.0/24","gateway":"192.168.56.11","protocol":"78"},{"dst":"198.51.100.1","nhid":65536}]"#;
+        parse_routes(listing, &mut have).unwrap();
+        assert_eq!(have.subnets.get(&"10.244.1.0/24".parse().unwrap()), Some(&Some(ip("192.168.56.11"))));
+        assert!(plan(&w, &Observed { routes: Default::default(), ..have.clone() }, &devices(), IDLE_TIMER_SECONDS).is_empty());
+        // Not wanted any more: removed.
+        let lines = plan(&Wanted::default(), &Observed { routes: Default::default(), ..have }, &devices(), IDLE_TIMER_SECONDS);
+        assert_eq!(lines, ["route del 10.244.1.0/24 proto 78"]);
     }
 
     fn devices() -> BTreeMap<IpAddr, String> {

@@ -66,6 +66,12 @@ pub async fn run<I: Ip>(cfg: Config, ip: Arc<I>, shutdown: impl std::future::Fut
     tokio::spawn(reflector::run(client.clone(), Filter::default(), nodes.clone()));
     tokio::spawn(reflector::run(client.clone(), Filter::default(), ingresses.clone()));
     tokio::spawn(reflector::run(client.clone(), Filter::default(), secrets.clone()));
+    // The Gateway API: its controller follows the Gateway API's objects (once their CRDs are
+    // installed) and publishes the sites the proxy serves.
+    let (gw_sites_tx, mut gw_sites) = tokio::sync::watch::channel(Vec::new());
+    let gw_stores = crate::gateway::controller::Stores::follow(&client, services.clone(), secrets.clone());
+    tokio::spawn(crate::gateway::controller::run(client.clone(), gw_stores, gw_sites_tx));
+    let mut gateways = crate::gateway::proxy::GatewaySites::default();
     let recorder = Recorders {
         service_controller: Recorder::start(&client, Reporter::ServiceController.component(), None),
         lb_sim: Recorder::start(&client, Reporter::LbSim.component(), None),
@@ -102,9 +108,14 @@ pub async fn run<I: Ip>(cfg: Config, ip: Arc<I>, shutdown: impl std::future::Fut
     resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tokio::pin!(shutdown);
     loop {
-        let lb_nodes = model::lb_nodes(&nodes.list());
+        let node_list = nodes.list();
+        let lb_nodes = model::lb_nodes(&node_list);
         let svc_list = services.list();
-        let frontends = model::frontends(&svc_list, &lb_nodes, cfg.mode, cfg.node_health_port);
+        // The Gateways' own Services are served by the Gateway proxy, not passed through.
+        let lb_services: Vec<core::Service> =
+            svc_list.iter().filter(|s| !crate::gateway::plan::is_gateway_service(s)).cloned().collect();
+        let frontends = model::frontends(&lb_services, &lb_nodes, cfg.mode, cfg.node_health_port);
+        let gw_site_list = gw_sites.borrow_and_update().clone();
         let sites = l7::sites(&ingresses.list(), &svc_list, &secrets.list());
         // The L7 load balancer checks every node the way kube-proxy answers for it.
         let node_checks: Vec<(String, IpAddr, Check)> = lb_nodes
@@ -120,7 +131,10 @@ pub async fn run<I: Ip>(cfg: Config, ip: Arc<I>, shutdown: impl std::future::Fut
         let rotation: Vec<&(String, IpAddr, Check)> = node_checks.iter().filter(|(_, _, c)| healthy(c)).collect();
         let mut addresses = model::local_addresses(&frontends);
         addresses.extend(sites.iter().map(|s| s.vip));
-        let want = Wanted { routes: model::routes(&frontends, &healthy), addresses };
+        addresses.extend(gw_site_list.iter().map(|s| s.vip));
+        let subnets =
+            if gw_site_list.is_empty() { Default::default() } else { model::pod_subnets(&node_list, &lb_nodes) };
+        let want = Wanted { routes: model::routes(&frontends, &healthy), addresses, subnets };
         let mut errors = Vec::new();
         if applied.as_ref() != Some(&want) {
             let (ip2, want2) = (ip.clone(), want.clone());
@@ -137,6 +151,7 @@ pub async fn run<I: Ip>(cfg: Config, ip: Arc<I>, shutdown: impl std::future::Fut
         errors.extend(proxies.set(&model::proxies(&frontends, &healthy)).await);
         let rotation_ips: Vec<IpAddr> = rotation.iter().map(|(_, ip, _)| *ip).collect();
         errors.extend(l7.set(&sites, &rotation_ips).await);
+        errors.extend(gateways.set(&gw_site_list).await);
         for e in &errors {
             tracing::warn!(error = %e, "gateway not fully in line with the Services");
         }
@@ -167,6 +182,7 @@ pub async fn run<I: Ip>(cfg: Config, ip: Arc<I>, shutdown: impl std::future::Fut
             _ = health_changes.changed() => {},
             _ = ingress_changes.changed() => {},
             _ = secret_changes.changed() => {},
+            _ = gw_sites.changed() => {},
             _ = resync.tick() => {
                 applied = None;
                 if !errors.is_empty() {
@@ -177,6 +193,7 @@ pub async fn run<I: Ip>(cfg: Config, ip: Arc<I>, shutdown: impl std::future::Fut
     }
     proxies.stop_all();
     l7.stop_all();
+    gateways.stop_all();
     let ip2 = ip.clone();
     tokio::task::spawn_blocking(move || routing::sync(ip2.as_ref(), &Wanted::default()))
         .await

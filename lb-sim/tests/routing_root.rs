@@ -38,7 +38,7 @@ fn want(nodes: &[&str], addresses: &[&str]) -> Wanted {
     if !nodes.is_empty() {
         routes.insert(ip("198.51.100.1"), nodes.iter().map(|n| ip(n)).collect::<BTreeSet<_>>());
     }
-    Wanted { routes, addresses: addresses.iter().map(|a| ip(a)).collect() }
+    Wanted { routes, addresses: addresses.iter().map(|a| ip(a)).collect(), ..Default::default() }
 }
 
 #[test]

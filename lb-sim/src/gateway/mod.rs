@@ -6,7 +6,9 @@
 //! [`types`] decodes the objects; [`plan`] decides statuses, Services and sites purely;
 //! [`route`] routes one request (pure).
 
+pub mod controller;
 pub mod plan;
+pub mod proxy;
 pub mod route;
 pub mod types;
 

@@ -1,0 +1,188 @@
+//! The Gateway API on the lab's gateway, with the real kubectl and curl from the client: a
+//! Gateway gets an address from the pool, an HTTPRoute splits traffic 90/10 between two
+//! Deployments (measured over 2,000 requests), a header match sends to one, a redirect answers
+//! at the gateway, a route to another namespace's Service is refused until a ReferenceGrant
+//! allows it; statuses read back as the spec words them. Root only.
+
+use std::time::Duration;
+
+use podpath_e2e::{wait_for, Lab};
+use testkit::netns::root_or_explain;
+
+const CRDS: &str = include_str!("../testdata/gateway-api-crds.yaml");
+
+const GATEWAY: &str = "apiVersion: gateway.networking.k8s.io/v1
+kind: GatewayClass
+metadata:
+  name: podpath
+spec:
+  controllerName: podpath.dev/gateway
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata:
+  name: web
+spec:
+  gatewayClassName: podpath
+  listeners:
+  - name: http
+    protocol: HTTP
+    port: 80
+    allowedRoutes:
+      namespaces:
+        from: All
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata:
+  name: web
+spec:
+  parentRefs:
+  - name: web
+  rules:
+  - matches:
+    - headers:
+      - name: x-canary
+        value: always
+    backendRefs:
+    - name: canary
+      port: 80
+  - matches:
+    - path:
+        type: PathPrefix
+        value: /old
+    filters:
+    - type: RequestRedirect
+      requestRedirect:
+        path:
+          type: ReplacePrefixMatch
+          replacePrefixMatch: /new
+        statusCode: 301
+  - matches:
+    - path:
+        type: PathPrefix
+        value: /
+    filters:
+    - type: RequestHeaderModifier
+      requestHeaderModifier:
+        add:
+        - name: x-lab
+          value: gateway
+    backendRefs:
+    - name: web
+      port: 80
+      weight: 90
+    - name: canary
+      port: 80
+      weight: 10
+";
+
+fn condition(lab: &Lab, what: &str, path: &str) -> String {
+    lab.kubectl(&["get", what, "-o", &format!("jsonpath={path}")])
+}
+
+#[test]
+fn a_gateway_splits_matches_and_redirects() {
+    if !root_or_explain() {
+        return;
+    }
+    let before = testkit::netns::host_state();
+    let lab = Lab::up("gwapi", &["--nodes", "2"]).unwrap();
+    lab.apply(CRDS);
+    lab.kubectl(&["wait", "--for", "condition=established", "crd", "--all", "--timeout=20s"]);
+    for (name, replicas) in [("web", "2"), ("canary", "1")] {
+        lab.kubectl(&[
+            "create",
+            "deployment",
+            name,
+            "--image=podpath/echo",
+            &format!("--replicas={replicas}"),
+            "--port=8080",
+        ]);
+        lab.kubectl(&["expose", "deployment", name, "--port=80", "--target-port=8080"]);
+    }
+    lab.kubectl(&["rollout", "status", "deployment/web", "deployment/canary", "--timeout=60s"]);
+    lab.apply(GATEWAY);
+    lab.kubectl(&["wait", "--for=condition=Programmed", "gateway/web", "--timeout=30s"]);
+    let vip = condition(&lab, "gateway/web", "{.status.addresses[0].value}");
+    assert!(vip.starts_with("198.51.100."), "{vip}");
+    // The Gateway's Service holds its address.
+    let svc = lab.kubectl(&[
+        "get",
+        "svc",
+        "-l",
+        "gateway.networking.k8s.io/gateway-name=web",
+        "-o",
+        "jsonpath={.items[0].status.loadBalancer.ingress[0].ip}",
+    ]);
+    assert_eq!(svc, vip);
+    assert_eq!(condition(&lab, "gatewayclass/podpath", "{.status.conditions[?(@.type==\"Accepted\")].status}"), "True");
+    wait_for(Duration::from_secs(10), "the route's status", || {
+        let s = condition(&lab, "httproute/web", "{.status.parents[0].conditions[*].reason}");
+        if s == "Accepted ResolvedRefs" {
+            Ok(())
+        } else {
+            Err(s)
+        }
+    });
+    assert_eq!(condition(&lab, "gateway/web", "{.status.listeners[0].attachedRoutes}"), "1");
+    let table = lab.kubectl(&["get", "gateway", "web"]);
+    assert!(table.contains("podpath") && table.contains(&vip) && table.contains("True"), "{table}");
+
+    // A request through the Gateway lands on a pod, with the rule's header added.
+    let url = format!("http://{vip}/");
+    let (code, out) = lab.curl(&[&url]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("pod: default/web-") || out.contains("pod: default/canary-"), "{out}");
+    assert!(out.to_ascii_lowercase().contains("x-lab: gateway"), "{out}");
+
+    // 90/10 over 2,000 requests (one curl, URL globbing: one connection, a pick per request).
+    let (code, out) = lab.curl(&[&format!("http://{vip}/[1-2000]")]);
+    assert_eq!(code, 0, "{}", &out[..out.len().min(500)]);
+    let web = out.matches("pod: default/web-").count();
+    let canary = out.matches("pod: default/canary-").count();
+    assert_eq!(web + canary, 2000, "{web} + {canary}");
+    let share = canary as f64 / 2000.0;
+    assert!((0.07..=0.13).contains(&share), "canary share {share:.3} (web {web}, canary {canary})");
+
+    // A header match.
+    let (_, out) = lab.curl(&["-H", "x-canary: always", &format!("http://{vip}/[1-20]")]);
+    assert_eq!(out.matches("pod: default/canary-").count(), 20, "{out}");
+
+    // A redirect, answered by the gateway.
+    let (_, out) =
+        lab.curl(&["-o", "/dev/null", "-w", "%{http_code} %{redirect_url}", &format!("http://{vip}/old/page?x=1")]);
+    assert_eq!(out.trim(), format!("301 http://{vip}/new/page?x=1"));
+
+    // A route in another namespace to a Service of default: refused until a ReferenceGrant.
+    lab.kubectl(&["create", "namespace", "shop"]);
+    lab.apply("apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: shop, namespace: shop}\nspec:\n  parentRefs: [{name: web, namespace: default}]\n  hostnames: [shop.example]\n  rules:\n  - backendRefs: [{name: web, namespace: default, port: 80}]\n");
+    wait_for(Duration::from_secs(10), "RefNotPermitted", || {
+        let s = lab.kubectl(&[
+            "get",
+            "-n",
+            "shop",
+            "httproute/shop",
+            "-o",
+            "jsonpath={.status.parents[0].conditions[?(@.type==\"ResolvedRefs\")].reason}",
+        ]);
+        if s == "RefNotPermitted" {
+            Ok(())
+        } else {
+            Err(s)
+        }
+    });
+    let (_, out) = lab.curl(&["-o", "/dev/null", "-w", "%{http_code}", "-H", "Host: shop.example", &url]);
+    assert_eq!(out.trim(), "500", "requests to a backend that is not permitted get a 500");
+    lab.apply("apiVersion: gateway.networking.k8s.io/v1\nkind: ReferenceGrant\nmetadata: {name: shop, namespace: default}\nspec:\n  from: [{group: gateway.networking.k8s.io, kind: HTTPRoute, namespace: shop}]\n  to: [{group: \"\", kind: Service}]\n");
+    wait_for(Duration::from_secs(10), "the grant to take effect", || {
+        let (_, out) = lab.curl(&["-H", "Host: shop.example", &url]);
+        if out.contains("pod: default/web-") {
+            Ok(())
+        } else {
+            Err(out)
+        }
+    });
+    drop(lab);
+    assert_eq!(testkit::netns::host_state(), before, "the host namespace changed");
+}

@@ -1,0 +1,432 @@
+//! Serves the Gateways' sites: on each `address:port` of a Gateway, HTTP/1.1 and HTTP/2
+//! (cleartext with prior knowledge, as gRPC clients speak it, or TLS with ALPN on HTTPS
+//! listeners, the certificate chosen by SNI among the listeners'), each request routed by
+//! [`super::route`], its filters applied, and sent to an endpoint of the backend its weight
+//! picks (HTTP/1.1 upstream; HTTP/2 for GRPCRoutes), with `X-Forwarded-For` and
+//! `X-Forwarded-Proto`. Answers it makes itself say why: 404 (no route), 500 (the backend is
+//! invalid, as the spec asks), 503 (no ready endpoint), 502 (no endpoint accepted), 504 (the
+//! rule's timeout passed).
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::header::{HeaderName, HeaderValue, HOST};
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+
+use super::plan::{RouteKind, Site};
+use super::route;
+use crate::proxy::CONNECT_TIMEOUT;
+
+type Body = BoxBody<Bytes, hyper::Error>;
+
+/// What a site has answered (the status page shows it).
+#[derive(Debug, Default)]
+pub struct Counters {
+    pub requests: AtomicU64,
+    pub proxied: AtomicU64,
+    pub redirected: AtomicU64,
+    pub not_found: AtomicU64,
+    pub failed: AtomicU64,
+}
+
+struct Running {
+    site: Arc<RwLock<Arc<Site>>>,
+    task: JoinHandle<()>,
+    certs: Vec<super::plan::Cert>,
+    https: bool,
+    counters: Arc<Counters>,
+}
+
+/// The running Gateway sites, by address and port.
+#[derive(Default)]
+pub struct GatewaySites {
+    running: BTreeMap<(IpAddr, u16), Running>,
+}
+
+impl GatewaySites {
+    /// Makes the listeners match `sites`; a site that cannot be bound is reported and retried
+    /// at the next call.
+    pub async fn set(&mut self, sites: &[Site]) -> Vec<String> {
+        let mut errors = Vec::new();
+        self.running.retain(|key, r| {
+            let keep = sites.iter().any(|s| (s.vip, s.port) == *key && s.https == r.https && s.certs == r.certs);
+            if !keep {
+                r.task.abort();
+                tracing::info!(vip = %key.0, port = key.1, "stopped Gateway site");
+            }
+            keep
+        });
+        for site in sites {
+            let key = (site.vip, site.port);
+            if let Some(r) = self.running.get(&key) {
+                *r.site.write().expect("site lock") = Arc::new(site.clone());
+                continue;
+            }
+            let listener = match TcpListener::bind(key).await {
+                Ok(l) => l,
+                Err(e) => {
+                    errors.push(format!("cannot listen on {}:{} (Gateway {}): {e}", site.vip, site.port, site.gateway));
+                    continue;
+                }
+            };
+            let acceptor = match site.https {
+                true => match acceptor(site) {
+                    Ok(a) => Some(a),
+                    Err(e) => {
+                        errors.push(format!("Gateway {} port {}: {e}", site.gateway, site.port));
+                        continue;
+                    }
+                },
+                false => None,
+            };
+            let shared = Arc::new(RwLock::new(Arc::new(site.clone())));
+            let counters = Arc::new(Counters::default());
+            let task = tokio::spawn(serve(listener, acceptor, shared.clone(), counters.clone()));
+            tracing::info!(gateway = %site.gateway, vip = %site.vip, port = site.port, https = site.https, "Gateway site listening");
+            self.running
+                .insert(key, Running { site: shared, task, certs: site.certs.clone(), https: site.https, counters });
+        }
+        errors
+    }
+
+    /// Requests answered on an address and port: (requests, proxied, redirected, not found, failed).
+    pub fn counts(&self, vip: IpAddr, port: u16) -> Option<[u64; 5]> {
+        self.running.get(&(vip, port)).map(|r| {
+            let c = &r.counters;
+            let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+            [l(&c.requests), l(&c.proxied), l(&c.redirected), l(&c.not_found), l(&c.failed)]
+        })
+    }
+
+    pub fn stop_all(&mut self) {
+        for r in self.running.values() {
+            r.task.abort();
+        }
+        self.running.clear();
+    }
+}
+
+/// Chooses a listener's certificate by the client's SNI: the listener hostname that matches
+/// it best, else the first.
+#[derive(Debug)]
+struct BySni {
+    certs: Vec<(Option<String>, Arc<rustls::sign::CertifiedKey>)>,
+}
+
+impl rustls::server::ResolvesServerCert for BySni {
+    fn resolve(&self, hello: rustls::server::ClientHello<'_>) -> Option<Arc<rustls::sign::CertifiedKey>> {
+        let sni = hello.server_name().unwrap_or("");
+        let best = self
+            .certs
+            .iter()
+            .filter(|(h, _)| h.as_deref().is_none_or(|h| super::plan::host_matches(h, sni)))
+            .max_by_key(|(h, _)| match h.as_deref() {
+                None => 0,
+                Some(h) if h.starts_with("*.") => 1,
+                Some(_) => 2,
+            });
+        best.or(self.certs.first()).map(|(_, k)| k.clone())
+    }
+}
+
+fn acceptor(site: &Site) -> Result<tokio_rustls::TlsAcceptor, String> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut certs = Vec::new();
+    for c in &site.certs {
+        let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&c.cert_pem)
+            .collect::<Result<_, _>>()
+            .map_err(|e| format!("Secret {}: {e}", c.secret))?;
+        let key = PrivateKeyDer::from_pem_slice(&c.key_pem).map_err(|e| format!("Secret {}: {e}", c.secret))?;
+        let signer = provider.key_provider.load_private_key(key).map_err(|e| format!("Secret {}: {e}", c.secret))?;
+        certs.push((c.hostname.clone(), Arc::new(rustls::sign::CertifiedKey::new(chain, signer))));
+    }
+    if certs.is_empty() {
+        return Err("no usable certificate".into());
+    }
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_no_client_auth()
+        .with_cert_resolver(Arc::new(BySni { certs }));
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
+}
+
+async fn serve(
+    listener: TcpListener,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    site: Arc<RwLock<Arc<Site>>>,
+    counters: Arc<Counters>,
+) {
+    let next = Arc::new(AtomicUsize::new(0));
+    loop {
+        let Ok((stream, peer)) = listener.accept().await else { continue };
+        let (site, counters, next, tls) = (site.clone(), counters.clone(), next.clone(), tls.clone());
+        let tos = podpath_client::relay::inbound_tos(&stream);
+        tokio::spawn(async move {
+            let https = tls.is_some();
+            let svc = hyper::service::service_fn(move |req| {
+                let current = site.read().expect("site lock").clone();
+                handle(req, peer, tos, https, current, counters.clone(), next.clone())
+            });
+            let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+            match tls {
+                Some(acceptor) => {
+                    if let Ok(stream) = acceptor.accept(stream).await {
+                        let _ = builder.serve_connection(TokioIo::new(stream), svc).await;
+                    }
+                }
+                None => {
+                    let _ = builder.serve_connection(TokioIo::new(stream), svc).await;
+                }
+            }
+        });
+    }
+}
+
+fn page(code: StatusCode, text: String) -> Response<Body> {
+    let body = format!("{} {}\n\n{text}\n", code.as_u16(), code.canonical_reason().unwrap_or(""));
+    let mut r = Response::new(Full::new(Bytes::from(body)).map_err(|never| match never {}).boxed());
+    *r.status_mut() = code;
+    r.headers_mut().insert("content-type", HeaderValue::from_static("text/plain; charset=utf-8"));
+    r
+}
+
+/// A Go-style duration (`10s`, `1.5s`, `500ms`, `1m`) as the Gateway API writes timeouts.
+pub fn parse_duration(s: &str) -> Option<Duration> {
+    let mut total = Duration::ZERO;
+    let mut rest = s.trim();
+    if rest == "0" {
+        return Some(total);
+    }
+    while !rest.is_empty() {
+        let num_end = rest.find(|c: char| !(c.is_ascii_digit() || c == '.'))?;
+        let value: f64 = rest[..num_end].parse().ok()?;
+        rest = &rest[num_end..];
+        let unit_end = rest.find(|c: char| c.is_ascii_digit() || c == '.').unwrap_or(rest.len());
+        let secs = match &rest[..unit_end] {
+            "h" => 3600.0,
+            "m" => 60.0,
+            "s" => 1.0,
+            "ms" => 0.001,
+            _ => return None,
+        };
+        total += Duration::from_secs_f64(value * secs);
+        rest = &rest[unit_end..];
+    }
+    Some(total)
+}
+
+async fn handle(
+    req: Request<Incoming>,
+    peer: SocketAddr,
+    tos: u32,
+    https: bool,
+    site: Arc<Site>,
+    counters: Arc<Counters>,
+    next: Arc<AtomicUsize>,
+) -> Result<Response<Body>, Infallible> {
+    counters.requests.fetch_add(1, Ordering::Relaxed);
+    let host_header = req
+        .headers()
+        .get(HOST)
+        .and_then(|h| h.to_str().ok())
+        .map(str::to_string)
+        .or_else(|| req.uri().authority().map(|a| a.to_string()))
+        .unwrap_or_default();
+    let host = host_header
+        .rsplit_once(':')
+        .filter(|(_, p)| p.parse::<u16>().is_ok())
+        .map(|(h, _)| h)
+        .unwrap_or(&host_header)
+        .to_string();
+    let path = req.uri().path().to_string();
+    let query = req.uri().query().unwrap_or("").to_string();
+    let method = req.method().as_str().to_string();
+    let headers: Vec<(String, String)> = req
+        .headers()
+        .iter()
+        .filter_map(|(k, v)| v.to_str().ok().map(|v| (k.as_str().to_string(), v.to_string())))
+        .collect();
+    let r = route::Request { host: &host, method: &method, path: &path, query: &query, headers: &headers };
+    let Some(m) = route::route(&site, &r) else {
+        counters.not_found.fetch_add(1, Ordering::Relaxed);
+        return Ok(page(
+            StatusCode::NOT_FOUND,
+            format!("No route of Gateway {} matches host {host:?} and path {path:?}.", site.gateway),
+        ));
+    };
+    let route_ns = m.rule.route.split('/').next().unwrap_or("").to_string();
+    let mut fx = route::effects(&m.rule.filters, &m.matched.path, &r, https, site.port, &route_ns);
+    if let Some((code, location)) = &fx.redirect {
+        counters.redirected.fetch_add(1, Ordering::Relaxed);
+        let mut resp =
+            page(StatusCode::from_u16(*code).unwrap_or(StatusCode::FOUND), format!("Redirected to {location}"));
+        if let Ok(v) = HeaderValue::from_str(location) {
+            resp.headers_mut().insert("location", v);
+        }
+        return Ok(resp);
+    }
+    let total = route::total_weight(&m.rule.backends);
+    let Some(backend) = route::pick(&m.rule.backends, fastrand::u32(0..total.max(1))) else {
+        counters.failed.fetch_add(1, Ordering::Relaxed);
+        return Ok(page(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("Rule {} of {} {} has no backend with a weight.", m.rule.index, m.rule.kind.as_str(), m.rule.route),
+        ));
+    };
+    if let Some(problem) = &backend.problem {
+        counters.failed.fetch_add(1, Ordering::Relaxed);
+        return Ok(page(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("{} {}: {problem}", m.rule.kind.as_str(), m.rule.route),
+        ));
+    }
+    if backend.endpoints.is_empty() {
+        counters.failed.fetch_add(1, Ordering::Relaxed);
+        return Ok(page(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("Service {} port {} has no ready endpoint.", backend.service, backend.port),
+        ));
+    }
+    // The backend's own filters come after the rule's.
+    let backend_fx = route::effects(&backend.filters, &m.matched.path, &r, https, site.port, &route_ns);
+    fx.request_headers.extend(backend_fx.request_headers);
+    fx.response_headers.extend(backend_fx.response_headers);
+    let mut out_headers = headers.clone();
+    route::modify_headers(&mut out_headers, &fx.request_headers);
+    let forwarded = match headers.iter().find(|(k, _)| k == "x-forwarded-for") {
+        Some((_, prior)) => format!("{prior}, {}", peer.ip()),
+        None => peer.ip().to_string(),
+    };
+    let grpc = m.rule.kind == RouteKind::Grpc;
+    let (parts, body) = req.into_parts();
+    let mut builder = Request::builder().method(parts.method.clone());
+    let target_path =
+        fx.path.clone().unwrap_or_else(|| if query.is_empty() { path.clone() } else { format!("{path}?{query}") });
+    builder =
+        builder.uri(target_path.as_str()).version(if grpc { hyper::Version::HTTP_2 } else { hyper::Version::HTTP_11 });
+    for (k, v) in &out_headers {
+        if matches!(
+            k.as_str(),
+            "connection" | "keep-alive" | "proxy-connection" | "te" | "upgrade" | "host" | "transfer-encoding"
+        ) && !(grpc && k == "te")
+        {
+            continue;
+        }
+        if let (Ok(name), Ok(value)) = (HeaderName::from_bytes(k.as_bytes()), HeaderValue::from_str(v)) {
+            builder = builder.header(name, value);
+        }
+    }
+    let authority = fx.host.clone().unwrap_or_else(|| host_header.clone());
+    builder = builder
+        .header("x-forwarded-for", forwarded)
+        .header("x-forwarded-proto", if https { "https" } else { "http" })
+        .header(HOST, authority.as_str());
+    let Ok(upstream_req) = builder.body(body) else {
+        counters.failed.fetch_add(1, Ordering::Relaxed);
+        return Ok(page(StatusCode::BAD_REQUEST, "the request cannot be forwarded".into()));
+    };
+    let timeout = m
+        .rule
+        .timeouts
+        .as_ref()
+        .and_then(|t| t.backend_request.as_deref().or(t.request.as_deref()))
+        .and_then(parse_duration)
+        .filter(|d| !d.is_zero());
+    let start = next.fetch_add(1, Ordering::Relaxed);
+    let endpoint = backend.endpoints[start % backend.endpoints.len()];
+    let send = forward(upstream_req, endpoint, tos, grpc);
+    let result = match timeout {
+        Some(t) => match tokio::time::timeout(t, send).await {
+            Ok(r) => r,
+            Err(_) => {
+                counters.failed.fetch_add(1, Ordering::Relaxed);
+                return Ok(page(
+                    StatusCode::GATEWAY_TIMEOUT,
+                    format!("{endpoint} ({}) did not answer within {t:?}", backend.service),
+                ));
+            }
+        },
+        None => send.await,
+    };
+    match result {
+        Ok(mut resp) => {
+            counters.proxied.fetch_add(1, Ordering::Relaxed);
+            let mut rh: Vec<(String, String)> = resp
+                .headers()
+                .iter()
+                .filter_map(|(k, v)| v.to_str().ok().map(|v| (k.as_str().to_string(), v.to_string())))
+                .collect();
+            if !fx.response_headers.is_empty() {
+                route::modify_headers(&mut rh, &fx.response_headers);
+                let h = resp.headers_mut();
+                h.clear();
+                for (k, v) in rh {
+                    if let (Ok(name), Ok(value)) = (HeaderName::from_bytes(k.as_bytes()), HeaderValue::from_str(&v)) {
+                        h.append(name, value);
+                    }
+                }
+            }
+            Ok(resp.map(BodyExt::boxed))
+        }
+        Err(e) => {
+            counters.failed.fetch_add(1, Ordering::Relaxed);
+            Ok(page(StatusCode::BAD_GATEWAY, format!("{endpoint} ({}): {e}", backend.service)))
+        }
+    }
+}
+
+/// Sends a request to one endpoint on a new connection (HTTP/2 with prior knowledge for gRPC).
+async fn forward(
+    req: Request<Incoming>,
+    endpoint: SocketAddr,
+    tos: u32,
+    h2: bool,
+) -> Result<Response<Incoming>, String> {
+    let stream =
+        match tokio::time::timeout(CONNECT_TIMEOUT, podpath_client::relay::connect_with_tos(endpoint, tos)).await {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => return Err(e.to_string()),
+            Err(_) => return Err(format!("no answer in {} ms", CONNECT_TIMEOUT.as_millis())),
+        };
+    if h2 {
+        let (mut sender, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .map_err(|e| e.to_string())?;
+        tokio::spawn(conn);
+        sender.send_request(req).await.map_err(|e| e.to_string())
+    } else {
+        let (mut sender, conn) =
+            hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(|e| e.to_string())?;
+        tokio::spawn(conn);
+        sender.send_request(req).await.map_err(|e| e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_as_the_gateway_api_writes_them() {
+        assert_eq!(parse_duration("10s"), Some(Duration::from_secs(10)));
+        assert_eq!(parse_duration("1m30s"), Some(Duration::from_secs(90)));
+        assert_eq!(parse_duration("500ms"), Some(Duration::from_millis(500)));
+        assert_eq!(parse_duration("0s"), Some(Duration::ZERO));
+        assert_eq!(parse_duration("10x"), None);
+    }
+}
