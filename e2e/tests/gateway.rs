@@ -31,6 +31,13 @@ spec:
     allowedRoutes:
       namespaces:
         from: All
+  - name: https
+    protocol: HTTPS
+    port: 443
+    hostname: secure.example
+    tls:
+      certificateRefs:
+      - name: secure-example
 ---
 apiVersion: gateway.networking.k8s.io/v1
 kind: HTTPRoute
@@ -102,6 +109,13 @@ fn a_gateway_splits_matches_and_redirects() {
         lab.kubectl(&["expose", "deployment", name, "--port=80", "--target-port=8080"]);
     }
     lab.kubectl(&["rollout", "status", "deployment/web", "deployment/canary", "--timeout=60s"]);
+    // The HTTPS listener's certificate, in a kubernetes.io/tls Secret.
+    let cert = rcgen::generate_simple_self_signed(vec!["secure.example".to_string()]).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (crt, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+    std::fs::write(&crt, cert.cert.pem()).unwrap();
+    std::fs::write(&key, cert.signing_key.serialize_pem()).unwrap();
+    lab.kubectl(&["create", "secret", "tls", "secure-example", "--cert", crt.to_str().unwrap(), "--key", key.to_str().unwrap()]);
     lab.apply(GATEWAY);
     lab.kubectl(&["wait", "--for=condition=Programmed", "gateway/web", "--timeout=30s"]);
     let vip = condition(&lab, "gateway/web", "{.status.addresses[0].value}");
@@ -144,6 +158,12 @@ fn a_gateway_splits_matches_and_redirects() {
     assert_eq!(web + canary, 2000, "{web} + {canary}");
     let share = canary as f64 / 2000.0;
     assert!((0.07..=0.13).contains(&share), "canary share {share:.3} (web {web}, canary {canary})");
+
+    // HTTPS, terminated at the gateway with the Secret's certificate (checked by curl).
+    let (code, out) = lab.curl(&["--cacert", crt.to_str().unwrap(), "--resolve", &format!("secure.example:443:{vip}"), "https://secure.example/"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.to_ascii_lowercase().contains("x-forwarded-proto: https"), "{out}");
+    assert_eq!(condition(&lab, "gateway/web", "{.status.listeners[1].conditions[?(@.type==\"ResolvedRefs\")].status}"), "True");
 
     // A header match.
     let (_, out) = lab.curl(&["-H", "x-canary: always", &format!("http://{vip}/[1-20]")]);
