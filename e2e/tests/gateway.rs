@@ -84,6 +84,39 @@ spec:
       weight: 10
 ";
 
+const GRPC_SERVER: &str = "apiVersion: apps/v1
+kind: Deployment
+metadata: {name: grpc}
+spec:
+  selector: {matchLabels: {app: grpc}}
+  template:
+    metadata: {labels: {app: grpc}}
+    spec:
+      containers:
+      - name: grpc
+        image: podpath/echo
+        args: [--grpc-port, '9000']
+        ports: [{containerPort: 9000}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: grpc}
+spec:
+  selector: {app: grpc}
+  ports: [{name: grpc, port: 9000, targetPort: 9000, appProtocol: kubernetes.io/h2c}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: GRPCRoute
+metadata: {name: health}
+spec:
+  parentRefs: [{name: web}]
+  hostnames: [grpc.example]
+  rules:
+  - matches:
+    - method: {service: grpc.health.v1.Health, method: Check}
+    backendRefs: [{name: grpc, port: 9000}]
+";
+
 fn condition(lab: &Lab, what: &str, path: &str) -> String {
     lab.kubectl(&["get", what, "-o", &format!("jsonpath={path}")])
 }
@@ -108,14 +141,25 @@ fn a_gateway_splits_matches_and_redirects() {
         ]);
         lab.kubectl(&["expose", "deployment", name, "--port=80", "--target-port=8080"]);
     }
-    lab.kubectl(&["rollout", "status", "deployment/web", "deployment/canary", "--timeout=60s"]);
+    // A gRPC server (podpath/echo's health service on 9000).
+    lab.apply(GRPC_SERVER);
+    lab.kubectl(&["rollout", "status", "deployment/web", "deployment/canary", "deployment/grpc", "--timeout=60s"]);
     // The HTTPS listener's certificate, in a kubernetes.io/tls Secret.
     let cert = rcgen::generate_simple_self_signed(vec!["secure.example".to_string()]).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let (crt, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
     std::fs::write(&crt, cert.cert.pem()).unwrap();
     std::fs::write(&key, cert.signing_key.serialize_pem()).unwrap();
-    lab.kubectl(&["create", "secret", "tls", "secure-example", "--cert", crt.to_str().unwrap(), "--key", key.to_str().unwrap()]);
+    lab.kubectl(&[
+        "create",
+        "secret",
+        "tls",
+        "secure-example",
+        "--cert",
+        crt.to_str().unwrap(),
+        "--key",
+        key.to_str().unwrap(),
+    ]);
     lab.apply(GATEWAY);
     lab.kubectl(&["wait", "--for=condition=Programmed", "gateway/web", "--timeout=30s"]);
     let vip = condition(&lab, "gateway/web", "{.status.addresses[0].value}");
@@ -139,7 +183,8 @@ fn a_gateway_splits_matches_and_redirects() {
             Err(s)
         }
     });
-    assert_eq!(condition(&lab, "gateway/web", "{.status.listeners[0].attachedRoutes}"), "1");
+    // The HTTPRoute and the GRPCRoute.
+    assert_eq!(condition(&lab, "gateway/web", "{.status.listeners[0].attachedRoutes}"), "2");
     let table = lab.kubectl(&["get", "gateway", "web"]);
     assert!(table.contains("podpath") && table.contains(&vip) && table.contains("True"), "{table}");
 
@@ -160,10 +205,52 @@ fn a_gateway_splits_matches_and_redirects() {
     assert!((0.07..=0.13).contains(&share), "canary share {share:.3} (web {web}, canary {canary})");
 
     // HTTPS, terminated at the gateway with the Secret's certificate (checked by curl).
-    let (code, out) = lab.curl(&["--cacert", crt.to_str().unwrap(), "--resolve", &format!("secure.example:443:{vip}"), "https://secure.example/"]);
+    let (code, out) = lab.curl(&[
+        "--cacert",
+        crt.to_str().unwrap(),
+        "--resolve",
+        &format!("secure.example:443:{vip}"),
+        "https://secure.example/",
+    ]);
     assert_eq!(code, 0, "{out}");
     assert!(out.to_ascii_lowercase().contains("x-forwarded-proto: https"), "{out}");
-    assert_eq!(condition(&lab, "gateway/web", "{.status.listeners[1].conditions[?(@.type==\"ResolvedRefs\")].status}"), "True");
+    assert_eq!(
+        condition(&lab, "gateway/web", "{.status.listeners[1].conditions[?(@.type==\"ResolvedRefs\")].status}"),
+        "True"
+    );
+
+    // A GRPCRoute to the gRPC server: a real gRPC call (HTTP/2 with prior knowledge, a
+    // length-prefixed empty HealthCheckRequest), answered SERVING (08 01) with grpc-status 0.
+    wait_for(Duration::from_secs(10), "the GRPCRoute's status", || {
+        let s = condition(&lab, "grpcroute/health", "{.status.parents[0].conditions[*].reason}");
+        if s == "Accepted ResolvedRefs" {
+            Ok(())
+        } else {
+            Err(s)
+        }
+    });
+    let frame = dir.path().join("check.bin");
+    std::fs::write(&frame, [0u8, 0, 0, 0, 0]).unwrap();
+    let (code, out) = lab.curl(&[
+        "--http2-prior-knowledge",
+        "-D",
+        "-",
+        "-o",
+        "/dev/null",
+        "-w",
+        "body %{size_download}",
+        "-H",
+        "content-type: application/grpc",
+        "-H",
+        "te: trailers",
+        "-H",
+        "Host: grpc.example",
+        "--data-binary",
+        &format!("@{}", frame.display()),
+        &format!("http://{vip}/grpc.health.v1.Health/Check"),
+    ]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("x-pod: default/grpc-") && out.contains("grpc-status: 0") && out.contains("body 7"), "{out}");
 
     // A header match.
     let (_, out) = lab.curl(&["-H", "x-canary: always", &format!("http://{vip}/[1-20]")]);

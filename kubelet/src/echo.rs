@@ -50,6 +50,9 @@ pub enum PortMode {
     RedirectToHttps,
     /// Echo over TLS.
     Https,
+    /// gRPC over cleartext HTTP/2: the standard health service (`grpc.health.v1.Health/Check`
+    /// answers SERVING), the pod's name in the `x-pod` response header.
+    Grpc,
 }
 
 /// The echo server's options, parsed from the container's `args`.
@@ -68,6 +71,7 @@ pub const ECHO_USAGE: &str = "podpath/echo args: [--https-port PORT]... [--redir
   NAMESPACE/POD to each datagram;
   --https-port PORT        serve HTTPS (self-signed certificate) on PORT
   --redirect-to-https PORT answer on PORT with 301 Moved Permanently to https://<host><uri>
+  --grpc-port PORT         serve gRPC (grpc.health.v1.Health/Check) over cleartext HTTP/2 on PORT
   --message TEXT           add a line to every answer (e.g. the version of a Deployment)";
 
 /// Combines the pod's container ports with the image's args. Ports named in the args take the
@@ -83,10 +87,14 @@ pub fn parse_options(container_ports: &[u16], args: &[String]) -> Result<EchoOpt
         };
         let mut value = || inline.clone().or_else(|| it.next().cloned()).ok_or(format!("{flag} needs a value"));
         match flag {
-            "--https-port" | "--redirect-to-https" => {
+            "--https-port" | "--redirect-to-https" | "--grpc-port" => {
                 let v = value()?;
                 let port: u16 = v.parse().ok().filter(|p| *p > 0).ok_or(format!("{flag}: {v:?} is not a port"))?;
-                let mode = if flag == "--https-port" { PortMode::Https } else { PortMode::RedirectToHttps };
+                let mode = match flag {
+                    "--https-port" => PortMode::Https,
+                    "--grpc-port" => PortMode::Grpc,
+                    _ => PortMode::RedirectToHttps,
+                };
                 ports.retain(|(p, _)| *p != port);
                 ports.push((port, mode));
             }
@@ -164,6 +172,18 @@ async fn accept_loop(
         let _ = stream.set_nodelay(true);
         let identity = identity.clone();
         let tls = tls.clone();
+        if mode == PortMode::Grpc {
+            let who = format!("{}/{}", identity.pod_namespace, identity.pod_name);
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
+                    let answer = grpc_answer(req.uri().path(), &who);
+                    async move { Ok::<_, Infallible>(answer) }
+                });
+                let h2 = hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new());
+                let _ = h2.serve_connection(TokioIo::new(stream), svc).await;
+            });
+            continue;
+        }
         tokio::spawn(async move {
             let scheme = if mode == PortMode::Https { "https" } else { "http" };
             let svc = hyper::service::service_fn(move |req| {
@@ -183,6 +203,39 @@ async fn accept_loop(
             }
         });
     }
+}
+
+type GrpcBody = http_body_util::StreamBody<
+    futures::stream::Iter<std::vec::IntoIter<Result<hyper::body::Frame<Bytes>, Infallible>>>,
+>;
+
+/// The answer to one gRPC call: the health service's Check says SERVING (the message
+/// `status: 1`, length-prefixed); any other method is UNIMPLEMENTED (status 12), as a gRPC
+/// server answers it. The status travels in the trailers.
+pub fn grpc_answer(path: &str, who: &str) -> Response<GrpcBody> {
+    let (message, status, text): (Option<&[u8]>, &str, &str) = match path {
+        "/grpc.health.v1.Health/Check" => (Some(&[0x08, 0x01]), "0", ""),
+        _ => (None, "12", "unknown method"),
+    };
+    let mut frames = Vec::new();
+    if let Some(m) = message {
+        let mut framed = vec![0u8];
+        framed.extend_from_slice(&(m.len() as u32).to_be_bytes());
+        framed.extend_from_slice(m);
+        frames.push(Ok(hyper::body::Frame::data(Bytes::from(framed))));
+    }
+    let mut trailers = hyper::HeaderMap::new();
+    trailers.insert("grpc-status", hyper::header::HeaderValue::from_static(if status == "0" { "0" } else { "12" }));
+    if !text.is_empty() {
+        trailers.insert("grpc-message", hyper::header::HeaderValue::from_static("unknown method"));
+    }
+    frames.push(Ok(hyper::body::Frame::trailers(trailers)));
+    let mut r = Response::new(http_body_util::StreamBody::new(futures::stream::iter(frames)));
+    r.headers_mut().insert("content-type", hyper::header::HeaderValue::from_static("application/grpc"));
+    if let Ok(v) = hyper::header::HeaderValue::from_str(who) {
+        r.headers_mut().insert("x-pod", v);
+    }
+    r
 }
 
 fn tls_acceptor(identity: &Identity) -> Result<tokio_rustls::TlsAcceptor, String> {
@@ -414,5 +467,19 @@ mod tests {
         assert!(e.starts_with("unknown argument \"--bogus\""), "{e}");
         assert!(parse_options(&[80], &["--https-port=0".into()]).is_err());
         assert_eq!(parse_options(&[80], &["--message=v2".into()]).unwrap().message.as_deref(), Some("v2"));
+        assert_eq!(parse_options(&[9000], &["--grpc-port=9000".into()]).unwrap().ports, vec![(9000, PortMode::Grpc)]);
+    }
+
+    #[tokio::test]
+    async fn the_grpc_health_check_says_serving_in_a_framed_message_and_trailers() {
+        use http_body_util::BodyExt;
+        let r = grpc_answer("/grpc.health.v1.Health/Check", "default/grpc-1");
+        assert_eq!(r.headers()["content-type"], "application/grpc");
+        assert_eq!(r.headers()["x-pod"], "default/grpc-1");
+        let collected = r.into_body().collect().await.unwrap();
+        assert_eq!(collected.trailers().unwrap()["grpc-status"], "0");
+        assert_eq!(collected.to_bytes().as_ref(), [0, 0, 0, 0, 2, 0x08, 0x01]);
+        let other = grpc_answer("/x.Y/Z", "p").into_body().collect().await.unwrap();
+        assert_eq!(other.trailers().unwrap()["grpc-status"], "12");
     }
 }

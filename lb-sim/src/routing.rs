@@ -347,9 +347,11 @@ mod tests {
         let listing = r#"[{"dst":"10.244.1.0/24","gateway":"192.168.56.11","protocol":"78"},{"dst":"198.51.100.1","nhid":65536}]"#;
         parse_routes(listing, &mut have).unwrap();
         assert_eq!(have.subnets.get(&"10.244.1.0/24".parse().unwrap()), Some(&Some(ip("192.168.56.11"))));
-        assert!(plan(&w, &Observed { routes: Default::default(), ..have.clone() }, &devices(), IDLE_TIMER_SECONDS).is_empty());
+        assert!(plan(&w, &Observed { routes: Default::default(), ..have.clone() }, &devices(), IDLE_TIMER_SECONDS)
+            .is_empty());
         // Not wanted any more: removed.
-        let lines = plan(&Wanted::default(), &Observed { routes: Default::default(), ..have }, &devices(), IDLE_TIMER_SECONDS);
+        let lines =
+            plan(&Wanted::default(), &Observed { routes: Default::default(), ..have }, &devices(), IDLE_TIMER_SECONDS);
         assert_eq!(lines, ["route del 10.244.1.0/24 proto 78"]);
     }
 

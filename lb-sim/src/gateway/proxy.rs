@@ -317,8 +317,10 @@ async fn handle(
     let mut builder = Request::builder().method(parts.method.clone());
     let target_path =
         fx.path.clone().unwrap_or_else(|| if query.is_empty() { path.clone() } else { format!("{path}?{query}") });
-    builder =
-        builder.uri(target_path.as_str()).version(if grpc { hyper::Version::HTTP_2 } else { hyper::Version::HTTP_11 });
+    let authority = fx.host.clone().unwrap_or_else(|| host_header.clone());
+    // HTTP/2 takes :scheme and :authority from an absolute URI (and has no Host header).
+    let uri = if grpc { format!("http://{authority}{target_path}") } else { target_path };
+    builder = builder.uri(uri.as_str()).version(if grpc { hyper::Version::HTTP_2 } else { hyper::Version::HTTP_11 });
     for (k, v) in &out_headers {
         if matches!(
             k.as_str(),
@@ -331,11 +333,11 @@ async fn handle(
             builder = builder.header(name, value);
         }
     }
-    let authority = fx.host.clone().unwrap_or_else(|| host_header.clone());
-    builder = builder
-        .header("x-forwarded-for", forwarded)
-        .header("x-forwarded-proto", if https { "https" } else { "http" })
-        .header(HOST, authority.as_str());
+    builder =
+        builder.header("x-forwarded-for", forwarded).header("x-forwarded-proto", if https { "https" } else { "http" });
+    if !grpc {
+        builder = builder.header(HOST, authority.as_str());
+    }
     let Ok(upstream_req) = builder.body(body) else {
         counters.failed.fetch_add(1, Ordering::Relaxed);
         return Ok(page(StatusCode::BAD_REQUEST, "the request cannot be forwarded".into()));
