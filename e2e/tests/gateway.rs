@@ -9,16 +9,7 @@ use std::time::Duration;
 use podpath_e2e::{wait_for, Lab};
 use testkit::netns::root_or_explain;
 
-const CRDS: &str = include_str!("../testdata/gateway-api-crds.yaml");
-
 const GATEWAY: &str = "apiVersion: gateway.networking.k8s.io/v1
-kind: GatewayClass
-metadata:
-  name: podpath
-spec:
-  controllerName: podpath.dev/gateway
----
-apiVersion: gateway.networking.k8s.io/v1
 kind: Gateway
 metadata:
   name: web
@@ -128,8 +119,9 @@ fn a_gateway_splits_matches_and_redirects() {
     }
     let before = testkit::netns::host_state();
     let lab = Lab::up("gwapi", &["--nodes", "2"]).unwrap();
-    lab.apply(CRDS);
-    lab.kubectl(&["wait", "--for", "condition=established", "crd", "--all", "--timeout=20s"]);
+    // The lab's own Gateway API CRDs and GatewayClass (no internet here).
+    let (ok, out) = lab.run("gateway-api", &["install"]);
+    assert!(ok && out.contains("gatewayclass.gateway.networking.k8s.io/podpath created"), "{out}");
     for (name, replicas) in [("web", "2"), ("canary", "1")] {
         lab.kubectl(&[
             "create",
@@ -251,6 +243,29 @@ fn a_gateway_splits_matches_and_redirects() {
     ]);
     assert_eq!(code, 0, "{out}");
     assert!(out.contains("x-pod: default/grpc-") && out.contains("grpc-status: 0") && out.contains("body 7"), "{out}");
+
+    // `podpath explain gateway` and `podpath trace` through the Gateway.
+    let (ok, out) = lab.run("explain", &["gateway", "web"]);
+    assert!(ok, "{out}");
+    for want in [
+        "Gateway default/web (class podpath)",
+        "Programmed True (Programmed",
+        "http: HTTP port 80, 2 route(s) attached",
+        "HTTPRoute default/web rule 2: PathPrefix / filters RequestHeaderModifier → default/web:80 (weight 90: 10.244.",
+    ] {
+        assert!(out.contains(want), "missing {want:?} in:\n{out}");
+    }
+    let (ok, out) = lab.run("trace", &[&format!("http://{vip}/trace-me")]);
+    assert!(ok, "{out}");
+    for want in [
+        "Gateway default/web listener http took",
+        "/trace-me",
+        "matched HTTPRoute default/web rule 2: PathPrefix /",
+        "filters applied: RequestHeaderModifier",
+        "(weight ",
+    ] {
+        assert!(out.contains(want), "missing {want:?} in the trace:\n{out}");
+    }
 
     // A header match.
     let (_, out) = lab.curl(&["-H", "x-canary: always", &format!("http://{vip}/[1-20]")]);

@@ -15,6 +15,7 @@ pub mod doctor;
 pub mod explain;
 pub mod family;
 pub mod fault;
+pub mod gateway;
 pub mod hosts;
 pub mod inspect;
 pub mod plan;

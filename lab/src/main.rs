@@ -138,10 +138,13 @@ enum Cmd {
     /// Service has, each rule in words, and the share of new connections each endpoint gets.
     /// `explain networkpolicy NAME`: the pods a policy isolates, what each of its rules
     /// admits (resolved to pods and ports) and the rules every node wrote for it.
+    /// `explain gateway NAME`: a Gateway's conditions, listeners and attached routes, and the
+    /// rules the lab's gateway serves for it (matches, filters, backends' weights, endpoints).
     Explain {
         #[command(flatten)]
         which: Which,
-        /// `[service] NAME` or `networkpolicy NAME` (NAME or NAMESPACE/NAME, namespace default).
+        /// `[service] NAME`, `networkpolicy NAME` or `gateway NAME` (NAME or NAMESPACE/NAME,
+        /// namespace default).
         #[arg(num_args = 1..=2, required = true)]
         target: Vec<String>,
         /// text or json.
@@ -166,6 +169,17 @@ enum Cmd {
         #[command(flatten)]
         which: Which,
         component: String,
+    },
+    /// `gateway-api install`: the Gateway API's standard kinds (GatewayClass, Gateway,
+    /// HTTPRoute, GRPCRoute, ReferenceGrant) for a lab without the internet — podpath's own
+    /// CRDs, whose schemas keep what the lab's gateway reads — and the GatewayClass `podpath`.
+    /// With the internet, apply the released standard-install.yaml instead (it applies
+    /// unchanged); `install` then only adds the GatewayClass.
+    GatewayApi {
+        #[command(flatten)]
+        which: Which,
+        /// `install`.
+        action: String,
     },
     /// Print the path of the lab's kubeconfig.
     Kubeconfig {
@@ -601,7 +615,15 @@ fn run() -> Result<()> {
                     }
                     return Ok(());
                 }
-                [kind, _] => bail!("cannot explain {kind:?}: use service or networkpolicy"),
+                [kind, name] if matches!(kind.as_str(), "gateway" | "gateways" | "gtw") => {
+                    let e = lab::gateway::explain(&which.state()?, name)?;
+                    match output.as_str() {
+                        "json" => println!("{}", serde_json::to_string_pretty(&e)?),
+                        _ => print!("{}", lab::gateway::text(&e)),
+                    }
+                    return Ok(());
+                }
+                [kind, _] => bail!("cannot explain {kind:?}: use service, networkpolicy or gateway"),
                 _ => unreachable!("clap takes one or two"),
             };
             let e = lab::explain(&which.state()?, &service)?;
@@ -633,6 +655,14 @@ fn run() -> Result<()> {
             print!("{}", std::fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?);
         }
         Cmd::Image { which, what } => image_cmd(&which, what)?,
+        Cmd::GatewayApi { which, action } => {
+            if action != "install" {
+                bail!("gateway-api {action:?}: the one action is install");
+            }
+            for line in lab::gateway::install(&which.state()?)? {
+                println!("{line}");
+            }
+        }
         Cmd::Kubeconfig { which } => {
             which.state()?;
             println!("{}", lab::kubeconfig_path(&which.dir()).display());

@@ -79,6 +79,7 @@ pub async fn run<I: Ip>(cfg: Config, ip: Arc<I>, shutdown: impl std::future::Fut
     let status = Arc::new(RwLock::new(status::Shared {
         doc: Status { mode: cfg.mode.to_string(), ..Status::default() },
         counters: Default::default(),
+        decisions: None,
     }));
     if let Some(addr) = cfg.status_listen {
         let l = tokio::net::TcpListener::bind(addr)
@@ -172,8 +173,10 @@ pub async fn run<I: Ip>(cfg: Config, ip: Arc<I>, shutdown: impl std::future::Fut
         let mut doc = status::build(cfg.mode, &lb_nodes, &frontends, &checker.snapshot(), |a| proxies.counters(a));
         let rotation_names: Vec<String> = rotation.iter().map(|(n, _, _)| n.clone()).collect();
         doc.ingresses = status::sites(&sites, &rotation_names, |v| l7.counts(v), |v| l7.tls_note(v));
+        doc.gateways = status::gateway_sites(&gw_site_list, |v, p| gateways.counts(v, p));
         doc.error = errors.first().cloned();
-        *status.write().expect("status lock") = status::Shared { doc, counters: proxies.counter_handles() };
+        *status.write().expect("status lock") =
+            status::Shared { doc, counters: proxies.counter_handles(), decisions: Some(gateways.decisions.clone()) };
 
         tokio::select! {
             _ = &mut shutdown => break,

@@ -25,9 +25,54 @@ pub struct Status {
     /// The L7 load balancer's sites, one per Ingress of the lab's class.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ingresses: Vec<SiteStatus>,
+    /// The Gateways' sites, one per address and port.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gateways: Vec<GatewaySiteStatus>,
+    /// The Gateways' last routing decisions, newest last (what `podpath trace` shows).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gateway_decisions: Vec<crate::gateway::proxy::Decision>,
     /// The last error applying routes or opening listeners (cleared by the next success).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+}
+
+/// One port of a Gateway's address: its listeners and their rules in words, and its counts.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct GatewaySiteStatus {
+    pub gateway: String,
+    pub vip: String,
+    pub port: u16,
+    pub https: bool,
+    /// `listener NAME (HOSTNAME): KIND NS/NAME rule I: MATCH → BACKEND (weight W: ENDPOINTS), …`
+    pub rules: Vec<String>,
+    #[serde(default)]
+    pub requests: BTreeMap<String, u64>,
+}
+
+/// The status of the Gateways' sites.
+pub fn gateway_sites(
+    sites: &[crate::gateway::plan::Site],
+    counts: impl Fn(std::net::IpAddr, u16) -> Option<[u64; 5]>,
+) -> Vec<GatewaySiteStatus> {
+    sites
+        .iter()
+        .map(|s| {
+            let c = counts(s.vip, s.port).unwrap_or_default();
+            GatewaySiteStatus {
+                gateway: s.gateway.clone(),
+                vip: s.vip.to_string(),
+                port: s.port,
+                https: s.https,
+                rules: s.listeners.iter().flat_map(crate::gateway::route::describe_listener).collect(),
+                requests: ["total", "proxied", "redirected", "notFound", "failed"]
+                    .iter()
+                    .map(|k| k.to_string())
+                    .zip(c)
+                    .collect(),
+            }
+        })
+        .collect()
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
@@ -222,6 +267,8 @@ pub fn build(
         nodes: nodes.iter().map(|n| NodeStatus { name: n.name.clone(), ip: n.ip.to_string() }).collect(),
         frontends,
         ingresses: Vec::new(),
+        gateways: Vec::new(),
+        gateway_decisions: Vec::new(),
         error: None,
     }
 }
@@ -232,6 +279,9 @@ pub fn build(
 pub struct Shared {
     pub doc: Status,
     pub counters: BTreeMap<SocketAddr, Arc<Counters>>,
+    /// The Gateways' decisions, read when the document is served (a trace asks right after
+    /// its request).
+    pub decisions: Option<Arc<crate::gateway::proxy::Decisions>>,
 }
 
 /// Serves `GET /status` (and `/`) and `GET /healthz` on `listener`.
@@ -249,6 +299,9 @@ pub async fn serve(listener: tokio::net::TcpListener, status: Arc<RwLock<Shared>
                     sum(|c| c.failed.load(Ordering::Relaxed)),
                 ]);
             }
+        }
+        if let Some(d) = &shared.decisions {
+            doc.gateway_decisions = d.recent();
         }
         Json(doc)
     }

@@ -177,8 +177,20 @@ fn relay_step(relay: &Relay, objects: &Objects, answered: bool) -> Step {
         }
         lines.push(line);
     }
-    // The L7 load balancer's routing decision: the rule that leads to the NodePort it used.
+    // A Gateway's decision: its listener, rule, filters and the backend its weight picked.
     let mut object = object;
+    if relay.host == "gateway" && !objects.gateway_decision.is_empty() {
+        for (i, l) in objects.gateway_decision.iter().enumerate() {
+            lines.insert(1 + i, l.clone());
+        }
+        object = objects
+            .gateway_decision
+            .iter()
+            .find_map(|l| l.strip_prefix("backend "))
+            .and_then(|b| b.split(':').next())
+            .map(|s| format!("Service {s}"));
+    }
+    // The L7 load balancer's routing decision: the rule that leads to the NodePort it used.
     if let Some((leg, _)) = relay.attempts.last().filter(|_| relay.host == "gateway") {
         let tag = format!("(nodePort {})", leg.start.1.port());
         if let Some(rule) = objects.lb_routes.iter().find(|r| r.contains(&tag)) {

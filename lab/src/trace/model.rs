@@ -29,6 +29,9 @@ pub struct Objects {
     /// The L7 load balancer's routing table for the probe's destination
     /// (`HOST PATH (TYPE) → SERVICE:PORT (nodePort N)`, and the default backend).
     pub lb_routes: Vec<String>,
+    /// A Gateway's decision for the probe: the listener, the route's rule, the filters, the
+    /// backend chosen by weight and the endpoint (lines, in that order).
+    pub gateway_decision: Vec<String>,
 }
 
 /// One line of a hop.

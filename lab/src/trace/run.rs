@@ -811,8 +811,48 @@ fn lb_view(doc: &serde_json::Value, vip: &str) -> Option<(String, Vec<String>)> 
         let mode = format!("{} LB of {}", doc["mode"].as_str().unwrap_or("?"), f["service"].as_str().unwrap_or("?"));
         return Some((mode, rotation));
     }
+    if let Some(g) = doc["gateways"].as_array().into_iter().flatten().find(|s| s["vip"] == vip) {
+        return Some((format!("Gateway {}", g["gateway"].as_str().unwrap_or("?")), vec![]));
+    }
     let site = doc["ingresses"].as_array().into_iter().flatten().find(|s| s["vip"] == vip)?;
     Some((format!("L7 LB of Ingress {}", site["ingress"].as_str().unwrap_or("?")), strings(&site["nodesInRotation"])))
+}
+
+/// A Gateway's last decision for a request of the probe (its TOS) to `vip`, in lines.
+pub fn gateway_decision(doc: &serde_json::Value, vip: &str) -> Vec<String> {
+    let Some(d) =
+        doc["gatewayDecisions"].as_array().into_iter().flatten().rev().find(|d| {
+            d["tos"].as_u64().is_some_and(|t| t as u32 & 0xfc == PROBE_TOS) && doc_has_gateway_vip(doc, d, vip)
+        })
+    else {
+        return vec![];
+    };
+    let s = |k: &str| d[k].as_str().map(str::to_string);
+    let mut out = vec![format!(
+        "Gateway {} listener {} took {} {}",
+        s("gateway").unwrap_or_default(),
+        s("listener").unwrap_or_else(|| "(none)".into()),
+        s("host").unwrap_or_default(),
+        s("path").unwrap_or_default()
+    )];
+    match s("rule") {
+        Some(r) => out.push(format!("matched {r}")),
+        None => out.push("no route matched: 404".into()),
+    }
+    let filters: Vec<String> =
+        d["filters"].as_array().into_iter().flatten().filter_map(|f| f.as_str().map(str::to_string)).collect();
+    if !filters.is_empty() {
+        out.push(format!("filters applied: {}", filters.join(", ")));
+    }
+    if let Some(b) = s("backend") {
+        let ep = s("endpoint").map(|e| format!(" → endpoint {e}")).unwrap_or_default();
+        out.push(format!("backend {b}{ep}"));
+    }
+    out
+}
+
+fn doc_has_gateway_vip(doc: &serde_json::Value, d: &serde_json::Value, vip: &str) -> bool {
+    doc["gateways"].as_array().into_iter().flatten().any(|g| g["vip"] == vip && g["gateway"] == d["gateway"])
 }
 
 /// The file a trace of lab `name` holds locked (`down` removes it with the lab).
@@ -1145,6 +1185,7 @@ fn read_back(
         if let Ok(doc) = crate::lb_status(st) {
             let vip = dst.ip().to_string();
             objects.lb = lb_view(&doc, &vip);
+            objects.gateway_decision = gateway_decision(&doc, &vip);
             if let Some(site) = doc["ingresses"].as_array().into_iter().flatten().find(|s| s["vip"] == vip.as_str()) {
                 objects.lb_routes = site["rules"]
                     .as_array()

@@ -30,6 +30,49 @@ use crate::proxy::CONNECT_TIMEOUT;
 
 type Body = BoxBody<Bytes, hyper::Error>;
 
+/// One routing decision of a Gateway: what a request matched and where it went.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Decision {
+    /// Milliseconds since the epoch.
+    pub at: u64,
+    pub gateway: String,
+    pub client: String,
+    /// The client connection's TOS (a trace's probe has its own).
+    pub tos: u32,
+    pub host: String,
+    pub path: String,
+    pub listener: Option<String>,
+    /// `HTTPRoute NS/NAME rule I: MATCH`.
+    pub rule: Option<String>,
+    pub filters: Vec<String>,
+    /// `NS/NAME:PORT (weight W of T)`.
+    pub backend: Option<String>,
+    pub endpoint: Option<String>,
+    pub status: u16,
+}
+
+/// The last decisions of every Gateway site (a few dozen, for traces).
+#[derive(Default)]
+pub struct Decisions(std::sync::Mutex<std::collections::VecDeque<Decision>>);
+
+const DECISIONS_KEPT: usize = 64;
+
+impl Decisions {
+    fn record(&self, d: Decision) {
+        if let Ok(mut q) = self.0.lock() {
+            if q.len() == DECISIONS_KEPT {
+                q.pop_front();
+            }
+            q.push_back(d);
+        }
+    }
+
+    pub fn recent(&self) -> Vec<Decision> {
+        self.0.lock().map(|q| q.iter().cloned().collect()).unwrap_or_default()
+    }
+}
+
 /// What a site has answered (the status page shows it).
 #[derive(Debug, Default)]
 pub struct Counters {
@@ -52,6 +95,7 @@ struct Running {
 #[derive(Default)]
 pub struct GatewaySites {
     running: BTreeMap<(IpAddr, u16), Running>,
+    pub decisions: Arc<Decisions>,
 }
 
 impl GatewaySites {
@@ -92,7 +136,8 @@ impl GatewaySites {
             };
             let shared = Arc::new(RwLock::new(Arc::new(site.clone())));
             let counters = Arc::new(Counters::default());
-            let task = tokio::spawn(serve(listener, acceptor, shared.clone(), counters.clone()));
+            let task =
+                tokio::spawn(serve(listener, acceptor, shared.clone(), counters.clone(), self.decisions.clone()));
             tracing::info!(gateway = %site.gateway, vip = %site.vip, port = site.port, https = site.https, "Gateway site listening");
             self.running
                 .insert(key, Running { site: shared, task, certs: site.certs.clone(), https: site.https, counters });
@@ -170,17 +215,37 @@ async fn serve(
     tls: Option<tokio_rustls::TlsAcceptor>,
     site: Arc<RwLock<Arc<Site>>>,
     counters: Arc<Counters>,
+    decisions: Arc<Decisions>,
 ) {
     let next = Arc::new(AtomicUsize::new(0));
     loop {
         let Ok((stream, peer)) = listener.accept().await else { continue };
         let (site, counters, next, tls) = (site.clone(), counters.clone(), next.clone(), tls.clone());
+        let decisions = decisions.clone();
         let tos = podpath_client::relay::inbound_tos(&stream);
         tokio::spawn(async move {
             let https = tls.is_some();
             let svc = hyper::service::service_fn(move |req| {
                 let current = site.read().expect("site lock").clone();
-                handle(req, peer, tos, https, current, counters.clone(), next.clone())
+                let (counters, next, decisions) = (counters.clone(), next.clone(), decisions.clone());
+                async move {
+                    let mut decision = Decision {
+                        tos,
+                        client: peer.to_string(),
+                        gateway: current.gateway.clone(),
+                        ..Default::default()
+                    };
+                    let resp = handle(req, peer, tos, https, current, counters, next, &mut decision).await;
+                    if let Ok(r) = &resp {
+                        decision.status = r.status().as_u16();
+                    }
+                    decision.at = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map(|d| d.as_millis() as u64)
+                        .unwrap_or(0);
+                    decisions.record(decision);
+                    resp
+                }
             });
             let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
             match tls {
@@ -230,6 +295,7 @@ pub fn parse_duration(s: &str) -> Option<Duration> {
     Some(total)
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn handle(
     req: Request<Incoming>,
     peer: SocketAddr,
@@ -238,6 +304,7 @@ async fn handle(
     site: Arc<Site>,
     counters: Arc<Counters>,
     next: Arc<AtomicUsize>,
+    decision: &mut Decision,
 ) -> Result<Response<Body>, Infallible> {
     counters.requests.fetch_add(1, Ordering::Relaxed);
     let host_header = req
@@ -262,6 +329,8 @@ async fn handle(
         .filter_map(|(k, v)| v.to_str().ok().map(|v| (k.as_str().to_string(), v.to_string())))
         .collect();
     let r = route::Request { host: &host, method: &method, path: &path, query: &query, headers: &headers };
+    decision.host = host.clone();
+    decision.path = if query.is_empty() { path.clone() } else { format!("{path}?{query}") };
     let Some(m) = route::route(&site, &r) else {
         counters.not_found.fetch_add(1, Ordering::Relaxed);
         return Ok(page(
@@ -270,7 +339,16 @@ async fn handle(
         ));
     };
     let route_ns = m.rule.route.split('/').next().unwrap_or("").to_string();
+    decision.listener = Some(m.listener.name.clone());
+    decision.rule = Some(format!(
+        "{} {} rule {}: {}",
+        m.rule.kind.as_str(),
+        m.rule.route,
+        m.rule.index,
+        route::describe_match(m.matched)
+    ));
     let mut fx = route::effects(&m.rule.filters, &m.matched.path, &r, https, site.port, &route_ns);
+    decision.filters = fx.applied.clone();
     if let Some((code, location)) = &fx.redirect {
         counters.redirected.fetch_add(1, Ordering::Relaxed);
         let mut resp =
@@ -281,7 +359,9 @@ async fn handle(
         return Ok(resp);
     }
     let total = route::total_weight(&m.rule.backends);
-    let Some(backend) = route::pick(&m.rule.backends, fastrand::u32(0..total.max(1))) else {
+    let picked = route::pick(&m.rule.backends, fastrand::u32(0..total.max(1)));
+    decision.backend = picked.map(|b| format!("{}:{} (weight {} of {total})", b.service, b.port, b.weight));
+    let Some(backend) = picked else {
         counters.failed.fetch_add(1, Ordering::Relaxed);
         return Ok(page(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -351,6 +431,7 @@ async fn handle(
         .filter(|d| !d.is_zero());
     let start = next.fetch_add(1, Ordering::Relaxed);
     let endpoint = backend.endpoints[start % backend.endpoints.len()];
+    decision.endpoint = Some(endpoint.to_string());
     let send = forward(upstream_req, endpoint, tos, grpc);
     let result = match timeout {
         Some(t) => match tokio::time::timeout(t, send).await {

@@ -327,6 +327,69 @@ pub fn modify_headers(headers: &mut Vec<(String, String)>, mods: &[HeaderModifie
     }
 }
 
+/// A match in words: `PathPrefix /api, method POST, header version=two, query beta=1`.
+pub fn describe_match(m: &Match) -> String {
+    let mut parts = vec![match &m.path {
+        PathRule::Exact(p) => format!("Exact {p}"),
+        PathRule::Prefix(p) => format!("PathPrefix {p}"),
+        PathRule::Regex(p) => format!("RegularExpression {p}"),
+    }];
+    if let Some(meth) = &m.method {
+        parts.push(format!("method {meth}"));
+    }
+    for h in &m.headers {
+        parts.push(format!(
+            "header {}{}{}",
+            h.name,
+            if h.type_.as_deref() == Some("RegularExpression") { "~" } else { "=" },
+            h.value
+        ));
+    }
+    for q in &m.query {
+        parts.push(format!(
+            "query {}{}{}",
+            q.name,
+            if q.type_.as_deref() == Some("RegularExpression") { "~" } else { "=" },
+            q.value
+        ));
+    }
+    parts.join(", ")
+}
+
+/// A backend in words: `default/web:80 (weight 90: 10.244.1.5:8080, 10.244.2.5:8080)`.
+pub fn describe_backend(b: &Backend) -> String {
+    let detail = match &b.problem {
+        Some(p) => p.clone(),
+        None if b.endpoints.is_empty() => "no ready endpoint".into(),
+        None => b.endpoints.iter().map(|e| e.to_string()).collect::<Vec<_>>().join(", "),
+    };
+    format!("{}:{} (weight {}: {detail})", b.service, b.port, b.weight)
+}
+
+/// Every rule of a listener in words, in no particular order of precedence.
+pub fn describe_listener(l: &ListenerSite) -> Vec<String> {
+    let host = l.hostname.clone().unwrap_or_else(|| "*".into());
+    l.rules
+        .iter()
+        .map(|r| {
+            let hosts = if r.hostnames.is_empty() { String::new() } else { format!(" [{}]", r.hostnames.join(", ")) };
+            let matches: Vec<String> = r.matches.iter().map(describe_match).collect();
+            let filters: Vec<&str> = r.filters.iter().map(|f| f.type_.as_str()).collect();
+            let filters = if filters.is_empty() { String::new() } else { format!(" filters {}", filters.join(", ")) };
+            let backends: Vec<String> = r.backends.iter().map(describe_backend).collect();
+            let to = if backends.is_empty() { "no backend".to_string() } else { backends.join(", ") };
+            format!(
+                "listener {} ({host}): {} {}{hosts} rule {}: {}{filters} → {to}",
+                l.name,
+                r.kind.as_str(),
+                r.route,
+                r.index,
+                matches.join(" | ")
+            )
+        })
+        .collect()
+}
+
 /// How many rules each route has on a site (for status pages).
 pub fn rules_by_route(site: &Site) -> BTreeMap<String, usize> {
     let mut out = BTreeMap::new();
