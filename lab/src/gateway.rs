@@ -148,32 +148,6 @@ pub fn text(e: &GatewayExplanation) -> String {
     out
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    #[test]
-    fn a_gateway_in_words() {
-        let gw = json!({"metadata": {"name": "web", "namespace": "default"},
-            "spec": {"gatewayClassName": "podpath", "listeners": [{"name": "http", "protocol": "HTTP", "port": 80}]},
-            "status": {"addresses": [{"value": "198.51.100.3"}],
-                "conditions": [{"type": "Programmed", "status": "True", "reason": "Programmed", "message": "served"}],
-                "listeners": [{"name": "http", "attachedRoutes": 2, "conditions": [{"type": "Accepted", "status": "True", "reason": "Accepted"}]}]}});
-        let lb = json!({"gateways": [{"gateway": "default/web", "vip": "198.51.100.3", "port": 80, "https": false,
-            "rules": ["listener http (*): HTTPRoute default/web rule 0: PathPrefix / → default/web:80 (weight 1: 10.244.1.5:8080)"],
-            "requests": {"total": 3, "proxied": 3, "redirected": 0, "notFound": 0, "failed": 0}}]});
-        let t = text(&explain_gateway(&gw, Some(&lb)));
-        assert!(t.contains("Gateway default/web (class podpath)"), "{t}");
-        assert!(t.contains("address: 198.51.100.3"), "{t}");
-        assert!(t.contains("http: HTTP port 80, 2 route(s) attached; Accepted True (Accepted)"), "{t}");
-        assert!(t.contains("198.51.100.3:80: 3 requests (3 proxied"), "{t}");
-        assert!(t.contains("HTTPRoute default/web rule 0: PathPrefix / → default/web:80"), "{t}");
-        let t = text(&explain_gateway(&gw, None));
-        assert!(t.contains("note: lb-sim's status could not be read"), "{t}");
-    }
-}
-
 // === podpath gateway-api install ===
 
 /// The five standard-channel kinds the lab's gateway implements: (kind, plural, short names,
@@ -305,4 +279,30 @@ pub fn install(st: &LabState) -> Result<Vec<String>> {
         c => return Err(LabError::NotReady(format!("creating GatewayClass podpath: HTTP {c}: {body}"))),
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_gateway_in_words() {
+        let gw = json!({"metadata": {"name": "web", "namespace": "default"},
+            "spec": {"gatewayClassName": "podpath", "listeners": [{"name": "http", "protocol": "HTTP", "port": 80}]},
+            "status": {"addresses": [{"value": "198.51.100.3"}],
+                "conditions": [{"type": "Programmed", "status": "True", "reason": "Programmed", "message": "served"}],
+                "listeners": [{"name": "http", "attachedRoutes": 2, "conditions": [{"type": "Accepted", "status": "True", "reason": "Accepted"}]}]}});
+        let lb = json!({"gateways": [{"gateway": "default/web", "vip": "198.51.100.3", "port": 80, "https": false,
+            "rules": ["listener http (*): HTTPRoute default/web rule 0: PathPrefix / → default/web:80 (weight 1: 10.244.1.5:8080)"],
+            "requests": {"total": 3, "proxied": 3, "redirected": 0, "notFound": 0, "failed": 0}}]});
+        let t = text(&explain_gateway(&gw, Some(&lb)));
+        assert!(t.contains("Gateway default/web (class podpath)"), "{t}");
+        assert!(t.contains("address: 198.51.100.3"), "{t}");
+        assert!(t.contains("http: HTTP port 80, 2 route(s) attached; Accepted True (Accepted)"), "{t}");
+        assert!(t.contains("198.51.100.3:80: 3 requests (3 proxied"), "{t}");
+        assert!(t.contains("HTTPRoute default/web rule 0: PathPrefix / → default/web:80"), "{t}");
+        let t = text(&explain_gateway(&gw, None));
+        assert!(t.contains("note: lb-sim's status could not be read"), "{t}");
+    }
 }
