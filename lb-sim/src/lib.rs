@@ -9,6 +9,7 @@
 //! - [`routing`]: the gateway's routes as resilient nexthop groups (a withdrawn node moves only
 //!   its own flows), planned purely against what the kernel holds, applied with `ip -batch`;
 //! - [`proxy`]: the nodeport-mode TCP load balancer (`LB IP:port` → `node IP:nodePort`);
+//! - [`gateway`]: the Gateway API (GatewayClass `podpath`): the controller and its proxy;
 //! - [`status`]: the JSON status endpoint;
 //! - [`run`]: everything assembled.
 //!
