@@ -287,9 +287,10 @@ fn pod_address(a: &ApiAccess, name: &str) -> SocketAddr {
 /// (target, direct mean, failed requests).
 fn against_direct(lab: &Lab, target: SocketAddr, pod_addr: SocketAddr, seconds: f64) -> (f64, f64, u64) {
     if pod_addr.is_ipv6() {
-        lab.exec("gateway", &["ip", "-6", "route", "add", "fd00:10:244:1::/64", "via", "fd00:56::11"]);
+        lab.exec("gateway", &["ip", "-6", "route", "replace", "fd00:10:244:1::/64", "via", "fd00:56::11"]);
     } else {
-        lab.exec("gateway", &["ip", "route", "add", "10.244.1.0/24", "via", "192.168.56.11"]);
+        // `replace`: a Gateway's controller may have routed it already.
+        lab.exec("gateway", &["ip", "route", "replace", "10.244.1.0/24", "via", "192.168.56.11"]);
     }
     in_netns(lab, "client", move || {
         let t = Instant::now();
@@ -362,6 +363,100 @@ fn bench_l7() {
         "L7 LB     req/s, new connection each: Ingress address → lb-sim (HTTP) → node:nodePort (3 nodes, round-robin) → pod {via_l7:>7.0}; pod IP straight {direct:>7.0}; ratio {:.2} (failed requests: {})",
         via_l7 / direct,
         failed
+    );
+}
+
+/// An HTTPRoute whose response carries `x-rev: REV` (what a change is seen by).
+fn route_json(rev: u32, resource_version: Option<&str>) -> serde_json::Value {
+    let mut r = serde_json::json!({
+        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute", "metadata": {"name": "web"},
+        "spec": {"parentRefs": [{"name": "web"}], "rules": [{
+            "filters": [{"type": "ResponseHeaderModifier", "responseHeaderModifier": {"set": [{"name": "x-rev", "value": rev.to_string()}]}}],
+            "backendRefs": [{"name": "web", "port": 80}]}]}
+    });
+    if let Some(rv) = resource_version {
+        r["metadata"]["resourceVersion"] = serde_json::json!(rv);
+    }
+    r
+}
+
+/// The `x-rev` header of a GET through `addr`, if it answered.
+fn rev_of(addr: SocketAddr) -> Option<String> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_millis(200)).ok()?;
+    let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
+    s.write_all(b"GET / HTTP/1.0\r\n\r\n").ok()?;
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    out.lines().take_while(|l| !l.is_empty()).find_map(|l| l.strip_prefix("x-rev: ").map(str::to_string))
+}
+
+/// The Gateway's path against the pod's, a route change until it is applied, 20 times.
+fn bench_gateway() {
+    let seconds = bench_seconds();
+    let (lab, _) = up(3, &[]);
+    create_pods(&lab, 1, 3);
+    let a = &api(&lab);
+    create_web_service(a, "ClusterIP", serde_json::json!({}));
+    let (ok, out) = lab.run("gateway-api", &["install"]);
+    assert!(ok, "{out}");
+    create(
+        a,
+        "/apis/gateway.networking.k8s.io/v1/namespaces/default/gateways",
+        serde_json::json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway", "metadata": {"name": "web"},
+            "spec": {"gatewayClassName": "podpath", "listeners": [{"name": "http", "protocol": "HTTP", "port": 80}]}}),
+    );
+    let routes = "/apis/gateway.networking.k8s.io/v1/namespaces/default/httproutes";
+    create(a, routes, route_json(0, None));
+    let t = Instant::now();
+    let gw = loop {
+        let (_, body) =
+            request(a, "GET", "/apis/gateway.networking.k8s.io/v1/namespaces/default/gateways/web", "").unwrap();
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+        if let Some(ip) = v["status"]["addresses"][0]["value"].as_str() {
+            break SocketAddr::new(ip.parse().unwrap(), 80);
+        }
+        assert!(t.elapsed() < Duration::from_secs(30), "the Gateway got no address");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let pod_addr = pod_address(a, "p0");
+    let (via, direct, failed) = against_direct(&lab, gw, pod_addr, seconds);
+    BENCH.record(
+        "Gateway (HTTPRoute) req/s ÷ pod IP straight",
+        (via / direct * 100.0).round() / 100.0,
+        "ratio",
+        "≥ 0.8",
+    );
+    println!(
+        "Gateway   req/s, new connection each: Gateway address → lb-sim (HTTPRoute) → pod {via:>7.0}; pod IP straight {direct:>7.0}; ratio {:.2} (failed requests: {failed})",
+        via / direct
+    );
+    // A route change, from the API's answer until a request through the Gateway shows it.
+    let mut ms = Vec::new();
+    for rev in 1..=20u32 {
+        let (_, current) = request(a, "GET", &format!("{routes}/web"), "").unwrap();
+        let current: serde_json::Value = serde_json::from_str(&current).unwrap();
+        let rv = current["metadata"]["resourceVersion"].as_str().unwrap_or("").to_string();
+        let (code, out) = request(a, "PUT", &format!("{routes}/web"), &route_json(rev, Some(&rv)).to_string()).unwrap();
+        assert_eq!(code, 200, "{out}");
+        let t = Instant::now();
+        let want = rev.to_string();
+        let seen = in_netns(&lab, "client", move || {
+            while t.elapsed() < Duration::from_secs(5) {
+                if rev_of(gw).as_deref() == Some(want.as_str()) {
+                    return Some(t.elapsed());
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            None
+        });
+        ms.push(seen.expect("the change was never applied").as_secs_f64() * 1000.0);
+    }
+    ms.sort_by(f64::total_cmp);
+    BENCH.record("HTTPRoute change → applied at the Gateway, p99 of 20", percentile(&ms, 0.99).round(), "ms", "≤ 100");
+    println!(
+        "HTTPRoute change → applied at the Gateway: p50 {:.0} ms, p99 {:.0} ms (20 changes)",
+        percentile(&ms, 0.5),
+        percentile(&ms, 0.99)
     );
 }
 
@@ -448,6 +543,9 @@ fn main() {
     }
     if run("l7") {
         bench_l7();
+    }
+    if run("gateway") {
+        bench_gateway();
     }
     if run("ipv6") {
         // The same methods in an IPv6 lab: run with `latency throughput ipv6` for both

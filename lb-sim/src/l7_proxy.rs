@@ -179,7 +179,7 @@ pub struct Pool {
 const IDLE_PER_KEY: usize = 64;
 
 impl Pool {
-    fn take(&self, key: (SocketAddr, u32)) -> Option<Upstream> {
+    pub(crate) fn take(&self, key: (SocketAddr, u32)) -> Option<Upstream> {
         let mut idle = self.idle.lock().expect("pool lock");
         let list = idle.get_mut(&key)?;
         while let Some(s) = list.pop() {
@@ -190,7 +190,7 @@ impl Pool {
         None
     }
 
-    fn put(&self, key: (SocketAddr, u32), s: Upstream) {
+    pub(crate) fn put(&self, key: (SocketAddr, u32), s: Upstream) {
         let mut idle = self.idle.lock().expect("pool lock");
         let list = idle.entry(key).or_default();
         if !s.is_closed() && list.len() < IDLE_PER_KEY {
@@ -199,7 +199,7 @@ impl Pool {
     }
 
     /// Closes the idle connections to nodes no longer in rotation (draining them).
-    fn keep_only(&self, nodes: &[IpAddr]) {
+    pub(crate) fn keep_only(&self, nodes: &[IpAddr]) {
         self.idle.lock().expect("pool lock").retain(|(addr, _), _| nodes.contains(&addr.ip()));
     }
 
@@ -549,7 +549,7 @@ async fn handle(
 
 /// Returns a connection to the pool once its response has been read to the end (HTTP/1.1
 /// carries one exchange at a time); one the upstream closed is dropped.
-fn give_back(pool: Arc<Pool>, key: (SocketAddr, u32), mut sender: Upstream) {
+pub(crate) fn give_back(pool: Arc<Pool>, key: (SocketAddr, u32), mut sender: Upstream) {
     tokio::spawn(async move {
         if sender.ready().await.is_ok() {
             pool.put(key, sender);

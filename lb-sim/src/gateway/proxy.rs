@@ -7,7 +7,7 @@
 //! invalid, as the spec asks), 503 (no ready endpoint), 502 (no endpoint accepted), 504 (the
 //! rule's timeout passed).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -96,6 +96,7 @@ struct Running {
 pub struct GatewaySites {
     running: BTreeMap<(IpAddr, u16), Running>,
     pub decisions: Arc<Decisions>,
+    pools: Arc<Pools>,
 }
 
 impl GatewaySites {
@@ -103,6 +104,18 @@ impl GatewaySites {
     /// at the next call.
     pub async fn set(&mut self, sites: &[Site]) -> Vec<String> {
         let mut errors = Vec::new();
+        // Kept connections only to endpoints still in use.
+        let endpoints: Vec<IpAddr> = sites
+            .iter()
+            .flat_map(|s| &s.listeners)
+            .flat_map(|l| &l.rules)
+            .flat_map(|r| &r.backends)
+            .flat_map(|b| b.endpoints.iter().map(|e| e.ip()))
+            .collect();
+        self.pools.http1.keep_only(&endpoints);
+        if let Ok(mut m) = self.pools.h2.lock() {
+            m.retain(|(addr, _), s| endpoints.contains(&addr.ip()) && !s.is_closed());
+        }
         self.running.retain(|key, r| {
             let keep = sites.iter().any(|s| (s.vip, s.port) == *key && s.https == r.https && s.certs == r.certs);
             if !keep {
@@ -136,8 +149,14 @@ impl GatewaySites {
             };
             let shared = Arc::new(RwLock::new(Arc::new(site.clone())));
             let counters = Arc::new(Counters::default());
-            let task =
-                tokio::spawn(serve(listener, acceptor, shared.clone(), counters.clone(), self.decisions.clone()));
+            let task = tokio::spawn(serve(
+                listener,
+                acceptor,
+                shared.clone(),
+                counters.clone(),
+                self.decisions.clone(),
+                self.pools.clone(),
+            ));
             tracing::info!(gateway = %site.gateway, vip = %site.vip, port = site.port, https = site.https, "Gateway site listening");
             self.running
                 .insert(key, Running { site: shared, task, certs: site.certs.clone(), https: site.https, counters });
@@ -216,18 +235,21 @@ async fn serve(
     site: Arc<RwLock<Arc<Site>>>,
     counters: Arc<Counters>,
     decisions: Arc<Decisions>,
+    pools: Arc<Pools>,
 ) {
     let next = Arc::new(AtomicUsize::new(0));
     loop {
         let Ok((stream, peer)) = listener.accept().await else { continue };
         let (site, counters, next, tls) = (site.clone(), counters.clone(), next.clone(), tls.clone());
         let decisions = decisions.clone();
+        let pools = pools.clone();
         let tos = podpath_client::relay::inbound_tos(&stream);
         tokio::spawn(async move {
             let https = tls.is_some();
             let svc = hyper::service::service_fn(move |req| {
                 let current = site.read().expect("site lock").clone();
-                let (counters, next, decisions) = (counters.clone(), next.clone(), decisions.clone());
+                let (counters, next, decisions, pools) =
+                    (counters.clone(), next.clone(), decisions.clone(), pools.clone());
                 async move {
                     let mut decision = Decision {
                         tos,
@@ -235,7 +257,7 @@ async fn serve(
                         gateway: current.gateway.clone(),
                         ..Default::default()
                     };
-                    let resp = handle(req, peer, tos, https, current, counters, next, &mut decision).await;
+                    let resp = handle(req, peer, tos, https, current, counters, next, &pools, &mut decision).await;
                     if let Ok(r) = &resp {
                         decision.status = r.status().as_u16();
                     }
@@ -304,6 +326,7 @@ async fn handle(
     site: Arc<Site>,
     counters: Arc<Counters>,
     next: Arc<AtomicUsize>,
+    pools: &Pools,
     decision: &mut Decision,
 ) -> Result<Response<Body>, Infallible> {
     counters.requests.fetch_add(1, Ordering::Relaxed);
@@ -432,7 +455,7 @@ async fn handle(
     let start = next.fetch_add(1, Ordering::Relaxed);
     let endpoint = backend.endpoints[start % backend.endpoints.len()];
     decision.endpoint = Some(endpoint.to_string());
-    let send = forward(upstream_req, endpoint, tos, grpc);
+    let send = forward(upstream_req, endpoint, tos, grpc, pools);
     let result = match timeout {
         Some(t) => match tokio::time::timeout(t, send).await {
             Ok(r) => r,
@@ -473,13 +496,47 @@ async fn handle(
     }
 }
 
-/// Sends a request to one endpoint on a new connection (HTTP/2 with prior knowledge for gRPC).
+/// Kept upstream connections: HTTP/1.1 ones per endpoint and client TOS (one exchange at a
+/// time each), HTTP/2 ones per endpoint and TOS (many streams on one).
+#[derive(Default)]
+pub struct Pools {
+    http1: Arc<crate::l7_proxy::Pool>,
+    h2: std::sync::Mutex<HashMap<(SocketAddr, u32), hyper::client::conn::http2::SendRequest<Incoming>>>,
+}
+
+/// Sends a request to one endpoint, on a kept connection when there is one (HTTP/2 with prior
+/// knowledge for gRPC); a kept connection that closed before the request left hands it back.
 async fn forward(
-    req: Request<Incoming>,
+    mut req: Request<Incoming>,
     endpoint: SocketAddr,
     tos: u32,
     h2: bool,
+    pools: &Pools,
 ) -> Result<Response<Incoming>, String> {
+    let key = (endpoint, tos);
+    if h2 {
+        let kept = pools.h2.lock().ok().and_then(|m| m.get(&key).cloned()).filter(|s| !s.is_closed());
+        if let Some(mut sender) = kept {
+            match sender.try_send_request(req).await {
+                Ok(resp) => return Ok(resp),
+                Err(mut e) => match e.take_message() {
+                    Some(r) => req = r,
+                    None => return Err(e.into_error().to_string()),
+                },
+            }
+        }
+    } else if let Some(mut sender) = pools.http1.take(key) {
+        match sender.try_send_request(req).await {
+            Ok(resp) => {
+                crate::l7_proxy::give_back(pools.http1.clone(), key, sender);
+                return Ok(resp);
+            }
+            Err(mut e) => match e.take_message() {
+                Some(r) => req = r,
+                None => return Err(e.into_error().to_string()),
+            },
+        }
+    }
     let stream =
         match tokio::time::timeout(CONNECT_TIMEOUT, podpath_client::relay::connect_with_tos(endpoint, tos)).await {
             Ok(Ok(s)) => s,
@@ -491,12 +548,18 @@ async fn forward(
             .await
             .map_err(|e| e.to_string())?;
         tokio::spawn(conn);
+        if let Ok(mut m) = pools.h2.lock() {
+            m.retain(|_, s| !s.is_closed());
+            m.insert(key, sender.clone());
+        }
         sender.send_request(req).await.map_err(|e| e.to_string())
     } else {
         let (mut sender, conn) =
             hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(|e| e.to_string())?;
         tokio::spawn(conn);
-        sender.send_request(req).await.map_err(|e| e.to_string())
+        let resp = sender.send_request(req).await.map_err(|e| e.to_string())?;
+        crate::l7_proxy::give_back(pools.http1.clone(), key, sender);
+        Ok(resp)
     }
 }
 
