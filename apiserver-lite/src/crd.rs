@@ -192,7 +192,6 @@ pub fn scale_of(
     obj: &Value,
     paths: &api::k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceSubresourceScale,
 ) -> Value {
-    let meta = &obj["metadata"];
     let selector =
         paths.label_selector_path.as_deref().and_then(|p| get_path(obj, p)).and_then(Value::as_str).unwrap_or("");
     let mut status =
@@ -200,16 +199,8 @@ pub fn scale_of(
     if !selector.is_empty() {
         status["selector"] = json!(selector);
     }
-    json!({
-        "kind": "Scale",
-        "apiVersion": "autoscaling/v1",
-        "metadata": {
-            "name": meta["name"], "namespace": meta["namespace"], "uid": meta["uid"],
-            "resourceVersion": meta["resourceVersion"], "creationTimestamp": meta["creationTimestamp"],
-        },
-        "spec": {"replicas": get_path(obj, &paths.spec_replicas_path).and_then(Value::as_i64).unwrap_or(0)},
-        "status": status,
-    })
+    let replicas = get_path(obj, &paths.spec_replicas_path).and_then(Value::as_i64).unwrap_or(0);
+    crate::registry::scale(obj, replicas, status)
 }
 
 /// `apiVersion` of an object as served at `version` (conversion `None`: only that changes).

@@ -1176,12 +1176,18 @@ pub fn random_suffix(n: usize) -> String {
 
 /// The autoscaling/v1 Scale of a Deployment or ReplicaSet object.
 pub fn scale_of(obj: &Value) -> Value {
-    let meta = &obj["metadata"];
     let selector = serde_json::from_value(obj["spec"]["selector"].clone())
         .ok()
         .map(|s| api::apps::format_selector(Some(&s)))
         .filter(|s| s != "<none>")
         .unwrap_or_default();
+    let status = json!({"replicas": obj["status"]["replicas"].as_i64().unwrap_or(0), "selector": selector});
+    scale(obj, obj["spec"]["replicas"].as_i64().unwrap_or(1), status)
+}
+
+/// An autoscaling/v1 Scale of `obj` with these replicas and status.
+pub fn scale(obj: &Value, replicas: i64, status: Value) -> Value {
+    let meta = &obj["metadata"];
     json!({
         "kind": "Scale",
         "apiVersion": "autoscaling/v1",
@@ -1189,7 +1195,7 @@ pub fn scale_of(obj: &Value) -> Value {
             "name": meta["name"], "namespace": meta["namespace"], "uid": meta["uid"],
             "resourceVersion": meta["resourceVersion"], "creationTimestamp": meta["creationTimestamp"],
         },
-        "spec": {"replicas": obj["spec"]["replicas"].as_i64().unwrap_or(1)},
-        "status": {"replicas": obj["status"]["replicas"].as_i64().unwrap_or(0), "selector": selector},
+        "spec": {"replicas": replicas},
+        "status": status,
     })
 }

@@ -110,6 +110,22 @@ impl ApiServer {
         self.kubectl_cmd(args).output().expect("kubectl runs")
     }
 
+    /// kubectl that must succeed: its stdout.
+    pub fn kubectl_ok(&self, args: &[&str]) -> String {
+        let o = self.kubectl(args);
+        let (out, err) = text(&o);
+        assert!(o.status.success(), "kubectl {args:?} failed: {out}{err}");
+        out
+    }
+
+    /// kubectl that must fail: its stderr.
+    pub fn kubectl_fails(&self, args: &[&str]) -> String {
+        let o = self.kubectl(args);
+        let (out, err) = text(&o);
+        assert!(!o.status.success(), "kubectl {args:?} should fail: {out}");
+        err
+    }
+
     pub fn kubectl_cmd(&self, args: &[&str]) -> Command {
         let mut c = Command::new("kubectl");
         c.arg("--kubeconfig").arg(&self.kubeconfig).arg("--cache-dir").arg(self.dir.path().join("kube-cache"));

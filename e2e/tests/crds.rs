@@ -121,17 +121,11 @@ spec:
 ";
 
 fn ok(srv: &ApiServer, args: &[&str]) -> String {
-    let o = srv.kubectl(args);
-    let (out, err) = text(&o);
-    assert!(o.status.success(), "kubectl {args:?} failed: {out}{err}");
-    out
+    srv.kubectl_ok(args)
 }
 
 fn fails(srv: &ApiServer, args: &[&str]) -> String {
-    let o = srv.kubectl(args);
-    let (out, err) = text(&o);
-    assert!(!o.status.success(), "kubectl {args:?} should fail: {out}");
-    err
+    srv.kubectl_fails(args)
 }
 
 fn write(srv: &ApiServer, name: &str, content: &str) -> String {

@@ -29,17 +29,11 @@ fn kubectl_available() -> bool {
 }
 
 fn ok(srv: &ApiServer, args: &[&str]) -> String {
-    let o = srv.kubectl(args);
-    let (out, err) = text(&o);
-    assert!(o.status.success(), "kubectl {args:?} failed: {out}{err}");
-    out
+    srv.kubectl_ok(args)
 }
 
 fn fails(srv: &ApiServer, args: &[&str]) -> String {
-    let o = srv.kubectl(args);
-    let (out, err) = text(&o);
-    assert!(!o.status.success(), "kubectl {args:?} should fail: {out}");
-    err
+    srv.kubectl_fails(args)
 }
 
 #[test]

@@ -419,28 +419,10 @@ fn allows(ctx: &Ctx<'_>, gw_ns: &str, c: &CheckedListener<'_>, kind: RouteKind, 
         "All" => true,
         "Selector" => {
             let labels = ctx.namespace_labels(route_ns);
-            from.and_then(|f| f.selector.as_ref()).is_some_and(|s| selector_matches(s, &labels))
+            from.and_then(|f| f.selector.as_ref()).is_some_and(|s| api::apps::selector_matches(s, Some(&labels)))
         }
         _ => gw_ns == route_ns,
     }
-}
-
-fn selector_matches(
-    s: &k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector,
-    labels: &BTreeMap<String, String>,
-) -> bool {
-    let labels_ok = s.match_labels.iter().flatten().all(|(k, v)| labels.get(k) == Some(v));
-    let exprs_ok = s.match_expressions.iter().flatten().all(|e| {
-        let values = e.values.clone().unwrap_or_default();
-        match e.operator.as_str() {
-            "In" => labels.get(&e.key).is_some_and(|v| values.contains(v)),
-            "NotIn" => labels.get(&e.key).is_none_or(|v| !values.contains(v)),
-            "Exists" => labels.contains_key(&e.key),
-            "DoesNotExist" => !labels.contains_key(&e.key),
-            _ => false,
-        }
-    });
-    labels_ok && exprs_ok
 }
 
 /// A route's parts the plan needs, whatever its kind.
