@@ -59,6 +59,28 @@ async fn lab() -> Lab {
     lab_with(|_| {}).await
 }
 
+/// Stops the server and starts it again on the same data; the new server.
+async fn restart(lab: &mut Lab) -> Server {
+    let server = lab.server.take().unwrap();
+    let cfg = lab.cfg.clone();
+    drop(std::mem::replace(&mut lab.app, Router::new()));
+    server.stop().await.unwrap();
+    // The database is closed once the last handle is gone; give dropped tasks a moment.
+    let mut reopened = None;
+    for _ in 0..50 {
+        match start(&cfg).await {
+            Ok(s) => {
+                reopened = Some(s);
+                break;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+    let server = reopened.expect("store reopens after stop");
+    lab.app = app_for(&server, &cfg);
+    server
+}
+
 impl Lab {
     async fn call(
         &self,
@@ -576,23 +598,7 @@ async fn full_ranges_answer_with_a_clear_error() {
 async fn restart_keeps_objects_cluster_ips_and_node_ports() {
     let mut lab = lab().await;
     let (_, a) = lab.post(SVCS, contour()).await;
-    let server = lab.server.take().unwrap();
-    let cfg = lab.cfg.clone();
-    drop(std::mem::replace(&mut lab.app, Router::new()));
-    server.stop().await.unwrap();
-    // The database is closed once the last handle is gone; give dropped tasks a moment.
-    let mut reopened = None;
-    for _ in 0..50 {
-        match start(&cfg).await {
-            Ok(s) => {
-                reopened = Some(s);
-                break;
-            }
-            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
-        }
-    }
-    let server = reopened.expect("store reopens after stop");
-    lab.app = app_for(&server, &cfg);
+    let server = restart(&mut lab).await;
     let (s, b) = lab.get(&format!("{SVCS}/contour")).await;
     assert_eq!(s, StatusCode::OK);
     assert_eq!(b["spec"], a["spec"]);
@@ -1773,4 +1779,75 @@ async fn a_single_stack_cluster_refuses_dual_stack_as_kube_apiserver_does() {
     let (s, v) = lab.post(SVCS, svc).await;
     assert_eq!(s, StatusCode::CREATED, "{v}");
     assert_eq!(v["spec"]["ipFamilies"], json!(["IPv4"]));
+}
+
+/// Custom resources over REST: served once established, in both versions (only `apiVersion`
+/// differs), protobuf refused (415 for a body, 406 for an Accept of nothing else), strategic
+/// merge refused, discovery and OpenAPI v3 with the CRD's kind (no strategic merge offered).
+#[tokio::test]
+async fn custom_resources_are_served_as_the_apiextensions_server_serves_them() {
+    let lab = lab().await;
+    let crd = json!({"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": "things.test.podpath.dev"},
+        "spec": {"group": "test.podpath.dev", "scope": "Namespaced", "names": {"plural": "things", "kind": "Thing"},
+            "versions": [
+                {"name": "v1", "served": true, "storage": true,
+                 "schema": {"openAPIV3Schema": {"type": "object", "properties": {"spec": {"type": "object",
+                     "properties": {"size": {"type": "integer", "default": 1}}}}}}},
+                {"name": "v1beta1", "served": true, "storage": false,
+                 "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}]}});
+    let (s, _) = lab.post("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd).await;
+    assert_eq!(s, StatusCode::CREATED);
+    let path = "/apis/test.podpath.dev/v1/namespaces/default/things";
+    lab.eventually(path, |s, _| s == StatusCode::OK).await;
+    let (s, v) = lab
+        .post(
+            path,
+            json!({"apiVersion": "test.podpath.dev/v1", "kind": "Thing", "metadata": {"name": "a"}, "spec": {}}),
+        )
+        .await;
+    assert_eq!((s, v["spec"]["size"].clone()), (StatusCode::CREATED, json!(1)));
+    let (s, v) = lab.get("/apis/test.podpath.dev/v1beta1/namespaces/default/things/a").await;
+    assert_eq!((s, v["apiVersion"].as_str()), (StatusCode::OK, Some("test.podpath.dev/v1beta1")));
+    let (s, v) = lab.get("/apis/test.podpath.dev/v1beta1/namespaces/default/things").await;
+    assert_eq!(
+        (s, v["kind"].as_str(), v["items"][0]["apiVersion"].as_str()),
+        (StatusCode::OK, Some("ThingList"), Some("test.podpath.dev/v1beta1"))
+    );
+    // A body in another version than the URL's is refused.
+    let (s, _) = lab
+        .post(path, json!({"apiVersion": "test.podpath.dev/v1beta1", "kind": "Thing", "metadata": {"name": "b"}}))
+        .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    let (s, _) =
+        lab.call("POST", path, Some(json!({})), "application/vnd.kubernetes.protobuf", "application/json").await;
+    assert_eq!(s, StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    let (s, _) = lab.call("GET", path, None, "", "application/vnd.kubernetes.protobuf").await;
+    assert_eq!(s, StatusCode::NOT_ACCEPTABLE);
+    let (s, _) =
+        lab.patch(&format!("{path}/a"), "application/strategic-merge-patch+json", json!({"spec": {"size": 2}})).await;
+    assert_eq!(s, StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    let (s, v) = lab.patch(&format!("{path}/a"), "application/merge-patch+json", json!({"spec": {"size": 2}})).await;
+    assert_eq!((s, v["spec"]["size"].clone()), (StatusCode::OK, json!(2)));
+    // Discovery: v1 preferred; the resource listed in both versions.
+    let (_, groups) = lab.get("/apis").await;
+    let g = groups["groups"].as_array().unwrap().iter().find(|g| g["name"] == "test.podpath.dev").unwrap().clone();
+    assert_eq!(g["preferredVersion"]["version"], "v1");
+    let (_, list) = lab.get("/apis/test.podpath.dev/v1beta1").await;
+    assert_eq!(list["resources"][0]["name"], "things");
+    // OpenAPI v3: the kind's schema, and a PATCH without strategic merge.
+    let (_, doc) = lab.get("/openapi/v3/apis/test.podpath.dev/v1").await;
+    assert_eq!(
+        doc["components"]["schemas"]["dev.podpath.test.v1.Thing"]["x-kubernetes-group-version-kind"][0]["kind"],
+        "Thing"
+    );
+    let op = &doc["paths"]["/apis/test.podpath.dev/v1/namespaces/{namespace}/things/{name}"]["patch"];
+    assert!(op["requestBody"]["content"].get("application/merge-patch+json").is_some());
+    assert!(op["requestBody"]["content"].get("application/strategic-merge-patch+json").is_none());
+    // After a restart the resource is served at once, its objects kept.
+    let mut lab = lab;
+    let server = restart(&mut lab).await;
+    let (s, v) = lab.get(&format!("{path}/a")).await;
+    assert_eq!((s, v["spec"]["size"].clone()), (StatusCode::OK, json!(2)));
+    lab.server = Some(server);
 }
