@@ -598,7 +598,7 @@ async fn full_ranges_answer_with_a_clear_error() {
 async fn restart_keeps_objects_cluster_ips_and_node_ports() {
     let mut lab = lab().await;
     let (_, a) = lab.post(SVCS, contour()).await;
-    let server = restart(&mut lab).await;
+    let _server = restart(&mut lab).await;
     let (s, b) = lab.get(&format!("{SVCS}/contour")).await;
     assert_eq!(s, StatusCode::OK);
     assert_eq!(b["spec"], a["spec"]);
