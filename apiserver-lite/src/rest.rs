@@ -133,19 +133,21 @@ async fn dispatch(
         ["version"] => return get_only(json_response(StatusCode::OK, &version())),
         ["api"] => {
             if wants_aggregated(&headers) {
-                return get_only(aggregated(&headers, true));
+                return get_only(aggregated(&st.registry, &headers, true));
             }
             return get_only(json_response(StatusCode::OK, &api_versions(&st.advertise)));
         }
         ["apis"] => {
             if wants_aggregated(&headers) {
-                return get_only(aggregated(&headers, false));
+                return get_only(aggregated(&st.registry, &headers, false));
             }
-            return get_only(json_response(StatusCode::OK, &api_groups()));
+            return get_only(json_response(StatusCode::OK, &api_groups(&st.registry)));
         }
-        ["api", "v1"] => return get_only(json_response(StatusCode::OK, &resource_list("", "v1"))),
-        ["apis", g, v] if groups().iter().chain(review_groups().iter()).any(|(gg, vv)| gg == g && vv == v) => {
-            return get_only(json_response(StatusCode::OK, &resource_list(g, v)))
+        ["api", "v1"] => return get_only(json_response(StatusCode::OK, &resource_list(&st.registry, "", "v1"))),
+        ["apis", g, v]
+            if groups(&st.registry).iter().chain(review_groups().iter()).any(|(gg, vv)| gg == g && vv == v) =>
+        {
+            return get_only(json_response(StatusCode::OK, &resource_list(&st.registry, g, v)))
         }
         ["apis", g, v, plural] if crate::review::REVIEWS.iter().any(|r| r.0 == *g && r.1 == *v && r.2 == *plural) => {
             if method != Method::POST {
@@ -196,7 +198,7 @@ async fn dispatch(
         ["openapi", "v3", "api", "v1"] => {
             return get_only(json_response(StatusCode::OK, &openapi_doc(&st.registry, "", "v1")))
         }
-        ["openapi", "v3", "apis", g, v] if groups().iter().any(|(gg, vv)| gg == g && vv == v) => {
+        ["openapi", "v3", "apis", g, v] if groups(&st.registry).iter().any(|(gg, vv)| gg == g && vv == v) => {
             return get_only(json_response(StatusCode::OK, &openapi_doc(&st.registry, g, v)))
         }
         _ => {}
@@ -986,19 +988,35 @@ fn arch() -> &'static str {
 /// The discovery facts of every served kind.
 /// Every resource discovery and OpenAPI describe: the kinds, and events.k8s.io/v1 Events (the
 /// core Events in another version).
-fn served() -> impl Iterator<Item = &'static api::KindInfo> {
-    let custom = api::custom::CustomKind::all_served().into_iter().flat_map(|c| c.version_infos().iter().copied());
+fn served(reg: &Registry) -> Vec<&'static api::KindInfo> {
+    // This server's custom resources (the kinds' table is the process's; a test process may
+    // run several servers).
+    let custom = reg.crds.all().into_iter().flat_map(|(c, _)| c.version_infos().iter().copied());
+    builtin_served().chain(custom).collect()
+}
+
+/// The built-in kinds, and the resources served through conversions of them.
+fn builtin_served() -> impl Iterator<Item = &'static api::KindInfo> {
     Kind::ALL
         .iter()
         .map(|k| k.info())
         .chain(std::iter::once(&crate::events_v1::INFO))
         .chain(std::iter::once(&crate::autoscaling_v1::INFO))
-        .chain(custom)
 }
 
 /// The non-core group versions served.
-fn groups() -> Vec<(&'static str, &'static str)> {
-    let mut gv: Vec<(&str, &str)> = served().filter(|k| !k.group.is_empty()).map(|k| (k.group, k.version)).collect();
+fn groups(reg: &Registry) -> Vec<(&'static str, &'static str)> {
+    let mut gv: Vec<(&str, &str)> =
+        served(reg).into_iter().filter(|k| !k.group.is_empty()).map(|k| (k.group, k.version)).collect();
+    gv.sort();
+    gv.dedup();
+    gv
+}
+
+/// The non-core group versions of the built-in kinds.
+fn builtin_groups() -> Vec<(&'static str, &'static str)> {
+    let mut gv: Vec<(&str, &str)> =
+        builtin_served().filter(|k| !k.group.is_empty()).map(|k| (k.group, k.version)).collect();
     gv.sort();
     gv.dedup();
     gv
@@ -1007,12 +1025,15 @@ fn groups() -> Vec<(&'static str, &'static str)> {
 /// Whether `version` is the one a group's clients should use: the stored kinds' version.
 /// A group only custom resources serve prefers its highest version (`v1` over `v1beta1`), as
 /// the real server orders CRD versions.
-fn is_preferred(group: &str, version: &str) -> bool {
+fn is_preferred(reg: &Registry, group: &str, version: &str) -> bool {
     if Kind::ALL.iter().any(|k| k.info().group == group) {
         return Kind::ALL.iter().any(|k| k.info().group == group && k.info().version == version);
     }
-    let best =
-        served().filter(|k| k.group == group).map(|k| k.version).min_by_key(|v| api::custom::version_priority(v));
+    let best = served(reg)
+        .into_iter()
+        .filter(|k| k.group == group)
+        .map(|k| k.version)
+        .min_by_key(|v| api::custom::version_priority(v));
     best == Some(version)
 }
 
@@ -1035,8 +1056,8 @@ fn review_groups() -> Vec<(&'static str, &'static str)> {
     gv
 }
 
-fn api_groups() -> Value {
-    let mut all = groups();
+fn api_groups(reg: &Registry) -> Value {
+    let mut all = groups(reg);
     all.extend(review_groups());
     all.sort();
     all.dedup();
@@ -1050,7 +1071,7 @@ fn api_groups() -> Value {
     let groups: Vec<Value> = by_group
         .into_iter()
         .map(|(g, mut vs)| {
-            vs.sort_by_key(|v| !is_preferred(g, v));
+            vs.sort_by_key(|v| !is_preferred(reg, g, v));
             let versions: Vec<Value> =
                 vs.iter().map(|v| json!({"groupVersion": format!("{g}/{v}"), "version": v})).collect();
             json!({"name": g, "preferredVersion": versions[0].clone(), "versions": versions})
@@ -1059,10 +1080,10 @@ fn api_groups() -> Value {
     json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
 }
 
-fn resource_list(group: &str, version: &str) -> Value {
+fn resource_list(reg: &Registry, group: &str, version: &str) -> Value {
     let gv = if group.is_empty() { version.to_string() } else { format!("{group}/{version}") };
     let mut resources = Vec::new();
-    for k in served().filter(|k| k.group == group && k.version == version) {
+    for k in served(reg).into_iter().filter(|k| k.group == group && k.version == version) {
         let mut r = json!({"name": k.plural, "singularName": k.singular, "namespaced": k.namespaced, "kind": k.name,
                            "verbs": Kind::verbs()});
         if !k.short_names.is_empty() {
@@ -1127,7 +1148,7 @@ fn wants_aggregated(headers: &HeaderMap) -> bool {
 }
 
 /// Aggregated discovery (`apidiscovery.k8s.io` v2, or v2beta1 for kubectl 1.27/1.28).
-fn aggregated(headers: &HeaderMap, core: bool) -> Response {
+fn aggregated(reg: &Registry, headers: &HeaderMap, core: bool) -> Response {
     let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).unwrap_or("");
     let version = accept
         .split(',')
@@ -1137,7 +1158,7 @@ fn aggregated(headers: &HeaderMap, core: bool) -> Response {
     let gvs: Vec<(&str, &str)> = if core {
         vec![("", "v1")]
     } else {
-        let mut all = groups();
+        let mut all = groups(reg);
         all.extend(review_groups());
         all.sort();
         all.dedup();
@@ -1156,7 +1177,8 @@ fn aggregated(headers: &HeaderMap, core: bool) -> Response {
                        "verbs": ["get", "list"]})
             });
             let reviews = reviews.chain(metrics);
-            let resources: Vec<Value> = served()
+            let resources: Vec<Value> = served(reg)
+                .into_iter()
                 .filter(|k| k.group == g && k.version == v)
                 .map(|k| {
                     let rk = json!({"group": g, "version": v, "kind": k.name});
@@ -1225,7 +1247,9 @@ fn aggregated(headers: &HeaderMap, core: bool) -> Response {
             Some(m) => {
                 if let (Some(vs), Some(more)) = (m["versions"].as_array_mut(), item["versions"].as_array()) {
                     vs.extend(more.iter().cloned());
-                    vs.sort_by_key(|v| !is_preferred(name.as_str().unwrap_or(""), v["version"].as_str().unwrap_or("")));
+                    vs.sort_by_key(|v| {
+                        !is_preferred(reg, name.as_str().unwrap_or(""), v["version"].as_str().unwrap_or(""))
+                    });
                 }
             }
             None => merged.push(item),
@@ -1246,7 +1270,7 @@ fn openapi_hash(reg: &Registry) -> String {
     for b in reg.crds.revision().to_le_bytes() {
         h = (h ^ b as u64).wrapping_mul(1099511628211);
     }
-    for k in served() {
+    for k in served(reg) {
         for b in format!("{}/{}/{}/{}", k.group, k.version, k.plural, env!("CARGO_PKG_VERSION")).bytes() {
             h = (h ^ b as u64).wrapping_mul(1099511628211);
         }
@@ -1258,7 +1282,7 @@ fn openapi_index(reg: &Registry) -> Value {
     let hash = openapi_hash(reg);
     let mut paths = serde_json::Map::new();
     paths.insert("api/v1".into(), json!({"serverRelativeURL": format!("/openapi/v3/api/v1?hash={hash}")}));
-    for (g, v) in groups() {
+    for (g, v) in groups(reg) {
         paths.insert(
             format!("apis/{g}/{v}"),
             json!({"serverRelativeURL": format!("/openapi/v3/apis/{g}/{v}?hash={hash}")}),
@@ -1278,7 +1302,7 @@ fn openapi_doc(reg: &Registry, group: &str, version: &str) -> Value {
     // Built-in documents never change; those with custom kinds follow the CRDs' revision.
     let revision = reg.crds.revision();
     if let Some((rev, doc)) = cache.lock().ok().and_then(|c| c.get(&key).cloned()) {
-        if rev == revision || !served().any(|k| k.group == group && k.version == version && k.custom) {
+        if rev == revision || !served(reg).iter().any(|k| k.group == group && k.version == version && k.custom) {
             return (*doc).clone();
         }
     }
@@ -1308,11 +1332,9 @@ fn openapi_v2() -> Value {
         // Built-in kinds only: kubectl reads custom kinds from OpenAPI v3 (a custom kind here
         // would make its apply choose a strategic merge patch, which custom kinds refuse).
         let mut gvs = vec![("", "v1")];
-        gvs.extend(
-            groups().into_iter().filter(|(g, v)| served().any(|k| k.group == *g && k.version == *v && !k.custom)),
-        );
+        gvs.extend(builtin_groups());
         let mut paths = serde_json::Map::new();
-        for k in served().filter(|k| !k.custom) {
+        for k in builtin_served() {
             let op = json!({
                 "x-kubernetes-group-version-kind": {"group": k.group, "version": k.version, "kind": k.name},
                 "consumes": ["application/json-patch+json", "application/merge-patch+json",
@@ -1360,7 +1382,7 @@ fn accepts_json(headers: &HeaderMap, what: &str) -> Result<(), ApiError> {
 
 fn build_openapi_doc(reg: &Registry, group: &str, version: &str) -> Value {
     let mut paths = serde_json::Map::new();
-    for k in served().filter(|k| k.group == group && k.version == version) {
+    for k in served(reg).into_iter().filter(|k| k.group == group && k.version == version) {
         let path = object_path(k);
         let mut content = json!({
             "application/apply-patch+yaml": {"schema": {}},
