@@ -184,12 +184,6 @@ impl CustomKind {
         t.rows[i as usize].served.contains(&version).then_some(CustomKind(i))
     }
 
-    /// Every custom resource served now.
-    pub fn all_served() -> Vec<CustomKind> {
-        let t = table().read().unwrap_or_else(|e| e.into_inner());
-        (0..t.rows.len() as u32).filter(|i| !t.rows[*i as usize].served.is_empty()).map(CustomKind).collect()
-    }
-
     pub fn info(self) -> &'static KindInfo {
         let t = table().read().unwrap_or_else(|e| e.into_inner());
         t.rows.get(self.0 as usize).map(|e| e.info).unwrap_or(&UNKNOWN)

@@ -244,8 +244,7 @@ macro_rules! kinds {
         }
 
         impl Kind {
-            /// Every built-in kind, in the list's order (custom kinds:
-            /// [`CustomKind::all_served`](crate::custom::CustomKind::all_served)).
+            /// Every built-in kind, in the list's order (custom kinds are the registry's).
             pub const ALL: &'static [Kind] = &[$(Kind::$variant,)*];
 
             pub fn info(self) -> &'static KindInfo {

@@ -6,8 +6,6 @@
 //! what a redirect answers, how the request is rewritten, which headers change; and the
 //! backend by weight.
 
-use std::collections::BTreeMap;
-
 use super::plan::{Backend, ListenerSite, Match, PathRule, Rule, Site};
 use super::types::{HeaderModifier, HttpRouteFilter, PathModifier, ValueMatch};
 
@@ -360,15 +358,4 @@ pub fn describe_listener(l: &ListenerSite) -> Vec<String> {
             )
         })
         .collect()
-}
-
-/// How many rules each route has on a site (for status pages).
-pub fn rules_by_route(site: &Site) -> BTreeMap<String, usize> {
-    let mut out = BTreeMap::new();
-    for l in &site.listeners {
-        for r in &l.rules {
-            *out.entry(r.route.clone()).or_default() += 1;
-        }
-    }
-    out
 }
