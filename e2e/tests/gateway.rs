@@ -1,8 +1,10 @@
 //! The Gateway API on the lab's gateway, with the real kubectl and curl from the client: a
 //! Gateway gets an address from the pool, an HTTPRoute splits traffic 90/10 between two
 //! Deployments (measured over 2,000 requests), a header match sends to one, a redirect answers
-//! at the gateway, a route to another namespace's Service is refused until a ReferenceGrant
-//! allows it; statuses read back as the spec words them. Root only.
+//! at the gateway, each other match kind (exact, regular expression, query parameter, method)
+//! and filter (response headers, URL rewrite, a mirror whose pod logs the copy) on a second
+//! route, a route to another namespace's Service is refused until a ReferenceGrant allows it;
+//! statuses read back as the spec words them. Root only.
 
 use std::time::Duration;
 
@@ -106,6 +108,63 @@ spec:
   - matches:
     - method: {service: grpc.health.v1.Health, method: Check}
     backendRefs: [{name: grpc, port: 9000}]
+";
+
+/// Every match kind and the other filters, on their own hostname; `shadow` logs what it gets.
+const MATCHES: &str = "apiVersion: apps/v1
+kind: Deployment
+metadata: {name: shadow}
+spec:
+  selector: {matchLabels: {app: shadow}}
+  template:
+    metadata: {labels: {app: shadow}}
+    spec:
+      containers:
+      - name: shadow
+        image: podpath/echo
+        args: [--access-log]
+        ports: [{containerPort: 8080}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: shadow}
+spec:
+  selector: {app: shadow}
+  ports: [{port: 80, targetPort: 8080}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: matches}
+spec:
+  parentRefs: [{name: web}]
+  hostnames: [match.example]
+  rules:
+  - matches: [{path: {type: Exact, value: /exact}}]
+    filters:
+    - {type: ResponseHeaderModifier, responseHeaderModifier: {set: [{name: x-matched, value: exact}]}}
+    backendRefs: [{name: web, port: 80}]
+  - matches: [{path: {type: RegularExpression, value: '/items/[0-9]+'}}]
+    filters:
+    - {type: ResponseHeaderModifier, responseHeaderModifier: {set: [{name: x-matched, value: regex}]}}
+    backendRefs: [{name: web, port: 80}]
+  - matches: [{path: {type: PathPrefix, value: /search}, queryParams: [{name: beta, value: '1'}]}]
+    filters:
+    - {type: ResponseHeaderModifier, responseHeaderModifier: {set: [{name: x-matched, value: query}]}}
+    backendRefs: [{name: canary, port: 80}]
+  - matches: [{method: DELETE}]
+    filters:
+    - {type: ResponseHeaderModifier, responseHeaderModifier: {set: [{name: x-matched, value: method}]}}
+    backendRefs: [{name: canary, port: 80}]
+  - matches: [{path: {type: PathPrefix, value: /api}}]
+    filters:
+    - type: URLRewrite
+      urlRewrite: {hostname: backend.internal, path: {type: ReplacePrefixMatch, replacePrefixMatch: /v2}}
+    - type: RequestMirror
+      requestMirror: {backendRef: {name: shadow, port: 80}}
+    backendRefs: [{name: web, port: 80}]
+  - filters:
+    - {type: ResponseHeaderModifier, responseHeaderModifier: {set: [{name: x-matched, value: default}]}}
+    backendRefs: [{name: web, port: 80}]
 ";
 
 fn condition(lab: &Lab, what: &str, path: &str) -> String {
@@ -275,6 +334,64 @@ fn a_gateway_splits_matches_and_redirects() {
     let (_, out) =
         lab.curl(&["-o", "/dev/null", "-w", "%{http_code} %{redirect_url}", &format!("http://{vip}/old/page?x=1")]);
     assert_eq!(out.trim(), format!("301 http://{vip}/new/page?x=1"));
+
+    // Every other match kind and filter, on the second route's hostname.
+    lab.apply(MATCHES);
+    lab.kubectl(&["rollout", "status", "deployment/shadow", "--timeout=60s"]);
+    wait_for(Duration::from_secs(10), "the second route's status", || {
+        let s = condition(&lab, "httproute/matches", "{.status.parents[0].conditions[*].reason}");
+        if s == "Accepted ResolvedRefs" {
+            Ok(())
+        } else {
+            Err(s)
+        }
+    });
+    let matched = |args: &[&str], path: &str| {
+        let mut all = vec!["-s", "-D", "-", "-H", "Host: match.example"];
+        all.extend_from_slice(args);
+        let url = format!("http://{vip}{path}");
+        all.push(&url);
+        let (code, out) = lab.curl(&all);
+        assert_eq!(code, 0, "{out}");
+        let header = out.lines().find_map(|l| l.strip_prefix("x-matched: ")).unwrap_or("").trim().to_string();
+        (header, out)
+    };
+    for (args, path, want, pod) in [
+        (&[][..], "/exact", "exact", "web"),
+        (&[], "/exact/more", "default", "web"),
+        (&[], "/items/42", "regex", "web"),
+        (&[], "/items/x42", "default", "web"),
+        (&[], "/search?beta=1", "query", "canary"),
+        (&[], "/search?beta=2", "default", "web"),
+        (&["-X", "DELETE"], "/anything", "method", "canary"),
+    ] {
+        let (got, out) = matched(args, path);
+        assert_eq!(
+            got, want,
+            "{args:?} {path}:
+{out}"
+        );
+        assert!(
+            out.contains(&format!("pod: default/{pod}-")),
+            "{path}:
+{out}"
+        );
+    }
+    // URLRewrite: the pod sees the new host and path; RequestMirror: shadow logs the same.
+    let (_, out) = matched(&[], "/api/items?page=2");
+    assert!(out.contains("GET /v2/items?page=2 HTTP/1.1"), "{out}");
+    assert!(out.to_ascii_lowercase().contains("host: backend.internal"), "{out}");
+    wait_for(Duration::from_secs(10), "the mirror's copy in shadow's log", || {
+        let log = lab.kubectl(&["logs", "deployment/shadow"]);
+        if log.contains("\"GET /v2/items?page=2 HTTP/1.1\" 200 host=backend.internal") {
+            Ok(())
+        } else {
+            Err(log)
+        }
+    });
+    let (ok, out) = lab.run("trace", &["--host", "match.example", &format!("http://{vip}/api/traced")]);
+    assert!(ok, "{out}");
+    assert!(out.contains("filters applied: URLRewrite, RequestMirror to default/shadow:80"), "{out}");
 
     // A route in another namespace to a Service of default: refused until a ReferenceGrant.
     lab.kubectl(&["create", "namespace", "shop"]);

@@ -63,22 +63,27 @@ pub struct EchoOptions {
     /// UDP container ports: each datagram is answered with `NAMESPACE/POD` (what the
     /// upstream suite's serve-hostname answers, so probes can tell who replied).
     pub udp_ports: Vec<u16>,
+    /// Print a line per HTTP request to stdout (`kubectl logs` shows them), as nginx's access
+    /// log does: who asked what, and the answer's status.
+    pub access_log: bool,
 }
 
 /// Usage text of the echo image's args (shown in the pod's log when they are wrong).
-pub const ECHO_USAGE: &str = "podpath/echo args: [--https-port PORT]... [--redirect-to-https PORT]... [--message TEXT]
+pub const ECHO_USAGE: &str = "podpath/echo args: [--https-port PORT]... [--redirect-to-https PORT]... [--grpc-port PORT]... [--message TEXT] [--access-log]
   every TCP containerPort (default 8080) answers with the echo page, every UDP one with
   NAMESPACE/POD to each datagram;
   --https-port PORT        serve HTTPS (self-signed certificate) on PORT
   --redirect-to-https PORT answer on PORT with 301 Moved Permanently to https://<host><uri>
   --grpc-port PORT         serve gRPC (grpc.health.v1.Health/Check) over cleartext HTTP/2 on PORT
-  --message TEXT           add a line to every answer (e.g. the version of a Deployment)";
+  --message TEXT           add a line to every answer (e.g. the version of a Deployment)
+  --access-log             print a line per HTTP request to stdout (kubectl logs shows it)";
 
 /// Combines the pod's container ports with the image's args. Ports named in the args take the
 /// mode they ask for; the other container ports echo.
 pub fn parse_options(container_ports: &[u16], args: &[String]) -> Result<EchoOptions, String> {
     let mut ports: Vec<(u16, PortMode)> = container_ports.iter().map(|p| (*p, PortMode::Echo)).collect();
     let mut message = None;
+    let mut access_log = false;
     let mut it = args.iter();
     while let Some(arg) = it.next() {
         let (flag, inline) = match arg.split_once('=') {
@@ -99,6 +104,7 @@ pub fn parse_options(container_ports: &[u16], args: &[String]) -> Result<EchoOpt
                 ports.push((port, mode));
             }
             "--message" => message = Some(value()?),
+            "--access-log" if inline.is_none() => access_log = true,
             other => return Err(format!("unknown argument {other:?}\n{ECHO_USAGE}")),
         }
     }
@@ -106,7 +112,7 @@ pub fn parse_options(container_ports: &[u16], args: &[String]) -> Result<EchoOpt
         ports.push((8080, PortMode::Echo));
     }
     ports.sort();
-    Ok(EchoOptions { ports, message, udp_ports: vec![] })
+    Ok(EchoOptions { ports, message, udp_ports: vec![], access_log })
 }
 
 /// Serves every port until the process is stopped.
@@ -123,7 +129,7 @@ pub async fn serve(identity: Identity, options: EchoOptions) -> std::io::Result<
             .await
             .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on port {port}: {e}")))?;
         eprintln!("podpath/echo: {mode:?} on port {port}");
-        tasks.spawn(accept_loop(listener, *mode, identity.clone(), tls.clone()));
+        tasks.spawn(accept_loop(listener, *mode, identity.clone(), tls.clone(), options.access_log));
     }
     for port in &options.udp_ports {
         let socket = bind_any(*port, |a| async move { tokio::net::UdpSocket::bind(a).await })
@@ -163,6 +169,7 @@ async fn accept_loop(
     mode: PortMode,
     identity: Arc<Identity>,
     tls: Option<tokio_rustls::TlsAcceptor>,
+    access_log: bool,
 ) -> std::io::Result<()> {
     loop {
         let (stream, client) = listener.accept().await?;
@@ -188,6 +195,9 @@ async fn accept_loop(
             let scheme = if mode == PortMode::Https { "https" } else { "http" };
             let svc = hyper::service::service_fn(move |req| {
                 let page = answer(&req, mode, &identity, client, server, scheme);
+                if access_log {
+                    println!("{}", access_line(&req, client, page.status()));
+                }
                 async move { Ok::<_, Infallible>(page) }
             });
             let http = hyper::server::conn::http1::Builder::new();
@@ -203,6 +213,18 @@ async fn accept_loop(
             }
         });
     }
+}
+
+/// One access-log line: `10.244.0.1:40312 "GET /path HTTP/1.1" 200 host=web.example`.
+fn access_line<B>(req: &Request<B>, client: SocketAddr, status: StatusCode) -> String {
+    let host = req.headers().get(hyper::header::HOST).and_then(|h| h.to_str().ok()).unwrap_or("-");
+    format!(
+        "{client} \"{} {} {}\" {} host={host}",
+        req.method(),
+        req.uri(),
+        version_text(req.version()),
+        status.as_u16()
+    )
 }
 
 type GrpcBody = http_body_util::StreamBody<
@@ -468,6 +490,13 @@ mod tests {
         assert!(parse_options(&[80], &["--https-port=0".into()]).is_err());
         assert_eq!(parse_options(&[80], &["--message=v2".into()]).unwrap().message.as_deref(), Some("v2"));
         assert_eq!(parse_options(&[9000], &["--grpc-port=9000".into()]).unwrap().ports, vec![(9000, PortMode::Grpc)]);
+        assert!(parse_options(&[80], &["--access-log".into()]).unwrap().access_log);
+        assert!(!parse_options(&[80], &[]).unwrap().access_log);
+        let req = Request::builder().uri("/shadow?x=1").header("host", "web.example").body(()).unwrap();
+        assert_eq!(
+            access_line(&req, "10.244.0.1:40312".parse().unwrap(), StatusCode::OK),
+            "10.244.0.1:40312 \"GET /shadow?x=1 HTTP/1.1\" 200 host=web.example"
+        );
     }
 
     #[tokio::test]

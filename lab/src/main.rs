@@ -133,6 +133,10 @@ enum Cmd {
         /// Give up on the request after this many seconds.
         #[arg(long, default_value_t = 3.0)]
         timeout: f64,
+        /// The Host header to send instead of the URL's host (for routes an Ingress or a
+        /// Gateway picks by hostname), as curl's `-H 'Host: NAME'`.
+        #[arg(long, value_name = "NAME")]
+        host: Option<String>,
     },
     /// Explain a Service's rules on every node, without sending anything: each chain the
     /// Service has, each rule in words, and the share of new connections each endpoint gets.
@@ -532,7 +536,7 @@ fn run() -> Result<()> {
             cmd.push(url);
             exec(&lab::exec_argv(&which.state()?, "client", &cmd)?)?;
         }
-        Cmd::Trace { which, target, from, output, timeout } => {
+        Cmd::Trace { which, target, from, output, timeout, host } => {
             lab::preflight()?;
             if !matches!(output.as_str(), "text" | "json" | "svg") {
                 bail!("--output {output:?}: use text, json or svg");
@@ -540,7 +544,13 @@ fn run() -> Result<()> {
             if !(timeout > 0.0 && timeout <= 60.0) {
                 bail!("--timeout {timeout}: give 0 < seconds <= 60");
             }
-            let (target, path, host_header) = lab::trace::run::parse_target(&target)?;
+            let (target, path, mut host_header) = lab::trace::run::parse_target(&target)?;
+            if let Some(h) = host {
+                if h.is_empty() || h.chars().any(|c| c.is_whitespace() || c.is_control()) {
+                    bail!("--host {h:?}: give a host name (and port), e.g. shop.example");
+                }
+                host_header = h;
+            }
             let req =
                 lab::trace::run::Request { from, target, path, host_header, timeout: Duration::from_secs_f64(timeout) };
             let st = which.state()?;

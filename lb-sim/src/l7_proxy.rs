@@ -167,19 +167,25 @@ async fn check_backends(live: Arc<RwLock<Arc<Live>>>) {
 const CHECK_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// One kept upstream connection's sending half.
-type Upstream = hyper::client::conn::http1::SendRequest<Incoming>;
+type Upstream<B = Incoming> = hyper::client::conn::http1::SendRequest<B>;
 
-/// Idle upstream HTTP/1.1 connections, keyed by upstream address and client TOS.
-#[derive(Default)]
-pub struct Pool {
-    idle: Mutex<HashMap<(SocketAddr, u32), Vec<Upstream>>>,
+/// Idle upstream HTTP/1.1 connections, keyed by upstream address and client TOS (requests
+/// with bodies of type `B`).
+pub struct Pool<B = Incoming> {
+    idle: Mutex<HashMap<(SocketAddr, u32), Vec<Upstream<B>>>>,
+}
+
+impl<B> Default for Pool<B> {
+    fn default() -> Self {
+        Pool { idle: Mutex::new(HashMap::new()) }
+    }
 }
 
 /// Idle connections kept per key (more are closed when they come back).
 const IDLE_PER_KEY: usize = 64;
 
-impl Pool {
-    pub(crate) fn take(&self, key: (SocketAddr, u32)) -> Option<Upstream> {
+impl<B> Pool<B> {
+    pub(crate) fn take(&self, key: (SocketAddr, u32)) -> Option<Upstream<B>> {
         let mut idle = self.idle.lock().expect("pool lock");
         let list = idle.get_mut(&key)?;
         while let Some(s) = list.pop() {
@@ -190,7 +196,7 @@ impl Pool {
         None
     }
 
-    pub(crate) fn put(&self, key: (SocketAddr, u32), s: Upstream) {
+    pub(crate) fn put(&self, key: (SocketAddr, u32), s: Upstream<B>) {
         let mut idle = self.idle.lock().expect("pool lock");
         let list = idle.entry(key).or_default();
         if !s.is_closed() && list.len() < IDLE_PER_KEY {
@@ -549,7 +555,7 @@ async fn handle(
 
 /// Returns a connection to the pool once its response has been read to the end (HTTP/1.1
 /// carries one exchange at a time); one the upstream closed is dropped.
-pub(crate) fn give_back(pool: Arc<Pool>, key: (SocketAddr, u32), mut sender: Upstream) {
+pub(crate) fn give_back<B: Send + 'static>(pool: Arc<Pool<B>>, key: (SocketAddr, u32), mut sender: Upstream<B>) {
     tokio::spawn(async move {
         if sender.ready().await.is_ok() {
             pool.put(key, sender);

@@ -44,12 +44,63 @@ pub struct Inputs {
     pub namespaces: Vec<core::Namespace>,
 }
 
+/// A regular expression compiled once, when the plan is made (a request only runs it), and
+/// anchored at both ends as the Gateway API's matches are. An expression that does not compile
+/// matches nothing.
+#[derive(Debug, Clone)]
+pub struct Pattern {
+    pub source: String,
+    compiled: Option<regex::Regex>,
+}
+
+impl Pattern {
+    pub fn new(source: impl Into<String>) -> Pattern {
+        let source = source.into();
+        let compiled = regex::Regex::new(&format!("^(?:{source})$")).ok();
+        Pattern { source, compiled }
+    }
+
+    pub fn is_match(&self, s: &str) -> bool {
+        self.compiled.as_ref().is_some_and(|r| r.is_match(s))
+    }
+}
+
+impl PartialEq for Pattern {
+    fn eq(&self, other: &Pattern) -> bool {
+        self.source == other.source
+    }
+}
+
 /// How a rule matches a request path.
 #[derive(Debug, Clone, PartialEq)]
 pub enum PathRule {
     Exact(String),
     Prefix(String),
-    Regex(String),
+    Regex(Pattern),
+}
+
+/// How a header's or query parameter's value must look.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ValueRule {
+    Exact(String),
+    Regex(Pattern),
+}
+
+/// A header (name compared without case) or query parameter match, compiled.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NamedMatch {
+    pub name: String,
+    pub value: ValueRule,
+}
+
+impl NamedMatch {
+    fn from_spec(m: ValueMatch) -> NamedMatch {
+        let value = match m.type_.as_deref() {
+            Some("RegularExpression") => ValueRule::Regex(Pattern::new(m.value)),
+            _ => ValueRule::Exact(m.value),
+        };
+        NamedMatch { name: m.name, value }
+    }
 }
 
 /// One match of a rule, compiled.
@@ -57,8 +108,16 @@ pub enum PathRule {
 pub struct Match {
     pub path: PathRule,
     pub method: Option<String>,
-    pub headers: Vec<ValueMatch>,
-    pub query: Vec<ValueMatch>,
+    pub headers: Vec<NamedMatch>,
+    pub query: Vec<NamedMatch>,
+}
+
+/// A RequestMirror filter, resolved: the backend that gets a copy of the requests, and the
+/// share of them (percent, 0–100).
+#[derive(Debug, Clone, PartialEq)]
+pub struct MirrorTo {
+    pub backend: Backend,
+    pub percent: f64,
 }
 
 /// One backend of a rule: a Service port and its ready endpoints, or why it is unusable
@@ -72,6 +131,8 @@ pub struct Backend {
     pub endpoints: Vec<SocketAddr>,
     pub problem: Option<String>,
     pub filters: Vec<HttpRouteFilter>,
+    /// The RequestMirror filters among `filters`, resolved.
+    pub mirrors: Vec<MirrorTo>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -103,6 +164,8 @@ pub struct Rule {
     pub matches: Vec<Match>,
     pub filters: Vec<HttpRouteFilter>,
     pub backends: Vec<Backend>,
+    /// The RequestMirror filters among `filters`, resolved.
+    pub mirrors: Vec<MirrorTo>,
     pub timeouts: Option<Timeouts>,
 }
 
@@ -442,10 +505,15 @@ fn http_matches(r: &HttpRouteRule) -> Vec<Match> {
             let value = p.value.unwrap_or_else(|| "/".into());
             let path = match p.type_.as_deref().unwrap_or("PathPrefix") {
                 "Exact" => PathRule::Exact(value),
-                "RegularExpression" => PathRule::Regex(value),
+                "RegularExpression" => PathRule::Regex(Pattern::new(value)),
                 _ => PathRule::Prefix(value),
             };
-            Match { path, method: m.method, headers: m.headers, query: m.query_params }
+            Match {
+                path,
+                method: m.method,
+                headers: m.headers.into_iter().map(NamedMatch::from_spec).collect(),
+                query: m.query_params.into_iter().map(NamedMatch::from_spec).collect(),
+            }
         })
         .collect()
 }
@@ -457,15 +525,20 @@ fn grpc_matches(r: &GrpcRouteRule) -> Vec<Match> {
             let mm = m.method.unwrap_or_default();
             let regex = mm.type_.as_deref() == Some("RegularExpression");
             let path = match (mm.service, mm.method) {
-                (Some(s), Some(meth)) if regex => PathRule::Regex(format!("/{s}/{meth}")),
-                (Some(s), None) if regex => PathRule::Regex(format!("/{s}/[^/]+")),
-                (None, Some(meth)) if regex => PathRule::Regex(format!("/[^/]+/{meth}")),
+                (Some(s), Some(meth)) if regex => PathRule::Regex(Pattern::new(format!("/{s}/{meth}"))),
+                (Some(s), None) if regex => PathRule::Regex(Pattern::new(format!("/{s}/[^/]+"))),
+                (None, Some(meth)) if regex => PathRule::Regex(Pattern::new(format!("/[^/]+/{meth}"))),
                 (Some(s), Some(meth)) => PathRule::Exact(format!("/{s}/{meth}")),
                 (Some(s), None) => PathRule::Prefix(format!("/{s}/")),
-                (None, Some(meth)) => PathRule::Regex(format!("/[^/]+/{}", regex_escape(&meth))),
+                (None, Some(meth)) => PathRule::Regex(Pattern::new(format!("/[^/]+/{}", regex_escape(&meth)))),
                 (None, None) => PathRule::Prefix("/".into()),
             };
-            Match { path, method: Some("POST".into()), headers: m.headers, query: vec![] }
+            Match {
+                path,
+                method: Some("POST".into()),
+                headers: m.headers.into_iter().map(NamedMatch::from_spec).collect(),
+                query: vec![],
+            }
         })
         .collect()
 }
@@ -589,7 +662,51 @@ fn backends(
             (None, Some(svc)) => ctx.endpoints(svc, port),
             _ => vec![],
         };
-        out.push(Backend { service, port, weight, endpoints, problem: issue, filters: b.filters.clone() });
+        let (mirrors, mirror_problem) = mirrors(ctx, route, &b.filters);
+        if let Some(p) = mirror_problem {
+            problem.get_or_insert(p);
+        }
+        out.push(Backend { service, port, weight, endpoints, problem: issue, filters: b.filters.clone(), mirrors });
+    }
+    (out, problem)
+}
+
+/// The RequestMirror filters of `filters`, their backends resolved as backendRefs are (a
+/// cross-namespace one needs a ReferenceGrant too).
+fn mirrors(
+    ctx: &Ctx<'_>,
+    route: &AnyRoute<'_>,
+    filters: &[HttpRouteFilter],
+) -> (Vec<MirrorTo>, Option<(&'static str, String)>) {
+    let mut out = Vec::new();
+    let mut problem = None;
+    for m in filters.iter().filter(|f| f.type_ == "RequestMirror").filter_map(|f| f.request_mirror.as_ref()) {
+        let r = &m.backend_ref;
+        let as_ref = BackendRef {
+            group: r.group.clone(),
+            kind: r.kind.clone(),
+            name: r.name.clone(),
+            namespace: r.namespace.clone(),
+            port: r.port,
+            weight: Some(1),
+            filters: vec![],
+        };
+        let (mut resolved, p) = backends(ctx, route, std::slice::from_ref(&as_ref));
+        if let Some(p) = p {
+            problem.get_or_insert(p);
+        }
+        // `percent`, else `fraction` (denominator 100 by default), else every request.
+        let percent = match (m.percent, &m.fraction) {
+            (Some(p), _) => p as f64,
+            (None, Some(f)) if f.denominator.unwrap_or(100) > 0 => {
+                100.0 * f.numerator as f64 / f.denominator.unwrap_or(100) as f64
+            }
+            (None, Some(_)) => 0.0,
+            (None, None) => 100.0,
+        };
+        if let Some(backend) = resolved.pop() {
+            out.push(MirrorTo { backend, percent: percent.clamp(0.0, 100.0) });
+        }
     }
     (out, problem)
 }
@@ -781,7 +898,9 @@ pub fn plan(inputs: &Inputs) -> Plan {
             let mut resolved = cond("ResolvedRefs", true, "ResolvedRefs", "All references are resolved");
             let mut compiled = Vec::new();
             for (i, (name, matches, filters, refs, timeouts)) in route.rules.iter().enumerate() {
-                let (bs, problem) = backends(&ctx, route, refs);
+                let (bs, mut problem) = backends(&ctx, route, refs);
+                let (rule_mirrors, mirror_problem) = mirrors(&ctx, route, filters);
+                problem = problem.or(mirror_problem);
                 if let Some((reason, message)) = problem {
                     if resolved.status {
                         resolved = cond("ResolvedRefs", false, reason, message);
@@ -797,6 +916,7 @@ pub fn plan(inputs: &Inputs) -> Plan {
                     matches: matches.clone(),
                     filters: filters.clone(),
                     backends: bs,
+                    mirrors: rule_mirrors,
                     timeouts: timeouts.clone(),
                 });
             }

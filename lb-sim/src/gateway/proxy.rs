@@ -3,9 +3,11 @@
 //! listeners, the certificate chosen by SNI among the listeners'), each request routed by
 //! [`super::route`], its filters applied, and sent to an endpoint of the backend its weight
 //! picks (HTTP/1.1 upstream; HTTP/2 for GRPCRoutes), with `X-Forwarded-For` and
-//! `X-Forwarded-Proto`. Answers it makes itself say why: 404 (no route), 500 (the backend is
-//! invalid, as the spec asks), 503 (no ready endpoint), 502 (no endpoint accepted), 504 (the
-//! rule's timeout passed).
+//! `X-Forwarded-Proto`; RequestMirror filters send a copy to an endpoint of their backend and
+//! drop its answer (the request's body is then read whole first, up to
+//! [`MIRROR_BODY_LIMIT`]). Answers it makes itself say why: 404 (no route), 500 (the backend
+//! is invalid, as the spec asks), 503 (no ready endpoint), 502 (no endpoint accepted), 504
+//! (the rule's timeout passed), 413 (a mirrored request's body is too big to copy).
 
 use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
@@ -16,7 +18,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::combinators::BoxBody;
-use http_body_util::{BodyExt, Full};
+use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::header::{HeaderName, HeaderValue, HOST};
 use hyper::{Request, Response, StatusCode};
@@ -24,11 +26,18 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
-use super::plan::{RouteKind, Site};
+use super::plan::{MirrorTo, RouteKind, Site};
 use super::route;
 use crate::proxy::CONNECT_TIMEOUT;
 
 type Body = BoxBody<Bytes, hyper::Error>;
+
+/// The biggest request body a mirrored request may have (it is held whole to be copied, as
+/// Envoy's default buffer limit does).
+pub const MIRROR_BODY_LIMIT: usize = 1 << 20;
+
+/// How long a mirror's copy may take; its answer is dropped anyway.
+const MIRROR_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// One routing decision of a Gateway: what a request matched and where it went.
 #[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize, PartialEq)]
@@ -257,7 +266,7 @@ async fn serve(
                         gateway: current.gateway.clone(),
                         ..Default::default()
                     };
-                    let resp = handle(req, peer, tos, https, current, counters, next, &pools, &mut decision).await;
+                    let resp = handle(req, peer, tos, https, current, counters, next, pools, &mut decision).await;
                     if let Ok(r) = &resp {
                         decision.status = r.status().as_u16();
                     }
@@ -326,7 +335,7 @@ async fn handle(
     site: Arc<Site>,
     counters: Arc<Counters>,
     next: Arc<AtomicUsize>,
-    pools: &Pools,
+    pools: Arc<Pools>,
     decision: &mut Decision,
 ) -> Result<Response<Body>, Infallible> {
     counters.requests.fetch_add(1, Ordering::Relaxed);
@@ -416,7 +425,39 @@ async fn handle(
         None => peer.ip().to_string(),
     };
     let grpc = m.rule.kind == RouteKind::Grpc;
+    // Which mirrors get this request (each by its percentage).
+    let mirrored: Vec<&MirrorTo> = m
+        .rule
+        .mirrors
+        .iter()
+        .chain(&backend.mirrors)
+        .filter(|mt| mt.percent >= 100.0 || fastrand::f64() * 100.0 < mt.percent)
+        .collect();
     let (parts, body) = req.into_parts();
+    let (body, copy): (Body, Option<Bytes>) = if mirrored.is_empty() {
+        (body.boxed(), None)
+    } else {
+        match Limited::new(body, MIRROR_BODY_LIMIT).collect().await {
+            Ok(c) => {
+                let bytes = c.to_bytes();
+                (full(bytes.clone()), Some(bytes))
+            }
+            Err(e) => {
+                counters.failed.fetch_add(1, Ordering::Relaxed);
+                let (code, text) = if e.is::<http_body_util::LengthLimitError>() {
+                    (
+                        StatusCode::PAYLOAD_TOO_LARGE,
+                        format!(
+                            "A mirrored request's body is held whole to be copied: at most {MIRROR_BODY_LIMIT} bytes."
+                        ),
+                    )
+                } else {
+                    (StatusCode::BAD_REQUEST, format!("the request's body could not be read: {e}"))
+                };
+                return Ok(page(code, text));
+            }
+        }
+    };
     let mut builder = Request::builder().method(parts.method.clone());
     let target_path =
         fx.path.clone().unwrap_or_else(|| if query.is_empty() { path.clone() } else { format!("{path}?{query}") });
@@ -452,10 +493,15 @@ async fn handle(
         .and_then(|t| t.backend_request.as_deref().or(t.request.as_deref()))
         .and_then(parse_duration)
         .filter(|d| !d.is_zero());
+    if let Some(bytes) = copy {
+        for mt in mirrored {
+            send_copy(&upstream_req, bytes.clone(), mt, tos, grpc, pools.clone());
+        }
+    }
     let start = next.fetch_add(1, Ordering::Relaxed);
     let endpoint = backend.endpoints[start % backend.endpoints.len()];
     decision.endpoint = Some(endpoint.to_string());
-    let send = forward(upstream_req, endpoint, tos, grpc, pools);
+    let send = forward(upstream_req, endpoint, tos, grpc, &pools);
     let result = match timeout {
         Some(t) => match tokio::time::timeout(t, send).await {
             Ok(r) => r,
@@ -496,18 +542,49 @@ async fn handle(
     }
 }
 
+fn full(bytes: Bytes) -> Body {
+    Full::new(bytes).map_err(|never| match never {}).boxed()
+}
+
+/// Sends a copy of `req` (its body `bytes`) to an endpoint of a mirror's backend, in the
+/// background; the answer is read and dropped, failures only logged.
+fn send_copy(req: &Request<Body>, bytes: Bytes, mt: &MirrorTo, tos: u32, grpc: bool, pools: Arc<Pools>) {
+    let b = &mt.backend;
+    if b.problem.is_some() || b.endpoints.is_empty() {
+        tracing::debug!(service = %b.service, "mirror has no usable endpoint; copy not sent");
+        return;
+    }
+    let endpoint = b.endpoints[fastrand::usize(..b.endpoints.len())];
+    let mut copy = Request::new(full(bytes));
+    *copy.method_mut() = req.method().clone();
+    *copy.uri_mut() = req.uri().clone();
+    *copy.version_mut() = req.version();
+    *copy.headers_mut() = req.headers().clone();
+    let service = b.service.clone();
+    tokio::spawn(async move {
+        match tokio::time::timeout(MIRROR_TIMEOUT, forward(copy, endpoint, tos, grpc, &pools)).await {
+            // Read to the end, so that the connection can be kept.
+            Ok(Ok(resp)) => {
+                let _ = resp.into_body().collect().await;
+            }
+            Ok(Err(e)) => tracing::debug!(%service, %endpoint, "mirrored copy failed: {e}"),
+            Err(_) => tracing::debug!(%service, %endpoint, "mirrored copy timed out"),
+        }
+    });
+}
+
 /// Kept upstream connections: HTTP/1.1 ones per endpoint and client TOS (one exchange at a
 /// time each), HTTP/2 ones per endpoint and TOS (many streams on one).
 #[derive(Default)]
 pub struct Pools {
-    http1: Arc<crate::l7_proxy::Pool>,
-    h2: std::sync::Mutex<HashMap<(SocketAddr, u32), hyper::client::conn::http2::SendRequest<Incoming>>>,
+    http1: Arc<crate::l7_proxy::Pool<Body>>,
+    h2: std::sync::Mutex<HashMap<(SocketAddr, u32), hyper::client::conn::http2::SendRequest<Body>>>,
 }
 
 /// Sends a request to one endpoint, on a kept connection when there is one (HTTP/2 with prior
 /// knowledge for gRPC); a kept connection that closed before the request left hands it back.
 async fn forward(
-    mut req: Request<Incoming>,
+    mut req: Request<Body>,
     endpoint: SocketAddr,
     tos: u32,
     h2: bool,
@@ -565,7 +642,179 @@ async fn forward(
 
 #[cfg(test)]
 mod tests {
+    use super::super::plan::{Backend, ListenerSite, Match, PathRule, Rule};
+    use super::super::types::{HttpRouteFilter, Timeouts};
     use super::*;
+    use tokio::sync::mpsc;
+
+    /// A backend on loopback that answers `name PATH` after `delay`, and reports each request
+    /// (method, path, body) it got.
+    async fn backend(
+        name: &'static str,
+        delay: Duration,
+    ) -> (SocketAddr, mpsc::UnboundedReceiver<(String, String, Bytes)>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else { return };
+                let tx = tx.clone();
+                tokio::spawn(async move {
+                    let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
+                        let tx = tx.clone();
+                        async move {
+                            let (method, path) = (req.method().to_string(), req.uri().to_string());
+                            let body = req.into_body().collect().await.map(|c| c.to_bytes()).unwrap_or_default();
+                            let _ = tx.send((method, path.clone(), body));
+                            tokio::time::sleep(delay).await;
+                            Ok::<_, Infallible>(Response::new(Full::new(Bytes::from(format!("{name} {path}")))))
+                        }
+                    });
+                    let _ =
+                        hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), svc).await;
+                });
+            }
+        });
+        (addr, rx)
+    }
+
+    fn to(service: &str, endpoint: SocketAddr) -> Backend {
+        Backend {
+            service: service.into(),
+            port: 80,
+            weight: 1,
+            endpoints: vec![endpoint],
+            problem: None,
+            filters: vec![],
+            mirrors: vec![],
+        }
+    }
+
+    fn rule(filters: serde_json::Value, backend: Backend, mirrors: Vec<MirrorTo>, timeouts: Option<Timeouts>) -> Rule {
+        Rule {
+            kind: RouteKind::Http,
+            route: "app/r".into(),
+            created: String::new(),
+            index: 0,
+            name: None,
+            hostnames: vec![],
+            matches: vec![Match {
+                path: PathRule::Prefix("/api".into()),
+                method: None,
+                headers: vec![],
+                query: vec![],
+            }],
+            filters: serde_json::from_value::<Vec<HttpRouteFilter>>(filters).unwrap(),
+            backends: vec![backend],
+            mirrors,
+            timeouts,
+        }
+    }
+
+    /// Serves one rule on a loopback port; returns the site's address.
+    async fn serve_rule(sites: &mut GatewaySites, rule: Rule) -> SocketAddr {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let site = Site {
+            gateway: "infra/gw".into(),
+            vip: IpAddr::from([127, 0, 0, 1]),
+            port,
+            https: false,
+            certs: vec![],
+            listeners: vec![ListenerSite { name: "http".into(), hostname: None, https: false, rules: vec![rule] }],
+        };
+        assert_eq!(sites.set(std::slice::from_ref(&site)).await, Vec::<String>::new());
+        SocketAddr::from(([127, 0, 0, 1], port))
+    }
+
+    async fn send(addr: SocketAddr, method: &str, path: &str, body: Vec<u8>) -> (StatusCode, String) {
+        let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.unwrap();
+        tokio::spawn(conn);
+        let req = Request::builder()
+            .method(method)
+            .uri(path)
+            .header(HOST, "web.example")
+            .body(Full::new(Bytes::from(body)))
+            .unwrap();
+        let resp = sender.send_request(req).await.unwrap();
+        let status = resp.status();
+        let text = resp.into_body().collect().await.unwrap().to_bytes();
+        (status, String::from_utf8_lossy(&text).into_owned())
+    }
+
+    /// Upstream HTTPRouteRequestMirror: the backend answers, the mirror gets the same request
+    /// (method, rewritten path, body) and its answer is not seen.
+    #[tokio::test]
+    async fn a_mirror_gets_a_copy_of_the_request() {
+        let (main, mut main_rx) = backend("main", Duration::ZERO).await;
+        let (shadow, mut shadow_rx) = backend("shadow", Duration::ZERO).await;
+        let filters = serde_json::json!([
+            {"type": "URLRewrite", "urlRewrite": {"path": {"type": "ReplacePrefixMatch", "replacePrefixMatch": "/v2"}}},
+            {"type": "RequestMirror", "requestMirror": {"backendRef": {"name": "shadow", "port": 80}}}]);
+        let mirror = MirrorTo { backend: to("app/shadow", shadow), percent: 100.0 };
+        let mut sites = GatewaySites::default();
+        let addr = serve_rule(&mut sites, rule(filters, to("app/main", main), vec![mirror], None)).await;
+        let (status, text) = send(addr, "POST", "/api/items?x=1", b"hello".to_vec()).await;
+        assert_eq!((status, text.as_str()), (StatusCode::OK, "main /v2/items?x=1"));
+        let got = main_rx.recv().await.unwrap();
+        let copy = tokio::time::timeout(Duration::from_secs(5), shadow_rx.recv()).await.unwrap().unwrap();
+        assert_eq!(copy, got);
+        assert_eq!(copy, ("POST".to_string(), "/v2/items?x=1".to_string(), Bytes::from_static(b"hello")));
+        let d = sites.decisions.recent().pop().unwrap();
+        assert_eq!(d.filters, ["URLRewrite", "RequestMirror to app/shadow:80"]);
+        // A body too big to hold for the copy is refused, and nothing is sent.
+        let (status, text) = send(addr, "POST", "/api/big", vec![b'x'; MIRROR_BODY_LIMIT + 1]).await;
+        assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{text}");
+        assert!(main_rx.try_recv().is_err() && shadow_rx.try_recv().is_err());
+        sites.stop_all();
+    }
+
+    /// A mirror at 0 percent gets nothing; at 50 about half (HTTPRouteRequestPercentageMirror).
+    #[tokio::test]
+    async fn a_mirror_takes_its_percentage() {
+        let (main, _main_rx) = backend("main", Duration::ZERO).await;
+        let (never, mut never_rx) = backend("never", Duration::ZERO).await;
+        let (half, mut half_rx) = backend("half", Duration::ZERO).await;
+        let mirrors = vec![
+            MirrorTo { backend: to("app/never", never), percent: 0.0 },
+            MirrorTo { backend: to("app/half", half), percent: 50.0 },
+        ];
+        let mut sites = GatewaySites::default();
+        let addr = serve_rule(&mut sites, rule(serde_json::json!([]), to("app/main", main), mirrors, None)).await;
+        let n = 200;
+        for i in 0..n {
+            assert_eq!(send(addr, "GET", &format!("/api/{i}"), vec![]).await.0, StatusCode::OK);
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let mut halves = 0;
+        while half_rx.try_recv().is_ok() {
+            halves += 1;
+        }
+        assert!(never_rx.try_recv().is_err());
+        // Binomial(200, 0.5): 60..140 holds with overwhelming probability.
+        assert!((60..=140).contains(&halves), "{halves} of {n}");
+        sites.stop_all();
+    }
+
+    /// Upstream HTTPRouteTimeoutRequest / HTTPRouteTimeoutBackendRequest: an answer slower than
+    /// the rule's timeout is a 504; a faster one passes.
+    #[tokio::test]
+    async fn a_slow_backend_past_the_rules_timeout_is_a_504() {
+        let (slow, _rx) = backend("slow", Duration::from_millis(400)).await;
+        let timeouts = Timeouts { request: Some("100ms".into()), backend_request: None };
+        let mut sites = GatewaySites::default();
+        let addr =
+            serve_rule(&mut sites, rule(serde_json::json!([]), to("app/slow", slow), vec![], Some(timeouts))).await;
+        let (status, text) = send(addr, "GET", "/api/x", vec![]).await;
+        assert_eq!(status, StatusCode::GATEWAY_TIMEOUT, "{text}");
+        assert!(text.contains("did not answer within 100ms"), "{text}");
+        let timeouts = Timeouts { request: Some("2s".into()), backend_request: None };
+        let addr =
+            serve_rule(&mut sites, rule(serde_json::json!([]), to("app/slow", slow), vec![], Some(timeouts))).await;
+        assert_eq!(send(addr, "GET", "/api/x", vec![]).await.0, StatusCode::OK);
+        sites.stop_all();
+    }
 
     #[test]
     fn durations_as_the_gateway_api_writes_them() {

@@ -6,8 +6,8 @@
 //! what a redirect answers, how the request is rewritten, which headers change; and the
 //! backend by weight.
 
-use super::plan::{Backend, ListenerSite, Match, PathRule, Rule, Site};
-use super::types::{HeaderModifier, HttpRouteFilter, PathModifier, ValueMatch};
+use super::plan::{Backend, ListenerSite, Match, NamedMatch, PathRule, Rule, Site, ValueRule};
+use super::types::{HeaderModifier, HttpRouteFilter, PathModifier};
 
 /// A request as routing sees it.
 #[derive(Debug, Clone, Default)]
@@ -50,15 +50,15 @@ fn path_matches(rule: &PathRule, path: &str) -> bool {
             let p = p.trim_end_matches('/');
             p.is_empty() || path == p || path.strip_prefix(p).is_some_and(|rest| rest.starts_with('/'))
         }
-        PathRule::Regex(re) => regex::Regex::new(&format!("^(?:{re})$")).is_ok_and(|r| r.is_match(path)),
+        PathRule::Regex(re) => re.is_match(path),
     }
 }
 
-fn value_matches(m: &ValueMatch, value: Option<&str>) -> bool {
+fn value_matches(m: &NamedMatch, value: Option<&str>) -> bool {
     let Some(v) = value else { return false };
-    match m.type_.as_deref().unwrap_or("Exact") {
-        "RegularExpression" => regex::Regex::new(&format!("^(?:{})$", m.value)).is_ok_and(|r| r.is_match(v)),
-        _ => v == m.value,
+    match &m.value {
+        ValueRule::Regex(re) => re.is_match(v),
+        ValueRule::Exact(x) => v == x,
     }
 }
 
@@ -112,7 +112,7 @@ pub fn route<'a>(site: &'a Site, req: &Request<'_>) -> Option<Matched<'a>> {
             // the longest prefix.
             let (class, len) = match &m.path {
                 PathRule::Exact(p) => (2, p.len()),
-                PathRule::Regex(r) => (1, r.len()),
+                PathRule::Regex(r) => (1, r.source.len()),
                 PathRule::Prefix(p) => (0, p.trim_end_matches('/').len()),
             };
             let key: Key<'a> = (
@@ -264,8 +264,9 @@ pub fn effects(
             "RequestMirror" => {
                 if let Some(m) = &f.request_mirror {
                     let ns = m.backend_ref.namespace.clone().unwrap_or_else(|| route_ns.to_string());
-                    e.mirrors.push((format!("{ns}/{}", m.backend_ref.name), m.backend_ref.port.unwrap_or(0)));
-                    e.applied.push(f.type_.clone());
+                    let port = m.backend_ref.port.unwrap_or(0);
+                    e.applied.push(format!("{} to {ns}/{}:{port}", f.type_, m.backend_ref.name));
+                    e.mirrors.push((format!("{ns}/{}", m.backend_ref.name), port));
                 }
             }
             _ => {}
@@ -302,26 +303,20 @@ pub fn describe_match(m: &Match) -> String {
     let mut parts = vec![match &m.path {
         PathRule::Exact(p) => format!("Exact {p}"),
         PathRule::Prefix(p) => format!("PathPrefix {p}"),
-        PathRule::Regex(p) => format!("RegularExpression {p}"),
+        PathRule::Regex(p) => format!("RegularExpression {}", p.source),
     }];
     if let Some(meth) = &m.method {
         parts.push(format!("method {meth}"));
     }
+    let value = |v: &ValueRule| match v {
+        ValueRule::Exact(x) => format!("={x}"),
+        ValueRule::Regex(p) => format!("~{}", p.source),
+    };
     for h in &m.headers {
-        parts.push(format!(
-            "header {}{}{}",
-            h.name,
-            if h.type_.as_deref() == Some("RegularExpression") { "~" } else { "=" },
-            h.value
-        ));
+        parts.push(format!("header {}{}", h.name, value(&h.value)));
     }
     for q in &m.query {
-        parts.push(format!(
-            "query {}{}{}",
-            q.name,
-            if q.type_.as_deref() == Some("RegularExpression") { "~" } else { "=" },
-            q.value
-        ));
+        parts.push(format!("query {}{}", q.name, value(&q.value)));
     }
     parts.join(", ")
 }

@@ -215,6 +215,55 @@ fn a_cross_namespace_backend_needs_a_reference_grant() {
     assert_eq!(parent_conds(&p, "shop/web")[1], ("ResolvedRefs".into(), "True".into(), "ResolvedRefs".into()));
 }
 
+/// HTTPRouteRequestMirror, HTTPRouteRequestMultipleMirrors, HTTPRouteRequestPercentageMirror:
+/// mirrors resolve as backends do (endpoints, a ReferenceGrant across namespaces), with their
+/// share of requests.
+#[test]
+fn mirrors_resolve_with_their_share() {
+    let mut i = base();
+    i.services.push(service("app", "shadow", 80));
+    i.slices.push(slice("app", "shadow", &["10.244.2.7"]));
+    i.http_routes = vec![route(
+        "app",
+        "web",
+        "2026-11-27T10:00:00Z",
+        json!({"parentRefs": [{"name": "gw", "namespace": "infra"}],
+        "rules": [{"filters": [
+            {"type": "RequestMirror", "requestMirror": {"backendRef": {"name": "shadow", "port": 80}}},
+            {"type": "RequestMirror", "requestMirror": {"backendRef": {"name": "canary", "port": 80}, "percent": 25}},
+            {"type": "RequestMirror", "requestMirror": {"backendRef": {"name": "web", "port": 80}, "fraction": {"numerator": 1, "denominator": 8}}}],
+          "backendRefs": [{"name": "web", "port": 80}]}]}),
+    )];
+    let p = plan::plan(&i);
+    let rule = &p.sites[0].listeners[0].rules[0];
+    let got: Vec<(String, Vec<String>, f64)> = rule
+        .mirrors
+        .iter()
+        .map(|m| (m.backend.service.clone(), m.backend.endpoints.iter().map(|e| e.to_string()).collect(), m.percent))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("app/shadow".to_string(), vec!["10.244.2.7:8080".to_string()], 100.0),
+            ("app/canary".into(), vec!["10.244.1.9:8080".into()], 25.0),
+            ("app/web".into(), vec!["10.244.1.5:8080".into(), "10.244.2.5:8080".into()], 12.5),
+        ]
+    );
+    assert_eq!(parent_conds(&p, "app/web")[1], ("ResolvedRefs".into(), "True".into(), "ResolvedRefs".into()));
+    // A mirror in another namespace without a grant: refused as a backend would be.
+    i.http_routes[0] = route(
+        "app",
+        "web",
+        "2026-11-27T10:00:00Z",
+        json!({"parentRefs": [{"name": "gw", "namespace": "infra"}],
+        "rules": [{"filters": [{"type": "RequestMirror", "requestMirror": {"backendRef": {"name": "spy", "namespace": "other", "port": 80}}}],
+          "backendRefs": [{"name": "web", "port": 80}]}]}),
+    );
+    let p = plan::plan(&i);
+    assert_eq!(parent_conds(&p, "app/web")[1], ("ResolvedRefs".into(), "False".into(), "RefNotPermitted".into()));
+    assert!(p.sites[0].listeners[0].rules[0].mirrors[0].backend.problem.is_some());
+}
+
 /// HTTPRouteInvalidNonExistentBackendRef, HTTPRouteInvalidBackendRefUnknownKind.
 #[test]
 fn missing_and_foreign_backends_are_reported() {

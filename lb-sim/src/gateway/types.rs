@@ -247,6 +247,14 @@ pub struct Rewrite {
 pub struct Mirror {
     pub backend_ref: ObjectRefWithPort,
     pub percent: Option<i32>,
+    pub fraction: Option<Fraction>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase", default)]
+pub struct Fraction {
+    pub numerator: i32,
+    pub denominator: Option<i32>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
