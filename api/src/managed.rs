@@ -14,7 +14,7 @@ use std::collections::BTreeSet;
 
 use serde_json::{json, Map, Value};
 
-use crate::patch::{list_strategy, ListStrategy};
+use crate::patch::{ListStrategy, Lists};
 
 /// One path of FieldsV1 tokens.
 pub type FieldPath = Vec<String>;
@@ -23,10 +23,6 @@ pub type FieldSet = BTreeSet<FieldPath>;
 
 /// The fields of `metadata` that managers can own; the rest is the server's.
 const OWNED_METADATA: [&str; 4] = ["labels", "annotations", "ownerReferences", "finalizers"];
-
-fn is_atomic_map(fields: &[String]) -> bool {
-    fields == ["spec", "selector"]
-}
 
 /// The merge-key token of a list item (`k:{"port":80,"protocol":"TCP"}`), with the default
 /// protocol filled in as the schema's defaulting does for key fields.
@@ -45,8 +41,9 @@ fn key_token(item: &Value, keys: &[&str]) -> Option<String> {
     (!parts.is_empty()).then(|| format!("k:{{{}}}", parts.join(",")))
 }
 
-/// The field set of an object (status and the server's metadata left out).
-pub fn fields_of(obj: &Value) -> FieldSet {
+/// The field set of an object (status and the server's metadata left out), lists and maps
+/// split as `lists` says.
+pub fn fields_of(obj: &Value, lists: Lists<'_>) -> FieldSet {
     let mut out = FieldSet::new();
     let Some(map) = obj.as_object() else { return out };
     for (k, v) in map {
@@ -60,31 +57,32 @@ pub fn fields_of(obj: &Value) -> FieldSet {
                             &mut vec!["metadata".into(), f.into()],
                             &mut vec!["f:metadata".into(), format!("f:{f}")],
                             &mut out,
+                            lists,
                         );
                     }
                 }
             }
-            _ => walk(v, &mut vec![k.clone()], &mut vec![format!("f:{k}")], &mut out),
+            _ => walk(v, &mut vec![k.clone()], &mut vec![format!("f:{k}")], &mut out, lists),
         }
     }
     out
 }
 
-fn walk(v: &Value, fields: &mut Vec<String>, tokens: &mut FieldPath, out: &mut FieldSet) {
+fn walk(v: &Value, fields: &mut Vec<String>, tokens: &mut FieldPath, out: &mut FieldSet, lists: Lists<'_>) {
     match v {
-        Value::Object(m) if !m.is_empty() && !is_atomic_map(fields) => {
+        Value::Object(m) if !m.is_empty() && !lists.atomic_map(fields) => {
             for (k, child) in m {
                 fields.push(k.clone());
                 tokens.push(format!("f:{k}"));
-                walk(child, fields, tokens, out);
+                walk(child, fields, tokens, out, lists);
                 tokens.pop();
                 fields.pop();
             }
         }
-        Value::Array(items) => match list_strategy(fields, true) {
+        Value::Array(items) => match lists.strategy(fields, true) {
             ListStrategy::MergeBy(keys) => {
                 for item in items {
-                    let Some(token) = key_token(item, keys) else { continue };
+                    let Some(token) = key_token(item, &keys) else { continue };
                     tokens.push(token);
                     tokens.push(".".into());
                     out.insert(tokens.clone());
@@ -93,7 +91,7 @@ fn walk(v: &Value, fields: &mut Vec<String>, tokens: &mut FieldPath, out: &mut F
                         for (k, child) in m {
                             fields.push(k.clone());
                             tokens.push(format!("f:{k}"));
-                            walk(child, fields, tokens, out);
+                            walk(child, fields, tokens, out, lists);
                             tokens.pop();
                             fields.pop();
                         }
@@ -301,9 +299,9 @@ pub struct Conflict {
 /// What an apply does to the live object before the config is merged into it: the live object
 /// without the fields the manager gave up (that nobody else owns), and the conflicts. With
 /// `force`, conflicts are not errors; the fields change hands afterwards ([`after_write`]).
-pub fn prepare_apply(live: &Value, config: &Value, manager: &str) -> (Value, Vec<Conflict>) {
+pub fn prepare_apply(live: &Value, config: &Value, manager: &str, lists: Lists<'_>) -> (Value, Vec<Conflict>) {
     let entries = entries_of(live);
-    let applied = fields_of(config);
+    let applied = fields_of(config, lists);
     let mut conflicts = Vec::new();
     for e in entries.iter().filter(|e| e.manager != manager) {
         for p in applied.intersection(&e.fields) {
@@ -354,9 +352,16 @@ pub enum Write<'a> {
 /// The entries after a write took `old` (None for a create) to `new`. Fields that changed go to
 /// the writer and leave the others; fields no longer in the object leave everyone; an entry
 /// whose fields did not change keeps its time. `now` stamps changed entries.
-pub fn after_write(old: Option<&Value>, new: &Value, write: &Write<'_>, api_version: &str, now: &str) -> Vec<Entry> {
+pub fn after_write(
+    old: Option<&Value>,
+    new: &Value,
+    write: &Write<'_>,
+    api_version: &str,
+    now: &str,
+    lists: Lists<'_>,
+) -> Vec<Entry> {
     let mut entries = old.map(entries_of).unwrap_or_default();
-    let present = fields_of(new);
+    let present = fields_of(new, lists);
     let changed: FieldSet = present
         .iter()
         .filter(|p| match old {
@@ -368,7 +373,7 @@ pub fn after_write(old: Option<&Value>, new: &Value, write: &Write<'_>, api_vers
         .cloned()
         .collect();
     let (manager, operation, mine) = match write {
-        Write::Apply { manager, config } => (*manager, "Apply", fields_of(config)),
+        Write::Apply { manager, config } => (*manager, "Apply", fields_of(config, lists)),
         Write::Update { manager } => {
             let before: FieldSet = entries
                 .iter()
@@ -420,7 +425,7 @@ mod tests {
 
     #[test]
     fn field_sets_use_the_fieldsv1_vocabulary() {
-        let set = fields_of(&svc(80, "http"));
+        let set = fields_of(&svc(80, "http"), Lists::BuiltIn);
         let item = r#"k:{"port":80,"protocol":"TCP"}"#;
         assert!(set.contains(&p(&["f:spec", "f:ports", item, "."])));
         assert!(set.contains(&p(&["f:spec", "f:ports", item, "f:targetPort"])));
@@ -436,10 +441,11 @@ mod tests {
         let v1 = svc(80, "http");
         let mut live = v1.clone();
         live["spec"]["ports"][0]["nodePort"] = json!(30080); // the server's, nobody's field
-        let entries = after_write(None, &live, &Write::Apply { manager: "me", config: &v1 }, "v1", "t0");
+        let entries =
+            after_write(None, &live, &Write::Apply { manager: "me", config: &v1 }, "v1", "t0", Lists::BuiltIn);
         live["metadata"]["managedFields"] = entries_json(&entries);
         let v2 = svc(8081, "http");
-        let (pruned, conflicts) = prepare_apply(&live, &v2, "me");
+        let (pruned, conflicts) = prepare_apply(&live, &v2, "me", Lists::BuiltIn);
         assert!(conflicts.is_empty());
         assert_eq!(pruned["spec"]["ports"], json!([]), "the port-80 item goes, with its server fields");
         assert_eq!(pruned["metadata"]["labels"], json!({"app": "web"}), "still applied");
@@ -448,40 +454,49 @@ mod tests {
     #[test]
     fn another_managers_changed_field_is_a_conflict_and_shared_values_are_not() {
         let v1 = svc(80, "http");
-        let entries = after_write(None, &v1, &Write::Apply { manager: "me", config: &v1 }, "v1", "t0");
+        let entries = after_write(None, &v1, &Write::Apply { manager: "me", config: &v1 }, "v1", "t0", Lists::BuiltIn);
         let mut live = v1.clone();
         live["metadata"]["managedFields"] = entries_json(&entries);
         // Someone else edits the target port.
         let mut edited = live.clone();
         edited["spec"]["ports"][0]["targetPort"] = json!(9090);
-        let entries = after_write(Some(&live), &edited, &Write::Update { manager: "kubectl-edit" }, "v1", "t1");
+        let entries =
+            after_write(Some(&live), &edited, &Write::Update { manager: "kubectl-edit" }, "v1", "t1", Lists::BuiltIn);
         edited["metadata"]["managedFields"] = entries_json(&entries);
         let editor = entries.iter().find(|e| e.manager == "kubectl-edit").unwrap();
         assert_eq!(editor.fields.len(), 1, "{:?}", editor.fields);
         let mine = entries.iter().find(|e| e.manager == "me").unwrap();
         assert!(!mine.fields.iter().any(|f| f.last().unwrap() == "f:targetPort"), "taken from me");
         // Re-applying 8080 conflicts; re-applying the same value does not.
-        let (_, conflicts) = prepare_apply(&edited, &v1, "me");
+        let (_, conflicts) = prepare_apply(&edited, &v1, "me", Lists::BuiltIn);
         assert_eq!(conflicts.len(), 1);
         assert_eq!(conflicts[0].manager, "kubectl-edit");
         assert_eq!(display(&conflicts[0].path), r#".spec.ports[port=80,protocol="TCP"].targetPort"#);
         let mut same = v1.clone();
         same["spec"]["ports"][0]["targetPort"] = json!(9090);
-        assert!(prepare_apply(&edited, &same, "me").1.is_empty());
+        assert!(prepare_apply(&edited, &same, "me", Lists::BuiltIn).1.is_empty());
         // Forced: the field changes hands, the editor's entry empties and goes.
         let mut forced = edited.clone();
         forced["spec"]["ports"][0]["targetPort"] = json!(8080);
-        let entries = after_write(Some(&edited), &forced, &Write::Apply { manager: "me", config: &v1 }, "v1", "t2");
+        let entries = after_write(
+            Some(&edited),
+            &forced,
+            &Write::Apply { manager: "me", config: &v1 },
+            "v1",
+            "t2",
+            Lists::BuiltIn,
+        );
         assert_eq!(entries.iter().map(|e| e.manager.as_str()).collect::<Vec<_>>(), ["me"]);
     }
 
     #[test]
     fn an_unchanged_write_keeps_the_entry_time() {
         let v1 = svc(80, "http");
-        let entries = after_write(None, &v1, &Write::Apply { manager: "me", config: &v1 }, "v1", "t0");
+        let entries = after_write(None, &v1, &Write::Apply { manager: "me", config: &v1 }, "v1", "t0", Lists::BuiltIn);
         let mut live = v1.clone();
         live["metadata"]["managedFields"] = entries_json(&entries);
-        let again = after_write(Some(&live), &live, &Write::Apply { manager: "me", config: &v1 }, "v1", "t9");
+        let again =
+            after_write(Some(&live), &live, &Write::Apply { manager: "me", config: &v1 }, "v1", "t9", Lists::BuiltIn);
         assert_eq!(again, entries);
     }
 }

@@ -6,6 +6,9 @@
 //! merged by their Kubernetes merge keys and the `$patch`, `$setElementOrder`, `$retainKeys` and
 //! `$deleteFromPrimitiveList` directives are honoured.
 
+use std::borrow::Cow;
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::JSONSchemaProps;
 use serde_json::{Map, Value};
 
 use crate::Error;
@@ -34,47 +37,116 @@ impl PatchType {
 
 /// How a list field merges in a strategic merge patch.
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) enum ListStrategy {
+pub(crate) enum ListStrategy<'a> {
     /// Replaced whole (no patch strategy).
     Atomic,
     /// Merged element by element, matching on these keys.
-    MergeBy(&'static [&'static str]),
+    MergeBy(Cow<'a, [&'a str]>),
     /// A list of scalars merged as a set (`metadata.finalizers`).
     PrimitiveSet,
 }
 
+/// Where lists' and maps' merge strategies come from: the built-in kinds' (their Go types'
+/// tags, as [`list_strategy`] lists them), or a custom resource's structural schema
+/// (`x-kubernetes-list-type`, `x-kubernetes-list-map-keys`, `x-kubernetes-map-type`) — its
+/// `metadata` keeps the built-in strategies.
+#[derive(Clone, Copy, Debug, Default)]
+pub enum Lists<'a> {
+    #[default]
+    BuiltIn,
+    Schema(&'a JSONSchemaProps),
+}
+
+impl<'a> Lists<'a> {
+    /// The schema of the field at `path` (field names and map keys, list items passed through).
+    fn schema_at(root: &'a JSONSchemaProps, path: &[String]) -> Option<&'a JSONSchemaProps> {
+        let mut s = root;
+        for f in path {
+            while s.type_.as_deref() == Some("array") {
+                s = crate::schema::items(s)?;
+            }
+            s = match s.properties.as_ref().and_then(|p| p.get(f)) {
+                Some(p) => p,
+                None => match &s.additional_properties {
+                    Some(k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::JSONSchemaPropsOrBool::Schema(a)) => a,
+                    _ => return None,
+                },
+            };
+        }
+        Some(s)
+    }
+
+    pub(crate) fn strategy(&self, path: &[String], apply: bool) -> ListStrategy<'a> {
+        match self {
+            Lists::Schema(root) if path.first().is_some_and(|f| f != "metadata") => {
+                let Some(s) = Self::schema_at(root, path) else { return ListStrategy::Atomic };
+                match s.x_kubernetes_list_type.as_deref() {
+                    Some("map") => {
+                        let keys: Vec<&'a str> =
+                            s.x_kubernetes_list_map_keys.iter().flatten().map(String::as_str).collect();
+                        if keys.is_empty() {
+                            ListStrategy::Atomic
+                        } else {
+                            ListStrategy::MergeBy(Cow::Owned(keys))
+                        }
+                    }
+                    Some("set") => ListStrategy::PrimitiveSet,
+                    _ => ListStrategy::Atomic,
+                }
+            }
+            // (Rebuilt: a `Cow` of `'static` does not shorten to `'a` by itself.)
+            _ => match list_strategy(path, apply) {
+                ListStrategy::MergeBy(Cow::Borrowed(keys)) => ListStrategy::MergeBy(Cow::Borrowed(keys)),
+                ListStrategy::MergeBy(Cow::Owned(keys)) => ListStrategy::MergeBy(Cow::Owned(keys)),
+                ListStrategy::PrimitiveSet => ListStrategy::PrimitiveSet,
+                ListStrategy::Atomic => ListStrategy::Atomic,
+            },
+        }
+    }
+
+    /// Whether the map at `path` is owned and replaced whole.
+    pub(crate) fn atomic_map(&self, path: &[String]) -> bool {
+        match self {
+            Lists::Schema(root) if path.first().is_some_and(|f| f != "metadata") => {
+                Self::schema_at(root, path).is_some_and(|s| s.x_kubernetes_map_type.as_deref() == Some("atomic"))
+            }
+            _ => path == ["spec", "selector"],
+        }
+    }
+}
+
 /// The merge strategy of the list at `path` (field names from the object root, no indices).
 /// `apply` selects server-side apply's listMapKeys where they differ from patchMergeKey.
-pub(crate) fn list_strategy(path: &[String], apply: bool) -> ListStrategy {
+pub(crate) fn list_strategy(path: &[String], apply: bool) -> ListStrategy<'static> {
     let last = path.last().map(String::as_str).unwrap_or("");
     let parent = if path.len() >= 2 { path[path.len() - 2].as_str() } else { "" };
     let is_container_list = |p: &str| matches!(p, "containers" | "initContainers" | "ephemeralContainers");
     match last {
         "ports" if is_container_list(parent) => {
             if apply {
-                ListStrategy::MergeBy(&["containerPort", "protocol"])
+                ListStrategy::MergeBy(Cow::Borrowed(&["containerPort", "protocol"]))
             } else {
-                ListStrategy::MergeBy(&["containerPort"])
+                ListStrategy::MergeBy(Cow::Borrowed(&["containerPort"]))
             }
         }
         // Service ports: `spec.ports` of a Service (not an EndpointSlice's top-level `ports`).
         "ports" if path.len() == 2 && parent == "spec" => {
             if apply {
-                ListStrategy::MergeBy(&["port", "protocol"])
+                ListStrategy::MergeBy(Cow::Borrowed(&["port", "protocol"]))
             } else {
-                ListStrategy::MergeBy(&["port"])
+                ListStrategy::MergeBy(Cow::Borrowed(&["port"]))
             }
         }
         "containers" | "initContainers" | "ephemeralContainers" | "volumes" | "env" | "imagePullSecrets" => {
-            ListStrategy::MergeBy(&["name"])
+            ListStrategy::MergeBy(Cow::Borrowed(&["name"]))
         }
-        "volumeMounts" => ListStrategy::MergeBy(&["mountPath"]),
-        "volumeDevices" => ListStrategy::MergeBy(&["devicePath"]),
-        "conditions" => ListStrategy::MergeBy(&["type"]),
-        "addresses" if parent == "status" => ListStrategy::MergeBy(&["type"]),
-        "ownerReferences" => ListStrategy::MergeBy(&["uid"]),
-        "hostAliases" => ListStrategy::MergeBy(&["ip"]),
-        "topologySpreadConstraints" => ListStrategy::MergeBy(&["topologyKey", "whenUnsatisfiable"]),
+        "volumeMounts" => ListStrategy::MergeBy(Cow::Borrowed(&["mountPath"])),
+        "volumeDevices" => ListStrategy::MergeBy(Cow::Borrowed(&["devicePath"])),
+        "conditions" => ListStrategy::MergeBy(Cow::Borrowed(&["type"])),
+        "addresses" if parent == "status" => ListStrategy::MergeBy(Cow::Borrowed(&["type"])),
+        "ownerReferences" => ListStrategy::MergeBy(Cow::Borrowed(&["uid"])),
+        "hostAliases" => ListStrategy::MergeBy(Cow::Borrowed(&["ip"])),
+        "topologySpreadConstraints" => ListStrategy::MergeBy(Cow::Borrowed(&["topologyKey", "whenUnsatisfiable"])),
         "finalizers" if parent == "metadata" => ListStrategy::PrimitiveSet,
         _ => ListStrategy::Atomic,
     }
@@ -99,17 +171,26 @@ pub fn apply_patch(ty: PatchType, original: &Value, patch: &Value) -> Result<Val
             Ok(doc)
         }
         PatchType::Strategic => strategic_merge(original, patch, false),
-        PatchType::Apply => strategic_merge(original, patch, true),
+        PatchType::Apply => merge_applied(original, patch, Lists::BuiltIn),
     }
 }
 
 /// Strategic merge of `patch` into `original`. With `apply`, lists merge by their listMapKeys and
 /// directives are not allowed (server-side apply bodies are plain objects).
 pub fn strategic_merge(original: &Value, patch: &Value, apply: bool) -> Result<Value, Error> {
+    merge_with(original, patch, apply, Lists::BuiltIn)
+}
+
+/// Server-side apply's merge of a config into the live object, lists merged as `lists` says.
+pub fn merge_applied(original: &Value, config: &Value, lists: Lists<'_>) -> Result<Value, Error> {
+    merge_with(original, config, true, lists)
+}
+
+fn merge_with(original: &Value, patch: &Value, apply: bool, lists: Lists<'_>) -> Result<Value, Error> {
     let (Some(orig), Some(p)) = (original.as_object(), patch.as_object()) else {
         return Err(Error::Patch("a strategic merge patch must be a JSON object".into()));
     };
-    let merged = merge_map(orig, p, &mut Vec::new(), apply)?;
+    let merged = merge_map(orig, p, &mut Vec::new(), apply, lists)?;
     Ok(merged.map(Value::Object).unwrap_or_else(|| Value::Object(Map::new())))
 }
 
@@ -122,6 +203,7 @@ fn merge_map(
     patch: &Map<String, Value>,
     path: &mut Vec<String>,
     apply: bool,
+    lists: Lists<'_>,
 ) -> Result<Option<Map<String, Value>>, Error> {
     match patch.get("$patch").and_then(Value::as_str) {
         Some("delete") => return Ok(None),
@@ -153,14 +235,16 @@ fn merge_map(
         }
         path.push(key.clone());
         let merged = match (out.get(key), pval) {
-            (Some(Value::Object(o)), Value::Object(p)) => merge_map(o, p, path, apply)?.map(Value::Object),
+            (Some(Value::Object(o)), Value::Object(p)) if !(apply && lists.atomic_map(path)) => {
+                merge_map(o, p, path, apply, lists)?.map(Value::Object)
+            }
             (_, Value::Object(p)) => {
                 // Nothing to merge into: the patch becomes the value, minus directives.
-                merge_map(&Map::new(), p, path, apply)?.map(Value::Object)
+                merge_map(&Map::new(), p, path, apply, lists)?.map(Value::Object)
             }
             (orig_val, Value::Array(items)) => {
                 let orig_items = orig_val.and_then(Value::as_array).cloned().unwrap_or_default();
-                Some(Value::Array(merge_list(&orig_items, items, path, apply)?))
+                Some(Value::Array(merge_list(&orig_items, items, path, apply, lists)?))
             }
             (_, scalar) => Some(scalar.clone()),
         };
@@ -187,7 +271,7 @@ fn merge_map(
         if let Some(field) = key.strip_prefix(SET_ORDER) {
             let order = pval.as_array().cloned().unwrap_or_default();
             path.push(field.to_string());
-            let strategy = list_strategy(path, apply);
+            let strategy = lists.strategy(path, apply);
             path.pop();
             if let Some(Value::Array(items)) = out.get_mut(field) {
                 reorder(items, &order, &strategy);
@@ -219,8 +303,14 @@ fn same_key(a: &[Value], b: &[Value], keys: &[&str]) -> bool {
     })
 }
 
-fn merge_list(orig: &[Value], patch: &[Value], path: &mut Vec<String>, apply: bool) -> Result<Vec<Value>, Error> {
-    match list_strategy(path, apply) {
+fn merge_list(
+    orig: &[Value],
+    patch: &[Value],
+    path: &mut Vec<String>,
+    apply: bool,
+    lists: Lists<'_>,
+) -> Result<Vec<Value>, Error> {
+    match lists.strategy(path, apply) {
         ListStrategy::Atomic => Ok(patch.to_vec()),
         ListStrategy::PrimitiveSet => {
             let mut out = orig.to_vec();
@@ -241,6 +331,7 @@ fn merge_list(orig: &[Value], patch: &[Value], path: &mut Vec<String>, apply: bo
             }
             let mut out: Vec<Value> = orig.to_vec();
             for p in patch {
+                let keys: &[&str] = &keys;
                 let Some(pkey) = key_of(p, keys) else {
                     return Err(Error::Patch(format!("map: {} does not contain declared merge key: {}", p, keys[0])));
                 };
@@ -253,7 +344,7 @@ fn merge_list(orig: &[Value], patch: &[Value], path: &mut Vec<String>, apply: bo
                     (None, Some("delete")) => {}
                     (Some(i), _) => {
                         let merged = match (out[i].as_object(), p.as_object()) {
-                            (Some(o), Some(pm)) => merge_map(o, pm, path, apply)?,
+                            (Some(o), Some(pm)) => merge_map(o, pm, path, apply, lists)?,
                             _ => None,
                         };
                         match merged {
@@ -265,7 +356,7 @@ fn merge_list(orig: &[Value], patch: &[Value], path: &mut Vec<String>, apply: bo
                     }
                     (None, _) => {
                         if let Some(pm) = p.as_object() {
-                            if let Some(m) = merge_map(&Map::new(), pm, path, apply)? {
+                            if let Some(m) = merge_map(&Map::new(), pm, path, apply, lists)? {
                                 out.push(Value::Object(m));
                             }
                         }

@@ -649,7 +649,59 @@ fn array(list: &[Value], s: &Schema, path: &FieldPath, shown: &str, out: &mut Ve
     }
 }
 
+/// An object embedded with `x-kubernetes-embedded-resource` (not the resource's root): it
+/// needs `apiVersion` and `kind`, as the apiextensions server checks them, and its metadata is
+/// validated as an object's (a name being optional there).
+fn embedded(map: &Map<String, Value>, path: &FieldPath, out: &mut Vec<Cause>) {
+    for field in ["apiVersion", "kind"] {
+        if !map.contains_key(field) {
+            out.push(v::required(&path.child(field), "must not be empty"));
+        }
+    }
+    if let Some(api_version) = map.get("apiVersion") {
+        let at = path.child("apiVersion");
+        match api_version.as_str() {
+            None => out.push(v::invalid(&at, api_version, "must be a string")),
+            Some("") => out.push(v::invalid(&at, "", "must not be empty")),
+            Some(gv) if gv.matches('/').count() > 1 => {
+                out.push(v::invalid(&at, gv, &format!("unexpected GroupVersion string: {gv}")))
+            }
+            Some(_) => {}
+        }
+    }
+    if let Some(kind) = map.get("kind") {
+        let at = path.child("kind");
+        match kind.as_str() {
+            None => out.push(v::invalid(&at, kind, "must be a string")),
+            Some("") => out.push(v::invalid(&at, "", "must not be empty")),
+            Some(k) => {
+                let errs = v::dns1035_label(&k.to_ascii_lowercase());
+                if !errs.is_empty() {
+                    let detail = format!("may have mixed case, but should otherwise match: {}", errs.join(","));
+                    out.push(v::invalid(&at, k, &detail));
+                }
+            }
+        }
+    }
+    if let Some(meta) = map.get("metadata") {
+        let at = path.child("metadata");
+        match serde_json::from_value::<k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta>(meta.clone()) {
+            Err(e) => out.push(v::invalid(&at, meta, &e.to_string())),
+            Ok(mut m) => {
+                // The real server fills in a name to skip the "required" check.
+                if m.name.as_deref().unwrap_or("").is_empty() {
+                    m.name = Some("fakename".into());
+                }
+                crate::kinds::validate_meta_at(&m, v::path_segment_name, at, out);
+            }
+        }
+    }
+}
+
 fn object(map: &Map<String, Value>, s: &Schema, path: &FieldPath, shown: &str, out: &mut Vec<Cause>) {
+    if flag(s.x_kubernetes_embedded_resource) && !path.as_str().is_empty() {
+        embedded(map, path, out);
+    }
     let n = map.len() as i64;
     if let Some(max) = s.max_properties.filter(|m| n > *m) {
         out.push(Cause {
@@ -737,6 +789,43 @@ mod tests {
                 "spec.labels.x: Invalid value: \"integer\": spec.labels.x in body must be of type string: \"integer\"",
                 "spec.ports[1]: Duplicate value: map[string]interface {}{\"name\":\"a\"}",
                 "spec.replicas: Invalid value: 11: spec.replicas in body should be less than or equal to 10",
+            ]
+        );
+    }
+
+    /// `x-kubernetes-embedded-resource`: apiVersion and kind required and well formed, the
+    /// embedded metadata validated (its name optional), as the apiextensions server does.
+    #[test]
+    fn embedded_objects_need_their_type_and_valid_metadata() {
+        let s = schema(json!({"type": "object", "properties": {"spec": {"type": "object", "properties": {
+            "template": {"type": "object", "x-kubernetes-embedded-resource": true,
+                         "x-kubernetes-preserve-unknown-fields": true}}}}}));
+        let check = |obj: Value| {
+            let mut out = Vec::new();
+            validate(&obj, &s, &FieldPath::default(), &mut out);
+            out.iter().map(|c| c.to_string()).collect::<Vec<_>>()
+        };
+        assert_eq!(
+            check(
+                json!({"spec": {"template": {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"labels": {"a": "b"}}}}})
+            ),
+            Vec::<String>::new()
+        );
+        assert_eq!(
+            check(json!({"spec": {"template": {"metadata": {"name": "a/b"}}}})),
+            [
+                "spec.template.apiVersion: Required value: must not be empty",
+                "spec.template.kind: Required value: must not be empty",
+                "spec.template.metadata.name: Invalid value: \"a/b\": may not contain '/'",
+            ]
+        );
+        assert_eq!(
+            check(json!({"spec": {"template": {"apiVersion": "a/b/c", "kind": "Config_Map",
+                                               "metadata": {"labels": {"-x": "y"}}}}})),
+            [
+                "spec.template.apiVersion: Invalid value: \"a/b/c\": unexpected GroupVersion string: a/b/c",
+                "spec.template.kind: Invalid value: \"Config_Map\": may have mixed case, but should otherwise match: a DNS-1035 label must consist of lower case alphanumeric characters or '-', start with an alphabetic character, and end with an alphanumeric character (e.g. 'my-name',  or 'abc-123', regex used for validation is '[a-z]([-a-z0-9]*[a-z0-9])?')",
+                "spec.template.metadata.labels: Invalid value: \"-x\": name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')",
             ]
         );
     }

@@ -173,6 +173,15 @@ pub fn dns1123_subdomain(s: &str) -> Vec<String> {
     errs
 }
 
+/// Problems with `s` as a name that only has to fit in a URL path segment (embedded objects'
+/// names in custom resources).
+pub fn path_segment_name(s: &str) -> Vec<String> {
+    if s == "." || s == ".." {
+        return vec![format!("may not be '{s}'")];
+    }
+    ["/", "%"].iter().filter(|c| s.contains(*c)).map(|c| format!("may not contain '{c}'")).collect()
+}
+
 /// Problems with `s` as a DNS-1035 label (Service names: they become DNS names and env vars).
 pub fn dns1035_label(s: &str) -> Vec<String> {
     let mut errs = Vec::new();

@@ -380,11 +380,13 @@ impl Registry {
                 let mut new = if ty == PatchType::Apply && sub == Subresource::Main {
                     check_body_identity(kind, ns, name, &patch)?;
                     let manager = opts.field_manager.as_deref().unwrap_or("");
-                    let (pruned, conflicts) = api::managed::prepare_apply(&old, &patch, manager);
+                    let model = self.custom_model(kind);
+                    let lists = lists_of(model.as_deref(), opts);
+                    let (pruned, conflicts) = api::managed::prepare_apply(&old, &patch, manager, lists);
                     if !conflicts.is_empty() && !opts.force {
                         return Err(apply_conflict(&conflicts));
                     }
-                    api::patch::strategic_merge(&pruned, &patch, true)?
+                    api::patch::merge_applied(&pruned, &patch, lists)?
                 } else {
                     api::patch::apply_patch(ty, &old, &patch)?
                 };
@@ -562,7 +564,8 @@ impl Registry {
         let mut admitted = api::with_kind_type!(kind,
             T => self.admit::<T>(body, None, Subresource::Main, opts, &mut claims)?,
             custom c => self.admit_custom(c, body, None, Subresource::Main, opts)?);
-        set_managed_fields(kind, &mut admitted.object, None, Subresource::Main, opts);
+        let model = self.custom_model(kind);
+        set_managed_fields(kind, &mut admitted.object, None, Subresource::Main, opts, lists_of(model.as_deref(), opts));
         self.commit_write(g, kind, None, admitted, true, claims, opts)
     }
 
@@ -706,7 +709,8 @@ impl Registry {
         let mut admitted = api::with_kind_type!(kind,
             T => self.admit::<T>(new, Some(&old), sub, opts, &mut claims)?,
             custom c => self.admit_custom(c, new, Some(&old), sub, opts)?);
-        set_managed_fields(kind, &mut admitted.object, Some(&old), sub, opts);
+        let model = self.custom_model(kind);
+        set_managed_fields(kind, &mut admitted.object, Some(&old), sub, opts, lists_of(model.as_deref(), opts));
         let object = &mut admitted.object;
         // No change: no write, no event, same resourceVersion (as the real server does).
         object["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"].clone();
@@ -947,6 +951,14 @@ impl Registry {
         }
     }
 
+    /// The served model of a custom kind (None for built-in kinds).
+    fn custom_model(&self, kind: Kind) -> Option<std::sync::Arc<crate::crd::Model>> {
+        match kind {
+            Kind::Custom(c) => self.crds.get(c),
+            _ => None,
+        }
+    }
+
     /// Admits a custom object by its CRD's schema (see [`crate::crd::admit`]).
     fn admit_custom(
         &self,
@@ -1084,10 +1096,27 @@ fn check_type_meta(kind: Kind, body: &Value) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// How a custom object's lists and maps merge in server-side apply: by the schema of the
+/// version the client writes (built-in kinds: their own strategies).
+fn lists_of<'a>(model: Option<&'a crate::crd::Model>, opts: &WriteOptions) -> api::patch::Lists<'a> {
+    model
+        .and_then(|m| m.version(opts.served_version.as_deref()))
+        .and_then(|v| v.schema.as_ref())
+        .map(api::patch::Lists::Schema)
+        .unwrap_or_default()
+}
+
 /// Rejects a PUT/apply body whose name or namespace is not the URL's.
 /// Writes `metadata.managedFields` of a written object: a manager's write moves ownership
 /// ([`api::managed::after_write`]); the controllers' writes and subresource writes keep it.
-fn set_managed_fields(kind: Kind, object: &mut Value, old: Option<&Value>, sub: Subresource, opts: &WriteOptions) {
+fn set_managed_fields(
+    kind: Kind,
+    object: &mut Value,
+    old: Option<&Value>,
+    sub: Subresource,
+    opts: &WriteOptions,
+    lists: api::patch::Lists<'_>,
+) {
     let manager = opts.field_manager.as_deref().filter(|_| sub == Subresource::Main);
     let entries = match manager {
         None => old.and_then(|o| o.pointer("/metadata/managedFields")).cloned(),
@@ -1098,7 +1127,7 @@ fn set_managed_fields(kind: Kind, object: &mut Value, old: Option<&Value>, sub: 
             };
             let now = now_json();
             let entries =
-                api::managed::after_write(old, object, &write, &kind.api_version(), now.as_str().unwrap_or(""));
+                api::managed::after_write(old, object, &write, &kind.api_version(), now.as_str().unwrap_or(""), lists);
             (!entries.is_empty()).then(|| api::managed::entries_json(&entries))
         }
     };

@@ -1851,3 +1851,65 @@ async fn custom_resources_are_served_as_the_apiextensions_server_serves_them() {
     assert_eq!((s, v["spec"]["size"].clone()), (StatusCode::OK, json!(2)));
     lab.server = Some(server);
 }
+
+/// Server-side apply of custom objects merges lists and maps as the CRD's schema says: a
+/// `list-type: map` by its keys (two managers' items side by side, a conflict named by key), a
+/// `set` by value, a `map-type: atomic` map replaced whole.
+#[tokio::test]
+async fn server_side_apply_of_custom_objects_follows_the_schemas_list_types() {
+    let lab = lab().await;
+    let crd = json!({"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": "carts.test.podpath.dev"},
+        "spec": {"group": "test.podpath.dev", "scope": "Namespaced", "names": {"plural": "carts", "kind": "Cart"},
+            "versions": [{"name": "v1", "served": true, "storage": true,
+                "schema": {"openAPIV3Schema": {"type": "object", "properties": {"spec": {"type": "object", "properties": {
+                    "wheels": {"type": "array", "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"],
+                        "items": {"type": "object", "required": ["name"],
+                            "properties": {"name": {"type": "string"}, "size": {"type": "integer"}}}},
+                    "tags": {"type": "array", "x-kubernetes-list-type": "set", "items": {"type": "string"}},
+                    "notes": {"type": "array", "items": {"type": "string"}},
+                    "selector": {"type": "object", "x-kubernetes-map-type": "atomic",
+                        "additionalProperties": {"type": "string"}}}}}}}}]}});
+    let (s, _) = lab.post("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd).await;
+    assert_eq!(s, StatusCode::CREATED);
+    let path = "/apis/test.podpath.dev/v1/namespaces/default/carts";
+    lab.eventually(path, |s, _| s == StatusCode::OK).await;
+    let lab = &lab;
+    let apply = |manager: &'static str, spec: Value| {
+        let body =
+            json!({"apiVersion": "test.podpath.dev/v1", "kind": "Cart", "metadata": {"name": "c"}, "spec": spec});
+        let url = format!("{path}/c?fieldManager={manager}");
+        async move { lab.patch(&url, "application/apply-patch+yaml", body).await }
+    };
+    let (s, v) = apply(
+        "alice",
+        json!({"wheels": [{"name": "front", "size": 1}], "tags": ["x"], "notes": ["a"], "selector": {"app": "a"}}),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    let (s, v) = apply("bob", json!({"wheels": [{"name": "back", "size": 2}], "tags": ["y"]})).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v["spec"]["wheels"], json!([{"name": "front", "size": 1}, {"name": "back", "size": 2}]));
+    assert_eq!(v["spec"]["tags"], json!(["x", "y"]));
+    let bob = v["metadata"]["managedFields"].as_array().unwrap().iter().find(|e| e["manager"] == "bob").unwrap();
+    assert_eq!(bob["fieldsV1"]["f:spec"]["f:wheels"]["k:{\"name\":\"back\"}"]["f:size"], json!({}));
+    assert_eq!(bob["fieldsV1"]["f:spec"]["f:tags"]["v:\"y\""], json!({}));
+    // Another manager's item field, changed: a conflict naming the item by its key.
+    let (s, v) = apply("bob", json!({"wheels": [{"name": "back", "size": 2}, {"name": "front", "size": 5}]})).await;
+    assert_eq!(s, StatusCode::CONFLICT, "{v}");
+    assert_eq!(v["message"], "Apply failed with 1 conflict: conflict with \"alice\" using test.podpath.dev/v1: .spec.wheels[name=\"front\"].size");
+    // An atomic list and an atomic map are replaced whole by their applier; bob's item stays.
+    let (s, v) = apply(
+        "alice",
+        json!({"wheels": [{"name": "front", "size": 1}], "tags": ["x"], "notes": ["b"], "selector": {"tier": "t"}}),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v["spec"]["notes"], json!(["b"]));
+    assert_eq!(v["spec"]["selector"], json!({"tier": "t"}));
+    assert_eq!(v["spec"]["wheels"], json!([{"name": "front", "size": 1}, {"name": "back", "size": 2}]));
+    // Alice gives up her item: it goes; bob's stays.
+    let (s, v) = apply("alice", json!({"tags": ["x"]})).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v["spec"]["wheels"], json!([{"name": "back", "size": 2}]));
+}

@@ -155,7 +155,16 @@ pub trait ApiObject:
 
 /// Validates `metadata`: the name rule of the kind, labels and annotations.
 pub(crate) fn validate_meta(meta: &ObjectMeta, name_rule: fn(&str) -> Vec<String>, out: &mut Vec<Cause>) {
-    let path = FieldPath::root("metadata");
+    validate_meta_at(meta, name_rule, FieldPath::root("metadata"), out)
+}
+
+/// [`validate_meta`] of a `metadata` at `path` (an embedded object's).
+pub(crate) fn validate_meta_at(
+    meta: &ObjectMeta,
+    name_rule: fn(&str) -> Vec<String>,
+    path: FieldPath,
+    out: &mut Vec<Cause>,
+) {
     match meta.name.as_deref() {
         None | Some("") => out.push(v::required(&path.child("name"), "name or generateName is required")),
         Some(name) => v::push_all(out, &path.child("name"), name, name_rule(name)),
