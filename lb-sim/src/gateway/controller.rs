@@ -1,7 +1,8 @@
 //! The Gateway API controller's I/O: follows the Gateway API's objects (when their CRDs are
 //! installed) and what they refer to, applies [`super::plan::plan`] — each Gateway's
 //! LoadBalancer Service made, changed or removed, statuses written where they differ — and hands
-//! the sites to the proxy.
+//! the sites to the proxy. EndpointSlices and Namespaces are followed only while a GatewayClass
+//! of this controller exists: a lab without the Gateway API keeps no copy of them.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -29,6 +30,9 @@ pub struct Stores {
     pub slices: Arc<Store<EndpointSlice>>,
     pub secrets: Arc<Store<core::Secret>>,
     pub namespaces: Arc<Store<core::Namespace>>,
+    client: ApiClient,
+    /// The reflectors of `slices` and `namespaces`, while they run.
+    following: Vec<tokio::task::JoinHandle<()>>,
 }
 
 impl Stores {
@@ -43,10 +47,6 @@ impl Stores {
             tokio::spawn(reflector::run_custom(client.clone(), resource, Filter::default(), store.clone()));
             store
         };
-        let slices = Store::<EndpointSlice>::new();
-        tokio::spawn(reflector::run(client.clone(), Filter::default(), slices.clone()));
-        let namespaces = Store::<core::Namespace>::new();
-        tokio::spawn(reflector::run(client.clone(), Filter::default(), namespaces.clone()));
         Stores {
             classes: custom(GATEWAY_CLASSES),
             gateways: custom(GATEWAYS),
@@ -54,9 +54,31 @@ impl Stores {
             grpc_routes: custom(GRPC_ROUTES),
             grants: custom(REFERENCE_GRANTS),
             services,
-            slices,
+            slices: Store::new(),
             secrets,
-            namespaces,
+            namespaces: Store::new(),
+            client: client.clone(),
+            following: Vec::new(),
+        }
+    }
+
+    /// Follows EndpointSlices and Namespaces when `wanted`, else stops and forgets them.
+    fn follow_references(&mut self, wanted: bool) {
+        match (wanted, self.following.is_empty()) {
+            (true, true) => {
+                tracing::info!("a GatewayClass of podpath exists: following EndpointSlices and Namespaces");
+                self.following = vec![
+                    tokio::spawn(reflector::run(self.client.clone(), Filter::default(), self.slices.clone())),
+                    tokio::spawn(reflector::run(self.client.clone(), Filter::default(), self.namespaces.clone())),
+                ];
+            }
+            (false, false) => {
+                tracing::info!("no GatewayClass of podpath: EndpointSlices and Namespaces no longer followed");
+                self.following.drain(..).for_each(|t| t.abort());
+                self.slices.apply(reflector::Change::Replace(Default::default()));
+                self.namespaces.apply(reflector::Change::Replace(Default::default()));
+            }
+            _ => {}
         }
     }
 
@@ -138,7 +160,7 @@ async fn sync_services(client: &ApiClient, wanted: &[core::Service], have: &[cor
 }
 
 /// Runs the controller forever, publishing the sites on `sites`.
-pub async fn run(client: ApiClient, stores: Stores, sites: watch::Sender<Vec<Site>>) {
+pub async fn run(client: ApiClient, mut stores: Stores, sites: watch::Sender<Vec<Site>>) {
     let mut changes = [
         stores.classes.changes(),
         stores.gateways.changes(),
@@ -154,6 +176,7 @@ pub async fn run(client: ApiClient, stores: Stores, sites: watch::Sender<Vec<Sit
     loop {
         let inputs = stores.inputs();
         let p = plan::plan(&inputs);
+        stores.follow_references(!p.classes.is_empty());
         if !p.classes.is_empty() || !p.services.is_empty() || inputs.services.iter().any(plan::is_gateway_service) {
             sync_services(&client, &p.services, &inputs.services).await;
         }
