@@ -48,7 +48,8 @@ fn main() {
     let headers = vec![("x-team".to_string(), last)];
     let path = format!("/app{}/x", routes - 1);
     let hit = Request { host: "web.example", method: "GET", path: &path, query: "", headers: &headers };
-    let miss = Request { host: "web.example", method: "GET", path: "/nothing", query: "", headers: &[] };
+    let none = Vec::new();
+    let miss = Request { host: "web.example", method: "GET", path: "/nothing", query: "", headers: &none };
     let n = 2000;
     let time = |r: &Request<'_>, expect: bool| {
         let t = Instant::now();

@@ -20,7 +20,7 @@ use bytes::Bytes;
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
-use hyper::header::{HeaderName, HeaderValue, HOST};
+use hyper::header::{HeaderValue, HOST};
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpListener;
@@ -61,14 +61,84 @@ pub struct Decision {
     pub status: u16,
 }
 
+/// A decision as the proxy notes it: indices into the site it was made on, put into words only
+/// when read (formatting every request's would cost more than routing it).
+struct Noted {
+    at: std::time::SystemTime,
+    site: Arc<Site>,
+    client: SocketAddr,
+    tos: u32,
+    host: String,
+    uri: hyper::Uri,
+    /// (listener, rule, match) indices in `site`.
+    matched: Option<(usize, usize, usize)>,
+    /// The backend's index in the rule.
+    backend: Option<usize>,
+    endpoint: Option<SocketAddr>,
+    status: u16,
+}
+
+impl Noted {
+    fn new(site: Arc<Site>, client: SocketAddr, tos: u32) -> Noted {
+        Noted {
+            at: std::time::SystemTime::now(),
+            site,
+            client,
+            tos,
+            host: String::new(),
+            uri: hyper::Uri::default(),
+            matched: None,
+            backend: None,
+            endpoint: None,
+            status: 0,
+        }
+    }
+
+    fn words(&self) -> Decision {
+        let site = &self.site;
+        let mut d = Decision {
+            at: self.at.duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0),
+            gateway: site.gateway.clone(),
+            client: self.client.to_string(),
+            tos: self.tos,
+            host: self.host.clone(),
+            path: self.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/").to_string(),
+            endpoint: self.endpoint.map(|e| e.to_string()),
+            status: self.status,
+            ..Default::default()
+        };
+        let Some((li, ri, mi)) = self.matched else { return d };
+        let Some(l) = site.listeners.get(li) else { return d };
+        d.listener = Some(l.name.clone());
+        let Some(rule) = l.rules.get(ri) else { return d };
+        if let Some(m) = rule.matches.get(mi) {
+            d.rule = Some(format!(
+                "{} {} rule {}: {}",
+                rule.kind.as_str(),
+                rule.route,
+                rule.index,
+                route::describe_match(m)
+            ));
+        }
+        let route_ns = rule.route.split('/').next().unwrap_or("");
+        d.filters = route::applied(&rule.filters, route_ns);
+        if let Some(b) = self.backend.and_then(|i| rule.backends.get(i)) {
+            d.filters.extend(route::applied(&b.filters, route_ns));
+            let total = route::total_weight(&rule.backends);
+            d.backend = Some(format!("{}:{} (weight {} of {total})", b.service, b.port, b.weight));
+        }
+        d
+    }
+}
+
 /// The last decisions of every Gateway site (a few dozen, for traces).
 #[derive(Default)]
-pub struct Decisions(std::sync::Mutex<std::collections::VecDeque<Decision>>);
+pub struct Decisions(std::sync::Mutex<std::collections::VecDeque<Noted>>);
 
 const DECISIONS_KEPT: usize = 64;
 
 impl Decisions {
-    fn record(&self, d: Decision) {
+    fn record(&self, d: Noted) {
         if let Ok(mut q) = self.0.lock() {
             if q.len() == DECISIONS_KEPT {
                 q.pop_front();
@@ -78,7 +148,7 @@ impl Decisions {
     }
 
     pub fn recent(&self) -> Vec<Decision> {
-        self.0.lock().map(|q| q.iter().cloned().collect()).unwrap_or_default()
+        self.0.lock().map(|q| q.iter().map(Noted::words).collect()).unwrap_or_default()
     }
 }
 
@@ -249,6 +319,9 @@ async fn serve(
     let next = Arc::new(AtomicUsize::new(0));
     loop {
         let Ok((stream, peer)) = listener.accept().await else { continue };
+        // Answers go out as soon as they are written (a response's head and body may be two
+        // writes).
+        let _ = stream.set_nodelay(true);
         let (site, counters, next, tls) = (site.clone(), counters.clone(), next.clone(), tls.clone());
         let decisions = decisions.clone();
         let pools = pools.clone();
@@ -260,21 +333,12 @@ async fn serve(
                 let (counters, next, decisions, pools) =
                     (counters.clone(), next.clone(), decisions.clone(), pools.clone());
                 async move {
-                    let mut decision = Decision {
-                        tos,
-                        client: peer.to_string(),
-                        gateway: current.gateway.clone(),
-                        ..Default::default()
-                    };
-                    let resp = handle(req, peer, tos, https, current, counters, next, pools, &mut decision).await;
+                    let mut noted = Noted::new(current.clone(), peer, tos);
+                    let resp = handle(req, peer, tos, https, current, counters, next, pools, &mut noted).await;
                     if let Ok(r) = &resp {
-                        decision.status = r.status().as_u16();
+                        noted.status = r.status().as_u16();
                     }
-                    decision.at = std::time::SystemTime::now()
-                        .duration_since(std::time::UNIX_EPOCH)
-                        .map(|d| d.as_millis() as u64)
-                        .unwrap_or(0);
-                    decisions.record(decision);
+                    decisions.record(noted);
                     resp
                 }
             });
@@ -336,15 +400,16 @@ async fn handle(
     counters: Arc<Counters>,
     next: Arc<AtomicUsize>,
     pools: Arc<Pools>,
-    decision: &mut Decision,
+    noted: &mut Noted,
 ) -> Result<Response<Body>, Infallible> {
     counters.requests.fetch_add(1, Ordering::Relaxed);
-    let host_header = req
-        .headers()
+    let (mut parts, body) = req.into_parts();
+    let host_header = parts
+        .headers
         .get(HOST)
         .and_then(|h| h.to_str().ok())
         .map(str::to_string)
-        .or_else(|| req.uri().authority().map(|a| a.to_string()))
+        .or_else(|| parts.uri.authority().map(|a| a.to_string()))
         .unwrap_or_default();
     let host = host_header
         .rsplit_once(':')
@@ -352,35 +417,19 @@ async fn handle(
         .map(|(h, _)| h)
         .unwrap_or(&host_header)
         .to_string();
-    let path = req.uri().path().to_string();
-    let query = req.uri().query().unwrap_or("").to_string();
-    let method = req.method().as_str().to_string();
-    let headers: Vec<(String, String)> = req
-        .headers()
-        .iter()
-        .filter_map(|(k, v)| v.to_str().ok().map(|v| (k.as_str().to_string(), v.to_string())))
-        .collect();
-    let r = route::Request { host: &host, method: &method, path: &path, query: &query, headers: &headers };
-    decision.host = host.clone();
-    decision.path = if query.is_empty() { path.clone() } else { format!("{path}?{query}") };
+    let path = parts.uri.path();
+    let query = parts.uri.query().unwrap_or("");
+    let r = route::Request { host: &host, method: parts.method.as_str(), path, query, headers: &parts.headers };
+    noted.uri = parts.uri.clone();
     let Some(m) = route::route(&site, &r) else {
         counters.not_found.fetch_add(1, Ordering::Relaxed);
-        return Ok(page(
-            StatusCode::NOT_FOUND,
-            format!("No route of Gateway {} matches host {host:?} and path {path:?}.", site.gateway),
-        ));
+        let text = format!("No route of Gateway {} matches host {host:?} and path {path:?}.", site.gateway);
+        noted.host = host;
+        return Ok(page(StatusCode::NOT_FOUND, text));
     };
-    let route_ns = m.rule.route.split('/').next().unwrap_or("").to_string();
-    decision.listener = Some(m.listener.name.clone());
-    decision.rule = Some(format!(
-        "{} {} rule {}: {}",
-        m.rule.kind.as_str(),
-        m.rule.route,
-        m.rule.index,
-        route::describe_match(m.matched)
-    ));
-    let mut fx = route::effects(&m.rule.filters, &m.matched.path, &r, https, site.port, &route_ns);
-    decision.filters = fx.applied.clone();
+    noted.matched = Some(m.at);
+    let route_ns = m.rule.route.split('/').next().unwrap_or("");
+    let mut fx = route::effects(&m.rule.filters, &m.matched.path, &r, https, site.port, route_ns);
     if let Some((code, location)) = &fx.redirect {
         counters.redirected.fetch_add(1, Ordering::Relaxed);
         let mut resp =
@@ -388,13 +437,16 @@ async fn handle(
         if let Ok(v) = HeaderValue::from_str(location) {
             resp.headers_mut().insert("location", v);
         }
+        noted.host = host;
         return Ok(resp);
     }
     let total = route::total_weight(&m.rule.backends);
-    let picked = route::pick(&m.rule.backends, fastrand::u32(0..total.max(1)));
-    decision.backend = picked.map(|b| format!("{}:{} (weight {} of {total})", b.service, b.port, b.weight));
+    let roll = fastrand::u32(0..total.max(1));
+    let picked = route::pick(&m.rule.backends, roll);
+    noted.backend = picked.and_then(|b| m.rule.backends.iter().position(|x| std::ptr::eq(x, b)));
     let Some(backend) = picked else {
         counters.failed.fetch_add(1, Ordering::Relaxed);
+        noted.host = host;
         return Ok(page(
             StatusCode::INTERNAL_SERVER_ERROR,
             format!("Rule {} of {} {} has no backend with a weight.", m.rule.index, m.rule.kind.as_str(), m.rule.route),
@@ -402,6 +454,7 @@ async fn handle(
     };
     if let Some(problem) = &backend.problem {
         counters.failed.fetch_add(1, Ordering::Relaxed);
+        noted.host = host;
         return Ok(page(
             StatusCode::INTERNAL_SERVER_ERROR,
             format!("{} {}: {problem}", m.rule.kind.as_str(), m.rule.route),
@@ -409,22 +462,52 @@ async fn handle(
     }
     if backend.endpoints.is_empty() {
         counters.failed.fetch_add(1, Ordering::Relaxed);
+        noted.host = host;
         return Ok(page(
             StatusCode::SERVICE_UNAVAILABLE,
             format!("Service {} port {} has no ready endpoint.", backend.service, backend.port),
         ));
     }
     // The backend's own filters come after the rule's.
-    let backend_fx = route::effects(&backend.filters, &m.matched.path, &r, https, site.port, &route_ns);
-    fx.request_headers.extend(backend_fx.request_headers);
-    fx.response_headers.extend(backend_fx.response_headers);
-    let mut out_headers = headers.clone();
-    route::modify_headers(&mut out_headers, &fx.request_headers);
-    let forwarded = match headers.iter().find(|(k, _)| k == "x-forwarded-for") {
-        Some((_, prior)) => format!("{prior}, {}", peer.ip()),
+    if !backend.filters.is_empty() {
+        let backend_fx = route::effects(&backend.filters, &m.matched.path, &r, https, site.port, route_ns);
+        fx.request_headers.extend(backend_fx.request_headers);
+        fx.response_headers.extend(backend_fx.response_headers);
+    }
+    let grpc = m.rule.kind == RouteKind::Grpc;
+    // The request's target: rewritten, else as it came (HTTP/2 takes :scheme and :authority
+    // from an absolute URI, and has no Host header).
+    let authority = fx.host.as_deref().unwrap_or(&host_header);
+    let target = fx.path.as_deref().or_else(|| parts.uri.path_and_query().map(|p| p.as_str())).unwrap_or("/");
+    let uri = if grpc { format!("http://{authority}{target}").parse() } else { target.parse() };
+    let Ok(uri) = uri else {
+        counters.failed.fetch_add(1, Ordering::Relaxed);
+        noted.host = host;
+        return Ok(page(StatusCode::BAD_REQUEST, "the request cannot be forwarded".into()));
+    };
+    let headers = &mut parts.headers;
+    let forwarded = match headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
+        Some(prior) => format!("{prior}, {}", peer.ip()),
         None => peer.ip().to_string(),
     };
-    let grpc = m.rule.kind == RouteKind::Grpc;
+    for hop in ["connection", "keep-alive", "proxy-connection", "upgrade", "transfer-encoding"] {
+        headers.remove(hop);
+    }
+    if !grpc {
+        headers.remove("te");
+    }
+    route::modify_headers(headers, &fx.request_headers);
+    if let Ok(v) = HeaderValue::from_str(&forwarded) {
+        headers.insert("x-forwarded-for", v);
+    }
+    headers.insert("x-forwarded-proto", HeaderValue::from_static(if https { "https" } else { "http" }));
+    if grpc {
+        headers.remove(HOST);
+    } else if let Ok(v) = HeaderValue::from_str(authority) {
+        headers.insert(HOST, v);
+    }
+    parts.uri = uri;
+    parts.version = if grpc { hyper::Version::HTTP_2 } else { hyper::Version::HTTP_11 };
     // Which mirrors get this request (each by its percentage).
     let mirrored: Vec<&MirrorTo> = m
         .rule
@@ -433,7 +516,6 @@ async fn handle(
         .chain(&backend.mirrors)
         .filter(|mt| mt.percent >= 100.0 || fastrand::f64() * 100.0 < mt.percent)
         .collect();
-    let (parts, body) = req.into_parts();
     let (body, copy): (Body, Option<Bytes>) = if mirrored.is_empty() {
         (body.boxed(), None)
     } else {
@@ -444,6 +526,7 @@ async fn handle(
             }
             Err(e) => {
                 counters.failed.fetch_add(1, Ordering::Relaxed);
+                noted.host = host;
                 let (code, text) = if e.is::<http_body_util::LengthLimitError>() {
                     (
                         StatusCode::PAYLOAD_TOO_LARGE,
@@ -458,34 +541,7 @@ async fn handle(
             }
         }
     };
-    let mut builder = Request::builder().method(parts.method.clone());
-    let target_path =
-        fx.path.clone().unwrap_or_else(|| if query.is_empty() { path.clone() } else { format!("{path}?{query}") });
-    let authority = fx.host.clone().unwrap_or_else(|| host_header.clone());
-    // HTTP/2 takes :scheme and :authority from an absolute URI (and has no Host header).
-    let uri = if grpc { format!("http://{authority}{target_path}") } else { target_path };
-    builder = builder.uri(uri.as_str()).version(if grpc { hyper::Version::HTTP_2 } else { hyper::Version::HTTP_11 });
-    for (k, v) in &out_headers {
-        if matches!(
-            k.as_str(),
-            "connection" | "keep-alive" | "proxy-connection" | "te" | "upgrade" | "host" | "transfer-encoding"
-        ) && !(grpc && k == "te")
-        {
-            continue;
-        }
-        if let (Ok(name), Ok(value)) = (HeaderName::from_bytes(k.as_bytes()), HeaderValue::from_str(v)) {
-            builder = builder.header(name, value);
-        }
-    }
-    builder =
-        builder.header("x-forwarded-for", forwarded).header("x-forwarded-proto", if https { "https" } else { "http" });
-    if !grpc {
-        builder = builder.header(HOST, authority.as_str());
-    }
-    let Ok(upstream_req) = builder.body(body) else {
-        counters.failed.fetch_add(1, Ordering::Relaxed);
-        return Ok(page(StatusCode::BAD_REQUEST, "the request cannot be forwarded".into()));
-    };
+    let upstream_req = Request::from_parts(parts, body);
     let timeout = m
         .rule
         .timeouts
@@ -500,7 +556,8 @@ async fn handle(
     }
     let start = next.fetch_add(1, Ordering::Relaxed);
     let endpoint = backend.endpoints[start % backend.endpoints.len()];
-    decision.endpoint = Some(endpoint.to_string());
+    noted.endpoint = Some(endpoint);
+    noted.host = host;
     let send = forward(upstream_req, endpoint, tos, grpc, &pools);
     let result = match timeout {
         Some(t) => match tokio::time::timeout(t, send).await {
@@ -518,21 +575,7 @@ async fn handle(
     match result {
         Ok(mut resp) => {
             counters.proxied.fetch_add(1, Ordering::Relaxed);
-            let mut rh: Vec<(String, String)> = resp
-                .headers()
-                .iter()
-                .filter_map(|(k, v)| v.to_str().ok().map(|v| (k.as_str().to_string(), v.to_string())))
-                .collect();
-            if !fx.response_headers.is_empty() {
-                route::modify_headers(&mut rh, &fx.response_headers);
-                let h = resp.headers_mut();
-                h.clear();
-                for (k, v) in rh {
-                    if let (Ok(name), Ok(value)) = (HeaderName::from_bytes(k.as_bytes()), HeaderValue::from_str(&v)) {
-                        h.append(name, value);
-                    }
-                }
-            }
+            route::modify_headers(resp.headers_mut(), &fx.response_headers);
             Ok(resp.map(BodyExt::boxed))
         }
         Err(e) => {
@@ -616,7 +659,10 @@ async fn forward(
     }
     let stream =
         match tokio::time::timeout(CONNECT_TIMEOUT, podpath_client::relay::connect_with_tos(endpoint, tos)).await {
-            Ok(Ok(s)) => s,
+            Ok(Ok(s)) => {
+                let _ = s.set_nodelay(true);
+                s
+            }
             Ok(Err(e)) => return Err(e.to_string()),
             Err(_) => return Err(format!("no answer in {} ms", CONNECT_TIMEOUT.as_millis())),
         };

@@ -6,11 +6,31 @@
 //! what a redirect answers, how the request is rewritten, which headers change; and the
 //! backend by weight.
 
+use hyper::header::{HeaderMap, HeaderName, HeaderValue};
+
 use super::plan::{Backend, ListenerSite, Match, NamedMatch, PathRule, Rule, Site, ValueRule};
 use super::types::{HeaderModifier, HttpRouteFilter, PathModifier};
 
+/// A request's headers as matching reads them: the first value of a name, compared without
+/// case. The proxy's `HeaderMap` as it came (nothing copied), or a list in tests.
+pub trait Headers: Sync {
+    fn first(&self, name: &str) -> Option<&str>;
+}
+
+impl Headers for HeaderMap {
+    fn first(&self, name: &str) -> Option<&str> {
+        self.get(name).and_then(|v| v.to_str().ok())
+    }
+}
+
+impl Headers for Vec<(String, String)> {
+    fn first(&self, name: &str) -> Option<&str> {
+        self.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+    }
+}
+
 /// A request as routing sees it.
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Copy)]
 pub struct Request<'a> {
     /// The Host header (or :authority), without a port.
     pub host: &'a str,
@@ -19,8 +39,7 @@ pub struct Request<'a> {
     pub path: &'a str,
     /// The query string (without `?`).
     pub query: &'a str,
-    /// Header names in lower case.
-    pub headers: &'a [(String, String)],
+    pub headers: &'a dyn Headers,
 }
 
 /// What matched.
@@ -29,6 +48,8 @@ pub struct Matched<'a> {
     pub listener: &'a ListenerSite,
     pub rule: &'a Rule,
     pub matched: &'a Match,
+    /// Where they are in the site: (listener, rule, match) indices.
+    pub at: (usize, usize, usize),
 }
 
 /// The listener that takes a host: an exact hostname before the longest wildcard, before none.
@@ -67,7 +88,7 @@ fn query_pairs(q: &str) -> Vec<(String, String)> {
 }
 
 fn matches(m: &Match, req: &Request<'_>, query: &[(String, String)]) -> bool {
-    let header = |name: &str| req.headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str());
+    let header = |name: &str| req.headers.first(name);
     let param = |name: &str| query.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str());
     path_matches(&m.path, req.path)
         && m.method.as_deref().is_none_or(|meth| meth.eq_ignore_ascii_case(req.method))
@@ -103,10 +124,10 @@ pub fn route<'a>(site: &'a Site, req: &Request<'_>) -> Option<Matched<'a>> {
         std::cmp::Reverse<&'b str>,
         std::cmp::Reverse<usize>,
     );
-    let mut best: Option<(Key<'a>, &'a Rule, &'a Match)> = None;
-    for rule in &l.rules {
+    let mut best: Option<(Key<'a>, &'a Rule, &'a Match, (usize, usize))> = None;
+    for (ri, rule) in l.rules.iter().enumerate() {
         let Some(host_rank) = rule_takes(rule, req.host) else { continue };
-        for m in rule.matches.iter().filter(|m| matches(m, req, &query)) {
+        for (mi, m) in rule.matches.iter().enumerate().filter(|(_, m)| matches(m, req, &query)) {
             // Exact, then regular expressions (their precedence is implementation-specific: by
             // length, after Exact and before any prefix, as Envoy Gateway orders them), then
             // the longest prefix.
@@ -126,12 +147,13 @@ pub fn route<'a>(site: &'a Site, req: &Request<'_>) -> Option<Matched<'a>> {
                 std::cmp::Reverse(rule.route.as_str()),
                 std::cmp::Reverse(rule.index),
             );
-            if best.as_ref().is_none_or(|(k, _, _)| key > *k) {
-                best = Some((key, rule, m));
+            if best.as_ref().is_none_or(|(k, ..)| key > *k) {
+                best = Some((key, rule, m, (ri, mi)));
             }
         }
     }
-    best.map(|(_, rule, matched)| Matched { listener: l, rule, matched })
+    let li = site.listeners.iter().position(|x| std::ptr::eq(x, l)).unwrap_or(0);
+    best.map(|(_, rule, matched, (ri, mi))| Matched { listener: l, rule, matched, at: (li, ri, mi) })
 }
 
 /// The backend for a roll in `[0, total weight)`: each backend takes a share of rolls as big
@@ -167,8 +189,36 @@ pub struct Effects {
     pub response_headers: Vec<HeaderModifier>,
     /// Backends (`namespace/name`, port) that get a copy.
     pub mirrors: Vec<(String, i32)>,
-    /// The filters that acted, by type, for traces.
-    pub applied: Vec<String>,
+}
+
+/// The filters among `filters` that act, in words for traces (`URLRewrite`, `RequestMirror to
+/// app/shadow:80`): as [`effects`] applies them, a redirect ending the list.
+pub fn applied(filters: &[HttpRouteFilter], route_ns: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for f in filters {
+        let acts = match f.type_.as_str() {
+            "RequestHeaderModifier" => f.request_header_modifier.is_some(),
+            "ResponseHeaderModifier" => f.response_header_modifier.is_some(),
+            "RequestRedirect" => f.request_redirect.is_some(),
+            "URLRewrite" => f.url_rewrite.is_some(),
+            "RequestMirror" => {
+                if let Some(m) = &f.request_mirror {
+                    let ns = m.backend_ref.namespace.as_deref().unwrap_or(route_ns);
+                    let port = m.backend_ref.port.unwrap_or(0);
+                    out.push(format!("{} to {ns}/{}:{port}", f.type_, m.backend_ref.name));
+                }
+                false
+            }
+            _ => false,
+        };
+        if acts {
+            out.push(f.type_.clone());
+        }
+        if acts && f.type_ == "RequestRedirect" {
+            break;
+        }
+    }
+    out
 }
 
 fn rewrite_path(m: &PathModifier, matched: &PathRule, path: &str) -> String {
@@ -212,13 +262,11 @@ pub fn effects(
             "RequestHeaderModifier" => {
                 if let Some(m) = &f.request_header_modifier {
                     e.request_headers.push(m.clone());
-                    e.applied.push(f.type_.clone());
                 }
             }
             "ResponseHeaderModifier" => {
                 if let Some(m) = &f.response_header_modifier {
                     e.response_headers.push(m.clone());
-                    e.applied.push(f.type_.clone());
                 }
             }
             "RequestRedirect" => {
@@ -247,7 +295,6 @@ pub fn effects(
                 let authority = if default_port { host } else { format!("{host}:{port}") };
                 let code = r.status_code.unwrap_or(302) as u16;
                 e.redirect = Some((code, format!("{scheme}://{authority}{path}{query}")));
-                e.applied.push(f.type_.clone());
                 return e;
             }
             "URLRewrite" => {
@@ -259,14 +306,11 @@ pub fn effects(
                     let p = rewrite_path(m, matched, req.path);
                     e.path = Some(if req.query.is_empty() { p } else { format!("{p}?{}", req.query) });
                 }
-                e.applied.push(f.type_.clone());
             }
             "RequestMirror" => {
                 if let Some(m) = &f.request_mirror {
                     let ns = m.backend_ref.namespace.clone().unwrap_or_else(|| route_ns.to_string());
-                    let port = m.backend_ref.port.unwrap_or(0);
-                    e.applied.push(format!("{} to {ns}/{}:{port}", f.type_, m.backend_ref.name));
-                    e.mirrors.push((format!("{ns}/{}", m.backend_ref.name), port));
+                    e.mirrors.push((format!("{ns}/{}", m.backend_ref.name), m.backend_ref.port.unwrap_or(0)));
                 }
             }
             _ => {}
@@ -275,25 +319,30 @@ pub fn effects(
     e
 }
 
-/// Headers after the modifiers: `set` replaces, `add` appends, `remove` drops (names compared
-/// without case).
-pub fn modify_headers(headers: &mut Vec<(String, String)>, mods: &[HeaderModifier]) {
+/// Headers after the modifiers: `set` replaces, `add` appends to the first value (`a,b`),
+/// `remove` drops; a name or value that is not valid HTTP is skipped.
+pub fn modify_headers(headers: &mut HeaderMap, mods: &[HeaderModifier]) {
+    let named = |n: &str| HeaderName::from_bytes(n.as_bytes()).ok();
     for m in mods {
         for nv in &m.set {
-            headers.retain(|(k, _)| !k.eq_ignore_ascii_case(&nv.name));
-            headers.push((nv.name.to_ascii_lowercase(), nv.value.clone()));
+            if let (Some(name), Ok(value)) = (named(&nv.name), HeaderValue::from_str(&nv.value)) {
+                headers.insert(name, value);
+            }
         }
         for nv in &m.add {
-            match headers.iter_mut().find(|(k, _)| k.eq_ignore_ascii_case(&nv.name)) {
-                Some((_, v)) => {
-                    v.push(',');
-                    v.push_str(&nv.value);
-                }
-                None => headers.push((nv.name.to_ascii_lowercase(), nv.value.clone())),
+            let Some(name) = named(&nv.name) else { continue };
+            let joined = match headers.get(&name).map(|v| v.as_bytes()) {
+                Some(old) => [old, b",", nv.value.as_bytes()].concat(),
+                None => nv.value.as_bytes().to_vec(),
+            };
+            if let Ok(value) = HeaderValue::from_bytes(&joined) {
+                headers.insert(name, value);
             }
         }
         for name in &m.remove {
-            headers.retain(|(k, _)| !k.eq_ignore_ascii_case(name));
+            if let Some(name) = named(name) {
+                headers.remove(name);
+            }
         }
     }
 }
