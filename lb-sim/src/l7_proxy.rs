@@ -172,8 +172,11 @@ type Upstream<B = Incoming> = hyper::client::conn::http1::SendRequest<B>;
 /// Idle upstream HTTP/1.1 connections, keyed by upstream address and client TOS (requests
 /// with bodies of type `B`).
 pub struct Pool<B = Incoming> {
-    idle: Mutex<HashMap<(SocketAddr, u32), Vec<Upstream<B>>>>,
+    idle: Mutex<HashMap<PoolKey, Vec<Upstream<B>>>>,
 }
+
+/// An upstream address and the client's TOS.
+type PoolKey = (SocketAddr, u32);
 
 impl<B> Default for Pool<B> {
     fn default() -> Self {
