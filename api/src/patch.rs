@@ -47,7 +47,7 @@ pub(crate) enum ListStrategy<'a> {
 }
 
 /// Where lists' and maps' merge strategies come from: the built-in kinds' (their Go types'
-/// tags, as [`list_strategy`] lists them), or a custom resource's structural schema
+/// tags, as `list_strategy` lists them), or a custom resource's structural schema
 /// (`x-kubernetes-list-type`, `x-kubernetes-list-map-keys`, `x-kubernetes-map-type`) — its
 /// `metadata` keeps the built-in strategies.
 #[derive(Clone, Copy, Debug, Default)]
