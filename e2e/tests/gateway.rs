@@ -77,28 +77,32 @@ spec:
       weight: 10
 ";
 
-const GRPC_SERVER: &str = "apiVersion: apps/v1
+/// A Deployment of podpath/echo with `args` on `port`, and its Service (`service_port`, with
+/// more fields).
+fn echo_app(name: &str, args: &str, port: u16, service_port: &str) -> String {
+    format!(
+        "apiVersion: apps/v1
 kind: Deployment
-metadata: {name: grpc}
+metadata: {{name: {name}}}
 spec:
-  selector: {matchLabels: {app: grpc}}
+  selector: {{matchLabels: {{app: {name}}}}}
   template:
-    metadata: {labels: {app: grpc}}
+    metadata: {{labels: {{app: {name}}}}}
     spec:
       containers:
-      - name: grpc
-        image: podpath/echo
-        args: [--grpc-port, '9000']
-        ports: [{containerPort: 9000}]
+      - {{name: {name}, image: podpath/echo, args: {args}, ports: [{{containerPort: {port}}}]}}
 ---
 apiVersion: v1
 kind: Service
-metadata: {name: grpc}
+metadata: {{name: {name}}}
 spec:
-  selector: {app: grpc}
-  ports: [{name: grpc, port: 9000, targetPort: 9000, appProtocol: kubernetes.io/h2c}]
----
-apiVersion: gateway.networking.k8s.io/v1
+  selector: {{app: {name}}}
+  ports: [{{{service_port}, targetPort: {port}}}]
+"
+    )
+}
+
+const GRPC_ROUTE: &str = "apiVersion: gateway.networking.k8s.io/v1
 kind: GRPCRoute
 metadata: {name: health}
 spec:
@@ -110,29 +114,9 @@ spec:
     backendRefs: [{name: grpc, port: 9000}]
 ";
 
-/// Every match kind and the other filters, on their own hostname; `shadow` logs what it gets.
-const MATCHES: &str = "apiVersion: apps/v1
-kind: Deployment
-metadata: {name: shadow}
-spec:
-  selector: {matchLabels: {app: shadow}}
-  template:
-    metadata: {labels: {app: shadow}}
-    spec:
-      containers:
-      - name: shadow
-        image: podpath/echo
-        args: [--access-log]
-        ports: [{containerPort: 8080}]
----
-apiVersion: v1
-kind: Service
-metadata: {name: shadow}
-spec:
-  selector: {app: shadow}
-  ports: [{port: 80, targetPort: 8080}]
----
-apiVersion: gateway.networking.k8s.io/v1
+/// Every match kind and the other filters, on their own hostname; the mirror's `shadow` logs
+/// what it gets.
+const MATCHES: &str = "apiVersion: gateway.networking.k8s.io/v1
 kind: HTTPRoute
 metadata: {name: matches}
 spec:
@@ -193,7 +177,13 @@ fn a_gateway_splits_matches_and_redirects() {
         lab.kubectl(&["expose", "deployment", name, "--port=80", "--target-port=8080"]);
     }
     // A gRPC server (podpath/echo's health service on 9000).
-    lab.apply(GRPC_SERVER);
+    lab.apply(&echo_app(
+        "grpc",
+        "[--grpc-port, '9000']",
+        9000,
+        "name: grpc, port: 9000, appProtocol: kubernetes.io/h2c",
+    ));
+    lab.apply(GRPC_ROUTE);
     lab.kubectl(&["rollout", "status", "deployment/web", "deployment/canary", "deployment/grpc", "--timeout=60s"]);
     // The HTTPS listener's certificate, in a kubernetes.io/tls Secret.
     let cert = rcgen::generate_simple_self_signed(vec!["secure.example".to_string()]).unwrap();
@@ -336,6 +326,7 @@ fn a_gateway_splits_matches_and_redirects() {
     assert_eq!(out.trim(), format!("301 http://{vip}/new/page?x=1"));
 
     // Every other match kind and filter, on the second route's hostname.
+    lab.apply(&echo_app("shadow", "[--access-log]", 8080, "port: 80"));
     lab.apply(MATCHES);
     lab.kubectl(&["rollout", "status", "deployment/shadow", "--timeout=60s"]);
     wait_for(Duration::from_secs(10), "the second route's status", || {
