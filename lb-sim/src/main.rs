@@ -9,11 +9,6 @@ use clap::Parser;
 use lb_sim::model::Mode;
 use lb_sim::run::{self, Config};
 
-// Each proxied connection allocates and frees hyper's buffers; mimalloc's per-thread free
-// lists make that cheaper than glibc's malloc (measured with the lab bench's Gateway path).
-#[global_allocator]
-static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 /// podpath's simulated gateway and load balancers.
 #[derive(Parser, Debug)]
 #[command(name = "lb-sim", version)]
