@@ -413,6 +413,25 @@ fn a_gateway_splits_matches_and_redirects() {
             Err(out)
         }
     });
+    // The route moved to a Gateway that does not exist: this controller's status entry goes.
+    lab.kubectl(&[
+        "patch",
+        "-n",
+        "shop",
+        "httproute/shop",
+        "--type=merge",
+        "-p",
+        r#"{"spec": {"parentRefs": [{"name": "nowhere", "namespace": "default"}]}}"#,
+    ]);
+    wait_for(Duration::from_secs(10), "the stale parent status to go", || {
+        let s =
+            lab.kubectl(&["get", "-n", "shop", "httproute/shop", "-o", "jsonpath={.status.parents[*].controllerName}"]);
+        if s.is_empty() {
+            Ok(())
+        } else {
+            Err(s)
+        }
+    });
     drop(lab);
     assert_eq!(testkit::netns::host_state(), before, "the host namespace changed");
 }

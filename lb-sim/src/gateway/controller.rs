@@ -198,6 +198,18 @@ pub async fn run(client: ApiClient, mut stores: Stores, sites: watch::Sender<Vec
                 write_status(&client, resource, &current, status).await;
             }
         }
+        // Routes no longer attached to a Gateway of ours (their parentRef changed, or the
+        // Gateway is gone) lose this controller's entries in their status, as the spec asks.
+        for (resource, store) in [(HTTP_ROUTES, &stores.http_routes), (GRPC_ROUTES, &stores.grpc_routes)] {
+            for (key, current) in store.entries() {
+                let planned = p.routes.iter().any(|(r, k, ..)| *r == resource && *k == key);
+                if !planned && plan::has_our_parents(&current["status"]) {
+                    let generation = current["metadata"]["generation"].as_i64().unwrap_or(0);
+                    let status = plan::route_status(&current["status"], &[], generation);
+                    write_status(&client, resource, &current, status).await;
+                }
+            }
+        }
         sites.send_if_modified(|s| {
             let changed = *s != p.sites;
             if changed {

@@ -983,6 +983,11 @@ pub fn plan(inputs: &Inputs) -> Plan {
     out
 }
 
+/// Whether a route's status has entries of this controller.
+pub fn has_our_parents(status: &Value) -> bool {
+    status["parents"].as_array().is_some_and(|ps| ps.iter().any(|p| p["controllerName"] == CONTROLLER))
+}
+
 /// A route's status: this controller's parents replaced, other controllers' kept.
 pub fn route_status(old: &Value, parents: &[(ParentRef, Vec<Cond>)], generation: i64) -> Value {
     let mut kept: Vec<Value> = old["parents"]

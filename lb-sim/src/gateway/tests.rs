@@ -567,6 +567,33 @@ fn grpc_routes_match_service_and_method() {
 }
 
 /// Conditions keep their transition time while their status holds.
+/// The spec's RouteParentStatus rule (no conformance test of its own): a route whose parentRef
+/// no longer names a Gateway of this controller, or whose Gateway is gone, loses this
+/// controller's entries in its status; other controllers' stay.
+#[test]
+fn a_route_that_left_its_gateway_loses_our_status_entries() {
+    let mut i = base();
+    let attached = json!({"parentRefs": [{"name": "gw", "namespace": "infra"}], "rules": [{"backendRefs": [{"name": "web", "port": 80}]}]});
+    i.http_routes = vec![route("app", "web", "2026-11-27T10:00:00Z", attached)];
+    let p = plan::plan(&i);
+    let (_, _, parents, generation) = &p.routes[0];
+    let theirs = json!({"parentRef": {"name": "other"}, "controllerName": "example.com/other", "conditions": []});
+    let mut old = plan::route_status(&json!({"parents": [theirs.clone()]}), parents, *generation);
+    assert!(plan::has_our_parents(&old));
+    assert_eq!(old["parents"].as_array().unwrap().len(), 2);
+    // The parentRef now names a Gateway that does not exist: no status of ours is planned.
+    i.http_routes = vec![route(
+        "app",
+        "web",
+        "2026-11-27T10:00:00Z",
+        json!({"parentRefs": [{"name": "gone", "namespace": "infra"}], "rules": []}),
+    )];
+    assert!(plan::plan(&i).routes.is_empty());
+    old = plan::route_status(&old, &[], 2);
+    assert!(!plan::has_our_parents(&old));
+    assert_eq!(old["parents"], json!([theirs]));
+}
+
 #[test]
 fn transition_times_survive_unchanged_conditions() {
     let p = plan::plan(&base());
