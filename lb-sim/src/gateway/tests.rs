@@ -444,6 +444,66 @@ fn hostnames_pick_the_listener_and_the_route() {
     assert_eq!(to(&site, &req("example.net", "GET", "/", "", &none)), None, "no route: the gateway answers 404");
 }
 
+/// HTTPRouteListenerHostnameMatching (its hosts and answers), with the multi-label wildcard;
+/// HTTPRouteInvalidParentRefNotMatchingListenerPort; HTTPRouteHostnameIntersection's wildcard
+/// route on an exact listener.
+#[test]
+fn listener_hostnames_ports_and_wildcards() {
+    let mut i = base();
+    let l = |name: &str, host: &str| json!({"name": name, "port": 80, "protocol": "HTTP", "hostname": host});
+    i.gateways = vec![gateway(
+        "gw",
+        json!([
+            l("l1", "bar.com"),
+            l("l2", "foo.bar.com"),
+            l("l3", "*.bar.com"),
+            l("l4", "*.foo.com"),
+            l("l5", "very.specific.com")
+        ]),
+    )];
+    let to_section = |name: &str, sections: &[&str], hostnames: Value| {
+        let parents: Vec<Value> = sections.iter().map(|s| json!({"name": "gw", "sectionName": s})).collect();
+        route(
+            "infra",
+            name,
+            "2026-11-27T10:00:00Z",
+            json!({"parentRefs": parents, "hostnames": hostnames, "rules": [{}]}),
+        )
+    };
+    i.http_routes = vec![
+        to_section("v1", &["l1"], json!([])),
+        to_section("v2", &["l2"], json!([])),
+        to_section("v3", &["l3", "l4"], json!([])),
+        to_section("wild", &["l5"], json!(["*.specific.com"])),
+        route(
+            "infra",
+            "port",
+            "2026-11-27T10:00:00Z",
+            json!({"parentRefs": [{"name": "gw", "port": 81}], "rules": [{}]}),
+        ),
+    ];
+    let p = plan::plan(&i);
+    assert_eq!(parent_conds(&p, "infra/port")[0], ("Accepted".into(), "False".into(), "NoMatchingParent".into()));
+    assert_eq!(parent_conds(&p, "infra/wild")[0].2, "Accepted");
+    let site = p.sites.into_iter().next().unwrap();
+    let none: Vec<(String, String)> = vec![];
+    for (host, want) in [
+        ("bar.com", Some("infra/v1")),
+        ("foo.bar.com", Some("infra/v2")),
+        ("baz.bar.com", Some("infra/v3")),
+        ("boo.bar.com", Some("infra/v3")),
+        ("multiple.prefixes.bar.com", Some("infra/v3")),
+        ("multiple.prefixes.foo.com", Some("infra/v3")),
+        ("foo.com", None),
+        ("no.matching.host", None),
+        ("very.specific.com", Some("infra/wild")),
+        ("other.specific.com", None),
+    ] {
+        let got = to(&site, &req(host, "GET", "/", "", &none)).map(|(r, _)| r);
+        assert_eq!(got.as_deref(), want, "{host}");
+    }
+}
+
 /// HTTPRouteWeight: backends share requests by weight; a weight of 0 gets none.
 #[test]
 fn weights_share_the_requests() {
