@@ -94,13 +94,7 @@ impl<'a> Lists<'a> {
                     _ => ListStrategy::Atomic,
                 }
             }
-            // (Rebuilt: a `Cow` of `'static` does not shorten to `'a` by itself.)
-            _ => match list_strategy(path, apply) {
-                ListStrategy::MergeBy(Cow::Borrowed(keys)) => ListStrategy::MergeBy(Cow::Borrowed(keys)),
-                ListStrategy::MergeBy(Cow::Owned(keys)) => ListStrategy::MergeBy(Cow::Owned(keys)),
-                ListStrategy::PrimitiveSet => ListStrategy::PrimitiveSet,
-                ListStrategy::Atomic => ListStrategy::Atomic,
-            },
+            _ => list_strategy(path, apply),
         }
     }
 
@@ -117,7 +111,7 @@ impl<'a> Lists<'a> {
 
 /// The merge strategy of the list at `path` (field names from the object root, no indices).
 /// `apply` selects server-side apply's listMapKeys where they differ from patchMergeKey.
-pub(crate) fn list_strategy(path: &[String], apply: bool) -> ListStrategy<'static> {
+pub(crate) fn list_strategy<'a>(path: &[String], apply: bool) -> ListStrategy<'a> {
     let last = path.last().map(String::as_str).unwrap_or("");
     let parent = if path.len() >= 2 { path[path.len() - 2].as_str() } else { "" };
     let is_container_list = |p: &str| matches!(p, "containers" | "initContainers" | "ephemeralContainers");

@@ -411,20 +411,16 @@ async fn handle(
         .map(str::to_string)
         .or_else(|| parts.uri.authority().map(|a| a.to_string()))
         .unwrap_or_default();
-    let host = host_header
-        .rsplit_once(':')
-        .filter(|(_, p)| p.parse::<u16>().is_ok())
-        .map(|(h, _)| h)
-        .unwrap_or(&host_header)
-        .to_string();
+    let host: &str =
+        host_header.rsplit_once(':').filter(|(_, p)| p.parse::<u16>().is_ok()).map(|(h, _)| h).unwrap_or(&host_header);
+    noted.host = host.to_string();
     let path = parts.uri.path();
     let query = parts.uri.query().unwrap_or("");
-    let r = route::Request { host: &host, method: parts.method.as_str(), path, query, headers: &parts.headers };
+    let r = route::Request { host, method: parts.method.as_str(), path, query, headers: &parts.headers };
     noted.uri = parts.uri.clone();
     let Some(m) = route::route(&site, &r) else {
         counters.not_found.fetch_add(1, Ordering::Relaxed);
         let text = format!("No route of Gateway {} matches host {host:?} and path {path:?}.", site.gateway);
-        noted.host = host;
         return Ok(page(StatusCode::NOT_FOUND, text));
     };
     noted.matched = Some(m.at);
@@ -437,7 +433,6 @@ async fn handle(
         if let Ok(v) = HeaderValue::from_str(location) {
             resp.headers_mut().insert("location", v);
         }
-        noted.host = host;
         return Ok(resp);
     }
     let total = route::total_weight(&m.rule.backends);
@@ -446,7 +441,6 @@ async fn handle(
     noted.backend = picked.and_then(|b| m.rule.backends.iter().position(|x| std::ptr::eq(x, b)));
     let Some(backend) = picked else {
         counters.failed.fetch_add(1, Ordering::Relaxed);
-        noted.host = host;
         return Ok(page(
             StatusCode::INTERNAL_SERVER_ERROR,
             format!("Rule {} of {} {} has no backend with a weight.", m.rule.index, m.rule.kind.as_str(), m.rule.route),
@@ -454,7 +448,6 @@ async fn handle(
     };
     if let Some(problem) = &backend.problem {
         counters.failed.fetch_add(1, Ordering::Relaxed);
-        noted.host = host;
         return Ok(page(
             StatusCode::INTERNAL_SERVER_ERROR,
             format!("{} {}: {problem}", m.rule.kind.as_str(), m.rule.route),
@@ -462,7 +455,6 @@ async fn handle(
     }
     if backend.endpoints.is_empty() {
         counters.failed.fetch_add(1, Ordering::Relaxed);
-        noted.host = host;
         return Ok(page(
             StatusCode::SERVICE_UNAVAILABLE,
             format!("Service {} port {} has no ready endpoint.", backend.service, backend.port),
@@ -482,7 +474,6 @@ async fn handle(
     let uri = if grpc { format!("http://{authority}{target}").parse() } else { target.parse() };
     let Ok(uri) = uri else {
         counters.failed.fetch_add(1, Ordering::Relaxed);
-        noted.host = host;
         return Ok(page(StatusCode::BAD_REQUEST, "the request cannot be forwarded".into()));
     };
     let headers = &mut parts.headers;
@@ -526,7 +517,6 @@ async fn handle(
             }
             Err(e) => {
                 counters.failed.fetch_add(1, Ordering::Relaxed);
-                noted.host = host;
                 let (code, text) = if e.is::<http_body_util::LengthLimitError>() {
                     (
                         StatusCode::PAYLOAD_TOO_LARGE,
@@ -557,7 +547,6 @@ async fn handle(
     let start = next.fetch_add(1, Ordering::Relaxed);
     let endpoint = backend.endpoints[start % backend.endpoints.len()];
     noted.endpoint = Some(endpoint);
-    noted.host = host;
     let send = forward(upstream_req, endpoint, tos, grpc, &pools);
     let result = match timeout {
         Some(t) => match tokio::time::timeout(t, send).await {
