@@ -251,14 +251,14 @@ impl Store {
         std::fs::create_dir_all(dir)
             .map_err(|e| ApiError::storage(format!("cannot create data dir {}: {e}", dir.display())))?;
         let open = |segment: usize| {
-            sled::Config::new()
+            let config = sled::Config::new()
                 .path(dir.join("db"))
                 // Small: reads are cheap from the OS page cache, and sled grows well beyond this anyway.
                 .cache_capacity(4 << 20)
                 .segment_size(segment)
                 // Our flusher thread is the only one that flushes (see the module docs).
-                .flush_every_ms(None)
-                .open()
+                .flush_every_ms(None);
+            open_sled(config)
         };
         // 8 MiB segments keep objects up to a few MiB (and their events) inside segments, which
         // sled's cleaner reclaims; at its default 512 KiB they go to blob files that 0.34 never
@@ -546,6 +546,24 @@ fn dir_bytes(p: &Path) -> u64 {
         .sum()
 }
 
+/// Opens a sled database, waiting a little while another handle of it is still closing: sled
+/// 0.34 releases its file lock only when its background writer drops its last reference, which
+/// can be just after the handle itself was dropped (a store closed and opened again at once).
+fn open_sled(config: sled::Config) -> sled::Result<sled::Db> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        match config.open() {
+            // sled reports it as an `Other` error with the lock's own error in its text.
+            Err(sled::Error::Io(e))
+                if e.to_string().contains("could not acquire lock") && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            other => return other,
+        }
+    }
+}
+
 /// Copies the database (of `from_segments`) into a fresh one of [`BIG_SEGMENTS`] (sled's export
 /// and import: the live keys only), then swaps them: the migration of an old database, and
 /// the compaction of a churned one.
@@ -556,16 +574,10 @@ fn migrate(dir: &Path, from_segments: usize) -> Result<(), ApiError> {
     };
     tracing::info!(dir = %dir.display(), "copying the database's live keys into a fresh one");
     {
-        let old = sled::Config::new()
-            .path(&db_path)
-            .segment_size(from_segments)
-            .open()
-            .map_err(|e| fail("open the old one", &e))?;
-        let new = sled::Config::new()
-            .path(&new_path)
-            .segment_size(BIG_SEGMENTS)
-            .open()
-            .map_err(|e| fail("make the new one", &e))?;
+        let old = sled::Config::new().path(&db_path).segment_size(from_segments);
+        let old = open_sled(old).map_err(|e| fail("open the old one", &e))?;
+        let new = sled::Config::new().path(&new_path).segment_size(BIG_SEGMENTS);
+        let new = open_sled(new).map_err(|e| fail("make the new one", &e))?;
         new.import(old.export());
         new.flush().map_err(|e| fail("flush the new one", &e))?;
     }
