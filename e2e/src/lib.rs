@@ -4,10 +4,12 @@
 //! directory, kubeconfig and kubectl cache directory, and stops it (by PID) when dropped.
 //! Binaries are found next to the test executable (`target/<profile>/`), or in
 //! `PODPATH_BIN_DIR`. [`Lab`] is a lab made by the real `podpath up`; [`vagrant`] runs the
-//! Vagrantfile's machines and provisioners in namespaces.
+//! Vagrantfile's machines and provisioners in namespaces; [`webdriver`] drives headless Chromium
+//! for `podpath ui`'s tests.
 
 pub mod book;
 pub mod vagrant;
+pub mod webdriver;
 
 use std::io::Write;
 use std::net::{SocketAddr, TcpListener};

@@ -5,7 +5,8 @@
 //! - [`state`]: the lab's record and kubeconfig; [`up`](mod@up): `up` and `down`;
 //! - [`hosts`]: commands and HTTP in the lab's hosts, lb-sim's status;
 //! - [`inspect`]: the nodes' proxy rules, watched and explained ([`rules`], [`explain`](mod@explain));
-//! - [`trace`]: `podpath trace`.
+//! - [`trace`]: `podpath trace`;
+//! - [`ui`]: `podpath ui`, the lab in a browser.
 //!
 //! What it is not: a VM manager (the VM lab is the Vagrantfile's) or a cluster installer; the
 //! components it starts are the workspace's own binaries.
@@ -23,6 +24,7 @@ pub mod policy;
 pub mod rules;
 pub mod state;
 pub mod trace;
+pub mod ui;
 pub mod up;
 pub mod watch;
 

@@ -251,6 +251,17 @@ enum Cmd {
         #[command(subcommand)]
         what: ImageCmd,
     },
+    /// A live picture of the lab in a browser: hosts, nodes, pods and Services as the API and
+    /// the lab have them, a request's path animated rule by rule, a Service's rules, the
+    /// NetworkPolicy matrix, and faults at a click beside `watch`'s timeline. Prints a link with
+    /// a one-time code (the page otherwise asks for the lab's token); Ctrl-C ends it.
+    Ui {
+        #[command(flatten)]
+        which: Which,
+        /// Where to listen (loopback by default; port 0: a free one).
+        #[arg(long, default_value = "127.0.0.1:8765")]
+        listen: std::net::SocketAddr,
+    },
     /// Stop every process of the lab and remove its namespaces and state.
     Down {
         #[command(flatten)]
@@ -688,6 +699,21 @@ fn run() -> Result<()> {
             println!("{}", lab::kubeconfig_path(&which.dir()).display());
         }
         Cmd::Fault { which, what } => fault(&which, what)?,
+        Cmd::Ui { which, listen } => {
+            lab::preflight()?;
+            which.state()?;
+            if !listen.ip().is_loopback() {
+                eprintln!(
+                    "podpath: warning: listening on {listen}, not loopback: anyone who can reach it may try the lab's token"
+                );
+            }
+            lab::ui::serve(&which.dir(), listen, |addr, link| {
+                println!("podpath ui for lab {:?} on http://{addr}/ — open (the code works once):", which.name);
+                println!("  {link}");
+                use std::io::Write as _;
+                let _ = std::io::stdout().flush();
+            })?;
+        }
         Cmd::Node { which, action, node } => {
             lab::preflight()?;
             which.state()?;

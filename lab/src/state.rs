@@ -184,6 +184,12 @@ impl ApiAccess {
         Ok(ApiAccess { addr, tls, auth })
     }
 
+    /// The TLS settings and `Authorization` header value, for a caller with its own connection
+    /// (`podpath ui`'s watches).
+    pub(crate) fn parts(&self) -> (Option<&http::Tls>, Option<&str>) {
+        (self.tls.as_ref(), self.auth.as_deref())
+    }
+
     /// One GET (JSON accepted): status and body.
     pub fn get(&self, path: &str) -> Result<(u16, String)> {
         self.request("GET", path, "")

@@ -122,6 +122,23 @@ fn map_changes(
     }
 }
 
+/// lb-sim's status (`/status`) as `VIP (NS/SERVICE)` → the nodes in rotation (pure).
+pub fn rotation(status: &Value) -> BTreeMap<String, BTreeSet<String>> {
+    let mut out = BTreeMap::new();
+    for f in status["frontends"].as_array().into_iter().flatten() {
+        let key = format!("{} ({})", f["vip"].as_str().unwrap_or("?"), f["service"].as_str().unwrap_or("?"));
+        let nodes = f["backends"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|b| b["inRotation"].as_bool() == Some(true))
+            .filter_map(|b| b["node"].as_str().map(String::from))
+            .collect();
+        out.insert(key, nodes);
+    }
+    out
+}
+
 /// Reads the lab now. What cannot be read (an agent that does not answer, lb-sim down) shows as
 /// such rather than failing the whole read.
 pub fn snapshot(st: &LabState, dir: &std::path::Path) -> Result<Snapshot> {
@@ -197,17 +214,7 @@ pub fn snapshot(st: &LabState, dir: &std::path::Path) -> Result<Snapshot> {
     let plan = Plan::with_family(&st.name, st.nodes, st.ip_family);
     if let Some(gw) = plan.netns_of("gateway") {
         if let Ok(status) = crate::hosts::lb_status_in(gw) {
-            for f in status["frontends"].as_array().into_iter().flatten() {
-                let key = format!("{} ({})", f["vip"].as_str().unwrap_or("?"), f["service"].as_str().unwrap_or("?"));
-                let nodes = f["backends"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .filter(|b| b["in_rotation"].as_bool() == Some(true))
-                    .filter_map(|b| b["node"].as_str().map(String::from))
-                    .collect();
-                s.rotation.insert(key, nodes);
-            }
+            s.rotation = rotation(&status);
         }
     }
     for n in &plan.nodes {
@@ -240,6 +247,14 @@ mod tests {
 
     fn set(xs: &[&str]) -> BTreeSet<String> {
         xs.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn the_rotation_is_read_from_lb_sims_status() {
+        let status = serde_json::json!({"frontends": [{"vip": "198.51.100.1", "service": "default/web", "backends": [
+            {"node": "node-1", "health": "healthy", "inRotation": true},
+            {"node": "node-2", "health": "unhealthy", "inRotation": false}]}]});
+        assert_eq!(rotation(&status), BTreeMap::from([("198.51.100.1 (default/web)".to_string(), set(&["node-1"]))]));
     }
 
     #[test]
