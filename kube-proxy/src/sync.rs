@@ -26,12 +26,13 @@ pub const FULL_SYNC_PERIOD: Duration = Duration::from_secs(3600);
 /// that took `t` waits 10 `t`, so a huge table costs at most a tenth of a core).
 pub const VERIFY_PERIOD: Duration = Duration::from_secs(3);
 
-/// What differs between the kernel's nat and filter tables and what the proxy wrote: its
-/// chains (gone, or another number of rules) and the jumps into them from the built-in chains.
-/// Catches what the canary does not: `iptables -t nat -F` empties every chain, the canary too,
-/// without deleting any.
+/// What differs between the kernel's tables and what the proxy wrote: its chains (gone, or
+/// another number of rules) and the jumps into them from the built-in chains. Catches what the
+/// canary does not: `iptables -t nat -F` empties every chain, the canary too, without deleting
+/// any. Every table written is read (mangle holds only the canary, but a table left unread
+/// would read as gone, and be rewritten at every check).
 pub fn drift<K: Kernel + ?Sized>(k: &K, cfg: &RenderConfig, applied: &Applied) -> Result<Vec<String>> {
-    let saved = vec![k.save("nat", None)?, k.save("filter", None)?];
+    let saved = TABLES.iter().map(|t| k.save(t, None)).collect::<podpath_ruleset::Result<Vec<_>>>()?;
     let mut out = applied.drift(&saved);
     for t in &saved {
         for cmd in missing_jumps(&jumps(cfg), &t.name, t) {

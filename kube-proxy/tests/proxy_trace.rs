@@ -252,6 +252,21 @@ async fn the_sync_loop_waits_for_lists_then_syncs_partially_and_repairs_a_flushe
     assert!(fake.0.lock().unwrap().rules("nat", "PREROUTING")[0].contains("-j KUBE-SERVICES"));
 }
 
+/// Rules as the proxy wrote them are no drift: an idle node rewrites nothing (every table
+/// written is compared, mangle's canary included — once read as "gone" at every check).
+#[test]
+fn what_a_full_sync_wrote_reads_back_as_no_drift_and_a_flush_as_drift() {
+    let fake = Fake::default();
+    let mut applied = podpath_ruleset::plan::Applied::default();
+    let state = vec![ServiceState { port: port("web"), endpoints: eps(&[("10.244.2.5", "node-2")]) }];
+    sync::sync_once(&fake, &cfg(), &state, &BTreeSet::new(), true, &mut applied).unwrap();
+    assert!(fake.chains("mangle").contains(sync::CANARY));
+    assert_eq!(sync::drift(&fake, &cfg(), &applied).unwrap(), Vec::<String>::new());
+    *fake.0.lock().unwrap() = FakeIptables::default();
+    let found = sync::drift(&fake, &cfg(), &applied).unwrap();
+    assert!(found.iter().any(|d| d.contains("is gone")), "{found:?}");
+}
+
 /// The fake, restoring in batches of at most `lines` lines (as the nft backend does).
 struct Batched {
     inner: Fake,
