@@ -15,9 +15,13 @@
 //!    same run.
 //! 6. `podpath trace` on a 3-node lab: wall time of one trace (median and max of 10), and the
 //!    requests/s of other traffic through the same Service with and without traces running.
+//! 7. `podpath ui` on a 10-node lab with 300 pods, in headless Chromium: page load to the first
+//!    whole picture on screen (the page's own `performance` mark, median of 5 loads), a change
+//!    in the API (a Service's 201) to that Service on screen (p50/p99 of 50), and the UI
+//!    server's memory.
 //!
 //! Run: `cargo build --release --workspace --bins && sudo cargo bench -p podpath-e2e --bench lab`
-//! Arguments: `-- up|memory|latency|throughput|l7|trace` to run only some parts; env
+//! Arguments: `-- up|memory|latency|throughput|l7|gateway|ipv6|trace|ui` to run only some parts; env
 //! `PODPATH_BENCH_SECONDS` (default 3) per throughput measurement.
 //! With `PODPATH_FIGURES=book/perf/figures.tsv` its figures are appended to the book's
 //! performance data (`testkit::figures`).
@@ -523,6 +527,106 @@ fn bench_trace() {
     );
 }
 
+fn bench_ui() {
+    use podpath_e2e::webdriver::Browser;
+    use std::io::BufRead as _;
+    const PODS: usize = 300;
+    let (lab, _) = up(10, &[]);
+    create_pods(&lab, PODS, 10);
+    let total_pods = || -> usize {
+        let (_, body) = request(&api(&lab), "GET", "/api/v1/pods", "").unwrap();
+        serde_json::from_str::<serde_json::Value>(&body).unwrap()["items"].as_array().map_or(0, |a| a.len())
+    };
+    let expected = total_pods();
+    let mut ui = std::process::Command::new(podpath_e2e::bin("podpath"))
+        .args(["ui", "--name", &lab.name, "--state-dir", lab.state.to_str().unwrap(), "--listen", "127.0.0.1:0"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("podpath ui");
+    let mut lines = std::io::BufReader::new(ui.stdout.take().unwrap()).lines();
+    lines.next();
+    let link = lines.next().unwrap().unwrap().trim().to_string();
+    let base = link.split("/?code=").next().unwrap().to_string();
+    let b = Browser::start(1600, 1200).expect("headless Chromium");
+    // Load 1 signs in (the code's redirect); loads 2–5 reuse the session.
+    let mut loads = vec![];
+    for i in 0..5 {
+        b.goto(if i == 0 { &link } else { &base }).unwrap();
+        let t = podpath_e2e::wait_for(Duration::from_secs(30), "the first picture", || {
+            let v = b
+                .script(
+                    "const m = performance.getEntriesByName('first-picture')[0]; \
+                     return m ? [m.startTime, window.podpathFirstPicture.pods, window.podpathFirstPicture.nodes, \
+                     document.querySelectorAll('#map [data-pod]').length] : null",
+                    serde_json::json!([]),
+                )
+                .map_err(|e| e.to_string())?;
+            if v.is_null() {
+                return Err("no picture yet".into());
+            }
+            Ok(v)
+        });
+        assert_eq!(
+            (t[1].as_u64(), t[2].as_u64(), t[3].as_u64()),
+            (Some(expected as u64), Some(10), Some(expected as u64)),
+            "{t}"
+        );
+        loads.push(t[0].as_f64().unwrap());
+    }
+    let mut sorted = loads.clone();
+    sorted.sort_by(f64::total_cmp);
+    println!(
+        "podpath ui, 10 nodes + {expected} pods: page load → first whole picture median {:.0} ms (loads: {})",
+        sorted[2],
+        loads.iter().map(|l| format!("{l:.0}")).collect::<Vec<_>>().join(", ")
+    );
+    BENCH.record(
+        &format!("podpath ui: page load → whole picture, 10 nodes + {expected} pods, median of 5"),
+        sorted[2].round(),
+        "ms",
+        "≤ 1000",
+    );
+    // A change in the API → on screen.
+    let a = api(&lab);
+    let epoch_ms =
+        || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64() * 1000.0;
+    let mut lags = vec![];
+    for i in 0..50 {
+        let name = format!("ui-{i}");
+        let body = serde_json::json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": name},
+            "spec": {"selector": {"app": "app1"}, "ports": [{"port": 80, "targetPort": 8080}]}})
+        .to_string();
+        let (code, out) = request(&a, "POST", "/api/v1/namespaces/default/services", &body).unwrap();
+        let created = epoch_ms();
+        assert_eq!(code, 201, "{out}");
+        let seen = podpath_e2e::wait_for(Duration::from_secs(10), "the Service on screen", || {
+            b.script("return window.podpathSeen[arguments[0]] || null", serde_json::json!([format!("default/{name}")]))
+                .map_err(|e| e.to_string())?
+                .as_f64()
+                .ok_or_else(|| "not yet".to_string())
+        });
+        lags.push((seen - created).max(0.0));
+    }
+    lags.sort_by(f64::total_cmp);
+    let (p50, p99) = (percentile(&lags, 0.5), percentile(&lags, 0.99));
+    println!(
+        "podpath ui: Service created (201) → on screen p50 {p50:.0} ms, p99 {p99:.0} ms (50 Services, one at a time)"
+    );
+    BENCH.record("podpath ui: Service 201 → on screen, p99 of 50", p99.round(), "ms", "≤ 500");
+    let pid = ui.id() as i32;
+    let (rss, pss) = (kib(pid, "status", "VmRSS:"), kib(pid, "smaps_rollup", "Pss:"));
+    println!("podpath ui server: RSS {:.1} MiB, PSS {:.1} MiB", rss as f64 / 1024.0, pss as f64 / 1024.0);
+    BENCH.record(
+        "podpath ui server memory (PSS), 10 nodes + 300 pods",
+        (pss as f64 / 1024.0 * 10.0).round() / 10.0,
+        "MiB",
+        "",
+    );
+    drop(b);
+    let _ = ui.kill();
+    let _ = ui.wait();
+}
+
 fn main() {
     if !testkit::netns::root_or_explain() {
         return;
@@ -555,5 +659,8 @@ fn main() {
     }
     if run("trace") {
         bench_trace();
+    }
+    if run("ui") {
+        bench_ui();
     }
 }

@@ -236,11 +236,17 @@ fn the_ui_shows_the_lab_traces_a_service_and_stops_a_node() {
     b.script("document.querySelector('form').submit()", json!([])).unwrap();
     b.wait(r#"[data-node="node-1"][data-ready="True"]"#, LIMIT).unwrap();
 
-    // The lab taken down under it: the page says so instead of showing a stale lab.
+    // The API server gone: the page says so (and keeps the last picture); then the lab taken
+    // down under it: the page says that instead of showing a stale lab.
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(lab.pid("apiserver-lite")), nix::sys::signal::Signal::SIGKILL)
+        .unwrap();
+    b.wait_text("#conn", LIMIT, |t| t.contains("API unreachable, retrying")).unwrap();
+    assert!(!b.all(r#"[data-pod="default/web-1"]"#).unwrap().is_empty(), "the last picture stays");
+    shot(&b, "10-api-lost");
     let (ok, out) = lab.run("down", &[]);
     assert!(ok, "{out}");
     b.wait_text("#conn", LIMIT, |t| t.contains("the lab is down")).unwrap();
-    shot(&b, "10-lab-down");
+    shot(&b, "11-lab-down");
     drop(b);
     drop(ui);
     drop(lab);

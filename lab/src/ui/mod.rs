@@ -211,6 +211,10 @@ fn read_lab(app: &App, mut st: LabState, view_tx: watch::Sender<(LabState, pictu
 /// Refuses requests whose `Host` is not the address listened on (a page of another site
 /// reaching it through DNS rebinding names its own host).
 fn host_ok(app: &App, headers: &HeaderMap) -> bool {
+    // Listening beyond loopback was asked for (and warned about): any name of the machine goes.
+    if !app.listen.ip().is_loopback() {
+        return true;
+    }
     let Some(host) = headers.get(header::HOST).and_then(|h| h.to_str().ok()) else { return false };
     let port = app.listen.port();
     host == app.listen.to_string() || host == format!("localhost:{port}") || host == format!("127.0.0.1:{port}")

@@ -6,6 +6,9 @@
 const SVG = "http://www.w3.org/2000/svg";
 const $ = (id) => document.getElementById(id);
 let picture = null;
+// When each Service was first on screen (ms since the epoch, sub-ms): what the benchmark reads
+// to time a change in the API to the page.
+window.podpathSeen = {};
 let selected = null; // {kind: "host"|"pod", id}
 const traces = []; // past traces: {n, ask, result, at}
 const rulesSeen = new Map(); // service → Set of rule texts seen last time
@@ -71,7 +74,14 @@ function connect() {
     conn.dataset.state = "lost";
     conn.textContent = "connection to podpath ui lost — reconnecting…";
     if (es.readyState === EventSource.CLOSED) {
-      setTimeout(connect, 2000);
+      // Refused rather than dropped: a server started again has forgotten this page's session.
+      fetch("/api/picture").then((r) => {
+        if (r.status === 401) {
+          conn.textContent = "signed out (was podpath ui started again?): open the link it printed, or reload to give the lab's token";
+        } else {
+          setTimeout(connect, 2000);
+        }
+      }, () => setTimeout(connect, 2000));
     }
   });
   es.addEventListener("picture", (ev) => {
@@ -114,6 +124,11 @@ function draw() {
   fillSelects(p);
   drawDetails();
   refreshRulesIfShown();
+  // The first whole picture on screen, for the page-load benchmark.
+  if (!performance.getEntriesByName("first-picture").length) {
+    performance.mark("first-picture");
+    window.podpathFirstPicture = { pods: p.pods.length, nodes: p.hosts.filter((h) => h.role === "node").length };
+  }
 }
 
 const NODE_W = 250, POD_H = 22, GAP = 20, SVC_W = 230;
@@ -269,6 +284,8 @@ function describe(p) {
 
 function drawServices(p) {
   const body = $("services").tBodies[0];
+  const now = performance.timeOrigin + performance.now();
+  for (const s of p.services) if (!(s.id in window.podpathSeen)) window.podpathSeen[s.id] = now;
   body.replaceChildren(...p.services.map((s) => {
     const ready = s.endpoints.filter((e) => e.ready);
     const target = curlTarget(s);
