@@ -612,6 +612,144 @@ fn act(st: &LabState, dir: &Path, ask: ActionAsk) -> Result<String> {
 mod tests {
     use super::*;
 
+    /// A UI server on a lab whose API is unreachable (port 1): what is answered without one.
+    fn server() -> (tempfile::TempDir, SocketAddr, String) {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("token"), "sesame\n").unwrap();
+        let st = json!({"name": "t", "nodes": 2, "proxy_mode": "iptables", "api": "127.0.0.1:1",
+            "token_file": dir.path().join("token"), "namespaces": [], "procs": []});
+        std::fs::write(dir.path().join("lab.json"), st.to_string()).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let path = dir.path().to_path_buf();
+        // The server runs until the test process ends.
+        std::thread::spawn(move || {
+            let r = serve(&path, "127.0.0.1:0".parse().unwrap(), |addr, link| {
+                tx.send((addr, link.to_string())).unwrap();
+            });
+            panic!("the UI server ended: {r:?}");
+        });
+        let (addr, link) = rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        (dir, addr, link)
+    }
+
+    /// One HTTP/1.1 exchange on its own connection: status, headers (lower-case names), body.
+    fn ask(
+        addr: SocketAddr,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &str,
+    ) -> (u16, Vec<(String, String)>, String) {
+        use std::io::{Read as _, Write as _};
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut req = format!("{method} {path} HTTP/1.1\r\nConnection: close\r\nContent-Length: {}\r\n", body.len());
+        if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
+            req += &format!("Host: {addr}\r\n");
+        }
+        for (k, v) in headers {
+            req += &format!("{k}: {v}\r\n");
+        }
+        req += "\r\n";
+        req += body;
+        s.write_all(req.as_bytes()).unwrap();
+        let mut out = String::new();
+        // An event stream never ends: what came within the timeout is enough.
+        let mut buf = [0u8; 65536];
+        loop {
+            match s.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => out.push_str(&String::from_utf8_lossy(&buf[..n])),
+            }
+            if out.contains("event: picture") {
+                break;
+            }
+        }
+        let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
+        let mut lines = head.lines();
+        let status = lines.next().unwrap().split(' ').nth(1).unwrap().parse().unwrap();
+        let headers =
+            lines.filter_map(|l| l.split_once(": ")).map(|(k, v)| (k.to_ascii_lowercase(), v.to_string())).collect();
+        (status, headers, body.to_string())
+    }
+
+    fn header<'a>(h: &'a [(String, String)], name: &str) -> &'a str {
+        h.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str()).unwrap_or_default()
+    }
+
+    #[test]
+    fn sign_in_by_code_once_or_by_token_and_the_api_refuses_strangers() {
+        let (_dir, addr, link) = server();
+        let code = link.split("code=").nth(1).unwrap().to_string();
+        let (status, _, page) = ask(addr, "GET", "/", &[], "");
+        assert_eq!(status, 401);
+        assert!(page.contains("give the lab's token"), "{page}");
+        let (status, _, page) = ask(addr, "GET", "/?code=0123", &[], "");
+        assert_eq!(status, 401);
+        assert!(page.contains("wrong or was used already"), "{page}");
+        let (status, h, _) = ask(addr, "GET", &format!("/?code={code}"), &[], "");
+        assert_eq!((status, header(&h, "location")), (303, "/"));
+        let cookie = header(&h, "set-cookie").split(';').next().unwrap().to_string();
+        assert!(header(&h, "set-cookie").contains("HttpOnly; SameSite=Strict"), "{h:?}");
+        let (status, _, _) = ask(addr, "GET", &format!("/?code={code}"), &[], "");
+        assert_eq!(status, 401, "a code works once");
+        let (status, _, page) = ask(addr, "GET", "/", &[("Cookie", &cookie)], "");
+        assert_eq!(status, 200);
+        assert!(page.contains("<svg id=\"map\""), "{page}");
+
+        // The API: a session needed; the picture says the lab's API is unreachable.
+        let (status, _, body) = ask(addr, "GET", "/api/picture", &[], "");
+        assert_eq!(status, 401);
+        assert!(body.contains("not signed in"), "{body}");
+        let started = Instant::now();
+        let picture = loop {
+            let (status, _, body) = ask(addr, "GET", "/api/picture", &[("Cookie", &cookie)], "");
+            assert_eq!(status, 200);
+            let p: Value = serde_json::from_str(&body).unwrap();
+            if p["api_error"].is_string() || started.elapsed() > Duration::from_secs(10) {
+                break p;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        assert_eq!(picture["lab"]["name"], "t");
+        assert!(picture["api_error"].as_str().unwrap_or_default().contains("127.0.0.1:1"), "{picture}");
+        let (status, h, body) = ask(addr, "GET", "/api/events", &[("Cookie", &cookie)], "");
+        assert_eq!((status, header(&h, "content-type")), (200, "text/event-stream"));
+        assert!(body.contains("event: picture\ndata: {\"lab\":{\"name\":\"t\""), "{body}");
+
+        // Bad requests are said in words.
+        let json_body = [("Cookie", cookie.as_str()), ("Content-Type", "application/json")];
+        let (status, _, body) = ask(addr, "POST", "/api/action", &json_body, r#"{"action": "explode"}"#);
+        assert_eq!(status, 400);
+        assert!(body.contains("no action \\\"explode\\\": node-stop"), "{body}");
+        let (status, _, body) =
+            ask(addr, "POST", "/api/action", &json_body, r#"{"action": "node-stop", "node": "node-9"}"#);
+        assert_eq!(status, 400);
+        assert!(body.contains("no node \\\"node-9\\\" in this lab (node-1 … node-2)"), "{body}");
+        let (status, _, body) = ask(addr, "POST", "/api/trace", &[("Cookie", &cookie)], "");
+        assert_eq!(status, 400);
+        assert!(body.contains("send JSON"), "{body}");
+        let (status, _, body) =
+            ask(addr, "POST", "/api/trace", &json_body, r#"{"target": "http://10.96.0.1/", "timeout": 99}"#);
+        assert_eq!(status, 400);
+        assert!(body.contains("give 0 < seconds <= 60"), "{body}");
+
+        // Another site's page reaching the loopback server by a name of its own is refused.
+        let (status, _, _) = ask(addr, "GET", "/", &[("Host", &format!("evil.example:{}", addr.port()))], "");
+        assert_eq!(status, 421);
+
+        // The lab's token opens a session too; anything else is refused.
+        let form = [("Content-Type", "application/x-www-form-urlencoded")];
+        let (status, _, page) = ask(addr, "POST", "/login", &form, "token=nope");
+        assert_eq!(status, 401);
+        assert!(page.contains("That is not the lab's token."), "{page}");
+        let (status, h, _) = ask(addr, "POST", "/login", &form, "token=sesame");
+        assert_eq!(status, 303);
+        let second = header(&h, "set-cookie").split(';').next().unwrap().to_string();
+        assert_ne!(second, cookie);
+        assert_eq!(ask(addr, "GET", "/api/picture", &[("Cookie", &second)], "").0, 200);
+    }
+
     #[test]
     fn secrets_differ_and_compare_in_full() {
         let (a, b) = (secret().unwrap(), secret().unwrap());
