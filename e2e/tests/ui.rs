@@ -202,6 +202,22 @@ fn the_ui_shows_the_lab_traces_a_service_and_stops_a_node() {
     shot(&b, "7-policy-trace");
     lab.kubectl(&["delete", "networkpolicy", "web-deny"]);
 
+    // The form: a name traced from a pod shows the lookup first, then the hops.
+    b.click(&b.wait("#tab-map", LIMIT).unwrap()).unwrap();
+    b.script(
+        "const f = document.getElementById('trace-from'); f.value = 'pod/default/web-1'; \
+         document.getElementById('trace-target').value = 'http://web.default/'",
+        json!([]),
+    )
+    .unwrap();
+    b.click(&b.wait("#trace-run", LIMIT).unwrap()).unwrap();
+    b.wait(r#"#trace-result[data-state="done"]"#, LIMIT).unwrap();
+    let lookup = b.text(&b.wait("#trace-result .hop.lookup", LIMIT).unwrap()).unwrap();
+    assert!(lookup.contains("DNS lookup of web.default") && lookup.contains("NOERROR"), "{lookup}");
+    let answered = b.text(&b.wait("#trace-result .outcome", LIMIT).unwrap()).unwrap();
+    assert!(answered.contains("answered HTTP 200"), "{answered}");
+    shot(&b, "7b-trace-by-name");
+
     // node-2 stopped from the map: NotReady on the map, web-2 leaves the endpoints in the timeline.
     let web2_ip = lab.kubectl(&["get", "pod", "web-2", "-o", "jsonpath={.status.podIP}"]);
     b.click(&b.wait("#tab-map", LIMIT).unwrap()).unwrap();

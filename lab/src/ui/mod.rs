@@ -49,6 +49,7 @@ struct App {
     dir: PathBuf,
     listen: SocketAddr,
     lab_token: Option<String>,
+    token_path: Option<PathBuf>,
     /// One-time codes not used yet.
     codes: Mutex<HashSet<String>>,
     sessions: Mutex<HashSet<String>>,
@@ -102,6 +103,7 @@ pub fn serve(dir: &Path, listen: SocketAddr, ready: impl FnOnce(SocketAddr, &str
             dir: dir.to_path_buf(),
             listen: bound,
             lab_token,
+            token_path: st.token_file.clone(),
             codes: Mutex::new([code.clone()].into()),
             sessions: Mutex::new(HashSet::new()),
             cookie: format!("podpath_ui_{}", bound.port()),
@@ -233,16 +235,19 @@ fn new_session(app: &App) -> Result<(String, String)> {
     Ok((s.clone(), format!("{}={s}; HttpOnly; SameSite=Strict; Path=/", app.cookie)))
 }
 
-fn login_page(status: StatusCode, message: &str) -> Response {
+fn login_page(app: &App, status: StatusCode, message: &str) -> Response {
+    let esc = |t: &str| t.replace('&', "&amp;").replace('<', "&lt;");
+    let where_ = app.token_path.as_ref().map(|p| format!("sudo cat {}", p.display())).unwrap_or_default();
     let body = format!(
         "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>podpath ui: sign in</title>\
          <link rel=\"stylesheet\" href=\"/app.css\"></head><body class=\"login\"><main>\
          <h1>podpath ui</h1><p id=\"login-message\" role=\"alert\">{}</p>\
          <form method=\"post\" action=\"/login\"><label for=\"token\">The lab's token \
-         (<code>sudo cat /var/lib/podpath/NAME/token</code>)</label>\
+         (<code>{}</code>)</label>\
          <input id=\"token\" name=\"token\" type=\"password\" autocomplete=\"off\" required>\
          <button type=\"submit\">Open</button></form></main></body></html>",
-        message.replace('&', "&amp;").replace('<', "&lt;")
+        esc(message),
+        esc(&where_)
     );
     (status, Html(body)).into_response()
 }
@@ -265,6 +270,7 @@ async fn index(State(app): State<Arc<App>>, headers: HeaderMap, Query(q): Query<
         let used = app.codes.lock().expect("not poisoned").remove(&code);
         if !used {
             return login_page(
+                &app,
                 StatusCode::UNAUTHORIZED,
                 "This link's code is wrong or was used already (each works once). Give the lab's token, \
                  or start `podpath ui` again for a new link.",
@@ -276,7 +282,11 @@ async fn index(State(app): State<Arc<App>>, headers: HeaderMap, Query(q): Query<
         };
     }
     if !session_of(&app, &headers) {
-        return login_page(StatusCode::UNAUTHORIZED, "Open the link `podpath ui` printed, or give the lab's token.");
+        return login_page(
+            &app,
+            StatusCode::UNAUTHORIZED,
+            "Open the link `podpath ui` printed, or give the lab's token.",
+        );
     }
     ([(header::CACHE_CONTROL, "no-store")], Html(INDEX)).into_response()
 }
@@ -295,8 +305,10 @@ async fn login(State(app): State<Arc<App>>, headers: HeaderMap, axum::Form(f): a
             Ok((_, cookie)) => ([(header::SET_COOKIE, cookie)], Redirect::to("/")).into_response(),
             Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
         },
-        Some(_) => login_page(StatusCode::UNAUTHORIZED, "That is not the lab's token."),
-        None => login_page(StatusCode::UNAUTHORIZED, "This lab has no token: open the link `podpath ui` printed."),
+        Some(_) => login_page(&app, StatusCode::UNAUTHORIZED, "That is not the lab's token."),
+        None => {
+            login_page(&app, StatusCode::UNAUTHORIZED, "This lab has no token: open the link `podpath ui` printed.")
+        }
     }
 }
 

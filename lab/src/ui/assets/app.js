@@ -118,6 +118,8 @@ function draw() {
     conn.dataset.state = "live";
     conn.textContent = "live";
   }
+  // What the page shows of a lab whose API or state is gone is its last known picture.
+  $("map").classList.toggle("stale", Boolean(p.lab_down || p.api_error));
   drawMap(p);
   drawServices(p);
   drawOthers(p);
