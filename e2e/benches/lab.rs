@@ -586,6 +586,17 @@ fn bench_ui() {
         "ms",
         "≤ 1000",
     );
+    // Of that, the page's own share: one whole redraw (map, tables, lists) of this picture.
+    let mut draws: Vec<f64> = (0..10)
+        .map(|_| {
+            b.script("const t = performance.now(); draw(); return performance.now() - t", serde_json::json!([]))
+                .unwrap()
+                .as_f64()
+                .unwrap()
+        })
+        .collect();
+    draws.sort_by(f64::total_cmp);
+    println!("podpath ui: one whole redraw in the page, median of 10: {:.1} ms", draws[5]);
     // A change in the API → on screen.
     let a = api(&lab);
     let epoch_ms =

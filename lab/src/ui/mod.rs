@@ -148,12 +148,14 @@ fn start_feeds(app: &Arc<App>, st: LabState, picture_tx: watch::Sender<Arc<Strin
     tokio::spawn(async move {
         loop {
             // Several changes close together make one picture.
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            tokio::time::sleep(Duration::from_millis(5)).await;
             let (st, mut view) = view_rx.borrow_and_update().clone();
             changed_rx.borrow_and_update();
             view.api_error = view.api_error.or_else(|| shared.api_error());
-            let objects = shared.objects.lock().expect("not poisoned").clone();
-            let json = serde_json::to_string(&picture::build(&st, &objects, &view)).expect("a picture serialises");
+            let json = {
+                let objects = shared.objects.lock().expect("not poisoned");
+                serde_json::to_string(&picture::build(&st, &objects, &view)).expect("a picture serialises")
+            };
             picture_tx.send_if_modified(|p| {
                 if **p != json {
                     *p = Arc::new(json);
@@ -176,6 +178,7 @@ fn start_feeds(app: &Arc<App>, st: LabState, picture_tx: watch::Sender<Arc<Strin
 fn read_lab(app: &App, mut st: LabState, view_tx: watch::Sender<(LabState, picture::LabView)>) {
     let started = Instant::now();
     let mut last = crate::watch::Snapshot::default();
+    let mut reads = 0u64;
     loop {
         let mut view = picture::LabView::default();
         match load_state(&app.dir) {
@@ -203,8 +206,22 @@ fn read_lab(app: &App, mut st: LabState, view_tx: watch::Sender<(LabState, pictu
                 Err(e) => view.api_error = Some(e.to_string()),
             }
         }
-        if view_tx.send((st.clone(), view)).is_err() {
+        if view_tx.is_closed() {
             return;
+        }
+        // Only a read that differs rebuilds the picture.
+        view_tx.send_if_modified(|last| {
+            if last.0 == st && last.1 == view {
+                false
+            } else {
+                *last = (st.clone(), view);
+                true
+            }
+        });
+        // Lists of a whole lab every read leave freed pages behind; give them back now and then.
+        reads += 1;
+        if reads % 8 == 0 {
+            podpath_client::memory::trim();
         }
         std::thread::sleep(LAB_READ);
     }

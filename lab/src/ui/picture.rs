@@ -17,7 +17,7 @@ use crate::watch::Snapshot;
 pub type Objects = BTreeMap<String, BTreeMap<String, Value>>;
 
 /// What the UI's server knows besides the objects.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct LabView {
     /// The last read of the lab (`podpath watch`'s), when there was one.
     pub snapshot: Option<Snapshot>,

@@ -42,6 +42,16 @@ impl Shared {
     }
 }
 
+/// What the picture never reads, dropped as objects arrive (a Pod's `managedFields` are often
+/// most of it).
+fn slim(mut o: Value) -> Value {
+    if let Some(m) = o["metadata"].as_object_mut() {
+        m.remove("managedFields");
+        m.remove("annotations");
+    }
+    o
+}
+
 fn key(o: &Value) -> String {
     let m = &o["metadata"];
     match m["namespace"].as_str() {
@@ -110,7 +120,7 @@ async fn once(
     let rv = doc["metadata"]["resourceVersion"].as_str().unwrap_or("0").to_string();
     {
         let items: BTreeMap<String, Value> =
-            doc["items"].as_array().into_iter().flatten().map(|o| (key(o), o.clone())).collect();
+            doc["items"].as_array().into_iter().flatten().map(|o| (key(o), slim(o.clone()))).collect();
         shared.objects.lock().expect("not poisoned").insert(resource.to_string(), items);
         shared.errors.lock().expect("not poisoned").remove(resource);
         changed.send_modify(|v| *v += 1);
@@ -144,7 +154,7 @@ async fn once(
             let items = objects.entry(resource.to_string()).or_default();
             match ev["type"].as_str() {
                 Some("ADDED" | "MODIFIED") => {
-                    items.insert(key(object), object.clone());
+                    items.insert(key(object), slim(object.clone()));
                 }
                 Some("DELETED") => {
                     items.remove(&key(object));
