@@ -220,7 +220,7 @@ fn read_lab(app: &App, mut st: LabState, view_tx: watch::Sender<(LabState, pictu
         });
         // Lists of a whole lab every read leave freed pages behind; give them back now and then.
         reads += 1;
-        if reads % 8 == 0 {
+        if reads.is_multiple_of(8) {
             podpath_client::memory::trim();
         }
         std::thread::sleep(LAB_READ);
