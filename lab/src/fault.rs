@@ -53,6 +53,23 @@ pub enum Request {
     },
 }
 
+impl Request {
+    /// A proxy stall for `seconds` from now, or until cleared.
+    pub fn stall_for(seconds: Option<u32>) -> Request {
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs_f64();
+        Request::StallProxy { until: seconds.map(|s| now + f64::from(s)) }
+    }
+}
+
+/// `fault link up NODE`: undoes `link down`; refused when the uplink was not taken down.
+pub fn link_up(dir: &Path, node: &str) -> Result<()> {
+    let cleared = clear(dir, |f| f.node == node && f.kind == "link-down")?;
+    if cleared.is_empty() {
+        return Err(LabError::Usage(format!("{node}'s uplink was not taken down by `podpath fault link down`")));
+    }
+    Ok(())
+}
+
 /// The nftables table that carries packet loss.
 const LOSS_TABLE: &str = "podpath-faults";
 

@@ -387,8 +387,7 @@ fn fault(which: &Which, what: FaultCmd) -> Result<()> {
         FaultCmd::Link { node, .. } => {
             lab::preflight()?;
             which.state()?;
-            let cleared = fault::clear(&which.dir(), |f| f.node == node && f.kind == "link-down")?;
-            anyhow::ensure!(!cleared.is_empty(), "{node}'s uplink was not taken down by `podpath fault link down`");
+            fault::link_up(&which.dir(), &node)?;
             println!("{node}: eth0 (the uplink) up");
         }
         FaultCmd::Blackhole { node, cidr } => {
@@ -397,13 +396,7 @@ fn fault(which: &Which, what: FaultCmd) -> Result<()> {
         }
         FaultCmd::Loss { node, percent } => made(&node, Request::Loss(percent))?,
         FaultCmd::Delay { node, ms } => made(&node, Request::Delay(ms))?,
-        FaultCmd::Stall { node, seconds, .. } => {
-            let until = seconds.map(|s| {
-                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs_f64()
-                    + f64::from(s)
-            });
-            made(&node, Request::StallProxy { until })?
-        }
+        FaultCmd::Stall { node, seconds, .. } => made(&node, Request::stall_for(seconds))?,
         FaultCmd::FlushRules { node } => {
             lab::preflight()?;
             let took = fault::flush_rules(&which.state()?, &node)?;
@@ -565,16 +558,7 @@ fn run() -> Result<()> {
             let req =
                 lab::trace::run::Request { from, target, path, host_header, timeout: Duration::from_secs_f64(timeout) };
             let st = which.state()?;
-            // A monitor that hears nothing of its host for 15 s (seen a few times in CI runs, a
-            // cause not found yet) fails the trace after it put the hosts back; the trace is
-            // then tried once more, from the start.
-            let t = match lab::trace::run::trace(&st, &req) {
-                Err(lab::LabError::NotReady(m)) if m.contains("trace monitor saw nothing") => {
-                    eprintln!("podpath: {m}; tracing once more");
-                    lab::trace::run::trace(&st, &req)?
-                }
-                other => other?,
-            };
+            let t = lab::trace::run::trace_once_more_if_unheard(&st, &req)?;
             match output.as_str() {
                 "json" => print!("{}", lab::trace::render::json(&t)),
                 "svg" => print!("{}", lab::trace::render::svg(&t)),

@@ -860,6 +860,18 @@ pub(crate) fn lock_path(name: &str) -> std::path::PathBuf {
     std::env::temp_dir().join(format!("podpath-trace-{name}.lock"))
 }
 
+/// [`trace`], tried once more from the start when its monitor heard nothing of its host for 15 s
+/// (seen a few times in CI runs, a cause not found yet; the failed try put the hosts back).
+pub fn trace_once_more_if_unheard(st: &LabState, req: &Request) -> Result<Trace> {
+    match trace(st, req) {
+        Err(LabError::NotReady(m)) if m.contains("trace monitor saw nothing") => {
+            eprintln!("podpath: {m}; tracing once more");
+            trace(st, req)
+        }
+        other => other,
+    }
+}
+
 /// Traces one request through the lab; a request by name, the lookup first.
 pub fn trace(st: &LabState, req: &Request) -> Result<Trace> {
     let plan = Plan::with_family(&st.name, st.nodes, st.ip_family);

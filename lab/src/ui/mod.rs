@@ -447,13 +447,7 @@ async fn trace(State(app): State<Arc<App>>, headers: HeaderMap, body: Option<Jso
             host_header,
             timeout: Duration::from_secs_f64(timeout),
         };
-        // As the CLI does: a monitor that heard nothing is tried once more.
-        match crate::trace::run::trace(&st, &req) {
-            Err(LabError::NotReady(m)) if m.contains("trace monitor saw nothing") => {
-                crate::trace::run::trace(&st, &req)
-            }
-            other => other,
-        }
+        crate::trace::run::trace_once_more_if_unheard(&st, &req)
     })
     .await;
     match result {
@@ -596,22 +590,13 @@ fn act(st: &LabState, dir: &Path, ask: ActionAsk) -> Result<String> {
         "link-down" => made(Request::LinkDown),
         "link-up" => {
             let n = node()?;
-            let cleared = fault::clear(dir, |f| f.node == n && f.kind == "link-down")?;
-            if cleared.is_empty() {
-                return Err(LabError::Usage(format!("{n}'s uplink is not down")));
-            }
+            fault::link_up(dir, &n)?;
             Ok(format!("{n}: eth0 (the uplink) up"))
         }
         "loss" => made(Request::Loss(ask.percent.filter(|p| (1..=100).contains(p)).ok_or_else(|| {
             LabError::Usage("loss: give percent, 1 to 100".into())
         })?)),
-        "stall-proxy" => {
-            let until = ask.seconds.map(|s| {
-                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs_f64()
-                    + f64::from(s)
-            });
-            made(Request::StallProxy { until })
-        }
+        "stall-proxy" => made(Request::stall_for(ask.seconds)),
         "flush-rules" => {
             let n = node()?;
             let took = fault::flush_rules(st, &n)?;
