@@ -38,6 +38,8 @@ pub struct Picture {
     pub services: Vec<Service>,
     pub ingresses: Vec<Named>,
     pub gateways: Vec<Named>,
+    /// HTTPRoutes: their parents, hostnames and each rule's backends with weights.
+    pub routes: Vec<Named>,
     pub policies: Vec<Named>,
     pub faults: Vec<String>,
     /// `None` while the API is watched; else what is wrong (shown, and retried).
@@ -394,6 +396,44 @@ pub fn build(st: &LabState, objects: &Objects, view: &LabView) -> Picture {
             }
         })
         .collect();
+    let routes = of("httproutes")
+        .values()
+        .map(|r| {
+            let parents: Vec<String> =
+                r["spec"]["parentRefs"].as_array().into_iter().flatten().map(|p| s(&p["name"])).collect();
+            let hosts = strings(&r["spec"]["hostnames"]);
+            let rules: Vec<String> = r["spec"]["rules"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|rule| {
+                    let backends: Vec<String> = rule["backendRefs"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .map(|b| match b["weight"].as_u64() {
+                            Some(w) => format!("{}:{} ×{w}", s(&b["name"]), b["port"]),
+                            None => format!("{}:{}", s(&b["name"]), b["port"]),
+                        })
+                        .collect();
+                    if backends.is_empty() {
+                        "(filters only)".to_string()
+                    } else {
+                        backends.join(" + ")
+                    }
+                })
+                .collect();
+            Named {
+                id: id_of(r),
+                detail: format!(
+                    "on {} · {} · {}",
+                    parents.join(", "),
+                    if hosts.is_empty() { "any host".to_string() } else { hosts.join(", ") },
+                    rules.join("; ")
+                ),
+            }
+        })
+        .collect();
     let policies = of("networkpolicies")
         .values()
         .map(|p| {
@@ -425,6 +465,7 @@ pub fn build(st: &LabState, objects: &Objects, view: &LabView) -> Picture {
         services,
         ingresses,
         gateways,
+        routes,
         policies,
         faults: snap.faults.iter().cloned().collect(),
         api_error: view.api_error.clone(),
@@ -513,5 +554,25 @@ mod tests {
             }]
         );
         assert_eq!(p.networks[1].members, ["gateway", "control-plane", "node-1", "node-2"]);
+    }
+
+    #[test]
+    fn a_route_shows_its_gateway_hosts_and_weighted_backends() {
+        let objs = objects(&[(
+            "httproutes",
+            json!({"metadata": {"name": "shop", "namespace": "default"},
+                   "spec": {"parentRefs": [{"name": "edge"}], "hostnames": ["shop.example"],
+                            "rules": [{"backendRefs": [{"name": "v1", "port": 80, "weight": 90},
+                                                       {"name": "v2", "port": 80, "weight": 10}]},
+                                      {"filters": [{"type": "RequestRedirect"}]}]}}),
+        )]);
+        let p = build(&lab(), &objs, &LabView::default());
+        assert_eq!(
+            p.routes,
+            [Named {
+                id: "default/shop".into(),
+                detail: "on edge · shop.example · v1:80 ×90 + v2:80 ×10; (filters only)".into()
+            }]
+        );
     }
 }

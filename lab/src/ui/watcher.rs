@@ -24,6 +24,7 @@ pub const RESOURCES: &[(&str, &str)] = &[
     ("ingresses", "/apis/networking.k8s.io/v1/ingresses"),
     ("networkpolicies", "/apis/networking.k8s.io/v1/networkpolicies"),
     ("gateways", "/apis/gateway.networking.k8s.io/v1/gateways"),
+    ("httproutes", "/apis/gateway.networking.k8s.io/v1/httproutes"),
 ];
 
 /// The watched objects and the watches' health, shared with the server.

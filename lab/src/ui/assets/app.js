@@ -319,7 +319,7 @@ function curlTarget(s) {
 function drawOthers(p) {
   const box = $("others");
   const section = (title, items) => items.length ? [el("h2", {}, title), el("ul", {}, items.map((i) => el("li", {}, el("strong", {}, i.id), " — " + i.detail)))] : [];
-  box.replaceChildren(...section("Ingresses", p.ingresses), ...section("Gateways", p.gateways));
+  box.replaceChildren(...section("Ingresses", p.ingresses), ...section("Gateways", p.gateways), ...section("HTTPRoutes", p.routes));
   $("policies").replaceChildren(...section("NetworkPolicies", p.policies));
 }
 
