@@ -764,6 +764,55 @@ mod tests {
         assert_eq!(ask(addr, "GET", "/api/picture", &[("Cookie", &second)], "").0, 200);
     }
 
+    /// WCAG 2 contrast of two `#rrggbb` colours.
+    fn contrast(a: &str, b: &str) -> f64 {
+        let lum = |h: &str| {
+            let c = |i: usize| {
+                let v = f64::from(u8::from_str_radix(&h[1 + 2 * i..3 + 2 * i], 16).unwrap()) / 255.0;
+                if v <= 0.03928 {
+                    v / 12.92
+                } else {
+                    ((v + 0.055) / 1.055).powf(2.4)
+                }
+            };
+            0.2126 * c(0) + 0.7152 * c(1) + 0.0722 * c(2)
+        };
+        let (x, y) = (lum(a), lum(b));
+        (x.max(y) + 0.05) / (x.min(y) + 0.05)
+    }
+
+    /// The style sheet's promise: every text colour on every background it is drawn on keeps
+    /// a contrast of at least 4.5:1 (WCAG AA for normal text).
+    #[test]
+    fn text_colours_keep_aa_contrast_on_their_backgrounds() {
+        let root = APP_CSS.split(":root {").nth(1).unwrap().split('}').next().unwrap();
+        let var = |name: &str| -> String {
+            let at = root.find(&format!("--{name}:")).unwrap_or_else(|| panic!("no --{name}"));
+            root[at..].split(':').nth(1).unwrap().split(';').next().unwrap().trim().to_string()
+        };
+        let literal = |sel: &str, prop: &str| -> String {
+            let rule = APP_CSS.split(&format!("{sel} {{")).nth(1).unwrap_or_else(|| panic!("no rule {sel}"));
+            let rule = rule.split('}').next().unwrap();
+            let v = rule.split(&format!("{prop}:")).nth(1).unwrap().split(';').next().unwrap().trim().to_string();
+            v
+        };
+        let texts = ["fg", "muted", "ok", "bad", "warn", "accent", "trace"].map(var);
+        let backgrounds = [
+            var("bg"),
+            var("panel"),
+            literal("svg .pod rect", "fill"),
+            literal("svg .pod[data-ready=\"false\"] rect", "fill"),
+            literal("svg .svc rect", "fill"),
+        ];
+        for t in &texts {
+            for b in &backgrounds {
+                assert!(contrast(t, b) >= 4.5, "{t} on {b}: {:.2}", contrast(t, b));
+            }
+        }
+        // A changed rule: its own background.
+        assert!(contrast(&var("fg"), &literal(".rule.changed", "background")) >= 4.5);
+    }
+
     #[test]
     fn secrets_differ_and_compare_in_full() {
         let (a, b) = (secret().unwrap(), secret().unwrap());
