@@ -230,6 +230,23 @@ fn the_ui_shows_the_lab_traces_a_service_and_stops_a_node() {
     assert!(timeline.contains("node node-2: Ready True (KubeletReady) → Unknown"), "{timeline}");
     b.wait(r#"[data-pod="default/web-2"][data-ready="false"]"#, LIMIT).unwrap();
     shot(&b, "8-node-stopped");
+    // The Rules view follows the Service: back on it, node-1's rules without web-2 are marked
+    // as changed (the SVC chain's one rule left lost its probability).
+    b.click(&b.wait("#tab-rules", LIMIT).unwrap()).unwrap();
+    let changed = b.wait_text(r#"#rules .rule.changed"#, LIMIT, |t| !t.is_empty()).unwrap();
+    assert!(changed.contains("KUBE-SEP-"), "{changed}");
+    shot(&b, "8b-rules-changed");
+    b.click(&b.wait("#tab-map", LIMIT).unwrap()).unwrap();
+
+    // A fault from the map: node-1's uplink down shows on its box and in the timeline; up again.
+    b.click(&b.wait(r#"[data-node="node-1"]"#, LIMIT).unwrap()).unwrap();
+    b.click(&b.wait(r#"#details button[data-action="link-down"]"#, LIMIT).unwrap()).unwrap();
+    b.wait_text(r#"[data-node="node-1"] .fault"#, LIMIT, |t| t.contains("link-down: eth0 (the uplink) down")).unwrap();
+    b.wait_text("#timeline", LIMIT, |t| t.contains("fault made: node-1 link-down")).unwrap();
+    shot(&b, "8c-link-down");
+    b.click(&b.wait(r#"#details button[data-action="link-up"]"#, LIMIT).unwrap()).unwrap();
+    b.wait_text("#action-result", LIMIT, |t| t.contains("node-1: eth0 (the uplink) up")).unwrap();
+    b.wait_text("#timeline", LIMIT, |t| t.contains("fault cleared: node-1 link-down")).unwrap();
 
     // Access: the used code and a wrong token are refused in words; the lab's token opens it.
     b.goto(&ui.link).unwrap();

@@ -143,14 +143,32 @@ pub fn rotation(status: &Value) -> BTreeMap<String, BTreeSet<String>> {
 /// such rather than failing the whole read.
 pub fn snapshot(st: &LabState, dir: &std::path::Path) -> Result<Snapshot> {
     let api = ApiAccess::of(st)?;
-    let get = |path: &str| -> Value {
+    let get = |path: &str| -> Vec<Value> {
         match api.get(path) {
-            Ok((200, body)) => serde_json::from_str(&body).unwrap_or_default(),
-            _ => Value::Null,
+            Ok((200, body)) => serde_json::from_str::<Value>(&body)
+                .ok()
+                .and_then(|v| v["items"].as_array().cloned())
+                .unwrap_or_default(),
+            _ => vec![],
         }
     };
+    let (nodes, pods, slices) =
+        (get("/api/v1/nodes"), get("/api/v1/pods"), get("/apis/discovery.k8s.io/v1/endpointslices"));
     let mut s = Snapshot::default();
-    for n in get("/api/v1/nodes")["items"].as_array().into_iter().flatten() {
+    of_objects(&mut s, &nodes, &pods, &slices);
+    of_lab(&mut s, st, dir)?;
+    Ok(s)
+}
+
+/// The API's part of a snapshot (nodes' readiness, pods, Services' ready endpoints) from the
+/// objects themselves (pure): `snapshot` lists them, `podpath ui` has them from its watches.
+pub fn of_objects<'a>(
+    s: &mut Snapshot,
+    nodes: impl IntoIterator<Item = &'a Value>,
+    pods: impl IntoIterator<Item = &'a Value>,
+    slices: impl IntoIterator<Item = &'a Value>,
+) {
+    for n in nodes {
         let name = n["metadata"]["name"].as_str().unwrap_or_default().to_string();
         let ready = n["status"]["conditions"]
             .as_array()
@@ -168,7 +186,7 @@ pub fn snapshot(st: &LabState, dir: &std::path::Path) -> Result<Snapshot> {
             .unwrap_or_else(|| "?".into());
         s.nodes.insert(name, ready);
     }
-    for p in get("/api/v1/pods")["items"].as_array().into_iter().flatten() {
+    for p in pods {
         let id = format!(
             "{}/{}",
             p["metadata"]["namespace"].as_str().unwrap_or(""),
@@ -199,7 +217,7 @@ pub fn snapshot(st: &LabState, dir: &std::path::Path) -> Result<Snapshot> {
         }
         s.pods.insert(id, text);
     }
-    for sl in get("/apis/discovery.k8s.io/v1/endpointslices")["items"].as_array().into_iter().flatten() {
+    for sl in slices {
         let Some(svc) = sl["metadata"]["labels"]["kubernetes.io/service-name"].as_str() else { continue };
         let key = format!("{}/{svc}", sl["metadata"]["namespace"].as_str().unwrap_or(""));
         let entry = s.endpoints.entry(key).or_default();
@@ -211,6 +229,11 @@ pub fn snapshot(st: &LabState, dir: &std::path::Path) -> Result<Snapshot> {
             }
         }
     }
+}
+
+/// What only the lab knows, read from its hosts: the load balancer's rotation, the agents'
+/// health and repairs, the faults in force.
+pub fn of_lab(s: &mut Snapshot, st: &LabState, dir: &std::path::Path) -> Result<()> {
     let plan = Plan::with_family(&st.name, st.nodes, st.ip_family);
     if let Some(gw) = plan.netns_of("gateway") {
         if let Ok(status) = crate::hosts::lb_status_in(gw) {
@@ -238,7 +261,7 @@ pub fn snapshot(st: &LabState, dir: &std::path::Path) -> Result<Snapshot> {
     for f in crate::fault::list(dir)? {
         s.faults.insert(format!("{} {}: {}", f.node, f.kind, f.detail));
     }
-    Ok(s)
+    Ok(())
 }
 
 #[cfg(test)]

@@ -140,10 +140,10 @@ fn start_feeds(app: &Arc<App>, st: LabState, picture_tx: watch::Sender<Arc<Strin
     }
     // The lab reader: a thread, as the lab's reads are blocking ones (namespaces, processes).
     let (view_tx, mut view_rx) = watch::channel((st.clone(), picture::LabView::default()));
-    let reader_app = app.clone();
+    let (reader_app, reader_shared) = (app.clone(), shared.clone());
     std::thread::Builder::new()
         .name("ui-lab-reader".into())
-        .spawn(move || read_lab(&reader_app, st, view_tx))
+        .spawn(move || read_lab(&reader_app, &reader_shared, st, view_tx))
         .map_err(crate::io("start the UI's lab reader"))?;
     tokio::spawn(async move {
         loop {
@@ -174,8 +174,14 @@ fn start_feeds(app: &Arc<App>, st: LabState, picture_tx: watch::Sender<Arc<Strin
 }
 
 /// Reads the lab every [`LAB_READ`]: its state file (gone: the lab was taken down), processes,
-/// and `podpath watch`'s snapshot, whose differences are the timeline.
-fn read_lab(app: &App, mut st: LabState, view_tx: watch::Sender<(LabState, picture::LabView)>) {
+/// and `podpath watch`'s snapshot — its API part from the watched objects, the rest from the
+/// lab's hosts — whose differences are the timeline.
+fn read_lab(
+    app: &App,
+    shared: &watcher::Shared,
+    mut st: LabState,
+    view_tx: watch::Sender<(LabState, picture::LabView)>,
+) {
     let started = Instant::now();
     let mut last = crate::watch::Snapshot::default();
     let mut reads = 0u64;
@@ -187,7 +193,13 @@ fn read_lab(app: &App, mut st: LabState, view_tx: watch::Sender<(LabState, pictu
         }
         if !view.lab_down {
             view.processes = crate::up::status(&st).into_iter().map(|(c, _, alive)| (c, alive)).collect();
-            match crate::watch::snapshot(&st, &app.dir) {
+            let mut snap = crate::watch::Snapshot::default();
+            {
+                let objects = shared.objects.lock().expect("not poisoned");
+                let all = |r: &str| objects.get(r).into_iter().flat_map(|m| m.values());
+                crate::watch::of_objects(&mut snap, all("nodes"), all("pods"), all("endpointslices"));
+            }
+            match crate::watch::of_lab(&mut snap, &st, &app.dir).map(|()| snap) {
                 Ok(snap) => {
                     let at = started.elapsed().as_secs_f64();
                     for line in crate::watch::diff(&last, &snap) {
@@ -218,7 +230,7 @@ fn read_lab(app: &App, mut st: LabState, view_tx: watch::Sender<(LabState, pictu
                 true
             }
         });
-        // Lists of a whole lab every read leave freed pages behind; give them back now and then.
+        // Reads of the lab's hosts leave freed pages behind; give them back now and then.
         reads += 1;
         if reads.is_multiple_of(8) {
             podpath_client::memory::trim();

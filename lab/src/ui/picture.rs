@@ -154,7 +154,8 @@ pub fn build(st: &LabState, objects: &Objects, view: &LabView) -> Picture {
     let snap = view.snapshot.clone().unwrap_or_default();
     let running = |c: &str| view.processes.get(c).copied().unwrap_or(false);
     let faults_of = |host: &str| -> Vec<String> {
-        snap.faults.iter().filter(|f| f.starts_with(&format!("{host}: "))).cloned().collect()
+        // `watch` words them `NODE KIND: DETAIL`.
+        snap.faults.iter().filter(|f| f.starts_with(&format!("{host} "))).cloned().collect()
     };
 
     let mut hosts = vec![
@@ -525,7 +526,7 @@ mod tests {
         ]);
         let mut snap = Snapshot::default();
         snap.rotation.insert("203.0.113.100 (default/web)".into(), ["node-1".to_string()].into());
-        snap.faults.insert("node-2: eth0 (the uplink) down".into());
+        snap.faults.insert("node-2 link-down: eth0 (the uplink) down".into());
         let view = LabView { snapshot: Some(snap), ..Default::default() };
         let p = build(&lab(), &objs, &view);
         let names: Vec<&str> = p.hosts.iter().map(|h| h.name.as_str()).collect();
@@ -537,7 +538,8 @@ mod tests {
             (p.hosts[4].ready.as_deref(), p.hosts[4].addresses.clone()),
             (Some("Unknown"), vec!["192.168.56.12".to_string()])
         );
-        assert_eq!(p.hosts[4].faults, ["node-2: eth0 (the uplink) down"]);
+        assert_eq!(p.hosts[4].faults, ["node-2 link-down: eth0 (the uplink) down"]);
+        assert!(p.hosts[3].faults.is_empty());
         let svc = &p.services[0];
         assert_eq!(svc.ports, ["80/TCP → 8080, nodePort 30080"]);
         assert_eq!(

@@ -214,7 +214,8 @@ function drawMap(p) {
     }
     for (const f of h.faults) {
       line += 16;
-      g.append(text(b.x + 10, line, "⚠ " + f.replace(h.name + ": ", ""), "fault"));
+      const ft = f.slice(h.name.length + 1);
+      g.append(text(b.x + 10, line, "⚠ " + (ft.length > 36 ? ft.slice(0, 35) + "…" : ft), "fault"));
     }
     map.append(g);
     if (h.role === "node") {
@@ -364,7 +365,7 @@ function drawDetails() {
       const n = h.name;
       parts.push(
         h.running ? act("Stop node", { action: "node-stop", node: n }) : act("Start node", { action: "node-start", node: n }),
-        h.faults.some((f) => f.includes("uplink")) ? act("Link up", { action: "link-up", node: n }) : act("Link down", { action: "link-down", node: n }),
+        h.faults.some((f) => f.startsWith(n + " link-down:")) ? act("Link up", { action: "link-up", node: n }) : act("Link down", { action: "link-down", node: n }),
         act("Loss 30 %", { action: "loss", node: n, percent: 30 }),
         act("Stall proxy 30 s", { action: "stall-proxy", node: n, seconds: 30 }),
         act("Flush rules", { action: "flush-rules", node: n }),
