@@ -5,9 +5,21 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 fn stop_with(stop_signal: Option<&str>) -> String {
+    stop_with_inherited(stop_signal, false)
+}
+
+/// With `ignored`: the monitor starts with SIGINT, SIGQUIT and SIGHUP ignored, as a background
+/// job of a script (or nohup) passes them on.
+fn stop_with_inherited(stop_signal: Option<&str>, ignored: bool) -> String {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("0.log");
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_podpath-workload"));
+    let mut cmd = if ignored {
+        let mut c = Command::new("sh");
+        c.args(["-c", "trap '' INT QUIT HUP; exec \"$0\" \"$@\"", env!("CARGO_BIN_EXE_podpath-workload")]);
+        c
+    } else {
+        Command::new(env!("CARGO_BIN_EXE_podpath-workload"))
+    };
     cmd.arg("monitor").arg("--log").arg(&log);
     if let Some(s) = stop_signal {
         cmd.args(["--stop-signal", s]);
@@ -64,6 +76,15 @@ fn a_stop_signal_reaches_the_container_in_place_of_sigterm() {
     assert!(log.contains("got-quit"), "{log}");
     let log = stop_with(None);
     assert!(log.contains("got-term") && !log.contains("got-quit"), "{log}");
+}
+
+/// A container gets every signal at its default action, as runc gives it, whatever its monitor
+/// inherited: once, a CI run started in the background left SIGQUIT ignored down to the
+/// container, whose shell could then not trap it (and nginx would not stop on it).
+#[test]
+fn signals_the_monitor_inherited_as_ignored_reach_the_container_at_their_default() {
+    let log = stop_with_inherited(Some("SIGQUIT"), true);
+    assert!(log.contains("got-quit"), "{log}");
 }
 
 #[test]

@@ -164,6 +164,20 @@ pub async fn run(opts: ConsoleOptions) -> Result<i32, String> {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
     }
+    // A container starts with every signal at its default action, as runc gives it one. What
+    // this monitor inherited as ignored (a background job's SIGINT and SIGQUIT, nohup's SIGHUP:
+    // `podpath up &` in a script passes them to every agent and pod) would stay ignored across
+    // exec, and nginx's stop signal, SIGQUIT, would do nothing; caught here instead, they are
+    // reset to the default in the container (exec resets caught signals, not ignored ones).
+    // The monitor itself goes on ignoring them: nothing reads these streams.
+    let _caught: Vec<tokio::signal::unix::Signal> = [
+        tokio::signal::unix::SignalKind::interrupt(),
+        tokio::signal::unix::SignalKind::quit(),
+        tokio::signal::unix::SignalKind::hangup(),
+    ]
+    .into_iter()
+    .filter_map(|k| tokio::signal::unix::signal(k).ok())
+    .collect();
     let mut child = cmd.spawn().map_err(|e| format!("cannot start {program}: {e}"))?;
     drop(cmd);
     let child_pid = child.id().map(|p| p as i32);
