@@ -122,6 +122,16 @@ fn map_changes(
     }
 }
 
+/// A pod's Ready condition is True.
+pub fn pod_ready(p: &Value) -> bool {
+    p["status"]["conditions"].as_array().into_iter().flatten().any(|c| c["type"] == "Ready" && c["status"] == "True")
+}
+
+/// A pod's restarts, its containers' together.
+pub fn pod_restarts(p: &Value) -> u64 {
+    p["status"]["containerStatuses"].as_array().into_iter().flatten().filter_map(|c| c["restartCount"].as_u64()).sum()
+}
+
 /// lb-sim's status (`/status`) as `VIP (NS/SERVICE)` → the nodes in rotation (pure).
 pub fn rotation(status: &Value) -> BTreeMap<String, BTreeSet<String>> {
     let mut out = BTreeMap::new();
@@ -193,17 +203,7 @@ pub fn of_objects<'a>(
             p["metadata"]["name"].as_str().unwrap_or("")
         );
         let phase = p["status"]["phase"].as_str().unwrap_or("Pending");
-        let ready = p["status"]["conditions"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .any(|c| c["type"] == "Ready" && c["status"] == "True");
-        let restarts: u64 = p["status"]["containerStatuses"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|c| c["restartCount"].as_u64())
-            .sum();
+        let (ready, restarts) = (pod_ready(p), pod_restarts(p));
         let deleting = p["metadata"]["deletionTimestamp"].is_string();
         let mut text = format!("{phase}{}", if ready { ", ready" } else { ", not ready" });
         if restarts > 0 {

@@ -463,7 +463,13 @@ async fn trace(State(app): State<Arc<App>>, headers: HeaderMap, body: Option<Jso
     })
     .await;
     match result {
-        Ok(t) => ([(header::CONTENT_TYPE, "application/json")], crate::trace::render::json(&t)).into_response(),
+        // `podpath trace --output json`'s document, and its `--output svg` picture beside it
+        // for the page's export.
+        Ok(t) => {
+            let mut doc = serde_json::to_value(&t).expect("a trace serialises");
+            doc["svg"] = json!(crate::trace::render::svg(&t));
+            Json(doc).into_response()
+        }
         Err(r) => r.into_response(),
     }
 }

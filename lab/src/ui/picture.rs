@@ -158,40 +158,22 @@ pub fn build(st: &LabState, objects: &Objects, view: &LabView) -> Picture {
         snap.faults.iter().filter(|f| f.starts_with(&format!("{host} "))).cloned().collect()
     };
 
+    // The hosts that are not nodes: their role is their name.
+    let fixed = |name: &str, addresses: &[std::net::Ipv4Addr], running: bool| Host {
+        name: name.into(),
+        role: name.into(),
+        addresses: addresses.iter().map(|a| a.to_string()).collect(),
+        ready: None,
+        reason: None,
+        pod_cidr: None,
+        running,
+        healthz: None,
+        faults: vec![],
+    };
     let mut hosts = vec![
-        Host {
-            name: "client".into(),
-            role: "client".into(),
-            addresses: vec![plan::CLIENT.to_string()],
-            ready: None,
-            reason: None,
-            pod_cidr: None,
-            running: true,
-            healthz: None,
-            faults: vec![],
-        },
-        Host {
-            name: "gateway".into(),
-            role: "gateway".into(),
-            addresses: vec![plan::GATEWAY_EXTERNAL.to_string(), plan::GATEWAY_UNDERLAY.to_string()],
-            ready: None,
-            reason: None,
-            pod_cidr: None,
-            running: running("lb-sim"),
-            healthz: None,
-            faults: vec![],
-        },
-        Host {
-            name: "control-plane".into(),
-            role: "control-plane".into(),
-            addresses: vec![plan::CONTROL_PLANE.to_string()],
-            ready: None,
-            reason: None,
-            pod_cidr: None,
-            running: running("apiserver-lite"),
-            healthz: None,
-            faults: vec![],
-        },
+        fixed("client", &[plan::CLIENT], true),
+        fixed("gateway", &[plan::GATEWAY_EXTERNAL, plan::GATEWAY_UNDERLAY], running("lb-sim")),
+        fixed("control-plane", &[plan::CONTROL_PLANE], running("apiserver-lite")),
     ];
     // Nodes the plan has, and any the API has beyond it (`podpath node add` before a re-read).
     let mut node_names: Vec<String> = plan.nodes.iter().map(|n| n.name.clone()).collect();
@@ -245,11 +227,6 @@ pub fn build(st: &LabState, objects: &Objects, view: &LabView) -> Picture {
     let mut pods = vec![];
     for p in of("pods").values() {
         let id = id_of(p);
-        let ready = p["status"]["conditions"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .any(|c| c["type"] == "Ready" && c["status"] == "True");
         let node = p["spec"]["nodeName"].as_str().map(String::from);
         let ip = p["status"]["podIP"].as_str().map(String::from);
         if let Some(ip) = &ip {
@@ -260,13 +237,8 @@ pub fn build(st: &LabState, objects: &Objects, view: &LabView) -> Picture {
             node,
             ip,
             phase: p["status"]["phase"].as_str().unwrap_or("Pending").to_string(),
-            ready,
-            restarts: p["status"]["containerStatuses"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(|c| c["restartCount"].as_u64())
-                .sum(),
+            ready: crate::watch::pod_ready(p),
+            restarts: crate::watch::pod_restarts(p),
             terminating: p["metadata"]["deletionTimestamp"].is_string(),
         });
     }

@@ -622,18 +622,8 @@ function exportMap() {
 }
 
 function exportTrace(entry) {
-  // A column per hop, its steps under it.
-  const r = entry.result, W = 320, lineH = 15;
-  const cols = r.hops.map((h) => [h.host, ...h.steps.flatMap((s) => [s.text, ...(s.rule ? ["  " + s.rule] : [])])]);
-  const height = 60 + Math.max(...cols.map((c) => c.length)) * lineH;
-  const doc = svg("svg", { xmlns: SVG, viewBox: `0 0 ${cols.length * (W + 20) + 20} ${height}`, width: cols.length * (W + 20) + 20, height });
-  doc.append(svg("style", {}, "text{font:12px sans-serif} .h{font-weight:700} rect{fill:#fff;stroke:#444}"));
-  cols.forEach((c, i) => {
-    const x = 20 + i * (W + 20);
-    doc.append(svg("rect", { x, y: 10, width: W, height: height - 20, rx: 6 }));
-    c.forEach((line, j) => doc.append(text(x + 8, 30 + j * lineH, line.length > 52 ? line.slice(0, 51) + "…" : line, j === 0 ? "h" : "")));
-  });
-  download(`podpath-trace-${entry.n}.svg`, new XMLSerializer().serializeToString(doc));
+  // The server's picture of it, as `podpath trace --output svg` draws it.
+  download(`podpath-trace-${entry.n}.svg`, entry.result.svg);
 }
 
 // ---- tabs and wiring -------------------------------------------------------------------------
