@@ -16,6 +16,7 @@ LAB_PROXY_MODE=${LAB_PROXY_MODE:-iptables}
 LAB_LB_MODE=${LAB_LB_MODE:-passthrough}
 LAB_MASQUERADE=${LAB_MASQUERADE:-true}
 LAB_UPLOAD_DIR=${LAB_UPLOAD_DIR:-/tmp/podpath-bin}
+LAB_CREDENTIALS_DIR=${LAB_CREDENTIALS_DIR:-/tmp/podpath-credentials}
 BIN=/usr/local/bin
 CNI_BIN=/opt/cni/bin
 ETC=/etc/podpath
@@ -25,6 +26,13 @@ API_PORT=6443
 GRPC_PORT=6444
 # The API server's Service range (its default); the nodes' proxy drops unallocated ClusterIPs in it.
 SERVICE_CIDR=10.96.0.0/12
+# kubeadm's cluster DNS address (the tenth of the Service range), and the pod network.
+CLUSTER_DNS=10.96.0.10
+CLUSTER_CIDR=10.244.0.0/16
+# The lab CA (its key only on the control plane, in the API server's cert directory) and token.
+PKI=$ETC/pki
+API_PKI=/var/lib/podpath/apiserver/pki
+TOKEN=$ETC/token
 
 say() { echo "podpath[$ROLE]: $*"; }
 die() { echo "podpath[$ROLE]: error: $*" >&2; exit 1; }
@@ -56,6 +64,21 @@ install_bin() {
     CHANGED_BINARIES+=("$1")
     say "installed $dst"
   fi
+}
+
+# install_credential NAME DEST MODE: puts an uploaded credential in place (and removes the upload,
+# which sat in /tmp readable by others); a change restarts this machine's service.
+CHANGED_CREDENTIALS=false
+install_credential() {
+  local src="$LAB_CREDENTIALS_DIR/$1" dst=$2 mode=$3
+  [ -f "$src" ] || [ -f "$dst" ] || die "$src was not uploaded (the Vagrantfile uploads .vagrant/podpath/$1)"
+  [ -f "$src" ] || return 0
+  if ! cmp -s "$src" "$dst"; then
+    install -D -m "$mode" "$src" "$dst"
+    CHANGED_CREDENTIALS=true
+    say "installed $dst"
+  fi
+  rm -f "$src"
 }
 
 # Every lab host by name, in a marked block of /etc/hosts that is replaced, never appended to.
@@ -131,7 +154,7 @@ unit() {
 # one of the binaries installed in this run changed.
 service() {
   local name=$1 killmode=$2; shift 2
-  local cmdline changed=false b
+  local cmdline changed=$CHANGED_CREDENTIALS b
   cmdline=$(printf '%q ' "$@")
   for b in "${CHANGED_BINARIES[@]}"; do
     [ "$b" = "$(basename "$1")" ] && changed=true
@@ -172,11 +195,13 @@ WantedBy=multi-user.target" && changed=true
   say "started $name (pid $!, log $LOGS/$name.log)"
 }
 
-# wait_http NAME URL [CODES]: waits until URL answers (with one of CODES, default any code).
+# wait_http NAME URL [CODES]: waits until URL answers (with one of CODES, default any code); curl
+# options in CURL_OPTS (an array).
+CURL_OPTS=()
 wait_http() {
   local name=$1 url=$2 codes=${3:-} code
   for _ in $(seq 100); do
-    code=$(curl -s -o /dev/null -m 1 -w '%{http_code}' "$url" || true)
+    code=$(curl -s "${CURL_OPTS[@]}" -o /dev/null -m 1 -w '%{http_code}' "$url" || true)
     if [ "$code" != 000 ] && { [ -z "$codes" ] || [[ " $codes " == *" $code "* ]]; }; then
       say "$name answers on $url ($code)"
       return 0
@@ -187,25 +212,50 @@ wait_http() {
   die "$name does not answer on $url after 20 s"
 }
 
+# Routes to every node's pod CIDR (node-N has 10.244.N.0/24: apiserver-lite numbers them after
+# the node) via that node: the control plane runs no node agent, and pods (the cluster DNS among
+# them) reach the API server unmasqueraded.
+pod_routes() {
+  local ip name
+  tr ',' '\n' <<<"$LAB_HOSTS" | while read -r ip name; do
+    case "$name" in
+      node-[0-9]*) echo "retry ip route replace 10.244.${name#node-}.0/24 via $ip" ;;
+    esac
+  done
+}
+
 control_plane() {
   need ip iproute2 curl curl
   install_bin apiserver-lite "$BIN"
+  install_bin podpath "$BIN"
+  install_credential ca.crt "$API_PKI/ca.crt" 0644
+  install_credential ca.key "$API_PKI/ca.key" 0600
+  install_credential token "$TOKEN" 0600
   write_hosts
+  write_net_script < <(pod_routes)
+  # TLS with the lab CA (the server signs its serving certificate with it at each start, for its
+  # addresses) and the token, as `podpath up` runs it.
   service apiserver-lite control-group "$BIN/apiserver-lite" --data-dir /var/lib/podpath/apiserver \
     --listen "$LAB_IP:$API_PORT" --listen "127.0.0.1:$API_PORT" --grpc-listen "$LAB_IP:$GRPC_PORT" \
     --advertise-address "$LAB_IP:$API_PORT" --node-monitor-grace-period 10s \
-    --service-cluster-ip-range "$SERVICE_CIDR" \
-    --insecure-http  # plain HTTP on the private network: the VMs share no CA yet (the netns lab uses TLS)
-  wait_http apiserver-lite "http://127.0.0.1:$API_PORT/readyz" 200
-  say "kubectl: server http://$LAB_IP:$API_PORT (vagrant/kubeconfig)"
+    --service-cluster-ip-range "$SERVICE_CIDR" --cluster-cidr "$CLUSTER_CIDR" \
+    --cert-dir "$API_PKI" --token-file "$TOKEN"
+  CURL_OPTS=(--cacert "$API_PKI/ca.crt")
+  wait_http apiserver-lite "https://127.0.0.1:$API_PORT/readyz" 200
+  # The cluster DNS, as kubeadm's addon phase makes it (existing objects are kept).
+  "$BIN/podpath" addon dns --server "https://127.0.0.1:$API_PORT" --certificate-authority "$API_PKI/ca.crt" \
+    --token-file "$TOKEN" --cluster-dns "$CLUSTER_DNS" | sed "s/^/podpath[$ROLE]: /"
+  say "kubectl: server https://$LAB_IP:$API_PORT (the host's .vagrant/podpath/kubeconfig)"
 }
 
 node() {
-  need ip iproute2 iptables iptables iptables-restore iptables curl curl nsenter util-linux conntrack conntrack
-  if [ "$LAB_PROXY_MODE" = nftables ]; then need nft nftables; fi
+  # nft in every proxy mode: NetworkPolicies are an nftables table.
+  need ip iproute2 iptables iptables iptables-restore iptables curl curl nsenter util-linux conntrack conntrack nft nftables
   local b
-  for b in node-agent podpath-workload; do install_bin "$b" "$BIN"; done
+  for b in node-agent podpath-workload podpath-dns; do install_bin "$b" "$BIN"; done
   for b in podpath-bridge podpath-ipam; do install_bin "$b" "$CNI_BIN"; done
+  install_credential ca.crt "$PKI/ca.crt" 0644
+  install_credential token "$TOKEN" 0600
   write_hosts
   # Pods' replies to the client network go back through the gateway (the masquerade=false
   # exercise); bridged pod traffic is seen by iptables (ClusterIP hairpin on one node).
@@ -217,8 +267,10 @@ EOF
   service node-agent process "$BIN/node-agent" --node-name "$LAB_NAME" --node-ip "$LAB_IP" --node-external-ip "$LAB_IP" \
     --apiserver "$LAB_CONTROL_PLANE:$GRPC_PORT" --state-dir /var/lib/podpath/node \
     --cni-conf-dir /etc/cni/net.d --cni-bin-dir "$CNI_BIN" --healthz-bind-address "$LAB_IP:10256" \
+    --apiserver-ca-file "$PKI/ca.crt" --token-file "$TOKEN" \
     --heartbeat-seconds 2 --restart-backoff-seconds 1 --proxy-mode "$LAB_PROXY_MODE" \
-    --service-cluster-ip-range "$SERVICE_CIDR" "--masquerade=$LAB_MASQUERADE"
+    --service-cluster-ip-range "$SERVICE_CIDR" --cluster-cidr "$CLUSTER_CIDR" "--masquerade=$LAB_MASQUERADE" \
+    --cluster-dns "$CLUSTER_DNS" --cluster-domain cluster.local
   # /livez answers as soon as the agent runs; Ready needs the API server, which may still be
   # starting when VMs are provisioned in parallel.
   wait_http node-agent "http://$LAB_IP:10256/livez"
@@ -227,6 +279,8 @@ EOF
 gateway() {
   need ip iproute2 iptables iptables curl curl
   install_bin lb-sim "$BIN"
+  install_credential ca.crt "$PKI/ca.crt" 0644
+  install_credential token "$TOKEN" 0600
   write_hosts
   # Forward only between the lab's two networks: a VM's other NIC (Vagrant's NAT) is an uplink.
   write_net_script <<EOF
@@ -241,6 +295,7 @@ done
 iptables -A PODPATH-LAB-ONLY -j REJECT --reject-with icmp-net-unreachable
 EOF
   service lb-sim control-group "$BIN/lb-sim" --apiserver "$LAB_CONTROL_PLANE:$GRPC_PORT" \
+    --apiserver-ca-file "$PKI/ca.crt" --token-file "$TOKEN" \
     --mode "$LAB_LB_MODE" --status-listen 127.0.0.1:9900
   wait_http lb-sim http://127.0.0.1:9900/healthz 200
 }

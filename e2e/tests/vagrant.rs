@@ -114,9 +114,13 @@ fn all_in_one_addresses(nodes: usize) -> BTreeMap<String, BTreeSet<String>> {
 #[test]
 fn machines_follow_the_all_in_one_address_plan() {
     let dir = bin_dir();
+    let dot = tempfile::tempdir().unwrap();
+    let dotfile = dot.path().to_str().unwrap();
     for nodes in [1, 3, 9] {
         let n = nodes.to_string();
-        let machines = load_machines(&repo_root(), &[("LAB_NODES", &n), ("LAB_BIN_DIR", &dir)]).unwrap();
+        let machines =
+            load_machines(&repo_root(), &[("LAB_NODES", &n), ("LAB_BIN_DIR", &dir), ("VAGRANT_DOTFILE_PATH", dotfile)])
+                .unwrap();
         let problems = check_topology(&machines, &[NODE_NET, CLIENT_NET]);
         assert!(problems.is_empty(), "{nodes} nodes:\n{}", problems.join("\n"));
         let vagrant: BTreeMap<String, BTreeSet<String>> = machines
@@ -124,7 +128,8 @@ fn machines_follow_the_all_in_one_address_plan() {
             .map(|m| (m.name.clone(), m.networks.iter().filter_map(|n| n.ip.clone()).collect()))
             .collect();
         assert_eq!(vagrant, all_in_one_addresses(nodes), "{nodes} nodes: same names and addresses as `podpath up`");
-        // Each role gets exactly the binaries it runs, and then its provisioning script.
+        // Each role gets exactly the binaries it runs and the credentials it needs (the CA's
+        // key only on the control plane), and then its provisioning script.
         for m in &machines {
             let uploads: Vec<String> = m
                 .provisioners
@@ -133,10 +138,18 @@ fn machines_follow_the_all_in_one_address_plan() {
                 .filter_map(|s| s.file_name().map(|f| f.to_string_lossy().into_owned()))
                 .collect();
             let want: &[&str] = match m.name.as_str() {
-                "control-plane" => &["apiserver-lite"],
-                "gateway" => &["lb-sim"],
+                "control-plane" => &["apiserver-lite", "podpath", "ca.crt", "ca.key", "token"],
+                "gateway" => &["lb-sim", "ca.crt", "token"],
                 "client" => &[],
-                _ => &["node-agent", "podpath-workload", "podpath-bridge", "podpath-ipam"],
+                _ => &[
+                    "node-agent",
+                    "podpath-workload",
+                    "podpath-dns",
+                    "podpath-bridge",
+                    "podpath-ipam",
+                    "ca.crt",
+                    "token",
+                ],
             };
             assert_eq!(uploads, want, "{}", m.name);
             let last = m.provisioners.last().expect("a provisioner");
@@ -145,6 +158,21 @@ fn machines_follow_the_all_in_one_address_plan() {
             assert_eq!(last.env["LAB_NAME"], m.name);
             assert!(m.synced_folders.iter().all(|f| f.disabled), "no synced folder needed: {:?}", m.synced_folders);
         }
+    }
+    // One set of credentials per Vagrant environment, kept across loads: the kubeconfig carries
+    // the CA that the control plane gets.
+    let creds = dot.path().join("podpath");
+    let kc = std::fs::read_to_string(creds.join("kubeconfig")).unwrap();
+    let ca = std::fs::read_to_string(creds.join("ca.crt")).unwrap();
+    use base64::Engine;
+    let b64 = base64::engine::general_purpose::STANDARD.encode(&ca);
+    assert!(kc.contains(&format!("certificate-authority-data: {b64}\n")), "{kc}");
+    let token = std::fs::read_to_string(creds.join("token")).unwrap();
+    assert!(token.trim().len() == 64 && kc.contains(&format!("token: {}\n", token.trim())), "{kc}");
+    use std::os::unix::fs::PermissionsExt;
+    for secret in ["ca.key", "token", "kubeconfig"] {
+        let mode = std::fs::metadata(creds.join(secret)).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "{secret}");
     }
 }
 
@@ -176,7 +204,12 @@ fn provisioners_bring_up_the_lab_in_namespaces() {
     let host_before = testkit::netns::host_state();
     let rootfs = vagrant::ensure_rootfs(&repo_root().join("target/vagrant-rootfs")).unwrap();
     let dir = bin_dir();
-    let machines = load_machines(&repo_root(), &[("LAB_NODES", "2"), ("LAB_BIN_DIR", &dir)]).unwrap();
+    // Vagrant's data directory of this run, where the Vagrantfile makes the lab's credentials.
+    let dot = tempfile::tempdir().unwrap();
+    let dotfile = dot.path().to_str().unwrap();
+    let machines =
+        load_machines(&repo_root(), &[("LAB_NODES", "2"), ("LAB_BIN_DIR", &dir), ("VAGRANT_DOTFILE_PATH", dotfile)])
+            .unwrap();
     let prefix = testkit::netns::unique("vg");
     let lab = NetnsVagrant::create(&machines, &rootfs, &prefix, Some("192.168.56.1")).unwrap();
     let t = std::time::Instant::now();
@@ -186,8 +219,16 @@ fn provisioners_bring_up_the_lab_in_namespaces() {
     }
     eprintln!("provisioned {} machines in {:.1} s", machines.len(), t.elapsed().as_secs_f64());
 
-    // kubectl from the "host" end of the node network, with the committed kubeconfig.
-    let kubeconfig = repo_root().join("vagrant/kubeconfig");
+    // kubectl from the "host" end of the node network, with the kubeconfig the Vagrantfile made:
+    // https with the lab CA's certificate, and the token.
+    let kubeconfig = dot.path().join("podpath/kubeconfig");
+    let kc = std::fs::read_to_string(&kubeconfig).unwrap();
+    assert!(
+        kc.contains("server: https://192.168.56.10:6443")
+            && kc.contains("certificate-authority-data: ")
+            && kc.contains("token: "),
+        "{kc}"
+    );
     let kubectl = |args: &[&str]| -> String {
         let mut argv = vec!["kubectl", "--kubeconfig", kubeconfig.to_str().unwrap()];
         argv.extend_from_slice(args);
@@ -204,6 +245,12 @@ fn provisioners_bring_up_the_lab_in_namespaces() {
             Err(out)
         }
     });
+    // The API wants the token (and serves a certificate only the lab CA vouches for).
+    let api = "https://192.168.56.10:6443/api/v1/nodes";
+    let (_, code) = lab.host_exec(&["curl", "-sk", "-o", "/dev/null", "-w", "%{http_code}", api]);
+    assert_eq!(code, "401", "without the token");
+    let (ok, out) = lab.host_exec(&["curl", "-sS", "-o", "/dev/null", api]);
+    assert!(!ok && out.contains("certificate"), "the system's CAs do not vouch for the lab's: {out}");
     kubectl(&["apply", "-f", &repo_root().join("vagrant/test/echo.yaml").to_string_lossy()]);
     let lb_ip = wait_for(Duration::from_secs(30), "an EXTERNAL-IP", || {
         let ip = kubectl(&["get", "svc", "echo", "-o", "jsonpath={.status.loadBalancer.ingress[0].ip}"]);
@@ -237,6 +284,99 @@ fn provisioners_bring_up_the_lab_in_namespaces() {
     assert!(fwd.contains("-j REJECT"), "{fwd}");
     let (ok, out) = lab.exec("client", &["curl", "-sS", "--max-time", "3", "http://192.0.2.1/"]);
     assert!(!ok, "{out}");
+
+    // The cluster DNS (kube-system/kube-dns at 10.96.0.10, made by the control plane's
+    // provisioner) answers a pod's resolver on a VM node, by short and full names.
+    let yaml = |name: &str, text: &str| {
+        let f = dot.path().join(name);
+        std::fs::write(&f, text).unwrap();
+        kubectl(&["apply", "-f", f.to_str().unwrap()]);
+    };
+    yaml(
+        "probe.yaml",
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: probe}\nspec:\n  nodeName: node-2\n  containers:\n  \
+         - {name: c, image: busybox, command: [sleep, '3600']}\n",
+    );
+    kubectl(&["wait", "--for=condition=Ready", "pod/probe", "--timeout=30s"]);
+    let svc_ip = kubectl(&["get", "svc", "echo", "-o", "jsonpath={.spec.clusterIP}"]);
+    let resolv = kubectl(&["exec", "probe", "--", "cat", "/etc/resolv.conf"]);
+    assert!(
+        resolv.contains("nameserver 10.96.0.10") && resolv.contains("search default.svc.cluster.local"),
+        "{resolv}"
+    );
+    for name in ["echo", "echo.default.svc.cluster.local"] {
+        let out = wait_for(Duration::from_secs(60), &format!("{name} resolved in a pod on node-2"), || {
+            let (ok, out) = lab.host_exec(&[
+                "kubectl",
+                "--kubeconfig",
+                kubeconfig.to_str().unwrap(),
+                "exec",
+                "probe",
+                "--",
+                "getent",
+                "hosts",
+                name,
+            ]);
+            if ok && out.starts_with(&format!("{svc_ip} ")) {
+                Ok(out)
+            } else {
+                Err(out)
+            }
+        });
+        assert!(out.contains("echo.default.svc.cluster.local"), "{out}");
+    }
+    let dns_nodes = kubectl(&[
+        "get",
+        "pods",
+        "-n",
+        "kube-system",
+        "-l",
+        "k8s-app=kube-dns",
+        "-o",
+        "jsonpath={.items[*].spec.nodeName}",
+    ]);
+    assert!(dns_nodes.split_whitespace().all(|n| n.starts_with("node-")), "DNS pods on the VM nodes: {dns_nodes}");
+
+    // NetworkPolicy: the echo pod admits only pods labelled role=allowed; the probe (on node-2)
+    // is refused until it has the label.
+    let echo_ip = kubectl(&["get", "pod", "echo", "-o", "jsonpath={.status.podIP}"]);
+    let echo_url = format!("http://{echo_ip}:8080/");
+    let from_probe = |url: &str| {
+        lab.host_exec(&[
+            "kubectl",
+            "--kubeconfig",
+            kubeconfig.to_str().unwrap(),
+            "exec",
+            "probe",
+            "--",
+            "curl",
+            "-sS",
+            "--max-time",
+            "2",
+            url,
+        ])
+    };
+    let (ok, page) = from_probe(&echo_url);
+    assert!(ok && field(&page, "pod") == Some("default/echo"), "open before the policy: {page}");
+    yaml(
+        "policy.yaml",
+        "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: echo-ingress}\nspec:\n  \
+         podSelector: {matchLabels: {app: echo}}\n  policyTypes: [Ingress]\n  ingress:\n  \
+         - from: [{podSelector: {matchLabels: {role: allowed}}}]\n",
+    );
+    wait_for(Duration::from_secs(20), "the policy to refuse the probe", || match from_probe(&echo_url) {
+        (false, out) => Ok(out),
+        (true, out) => Err(out),
+    });
+    kubectl(&["label", "pod", "probe", "role=allowed"]);
+    let page =
+        wait_for(Duration::from_secs(20), "the policy to admit the labelled probe", || match from_probe(&echo_url) {
+            (true, page) if field(&page, "pod") == Some("default/echo") => Ok(page),
+            (_, out) => Err(out),
+        });
+    assert!(field(&page, "client").is_some_and(|c| c.starts_with("10.244.2.")), "the probe's own address: {page}");
+    kubectl(&["delete", "networkpolicy", "echo-ingress"]);
+    kubectl(&["delete", "pod", "probe", "--wait=false"]);
 
     // Provisioning again changes nothing: the same service processes, one hosts block, one
     // FORWARD jump, and the Service still answers.

@@ -90,6 +90,13 @@ enum Cmd {
     /// Check this machine: root, the tools the lab runs, and the kernel features it needs
     /// (tried in a throwaway network namespace); say what to install. Exit 1 when not ready.
     Doctor,
+    /// Install a cluster add-on through a running API server, as `kubeadm init phase addon`
+    /// does (`podpath up` installs them itself; this is for clusters it did not start, such as
+    /// the VM lab, whose control plane runs it). Existing objects are kept.
+    Addon {
+        #[command(subcommand)]
+        addon: AddonCmd,
+    },
     /// Show the lab's processes and nodes.
     Status {
         #[command(flatten)]
@@ -272,6 +279,27 @@ enum Cmd {
         /// Remove the lab's image store too (kept by default: the next lab pulls nothing again).
         #[arg(long, conflicts_with = "keep_data")]
         purge_images: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum AddonCmd {
+    /// The cluster DNS: the `kube-system/kube-dns` Service at --cluster-dns, the `coredns`
+    /// ConfigMap and a Deployment of `podpath/dns` pods. Nodes' agents take the same address
+    /// as `--cluster-dns`.
+    Dns {
+        /// The API server: https://HOST:PORT.
+        #[arg(long)]
+        server: String,
+        /// The CA certificate (PEM) that signed the API server's certificate.
+        #[arg(long)]
+        certificate_authority: Option<PathBuf>,
+        /// A file holding the bearer token the API server wants.
+        #[arg(long)]
+        token_file: Option<PathBuf>,
+        /// The kube-dns Service's ClusterIP (kubeadm's: the tenth address of the Service range).
+        #[arg(long, default_value = lab::dns::CLUSTER_DNS)]
+        cluster_dns: std::net::IpAddr,
     },
 }
 
@@ -503,6 +531,13 @@ fn run() -> Result<()> {
             if !ready {
                 std::process::exit(1);
             }
+        }
+        Cmd::Addon { addon: AddonCmd::Dns { server, certificate_authority, token_file, cluster_dns } } => {
+            let read = |p: &PathBuf| std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()));
+            let ca = certificate_authority.as_ref().map(read).transpose()?;
+            let token = token_file.as_ref().map(read).transpose()?;
+            let access = lab::state::ApiAccess::to_server(&server, ca.as_deref(), token.as_deref())?;
+            lab::up::cluster_dns_objects(&access, &cluster_dns.to_string(), &mut |m| println!("{m}"))?;
         }
         Cmd::Status { which } => {
             let st = which.state()?;

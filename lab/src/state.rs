@@ -184,6 +184,28 @@ impl ApiAccess {
         Ok(ApiAccess { addr, tls, auth })
     }
 
+    /// From a server URL (`https://HOST:PORT`, or `http://` for an `--insecure-http` server),
+    /// the CA certificate that signed its serving certificate (PEM) and a bearer token: for an
+    /// API server podpath did not start itself (`podpath addon`).
+    pub fn to_server(server: &str, ca_pem: Option<&str>, token: Option<&str>) -> Result<ApiAccess> {
+        let bad =
+            || LabError::Usage(format!("--server {server:?}: expected https://HOST:PORT (an IP address and a port)"));
+        let (tls, rest) = match (server.strip_prefix("https://"), server.strip_prefix("http://")) {
+            (Some(r), _) => (true, r),
+            (_, Some(r)) => (false, r),
+            _ => return Err(bad()),
+        };
+        let addr: SocketAddr = rest.trim_end_matches('/').parse().map_err(|_| bad())?;
+        let tls = match (tls, ca_pem) {
+            (true, Some(pem)) => Some(http::Tls::new(pem, "kubernetes")?),
+            (true, None) => {
+                return Err(LabError::Usage(format!("--server {server}: https needs --certificate-authority")))
+            }
+            (false, _) => None,
+        };
+        Ok(ApiAccess { addr, tls, auth: token.map(|t| format!("Bearer {}", t.trim())) })
+    }
+
     /// The TLS settings and `Authorization` header value, for a caller with its own connection
     /// (`podpath ui`'s watches).
     pub(crate) fn parts(&self) -> (Option<&http::Tls>, Option<&str>) {
@@ -204,5 +226,30 @@ impl ApiAccess {
         let req = http::Request { method, path, headers: &headers, body: body.as_bytes() };
         let r = http::blocking_via(self.addr, self.tls.as_ref(), &req, std::time::Duration::from_secs(5))?;
         Ok((r.status, r.text()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_server_url_is_an_address_a_scheme_and_what_https_needs() {
+        let a = ApiAccess::to_server("http://192.168.56.10:6443/", None, Some("t0k\n")).unwrap();
+        assert_eq!(a.addr.to_string(), "192.168.56.10:6443");
+        let (tls, auth) = a.parts();
+        assert!(tls.is_none());
+        assert_eq!(auth, Some("Bearer t0k"));
+        for (server, want) in [
+            ("192.168.56.10:6443", "expected https://HOST:PORT"),
+            ("https://control-plane:6443", "expected https://HOST:PORT"),
+            ("https://192.168.56.10", "expected https://HOST:PORT"),
+            ("https://192.168.56.10:6443", "https needs --certificate-authority"),
+        ] {
+            let e = ApiAccess::to_server(server, None, None).err().expect(server).to_string();
+            assert!(e.contains(want) && e.contains(server), "{server}: {e}");
+        }
+        let e = ApiAccess::to_server("https://127.0.0.1:6443", Some("not a PEM"), None).err().expect("bad CA");
+        assert!(!e.to_string().is_empty());
     }
 }

@@ -426,7 +426,7 @@ fn start(opts: &UpOptions, p: &Plan, st: &mut LabState, api: SocketAddr, progres
     let access = ApiAccess::of(st)?;
     // The cluster DNS first: its pods are placed as soon as nodes register, so they are running
     // (and soon ready) by the time the nodes are.
-    cluster_dns_objects(&access, opts.ip_family, progress)?;
+    cluster_dns_objects(&access, opts.ip_family.cluster_dns(), progress)?;
     let ca_file = st.ca_file.clone().expect("set above").display().to_string();
     // How node agents and lb-sim reach the API: its gRPC address, TLS with the lab CA, the token.
     let api_client = [
@@ -601,15 +601,12 @@ fn start(opts: &UpOptions, p: &Plan, st: &mut LabState, api: SocketAddr, progres
     Ok(())
 }
 
-/// The cluster DNS objects (kube-dns Service, the DNS Deployment); `up` waits at its end
-/// until the DNS answers on every node.
-fn cluster_dns_objects(
-    access: &ApiAccess,
-    family: crate::family::IpFamilyMode,
-    progress: &mut dyn FnMut(&str),
-) -> Result<()> {
-    progress(&format!("cluster DNS: kube-system/kube-dns at {} (podpath/dns pods)", family.cluster_dns()));
-    for (path, obj) in crate::dns::objects(family.cluster_dns()) {
+/// The cluster DNS objects (kube-system/kube-dns Service at `cluster_dns`, the DNS Deployment);
+/// `up` waits at its end until the DNS answers on every node. Also `podpath addon dns`, for a
+/// cluster podpath did not start (the VM lab's control plane runs it).
+pub fn cluster_dns_objects(access: &ApiAccess, cluster_dns: &str, progress: &mut dyn FnMut(&str)) -> Result<()> {
+    progress(&format!("cluster DNS: kube-system/kube-dns at {cluster_dns} (podpath/dns pods)"));
+    for (path, obj) in crate::dns::objects(cluster_dns) {
         let (code, body) = access.request("POST", path, &obj.to_string())?;
         if !(200..300).contains(&code) && code != 409 {
             return Err(LabError::NotReady(format!("cannot create the cluster DNS ({path}): {code} {body}")));

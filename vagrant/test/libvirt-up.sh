@@ -26,7 +26,8 @@ export LAB_BOX=podpath/debian12-local
 export VAGRANT_HOME=$WORK/vagrant.d
 export VAGRANT_CHECKPOINT_DISABLE=1
 NS=ppvirt-$$
-BOX=$WORK/box
+# The box's directory; the number grows with its package list, so an older box is built again.
+BOX=$WORK/box-2
 START=$(date +%s)
 LAST=$START
 
@@ -68,7 +69,7 @@ build_box() {
     rm -rf "$BOX"
     mkdir -p "$BOX"
     debootstrap --variant=minbase \
-      --include=systemd-sysv,udev,linux-image-amd64,openssh-server,sudo,ifupdown,isc-dhcp-client,iproute2,iptables,conntrack,curl,ca-certificates,netbase,kmod,procps \
+      --include=systemd-sysv,udev,linux-image-amd64,openssh-server,sudo,ifupdown,isc-dhcp-client,iproute2,iptables,nftables,conntrack,curl,ca-certificates,netbase,kmod,procps \
       bookworm "$r" "$(mirror)" >"$BOX/debootstrap.log" 2>&1 || { tail "$BOX/debootstrap.log"; exit 1; }
     phase "box: vagrant user, insecure key, network, disk image"
     echo podpath-box >"$r/etc/hostname"
@@ -195,7 +196,9 @@ grep -E '^==> [a-z0-9-]+: (Creating image|Machine booted|Running provisioner: po
 in_ns vagrant status
 
 phase "kubectl from the host side of the node network (192.168.56.1)"
-kubectl() { in_ns env KUBECONFIG="$ROOT/vagrant/kubeconfig" kubectl "$@"; }
+# The kubeconfig the Vagrantfile made: https with the lab CA, and the token.
+kubectl() { in_ns env KUBECONFIG="$ROOT/.vagrant/podpath/kubeconfig" kubectl "$@"; }
+grep -q 'server: https://192.168.56.10:6443' "$ROOT/.vagrant/podpath/kubeconfig"
 for _ in $(seq 60); do
   [ "$(kubectl get nodes --no-headers 2>/dev/null | awk '$2 == "Ready"' | wc -l)" = "$LAB_NODES" ] && break
   sleep 2
@@ -224,6 +227,23 @@ cat "$WORK/curl.out"
 $ok || { echo "the client VM got no answer from http://$LB/" >&2; exit 1; }
 in_ns vagrant ssh gateway -c "ip route show $LB; curl -sS http://127.0.0.1:9900/status" 2>/dev/null | head -c 2000
 echo
+
+phase "cluster DNS: a pod on node-2 resolves the Service by name"
+kubectl run probe --image=busybox --restart=Never --overrides='{"spec":{"nodeName":"node-2"}}' -- sleep 3600
+kubectl wait --for=condition=Ready pod/probe --timeout=120s
+SVC_IP=$(kubectl get svc echo -o jsonpath='{.spec.clusterIP}')
+ok=false
+for _ in $(seq 60); do
+  if kubectl exec probe -- getent hosts echo.default.svc.cluster.local | tee "$WORK/dns.out" | grep -q "^$SVC_IP "; then
+    ok=true
+    break
+  fi
+  sleep 2
+done
+cat "$WORK/dns.out"
+$ok || { echo "echo.default.svc.cluster.local did not resolve to $SVC_IP in a pod on node-2" >&2; exit 1; }
+kubectl get pods -n kube-system -o wide
+kubectl delete pod probe --wait=false
 
 phase "vagrant provision (again: idempotent)"
 main_pids() { in_ns vagrant ssh "$1" -c 'sudo systemctl show -p MainPID --value podpath-node-agent' 2>&1 | grep -v '^==>' || true; }
