@@ -4,9 +4,13 @@
 //! a network namespace with a chroot of a Debian root filesystem and runs the Vagrantfile's own
 //! provisioners in it: the same scripts, arguments, environment and uploads as on the VMs.
 //!
+//! Each machine also gets Vagrant's management network (`eth0`, 192.168.121.0/24, as
+//! vagrant-libvirt's default) and, with [`NetnsVagrant::start_sshd`], an sshd on it: what `podpath
+//! … --vagrant` reaches the machines through, with an SSH configuration like `vagrant ssh-config`'s.
+//!
 //! What this does not cover (the TCG `vagrant up` in `vagrant/test/libvirt-up.sh` does): systemd
-//! units (the script falls back to background processes), Vagrant's guest network setup, SSH,
-//! provider settings, the guest kernel.
+//! units (the script falls back to background processes), Vagrant's guest network setup and its
+//! `ssh-config`, provider settings, the guest kernel.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
@@ -221,7 +225,14 @@ pub struct NetnsVagrant {
     switch: String,
     namespaces: Vec<String>,
     mounts: Vec<PathBuf>,
+    /// The machines' sshd processes ([`NetnsVagrant::start_sshd`]).
+    sshd: std::sync::Mutex<Vec<std::process::Child>>,
     work: tempfile::TempDir,
+}
+
+/// The management network's address of the `k`-th machine (the host is .1).
+fn management_ip(k: usize) -> String {
+    format!("192.168.121.{}", 10 + k)
 }
 
 /// Commands run in a machine get this PATH and nothing else from the caller, like a fresh VM.
@@ -241,6 +252,7 @@ impl NetnsVagrant {
             switch: format!("{prefix}-switch"),
             namespaces: vec![],
             mounts: vec![],
+            sshd: Default::default(),
             work,
         };
         lab.add_netns(&lab.switch.clone())?;
@@ -249,6 +261,8 @@ impl NetnsVagrant {
         for m in machines {
             let netns = format!("{prefix}-{}", m.name);
             lab.add_netns(&netns)?;
+            links += 1;
+            lab.plug(&mut bridges, &netns, "eth0", &format!("p{links}"), &management_ip(lab.machines.len()))?;
             for (k, n) in m.networks.iter().enumerate() {
                 let ip = n.ip.as_deref().context("a private network without an IP")?;
                 links += 1;
@@ -264,6 +278,7 @@ impl NetnsVagrant {
             let netns = format!("{prefix}-host");
             lab.add_netns(&netns)?;
             lab.plug(&mut bridges, &netns, "eth1", "phost", ip)?;
+            lab.plug(&mut bridges, &netns, "eth0", "pmgmt", "192.168.121.1")?;
             lab.host_netns = Some(netns);
         }
         Ok(lab)
@@ -380,6 +395,80 @@ impl NetnsVagrant {
         sh(&full)
     }
 
+    /// Starts an sshd on every machine's management address (root's key: a new one, made here)
+    /// and returns the SSH configuration that reaches them by name, as `vagrant ssh-config`
+    /// prints for VMs (its file; the key is next to it). For the host namespace.
+    pub fn start_sshd(&self) -> Result<PathBuf> {
+        let key = self.work.path().join("id_ed25519");
+        must(&["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "podpath-harness", "-f", &key.to_string_lossy()])?;
+        let public = std::fs::read_to_string(key.with_extension("pub"))?;
+        let mut config = String::new();
+        for (k, b) in self.machines.iter().enumerate() {
+            use std::os::unix::fs::PermissionsExt;
+            let ssh = b.root.join("root/.ssh");
+            std::fs::create_dir_all(&ssh)?;
+            std::fs::set_permissions(&ssh, std::fs::Permissions::from_mode(0o700))?;
+            std::fs::write(ssh.join("authorized_keys"), &public)?;
+            std::fs::create_dir_all(b.root.join("run/sshd"))?;
+            if let (false, out) = self.exec(&b.machine.name, &["ssh-keygen", "-A"]) {
+                bail!("host keys on {}: {out}", b.machine.name);
+            }
+            let ip = management_ip(k);
+            let hostname = b.machine.hostname.clone().unwrap_or_else(|| b.machine.name.clone());
+            let log = std::fs::File::create(self.work.path().join(format!("sshd-{}.log", b.machine.name)))?;
+            let child = Command::new("ip")
+                .args(["netns", "exec", &b.netns, "unshare", "--uts", "--", "chroot"])
+                .arg(&b.root)
+                .args(["/bin/sh", "-c", "hostname \"$0\" && exec /usr/sbin/sshd -D -e \"$@\"", &hostname])
+                .args(["-o", &format!("ListenAddress={ip}"), "-o", "PermitRootLogin=prohibit-password"])
+                .args(["-o", "UsePAM=no", "-o", "PidFile=none"])
+                .env_clear()
+                .env("PATH", GUEST_PATH)
+                .stdout(log.try_clone()?)
+                .stderr(log)
+                .spawn()
+                .context("start sshd")?;
+            self.sshd.lock().expect("sshd list").push(child);
+            config += &format!(
+                "Host {}\n  HostName {ip}\n  User root\n  Port 22\n  IdentityFile {}\n  IdentitiesOnly yes\n  \
+                 StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n\n",
+                b.machine.name,
+                key.display()
+            );
+        }
+        let file = self.work.path().join("ssh-config");
+        std::fs::write(&file, config)?;
+        // Until every sshd listens (ssh from the host namespace answers).
+        let netns = self.host_netns.clone().context("start_sshd needs the host namespace")?;
+        let t = Instant::now();
+        for b in &self.machines {
+            loop {
+                let cfg = file.to_string_lossy();
+                let (ok, out) = sh(&[
+                    "ip",
+                    "netns",
+                    "exec",
+                    &netns,
+                    "ssh",
+                    "-F",
+                    &cfg,
+                    "-o",
+                    "BatchMode=yes",
+                    &b.machine.name,
+                    "true",
+                ]);
+                if ok {
+                    break;
+                }
+                if t.elapsed() > Duration::from_secs(20) {
+                    bail!("sshd on {} does not answer: {out}", b.machine.name);
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+        Ok(file)
+    }
+
     /// Runs `argv` (host binaries, host filesystem) in the host namespace on the node network.
     pub fn host_exec(&self, argv: &[&str]) -> (bool, String) {
         let netns = self.host_netns.as_deref().expect("created with a host address");
@@ -413,6 +502,10 @@ impl NetnsVagrant {
     fn teardown(&mut self) {
         use nix::sys::signal::{kill, Signal};
         use nix::unistd::Pid;
+        for mut c in self.sshd.lock().map(|mut v| std::mem::take(&mut *v)).unwrap_or_default() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
         let services = self.services();
         for (_, _, pid) in &services {
             let _ = kill(Pid::from_raw(*pid), Signal::SIGTERM);

@@ -433,6 +433,95 @@ fn provisioners_bring_up_the_lab_in_namespaces() {
     });
     assert!(field(&page, "client").is_some_and(|c| c.starts_with("10.244.1.1:")), "masqueraded by node-1: {page}");
 
+    // The lab's tools on the machines (`--vagrant`), over SSH as on VMs: the harness's sshd on
+    // each machine's management NIC, an SSH configuration like `vagrant ssh-config`'s.
+    let ssh_config = lab.start_sshd().unwrap_or_else(|e| panic!("{e:#}"));
+    let podpath_bin = bin("podpath");
+    let root = repo_root();
+    let podpath = |args: &[&str]| -> (bool, String) {
+        let cfg = format!("PODPATH_VAGRANT_SSH_CONFIG={}", ssh_config.display());
+        let dot = format!("VAGRANT_DOTFILE_PATH={dotfile}");
+        // `podpath COMMAND --vagrant DIR ARGS…` (before a `--` that ends exec's options).
+        let mut argv =
+            vec!["env", &cfg, &dot, podpath_bin.to_str().unwrap(), args[0], "--vagrant", root.to_str().unwrap()];
+        argv.extend_from_slice(&args[1..]);
+        lab.host_exec(&argv)
+    };
+    let (ok, status) = podpath(&["status"]);
+    assert!(ok, "{status}");
+    for want in ["control-plane    apiserver-lite", "gateway          lb-sim", "node-1           node-agent"] {
+        assert!(status.contains(want), "{want}: {status}");
+    }
+    assert!(
+        status.lines().any(|l| l.starts_with("node-2") && l.contains("running") && l.ends_with(" Ready")),
+        "{status}"
+    );
+    assert!(status.contains(&lb_ip) && status.contains("default/echo"), "the gateway's load balancers: {status}");
+    let (ok, page) = podpath(&["curl", &url]);
+    assert!(ok && field(&page, "pod") == Some("default/echo"), "podpath curl --vagrant: {page}");
+    let (ok, out) = podpath(&["exec", "node-2", "--", "cat", "/etc/hostname"]);
+    assert!(ok && out.trim() == "node-2", "{out}");
+    let (ok, out) = podpath(&["exec", "pod/default/echo", "--", "hostname"]);
+    assert!(ok && out.trim() == "echo", "a pod's own UTS namespace on node-1: {out}");
+    // node-1 is in the nftables mode now, node-2 in the iptables mode: both read.
+    let (ok, rules) = podpath(&["rules"]);
+    assert!(ok, "{rules}");
+    let node = |n: &str| -> String {
+        let start = rules.find(&format!("{n} (")).unwrap_or_else(|| panic!("{n} in {rules}"));
+        rules[start..].lines().skip(1).take_while(|l| l.starts_with("  ")).collect::<Vec<_>>().join("\n")
+    };
+    assert!(node("node-1").contains("nft ") && node("node-1").contains(&lb_ip), "{rules}");
+    assert!(node("node-2").contains("KUBE-SVC-") && node("node-2").contains(&lb_ip), "{rules}");
+    // The lab NIC of node-2 down: lb-sim's health check fails and it takes node-2 out of the
+    // rotation of a Service that is not pinned to a node; up again: back.
+    kubectl(&[
+        "expose",
+        "pod",
+        "echo",
+        "--name",
+        "echo-all",
+        "--type",
+        "LoadBalancer",
+        "--port",
+        "80",
+        "--target-port",
+        "8080",
+    ]);
+    let in_rotation = |node: &str| -> Option<bool> {
+        let (_, status) = lab.exec("gateway", &["curl", "-sS", "http://127.0.0.1:9900/status"]);
+        let doc: serde_json::Value = serde_json::from_str(&status).ok()?;
+        let f = doc["frontends"].as_array()?.iter().find(|f| f["service"] == "default/echo-all")?;
+        f["backends"].as_array()?.iter().find(|b| b["node"] == node).map(|b| b["inRotation"] == true)
+    };
+    wait_for(Duration::from_secs(20), "echo-all's frontend with node-2 in rotation", || match in_rotation("node-2") {
+        Some(true) => Ok(()),
+        other => Err(format!("{other:?}")),
+    });
+    let (ok, out) = podpath(&["fault", "link", "down", "node-2"]);
+    assert!(ok && out.contains("node-2: eth1 (the lab's network) down"), "{out}");
+    wait_for(Duration::from_secs(20), "lb-sim to take node-2 out of rotation", || match in_rotation("node-2") {
+        Some(false) => Ok(()),
+        other => Err(format!("{other:?}")),
+    });
+    let (ok, out) = podpath(&["fault", "link", "up", "node-2"]);
+    assert!(ok, "{out}");
+    wait_for(Duration::from_secs(20), "node-2 back in rotation", || match in_rotation("node-2") {
+        Some(true) => Ok(()),
+        other => Err(format!("{other:?}")),
+    });
+    // node stop: the agent and its pods go; node start: back and Ready.
+    let (ok, out) = podpath(&["node", "stop", "node-2"]);
+    assert!(ok && out.contains("node-2: stopped"), "{out}");
+    let (_, status) = podpath(&["status"]);
+    assert!(status.lines().any(|l| l.starts_with("node-2") && l.contains(" dead ")), "{status}");
+    let (ok, out) = podpath(&["node", "start", "node-2"]);
+    assert!(ok && out.contains("node-2: started"), "{out}");
+    // Bad input: one line each.
+    let (ok, out) = podpath(&["exec", "node-7", "--", "true"]);
+    assert!(!ok && out.contains("no running machine \"node-7\""), "{out}");
+    let (ok, out) = podpath(&["fault", "loss", "node-1", "30"]);
+    assert!(!ok && out.contains("`link down|up` only"), "{out}");
+
     let work_pids = lab.processes_inside();
     assert!(work_pids.len() >= 6, "services and the pod's processes run in the chroots: {work_pids:?}");
     let prefix_ns = format!("{prefix}-");

@@ -26,6 +26,7 @@ pub mod state;
 pub mod trace;
 pub mod ui;
 pub mod up;
+pub mod vagrant;
 pub mod watch;
 
 pub use hosts::{exec_argv, http_get, http_get_in, in_netns_thread, lb_status, lb_table, nodes_ready};

@@ -37,6 +37,25 @@ impl Which {
     }
 }
 
+/// `--vagrant [DIR]`: the command acts on the Vagrant lab of the Vagrantfile in DIR (default:
+/// here) instead of a namespace lab.
+#[derive(clap::Args)]
+struct OnVagrant {
+    /// Act on the Vagrant lab (VMs) of the Vagrantfile in DIR [default: .], over `vagrant
+    /// ssh-config`'s SSH and the kubeconfig in DIR/.vagrant/podpath/.
+    #[arg(long, value_name = "DIR", num_args = 0..=1, default_missing_value = ".")]
+    vagrant: Option<PathBuf>,
+}
+
+impl OnVagrant {
+    fn lab(&self) -> Result<Option<lab::vagrant::VagrantLab>> {
+        Ok(match &self.vagrant {
+            Some(dir) => Some(lab::vagrant::VagrantLab::open(dir)?),
+            None => None,
+        })
+    }
+}
+
 #[derive(Subcommand)]
 enum Cmd {
     /// Build the lab: namespaces, API server, one node agent per node, the gateway's lb-sim;
@@ -101,11 +120,15 @@ enum Cmd {
     Status {
         #[command(flatten)]
         which: Which,
+        #[command(flatten)]
+        on: OnVagrant,
     },
     /// Run a command on a host of the lab: client, gateway, control-plane, node-N or pod/NS/NAME.
     Exec {
         #[command(flatten)]
         which: Which,
+        #[command(flatten)]
+        on: OnVagrant,
         host: String,
         #[arg(last = true, required = true)]
         cmd: Vec<String>,
@@ -114,6 +137,8 @@ enum Cmd {
     Curl {
         #[command(flatten)]
         which: Which,
+        #[command(flatten)]
+        on: OnVagrant,
         url: String,
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         curl_args: Vec<String>,
@@ -168,6 +193,8 @@ enum Cmd {
     Rules {
         #[command(flatten)]
         which: Which,
+        #[command(flatten)]
+        on: OnVagrant,
         /// Keep watching and print each change.
         #[arg(long)]
         watch: bool,
@@ -215,6 +242,8 @@ enum Cmd {
     Node {
         #[command(flatten)]
         which: Which,
+        #[command(flatten)]
+        on: OnVagrant,
         #[arg(value_parser = ["add", "stop", "start", "restart"])]
         action: String,
         /// node-1 … node-N (not with `add`: the new node is named for you).
@@ -226,6 +255,8 @@ enum Cmd {
     Fault {
         #[command(flatten)]
         which: Which,
+        #[command(flatten)]
+        on: OnVagrant,
         #[command(subcommand)]
         what: FaultCmd,
     },
@@ -402,6 +433,91 @@ fn exec(argv: &[String]) -> Result<()> {
     std::process::exit(status.code().unwrap_or(1));
 }
 
+/// `podpath status --vagrant`: each machine's components, the nodes' readiness from the API,
+/// the gateway's load balancers.
+fn vagrant_status(v: &lab::vagrant::VagrantLab) -> Result<()> {
+    let api = v.api()?;
+    let ready = lab::up::ready_nodes(&api);
+    println!("Vagrant lab in {}: {} machines running, API {}", v.dir.display(), v.machines.len(), api.addr);
+    println!("{:<16} {:<16} {:>8}  {:<8} NODE", "MACHINE", "COMPONENT", "PID", "STATE");
+    for (m, services) in v.services() {
+        let node = if !m.starts_with("node-") {
+            ""
+        } else if ready.contains(&m) {
+            "Ready"
+        } else {
+            "NotReady"
+        };
+        match services {
+            Ok(list) if list.is_empty() => println!("{m:<16} {:<16} {:>8}  {:<8} {node}", "-", "", ""),
+            Ok(list) => {
+                for s in list {
+                    let state = if s.active { "running" } else { "dead" };
+                    println!("{m:<16} {:<16} {:>8}  {state:<8} {node}", s.name, s.pid);
+                }
+            }
+            Err(e) => println!("{m:<16} unreachable: {e}"),
+        }
+    }
+    let lb = v
+        .run("gateway", &["curl", "-sS", "--max-time", "3", &format!("http://{}/status", lab::state::LB_STATUS)])
+        .map_err(anyhow::Error::from)
+        .and_then(|body| serde_json::from_str::<serde_json::Value>(&body).context("lb-sim's status is not JSON"));
+    match lb {
+        Ok(doc) => print!("\n{}", lab::lb_table(&doc)),
+        Err(e) => println!("\nload balancers: unknown ({e:#})"),
+    }
+    Ok(())
+}
+
+/// `podpath fault --vagrant`: the faults that run on VMs so far (the lab's NIC of a node).
+fn vagrant_fault(v: &lab::vagrant::VagrantLab, what: FaultCmd) -> Result<()> {
+    match what {
+        FaultCmd::Link { state, node } => {
+            if !node.starts_with("node-") {
+                bail!("{node:?}: `fault link` takes a node (node-1 … node-N)");
+            }
+            let nic = v.lab_nic(&node)?;
+            v.run(&node, &["ip", "link", "set", &nic, &state])?;
+            println!("{node}: {nic} (the lab's network) {state}");
+            Ok(())
+        }
+        _ => bail!(
+            "on the Vagrant lab, `podpath fault` makes `link down|up` only so far (the other faults run on namespace labs)"
+        ),
+    }
+}
+
+/// `podpath node stop|start|restart --vagrant`: the node's agent and its pods, as on the
+/// namespace lab (the VM itself keeps running: `vagrant halt` stops it).
+fn vagrant_node(v: &lab::vagrant::VagrantLab, action: &str, node: Option<String>) -> Result<()> {
+    if action == "add" {
+        bail!("on the Vagrant lab a node joins with `LAB_NODES=N vagrant up`");
+    }
+    let node = node.with_context(|| format!("`node {action}` needs a NODE (node-1 … node-N)"))?;
+    if !node.starts_with("node-") {
+        bail!("{node:?} is not a node (node-1 … node-N)");
+    }
+    v.machine(&node)?;
+    if action != "start" {
+        v.run(&node, &["sh", "-c", lab::vagrant::STOP_NODE_SCRIPT])?;
+        println!("{node}: stopped (its agent and its pods' processes)");
+    }
+    if action != "stop" {
+        let t = std::time::Instant::now();
+        v.run(&node, &["sh", "-c", lab::vagrant::START_NODE_SCRIPT])?;
+        let api = v.api()?;
+        while !lab::up::ready_nodes(&api).contains(&node) {
+            if t.elapsed() > Duration::from_secs(60) {
+                bail!("{node}: its agent started, but the node is not Ready after 60 s (`podpath status --vagrant`)");
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        println!("{node}: started; the node Ready {:.1} s later", t.elapsed().as_secs_f64());
+    }
+    Ok(())
+}
+
 fn fault(which: &Which, what: FaultCmd) -> Result<()> {
     use lab::fault::{self, Request};
     let made = |node: &str, req: Request| -> Result<()> {
@@ -539,7 +655,10 @@ fn run() -> Result<()> {
             let access = lab::state::ApiAccess::to_server(&server, ca.as_deref(), token.as_deref())?;
             lab::up::cluster_dns_objects(&access, &cluster_dns.to_string(), &mut |m| println!("{m}"))?;
         }
-        Cmd::Status { which } => {
+        Cmd::Status { which, on } => {
+            if let Some(v) = on.lab()? {
+                return vagrant_status(&v);
+            }
             let st = which.state()?;
             let ready = lab::nodes_ready(&st);
             println!(
@@ -564,15 +683,30 @@ fn run() -> Result<()> {
                 Err(e) => println!("\nload balancers: unknown ({e})"),
             }
         }
-        Cmd::Exec { which, host, cmd } => {
+        Cmd::Exec { which, on, host, cmd } => {
+            if let Some(v) = on.lab()? {
+                let (machine, argv) = match host.strip_prefix("pod/") {
+                    Some(rest) => {
+                        let (ns, name) =
+                            rest.split_once('/').with_context(|| format!("{host:?}: use pod/NAMESPACE/NAME"))?;
+                        lab::vagrant::pod_exec(&v.api()?, ns, name, &cmd)?
+                    }
+                    None => (host.clone(), cmd.clone()),
+                };
+                use std::io::IsTerminal;
+                exec(&v.ssh_argv(&machine, &argv, std::io::stdin().is_terminal())?)?;
+            }
             lab::preflight()?;
             exec(&lab::exec_argv(&which.state()?, &host, &cmd)?)?;
         }
-        Cmd::Curl { which, url, curl_args } => {
-            lab::preflight()?;
+        Cmd::Curl { which, on, url, curl_args } => {
             let mut cmd = vec!["curl".to_string(), "-sS".into(), "--max-time".into(), "10".into()];
             cmd.extend(curl_args);
             cmd.push(url);
+            if let Some(v) = on.lab()? {
+                exec(&v.ssh_argv("client", &cmd, false)?)?;
+            }
+            lab::preflight()?;
             exec(&lab::exec_argv(&which.state()?, "client", &cmd)?)?;
         }
         Cmd::Trace { which, target, from, output, timeout, host } => {
@@ -682,7 +816,20 @@ fn run() -> Result<()> {
                 _ => print!("{}", lab::explain::text(&e)),
             }
         }
-        Cmd::Rules { which, watch, count } => {
+        Cmd::Rules { which, on, watch, count } => {
+            if let Some(v) = on.lab()? {
+                if watch {
+                    bail!("`rules --watch` does not run on the Vagrant lab yet: run `podpath rules --vagrant` again");
+                }
+                for node in v.nodes() {
+                    let rules = v.proxy_rules(&node)?;
+                    println!("{node} ({} rules)", rules.len());
+                    for r in rules {
+                        println!("  {r}");
+                    }
+                }
+                return Ok(());
+            }
             let st = which.state()?;
             if watch {
                 lab::watch_rules(&st, count, &mut std::io::stdout())?;
@@ -717,7 +864,10 @@ fn run() -> Result<()> {
             which.state()?;
             println!("{}", lab::kubeconfig_path(&which.dir()).display());
         }
-        Cmd::Fault { which, what } => fault(&which, what)?,
+        Cmd::Fault { which, on, what } => match on.lab()? {
+            Some(v) => vagrant_fault(&v, what)?,
+            None => fault(&which, what)?,
+        },
         Cmd::Ui { which, listen } => {
             lab::preflight()?;
             which.state()?;
@@ -733,7 +883,10 @@ fn run() -> Result<()> {
                 let _ = std::io::stdout().flush();
             })?;
         }
-        Cmd::Node { which, action, node } => {
+        Cmd::Node { which, on, action, node } => {
+            if let Some(v) = on.lab()? {
+                return vagrant_node(&v, &action, node);
+            }
             lab::preflight()?;
             which.state()?;
             if action == "add" {

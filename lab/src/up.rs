@@ -249,7 +249,7 @@ fn write_token(path: &Path) -> Result<()> {
     f.write_all(token.as_bytes()).map_err(io(format!("write {}", path.display())))
 }
 
-pub(crate) fn ready_nodes(api: &ApiAccess) -> Vec<String> {
+pub fn ready_nodes(api: &ApiAccess) -> Vec<String> {
     let Ok((200, body)) = api.get("/api/v1/nodes") else { return vec![] };
     let Ok(v) = serde_json::from_str::<serde_json::Value>(&body) else { return vec![] };
     v["items"]
