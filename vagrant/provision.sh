@@ -252,7 +252,7 @@ node() {
   # nft in every proxy mode: NetworkPolicies are an nftables table.
   need ip iproute2 iptables iptables iptables-restore iptables curl curl nsenter util-linux conntrack conntrack nft nftables
   local b
-  for b in node-agent podpath-workload podpath-dns; do install_bin "$b" "$BIN"; done
+  for b in node-agent podpath-workload podpath-dns podpath; do install_bin "$b" "$BIN"; done
   for b in podpath-bridge podpath-ipam; do install_bin "$b" "$CNI_BIN"; done
   install_credential ca.crt "$PKI/ca.crt" 0644
   install_credential token "$TOKEN" 0600
@@ -277,8 +277,10 @@ EOF
 }
 
 gateway() {
-  need ip iproute2 iptables iptables curl curl
+  # conntrack, nft: `podpath trace --vagrant` traces here (its NAT, the nftables mode's monitor).
+  need ip iproute2 iptables iptables curl curl conntrack conntrack nft nftables
   install_bin lb-sim "$BIN"
+  install_bin podpath "$BIN"
   install_credential ca.crt "$PKI/ca.crt" 0644
   install_credential token "$TOKEN" 0600
   write_hosts
@@ -301,7 +303,9 @@ EOF
 }
 
 client() {
-  need ip iproute2 curl curl
+  # iptables, nft, conntrack: `podpath trace --vagrant` traces here too (podpath probes from here).
+  need ip iproute2 curl curl iptables iptables conntrack conntrack nft nftables
+  install_bin podpath "$BIN"
   write_hosts
   # Everything outside the client's own networks goes to the gateway, as in the all-in-one lab.
   # Two /1 routes instead of a default: they beat the management NIC's DHCP default without

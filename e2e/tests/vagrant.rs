@@ -219,6 +219,21 @@ fn provisioners_bring_up_the_lab_in_namespaces() {
     }
     eprintln!("provisioned {} machines in {:.1} s", machines.len(), t.elapsed().as_secs_f64());
 
+    // The lab's tools on the machines (`--vagrant`), over SSH as on VMs: the harness's sshd on
+    // each machine's management NIC, an SSH configuration like `vagrant ssh-config`'s.
+    let ssh_config = lab.start_sshd().unwrap_or_else(|e| panic!("{e:#}"));
+    let podpath_bin = bin("podpath");
+    let root = repo_root();
+    let podpath = |args: &[&str]| -> (bool, String) {
+        let cfg = format!("PODPATH_VAGRANT_SSH_CONFIG={}", ssh_config.display());
+        let dot = format!("VAGRANT_DOTFILE_PATH={dotfile}");
+        // `podpath COMMAND --vagrant DIR ARGS…` (before a `--` that ends exec's options).
+        let mut argv =
+            vec!["env", &cfg, &dot, podpath_bin.to_str().unwrap(), args[0], "--vagrant", root.to_str().unwrap()];
+        argv.extend_from_slice(&args[1..]);
+        lab.host_exec(&argv)
+    };
+
     // kubectl from the "host" end of the node network, with the kubeconfig the Vagrantfile made:
     // https with the lab CA's certificate, and the token.
     let kubeconfig = dot.path().join("podpath/kubeconfig");
@@ -378,6 +393,53 @@ fn provisioners_bring_up_the_lab_in_namespaces() {
     kubectl(&["delete", "networkpolicy", "echo-ingress"]);
     kubectl(&["delete", "pod", "probe", "--wait=false"]);
 
+    // `podpath trace --vagrant` of the LoadBalancer request: client → gateway → node-2 (its
+    // kube-proxy NAT) → node-1 → the pod, the same hops and the same kube-proxy rules as the
+    // trace of the same request in a namespace lab with the same objects.
+    let (ok, out) = podpath(&["trace", "--output", "json", &url]);
+    let on_vms: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"));
+    assert!(ok && on_vms["outcome"]["status"] == 200, "{on_vms:#}");
+    let netns_lab = podpath_e2e::Lab::up("vgtrace", &["--nodes", "2"]).unwrap();
+    netns_lab.kubectl(&["apply", "-f", &repo_root().join("vagrant/test/echo.yaml").to_string_lossy()]);
+    netns_lab.kubectl_until(
+        Duration::from_secs(30),
+        &["get", "svc", "echo", "-o", "jsonpath={.status.loadBalancer.ingress[0].ip}"],
+        |ip| ip == lb_ip,
+    );
+    netns_lab.kubectl(&["wait", "--for=condition=Ready", "pod/echo", "--timeout=30s"]);
+    let (ok, out) = netns_lab.run("trace", &["--output", "json", &url]);
+    let in_netns: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"));
+    assert!(ok && in_netns["outcome"]["status"] == 200, "{in_netns:#}");
+    drop(netns_lab);
+    let hosts = |t: &serde_json::Value| -> Vec<String> {
+        t["hops"].as_array().unwrap().iter().map(|h| h["host"].as_str().unwrap().to_string()).collect()
+    };
+    assert_eq!(hosts(&on_vms), ["client", "gateway", "node-2", "node-1"].map(String::from), "{on_vms:#}");
+    assert_eq!(on_vms["pod"], "default/echo", "{on_vms:#}");
+    assert_eq!(hosts(&on_vms), hosts(&in_netns));
+    // The nodes' rules as the trace names them; endpoint chains and pod addresses differ
+    // between the two labs only by the pod's address.
+    let sep = blank_pod_specifics;
+    let node_rules = |t: &serde_json::Value| -> Vec<String> {
+        t["hops"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|h| h["host"].as_str().unwrap().starts_with("node-"))
+            .flat_map(|h| {
+                let host = h["host"].as_str().unwrap().to_string();
+                h["steps"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .filter_map(move |s| s["rule"].as_str().map(|r| format!("{host}: {}", sep(r))))
+            })
+            .collect()
+    };
+    let vm_rules = node_rules(&on_vms);
+    assert!(vm_rules.iter().any(|r| r.starts_with("node-2: -A KUBE-SEP-") && r.contains("-j DNAT")), "{vm_rules:#?}");
+    assert_eq!(vm_rules, node_rules(&in_netns), "the same kube-proxy rules on VMs and in namespaces");
+
     // Provisioning again changes nothing: the same service processes, one hosts block, one
     // FORWARD jump, and the Service still answers.
     let services = lab.services();
@@ -433,20 +495,6 @@ fn provisioners_bring_up_the_lab_in_namespaces() {
     });
     assert!(field(&page, "client").is_some_and(|c| c.starts_with("10.244.1.1:")), "masqueraded by node-1: {page}");
 
-    // The lab's tools on the machines (`--vagrant`), over SSH as on VMs: the harness's sshd on
-    // each machine's management NIC, an SSH configuration like `vagrant ssh-config`'s.
-    let ssh_config = lab.start_sshd().unwrap_or_else(|e| panic!("{e:#}"));
-    let podpath_bin = bin("podpath");
-    let root = repo_root();
-    let podpath = |args: &[&str]| -> (bool, String) {
-        let cfg = format!("PODPATH_VAGRANT_SSH_CONFIG={}", ssh_config.display());
-        let dot = format!("VAGRANT_DOTFILE_PATH={dotfile}");
-        // `podpath COMMAND --vagrant DIR ARGS…` (before a `--` that ends exec's options).
-        let mut argv =
-            vec!["env", &cfg, &dot, podpath_bin.to_str().unwrap(), args[0], "--vagrant", root.to_str().unwrap()];
-        argv.extend_from_slice(&args[1..]);
-        lab.host_exec(&argv)
-    };
     let (ok, status) = podpath(&["status"]);
     assert!(ok, "{status}");
     for want in ["control-plane    apiserver-lite", "gateway          lb-sim", "node-1           node-agent"] {
@@ -539,4 +587,26 @@ fn role(machine: &str) -> &str {
     } else {
         machine
     }
+}
+
+/// A rule with what differs between two labs with the same objects blanked: the endpoint
+/// chain's hash (of the pod's address) and pod addresses.
+fn blank_pod_specifics(rule: &str) -> String {
+    let mut out = String::new();
+    let mut rest = rule;
+    while let Some(i) = [rest.find("KUBE-SEP-"), rest.find("10.244.")].into_iter().flatten().min() {
+        out.push_str(&rest[..i]);
+        let tail = &rest[i..];
+        let (keep, skip) = if tail.starts_with("KUBE-SEP-") {
+            ("KUBE-SEP-*", "KUBE-SEP-".len())
+        } else {
+            ("10.244.*", "10.244.".len())
+        };
+        out.push_str(keep);
+        let after = &tail[skip..];
+        let end = after.find(|c: char| !(c.is_ascii_alphanumeric() || c == '.')).unwrap_or(after.len());
+        rest = &after[end..];
+    }
+    out.push_str(rest);
+    out
 }

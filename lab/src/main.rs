@@ -116,6 +116,13 @@ enum Cmd {
         #[command(subcommand)]
         addon: AddonCmd,
     },
+    /// What `podpath trace --vagrant` runs on a lab machine (the probe, the monitors' sync
+    /// datagrams); not for use by hand.
+    #[command(hide = true)]
+    TraceHelper {
+        #[command(subcommand)]
+        what: TraceHelperCmd,
+    },
     /// Show the lab's processes and nodes.
     Status {
         #[command(flatten)]
@@ -149,6 +156,8 @@ enum Cmd {
     Trace {
         #[command(flatten)]
         which: Which,
+        #[command(flatten)]
+        on: OnVagrant,
         // The help text reads as typed (a URL, brackets), not as rustdoc markup.
         #[allow(rustdoc::bare_urls, rustdoc::broken_intra_doc_links)]
         /// http://HOST[:PORT]/PATH or HOST:PORT: a LoadBalancer, external, cluster, node or pod
@@ -310,6 +319,31 @@ enum Cmd {
         /// Remove the lab's image store too (kept by default: the next lab pulls nothing again).
         #[arg(long, conflicts_with = "keep_data")]
         purge_images: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum TraceHelperCmd {
+    /// One sync datagram to the loopback's discard port with the probe's DSCP, from a source
+    /// port not in --avoid; prints that port.
+    Canary {
+        #[arg(long, value_delimiter = ',')]
+        avoid: Vec<u16>,
+        #[arg(long)]
+        v6: bool,
+    },
+    /// The probe: one HTTP request with the probe's DSCP from --port; prints the outcome as JSON.
+    Probe {
+        #[arg(long)]
+        port: u16,
+        #[arg(long)]
+        dst: std::net::SocketAddr,
+        #[arg(long)]
+        path: String,
+        #[arg(long)]
+        host: String,
+        #[arg(long)]
+        timeout_ms: u64,
     },
 }
 
@@ -655,6 +689,26 @@ fn run() -> Result<()> {
             let access = lab::state::ApiAccess::to_server(&server, ca.as_deref(), token.as_deref())?;
             lab::up::cluster_dns_objects(&access, &cluster_dns.to_string(), &mut |m| println!("{m}"))?;
         }
+        Cmd::TraceHelper { what: TraceHelperCmd::Canary { avoid, v6 } } => {
+            let port = lab::trace::run::send_canary_here(v6, &avoid.into_iter().collect())
+                .context("send the trace's sync datagram")?;
+            println!("{port}");
+        }
+        Cmd::TraceHelper { what: TraceHelperCmd::Probe { port, dst, path, host, timeout_ms } } => {
+            let (socket, bound) = lab::trace::run::probe_socket_here(dst.is_ipv6(), port)
+                .with_context(|| format!("bind the probe to port {port}"))?;
+            let req = lab::trace::run::Request {
+                from: String::new(),
+                target: lab::trace::run::Target::Addr(dst),
+                path,
+                host_header: host,
+                timeout: Duration::from_millis(timeout_ms),
+            };
+            let (src, outcome) = lab::trace::run::probe(socket, bound, dst, &req);
+            let mut doc = serde_json::to_value(&outcome)?;
+            doc["src"] = src.to_string().into();
+            println!("{doc}");
+        }
         Cmd::Status { which, on } => {
             if let Some(v) = on.lab()? {
                 return vagrant_status(&v);
@@ -709,8 +763,11 @@ fn run() -> Result<()> {
             lab::preflight()?;
             exec(&lab::exec_argv(&which.state()?, "client", &cmd)?)?;
         }
-        Cmd::Trace { which, target, from, output, timeout, host } => {
-            lab::preflight()?;
+        Cmd::Trace { which, on, target, from, output, timeout, host } => {
+            let vagrant = on.lab()?;
+            if vagrant.is_none() {
+                lab::preflight()?;
+            }
             if !matches!(output.as_str(), "text" | "json" | "svg") {
                 bail!("--output {output:?}: use text, json or svg");
             }
@@ -726,8 +783,10 @@ fn run() -> Result<()> {
             }
             let req =
                 lab::trace::run::Request { from, target, path, host_header, timeout: Duration::from_secs_f64(timeout) };
-            let st = which.state()?;
-            let t = lab::trace::run::trace_once_more_if_unheard(&st, &req)?;
+            let t = match vagrant {
+                Some(v) => lab::trace::run::trace_vagrant(std::sync::Arc::new(v), &req)?,
+                None => lab::trace::run::trace_once_more_if_unheard(&which.state()?, &req)?,
+            };
             match output.as_str() {
                 "json" => print!("{}", lab::trace::render::json(&t)),
                 "svg" => print!("{}", lab::trace::render::svg(&t)),

@@ -248,6 +248,29 @@ impl VagrantLab {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
+    /// Runs `cmd` as root on `machine` with `input` on its standard input: its output.
+    pub fn run_input(&self, machine: &str, cmd: &[&str], input: &str) -> Result<String> {
+        use std::io::Write;
+        let cmd: Vec<String> = cmd.iter().map(|s| s.to_string()).collect();
+        let argv = self.ssh_argv(machine, &cmd, false)?;
+        let mut child = Command::new(&argv[0])
+            .args(&argv[1..])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .map_err(io("run ssh"))?;
+        let written = child.stdin.take().map(|mut s| s.write_all(input.as_bytes()));
+        let out = child.wait_with_output().map_err(io("run ssh"))?;
+        if !out.status.success() || matches!(written, Some(Err(_))) {
+            return Err(LabError::Command {
+                cmd: format!("{machine}: {}", cmd.join(" ")),
+                stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+            });
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
     /// The components of every machine, in the machines' order.
     pub fn services(&self) -> Vec<(String, Result<Vec<Service>>)> {
         std::thread::scope(|s| {

@@ -238,6 +238,113 @@ pub(crate) fn in_ns(netns: &str, argv: &[&str]) -> Result<String> {
     cmd_output(&v)
 }
 
+/// Where a trace's hosts are: network namespaces of this machine (a host is its namespace's
+/// name), or the machines of a Vagrant lab (a host is the machine's name), reached over SSH,
+/// where the `podpath` binary sends the probe and the sync datagrams (`podpath trace-helper`).
+/// Every side effect of a trace on a host goes through one of these methods.
+#[derive(Clone, Default)]
+pub enum Site {
+    #[default]
+    Netns,
+    Vagrant(Arc<crate::vagrant::VagrantLab>),
+}
+
+impl Site {
+    /// A command on a host; its standard output.
+    fn run(&self, host: &str, argv: &[&str]) -> Result<String> {
+        match self {
+            Site::Netns => in_ns(host, argv),
+            Site::Vagrant(v) => v.run(host, argv),
+        }
+    }
+
+    /// `iptables-restore --noflush` (or ip6tables') of `rs` on a host.
+    fn restore(&self, host: &str, v6: bool, rs: &Ruleset) -> Result<()> {
+        match self {
+            Site::Netns if v6 => ip6tables(host).restore(rs),
+            Site::Netns => iptables(host).restore(rs),
+            Site::Vagrant(v) => {
+                let tool = if v6 { "ip6tables-restore" } else { "iptables-restore" };
+                return v.run_input(host, &[tool, "--noflush", "-w", "5"], &rs.to_string()).map(|_| ());
+            }
+        }
+        .map_err(|e| LabError::Command { cmd: format!("iptables-restore in {host}"), stderr: e.to_string() })
+    }
+
+    /// `iptables-save -t TABLE` (or ip6tables') on a host.
+    fn save_text(&self, host: &str, v6: bool, table: &str) -> Result<String> {
+        match self {
+            Site::Netns => if v6 { ip6tables(host) } else { iptables(host) }.save_text(table).map_err(|e| {
+                LabError::Command { cmd: format!("iptables-save -t {table} in {host}"), stderr: e.to_string() }
+            }),
+            Site::Vagrant(v) => v.run(host, &[if v6 { "ip6tables-save" } else { "iptables-save" }, "-t", table]),
+        }
+    }
+
+    /// `nft -f -` of a transaction's text on a host.
+    fn nft_apply(&self, host: &str, tx: &podpath_ruleset::nft::Transaction) -> Result<()> {
+        match self {
+            Site::Netns => Nft::in_netns(host)
+                .apply(tx)
+                .map_err(|e| LabError::Command { cmd: format!("nft -f in {host}"), stderr: e.to_string() }),
+            Site::Vagrant(v) => v.run_input(host, &["nft", "-f", "-"], &tx.text()).map(|_| ()),
+        }
+    }
+
+    /// `nft delete table` on a host; whether it was removed.
+    fn nft_delete_table(&self, host: &str, family: NftFamily, table: &str) -> bool {
+        match self {
+            Site::Netns => Nft::in_netns(host).delete_table(family, table).is_ok(),
+            Site::Vagrant(v) => v.run(host, &["nft", "delete", "table", nft_family(family), table]).is_ok(),
+        }
+    }
+
+    /// `nft list table` on a host (None: there is no such table).
+    fn nft_list_table(&self, host: &str, family: NftFamily, table: &str) -> Option<String> {
+        match self {
+            Site::Netns => Nft::in_netns(host).list_table(family, table, false).ok().flatten(),
+            Site::Vagrant(v) => v.run(host, &["nft", "list", "table", nft_family(family), table]).ok(),
+        }
+    }
+
+    /// The command that runs a monitor on a host, its lines on standard output; it ends with
+    /// the trace (also one killed before its cleanup).
+    fn monitor_command(&self, host: &str, monitor: &[&str]) -> Result<Command> {
+        let mut c = match self {
+            Site::Netns => {
+                // util-linux's setpriv sets the parent-death signal (no `pre_exec`: the
+                // workspace denies unsafe) and execs `ip netns exec`, which execs the monitor,
+                // keeping it. Spawned from the main thread only: the signal follows the thread
+                // that forked.
+                let mut c = Command::new("setpriv");
+                c.args(["--pdeathsig", "KILL", "ip", "netns", "exec", host]).args(monitor);
+                c.stdin(Stdio::null());
+                c
+            }
+            Site::Vagrant(v) => {
+                // Remotely, the monitor goes when the connection does: the shell waits on its
+                // standard input, which ends with the SSH session, then kills it.
+                let script = format!("{} & m=$!; read _; kill $m", monitor.join(" "));
+                let argv = v.ssh_argv(host, &["sh".into(), "-c".into(), script], false)?;
+                let mut c = Command::new("setpriv");
+                c.args(["--pdeathsig", "KILL"]).args(&argv);
+                c.stdin(Stdio::piped());
+                c
+            }
+        };
+        c.stdout(Stdio::piped()).stderr(Stdio::null());
+        Ok(c)
+    }
+}
+
+fn nft_family(f: NftFamily) -> &'static str {
+    if f == NftFamily::Ip6 {
+        "ip6"
+    } else {
+        "ip"
+    }
+}
+
 /// The raw-table rules a trace adds (applied with `--noflush`): the probe's SYN, recognised by
 /// its DSCP on every host (also after NAT changed its addresses); SYN-ACKs to the probe's port
 /// (the reply, wherever it was not translated); resets with the DSCP (a kernel's reset copies the
@@ -297,8 +404,8 @@ pub enum Tracer {
 }
 
 impl Tracer {
-    fn of(st: &LabState, v6: bool) -> Tracer {
-        match (st.proxy_mode == crate::ProxyMode::Nftables, v6) {
+    fn of(nftables: bool, v6: bool) -> Tracer {
+        match (nftables, v6) {
             (false, false) => Tracer::Xtables,
             (true, false) => Tracer::Nft,
             (false, true) => Tracer::Ip6tables,
@@ -334,7 +441,7 @@ impl Tracer {
     }
     /// Removes exactly what [`Tracer::install`] wrote, in one transaction; when that fails (the
     /// rules were changed meanwhile), searches the host for them ([`remove_rules`]).
-    fn uninstall(self, ns: &str, probe_port: u16) {
+    fn uninstall(self, site: &Site, ns: &str, probe_port: u16) {
         let removed = match self {
             Tracer::Xtables => {
                 let mut raw = Table::new("raw");
@@ -345,24 +452,20 @@ impl Tracer {
                 }
                 raw.commands.push(RuleCommand::Flush(TRACE_CHAIN.into()));
                 raw.commands.push(RuleCommand::DeleteChain(TRACE_CHAIN.into()));
-                iptables(ns).restore(&Ruleset { tables: vec![raw] }).is_ok()
+                site.restore(ns, false, &Ruleset { tables: vec![raw] }).is_ok()
             }
-            _ => Nft::in_netns(ns).delete_table(self.family(), NFT_TRACE_TABLE).is_ok(),
+            _ => site.nft_delete_table(ns, self.family(), NFT_TRACE_TABLE),
         };
         if !removed {
-            remove_rules(ns);
+            remove_rules_on(site, ns);
         }
     }
 
     /// Installs the trace rules in a namespace.
-    fn install(self, ns: &str, probe_port: u16) -> Result<()> {
+    fn install(self, site: &Site, ns: &str, probe_port: u16) -> Result<()> {
         match self {
-            Tracer::Xtables => iptables(ns)
-                .restore(&trace_rules(probe_port))
-                .map_err(|e| LabError::Command { cmd: format!("iptables-restore in {ns}"), stderr: e.to_string() }),
-            _ => Nft::in_netns(ns)
-                .apply(&NftTransaction::between(None, &nft_trace_table(probe_port, self.family())).0)
-                .map_err(|e| LabError::Command { cmd: format!("nft -f in {ns}"), stderr: e.to_string() }),
+            Tracer::Xtables => site.restore(ns, false, &trace_rules(probe_port)),
+            _ => site.nft_apply(ns, &NftTransaction::between(None, &nft_trace_table(probe_port, self.family())).0),
         }
     }
 }
@@ -382,11 +485,11 @@ type Ip6tablesListings = (BTreeMap<String, String>, BTreeMap<String, String>);
 
 /// The tables ip6tables-nft writes, each as `nft -a list table ip6 T` and `ip6tables-save -t
 /// T` print it (for [`parse::ip6tables_hits`]); tables that are not there are left out.
-fn ip6tables_listings(ns: &str) -> Ip6tablesListings {
+fn ip6tables_listings(site: &Site, ns: &str) -> Ip6tablesListings {
     let (mut listings, mut saves) = (BTreeMap::new(), BTreeMap::new());
     for table in ["raw", "mangle", "nat", "filter"] {
-        let listed = in_ns(ns, &["nft", "-a", "list", "table", "ip6", table]);
-        let saved = ip6tables(ns).save_text(table);
+        let listed = site.run(ns, &["nft", "-a", "list", "table", "ip6", table]);
+        let saved = site.save_text(ns, true, table);
         if let (Ok(l), Ok(s)) = (listed, saved) {
             listings.insert(table.to_string(), l);
             saves.insert(table.to_string(), s);
@@ -427,6 +530,25 @@ pub fn remove_rules(netns: &str) {
     }
 }
 
+/// [`remove_rules`] on a host of either kind of lab.
+fn remove_rules_on(site: &Site, host: &str) {
+    match site {
+        Site::Netns => remove_rules(host),
+        Site::Vagrant(_) => {
+            let saved = site.save_text(host, false, "raw").ok().and_then(|t| podpath_ruleset::text::parse(&t).ok());
+            if let Some(saved) = saved.and_then(|rs| rs.tables.into_iter().next()) {
+                let plan = removal(&saved);
+                if !plan.tables.is_empty() {
+                    let _ = site.restore(host, false, &plan);
+                }
+            }
+            for family in [NftFamily::Ip, NftFamily::Ip6] {
+                site.nft_delete_table(host, family, NFT_TRACE_TABLE);
+            }
+        }
+    }
+}
+
 /// The per-namespace switch that lets an accepted socket know its SYN's TOS, so relays (the
 /// userspace proxy, lb-sim's NodePort and L7 load balancers) give their own connection the
 /// probe's DSCP (`podpath_client::relay`).
@@ -434,7 +556,11 @@ const REFLECT_TOS: &str = "/proc/sys/net/ipv4/tcp_reflect_tos";
 
 /// Sets `tcp_reflect_tos` in a namespace; returns the value it had (None: no such switch in
 /// this kernel, so relays are not followed).
-fn set_reflect_tos(ns: &str, value: &str) -> Option<String> {
+fn set_reflect_tos(site: &Site, ns: &str, value: &str) -> Option<String> {
+    if let Site::Vagrant(v) = site {
+        let script = format!("cat {REFLECT_TOS} && echo {value} > {REFLECT_TOS}");
+        return v.run(ns, &["sh", "-c", &script]).ok().map(|old| old.trim().to_string());
+    }
     let value = value.to_string();
     in_netns_thread(format!("/run/netns/{ns}"), move || {
         let old = std::fs::read_to_string(REFLECT_TOS).ok()?;
@@ -448,6 +574,7 @@ fn set_reflect_tos(ns: &str, value: &str) -> Option<String> {
 /// What a trace has installed and started; `cleanup` undoes it (idempotent).
 #[derive(Default)]
 pub struct Installed {
+    site: Site,
     namespaces: Vec<String>,
     /// The trace rules installed (and the probe's port they name): removed as they were
     /// written, one transaction per host; unknown, each host is searched for them.
@@ -467,17 +594,18 @@ impl Installed {
         let namespaces: Vec<String> = self.namespaces.drain(..).collect();
         let reflect: Vec<(String, String)> = self.reflect_tos.drain(..).collect();
         let rules = self.rules.take();
+        let site = &self.site;
         // Every host at once: its switch put back, its rules removed.
         std::thread::scope(|s| {
             for ns in &namespaces {
                 let old = reflect.iter().find(|(n, _)| n == ns).map(|(_, old)| old.clone());
                 s.spawn(move || {
                     if let Some(old) = old {
-                        set_reflect_tos(ns, &old);
+                        set_reflect_tos(site, ns, &old);
                     }
                     match rules {
-                        Some((tracer, port)) => tracer.uninstall(ns, port),
-                        None => remove_rules(ns),
+                        Some((tracer, port)) => tracer.uninstall(site, ns, port),
+                        None => remove_rules_on(site, ns),
                     }
                 });
             }
@@ -527,9 +655,30 @@ impl Drop for Guard {
 /// Sends one sync datagram from a namespace (to the loopback address of the traced family),
 /// from a source port not in `taken`; returns that port (it tells this datagram from every
 /// earlier one).
-fn send_canary(ns_path: &str, v6: bool, taken: &BTreeSet<u16>) -> Result<u16> {
+fn send_canary(site: &Site, host: &str, v6: bool, taken: &BTreeSet<u16>) -> Result<u16> {
+    if let Site::Vagrant(v) = site {
+        let avoid = taken.iter().map(u16::to_string).collect::<Vec<_>>().join(",");
+        let mut argv = vec!["podpath", "trace-helper", "canary"];
+        if !avoid.is_empty() {
+            argv.extend(["--avoid", &avoid]);
+        }
+        if v6 {
+            argv.push("--v6");
+        }
+        let out = v.run(host, &argv)?;
+        return out
+            .trim()
+            .parse()
+            .map_err(|_| LabError::NotReady(format!("{host}: podpath trace-helper canary printed {out:?}")));
+    }
     let taken = taken.clone();
-    in_netns_thread(ns_path.to_string(), move || -> std::io::Result<u16> {
+    in_netns_thread(format!("/run/netns/{host}"), move || send_canary_here(v6, &taken))?
+        .map_err(|e| LabError::Io { what: "send the trace's sync datagram".into(), source: e })
+}
+
+/// [`send_canary`] from this process's own namespace (`podpath trace-helper canary` on a VM).
+pub fn send_canary_here(v6: bool, taken: &BTreeSet<u16>) -> std::io::Result<u16> {
+    {
         let lo: IpAddr = if v6 { Ipv6Addr::LOCALHOST.into() } else { Ipv4Addr::LOCALHOST.into() };
         // An ephemeral port is random; a few tries find one this monitor has not seen yet.
         for _ in 0..16 {
@@ -549,8 +698,7 @@ fn send_canary(ns_path: &str, v6: bool, taken: &BTreeSet<u16>) -> Result<u16> {
             return Ok(port);
         }
         Err(std::io::Error::other("no fresh source port for the sync datagram"))
-    })?
-    .map_err(|e| LabError::Io { what: "send the trace's sync datagram".into(), source: e })
+    }
 }
 
 /// The source ports of the sync datagrams a monitor printed. One datagram shows once per hook
@@ -582,13 +730,14 @@ fn monitors_silent(behind: &[&str]) -> LabError {
 /// it out. A monitor that exited, or that is still silent halfway through the wait, is started
 /// again (`restart`, by index): CI once saw one stay silent for the whole wait.
 fn monitors_subscribed(
+    site: &Site,
     tracer: Tracer,
     hosts: &[(String, String)],
     outputs: &[Arc<Mutex<String>>],
     exited: impl FnMut(usize) -> bool,
     restart: impl FnMut(usize) -> Result<()>,
 ) -> Result<()> {
-    let send = |i: usize| send_canary(&format!("/run/netns/{}", hosts[i].1), tracer.v6(), &BTreeSet::new()).map(|_| ());
+    let send = |i: usize| send_canary(site, &hosts[i].1, tracer.v6(), &BTreeSet::new()).map(|_| ());
     let names: Vec<&str> = hosts.iter().map(|(h, _)| h.as_str()).collect();
     wait_subscribed(tracer, &names, outputs, Duration::from_secs(15), send, exited, restart)
 }
@@ -643,10 +792,15 @@ fn wait_subscribed(
 /// Waits until every monitor has delivered everything the kernel reported before now: a
 /// fresh sync datagram, sent after the probe, has come out of each (events of one namespace
 /// reach its monitor in order).
-fn monitors_drained(tracer: Tracer, hosts: &[(String, String)], outputs: &[Arc<Mutex<String>>]) -> Result<()> {
+fn monitors_drained(
+    site: &Site,
+    tracer: Tracer,
+    hosts: &[(String, String)],
+    outputs: &[Arc<Mutex<String>>],
+) -> Result<()> {
     let mut awaited = Vec::new();
     for ((_, ns), out) in hosts.iter().zip(outputs) {
-        awaited.push(send_canary(&format!("/run/netns/{ns}"), tracer.v6(), &canary_ports(tracer, &monitor_text(out)))?);
+        awaited.push(send_canary(site, ns, tracer.v6(), &canary_ports(tracer, &monitor_text(out)))?);
     }
     // As long as the subscription wait: a monitor on a loaded machine can lag seconds behind
     // (CI once saw more than 5 s); a healthy one answers in milliseconds.
@@ -673,11 +827,17 @@ fn monitors_drained(tracer: Tracer, hosts: &[(String, String)], outputs: &[Arc<M
 /// namespace it was made in) for the destination's family, so its port is known before the
 /// trace rules go in. The DSCP rides in the TOS byte (IPv4) or the traffic class (IPv6).
 fn probe_socket(ns_path: &str, v6: bool) -> Result<(socket2::Socket, SocketAddr)> {
-    in_netns_thread(ns_path.to_string(), move || -> std::io::Result<(socket2::Socket, SocketAddr)> {
+    in_netns_thread(ns_path.to_string(), move || probe_socket_here(v6, 0))?
+        .map_err(|e| LabError::Io { what: "make the probe's socket".into(), source: e })
+}
+
+/// [`probe_socket`] in this process's own namespace, bound to `port` (0: any).
+pub fn probe_socket_here(v6: bool, port: u16) -> std::io::Result<(socket2::Socket, SocketAddr)> {
+    {
         let (domain, any) = if v6 {
-            (socket2::Domain::IPV6, SocketAddr::from((Ipv6Addr::UNSPECIFIED, 0)))
+            (socket2::Domain::IPV6, SocketAddr::from((Ipv6Addr::UNSPECIFIED, port)))
         } else {
-            (socket2::Domain::IPV4, SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)))
+            (socket2::Domain::IPV4, SocketAddr::from((Ipv4Addr::UNSPECIFIED, port)))
         };
         let s = socket2::Socket::new(domain, socket2::Type::STREAM, None)?;
         if v6 {
@@ -689,12 +849,11 @@ fn probe_socket(ns_path: &str, v6: bool) -> Result<(socket2::Socket, SocketAddr)
         s.bind(&any.into())?;
         let local = s.local_addr()?.as_socket().ok_or_else(|| std::io::Error::other("not an IP socket"))?;
         Ok((s, local))
-    })?
-    .map_err(|e| LabError::Io { what: "make the probe's socket".into(), source: e })
+    }
 }
 
 /// The probe: one HTTP request on the prepared socket; returns the source address it had.
-fn probe(s: socket2::Socket, bound: SocketAddr, dst: SocketAddr, req: &Request) -> (SocketAddr, Outcome) {
+pub fn probe(s: socket2::Socket, bound: SocketAddr, dst: SocketAddr, req: &Request) -> (SocketAddr, Outcome) {
     let t = Instant::now();
     let connected = s.connect_timeout(&dst.into(), req.timeout);
     // The source address is chosen at connect time (the port was fixed by bind).
@@ -898,12 +1057,156 @@ pub fn trace(st: &LabState, req: &Request) -> Result<Trace> {
             st.name, st.ip_family
         )));
     }
-    let tracer = Tracer::of(st, dst.is_ipv6());
     let mut hosts: Vec<(String, String)> = vec![("client".into(), String::new()), ("gateway".into(), String::new())];
     hosts.extend(plan.nodes.iter().map(|n| (n.name.clone(), String::new())));
     for (h, ns) in &mut hosts {
         *ns = plan.netns_of(h).expect("planned host").to_string();
     }
+    let mut nodes: Vec<(IpAddr, String)> = vec![];
+    for n in &plan.nodes {
+        nodes.push((n.ip.into(), n.name.clone()));
+        if let Some(ip6) = n.ip6 {
+            nodes.push((ip6.into(), n.name.clone()));
+        }
+    }
+    let lab = Lab {
+        site: Site::Netns,
+        name: st.name.clone(),
+        nftables: st.proxy_mode == crate::ProxyMode::Nftables,
+        hosts,
+        nodes,
+        api,
+        lb_status: Box::new(|| crate::lb_status(st)),
+    };
+    let mut t = trace_in(&lab, Source::Netns(src_ns), req, dst)?;
+    t.lookup = lookup;
+    Ok(t)
+}
+
+/// `podpath trace --vagrant`: the same trace on the machines of a Vagrant lab, each host's
+/// monitor and rules over SSH, the probe sent by `podpath trace-helper probe` on the source
+/// machine (a request to an address: names are looked up from pods, on namespace labs only).
+pub fn trace_vagrant(v: Arc<crate::vagrant::VagrantLab>, req: &Request) -> Result<Trace> {
+    let api = v.api()?;
+    let dst = match &req.target {
+        Target::Addr(a) if a.is_ipv4() => *a,
+        Target::Addr(a) => return Err(LabError::Usage(format!("{a}: the Vagrant lab is IPv4 only"))),
+        Target::Name { name, .. } => {
+            return Err(LabError::Usage(format!(
+                "{name}: on the Vagrant lab, trace an address (names are looked up from pods on namespace labs only, so far)"
+            )))
+        }
+    };
+    if req.from.starts_with("pod/") {
+        return Err(LabError::Usage(format!(
+            "--from {}: on the Vagrant lab a trace starts from a machine (client, gateway, node-N)",
+            req.from
+        )));
+    }
+    let from = v.machine(&req.from)?.to_string();
+    let mut names = vec!["client".to_string(), "gateway".to_string()];
+    names.extend(v.nodes());
+    for n in &names {
+        v.machine(n)?;
+    }
+    let nodes: Vec<(IpAddr, String)> = v
+        .nodes()
+        .into_iter()
+        .filter_map(|n| crate::vagrant::lab_ip(&n).and_then(|ip| ip.parse().ok()).map(|ip| (ip, n)))
+        .collect();
+    // The proxy mode, as the nodes run it: the nftables mode has its table.
+    let first = v.nodes().into_iter().next().ok_or_else(|| LabError::NotReady("no node machine is running".into()))?;
+    let nftables = v.run(&first, &["nft", "list", "table", "ip", "kube-proxy"]).is_ok();
+    let lb = v.clone();
+    let lab = Lab {
+        site: Site::Vagrant(v),
+        name: "vagrant".into(),
+        nftables,
+        hosts: names.iter().map(|n| (n.clone(), n.clone())).collect(),
+        nodes,
+        api: &api,
+        lb_status: Box::new(move || {
+            let body = lb.run(
+                "gateway",
+                &["curl", "-sS", "--max-time", "3", &format!("http://{}/status", crate::state::LB_STATUS)],
+            )?;
+            serde_json::from_str(&body).map_err(|e| LabError::NotReady(format!("lb-sim status is not JSON: {e}")))
+        }),
+    };
+    trace_in(&lab, Source::Machine(from), req, dst)
+}
+
+/// What a trace needs of its lab, of either kind.
+struct Lab<'a> {
+    site: Site,
+    /// Names the lock file: one trace per lab at a time.
+    name: String,
+    /// The nodes run the nftables mode.
+    nftables: bool,
+    /// (host, where it is: a namespace or a machine): the client, the gateway, the nodes.
+    hosts: Vec<(String, String)>,
+    /// Each node's addresses.
+    nodes: Vec<(IpAddr, String)>,
+    api: &'a ApiAccess,
+    lb_status: Box<dyn Fn() -> Result<serde_json::Value> + 'a>,
+}
+
+/// Where the probe leaves from: a namespace (its path), or a machine of a Vagrant lab.
+enum Source {
+    Netns(String),
+    Machine(String),
+}
+
+/// The probe of a trace on a Vagrant lab's machine: `podpath trace-helper probe` there, bound
+/// to `port`; (source address, outcome) from what it prints.
+fn probe_on(
+    v: &crate::vagrant::VagrantLab,
+    machine: &str,
+    port: u16,
+    dst: SocketAddr,
+    req: &Request,
+) -> (SocketAddr, Outcome) {
+    let t = Instant::now();
+    let timeout = req.timeout.as_millis().to_string();
+    let (port_s, dst_s) = (port.to_string(), dst.to_string());
+    let argv = [
+        "podpath",
+        "trace-helper",
+        "probe",
+        "--port",
+        &port_s,
+        "--dst",
+        &dst_s,
+        "--path",
+        &req.path,
+        "--host",
+        &req.host_header,
+        "--timeout-ms",
+        &timeout,
+    ];
+    let bound = SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), port);
+    match v.run(machine, &argv).map(|out| serde_json::from_str::<serde_json::Value>(&out)) {
+        Ok(Ok(doc)) => {
+            let src = doc["src"].as_str().and_then(|s| s.parse().ok()).unwrap_or(bound);
+            let outcome = Outcome {
+                answered: doc["answered"] == true,
+                status: doc["status"].as_u64().map(|c| c as u16),
+                millis: doc["millis"].as_f64().unwrap_or_default(),
+                error: doc["error"].as_str().map(str::to_string),
+            };
+            (src, outcome)
+        }
+        Ok(Err(e)) => (bound, failed(t, format!("podpath trace-helper probe on {machine}: {e}"))),
+        Err(e) => (bound, failed(t, e.to_string())),
+    }
+}
+
+/// A trace once the destination is known: rules and monitors in every host, the probe, the
+/// read back; everything put back on every way out.
+fn trace_in(lab: &Lab, source: Source, req: &Request, dst: SocketAddr) -> Result<Trace> {
+    let site = &lab.site;
+    let tracer = Tracer::of(lab.nftables, dst.is_ipv6());
+    let hosts = &lab.hosts;
     // One trace per lab at a time: the probe's DSCP is the same for every trace. The lock file
     // also says whether a trace's rules may be left in the hosts (`installed`: one was killed
     // before its cleanup); only then does a trace look for left-overs before installing.
@@ -912,7 +1215,7 @@ pub fn trace(st: &LabState, req: &Request) -> Result<Trace> {
         .truncate(false)
         .read(true)
         .write(true)
-        .open(lock_path(&st.name))
+        .open(lock_path(&lab.name))
         .map_err(|e| LabError::Io { what: "open the trace lock".into(), source: e })?;
     let mut lock = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive)
         .map_err(|(_, e)| LabError::Io { what: "lock the lab for tracing".into(), source: e.into() })?;
@@ -920,9 +1223,22 @@ pub fn trace(st: &LabState, req: &Request) -> Result<Trace> {
     // kernel's default, 0, where it recorded nothing).
     let left_overs = marked_installed(&mut lock).map_err(io("read the trace lock"))?;
 
-    let (socket, bound) = probe_socket(&src_ns, dst.is_ipv6())?;
+    // The probe's socket (and so its port) first: the trace rules name the port.
+    let (socket, bound) = match &source {
+        Source::Netns(path) => {
+            let (s, b) = probe_socket(path, dst.is_ipv6())?;
+            (Some(s), b)
+        }
+        // An ephemeral port, free on the machine unless it is that busy.
+        Source::Machine(_) => {
+            let nanos =
+                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().subsec_nanos();
+            (None, SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), 32768 + (nanos % 28000) as u16))
+        }
+    };
     let guard = Guard::new();
     guard.with(|i| {
+        i.site = site.clone();
         i.namespaces.extend(hosts.iter().map(|(_, ns)| ns.clone()));
         i.rules = Some((tracer, bound.port()));
     });
@@ -932,16 +1248,8 @@ pub fn trace(st: &LabState, req: &Request) -> Result<Trace> {
     // prints; `nft monitor` prints the trace table's own rules, added after it started, by
     // handle, and those hooks are not shown).
     let spawn_monitor = |ns: &str, out: &Arc<Mutex<String>>| -> Result<Child> {
-        // A monitor ends with the trace, also one killed before its cleanup: util-linux's
-        // setpriv sets the parent-death signal (no `pre_exec`: the workspace denies unsafe) and
-        // execs `ip netns exec`, which execs the monitor, keeping it. Spawned from the main
-        // thread only: the signal follows the thread that forked.
-        let mut child = Command::new("setpriv")
-            .args(["--pdeathsig", "KILL", "ip", "netns", "exec", ns])
-            .args(tracer.monitor())
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+        let mut child = site
+            .monitor_command(ns, tracer.monitor())?
             .spawn()
             .map_err(|e| LabError::Io { what: format!("cannot run {}", tracer.monitor().join(" ")), source: e })?;
         let (stdout, sink) = (child.stdout.take().expect("piped"), out.clone());
@@ -955,7 +1263,7 @@ pub fn trace(st: &LabState, req: &Request) -> Result<Trace> {
         Ok(child)
     };
     let mut outputs = Vec::new();
-    for (_, ns) in &hosts {
+    for (_, ns) in hosts {
         let out = Arc::new(Mutex::new(String::new()));
         let child = spawn_monitor(ns, &out)?;
         guard.with(|i| i.monitors.push(child));
@@ -971,11 +1279,11 @@ pub fn trace(st: &LabState, req: &Request) -> Result<Trace> {
                     .map(|l| l.iter().find(|(n, _)| n == ns).map(|(_, old)| old.clone()).unwrap_or_else(|| "0".into()));
                 s.spawn(move || {
                     if let Some(old) = left {
-                        remove_rules(ns);
-                        set_reflect_tos(ns, &old);
+                        remove_rules_on(site, ns);
+                        set_reflect_tos(site, ns, &old);
                     }
-                    let done = tracer.install(ns, bound.port());
-                    (done, set_reflect_tos(ns, "1"))
+                    let done = tracer.install(site, ns, bound.port());
+                    (done, set_reflect_tos(site, ns, "1"))
                 })
             })
             .collect();
@@ -995,8 +1303,9 @@ pub fn trace(st: &LabState, req: &Request) -> Result<Trace> {
     mark_installed(&mut lock, Some(&olds)).map_err(io("write the trace lock"))?;
     results.into_iter().collect::<Result<Vec<()>>>()?;
     monitors_subscribed(
+        site,
         tracer,
-        &hosts,
+        hosts,
         &outputs,
         |i| guard.with(|g| !matches!(g.monitors[i].try_wait(), Ok(None))),
         |i| {
@@ -1010,25 +1319,31 @@ pub fn trace(st: &LabState, req: &Request) -> Result<Trace> {
             Ok(())
         },
     )?;
-    let (src, outcome) = probe(socket, bound, dst, req);
+    let (src, outcome) = match (&source, socket) {
+        (Source::Netns(_), Some(socket)) => probe(socket, bound, dst, req),
+        (Source::Machine(m), _) => match site {
+            Site::Vagrant(v) => probe_on(v, m, bound.port(), dst, req),
+            Site::Netns => unreachable!("a machine is a Vagrant lab's"),
+        },
+        (Source::Netns(_), None) => unreachable!("made above"),
+    };
     // A short wait lets a lost request's retransmits and a late reply be seen too.
     if !outcome.answered {
         std::thread::sleep(Duration::from_millis(200));
     }
-    monitors_drained(tracer, &hosts, &outputs)?;
+    monitors_drained(site, tracer, hosts, &outputs)?;
     // What the monitors printed up to the drain; then the hosts are put back (monitors
     // stopped, rules removed) while the rest is read.
     let texts: Vec<String> = outputs.iter().map(|o| monitor_text(o)).collect();
     std::thread::scope(|s| -> Result<Trace> {
         let cleaning = s.spawn(|| guard.with(|i| i.cleanup()));
-        let t = read_back(st, &plan, api, tracer, &hosts, &texts, req, src, dst, outcome);
+        let t = read_back(lab, tracer, &texts, req, src, dst, outcome);
         let _ = cleaning.join();
         t
     })
-    .and_then(|mut t| {
+    .and_then(|t| {
         drop(guard);
         mark_installed(&mut lock, None).map_err(io("write the trace lock"))?;
-        t.lookup = lookup;
         Ok(t)
     })
 }
@@ -1067,17 +1382,15 @@ fn mark_installed(lock: &mut std::fs::File, installed: Option<&[(String, String)
 /// trace's own rules are being removed; the trace assembled from them.
 #[allow(clippy::too_many_arguments)]
 fn read_back(
-    st: &LabState,
-    plan: &Plan,
-    api: &ApiAccess,
+    lab: &Lab,
     tracer: Tracer,
-    hosts: &[(String, String)],
     texts: &[String],
     req: &Request,
     src: SocketAddr,
     dst: SocketAddr,
     outcome: Outcome,
 ) -> Result<Trace> {
+    let (site, hosts) = (&lab.site, &lab.hosts);
     let mut observed = Observed { from: req.from.clone(), src: Some(src), dst: Some(dst), ..Default::default() };
     for ((h, _), text) in hosts.iter().zip(texts) {
         observed.packets.insert(h.clone(), tracer.parse(text));
@@ -1114,7 +1427,7 @@ fn read_back(
                         "--orig-port-dst",
                         &dport,
                     ];
-                    in_ns(ns, &argv).unwrap_or_default()
+                    site.run(ns, &argv).unwrap_or_default()
                 })
             })
             .collect();
@@ -1129,12 +1442,9 @@ fn read_back(
             .collect();
         observed.conntrack.insert(h.clone(), entries);
     }
-    let mut objects = api_objects(api);
-    for n in &plan.nodes {
-        objects.nodes.insert(n.ip.into(), n.name.clone());
-        if let Some(ip6) = n.ip6 {
-            objects.nodes.insert(ip6.into(), n.name.clone());
-        }
+    let mut objects = api_objects(lab.api);
+    for (ip, name) in &lab.nodes {
+        objects.nodes.insert(*ip, name.clone());
     }
     let flow = flow::follow(&observed);
     let queries = flow::route_queries(&observed, &flow);
@@ -1146,7 +1456,7 @@ fn read_back(
                 s.spawn(move || {
                     let mut argv = vec!["ip", "route", "get"];
                     argv.extend(args.iter().map(String::as_str));
-                    in_ns(&ns, &argv).ok()
+                    site.run(&ns, &argv).ok()
                 })
             })
             .collect();
@@ -1168,15 +1478,13 @@ fn read_back(
                 let ns = hosts.iter().find(|(h, _)| h == *host).expect("traced host").1.clone();
                 s.spawn(move || {
                     let text = match tracer {
-                        Tracer::Xtables => iptables(&ns).save_text("nat").unwrap_or_default(),
-                        Tracer::Ip6tables => ip6tables(&ns).save_text("nat").unwrap_or_default(),
-                        Tracer::Nft | Tracer::Nft6 => Nft::in_netns(&ns)
-                            .list_table(tracer.family(), super::nft_steps::TABLE, false)
-                            .ok()
-                            .flatten()
-                            .unwrap_or_default(),
+                        Tracer::Xtables => site.save_text(&ns, false, "nat").unwrap_or_default(),
+                        Tracer::Ip6tables => site.save_text(&ns, true, "nat").unwrap_or_default(),
+                        Tracer::Nft | Tracer::Nft6 => {
+                            site.nft_list_table(&ns, tracer.family(), super::nft_steps::TABLE).unwrap_or_default()
+                        }
                     };
-                    let placed = (tracer == Tracer::Ip6tables).then(|| ip6tables_listings(&ns));
+                    let placed = (tracer == Tracer::Ip6tables).then(|| ip6tables_listings(site, &ns));
                     ((*host).clone(), text, placed)
                 })
             })
@@ -1194,7 +1502,7 @@ fn read_back(
         }
     }
     if flow.legs.iter().any(|l| l.path.iter().any(|h| h == "gateway")) {
-        if let Ok(doc) = crate::lb_status(st) {
+        if let Ok(doc) = (lab.lb_status)() {
             let vip = dst.ip().to_string();
             objects.lb = lb_view(&doc, &vip);
             objects.gateway_decision = gateway_decision(&doc, &vip);
