@@ -521,6 +521,16 @@ impl NetnsVagrant {
         for b in &self.machines {
             crate::kill_pods(&b.root.join("var/lib/podpath/node"));
         }
+        // What is left in the machines: the sessions of a multiplexed SSH connection outlive
+        // their sshd (their client may keep the connection open for a while).
+        let left = processes_rooted_in(self.work.path());
+        for pid in &left {
+            let _ = kill(Pid::from_raw(*pid), Signal::SIGKILL);
+        }
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_secs(5) && left.iter().any(|p| alive(*p)) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
         for ns in self.namespaces.iter().rev() {
             let _ = sh(&["ip", "netns", "del", ns]);
         }

@@ -96,6 +96,31 @@ fn vagrantfile_validates_under_both_providers_and_refuses_bad_settings() {
     let fresh = tempfile::tempdir().unwrap();
     let (ok, out) = vagrant(&["up", "--no-provision"], &[("LAB_BIN_DIR", "/nonexistent")], fresh.path());
     assert!(!ok && out.contains("missing in /nonexistent: run `cargo build --release` first"), "{out}");
+    // Binaries the box cannot run: one line naming the file, what it is and what to build.
+    let bad = home.path().join("bad-bins");
+    std::fs::create_dir_all(&bad).unwrap();
+    for b in [
+        "apiserver-lite",
+        "podpath",
+        "node-agent",
+        "podpath-workload",
+        "podpath-dns",
+        "podpath-bridge",
+        "podpath-ipam",
+        "lb-sim",
+    ] {
+        std::fs::copy(bin(b), bad.join(b)).unwrap();
+    }
+    let bad_dir = bad.to_str().unwrap();
+    let (ok, out) =
+        vagrant(&["up", "--no-provision"], &[("LAB_BIN_DIR", bad_dir), ("LAB_BOX_ARCH", "arm64")], fresh.path());
+    assert!(!ok && out.contains("is built for x86-64, but the box debian/bookworm64 is arm64 (box_arch)"), "{out}");
+    assert!(out.contains("--target aarch64-unknown-linux-gnu"), "{out}");
+    std::fs::write(bad.join("lb-sim"), b"\xcf\xfa\xed\xfe\x07\x00\x00\x01 a Mach-O binary").unwrap();
+    let (ok, out) = vagrant(&["up", "--no-provision"], &[("LAB_BIN_DIR", bad_dir)], fresh.path());
+    assert!(!ok && out.contains("lb-sim is not a Linux binary (built on macOS or Windows?)"), "{out}");
+    let (ok, out) = vagrant(&["validate", "-p"], &[("LAB_BOX_ARCH", "riscv")], home.path());
+    assert!(!ok && out.contains("podpath: box_arch is \"riscv\": expected amd64 or arm64"), "{out}");
     let (_, ids) = testkit::netns::sh(&["find", &fresh.path().to_string_lossy(), "-name", "id"]);
     assert!(ids.trim().is_empty(), "no machine created: {ids}");
 }
@@ -139,14 +164,15 @@ fn machines_follow_the_all_in_one_address_plan() {
                 .collect();
             let want: &[&str] = match m.name.as_str() {
                 "control-plane" => &["apiserver-lite", "podpath", "ca.crt", "ca.key", "token"],
-                "gateway" => &["lb-sim", "ca.crt", "token"],
-                "client" => &[],
+                "gateway" => &["lb-sim", "podpath", "ca.crt", "token"],
+                "client" => &["podpath"],
                 _ => &[
                     "node-agent",
                     "podpath-workload",
                     "podpath-dns",
                     "podpath-bridge",
                     "podpath-ipam",
+                    "podpath",
                     "ca.crt",
                     "token",
                 ],
@@ -396,7 +422,9 @@ fn provisioners_bring_up_the_lab_in_namespaces() {
     // `podpath trace --vagrant` of the LoadBalancer request: client → gateway → node-2 (its
     // kube-proxy NAT) → node-1 → the pod, the same hops and the same kube-proxy rules as the
     // trace of the same request in a namespace lab with the same objects.
+    let t0 = std::time::Instant::now();
     let (ok, out) = podpath(&["trace", "--output", "json", &url]);
+    eprintln!("trace --vagrant (machines over SSH): {:.0} ms", t0.elapsed().as_secs_f64() * 1000.0);
     let on_vms: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"));
     assert!(ok && on_vms["outcome"]["status"] == 200, "{on_vms:#}");
     let netns_lab = podpath_e2e::Lab::up("vgtrace", &["--nodes", "2"]).unwrap();
@@ -407,7 +435,9 @@ fn provisioners_bring_up_the_lab_in_namespaces() {
         |ip| ip == lb_ip,
     );
     netns_lab.kubectl(&["wait", "--for=condition=Ready", "pod/echo", "--timeout=30s"]);
+    let t0 = std::time::Instant::now();
     let (ok, out) = netns_lab.run("trace", &["--output", "json", &url]);
+    eprintln!("trace (namespaces): {:.0} ms", t0.elapsed().as_secs_f64() * 1000.0);
     let in_netns: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"));
     assert!(ok && in_netns["outcome"]["status"] == 200, "{in_netns:#}");
     drop(netns_lab);

@@ -227,6 +227,15 @@ impl VagrantLab {
         for o in ["BatchMode=yes", "ConnectTimeout=10", "LogLevel=ERROR"] {
             argv.extend(["-o".to_string(), o.to_string()]);
         }
+        // One connection per machine, shared by the many short commands of a trace or a
+        // status (a new SSH handshake each would cost tens of milliseconds); it closes 30 s
+        // after its last use. %C hashes user, host and port: a short socket path.
+        let socket = std::env::temp_dir().join("podpath-ssh-%C");
+        for o in
+            ["ControlMaster=auto".to_string(), format!("ControlPath={}", socket.display()), "ControlPersist=30s".into()]
+        {
+            argv.extend(["-o".to_string(), o]);
+        }
         if tty {
             argv.push("-t".into());
         }

@@ -187,6 +187,7 @@ trap 'exit 130' INT TERM
 start_libvirt
 
 phase "vagrant up --provider=libvirt ($LAB_NODES nodes, driver $LAB_LIBVIRT_DRIVER)"
+UP_START=$(date +%s)
 if ! in_ns vagrant up --provider=libvirt >"$WORK/up.log" 2>&1; then
   tail -n 40 "$WORK/up.log" >&2
   echo "vagrant up failed; the whole log is $WORK/up.log" >&2
@@ -204,6 +205,7 @@ for _ in $(seq 60); do
   sleep 2
 done
 kubectl get nodes -o wide
+echo "figure: vagrant up from nothing → all $LAB_NODES nodes Ready: $(($(date +%s) - UP_START)) s (driver $LAB_LIBVIRT_DRIVER)"
 kubectl apply -f "$ROOT/vagrant/test/echo.yaml" # one pod on node-1, its LB IP routed to node-2
 LB=""
 for _ in $(seq 60); do
@@ -227,6 +229,27 @@ cat "$WORK/curl.out"
 $ok || { echo "the client VM got no answer from http://$LB/" >&2; exit 1; }
 in_ns vagrant ssh gateway -c "ip route show $LB; curl -sS http://127.0.0.1:9900/status" 2>/dev/null | head -c 2000
 echo
+
+phase "podpath status and trace --vagrant (over vagrant ssh-config)"
+podpath() { in_ns "$ROOT/target/release/podpath" "$@"; }
+podpath status --vagrant "$ROOT"
+ms() { echo $(($(date +%s%N) / 1000000)); }
+t0=$(ms)
+podpath trace --vagrant "$ROOT" "http://$LB/" | tee "$WORK/trace-vagrant.txt"
+echo "figure: podpath trace --vagrant http://$LB/ (VMs): $(($(ms) - t0)) ms"
+grep -q 'KUBE-SVC-' "$WORK/trace-vagrant.txt" || { echo "the trace names no kube-proxy rule" >&2; exit 1; }
+# The same request in a namespace lab on this machine, for the wall time beside it.
+podpath up --name lvtrace --nodes "$LAB_NODES" --host-programs >/dev/null
+in_ns env KUBECONFIG=/var/lib/podpath/lvtrace/kubeconfig kubectl apply -f "$ROOT/vagrant/test/echo.yaml" >/dev/null
+for _ in $(seq 60); do
+  in_ns env KUBECONFIG=/var/lib/podpath/lvtrace/kubeconfig kubectl get svc echo -o jsonpath='{.status.loadBalancer.ingress[0].ip}' | grep -q . && break
+  sleep 0.5
+done
+in_ns env KUBECONFIG=/var/lib/podpath/lvtrace/kubeconfig kubectl wait --for=condition=Ready pod/echo --timeout=60s >/dev/null
+t0=$(ms)
+podpath trace --name lvtrace "http://$LB/" >/dev/null || true
+echo "figure: podpath trace http://$LB/ (namespaces): $(($(ms) - t0)) ms"
+podpath down --name lvtrace >/dev/null
 
 phase "cluster DNS: a pod on node-2 resolves the Service by name"
 kubectl run probe --image=busybox --restart=Never --overrides='{"spec":{"nodeName":"node-2"}}' -- sleep 3600
@@ -274,6 +297,16 @@ for _ in $(seq 30); do
   sleep 2
 done
 $ok || { echo "no answer from http://$LB/ after node-2's reboot" >&2; exit 1; }
+
+phase "vagrant halt control-plane, then up: the store is on its disk, every object is kept"
+objects() { kubectl get services,deployments,configmaps,pods -A -o name | sort; }
+before=$(objects)
+in_ns vagrant halt control-plane >"$WORK/halt.log" 2>&1 || { tail -n 20 "$WORK/halt.log" >&2; exit 1; }
+in_ns vagrant up control-plane >"$WORK/up-again.log" 2>&1 || { tail -n 20 "$WORK/up-again.log" >&2; exit 1; }
+for _ in $(seq 120); do kubectl get --raw /readyz >/dev/null 2>&1 && break; sleep 1; done
+after=$(objects)
+[ "$before" = "$after" ] || { echo "objects changed across the control plane's restart:"; diff <(echo "$before") <(echo "$after"); exit 1; } >&2
+echo "$(echo "$after" | wc -l) objects kept"
 
 phase "vagrant destroy -f"
 if ! $KEEP; then in_ns vagrant destroy -f >/dev/null; fi
