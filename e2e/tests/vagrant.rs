@@ -440,6 +440,25 @@ fn provisioners_bring_up_the_lab_in_namespaces() {
     eprintln!("trace (namespaces): {:.0} ms", t0.elapsed().as_secs_f64() * 1000.0);
     let in_netns: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"));
     assert!(ok && in_netns["outcome"]["status"] == 200, "{in_netns:#}");
+    // `podpath explain --vagrant`: the Service's rules on every node, as in the namespace lab.
+    let (ok, vm_explained) = podpath(&["explain", "--output", "json", "echo"]);
+    assert!(ok && vm_explained.contains("KUBE-SVC-"), "{vm_explained}");
+    let (ok, ns_explained) = netns_lab.run("explain", &["--output", "json", "echo"]);
+    assert!(ok, "{ns_explained}");
+    // What each API server allocated at random: the ClusterIP and the NodePort.
+    let allocated = |explained: &str, svc: &str| -> String {
+        let ports: serde_json::Value = serde_json::from_str(svc).unwrap();
+        let ip = ports["spec"]["clusterIP"].as_str().unwrap().to_string();
+        let np = ports["spec"]["ports"][0]["nodePort"].to_string();
+        blank_pod_specifics(explained).replace(&ip, "CLUSTER-IP").replace(&np, "NODE-PORT")
+    };
+    let vm_svc = kubectl(&["get", "svc", "echo", "-o", "json"]);
+    let ns_svc = netns_lab.kubectl(&["get", "svc", "echo", "-o", "json"]);
+    assert_eq!(
+        allocated(&vm_explained, &vm_svc),
+        allocated(&ns_explained, &ns_svc),
+        "explain on VMs and in namespaces"
+    );
     drop(netns_lab);
     let hosts = |t: &serde_json::Value| -> Vec<String> {
         t["hops"].as_array().unwrap().iter().map(|h| h["host"].as_str().unwrap().to_string()).collect()

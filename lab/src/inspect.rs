@@ -213,12 +213,34 @@ pub fn watch_rules(st: &LabState, count: Option<usize>, out: &mut dyn Write) -> 
 /// Explains a Service's rules on every node of the lab (`podpath explain`): the Service from
 /// the API, `iptables-save` of the nat and filter tables of each node.
 pub fn explain(st: &LabState, service: &str) -> Result<crate::explain::Explanation> {
+    explain_with(
+        &ApiAccess::of(st)?,
+        service,
+        st.proxy_mode == crate::ProxyMode::Nftables,
+        |v6| node_tables(st, &["nat", "filter"], v6),
+        |v6| nft_listings(st, v6),
+    )
+}
+
+/// `podpath explain --vagrant`: the same explanation from the Vagrant lab's nodes (their rules
+/// read over SSH).
+pub fn explain_vagrant(v: &crate::vagrant::VagrantLab, service: &str) -> Result<crate::explain::Explanation> {
+    explain_with(&v.api()?, service, v.nftables()?, |v6| v.node_tables(&["nat", "filter"], v6), |v6| v.nft_listings(v6))
+}
+
+/// [`explain`] with the nodes' rules read by the caller: `saves` (iptables modes) or
+/// `listings` (the nftables mode), for the Service's family (`v6`).
+fn explain_with(
+    api: &ApiAccess,
+    service: &str,
+    nftables: bool,
+    saves: impl FnOnce(bool) -> Result<NodeTables>,
+    listings: impl FnOnce(bool) -> Result<BTreeMap<String, podpath_ruleset::nft::Listing>>,
+) -> Result<crate::explain::Explanation> {
     let (ns, name) = service.split_once('/').unwrap_or(("default", service));
     if name.is_empty() || ns.is_empty() || name.contains('/') {
         return Err(LabError::Usage(format!("{service:?}: give a Service as NAME or NAMESPACE/NAME")));
     }
-    let api = ApiAccess::of(st)?;
-    let api = &api;
     let (code, body) = api.get(&format!("/api/v1/namespaces/{ns}/services/{name}"))?;
     match code {
         200 => {}
@@ -237,9 +259,8 @@ pub fn explain(st: &LabState, service: &str) -> Result<crate::explain::Explanati
         &format!("/apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices?labelSelector=kubernetes.io%2Fservice-name%3D{name}"),
     );
     let slices = slices["items"].as_array().cloned().unwrap_or_default();
-    if st.proxy_mode == crate::ProxyMode::Nftables {
-        return Ok(crate::explain::explain_nft(&svc, &slices, &nft_listings(st, v6)?, &pods));
+    if nftables {
+        return Ok(crate::explain::explain_nft(&svc, &slices, &listings(v6)?, &pods));
     }
-    let saves = node_tables(st, &["nat", "filter"], v6)?;
-    Ok(crate::explain::explain(&svc, &slices, &saves, &pods))
+    Ok(crate::explain::explain(&svc, &slices, &saves(v6)?, &pods))
 }

@@ -188,6 +188,8 @@ enum Cmd {
     Explain {
         #[command(flatten)]
         which: Which,
+        #[command(flatten)]
+        on: OnVagrant,
         /// `[service] NAME`, `networkpolicy NAME` or `gateway NAME` (NAME or NAMESPACE/NAME,
         /// namespace default).
         #[arg(num_args = 1..=2, required = true)]
@@ -843,13 +845,17 @@ fn run() -> Result<()> {
                 std::thread::sleep(Duration::from_millis(interval_ms));
             }
         }
-        Cmd::Explain { which, target, output } => {
+        Cmd::Explain { which, on, target, output } => {
+            let vagrant = on.lab()?;
             if !matches!(output.as_str(), "text" | "json") {
                 bail!("--output {output:?}: use text or json");
             }
             let service = match target.as_slice() {
                 [name] => name.clone(),
                 [kind, name] if matches!(kind.as_str(), "service" | "services" | "svc") => name.clone(),
+                [kind, _] if vagrant.is_some() && !matches!(kind.as_str(), "service" | "services" | "svc") => {
+                    bail!("on the Vagrant lab, `explain` explains Services so far (networkpolicy and gateway: namespace labs)")
+                }
                 [kind, name] if matches!(kind.as_str(), "networkpolicy" | "networkpolicies" | "netpol") => {
                     let e = lab::policy::explain(&which.state()?, name)?;
                     match output.as_str() {
@@ -869,7 +875,10 @@ fn run() -> Result<()> {
                 [kind, _] => bail!("cannot explain {kind:?}: use service, networkpolicy or gateway"),
                 _ => unreachable!("clap takes one or two"),
             };
-            let e = lab::explain(&which.state()?, &service)?;
+            let e = match &vagrant {
+                Some(v) => lab::inspect::explain_vagrant(v, &service)?,
+                None => lab::explain(&which.state()?, &service)?,
+            };
             match output.as_str() {
                 "json" => println!("{}", serde_json::to_string_pretty(&e)?),
                 _ => print!("{}", lab::explain::text(&e)),

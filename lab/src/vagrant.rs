@@ -10,6 +10,7 @@
 //! The parsers and the remote scripts are pure; [`VagrantLab::run`] is the one place commands
 //! leave this machine.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -324,6 +325,42 @@ impl VagrantLab {
             out.extend(crate::rules::proxy_rules(table, &save));
         }
         Ok(out)
+    }
+
+    /// Whether the nodes run kube-proxy's nftables mode (the first node has its table).
+    pub fn nftables(&self) -> Result<bool> {
+        let first =
+            self.nodes().into_iter().next().ok_or_else(|| LabError::NotReady("no node machine is running".into()))?;
+        Ok(self.run(&first, &["nft", "list", "table", "ip", "kube-proxy"]).is_ok())
+    }
+
+    /// Every node's `iptables-save` (`ip6tables-save` with `v6`) of `tables`, read in parallel.
+    pub fn node_tables(&self, tables: &[&str], v6: bool) -> Result<crate::inspect::NodeTables> {
+        let tool = if v6 { "ip6tables-save" } else { "iptables-save" };
+        self.per_node(|node| {
+            tables.iter().map(|t| self.run(node, &[tool, "-t", t]).map(|save| (t.to_string(), save))).collect()
+        })
+    }
+
+    /// Every node's table `ip kube-proxy` (`ip6` with `v6`), read in parallel.
+    pub fn nft_listings(&self, v6: bool) -> Result<BTreeMap<String, podpath_ruleset::nft::Listing>> {
+        let family = if v6 { "ip6" } else { "ip" };
+        self.per_node(|node| {
+            // No table yet (a node that has not synced): an empty listing, as on namespace labs.
+            let text = self.run(node, &["nft", "list", "table", family, "kube-proxy"]).unwrap_or_default();
+            Ok(podpath_ruleset::nft::Listing::parse(&text))
+        })
+    }
+
+    /// `f` on every node at once: node → its result.
+    fn per_node<T: Send>(&self, f: impl Fn(&str) -> Result<T> + Sync) -> Result<BTreeMap<String, T>> {
+        let f = &f;
+        std::thread::scope(|s| {
+            let jobs: Vec<_> = self.nodes().into_iter().map(|n| s.spawn(move || f(&n).map(|t| (n, t)))).collect();
+            jobs.into_iter()
+                .map(|j| j.join().unwrap_or_else(|_| Err(LabError::NotReady("a helper thread panicked".into()))))
+                .collect()
+        })
     }
 
     /// The nodes among the running machines.

@@ -238,18 +238,22 @@ t0=$(ms)
 podpath trace --vagrant "$ROOT" "http://$LB/" | tee "$WORK/trace-vagrant.txt"
 echo "figure: podpath trace --vagrant http://$LB/ (VMs): $(($(ms) - t0)) ms"
 grep -q 'KUBE-SVC-' "$WORK/trace-vagrant.txt" || { echo "the trace names no kube-proxy rule" >&2; exit 1; }
-# The same request in a namespace lab on this machine, for the wall time beside it.
-podpath up --name lvtrace --nodes "$LAB_NODES" --host-programs >/dev/null
-in_ns env KUBECONFIG=/var/lib/podpath/lvtrace/kubeconfig kubectl apply -f "$ROOT/vagrant/test/echo.yaml" >/dev/null
+# The same request in a namespace lab on this machine, for the wall time beside it (made from
+# the host's namespace: `ip netns exec` gives its command a mount namespace of its own, where
+# the lab's namespace files would not be usable by the next command).
+PODPATH=$ROOT/target/release/podpath
+"$PODPATH" up --name lvtrace --nodes "$LAB_NODES" --host-programs >/dev/null
+lvkubectl() { KUBECONFIG=/var/lib/podpath/lvtrace/kubeconfig command kubectl "$@"; }
+lvkubectl apply -f "$ROOT/vagrant/test/echo.yaml" >/dev/null
 for _ in $(seq 60); do
-  in_ns env KUBECONFIG=/var/lib/podpath/lvtrace/kubeconfig kubectl get svc echo -o jsonpath='{.status.loadBalancer.ingress[0].ip}' | grep -q . && break
+  lvkubectl get svc echo -o jsonpath='{.status.loadBalancer.ingress[0].ip}' | grep -q . && break
   sleep 0.5
 done
-in_ns env KUBECONFIG=/var/lib/podpath/lvtrace/kubeconfig kubectl wait --for=condition=Ready pod/echo --timeout=60s >/dev/null
+lvkubectl wait --for=condition=Ready pod/echo --timeout=60s >/dev/null
 t0=$(ms)
-podpath trace --name lvtrace "http://$LB/" >/dev/null || true
+"$PODPATH" trace --name lvtrace "http://$LB/" >/dev/null
 echo "figure: podpath trace http://$LB/ (namespaces): $(($(ms) - t0)) ms"
-podpath down --name lvtrace >/dev/null
+"$PODPATH" down --name lvtrace >/dev/null
 
 phase "cluster DNS: a pod on node-2 resolves the Service by name"
 kubectl run probe --image=busybox --restart=Never --overrides='{"spec":{"nodeName":"node-2"}}' -- sleep 3600
