@@ -596,6 +596,8 @@ fn provisioners_bring_up_the_lab_in_namespaces() {
     });
     let (ok, out) = podpath(&["fault", "link", "down", "node-2"]);
     assert!(ok && out.contains("node-2: eth1 (the lab's network) down"), "{out}");
+    let (ok, out) = podpath(&["fault", "list"]);
+    assert!(ok && out.contains("node-2") && out.contains("link-down"), "{out}");
     wait_for(Duration::from_secs(20), "lb-sim to take node-2 out of rotation", || match in_rotation("node-2") {
         Some(false) => Ok(()),
         other => Err(format!("{other:?}")),
@@ -616,8 +618,36 @@ fn provisioners_bring_up_the_lab_in_namespaces() {
     // Bad input: one line each.
     let (ok, out) = podpath(&["exec", "node-7", "--", "true"]);
     assert!(!ok && out.contains("no running machine \"node-7\""), "{out}");
-    let (ok, out) = podpath(&["fault", "loss", "node-1", "30"]);
-    assert!(!ok && out.contains("`link down|up` only"), "{out}");
+    let (ok, out) = podpath(&["fault", "loss", "client", "30"]);
+    assert!(!ok && out.contains("\"client\" is not a node"), "{out}");
+    // A blackhole on node-2 for node-1's pods: the LoadBalancer's requests (routed to node-2,
+    // NATed to the pod on node-1) go nowhere until it is cleared.
+    let answers = || {
+        wait_for(Duration::from_secs(30), "the LB IP to answer", || match curl(&url) {
+            (true, page) if field(&page, "pod") == Some("default/echo") => Ok(()),
+            (_, out) => Err(out),
+        })
+    };
+    answers();
+    let (ok, out) = podpath(&["fault", "blackhole", "node-2", "10.244.1.0/24"]);
+    assert!(ok && out.contains("packets to 10.244.1.0/24 discarded"), "{out}");
+    let (ok, out) = curl(&url);
+    assert!(!ok, "through the blackhole: {out}");
+    let (ok, out) = podpath(&["fault", "clear", "node-2"]);
+    assert!(ok && out.contains("node-2: cleared packets to 10.244.1.0/24"), "{out}");
+    answers();
+    // The node's rules flushed: its agent writes them again.
+    let (ok, out) = podpath(&["fault", "flush-rules", "node-2"]);
+    assert!(ok && out.contains("node-2: service proxy rules flushed; the node agent rewrote them"), "{out}");
+    // The pod's process killed: its kubelet starts it again.
+    let (ok, out) = podpath(&["fault", "kill", "pod", "default/echo"]);
+    assert!(ok && out.contains("pod default/echo: process") && out.contains("on node-1 killed"), "{out}");
+    wait_for(Duration::from_secs(30), "echo restarted", || {
+        match kubectl(&["get", "pod", "echo", "-o", "jsonpath={.status.containerStatuses[0].restartCount}"]).as_str() {
+            "0" => Err("not yet".into()),
+            n => Ok(n.to_string()),
+        }
+    });
 
     let work_pids = lab.processes_inside();
     assert!(work_pids.len() >= 6, "services and the pod's processes run in the chroots: {work_pids:?}");

@@ -77,9 +77,54 @@ fn argv(parts: &[&str]) -> Step {
     Step { argv: parts.iter().map(|s| s.to_string()).collect(), input: None }
 }
 
-/// The commands that make `req` on the node whose namespace is `ns` and whose agent keeps its
-/// state in `agent_dir`, and the fault they make (without its time). Pure.
-pub fn plan(ns: &str, node: &str, agent_dir: &Path, req: &Request) -> (Vec<Step>, Fault) {
+/// Where a node's fault commands run: in its namespace, from this machine (its uplink is
+/// `eth0`), or on the node itself — a Vagrant lab's VM, the commands then sent over SSH — whose
+/// link to the lab's network is `nic`.
+#[derive(Debug, Clone, Copy)]
+pub enum Place<'a> {
+    Netns(&'a str),
+    OnNode { nic: &'a str },
+}
+
+impl Place<'_> {
+    /// `ip [PRE…] [-n NS] REST…`.
+    fn ip(&self, pre: &[&str], rest: &[&str]) -> Step {
+        let mut v = vec!["ip"];
+        v.extend_from_slice(pre);
+        if let Place::Netns(ns) = self {
+            v.extend(["-n", ns]);
+        }
+        v.extend_from_slice(rest);
+        argv(&v)
+    }
+    /// A command in the node's network namespace.
+    fn exec(&self, rest: &[&str]) -> Step {
+        let mut v = vec![];
+        if let Place::Netns(ns) = self {
+            v.extend(["ip", "netns", "exec", ns]);
+        }
+        v.extend_from_slice(rest);
+        argv(&v)
+    }
+    fn nic(&self) -> &str {
+        match self {
+            Place::Netns(_) => "eth0",
+            Place::OnNode { nic } => nic,
+        }
+    }
+    /// The link in words.
+    fn link(&self) -> String {
+        match self {
+            Place::Netns(_) => "eth0 (the uplink)".into(),
+            Place::OnNode { nic } => format!("{nic} (the lab's network)"),
+        }
+    }
+}
+
+/// The commands that make `req` on the node at `place` whose agent keeps its state in
+/// `agent_dir`, and the fault they make (without its time). Pure.
+pub fn plan(place: Place, node: &str, agent_dir: &Path, req: &Request) -> (Vec<Step>, Fault) {
+    let nic = place.nic();
     let fault = |kind: &str, detail: String, undo: Vec<Step>| Fault {
         kind: kind.into(),
         node: node.into(),
@@ -88,25 +133,30 @@ pub fn plan(ns: &str, node: &str, agent_dir: &Path, req: &Request) -> (Vec<Step>
         undo,
     };
     match req {
-        Request::LinkDown => (
-            vec![argv(&["ip", "-n", ns, "link", "set", "eth0", "down"])],
-            fault(
-                "link-down",
-                "eth0 (the uplink) down".into(),
-                vec![argv(&["ip", "-n", ns, "link", "set", "eth0", "up"])],
-            ),
-        ),
+        Request::LinkDown => {
+            let mut undo = vec![place.ip(&[], &["link", "set", nic, "up"])];
+            // A link going down takes its routes with it: on a VM the lab's own (to the client
+            // network through the gateway) come back from its provisioned script, as at boot;
+            // the agent puts back its routes to other nodes' pods by itself.
+            if let Place::OnNode { .. } = place {
+                undo.push(argv(&["sh", "-c", "if [ -x /etc/podpath/net-up ]; then /etc/podpath/net-up; fi"]));
+            }
+            (
+                vec![place.ip(&[], &["link", "set", nic, "down"])],
+                fault("link-down", format!("{} down", place.link()), undo),
+            )
+        }
         Request::Blackhole(cidr) => {
             let c = cidr.to_string();
             let fam = if cidr.addr().is_ipv6() { "-6" } else { "-4" };
             // A routing rule, not a route: the node's own route to the CIDR (another node's
             // pods) stays as it is, and the rule is looked at first.
             (
-                vec![argv(&["ip", fam, "-n", ns, "rule", "add", "to", &c, "blackhole", "pref", "90"])],
+                vec![place.ip(&[fam], &["rule", "add", "to", &c, "blackhole", "pref", "90"])],
                 fault(
                     "blackhole",
                     format!("packets to {c} discarded (ip rule, before every route)"),
-                    vec![argv(&["ip", fam, "-n", ns, "rule", "del", "to", &c, "blackhole", "pref", "90"])],
+                    vec![place.ip(&[fam], &["rule", "del", "to", &c, "blackhole", "pref", "90"])],
                 ),
             )
         }
@@ -116,18 +166,18 @@ pub fn plan(ns: &str, node: &str, agent_dir: &Path, req: &Request) -> (Vec<Step>
             let pick = if *percent >= 100 { String::new() } else { format!("numgen random mod 100 < {percent} ") };
             let rules = format!(
                 "table inet {LOSS_TABLE} {{\n\
-                 \tchain in {{ type filter hook prerouting priority -310; iifname \"eth0\" {pick}counter drop comment \"podpath fault: loss {percent}%\"; }}\n\
-                 \tchain out {{ type filter hook output priority -310; oifname \"eth0\" {pick}counter drop comment \"podpath fault: loss {percent}%\"; }}\n\
+                 \tchain in {{ type filter hook prerouting priority -310; iifname \"{nic}\" {pick}counter drop comment \"podpath fault: loss {percent}%\"; }}\n\
+                 \tchain out {{ type filter hook output priority -310; oifname \"{nic}\" {pick}counter drop comment \"podpath fault: loss {percent}%\"; }}\n\
                  }}\n"
             );
             (
-                vec![Step { input: Some(rules), ..argv(&["ip", "netns", "exec", ns, "nft", "-f", "-"]) }],
+                vec![Step { input: Some(rules), ..place.exec(&["nft", "-f", "-"]) }],
                 fault(
                     "loss",
                     format!(
-                        "drops {percent}% of the packets in and out of eth0 (nftables numgen, table inet {LOSS_TABLE})"
+                        "drops {percent}% of the packets in and out of {nic} (nftables numgen, table inet {LOSS_TABLE})"
                     ),
-                    vec![argv(&["ip", "netns", "exec", ns, "nft", "delete", "table", "inet", LOSS_TABLE])],
+                    vec![place.exec(&["nft", "delete", "table", "inet", LOSS_TABLE])],
                 ),
             )
         }
@@ -162,13 +212,11 @@ pub fn plan(ns: &str, node: &str, agent_dir: &Path, req: &Request) -> (Vec<Step>
         Request::Delay(ms) => {
             let d = format!("{ms}ms");
             (
-                vec![argv(&[
-                    "ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "eth0", "root", "netem", "delay", &d,
-                ])],
+                vec![place.exec(&["tc", "qdisc", "add", "dev", nic, "root", "netem", "delay", &d])],
                 fault(
                     "delay",
-                    format!("delays every packet out of eth0 by {d} (tc netem)"),
-                    vec![argv(&["ip", "netns", "exec", ns, "tc", "qdisc", "del", "dev", "eth0", "root"])],
+                    format!("delays every packet out of {nic} by {d} (tc netem)"),
+                    vec![place.exec(&["tc", "qdisc", "del", "dev", nic, "root"])],
                 ),
             )
         }
@@ -210,7 +258,31 @@ fn run_planned(steps: &[Step]) -> Result<()> {
 /// Makes `req` on `node` and records it. One fault of a kind per node.
 pub fn make(st: &LabState, dir: &Path, node: &str, req: &Request) -> Result<Fault> {
     let ns = node_netns(st, node)?;
-    let (cmds, mut fault) = plan(&ns, node, &dir.join("nodes").join(node).join("agent"), req);
+    let (cmds, fault) = plan(Place::Netns(&ns), node, &dir.join("nodes").join(node).join("agent"), req);
+    record(dir, node, req, cmds, fault)
+}
+
+/// [`make`] on a node of a Vagrant lab: the commands run on the VM over SSH (its lab NIC is
+/// the link), the fault recorded with the lab's credentials (`.vagrant/podpath/faults.json`).
+pub fn make_vagrant(v: &crate::vagrant::VagrantLab, node: &str, req: &Request) -> Result<Fault> {
+    vagrant_node(v, node)?;
+    let nic = v.lab_nic(node)?;
+    let (cmds, mut fault) = plan(Place::OnNode { nic: &nic }, node, Path::new(crate::vagrant::AGENT_STATE_DIR), req);
+    let wrap = |s: Step| -> Result<Step> { Ok(Step { argv: v.ssh_argv(node, &s.argv, false)?, input: s.input }) };
+    let cmds = cmds.into_iter().map(wrap).collect::<Result<Vec<_>>>()?;
+    fault.undo = std::mem::take(&mut fault.undo).into_iter().map(wrap).collect::<Result<Vec<_>>>()?;
+    record(&v.credentials, node, req, cmds, fault)
+}
+
+fn vagrant_node<'a>(v: &crate::vagrant::VagrantLab, node: &'a str) -> Result<&'a str> {
+    if !node.starts_with("node-") {
+        return Err(LabError::Usage(format!("{node:?} is not a node (node-1 … node-N)")));
+    }
+    v.machine(node)
+}
+
+/// Runs a planned fault and records it in `dir`'s `faults.json`. One fault of a kind per node.
+fn record(dir: &Path, node: &str, req: &Request, cmds: Vec<Step>, mut fault: Fault) -> Result<Fault> {
     let mut faults = list(dir)?;
     if let Some(f) = faults.iter().find(|f| f.node == node && f.kind == fault.kind) {
         return Err(LabError::Usage(format!(
@@ -316,6 +388,41 @@ pub fn kill_pod(st: &LabState, target: &str) -> Result<i32> {
     Ok(pid)
 }
 
+/// [`flush_rules`] on a node of a Vagrant lab: the flush and the agent's metrics over SSH.
+pub fn flush_rules_vagrant(v: &crate::vagrant::VagrantLab, node: &str) -> Result<std::time::Duration> {
+    vagrant_node(v, node)?;
+    let nftables = v.node_nftables(node);
+    let kind = if nftables { "nftables" } else { "iptables" };
+    let ip = crate::vagrant::lab_ip(node).ok_or_else(|| LabError::Usage(format!("no node {node:?}")))?;
+    let url = format!("http://{ip}:{}/metrics", crate::plan::AGENT_HEALTH_PORT);
+    let repaired = || -> Result<u64> { Ok(repairs(&v.run(node, &["curl", "-sS", "--max-time", "2", &url])?, kind)) };
+    let before = repaired()?;
+    if nftables {
+        v.run(node, &["nft", "flush", "table", "ip", "kube-proxy"])?;
+    } else {
+        v.run(node, &["iptables", "-t", "nat", "-F"])?;
+    }
+    let t = std::time::Instant::now();
+    while t.elapsed() < std::time::Duration::from_secs(30) {
+        if repaired().is_ok_and(|n| n > before) {
+            return Ok(t.elapsed());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    Err(LabError::NotReady(format!("{node}'s agent had not rewritten its rules 30 s after the flush")))
+}
+
+/// [`kill_pod`] on a Vagrant lab: SIGKILL to the pod's process on its node, over SSH.
+pub fn kill_pod_vagrant(v: &crate::vagrant::VagrantLab, target: &str) -> Result<(String, String)> {
+    let (ns, name) =
+        target.split_once('/').ok_or_else(|| LabError::Usage(format!("{target:?}: use NAMESPACE/NAME")))?;
+    let (node, argv) = crate::vagrant::pod_exec(&v.api()?, ns, name, &[])?;
+    // nsenter -t PID …: the PID is the third word.
+    let pid = argv.get(2).cloned().unwrap_or_default();
+    v.run(&node, &["kill", "-KILL", &pid])?;
+    Ok((node, pid))
+}
+
 /// The namespace of `node` (node-1 … node-N) in this lab.
 fn node_netns(st: &LabState, node: &str) -> Result<String> {
     let p = Plan::with_family(&st.name, st.nodes, st.ip_family);
@@ -331,29 +438,50 @@ mod tests {
 
     #[test]
     fn every_fault_has_its_undo() {
-        let (make, f) = plan("pp-lab-node-2", "node-2", Path::new("/s/nodes/node-2/agent"), &Request::LinkDown);
+        let (make, f) =
+            plan(Place::Netns("pp-lab-node-2"), "node-2", Path::new("/s/nodes/node-2/agent"), &Request::LinkDown);
         assert_eq!(make, [argv(&["ip", "-n", "pp-lab-node-2", "link", "set", "eth0", "down"])]);
         assert_eq!(f.undo, [argv(&["ip", "-n", "pp-lab-node-2", "link", "set", "eth0", "up"])]);
-        let (make, f) = plan("ns", "node-1", Path::new("/a"), &Request::Blackhole("10.244.2.0/24".parse().unwrap()));
+        let (make, f) =
+            plan(Place::Netns("ns"), "node-1", Path::new("/a"), &Request::Blackhole("10.244.2.0/24".parse().unwrap()));
         assert_eq!(make[0].argv[5..], ["add", "to", "10.244.2.0/24", "blackhole", "pref", "90"]);
         assert_eq!(f.undo[0].argv[5..], ["del", "to", "10.244.2.0/24", "blackhole", "pref", "90"]);
         // 100% drops every packet: no numgen (nft takes `mod 100 <` up to 99).
-        let (all, _) = plan("ns", "node-1", Path::new("/a"), &Request::Loss(100));
+        let (all, _) = plan(Place::Netns("ns"), "node-1", Path::new("/a"), &Request::Loss(100));
         let text = all[0].input.clone().unwrap();
         assert!(text.contains("iifname \"eth0\" counter drop") && !text.contains("numgen"), "{text}");
-        let (make, f) = plan("ns", "node-1", Path::new("/a"), &Request::Loss(30));
+        let (make, f) = plan(Place::Netns("ns"), "node-1", Path::new("/a"), &Request::Loss(30));
         assert_eq!(make[0].argv, argv(&["ip", "netns", "exec", "ns", "nft", "-f", "-"]).argv);
         let rules = make[0].input.as_deref().unwrap();
         assert!(rules.contains("iifname \"eth0\" numgen random mod 100 < 30 counter drop"), "{rules}");
         assert_eq!(f.undo, [argv(&["ip", "netns", "exec", "ns", "nft", "delete", "table", "inet", "podpath-faults"])]);
-        let (_, f) = plan("ns", "node-1", Path::new("/a"), &Request::Delay(100));
+        let (_, f) = plan(Place::Netns("ns"), "node-1", Path::new("/a"), &Request::Delay(100));
         assert_eq!(f.undo[0].argv[4..], ["tc", "qdisc", "del", "dev", "eth0", "root"]);
-        let (make, f) = plan("ns", "node-1", Path::new("/a"), &Request::StallProxy { until: None });
+        let (make, f) = plan(Place::Netns("ns"), "node-1", Path::new("/a"), &Request::StallProxy { until: None });
         assert_eq!(make[1].argv, ["tee", "/a/faults/stall-proxy"]);
         assert_eq!(make[1].input.as_deref(), Some("forever\n"));
         assert_eq!(f.undo, [argv(&["rm", "-f", "/a/faults/stall-proxy"])]);
-        let (make, _) = plan("ns", "node-1", Path::new("/a"), &Request::StallProxy { until: Some(1_700_000_000.25) });
+        let (make, _) =
+            plan(Place::Netns("ns"), "node-1", Path::new("/a"), &Request::StallProxy { until: Some(1_700_000_000.25) });
         assert_eq!(make[1].input.as_deref(), Some("1700000000.250\n"));
+    }
+
+    #[test]
+    fn on_a_vm_the_commands_are_the_nodes_own_on_its_lab_nic() {
+        let on = Place::OnNode { nic: "eth1" };
+        let (make, f) = plan(on, "node-2", Path::new("/var/lib/podpath/node"), &Request::LinkDown);
+        assert_eq!(make, [argv(&["ip", "link", "set", "eth1", "down"])]);
+        assert_eq!(f.undo[0], argv(&["ip", "link", "set", "eth1", "up"]));
+        assert!(f.undo[1].argv.join(" ").contains("/etc/podpath/net-up"), "{:?}", f.undo);
+        assert_eq!(f.detail, "eth1 (the lab's network) down");
+        let (make, _) = plan(on, "node-1", Path::new("/a"), &Request::Blackhole("10.244.2.0/24".parse().unwrap()));
+        assert_eq!(make, [argv(&["ip", "-4", "rule", "add", "to", "10.244.2.0/24", "blackhole", "pref", "90"])]);
+        let (make, f) = plan(on, "node-1", Path::new("/a"), &Request::Loss(30));
+        assert_eq!(make[0].argv, ["nft", "-f", "-"]);
+        assert!(make[0].input.as_deref().is_some_and(|r| r.contains("iifname \"eth1\" numgen")), "{make:?}");
+        assert_eq!(f.undo, [argv(&["nft", "delete", "table", "inet", "podpath-faults"])]);
+        let (make, _) = plan(on, "node-1", Path::new("/var/lib/podpath/node"), &Request::StallProxy { until: None });
+        assert_eq!(make[1].argv, ["tee", "/var/lib/podpath/node/faults/stall-proxy"]);
     }
 
     #[test]

@@ -506,24 +506,6 @@ fn vagrant_status(v: &lab::vagrant::VagrantLab) -> Result<()> {
     Ok(())
 }
 
-/// `podpath fault --vagrant`: the faults that run on VMs so far (the lab's NIC of a node).
-fn vagrant_fault(v: &lab::vagrant::VagrantLab, what: FaultCmd) -> Result<()> {
-    match what {
-        FaultCmd::Link { state, node } => {
-            if !node.starts_with("node-") {
-                bail!("{node:?}: `fault link` takes a node (node-1 … node-N)");
-            }
-            let nic = v.lab_nic(&node)?;
-            v.run(&node, &["ip", "link", "set", &nic, &state])?;
-            println!("{node}: {nic} (the lab's network) {state}");
-            Ok(())
-        }
-        _ => bail!(
-            "on the Vagrant lab, `podpath fault` makes `link down|up` only so far (the other faults run on namespace labs)"
-        ),
-    }
-}
-
 /// `podpath node stop|start|restart --vagrant`: the node's agent and its pods, as on the
 /// namespace lab (the VM itself keeps running: `vagrant halt` stops it).
 fn vagrant_node(v: &lab::vagrant::VagrantLab, action: &str, node: Option<String>) -> Result<()> {
@@ -554,21 +536,42 @@ fn vagrant_node(v: &lab::vagrant::VagrantLab, action: &str, node: Option<String>
     Ok(())
 }
 
-fn fault(which: &Which, what: FaultCmd) -> Result<()> {
+/// `podpath fault …`, on a namespace lab or (with `vagrant`) on a Vagrant lab's VMs.
+fn fault(which: &Which, vagrant: Option<lab::vagrant::VagrantLab>, what: FaultCmd) -> Result<()> {
     use lab::fault::{self, Request};
+    // Where the lab records its faults.
+    let dir = || -> Result<std::path::PathBuf> {
+        Ok(match &vagrant {
+            Some(v) => v.credentials.clone(),
+            None => {
+                which.state()?;
+                which.dir()
+            }
+        })
+    };
     let made = |node: &str, req: Request| -> Result<()> {
-        lab::preflight()?;
-        let f = fault::make(&which.state()?, &which.dir(), node, &req)?;
-        println!("{}: {} (undo with `podpath fault clear {}`)", f.node, f.detail, f.node);
+        let f = match &vagrant {
+            Some(v) => fault::make_vagrant(v, node, &req)?,
+            None => {
+                lab::preflight()?;
+                fault::make(&which.state()?, &which.dir(), node, &req)?
+            }
+        };
+        let on = if vagrant.is_some() { " --vagrant" } else { "" };
+        println!("{}: {} (undo with `podpath fault{on} clear {}`)", f.node, f.detail, f.node);
         Ok(())
     };
     match what {
         FaultCmd::Link { state, node } if state == "down" => made(&node, Request::LinkDown)?,
         FaultCmd::Link { node, .. } => {
-            lab::preflight()?;
-            which.state()?;
-            fault::link_up(&which.dir(), &node)?;
-            println!("{node}: eth0 (the uplink) up");
+            if vagrant.is_none() {
+                lab::preflight()?;
+            }
+            fault::link_up(&dir()?, &node)?;
+            match &vagrant {
+                Some(v) => println!("{node}: {} (the lab's network) up", v.lab_nic(&node)?),
+                None => println!("{node}: eth0 (the uplink) up"),
+            }
         }
         FaultCmd::Blackhole { node, cidr } => {
             let c = cidr.parse().map_err(|_| anyhow::anyhow!("{cidr:?} is not a CIDR (e.g. 10.244.2.0/24)"))?;
@@ -578,23 +581,35 @@ fn fault(which: &Which, what: FaultCmd) -> Result<()> {
         FaultCmd::Delay { node, ms } => made(&node, Request::Delay(ms))?,
         FaultCmd::Stall { node, seconds, .. } => made(&node, Request::stall_for(seconds))?,
         FaultCmd::FlushRules { node } => {
-            lab::preflight()?;
-            let took = fault::flush_rules(&which.state()?, &node)?;
+            let took = match &vagrant {
+                Some(v) => fault::flush_rules_vagrant(v, &node)?,
+                None => {
+                    lab::preflight()?;
+                    fault::flush_rules(&which.state()?, &node)?
+                }
+            };
             println!(
                 "{node}: service proxy rules flushed; the node agent rewrote them {:.1} s later",
                 took.as_secs_f64()
             );
         }
         FaultCmd::Kill { target, .. } => {
-            lab::preflight()?;
-            let pid = fault::kill_pod(&which.state()?, &target)?;
+            let pid = match &vagrant {
+                Some(v) => {
+                    let (node, pid) = fault::kill_pod_vagrant(v, &target)?;
+                    format!("{pid} on {node}")
+                }
+                None => {
+                    lab::preflight()?;
+                    fault::kill_pod(&which.state()?, &target)?.to_string()
+                }
+            };
             println!(
                 "pod {target}: process {pid} killed (its restart policy decides what follows: `kubectl get pod -w`)"
             );
         }
         FaultCmd::List => {
-            which.state()?;
-            let faults = fault::list(&which.dir())?;
+            let faults = fault::list(&dir()?)?;
             if faults.is_empty() {
                 println!("no faults");
             }
@@ -603,9 +618,10 @@ fn fault(which: &Which, what: FaultCmd) -> Result<()> {
             }
         }
         FaultCmd::Clear { node } => {
-            lab::preflight()?;
-            which.state()?;
-            let cleared = fault::clear(&which.dir(), |f| node.as_ref().is_none_or(|n| *n == f.node))?;
+            if vagrant.is_none() {
+                lab::preflight()?;
+            }
+            let cleared = fault::clear(&dir()?, |f| node.as_ref().is_none_or(|n| *n == f.node))?;
             for f in &cleared {
                 println!("{}: cleared {}", f.node, f.detail);
             }
@@ -932,10 +948,7 @@ fn run() -> Result<()> {
             which.state()?;
             println!("{}", lab::kubeconfig_path(&which.dir()).display());
         }
-        Cmd::Fault { which, on, what } => match on.lab()? {
-            Some(v) => vagrant_fault(&v, what)?,
-            None => fault(&which, what)?,
-        },
+        Cmd::Fault { which, on, what } => fault(&which, on.lab()?, what)?,
         Cmd::Ui { which, listen } => {
             lab::preflight()?;
             which.state()?;

@@ -95,6 +95,9 @@ pub fn parse_services(out: &str) -> Vec<Service> {
         .collect()
 }
 
+/// The node agent's `--state-dir` on a VM (`vagrant/provision.sh`).
+pub const AGENT_STATE_DIR: &str = "/var/lib/podpath/node";
+
 /// `node stop` on a VM node, as on the namespace lab: the agent stops (systemd, or the process
 /// of its pid file), then its pods' processes (`node-agent --kill-pods`, as `podpath down`).
 pub const STOP_NODE_SCRIPT: &str = r#"if [ -d /run/systemd/system ]; then
@@ -331,7 +334,13 @@ impl VagrantLab {
     pub fn nftables(&self) -> Result<bool> {
         let first =
             self.nodes().into_iter().next().ok_or_else(|| LabError::NotReady("no node machine is running".into()))?;
-        Ok(self.run(&first, &["nft", "list", "table", "ip", "kube-proxy"]).is_ok())
+        Ok(self.node_nftables(&first))
+    }
+
+    /// Whether `node` runs kube-proxy's nftables mode (it has the mode's table; each node is
+    /// provisioned with its own setting).
+    pub fn node_nftables(&self, node: &str) -> bool {
+        self.run(node, &["nft", "list", "table", "ip", "kube-proxy"]).is_ok()
     }
 
     /// Every node's `iptables-save` (`ip6tables-save` with `v6`) of `tables`, read in parallel.

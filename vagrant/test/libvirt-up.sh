@@ -7,12 +7,13 @@
 # systemd: it installs vagrant, libvirt and QEMU, builds a Debian 12 box locally (debootstrap,
 # no bootloader: the VMs boot its kernel directly), and runs libvirtd, virtlogd, the VMs and
 # vagrant itself inside a network namespace of its own, so the host's network namespace gets
-# no bridge, address or firewall rule. About 15 minutes on 2 cores; too slow for every CI run.
+# no bridge, address or firewall rule. About 10 minutes on 2 cores; too slow for every CI run.
 #
 # Usage: sudo vagrant/test/libvirt-up.sh [--keep]       (--keep: leave the lab up, print how
 #        to reach it and how to remove it)
 # Env:   LAB_NODES (default 2), WORK (default target/vagrant-libvirt: box, pool, Vagrant home),
-#        LAB_LIBVIRT_DRIVER (default qemu; kvm where hardware virtualisation works).
+#        LAB_LIBVIRT_DRIVER (default qemu; kvm where hardware virtualisation works),
+#        PODPATH_FIGURES (a file the figures are appended to, as book/perf/figures.tsv).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -38,6 +39,15 @@ phase() { # phase NAME: prints the time the previous phase took
   LAST=$now
 }
 in_ns() { ip netns exec "$NS" "$@"; }
+# figure NAME VALUE UNIT: prints a measured figure, and appends it to $PODPATH_FIGURES (the
+# book's figures file, as the benches do) when that is set.
+figure() {
+  echo "figure: $1: $2 $3"
+  if [ -n "${PODPATH_FIGURES:-}" ]; then
+    printf '%s\t%s-core %s, Linux %s\t%s\t%s\t%s\t%s\t\n' "$(date +%F)" "$(nproc)" "$(uname -m)" "$(uname -r | cut -d- -f1)" \
+      "vagrant/test/libvirt-up.sh" "$1" "$2" "$3" >>"$PODPATH_FIGURES"
+  fi
+}
 
 mirror() { awk '/^URIs:/ {print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null || echo http://deb.debian.org/debian; }
 
@@ -205,7 +215,7 @@ for _ in $(seq 60); do
   sleep 2
 done
 kubectl get nodes -o wide
-echo "figure: vagrant up from nothing → all $LAB_NODES nodes Ready: $(($(date +%s) - UP_START)) s (driver $LAB_LIBVIRT_DRIVER)"
+figure "vagrant up from nothing → all $LAB_NODES nodes Ready (libvirt, $LAB_LIBVIRT_DRIVER)" "$(($(date +%s) - UP_START))" s
 kubectl apply -f "$ROOT/vagrant/test/echo.yaml" # one pod on node-1, its LB IP routed to node-2
 LB=""
 for _ in $(seq 60); do
@@ -236,7 +246,7 @@ podpath status --vagrant "$ROOT"
 ms() { echo $(($(date +%s%N) / 1000000)); }
 t0=$(ms)
 podpath trace --vagrant "$ROOT" "http://$LB/" | tee "$WORK/trace-vagrant.txt"
-echo "figure: podpath trace --vagrant http://$LB/ (VMs): $(($(ms) - t0)) ms"
+figure "podpath trace --vagrant of the LoadBalancer request, $LAB_NODES nodes ($LAB_LIBVIRT_DRIVER VMs)" "$(($(ms) - t0))" ms
 grep -q 'KUBE-SVC-' "$WORK/trace-vagrant.txt" || { echo "the trace names no kube-proxy rule" >&2; exit 1; }
 # The same request in a namespace lab on this machine, for the wall time beside it (made from
 # the host's namespace: `ip netns exec` gives its command a mount namespace of its own, where
@@ -252,7 +262,7 @@ done
 lvkubectl wait --for=condition=Ready pod/echo --timeout=60s >/dev/null
 t0=$(ms)
 "$PODPATH" trace --name lvtrace "http://$LB/" >/dev/null
-echo "figure: podpath trace http://$LB/ (namespaces): $(($(ms) - t0)) ms"
+figure "podpath trace of the same request, $LAB_NODES-node namespace lab" "$(($(ms) - t0))" ms
 "$PODPATH" down --name lvtrace >/dev/null
 
 phase "cluster DNS: a pod on node-2 resolves the Service by name"
