@@ -409,6 +409,16 @@ fn provisioners_bring_up_the_lab_in_namespaces() {
         (false, out) => Ok(out),
         (true, out) => Err(out),
     });
+    // The same from `podpath policy matrix --vagrant`: every pod pair probed from the pods'
+    // namespaces on their VMs.
+    let matrix = |want: bool| {
+        let (ok, out) = podpath(&["policy", "matrix", "--ports", "8080", "--output", "json"]);
+        assert!(ok, "{out}");
+        let m: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"));
+        assert_eq!(m["results"]["tcp/8080"]["default/probe"]["default/echo"], want, "{m:#}");
+        assert_eq!(m["results"]["tcp/8080"]["default/echo"]["default/echo"], true, "a pod reaches itself: {m:#}");
+    };
+    matrix(false);
     kubectl(&["label", "pod", "probe", "role=allowed"]);
     let page =
         wait_for(Duration::from_secs(20), "the policy to admit the labelled probe", || match from_probe(&echo_url) {
@@ -416,6 +426,7 @@ fn provisioners_bring_up_the_lab_in_namespaces() {
             (_, out) => Err(out),
         });
     assert!(field(&page, "client").is_some_and(|c| c.starts_with("10.244.2.")), "the probe's own address: {page}");
+    matrix(true);
     kubectl(&["delete", "networkpolicy", "echo-ingress"]);
     kubectl(&["delete", "pod", "probe", "--wait=false"]);
 

@@ -290,6 +290,8 @@ enum Cmd {
     Policy {
         #[command(flatten)]
         which: Which,
+        #[command(flatten)]
+        on: OnVagrant,
         #[command(subcommand)]
         what: PolicyCmd,
     },
@@ -333,6 +335,13 @@ enum TraceHelperCmd {
         avoid: Vec<u16>,
         #[arg(long)]
         v6: bool,
+    },
+    /// `podpath policy matrix --vagrant`'s probes from a pod's namespace: every target
+    /// (tcp/ADDRESS:PORT, udp/…) at once; prints `TARGET ok|no` per line.
+    Connect {
+        #[arg(long)]
+        timeout_ms: u64,
+        targets: Vec<String>,
     },
     /// The probe: one HTTP request with the probe's DSCP from --port; prints the outcome as JSON.
     Probe {
@@ -707,6 +716,9 @@ fn run() -> Result<()> {
             let access = lab::state::ApiAccess::to_server(&server, ca.as_deref(), token.as_deref())?;
             lab::up::cluster_dns_objects(&access, &cluster_dns.to_string(), &mut |m| println!("{m}"))?;
         }
+        Cmd::TraceHelper { what: TraceHelperCmd::Connect { timeout_ms, targets } } => {
+            print!("{}", lab::policy::connect_lines(&targets, Duration::from_millis(timeout_ms))?);
+        }
         Cmd::TraceHelper { what: TraceHelperCmd::Canary { avoid, v6 } } => {
             let port = lab::trace::run::send_canary_here(v6, &avoid.into_iter().collect())
                 .context("send the trace's sync datagram")?;
@@ -818,20 +830,27 @@ fn run() -> Result<()> {
                 std::process::exit(2);
             }
         }
-        Cmd::Policy { which, what: PolicyCmd::Matrix { namespaces, ports, protocols, timeout_ms, output } } => {
+        Cmd::Policy { which, on, what: PolicyCmd::Matrix { namespaces, ports, protocols, timeout_ms, output } } => {
             if !matches!(output.as_str(), "text" | "json") {
                 bail!("--output {output:?}: use text or json");
             }
             let protocols = protocols.iter().map(|p| p.parse()).collect::<lab::Result<Vec<lab::policy::Protocol>>>()?;
-            let st = which.state()?;
-            let pods = lab::policy::pods(&st, &namespaces)?;
+            let vagrant = on.lab()?;
+            let pods = match &vagrant {
+                Some(v) => lab::policy::pods_vagrant(v, &namespaces)?,
+                None => lab::policy::pods(&which.state()?, &namespaces)?,
+            };
             if pods.is_empty() {
                 bail!(
                     "no running pods with a pod network address in {}",
                     if namespaces.is_empty() { "the lab".to_string() } else { namespaces.join(", ") }
                 );
             }
-            let m = lab::policy::probe_all(&pods, &ports, &protocols, Duration::from_millis(timeout_ms))?;
+            let timeout = Duration::from_millis(timeout_ms);
+            let m = match &vagrant {
+                Some(v) => lab::policy::probe_all_vagrant(v, &pods, &ports, &protocols, timeout)?,
+                None => lab::policy::probe_all(&pods, &ports, &protocols, timeout)?,
+            };
             match output.as_str() {
                 "json" => println!("{}", serde_json::to_string_pretty(&m)?),
                 _ => print!("{}", lab::policy::render(&m)),

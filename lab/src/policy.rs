@@ -22,6 +22,8 @@ pub struct Probed {
     pub id: String,
     pub ip: IpAddr,
     pub pid: u32,
+    /// The node the pod runs on.
+    pub node: String,
 }
 
 /// `tcp` or `udp`.
@@ -63,6 +65,26 @@ pub struct Matrix {
 /// the pod network, in namespace/name order.
 pub fn pods(st: &LabState, namespaces: &[String]) -> Result<Vec<Probed>> {
     let api = ApiAccess::of(st)?;
+    pods_with(&api, namespaces, |ns, name, _| crate::hosts::pod_pid(st, &api, ns, name))
+}
+
+/// The pods of a Vagrant lab to probe (their containers are processes: `podpath://PID`).
+pub fn pods_vagrant(v: &crate::vagrant::VagrantLab, namespaces: &[String]) -> Result<Vec<Probed>> {
+    pods_with(&v.api()?, namespaces, |ns, name, pod| {
+        pod["status"]["containerStatuses"][0]["containerID"]
+            .as_str()
+            .and_then(|id| id.strip_prefix("podpath://"))
+            .map(str::to_string)
+            .ok_or_else(|| LabError::NotReady(format!("pod {ns}/{name} has no process yet")))
+    })
+}
+
+/// [`pods`], each pod's process found by `pid_of(namespace, name, pod)`.
+fn pods_with(
+    api: &ApiAccess,
+    namespaces: &[String],
+    pid_of: impl Fn(&str, &str, &serde_json::Value) -> Result<String>,
+) -> Result<Vec<Probed>> {
     let (code, body) = api.get("/api/v1/pods")?;
     if code != 200 {
         return Err(LabError::NotReady(format!("listing pods answered HTTP {code}")));
@@ -78,10 +100,11 @@ pub fn pods(st: &LabState, namespaces: &[String]) -> Result<Vec<Probed>> {
             continue;
         }
         let Some(ip) = p["status"]["podIP"].as_str().and_then(|i| i.parse().ok()) else { continue };
-        let pid = crate::hosts::pod_pid(st, &api, ns, name)?
+        let pid = pid_of(ns, name, p)?
             .parse()
             .map_err(|_| LabError::NotReady(format!("pod {ns}/{name} has no process yet")))?;
-        out.push(Probed { id: format!("{ns}/{name}"), ip, pid });
+        let node = p["spec"]["nodeName"].as_str().unwrap_or_default().to_string();
+        out.push(Probed { id: format!("{ns}/{name}"), ip, pid, node });
     }
     out.sort_by(|a, b| a.id.cmp(&b.id));
     Ok(out)
@@ -114,6 +137,93 @@ pub fn probe_all(pods: &[Probed], ports: &[u16], protocols: &[Protocol], timeout
         m.results.entry(table).or_default().entry(from).or_default().insert(to, ok);
     }
     Ok(m)
+}
+
+/// [`probe_all`] on a Vagrant lab: per source pod, one `podpath trace-helper connect` in its
+/// network namespace on its node (over SSH), every target at once.
+pub fn probe_all_vagrant(
+    v: &crate::vagrant::VagrantLab,
+    pods: &[Probed],
+    ports: &[u16],
+    protocols: &[Protocol],
+    timeout: Duration,
+) -> Result<Matrix> {
+    let mut targets = vec![];
+    for to in pods {
+        for proto in protocols {
+            for port in ports {
+                targets.push((to.id.clone(), *proto, SocketAddr::new(to.ip, *port)));
+            }
+        }
+    }
+    let results: Vec<Result<Vec<bool>>> = std::thread::scope(|s| {
+        let jobs: Vec<_> = pods
+            .iter()
+            .map(|from| {
+                let targets = &targets;
+                s.spawn(move || -> Result<Vec<bool>> {
+                    let pid = from.pid.to_string();
+                    let timeout_ms = timeout.as_millis().to_string();
+                    let mut argv = vec![
+                        "nsenter",
+                        "-t",
+                        &pid,
+                        "-n",
+                        "--",
+                        "podpath",
+                        "trace-helper",
+                        "connect",
+                        "--timeout-ms",
+                        &timeout_ms,
+                    ];
+                    let wanted: Vec<String> =
+                        targets.iter().map(|(_, proto, addr)| format!("{proto}/{addr}")).collect();
+                    argv.extend(wanted.iter().map(String::as_str));
+                    let out = v.run(&from.node, &argv)?;
+                    let got = parse_connect(&out);
+                    Ok(wanted.iter().map(|w| got.get(w).copied().unwrap_or(false)).collect())
+                })
+            })
+            .collect();
+        jobs.into_iter()
+            .map(|j| j.join().unwrap_or_else(|_| Err(LabError::NotReady("a probe thread panicked".into()))))
+            .collect()
+    });
+    let mut m = Matrix { pods: pods.iter().map(|p| p.id.clone()).collect(), ..Default::default() };
+    for (from, oks) in pods.iter().zip(results) {
+        for ((to, proto, addr), ok) in targets.iter().zip(oks?) {
+            let table = format!("{proto}/{}", addr.port());
+            m.results.entry(table).or_default().entry(from.id.clone()).or_default().insert(to.clone(), ok);
+        }
+    }
+    Ok(m)
+}
+
+/// `podpath trace-helper connect`'s targets (`tcp/10.244.1.4:80`), probed at once from the
+/// current namespace: one line each, `TARGET ok|no`.
+pub fn connect_lines(targets: &[String], timeout: Duration) -> Result<String> {
+    let mut jobs = vec![];
+    for t in targets {
+        let (proto, addr) = t
+            .split_once('/')
+            .ok_or_else(|| LabError::Usage(format!("{t:?}: give PROTOCOL/ADDRESS:PORT (tcp/10.244.1.4:80)")))?;
+        let proto: Protocol = proto.parse()?;
+        let addr: SocketAddr = addr
+            .parse()
+            .map_err(|_| LabError::Usage(format!("{t:?}: give PROTOCOL/ADDRESS:PORT (tcp/10.244.1.4:80)")))?;
+        jobs.push((t.clone(), std::thread::spawn(move || probe(addr, proto, timeout))));
+    }
+    let mut out = String::new();
+    for (t, j) in jobs {
+        let ok = j.join().map_err(|_| LabError::NotReady("a probe thread panicked".into()))?;
+        out.push_str(&format!("{t} {}\n", if ok { "ok" } else { "no" }));
+    }
+    Ok(out)
+}
+
+/// [`connect_lines`]' output: target → connected.
+fn parse_connect(out: &str) -> BTreeMap<String, bool> {
+    out.lines().filter_map(|l| l.split_once(' ')).map(|(t, r)| (t.to_string(), r == "ok")).collect()
 }
 
 /// One probe from the current network namespace.
