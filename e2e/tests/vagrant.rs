@@ -609,6 +609,17 @@ fn provisioners_bring_up_the_lab_in_namespaces() {
     assert!(ok && out.contains("node-2: eth1 (the lab's network) down"), "{out}");
     let (ok, out) = podpath(&["fault", "list"]);
     assert!(ok && out.contains("node-2") && out.contains("link-down"), "{out}");
+    // `podpath watch --vagrant`: the timeline's starting state, read on the VMs.
+    let (ok, out) = podpath(&["watch", "--seconds", "0.1"]);
+    assert!(ok, "{out}");
+    for want in [
+        "fault made: node-2 link-down: eth1 (the lab's network) down",
+        "node node-1: Ready=True",
+        "node node-1: proxy /healthz 200",
+        "endpoints default/echo: +10.244.1.",
+    ] {
+        assert!(out.contains(want), "{want}: {out}");
+    }
     wait_for(Duration::from_secs(20), "lb-sim to take node-2 out of rotation", || match in_rotation("node-2") {
         Some(false) => Ok(()),
         other => Err(format!("{other:?}")),

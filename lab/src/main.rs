@@ -277,6 +277,8 @@ enum Cmd {
     Watch {
         #[command(flatten)]
         which: Which,
+        #[command(flatten)]
+        on: OnVagrant,
         /// How often the lab is read.
         #[arg(long, default_value_t = 250, value_parser = clap::value_parser!(u64).range(50..=10_000))]
         interval_ms: u64,
@@ -856,18 +858,25 @@ fn run() -> Result<()> {
                 _ => print!("{}", lab::policy::render(&m)),
             }
         }
-        Cmd::Watch { which, interval_ms, seconds } => {
+        Cmd::Watch { which, on, interval_ms, seconds } => {
             use std::io::Write as _;
-            let (st, dir) = (which.state()?, which.dir());
+            let vagrant = on.lab()?;
+            let (name, st) = match &vagrant {
+                Some(v) => (format!("Vagrant lab in {}", v.dir.display()), None),
+                None => {
+                    let st = which.state()?;
+                    (format!("lab {:?}", st.name), Some(st))
+                }
+            };
             let started = std::time::Instant::now();
-            println!(
-                "watching lab {:?} from {} (every {interval_ms} ms)",
-                st.name,
-                jiff::Zoned::now().strftime("%H:%M:%S%.3f")
-            );
+            println!("watching {name} from {} (every {interval_ms} ms)", jiff::Zoned::now().strftime("%H:%M:%S%.3f"));
             let mut last = lab::watch::Snapshot::default();
             loop {
-                let now = lab::watch::snapshot(&st, &dir)?;
+                let now = match (&vagrant, &st) {
+                    (Some(v), _) => lab::watch::snapshot_vagrant(v)?,
+                    (None, Some(st)) => lab::watch::snapshot(st, &which.dir())?,
+                    (None, None) => unreachable!("read above"),
+                };
                 let at = started.elapsed().as_secs_f64();
                 for line in lab::watch::diff(&last, &now) {
                     println!("{at:>9.3}s  {line}");

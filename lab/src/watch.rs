@@ -152,7 +152,67 @@ pub fn rotation(status: &Value) -> BTreeMap<String, BTreeSet<String>> {
 /// Reads the lab now. What cannot be read (an agent that does not answer, lb-sim down) shows as
 /// such rather than failing the whole read.
 pub fn snapshot(st: &LabState, dir: &std::path::Path) -> Result<Snapshot> {
-    let api = ApiAccess::of(st)?;
+    let mut s = of_api(&ApiAccess::of(st)?);
+    of_lab(&mut s, st, dir)?;
+    Ok(s)
+}
+
+/// [`snapshot`] of a Vagrant lab: the API's part as on namespace labs, the lab's part read on
+/// its VMs over SSH (in parallel), the faults from its record.
+pub fn snapshot_vagrant(v: &crate::vagrant::VagrantLab) -> Result<Snapshot> {
+    let mut s = of_api(&v.api()?);
+    let nodes = v.nodes();
+    std::thread::scope(|sc| {
+        let gateway = sc.spawn(|| {
+            v.run("gateway", &["curl", "-sS", "--max-time", "2", &format!("http://{}/status", crate::state::LB_STATUS)])
+        });
+        let agents: Vec<_> = nodes
+            .iter()
+            .map(|n| {
+                sc.spawn(move || {
+                    let ip = crate::vagrant::lab_ip(n).unwrap_or_default();
+                    let base = format!("http://{ip}:{}", crate::plan::AGENT_HEALTH_PORT);
+                    // The health code on the first line, the metrics after it.
+                    let script = format!(
+                        "curl -s -o /dev/null -m 2 -w '%{{http_code}}\\n' {base}/healthz; curl -s -m 2 {base}/metrics"
+                    );
+                    (n.clone(), v.run(n, &["sh", "-c", &script]))
+                })
+            })
+            .collect();
+        if let Ok(Ok(status)) = gateway.join().map(|r| r.map(|b| serde_json::from_str::<Value>(&b))) {
+            if let Ok(status) = status {
+                s.rotation = rotation(&status);
+            }
+        }
+        for a in agents {
+            let Ok((node, out)) = a.join() else { continue };
+            let out = out.unwrap_or_default();
+            let mut lines = out.lines();
+            let code = lines.next().unwrap_or("000");
+            s.healthz.insert(node.clone(), if code == "000" { "no answer".into() } else { code.to_string() });
+            if code == "200" || code == "503" {
+                s.repairs.insert(node, repaired_total(&lines.collect::<Vec<_>>().join("\n")));
+            }
+        }
+    });
+    for f in crate::fault::list(&v.credentials)? {
+        s.faults.insert(format!("{} {}: {}", f.node, f.kind, f.detail));
+    }
+    Ok(s)
+}
+
+/// The rules an agent repaired so far, from its metrics page.
+fn repaired_total(metrics: &str) -> u64 {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with("podpath_node_proxy_rules_repaired_total"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// The API's part of a snapshot: nodes, pods and EndpointSlices listed, then [`of_objects`].
+fn of_api(api: &ApiAccess) -> Snapshot {
     let get = |path: &str| -> Vec<Value> {
         match api.get(path) {
             Ok((200, body)) => serde_json::from_str::<Value>(&body)
@@ -166,8 +226,7 @@ pub fn snapshot(st: &LabState, dir: &std::path::Path) -> Result<Snapshot> {
         (get("/api/v1/nodes"), get("/api/v1/pods"), get("/apis/discovery.k8s.io/v1/endpointslices"));
     let mut s = Snapshot::default();
     of_objects(&mut s, &nodes, &pods, &slices);
-    of_lab(&mut s, st, dir)?;
-    Ok(s)
+    s
 }
 
 /// The API's part of a snapshot (nodes' readiness, pods, Services' ready endpoints) from the
@@ -250,12 +309,7 @@ pub fn of_lab(s: &mut Snapshot, st: &LabState, dir: &std::path::Path) -> Result<
         };
         s.healthz.insert(n.name.clone(), health);
         if let Ok((200, body)) = crate::hosts::http_get_in(ns, addr, "/metrics") {
-            let total = body
-                .lines()
-                .filter(|l| l.starts_with("podpath_node_proxy_rules_repaired_total"))
-                .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-                .sum();
-            s.repairs.insert(n.name.clone(), total);
+            s.repairs.insert(n.name.clone(), repaired_total(&body));
         }
     }
     for f in crate::fault::list(dir)? {
