@@ -180,10 +180,8 @@ pub fn snapshot_vagrant(v: &crate::vagrant::VagrantLab) -> Result<Snapshot> {
                 })
             })
             .collect();
-        if let Ok(Ok(status)) = gateway.join().map(|r| r.map(|b| serde_json::from_str::<Value>(&b))) {
-            if let Ok(status) = status {
-                s.rotation = rotation(&status);
-            }
+        if let Ok(Ok(Ok(status))) = gateway.join().map(|r| r.map(|b| serde_json::from_str::<Value>(&b))) {
+            s.rotation = rotation(&status);
         }
         for a in agents {
             let Ok((node, out)) = a.join() else { continue };
