@@ -345,19 +345,15 @@ fn provisioners_bring_up_the_lab_in_namespaces() {
         resolv.contains("nameserver 10.96.0.10") && resolv.contains("search default.svc.cluster.local"),
         "{resolv}"
     );
+    // A command in the probe pod (kubectl exec; its output whether it failed or not).
+    let in_probe = |cmd: &[&str]| {
+        let mut argv = vec!["kubectl", "--kubeconfig", kubeconfig.to_str().unwrap(), "exec", "probe", "--"];
+        argv.extend_from_slice(cmd);
+        lab.host_exec(&argv)
+    };
     for name in ["echo", "echo.default.svc.cluster.local"] {
         let out = wait_for(Duration::from_secs(60), &format!("{name} resolved in a pod on node-2"), || {
-            let (ok, out) = lab.host_exec(&[
-                "kubectl",
-                "--kubeconfig",
-                kubeconfig.to_str().unwrap(),
-                "exec",
-                "probe",
-                "--",
-                "getent",
-                "hosts",
-                name,
-            ]);
+            let (ok, out) = in_probe(&["getent", "hosts", name]);
             if ok && out.starts_with(&format!("{svc_ip} ")) {
                 Ok(out)
             } else {
@@ -382,21 +378,7 @@ fn provisioners_bring_up_the_lab_in_namespaces() {
     // is refused until it has the label.
     let echo_ip = kubectl(&["get", "pod", "echo", "-o", "jsonpath={.status.podIP}"]);
     let echo_url = format!("http://{echo_ip}:8080/");
-    let from_probe = |url: &str| {
-        lab.host_exec(&[
-            "kubectl",
-            "--kubeconfig",
-            kubeconfig.to_str().unwrap(),
-            "exec",
-            "probe",
-            "--",
-            "curl",
-            "-sS",
-            "--max-time",
-            "2",
-            url,
-        ])
-    };
+    let from_probe = |url: &str| in_probe(&["curl", "-sS", "--max-time", "2", url]);
     let (ok, page) = from_probe(&echo_url);
     assert!(ok && field(&page, "pod") == Some("default/echo"), "open before the policy: {page}");
     yaml(
