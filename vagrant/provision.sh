@@ -13,6 +13,7 @@ ROLE=${1:?usage: provision.sh control-plane|node|gateway|client}
 : "${LAB_NAME:?}" "${LAB_IP:?}" "${LAB_HOSTS:?}" "${LAB_CONTROL_PLANE:?}" "${LAB_GATEWAY:?}"
 : "${LAB_GATEWAY_EXTERNAL:?}" "${LAB_NODE_NET:?}" "${LAB_CLIENT_NET:?}"
 LAB_PROXY_MODE=${LAB_PROXY_MODE:-iptables}
+LAB_NFTABLES_LAYOUT=${LAB_NFTABLES_LAYOUT:-current}
 LAB_LB_MODE=${LAB_LB_MODE:-passthrough}
 LAB_MASQUERADE=${LAB_MASQUERADE:-true}
 LAB_UPLOAD_DIR=${LAB_UPLOAD_DIR:-/tmp/podpath-bin}
@@ -269,6 +270,7 @@ EOF
     --cni-conf-dir /etc/cni/net.d --cni-bin-dir "$CNI_BIN" --healthz-bind-address "$LAB_IP:10256" \
     --apiserver-ca-file "$PKI/ca.crt" --token-file "$TOKEN" \
     --heartbeat-seconds 2 --restart-backoff-seconds 1 --proxy-mode "$LAB_PROXY_MODE" \
+    --nftables-layout "$LAB_NFTABLES_LAYOUT" \
     --service-cluster-ip-range "$SERVICE_CIDR" --cluster-cidr "$CLUSTER_CIDR" "--masquerade=$LAB_MASQUERADE" \
     --cluster-dns "$CLUSTER_DNS" --cluster-domain cluster.local
   # /livez answers as soon as the agent runs; Ready needs the API server, which may still be

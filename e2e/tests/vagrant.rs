@@ -83,6 +83,10 @@ fn vagrantfile_validates_under_both_providers_and_refuses_bad_settings() {
         (("LAB_NODES", "12"), "podpath: nodes is \"12\": expected a whole number from 1 to 9"),
         (("LAB_PROXY_MODE", "ipvs"), "podpath: proxy_mode is \"ipvs\": expected iptables, nftables or userspace"),
         (("LAB_LB_MODE", "l7"), "podpath: lb_mode is \"l7\": expected passthrough or nodeport"),
+        (
+            ("LAB_NFTABLES_LAYOUT", "flat"),
+            "podpath: nftables_layout is \"flat\": expected current, v1.36, v1.34, shared-maps",
+        ),
         (("LAB_MEMORY", "lots"), "podpath: memory of control-plane is \"lots\""),
         (("LAB_LIBVIRT_DRIVER", "xen"), "podpath: libvirt_driver is \"xen\": expected kvm or qemu"),
     ] {
