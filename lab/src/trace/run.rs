@@ -676,7 +676,7 @@ fn send_canary(site: &Site, host: &str, v6: bool, taken: &BTreeSet<u16>) -> Resu
         .map_err(|e| LabError::Io { what: "send the trace's sync datagram".into(), source: e })
 }
 
-/// [`send_canary`] from this process's own namespace (`podpath trace-helper canary` on a VM).
+/// `send_canary` from this process's own namespace (`podpath trace-helper canary` on a VM).
 pub fn send_canary_here(v6: bool, taken: &BTreeSet<u16>) -> std::io::Result<u16> {
     {
         let lo: IpAddr = if v6 { Ipv6Addr::LOCALHOST.into() } else { Ipv4Addr::LOCALHOST.into() };
@@ -831,7 +831,7 @@ fn probe_socket(ns_path: &str, v6: bool) -> Result<(socket2::Socket, SocketAddr)
         .map_err(|e| LabError::Io { what: "make the probe's socket".into(), source: e })
 }
 
-/// [`probe_socket`] in this process's own namespace, bound to `port` (0: any).
+/// `probe_socket` in this process's own namespace, bound to `port` (0: any).
 pub fn probe_socket_here(v6: bool, port: u16) -> std::io::Result<(socket2::Socket, SocketAddr)> {
     {
         let (domain, any) = if v6 {
