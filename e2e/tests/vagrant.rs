@@ -257,9 +257,9 @@ fn provisioners_bring_up_the_lab_in_namespaces() {
     let podpath = |args: &[&str]| -> (bool, String) {
         let cfg = format!("PODPATH_VAGRANT_SSH_CONFIG={}", ssh_config.display());
         let dot = format!("VAGRANT_DOTFILE_PATH={dotfile}");
-        // `podpath COMMAND --vagrant DIR ARGS…` (before a `--` that ends exec's options).
-        let mut argv =
-            vec!["env", &cfg, &dot, podpath_bin.to_str().unwrap(), args[0], "--vagrant", root.to_str().unwrap()];
+        // `podpath COMMAND --vagrant=DIR ARGS…` (before a `--` that ends exec's options).
+        let on = format!("--vagrant={}", root.display());
+        let mut argv = vec!["env", &cfg, &dot, podpath_bin.to_str().unwrap(), args[0], &on];
         argv.extend_from_slice(&args[1..]);
         lab.host_exec(&argv)
     };
@@ -553,6 +553,15 @@ fn provisioners_bring_up_the_lab_in_namespaces() {
     assert!(status.contains(&lb_ip) && status.contains("default/echo"), "the gateway's load balancers: {status}");
     let (ok, page) = podpath(&["curl", &url]);
     assert!(ok && field(&page, "pod") == Some("default/echo"), "podpath curl --vagrant: {page}");
+    // As typed in the checkout: a bare `--vagrant` (this directory) before the URL.
+    let typed = format!(
+        "cd {} && PODPATH_VAGRANT_SSH_CONFIG={} VAGRANT_DOTFILE_PATH={dotfile} {} curl --vagrant {url}",
+        root.display(),
+        ssh_config.display(),
+        podpath_bin.display()
+    );
+    let (ok, page) = lab.host_exec(&["sh", "-c", &typed]);
+    assert!(ok && field(&page, "pod") == Some("default/echo"), "{typed}: {page}");
     let (ok, out) = podpath(&["exec", "node-2", "--", "cat", "/etc/hostname"]);
     assert!(ok && out.trim() == "node-2", "{out}");
     let (ok, out) = podpath(&["exec", "pod/default/echo", "--", "hostname"]);

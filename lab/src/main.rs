@@ -37,13 +37,14 @@ impl Which {
     }
 }
 
-/// `--vagrant [DIR]`: the command acts on the Vagrant lab of the Vagrantfile in DIR (default:
-/// here) instead of a namespace lab.
+/// `--vagrant[=DIR]`: the command acts on the Vagrant lab of the Vagrantfile in DIR (default:
+/// here) instead of a namespace lab. The `=` is required, so `--vagrant` never takes the
+/// command's next argument (a URL, a machine) for DIR.
 #[derive(clap::Args)]
 struct OnVagrant {
     /// Act on the Vagrant lab (VMs) of the Vagrantfile in DIR [default: .], over `vagrant
     /// ssh-config`'s SSH and the kubeconfig in DIR/.vagrant/podpath/.
-    #[arg(long, value_name = "DIR", num_args = 0..=1, default_missing_value = ".")]
+    #[arg(long, value_name = "DIR", num_args = 0..=1, require_equals = true, default_missing_value = ".")]
     vagrant: Option<PathBuf>,
 }
 
