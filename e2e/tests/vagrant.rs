@@ -666,6 +666,51 @@ fn provisioners_bring_up_the_lab_in_namespaces() {
         }
     });
 
+    // `podpath rules --watch --vagrant`: a new Service's rules appear on both nodes, named with
+    // the API change that caused them.
+    let mut watch = Command::new("ip")
+        .args(["netns", "exec", lab.host_netns.as_deref().unwrap(), "env"])
+        .arg(format!("PODPATH_VAGRANT_SSH_CONFIG={}", ssh_config.display()))
+        .arg(format!("VAGRANT_DOTFILE_PATH={dotfile}"))
+        .arg(&podpath_bin)
+        .args(["rules", "--watch", &format!("--vagrant={}", root.display())])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("run podpath rules --watch --vagrant");
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let (stdout, sink) = (watch.stdout.take().unwrap(), seen.clone());
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+            sink.lock().unwrap().push_str(&(line + "\n"));
+        }
+    });
+    wait_for(Duration::from_secs(20), "the watch to start", || {
+        let s = seen.lock().unwrap().clone();
+        if s.starts_with("watching the service proxy's rules (node-1 ") {
+            Ok(())
+        } else {
+            Err(s)
+        }
+    });
+    kubectl(&["create", "service", "clusterip", "watched", "--tcp=80:8080"]);
+    let report = wait_for(Duration::from_secs(30), "the new Service's rules in the watch", || {
+        let s = seen.lock().unwrap().clone();
+        if s.contains("Service default/watched created") && s.contains("default/watched:80-8080") {
+            Ok(s)
+        } else {
+            Err(s)
+        }
+    });
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(watch.id() as i32), nix::sys::signal::Signal::SIGTERM).unwrap();
+    let _ = watch.wait();
+    // No endpoints yet: node-2 (iptables) REJECTs it, node-1 (nftables) adds it to the map.
+    assert!(
+        report.contains("node-2:") && report.contains("watched:80-8080 has no endpoints\" -m tcp --dport 80 -j REJECT"),
+        "{report}"
+    );
+    assert!(report.contains("+ nft element no-endpoint-services:"), "{report}");
+
     let work_pids = lab.processes_inside();
     assert!(work_pids.len() >= 6, "services and the pod's processes run in the chroots: {work_pids:?}");
     let prefix_ns = format!("{prefix}-");

@@ -167,9 +167,22 @@ fn input_changes(before: &BTreeMap<String, String>, after: &BTreeMap<String, Str
 /// for the nodes' rules to follow (they settle: unchanged for 300 ms, or 3 s pass) and writes
 /// the rule changes of every node. Stops after `count` reports, if given.
 pub fn watch_rules(st: &LabState, count: Option<usize>, out: &mut dyn Write) -> Result<()> {
-    let api = ApiAccess::of(st)?;
-    let api = &api;
-    let mut rules = proxy_rules(st)?;
+    watch_rules_with(&ApiAccess::of(st)?, || proxy_rules(st), count, out)
+}
+
+/// `podpath rules --watch --vagrant`: the same on a Vagrant lab, its nodes' rules read over SSH.
+pub fn watch_rules_vagrant(v: &crate::vagrant::VagrantLab, count: Option<usize>, out: &mut dyn Write) -> Result<()> {
+    watch_rules_with(&v.api()?, || v.all_proxy_rules(), count, out)
+}
+
+/// [`watch_rules`] with every node's rules read by `read`.
+fn watch_rules_with(
+    api: &ApiAccess,
+    read: impl Fn() -> Result<BTreeMap<String, Vec<String>>>,
+    count: Option<usize>,
+    out: &mut dyn Write,
+) -> Result<()> {
+    let mut rules = read()?;
     let mut inputs = proxy_inputs(api);
     let sizes: Vec<String> = rules.iter().map(|(n, r)| format!("{n} {} rules", r.len())).collect();
     let w = |out: &mut dyn Write, s: &str| out.write_all(s.as_bytes()).and_then(|_| out.flush());
@@ -185,7 +198,7 @@ pub fn watch_rules(st: &LabState, count: Option<usize>, out: &mut dyn Write) -> 
         let (deadline, mut last, mut settled_at) = (Instant::now() + Duration::from_secs(3), rules.clone(), None);
         while Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(100));
-            let current = proxy_rules(st)?;
+            let current = read()?;
             if current != last {
                 last = current;
                 settled_at = Some(Instant::now());

@@ -932,10 +932,10 @@ fn run() -> Result<()> {
         Cmd::Rules { which, on, watch, count } => {
             if let Some(v) = on.lab()? {
                 if watch {
-                    bail!("`rules --watch` does not run on the Vagrant lab yet: run `podpath rules --vagrant` again");
+                    lab::inspect::watch_rules_vagrant(&v, count, &mut std::io::stdout())?;
+                    return Ok(());
                 }
-                for node in v.nodes() {
-                    let rules = v.proxy_rules(&node)?;
+                for (node, rules) in v.all_proxy_rules()? {
                     println!("{node} ({} rules)", rules.len());
                     for r in rules {
                         println!("  {r}");

@@ -330,6 +330,11 @@ impl VagrantLab {
         Ok(out)
     }
 
+    /// [`VagrantLab::proxy_rules`] of every node, read in parallel.
+    pub fn all_proxy_rules(&self) -> Result<BTreeMap<String, Vec<String>>> {
+        self.per_node(|node| self.proxy_rules(node))
+    }
+
     /// Whether the nodes run kube-proxy's nftables mode (the first node has its table).
     pub fn nftables(&self) -> Result<bool> {
         let first =
