@@ -416,9 +416,7 @@ pub fn flush_rules_vagrant(v: &crate::vagrant::VagrantLab, node: &str) -> Result
 pub fn kill_pod_vagrant(v: &crate::vagrant::VagrantLab, target: &str) -> Result<(String, String)> {
     let (ns, name) =
         target.split_once('/').ok_or_else(|| LabError::Usage(format!("{target:?}: use NAMESPACE/NAME")))?;
-    let (node, argv) = crate::vagrant::pod_exec(&v.api()?, ns, name, &[])?;
-    // nsenter -t PID …: the PID is the third word.
-    let pid = argv.get(2).cloned().unwrap_or_default();
+    let (node, pid) = crate::vagrant::pod_process(&v.api()?, ns, name)?;
     v.run(&node, &["kill", "-KILL", &pid])?;
     Ok((node, pid))
 }

@@ -71,9 +71,7 @@ pub fn pods(st: &LabState, namespaces: &[String]) -> Result<Vec<Probed>> {
 /// The pods of a Vagrant lab to probe (their containers are processes: `podpath://PID`).
 pub fn pods_vagrant(v: &crate::vagrant::VagrantLab, namespaces: &[String]) -> Result<Vec<Probed>> {
     pods_with(&v.api()?, namespaces, |ns, name, pod| {
-        pod["status"]["containerStatuses"][0]["containerID"]
-            .as_str()
-            .and_then(|id| id.strip_prefix("podpath://"))
+        crate::vagrant::container_pid(pod)
             .map(str::to_string)
             .ok_or_else(|| LabError::NotReady(format!("pod {ns}/{name} has no process yet")))
     })

@@ -383,20 +383,31 @@ impl VagrantLab {
     }
 }
 
-/// The argv that enters a pod on its node: `nsenter` into the namespaces of the pod's first
-/// container's process (`podpath://PID` on the VM nodes, where containers are processes).
-pub fn pod_exec(api: &ApiAccess, ns: &str, name: &str, cmd: &[String]) -> Result<(String, Vec<String>)> {
+/// The process of a pod's first container on a VM node, where containers are processes
+/// (`podpath://PID`): None before it runs.
+pub fn container_pid(pod: &serde_json::Value) -> Option<&str> {
+    pod["status"]["containerStatuses"][0]["containerID"].as_str()?.strip_prefix("podpath://")
+}
+
+/// A pod's node and its first container's process, from the API.
+pub fn pod_process(api: &ApiAccess, ns: &str, name: &str) -> Result<(String, String)> {
     let (code, body) = api.get(&format!("/api/v1/namespaces/{ns}/pods/{name}"))?;
     if code != 200 {
         return Err(LabError::Usage(format!("pod {ns}/{name} not found")));
     }
     let pod: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
     let node = pod["spec"]["nodeName"].as_str().unwrap_or_default().to_string();
-    let id = pod["status"]["containerStatuses"][0]["containerID"].as_str().unwrap_or_default();
-    let pid = id
-        .strip_prefix("podpath://")
-        .ok_or_else(|| LabError::Usage(format!("pod {ns}/{name} has no running container yet")))?;
-    let mut argv: Vec<String> = ["nsenter", "-t", pid, "-n", "-u", "-m", "-r", "--"].map(String::from).to_vec();
+    let pid = container_pid(&pod)
+        .ok_or_else(|| LabError::Usage(format!("pod {ns}/{name} has no running container yet")))?
+        .to_string();
+    Ok((node, pid))
+}
+
+/// The argv that enters a pod on its node: `nsenter` into the namespaces of the pod's first
+/// container's process.
+pub fn pod_exec(api: &ApiAccess, ns: &str, name: &str, cmd: &[String]) -> Result<(String, Vec<String>)> {
+    let (node, pid) = pod_process(api, ns, name)?;
+    let mut argv: Vec<String> = ["nsenter", "-t", &pid, "-n", "-u", "-m", "-r", "--"].map(String::from).to_vec();
     argv.extend(cmd.iter().cloned());
     Ok((node, argv))
 }

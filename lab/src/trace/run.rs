@@ -1114,9 +1114,7 @@ pub fn trace_vagrant(v: Arc<crate::vagrant::VagrantLab>, req: &Request) -> Resul
         .into_iter()
         .filter_map(|n| crate::vagrant::lab_ip(&n).and_then(|ip| ip.parse().ok()).map(|ip| (ip, n)))
         .collect();
-    // The proxy mode, as the nodes run it: the nftables mode has its table.
-    let first = v.nodes().into_iter().next().ok_or_else(|| LabError::NotReady("no node machine is running".into()))?;
-    let nftables = v.run(&first, &["nft", "list", "table", "ip", "kube-proxy"]).is_ok();
+    let nftables = v.nftables()?;
     let lb = v.clone();
     let lab = Lab {
         site: Site::Vagrant(v),
