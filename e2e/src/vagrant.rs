@@ -25,6 +25,9 @@ use serde::Deserialize;
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 pub struct Machine {
     pub name: String,
+    /// Whether a bare `vagrant up` brings it up (the builder only comes when named).
+    #[serde(default = "yes")]
+    pub autostart: bool,
     pub hostname: Option<String>,
     pub networks: Vec<Network>,
     pub synced_folders: Vec<SyncedFolder>,
@@ -60,6 +63,10 @@ pub struct Provisioner {
     pub destination: Option<String>,
 }
 
+fn yes() -> bool {
+    true
+}
+
 /// The repository's root (where the Vagrantfile is).
 pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root").to_path_buf()
@@ -68,9 +75,17 @@ pub fn repo_root() -> PathBuf {
 /// Loads the machines of the Vagrantfile in `dir` with Vagrant's loader; `env` are settings
 /// overrides (`LAB_NODES`, …). Needs Debian's `vagrant` package, no provider and no box.
 pub fn load_machines(dir: &Path, env: &[(&str, &str)]) -> Result<Vec<Machine>> {
+    load_machines_for(dir, env, &[])
+}
+
+/// [`load_machines`] as the Vagrantfile sees them for the command `vagrant ARGS` (its checks
+/// and the files it makes for that command, e.g. the builder's source archive for `up builder`).
+pub fn load_machines_for(dir: &Path, env: &[(&str, &str)], args: &[&str]) -> Result<Vec<Machine>> {
     let out = Command::new("ruby")
         .arg(dir.join("vagrant/test/machines.rb"))
         .arg(dir)
+        .arg("--")
+        .args(args)
         .envs(env.iter().copied())
         .env("VAGRANT_NO_PLUGINS", "1")
         .output()
@@ -102,8 +117,8 @@ impl Subnet {
     }
 }
 
-/// Problems of the topology the machines form (empty: fine): every machine has a hostname and at
-/// least one private network; addresses are valid, unique, inside one of `subnets` with its mask,
+/// Problems of the topology the machines form (empty: fine): every machine has a hostname and
+/// every lab machine (one `vagrant up` starts) at least one private network; addresses are valid, unique, inside one of `subnets` with its mask,
 /// neither network nor broadcast address nor reserved; a machine has at most one address per
 /// subnet; every shell script and uploaded file exists; only shell and file provisioners.
 pub fn check_topology(machines: &[Machine], subnets: &[Subnet]) -> Vec<String> {
@@ -117,7 +132,7 @@ pub fn check_topology(machines: &[Machine], subnets: &[Subnet]) -> Vec<String> {
             Some(h) if !hostnames.insert(h) => problems.push(format!("{name}: hostname {h} is taken")),
             Some(_) => {}
         }
-        if m.networks.is_empty() {
+        if m.networks.is_empty() && m.autostart {
             problems.push(format!("{name}: no private network"));
         }
         let mut used_subnets = BTreeSet::new();
@@ -325,6 +340,28 @@ impl NetnsVagrant {
         self.mounts.push(merged.join("proc"));
         must(&["mount", "--bind", "/dev", &merged.join("dev").to_string_lossy()])?;
         self.mounts.push(merged.join("dev"));
+        Ok(())
+    }
+
+    /// Shows the host's directory `lower` at `guest` inside machine `name`, through an overlay:
+    /// the machine sees its contents and writes to its own layer, never to `lower` (how the
+    /// builder's test gives a machine the host's toolchain and cargo caches).
+    pub fn overlay_host_dir(&mut self, name: &str, lower: &Path, guest: &str) -> Result<()> {
+        let root = self.machine(name).root.clone();
+        let layer = self.work.path().join(format!("{name}-layer-{}", self.mounts.len()));
+        for d in ["upper", "work"] {
+            std::fs::create_dir_all(layer.join(d))?;
+        }
+        let at = root.join(guest.trim_start_matches('/'));
+        std::fs::create_dir_all(&at)?;
+        let opts = format!(
+            "lowerdir={},upperdir={},workdir={}",
+            lower.display(),
+            layer.join("upper").display(),
+            layer.join("work").display()
+        );
+        must(&["mount", "-t", "overlay", "overlay", "-o", &opts, &at.to_string_lossy()])?;
+        self.mounts.push(at);
         Ok(())
     }
 
@@ -585,6 +622,7 @@ mod tests {
                 .collect(),
             synced_folders: vec![],
             provisioners: vec![],
+            autostart: true,
         }
     }
 

@@ -76,7 +76,7 @@ fn vagrantfile_validates_under_both_providers_and_refuses_bad_settings() {
     let (ok, out) = vagrant(&["status", "--machine-readable"], &[("LAB_NODES", "1")], home.path());
     assert!(ok, "{out}");
     let states: Vec<&str> = out.lines().filter(|l| l.contains(",state,")).filter_map(|l| l.split(',').nth(1)).collect();
-    assert_eq!(states, ["control-plane", "node-1", "gateway", "client"]);
+    assert_eq!(states, ["control-plane", "node-1", "gateway", "client", "builder"]);
 
     // Bad settings: one line that names the setting, and nothing created.
     for (env, want) in [
@@ -147,9 +147,15 @@ fn machines_follow_the_all_in_one_address_plan() {
     let dotfile = dot.path().to_str().unwrap();
     for nodes in [1, 3, 9] {
         let n = nodes.to_string();
-        let machines =
+        let all =
             load_machines(&repo_root(), &[("LAB_NODES", &n), ("LAB_BIN_DIR", &dir), ("VAGRANT_DOTFILE_PATH", dotfile)])
                 .unwrap();
+        let problems = check_topology(&all, &[NODE_NET, CLIENT_NET]);
+        assert!(problems.is_empty(), "{nodes} nodes:\n{}", problems.join("\n"));
+        // The builder comes only when named, and is not part of the lab.
+        let builder = all.iter().find(|m| m.name == "builder").expect("a builder machine");
+        assert!(!builder.autostart && builder.networks.is_empty(), "{builder:?}");
+        let machines: Vec<_> = all.into_iter().filter(|m| m.autostart).collect();
         let problems = check_topology(&machines, &[NODE_NET, CLIENT_NET]);
         assert!(problems.is_empty(), "{nodes} nodes:\n{}", problems.join("\n"));
         let vagrant: BTreeMap<String, BTreeSet<String>> = machines
@@ -209,7 +215,13 @@ fn machines_follow_the_all_in_one_address_plan() {
 #[test]
 fn scripts_pass_shellcheck() {
     let root = repo_root();
-    let scripts = ["vagrant/provision.sh", "vagrant/test/rootfs.sh", "vagrant/test/libvirt-up.sh", "scripts/demo"];
+    let scripts = [
+        "vagrant/provision.sh",
+        "vagrant/build.sh",
+        "vagrant/test/rootfs.sh",
+        "vagrant/test/libvirt-up.sh",
+        "scripts/demo",
+    ];
     let out = Command::new("shellcheck")
         .args(scripts.iter().map(|s| root.join(s)))
         .output()
@@ -231,15 +243,19 @@ fn provisioners_bring_up_the_lab_in_namespaces() {
     if !testkit::netns::root_or_explain() {
         return;
     }
+    let _turn = MACHINES.lock().unwrap_or_else(|e| e.into_inner());
     let host_before = testkit::netns::host_state();
     let rootfs = vagrant::ensure_rootfs(&repo_root().join("target/vagrant-rootfs")).unwrap();
     let dir = bin_dir();
     // Vagrant's data directory of this run, where the Vagrantfile makes the lab's credentials.
     let dot = tempfile::tempdir().unwrap();
     let dotfile = dot.path().to_str().unwrap();
-    let machines =
+    let machines: Vec<_> =
         load_machines(&repo_root(), &[("LAB_NODES", "2"), ("LAB_BIN_DIR", &dir), ("VAGRANT_DOTFILE_PATH", dotfile)])
-            .unwrap();
+            .unwrap()
+            .into_iter()
+            .filter(|m| m.autostart)
+            .collect();
     let prefix = testkit::netns::unique("vg");
     let lab = NetnsVagrant::create(&machines, &rootfs, &prefix, Some("192.168.56.1")).unwrap();
     let t = std::time::Instant::now();
@@ -750,4 +766,174 @@ fn blank_pod_specifics(rule: &str) -> String {
     }
     out.push_str(rest);
     out
+}
+
+/// The two tests that build machines from the root filesystem take turns: the first makes it
+/// (debootstrap must not run twice at once), and the builder's compile would slow the other's
+/// timed waits.
+static MACHINES: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// The from-source path for hosts without Linux binaries: `vagrant up` refuses with one line
+/// naming the builder; `vagrant up builder` uploads the checkout, whose provisioner compiles it
+/// with the pinned toolchain; the trigger fetches the binaries; then `vagrant up` takes them
+/// and a lab made of them answers. The builder here has no internet (as the lab's machines): it
+/// sees the host's toolchain and cargo caches (at the host's paths) and a layer over the
+/// workspace's target directory (dependencies compiled already; every podpath crate is compiled
+/// from the uploaded source), in the `dev` profile (`build_profile`), so CI compiles in about a
+/// minute. The from-nothing release build is `vagrant/test/build-from-scratch.sh`.
+#[test]
+fn the_builder_compiles_the_checkout_for_the_other_machines() {
+    if !testkit::netns::root_or_explain() {
+        return;
+    }
+    let _turn = MACHINES.lock().unwrap_or_else(|e| e.into_inner());
+    let host_before = testkit::netns::host_state();
+    let rootfs = vagrant::ensure_rootfs(&repo_root().join("target/vagrant-rootfs")).unwrap();
+    let dot = tempfile::tempdir().unwrap();
+    let dotfile = dot.path().to_str().unwrap();
+    // A host that built nothing for the boxes.
+    let no_bins = tempfile::tempdir().unwrap();
+    let env = [
+        ("LAB_NODES", "1"),
+        ("LAB_BIN_DIR", no_bins.path().to_str().unwrap()),
+        ("VAGRANT_DOTFILE_PATH", dotfile),
+        ("LAB_BUILD_PROFILE", "dev"),
+    ];
+    let refused = vagrant::load_machines_for(&repo_root(), &env, &["up"]).unwrap_err().to_string();
+    assert!(
+        refused.contains("missing in")
+            && refused
+                .contains("or let a VM build them from this checkout: `vagrant up builder`, then `vagrant up` again"),
+        "{refused}"
+    );
+    let refused = vagrant::load_machines_for(&repo_root(), &env, &["up", "builder", "node-1"]).unwrap_err().to_string();
+    assert!(refused.contains("bring the builder up on its own first: `vagrant up builder`"), "{refused}");
+
+    // `vagrant up builder`: the Vagrantfile archives the checkout for it.
+    let machines = vagrant::load_machines_for(&repo_root(), &env, &["up", "builder"]).unwrap();
+    let archive = dot.path().join("podpath/source.tar.gz");
+    let (ok, listing) = testkit::netns::sh(&["tar", "-tzf", archive.to_str().unwrap()]);
+    assert!(ok, "{listing}");
+    for want in ["Cargo.lock", "vagrant/rust-toolchain.toml", "lab/src/main.rs"] {
+        assert!(listing.lines().any(|l| l == want), "{want} in the archive");
+    }
+    assert!(
+        listing.lines().all(|l| !l.starts_with("target/") && !l.starts_with(".git/")),
+        "no build output or git data in the archive"
+    );
+    let mut builder = machines.iter().find(|m| m.name == "builder").unwrap().clone();
+    assert_eq!(builder.provisioners[0].source.as_deref(), Some(archive.as_path()));
+    let home = |var: &str, default: &str| {
+        std::env::var(var).unwrap_or_else(|_| format!("{}/{default}", std::env::var("HOME").unwrap_or("/root".into())))
+    };
+    let (rustup_home, cargo_home) = (home("RUSTUP_HOME", ".rustup"), home("CARGO_HOME", ".cargo"));
+    // The host's toolchain and cargo home at the host's paths (cargo's fingerprints of the
+    // compiled dependencies name the registry's sources by path).
+    let script = builder.provisioners.iter_mut().find(|p| p.kind == "shell").unwrap();
+    script.env.insert("RUSTUP_HOME".into(), rustup_home.clone());
+    script.env.insert("CARGO_HOME".into(), cargo_home.clone());
+
+    let prefix = testkit::netns::unique("vb");
+    let mut lab = NetnsVagrant::create(std::slice::from_ref(&builder), &rootfs, &prefix, None).unwrap();
+    lab.overlay_host_dir("builder", Path::new(&rustup_home), &rustup_home).unwrap();
+    lab.overlay_host_dir("builder", Path::new(&cargo_home), &cargo_home).unwrap();
+    lab.overlay_host_dir("builder", &repo_root().join("target"), "/var/lib/podpath-build/target").unwrap();
+    // The pinned toolchain is this machine's (the one the project is tested with): in the
+    // builder's layer it gets the pinned name, as rustup names a toolchain it installed.
+    let pin = std::fs::read_to_string(repo_root().join("vagrant/rust-toolchain.toml")).unwrap();
+    let pin = pin.lines().find_map(|l| l.strip_prefix("channel = \"")?.strip_suffix('"')).unwrap().to_string();
+    let (_, rustc) = testkit::netns::sh(&["rustc", "--version"]);
+    assert!(
+        rustc.starts_with(&format!("rustc {pin} ")),
+        "vagrant/rust-toolchain.toml pins {pin}, but this machine builds with {rustc}"
+    );
+    let toolchains = lab.machine("builder").root.join(rustup_home.trim_start_matches('/')).join("toolchains");
+    let (_, triple) = testkit::netns::sh(&["rustc", "-vV"]);
+    let triple = triple.lines().find_map(|l| l.strip_prefix("host: ")).unwrap().to_string();
+    let pinned = toolchains.join(format!("{pin}-{triple}"));
+    let is_dir = std::fs::symlink_metadata(&pinned).is_ok_and(|m| m.is_dir());
+    if !is_dir {
+        // (A link of the host's may point outside the machine's view: replaced.)
+        let _ = std::fs::remove_file(&pinned);
+        std::os::unix::fs::symlink(format!("stable-{triple}"), &pinned).unwrap();
+    }
+
+    let t = std::time::Instant::now();
+    let out = lab.provision_machine(&builder).unwrap_or_else(|e| panic!("{e:#}"));
+    eprintln!("builder: compiled in {:.0} s", t.elapsed().as_secs_f64());
+    assert!(out.contains("podpath[builder]: built 8 binaries in"), "{out}");
+    assert!(out.contains(&format!("compiling with rustc {pin} ")), "{out}");
+    // The trigger: the builder's binaries to the host, .vagrant/podpath/bin/<box_arch>/.
+    let built = dot.path().join("podpath/bin/amd64");
+    let root = repo_root();
+    let (ok, out) = testkit::netns::sh(&[
+        "ruby",
+        &root.join("vagrant/test/fetch-built.rb").to_string_lossy(),
+        &root.to_string_lossy(),
+        &lab.machine("builder").root.to_string_lossy(),
+        &built.to_string_lossy(),
+    ]);
+    assert!(ok, "{out}");
+    let info = std::fs::read_to_string(built.join("BUILD-INFO")).unwrap();
+    let (_, sum) = testkit::netns::sh(&["sha256sum", archive.to_str().unwrap()]);
+    let sum = sum.split_whitespace().next().unwrap().to_string();
+    assert!(info.contains(&format!("source: sha256 {sum}")) && info.contains("profile: dev"), "{info}");
+    assert!(info.contains(&format!("toolchain: rustc {pin} ")), "{info}");
+    drop(lab);
+
+    // `vagrant up`: the lab takes the builder's binaries, and a lab made of them works.
+    let machines: Vec<_> = load_machines(&repo_root(), &env).unwrap().into_iter().filter(|m| m.autostart).collect();
+    for m in &machines {
+        for p in m.provisioners.iter().filter(|p| p.kind == "file") {
+            let src = p.source.as_ref().unwrap();
+            assert!(
+                src.starts_with(&built) || src.starts_with(dot.path().join("podpath")),
+                "{}: {}",
+                m.name,
+                src.display()
+            );
+        }
+    }
+    let prefix = testkit::netns::unique("vb");
+    let lab = NetnsVagrant::create(&machines, &rootfs, &prefix, Some("192.168.56.1")).unwrap();
+    for m in &machines {
+        let out = lab.provision(&m.name).unwrap_or_else(|e| panic!("{e:#}"));
+        assert!(out.contains(&format!("podpath[{}]: {} ready", role(&m.name), m.name)), "{out}");
+    }
+    for (machine, b) in [("control-plane", "apiserver-lite"), ("node-1", "node-agent"), ("gateway", "lb-sim")] {
+        let installed = lab.machine(machine).root.join("usr/local/bin").join(b);
+        assert_eq!(std::fs::read(&installed).unwrap(), std::fs::read(built.join(b)).unwrap(), "{machine}: {b}");
+        assert_ne!(std::fs::read(&installed).unwrap(), std::fs::read(bin(b)).unwrap(), "not the host's {b}");
+    }
+    let kubeconfig = dot.path().join("podpath/kubeconfig");
+    let kubectl = |args: &[&str]| -> (bool, String) {
+        let mut argv = vec!["kubectl", "--kubeconfig", kubeconfig.to_str().unwrap()];
+        argv.extend_from_slice(args);
+        lab.host_exec(&argv)
+    };
+    wait_for(Duration::from_secs(30), "node-1 Ready", || match kubectl(&["get", "nodes", "--no-headers"]) {
+        (true, out) if out.lines().any(|l| l.split_whitespace().nth(1) == Some("Ready")) => Ok(()),
+        (_, out) => Err(out),
+    });
+    let manifest = dot.path().join("echo.yaml");
+    let yaml = std::fs::read_to_string(repo_root().join("vagrant/test/echo.yaml")).unwrap();
+    // One node: the Service is not pinned to a second one.
+    std::fs::write(&manifest, yaml.replace(", annotations: {podpath.dev/route-to-node: node-2}", "")).unwrap();
+    let (ok, out) = kubectl(&["apply", "-f", manifest.to_str().unwrap()]);
+    assert!(ok, "{out}");
+    let lb_ip = wait_for(Duration::from_secs(30), "an EXTERNAL-IP", || {
+        match kubectl(&["get", "svc", "echo", "-o", "jsonpath={.status.loadBalancer.ingress[0].ip}"]) {
+            (true, ip) if ip.starts_with("198.51.100.") => Ok(ip),
+            (_, out) => Err(out),
+        }
+    });
+    let page = wait_for(Duration::from_secs(30), "the LB IP to answer from the client", || {
+        match lab.exec("client", &["curl", "-sS", "--max-time", "5", &format!("http://{lb_ip}/")]) {
+            (true, page) if field(&page, "pod").is_some() => Ok(page),
+            (_, out) => Err(out),
+        }
+    });
+    assert_eq!(field(&page, "pod"), Some("default/echo"), "{page}");
+    drop(lab);
+    assert_eq!(testkit::netns::host_state(), host_before, "the host namespace is unchanged");
 }

@@ -39,6 +39,22 @@ pub fn ssh_hosts(config: &str) -> Vec<String> {
         .collect()
 }
 
+/// The lab machine the Vagrantfile defines besides the lab's own: it compiles podpath for hosts
+/// that cannot, and is never part of the cluster (`vagrant up builder`).
+pub const BUILDER: &str = "builder";
+
+/// The lab's running machines in `vagrant status --machine-readable` output
+/// (`TIME,NAME,state,running` lines), in its order; the builder is not one of them. Pure.
+pub fn running_machines(status: &str) -> Vec<String> {
+    status
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.trim().splitn(4, ',').collect();
+            (f.len() == 4 && f[2] == "state" && f[3] == "running" && f[1] != BUILDER).then(|| f[1].to_string())
+        })
+        .collect()
+}
+
 /// `arg` quoted for a POSIX shell (what sshd hands the remote command to).
 pub fn shell_quote(arg: &str) -> String {
     if !arg.is_empty() && arg.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_./:=@,+%".contains(&b)) {
@@ -169,8 +185,23 @@ impl VagrantLab {
         let ssh_config = match std::env::var_os("PODPATH_VAGRANT_SSH_CONFIG") {
             Some(f) => PathBuf::from(f),
             None => {
+                // The running machines only: `vagrant ssh-config` fails as a whole on any other
+                // (the builder, never brought up by `vagrant up`; a halted node).
+                let status = Command::new("vagrant")
+                    .args(["status", "--machine-readable"])
+                    .current_dir(dir)
+                    .output()
+                    .map_err(io("run `vagrant status` (is Vagrant installed?)"))?;
+                let running = running_machines(&String::from_utf8_lossy(&status.stdout));
+                if running.is_empty() {
+                    return Err(LabError::NotReady(format!(
+                        "no machine of the Vagrant lab in {} is running (`vagrant status`; `vagrant up` starts them)",
+                        dir.display()
+                    )));
+                }
                 let out = Command::new("vagrant")
                     .arg("ssh-config")
+                    .args(&running)
                     .current_dir(dir)
                     .output()
                     .map_err(io("run `vagrant ssh-config` (is Vagrant installed?)"))?;
@@ -188,7 +219,7 @@ impl VagrantLab {
             }
         };
         let text = std::fs::read_to_string(&ssh_config).map_err(io(format!("read {}", ssh_config.display())))?;
-        let machines = ssh_hosts(&text);
+        let machines: Vec<String> = ssh_hosts(&text).into_iter().filter(|m| m != BUILDER).collect();
         if machines.is_empty() {
             return Err(LabError::NotReady(format!("no machine in {}", ssh_config.display())));
         }
@@ -420,6 +451,20 @@ mod tests {
     fn the_machines_are_the_hosts_of_vagrants_ssh_config() {
         let cfg = "Host control-plane\n  HostName 192.168.121.10\n  User vagrant\n  Port 22\n\nHost node-1\n  HostName 192.168.121.11\nHost *\n  LogLevel ERROR\n";
         assert_eq!(ssh_hosts(cfg), ["control-plane", "node-1"]);
+    }
+
+    #[test]
+    fn the_running_machines_are_read_from_vagrant_status_without_the_builder() {
+        let status = "1764300000,control-plane,metadata,provider,libvirt\n\
+                      1764300000,control-plane,state,running\n\
+                      1764300000,control-plane,state-human-short,running\n\
+                      1764300000,node-1,state,shutoff\n\
+                      1764300000,node-2,state,running\n\
+                      1764300000,builder,state,running\n\
+                      1764300000,client,state,not_created\n\
+                      1764300000,,ui,info,Current machine states:\n";
+        assert_eq!(running_machines(status), ["control-plane", "node-2"]);
+        assert!(running_machines("").is_empty());
     }
 
     #[test]
