@@ -20,7 +20,8 @@ SRC=$LAB_BUILD_DIR/src
 LOG=$LAB_BUILD_DIR/build.log
 
 say() { echo "podpath[builder]: $*"; }
-die() { echo "podpath[builder]: error: $*" >&2; exit 1; }
+# Vagrant provisions a machine on its first `up` only: the way on after a fix is said.
+die() { echo "podpath[builder]: error: $* (then \`vagrant provision builder\` goes on from here)" >&2; exit 1; }
 
 case "$LAB_BUILD_PROFILE" in
   release) PROFILE_DIR=release ;;

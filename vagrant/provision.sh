@@ -36,7 +36,8 @@ API_PKI=/var/lib/podpath/apiserver/pki
 TOKEN=$ETC/token
 
 say() { echo "podpath[$ROLE]: $*"; }
-die() { echo "podpath[$ROLE]: error: $*" >&2; exit 1; }
+# Vagrant provisions a machine on its first `up` only: the way on after a fix is said.
+die() { echo "podpath[$ROLE]: error: $* (then \`vagrant provision $LAB_NAME\` goes on from here)" >&2; exit 1; }
 
 has_systemd() { [ -d /run/systemd/system ]; }
 

@@ -123,6 +123,17 @@ fn vagrantfile_validates_under_both_providers_and_refuses_bad_settings() {
     std::fs::write(bad.join("lb-sim"), b"\xcf\xfa\xed\xfe\x07\x00\x00\x01 a Mach-O binary").unwrap();
     let (ok, out) = vagrant(&["up", "--no-provision"], &[("LAB_BIN_DIR", bad_dir)], fresh.path());
     assert!(!ok && out.contains("lb-sim is not a Linux binary (built on macOS or Windows?)"), "{out}");
+    // A provider that cannot run here: one line before anything is made.
+    let (ok, out) =
+        vagrant(&["up", "--provider=libvirt"], &[("LAB_BIN_DIR", &dir), ("VAGRANT_NO_PLUGINS", "1")], fresh.path());
+    assert!(!ok && out.contains("podpath: the libvirt provider needs the vagrant-libvirt plugin"), "{out}");
+    assert_eq!(out.trim().lines().count(), 1, "{out}");
+    let (ok, out) = vagrant(
+        &["up", "--provider", "virtualbox"],
+        &[("LAB_BIN_DIR", &dir), ("PATH", "/usr/bin:/bin")],
+        fresh.path(),
+    );
+    assert!(!ok && out.contains("podpath: the virtualbox provider needs VirtualBox: no VBoxManage"), "{out}");
     let (ok, out) = vagrant(&["validate", "-p"], &[("LAB_BOX_ARCH", "riscv")], home.path());
     assert!(!ok && out.contains("podpath: box_arch is \"riscv\": expected amd64 or arm64"), "{out}");
     let (_, ids) = testkit::netns::sh(&["find", &fresh.path().to_string_lossy(), "-name", "id"]);
