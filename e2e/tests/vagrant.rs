@@ -441,6 +441,22 @@ fn provisioners_bring_up_the_lab_in_namespaces() {
         });
     assert!(field(&page, "client").is_some_and(|c| c.starts_with("10.244.2.")), "the probe's own address: {page}");
     matrix(true);
+    // `explain networkpolicy --vagrant`: the pods it selects and admits, and the rules node-1's
+    // agent wrote for it, read on the VM.
+    let (ok, out) = podpath(&["explain", "networkpolicy", "echo-ingress"]);
+    assert!(ok, "{out}");
+    for want in [
+        "NetworkPolicy default/echo-ingress (policyTypes: Ingress)",
+        &format!("selects: default/echo ({echo_ip}, node-1)"),
+        "ingress[0]: from[0]: default/probe",
+        "default/echo-ingress ingress[0] from[0]",
+    ] {
+        assert!(out.contains(want), "{want:?} missing from:\n{out}");
+    }
+    assert!(out.contains("node-1:\n  "), "node-1's rules: {out}");
+    // The Gateway explanation takes --vagrant too (this lab has no Gateway API CRDs).
+    let (ok, out) = podpath(&["explain", "gateway", "web"]);
+    assert!(!ok && out.contains("gateway default/web not found (are the Gateway API CRDs installed?"), "{out}");
     kubectl(&["delete", "networkpolicy", "echo-ingress"]);
     kubectl(&["delete", "pod", "probe", "--wait=false"]);
 

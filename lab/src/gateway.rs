@@ -106,8 +106,20 @@ pub fn explain_gateway(gw: &Value, lb: Option<&Value>) -> GatewayExplanation {
 
 /// Reads the Gateway and lb-sim's status.
 pub fn explain(st: &LabState, target: &str) -> Result<GatewayExplanation> {
+    explain_with(&ApiAccess::of(st)?, target, || crate::lb_status(st).ok())
+}
+
+/// [`explain`] on the Vagrant lab: lb-sim's status read on the gateway VM.
+pub fn explain_vagrant(v: &crate::vagrant::VagrantLab, target: &str) -> Result<GatewayExplanation> {
+    explain_with(&v.api()?, target, || {
+        let body =
+            v.run("gateway", &["curl", "-sS", "--max-time", "3", &format!("http://{}/status", crate::state::LB_STATUS)]);
+        body.ok().and_then(|b| serde_json::from_str(&b).ok())
+    })
+}
+
+fn explain_with(api: &ApiAccess, target: &str, lb_status: impl FnOnce() -> Option<Value>) -> Result<GatewayExplanation> {
     let (ns, name) = target.split_once('/').unwrap_or(("default", target));
-    let api = ApiAccess::of(st)?;
     let path = format!("/apis/gateway.networking.k8s.io/v1/namespaces/{ns}/gateways/{name}");
     let (code, body) = api.get(&path)?;
     let gw: Value = match code {
@@ -119,8 +131,7 @@ pub fn explain(st: &LabState, target: &str) -> Result<GatewayExplanation> {
         }
         c => return Err(LabError::NotReady(format!("{path} answered HTTP {c}"))),
     };
-    let lb = crate::lb_status(st).ok();
-    Ok(explain_gateway(&gw, lb.as_ref()))
+    Ok(explain_gateway(&gw, lb_status().as_ref()))
 }
 
 pub fn text(e: &GatewayExplanation) -> String {

@@ -898,11 +898,11 @@ fn run() -> Result<()> {
             let service = match target.as_slice() {
                 [name] => name.clone(),
                 [kind, name] if matches!(kind.as_str(), "service" | "services" | "svc") => name.clone(),
-                [kind, _] if vagrant.is_some() && !matches!(kind.as_str(), "service" | "services" | "svc") => {
-                    bail!("on the Vagrant lab, `explain` explains Services so far (networkpolicy and gateway: namespace labs)")
-                }
                 [kind, name] if matches!(kind.as_str(), "networkpolicy" | "networkpolicies" | "netpol") => {
-                    let e = lab::policy::explain(&which.state()?, name)?;
+                    let e = match &vagrant {
+                        Some(v) => lab::policy::explain_vagrant(v, name)?,
+                        None => lab::policy::explain(&which.state()?, name)?,
+                    };
                     match output.as_str() {
                         "json" => println!("{}", serde_json::to_string_pretty(&e)?),
                         _ => print!("{}", lab::policy::explain_text(&e)),
@@ -910,7 +910,10 @@ fn run() -> Result<()> {
                     return Ok(());
                 }
                 [kind, name] if matches!(kind.as_str(), "gateway" | "gateways" | "gtw") => {
-                    let e = lab::gateway::explain(&which.state()?, name)?;
+                    let e = match &vagrant {
+                        Some(v) => lab::gateway::explain_vagrant(v, name)?,
+                        None => lab::gateway::explain(&which.state()?, name)?,
+                    };
                     match output.as_str() {
                         "json" => println!("{}", serde_json::to_string_pretty(&e)?),
                         _ => print!("{}", lab::gateway::text(&e)),

@@ -426,8 +426,43 @@ pub fn explain_text(e: &PolicyExplanation) -> String {
 
 /// Reads what [`explain_policy`] needs from the lab (the API, every node's rules).
 pub fn explain(st: &LabState, target: &str) -> Result<PolicyExplanation> {
+    let plan = crate::plan::Plan::with_family(&st.name, st.nodes, st.ip_family);
+    let nodes: Vec<String> = plan.nodes.iter().map(|n| n.name.clone()).collect();
+    explain_with(&ApiAccess::of(st)?, target, &nodes, |node| {
+        let netns = plan.netns_of(node).expect("planned");
+        if st.proxy_mode == crate::ProxyMode::Nftables {
+            podpath_ruleset::Nft::in_netns(netns)
+                .list_table(podpath_ruleset::nft::NftFamily::Ip, "podpath-policy", false)
+                .ok()
+                .flatten()
+                .unwrap_or_default()
+        } else {
+            podpath_ruleset::Iptables::new(podpath_ruleset::Backend::System)
+                .in_netns(netns)
+                .save_text("filter")
+                .unwrap_or_default()
+        }
+    })
+}
+
+/// [`explain`] on the Vagrant lab: each node VM's policy rules read over SSH (the table `ip
+/// podpath-policy` on a node in nftables mode, its iptables filter table otherwise).
+pub fn explain_vagrant(v: &crate::vagrant::VagrantLab, target: &str) -> Result<PolicyExplanation> {
+    explain_with(&v.api()?, target, &v.nodes(), |node| {
+        v.run(node, &["nft", "list", "table", "ip", "podpath-policy"])
+            .or_else(|_| v.run(node, &["iptables-save", "-t", "filter"]))
+            .unwrap_or_default()
+    })
+}
+
+/// The explanation from the API's objects and each of `nodes`' rules as `dump` reads them.
+fn explain_with(
+    api: &ApiAccess,
+    target: &str,
+    nodes: &[String],
+    dump: impl Fn(&str) -> String,
+) -> Result<PolicyExplanation> {
     let (ns, name) = target.split_once('/').unwrap_or(("default", target));
-    let api = ApiAccess::of(st)?;
     let get = |path: &str| -> Result<serde_json::Value> {
         let (code, body) = api.get(path)?;
         match code {
@@ -480,24 +515,7 @@ pub fn explain(st: &LabState, target: &str) -> Result<PolicyExplanation> {
             p["spec"]["nodeName"].as_str().unwrap_or("?").to_string(),
         ));
     }
-    let plan = crate::plan::Plan::with_family(&st.name, st.nodes, st.ip_family);
-    let mut dumps = BTreeMap::new();
-    for n in &plan.nodes {
-        let netns = plan.netns_of(&n.name).expect("planned");
-        let dump = if st.proxy_mode == crate::ProxyMode::Nftables {
-            podpath_ruleset::Nft::in_netns(netns)
-                .list_table(podpath_ruleset::nft::NftFamily::Ip, "podpath-policy", false)
-                .ok()
-                .flatten()
-                .unwrap_or_default()
-        } else {
-            podpath_ruleset::Iptables::new(podpath_ruleset::Backend::System)
-                .in_netns(netns)
-                .save_text("filter")
-                .unwrap_or_default()
-        };
-        dumps.insert(n.name.clone(), dump);
-    }
+    let dumps: BTreeMap<String, String> = nodes.iter().map(|n| (n.clone(), dump(n))).collect();
     Ok(explain_policy(&policy, &world, &dumps))
 }
 
