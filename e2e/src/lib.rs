@@ -542,6 +542,50 @@ pub fn wait_for<T>(limit: Duration, what: &str, mut f: impl FnMut() -> std::resu
     }
 }
 
+/// A long-running command whose output lines are collected as they come (`podpath rules
+/// --watch`, `podpath watch`): wait for what it prints, then [`LineWatch::stop`] it.
+pub struct LineWatch {
+    child: Child,
+    seen: std::sync::Arc<std::sync::Mutex<String>>,
+}
+
+impl LineWatch {
+    /// Starts `cmd` with its standard output collected.
+    pub fn spawn(mut cmd: std::process::Command) -> LineWatch {
+        let mut child = cmd.stdout(std::process::Stdio::piped()).spawn().expect("start the watching command");
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let (stdout, sink) = (child.stdout.take().expect("piped"), seen.clone());
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(stdout).lines().map_while(std::result::Result::ok) {
+                sink.lock().unwrap_or_else(|e| e.into_inner()).push_str(&(line + "\n"));
+            }
+        });
+        LineWatch { child, seen }
+    }
+
+    /// Waits at most `limit` until the output so far satisfies `done`; that output.
+    pub fn wait_until(&self, limit: Duration, what: &str, done: impl Fn(&str) -> bool) -> String {
+        wait_for(limit, what, || {
+            let s = self.seen.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            if done(&s) {
+                Ok(s)
+            } else {
+                Err(s)
+            }
+        })
+    }
+
+    /// SIGTERM, as Ctrl-C would end it, and its exit.
+    pub fn stop(mut self) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let _ = self.child.wait();
+    }
+}
+
 /// Waits at most `limit` for a command (then kills it): a hang is a failure, never a stuck test.
 pub fn wait_bounded(mut child: Child, limit: Duration) -> Output {
     let t = Instant::now();

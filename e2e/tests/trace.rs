@@ -158,38 +158,16 @@ fn trace_a_load_balancer_request_hop_by_hop_then_with_no_endpoints() {
     // rules --watch: scaling 2 → 3 moves the first endpoint's probability from 1/2 to 1/3
     // (once the DNS pods are Ready, so their EndpointSlice changes are over).
     lab.wait_for_cluster_dns();
-    let mut watch = std::process::Command::new(bin("podpath"))
-        .args(["rules", "--watch", "--name", &lab.name, "--state-dir", lab.state.to_str().unwrap()])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("run podpath rules --watch");
-    let seen = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
-    let (stdout, sink) = (watch.stdout.take().unwrap(), seen.clone());
-    std::thread::spawn(move || {
-        use std::io::BufRead;
-        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
-            sink.lock().unwrap().push_str(&(line + "\n"));
-        }
-    });
-    wait_for(Duration::from_secs(10), "the watch to start", || {
-        let s = seen.lock().unwrap().clone();
-        if s.starts_with("watching the service proxy's rules (node-1 ") {
-            Ok(())
-        } else {
-            Err(s)
-        }
+    let mut cmd = std::process::Command::new(bin("podpath"));
+    cmd.args(["rules", "--watch", "--name", &lab.name, "--state-dir", lab.state.to_str().unwrap()]);
+    let watch = podpath_e2e::LineWatch::spawn(cmd);
+    watch.wait_until(Duration::from_secs(10), "the watch to start", |s| {
+        s.starts_with("watching the service proxy's rules (node-1 ")
     });
     lab.kubectl(&["scale", "deployment/web", "--replicas=3"]);
-    let report = wait_for(Duration::from_secs(30), "the probabilities to move", || {
-        let s = seen.lock().unwrap().clone();
-        if s.contains("probability 0.5 → 0.3333") {
-            Ok(s)
-        } else {
-            Err(s)
-        }
-    });
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(watch.id() as i32), nix::sys::signal::Signal::SIGTERM).unwrap();
-    let _ = watch.wait();
+    let report = watch
+        .wait_until(Duration::from_secs(30), "the probabilities to move", |s| s.contains("probability 0.5 → 0.3333"));
+    watch.stop();
     assert!(report.contains("EndpointSlice default/web-"), "{report}");
     assert!(report.contains("  node-1, node-2:\n"), "both nodes change alike: {report}");
     assert!(report.contains("+ nat -A KUBE-SVC-"), "the new endpoint's jump: {report}");

@@ -128,11 +128,8 @@ fn vagrantfile_validates_under_both_providers_and_refuses_bad_settings() {
         vagrant(&["up", "--provider=libvirt"], &[("LAB_BIN_DIR", &dir), ("VAGRANT_NO_PLUGINS", "1")], fresh.path());
     assert!(!ok && out.contains("podpath: the libvirt provider needs the vagrant-libvirt plugin"), "{out}");
     assert_eq!(out.trim().lines().count(), 1, "{out}");
-    let (ok, out) = vagrant(
-        &["up", "--provider", "virtualbox"],
-        &[("LAB_BIN_DIR", &dir), ("PATH", "/usr/bin:/bin")],
-        fresh.path(),
-    );
+    let (ok, out) =
+        vagrant(&["up", "--provider", "virtualbox"], &[("LAB_BIN_DIR", &dir), ("PATH", "/usr/bin:/bin")], fresh.path());
     assert!(!ok && out.contains("podpath: the virtualbox provider needs VirtualBox: no VBoxManage"), "{out}");
     let (ok, out) = vagrant(&["validate", "-p"], &[("LAB_BOX_ARCH", "riscv")], home.path());
     assert!(!ok && out.contains("podpath: box_arch is \"riscv\": expected amd64 or arm64"), "{out}");
@@ -712,42 +709,21 @@ fn provisioners_bring_up_the_lab_in_namespaces() {
 
     // `podpath rules --watch --vagrant`: a new Service's rules appear on both nodes, named with
     // the API change that caused them.
-    let mut watch = Command::new("ip")
-        .args(["netns", "exec", lab.host_netns.as_deref().unwrap(), "env"])
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec", lab.host_netns.as_deref().unwrap(), "env"])
         .arg(format!("PODPATH_VAGRANT_SSH_CONFIG={}", ssh_config.display()))
         .arg(format!("VAGRANT_DOTFILE_PATH={dotfile}"))
         .arg(&podpath_bin)
-        .args(["rules", "--watch", &format!("--vagrant={}", root.display())])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("run podpath rules --watch --vagrant");
-    let seen = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
-    let (stdout, sink) = (watch.stdout.take().unwrap(), seen.clone());
-    std::thread::spawn(move || {
-        use std::io::BufRead;
-        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
-            sink.lock().unwrap().push_str(&(line + "\n"));
-        }
-    });
-    wait_for(Duration::from_secs(20), "the watch to start", || {
-        let s = seen.lock().unwrap().clone();
-        if s.starts_with("watching the service proxy's rules (node-1 ") {
-            Ok(())
-        } else {
-            Err(s)
-        }
+        .args(["rules", "--watch", &format!("--vagrant={}", root.display())]);
+    let watch = podpath_e2e::LineWatch::spawn(cmd);
+    watch.wait_until(Duration::from_secs(20), "the watch to start", |s| {
+        s.starts_with("watching the service proxy's rules (node-1 ")
     });
     kubectl(&["create", "service", "clusterip", "watched", "--tcp=80:8080"]);
-    let report = wait_for(Duration::from_secs(30), "the new Service's rules in the watch", || {
-        let s = seen.lock().unwrap().clone();
-        if s.contains("Service default/watched created") && s.contains("default/watched:80-8080") {
-            Ok(s)
-        } else {
-            Err(s)
-        }
+    let report = watch.wait_until(Duration::from_secs(30), "the new Service's rules in the watch", |s| {
+        s.contains("Service default/watched created") && s.contains("default/watched:80-8080")
     });
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(watch.id() as i32), nix::sys::signal::Signal::SIGTERM).unwrap();
-    let _ = watch.wait();
+    watch.stop();
     // No endpoints yet: node-2 (iptables) REJECTs it, node-1 (nftables) adds it to the map.
     assert!(
         report.contains("node-2:") && report.contains("watched:80-8080 has no endpoints\" -m tcp --dport 80 -j REJECT"),

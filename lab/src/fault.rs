@@ -359,12 +359,22 @@ pub fn flush_rules(st: &LabState, node: &str) -> Result<std::time::Duration> {
             .to_vec(),
     };
     run(&flush)?;
+    await_repair(node, before, repaired, std::time::Duration::from_millis(50))
+}
+
+/// Waits (30 s at most) until `repaired` counts past `before`: the time the agent took.
+fn await_repair(
+    node: &str,
+    before: u64,
+    repaired: impl Fn() -> Result<u64>,
+    poll: std::time::Duration,
+) -> Result<std::time::Duration> {
     let t = std::time::Instant::now();
     while t.elapsed() < std::time::Duration::from_secs(30) {
         if repaired().is_ok_and(|n| n > before) {
             return Ok(t.elapsed());
         }
-        std::thread::sleep(std::time::Duration::from_millis(50));
+        std::thread::sleep(poll);
     }
     Err(LabError::NotReady(format!("{node}'s agent had not rewritten its rules 30 s after the flush")))
 }
@@ -402,14 +412,8 @@ pub fn flush_rules_vagrant(v: &crate::vagrant::VagrantLab, node: &str) -> Result
     } else {
         v.run(node, &["iptables", "-t", "nat", "-F"])?;
     }
-    let t = std::time::Instant::now();
-    while t.elapsed() < std::time::Duration::from_secs(30) {
-        if repaired().is_ok_and(|n| n > before) {
-            return Ok(t.elapsed());
-        }
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
-    Err(LabError::NotReady(format!("{node}'s agent had not rewritten its rules 30 s after the flush")))
+    // (Each read is an SSH round trip: polled less often.)
+    await_repair(node, before, repaired, std::time::Duration::from_millis(100))
 }
 
 /// [`kill_pod`] on a Vagrant lab: SIGKILL to the pod's process on its node, over SSH.

@@ -112,13 +112,17 @@ pub fn explain(st: &LabState, target: &str) -> Result<GatewayExplanation> {
 /// [`explain`] on the Vagrant lab: lb-sim's status read on the gateway VM.
 pub fn explain_vagrant(v: &crate::vagrant::VagrantLab, target: &str) -> Result<GatewayExplanation> {
     explain_with(&v.api()?, target, || {
-        let body =
-            v.run("gateway", &["curl", "-sS", "--max-time", "3", &format!("http://{}/status", crate::state::LB_STATUS)]);
+        let body = v
+            .run("gateway", &["curl", "-sS", "--max-time", "3", &format!("http://{}/status", crate::state::LB_STATUS)]);
         body.ok().and_then(|b| serde_json::from_str(&b).ok())
     })
 }
 
-fn explain_with(api: &ApiAccess, target: &str, lb_status: impl FnOnce() -> Option<Value>) -> Result<GatewayExplanation> {
+fn explain_with(
+    api: &ApiAccess,
+    target: &str,
+    lb_status: impl FnOnce() -> Option<Value>,
+) -> Result<GatewayExplanation> {
     let (ns, name) = target.split_once('/').unwrap_or(("default", target));
     let path = format!("/apis/gateway.networking.k8s.io/v1/namespaces/{ns}/gateways/{name}");
     let (code, body) = api.get(&path)?;
