@@ -8,6 +8,7 @@
 //! for `podpath ui`'s tests.
 
 pub mod book;
+pub mod clients;
 pub mod vagrant;
 pub mod webdriver;
 

@@ -2,44 +2,11 @@
 //! directory) against a real apiserver-lite process over TLS: the official `kubernetes`
 //! client, `kubernetes_asyncio` and kr8s.
 
-use std::path::PathBuf;
 use std::process::Command;
 
+use podpath_e2e::clients::venv;
 use podpath_e2e::{text, ApiServer, Lab};
 use testkit::netns::root_or_explain;
-
-/// The pinned clients: `kubernetes` as shared/reference/kubectl-surface.md was checked with,
-/// and the async ones users reported failures with.
-const CLIENTS: [&str; 3] = ["kubernetes==37.0.2", "kubernetes_asyncio==36.1.0", "kr8s==0.20.15"];
-
-/// A virtualenv with the clients installed, shared by runs (created on first use; once per
-/// test process, however many tests ask at once).
-fn venv() -> PathBuf {
-    static VENV: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    VENV.get_or_init(make_venv).clone()
-}
-
-fn make_venv() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let target = exe.ancestors().nth(3).unwrap().to_path_buf();
-    let dir = target.join("e2e-venv");
-    let python = dir.join("bin/python");
-    let marker = dir.join(".installed");
-    let want = CLIENTS.join(" ");
-    if std::fs::read_to_string(&marker).ok().as_deref() == Some(want.as_str()) {
-        return python;
-    }
-    let o = Command::new("python3").args(["-m", "venv", "--clear"]).arg(&dir).output().expect("python3 runs");
-    assert!(o.status.success(), "python3 -m venv failed: {:?}", text(&o));
-    let o = Command::new(&python)
-        .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check"])
-        .args(CLIENTS)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "pip install {want} failed: {:?}", text(&o));
-    std::fs::write(&marker, &want).unwrap();
-    python
-}
 
 #[test]
 fn python_client_create_list_watch_delete() {

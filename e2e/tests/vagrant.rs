@@ -731,6 +731,33 @@ fn provisioners_bring_up_the_lab_in_namespaces() {
     );
     assert!(report.contains("+ nft element no-endpoint-services:"), "{report}");
 
+    // The official Python and JavaScript clients with the generated kubeconfig (https, the lab
+    // CA, the token) from the host's end of the node network: exec with stdin, a pod's log and
+    // port-forward, to pods on a VM node (through apiserver-lite to that VM's kubelet).
+    kubectl(&["run", "web", "--image=podpath/echo", "--port=8080", "--overrides={\"spec\":{\"nodeName\":\"node-1\"}}"]);
+    let ticker = "i=0; while true; do echo tick $i; i=$((i+1)); sleep 0.2; done";
+    kubectl(&["run", "ticker", "--image=busybox", "--command", "--", "sh", "-c", ticker]);
+    kubectl(&["wait", "--for=condition=Ready", "pod/web", "pod/ticker", "--timeout=60s"]);
+    std::thread::sleep(Duration::from_millis(600));
+    let host_ns = lab.host_netns.clone().unwrap();
+    let client_home = tempfile::tempdir().unwrap();
+    let python = podpath_e2e::clients::venv();
+    let (ok, out) = lab.host_exec(&[
+        "env",
+        &format!("HOME={}", client_home.path().display()),
+        python.to_str().unwrap(),
+        &repo_root().join("e2e/tests/python/stream_check.py").to_string_lossy(),
+        kubeconfig.to_str().unwrap(),
+    ]);
+    assert!(ok && out.contains("python streaming: ok"), "the Python client on the VM lab:\n{out}");
+    podpath_e2e::clients::node_check_with(
+        "stream_check.mjs",
+        &kubeconfig,
+        client_home.path(),
+        "node streaming: ok",
+        &["ip", "netns", "exec", &host_ns],
+    );
+
     let work_pids = lab.processes_inside();
     assert!(work_pids.len() >= 6, "services and the pod's processes run in the chroots: {work_pids:?}");
     let prefix_ns = format!("{prefix}-");
