@@ -324,18 +324,8 @@ impl NetnsVagrant {
     }
 
     fn mount_overlay(&mut self, rootfs: &Path, dir: &Path) -> Result<()> {
-        for d in ["upper", "work", "merged"] {
-            std::fs::create_dir_all(dir.join(d))?;
-        }
         let merged = dir.join("merged");
-        let opts = format!(
-            "lowerdir={},upperdir={},workdir={}",
-            rootfs.display(),
-            dir.join("upper").display(),
-            dir.join("work").display()
-        );
-        must(&["mount", "-t", "overlay", "overlay", "-o", &opts, &merged.to_string_lossy()])?;
-        self.mounts.push(merged.clone());
+        self.overlay(rootfs, dir, &merged)?;
         must(&["mount", "-t", "proc", "proc", &merged.join("proc").to_string_lossy()])?;
         self.mounts.push(merged.join("proc"));
         must(&["mount", "--bind", "/dev", &merged.join("dev").to_string_lossy()])?;
@@ -343,17 +333,11 @@ impl NetnsVagrant {
         Ok(())
     }
 
-    /// Shows the host's directory `lower` at `guest` inside machine `name`, through an overlay:
-    /// the machine sees its contents and writes to its own layer, never to `lower` (how the
-    /// builder's test gives a machine the host's toolchain and cargo caches).
-    pub fn overlay_host_dir(&mut self, name: &str, lower: &Path, guest: &str) -> Result<()> {
-        let root = self.machine(name).root.clone();
-        let layer = self.work.path().join(format!("{name}-layer-{}", self.mounts.len()));
-        for d in ["upper", "work"] {
-            std::fs::create_dir_all(layer.join(d))?;
+    /// An overlay of `lower` at `at`, its writable layer in `layer` (`upper`, `work`).
+    fn overlay(&mut self, lower: &Path, layer: &Path, at: &Path) -> Result<()> {
+        for d in [layer.join("upper"), layer.join("work"), at.to_path_buf()] {
+            std::fs::create_dir_all(d)?;
         }
-        let at = root.join(guest.trim_start_matches('/'));
-        std::fs::create_dir_all(&at)?;
         let opts = format!(
             "lowerdir={},upperdir={},workdir={}",
             lower.display(),
@@ -361,8 +345,17 @@ impl NetnsVagrant {
             layer.join("work").display()
         );
         must(&["mount", "-t", "overlay", "overlay", "-o", &opts, &at.to_string_lossy()])?;
-        self.mounts.push(at);
+        self.mounts.push(at.to_path_buf());
         Ok(())
+    }
+
+    /// Shows the host's directory `lower` at `guest` inside machine `name`, through an overlay:
+    /// the machine sees its contents and writes to its own layer, never to `lower` (how the
+    /// builder's test gives a machine the host's toolchain and cargo caches).
+    pub fn overlay_host_dir(&mut self, name: &str, lower: &Path, guest: &str) -> Result<()> {
+        let at = self.machine(name).root.join(guest.trim_start_matches('/'));
+        let layer = self.work.path().join(format!("{name}-layer-{}", self.mounts.len()));
+        self.overlay(lower, &layer, &at)
     }
 
     pub fn machine(&self, name: &str) -> &Booted {
