@@ -840,8 +840,11 @@ fn the_builder_compiles_the_checkout_for_the_other_machines() {
     let refused = vagrant::load_machines_for(&repo_root(), &env, &["up", "builder", "node-1"]).unwrap_err().to_string();
     assert!(refused.contains("bring the builder up on its own first: `vagrant up builder`"), "{refused}");
 
-    // `vagrant up builder`: the Vagrantfile archives the checkout for it.
-    let machines = vagrant::load_machines_for(&repo_root(), &env, &["up", "builder"]).unwrap();
+    // `vagrant up builder`: the Vagrantfile archives the checkout for it (an option's value is
+    // not taken for a machine's name).
+    let machines =
+        vagrant::load_machines_for(&repo_root(), &env, &["up", "builder", "--provision-with", "podpath-builder"])
+            .unwrap();
     let archive = dot.path().join("podpath/source.tar.gz");
     let (ok, listing) = testkit::netns::sh(&["tar", "-tzf", archive.to_str().unwrap()]);
     assert!(ok, "{listing}");

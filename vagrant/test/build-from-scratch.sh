@@ -32,10 +32,13 @@ cp /etc/ssl/certs/ca-certificates.crt "$work/root/etc/ssl/certs/ca-certificates.
 ruby -rfileutils -e 'src = File.read("Vagrantfile"); eval(src[/^module PodpathLab\b.*?^end$/m]); PodpathLab.source_archive(Dir.pwd, ARGV[0])' \
   "$work/root/tmp/podpath-source.tar.gz"
 bins=$(ruby -rfileutils -e 'src = File.read("Vagrantfile"); eval(src[/^module PodpathLab\b.*?^end$/m]); puts PodpathLab::BINARIES.values.flatten.uniq.join(" ")')
+# The script is uploaded, as Vagrant's shell provisioner does (and an edit of the checkout
+# meanwhile cannot change what bash is reading).
+cp vagrant/build.sh "$work/root/tmp/vagrant-shell"
 start=$(date +%s)
 chroot "$work/root" env -i HOME=/root PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
   LAB_SOURCE_ARCHIVE=/tmp/podpath-source.tar.gz LAB_BUILD_OUT=/var/lib/podpath-build/out \
-  LAB_BUILD_PROFILE="$PROFILE" LAB_BINARIES="$bins" bash -s <vagrant/build.sh
+  LAB_BUILD_PROFILE="$PROFILE" LAB_BINARIES="$bins" bash /tmp/vagrant-shell
 seconds=$(($(date +%s) - start))
 cat "$work/root/var/lib/podpath-build/out/BUILD-INFO"
 for b in $bins; do
