@@ -892,22 +892,28 @@ fn the_builder_compiles_the_checkout_for_the_other_machines() {
         std::os::unix::fs::symlink(format!("stable-{triple}"), &pinned).unwrap();
     }
 
+    // The trigger: the builder's binaries to the host, .vagrant/podpath/bin/<box_arch>/ (it
+    // also runs after `vagrant up builder --no-provision`, when there is nothing yet).
+    let built = dot.path().join("podpath/bin/amd64");
+    let root = repo_root();
+    let fetch = || {
+        testkit::netns::sh(&[
+            "ruby",
+            &root.join("vagrant/test/fetch-built.rb").to_string_lossy(),
+            &root.to_string_lossy(),
+            &lab.machine("builder").root.to_string_lossy(),
+            &built.to_string_lossy(),
+        ])
+    };
+    let (ok, out) = fetch();
+    assert!(ok && out.contains("nothing built") && !built.exists(), "{out}");
     let t = std::time::Instant::now();
     let out = lab.provision_machine(&builder).unwrap_or_else(|e| panic!("{e:#}"));
     eprintln!("builder: compiled in {:.0} s", t.elapsed().as_secs_f64());
     assert!(out.contains("podpath[builder]: built 8 binaries in"), "{out}");
     assert!(out.contains(&format!("compiling with rustc {pin} ")), "{out}");
-    // The trigger: the builder's binaries to the host, .vagrant/podpath/bin/<box_arch>/.
-    let built = dot.path().join("podpath/bin/amd64");
-    let root = repo_root();
-    let (ok, out) = testkit::netns::sh(&[
-        "ruby",
-        &root.join("vagrant/test/fetch-built.rb").to_string_lossy(),
-        &root.to_string_lossy(),
-        &lab.machine("builder").root.to_string_lossy(),
-        &built.to_string_lossy(),
-    ]);
-    assert!(ok, "{out}");
+    let (ok, out) = fetch();
+    assert!(ok && out.contains("fetched to"), "{out}");
     let info = std::fs::read_to_string(built.join("BUILD-INFO")).unwrap();
     let (_, sum) = testkit::netns::sh(&["sha256sum", archive.to_str().unwrap()]);
     let sum = sum.split_whitespace().next().unwrap().to_string();

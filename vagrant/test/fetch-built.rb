@@ -1,6 +1,6 @@
 # Runs the Vagrantfile's builder trigger (PodpathLab.fetch_built) against a machine whose files
 # are in a directory of this host (the namespace harness's chroot of the builder), as Vagrant
-# runs it against the builder VM over SCP.
+# runs it against the builder VM over SCP. Prints whether it fetched anything.
 # Usage: ruby vagrant/test/fetch-built.rb DIR MACHINE-ROOT DEST   (DIR: where the Vagrantfile is)
 require "vagrant"
 require "fileutils"
@@ -18,7 +18,16 @@ Communicator = Struct.new(:root) do
     raise "#{from}: no such file on the machine" unless File.file?(src)
     FileUtils.cp(src, to)
   end
+
+  # `test -f PATH` (the one test the trigger makes).
+  def test(command)
+    path = command[/\Atest -f (\S+)\z/, 1] or raise "unexpected test #{command.inspect}"
+    File.file?(File.join(root, path))
+  end
 end
 Machine = Struct.new(:communicate)
-PodpathLab.fetch_built(Machine.new(Communicator.new(machine_root)), dest)
-puts "fetched to #{dest}"
+if PodpathLab.fetch_built(Machine.new(Communicator.new(machine_root)), dest)
+  puts "fetched to #{dest}"
+else
+  puts "nothing built"
+end

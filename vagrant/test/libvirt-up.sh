@@ -322,5 +322,33 @@ after=$(objects)
 [ "$before" = "$after" ] || { echo "objects changed across the control plane's restart:"; diff <(echo "$before") <(echo "$after"); exit 1; } >&2
 echo "$(echo "$after" | wc -l) objects kept"
 
+phase "the builder VM with real Vagrant: the checkout's archive uploaded, the trigger's fetch over SCP"
+# Not its compile (hours under emulation): the archive's upload by the file provisioner, then
+# a stand-in build output fetched by the trigger when `vagrant up builder` finds it running.
+BUILT=$ROOT/.vagrant/podpath/bin/amd64
+rm -rf "$BUILT"
+in_ns vagrant up builder --no-provision >"$WORK/builder.log" 2>&1 || { tail -n 20 "$WORK/builder.log" >&2; exit 1; }
+grep -q 'the builder has built nothing yet' "$WORK/builder.log" || { cat "$WORK/builder.log" >&2; exit 1; }
+in_ns vagrant provision builder --provision-with podpath-source >>"$WORK/builder.log" 2>&1 ||
+  { tail -n 20 "$WORK/builder.log" >&2; exit 1; }
+in_ns vagrant ssh builder -c 'tar -tzf /tmp/podpath-source.tar.gz' 2>/dev/null | grep -qx Cargo.lock ||
+  { echo "the builder got no checkout" >&2; exit 1; }
+# shellcheck disable=SC2016 # expanded on the builder
+stand_in='set -e; o=/var/lib/podpath-build/out; sudo mkdir -p $o
+for b in apiserver-lite podpath node-agent podpath-workload podpath-dns podpath-bridge podpath-ipam lb-sim; do
+  sudo install -m 0755 /bin/true $o/$b; done
+echo "stand-in" | sudo tee $o/BUILD-INFO >/dev/null; sha256sum /bin/true'
+want=$(in_ns vagrant ssh builder -c "$stand_in" 2>/dev/null | cut -d' ' -f1)
+in_ns vagrant up builder >>"$WORK/builder.log" 2>&1 || { tail -n 20 "$WORK/builder.log" >&2; exit 1; }
+grep -q "the builder's binaries are in $BUILT" "$WORK/builder.log" || { cat "$WORK/builder.log" >&2; exit 1; }
+if [ "$(sha256sum "$BUILT/lb-sim" | cut -d' ' -f1)" != "$want" ] || [ "$(cat "$BUILT/BUILD-INFO")" != stand-in ]; then
+  echo "the trigger fetched something else" >&2
+  ls -l "$BUILT" >&2
+  exit 1
+fi
+echo "fetched $(find "$BUILT" -type f | wc -l) files over SCP"
+in_ns vagrant destroy -f builder >/dev/null
+rm -rf "$BUILT"
+
 phase "vagrant destroy -f"
 if ! $KEEP; then in_ns vagrant destroy -f >/dev/null; fi
