@@ -198,11 +198,11 @@ WantedBy=multi-user.target" && changed=true
 }
 
 # wait_http NAME URL [CODES]: waits until URL answers (with one of CODES, default any code); curl
-# options in CURL_OPTS (an array).
+# options in CURL_OPTS (an array), WAIT_SECONDS at most (default 20).
 CURL_OPTS=()
 wait_http() {
-  local name=$1 url=$2 codes=${3:-} code
-  for _ in $(seq 100); do
+  local name=$1 url=$2 codes=${3:-} code seconds=${WAIT_SECONDS:-20}
+  for _ in $(seq $((seconds * 5))); do
     code=$(curl -s "${CURL_OPTS[@]}" -o /dev/null -m 1 -w '%{http_code}' "$url" || true)
     if [ "$code" != 000 ] && { [ -z "$codes" ] || [[ " $codes " == *" $code "* ]]; }; then
       say "$name answers on $url ($code)"
@@ -211,7 +211,7 @@ wait_http() {
     sleep 0.2
   done
   if has_systemd; then journalctl -u "podpath-$name" -n 20 --no-pager >&2 || true; else tail -n 20 "$LOGS/$name.log" >&2 || true; fi
-  die "$name does not answer on $url after 20 s"
+  die "$name does not answer on $url after $seconds s"
 }
 
 # Routes to every node's pod CIDR (node-N has 10.244.N.0/24: apiserver-lite numbers them after
@@ -299,6 +299,11 @@ for ip in $LAB_GATEWAY $LAB_GATEWAY_EXTERNAL; do
 done
 iptables -A PODPATH-LAB-ONLY -j REJECT --reject-with icmp-net-unreachable
 EOF
+  # Machines come up in parallel (libvirt), and a slow control plane (emulated CPUs) may not
+  # serve yet: lb-sim gives up on an API server that stays away for 30 s, so wait for it here.
+  CURL_OPTS=(--cacert "$PKI/ca.crt")
+  WAIT_SECONDS=900 wait_http apiserver-lite "https://$LAB_CONTROL_PLANE:$API_PORT/readyz" 200
+  CURL_OPTS=()
   service lb-sim control-group "$BIN/lb-sim" --apiserver "$LAB_CONTROL_PLANE:$GRPC_PORT" \
     --apiserver-ca-file "$PKI/ca.crt" --token-file "$TOKEN" \
     --mode "$LAB_LB_MODE" --status-listen 127.0.0.1:9900
