@@ -242,10 +242,10 @@ echo
 
 phase "podpath status and trace --vagrant (over vagrant ssh-config)"
 podpath() { in_ns "$ROOT/target/release/podpath" "$@"; }
-podpath status --vagrant "$ROOT"
+podpath status --vagrant="$ROOT"
 ms() { echo $(($(date +%s%N) / 1000000)); }
 t0=$(ms)
-podpath trace --vagrant "$ROOT" "http://$LB/" | tee "$WORK/trace-vagrant.txt"
+podpath trace --vagrant="$ROOT" "http://$LB/" | tee "$WORK/trace-vagrant.txt"
 figure "podpath trace --vagrant of the LoadBalancer request, $LAB_NODES nodes ($LAB_LIBVIRT_DRIVER VMs)" "$(($(ms) - t0))" ms
 grep -q 'KUBE-SVC-' "$WORK/trace-vagrant.txt" || { echo "the trace names no kube-proxy rule" >&2; exit 1; }
 # The same request in a namespace lab on this machine, for the wall time beside it (made from
