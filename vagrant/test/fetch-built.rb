@@ -19,10 +19,6 @@ Communicator = Struct.new(:root) do
     FileUtils.cp(src, to)
   end
 
-  def ready?
-    true
-  end
-
   # `test -f PATH` (the one test the trigger makes).
   def test(command)
     path = command[/\Atest -f (\S+)\z/, 1] or raise "unexpected test #{command.inspect}"
