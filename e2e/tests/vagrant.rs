@@ -57,6 +57,12 @@ fn vagrantfile_validates_under_both_providers_and_refuses_bad_settings() {
     let bins = [("LAB_BIN_DIR", dir.as_str())];
     let (ok, out) = vagrant(&["validate", "-p"], &bins, home.path());
     assert!(ok && out.contains("validated successfully"), "{out}");
+    // With the builder's source archive made (`vagrant up builder` makes it), its upload is one
+    // of the provisioners validated too.
+    let dotfile = home.path().join("dotfile");
+    let with_archive = [("LAB_BIN_DIR", dir.as_str()), ("VAGRANT_DOTFILE_PATH", dotfile.to_str().unwrap())];
+    vagrant::load_machines_for(&repo_root(), &with_archive, &["up", "builder"]).unwrap();
+    assert!(dotfile.join("podpath/source.tar.gz").is_file());
     // The provider blocks are only checked for the active provider: libvirt (Debian's
     // vagrant-libvirt), then VirtualBox through a stand-in VBoxManage.
     let (ok, out) = vagrant(&["validate"], &bins, home.path());
