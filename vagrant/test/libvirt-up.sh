@@ -331,14 +331,15 @@ in_ns vagrant up builder --no-provision >"$WORK/builder.log" 2>&1 || { tail -n 2
 grep -q 'the builder has built nothing yet' "$WORK/builder.log" || { cat "$WORK/builder.log" >&2; exit 1; }
 in_ns vagrant provision builder --provision-with podpath-source >>"$WORK/builder.log" 2>&1 ||
   { tail -n 20 "$WORK/builder.log" >&2; exit 1; }
-in_ns vagrant ssh builder -c 'tar -tzf /tmp/podpath-source.tar.gz' 2>/dev/null | grep -qx Cargo.lock ||
-  { echo "the builder got no checkout" >&2; exit 1; }
+# (`vagrant ssh -c` ends lines with CR LF.)
+listing=$(in_ns vagrant ssh builder -c 'tar -tzf /tmp/podpath-source.tar.gz' 2>/dev/null | tr -d '\r')
+grep -qx Cargo.lock <<<"$listing" || { echo "the builder got no checkout: $listing" >&2; exit 1; }
 # shellcheck disable=SC2016 # expanded on the builder
 stand_in='set -e; o=/var/lib/podpath-build/out; sudo mkdir -p $o
 for b in apiserver-lite podpath node-agent podpath-workload podpath-dns podpath-bridge podpath-ipam lb-sim; do
   sudo install -m 0755 /bin/true $o/$b; done
 echo "stand-in" | sudo tee $o/BUILD-INFO >/dev/null; sha256sum /bin/true'
-want=$(in_ns vagrant ssh builder -c "$stand_in" 2>/dev/null | cut -d' ' -f1)
+want=$(in_ns vagrant ssh builder -c "$stand_in" 2>/dev/null | tr -d '\r' | cut -d' ' -f1)
 in_ns vagrant up builder >>"$WORK/builder.log" 2>&1 || { tail -n 20 "$WORK/builder.log" >&2; exit 1; }
 grep -q "the builder's binaries are in $BUILT" "$WORK/builder.log" || { cat "$WORK/builder.log" >&2; exit 1; }
 if [ "$(sha256sum "$BUILT/lb-sim" | cut -d' ' -f1)" != "$want" ] || [ "$(cat "$BUILT/BUILD-INFO")" != stand-in ]; then
