@@ -16,6 +16,8 @@ LAB_PROXY_MODE=${LAB_PROXY_MODE:-iptables}
 LAB_NFTABLES_LAYOUT=${LAB_NFTABLES_LAYOUT:-current}
 LAB_LB_MODE=${LAB_LB_MODE:-passthrough}
 LAB_MASQUERADE=${LAB_MASQUERADE:-true}
+LAB_REGISTRY_MIRRORS=${LAB_REGISTRY_MIRRORS:-}
+LAB_HOST_PROGRAMS=${LAB_HOST_PROGRAMS:-false}
 LAB_UPLOAD_DIR=${LAB_UPLOAD_DIR:-/tmp/podpath-bin}
 LAB_CREDENTIALS_DIR=${LAB_CREDENTIALS_DIR:-/tmp/podpath-credentials}
 BIN=/usr/local/bin
@@ -34,6 +36,10 @@ CLUSTER_CIDR=10.244.0.0/16
 PKI=$ETC/pki
 API_PKI=/var/lib/podpath/apiserver/pki
 TOKEN=$ETC/token
+# The node's image store and its image service (podpath up's default bound: 10 GiB).
+IMAGES=/var/lib/podpath/images
+IMAGES_SOCKET=$RUN/images.sock
+IMAGE_STORE_LIMIT_MIB=10240
 
 say() { echo "podpath[$ROLE]: $*"; }
 # Vagrant provisions a machine on its first `up` only: the way on after a fix is said.
@@ -51,6 +57,9 @@ need() { # need COMMAND PACKAGE ...
   [ ${#missing[@]} -eq 0 ] && return 0
   command -v apt-get >/dev/null || die "missing ${missing[*]} and no apt-get to install them"
   say "installing ${missing[*]}"
+  # Boxes often ship without package lists (apt-get would know no package).
+  ls /var/lib/apt/lists/*Packages* >/dev/null 2>&1 || apt-get update -q >/dev/null ||
+    die "apt-get update failed (the box needs ${missing[*]}, or network access to a Debian mirror)"
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null ||
     die "could not install ${missing[*]} (the box needs them, or network access to a Debian mirror)"
 }
@@ -214,6 +223,17 @@ wait_http() {
   die "$name does not answer on $url after $seconds s"
 }
 
+# wait_socket NAME PATH: waits for a service's Unix socket.
+wait_socket() {
+  local name=$1 path=$2 seconds=${WAIT_SECONDS:-20}
+  for _ in $(seq $((seconds * 5))); do
+    if [ -S "$path" ]; then say "$name listens on $path"; return 0; fi
+    sleep 0.2
+  done
+  if has_systemd; then journalctl -u "podpath-$name" -n 20 --no-pager >&2 || true; else tail -n 20 "$LOGS/$name.log" >&2 || true; fi
+  die "$name does not listen on $path after $seconds s"
+}
+
 # Routes to every node's pod CIDR (node-N has 10.244.N.0/24: apiserver-lite numbers them after
 # the node) via that node: the control plane runs no node agent, and pods (the cluster DNS among
 # them) reach the API server unmasqueraded.
@@ -252,9 +272,11 @@ control_plane() {
 
 node() {
   # nft in every proxy mode: NetworkPolicies are an nftables table.
-  need ip iproute2 iptables iptables iptables-restore iptables curl curl nsenter util-linux conntrack conntrack nft nftables
-  local b
-  for b in node-agent podpath-workload podpath-dns podpath; do install_bin "$b" "$BIN"; done
+  # crun: containers of images, as `podpath up` runs them.
+  need ip iproute2 iptables iptables iptables-restore iptables curl curl nsenter util-linux conntrack conntrack \
+    nft nftables crun crun
+  local b m images_args=() image_flags=()
+  for b in node-agent podpath-workload podpath-dns podpath-images podpath; do install_bin "$b" "$BIN"; done
   for b in podpath-bridge podpath-ipam; do install_bin "$b" "$CNI_BIN"; done
   install_credential ca.crt "$PKI/ca.crt" 0644
   install_credential token "$TOKEN" 0600
@@ -266,6 +288,15 @@ retry ip route replace $LAB_CLIENT_NET via $LAB_GATEWAY
 modprobe br_netfilter 2>/dev/null || true
 if [ -e /proc/sys/net/bridge/bridge-nf-call-iptables ]; then sysctl -qw net.bridge.bridge-nf-call-iptables=1; fi
 EOF
+  # Each node pulls its own images (a kubelet's containerd does too), through the VM's own
+  # network, before the agent that asks for them starts.
+  for m in $LAB_REGISTRY_MIRRORS; do images_args+=(--registry-mirror "$m"); done
+  mkdir -p "$RUN"
+  service images control-group "$BIN/podpath-images" --store "$IMAGES" --socket "$IMAGES_SOCKET" \
+    --store-limit-mib "$IMAGE_STORE_LIMIT_MIB" "${images_args[@]}"
+  wait_socket images "$IMAGES_SOCKET"
+  image_flags=(--image-store "$IMAGES" --image-service "$IMAGES_SOCKET")
+  [ "$LAB_HOST_PROGRAMS" = true ] && image_flags+=(--host-programs)
   service node-agent process "$BIN/node-agent" --node-name "$LAB_NAME" --node-ip "$LAB_IP" --node-external-ip "$LAB_IP" \
     --apiserver "$LAB_CONTROL_PLANE:$GRPC_PORT" --state-dir /var/lib/podpath/node \
     --cni-conf-dir /etc/cni/net.d --cni-bin-dir "$CNI_BIN" --healthz-bind-address "$LAB_IP:10256" \
@@ -273,7 +304,7 @@ EOF
     --heartbeat-seconds 2 --restart-backoff-seconds 1 --proxy-mode "$LAB_PROXY_MODE" \
     --nftables-layout "$LAB_NFTABLES_LAYOUT" \
     --service-cluster-ip-range "$SERVICE_CIDR" --cluster-cidr "$CLUSTER_CIDR" "--masquerade=$LAB_MASQUERADE" \
-    --cluster-dns "$CLUSTER_DNS" --cluster-domain cluster.local
+    --cluster-dns "$CLUSTER_DNS" --cluster-domain cluster.local "${image_flags[@]}"
   # /livez answers as soon as the agent runs; Ready needs the API server, which may still be
   # starting when VMs are provisioned in parallel.
   wait_http node-agent "http://$LAB_IP:10256/livez"

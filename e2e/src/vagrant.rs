@@ -285,6 +285,14 @@ impl NetnsVagrant {
             }
             let root = lab.work.path().join(&m.name);
             lab.mount_overlay(rootfs, &root)?;
+            // The VM's own disk for podpath's state: pods' containers are overlays of image
+            // layers, whose upper directory cannot be on the machine's overlay root.
+            let disk = root.join("disk");
+            let state = root.join("merged/var/lib/podpath");
+            std::fs::create_dir_all(&disk)?;
+            std::fs::create_dir_all(&state)?;
+            must(&["mount", "--bind", &disk.to_string_lossy(), &state.to_string_lossy()])?;
+            lab.mounts.push(state);
             let hostname = m.hostname.clone().unwrap_or_else(|| m.name.clone());
             std::fs::write(root.join("merged/etc/hostname"), format!("{hostname}\n"))?;
             lab.machines.push(Booted { machine: m.clone(), netns, root: root.join("merged") });
@@ -330,6 +338,9 @@ impl NetnsVagrant {
         self.mounts.push(merged.join("proc"));
         must(&["mount", "--bind", "/dev", &merged.join("dev").to_string_lossy()])?;
         self.mounts.push(merged.join("dev"));
+        // A VM has /sys: the pods' containers mount their cgroup view under it.
+        must(&["mount", "--bind", "/sys", &merged.join("sys").to_string_lossy()])?;
+        self.mounts.push(merged.join("sys"));
         Ok(())
     }
 

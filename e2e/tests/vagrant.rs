@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use podpath_e2e::vagrant::{self, check_topology, load_machines, repo_root, NetnsVagrant, Subnet};
 use podpath_e2e::{bin, text, wait_for};
+use testkit::registry::{busybox, Registry};
 
 const NODE_NET: Subnet = Subnet {
     network: Ipv4Addr::new(192, 168, 56, 0),
@@ -95,6 +96,11 @@ fn vagrantfile_validates_under_both_providers_and_refuses_bad_settings() {
         ),
         (("LAB_MEMORY", "lots"), "podpath: memory of control-plane is \"lots\""),
         (("LAB_LIBVIRT_DRIVER", "xen"), "podpath: libvirt_driver is \"xen\": expected kvm or qemu"),
+        (
+            ("LAB_REGISTRY_MIRRORS", "docker.io=http://10.0.0.5:5000 10.0.0.5:5000"),
+            "podpath: registry_mirrors has \"10.0.0.5:5000\": expected REGISTRY=URL, e.g. docker.io=http://",
+        ),
+        (("LAB_HOST_PROGRAMS", "yes"), "podpath: host_programs is \"yes\": expected true or false"),
     ] {
         let (ok, out) = vagrant(&["validate", "-p"], &[env], home.path());
         assert!(!ok && out.contains(want), "{env:?}: {out}");
@@ -117,6 +123,7 @@ fn vagrantfile_validates_under_both_providers_and_refuses_bad_settings() {
         "podpath-dns",
         "podpath-bridge",
         "podpath-ipam",
+        "podpath-images",
         "lb-sim",
     ] {
         std::fs::copy(bin(b), bad.join(b)).unwrap();
@@ -196,6 +203,7 @@ fn machines_follow_the_all_in_one_address_plan() {
                     "podpath-dns",
                     "podpath-bridge",
                     "podpath-ipam",
+                    "podpath-images",
                     "podpath",
                     "ca.crt",
                     "token",
@@ -265,14 +273,27 @@ fn provisioners_bring_up_the_lab_in_namespaces() {
     // Vagrant's data directory of this run, where the Vagrantfile makes the lab's credentials.
     let dot = tempfile::tempdir().unwrap();
     let dotfile = dot.path().to_str().unwrap();
-    let machines: Vec<_> =
-        load_machines(&repo_root(), &[("LAB_NODES", "2"), ("LAB_BIN_DIR", &dir), ("VAGRANT_DOTFILE_PATH", dotfile)])
-            .unwrap()
-            .into_iter()
-            .filter(|m| m.autostart)
-            .collect();
+    // The node VMs pull images from a docker.io mirror on the host's end of Vagrant's management
+    // network (a classroom's cache; these machines have no internet).
+    let mirror = "docker.io=http://192.168.121.1:5000";
+    let machines: Vec<_> = load_machines(
+        &repo_root(),
+        &[
+            ("LAB_NODES", "2"),
+            ("LAB_BIN_DIR", &dir),
+            ("VAGRANT_DOTFILE_PATH", dotfile),
+            ("LAB_REGISTRY_MIRRORS", mirror),
+        ],
+    )
+    .unwrap()
+    .into_iter()
+    .filter(|m| m.autostart)
+    .collect();
     let prefix = testkit::netns::unique("vg");
     let lab = NetnsVagrant::create(&machines, &rootfs, &prefix, Some("192.168.56.1")).unwrap();
+    let registry = Registry::start(None);
+    registry.push("library/busybox:latest", &busybox(), None);
+    let _mirror = registry.serve_in_netns(lab.host_netns.as_deref().unwrap(), "192.168.121.1:5000");
     let t = std::time::Instant::now();
     for m in &machines {
         let out = lab.provision(&m.name).unwrap_or_else(|e| panic!("{e:#}"));
@@ -375,6 +396,12 @@ fn provisioners_bring_up_the_lab_in_namespaces() {
     );
     kubectl(&["wait", "--for=condition=Ready", "pod/probe", "--timeout=30s"]);
     let svc_ip = kubectl(&["get", "svc", "echo", "-o", "jsonpath={.spec.clusterIP}"]);
+    // The probe is a container of the busybox image node-2 pulled: the image's files, not the
+    // VM's, and the Service variables of the Services made before it.
+    let os = kubectl(&["exec", "probe", "--", "cat", "/etc/os-release"]);
+    assert!(os.contains("podpath test busybox"), "the image's root file system: {os}");
+    let env = kubectl(&["exec", "probe", "--", "printenv", "ECHO_SERVICE_HOST", "KUBERNETES_SERVICE_HOST"]);
+    assert_eq!(env.split_whitespace().collect::<Vec<_>>(), [svc_ip.as_str(), "10.96.0.1"], "{env}");
     let resolv = kubectl(&["exec", "probe", "--", "cat", "/etc/resolv.conf"]);
     assert!(
         resolv.contains("nameserver 10.96.0.10") && resolv.contains("search default.svc.cluster.local"),
@@ -413,7 +440,9 @@ fn provisioners_bring_up_the_lab_in_namespaces() {
     // is refused until it has the label.
     let echo_ip = kubectl(&["get", "pod", "echo", "-o", "jsonpath={.status.podIP}"]);
     let echo_url = format!("http://{echo_ip}:8080/");
-    let from_probe = |url: &str| in_probe(&["curl", "-sS", "--max-time", "2", url]);
+    // busybox's wget (the image has no curl), under `timeout`: Debian's busybox wget crashes
+    // when its own -T runs out.
+    let from_probe = |url: &str| in_probe(&["timeout", "2", "wget", "-q", "-O", "-", url]);
     let (ok, page) = from_probe(&echo_url);
     assert!(ok && field(&page, "pod") == Some("default/echo"), "open before the policy: {page}");
     yaml(
@@ -538,7 +567,14 @@ fn provisioners_bring_up_the_lab_in_namespaces() {
     let services = lab.services();
     assert_eq!(
         services.iter().map(|(m, s, _)| format!("{m}/{s}")).collect::<Vec<_>>(),
-        ["control-plane/apiserver-lite", "gateway/lb-sim", "node-1/node-agent", "node-2/node-agent"]
+        [
+            "control-plane/apiserver-lite",
+            "gateway/lb-sim",
+            "node-1/images",
+            "node-1/node-agent",
+            "node-2/images",
+            "node-2/node-agent"
+        ]
     );
     for m in &machines {
         lab.provision(&m.name).unwrap_or_else(|e| panic!("again: {e:#}"));
@@ -565,7 +601,8 @@ fn provisioners_bring_up_the_lab_in_namespaces() {
     let out = lab.provision_machine(&changed).unwrap_or_else(|e| panic!("{e:#}"));
     assert!(out.contains("started node-agent"), "{out}");
     let after = lab.services();
-    let pid = |svcs: &[(String, String, i32)], m: &str| svcs.iter().find(|s| s.0 == m).map(|s| s.2);
+    let pid =
+        |svcs: &[(String, String, i32)], m: &str| svcs.iter().find(|s| s.0 == m && s.1 == "node-agent").map(|s| s.2);
     assert_ne!(pid(&after, "node-1"), pid(&services, "node-1"));
     assert_eq!(pid(&after, "node-2"), pid(&services, "node-2"));
     let table = wait_for(Duration::from_secs(15), "node-1's table ip kube-proxy with the LB IP", || {
@@ -613,6 +650,9 @@ fn provisioners_bring_up_the_lab_in_namespaces() {
     assert!(ok && out.trim() == "node-2", "{out}");
     let (ok, out) = podpath(&["exec", "pod/default/echo", "--", "hostname"]);
     assert!(ok && out.trim() == "echo", "a pod's own UTS namespace on node-1: {out}");
+    // A container of an image: its process is read from node-2's records, its root is the image's.
+    let (ok, out) = podpath(&["exec", "pod/default/probe", "--", "cat", "/etc/os-release"]);
+    assert!(ok && out.contains("podpath test busybox"), "the probe's container on node-2: {out}");
     // node-1 is in the nftables mode now, node-2 in the iptables mode: both read.
     let (ok, rules) = podpath(&["rules"]);
     assert!(ok, "{rules}");
@@ -916,7 +956,7 @@ fn the_builder_compiles_the_checkout_for_the_other_machines() {
     let t = std::time::Instant::now();
     let out = lab.provision_machine(&builder).unwrap_or_else(|e| panic!("{e:#}"));
     eprintln!("builder: compiled in {:.0} s", t.elapsed().as_secs_f64());
-    assert!(out.contains("podpath[builder]: built 8 binaries in"), "{out}");
+    assert!(out.contains("podpath[builder]: built 9 binaries in"), "{out}");
     assert!(out.contains(&format!("compiling with rustc {pin} ")), "{out}");
     let (ok, out) = fetch();
     assert!(ok && out.contains("fetched to"), "{out}");

@@ -420,7 +420,7 @@ pub fn flush_rules_vagrant(v: &crate::vagrant::VagrantLab, node: &str) -> Result
 pub fn kill_pod_vagrant(v: &crate::vagrant::VagrantLab, target: &str) -> Result<(String, String)> {
     let (ns, name) =
         target.split_once('/').ok_or_else(|| LabError::Usage(format!("{target:?}: use NAMESPACE/NAME")))?;
-    let (node, pid) = crate::vagrant::pod_process(&v.api()?, ns, name)?;
+    let (node, pid) = crate::vagrant::pod_process(v, ns, name)?;
     v.run(&node, &["kill", "-KILL", &pid])?;
     Ok((node, pid))
 }

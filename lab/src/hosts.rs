@@ -77,11 +77,31 @@ pub(crate) fn lb_status_in(gateway_netns: &str) -> Result<serde_json::Value> {
 /// process itself (`podpath://PID`), or for a container of an image (`crun://ID`) its init
 /// process, from the node agent's record of the pod (as `crictl inspect` finds it).
 pub fn pod_pid(st: &LabState, api: &ApiAccess, ns: &str, name: &str) -> Result<String> {
+    let pod = get_pod(api, ns, name)?;
+    let node = pod["spec"]["nodeName"].as_str().unwrap_or_default();
+    let records = st.dir.join("nodes").join(node).join("agent").join("pods");
+    container_process(&pod, &records, |p| std::fs::read_to_string(p).ok())
+}
+
+/// A pod from the API, or "not found".
+pub(crate) fn get_pod(api: &ApiAccess, ns: &str, name: &str) -> Result<serde_json::Value> {
     let (code, body) = api.get(&format!("/api/v1/namespaces/{ns}/pods/{name}"))?;
     if code != 200 {
         return Err(LabError::Usage(format!("pod {ns}/{name} not found")));
     }
-    let pod: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+    serde_json::from_str(&body).map_err(|e| LabError::NotReady(format!("pod {ns}/{name} is not JSON: {e}")))
+}
+
+/// [`pod_pid`]'s reading, wherever the node is: `records` is its agent's directory of pod
+/// records and `read` reads a file on that node (the host's files for a namespace lab, SSH
+/// for a VM).
+pub(crate) fn container_process(
+    pod: &serde_json::Value,
+    records: &std::path::Path,
+    read: impl Fn(&std::path::Path) -> Option<String>,
+) -> Result<String> {
+    let (ns, name) =
+        (pod["metadata"]["namespace"].as_str().unwrap_or(""), pod["metadata"]["name"].as_str().unwrap_or(""));
     let none = || LabError::Usage(format!("pod {ns}/{name} has no running container yet"));
     let status = &pod["status"]["containerStatuses"][0];
     let id = status["containerID"].as_str().ok_or_else(none)?;
@@ -92,14 +112,14 @@ pub fn pod_pid(st: &LabState, api: &ApiAccess, ns: &str, name: &str) -> Result<S
         return Err(none());
     }
     let (node, uid) = (pod["spec"]["nodeName"].as_str().unwrap_or(""), pod["metadata"]["uid"].as_str().unwrap_or(""));
-    let record = st.dir.join("nodes").join(node).join("agent").join("pods").join(format!("{uid}.json"));
-    let rec: serde_json::Value = std::fs::read(&record)
-        .ok()
-        .and_then(|b| serde_json::from_slice(&b).ok())
+    let record = records.join(format!("{uid}.json"));
+    let rec: serde_json::Value = read(&record)
+        .and_then(|b| serde_json::from_str(&b).ok())
         .ok_or_else(|| LabError::NotReady(format!("no record of pod {ns}/{name} on {node} ({})", record.display())))?;
     let container = status["name"].as_str().unwrap_or("");
     let pid_file = rec["containers"][container]["pid_file"].as_str().ok_or_else(none)?;
-    std::fs::read_to_string(pid_file).map(|p| p.trim().to_string()).map_err(|_| none())
+    let pid = read(std::path::Path::new(pid_file)).map(|p| p.trim().to_string()).ok_or_else(none)?;
+    pid.parse::<u32>().map(|_| pid.clone()).map_err(|_| none())
 }
 
 /// lb-sim's status document (`GET /status` in the gateway's namespace).

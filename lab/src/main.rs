@@ -776,7 +776,7 @@ fn run() -> Result<()> {
                     Some(rest) => {
                         let (ns, name) =
                             rest.split_once('/').with_context(|| format!("{host:?}: use pod/NAMESPACE/NAME"))?;
-                        lab::vagrant::pod_exec(&v.api()?, ns, name, &cmd)?
+                        lab::vagrant::pod_exec(&v, ns, name, &cmd)?
                     }
                     None => (host.clone(), cmd.clone()),
                 };

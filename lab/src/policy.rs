@@ -68,13 +68,9 @@ pub fn pods(st: &LabState, namespaces: &[String]) -> Result<Vec<Probed>> {
     pods_with(&api, namespaces, |ns, name, _| crate::hosts::pod_pid(st, &api, ns, name))
 }
 
-/// The pods of a Vagrant lab to probe (their containers are processes: `podpath://PID`).
+/// The pods of a Vagrant lab to probe (each container's process read on its node VM).
 pub fn pods_vagrant(v: &crate::vagrant::VagrantLab, namespaces: &[String]) -> Result<Vec<Probed>> {
-    pods_with(&v.api()?, namespaces, |ns, name, pod| {
-        crate::vagrant::container_pid(pod)
-            .map(str::to_string)
-            .ok_or_else(|| LabError::NotReady(format!("pod {ns}/{name} has no process yet")))
-    })
+    pods_with(&v.api()?, namespaces, |_, _, pod| crate::vagrant::container_process(v, pod))
 }
 
 /// [`pods`], each pod's process found by `pid_of(namespace, name, pod)`.

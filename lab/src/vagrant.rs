@@ -414,30 +414,29 @@ impl VagrantLab {
     }
 }
 
-/// The process of a pod's first container on a VM node, where containers are processes
-/// (`podpath://PID`): None before it runs.
-pub fn container_pid(pod: &serde_json::Value) -> Option<&str> {
-    pod["status"]["containerStatuses"][0]["containerID"].as_str()?.strip_prefix("podpath://")
+/// Where a VM node's agent keeps its pod records (`--state-dir` in vagrant/provision.sh).
+pub const NODE_POD_RECORDS: &str = "/var/lib/podpath/node/pods";
+
+/// The process of a pod's first container on its VM node (its namespaces are the pod's): the
+/// process itself, or a container of an image's init process, read from the node's files.
+pub fn container_process(v: &VagrantLab, pod: &serde_json::Value) -> Result<String> {
+    let node = pod["spec"]["nodeName"].as_str().unwrap_or_default();
+    crate::hosts::container_process(pod, Path::new(NODE_POD_RECORDS), |p| {
+        v.run(node, &["cat", &p.display().to_string()]).ok()
+    })
 }
 
-/// A pod's node and its first container's process, from the API.
-pub fn pod_process(api: &ApiAccess, ns: &str, name: &str) -> Result<(String, String)> {
-    let (code, body) = api.get(&format!("/api/v1/namespaces/{ns}/pods/{name}"))?;
-    if code != 200 {
-        return Err(LabError::Usage(format!("pod {ns}/{name} not found")));
-    }
-    let pod: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+/// A pod's node and its first container's process.
+pub fn pod_process(v: &VagrantLab, ns: &str, name: &str) -> Result<(String, String)> {
+    let pod = crate::hosts::get_pod(&v.api()?, ns, name)?;
     let node = pod["spec"]["nodeName"].as_str().unwrap_or_default().to_string();
-    let pid = container_pid(&pod)
-        .ok_or_else(|| LabError::Usage(format!("pod {ns}/{name} has no running container yet")))?
-        .to_string();
-    Ok((node, pid))
+    Ok((node, container_process(v, &pod)?))
 }
 
 /// The argv that enters a pod on its node: `nsenter` into the namespaces of the pod's first
 /// container's process.
-pub fn pod_exec(api: &ApiAccess, ns: &str, name: &str, cmd: &[String]) -> Result<(String, Vec<String>)> {
-    let (node, pid) = pod_process(api, ns, name)?;
+pub fn pod_exec(v: &VagrantLab, ns: &str, name: &str, cmd: &[String]) -> Result<(String, Vec<String>)> {
+    let (node, pid) = pod_process(v, ns, name)?;
     let mut argv: Vec<String> = ["nsenter", "-t", &pid, "-n", "-u", "-m", "-r", "--"].map(String::from).to_vec();
     argv.extend(cmd.iter().cloned());
     Ok((node, argv))

@@ -440,6 +440,44 @@ impl Registry {
         reg
     }
 
+    /// Serves the same storage (what was pushed so far and later) read-only at `addr` inside
+    /// network namespace `netns`, for machines that cannot reach this host's loopback. Stopped
+    /// (by PID) when the returned guard drops.
+    pub fn serve_in_netns(&self, netns: &str, addr: &str) -> NetnsRegistry {
+        let config = format!(
+            "version: 0.1\nlog:\n  level: warn\n  accesslog:\n    disabled: true\nstorage:\n  filesystem:\n    rootdirectory: {}\n  maintenance:\n    readonly:\n      enabled: true\nhttp:\n  addr: {addr}\n",
+            self._dir.path().join("data").display()
+        );
+        let cfg = self._dir.path().join(format!("config-{netns}.yml"));
+        std::fs::write(&cfg, config).expect("write registry config");
+        let log_path = self._dir.path().join(format!("registry-{netns}.log"));
+        let log = std::fs::File::create(&log_path).expect("registry log");
+        let child = Command::new("ip")
+            .args(["netns", "exec", netns, "docker-registry", "serve"])
+            .arg(&cfg)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("ip netns exec docker-registry");
+        let served = NetnsRegistry { child, log: log_path };
+        let deadline = Instant::now() + Duration::from_secs(15);
+        let (ip, port) = addr.rsplit_once(':').expect("IP:PORT");
+        let probe = format!("echo > /dev/tcp/{ip}/{port}");
+        let listening = || {
+            Command::new("ip")
+                .args(["netns", "exec", netns, "bash", "-c", &probe])
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        };
+        while !listening() {
+            assert!(Instant::now() < deadline, "the registry did not listen in {netns}: {}", served.log());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        served
+    }
+
     /// The registry's log so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self._dir.path().join("registry.log")).unwrap_or_default()
@@ -535,6 +573,26 @@ impl Registry {
     /// The digests of an image's layers as pushed.
     pub fn layer_digests(image: &TestImage) -> Vec<String> {
         image.blobs().0.iter().map(|l| l.sha256_digest()).collect()
+    }
+}
+
+/// A registry's storage served inside a network namespace ([`Registry::serve_in_netns`]).
+pub struct NetnsRegistry {
+    child: Child,
+    log: PathBuf,
+}
+
+impl NetnsRegistry {
+    /// Its log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for NetnsRegistry {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 

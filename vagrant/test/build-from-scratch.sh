@@ -10,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 PROFILE=${1:-release}
 ROOTFS=$PWD/target/vagrant-rootfs
-[ -f "$ROOTFS/.podpath-rootfs-4" ] || bash vagrant/test/rootfs.sh "$ROOTFS"
+[ -f "$ROOTFS/.podpath-rootfs-5" ] || bash vagrant/test/rootfs.sh "$ROOTFS"
 work=$(mktemp -d /tmp/podpath-build-from-scratch.XXXXXX)
 mounted=()
 cleanup() {

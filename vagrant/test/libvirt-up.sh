@@ -24,11 +24,15 @@ WORK=${WORK:-$ROOT/target/vagrant-libvirt}
 export LAB_NODES=${LAB_NODES:-2}
 export LAB_LIBVIRT_DRIVER=${LAB_LIBVIRT_DRIVER:-qemu}
 export LAB_BOX=podpath/debian12-local
+# The VMs here reach no image registry (this machine reaches package archives only): busybox
+# pods run the node's programs. Pods of images on node VMs are e2e/tests/vagrant.rs's, with crun
+# and a registry mirror.
+export LAB_HOST_PROGRAMS=true
 export VAGRANT_HOME=$WORK/vagrant.d
 export VAGRANT_CHECKPOINT_DISABLE=1
 NS=ppvirt-$$
 # The box's directory; the number grows with its package list, so an older box is built again.
-BOX=$WORK/box-2
+BOX=$WORK/box-3
 START=$(date +%s)
 LAST=$START
 
@@ -79,7 +83,7 @@ build_box() {
     rm -rf "$BOX"
     mkdir -p "$BOX"
     debootstrap --variant=minbase \
-      --include=systemd-sysv,udev,linux-image-amd64,openssh-server,sudo,ifupdown,isc-dhcp-client,iproute2,iptables,nftables,conntrack,curl,ca-certificates,netbase,kmod,procps \
+      --include=systemd-sysv,udev,linux-image-amd64,openssh-server,sudo,ifupdown,isc-dhcp-client,iproute2,iptables,nftables,conntrack,curl,ca-certificates,netbase,kmod,procps,crun \
       bookworm "$r" "$(mirror)" >"$BOX/debootstrap.log" 2>&1 || { tail "$BOX/debootstrap.log"; exit 1; }
     phase "box: vagrant user, insecure key, network, disk image"
     echo podpath-box >"$r/etc/hostname"
