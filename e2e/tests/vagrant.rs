@@ -101,10 +101,36 @@ fn vagrantfile_validates_under_both_providers_and_refuses_bad_settings() {
             "podpath: registry_mirrors has \"10.0.0.5:5000\": expected REGISTRY=URL, e.g. docker.io=http://",
         ),
         (("LAB_HOST_PROGRAMS", "yes"), "podpath: host_programs is \"yes\": expected true or false"),
+        (("LAB_BOOT_TIMEOUT", "5"), "podpath: boot_timeout is \"5\": expected a whole number from 10 to 7200"),
     ] {
         let (ok, out) = vagrant(&["validate", "-p"], &[env], home.path());
         assert!(!ok && out.contains(want), "{env:?}: {out}");
     }
+    // A machine that never boots (or stops while booting), through the hooks Vagrant applies
+    // around `up`: one podpath line naming it and the way on, instead of Vagrant's screenful.
+    let out = Command::new("ruby")
+        .arg(repo_root().join("vagrant/test/boot-watch.rb"))
+        .arg(repo_root())
+        .env("VAGRANT_HOME", home.path().join("home"))
+        .env("VAGRANT_DOTFILE_PATH", home.path().join("dotfile"))
+        .env("VAGRANT_CHECKPOINT_DISABLE", "1")
+        .output()
+        .unwrap();
+    let (out, err) = text(&out);
+    let out = out + &err;
+    assert_eq!(
+        out.lines().collect::<Vec<_>>(),
+        [
+            "timeout: PodpathLab::Failure: podpath: node-2 did not boot within 42 s (boot_timeout; a slow or busy \
+             host needs more). The machines that came up are kept: `vagrant up` again goes on from here; `vagrant \
+             destroy -f node-2` starts that machine afresh",
+            "stopped: PodpathLab::Failure: podpath: node-2 stopped while booting (its console log says why). The \
+             machines that came up are kept: `vagrant up` again goes on from here; `vagrant destroy -f node-2` \
+             starts that machine afresh",
+            "booted: booted=true",
+        ],
+        "{out}"
+    );
     let settings = home.path().join("settings.yaml");
     std::fs::write(&settings, "nodes: 2\nbox: ''\n").unwrap();
     let (ok, out) = vagrant(&["validate", "-p"], &[("LAB_SETTINGS", settings.to_str().unwrap())], home.path());

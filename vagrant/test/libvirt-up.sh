@@ -23,7 +23,10 @@ KEEP=false
 WORK=${WORK:-$ROOT/target/vagrant-libvirt}
 export LAB_NODES=${LAB_NODES:-2}
 export LAB_LIBVIRT_DRIVER=${LAB_LIBVIRT_DRIVER:-qemu}
-export LAB_BOX=podpath/debian12-local
+# The box's revision grows with its package list, so an older box is built and added again
+# (under another name: vagrant-libvirt keeps a box's disk in its pool by the box's name).
+BOX_REV=3
+export LAB_BOX=podpath/debian12-local-r$BOX_REV
 # The VMs here reach no image registry (this machine reaches package archives only): busybox
 # pods run the node's programs. Pods of images on node VMs are e2e/tests/vagrant.rs's, with crun
 # and a registry mirror.
@@ -31,8 +34,7 @@ export LAB_HOST_PROGRAMS=true
 export VAGRANT_HOME=$WORK/vagrant.d
 export VAGRANT_CHECKPOINT_DISABLE=1
 NS=ppvirt-$$
-# The box's directory; the number grows with its package list, so an older box is built again.
-BOX=$WORK/box-3
+BOX=$WORK/box-$BOX_REV
 START=$(date +%s)
 LAST=$START
 
