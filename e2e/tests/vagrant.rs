@@ -428,6 +428,46 @@ fn provisioners_bring_up_the_lab_in_namespaces() {
     assert!(os.contains("podpath test busybox"), "the image's root file system: {os}");
     let env = kubectl(&["exec", "probe", "--", "printenv", "ECHO_SERVICE_HOST", "KUBERNETES_SERVICE_HOST"]);
     assert_eq!(env.split_whitespace().collect::<Vec<_>>(), [svc_ip.as_str(), "10.96.0.1"], "{env}");
+    // Each node VM has its own store: node-2 pulled busybox, node-1 nothing yet. `image pull
+    // --vagrant` pulls on every node; `image load --vagrant` copies an archive to each.
+    let (ok, out) = podpath(&["image", "ls"]);
+    let (n1, n2) = out.split_once("node-2:").unwrap_or_else(|| panic!("{out}"));
+    assert!(ok && !n1.contains("busybox") && n2.contains("docker.io/library/busybox   latest"), "{out}");
+    assert!(n2.contains("in /var/lib/podpath/images"), "{out}");
+    let (ok, out) = podpath(&["image", "pull", "busybox"]);
+    let (n1, n2) = out.split_once("node-2:").unwrap_or_else(|| panic!("{out}"));
+    assert!(ok && n1.contains("  pulled docker.io/library/busybox:latest"), "{out}");
+    assert!(n2.contains("  Image is up to date for docker.io/library/busybox:latest"), "{out}");
+    let archive = dot.path().join("bb.tar");
+    let copied = Command::new("skopeo")
+        .args(["copy", "--quiet", "--src-tls-verify=false"])
+        .arg(format!("docker://{}/library/busybox:latest", registry.addr))
+        .arg(format!("docker-archive:{}:example.com/tools/bb:1", archive.display()))
+        .output()
+        .unwrap();
+    assert!(copied.status.success(), "{}", String::from_utf8_lossy(&copied.stderr));
+    let (ok, out) = podpath(&["image", "load", archive.to_str().unwrap()]);
+    assert_eq!(out.matches("Loaded image: example.com/tools/bb:1").count(), 2, "{out}");
+    assert!(ok, "{out}");
+    kubectl(&[
+        "run",
+        "loaded",
+        "--image=example.com/tools/bb:1",
+        "--image-pull-policy=Never",
+        "--overrides={\"spec\":{\"nodeName\":\"node-1\"}}",
+        "--command",
+        "--",
+        "sleep",
+        "3600",
+    ]);
+    kubectl(&["wait", "--for=condition=Ready", "pod/loaded", "--timeout=30s"]);
+    let os = kubectl(&["exec", "loaded", "--", "cat", "/etc/os-release"]);
+    assert!(os.contains("podpath test busybox"), "{os}");
+    kubectl(&["delete", "pod", "loaded", "--wait=false"]);
+    let (ok, out) = podpath(&["image", "rm", "nosuch:1"]);
+    assert!(!ok && out.contains("image rm failed on node-1: ") && out.contains("no such image: nosuch:1"), "{out}");
+    let (ok, out) = podpath(&["image", "load", "/nonexistent.tar"]);
+    assert!(!ok && out.contains("cannot read /nonexistent.tar"), "{out}");
     let resolv = kubectl(&["exec", "probe", "--", "cat", "/etc/resolv.conf"]);
     assert!(
         resolv.contains("nameserver 10.96.0.10") && resolv.contains("search default.svc.cluster.local"),

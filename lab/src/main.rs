@@ -44,7 +44,7 @@ impl Which {
 struct OnVagrant {
     /// Act on the Vagrant lab (VMs) of the Vagrantfile in DIR [default: .], over `vagrant
     /// ssh-config`'s SSH and the kubeconfig in DIR/.vagrant/podpath/.
-    #[arg(long, value_name = "DIR", num_args = 0..=1, require_equals = true, default_missing_value = ".")]
+    #[arg(long, value_name = "DIR", num_args = 0..=1, require_equals = true, default_missing_value = ".", global = true)]
     vagrant: Option<PathBuf>,
 }
 
@@ -298,10 +298,19 @@ enum Cmd {
         #[command(subcommand)]
         what: PolicyCmd,
     },
-    /// The lab's images (one store shared by its nodes): list, pull, remove, load an archive.
+    /// The lab's images (one store shared by its nodes; on VMs, each node's own): list, pull,
+    /// remove, load an archive.
     Image {
         #[command(flatten)]
         which: Which,
+        #[command(flatten)]
+        on: OnVagrant,
+        /// Act on this image store instead of the lab's (a VM node's: /var/lib/podpath/images).
+        #[arg(long, value_name = "DIR", requires = "socket", conflicts_with = "vagrant")]
+        store: Option<PathBuf>,
+        /// With --store: its image service's socket (pulls go through it).
+        #[arg(long, value_name = "PATH", requires = "store")]
+        socket: Option<PathBuf>,
         #[command(subcommand)]
         what: ImageCmd,
     },
@@ -967,7 +976,15 @@ fn run() -> Result<()> {
             let path = which.dir().join("logs").join(format!("{component}.log"));
             print!("{}", std::fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?);
         }
-        Cmd::Image { which, what } => image_cmd(&which, what)?,
+        Cmd::Image { which, on, store, socket, what } => match on.lab()? {
+            Some(v) => image_vagrant(&v, what)?,
+            None => {
+                let dir = which.dir();
+                let store = store.unwrap_or_else(|| lab::image_store(&dir));
+                let socket = socket.unwrap_or_else(|| lab::image_socket(&dir));
+                image_cmd(&store, &socket, what)?
+            }
+        },
         Cmd::GatewayApi { which, action } => {
             if action != "install" {
                 bail!("gateway-api {action:?}: the one action is install");
@@ -1062,9 +1079,42 @@ fn quantity(b: u64) -> String {
     b.to_string()
 }
 
-fn image_cmd(which: &Which, what: ImageCmd) -> Result<()> {
-    let dir = which.dir();
-    let store = image::Store::open(lab::image_store(&dir)).map_err(|e| anyhow::anyhow!("{e}"))?;
+/// `podpath image --vagrant …`: the same command on every node VM, each node's answer under
+/// its name; an error names the nodes it failed on.
+fn image_vagrant(v: &lab::vagrant::VagrantLab, what: ImageCmd) -> Result<()> {
+    let (args, file): (Vec<String>, Option<PathBuf>) = match what {
+        ImageCmd::Ls => (vec!["ls".into()], None),
+        ImageCmd::Pull { image } => (vec!["pull".into(), image], None),
+        ImageCmd::Rm { images } => (std::iter::once("rm".to_string()).chain(images).collect(), None),
+        ImageCmd::Load { file } => {
+            // Checked here, before anything is copied to a VM.
+            std::fs::metadata(&file).with_context(|| format!("cannot read {}", file.display()))?;
+            (vec!["load".into(), "{}".into()], Some(file))
+        }
+    };
+    let answers = lab::vagrant::image_on_nodes(v, &args, file.as_deref())?;
+    let mut failed = vec![];
+    for (node, answer) in &answers {
+        println!("{node}:");
+        let text = match answer {
+            Ok(out) => out,
+            Err(e) => {
+                failed.push(format!("{node}: {e}"));
+                e
+            }
+        };
+        for line in text.lines() {
+            println!("  {line}");
+        }
+    }
+    if !failed.is_empty() {
+        bail!("image {} failed on {}", args[0], failed.join("; "));
+    }
+    Ok(())
+}
+
+fn image_cmd(store_dir: &std::path::Path, socket: &std::path::Path, what: ImageCmd) -> Result<()> {
+    let store = image::Store::open(store_dir).map_err(|e| anyhow::anyhow!("{e}"))?;
     match what {
         ImageCmd::Ls => {
             let mut rows =
@@ -1086,13 +1136,12 @@ fn image_cmd(which: &Which, what: ImageCmd) -> Result<()> {
             println!("store: {} on disk{limit} in {}", human_size(store.disk_usage()), store.root().display());
         }
         ImageCmd::Pull { image } => {
-            let socket = lab::image_socket(&dir);
             if !socket.exists() {
                 bail!("the lab's image service is not running (no {}): is the lab up?", socket.display());
             }
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
             let req = image::service::Request::Pull { image: image.clone(), credentials: vec![] };
-            let answer = rt.block_on(image::service::call(&socket, &req)).map_err(|e| anyhow::anyhow!("{e}"))?;
+            let answer = rt.block_on(image::service::call(socket, &req)).map_err(|e| anyhow::anyhow!("{e}"))?;
             match (answer.image, answer.error) {
                 (_, Some(e)) => bail!("{e}"),
                 (Some(r), None) if answer.downloaded == 0 => println!("Image is up to date for {}", r.names.join(", ")),

@@ -293,7 +293,7 @@ impl VagrantLab {
     }
 
     /// Runs `cmd` as root on `machine` with `input` on its standard input: its output.
-    pub fn run_input(&self, machine: &str, cmd: &[&str], input: &str) -> Result<String> {
+    pub fn run_input(&self, machine: &str, cmd: &[&str], input: &[u8]) -> Result<String> {
         use std::io::Write;
         let cmd: Vec<String> = cmd.iter().map(|s| s.to_string()).collect();
         let argv = self.ssh_argv(machine, &cmd, false)?;
@@ -304,9 +304,25 @@ impl VagrantLab {
             .stderr(std::process::Stdio::piped())
             .spawn()
             .map_err(io("run ssh"))?;
-        let written = child.stdin.take().map(|mut s| s.write_all(input.as_bytes()));
+        let written = child.stdin.take().map(|mut s| s.write_all(input));
         let out = child.wait_with_output().map_err(io("run ssh"))?;
         if !out.status.success() || matches!(written, Some(Err(_))) {
+            return Err(LabError::Command {
+                cmd: format!("{machine}: {}", cmd.join(" ")),
+                stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+            });
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// Runs `cmd` as root on `machine` with the file `input` on its standard input (streamed,
+    /// not read into memory): its output.
+    pub fn run_file_input(&self, machine: &str, cmd: &[&str], input: &Path) -> Result<String> {
+        let cmd: Vec<String> = cmd.iter().map(|s| s.to_string()).collect();
+        let argv = self.ssh_argv(machine, &cmd, false)?;
+        let file = std::fs::File::open(input).map_err(io(format!("open {}", input.display())))?;
+        let out = Command::new(&argv[0]).args(&argv[1..]).stdin(file).output().map_err(io("run ssh"))?;
+        if !out.status.success() {
             return Err(LabError::Command {
                 cmd: format!("{machine}: {}", cmd.join(" ")),
                 stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
@@ -398,7 +414,7 @@ impl VagrantLab {
     }
 
     /// `f` on every node at once: node → its result.
-    fn per_node<T: Send>(&self, f: impl Fn(&str) -> Result<T> + Sync) -> Result<BTreeMap<String, T>> {
+    pub fn per_node<T: Send>(&self, f: impl Fn(&str) -> Result<T> + Sync) -> Result<BTreeMap<String, T>> {
         let f = &f;
         std::thread::scope(|s| {
             let jobs: Vec<_> = self.nodes().into_iter().map(|n| s.spawn(move || f(&n).map(|t| (n, t)))).collect();
@@ -412,6 +428,45 @@ impl VagrantLab {
     pub fn nodes(&self) -> Vec<String> {
         self.machines.iter().filter(|m| m.starts_with("node-")).cloned().collect()
     }
+}
+
+/// A VM node's image store and its image service's socket (vagrant/provision.sh).
+pub const NODE_IMAGE_STORE: &str = "/var/lib/podpath/images";
+pub const NODE_IMAGE_SOCKET: &str = "/run/podpath/images.sock";
+
+/// `podpath image ARGS…` on every node VM at once (each node has its own store, as each
+/// kubelet's containerd has), with the host's file `input` copied to the VM for it (`load`'s
+/// archive: ARGS name it as `{}`). Each node's output or error, by node.
+pub fn image_on_nodes(
+    v: &VagrantLab,
+    args: &[String],
+    input: Option<&Path>,
+) -> Result<BTreeMap<String, std::result::Result<String, String>>> {
+    let mut cmd = vec![
+        "podpath".to_string(),
+        "image".into(),
+        "--store".into(),
+        NODE_IMAGE_STORE.into(),
+        "--socket".into(),
+        NODE_IMAGE_SOCKET.into(),
+    ];
+    cmd.extend(args.iter().cloned());
+    v.per_node(|node| {
+        let out = match input {
+            // The archive goes to a file of its own on the VM, removed whatever happens.
+            Some(file) => {
+                let line: Vec<String> =
+                    cmd.iter().map(|a| if a == "{}" { "\"$f\"".to_string() } else { shell_quote(a) }).collect();
+                let script = format!("f=$(mktemp) && trap 'rm -f \"$f\"' EXIT && cat >\"$f\" && {}", line.join(" "));
+                v.run_file_input(node, &["sh", "-c", &script], file)
+            }
+            None => v.run(node, &cmd.iter().map(String::as_str).collect::<Vec<_>>()),
+        };
+        Ok(out.map_err(|e| match e {
+            LabError::Command { stderr, .. } => stderr,
+            other => other.to_string(),
+        }))
+    })
 }
 
 /// Where a VM node's agent keeps its pod records (`--state-dir` in vagrant/provision.sh).

@@ -265,7 +265,7 @@ impl Site {
             Site::Netns => iptables(host).restore(rs),
             Site::Vagrant(v) => {
                 let tool = if v6 { "ip6tables-restore" } else { "iptables-restore" };
-                return v.run_input(host, &[tool, "--noflush", "-w", "5"], &rs.to_string()).map(|_| ());
+                return v.run_input(host, &[tool, "--noflush", "-w", "5"], rs.to_string().as_bytes()).map(|_| ());
             }
         }
         .map_err(|e| LabError::Command { cmd: format!("iptables-restore in {host}"), stderr: e.to_string() })
@@ -287,7 +287,7 @@ impl Site {
             Site::Netns => Nft::in_netns(host)
                 .apply(tx)
                 .map_err(|e| LabError::Command { cmd: format!("nft -f in {host}"), stderr: e.to_string() }),
-            Site::Vagrant(v) => v.run_input(host, &["nft", "-f", "-"], &tx.text()).map(|_| ()),
+            Site::Vagrant(v) => v.run_input(host, &["nft", "-f", "-"], tx.text().as_bytes()).map(|_| ()),
         }
     }
 
