@@ -627,6 +627,17 @@ fn provisioners_bring_up_the_lab_in_namespaces() {
     let vm_rules = node_rules(&on_vms);
     assert!(vm_rules.iter().any(|r| r.starts_with("node-2: -A KUBE-SEP-") && r.contains("-j DNAT")), "{vm_rules:#?}");
     assert_eq!(vm_rules, node_rules(&in_netns), "the same kube-proxy rules on VMs and in namespaces");
+    // From a pod (the probe, a container of an image on node-2): the probe leaves its network
+    // namespace on node-2, whose kube-proxy NAT sends it to the echo pod on node-1.
+    let (ok, out) =
+        podpath(&["trace", "--output", "json", "--from", "pod/default/probe", &format!("http://{svc_ip}/")]);
+    let from_pod: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"));
+    assert!(ok && from_pod["outcome"]["status"] == 200, "{from_pod:#}");
+    assert_eq!(hosts(&from_pod), ["node-2", "node-1"].map(String::from), "{from_pod:#}");
+    assert!(
+        node_rules(&from_pod).iter().any(|r| r.starts_with("node-2: -A KUBE-SEP-") && r.contains("-j DNAT")),
+        "{from_pod:#}"
+    );
 
     // Provisioning again changes nothing: the same service processes, one hosts block, one
     // FORWARD jump, and the Service still answers.

@@ -1085,7 +1085,8 @@ pub fn trace(st: &LabState, req: &Request) -> Result<Trace> {
 
 /// `podpath trace --vagrant`: the same trace on the machines of a Vagrant lab, each host's
 /// monitor and rules over SSH, the probe sent by `podpath trace-helper probe` on the source
-/// machine (a request to an address: names are looked up from pods, on namespace labs only).
+/// machine or in a pod's network namespace on its node (a request to an address: names are
+/// looked up from pods, on namespace labs only).
 pub fn trace_vagrant(v: Arc<crate::vagrant::VagrantLab>, req: &Request) -> Result<Trace> {
     let api = v.api()?;
     let dst = match &req.target {
@@ -1097,13 +1098,17 @@ pub fn trace_vagrant(v: Arc<crate::vagrant::VagrantLab>, req: &Request) -> Resul
             )))
         }
     };
-    if req.from.starts_with("pod/") {
-        return Err(LabError::Usage(format!(
-            "--from {}: on the Vagrant lab a trace starts from a machine (client, gateway, node-N)",
-            req.from
-        )));
-    }
-    let from = v.machine(&req.from)?.to_string();
+    // From a pod: its node's machine, the probe sent from the pod's network namespace there.
+    let (from, pod) = match req.from.strip_prefix("pod/") {
+        Some(rest) => {
+            let (ns, name) = rest
+                .split_once('/')
+                .ok_or_else(|| LabError::Usage(format!("{:?}: use pod/NAMESPACE/NAME", req.from)))?;
+            let (node, pid) = crate::vagrant::pod_process(&v, ns, name)?;
+            (v.machine(&node)?.to_string(), Some(pid))
+        }
+        None => (v.machine(&req.from)?.to_string(), None),
+    };
     let mut names = vec!["client".to_string(), "gateway".to_string()];
     names.extend(v.nodes());
     for n in &names {
@@ -1131,7 +1136,7 @@ pub fn trace_vagrant(v: Arc<crate::vagrant::VagrantLab>, req: &Request) -> Resul
             serde_json::from_str(&body).map_err(|e| LabError::NotReady(format!("lb-sim status is not JSON: {e}")))
         }),
     };
-    trace_in(&lab, Source::Machine(from), req, dst)
+    trace_in(&lab, Source::Machine { machine: from, pod }, req, dst)
 }
 
 /// What a trace needs of its lab, of either kind.
@@ -1149,10 +1154,11 @@ struct Lab<'a> {
     lb_status: Box<dyn Fn() -> Result<serde_json::Value> + 'a>,
 }
 
-/// Where the probe leaves from: a namespace (its path), or a machine of a Vagrant lab.
+/// Where the probe leaves from: a namespace (its path), or a machine of a Vagrant lab (in the
+/// network namespace of the pod process `pod` there, if given).
 enum Source {
     Netns(String),
-    Machine(String),
+    Machine { machine: String, pod: Option<String> },
 }
 
 /// The probe of a trace on a Vagrant lab's machine: `podpath trace-helper probe` there, bound
@@ -1160,6 +1166,7 @@ enum Source {
 fn probe_on(
     v: &crate::vagrant::VagrantLab,
     machine: &str,
+    pod: Option<&str>,
     port: u16,
     dst: SocketAddr,
     req: &Request,
@@ -1167,7 +1174,11 @@ fn probe_on(
     let t = Instant::now();
     let timeout = req.timeout.as_millis().to_string();
     let (port_s, dst_s) = (port.to_string(), dst.to_string());
-    let argv = [
+    let mut argv = match pod {
+        Some(pid) => vec!["nsenter", "-t", pid, "-n", "--"],
+        None => vec![],
+    };
+    argv.extend([
         "podpath",
         "trace-helper",
         "probe",
@@ -1181,7 +1192,7 @@ fn probe_on(
         &req.host_header,
         "--timeout-ms",
         &timeout,
-    ];
+    ]);
     let bound = SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), port);
     match v.run(machine, &argv).map(|out| serde_json::from_str::<serde_json::Value>(&out)) {
         Ok(Ok(doc)) => {
@@ -1228,7 +1239,7 @@ fn trace_in(lab: &Lab, source: Source, req: &Request, dst: SocketAddr) -> Result
             (Some(s), b)
         }
         // An ephemeral port, free on the machine unless it is that busy.
-        Source::Machine(_) => {
+        Source::Machine { .. } => {
             let nanos =
                 std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().subsec_nanos();
             (None, SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), 32768 + (nanos % 28000) as u16))
@@ -1319,8 +1330,8 @@ fn trace_in(lab: &Lab, source: Source, req: &Request, dst: SocketAddr) -> Result
     )?;
     let (src, outcome) = match (&source, socket) {
         (Source::Netns(_), Some(socket)) => probe(socket, bound, dst, req),
-        (Source::Machine(m), _) => match site {
-            Site::Vagrant(v) => probe_on(v, m, bound.port(), dst, req),
+        (Source::Machine { machine, pod }, _) => match site {
+            Site::Vagrant(v) => probe_on(v, machine, pod.as_deref(), bound.port(), dst, req),
             Site::Netns => unreachable!("a machine is a Vagrant lab's"),
         },
         (Source::Netns(_), None) => unreachable!("made above"),
