@@ -1029,12 +1029,18 @@ fn the_builder_compiles_the_checkout_for_the_other_machines() {
         ])
     };
     let (ok, out) = fetch();
-    assert!(ok && out.contains("nothing built") && !built.exists(), "{out}");
+    assert!(ok && out.contains("the builder has built nothing yet") && !built.exists(), "{out}");
     let t = std::time::Instant::now();
     let out = lab.provision_machine(&builder).unwrap_or_else(|e| panic!("{e:#}"));
     eprintln!("builder: compiled in {:.0} s", t.elapsed().as_secs_f64());
     assert!(out.contains("podpath[builder]: built 9 binaries in"), "{out}");
     assert!(out.contains(&format!("compiling with rustc {pin} ")), "{out}");
+    // A build that lacks a binary this checkout has (an older checkout's): nothing is fetched.
+    let out_dir = lab.machine("builder").root.join("var/lib/podpath-build/out");
+    std::fs::rename(out_dir.join("podpath-images"), out_dir.join("podpath-images.aside")).unwrap();
+    let (ok, out) = fetch();
+    assert!(ok && out.contains("the builder's last build has no podpath-images") && !built.exists(), "{out}");
+    std::fs::rename(out_dir.join("podpath-images.aside"), out_dir.join("podpath-images")).unwrap();
     let (ok, out) = fetch();
     assert!(ok && out.contains("fetched to"), "{out}");
     let info = std::fs::read_to_string(built.join("BUILD-INFO")).unwrap();

@@ -26,8 +26,5 @@ Communicator = Struct.new(:root) do
   end
 end
 Machine = Struct.new(:communicate)
-if PodpathLab.fetch_built(Machine.new(Communicator.new(machine_root)), dest)
-  puts "fetched to #{dest}"
-else
-  puts "nothing built"
-end
+problem = PodpathLab.fetch_built(Machine.new(Communicator.new(machine_root)), dest)
+puts(problem || "fetched to #{dest}")

@@ -342,7 +342,7 @@ listing=$(in_ns vagrant ssh builder -c 'tar -tzf /tmp/podpath-source.tar.gz' 2>/
 grep -qx Cargo.lock <<<"$listing" || { echo "the builder got no checkout: $listing" >&2; exit 1; }
 # shellcheck disable=SC2016 # expanded on the builder
 stand_in='set -e; o=/var/lib/podpath-build/out; sudo mkdir -p $o
-for b in apiserver-lite podpath node-agent podpath-workload podpath-dns podpath-bridge podpath-ipam lb-sim; do
+for b in apiserver-lite podpath node-agent podpath-workload podpath-dns podpath-bridge podpath-ipam podpath-images lb-sim; do
   sudo install -m 0755 /bin/true $o/$b; done
 echo "stand-in" | sudo tee $o/BUILD-INFO >/dev/null; sha256sum /bin/true'
 want=$(in_ns vagrant ssh builder -c "$stand_in" 2>/dev/null | tr -d '\r' | cut -d' ' -f1)
