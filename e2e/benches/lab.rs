@@ -170,13 +170,126 @@ fn bench_latency() {
     latency(&[], "")
 }
 
+/// The lines of log `path` (ANSI colours removed) with their timestamps, in order.
+fn timed_lines(path: &std::path::Path) -> Vec<(jiff::Timestamp, String)> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    text.lines()
+        .filter_map(|l| {
+            let mut plain = String::with_capacity(l.len());
+            let mut esc = false;
+            for c in l.chars() {
+                match (esc, c) {
+                    (false, '\x1b') => esc = true,
+                    (true, 'm') => esc = false,
+                    (true, _) => {}
+                    (false, c) => plain.push(c),
+                }
+            }
+            let ts: jiff::Timestamp = plain.split_whitespace().next()?.parse().ok()?;
+            Some((ts, plain))
+        })
+        .collect()
+}
+
+/// Where create → first 200 goes, from the components' own log lines (debug lines the bench
+/// turns on): the 201, the endpoints controller's writes done, the gateway's route for the LB
+/// IP, the last proxy sync naming the Service on each node before the first 200. Medians of
+/// the 50 Services, milliseconds after the request was sent.
+fn latency_breakdown(lab: &Lab, runs: &[(String, String, jiff::Timestamp, f64, f64)]) {
+    let logs = lab.state.join("logs");
+    let api_log = timed_lines(&logs.join("apiserver-lite.log"));
+    let lb_log = timed_lines(&logs.join("lb-sim.log"));
+    let nodes: Vec<Vec<(jiff::Timestamp, String)>> =
+        (1..=3).map(|n| timed_lines(&logs.join(format!("node-{n}.log")))).collect();
+    let ms =
+        |from: jiff::Timestamp, to: jiff::Timestamp| (to - from).total(jiff::Unit::Millisecond).unwrap_or(f64::NAN);
+    let (mut slices, mut routes, mut created, mut answered) = (vec![], vec![], vec![], vec![]);
+    let (mut first_node, mut last_node, mut sync_took) = (vec![], vec![], vec![]);
+    for (name, ip, t0, t201, t200) in runs {
+        // The debug line ends with the field: `… endpoints synced service=default/s7`.
+        let svc = format!("service=default/{name}");
+        let names_it = |l: &str| l.split_whitespace().any(|w| w == svc);
+        let written =
+            api_log.iter().find(|(t, l)| *t >= *t0 && l.contains("endpoints synced") && names_it(l)).map(|(t, _)| *t);
+        if let Some(t) = written {
+            slices.push(ms(*t0, t));
+        }
+        if let Some((t, _)) =
+            lb_log.iter().find(|(t, l)| *t >= *t0 && l.contains("gateway routing") && l.contains(&format!(" {ip}/")))
+        {
+            routes.push(ms(*t0, *t));
+        }
+        // Each node's first proxy sync naming the Service after its endpoints were written:
+        // the first node's (what the first 200 needed, if the gateway chose it) and the last's.
+        let svc_port = format!("default/{name}");
+        if let Some(written) = written {
+            let per_node: Vec<f64> = nodes
+                .iter()
+                .filter_map(|node| {
+                    node.iter()
+                        .find(|(t, l)| {
+                            *t >= written
+                                && l.contains("iptables synced")
+                                && l.split(['"', ',', '=']).any(|w| w == svc_port)
+                        })
+                        .map(|(t, l)| {
+                            let took = l.split_whitespace().find_map(|w| w.strip_prefix("took_ms="));
+                            if let Some(took) = took.and_then(|v| v.parse::<f64>().ok()) {
+                                sync_took.push(took);
+                            }
+                            ms(*t0, *t)
+                        })
+                })
+                .collect();
+            if per_node.len() == nodes.len() {
+                first_node.push(per_node.iter().copied().fold(f64::INFINITY, f64::min));
+                last_node.push(per_node.iter().copied().fold(0.0, f64::max));
+            }
+        }
+        created.push(*t201);
+        answered.push(*t200);
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        if v.is_empty() {
+            f64::NAN
+        } else {
+            v[v.len() / 2]
+        }
+    };
+    println!(
+        "  breakdown (median ms after the POST, {} Services): 201 {:.1} · endpoints written {:.1} · gateway route {:.1} · \
+         first node's rules with the endpoints {:.1}, every node's {:.1} (a node's sync took {:.0}) · first 200 {:.1}",
+        runs.len(),
+        median(&mut created),
+        median(&mut slices),
+        median(&mut routes),
+        median(&mut first_node),
+        median(&mut last_node),
+        median(&mut sync_took),
+        median(&mut answered)
+    );
+    if slices.len() != runs.len() || routes.len() != runs.len() || first_node.len() != runs.len() {
+        println!(
+            "  (found in the logs: {} endpoint writes, {} routes, {} Services' node syncs)",
+            slices.len(),
+            routes.len(),
+            first_node.len()
+        );
+    }
+}
+
 /// Create → first 200, in a lab made with `extra` (`label` leads the figure's name).
 fn latency(extra: &[&str], label: &str) {
+    // The debug lines the breakdown reads (a few per Service: nothing on the hot path).
+    std::env::set_var("PODPATH_LOG", "info,kube_proxy::sync=debug,apiserver_lite::controllers::endpoints=debug");
     let (lab, _) = up(3, extra);
+    std::env::remove_var("PODPATH_LOG");
     create_pods(&lab, 10, 3);
     let a = &api(&lab);
     let client = enter(&lab, "client");
     let mut ms = Vec::new();
+    let mut runs = Vec::new();
     for i in 0..50 {
         let body = serde_json::json!({
             "apiVersion": "v1", "kind": "Service", "metadata": {"name": format!("s{i}")},
@@ -184,8 +297,10 @@ fn latency(extra: &[&str], label: &str) {
                      "ports": [{"port": 80, "targetPort": 8080}]}
         })
         .to_string();
+        let wall = jiff::Timestamp::now();
         let t = Instant::now();
         let (code, out) = request(a, "POST", "/api/v1/namespaces/default/services", &body).unwrap();
+        let t201 = t.elapsed().as_secs_f64() * 1000.0;
         assert_eq!(code, 201, "{out}");
         let v: serde_json::Value = serde_json::from_str(&out).unwrap();
         let ip = v["status"]["loadBalancer"]["ingress"][0]["ip"].as_str().expect("LB IP at create").to_string();
@@ -202,6 +317,7 @@ fn latency(extra: &[&str], label: &str) {
         .join()
         .unwrap();
         ms.push(elapsed.as_secs_f64() * 1000.0);
+        runs.push((format!("s{i}"), ip, wall, t201, elapsed.as_secs_f64() * 1000.0));
     }
     let mut sorted = ms.clone();
     sorted.sort_by(f64::total_cmp);
@@ -217,6 +333,7 @@ fn latency(extra: &[&str], label: &str) {
         percentile(&sorted, 0.99),
         sorted[sorted.len() - 1]
     );
+    latency_breakdown(&lab, &runs);
 }
 
 /// `workers` threads in the client's namespace, each a new connection per request, for

@@ -206,7 +206,23 @@ pub fn batches(rs: &Ruleset, max_lines: Option<usize>) -> Vec<Ruleset> {
             out.push(one(table_of(&t.name, &batch, &t.rest)));
         }
     }
-    out
+    // Batches of different tables that fit together go in one restore: a partial sync that
+    // changes filter and nat runs one process, not two (each costs a fork, exec and a cache of
+    // the kernel's rules).
+    let lines = |r: &Ruleset| r.tables.iter().map(|t| t.chains.len() + t.commands.len()).sum::<usize>();
+    let mut merged: Vec<Ruleset> = Vec::with_capacity(out.len());
+    for r in out {
+        match merged.last_mut() {
+            Some(m)
+                if lines(m) + lines(&r) <= max
+                    && r.tables.iter().all(|t| m.tables.iter().all(|u| u.name != t.name)) =>
+            {
+                m.tables.extend(r.tables)
+            }
+            _ => merged.push(r),
+        }
+    }
+    merged
 }
 
 #[cfg(test)]
@@ -232,6 +248,22 @@ mod tests {
         let out = batches(&rs, None);
         assert_eq!(out.len(), 1);
         assert_eq!(out[0].to_string(), TEXT, "this input is grouped by chain already");
+    }
+
+    #[test]
+    fn small_batches_of_different_tables_share_one_restore() {
+        let rs = parse(TEXT).unwrap();
+        // filter (2 lines) and nat (16) fit in 20 lines: one restore, the tables in order.
+        let out = batches(&rs, Some(20));
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].tables.iter().map(|t| t.name.as_str()).collect::<Vec<_>>(), ["filter", "nat"]);
+        let count = |rs: &Ruleset| rs.tables.iter().map(|t| t.rules().count()).sum::<usize>();
+        assert_eq!(count(&out[0]), count(&rs));
+        // Two batches of one table never merge, and a table that does not fit stays apart.
+        let out = batches(&rs, Some(8));
+        assert!(out.iter().all(|b| b.tables.len() == 1
+            || b.tables.iter().map(|t| &t.name).collect::<BTreeSet<_>>().len() == b.tables.len()));
+        assert!(out.len() >= 3, "{out:?}");
     }
 
     #[test]

@@ -241,11 +241,8 @@ pub(crate) async fn sync_endpoints(reg: &Registry, ns: &str, name: &str) -> Resu
         _ => vec![],
     };
     let plan = plan_endpoints(ns, name, svc.as_ref(), &pods);
-    match plan.endpoints {
-        EndpointsWrite::Upsert(endpoints) => upsert(reg, Kind::Endpoints, ns, name, endpoints, &["subsets"]).await?,
-        EndpointsWrite::Delete => delete_quietly(reg, Kind::Endpoints, ns, name).await?,
-        EndpointsWrite::Leave => {}
-    }
+    // The slices first: they are what every node's proxy waits for (each write waits for its
+    // fsync); the Endpoints object is for older clients.
     let mut wanted = BTreeSet::new();
     for slice in plan.slices {
         let slice_name = slice["metadata"]["name"].as_str().unwrap_or("").to_string();
@@ -258,6 +255,12 @@ pub(crate) async fn sync_endpoints(reg: &Registry, ns: &str, name: &str) -> Resu
             delete_quietly(reg, Kind::EndpointSlice, ns, n).await?;
         }
     }
+    match plan.endpoints {
+        EndpointsWrite::Upsert(endpoints) => upsert(reg, Kind::Endpoints, ns, name, endpoints, &["subsets"]).await?,
+        EndpointsWrite::Delete => delete_quietly(reg, Kind::Endpoints, ns, name).await?,
+        EndpointsWrite::Leave => {}
+    }
+    tracing::debug!(service = %format!("{ns}/{name}"), "endpoints synced");
     Ok(())
 }
 

@@ -158,6 +158,9 @@ pub async fn kubernetes_service(reg: &Registry, apiserver_endpoint: Option<(Stri
     Ok(())
 }
 
+/// The shortest time between the starts of two controller passes.
+const SETTLE: Duration = Duration::from_millis(20);
+
 /// Runs every controller until the process ends.
 pub async fn run(reg: Arc<Registry>, cfg: ControllerConfig) {
     let mut durable = reg.store.subscribe();
@@ -167,6 +170,7 @@ pub async fn run(reg: Arc<Registry>, cfg: ControllerConfig) {
     // First pass reconciles everything.
     let mut dirty = Dirty { all: true, ..Default::default() };
     loop {
+        let last_pass = tokio::time::Instant::now();
         if let Err(e) = reconcile(&reg, &cfg, &mut dirty).await {
             tracing::warn!(error = %e, "controller pass failed; will retry");
             dirty.all = true;
@@ -176,8 +180,13 @@ pub async fn run(reg: Arc<Registry>, cfg: ControllerConfig) {
                 if changed.is_err() {
                     return;
                 }
-                // Let a burst of writes settle into one pass.
-                tokio::time::sleep(Duration::from_millis(20)).await;
+                // At most one pass per SETTLE: a lone write (a Service created) is acted on
+                // at once, while a burst arriving during or right after a pass is gathered
+                // into the next one, as kube-proxy's minSyncPeriod batches.
+                let wait = SETTLE.saturating_sub(last_pass.elapsed());
+                if !wait.is_zero() {
+                    tokio::time::sleep(wait).await;
+                }
                 let upto = reg.store.durable_rv();
                 match reg.store.events_since(seen, upto) {
                     Ok(events) => {
