@@ -21,7 +21,7 @@
 //!    server's memory.
 //!
 //! Run: `cargo build --release --workspace --bins && sudo cargo bench -p podpath-e2e --bench lab`
-//! Arguments: `-- up|memory|latency|throughput|l7|gateway|ipv6|trace|ui` to run only some parts; env
+//! Arguments: `-- up|memory|latency|latency-nftables|throughput|l7|gateway|ipv6|trace|ui` to run only some parts; env
 //! `PODPATH_BENCH_SECONDS` (default 3) per throughput measurement.
 //! With `PODPATH_FIGURES=book/perf/figures.tsv` its figures are appended to the book's
 //! performance data (`testkit::figures`).
@@ -229,7 +229,7 @@ fn latency_breakdown(lab: &Lab, runs: &[(String, String, jiff::Timestamp, f64, f
                     node.iter()
                         .find(|(t, l)| {
                             *t >= written
-                                && l.contains("iptables synced")
+                                && (l.contains("iptables synced") || l.contains("nftables synced"))
                                 && l.split(['"', ',', '=']).any(|w| w == svc_port)
                         })
                         .map(|(t, l)| {
@@ -282,7 +282,10 @@ fn latency_breakdown(lab: &Lab, runs: &[(String, String, jiff::Timestamp, f64, f
 /// Create → first 200, in a lab made with `extra` (`label` leads the figure's name).
 fn latency(extra: &[&str], label: &str) {
     // The debug lines the breakdown reads (a few per Service: nothing on the hot path).
-    std::env::set_var("PODPATH_LOG", "info,kube_proxy::sync=debug,apiserver_lite::controllers::endpoints=debug");
+    std::env::set_var(
+        "PODPATH_LOG",
+        "info,kube_proxy::sync=debug,kube_proxy::nft_sync=debug,apiserver_lite::controllers::endpoints=debug",
+    );
     let (lab, _) = up(3, extra);
     std::env::remove_var("PODPATH_LOG");
     create_pods(&lab, 10, 3);
@@ -778,6 +781,10 @@ fn main() {
     }
     if run("gateway") {
         bench_gateway();
+    }
+    if run("latency-nftables") {
+        // The same method with the nodes in kube-proxy's nftables mode (rules over netlink).
+        latency(&["--proxy-mode", "nftables"], "nftables mode: ");
     }
     if run("ipv6") {
         // The same methods in an IPv6 lab: run with `latency throughput ipv6` for both
