@@ -191,11 +191,21 @@ fn timed_lines(path: &std::path::Path) -> Vec<(jiff::Timestamp, String)> {
         .collect()
 }
 
+/// One Service of the latency bench: its name, LB IP, when its POST was sent (wall clock) and
+/// the ms from then to the 201 and to the first 200.
+struct Run {
+    name: String,
+    ip: String,
+    sent: jiff::Timestamp,
+    created_ms: f64,
+    answered_ms: f64,
+}
+
 /// Where create → first 200 goes, from the components' own log lines (debug lines the bench
 /// turns on): the 201, the endpoints controller's writes done, the gateway's route for the LB
-/// IP, the last proxy sync naming the Service on each node before the first 200. Medians of
-/// the 50 Services, milliseconds after the request was sent.
-fn latency_breakdown(lab: &Lab, runs: &[(String, String, jiff::Timestamp, f64, f64)]) {
+/// IP, and each node's first proxy sync naming the Service after its endpoints were written
+/// (the first node's and the last's). Medians over the Services, ms after the POST was sent.
+fn latency_breakdown(lab: &Lab, runs: &[Run]) {
     let logs = lab.state.join("logs");
     let api_log = timed_lines(&logs.join("apiserver-lite.log"));
     let lb_log = timed_lines(&logs.join("lb-sim.log"));
@@ -205,7 +215,7 @@ fn latency_breakdown(lab: &Lab, runs: &[(String, String, jiff::Timestamp, f64, f
         |from: jiff::Timestamp, to: jiff::Timestamp| (to - from).total(jiff::Unit::Millisecond).unwrap_or(f64::NAN);
     let (mut slices, mut routes, mut created, mut answered) = (vec![], vec![], vec![], vec![]);
     let (mut first_node, mut last_node, mut sync_took) = (vec![], vec![], vec![]);
-    for (name, ip, t0, t201, t200) in runs {
+    for Run { name, ip, sent: t0, created_ms, answered_ms } in runs {
         // The debug line ends with the field: `… endpoints synced service=default/s7`.
         let svc = format!("service=default/{name}");
         let names_it = |l: &str| l.split_whitespace().any(|w| w == svc);
@@ -246,8 +256,8 @@ fn latency_breakdown(lab: &Lab, runs: &[(String, String, jiff::Timestamp, f64, f
                 last_node.push(per_node.iter().copied().fold(0.0, f64::max));
             }
         }
-        created.push(*t201);
-        answered.push(*t200);
+        created.push(*created_ms);
+        answered.push(*answered_ms);
     }
     let median = |v: &mut Vec<f64>| {
         v.sort_by(f64::total_cmp);
@@ -291,7 +301,6 @@ fn latency(extra: &[&str], label: &str) {
     create_pods(&lab, 10, 3);
     let a = &api(&lab);
     let client = enter(&lab, "client");
-    let mut ms = Vec::new();
     let mut runs = Vec::new();
     for i in 0..50 {
         let body = serde_json::json!({
@@ -319,10 +328,15 @@ fn latency(extra: &[&str], label: &str) {
         })
         .join()
         .unwrap();
-        ms.push(elapsed.as_secs_f64() * 1000.0);
-        runs.push((format!("s{i}"), ip, wall, t201, elapsed.as_secs_f64() * 1000.0));
+        runs.push(Run {
+            name: format!("s{i}"),
+            ip,
+            sent: wall,
+            created_ms: t201,
+            answered_ms: elapsed.as_secs_f64() * 1000.0,
+        });
     }
-    let mut sorted = ms.clone();
+    let mut sorted: Vec<f64> = runs.iter().map(|r| r.answered_ms).collect();
     sorted.sort_by(f64::total_cmp);
     BENCH.record(
         &format!("{label}Service create → first 200 through the LB IP from the client, p99 of 50"),

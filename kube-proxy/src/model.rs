@@ -44,6 +44,17 @@ pub struct ServiceKey {
     pub protocol: String,
 }
 
+/// The Services a sync wrote, for its debug line (timing breakdowns read it): each name once,
+/// the first eight, then `+N`.
+pub fn names_summary(names: impl IntoIterator<Item = String>) -> String {
+    let names: std::collections::BTreeSet<String> = names.into_iter().collect();
+    let mut out: Vec<String> = names.iter().take(8).cloned().collect();
+    if names.len() > 8 {
+        out.push(format!("+{}", names.len() - 8));
+    }
+    out.join(",")
+}
+
 impl fmt::Display for ServiceKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{} {}", self.name, self.protocol)

@@ -7,7 +7,7 @@
 //! element points at a chain any more). A table that vanished or a failed transaction makes
 //! the next sync a full one, which replaces the table whole.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -389,14 +389,8 @@ pub async fn run_nft_proxier<K: NftKernel>(p: NftProxier<K>, synced: Option<toki
                 continue;
             }
             // For the debug line below: which Services this sync wrote (timing breakdowns read it).
-            let changed_names = tracing::enabled!(tracing::Level::DEBUG).then(|| {
-                let names: BTreeSet<String> = delta.new.iter().map(|st| st.port.key().name.to_string()).collect();
-                let mut out: Vec<String> = names.iter().take(8).cloned().collect();
-                if names.len() > 8 {
-                    out.push(format!("+{}", names.len() - 8));
-                }
-                out.join(",")
-            });
+            let changed_names = tracing::enabled!(tracing::Level::DEBUG)
+                .then(|| super::model::names_summary(delta.new.iter().map(|st| st.port.key().name.to_string())));
             let checks = super::service_health::wanted(tracker.states(), &cfg.node_name);
             let (k, c, n, prev) = (kernel.clone(), cfg.clone(), nft.clone(), last.take());
             // A full sync renders every port; a partial one only the ports that changed.

@@ -294,13 +294,8 @@ pub async fn run_proxier<K: Kernel>(p: Proxier<K>, synced: Option<tokio::sync::o
         let changed: BTreeSet<ServiceKey> =
             state.iter().filter(|st| last.get(&st.port.key()) != Some(*st)).map(|st| st.port.key()).collect();
         // For the debug line below: which Services this sync wrote (timing breakdowns read it).
-        let changed_names = (!changed.is_empty() && tracing::enabled!(tracing::Level::DEBUG)).then(|| {
-            let mut names: Vec<String> = changed.iter().take(8).map(|k| k.name.to_string()).collect();
-            if changed.len() > 8 {
-                names.push(format!("+{}", changed.len() - 8));
-            }
-            names.join(",")
-        });
+        let changed_names = tracing::enabled!(tracing::Level::DEBUG)
+            .then(|| super::model::names_summary(changed.iter().map(|k| k.name.to_string())));
         let stale = stale_udp_flows(&last, &state);
         // Crossing the large-cluster threshold changes every endpoint rule: a full sync.
         let large = super::iptables::large_cluster(&state);

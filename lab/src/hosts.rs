@@ -118,8 +118,8 @@ pub(crate) fn container_process(
         .ok_or_else(|| LabError::NotReady(format!("no record of pod {ns}/{name} on {node} ({})", record.display())))?;
     let container = status["name"].as_str().unwrap_or("");
     let pid_file = rec["containers"][container]["pid_file"].as_str().ok_or_else(none)?;
-    let pid = read(std::path::Path::new(pid_file)).map(|p| p.trim().to_string()).ok_or_else(none)?;
-    pid.parse::<u32>().map(|_| pid.clone()).map_err(|_| none())
+    let pid = read(std::path::Path::new(pid_file)).and_then(|p| p.trim().parse::<u32>().ok()).ok_or_else(none)?;
+    Ok(pid.to_string())
 }
 
 /// lb-sim's status document (`GET /status` in the gateway's namespace).

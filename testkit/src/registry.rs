@@ -396,6 +396,15 @@ pub fn htpasswd(dir: &Path, user: &str, password: &str) -> PathBuf {
     path
 }
 
+/// A `docker-registry serve` configuration: storage in `root` (`storage` adds to that section),
+/// listening on `addr`, then `auth` (an `auth:` section, or nothing).
+fn config(root: &Path, addr: &str, storage: &str, auth: &str) -> String {
+    format!(
+        "version: 0.1\nlog:\n  level: warn\n  accesslog:\n    disabled: true\nstorage:\n  filesystem:\n    rootdirectory: {}\n{storage}http:\n  addr: {addr}\n{auth}",
+        root.display()
+    )
+}
+
 impl Registry {
     /// Starts a registry (storage in a fresh directory); waits until it answers `/v2/`.
     /// `htpasswd`: require HTTP Basic logins from this file.
@@ -416,10 +425,7 @@ impl Registry {
         let dir = tempfile::Builder::new().prefix("podpath-registry-").tempdir().expect("tempdir");
         let port = free_port();
         let addr = format!("127.0.0.1:{port}");
-        let config = format!(
-            "version: 0.1\nlog:\n  level: warn\n  accesslog:\n    disabled: true\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: {addr}\n{auth}",
-            dir.path().join("data").display()
-        );
+        let config = config(&dir.path().join("data"), &addr, "  delete:\n    enabled: true\n", auth);
         let cfg = dir.path().join("config.yml");
         std::fs::write(&cfg, config).expect("write registry config");
         let log = std::fs::File::create(dir.path().join("registry.log")).expect("registry log");
@@ -444,10 +450,8 @@ impl Registry {
     /// network namespace `netns`, for machines that cannot reach this host's loopback. Stopped
     /// (by PID) when the returned guard drops.
     pub fn serve_in_netns(&self, netns: &str, addr: &str) -> NetnsRegistry {
-        let config = format!(
-            "version: 0.1\nlog:\n  level: warn\n  accesslog:\n    disabled: true\nstorage:\n  filesystem:\n    rootdirectory: {}\n  maintenance:\n    readonly:\n      enabled: true\nhttp:\n  addr: {addr}\n",
-            self._dir.path().join("data").display()
-        );
+        let readonly = "  maintenance:\n    readonly:\n      enabled: true\n";
+        let config = config(&self._dir.path().join("data"), addr, readonly, "");
         let cfg = self._dir.path().join(format!("config-{netns}.yml"));
         std::fs::write(&cfg, config).expect("write registry config");
         let log_path = self._dir.path().join(format!("registry-{netns}.log"));
