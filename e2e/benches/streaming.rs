@@ -61,9 +61,10 @@ fn cpu_seconds(pid: u32) -> f64 {
 fn machine_cpu_seconds() -> f64 {
     let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
     let cpu = stat.lines().next().unwrap_or("");
-    // cpu user nice system idle iowait irq softirq steal …: all but idle and iowait.
-    let f: Vec<f64> = cpu.split_whitespace().skip(1).filter_map(|v| v.parse().ok()).collect();
-    let busy: f64 = f.iter().enumerate().filter(|(i, _)| *i != 3 && *i != 4).take(7).map(|(_, v)| v).sum();
+    // cpu user nice system idle iowait irq softirq steal guest …: the first eight but idle and
+    // iowait (guest time is already in user).
+    let f: Vec<f64> = cpu.split_whitespace().skip(1).take(8).filter_map(|v| v.parse().ok()).collect();
+    let busy: f64 = f.iter().enumerate().filter(|(i, _)| *i != 3 && *i != 4).map(|(_, v)| v).sum();
     let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK).ok().flatten().unwrap_or(100) as f64;
     busy / hz
 }
