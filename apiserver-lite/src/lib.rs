@@ -122,6 +122,37 @@ pub async fn serve_grpc_on_loopback(data_dir: PathBuf) -> Result<(String, Arc<re
     Ok((addr, registry))
 }
 
+/// The server as its binary runs it: on a runtime of its own, REST on `rest` and gRPC on `grpc`
+/// (non-blocking listeners) until SIGTERM or SIGINT. A plain function, neither generic nor
+/// async, so the whole server is compiled once, in this crate: a release build compiles generic
+/// and async code again in every crate that instantiates it, and the binary would compile all
+/// of [`serve`] a second time.
+pub fn serve_until_signal(
+    cfg: Config,
+    rest: Vec<std::net::TcpListener>,
+    grpc: Option<std::net::TcpListener>,
+) -> Result<(), ApiError> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| ApiError::internal(format!("cannot start the async runtime: {e}")))?;
+    runtime.block_on(async {
+        let listener = |l| TcpListener::from_std(l).map_err(|e| ApiError::internal(format!("listener: {e}")));
+        let rest = rest.into_iter().map(listener).collect::<Result<Vec<_>, _>>()?;
+        let grpc = grpc.map(listener).transpose()?;
+        let shutdown = async {
+            let mut term =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("signal handler");
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {},
+                _ = term.recv() => {},
+            }
+            tracing::info!("shutting down");
+        };
+        serve(cfg, rest, grpc, shutdown).await
+    })
+}
+
 /// Serves REST on every listener in `rest` and gRPC on `grpc` until `shutdown` completes.
 pub async fn serve(
     cfg: Config,

@@ -140,16 +140,15 @@ fn parse_port_range(s: &str) -> Result<std::ops::RangeInclusive<u16>> {
     Ok(lo..=hi)
 }
 
-#[tokio::main]
-async fn main() {
+fn main() {
     podpath_client::memory::spawn_trimmer(std::time::Duration::from_secs(5));
-    if let Err(e) = run().await {
+    if let Err(e) = run() {
         eprintln!("apiserver-lite: {e:#}");
         std::process::exit(1);
     }
 }
 
-async fn run() -> Result<()> {
+fn run() -> Result<()> {
     let args = Args::parse();
     podpath_client::daemon::init_logging(&args.log);
     let token = match &args.token_file {
@@ -193,37 +192,33 @@ async fn run() -> Result<()> {
     };
     let mut rest = Vec::new();
     for addr in &args.listen {
-        rest.push(tokio::net::TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))?);
+        rest.push(bind(*addr)?);
     }
     for addr in &args.netns_listen {
         let ns = args.netns.as_deref().expect("clap requires --netns");
-        rest.push(tokio::net::TcpListener::from_std(bind_in_netns(ns, *addr)?)?);
+        rest.push(bind_in_netns(ns, *addr)?);
     }
     let grpc = match args.grpc_listen.as_str() {
         "off" | "" => None,
         a => {
             let addr: SocketAddr = a.parse().with_context(|| format!("invalid --grpc-listen {a}"))?;
             Some(match &args.netns {
-                Some(ns) => tokio::net::TcpListener::from_std(bind_in_netns(ns, addr)?)?,
-                None => {
-                    tokio::net::TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))?
-                }
+                Some(ns) => bind_in_netns(ns, addr)?,
+                None => bind(addr)?,
             })
         }
     };
     let scheme = if cfg.tls.is_some() { "https" } else { "http" };
     tracing::info!(rest = ?args.listen, grpc = %args.grpc_listen, scheme, data_dir = %args.data_dir.display(), "apiserver-lite starting");
-    let shutdown = async {
-        let mut term =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("signal handler");
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {},
-            _ = term.recv() => {},
-        }
-        tracing::info!("shutting down");
-    };
-    apiserver_lite::serve(cfg, rest, grpc, shutdown).await?;
+    apiserver_lite::serve_until_signal(cfg, rest, grpc)?;
     Ok(())
+}
+
+/// A non-blocking TCP listener on `addr` (the runtime takes it over).
+fn bind(addr: SocketAddr) -> Result<std::net::TcpListener> {
+    let l = std::net::TcpListener::bind(addr).with_context(|| format!("cannot listen on {addr}"))?;
+    l.set_nonblocking(true)?;
+    Ok(l)
 }
 
 /// Binds a TCP listener inside the network namespace at `ns`, from a short-lived thread (setns

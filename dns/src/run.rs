@@ -104,6 +104,18 @@ fn load(text: &str, file: &str, listen: SocketAddr) -> std::result::Result<Pipel
     Pipeline::build(text, file, listen, &|p| std::fs::read_to_string(p))
 }
 
+/// The server as its binary runs it, on a single-threaded runtime of its own, until SIGTERM or
+/// SIGINT. A plain function, neither generic nor async, so the whole server is compiled once, in
+/// this crate: a release build compiles generic and async code again in every crate that
+/// instantiates it, and the binary would compile all of [`run`] a second time.
+pub fn run_until_signal(opts: Options) -> Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| DnsError::Serve(format!("cannot start the async runtime: {e}")))?;
+    runtime.block_on(run(opts, podpath_client::daemon::stop_signal()))
+}
+
 /// Binds the sockets first (a wrong address fails at once), then serves until `shutdown`.
 pub async fn run(opts: Options, shutdown: impl std::future::Future<Output = ()>) -> Result<()> {
     // `0.0.0.0` (a Corefile's `:53`) is every address of both families, as CoreDNS's `:53`.

@@ -47,6 +47,29 @@ pub struct Answer {
 /// Largest request accepted (credentials included).
 const MAX_REQUEST: u64 = 1 << 20;
 
+/// The service as its binary runs it: on a runtime of its own (2 worker threads), serving
+/// `listener` (non-blocking) until SIGTERM or SIGINT. A plain function, neither generic nor
+/// async, so the whole service is compiled once, in this crate: a release build compiles async
+/// code again in every crate that instantiates it, and the binary would compile all of [`serve`]
+/// a second time.
+pub fn serve_until_signal(
+    listener: std::os::unix::net::UnixListener,
+    puller: Puller,
+    pull_deadline: Duration,
+) -> std::io::Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    runtime.block_on(async {
+        let listener = UnixListener::from_std(listener)?;
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        tokio::select! {
+            _ = serve(listener, Arc::new(puller), pull_deadline) => {}
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        Ok(())
+    })
+}
+
 /// Serves requests until the listener fails; each connection in its own task, so a slow pull
 /// never holds up another.
 pub async fn serve(listener: UnixListener, puller: Arc<Puller>, pull_deadline: Duration) {

@@ -2,7 +2,6 @@
 //! load balancers (passthrough routes or NodePort proxies) with health checks.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use clap::Parser;
@@ -34,19 +33,18 @@ struct Args {
     log: String,
 }
 
-#[tokio::main(worker_threads = 2)]
-async fn main() {
-    if let Err(e) = start().await {
+fn main() {
+    if let Err(e) = start() {
         eprintln!("lb-sim: {e:#}");
         std::process::exit(1);
     }
 }
 
-async fn start() -> Result<()> {
+fn start() -> Result<()> {
     let args = Args::parse();
     podpath_client::daemon::init_logging(&args.log);
     if args.cleanup {
-        let n = lb_sim::routing::sync(&lb_sim::routing::IpCommand::default(), &lb_sim::routing::Wanted::default())?;
+        let n = lb_sim::routing::cleanup()?;
         println!("removed lb-sim's routes, nexthops and addresses ({n} changes)");
         return Ok(());
     }
@@ -65,10 +63,6 @@ async fn start() -> Result<()> {
         status_listen,
         node_health_port: args.node_health_port,
     };
-    let shutdown = async {
-        podpath_client::daemon::stop_signal().await;
-        tracing::info!("stopping");
-    };
-    run::run(cfg, Arc::new(lb_sim::routing::IpCommand::default()), shutdown).await?;
+    run::run_gateway(cfg)?;
     Ok(())
 }

@@ -314,6 +314,12 @@ impl Ip for IpCommand {
     }
 }
 
+/// Removes every route, nexthop and address lb-sim made in this namespace (`lb-sim --cleanup`);
+/// returns the number of changes. Not generic, so it is compiled here, not in the binary.
+pub fn cleanup() -> Result<usize> {
+    sync(&IpCommand::default(), &Wanted::default())
+}
+
 /// Brings the kernel to `want`; returns the number of lines applied.
 pub fn sync(ip: &impl Ip, want: &Wanted) -> Result<usize> {
     let have = ip.observe()?;

@@ -48,6 +48,25 @@ fn hash_by_ports() {
     }
 }
 
+/// The gateway as the binary runs it, on a runtime of its own: the real `ip` tool, stopped by
+/// SIGTERM or SIGINT. A plain (not generic, not async) function, so the whole program is
+/// compiled once, in this crate: a release build compiles generic and async code again in every
+/// crate that instantiates it, and the binary would compile all of [`run`] a second time.
+pub fn run_gateway(cfg: Config) -> Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| LbError::io("start the async runtime", e))?;
+    rt.block_on(async {
+        let shutdown = async {
+            podpath_client::daemon::stop_signal().await;
+            tracing::info!("stopping");
+        };
+        run(cfg, Arc::new(routing::IpCommand::default()), shutdown).await
+    })
+}
+
 /// Runs until `shutdown`, then removes the routes, addresses and listeners it made.
 pub async fn run<I: Ip>(cfg: Config, ip: Arc<I>, shutdown: impl std::future::Future<Output = ()>) -> Result<()> {
     // The gateway may start first; give up after 30 s so a wrong address is reported.

@@ -93,6 +93,22 @@ pub struct ProxyConfig {
     pub localhost_nodeports: bool,
 }
 
+/// The agent as its binary runs it, on a runtime of its own (2 worker threads), until SIGTERM
+/// or SIGINT; the pods keep running. A plain function, neither generic nor async, so the whole
+/// agent is compiled once, in this crate: a release build compiles generic and async code again
+/// in every crate that instantiates it, and the binary would compile all of [`run`] a second time.
+pub fn run_until_signal(cfg: AgentConfig) -> Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| AgentError::io("start the async runtime", e))?;
+    runtime.block_on(run(cfg, async {
+        podpath_client::daemon::stop_signal().await;
+        tracing::info!("stopping: reporting NotReady (pods keep running)");
+    }))
+}
+
 /// Runs the agent until `shutdown`; then reports the node NotReady and returns. Pods keep
 /// running: a restarted agent adopts them.
 pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()>) -> Result<()> {

@@ -152,15 +152,14 @@ struct Args {
     log: String,
 }
 
-#[tokio::main(worker_threads = 2)]
-async fn main() {
-    if let Err(e) = run().await {
+fn main() {
+    if let Err(e) = run() {
         eprintln!("node-agent: {e:#}");
         std::process::exit(1);
     }
 }
 
-async fn run() -> Result<()> {
+fn run() -> Result<()> {
     let args = Args::parse();
     podpath_client::daemon::init_logging(&args.log);
     let backend = args.iptables_backend;
@@ -283,10 +282,6 @@ async fn run() -> Result<()> {
             _ => None,
         },
     };
-    let shutdown = async {
-        podpath_client::daemon::stop_signal().await;
-        tracing::info!("stopping: reporting NotReady (pods keep running)");
-    };
-    agent::run(cfg, shutdown).await?;
+    agent::run_until_signal(cfg)?;
     Ok(())
 }

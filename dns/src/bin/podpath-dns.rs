@@ -5,10 +5,9 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use podpath_client::daemon::stop_signal;
 use podpath_dns::corefile;
 use podpath_dns::records::Config;
-use podpath_dns::run::{run, Options, Source};
+use podpath_dns::run::{run_until_signal, Options, Source};
 
 /// Serves the cluster zone (`<svc>.<ns>.svc.<domain>`, SRV, PTR, pods) from the API server, with
 /// the CoreDNS plugins a lab needs, configured by a Corefile.
@@ -49,9 +48,8 @@ struct Args {
     log: String,
 }
 
-#[tokio::main(flavor = "current_thread")]
-async fn main() {
-    if let Err(e) = start().await {
+fn main() {
+    if let Err(e) = start() {
         eprintln!("podpath-dns: {e:#}");
         std::process::exit(1);
     }
@@ -65,7 +63,7 @@ fn addr(flag: &str, v: &str) -> Result<Option<SocketAddr>> {
     v.parse().map(Some).map_err(|_| anyhow::anyhow!("{flag} {v:?} is not an address:port"))
 }
 
-async fn start() -> Result<()> {
+fn start() -> Result<()> {
     let args = Args::parse();
     podpath_client::daemon::init_logging(&args.log);
     let source = if let Some(f) = args.conf.clone() {
@@ -95,5 +93,5 @@ async fn start() -> Result<()> {
         listen: args.listen,
         source,
     };
-    run(opts, stop_signal()).await.context("podpath-dns")
+    run_until_signal(opts).context("podpath-dns")
 }

@@ -2,7 +2,6 @@
 //! per lab in the host's network namespace; the lab's node agents and `podpath image` use it.
 
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
@@ -46,17 +45,16 @@ struct Args {
     log: String,
 }
 
-#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
-async fn main() {
+fn main() {
     let args = Args::parse();
     tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::new(&args.log)).with_target(false).init();
-    if let Err(e) = run(args).await {
+    if let Err(e) = run(args) {
         eprintln!("podpath-images: {e}");
         std::process::exit(1);
     }
 }
 
-async fn run(args: Args) -> Result<(), String> {
+fn run(args: Args) -> Result<(), String> {
     let mut registries = Registries::default();
     for m in &args.mirrors {
         registries.add_mirror(m).map_err(|e| e.to_string())?;
@@ -73,15 +71,13 @@ async fn run(args: Args) -> Result<(), String> {
         ..Limits::default()
     };
     let _ = std::fs::remove_file(&args.socket);
-    let listener = tokio::net::UnixListener::bind(&args.socket)
+    let listener = std::os::unix::net::UnixListener::bind(&args.socket)
+        .and_then(|l| l.set_nonblocking(true).map(|()| l))
         .map_err(|e| format!("cannot listen on {}: {e}", args.socket.display()))?;
     tracing::info!(store = %args.store.display(), socket = %args.socket.display(), "serving");
-    let puller = Arc::new(Puller::new(store, registries, limits));
-    tokio::select! {
-        _ = image::service::serve(listener, puller, Duration::from_secs(args.pull_deadline.max(1))) => {}
-        _ = tokio::signal::ctrl_c() => {}
-        _ = async { if let Ok(mut s) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) { s.recv().await; } } => {}
-    }
+    let puller = Puller::new(store, registries, limits);
+    image::service::serve_until_signal(listener, puller, Duration::from_secs(args.pull_deadline.max(1)))
+        .map_err(|e| format!("cannot serve on {}: {e}", args.socket.display()))?;
     let _ = std::fs::remove_file(&args.socket);
     Ok(())
 }
