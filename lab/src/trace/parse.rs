@@ -473,7 +473,7 @@ impl CtEntry {
     }
 }
 
-/// Parses `conntrack -L` output (tcp and udp entries; others are skipped).
+/// Parses `conntrack -L` or `-G` output (tcp and udp entries; others are skipped).
 pub fn parse_conntrack(text: &str) -> Vec<CtEntry> {
     text.lines().filter_map(parse_ct_line).collect()
 }
