@@ -132,25 +132,19 @@ pub fn serve_until_signal(
     rest: Vec<std::net::TcpListener>,
     grpc: Option<std::net::TcpListener>,
 ) -> Result<(), ApiError> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| ApiError::internal(format!("cannot start the async runtime: {e}")))?;
-    runtime.block_on(async {
+    // As `#[tokio::main]`: a worker thread per core.
+    let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let served = podpath_client::daemon::block_on(workers, async {
         let listener = |l| TcpListener::from_std(l).map_err(|e| ApiError::internal(format!("listener: {e}")));
         let rest = rest.into_iter().map(listener).collect::<Result<Vec<_>, _>>()?;
         let grpc = grpc.map(listener).transpose()?;
         let shutdown = async {
-            let mut term =
-                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("signal handler");
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {},
-                _ = term.recv() => {},
-            }
+            podpath_client::daemon::stop_signal().await;
             tracing::info!("shutting down");
         };
         serve(cfg, rest, grpc, shutdown).await
-    })
+    });
+    served.map_err(|e| ApiError::internal(format!("cannot start the async runtime: {e}")))?
 }
 
 /// Serves REST on every listener in `rest` and gRPC on `grpc` until `shutdown` completes.

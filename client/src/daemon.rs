@@ -67,6 +67,21 @@ pub fn read_ca(path: Option<&Path>) -> Result<Option<String>> {
     .transpose()
 }
 
+/// Runs `main` to its end on a tokio runtime of its own: `workers` worker threads, or the
+/// calling thread alone when 0. What a daemon's library calls from the one plain function its
+/// binary runs, so the program is compiled in the library (CONVENTIONS.md, Workspace).
+pub fn block_on<F: std::future::Future>(workers: usize, main: F) -> std::io::Result<F::Output> {
+    let mut builder = match workers {
+        0 => tokio::runtime::Builder::new_current_thread(),
+        n => {
+            let mut b = tokio::runtime::Builder::new_multi_thread();
+            b.worker_threads(n);
+            b
+        }
+    };
+    Ok(builder.enable_all().build()?.block_on(main))
+}
+
 /// Resolves on SIGTERM or SIGINT.
 pub async fn stop_signal() {
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("signal handler");

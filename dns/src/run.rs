@@ -109,11 +109,8 @@ fn load(text: &str, file: &str, listen: SocketAddr) -> std::result::Result<Pipel
 /// this crate: a release build compiles generic and async code again in every crate that
 /// instantiates it, and the binary would compile all of [`run`] a second time.
 pub fn run_until_signal(opts: Options) -> Result<()> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| DnsError::Serve(format!("cannot start the async runtime: {e}")))?;
-    runtime.block_on(run(opts, podpath_client::daemon::stop_signal()))
+    podpath_client::daemon::block_on(0, run(opts, podpath_client::daemon::stop_signal()))
+        .map_err(|e| DnsError::Serve(format!("cannot start the async runtime: {e}")))?
 }
 
 /// Binds the sockets first (a wrong address fails at once), then serves until `shutdown`.

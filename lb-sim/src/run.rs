@@ -53,18 +53,12 @@ fn hash_by_ports() {
 /// compiled once, in this crate: a release build compiles generic and async code again in every
 /// crate that instantiates it, and the binary would compile all of [`run`] a second time.
 pub fn run_gateway(cfg: Config) -> Result<()> {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .map_err(|e| LbError::io("start the async runtime", e))?;
-    rt.block_on(async {
-        let shutdown = async {
-            podpath_client::daemon::stop_signal().await;
-            tracing::info!("stopping");
-        };
-        run(cfg, Arc::new(routing::IpCommand::default()), shutdown).await
-    })
+    let shutdown = async {
+        podpath_client::daemon::stop_signal().await;
+        tracing::info!("stopping");
+    };
+    podpath_client::daemon::block_on(2, run(cfg, Arc::new(routing::IpCommand::default()), shutdown))
+        .map_err(|e| LbError::io("start the async runtime", e))?
 }
 
 /// Runs until `shutdown`, then removes the routes, addresses and listeners it made.

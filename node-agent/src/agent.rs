@@ -98,15 +98,11 @@ pub struct ProxyConfig {
 /// agent is compiled once, in this crate: a release build compiles generic and async code again
 /// in every crate that instantiates it, and the binary would compile all of [`run`] a second time.
 pub fn run_until_signal(cfg: AgentConfig) -> Result<()> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .map_err(|e| AgentError::io("start the async runtime", e))?;
-    runtime.block_on(run(cfg, async {
+    let shutdown = async {
         podpath_client::daemon::stop_signal().await;
         tracing::info!("stopping: reporting NotReady (pods keep running)");
-    }))
+    };
+    podpath_client::daemon::block_on(2, run(cfg, shutdown)).map_err(|e| AgentError::io("start the async runtime", e))?
 }
 
 /// Runs the agent until `shutdown`; then reports the node NotReady and returns. Pods keep
