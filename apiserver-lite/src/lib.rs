@@ -203,8 +203,28 @@ pub async fn serve(
         let (registry, sd, limit) = (server.registry.clone(), shutdown.clone(), cfg.max_body_bytes);
         tasks.push(tokio::spawn(grpc::serve_grpc(registry, token, limit, cfg.tls.clone(), l, sd)));
     }
-    for t in tasks {
-        t.await.map_err(|e| ApiError::internal(format!("server task: {e}")))??;
-    }
-    server.stop().await
+    let drained = async {
+        for t in tasks {
+            t.await.map_err(|e| ApiError::internal(format!("server task: {e}")))??;
+        }
+        Ok(())
+    };
+    // Watches never end on their own (a pod's DNS server keeps one open for as long as it
+    // runs): after the grace period they are cut, as kube-apiserver closes them on shutdown,
+    // rather than the server waiting for its clients to leave.
+    let grace = async {
+        shutdown.await;
+        tokio::time::sleep(SHUTDOWN_GRACE).await;
+        tracing::info!(grace_ms = SHUTDOWN_GRACE.as_millis() as u64, "closing the connections still open");
+    };
+    let served = tokio::select! {
+        r = drained => r,
+        () = grace => Ok(()),
+    };
+    server.stop().await?;
+    served
 }
+
+/// How long requests under way may finish after the shutdown signal before their connections
+/// (open watches among them) are closed.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);

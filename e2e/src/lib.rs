@@ -108,6 +108,21 @@ impl ApiServer {
         Ok(())
     }
 
+    /// Sends SIGTERM (by PID) and waits up to `limit` for the server to exit; its exit status,
+    /// or None if it still runs (then the drop kills it).
+    pub fn terminate(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let t = Instant::now();
+        while t.elapsed() < limit {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
     /// Runs kubectl against this server with a private cache directory.
     pub fn kubectl(&self, args: &[&str]) -> Output {
         self.kubectl_cmd(args).output().expect("kubectl runs")

@@ -1202,3 +1202,36 @@ fn kubectl_auth_whoami_and_can_i_answer_for_the_administrator() {
     let list = ok(&srv, &["auth", "can-i", "--list"]);
     assert!(list.lines().any(|l| l.starts_with("*.*")), "{list}");
 }
+
+/// SIGTERM stops the server while a client's watch is still open (kubectl's `--watch` never
+/// ends on its own, like a pod's DNS server's): the watch is cut after the grace period and the
+/// server exits cleanly, rather than waiting for its clients to leave; what was written stays.
+#[test]
+fn sigterm_stops_the_server_with_a_watch_open() {
+    assert!(kubectl_available(), "kubectl is required (it ships on the machine image as /usr/bin/kubectl)");
+    let mut srv = ApiServer::start(&[]).unwrap();
+    ok(&srv, &["create", "namespace", "watched"]);
+    let mut watch = srv
+        .kubectl_cmd(&["get", "namespaces", "--watch"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(watch.stdout.take().unwrap()).lines();
+    // The list's rows come first, then the watch holds the connection.
+    let seen: Vec<String> = lines
+        .by_ref()
+        .take_while(|l| l.as_ref().is_ok_and(|l| !l.starts_with("watched")))
+        .map_while(Result::ok)
+        .collect();
+    assert!(seen.iter().any(|l| l.starts_with("NAME")), "{seen:?}");
+    std::thread::sleep(Duration::from_millis(300));
+    let status = srv.terminate(Duration::from_secs(4));
+    let _ = watch.kill();
+    let _ = watch.wait();
+    let status = status.expect("the server still ran 4 s after SIGTERM");
+    assert!(status.success(), "{status}");
+    // Restarted on the same data, the namespace is there.
+    srv.kill9_and_restart().unwrap();
+    assert!(ok(&srv, &["get", "namespace", "watched", "-o", "name"]).contains("namespace/watched"));
+}
