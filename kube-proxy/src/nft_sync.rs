@@ -1,6 +1,7 @@
 //! The nftables proxier's sync loop: watch caches → the changed service ports
 //! ([`super::tracker`]) → a full sync (the pure
-//! renderer [`super::nftables::render`], the whole table replaced in one `nft -f`), then partial
+//! renderer [`super::nftables::render`], the whole table replaced in one transaction, or
+//! loaded in parts when there is none: [`load_from_nothing`]), then partial
 //! syncs made from the changed service ports alone ([`super::nftables::render_changed`]; element
 //! commands only go over netlink, [`nfnl`]) → stale chains deleted in a later
 //! transaction, at least a second after they were flushed (kube-proxy's rule, for kernels that notice late that no map
@@ -17,7 +18,7 @@ use podpath_ruleset::Nft;
 
 use super::iptables::{RenderConfig, ServiceState};
 use super::model::{ServiceKey, ServiceView, SliceView};
-use super::nftables::{render, render_changed, NftConfig, Shared, TABLE};
+use super::nftables::{merge_part, render, render_changed, render_head, render_part, NftConfig, Shared, TABLE};
 use super::sync::stale_udp_flows;
 use super::tracker::Tracker;
 use crate::error::{ProxyError, Result};
@@ -53,6 +54,45 @@ pub trait NftKernel: Send + Sync + 'static {
     fn chain_rules(&self, chain: &str) -> Result<Option<Vec<String>>>;
     fn delete_table(&self) -> Result<()>;
     fn clear_conntrack(&self, deletes: &[Vec<String>]);
+    /// Whether a full sync now loads the table from nothing (it is not there), in parts that
+    /// are written while the next is rendered ([`load_from_nothing`]); false: the whole table
+    /// is rendered first and replaces the kernel's in one transaction.
+    fn loads_in_parts(&self) -> Result<bool> {
+        Ok(false)
+    }
+    /// Makes a part of a load from nothing ready to write, on the thread that renders them.
+    fn prepare_part(&self, table: NftTable) -> Part {
+        let (rules, elements) = table.size();
+        Part { table, size: rules + elements, encoded: None, head_sets: Default::default() }
+    }
+    /// Adds a part of a load from nothing to the table in the kernel.
+    fn apply_part(&self, part: &Part) -> Result<()> {
+        self.apply(&part.transaction())
+    }
+}
+
+/// A part of a load from nothing ([`render_part`]), ready to write: the table of its service
+/// ports (without the elements `encoded` holds), its number of rules and elements.
+#[derive(Debug)]
+pub struct Part {
+    pub table: NftTable,
+    pub size: usize,
+    /// Its elements as one netlink batch and the batch's number of messages.
+    encoded: Option<(Vec<u8>, u32)>,
+    /// The sets the head declared (a part declares the others: a service port's own).
+    head_sets: Arc<std::collections::BTreeSet<String>>,
+}
+
+impl Part {
+    /// The transaction adding this part to the table the head made: its chains, rules and
+    /// the elements not encoded (its sets' declarations are the head's).
+    fn transaction(&self) -> Transaction {
+        let mut declared = NftTable::new(self.table.family, &self.table.name);
+        declared.comment.clone_from(&self.table.comment);
+        declared.sets =
+            self.table.sets.iter().filter(|s| self.head_sets.contains(&s.name)).map(Set::declaration).collect();
+        Transaction::between(Some(&declared), &self.table).0
+    }
 }
 
 /// The real kernel: transactions as nf_tables netlink batches ([`nfnl`]) on a socket
@@ -211,6 +251,26 @@ impl NftKernel for NftablesKernel {
     fn clear_conntrack(&self, deletes: &[Vec<String>]) {
         podpath_ruleset::kernel::conntrack_delete(deletes)
     }
+    fn loads_in_parts(&self) -> Result<bool> {
+        Ok(!self.text_only && !self.with_socket(|s| s.has_table(self.family, TABLE))?)
+    }
+    fn prepare_part(&self, table: NftTable) -> Part {
+        // The elements encoded here, beside the rendering; the kernel's thread only sends them.
+        // (No anonymous set is named after the batch's sequence numbers: 0 will do.)
+        let (rules, elements) = table.size();
+        let encoded = nfnl::encode_elements(&table, 0);
+        Part { table: nfnl::skeleton(&table), size: rules + elements, encoded, head_sets: Default::default() }
+    }
+    fn apply_part(&self, part: &Part) -> Result<()> {
+        let per_part = if self.rules_per_part == 0 { RULES_PER_PART } else { self.rules_per_part };
+        for tx in load_in_parts(part.transaction(), per_part) {
+            self.apply_with(&tx, Some(&part.table.sets))?;
+        }
+        match &part.encoded {
+            Some((batch, n)) => self.with_socket(|s| s.send(batch, *n, 0)),
+            None => Ok(()),
+        }
+    }
 }
 
 /// Rules per transaction of a load from nothing (with the anonymous sets they declare).
@@ -261,6 +321,15 @@ impl<K: NftKernel> NftKernel for Arc<K> {
     fn clear_conntrack(&self, deletes: &[Vec<String>]) {
         (**self).clear_conntrack(deletes)
     }
+    fn loads_in_parts(&self) -> Result<bool> {
+        (**self).loads_in_parts()
+    }
+    fn prepare_part(&self, table: NftTable) -> Part {
+        (**self).prepare_part(table)
+    }
+    fn apply_part(&self, part: &Part) -> Result<()> {
+        (**self).apply_part(part)
+    }
 }
 
 /// Removes the nftables mode's table (`--cleanup`, and a start in another mode); true when
@@ -300,20 +369,97 @@ struct Stale {
     chains: Vec<String>,
 }
 
-/// A full sync: the render of `state` replaces whatever the table holds, in one transaction.
-/// Returns the new table (without its elements: `forget_elements`) and its number of rules
-/// and elements.
+/// A full sync: the render of `state` replaces whatever the table holds, in one transaction
+/// (or, when there is no table, is loaded in parts: [`load_from_nothing`]). Returns the new
+/// table (without its elements: `forget_elements`) and its number of rules and elements.
 pub fn sync_full<K: NftKernel + ?Sized>(
     k: &K,
     cfg: &RenderConfig,
     nft: &NftConfig,
     state: &[ServiceState],
 ) -> Result<(NftTable, usize)> {
+    if k.loads_in_parts()? {
+        return load_from_nothing(k, cfg, nft, state);
+    }
     let mut next = render(cfg, nft, state);
     k.apply_full(&next)?;
     let (rules, elements) = next.size();
     forget_elements(&mut next);
     Ok((next, rules + elements))
+}
+
+/// Service ports per part of a load from nothing.
+pub const PORTS_PER_PART: usize = 500;
+
+/// A full sync into a kernel without the table: its head (fixed chains and sets, shared DNAT
+/// chains) first, then the service ports [`PORTS_PER_PART`] at a time, each part rendered and
+/// encoded on a thread of its own while the kernel takes the one before (at 10,000 Services
+/// the render costs more than half of what the kernel does). Nothing was there, so nothing
+/// is lost meanwhile; a failure deletes the half-loaded table, as [`NftKernel::apply_full`]
+/// does.
+pub fn load_from_nothing<K: NftKernel + ?Sized>(
+    k: &K,
+    cfg: &RenderConfig,
+    nft: &NftConfig,
+    state: &[ServiceState],
+) -> Result<(NftTable, usize)> {
+    let mut table = render_head(cfg, nft, state);
+    let (rules, elements) = table.size();
+    let loaded = std::thread::scope(|s| {
+        let (to_kernel, parts) = std::sync::mpsc::sync_channel::<Part>(2);
+        let mut written = Written::of(&table);
+        let head_sets: Arc<std::collections::BTreeSet<String>> =
+            Arc::new(table.sets.iter().map(|s| s.name.clone()).collect());
+        s.spawn(move || {
+            for ports in state.chunks(PORTS_PER_PART) {
+                let mut table = render_part(cfg, nft, ports);
+                written.keep_new(&mut table);
+                let mut part = k.prepare_part(table);
+                part.head_sets = head_sets.clone();
+                // A send fails once the kernel's side stopped at an error.
+                if to_kernel.send(part).is_err() {
+                    break;
+                }
+            }
+        });
+        k.apply_full(&table)?;
+        let mut size = rules + elements;
+        for part in parts {
+            k.apply_part(&part)?;
+            size += part.size;
+            merge_part(&mut table, part.table);
+        }
+        Ok(size)
+    });
+    match loaded {
+        Ok(size) => {
+            forget_elements(&mut table);
+            Ok((table, size))
+        }
+        Err(e) => {
+            let _ = k.delete_table();
+            Err(e)
+        }
+    }
+}
+
+/// The keys of the elements a load in parts wrote so far, by set.
+struct Written(std::collections::HashMap<String, std::collections::HashSet<String, foldhash::fast::RandomState>>);
+
+impl Written {
+    fn of(head: &NftTable) -> Written {
+        Written(head.sets.iter().map(|s| (s.name.clone(), s.elements.keys().cloned().collect())).collect())
+    }
+
+    /// Drops from `part` its elements of keys written before (two service ports on one
+    /// address and port, which the API allows for external IPs: the first one keeps the key,
+    /// as in the table rendered whole), and notes its other keys as written.
+    fn keep_new(&mut self, part: &mut NftTable) {
+        for s in &mut part.sets {
+            let keys = self.0.entry(s.name.clone()).or_default();
+            s.elements.retain(|k, _| keys.insert(k.clone()));
+        }
+    }
 }
 
 /// A sync of the service ports that changed (`old` states → `new` ones; a port only in `new`

@@ -175,7 +175,7 @@ fn fixed(cfg: &RenderConfig, nft: &NftConfig) -> NftTable {
         );
     }
     for ip in nodeport_ips(cfg) {
-        t.add_element("nodeport-ips", Element::key(&[&ip]));
+        t.add_element_if_absent("nodeport-ips", Element::key(&[&ip]));
     }
 
     let masq = if cfg.random_fully { "masquerade fully-random" } else { "masquerade" };
@@ -238,21 +238,79 @@ fn nodeport_ips(cfg: &RenderConfig) -> impl Iterator<Item = String> + '_ {
 
 /// The whole table for these service ports.
 pub fn render(cfg: &RenderConfig, nft: &NftConfig, services: &[ServiceState]) -> NftTable {
-    let mut t = fixed(cfg, nft);
-    let v6 = cfg.ipv6();
-    // shared-maps: DNAT chains for every endpoint count up to the largest in use, so that
-    // an endpoint more or less is elements only (no chain to create: no `nft` run).
-    let mut most = 0;
+    // The head, then the service ports: the order a load in parts writes (and nft lists).
+    let mut t = head(cfg, nft, services);
     for st in services {
-        most = most.max(add_port(cfg, nft, st, &mut t).unwrap_or(0));
+        add_port(cfg, nft, st, &mut t);
     }
-    for n in 1..=most {
-        add_lb_chains(cfg, n, &mut t);
-    }
-    if v6 {
+    if cfg.ipv6() {
         to_ip6(&mut t);
     }
     t
+}
+
+/// The fixed chains and sets, and (shared-maps) the DNAT chains for every endpoint count up
+/// to the largest in use, so that an endpoint more or less is elements only.
+fn head(cfg: &RenderConfig, nft: &NftConfig, services: &[ServiceState]) -> NftTable {
+    let mut t = fixed(cfg, nft);
+    let most = services.iter().filter_map(|st| shared(cfg, nft, st).map(|p| p.cluster_eps.len())).max();
+    for n in 1..=most.unwrap_or(0) {
+        add_lb_chains(cfg, n, &mut t);
+    }
+    t
+}
+
+/// A load from nothing in parts, first the head: the fixed chains and sets with every shared
+/// DNAT chain these service ports use. Then each [`render_part`] of them, in order: the head
+/// with every part merged ([`merge_part`]) is `render(cfg, nft, services)`, in the same order.
+/// Pure.
+pub fn render_head(cfg: &RenderConfig, nft: &NftConfig, services: &[ServiceState]) -> NftTable {
+    let mut t = head(cfg, nft, services);
+    if cfg.ipv6() {
+        to_ip6(&mut t);
+    }
+    t
+}
+
+/// What these service ports add to the head of a load in parts ([`render_head`]): their
+/// chains, their sets and their elements, with the fixed sets declared (without their
+/// elements) so that the part can be written alone. Pure.
+pub fn render_part(cfg: &RenderConfig, nft: &NftConfig, services: &[ServiceState]) -> NftTable {
+    let mut t = fixed(cfg, nft);
+    t.chains.clear();
+    for s in &mut t.sets {
+        s.elements.clear();
+    }
+    for st in services {
+        add_port(cfg, nft, st, &mut t);
+    }
+    if cfg.ipv6() {
+        to_ip6(&mut t);
+    }
+    t
+}
+
+/// `table` with a part of a load in parts ([`render_part`]) added: its chains (a service
+/// port's own, so new to the table; rules for a chain the table has are appended to it), its
+/// sets and elements.
+pub fn merge_part(table: &mut NftTable, part: NftTable) {
+    let known: HashMap<String, usize> = table.chains.iter().enumerate().map(|(i, c)| (c.name.clone(), i)).collect();
+    for c in part.chains {
+        match known.get(&c.name) {
+            Some(&i) => table.chains[i].rules.extend(c.rules),
+            None => table.chains.push(c),
+        }
+    }
+    for s in part.sets {
+        match table.set_mut(&s.name) {
+            Some(mine) => {
+                for (k, e) in s.elements {
+                    mine.elements.entry(k).or_insert(e);
+                }
+            }
+            None => table.sets.push(s),
+        }
+    }
 }
 
 /// The IPv6 proxier's table from the rules written for IPv4: kube-proxy's two tables differ in
@@ -467,29 +525,35 @@ fn shared_service(cfg: &RenderConfig, p: &Port<'_>, t: &mut NftTable) {
     let add_endpoints = |t: &mut NftTable, addr: &str, port: &str| {
         for (i, e) in p.cluster_eps.iter().enumerate() {
             let (index, to) = (i.to_string(), format!("{} . {}", e.ip, e.port));
-            t.add_element("endpoints", Element::key(&[addr, proto, port, &index]).to(to));
+            t.add_element_if_absent("endpoints", Element::key(&[addr, proto, port, &index]).to(to));
         }
     };
     if let Some(cip) = sp.cluster_ip.map(|ip| ip.to_string()) {
-        t.add_element("cluster-ips", Element::key(&[&cip]));
-        t.add_element(
+        t.add_element_if_absent("cluster-ips", Element::key(&[&cip]));
+        t.add_element_if_absent(
             "service-ips",
             Element::key(&[&cip, proto, &port]).with_comment(&p.spn).to(format!("goto lb-{n}")),
         );
         add_endpoints(t, &cip, &port);
     }
     for ip in same(sp, &sp.external_ips).chain(same(sp, &sp.load_balancer_ips)) {
-        t.add_element("service-ips", Element::key(&[&ip, proto, &port]).with_comment(&p.spn).to(external.clone()));
+        t.add_element_if_absent(
+            "service-ips",
+            Element::key(&[&ip, proto, &port]).with_comment(&p.spn).to(external.clone()),
+        );
         add_endpoints(t, &ip, &port);
     }
     if let Some(np) = sp.node_port.map(|n| n.to_string()) {
-        t.add_element("service-nodeports", Element::key(&[proto, &np]).with_comment(&p.spn).to(external.clone()));
+        t.add_element_if_absent(
+            "service-nodeports",
+            Element::key(&[proto, &np]).with_comment(&p.spn).to(external.clone()),
+        );
         for ip in nodeport_ips(cfg) {
             add_endpoints(t, &ip, &np);
         }
     }
     for e in hairpin_elements(p) {
-        t.add_element("hairpin-connections", e);
+        t.add_element_if_absent("hairpin-connections", e);
     }
 }
 
@@ -557,21 +621,24 @@ fn service(cfg: &RenderConfig, nft: &NftConfig, st: &ServiceState, t: &mut NftTa
 
     // Elements.
     if let Some(cip) = sp.cluster_ip.map(|ip| ip.to_string()) {
-        t.add_element("cluster-ips", Element::key(&[&cip]));
+        t.add_element_if_absent("cluster-ips", Element::key(&[&cip]));
         if p.has_internal() {
-            t.add_element("service-ips", Element::key(&[&cip, proto, &port]).to(format!("goto {internal}")));
+            t.add_element_if_absent("service-ips", Element::key(&[&cip, proto, &port]).to(format!("goto {internal}")));
         } else {
             let verdict = if !p.has_endpoints() { "goto reject-chain" } else { "drop" };
-            t.add_element("no-endpoint-services", Element::key(&[&cip, proto, &port]).with_comment(&p.spn).to(verdict));
+            t.add_element_if_absent(
+                "no-endpoint-services",
+                Element::key(&[&cip, proto, &port]).with_comment(&p.spn).to(verdict),
+            );
         }
     }
     let external_ips: Vec<String> = same(sp, &sp.external_ips).chain(same(sp, &sp.load_balancer_ips)).collect();
     for ip in &external_ips {
         if p.has_endpoints() {
-            t.add_element("service-ips", Element::key(&[ip, proto, &port]).to(format!("goto {ext_chain}")));
+            t.add_element_if_absent("service-ips", Element::key(&[ip, proto, &port]).to(format!("goto {ext_chain}")));
         }
         if !p.has_external() {
-            t.add_element(
+            t.add_element_if_absent(
                 "no-endpoint-services",
                 Element::key(&[ip, proto, &port]).with_comment(&p.spn).to(no_endpoint_verdict(&p)),
             );
@@ -580,15 +647,15 @@ fn service(cfg: &RenderConfig, nft: &NftConfig, st: &ServiceState, t: &mut NftTa
     let uses_fw = p.uses_fw();
     if uses_fw {
         for ip in same(sp, &sp.load_balancer_ips) {
-            t.add_element("firewall-ips", Element::key(&[&ip, proto, &port]).to(format!("goto {fw_chain}")));
+            t.add_element_if_absent("firewall-ips", Element::key(&[&ip, proto, &port]).to(format!("goto {fw_chain}")));
         }
     }
     if let Some(np) = sp.node_port.map(|n| n.to_string()) {
         if p.has_endpoints() {
-            t.add_element("service-nodeports", Element::key(&[proto, &np]).to(format!("goto {ext_chain}")));
+            t.add_element_if_absent("service-nodeports", Element::key(&[proto, &np]).to(format!("goto {ext_chain}")));
         }
         if !p.has_external() {
-            t.add_element(
+            t.add_element_if_absent(
                 "no-endpoint-nodeports",
                 Element::key(&[proto, &np]).with_comment(&p.spn).to(no_endpoint_verdict(&p)),
             );
@@ -596,7 +663,7 @@ fn service(cfg: &RenderConfig, nft: &NftConfig, st: &ServiceState, t: &mut NftTa
     }
     if nft.layout.is_current() {
         for e in hairpin_elements(&p) {
-            t.add_element("hairpin-connections", e);
+            t.add_element_if_absent("hairpin-connections", e);
         }
     }
 
@@ -717,6 +784,50 @@ mod tests {
             let nft = NftConfig { layout, service_cidrs: vec!["10.96.0.0/12".parse().unwrap()] };
             let table = render(&cfg(), &nft, &states);
             assert_eq!(nfnl::unwritable(&table), Vec::<String>::new(), "{layout:?}");
+        }
+    }
+
+    /// A load in parts writes what the whole render does: the head with every part merged is
+    /// the rendered table, in the same order, in every layout, for IPv4 and IPv6, with
+    /// parts of one port, of a few and of all; two ports on one external address and one node
+    /// port (the first keeps them in both) among them.
+    #[test]
+    fn head_and_parts_make_the_whole_table() {
+        let mut v4 = crate::iptables::tests::services();
+        for (name, eps) in [("dup-a", 2), ("dup-b", 3)] {
+            let mut port = ServicePort::new("dup", name, "", "tcp", 80);
+            port.cluster_ip = Some(format!("10.96.0.{}", 50 + eps).parse().unwrap());
+            port.external_ips = vec!["169.10.10.9".parse().unwrap()];
+            port.node_port = Some(30999);
+            let endpoints = (0..eps).map(|i| ep(&format!("10.244.{eps}.{}", i + 20), 80, "node-2")).collect();
+            v4.push(ServiceState { port, endpoints });
+        }
+        let mut v6 = v4.clone();
+        for (i, st) in v6.iter_mut().enumerate() {
+            st.port.cluster_ip = Some(format!("fd00:10:96::{:x}", i + 1).parse().unwrap());
+            st.port.load_balancer_ips.clear();
+            st.port.external_ips.clear();
+            st.port.source_ranges.clear();
+            for (j, e) in st.endpoints.iter_mut().enumerate() {
+                e.ip = format!("fd00:10:244::{:x}", i * 16 + j + 2).parse().unwrap();
+            }
+        }
+        let cfg6 = RenderConfig {
+            cluster_cidr: Some("fd00:10:244::/56".parse().unwrap()),
+            ..RenderConfig::new("node-1", "fd00:56::11".parse().unwrap())
+        };
+        for layout in [Layout::Current, Layout::V134, Layout::SharedMaps] {
+            let nft = NftConfig { layout, service_cidrs: vec!["10.96.0.0/12".parse().unwrap()] };
+            for (cfg, states) in [(cfg(), &v4), (cfg6.clone(), &v6)] {
+                let whole = render(&cfg, &nft, states);
+                for per_part in [1, 2, 4, 7, states.len()] {
+                    let mut t = render_head(&cfg, &nft, states);
+                    for part in states.chunks(per_part) {
+                        merge_part(&mut t, render_part(&cfg, &nft, part));
+                    }
+                    assert_eq!(t, whole, "{layout:?}, {per_part} per part, ipv6 {}", cfg.ipv6());
+                }
+            }
         }
     }
 

@@ -255,6 +255,12 @@ impl NftTable {
             s.insert(e);
         }
     }
+    /// Adds an element to set `set` unless its key is there already (the first one stays).
+    pub fn add_element_if_absent(&mut self, set: &str, e: Element) {
+        if let Some(s) = self.set_mut(set) {
+            s.elements.entry(e.key_text()).or_insert(e);
+        }
+    }
     /// This table after a partial sync turned `before` (the part of it some Services held:
     /// their elements, chains and sets) into `after` — what the kernel holds then.
     pub fn replace_part(&mut self, before: &NftTable, after: &NftTable) {
