@@ -60,10 +60,10 @@ pub trait NftKernel: Send + Sync + 'static {
     fn loads_in_parts(&self) -> Result<bool> {
         Ok(false)
     }
-    /// Makes a part of a load from nothing ready to write, on the thread that renders them.
-    fn prepare_part(&self, table: NftTable) -> Part {
-        let (rules, elements) = table.size();
-        Part { table, size: rules + elements, encoded: None, head_sets: Default::default() }
+    /// Makes a part of a load from nothing ready to write, on the thread that renders them
+    /// (`head_sets`: the sets the head declared).
+    fn prepare_part(&self, table: NftTable, head_sets: &HeadSets) -> Part {
+        Part::new(table, head_sets, None)
     }
     /// Adds a part of a load from nothing to the table in the kernel.
     fn apply_part(&self, part: &Part) -> Result<()> {
@@ -80,10 +80,23 @@ pub struct Part {
     /// Its elements as one netlink batch and the batch's number of messages.
     encoded: Option<(Vec<u8>, u32)>,
     /// The sets the head declared (a part declares the others: a service port's own).
-    head_sets: Arc<std::collections::BTreeSet<String>>,
+    head_sets: HeadSets,
 }
 
+/// The names of the sets a load's head declared.
+pub type HeadSets = Arc<std::collections::BTreeSet<String>>;
+
 impl Part {
+    /// `table` (with its elements, or the skeleton of one whose elements are `encoded`).
+    fn new(table: NftTable, head_sets: &HeadSets, encoded: Option<((Vec<u8>, u32), usize)>) -> Part {
+        let (rules, elements) = table.size();
+        let (encoded, encoded_elements) = match encoded {
+            Some((batch, n)) => (Some(batch), n),
+            None => (None, 0),
+        };
+        Part { table, size: rules + elements + encoded_elements, encoded, head_sets: head_sets.clone() }
+    }
+
     /// The transaction adding this part to the table the head made: its chains, rules and
     /// the elements not encoded (its sets' declarations are the head's).
     fn transaction(&self) -> Transaction {
@@ -254,12 +267,12 @@ impl NftKernel for NftablesKernel {
     fn loads_in_parts(&self) -> Result<bool> {
         Ok(!self.text_only && !self.with_socket(|s| s.has_table(self.family, TABLE))?)
     }
-    fn prepare_part(&self, table: NftTable) -> Part {
+    fn prepare_part(&self, table: NftTable, head_sets: &HeadSets) -> Part {
         // The elements encoded here, beside the rendering; the kernel's thread only sends them.
         // (No anonymous set is named after the batch's sequence numbers: 0 will do.)
-        let (rules, elements) = table.size();
-        let encoded = nfnl::encode_elements(&table, 0);
-        Part { table: nfnl::skeleton(&table), size: rules + elements, encoded, head_sets: Default::default() }
+        let skeleton = nfnl::skeleton(&table);
+        let encoded = nfnl::encode_elements(&table, 0).map(|batch| (batch, table.size().1 - skeleton.size().1));
+        Part::new(skeleton, head_sets, encoded)
     }
     fn apply_part(&self, part: &Part) -> Result<()> {
         let per_part = if self.rules_per_part == 0 { RULES_PER_PART } else { self.rules_per_part };
@@ -324,8 +337,8 @@ impl<K: NftKernel> NftKernel for Arc<K> {
     fn loads_in_parts(&self) -> Result<bool> {
         (**self).loads_in_parts()
     }
-    fn prepare_part(&self, table: NftTable) -> Part {
-        (**self).prepare_part(table)
+    fn prepare_part(&self, table: NftTable, head_sets: &HeadSets) -> Part {
+        (**self).prepare_part(table, head_sets)
     }
     fn apply_part(&self, part: &Part) -> Result<()> {
         (**self).apply_part(part)
@@ -408,14 +421,12 @@ pub fn load_from_nothing<K: NftKernel + ?Sized>(
     let loaded = std::thread::scope(|s| {
         let (to_kernel, parts) = std::sync::mpsc::sync_channel::<Part>(2);
         let mut written = Written::of(&table);
-        let head_sets: Arc<std::collections::BTreeSet<String>> =
-            Arc::new(table.sets.iter().map(|s| s.name.clone()).collect());
+        let head_sets: HeadSets = Arc::new(table.sets.iter().map(|s| s.name.clone()).collect());
         s.spawn(move || {
             for ports in state.chunks(PORTS_PER_PART) {
                 let mut table = render_part(cfg, nft, ports);
                 written.keep_new(&mut table);
-                let mut part = k.prepare_part(table);
-                part.head_sets = head_sets.clone();
+                let part = k.prepare_part(table, &head_sets);
                 // A send fails once the kernel's side stopped at an error.
                 if to_kernel.send(part).is_err() {
                     break;

@@ -294,10 +294,17 @@ pub fn render_part(cfg: &RenderConfig, nft: &NftConfig, services: &[ServiceState
 /// port's own, so new to the table; rules for a chain the table has are appended to it), its
 /// sets and elements.
 pub fn merge_part(table: &mut NftTable, part: NftTable) {
-    let known: HashMap<String, usize> = table.chains.iter().enumerate().map(|(i, c)| (c.name.clone(), i)).collect();
-    for c in part.chains {
-        match known.get(&c.name) {
-            Some(&i) => table.chains[i].rules.extend(c.rules),
+    // The part's few names indexed, the table's many only looked up: no copy of them per part.
+    let names: HashMap<&str, usize> = part.chains.iter().enumerate().map(|(i, c)| (c.name.as_str(), i)).collect();
+    let mut into = vec![None; part.chains.len()];
+    for (at, c) in table.chains.iter().enumerate() {
+        if let Some(&i) = names.get(c.name.as_str()) {
+            into[i] = Some(at);
+        }
+    }
+    for (c, at) in part.chains.into_iter().zip(into) {
+        match at {
+            Some(at) => table.chains[at].rules.extend(c.rules),
             None => table.chains.push(c),
         }
     }
