@@ -440,10 +440,10 @@ impl Shared {
         if nft.layout.is_current() {
             let p = Port::new(&st.port, &st.endpoints, &cfg.node_name);
             for e in hairpin_elements(&p) {
-                let c = self.hairpin.entry(e.key_text()).or_default();
+                let c = self.hairpin.entry(e.key_text().to_string()).or_default();
                 *c = c.saturating_add_signed(by);
                 if *c == 0 {
-                    self.hairpin.remove(&e.key_text());
+                    self.hairpin.remove(e.key_text());
                 }
             }
         }
@@ -531,8 +531,9 @@ fn shared_service(cfg: &RenderConfig, p: &Port<'_>, t: &mut NftTable) {
     let external = if cfg.masquerade_external { format!("goto lb-ext-{n}") } else { format!("goto lb-{n}") };
     let add_endpoints = |t: &mut NftTable, addr: &str, port: &str| {
         for (i, e) in p.cluster_eps.iter().enumerate() {
-            let (index, to) = (i.to_string(), format!("{} . {}", e.ip, e.port));
-            t.add_element_if_absent("endpoints", Element::key(&[addr, proto, port, &index]).to(to));
+            // Formatted in one go: a load of 10,000 Services writes ~150,000 of these.
+            let key = Element::joined(format!("{addr} . {proto} . {port} . {i}"));
+            t.add_element_if_absent("endpoints", key.to(format!("{} . {}", e.ip, e.port)));
         }
     };
     if let Some(cip) = sp.cluster_ip.map(|ip| ip.to_string()) {

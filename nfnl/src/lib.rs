@@ -112,17 +112,15 @@ fn fields(declared: &str) -> Option<Vec<Field>> {
 #[cfg(test)]
 fn value<S: AsRef<str>>(fields: &[Field], parts: &[S]) -> Option<Vec<u8>> {
     let mut out = Vec::with_capacity(4 * fields.len());
-    value_into(&mut out, fields, parts)?;
+    value_into(&mut out, fields, parts.iter().map(|p| p.as_ref()))?;
     Some(out)
 }
 
 /// [`value`], written at the end of `out`.
-fn value_into<S: AsRef<str>>(out: &mut Vec<u8>, fields: &[Field], parts: &[S]) -> Option<()> {
-    if parts.len() != fields.len() {
-        return None;
-    }
-    for (f, p) in fields.iter().zip(parts) {
-        let p = p.as_ref().trim();
+fn value_into<'a>(out: &mut Vec<u8>, fields: &[Field], parts: impl IntoIterator<Item = &'a str>) -> Option<()> {
+    let mut parts = parts.into_iter();
+    for f in fields {
+        let p = parts.next()?.trim();
         match f {
             Field::Ipv4 => out.extend(p.parse::<Ipv4Addr>().ok()?.octets()),
             Field::Ipv6 => out.extend(p.parse::<Ipv6Addr>().ok()?.octets()),
@@ -142,7 +140,8 @@ fn value_into<S: AsRef<str>>(out: &mut Vec<u8>, fields: &[Field], parts: &[S]) -
             Field::HostU32 => out.extend(p.parse::<u32>().ok()?.to_ne_bytes()),
         }
     }
-    Some(())
+    // As many parts as fields: a key with a field too many is not this set's.
+    parts.next().is_none().then_some(())
 }
 
 /// A netlink attribute: length, type, payload, padding to 4 bytes.
@@ -189,8 +188,10 @@ fn data(out: &mut Vec<u8>, value_type: &ValueType, text: &str) -> Option<()> {
         return Some(());
     }
     let ValueType::Data(fields) = value_type else { return None };
-    let parts: Vec<&str> = text.split(" . ").collect();
-    nested(out, NFTA_SET_ELEM_DATA, |d| attr_with(d, NFTA_DATA_VALUE, |v| value_into(v, fields, &parts)))
+    // Data fields (an address, a port) have no spaces: split as `Element::fields` does.
+    nested(out, NFTA_SET_ELEM_DATA, |d| {
+        attr_with(d, NFTA_DATA_VALUE, |v| value_into(v, fields, text.split(' ').filter(|f| *f != ".")))
+    })
 }
 
 /// How a set's elements are written: its key fields and value type, read once per set.
@@ -218,7 +219,7 @@ impl Layout {
 /// One element in `NFTA_LIST_ELEM` form (a delete names the key only).
 fn element(out: &mut Vec<u8>, layout: &Layout, e: &Element, with_value: bool) -> Option<()> {
     nested(out, NFTA_LIST_ELEM, |body| {
-        nested(body, NFTA_SET_ELEM_KEY, |k| attr_with(k, NFTA_DATA_VALUE, |v| value_into(v, &layout.key, &e.key)))?;
+        nested(body, NFTA_SET_ELEM_KEY, |k| attr_with(k, NFTA_DATA_VALUE, |v| value_into(v, &layout.key, e.fields())))?;
         if with_value {
             if let (Some(vt), Some(v)) = (&layout.value, &e.value) {
                 data(body, vt, v)?;
@@ -707,6 +708,10 @@ mod tests {
             [6, 0, 0, 0, 0x75, 0x80, 0, 0]
         );
         assert_eq!(value(&f, &["10.96.0.10", "udp", "53"]), None, "a field short");
+        assert_eq!(value(&f, &["10.96.0.10", "udp", "53", "1", "2"]), None, "a field too many");
+        // An element's key, split into its fields.
+        let e = Element::key(&["10.96.0.10", "udp", "53", "1"]);
+        assert_eq!(value(&f, &e.fields().collect::<Vec<_>>()), Some(v));
         assert_eq!(fields("ether_addr"), None, "a type this layer does not know");
     }
 

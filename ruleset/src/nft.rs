@@ -83,16 +83,33 @@ impl Chain {
 /// One element of a set or map.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Element {
-    /// The key's fields (`10.96.0.10`, `udp`, `53`), joined with ` . `.
-    pub key: Vec<String>,
+    /// The key as nft writes it: its fields (`10.96.0.10`, `udp`, `53`) joined with ` . `. One
+    /// string rather than one per field: a 10,000-Service table has ~190,000 elements, and their
+    /// allocations were a large share of rendering it.
+    key: String,
     pub comment: Option<String>,
     /// A map's value (`goto service-…`, `drop`).
     pub value: Option<String>,
 }
 
+/// What joins a key's fields, as nft writes it.
+const FIELD_SEPARATOR: &str = " . ";
+
 impl Element {
-    pub fn key(key: &[&str]) -> Element {
-        Element { key: key.iter().map(|k| k.to_string()).collect(), comment: None, value: None }
+    pub fn key(fields: &[&str]) -> Element {
+        let mut key = String::with_capacity(fields.iter().map(|f| f.len() + FIELD_SEPARATOR.len()).sum());
+        for (i, f) in fields.iter().enumerate() {
+            if i > 0 {
+                key.push_str(FIELD_SEPARATOR);
+            }
+            key.push_str(f);
+        }
+        Element { key, comment: None, value: None }
+    }
+    /// An element whose key's fields are joined with ` . ` already (`10.96.0.10 . udp . 53`),
+    /// as a caller that formats them in one go can do without a string per field.
+    pub fn joined(key: String) -> Element {
+        Element { key, comment: None, value: None }
     }
     pub fn to(mut self, value: impl Into<String>) -> Element {
         self.value = Some(value.into());
@@ -102,11 +119,18 @@ impl Element {
         self.comment = Some(c.into());
         self
     }
-    pub fn key_text(&self) -> String {
-        self.key.join(" . ")
+    /// The key as nft writes it (`10.96.0.10 . udp . 53`).
+    pub fn key_text(&self) -> &str {
+        &self.key
+    }
+    /// The key's fields, in order. No field has a space (addresses, protocols, numbers), so the
+    /// key splits at spaces, leaving out the dots between: a byte search, where splitting at
+    /// ` . ` took a substring searcher per element.
+    pub fn fields(&self) -> impl Iterator<Item = &str> {
+        self.key.split(' ').filter(|f| *f != ".")
     }
     fn text(&self) -> String {
-        let mut s = self.key_text();
+        let mut s = self.key.clone();
         if let Some(c) = &self.comment {
             let _ = write!(s, " comment {}", quote(c));
         }
@@ -164,7 +188,7 @@ impl Set {
     }
     /// Adds (or replaces) an element, keyed by its key.
     pub fn insert(&mut self, e: Element) {
-        self.elements.insert(e.key_text(), e);
+        self.elements.insert(e.key.clone(), e);
     }
     fn kind(&self) -> &'static str {
         if self.is_map() {
@@ -258,7 +282,7 @@ impl NftTable {
     /// Adds an element to set `set` unless its key is there already (the first one stays).
     pub fn add_element_if_absent(&mut self, set: &str, e: Element) {
         if let Some(s) = self.set_mut(set) {
-            s.elements.entry(e.key_text()).or_insert(e);
+            s.elements.entry(e.key.clone()).or_insert(e);
         }
     }
     /// This table after a partial sync turned `before` (the part of it some Services held:
@@ -556,7 +580,7 @@ impl Listing {
                         .elements
                         .values()
                         .map(|e| {
-                            let mut t = e.key_text();
+                            let mut t = e.key_text().to_string();
                             if let Some(c) = &e.comment {
                                 t += &format!(" comment {}", quote(c));
                             }
@@ -649,6 +673,17 @@ pub fn listed(rule: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_elements_key_is_its_fields_joined_as_nft_writes_them() {
+        let e = Element::key(&["10.96.0.10", "udp", "53"]);
+        assert_eq!(e.key_text(), "10.96.0.10 . udp . 53");
+        assert_eq!(e.fields().collect::<Vec<_>>(), ["10.96.0.10", "udp", "53"]);
+        let v6 = Element::joined("fd00::a . tcp . 443 . 0".into());
+        assert_eq!(v6.fields().collect::<Vec<_>>(), ["fd00::a", "tcp", "443", "0"]);
+        assert_eq!(v6, Element::key(&["fd00::a", "tcp", "443", "0"]));
+        assert_eq!(Element::key(&["10.0.0.1"]).fields().collect::<Vec<_>>(), ["10.0.0.1"]);
+    }
 
     fn table() -> NftTable {
         let mut t = NftTable::new(NftFamily::Ip, "kube-proxy");

@@ -64,7 +64,7 @@ struct Packet<'a> {
 
 fn in_set(t: &NftTable, set: &str, key: &[String]) -> bool {
     let s = t.set(set).unwrap_or_else(|| panic!("rule names a missing set {set}"));
-    s.elements.values().any(|e| e.key == key)
+    s.elements.values().any(|e| e.fields().eq(key.iter().map(String::as_str)))
 }
 
 fn in_cidr(ip: IpAddr, cidr: &str) -> bool {
@@ -149,7 +149,7 @@ fn forward(t: &NftTable, p: Packet<'_>) -> bool {
             .unwrap()
             .elements
             .values()
-            .find(|e| e.key == [ip.to_string()])
+            .find(|e| e.key_text() == ip.to_string())
             .map(|e| e.value.as_deref().unwrap().strip_prefix("jump ").expect("a jump").to_string())
     };
     if let Some(chain) = lookup(EGRESS_PODS, p.src) {
