@@ -396,12 +396,26 @@ fn plot(runs: &[&Figure]) -> String {
     )
 }
 
+/// A figure as a reader wants it: thousands grouped, and at most 2 decimals (3 below 1), since
+/// some benches record a raw measurement (17.366392 ms) and no run is that exact.
 fn number(v: f64) -> String {
     if v.fract() == 0.0 && v.abs() >= 1000.0 {
-        testkit::figures::thousands(v as u64)
-    } else {
-        format!("{v}")
+        return testkit::figures::thousands(v as u64);
     }
+    let text = if v.abs() >= 1.0 { format!("{v:.2}") } else { format!("{v:.3}") };
+    let text = if text.contains('.') { text.trim_end_matches('0').trim_end_matches('.') } else { &text };
+    text.to_string()
+}
+
+#[test]
+fn figures_are_rounded_for_the_reader() {
+    assert_eq!(number(17.366392), "17.37");
+    assert_eq!(number(58.78515625), "58.79");
+    assert_eq!(number(3504.0), "3,504");
+    assert_eq!(number(0.17), "0.17");
+    assert_eq!(number(0.1234), "0.123");
+    assert_eq!(number(62.0), "62");
+    assert_eq!(number(26.5), "26.5");
 }
 
 /// `performance/index.md`: per bench, each figure's latest run (value, target, date, machine)
