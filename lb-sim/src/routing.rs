@@ -74,6 +74,22 @@ fn first_free(used: impl Fn(u32) -> bool, from: u32) -> u32 {
 /// IP is reached through (nexthops need one). Order: node nexthops, groups, routes, then
 /// removals (routes before the groups they use, groups before their members).
 pub fn plan(want: &Wanted, have: &Observed, devices: &BTreeMap<IpAddr, String>, idle_timer: u32) -> Vec<String> {
+    plan_and_outcome(want, have, devices, idle_timer).0
+}
+
+/// [`plan`]'s lines, and what lb-sim owns in the kernel once they ran: the next sync starts
+/// from it instead of listing the kernel again.
+pub fn plan_and_outcome(
+    want: &Wanted,
+    have: &Observed,
+    devices: &BTreeMap<IpAddr, String>,
+    idle_timer: u32,
+) -> (Vec<String>, Observed) {
+    let mut after = Observed {
+        addresses: want.addresses.clone(),
+        subnets: want.subnets.iter().map(|(net, node)| (*net, Some(*node))).collect(),
+        ..Observed::default()
+    };
     let mut lines = Vec::new();
     let mut node_ids: BTreeMap<IpAddr, u32> = have.nexthops.iter().map(|(id, ip)| (*ip, *id)).collect();
     let needed: BTreeSet<IpAddr> = want.routes.values().flatten().copied().collect();
@@ -101,6 +117,8 @@ pub fn plan(want: &Wanted, have: &Observed, devices: &BTreeMap<IpAddr, String>, 
             g
         });
         used_groups.insert(group);
+        after.routes.insert(*vip, Some(group));
+        after.groups.insert(group, members.clone());
         if have.groups.get(&group) != Some(&members) {
             let list = members.iter().map(u32::to_string).collect::<Vec<_>>().join("/");
             lines.push(format!(
@@ -144,7 +162,10 @@ pub fn plan(want: &Wanted, have: &Observed, devices: &BTreeMap<IpAddr, String>, 
             lines.push(format!("address del {} dev lo label {ADDRESS_LABEL}", host_prefix(ip)));
         }
     }
-    lines
+    // Nexthops to a node still needed stay (even a second one to the same node); new ones join.
+    after.nexthops = have.nexthops.iter().filter(|(_, ip)| needed.contains(ip)).map(|(id, ip)| (*id, *ip)).collect();
+    after.nexthops.extend(node_ids.into_iter().filter(|(ip, _)| needed.contains(ip)).map(|(ip, id)| (id, ip)));
+    (lines, after)
 }
 
 /// Reads `ip -j nexthop show proto 78`.
@@ -317,12 +338,30 @@ impl Ip for IpCommand {
 /// Removes every route, nexthop and address lb-sim made in this namespace (`lb-sim --cleanup`);
 /// returns the number of changes. Not generic, so it is compiled here, not in the binary.
 pub fn cleanup() -> Result<usize> {
-    sync(&IpCommand::default(), &Wanted::default())
+    sync(&IpCommand::default(), &Wanted::default(), &mut None)
 }
 
-/// Brings the kernel to `want`; returns the number of lines applied.
-pub fn sync(ip: &impl Ip, want: &Wanted) -> Result<usize> {
-    let have = ip.observe()?;
+/// Brings the kernel to `want`; returns the number of lines applied. `known` is what the last
+/// sync left in the kernel (None: read it): lb-sim alone writes what it owns, and reading it
+/// takes four `ip` processes, which a new Service's route used to wait for. When lines planned
+/// from `known` fail (the kernel dropped a nexthop with its device, say), the kernel is read
+/// and the sync tried once more; after a failure `known` is None.
+pub fn sync(ip: &impl Ip, want: &Wanted, known: &mut Option<Observed>) -> Result<usize> {
+    if let Some(have) = known.take() {
+        match sync_from(ip, want, have) {
+            Ok((n, after)) => {
+                *known = Some(after);
+                return Ok(n);
+            }
+            Err(e) => tracing::info!(error = %e, "gateway routing: reading the kernel again after a failed change"),
+        }
+    }
+    let (n, after) = sync_from(ip, want, ip.observe()?)?;
+    *known = Some(after);
+    Ok(n)
+}
+
+fn sync_from(ip: &impl Ip, want: &Wanted, have: Observed) -> Result<(usize, Observed)> {
     let known: BTreeSet<IpAddr> = have.nexthops.values().copied().collect();
     let mut devices = BTreeMap::new();
     for node in want.routes.values().flatten().filter(|n| !known.contains(n)) {
@@ -330,12 +369,12 @@ pub fn sync(ip: &impl Ip, want: &Wanted) -> Result<usize> {
             devices.insert(*node, ip.device_for(*node)?);
         }
     }
-    let lines = plan(want, &have, &devices, IDLE_TIMER_SECONDS);
+    let (lines, after) = plan_and_outcome(want, &have, &devices, IDLE_TIMER_SECONDS);
     ip.apply(&lines)?;
     for l in &lines {
         tracing::info!(change = %l, "gateway routing");
     }
-    Ok(lines.len())
+    Ok((lines.len(), after))
 }
 
 #[cfg(test)]
@@ -396,11 +435,17 @@ mod tests {
                     o.groups.remove(&id);
                     o.nexthops.remove(&id);
                 }
+                ("route", "replace") if w[3] == "via" => {
+                    o.subnets.insert(w[2].parse().unwrap(), Some(ip(w[4])));
+                }
                 ("route", "replace") => {
                     o.routes.insert(ip(w[2].split('/').next().unwrap()), Some(w[4].parse().unwrap()));
                 }
-                ("route", "del") => {
+                ("route", "del") if host(w[2]) => {
                     o.routes.remove(&ip(w[2].split('/').next().unwrap()));
+                }
+                ("route", "del") => {
+                    o.subnets.remove(&w[2].parse().unwrap());
                 }
                 ("address", "add") => {
                     o.addresses.insert(ip(w[2].split('/').next().unwrap()));
@@ -411,6 +456,102 @@ mod tests {
                 _ => panic!("unexpected line {l}"),
             }
         }
+    }
+
+    /// A destination of one address (a VIP's route), not a subnet.
+    fn host(dst: &str) -> bool {
+        dst.ends_with("/32") || dst.ends_with("/128")
+    }
+
+    /// A kernel that holds what lb-sim owns the way [`apply`] says, counts its listings, and
+    /// can fail the next change.
+    #[derive(Default)]
+    struct FakeIp {
+        kernel: std::sync::Mutex<Observed>,
+        listings: std::sync::atomic::AtomicUsize,
+        fail_next: std::sync::atomic::AtomicBool,
+    }
+
+    impl Ip for FakeIp {
+        fn observe(&self) -> Result<Observed> {
+            self.listings.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Ok(self.kernel.lock().unwrap().clone())
+        }
+        fn device_for(&self, _: IpAddr) -> Result<String> {
+            Ok("eth0".into())
+        }
+        fn apply(&self, lines: &[String]) -> Result<()> {
+            if self.fail_next.swap(false, std::sync::atomic::Ordering::SeqCst) {
+                return Err(LbError::Ip { what: "apply".into(), detail: "Nexthop id does not exist".into() });
+            }
+            apply(&mut self.kernel.lock().unwrap(), lines);
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_plans_outcome_is_what_its_lines_leave_in_the_kernel() {
+        let mut subnets = want(&[("198.51.100.1", &["192.168.56.11"])], &["203.0.113.5"]);
+        subnets.subnets.insert("10.244.1.0/24".parse().unwrap(), ip("192.168.56.12"));
+        let wants = [
+            want(&[("198.51.100.1", &["192.168.56.11", "192.168.56.12"])], &[]),
+            want(&[("198.51.100.1", &["192.168.56.11", "192.168.56.12", "192.168.56.13"])], &["203.0.113.5"]),
+            want(
+                &[
+                    ("198.51.100.1", &["192.168.56.12"]),
+                    ("198.51.100.2", &["192.168.56.13"]),
+                    ("fd00::1", &["192.168.56.11"]),
+                ],
+                &["fd00::5"],
+            ),
+            subnets,
+            want(&[("198.51.100.2", &["192.168.56.11"])], &[]),
+            Wanted::default(),
+        ];
+        // From nothing, and from a kernel holding a stray route and a second nexthop to a node.
+        let stray = Observed {
+            nexthops: [(1, ip("192.168.56.11")), (7, ip("192.168.56.11"))].into(),
+            routes: [(ip("198.51.100.9"), None)].into(),
+            ..Observed::default()
+        };
+        for start in [Observed::default(), stray] {
+            let mut kernel = start;
+            for w in &wants {
+                let (lines, outcome) = plan_and_outcome(w, &kernel, &devices(), 5);
+                apply(&mut kernel, &lines);
+                assert_eq!(outcome, kernel, "after {lines:?}");
+                assert!(plan(w, &kernel, &devices(), 5).is_empty(), "the outcome is in line with {w:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_sync_starts_from_the_last_ones_outcome_and_reads_the_kernel_when_a_change_fails() {
+        use std::sync::atomic::Ordering::SeqCst;
+        let ip_ = FakeIp::default();
+        let mut known = None;
+        let one = want(&[("198.51.100.1", &["192.168.56.11"])], &[]);
+        let two = want(&[("198.51.100.1", &["192.168.56.11"]), ("198.51.100.2", &["192.168.56.12"])], &[]);
+        assert_eq!(sync(&ip_, &one, &mut known).unwrap(), 3);
+        assert_eq!(ip_.listings.load(SeqCst), 1, "the first sync reads the kernel");
+        assert_eq!(sync(&ip_, &two, &mut known).unwrap(), 3);
+        assert_eq!(ip_.listings.load(SeqCst), 1, "the next one starts from what the first left");
+        assert_eq!(known.as_ref(), Some(&*ip_.kernel.lock().unwrap()));
+        // The kernel dropped node 1's nexthop (its device went down): the change planned from
+        // what lb-sim believed fails, and the sync reads the kernel and makes it again.
+        ip_.kernel.lock().unwrap().nexthops.remove(&1);
+        ip_.kernel.lock().unwrap().groups.clear();
+        ip_.kernel.lock().unwrap().routes.clear();
+        ip_.fail_next.store(true, SeqCst);
+        sync(&ip_, &one, &mut known).unwrap();
+        assert_eq!(ip_.listings.load(SeqCst), 2);
+        assert!(plan(&one, &ip_.kernel.lock().unwrap(), &devices(), 5).is_empty(), "back in line");
+        assert_eq!(known.as_ref(), Some(&*ip_.kernel.lock().unwrap()));
+        // A failure with the kernel just read: an error, and nothing believed.
+        ip_.fail_next.store(true, SeqCst);
+        let mut fresh = None;
+        assert!(sync(&ip_, &two, &mut fresh).is_err());
+        assert_eq!(fresh, None);
     }
 
     #[test]

@@ -117,6 +117,8 @@ pub async fn run<I: Ip>(cfg: Config, ip: Arc<I>, shutdown: impl std::future::Fut
     let mut proxies = Proxies::default();
     let mut l7 = Sites::default();
     let mut applied: Option<Wanted> = None;
+    // What the last routing sync left in the kernel (None: read it first).
+    let mut known: Option<routing::Observed> = None;
     let mut seen = events::Seen::default();
     let mut resync = tokio::time::interval(RESYNC);
     resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -151,9 +153,15 @@ pub async fn run<I: Ip>(cfg: Config, ip: Arc<I>, shutdown: impl std::future::Fut
         let want = Wanted { routes: model::routes(&frontends, &healthy), addresses, subnets };
         let mut errors = Vec::new();
         if applied.as_ref() != Some(&want) {
-            let (ip2, want2) = (ip.clone(), want.clone());
-            match tokio::task::spawn_blocking(move || routing::sync(ip2.as_ref(), &want2)).await.expect("routing task")
-            {
+            let (ip2, want2, mut known2) = (ip.clone(), want.clone(), known.take());
+            let (done, known2) = tokio::task::spawn_blocking(move || {
+                let done = routing::sync(ip2.as_ref(), &want2, &mut known2);
+                (done, known2)
+            })
+            .await
+            .expect("routing task");
+            known = known2;
+            match done {
                 Ok(_) => applied = Some(want),
                 Err(e) => {
                     tracing::error!(error = %e, "cannot update the gateway's routes; retrying");
@@ -211,7 +219,8 @@ pub async fn run<I: Ip>(cfg: Config, ip: Arc<I>, shutdown: impl std::future::Fut
     l7.stop_all();
     gateways.stop_all();
     let ip2 = ip.clone();
-    tokio::task::spawn_blocking(move || routing::sync(ip2.as_ref(), &Wanted::default()))
+    // Read afresh: everything lb-sim owns goes, whatever the last sync believed.
+    tokio::task::spawn_blocking(move || routing::sync(ip2.as_ref(), &Wanted::default(), &mut None))
         .await
         .expect("routing task")?;
     tracing::info!("removed the gateway's routes and addresses");
