@@ -208,7 +208,10 @@ pub async fn run<I: Ip>(cfg: Config, ip: Arc<I>, shutdown: impl std::future::Fut
             _ = secret_changes.changed() => {},
             _ = gw_sites.changed() => {},
             _ = resync.tick() => {
+                // A resync reads the kernel again, and so repairs what was changed behind
+                // lb-sim's back (a route deleted by hand).
                 applied = None;
+                known = None;
                 if !errors.is_empty() {
                     tracing::info!("retrying after errors");
                 }
