@@ -344,9 +344,9 @@ pub fn cleanup() -> Result<usize> {
 /// Brings the kernel to `want`; returns the number of lines applied. `known` is what the last
 /// sync left in the kernel (None: read it, as lb-sim's loop has it done at each resync): lb-sim
 /// alone writes what it owns, and reading it takes four `ip` processes, which a new Service's
-/// route used to wait for. When lines planned
-/// from `known` fail (the kernel dropped a nexthop with its device, say), the kernel is read
-/// and the sync tried once more; after a failure `known` is None.
+/// route used to wait for. When lines planned from `known` fail (the kernel dropped a nexthop
+/// with its device, say), the kernel is read and the sync tried once more; after a failure
+/// `known` is None.
 pub fn sync(ip: &impl Ip, want: &Wanted, known: &mut Option<Observed>) -> Result<usize> {
     if let Some(have) = known.take() {
         match sync_from(ip, want, have) {
