@@ -363,9 +363,9 @@ pub fn sync(ip: &impl Ip, want: &Wanted, known: &mut Option<Observed>) -> Result
 }
 
 fn sync_from(ip: &impl Ip, want: &Wanted, have: Observed) -> Result<(usize, Observed)> {
-    let known: BTreeSet<IpAddr> = have.nexthops.values().copied().collect();
+    let reached: BTreeSet<IpAddr> = have.nexthops.values().copied().collect();
     let mut devices = BTreeMap::new();
-    for node in want.routes.values().flatten().filter(|n| !known.contains(n)) {
+    for node in want.routes.values().flatten().filter(|n| !reached.contains(n)) {
         if !devices.contains_key(node) {
             devices.insert(*node, ip.device_for(*node)?);
         }

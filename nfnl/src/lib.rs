@@ -24,7 +24,7 @@
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 
-use podpath_ruleset::nft::{Element, NftFamily, NftTable, Op, Set, Transaction};
+use podpath_ruleset::nft::{fields_of, Element, NftFamily, NftTable, Op, Set, Transaction};
 
 mod decl;
 mod error;
@@ -188,10 +188,7 @@ fn data(out: &mut Vec<u8>, value_type: &ValueType, text: &str) -> Option<()> {
         return Some(());
     }
     let ValueType::Data(fields) = value_type else { return None };
-    // Data fields (an address, a port) have no spaces: split as `Element::fields` does.
-    nested(out, NFTA_SET_ELEM_DATA, |d| {
-        attr_with(d, NFTA_DATA_VALUE, |v| value_into(v, fields, text.split(' ').filter(|f| *f != ".")))
-    })
+    nested(out, NFTA_SET_ELEM_DATA, |d| attr_with(d, NFTA_DATA_VALUE, |v| value_into(v, fields, fields_of(text))))
 }
 
 /// How a set's elements are written: its key fields and value type, read once per set.

@@ -92,6 +92,14 @@ pub struct Element {
     pub value: Option<String>,
 }
 
+/// The fields of a concatenation as nft writes it (`10.96.0.10 . udp . 53`: an element's key,
+/// a map's data value). No field has a space (addresses, protocols, numbers), so the text splits
+/// at spaces, leaving out the dots between: a byte search, where splitting at ` . ` took a
+/// substring searcher per element.
+pub fn fields_of(text: &str) -> impl Iterator<Item = &str> {
+    text.split(' ').filter(|f| *f != ".")
+}
+
 /// What joins a key's fields, as nft writes it.
 const FIELD_SEPARATOR: &str = " . ";
 
@@ -123,11 +131,9 @@ impl Element {
     pub fn key_text(&self) -> &str {
         &self.key
     }
-    /// The key's fields, in order. No field has a space (addresses, protocols, numbers), so the
-    /// key splits at spaces, leaving out the dots between: a byte search, where splitting at
-    /// ` . ` took a substring searcher per element.
+    /// The key's fields, in order ([`fields_of`]).
     pub fn fields(&self) -> impl Iterator<Item = &str> {
-        self.key.split(' ').filter(|f| *f != ".")
+        fields_of(&self.key)
     }
     fn text(&self) -> String {
         let mut s = self.key.clone();
