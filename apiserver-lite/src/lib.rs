@@ -16,6 +16,7 @@
 pub mod alloc;
 pub mod auth;
 pub mod autoscaling_v1;
+pub mod cli;
 pub mod controllers;
 pub mod crd;
 pub mod error;

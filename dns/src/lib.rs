@@ -9,6 +9,7 @@
 //! CoreDNS; other plugins are refused by name.
 
 pub mod cache;
+pub mod cli;
 pub mod corefile;
 pub mod error;
 pub mod forward;

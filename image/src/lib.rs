@@ -9,6 +9,7 @@
 //! - [`service`]: the lab's image service (the `podpath-images` program) and its client.
 
 pub mod archive;
+pub mod cli;
 mod error;
 pub mod pull;
 pub mod reference;

@@ -19,6 +19,7 @@ pub mod fault;
 pub mod gateway;
 pub mod hosts;
 pub mod inspect;
+pub mod multicall;
 pub mod plan;
 pub mod policy;
 pub mod rules;

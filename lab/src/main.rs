@@ -479,6 +479,10 @@ enum FaultCmd {
 }
 
 fn main() {
+    // Run under the name of one of the lab's programs (a link in a lab's `bin/`), podpath is it.
+    if let Some((_, main)) = std::env::args_os().next().and_then(|a| lab::multicall::program(&a.to_string_lossy())) {
+        return main();
+    }
     if let Err(e) = run() {
         eprintln!("podpath: {e:#}");
         std::process::exit(1);
@@ -672,8 +676,8 @@ fn run() -> Result<()> {
         } => {
             lab::preflight()?;
             let exe = std::env::current_exe()?;
-            let bin_dir = exe.parent().map(PathBuf::from).unwrap_or_default();
             let dir = which.dir();
+            let bin_dir = lab::multicall::install(&dir.join("bin"), &exe)?;
             let opts = lab::UpOptions {
                 name: which.name.clone(),
                 nodes,

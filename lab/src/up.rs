@@ -29,7 +29,8 @@ pub struct UpOptions {
     /// The cluster's IP families.
     pub ip_family: crate::family::IpFamilyMode,
     pub state_dir: PathBuf,
-    /// Where `apiserver-lite`, `node-agent`, `podpath-workload` and the CNI plugins are.
+    /// Where `apiserver-lite`, `node-agent`, `podpath-workload` and the CNI plugins are: for
+    /// `podpath up`, links to `podpath` itself (`multicall::install`).
     pub bin_dir: PathBuf,
     /// Host port for kubectl (0: any free one).
     pub api_port: u16,
@@ -290,15 +291,7 @@ pub fn up(opts: &UpOptions, progress: &mut dyn FnMut(&str)) -> Result<LabState> 
             "containers of images run with crun, which is not installed: apt-get install crun".to_string(),
         ));
     }
-    for bin in [
-        "apiserver-lite",
-        "node-agent",
-        "lb-sim",
-        "podpath-workload",
-        "podpath-bridge",
-        "podpath-ipam",
-        "podpath-images",
-    ] {
+    for (bin, _) in crate::multicall::PROGRAMS {
         if !opts.bin_dir.join(bin).is_file() {
             return Err(LabError::Usage(format!(
                 "{bin} is not in {} (build with `cargo build --release`)",

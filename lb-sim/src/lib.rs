@@ -16,6 +16,7 @@
 //! What it is not: a cloud API. It watches Services and Nodes and plays the load balancers a
 //! cloud would give them, in the lab's gateway (IPv4).
 
+pub mod cli;
 pub mod error;
 pub mod events;
 pub mod gateway;

@@ -12,6 +12,7 @@
 //! `podpath_client`'s.
 
 pub mod agent;
+pub mod cli;
 pub mod error;
 pub mod node;
 pub mod routes;

@@ -1,34 +1,6 @@
-//! `podpath-bridge`: a CNI interface plugin (spec 1.1.0) that connects a container to a Linux
-//! bridge with a veth pair and delegates addresses to any IPAM plugin (`ipam.type`, found
-//! through CNI_PATH). Run by a CNI runtime, never by hand.
-
-use std::io::{Read, Write};
-
-use podpath_cni::bridge::dataplane::Netlink;
-use podpath_cni::bridge::plugin::{self, ExecDelegate};
-use podpath_cni::env::{Command, ProcessEnv};
-use podpath_cni::error::{code, CniError};
+//! `podpath-bridge` on its own. The same program is also one of `podpath`'s: the lab runs it from
+//! `podpath`'s binary under this name (see `lab::multicall`).
 
 fn main() {
-    let mut stdin = Vec::new();
-    let read = std::io::stdin().read_to_end(&mut stdin);
-    let out = podpath_cni::run_plugin(&ProcessEnv, &stdin, &["IP"], |inv, conf, version| {
-        read.as_ref().map_err(|e| CniError::new(code::IO, format!("cannot read stdin: {e}")))?;
-        let mut ipam = ExecDelegate;
-        match inv.command {
-            Command::Status => plugin::forward(&mut ipam, inv.command, inv, conf, &stdin).map(|_| None),
-            Command::Version => unreachable!("run_plugin answers VERSION itself"),
-            command => {
-                let mut dp = Netlink::new()?;
-                match command {
-                    Command::Add => plugin::add(&mut dp, &mut ipam, inv, conf, &stdin, version).map(Some),
-                    Command::Del => plugin::del(&mut dp, &mut ipam, inv, conf, &stdin).map(|_| None),
-                    Command::Gc => plugin::gc(&mut dp, &mut ipam, inv, conf, &stdin).map(|_| None),
-                    _ => plugin::check(&mut dp, &mut ipam, inv, conf, &stdin).map(|_| None),
-                }
-            }
-        }
-    });
-    let _ = std::io::stdout().write_all(&out.stdout);
-    std::process::exit(out.exit_code);
+    podpath_cni::bridge::cli::main()
 }

@@ -1,38 +1,6 @@
-//! `podpath-ipam`: a host-local-compatible CNI IPAM plugin (ADD, DEL, CHECK, STATUS, GC,
-//! VERSION; spec 1.1.0). It is run by a CNI runtime or by an interface plugin such as
-//! podpath-bridge, never by hand.
-
-use std::io::{Read, Write};
-
-use podpath_cni::env::{Command, ProcessEnv};
-use podpath_cni::error::{code, CniError};
-use podpath_cni::ipam::{self, IpamConfig};
-use podpath_cni::types::CniResult;
+//! `podpath-ipam` on its own. The same program is also one of `podpath`'s: the lab runs it from
+//! `podpath`'s binary under this name (see `lab::multicall`).
 
 fn main() {
-    let mut stdin = Vec::new();
-    let read = std::io::stdin().read_to_end(&mut stdin);
-    let out = podpath_cni::run_plugin(&ProcessEnv, &stdin, &["IP"], |inv, conf, version| {
-        read.as_ref().map_err(|e| CniError::new(code::IO, format!("cannot read stdin: {e}")))?;
-        let ipam_conf = IpamConfig::from_netconf(conf)?;
-        match inv.command {
-            Command::Add => Ok(Some(ipam::add(&ipam_conf, inv, conf)?.to_json(version))),
-            Command::Del => ipam::del(&ipam_conf, inv).map(|_| None),
-            Command::Check => {
-                let prev = conf
-                    .get("prevResult")
-                    .ok_or_else(|| CniError::new(code::INVALID_CONFIG, "CHECK needs prevResult"))
-                    .and_then(CniResult::from_json)?;
-                ipam::check(&ipam_conf, inv, &prev).map(|_| None)
-            }
-            Command::Status => ipam::status(&ipam_conf).map(|_| None),
-            Command::Gc => {
-                let valid = ipam::valid_attachments(conf)?;
-                ipam::gc(&ipam_conf, &valid).map(|_| None)
-            }
-            Command::Version => unreachable!("run_plugin answers VERSION itself"),
-        }
-    });
-    let _ = std::io::stdout().write_all(&out.stdout);
-    std::process::exit(out.exit_code);
+    podpath_cni::ipam::cli::main()
 }

@@ -2,6 +2,7 @@
 //!
 //! Each operation reads its config (pure), then locks the store for the whole operation.
 
+pub mod cli;
 pub mod config;
 pub mod store;
 
