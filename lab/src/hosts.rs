@@ -65,6 +65,63 @@ pub fn in_netns_thread<T: Send + 'static>(ns_path: String, f: impl FnOnce() -> T
     .map_err(|_| LabError::NotReady("a helper thread inside a lab namespace panicked".into()))?
 }
 
+/// A thread inside a network namespace that starts programs there for as long as it lives.
+/// A program started without `ip netns exec` (one program start and one mount namespace less):
+/// it inherits the namespace of the thread that forked it. Given a parent-death signal (with
+/// `setpriv --pdeathsig`), the program gets it when this thread ends, since that signal
+/// follows the thread that forked, not the process: so the thread lives until dropped.
+pub struct NetnsSpawner {
+    ns_path: String,
+    requests: Option<std::sync::mpsc::Sender<SpawnRequest>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+type SpawnRequest = (std::process::Command, std::sync::mpsc::Sender<std::io::Result<std::process::Child>>);
+
+impl NetnsSpawner {
+    /// The thread, once inside `ns_path` (`/run/netns/NAME`).
+    pub fn new(ns_path: String) -> Result<NetnsSpawner> {
+        let (requests, inbox) = std::sync::mpsc::channel::<SpawnRequest>();
+        let (ready_tx, ready) = std::sync::mpsc::channel();
+        let path = ns_path.clone();
+        let thread = std::thread::spawn(move || {
+            let entered = std::fs::File::open(&path)
+                .and_then(|f| nix::sched::setns(&f, nix::sched::CloneFlags::CLONE_NEWNET).map_err(Into::into))
+                .map_err(io(format!("enter namespace {path}")));
+            let ok = entered.is_ok();
+            let _ = ready_tx.send(entered);
+            if ok {
+                for (mut cmd, reply) in inbox {
+                    let _ = reply.send(cmd.spawn());
+                }
+            }
+        });
+        let spawner = NetnsSpawner { ns_path, requests: Some(requests), thread: Some(thread) };
+        match ready.recv() {
+            Ok(Ok(())) => Ok(spawner),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(LabError::NotReady(format!("the helper thread for {} ended", spawner.ns_path))),
+        }
+    }
+
+    /// Starts `cmd` inside the namespace.
+    pub fn spawn(&self, cmd: std::process::Command) -> std::io::Result<std::process::Child> {
+        let gone = || std::io::Error::other(format!("the helper thread for {} ended", self.ns_path));
+        let (reply, answer) = std::sync::mpsc::channel();
+        self.requests.as_ref().ok_or_else(gone)?.send((cmd, reply)).map_err(|_| gone())?;
+        answer.recv().map_err(|_| gone())?
+    }
+}
+
+impl Drop for NetnsSpawner {
+    fn drop(&mut self) {
+        self.requests.take();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
 pub(crate) fn lb_status_in(gateway_netns: &str) -> Result<serde_json::Value> {
     let (code, body) = http_get_in(gateway_netns, LB_STATUS.parse().expect("constant"), "/status")?;
     if code != 200 {

@@ -316,11 +316,11 @@ impl Site {
         let mut c = match self {
             Site::Netns => {
                 // util-linux's setpriv sets the parent-death signal (no `pre_exec`: the
-                // workspace denies unsafe) and execs `ip netns exec`, which execs the monitor,
-                // keeping it. Spawned from the main thread only: the signal follows the thread
-                // that forked.
+                // workspace denies unsafe) and execs the monitor, keeping it. Started by the
+                // host's `NetnsSpawner`, a thread inside the host's namespace that lives as
+                // long as the trace: the signal follows the thread that forked.
                 let mut c = Command::new("setpriv");
-                c.args(["--pdeathsig", "KILL", "ip", "netns", "exec", host]).args(monitor);
+                c.args(["--pdeathsig", "KILL"]).args(monitor);
                 c.stdin(Stdio::null());
                 c
             }
@@ -1259,11 +1259,25 @@ fn trace_in(lab: &Lab, source: Source, req: &Request, dst: SocketAddr) -> Result
     // started first: they start up while the rules go in (xtables-monitor asks for each rule it
     // prints; `nft monitor` prints the trace table's own rules, added after it started, by
     // handle, and those hooks are not shown).
-    let spawn_monitor = |ns: &str, out: &Arc<Mutex<String>>| -> Result<Child> {
-        let mut child = site
-            .monitor_command(ns, tracer.monitor())?
-            .spawn()
-            .map_err(|e| LabError::Io { what: format!("cannot run {}", tracer.monitor().join(" ")), source: e })?;
+    // In a namespace lab, a thread inside each host's namespace starts its monitor there; the
+    // threads end with this function (dropped before `guard`), and their monitors with them.
+    let spawners = match site {
+        Site::Netns => hosts
+            .iter()
+            .map(|(_, ns)| crate::hosts::NetnsSpawner::new(format!("/run/netns/{ns}")).map(Some))
+            .collect::<Result<Vec<_>>>()?,
+        Site::Vagrant(_) => hosts.iter().map(|_| None).collect(),
+    };
+    let spawn_monitor = |i: usize, out: &Arc<Mutex<String>>| -> Result<Child> {
+        let cmd = site.monitor_command(&hosts[i].1, tracer.monitor())?;
+        let mut child = match &spawners[i] {
+            Some(spawner) => spawner.spawn(cmd),
+            None => {
+                let mut cmd = cmd;
+                cmd.spawn()
+            }
+        }
+        .map_err(|e| LabError::Io { what: format!("cannot run {}", tracer.monitor().join(" ")), source: e })?;
         let (stdout, sink) = (child.stdout.take().expect("piped"), out.clone());
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(std::result::Result::ok) {
@@ -1275,9 +1289,9 @@ fn trace_in(lab: &Lab, source: Source, req: &Request, dst: SocketAddr) -> Result
         Ok(child)
     };
     let mut outputs = Vec::new();
-    for (_, ns) in hosts {
+    for i in 0..hosts.len() {
         let out = Arc::new(Mutex::new(String::new()));
-        let child = spawn_monitor(ns, &out)?;
+        let child = spawn_monitor(i, &out)?;
         guard.with(|i| i.monitors.push(child));
         outputs.push(out);
     }
@@ -1326,7 +1340,7 @@ fn trace_in(lab: &Lab, source: Source, req: &Request, dst: SocketAddr) -> Result
                 let _ = g.monitors[i].kill();
                 let _ = g.monitors[i].wait();
             });
-            let child = spawn_monitor(&hosts[i].1, &outputs[i])?;
+            let child = spawn_monitor(i, &outputs[i])?;
             guard.with(|g| g.monitors[i] = child);
             Ok(())
         },
