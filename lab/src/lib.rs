@@ -3,13 +3,14 @@
 //! `<state-dir>/lab.json`; `down` undoes exactly that, also when the processes already died.
 //!
 //! - [`state`]: the lab's record and kubeconfig; [`up`](mod@up): `up` and `down`;
+//! - [`multicall`]: the programs `podpath` also is, and the links `up` starts them through;
 //! - [`hosts`]: commands and HTTP in the lab's hosts, lb-sim's status;
 //! - [`inspect`]: the nodes' proxy rules, watched and explained ([`rules`], [`explain`](mod@explain));
 //! - [`trace`]: `podpath trace`;
 //! - [`ui`]: `podpath ui`, the lab in a browser.
 //!
 //! What it is not: a VM manager (the VM lab is the Vagrantfile's) or a cluster installer; the
-//! components it starts are the workspace's own binaries.
+//! components it starts are the workspace's own programs, run from `podpath`'s binary.
 
 pub mod dns;
 pub mod doctor;
