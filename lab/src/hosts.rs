@@ -56,13 +56,18 @@ pub fn http_get_in(netns: &str, addr: SocketAddr, path: &str) -> Result<(u16, St
 /// or `/proc/PID/ns/net`); sockets made there stay in that namespace.
 pub fn in_netns_thread<T: Send + 'static>(ns_path: String, f: impl FnOnce() -> T + Send + 'static) -> Result<T> {
     std::thread::spawn(move || -> Result<T> {
-        let file = std::fs::File::open(&ns_path).map_err(io(format!("open namespace {ns_path}")))?;
-        nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
-            .map_err(|e| io(format!("enter namespace {ns_path}"))(e.into()))?;
+        enter_netns(&ns_path)?;
         Ok(f())
     })
     .join()
     .map_err(|_| LabError::NotReady("a helper thread inside a lab namespace panicked".into()))?
+}
+
+/// Moves the calling thread into the network namespace at `ns_path`.
+fn enter_netns(ns_path: &str) -> Result<()> {
+    let file = std::fs::File::open(ns_path).map_err(io(format!("open namespace {ns_path}")))?;
+    nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
+        .map_err(|e| io(format!("enter namespace {ns_path}"))(e.into()))
 }
 
 /// A thread inside a network namespace that starts programs there for as long as it lives.
@@ -85,9 +90,7 @@ impl NetnsSpawner {
         let (ready_tx, ready) = std::sync::mpsc::channel();
         let path = ns_path.clone();
         let thread = std::thread::spawn(move || {
-            let entered = std::fs::File::open(&path)
-                .and_then(|f| nix::sched::setns(&f, nix::sched::CloneFlags::CLONE_NEWNET).map_err(Into::into))
-                .map_err(io(format!("enter namespace {path}")));
+            let entered = enter_netns(&path);
             let ok = entered.is_ok();
             let _ = ready_tx.send(entered);
             if ok {
