@@ -362,34 +362,51 @@ pub fn after_write(
 ) -> Vec<Entry> {
     let mut entries = old.map(entries_of).unwrap_or_default();
     let present = fields_of(new, lists);
-    let changed: FieldSet = present
-        .iter()
-        .filter(|p| match old {
-            None => true,
-            // A list item itself changes only by appearing; its fields change on their own.
-            Some(o) if p.last().is_some_and(|t| t == ".") => value_at(o, p).is_none(),
-            Some(o) => value_at(o, p) != value_at(new, p),
-        })
-        .cloned()
-        .collect();
-    let (manager, operation, mine) = match write {
-        Write::Apply { manager, config } => (*manager, "Apply", fields_of(config, lists)),
-        Write::Update { manager } => {
-            let before: FieldSet = entries
-                .iter()
-                .filter(|e| e.manager == *manager && e.operation == "Update")
-                .flat_map(|e| e.fields.clone())
-                .collect();
-            (*manager, "Update", before.union(&changed).cloned().collect())
-        }
+    // Which present fields this write changed; `None` on a create, where every one did. The
+    // sets below are built by moving paths, not copying them: a write of a large object spends
+    // most of this function's time copying paths otherwise.
+    let changed: Option<FieldSet> = old.map(|o| {
+        present
+            .iter()
+            .filter(|p| {
+                // A list item itself changes only by appearing; its fields change on their own.
+                if p.last().is_some_and(|t| t == ".") {
+                    value_at(o, p).is_none()
+                } else {
+                    value_at(o, p) != value_at(new, p)
+                }
+            })
+            .cloned()
+            .collect()
+    });
+    let is_changed = |p: &FieldPath| changed.as_ref().is_none_or(|c| c.contains(p));
+    let (manager, operation, applied) = match write {
+        Write::Apply { manager, config } => (*manager, "Apply", Some(fields_of(config, lists))),
+        Write::Update { manager } => (*manager, "Update", None),
     };
-    let mine: FieldSet = mine.intersection(&present).cloned().collect();
+    // An update's manager keeps what it had and takes what it changed (of what is present).
+    let before: FieldSet = match applied {
+        Some(_) => FieldSet::new(),
+        None => entries
+            .iter()
+            .filter(|e| e.manager == manager && e.operation == "Update")
+            .flat_map(|e| e.fields.iter().filter(|p| present.contains(*p)).cloned())
+            .collect(),
+    };
+    let is_mine = |p: &FieldPath| match &applied {
+        Some(fields) => fields.contains(p),
+        None => before.contains(p) || is_changed(p),
+    };
     for e in entries.iter_mut() {
         if e.manager == manager && e.operation == operation {
             continue;
         }
-        e.fields.retain(|p| present.contains(p) && !(changed.contains(p) && mine.contains(p)));
+        e.fields.retain(|p| present.contains(p) && !(is_changed(p) && is_mine(p)));
     }
+    let mine: FieldSet = match applied {
+        Some(fields) => fields.into_iter().filter(|p| present.contains(p)).collect(),
+        None => present.into_iter().filter(|p| before.contains(p) || is_changed(p)).collect(),
+    };
     match entries.iter_mut().find(|e| e.manager == manager && e.operation == operation) {
         Some(e) => {
             if e.fields != mine || e.api_version != api_version {

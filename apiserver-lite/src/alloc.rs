@@ -16,7 +16,8 @@ pub fn owner(kind: api::Kind, ns: &str, name: &str) -> String {
     format!("{}/{}/{}", kind.info().name, ns, name)
 }
 
-/// The allocation table. Only touched while the store's writer lock is held.
+/// The allocation table. Changed only while the store's writer lock is held; a create admitted
+/// before it takes that lock claims against the table as it was and is checked again under it.
 #[derive(Debug, Default)]
 pub struct Allocators {
     pub ranges: Ranges,

@@ -105,6 +105,8 @@ pub struct Registry {
     pub metrics: crate::resource_metrics::MetricsStore,
     /// The custom resources that established CRDs serve.
     pub crds: crate::crd::Crds,
+    /// Creates admitted and waiting for the writer lock (see [`Registry::create`]).
+    queued_creates: Mutex<Vec<Queued>>,
 }
 
 fn now() -> Time {
@@ -197,6 +199,7 @@ impl Registry {
             events: Default::default(),
             metrics: Default::default(),
             crds: Default::default(),
+            queued_creates: Default::default(),
         })
     }
 
@@ -323,10 +326,102 @@ impl Registry {
         body: Value,
         opts: &WriteOptions,
     ) -> Result<Outcome, ApiError> {
+        if opts.dry_run {
+            // Nothing is committed: nothing to share with other creates.
+            return self.create_serially(kind, ns, body, opts).await;
+        }
+        // Admission runs before the writer lock, as kube-apiserver admits before its storage's
+        // transaction, so concurrent creates admit on both cores. The admitted create then
+        // waits in a queue, and whichever create takes the lock next commits every one queued
+        // in one batch: one log write for all of them instead of one each (see
+        // `commit_queued`). A create whose admission failed, or went stale while it waited, is
+        // done again under the lock from the request's body, as every create used to be.
+        let Ok(prepared) = self.prepare_create(kind, ns, body.clone(), opts) else {
+            return self.create_serially(kind, ns, body, opts).await;
+        };
+        let (done, mut outcome) = tokio::sync::oneshot::channel();
+        self.queue().push(Queued { prepared, done });
+        let g = self.store.lock().await;
+        self.commit_queued(&g);
+        // Ours is settled: it was queued before this lock was taken, so the holder that took it
+        // out of the queue (an earlier one, or this one just now) settled it before letting go.
+        let out = match outcome.try_recv() {
+            Ok(Some(pending)) => pending,
+            _ => self.create_locked(&g, kind, ns, body, opts)?,
+        };
+        drop(g);
+        self.finish(out).await
+    }
+
+    /// The queue of admitted creates. Nothing panics while holding it, and a poisoned one is
+    /// still whole (pushes and takes only), so it is used as it is.
+    fn queue(&self) -> std::sync::MutexGuard<'_, Vec<Queued>> {
+        self.queued_creates.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A create done wholly under the writer lock.
+    async fn create_serially(
+        &self,
+        kind: Kind,
+        ns: Option<&str>,
+        body: Value,
+        opts: &WriteOptions,
+    ) -> Result<Outcome, ApiError> {
         let g = self.store.lock().await;
         let out = self.create_locked(&g, kind, ns, body, opts)?;
         drop(g);
         self.finish(out).await
+    }
+
+    /// Commits every queued create that still holds (see [`Registry::still_admissible`]) in one
+    /// batch, in the order they were queued, and settles each: `Some` committed, `None` to be
+    /// done again under the lock (stale, or the batch failed: each then meets its own error).
+    fn commit_queued(&self, g: &WriteGuard<'_>) {
+        let queued = std::mem::take(&mut *self.queue());
+        if queued.is_empty() {
+            return;
+        }
+        let mut names = std::collections::HashSet::new();
+        let mut claimed = std::collections::HashSet::new();
+        let mut ops = Vec::new();
+        let mut batch = Vec::new();
+        for Queued { prepared: p, done } in queued {
+            // Two queued creates of one name, or claiming one value: the first one wins.
+            let fresh = !names.contains(&(p.kind, p.ns.clone(), p.name.clone()))
+                && p.claims.added.iter().all(|k| !claimed.contains(k))
+                && self.still_admissible(&p).unwrap_or(false);
+            if !fresh {
+                let _ = done.send(None);
+                continue;
+            }
+            names.insert((p.kind, p.ns.clone(), p.name.clone()));
+            claimed.extend(p.claims.added.iter().cloned());
+            let PreparedCreate { kind, admitted, claims, .. } = p;
+            let Admitted { object, warnings, after, .. } = admitted;
+            ops.extend(after.iter().map(|k| Op::Alloc { key: k.clone(), owner: Some(claims.owner.clone()) }));
+            ops.push(Op::Put { kind, object, prev: None });
+            batch.push((claims, after, warnings, done));
+        }
+        if batch.is_empty() {
+            return;
+        }
+        match self.store.commit(g, ops) {
+            Ok((written, rv)) => {
+                let mut table = self.alloc.lock().ok();
+                for ((claims, after, warnings, done), object) in batch.into_iter().zip(written) {
+                    if let Some(t) = table.as_mut() {
+                        t.apply(&claims.owner, &BTreeSet::new(), &after);
+                    }
+                    let _ =
+                        done.send(Some(Pending { rv: Some(rv), outcome: Outcome { object, created: true, warnings } }));
+                }
+            }
+            Err(_) => {
+                for (.., done) in batch {
+                    let _ = done.send(None);
+                }
+            }
+        }
     }
 
     /// Replaces an object (PUT), or its status.
@@ -499,9 +594,39 @@ impl Registry {
         g: &WriteGuard<'_>,
         kind: Kind,
         ns: Option<&str>,
-        mut body: Value,
+        body: Value,
         opts: &WriteOptions,
     ) -> Result<Pending, ApiError> {
+        let p = self.prepare_create(kind, ns, body, opts)?;
+        self.commit_write(g, p.kind, None, p.admitted, true, p.claims, opts)
+    }
+
+    /// Whether a create admitted without the writer lock may still be committed as it is: its
+    /// name is still free, its namespace still takes new objects, and the values it claimed are
+    /// still unowned. Call with the writer lock held (every commit takes it, so nothing of these
+    /// changes until the commit).
+    fn still_admissible(&self, p: &PreparedCreate) -> Result<bool, ApiError> {
+        if self.store.contains(p.kind, &p.ns, &p.name)? {
+            return Ok(false);
+        }
+        if p.kind.info().namespaced && self.check_namespace_accepts(&p.ns).is_err() {
+            return Ok(false);
+        }
+        let table = self.alloc.lock().map_err(|_| ApiError::internal("allocator lock poisoned"))?;
+        Ok(p.claims.added.iter().all(|k| table.owner_of(k).is_none_or(|o| o == p.claims.owner)))
+    }
+
+    /// Everything a create does before its commit: the object's name, uid and timestamps,
+    /// admission (defaults, validation, allocations claimed against the table as it is now)
+    /// and its managedFields. Needs no writer lock; [`Registry::still_admissible`] tells under
+    /// the lock whether the outcome still holds.
+    fn prepare_create(
+        &self,
+        kind: Kind,
+        ns: Option<&str>,
+        mut body: Value,
+        opts: &WriteOptions,
+    ) -> Result<PreparedCreate, ApiError> {
         ensure_object_shape(&mut body)?;
         check_type_meta(kind, &body)?;
         let info = kind.info();
@@ -566,7 +691,7 @@ impl Registry {
             custom c => self.admit_custom(c, body, None, Subresource::Main, opts)?);
         let model = self.custom_model(kind);
         set_managed_fields(kind, &mut admitted.object, None, Subresource::Main, opts, lists_of(model.as_deref(), opts));
-        self.commit_write(g, kind, None, admitted, true, claims, opts)
+        Ok(PreparedCreate { kind, ns, name, admitted, claims })
     }
 
     /// What kube-apiserver's default admission plugins add to a new object: a claim without
@@ -940,9 +1065,23 @@ impl Registry {
     }
 
     fn check_namespace_accepts(&self, ns: &str) -> Result<(), ApiError> {
-        match self.store.get(Kind::Namespace, "", ns)? {
+        /// The one field read here: every create checks it, so the rest is skipped unparsed.
+        #[derive(serde::Deserialize)]
+        struct Namespace {
+            #[serde(default)]
+            metadata: Metadata,
+        }
+        #[derive(serde::Deserialize, Default)]
+        struct Metadata {
+            #[serde(rename = "deletionTimestamp")]
+            deletion_timestamp: Option<serde::de::IgnoredAny>,
+        }
+        let read = |raw: &[u8]| {
+            serde_json::from_slice::<Namespace>(raw).map_err(|e| ApiError::storage(format!("corrupt object: {e}")))
+        };
+        match self.store.get_raw(Kind::Namespace, "", ns)?.map(|raw| read(&raw)).transpose()? {
             None => Err(ApiError::not_found(Kind::Namespace, ns)),
-            Some(n) if n["metadata"].get("deletionTimestamp").is_some() => Err(ApiError::Forbidden {
+            Some(n) if n.metadata.deletion_timestamp.is_some() => Err(ApiError::Forbidden {
                 resource: "namespaces".into(),
                 name: ns.into(),
                 message: format!("unable to create new content in namespace {ns} because it is being terminated"),
@@ -1041,6 +1180,21 @@ struct Admitted {
     warnings: Vec<String>,
     before: BTreeSet<String>,
     after: BTreeSet<String>,
+}
+
+/// A create admitted and ready to commit.
+struct PreparedCreate {
+    kind: Kind,
+    ns: String,
+    name: String,
+    admitted: Admitted,
+    claims: Claims,
+}
+
+/// A create waiting in the queue, and where its outcome goes (`None`: do it again under the lock).
+struct Queued {
+    prepared: PreparedCreate,
+    done: tokio::sync::oneshot::Sender<Option<Pending>>,
 }
 
 /// A write that is committed but maybe not durable yet.
@@ -1227,4 +1381,46 @@ pub fn scale(obj: &Value, replicas: i64, status: Value) -> Value {
         "spec": {"replicas": replicas},
         "status": status,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn service(name: &str, spec: Value) -> Value {
+        json!({"metadata": {"name": name}, "spec": spec})
+    }
+
+    #[tokio::test]
+    async fn a_create_admitted_before_the_lock_goes_stale_when_its_name_values_or_namespace_change() {
+        let dir = tempfile::tempdir().unwrap();
+        let reg = Registry::open(Arc::new(Store::open(dir.path()).unwrap()), Ranges::default()).unwrap();
+        let opts = WriteOptions::default();
+        let ns = json!({"metadata": {"name": "team"}, "spec": {"finalizers": ["kubernetes"]}});
+        reg.create(Kind::Namespace, None, ns, &opts).await.unwrap();
+        let prepare =
+            |name: &str, spec: Value| reg.prepare_create(Kind::Service, Some("team"), service(name, spec), &opts);
+
+        // Its name was taken.
+        let p = prepare("a", json!({"ports": [{"port": 80}]})).unwrap();
+        assert!(reg.still_admissible(&p).unwrap());
+        reg.create(Kind::Service, Some("team"), service("a", json!({"ports": [{"port": 81}]})), &opts).await.unwrap();
+        assert!(!reg.still_admissible(&p).unwrap());
+
+        // A value it claimed was given to another object.
+        let p = prepare("b", json!({"clusterIP": "10.96.3.3", "ports": [{"port": 80}]})).unwrap();
+        assert!(reg.still_admissible(&p).unwrap());
+        let other = service("c", json!({"clusterIP": "10.96.3.3", "ports": [{"port": 80}]}));
+        reg.create(Kind::Service, Some("team"), other, &opts).await.unwrap();
+        assert!(!reg.still_admissible(&p).unwrap());
+
+        // Its namespace began terminating (the finalizer keeps it until its content is gone).
+        let p = prepare("d", json!({"ports": [{"port": 80}]})).unwrap();
+        assert!(reg.still_admissible(&p).unwrap());
+        reg.delete(Kind::Namespace, None, "team", &DeleteOptions::default()).await.unwrap();
+        assert!(!reg.still_admissible(&p).unwrap());
+        // Done again under the lock, such a create meets the real server's error.
+        let err = reg.create(Kind::Service, Some("team"), service("d", json!({"ports": [{"port": 80}]})), &opts).await;
+        assert!(matches!(err, Err(ApiError::Forbidden { .. })), "{err:?}");
+    }
 }

@@ -367,6 +367,16 @@ impl Store {
         }
     }
 
+    /// An object's stored JSON, unparsed.
+    pub fn get_raw(&self, kind: Kind, ns: &str, name: &str) -> Result<Option<sled::IVec>, ApiError> {
+        Ok(self.db.get(object_key(kind, ns, name))?)
+    }
+
+    /// Whether an object is stored (without reading it).
+    pub fn contains(&self, kind: Kind, ns: &str, name: &str) -> Result<bool, ApiError> {
+        Ok(self.db.contains_key(object_key(kind, ns, name))?)
+    }
+
     /// Every object of `kind` (in namespace `ns` when given) and the resourceVersion of the
     /// snapshot.
     pub fn list(&self, kind: Kind, ns: Option<&str>) -> Result<(Vec<Value>, u64), ApiError> {

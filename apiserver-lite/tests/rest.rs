@@ -568,6 +568,83 @@ async fn concurrent_creates_get_distinct_cluster_ips_and_node_ports() {
     assert_eq!((ips.len(), ports.len()), (200, 200));
 }
 
+/// Posts `bodies` to `path` at once, each from a task of its own (creates admitted on several
+/// threads share commits, see `Registry::create`); the answers in the order of `bodies`.
+async fn post_at_once(lab: &Lab, path: &str, bodies: Vec<Value>) -> Vec<(StatusCode, Value)> {
+    let tasks: Vec<_> = bodies
+        .into_iter()
+        .map(|body| {
+            let (app, path) = (lab.app.clone(), path.to_string());
+            tokio::spawn(async move {
+                let req = Request::builder()
+                    .method("POST")
+                    .uri(path)
+                    .header("content-type", "application/json")
+                    .body(Body::from(body.to_string()))
+                    .unwrap();
+                let resp = app.oneshot(req).await.unwrap();
+                let status = resp.status();
+                let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+                (status, serde_json::from_slice::<Value>(&bytes).unwrap())
+            })
+        })
+        .collect();
+    let mut out = Vec::new();
+    for t in tasks {
+        out.push(t.await.unwrap());
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_creates_of_one_name_or_one_value_have_one_winner() {
+    let lab = lab().await;
+    let svc = |name: String, spec: Value| json!({"metadata": {"name": name}, "spec": spec});
+    for round in 0..5 {
+        // One name: one 201, every other create a 409 naming it.
+        let name = format!("same-{round}");
+        let bodies = (0..16).map(|i| svc(name.clone(), json!({"ports": [{"port": 80 + i}]}))).collect();
+        let answers = post_at_once(&lab, SVCS, bodies).await;
+        let created: Vec<_> = answers.iter().filter(|(s, _)| *s == StatusCode::CREATED).collect();
+        assert_eq!(created.len(), 1, "{answers:?}");
+        for (s, st) in answers.iter().filter(|(s, _)| *s != StatusCode::CREATED) {
+            assert_eq!(*s, StatusCode::CONFLICT, "{st}");
+            assert_eq!(st["message"], format!("services \"{name}\" already exists"));
+        }
+        let (_, stored) = lab.get(&format!("{SVCS}/{name}")).await;
+        assert_eq!(stored["metadata"]["uid"], created[0].1["metadata"]["uid"]);
+
+        // One requested ClusterIP: one 201, the others invalid, naming the address.
+        let ip = format!("10.96.7.{}", 10 + round);
+        let bodies = (0..16)
+            .map(|i| svc(format!("ip-{round}-{i}"), json!({"clusterIP": ip, "ports": [{"port": 80}]})))
+            .collect();
+        let answers = post_at_once(&lab, SVCS, bodies).await;
+        assert_eq!(answers.iter().filter(|(s, _)| *s == StatusCode::CREATED).count(), 1, "{answers:?}");
+        for (s, st) in answers.iter().filter(|(s, _)| *s != StatusCode::CREATED) {
+            assert_eq!(*s, StatusCode::UNPROCESSABLE_ENTITY, "{st}");
+            assert!(st["message"].as_str().unwrap().contains("provided IP is already allocated"), "{st}");
+        }
+
+        // LoadBalancer IPs go lowest first, so concurrent creates all claim the same one at
+        // admission: every create still gets an address of its own.
+        let bodies = (0..16)
+            .map(|i| svc(format!("lb-{round}-{i}"), json!({"type": "LoadBalancer", "ports": [{"port": 80}]})))
+            .collect();
+        let answers = post_at_once(&lab, SVCS, bodies).await;
+        let mut ips = std::collections::BTreeSet::new();
+        for (s, svc) in &answers {
+            assert_eq!(*s, StatusCode::CREATED, "{svc}");
+            ips.insert(svc["status"]["loadBalancer"]["ingress"][0]["ip"].as_str().unwrap().to_string());
+        }
+        assert_eq!(ips.len(), 16, "{ips:?}");
+    }
+    // Nothing but the winners was stored.
+    let (_, list) = lab.get(SVCS).await;
+    let items = list["items"].as_array().unwrap();
+    assert_eq!(items.len(), 1 + 5 * (1 + 1 + 16), "the kubernetes Service and each round's winners");
+}
+
 #[tokio::test]
 async fn full_ranges_answer_with_a_clear_error() {
     let lab = lab_with(|c| {
