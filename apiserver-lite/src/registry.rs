@@ -341,15 +341,25 @@ impl Registry {
         };
         let (done, mut outcome) = tokio::sync::oneshot::channel();
         self.queue().push(Queued { prepared, done });
-        let g = self.store.lock().await;
-        self.commit_queued(&g);
-        // Ours is settled: it was queued before this lock was taken, so the holder that took it
-        // out of the queue (an earlier one, or this one just now) settled it before letting go.
-        let out = match outcome.try_recv() {
-            Ok(Some(pending)) => pending,
-            _ => self.create_locked(&g, kind, ns, body, opts)?,
+        // Either another create's commit settles ours first (no need for the lock then), or
+        // this one takes the lock and commits what is queued. Once it has the lock, ours is
+        // settled: it was queued before, so the holder that took it out of the queue (an
+        // earlier one, or this one just now) settled it before letting go.
+        let settled = tokio::select! {
+            biased;
+            settled = &mut outcome => settled.ok().flatten(),
+            g = self.store.lock() => {
+                self.commit_queued(&g);
+                outcome.try_recv().ok().flatten()
+            }
         };
-        drop(g);
+        let out = match settled {
+            Some(pending) => pending,
+            None => {
+                let g = self.store.lock().await;
+                self.create_locked(&g, kind, ns, body, opts)?
+            }
+        };
         self.finish(out).await
     }
 
