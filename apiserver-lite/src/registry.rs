@@ -397,31 +397,27 @@ impl Registry {
         let mut batch = Vec::new();
         for Queued { prepared: p, done } in queued {
             // Two queued creates of one name, or claiming one value: the first one wins.
-            let fresh = !names.contains(&(p.kind, p.ns.clone(), p.name.clone()))
-                && p.claims.added.iter().all(|k| !claimed.contains(k))
-                && self.still_admissible(&p).unwrap_or(false);
+            let fresh = p.claims.added.iter().all(|k| !claimed.contains(k))
+                && self.still_admissible(&p).unwrap_or(false)
+                && names.insert((p.kind, p.ns.clone(), p.name.clone()));
             if !fresh {
                 let _ = done.send(None);
                 continue;
             }
-            names.insert((p.kind, p.ns.clone(), p.name.clone()));
             claimed.extend(p.claims.added.iter().cloned());
             let PreparedCreate { kind, admitted, claims, .. } = p;
-            let Admitted { object, warnings, after, .. } = admitted;
-            ops.extend(after.iter().map(|k| Op::Alloc { key: k.clone(), owner: Some(claims.owner.clone()) }));
-            ops.push(Op::Put { kind, object, prev: None });
-            batch.push((claims, after, warnings, done));
+            let Admitted { object, warnings, before, after } = admitted;
+            let (write, released, added) = write_ops(kind, None, object, &before, &after, &claims);
+            ops.extend(write);
+            batch.push((claims.owner, released, added, warnings, done));
         }
         if batch.is_empty() {
             return;
         }
         match self.store.commit(g, ops) {
             Ok((written, rv)) => {
-                let mut table = self.alloc.lock().ok();
-                for ((claims, after, warnings, done), object) in batch.into_iter().zip(written) {
-                    if let Some(t) = table.as_mut() {
-                        t.apply(&claims.owner, &BTreeSet::new(), &after);
-                    }
+                for ((owner, released, added, warnings, done), object) in batch.into_iter().zip(written) {
+                    self.record_allocations(&owner, &released, &added);
                     let _ =
                         done.send(Some(Pending { rv: Some(rv), outcome: Outcome { object, created: true, warnings } }));
                 }
@@ -901,19 +897,17 @@ impl Registry {
         if opts.dry_run {
             return Ok(Pending { rv: None, outcome: Outcome { object, created, warnings } });
         }
-        let released: BTreeSet<String> = before.difference(&after).cloned().collect();
-        let added: BTreeSet<String> = after.difference(&before).cloned().collect();
-        // Every value the object holds must have been claimed by this transaction or before.
-        debug_assert!(added.iter().all(|k| claims.added.contains(k)), "unclaimed allocation in {added:?}");
-        let mut ops: Vec<Op> = Vec::new();
-        ops.extend(released.iter().map(|k| Op::Alloc { key: k.clone(), owner: None }));
-        ops.extend(added.iter().map(|k| Op::Alloc { key: k.clone(), owner: Some(claims.owner.clone()) }));
-        ops.push(Op::Put { kind, object, prev: old.map(Arc::new) });
+        let (ops, released, added) = write_ops(kind, old, object, &before, &after, &claims);
         let (mut written, rv) = self.store.commit(g, ops)?;
-        if let Ok(mut a) = self.alloc.lock() {
-            a.apply(&claims.owner, &released, &added);
-        }
+        self.record_allocations(&claims.owner, &released, &added);
         Ok(Pending { rv: Some(rv), outcome: Outcome { object: written.pop().unwrap_or_default(), created, warnings } })
+    }
+
+    /// Records in the allocation table what a committed write released and took.
+    fn record_allocations(&self, owner: &str, released: &BTreeSet<String>, added: &BTreeSet<String>) {
+        if let Ok(mut a) = self.alloc.lock() {
+            a.apply(owner, released, added);
+        }
     }
 
     pub(crate) fn delete_locked(
@@ -1190,6 +1184,27 @@ struct Admitted {
     warnings: Vec<String>,
     before: BTreeSet<String>,
     after: BTreeSet<String>,
+}
+
+/// The store operations of a write (the allocations it releases and takes, then the object),
+/// and those released and taken, for the allocation table once committed.
+fn write_ops(
+    kind: Kind,
+    old: Option<Value>,
+    object: Value,
+    before: &BTreeSet<String>,
+    after: &BTreeSet<String>,
+    claims: &Claims,
+) -> (Vec<Op>, BTreeSet<String>, BTreeSet<String>) {
+    let released: BTreeSet<String> = before.difference(after).cloned().collect();
+    let added: BTreeSet<String> = after.difference(before).cloned().collect();
+    // Every value the object holds must have been claimed by this transaction or before.
+    debug_assert!(added.iter().all(|k| claims.added.contains(k)), "unclaimed allocation in {added:?}");
+    let mut ops: Vec<Op> = Vec::new();
+    ops.extend(released.iter().map(|k| Op::Alloc { key: k.clone(), owner: None }));
+    ops.extend(added.iter().map(|k| Op::Alloc { key: k.clone(), owner: Some(claims.owner.clone()) }));
+    ops.push(Op::Put { kind, object, prev: old.map(Arc::new) });
+    (ops, released, added)
 }
 
 /// A create admitted and ready to commit.
