@@ -496,6 +496,7 @@ fn child_soak(mode: &str, n: usize, seconds: u64) {
     println!("connections {}", s.connections);
     println!("answered {}", s.answered);
     println!("lost {}", s.lost);
+    println!("raced {}", s.raced);
     println!("half-applied {}", s.half_applied.len());
     for h in &s.half_applied {
         eprintln!("half-applied: {h}");
@@ -802,7 +803,7 @@ fn main() {
             "0",
         );
         println!(
-            "  {m:>11} at {n} Services, {seconds} s: {} batches, {} changes, partial sync p50 {}, p99 {}; differences: {} | new connections meanwhile: {}, answered {}, lost {}, half-applied {}",
+            "  {m:>11} at {n} Services, {seconds} s: {} batches, {} changes, partial sync p50 {}, p99 {}; differences: {} | new connections meanwhile: {}, answered {}, lost {}, raced a commit {}, half-applied {}",
             f("batches"),
             f("changes"),
             ms("sync-p50"),
@@ -811,6 +812,7 @@ fn main() {
             f("connections"),
             f("answered"),
             f("lost"),
+            f("raced"),
             f("half-applied")
         );
     }
