@@ -452,6 +452,21 @@ impl pb::custom_objects_server::CustomObjects for Grpc {
     }
 }
 
+/// The connections `listener` accepts, each with TCP_NODELAY. Watch events are small writes:
+/// with Nagle's algorithm one waited for the peer's delayed ACK of the one before (40 ms), which
+/// lb-sim's quiet connection met on every new Service. (tonic's `tcp_nodelay` applies only to
+/// listeners it binds itself.)
+fn without_nagle(
+    listener: tokio::net::TcpListener,
+) -> impl tokio_stream::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
+    tokio_stream::StreamExt::map(tokio_stream::wrappers::TcpListenerStream::new(listener), |tcp| {
+        if let Ok(tcp) = &tcp {
+            let _ = tcp.set_nodelay(true);
+        }
+        tcp
+    })
+}
+
 /// Serves the gRPC API (with reflection) on `listener` until `shutdown` completes.
 pub async fn serve_grpc(
     registry: Arc<Registry>,
@@ -469,6 +484,7 @@ pub async fn serve_grpc(
         .build_v1()
         .map_err(|e| ApiError::internal(format!("gRPC reflection: {e}")))?;
     let limit = max_message_bytes;
+    let incoming = without_nagle(listener);
     let mut builder = tonic::transport::Server::builder();
     if let Some(id) = tls {
         let identity = tonic::transport::Identity::from_pem(&id.cert_pem, &id.key_pem);
@@ -509,7 +525,7 @@ pub async fn serve_grpc(
             pb::watch_server::WatchServer::new(svc).max_decoding_message_size(limit),
             check,
         ))
-        .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(listener), shutdown)
+        .serve_with_incoming_shutdown(incoming, shutdown)
         .await
         .map_err(|e| ApiError::internal(format!("gRPC server: {e}")))
 }
@@ -532,5 +548,18 @@ impl tonic::service::Interceptor for TokenCheck {
         } else {
             Err(Status::unauthenticated("a valid bearer token is required"))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[tokio::test]
+    async fn served_connections_have_nagle_off() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut incoming = std::pin::pin!(super::without_nagle(listener));
+        let _client = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let served = tokio_stream::StreamExt::next(&mut incoming).await.unwrap().unwrap();
+        assert!(served.nodelay().unwrap());
     }
 }

@@ -175,57 +175,79 @@ pub async fn run(reg: Arc<Registry>, cfg: ControllerConfig) {
             tracing::warn!(error = %e, "controller pass failed; will retry");
             dirty.all = true;
         }
-        tokio::select! {
-            changed = durable.changed() => {
-                if changed.is_err() {
-                    return;
-                }
-                // At most one pass per SETTLE: a lone write (a Service created) is acted on
-                // at once, while a burst arriving during or right after a pass is gathered
-                // into the next one, as kube-proxy's minSyncPeriod batches.
-                let wait = SETTLE.saturating_sub(last_pass.elapsed());
-                if !wait.is_zero() {
-                    tokio::time::sleep(wait).await;
-                }
-                let upto = reg.store.durable_rv();
-                match reg.store.events_since(seen, upto) {
-                    Ok(events) => {
-                        for ev in events {
-                            if matches!(
-                                ev.kind,
-                                Kind::Service
-                                    | Kind::Pod
-                                    | Kind::Node
-                                    | Kind::Namespace
-                                    | Kind::Deployment
-                                    | Kind::ReplicaSet
-                                    | Kind::Job
-                                    | Kind::CronJob
-                                    | Kind::DaemonSet
-                                    | Kind::StatefulSet
-                                    | Kind::ServiceAccount
-                                    | Kind::PersistentVolumeClaim
-                                    | Kind::PersistentVolume
-                                    | Kind::StorageClass
-                                    | Kind::CustomResourceDefinition
-                            ) {
-                                dirty.note(ev.kind, &ev.object(), ev.prev().as_ref());
-                            }
-                        }
+        // Until there is something to do: a write of a kind a controller follows, or the tick.
+        // Other writes (Events, Leases, the slices a pass wrote) start no pass, so they do not
+        // hold the next Service's endpoints back by a SETTLE.
+        loop {
+            tokio::select! {
+                changed = durable.changed() => {
+                    if changed.is_err() {
+                        return;
                     }
-                    Err(_) => dirty.all = true,
+                    if !note_events(&reg, &mut seen, &mut dirty) {
+                        continue;
+                    }
+                    // At most one pass per SETTLE: a lone write (a Service created) is acted on
+                    // at once, while a burst arriving during or right after a pass is gathered
+                    // into the next one, as kube-proxy's minSyncPeriod batches.
+                    let wait = SETTLE.saturating_sub(last_pass.elapsed());
+                    if !wait.is_zero() {
+                        tokio::time::sleep(wait).await;
+                        note_events(&reg, &mut seen, &mut dirty);
+                    }
+                    break;
                 }
-                seen = upto;
-            }
-            _ = tick.tick() => {
-                dirty.periodic = true;
-                if last_resync.elapsed() >= cfg.resync {
-                    last_resync = tokio::time::Instant::now();
-                    dirty.all = true;
+                _ = tick.tick() => {
+                    dirty.periodic = true;
+                    if last_resync.elapsed() >= cfg.resync {
+                        last_resync = tokio::time::Instant::now();
+                        dirty.all = true;
+                    }
+                    break;
                 }
             }
         }
     }
+}
+
+/// Notes in `dirty` the durable writes since `seen` of the kinds the controllers follow (all of
+/// them dirty when the event log no longer reaches back that far); whether there were any.
+fn note_events(reg: &Registry, seen: &mut u64, dirty: &mut Dirty) -> bool {
+    let upto = reg.store.durable_rv();
+    let mut any = false;
+    match reg.store.events_since(*seen, upto) {
+        Ok(events) => {
+            for ev in events {
+                if matches!(
+                    ev.kind,
+                    Kind::Service
+                        | Kind::Pod
+                        | Kind::Node
+                        | Kind::Namespace
+                        | Kind::Deployment
+                        | Kind::ReplicaSet
+                        | Kind::Job
+                        | Kind::CronJob
+                        | Kind::DaemonSet
+                        | Kind::StatefulSet
+                        | Kind::ServiceAccount
+                        | Kind::PersistentVolumeClaim
+                        | Kind::PersistentVolume
+                        | Kind::StorageClass
+                        | Kind::CustomResourceDefinition
+                ) {
+                    dirty.note(ev.kind, &ev.object(), ev.prev().as_ref());
+                    any = true;
+                }
+            }
+        }
+        Err(_) => {
+            dirty.all = true;
+            any = true;
+        }
+    }
+    *seen = upto;
+    any
 }
 
 /// What needs reconciling.
