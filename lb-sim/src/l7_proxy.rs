@@ -377,6 +377,8 @@ async fn serve(
     let next = Arc::new(AtomicUsize::new(0));
     loop {
         let Ok((stream, peer)) = listener.accept().await else { continue };
+        // A response's head and body can be separate small writes: not held for an ACK.
+        let _ = stream.set_nodelay(true);
         let (live, counters, next, tls) = (live.clone(), counters.clone(), next.clone(), tls.clone());
         // Upstream connections keep the client's TOS (what lets a trace follow the request).
         let tos = podpath_client::relay::inbound_tos(&stream);
@@ -519,7 +521,10 @@ async fn handle(
         }
         let stream =
             match tokio::time::timeout(CONNECT_TIMEOUT, podpath_client::relay::connect_with_tos(addr, tos)).await {
-                Ok(Ok(s)) => s,
+                Ok(Ok(s)) => {
+                    let _ = s.set_nodelay(true);
+                    s
+                }
                 Ok(Err(e)) => {
                     last_error = format!("{addr}: {e}");
                     continue;

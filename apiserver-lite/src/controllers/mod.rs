@@ -40,6 +40,7 @@ use write::{ns_name, upsert};
 
 use crate::error::ApiError;
 use crate::registry::{labels_of, Registry, WriteOptions};
+use crate::store::EventType;
 
 /// Timing of the controllers.
 #[derive(Clone, Debug)]
@@ -158,8 +159,8 @@ pub async fn kubernetes_service(reg: &Registry, apiserver_endpoint: Option<(Stri
     Ok(())
 }
 
-/// The shortest time between the starts of two controller passes.
-const SETTLE: Duration = Duration::from_millis(20);
+/// The shortest time between the starts of two controller passes (CONVENTIONS.md: why 5 ms).
+const SETTLE: Duration = Duration::from_millis(5);
 
 /// Runs every controller until the process ends.
 pub async fn run(reg: Arc<Registry>, cfg: ControllerConfig) {
@@ -236,7 +237,7 @@ fn note_events(reg: &Registry, seen: &mut u64, dirty: &mut Dirty) -> bool {
                         | Kind::StorageClass
                         | Kind::CustomResourceDefinition
                 ) {
-                    dirty.note(ev.kind, &ev.object(), ev.prev().as_ref());
+                    dirty.note(ev.kind, ev.type_, &ev.object(), ev.prev().as_ref());
                     any = true;
                 }
             }
@@ -280,14 +281,17 @@ struct Dirty {
 }
 
 impl Dirty {
-    fn note(&mut self, kind: Kind, obj: &Value, prev: Option<&Value>) {
+    fn note(&mut self, kind: Kind, type_: EventType, obj: &Value, prev: Option<&Value>) {
         let ns = obj["metadata"]["namespace"].as_str().unwrap_or("").to_string();
         let name = obj["metadata"]["name"].as_str().unwrap_or("").to_string();
         match kind {
             Kind::CustomResourceDefinition => self.crds = true,
             Kind::Service => {
                 self.services.insert((ns, name));
-                self.load_balancers = true;
+                // Only then can a pending one get an address (the retry lists every Service).
+                if frees_address(type_, obj, prev) {
+                    self.load_balancers = true;
+                }
             }
             Kind::Deployment | Kind::ReplicaSet | Kind::Job | Kind::CronJob | Kind::DaemonSet | Kind::StatefulSet => {
                 self.workloads.insert(ns);
@@ -323,6 +327,25 @@ impl Dirty {
             Kind::ServiceAccount => self.service_accounts = true,
             _ => {}
         }
+    }
+}
+
+/// Whether a write of a Service let go of a load-balancer address: it was deleted holding one,
+/// or an address it held is no longer in its status (its type changed, say). Unknown: yes.
+fn frees_address(type_: EventType, obj: &Value, prev: Option<&Value>) -> bool {
+    let ips = |v: &Value| -> BTreeSet<String> {
+        v["status"]["loadBalancer"]["ingress"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|i| i["ip"].as_str().map(str::to_string))
+            .collect()
+    };
+    match (type_, prev) {
+        (EventType::Added, _) => false,
+        (EventType::Deleted, _) => !ips(obj).is_empty(),
+        (EventType::Modified, Some(prev)) => !ips(prev).is_subset(&ips(obj)),
+        (EventType::Modified, None) => true,
     }
 }
 
@@ -437,4 +460,27 @@ async fn reconcile(reg: &Registry, cfg: &ControllerConfig, dirty: &mut Dirty) ->
         sync_endpoints(reg, &ns, &name).await?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lb(ips: &[&str]) -> Value {
+        let ingress: Vec<Value> = ips.iter().map(|ip| json!({"ip": ip})).collect();
+        json!({"spec": {"type": "LoadBalancer"}, "status": {"loadBalancer": {"ingress": ingress}}})
+    }
+
+    #[test]
+    fn only_a_service_letting_go_of_an_address_wakes_the_pending_ones() {
+        let (held, none) = (lb(&["198.51.100.1"]), lb(&[]));
+        assert!(!frees_address(EventType::Added, &held, None), "a new Service frees nothing");
+        assert!(frees_address(EventType::Deleted, &held, None));
+        assert!(!frees_address(EventType::Deleted, &none, None), "it held nothing");
+        assert!(frees_address(EventType::Modified, &none, Some(&held)), "its type changed, say");
+        assert!(!frees_address(EventType::Modified, &held, Some(&none)), "it got one");
+        assert!(!frees_address(EventType::Modified, &held, Some(&held)));
+        assert!(frees_address(EventType::Modified, &lb(&["198.51.100.2"]), Some(&held)), "it changed address");
+        assert!(frees_address(EventType::Modified, &held, None), "not known: look");
+    }
 }
