@@ -362,7 +362,11 @@ impl Prober {
                         }
                         Ok(Err(_)) | Err(std::io::ErrorKind::TimedOut) => lost += 1,
                         // The kernel's commit race (see `Soaked::raced`).
-                        Err(std::io::ErrorKind::ConnectionRefused) if before.2 || after.2 => raced += 1,
+                        Err(std::io::ErrorKind::ConnectionRefused)
+                            if !before.1 && !after.1 && (before.2 || after.2) =>
+                        {
+                            raced += 1
+                        }
                         Err(e) if !before.1 && !after.1 => {
                             bad.push(format!("{pick}:80 refused ({e}) with endpoints {before:?} / {after:?} ({syncs})"))
                         }
