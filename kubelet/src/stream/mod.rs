@@ -255,6 +255,9 @@ where
 /// 512 KiB ones for the same bytes; see the streaming bench).
 const SPLICE_CHUNK: usize = 512 << 10;
 
+/// The read buffers a forwarded connection keeps for reuse (at most 2 MiB held while it lives).
+const SPLICE_BUFFERS: usize = 4;
+
 /// Copies between a forwarded connection and its client streams until both directions end.
 async fn splice(
     tcp: tokio::net::TcpStream,
@@ -271,12 +274,25 @@ async fn splice(
         let _ = wr.shutdown().await;
     };
     let down = async move {
-        // Read straight into buffers handed on without copying; a buffer is reused once the
-        // client side has written what was split off it.
-        let mut buf = bytes::BytesMut::new();
+        // Read straight into buffers handed on without copying. A few are taken in turn, each
+        // reused once the client side has written what was split off it: a fresh buffer for
+        // every read cost page faults and clearing (about 9 % of the node agent's CPU in a
+        // port-forward). When all are still in flight, the next read gets a fresh one, as before.
+        let mut ring: Vec<bytes::BytesMut> = Vec::with_capacity(SPLICE_BUFFERS);
         loop {
-            buf.reserve(SPLICE_CHUNK);
-            match rd.read_buf(&mut buf).await {
+            let i = match ring.iter_mut().position(|b| b.try_reclaim(SPLICE_CHUNK)) {
+                Some(i) => i,
+                None if ring.len() < SPLICE_BUFFERS => {
+                    ring.push(bytes::BytesMut::with_capacity(SPLICE_CHUNK));
+                    ring.len() - 1
+                }
+                None => {
+                    ring[0] = bytes::BytesMut::with_capacity(SPLICE_CHUNK);
+                    0
+                }
+            };
+            let buf = &mut ring[i];
+            match rd.read_buf(buf).await {
                 Ok(n) if n > 0 => {
                     if !to_client(buf.split().freeze()).await {
                         return;
