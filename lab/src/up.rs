@@ -409,13 +409,33 @@ fn start(opts: &UpOptions, p: &Plan, st: &mut LabState, api: SocketAddr, progres
         apiserver.extend([s("--netns-listen"), rest_cp.clone()]);
     }
     apiserver.extend([s("--advertise-address"), rest_cp]);
-    st.procs.push(spawn("apiserver-lite", &apiserver, &logs.join("apiserver-lite.log"), &[])?);
-    save_state(&opts.state_dir, st)?;
-    // Over TLS with the CA the server made (once it has made it).
-    wait_until(Duration::from_secs(10), "apiserver-lite to answer", || {
-        ApiAccess::of(st).is_ok_and(|a| matches!(a.get("/readyz"), Ok((200, _))))
-    })
-    .map_err(|e| with_log(e, &logs.join("apiserver-lite.log")))?;
+    let log = logs.join("apiserver-lite.log");
+    let listen_at = apiserver.iter().position(|a| a == "--listen").expect("built above") + 1;
+    let mut api = api;
+    for retry in 1.. {
+        apiserver[listen_at] = api.to_string();
+        st.api = api.to_string();
+        let server = spawn("apiserver-lite", &apiserver, &log, &[])?;
+        st.procs.push(server.clone());
+        save_state(&opts.state_dir, st)?;
+        // Over TLS with the CA the server made (once it has made it).
+        let waited = wait_until(Duration::from_secs(10), "apiserver-lite to answer", || {
+            !alive(&server) || ApiAccess::of(st).is_ok_and(|a| matches!(a.get("/readyz"), Ok((200, _))))
+        });
+        if waited.is_ok() && alive(&server) {
+            break;
+        }
+        // The host port was free when it was picked; another program can take it before the
+        // server binds it (then the server exits): another port, a few times.
+        let taken = std::fs::read_to_string(&log).is_ok_and(|l| l.contains("Address already in use"));
+        if opts.api_port != 0 || !taken || retry == 3 || alive(&server) {
+            let e = waited.err().unwrap_or_else(|| LabError::NotReady("apiserver-lite exited".into()));
+            return Err(with_log(e, &log));
+        }
+        st.procs.pop();
+        api = ([127, 0, 0, 1], free_port()?).into();
+        progress(&format!("apiserver-lite: the port was taken meanwhile; kubectl on {api}"));
+    }
     let access = ApiAccess::of(st)?;
     // The cluster DNS first: its pods are placed as soon as nodes register, so they are running
     // (and soon ready) by the time the nodes are.
