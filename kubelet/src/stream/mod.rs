@@ -276,8 +276,9 @@ async fn splice(
     let down = async move {
         // Read straight into buffers handed on without copying. A few are taken in turn, each
         // reused once the client side has written what was split off it: a fresh buffer for
-        // every read cost page faults and clearing (about 9 % of the node agent's CPU in a
-        // port-forward). When all are still in flight, the next read gets a fresh one, as before.
+        // every read cost page faults and clearing (12 % of the node agent's samples in a
+        // port-forward over kubectl's WebSocket tunnel; 5 % with these). When all are still in
+        // flight, the next read gets a fresh one, as before.
         let mut ring: Vec<bytes::BytesMut> = Vec::with_capacity(SPLICE_BUFFERS);
         loop {
             let i = match ring.iter_mut().position(|b| b.try_reclaim(SPLICE_CHUNK)) {
