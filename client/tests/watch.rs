@@ -31,6 +31,10 @@ async fn the_reflector_follows_pods_of_its_node() {
     assert!(store.list().is_empty());
     let mut changes = store.changes();
     let opts = apiserver_lite::registry::WriteOptions::default();
+    // The nodes exist: the pod garbage collector removes pods bound to a node that does not.
+    for node in ["node-1", "node-2"] {
+        s.registry.create(api::Kind::Node, None, serde_json::json!({"metadata": {"name": node}}), &opts).await.unwrap();
+    }
     for (name, node) in [("mine", "node-1"), ("theirs", "node-2")] {
         let pod = serde_json::json!({"metadata": {"name": name}, "spec": {"nodeName": node, "containers": [{"name": "c", "image": "podpath/echo"}]}});
         s.registry.create(api::Kind::Pod, Some("default"), pod, &opts).await.unwrap();

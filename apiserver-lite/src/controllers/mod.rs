@@ -160,7 +160,7 @@ pub async fn kubernetes_service(reg: &Registry, apiserver_endpoint: Option<(Stri
 }
 
 /// The shortest time between the starts of two controller passes (CONVENTIONS.md: why 5 ms).
-const SETTLE: Duration = Duration::from_millis(5);
+const SETTLE: Duration = Duration::from_millis(20);
 
 /// Runs every controller until the process ends.
 pub async fn run(reg: Arc<Registry>, cfg: ControllerConfig) {
