@@ -255,9 +255,6 @@ where
 /// 512 KiB ones for the same bytes; see the streaming bench).
 const SPLICE_CHUNK: usize = 512 << 10;
 
-/// The read buffers a forwarded connection keeps for reuse (at most 2 MiB held while it lives).
-const SPLICE_BUFFERS: usize = 4;
-
 /// Copies between a forwarded connection and its client streams until both directions end.
 async fn splice(
     tcp: tokio::net::TcpStream,
@@ -274,26 +271,12 @@ async fn splice(
         let _ = wr.shutdown().await;
     };
     let down = async move {
-        // Read straight into buffers handed on without copying. A few are taken in turn, each
-        // reused once the client side has written what was split off it: a fresh buffer for
-        // every read cost page faults and clearing (12 % of the node agent's samples in a
-        // port-forward over kubectl's WebSocket tunnel; 5 % with these). When all are still in
-        // flight, the next read gets a fresh one, as before.
-        let mut ring: Vec<bytes::BytesMut> = Vec::with_capacity(SPLICE_BUFFERS);
+        // Read straight into buffers handed on without copying; a buffer is reused once the
+        // client side has written what was split off it.
+        let mut buf = bytes::BytesMut::new();
         loop {
-            let i = match ring.iter_mut().position(|b| b.try_reclaim(SPLICE_CHUNK)) {
-                Some(i) => i,
-                None if ring.len() < SPLICE_BUFFERS => {
-                    ring.push(bytes::BytesMut::with_capacity(SPLICE_CHUNK));
-                    ring.len() - 1
-                }
-                None => {
-                    ring[0] = bytes::BytesMut::with_capacity(SPLICE_CHUNK);
-                    0
-                }
-            };
-            let buf = &mut ring[i];
-            match rd.read_buf(buf).await {
+            buf.reserve(SPLICE_CHUNK);
+            match rd.read_buf(&mut buf).await {
                 Ok(n) if n > 0 => {
                     if !to_client(buf.split().freeze()).await {
                         return;
@@ -484,9 +467,8 @@ mod tests {
     use super::*;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-    /// What the pod sends reaches the client whole and in order, with reads' buffers reused and,
-    /// while the client holds on to more than the reused ones, fresh; and the client's bytes
-    /// reach the pod.
+    /// What the pod sends reaches the client whole and in order, whether the client lets go of
+    /// what it got at once or holds on to it; and the client's bytes reach the pod.
     #[tokio::test]
     async fn spliced_bytes_arrive_whole_and_in_order_whatever_the_client_holds() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -513,18 +495,15 @@ mod tests {
         drop(to_pod);
         // The first half of the bytes let go of at once (their buffers come back), the rest
         // kept until the end (the relay runs out of reusable buffers and takes fresh ones).
-        let (mut got, mut held, mut starts) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut got, mut held) = (Vec::new(), Vec::new());
         while let Some(b) = got_rx.recv().await {
-            starts.push(b.as_ptr() as usize);
             got.extend_from_slice(&b);
             if got.len() > sent.len() / 2 {
                 held.push(b);
             }
         }
         assert!(got == sent, "the bytes differ");
-        assert!(held.len() > SPLICE_BUFFERS, "{} reads held", held.len());
-        let distinct: std::collections::BTreeSet<usize> = starts.iter().copied().collect();
-        assert!(distinct.len() < starts.len(), "no buffer was reused");
+        assert!(held.len() > 1, "{} reads held", held.len());
         assert_eq!(pod_side.await.unwrap(), b"from the client");
         relay.await.unwrap();
     }
