@@ -333,14 +333,14 @@ impl Dirty {
 /// Whether a write of a Service let go of a load-balancer address: it was deleted holding one,
 /// or an address it held is no longer in its status (its type changed, say). Unknown: yes.
 fn frees_address(type_: EventType, obj: &Value, prev: Option<&Value>) -> bool {
-    let ips = |v: &Value| -> BTreeSet<String> {
+    fn ips(v: &Value) -> BTreeSet<&str> {
         v["status"]["loadBalancer"]["ingress"]
             .as_array()
             .into_iter()
             .flatten()
-            .filter_map(|i| i["ip"].as_str().map(str::to_string))
+            .filter_map(|i| i["ip"].as_str())
             .collect()
-    };
+    }
     match (type_, prev) {
         (EventType::Added, _) => false,
         (EventType::Deleted, _) => !ips(obj).is_empty(),
