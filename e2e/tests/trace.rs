@@ -34,11 +34,17 @@ fn steps_of(t: &serde_json::Value, host: &str) -> String {
     hop["steps"].as_array().unwrap().iter().map(|s| s["text"].as_str().unwrap()).collect::<Vec<_>>().join("\n")
 }
 
-/// No trace chain in any namespace of the lab, and TOS reflection off again.
+/// Whether a host holds a trace table (`nft list tables`), and that listing.
+fn has_trace_table(lab: &Lab, host: &str) -> (bool, String) {
+    let tables = lab.exec(host, &["nft", "list", "tables"]);
+    (tables.contains("podpath-trace"), tables)
+}
+
+/// No trace table in any namespace of the lab, and TOS reflection off again.
 fn assert_no_trace_rules(lab: &Lab) {
     for h in ["client", "gateway", "node-1", "node-2"] {
-        let raw = lab.exec(h, &["iptables-save", "-t", "raw"]);
-        assert!(!raw.contains("PODPATH-TRACE"), "trace rules left on {h}:\n{raw}");
+        let (left, tables) = has_trace_table(lab, h);
+        assert!(!left, "trace table left on {h}:\n{tables}");
         assert_eq!(lab.exec(h, &["cat", "/proc/sys/net/ipv4/tcp_reflect_tos"]).trim(), "0", "{h}");
     }
 }
@@ -261,13 +267,9 @@ fn trace_shows_where_an_unmasqueraded_request_stops_and_ctrl_c_cleans_up() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("run podpath trace");
-    wait_for(Duration::from_secs(10), "the trace rules", || {
-        let raw = lab.exec("node-1", &["iptables-save", "-t", "raw"]);
-        if raw.contains("PODPATH-TRACE") {
-            Ok(())
-        } else {
-            Err(raw)
-        }
+    wait_for(Duration::from_secs(10), "the trace table", || match has_trace_table(&lab, "node-1") {
+        (true, _) => Ok(()),
+        (false, tables) => Err(tables),
     });
     std::thread::sleep(Duration::from_millis(300));
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGINT).unwrap();
@@ -322,7 +324,7 @@ fn trace_shows_where_an_unmasqueraded_request_stops_and_ctrl_c_cleans_up() {
             Err(format!("{alive:?}"))
         }
     });
-    assert!(lab.exec("node-1", &["iptables-save", "-t", "raw"]).contains("PODPATH-TRACE"));
+    assert!(has_trace_table(&lab, "node-1").0, "a killed trace leaves its table");
     let (_, t) = trace_json(&lab, &["--timeout", "1", "http://169.10.10.1/"]);
     assert_eq!(hosts(&t)[..2], ["client", "gateway"], "{t:#}");
     assert_no_trace_rules(&lab);
@@ -498,6 +500,6 @@ fn trace_and_explain_refuse_bad_input_with_one_line() {
 
 fn assert_no_trace_rules_1(lab: &Lab) {
     for h in ["client", "gateway", "node-1"] {
-        assert!(!lab.exec(h, &["iptables-save", "-t", "raw"]).contains("PODPATH-TRACE"));
+        assert!(!has_trace_table(lab, h).0, "trace table left on {h}");
     }
 }

@@ -2,7 +2,8 @@
 //! shapes the proxier's layouts write (matches on addresses, prefixes, protocol, ports, marks,
 //! conntrack state and status, `fib saddr type local`; lookups in named sets and verdict
 //! maps; anonymous sets and maps; `numgen`; `mark set`, `dnat`, `masquerade`, `reject`,
-//! `update @set`, verdicts and comments). Anything else gives `None`, and the transaction goes
+//! `update @set`, verdicts and comments) and the trace table's (`ip dscp`, `ip6 dscp`,
+//! `tcp flags & … == …`, `iifname`, `meta nftrace set 1`). Anything else gives `None`, and the transaction goes
 //! to `nft -f` whole: this is not an nftables parser, and it never guesses.
 //!
 //! Same expressions as nft's, register for register (first field in register 1, the next ones
@@ -33,6 +34,10 @@ const PAYLOAD_NETWORK: u32 = 1;
 const PAYLOAD_TRANSPORT: u32 = 2;
 const META_MARK: u32 = 3;
 const META_L4PROTO: u32 = 16;
+const META_NFTRACE: u32 = 12;
+const META_IIFNAME: u32 = 6;
+/// An interface name's bytes in a register (`IFNAMSIZ`).
+const IFNAMSIZ: usize = 16;
 const CT_STATE: u32 = 0;
 const CT_STATUS: u32 = 2;
 const CMP_EQ: u32 = 0;
@@ -177,6 +182,10 @@ impl<'a> Tokens<'a> {
     }
     fn peek(&self) -> Option<&'a str> {
         self.list.get(self.at).copied()
+    }
+    /// The token after the next one.
+    fn peek2(&self) -> Option<&'a str> {
+        self.list.get(self.at + 1).copied()
     }
     #[allow(clippy::should_implement_trait)]
     fn next(&mut self) -> Option<&'a str> {
@@ -463,6 +472,8 @@ pub(super) fn compile(text: &str, ids: &mut Ids) -> Option<Rule> {
     let mut t = Tokens::new(text)?;
     let mut rule = Rule::default();
     let out = &mut rule.exprs;
+    // Whether the rule has matched the protocol tcp already (a `tcp dport`'s dependency).
+    let mut l4_tcp = false;
     while let Some(word) = t.peek() {
         match word {
             "comment" => {
@@ -571,7 +582,56 @@ pub(super) fn compile(text: &str, ids: &mut Ids) -> Option<Rule> {
                 t.next();
                 compile_dnat(&mut t, out, &mut rule.sets, ids)?;
             }
+            "ip" | "ip6" if t.peek2() == Some("dscp") => {
+                let v6 = t.next()? == "ip6";
+                t.next();
+                let dscp = number(t.next()?).filter(|d| *d < 64 && v6 == ids.v6)? as u8;
+                dscp_match(out, dscp, v6);
+            }
+            "tcp" if t.peek2() == Some("flags") => {
+                t.next();
+                t.next();
+                t.expect("&")?;
+                let mask = tcp_flags(&mut t)?;
+                t.expect("==")?;
+                let set = tcp_flags(&mut t)?;
+                // nft adds the `meta l4proto tcp` dependency once per rule.
+                if !l4_tcp {
+                    meta_load(out, REG_1, META_L4PROTO);
+                    cmp(out, CMP_EQ, &[6]);
+                }
+                payload(out, REG_1, PAYLOAD_TRANSPORT, 13, 1);
+                bitwise(out, &[mask], &[0]);
+                cmp(out, CMP_EQ, &[set]);
+            }
+            "iifname" => {
+                t.next();
+                let negate = t.peek() == Some("!=");
+                if negate {
+                    t.next();
+                }
+                // A whole name (no wildcard), compared as nft compares it: all 16 bytes.
+                let name = t.next()?.strip_prefix('"')?.strip_suffix('"')?;
+                if name.is_empty() || name.len() >= IFNAMSIZ || name.contains(['*', '\\']) {
+                    return None;
+                }
+                let mut bytes = [0u8; IFNAMSIZ];
+                bytes[..name.len()].copy_from_slice(name.as_bytes());
+                meta_load(out, REG_1, META_IIFNAME);
+                cmp(out, if negate { CMP_NEQ } else { CMP_EQ }, &bytes);
+            }
+            "meta" if t.peek2() == Some("nftrace") => {
+                for w in ["meta", "nftrace", "set", "1"] {
+                    t.expect(w)?;
+                }
+                immediate(out, REG_1, &[1]);
+                expr(out, "meta", |d| {
+                    u32attr(d, 2, META_NFTRACE);
+                    u32attr(d, 3, REG_1);
+                });
+            }
             "ip" | "ip6" | "meta" | "th" | "tcp" | "udp" | "sctp" | "numgen" => {
+                l4_tcp |= t.peek() == Some("tcp") && t.peek2() == Some("dport");
                 compile_match(&mut t, out, &mut rule.sets, ids)?;
             }
             _ => return None,
@@ -585,6 +645,54 @@ fn number(text: &str) -> Option<u32> {
         Some(hex) => u32::from_str_radix(hex, 16).ok(),
         None => text.parse().ok(),
     }
+}
+
+/// `ip dscp N` (the DSCP bits of the TOS byte) or `ip6 dscp N` (across the first two bytes of
+/// the header, after the version), masked and compared as nft does.
+fn dscp_match(out: &mut Vec<u8>, dscp: u8, v6: bool) {
+    if v6 {
+        payload(out, REG_1, PAYLOAD_NETWORK, 0, 2);
+        bitwise(out, &[0x0f, 0xc0], &[0, 0]);
+        cmp(out, CMP_EQ, &[dscp >> 2, (dscp & 3) << 6]);
+    } else {
+        payload(out, REG_1, PAYLOAD_NETWORK, 1, 1);
+        bitwise(out, &[0xfc], &[0]);
+        cmp(out, CMP_EQ, &[dscp << 2]);
+    }
+}
+
+/// TCP flags as `syn`, `(syn | ack)` or `syn | ack`: their bits.
+fn tcp_flags(t: &mut Tokens) -> Option<u8> {
+    let first = t.next()?;
+    let parenthesized = first.starts_with('(');
+    let mut word = first.strip_prefix('(').unwrap_or(first);
+    let mut bits = 0u8;
+    loop {
+        let closes = parenthesized && word.ends_with(')');
+        bits |= tcp_flag(word.strip_suffix(')').filter(|_| closes).unwrap_or(word))?;
+        if closes {
+            return Some(bits);
+        }
+        if t.peek() != Some("|") {
+            return (!parenthesized).then_some(bits);
+        }
+        t.next();
+        word = t.next()?;
+    }
+}
+
+fn tcp_flag(name: &str) -> Option<u8> {
+    Some(match name {
+        "fin" => 0x01,
+        "syn" => 0x02,
+        "rst" => 0x04,
+        "psh" => 0x08,
+        "ack" => 0x10,
+        "urg" => 0x20,
+        "ecn" => 0x40,
+        "cwr" => 0x80,
+        _ => return None,
+    })
 }
 
 fn ct_state(s: &str) -> Option<u32> {
@@ -937,6 +1045,54 @@ mod tests {
             assert!(c6(v4_word).is_none(), "{v4_word}");
         }
         assert!(compile("dnat to [fd00::1]:80", &mut Ids::default()).is_none());
+    }
+
+    /// `podpath trace`'s table: DSCP and TCP flag matches, `meta nftrace set 1`; the `meta
+    /// l4proto tcp` dependency once per rule, as nft writes it.
+    #[test]
+    fn the_trace_tables_shapes_compile() {
+        let cases: &[(&str, &[&str])] = &[
+            (
+                "ip dscp 0x2d tcp flags & (syn | ack) == syn meta nftrace set 1",
+                &["payload", "bitwise", "cmp", "meta", "cmp", "payload", "bitwise", "cmp", "immediate", "meta"],
+            ),
+            (
+                "tcp dport 41000 tcp flags & (syn | ack) == syn | ack meta nftrace set 1",
+                &["meta", "cmp", "payload", "cmp", "payload", "bitwise", "cmp", "immediate", "meta"],
+            ),
+            (
+                "ip dscp 0x2d udp dport 9 goto traced",
+                &["payload", "bitwise", "cmp", "meta", "cmp", "payload", "cmp", "immediate"],
+            ),
+            ("iifname != \"lo\" jump probe", &["meta", "cmp", "immediate"]),
+        ];
+        for (text, want) in cases {
+            assert_eq!(names(&c(text)), *want, "{text}");
+        }
+        // The DSCP 0x2d: 0xb4 in the IPv4 TOS byte; 0x0b, 0x40 across the IPv6 header's first
+        // two bytes (cmp's data: a 4-byte attribute header, then the value).
+        let has = |r: &Rule, bytes: &[u8]| r.exprs.windows(bytes.len()).any(|w| w == bytes);
+        assert!(has(&c("ip dscp 0x2d"), &[5, 0, 1, 0, 0xb4]));
+        let v6 = compile("ip6 dscp 0x2d", &mut Ids::of_family(true)).unwrap();
+        assert!(has(&v6, &[6, 0, 1, 0, 0x0b, 0x40]) && has(&v6, &[6, 0, 1, 0, 0x0f, 0xc0]));
+        assert!(has(&c("tcp flags & (syn | ack) == syn | ack"), &[5, 0, 1, 0, 0x12]));
+        assert!(has(&c("tcp flags & rst == rst"), &[5, 0, 1, 0, 0x04]));
+        // The name in all 16 bytes of the comparison.
+        assert!(has(&c("iifname \"lo\""), &[20, 0, 1, 0, b'l', b'o', 0, 0]));
+        for bad in [
+            "ip dscp 64",
+            "ip6 dscp 0x2d",
+            "tcp flags & (syn | ack == syn",
+            "tcp flags & syn) == syn",
+            "tcp flags & bogus == syn",
+            "tcp flags syn / syn,ack",
+            "meta nftrace set 0",
+            "iifname \"eth*\"",
+            "iifname \"a-name-too-long-for-it\"",
+            "iifname lo",
+        ] {
+            assert!(compile(bad, &mut Ids::default()).is_none(), "{bad}");
+        }
     }
 
     #[test]

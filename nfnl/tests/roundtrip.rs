@@ -176,3 +176,43 @@ fn a_table_of_every_form_lists_back_as_the_one_nft_loads() {
     drop((text_ns, netlink_ns));
     assert_eq!(host_state(), before, "the host namespace changed");
 }
+
+/// `podpath trace`'s table shapes (DSCP, TCP flags, an interface name, `meta nftrace set 1`,
+/// filter chains at priority -350), in both families, list back as nft's own.
+#[test]
+fn the_trace_tables_shapes_list_back_as_the_ones_nft_loads() {
+    if !root_or_explain() {
+        return;
+    }
+    let before = host_state();
+    let (text_ns, netlink_ns) = (Netns::new("nftt"), Netns::new("nftn"));
+    let text = Nft::in_netns(&text_ns.name);
+    let mut socket = nfnl::Socket::open_in(Some(&netlink_ns.name)).unwrap();
+    for (family, ip) in [(NftFamily::Ip, "ip"), (NftFamily::Ip6, "ip6")] {
+        let mut t = NftTable::new(family, "trace-shapes");
+        t.comment = Some("a trace table".into());
+        t.add_chain(Chain::base("prerouting", "filter", "prerouting", -350).rule("iifname != \"lo\" jump probe"));
+        t.add_chain(Chain::base("output", "filter", "output", -350).rule("jump probe"));
+        t.add_chain(
+            Chain::regular("probe")
+                .rule(format!("{ip} dscp 0x2d tcp flags & (syn | ack) == syn goto traced"))
+                .rule("tcp dport 41000 tcp flags & (syn | ack) == syn | ack goto traced")
+                .rule(format!("{ip} dscp 0x2d tcp flags & rst == rst meta nftrace set 1"))
+                .rule(format!("{ip} dscp 0x2d udp dport 9 goto traced")),
+        );
+        t.add_chain(Chain::regular("traced").rule("meta nftrace set 1"));
+        assert_eq!(nfnl::unwritable(&t), Vec::<String>::new(), "{ip}");
+        apply(&Transaction::between(None, &t).0, &[], &text, &mut socket);
+        let a = text.list_table(family, "trace-shapes", false).unwrap();
+        let b = Nft::in_netns(&netlink_ns.name).list_table(family, "trace-shapes", false).unwrap();
+        assert!(a.as_deref().is_some_and(|l| l.contains("meta nftrace set 1")), "{ip}: {a:?}");
+        assert_eq!(b, a, "{ip}: netlink (left) and nft -f (right) differ");
+        assert_eq!(listed_json(&netlink_ns.name, ip, "trace-shapes"), listed_json(&text_ns.name, ip, "trace-shapes"));
+        let mut tx = Transaction::new(&t);
+        tx.ops.push(Op::DeleteTable);
+        apply(&tx, &[], &text, &mut socket);
+        assert!(!socket.has_table(family, "trace-shapes").unwrap(), "{ip}: the table is gone");
+    }
+    drop((text_ns, netlink_ns));
+    assert_eq!(host_state(), before, "the host namespace changed");
+}

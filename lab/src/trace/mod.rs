@@ -1,7 +1,7 @@
 //! `podpath trace`: one real request followed hop by hop, rule by rule. The kernel's netfilter
-//! trace (raw-table `TRACE` rules matching the probe, read back with `xtables-monitor`; in the
-//! nftables mode a table of its own setting `meta nftrace`, read back with `nft monitor
-//! trace`) shows every rule the request's first packet hits on every host; conntrack shows each host's NAT of
+//! trace (a table of its own setting `meta nftrace` on the probe's packets, read back with
+//! `xtables-monitor` in the iptables modes, with `nft monitor trace` in the nftables mode and
+//! for IPv6) shows every rule the request's first packet hits on every host; conntrack shows each host's NAT of
 //! the flow; `ip route get` shows where each host sent it; the API names the objects.
 //!
 //! [`run`] does the side effects (rules, probe, monitor, conntrack, API reads); [`parse`] reads

@@ -12,8 +12,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use podpath_ruleset::exec::Nft;
-use podpath_ruleset::nft::{Chain as NftChain, NftFamily, NftTable, Transaction as NftTransaction};
-use podpath_ruleset::{Backend, Command as RuleCommand, Iptables, Match, Rule, Ruleset, Table, Target as RuleTarget};
+use podpath_ruleset::nft::{Chain as NftChain, NftFamily, NftTable, Op as NftOp, Transaction as NftTransaction};
+use podpath_ruleset::{Backend, Iptables};
 
 use super::dns::{candidates, describe, first_address, Lookup, Query, ResolvConf};
 use super::flow::{self, Observed};
@@ -24,9 +24,7 @@ use crate::state::ApiAccess;
 use crate::{in_netns_thread, io, LabError, LabState, Result};
 
 pub use super::flow::PROBE_TOS;
-/// The chain of trace rules in the raw table of every traced host.
-pub const TRACE_CHAIN: &str = "PODPATH-TRACE";
-/// The nftables mode's trace table (`ip podpath-trace`) in every traced host.
+/// The trace table (`ip podpath-trace`, or `ip6`) in every traced host.
 pub const NFT_TRACE_TABLE: &str = "podpath-trace";
 /// Where the monitor-sync datagrams go (discard port; nothing listens).
 const CANARY_PORT: u16 = 9;
@@ -261,19 +259,6 @@ impl Site {
         }
     }
 
-    /// `iptables-restore --noflush` (or ip6tables') of `rs` on a host.
-    fn restore(&self, host: &str, v6: bool, rs: &Ruleset) -> Result<()> {
-        match self {
-            Site::Netns if v6 => ip6tables(host).restore(rs),
-            Site::Netns => iptables(host).restore(rs),
-            Site::Vagrant(v) => {
-                let tool = if v6 { "ip6tables-restore" } else { "iptables-restore" };
-                return v.run_input(host, &[tool, "--noflush", "-w", "5"], rs.to_string().as_bytes()).map(|_| ());
-            }
-        }
-        .map_err(|e| LabError::Command { cmd: format!("iptables-restore in {host}"), stderr: e.to_string() })
-    }
-
     /// `iptables-save -t TABLE` (or ip6tables') on a host.
     fn save_text(&self, host: &str, v6: bool, table: &str) -> Result<String> {
         match self {
@@ -282,6 +267,26 @@ impl Site {
             }),
             Site::Vagrant(v) => v.run(host, &[if v6 { "ip6tables-save" } else { "iptables-save" }, "-t", table]),
         }
+    }
+
+    /// A whole nftables table loaded on a host: in a namespace lab over netlink from this
+    /// process (no `nft` program, which reads the host's whole ruleset first), on a VM by `nft -f`.
+    fn nft_load(&self, host: &str, table: &NftTable) -> Result<()> {
+        let (tx, _) = NftTransaction::between(None, table);
+        if let Site::Netns = self {
+            match nfnl::Socket::open_in(Some(host)).and_then(|mut s| s.apply(&tx, &[])) {
+                Ok(true) => return Ok(()),
+                // A form the netlink layer does not write goes to `nft -f` whole.
+                Ok(false) => {}
+                Err(e) => {
+                    return Err(LabError::Command {
+                        cmd: format!("load table {} in {host}", table.name),
+                        stderr: e.to_string(),
+                    })
+                }
+            }
+        }
+        self.nft_apply(host, &tx)
     }
 
     /// `nft -f -` of a transaction's text on a host.
@@ -294,10 +299,17 @@ impl Site {
         }
     }
 
-    /// `nft delete table` on a host; whether it was removed.
+    /// A table deleted on a host (over netlink in a namespace lab); whether it is gone (also
+    /// when there was none).
     fn nft_delete_table(&self, host: &str, family: NftFamily, table: &str) -> bool {
         match self {
-            Site::Netns => Nft::in_netns(host).delete_table(family, table).is_ok(),
+            Site::Netns => {
+                let tx = NftTransaction { family, table: table.into(), comment: None, ops: vec![NftOp::DeleteTable] };
+                match nfnl::Socket::open_in(Some(host)).and_then(|mut s| s.apply(&tx, &[])) {
+                    Ok(sent) => sent,
+                    Err(e) => e.source.raw_os_error() == Some(nix::libc::ENOENT),
+                }
+            }
             Site::Vagrant(v) => v.run(host, &["nft", "delete", "table", nft_family(family), table]).is_ok(),
         }
     }
@@ -348,56 +360,43 @@ fn nft_family(f: NftFamily) -> &'static str {
     }
 }
 
-/// The raw-table rules a trace adds (applied with `--noflush`): the probe's SYN, recognised by
-/// its DSCP on every host (also after NAT changed its addresses); SYN-ACKs to the probe's port
-/// (the reply, wherever it was not translated); resets with the DSCP (a kernel's reset copies the
-/// TOS of the SYN it refuses: a relay's failed attempt); and the monitor-sync datagram. Nothing
-/// else is traced, so other traffic costs the monitors nothing.
-pub fn trace_rules(probe_port: u16) -> Ruleset {
-    let tos = Match::Tos(format!("0x{PROBE_TOS:02x}/0xfc"));
-    let proto = |p: &str| {
-        Rule::new(TRACE_CHAIN).with(Match::Protocol { proto: p.into(), negated: false }).with(Match::Module(p.into()))
-    };
-    let flags = |mask: &str, set: &str| Match::TcpFlags { mask: mask.into(), set: set.into(), negated: false };
-    let mut raw = Table::new("raw");
-    raw.declare(TRACE_CHAIN);
-    for hook in ["PREROUTING", "OUTPUT"] {
-        raw.commands.push(RuleCommand::Insert { position: 1, rule: Rule::new(hook).jump(TRACE_CHAIN) });
-    }
-    raw.append(proto("tcp").with(flags("SYN,ACK", "SYN")).with(tos.clone()).target(RuleTarget::Trace));
-    raw.append(proto("tcp").dport(probe_port).with(flags("SYN,ACK", "SYN,ACK")).target(RuleTarget::Trace));
-    raw.append(proto("tcp").with(flags("RST", "RST")).with(tos.clone()).target(RuleTarget::Trace));
-    raw.append(proto("udp").dport(CANARY_PORT).with(tos).target(RuleTarget::Trace));
-    Ruleset { tables: vec![raw] }
-}
-
-/// The nftables trace table (`ip podpath-trace`, or `ip6 podpath-trace` for an IPv6 request):
-/// the same packets as [`trace_rules`] get `meta nftrace`, before conntrack and NAT (priority
-/// -350, as iptables' raw table is before them), so `nft monitor trace` prints every rule of
-/// every table of that family they meet — `ip kube-proxy` included, which xtables-monitor does
-/// not print. The DSCP is in the traffic class for IPv6.
+/// The trace table (`ip podpath-trace`, or `ip6 podpath-trace` for an IPv6 request): the probe's
+/// SYN, recognised by its DSCP on every host (also after NAT changed its addresses); SYN-ACKs to
+/// the probe's port (the reply, wherever it was not translated); resets with the DSCP (a
+/// kernel's reset copies the TOS of the SYN it refuses: a relay's failed attempt); and the
+/// monitor-sync datagram get `meta nftrace`, before conntrack and NAT (priority -350). The
+/// kernel then reports every rule of every table of that family they meet: `nft monitor trace`
+/// prints them all (`ip kube-proxy` included), xtables-monitor the iptables-nft ones in
+/// iptables' words. Nothing else is traced, so other traffic costs the monitors nothing. The
+/// DSCP is in the traffic class for IPv6.
+///
+/// xtables-monitor puts every rule it is told of in iptables' words and exits at one it cannot
+/// (a DSCP match), so no such rule may be reported: a rule is reported only once the packet is
+/// traced, so the matches `goto` a chain that sets the trace flag alone; and a packet looped
+/// back to this host, traced already at `output`, does not meet them again at `prerouting`.
 pub fn nft_trace_table(probe_port: u16, family: NftFamily) -> NftTable {
     let dscp = PROBE_TOS >> 2;
     let ip = if family == NftFamily::Ip6 { "ip6" } else { "ip" };
     let mut t = NftTable::new(family, NFT_TRACE_TABLE);
-    t.comment = Some("podpath trace: the probe's packets, for nft monitor trace".into());
-    for hook in ["prerouting", "output"] {
-        t.add_chain(NftChain::base(hook, "filter", hook, -350).rule("jump probe"));
-    }
+    t.comment = Some("podpath trace: the probe's packets, for the trace monitors".into());
+    t.add_chain(NftChain::base("prerouting", "filter", "prerouting", -350).rule("iifname != \"lo\" jump probe"));
+    t.add_chain(NftChain::base("output", "filter", "output", -350).rule("jump probe"));
     t.add_chain(
         NftChain::regular("probe")
-            .rule(format!("{ip} dscp 0x{dscp:x} tcp flags & (syn | ack) == syn meta nftrace set 1"))
-            .rule(format!("tcp dport {probe_port} tcp flags & (syn | ack) == syn | ack meta nftrace set 1"))
-            .rule(format!("{ip} dscp 0x{dscp:x} tcp flags & rst == rst meta nftrace set 1"))
-            .rule(format!("{ip} dscp 0x{dscp:x} udp dport {CANARY_PORT} meta nftrace set 1")),
+            .rule(format!("{ip} dscp 0x{dscp:x} tcp flags & (syn | ack) == syn goto traced"))
+            .rule(format!("tcp dport {probe_port} tcp flags & (syn | ack) == syn | ack goto traced"))
+            .rule(format!("{ip} dscp 0x{dscp:x} tcp flags & rst == rst goto traced"))
+            .rule(format!("{ip} dscp 0x{dscp:x} udp dport {CANARY_PORT} goto traced")),
     );
+    t.add_chain(NftChain::regular("traced").rule("meta nftrace set 1"));
     t
 }
 
-/// Which trace a lab's hosts get, by proxy mode and the request's family: iptables' raw-table
-/// TRACE rules read by xtables-monitor (IPv4, iptables modes); else the nftrace table read by
-/// `nft monitor trace` — for IPv6 in the iptables modes too, with handles (`-a`) to find each
-/// ip6tables rule it prints in `ip6tables-save` (xtables-monitor prints no ip6tables rule).
+/// Which monitor reads a lab's hosts' traces (every host gets the trace table), by proxy mode
+/// and the request's family: xtables-monitor (IPv4, iptables modes: the rules in iptables'
+/// words); else `nft monitor trace` — for IPv6 in the iptables modes too, with handles (`-a`) to
+/// find each ip6tables rule it prints in `ip6tables-save` (xtables-monitor prints no ip6tables
+/// rule).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Tracer {
     Xtables,
@@ -442,34 +441,17 @@ impl Tracer {
             _ => parse::parse_nft_monitor(text),
         }
     }
-    /// Removes exactly what [`Tracer::install`] wrote, in one transaction; when that fails (the
-    /// rules were changed meanwhile), searches the host for them ([`remove_rules`]).
-    fn uninstall(self, site: &Site, ns: &str, probe_port: u16) {
-        let removed = match self {
-            Tracer::Xtables => {
-                let mut raw = Table::new("raw");
-                for cmd in &trace_rules(probe_port).tables[0].commands {
-                    if let RuleCommand::Insert { rule, .. } = cmd {
-                        raw.commands.push(RuleCommand::Delete(rule.clone()));
-                    }
-                }
-                raw.commands.push(RuleCommand::Flush(TRACE_CHAIN.into()));
-                raw.commands.push(RuleCommand::DeleteChain(TRACE_CHAIN.into()));
-                site.restore(ns, false, &Ruleset { tables: vec![raw] }).is_ok()
-            }
-            _ => site.nft_delete_table(ns, self.family(), NFT_TRACE_TABLE),
-        };
-        if !removed {
+    /// Removes what [`Tracer::install`] wrote (its table, in one transaction); when that fails,
+    /// tries both families ([`remove_rules_on`]).
+    fn uninstall(self, site: &Site, ns: &str) {
+        if !site.nft_delete_table(ns, self.family(), NFT_TRACE_TABLE) {
             remove_rules_on(site, ns);
         }
     }
 
-    /// Installs the trace rules in a namespace.
+    /// Installs the trace table in a host.
     fn install(self, site: &Site, ns: &str, probe_port: u16) -> Result<()> {
-        match self {
-            Tracer::Xtables => site.restore(ns, false, &trace_rules(probe_port)),
-            _ => site.nft_apply(ns, &NftTransaction::between(None, &nft_trace_table(probe_port, self.family())).0),
-        }
+        site.nft_load(ns, &nft_trace_table(probe_port, self.family()))
     }
 }
 
@@ -501,54 +483,11 @@ fn ip6tables_listings(site: &Site, ns: &str) -> Ip6tablesListings {
     (listings, saves)
 }
 
-/// What removes a trace's chain and every jump to it from a raw table as saved: one transaction.
-fn removal(saved: &Table) -> Ruleset {
-    let mut raw = Table::new("raw");
-    for r in saved.rules().filter(|r| r.jump_target() == Some(TRACE_CHAIN)) {
-        raw.commands.push(RuleCommand::Delete(r.clone()));
-    }
-    if saved.declares(TRACE_CHAIN) {
-        raw.commands.push(RuleCommand::Flush(TRACE_CHAIN.into()));
-        raw.commands.push(RuleCommand::DeleteChain(TRACE_CHAIN.into()));
-    }
-    Ruleset { tables: if raw.commands.is_empty() { vec![] } else { vec![raw] } }
-}
-
-/// Removes the trace chain and the jumps to it from a namespace, in one transaction, and the
-/// nftables mode's trace table (also the left-overs of a trace that was killed); quiet when
-/// there is nothing to remove.
-pub fn remove_rules(netns: &str) {
-    let ipt = iptables(netns);
-    if ipt.list_chain("raw", TRACE_CHAIN).is_ok_and(|c| c.is_some()) {
-        if let Some(saved) = ipt.save("raw").ok().and_then(|rs| rs.tables.into_iter().next()) {
-            let plan = removal(&saved);
-            if !plan.tables.is_empty() {
-                let _ = ipt.restore(&plan);
-            }
-        }
-    }
-    // Without nft installed (an iptables-only machine) there is no such table either.
-    for family in [NftFamily::Ip, NftFamily::Ip6] {
-        let _ = Nft::in_netns(netns).delete_table(family, NFT_TRACE_TABLE);
-    }
-}
-
-/// [`remove_rules`] on a host of either kind of lab.
+/// Removes the trace tables of both families from a host (also the left-overs of a trace that
+/// was killed); quiet when there is nothing to remove.
 fn remove_rules_on(site: &Site, host: &str) {
-    match site {
-        Site::Netns => remove_rules(host),
-        Site::Vagrant(_) => {
-            let saved = site.save_text(host, false, "raw").ok().and_then(|t| podpath_ruleset::text::parse(&t).ok());
-            if let Some(saved) = saved.and_then(|rs| rs.tables.into_iter().next()) {
-                let plan = removal(&saved);
-                if !plan.tables.is_empty() {
-                    let _ = site.restore(host, false, &plan);
-                }
-            }
-            for family in [NftFamily::Ip, NftFamily::Ip6] {
-                site.nft_delete_table(host, family, NFT_TRACE_TABLE);
-            }
-        }
+    for family in [NftFamily::Ip, NftFamily::Ip6] {
+        site.nft_delete_table(host, family, NFT_TRACE_TABLE);
     }
 }
 
@@ -579,9 +518,9 @@ fn set_reflect_tos(site: &Site, ns: &str, value: &str) -> Option<String> {
 pub struct Installed {
     site: Site,
     namespaces: Vec<String>,
-    /// The trace rules installed (and the probe's port they name): removed as they were
-    /// written, one transaction per host; unknown, each host is searched for them.
-    rules: Option<(Tracer, u16)>,
+    /// The trace table installed (its family by the tracer): removed in one transaction per
+    /// host; unknown, each host's tables of both families are removed.
+    rules: Option<Tracer>,
     monitors: Vec<Child>,
     /// Namespaces whose `tcp_reflect_tos` the trace changed, with the value to put back.
     reflect_tos: Vec<(String, String)>,
@@ -607,7 +546,7 @@ impl Installed {
                         set_reflect_tos(site, ns, &old);
                     }
                     match rules {
-                        Some((tracer, port)) => tracer.uninstall(site, ns, port),
+                        Some(tracer) => tracer.uninstall(site, ns),
                         None => remove_rules_on(site, ns),
                     }
                 });
@@ -1252,7 +1191,7 @@ fn trace_in(lab: &Lab, source: Source, req: &Request, dst: SocketAddr) -> Result
     guard.with(|i| {
         i.site = site.clone();
         i.namespaces.extend(hosts.iter().map(|(_, ns)| ns.clone()));
-        i.rules = Some((tracer, bound.port()));
+        i.rules = Some(tracer);
     });
     mark_installed(&mut lock, Some(&[])).map_err(io("write the trace lock"))?;
     // A monitor per host, its lines collected into `out` (monitor i is `guard`'s monitors[i]),
@@ -1601,9 +1540,17 @@ mod tests {
         let t = nft_trace_table(41000, NftFamily::Ip6);
         let text = NftTransaction::between(None, &t).0.text();
         assert!(text.contains("table ip6 podpath-trace"), "{text}");
-        assert!(text.contains("ip6 dscp 0x2d tcp flags & (syn | ack) == syn meta nftrace set 1"), "{text}");
-        assert!(text.contains("ip6 dscp 0x2d udp dport 9 meta nftrace set 1"), "{text}");
+        assert!(text.contains("ip6 dscp 0x2d tcp flags & (syn | ack) == syn goto traced"), "{text}");
+        assert!(text.contains("ip6 dscp 0x2d udp dport 9 goto traced"), "{text}");
         assert!(!text.contains("ip dscp"), "{text}");
+    }
+
+    /// Both families' tables go over netlink from the trace itself (no `nft` process).
+    #[test]
+    fn the_trace_tables_are_written_over_netlink() {
+        for family in [NftFamily::Ip, NftFamily::Ip6] {
+            assert_eq!(nfnl::unwritable(&nft_trace_table(41000, family)), Vec::<String>::new(), "{family:?}");
+        }
     }
 
     #[test]
