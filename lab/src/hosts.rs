@@ -70,11 +70,26 @@ fn enter_netns(ns_path: &str) -> Result<()> {
         .map_err(|e| io(format!("enter namespace {ns_path}"))(e.into()))
 }
 
+/// Makes the program `cmd` starts get SIGKILL when the thread that started it ends (or the
+/// whole process, killed outright): the parent-death signal, set in the child before it execs
+/// the program. It follows the thread that forked, not the process (see [`NetnsSpawner`]).
+#[allow(unsafe_code)] // `pre_exec`; see CONVENTIONS.md
+pub fn die_with_parent(cmd: &mut std::process::Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the hook runs in the forked child before exec and only calls prctl(2), which is
+    // async-signal-safe; it allocates nothing and takes no lock (an error is a plain errno).
+    unsafe {
+        cmd.pre_exec(|| {
+            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL).map_err(std::io::Error::from)
+        });
+    }
+}
+
 /// A thread inside a network namespace that starts programs there for as long as it lives.
 /// A program started without `ip netns exec` (one program start and one mount namespace less):
-/// it inherits the namespace of the thread that forked it. Given a parent-death signal (with
-/// `setpriv --pdeathsig`), the program gets it when this thread ends, since that signal
-/// follows the thread that forked, not the process: so the thread lives until dropped.
+/// it inherits the namespace of the thread that forked it. Given a parent-death signal
+/// ([`die_with_parent`]), the program gets it when this thread ends, since that signal follows
+/// the thread that forked, not the process: so the thread lives until dropped.
 pub struct NetnsSpawner {
     ns_path: String,
     requests: Option<std::sync::mpsc::Sender<SpawnRequest>>,

@@ -24,8 +24,9 @@ fn a_spawned_program_runs_in_the_namespace_and_dies_with_the_spawner() {
     let inode = must(&["stat", "-L", "-c", "%i", &ns.path()]);
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), format!("net:[{}]", inode.trim()));
 
-    let mut sleeper = Command::new("setpriv");
-    sleeper.args(["--pdeathsig", "KILL", "sleep", "60"]);
+    let mut sleeper = Command::new("sleep");
+    sleeper.arg("60");
+    podpath_lab::hosts::die_with_parent(&mut sleeper);
     let mut child = spawner.spawn(sleeper).expect("spawn");
     // Still running while the spawner lives, also after this thread waited a little.
     std::thread::sleep(Duration::from_millis(200));

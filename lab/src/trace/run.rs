@@ -327,12 +327,13 @@ impl Site {
     fn monitor_command(&self, host: &str, monitor: &[&str]) -> Result<Command> {
         let mut c = match self {
             Site::Netns => {
-                // util-linux's setpriv sets the parent-death signal (no `pre_exec`: the
-                // workspace denies unsafe) and execs the monitor, keeping it. Started by the
-                // host's `NetnsSpawner`, a thread inside the host's namespace that lives as
-                // long as the trace: the signal follows the thread that forked.
-                let mut c = Command::new("setpriv");
-                c.args(["--pdeathsig", "KILL"]).args(monitor);
+                // The parent-death signal set before the monitor execs (no `setpriv` program
+                // start). Started by the host's `NetnsSpawner`, a thread inside the host's
+                // namespace that lives as long as the trace: the signal follows the thread
+                // that forked.
+                let mut c = Command::new(monitor[0]);
+                c.args(&monitor[1..]);
+                crate::hosts::die_with_parent(&mut c);
                 c.stdin(Stdio::null());
                 c
             }
@@ -341,8 +342,9 @@ impl Site {
                 // standard input, which ends with the SSH session, then kills it.
                 let script = format!("{} & m=$!; read _; kill $m", monitor.join(" "));
                 let argv = v.ssh_argv(host, &["sh".into(), "-c".into(), script], false)?;
-                let mut c = Command::new("setpriv");
-                c.args(["--pdeathsig", "KILL"]).args(&argv);
+                let mut c = Command::new(&argv[0]);
+                c.args(&argv[1..]);
+                crate::hosts::die_with_parent(&mut c);
                 c.stdin(Stdio::piped());
                 c
             }
