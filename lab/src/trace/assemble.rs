@@ -315,8 +315,8 @@ PACKET: 2 c2 IN=eth0 SRC=10.0.0.1 DST=10.0.0.2 LEN=60 TOS=0x0 TTL=64 ID=9 DF SPO
         let flow = follow(&o);
         assert_eq!((flow.legs.len(), flow.relays.len()), (1, 0), "no relay on this path");
         let q = route_queries(&o, &flow);
-        assert_eq!(q[2].1.join(" "), "10.244.1.5 from 203.0.113.10 iif eth0 ipproto tcp sport 40000 dport 8080");
-        assert_eq!(q[0].1.join(" "), "198.51.100.1 ipproto tcp sport 40000 dport 80");
+        assert_eq!(q[2].1.argv().join(" "), "10.244.1.5 from 203.0.113.10 iif eth0 ipproto tcp sport 40000 dport 8080");
+        assert_eq!(q[0].1.argv().join(" "), "198.51.100.1 ipproto tcp sport 40000 dport 80");
     }
 
     #[test]

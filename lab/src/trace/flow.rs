@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 
 use super::parse::{CtEntry, Observation};
+use super::route::RouteQuery;
 
 /// What was observed, per host (`client`, `gateway`, `node-N`).
 #[derive(Debug, Clone, Default)]
@@ -239,7 +240,7 @@ fn path_of(observed: &Observed, wanted: impl Fn(&Observation) -> bool) -> Vec<St
 /// get` arguments), with the packet's addresses as it left the host (after any DNAT) and the
 /// interface it came in on, so the kernel answers for exactly this packet. A leg's last host
 /// before a relay delivered it locally: no lookup there.
-pub fn route_queries(observed: &Observed, flow: &Flow) -> Vec<((usize, String), Vec<String>)> {
+pub fn route_queries(observed: &Observed, flow: &Flow) -> Vec<((usize, String), RouteQuery)> {
     let mut out = Vec::new();
     for (k, leg) in flow.legs.iter().enumerate() {
         let relayed = k < flow.relays.len();
@@ -255,23 +256,16 @@ pub fn route_queries(observed: &Observed, flow: &Flow) -> Vec<((usize, String), 
     out
 }
 
-fn route_query(observed: &Observed, t: &Tuples, host: &str) -> Option<Vec<String>> {
+fn route_query(observed: &Observed, t: &Tuples, host: &str) -> Option<RouteQuery> {
     let obs: Vec<&Observation> =
         observed.packets[host].iter().filter(|o| o.is_syn() && t.forward.contains(&(o.src, o.dst))).collect();
     let (Some(first), Some(last)) = (obs.first(), obs.last()) else { return None };
-    let mut args = vec![last.dst.ip().to_string()];
-    if let Some(iif) = &first.iif {
-        args.extend(["from".into(), first.src.ip().to_string(), "iif".into(), iif.clone()]);
-    }
-    args.extend([
-        "ipproto".into(),
-        "tcp".into(),
-        "sport".into(),
-        first.src.port().to_string(),
-        "dport".into(),
-        last.dst.port().to_string(),
-    ]);
-    Some(args)
+    Some(RouteQuery {
+        dst: last.dst.ip(),
+        from: first.iif.as_ref().map(|iif| (first.src.ip(), iif.clone())),
+        sport: first.src.port(),
+        dport: last.dst.port(),
+    })
 }
 
 #[cfg(test)]

@@ -15,5 +15,6 @@ pub mod model;
 pub mod nft_steps;
 pub mod parse;
 pub mod render;
+pub mod route;
 pub mod run;
 pub mod steps;

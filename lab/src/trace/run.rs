@@ -1418,12 +1418,19 @@ fn read_back(
     let answers: Vec<Option<String>> = std::thread::scope(|s| {
         let jobs: Vec<_> = queries
             .iter()
-            .map(|((_, host), args)| {
+            .map(|((_, host), query)| {
                 let ns = hosts.iter().find(|(h, _)| h == host).expect("traced host").1.clone();
-                s.spawn(move || {
-                    let mut argv = vec!["ip", "route", "get"];
-                    argv.extend(args.iter().map(String::as_str));
-                    site.run(&ns, &argv).ok()
+                s.spawn(move || match site {
+                    // Over rtnetlink from a thread in the host's namespace: no `ip` start.
+                    Site::Netns => {
+                        let q = query.clone();
+                        crate::in_netns_thread(format!("/run/netns/{ns}"), move || q.ask()).ok().flatten()
+                    }
+                    Site::Vagrant(_) => {
+                        let mut argv = vec!["ip".to_string(), "route".into(), "get".into()];
+                        argv.extend(query.argv());
+                        site.run(&ns, &argv.iter().map(String::as_str).collect::<Vec<_>>()).ok()
+                    }
                 })
             })
             .collect();
