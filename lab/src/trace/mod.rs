@@ -9,6 +9,7 @@
 //! (pure); [`render`] prints it.
 
 pub mod assemble;
+pub mod ct;
 pub mod dns;
 pub mod flow;
 pub mod model;

@@ -1373,11 +1373,17 @@ fn read_back(
             flow::conntrack_queries(&observed.packets[h]).into_iter().map(move |t| (h.as_str(), ns.as_str(), t))
         })
         .collect();
-    let answers: Vec<String> = std::thread::scope(|s| {
+    let answers: Vec<Vec<parse::CtEntry>> = std::thread::scope(|s| {
         let jobs: Vec<_> = queries
             .iter()
             .map(|(_, ns, (from, to))| {
                 s.spawn(move || {
+                    if let Site::Netns = site {
+                        // Over ctnetlink from a thread in the host's namespace: no program start.
+                        let conn = (*from, *to);
+                        let got = crate::in_netns_thread(format!("/run/netns/{ns}"), move || super::ct::get(conn));
+                        return got.ok().flatten().into_iter().collect();
+                    }
                     let (src, dst) = (from.ip().to_string(), to.ip().to_string());
                     let (sport, dport) = (from.port().to_string(), to.port().to_string());
                     let argv = [
@@ -1394,7 +1400,7 @@ fn read_back(
                         "--orig-port-dst",
                         &dport,
                     ];
-                    site.run(ns, &argv).unwrap_or_default()
+                    parse::parse_conntrack(&site.run(ns, &argv).unwrap_or_default())
                 })
             })
             .collect();
@@ -1405,7 +1411,7 @@ fn read_back(
             .iter()
             .zip(&answers)
             .filter(|((host, _, _), _)| host == h)
-            .flat_map(|(_, text)| parse::parse_conntrack(text))
+            .flat_map(|(_, found)| found.iter().cloned())
             .collect();
         observed.conntrack.insert(h.clone(), entries);
     }
