@@ -140,7 +140,39 @@ impl Kubelet {
 /// An upgraded connection, with the subprotocol agreed.
 enum Conn {
     Ws(Box<axum::extract::ws::WebSocket>, Option<String>),
+    /// A WebSocket carrying kubectl's SPDY tunnel, framed by `stream::wstunnel`.
+    Tunnel(hyper_util::rt::TokioIo<hyper::upgrade::Upgraded>),
     Spdy(hyper_util::rt::TokioIo<hyper::upgrade::Upgraded>, String),
+}
+
+/// The 101 of a WebSocket handshake for kubectl's SPDY tunnel, when `req` is one that asks
+/// for it (the first of `ws_protocols` it offers) and is well formed; else None, and the
+/// general WebSocket path answers (rejections included).
+fn tunnel_handshake(req: &Request, ws_protocols: &[&str], offered: &[String]) -> Option<Response> {
+    let chosen = ws_protocols.iter().find(|p| offered.iter().any(|o| o == *p))?;
+    if *chosen != stream::channel::SPDY_TUNNEL || req.method() != axum::http::Method::GET {
+        return None;
+    }
+    let h = req.headers();
+    let has = |name: header::HeaderName, token: &str| {
+        h.get_all(name)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .any(|t| t.trim().eq_ignore_ascii_case(token))
+    };
+    if !has(header::CONNECTION, "upgrade") || !has(header::SEC_WEBSOCKET_VERSION, "13") {
+        return None;
+    }
+    let key = h.get(header::SEC_WEBSOCKET_KEY)?.to_str().ok()?.to_string();
+    Response::builder()
+        .status(StatusCode::SWITCHING_PROTOCOLS)
+        .header(header::CONNECTION, "Upgrade")
+        .header(header::UPGRADE, "websocket")
+        .header(header::SEC_WEBSOCKET_ACCEPT, stream::wstunnel::accept_key(&key))
+        .header(header::SEC_WEBSOCKET_PROTOCOL, *chosen)
+        .body(Body::empty())
+        .ok()
 }
 
 /// Upgrades `req` to a WebSocket (offering `ws_protocols`) or to SPDY/3.1 (offering
@@ -167,6 +199,18 @@ where
             .map(|p| p.trim().to_string())
             .filter(|p| !p.is_empty())
             .collect::<Vec<_>>();
+        let mut req = req;
+        let upgradable = req.extensions().get::<hyper::upgrade::OnUpgrade>().is_some();
+        if let Some(switching) = tunnel_handshake(&req, ws_protocols, &offered).filter(|_| upgradable) {
+            let on = hyper::upgrade::on(&mut req);
+            tokio::spawn(async move {
+                match on.await {
+                    Ok(u) => handle(Conn::Tunnel(hyper_util::rt::TokioIo::new(u))).await,
+                    Err(e) => tracing::debug!("WebSocket upgrade failed: {e}"),
+                }
+            });
+            return switching;
+        }
         let (mut parts, _) = req.into_parts();
         let ws = match axum::extract::ws::WebSocketUpgrade::from_request_parts(&mut parts, &()).await {
             Ok(ws) => ws.protocols(ws_protocols.iter().copied()),
@@ -228,6 +272,8 @@ where
 {
     match conn {
         Conn::Ws(ws, p) => stream::exec_ws(*ws, ws_proto(p.as_deref()), opts, run).await,
+        // Not offered for exec and attach (the tunnel is port-forward's alone).
+        Conn::Tunnel(_) => {}
         Conn::Spdy(io, p) => stream::exec_spdy(io, spdy_version(&p), opts, run).await,
     }
 }
@@ -302,9 +348,7 @@ async fn port_forward(State(k): State<Kubelet>, Path((ns, pod)): Path<(String, S
     let target = stream::PodRef { name: format!("{ns}/{pod}"), uid: rec.uid.clone(), sandbox_pid: rec.sandbox.pid };
     upgrade(req, stream::channel::PORTFORWARD_PROTOCOLS, &[stream::SPDY_PORTFORWARD_PROTOCOL], move |conn| async move {
         match conn {
-            Conn::Ws(ws, Some(p)) if p == stream::channel::SPDY_TUNNEL => {
-                stream::portforward_spdy(stream::spdy_over_ws(*ws), target).await
-            }
+            Conn::Tunnel(io) => stream::portforward_spdy(stream::wstunnel::serve(io), target).await,
             Conn::Ws(ws, p) => stream::portforward_ws(*ws, ws_proto(p.as_deref()), ports, target).await,
             Conn::Spdy(io, _) => stream::portforward_spdy(stream::spdy::serve(io), target).await,
         }
@@ -466,6 +510,43 @@ pub async fn serve(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// kubectl's tunnel gets its own 101 (RFC 6455's accept key, the subprotocol); any other
+    /// WebSocket, or a malformed handshake, is left to the general path and its rejections.
+    #[test]
+    fn the_tunnels_handshake_is_answered_only_when_well_formed() {
+        let req = |protocol: &str, version: &str, key: Option<&str>| {
+            let mut b = axum::http::Request::builder()
+                .method("GET")
+                .uri("/portForward/default/web")
+                .header(header::CONNECTION, "keep-alive, Upgrade")
+                .header(header::UPGRADE, "websocket")
+                .header(header::SEC_WEBSOCKET_VERSION, version)
+                .header(header::SEC_WEBSOCKET_PROTOCOL, protocol);
+            if let Some(k) = key {
+                b = b.header(header::SEC_WEBSOCKET_KEY, k);
+            }
+            b.body(Body::empty()).unwrap()
+        };
+        let offered = |p: &str| p.split(',').map(|s| s.trim().to_string()).collect::<Vec<_>>();
+        let protocols = stream::channel::PORTFORWARD_PROTOCOLS;
+        let tunnel = "SPDY/3.1+portforward.k8s.io, v4.channel.k8s.io";
+        let ok = tunnel_handshake(&req(tunnel, "13", Some("dGhlIHNhbXBsZSBub25jZQ==")), protocols, &offered(tunnel))
+            .expect("a 101");
+        assert_eq!(ok.status(), StatusCode::SWITCHING_PROTOCOLS);
+        assert_eq!(ok.headers()[header::SEC_WEBSOCKET_ACCEPT], "s3pPLMBiTxaQ9kYGzzhZRbK+xOo=");
+        assert_eq!(ok.headers()[header::SEC_WEBSOCKET_PROTOCOL], "SPDY/3.1+portforward.k8s.io");
+        assert!(tunnel_handshake(
+            &req("v4.channel.k8s.io", "13", Some("a2V5")),
+            protocols,
+            &offered("v4.channel.k8s.io")
+        )
+        .is_none());
+        assert!(tunnel_handshake(&req(tunnel, "8", Some("a2V5")), protocols, &offered(tunnel)).is_none());
+        assert!(tunnel_handshake(&req(tunnel, "13", None), protocols, &offered(tunnel)).is_none());
+        assert!(tunnel_handshake(&req(tunnel, "13", Some("a2V5")), stream::channel::EXEC_PROTOCOLS, &offered(tunnel))
+            .is_none());
+    }
 
     #[test]
     fn since_from_seconds_or_a_time() {

@@ -9,6 +9,7 @@ pub mod console;
 pub mod exec;
 pub mod portforward;
 pub mod spdy;
+pub mod wstunnel;
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -400,47 +401,6 @@ pub async fn portforward_ws(ws: WebSocket, proto: Proto, ports: Vec<u16>, pod: P
     }
     drop(tasks);
     let _ = writer.await;
-}
-
-/// The write half of a WebSocket carrying SPDY (kubectl's tunnel): a frame per binary message,
-/// assembled in one buffer that is reused once the WebSocket has taken the message.
-struct WsSink(futures::stream::SplitSink<WebSocket, Message>, bytes::BytesMut);
-
-impl spdy::FrameSink for WsSink {
-    async fn send(&mut self, head: &[u8], body: &[u8]) -> bool {
-        self.1.reserve(head.len() + body.len());
-        self.1.extend_from_slice(head);
-        self.1.extend_from_slice(body);
-        self.0.send(Message::Binary(self.1.split().freeze())).await.is_ok()
-    }
-
-    async fn finish(self) {
-        finish_ws(self.0).await;
-    }
-}
-
-/// The read half: binary messages are the byte stream, their boundaries mean nothing.
-struct WsSource(futures::stream::SplitStream<WebSocket>);
-
-impl spdy::ByteSource for WsSource {
-    async fn fill(&mut self, buf: &mut bytes::BytesMut) -> bool {
-        loop {
-            match self.0.next().await {
-                Some(Ok(Message::Binary(b))) => {
-                    buf.extend_from_slice(&b);
-                    return true;
-                }
-                Some(Ok(Message::Close(_))) | Some(Err(_)) | None => return false,
-                Some(Ok(_)) => {}
-            }
-        }
-    }
-}
-
-/// A SPDY session tunnelled in a WebSocket's binary messages (kubectl ≥ 1.31's port-forward).
-pub fn spdy_over_ws(ws: WebSocket) -> (spdy::Session, mpsc::Receiver<spdy::Stream>) {
-    let (sink, source) = ws.split();
-    spdy::serve_on(WsSource(source), WsSink(sink, bytes::BytesMut::new()))
 }
 
 /// The target of an exec in a pod.

@@ -409,8 +409,8 @@ impl Session {
     }
 }
 
-/// Where a session's frames go: a byte stream ([`IoSink`]) or WebSocket messages (kubectl's
-/// tunnel, `WsSink`).
+/// Where a session's frames go: a byte stream ([`IoSink`]) or WebSocket frames (kubectl's
+/// tunnel, [`super::wstunnel::Sink`]).
 pub trait FrameSink: Send + 'static {
     /// Writes one frame; false once the peer is gone.
     fn send(&mut self, head: &[u8], body: &[u8]) -> impl std::future::Future<Output = bool> + Send;
