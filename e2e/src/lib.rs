@@ -288,9 +288,16 @@ pub struct Lab {
 
 /// `podpath ARGS`: (success, stdout + stderr).
 pub fn podpath(args: &[&str]) -> (bool, String) {
+    let (ok, o, e) = podpath_apart(args);
+    (ok, format!("{o}{e}"))
+}
+
+/// `podpath ARGS`: (success, stdout, stderr) apart — for output a program reads (`-o json`),
+/// which notices on stderr (a trace's "tracing once more") are not part of.
+pub fn podpath_apart(args: &[&str]) -> (bool, String, String) {
     let out = Command::new(bin("podpath")).args(args).output().expect("run podpath");
     let (o, e) = text(&out);
-    (out.status.success(), format!("{o}{e}"))
+    (out.status.success(), o, e)
 }
 
 impl Lab {
@@ -381,9 +388,15 @@ impl Lab {
 
     /// `podpath CMD --name … --state-dir … REST`.
     pub fn run(&self, cmd: &str, rest: &[&str]) -> (bool, String) {
+        let (ok, o, e) = self.run_apart(cmd, rest);
+        (ok, format!("{o}{e}"))
+    }
+
+    /// [`Lab::run`] with stdout and stderr apart ([`podpath_apart`]).
+    pub fn run_apart(&self, cmd: &str, rest: &[&str]) -> (bool, String, String) {
         let mut v = vec![cmd, "--name", &self.name, "--state-dir", self.state.to_str().expect("utf-8 path")];
         v.extend_from_slice(rest);
-        podpath(&v)
+        podpath_apart(&v)
     }
 
     /// A command on a host of the lab (client, gateway, node-N, pod/NS/NAME); must succeed.

@@ -569,8 +569,8 @@ fn pods_resolve_every_record_type_with_real_tools() {
     from_node("fresh.default.svc.cluster.local.", ResponseCode::NXDomain);
 
     // `podpath trace` by name, from the team pod: the lookup, then the connection.
-    let (ok, out) = lab.run("trace", &["--from", "pod/team/client", "http://web.default/", "-o", "json"]);
-    assert!(ok, "{out}");
+    let (ok, out, err) = lab.run_apart("trace", &["--from", "pod/team/client", "http://web.default/", "-o", "json"]);
+    assert!(ok, "{out}{err}");
     let t: serde_json::Value = serde_json::from_str(&out).unwrap();
     let q = &t["lookup"]["queries"];
     assert_eq!(

@@ -850,8 +850,8 @@ fn nftables_rules_of_scenario_1(lab: &Lab, lb_ip: &str, np: &str, pod_ips: &[Str
     assert!(sticky.contains("remembers the client's address (ClientIP affinity)"), "{sticky}");
     // `podpath trace` follows the request through the table: the node names the service-ips
     // element of the LB IP, the Service chain, the numgen DNAT rule and the endpoint it chose.
-    let (ok, out) = lab.run("trace", &["--output", "json", &format!("http://{lb_ip}/")]);
-    let t: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"));
+    let (ok, out, err) = lab.run_apart("trace", &["--output", "json", &format!("http://{lb_ip}/")]);
+    let t: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("not JSON ({e}): {out}{err}"));
     assert!(ok && t["outcome"]["status"] == 200, "{t:#}");
     let hop = t["hops"]
         .as_array()

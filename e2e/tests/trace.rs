@@ -15,8 +15,8 @@ fn trace_json(lab: &Lab, args: &[&str]) -> (bool, serde_json::Value) {
 fn try_trace_json(lab: &Lab, args: &[&str]) -> Result<(bool, serde_json::Value), String> {
     let mut a = vec!["--output", "json"];
     a.extend_from_slice(args);
-    let (ok, out) = lab.run("trace", &a);
-    serde_json::from_str(&out).map(|v| (ok, v)).map_err(|e| format!("trace output is not JSON ({e}): {out}"))
+    let (ok, out, err) = lab.run_apart("trace", &a);
+    serde_json::from_str(&out).map(|v| (ok, v)).map_err(|e| format!("trace output is not JSON ({e}): {out}{err}"))
 }
 
 fn hosts(t: &serde_json::Value) -> Vec<String> {

@@ -159,8 +159,8 @@ fn the_ui_shows_the_lab_traces_a_service_and_stops_a_node() {
         .collect();
     assert_eq!(shown, json!(expected), "the page lists the trace's hops and rules");
     assert!(ran["outcome"]["answered"].as_bool().unwrap(), "{ran:#}");
-    let (ok, cli) = lab.run("trace", &["--output", "json", &format!("http://{vip}/")]);
-    assert!(ok, "{cli}");
+    let (ok, cli, err) = lab.run_apart("trace", &["--output", "json", &format!("http://{vip}/")]);
+    assert!(ok, "{cli}{err}");
     let cli: Value = serde_json::from_str(&cli).unwrap();
     assert_eq!(shape(&ran["hops"]), shape(&cli["hops"]), "UI: {ran:#}\nCLI: {cli:#}");
     let outcome = b.text(&b.wait("#trace-result .outcome", LIMIT).unwrap()).unwrap();

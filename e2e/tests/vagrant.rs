@@ -575,9 +575,10 @@ fn provisioners_bring_up_the_lab_in_namespaces() {
     );
     netns_lab.kubectl(&["wait", "--for=condition=Ready", "pod/echo", "--timeout=30s"]);
     let t0 = std::time::Instant::now();
-    let (ok, out) = netns_lab.run("trace", &["--output", "json", &url]);
+    let (ok, out, err) = netns_lab.run_apart("trace", &["--output", "json", &url]);
     eprintln!("trace (namespaces): {:.0} ms", t0.elapsed().as_secs_f64() * 1000.0);
-    let in_netns: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"));
+    let in_netns: serde_json::Value =
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("not JSON ({e}): {out}{err}"));
     assert!(ok && in_netns["outcome"]["status"] == 200, "{in_netns:#}");
     // `podpath explain --vagrant`: the Service's rules on every node, as in the namespace lab.
     let (ok, vm_explained) = podpath(&["explain", "--output", "json", "echo"]);
