@@ -41,22 +41,8 @@ fn conntrack_entries_over_netlink_read_as_conntrack_prints_them() {
         let (s, from) = connect(to);
         open.push(s);
         let ours = ns.in_thread(move || ct::get((from, to))).unwrap_or_else(|| panic!("no entry for {from} → {to}"));
-        let (src, dst) = (from.ip().to_string(), to.ip().to_string());
-        let (sport, dport) = (from.port().to_string(), to.port().to_string());
-        let (ok, text) = ns.run(&[
-            "conntrack",
-            "-G",
-            "-p",
-            "tcp",
-            "--orig-src",
-            &src,
-            "--orig-dst",
-            &dst,
-            "--orig-port-src",
-            &sport,
-            "--orig-port-dst",
-            &dport,
-        ]);
+        let argv = ct::tool_argv((from, to));
+        let (ok, text) = ns.run(&argv.iter().map(String::as_str).collect::<Vec<_>>());
         assert!(ok, "{text}");
         let tool = parse::parse_conntrack(&text);
         assert_eq!(tool.len(), 1, "{text}");

@@ -143,6 +143,21 @@ pub fn entry(body: &[u8]) -> Option<CtEntry> {
     Some(CtEntry { proto: "tcp".into(), state, assured: status & IPS_ASSURED != 0, orig, reply })
 }
 
+/// The same question as a `conntrack -G` command line (a Vagrant lab's machines are asked so).
+pub fn tool_argv((from, to): (SocketAddr, SocketAddr)) -> Vec<String> {
+    let mut argv: Vec<String> = ["conntrack", "-G", "-p", "tcp"].map(String::from).to_vec();
+    for (flag, value) in [
+        ("--orig-src", from.ip().to_string()),
+        ("--orig-dst", to.ip().to_string()),
+        ("--orig-port-src", from.port().to_string()),
+        ("--orig-port-dst", to.port().to_string()),
+    ] {
+        argv.push(flag.into());
+        argv.push(value);
+    }
+    argv
+}
+
 /// The conntrack entry of the TCP connection `from → to` (as its first packet went) in the
 /// calling thread's network namespace; None when there is none.
 pub fn get(conn: (SocketAddr, SocketAddr)) -> Option<CtEntry> {

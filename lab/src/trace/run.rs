@@ -1384,22 +1384,8 @@ fn read_back(
                         let got = crate::in_netns_thread(format!("/run/netns/{ns}"), move || super::ct::get(conn));
                         return got.ok().flatten().into_iter().collect();
                     }
-                    let (src, dst) = (from.ip().to_string(), to.ip().to_string());
-                    let (sport, dport) = (from.port().to_string(), to.port().to_string());
-                    let argv = [
-                        "conntrack",
-                        "-G",
-                        "-p",
-                        "tcp",
-                        "--orig-src",
-                        &src,
-                        "--orig-dst",
-                        &dst,
-                        "--orig-port-src",
-                        &sport,
-                        "--orig-port-dst",
-                        &dport,
-                    ];
+                    let argv = super::ct::tool_argv((*from, *to));
+                    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
                     parse::parse_conntrack(&site.run(ns, &argv).unwrap_or_default())
                 })
             })
