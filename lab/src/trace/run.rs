@@ -349,7 +349,7 @@ impl Site {
                 c
             }
         };
-        c.stdout(Stdio::piped()).stderr(Stdio::null());
+        c.stdout(Stdio::piped()).stderr(Stdio::piped());
         Ok(c)
     }
 }
@@ -659,6 +659,25 @@ fn canary_ports(tracer: Tracer, text: &str) -> BTreeSet<u16> {
 
 fn monitor_text(output: &Mutex<String>) -> String {
     output.lock().unwrap_or_else(|e| e.into_inner()).clone()
+}
+
+/// A silent monitor's error with the last line each monitor printed on stderr (say, why one
+/// exited), where any did.
+fn with_what_monitors_said(e: LabError, hosts: &[(String, String)], errors: &[Arc<Mutex<String>>]) -> LabError {
+    let LabError::NotReady(m) = e else { return e };
+    let said: Vec<String> = hosts
+        .iter()
+        .zip(errors)
+        .filter_map(|((h, _), said)| {
+            let s = said.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            (!s.is_empty()).then(|| format!("the monitor on {h} said {s:?}"))
+        })
+        .collect();
+    if said.is_empty() {
+        LabError::NotReady(m)
+    } else {
+        LabError::NotReady(format!("{m}; {}", said.join("; ")))
+    }
 }
 
 fn monitors_silent(behind: &[&str]) -> LabError {
@@ -1209,6 +1228,7 @@ fn trace_in(lab: &Lab, source: Source, req: &Request, dst: SocketAddr) -> Result
             .collect::<Result<Vec<_>>>()?,
         Site::Vagrant(_) => hosts.iter().map(|_| None).collect(),
     };
+    let errors: Vec<Arc<Mutex<String>>> = hosts.iter().map(|_| Arc::default()).collect();
     let spawn_monitor = |i: usize, out: &Arc<Mutex<String>>| -> Result<Child> {
         let cmd = site.monitor_command(&hosts[i].1, tracer.monitor())?;
         let mut child = match &spawners[i] {
@@ -1225,6 +1245,16 @@ fn trace_in(lab: &Lab, source: Source, req: &Request, dst: SocketAddr) -> Result
                 let mut s = sink.lock().unwrap_or_else(|e| e.into_inner());
                 s.push_str(&line);
                 s.push('\n');
+            }
+        });
+        // What a monitor says on stderr (why it exited, say), its last line kept for the
+        // error when it stays silent.
+        let (stderr, said) = (child.stderr.take().expect("piped"), errors[i].clone());
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(std::result::Result::ok) {
+                if !line.trim().is_empty() {
+                    *said.lock().unwrap_or_else(|e| e.into_inner()) = line.chars().take(300).collect();
+                }
             }
         });
         Ok(child)
@@ -1285,7 +1315,8 @@ fn trace_in(lab: &Lab, source: Source, req: &Request, dst: SocketAddr) -> Result
             guard.with(|g| g.monitors[i] = child);
             Ok(())
         },
-    )?;
+    )
+    .map_err(|e| with_what_monitors_said(e, hosts, &errors))?;
     let (src, outcome) = match (&source, socket) {
         (Source::Netns(_), Some(socket)) => probe(socket, bound, dst, req),
         (Source::Machine { machine, pod }, _) => match site {
@@ -1298,7 +1329,7 @@ fn trace_in(lab: &Lab, source: Source, req: &Request, dst: SocketAddr) -> Result
     if !outcome.answered {
         std::thread::sleep(Duration::from_millis(200));
     }
-    monitors_drained(site, tracer, hosts, &outputs)?;
+    monitors_drained(site, tracer, hosts, &outputs).map_err(|e| with_what_monitors_said(e, hosts, &errors))?;
     // What the monitors printed up to the drain; then the hosts are put back (monitors
     // stopped, rules removed) while the rest is read.
     let texts: Vec<String> = outputs.iter().map(|o| monitor_text(o)).collect();
@@ -1571,6 +1602,22 @@ mod tests {
     /// Three monitors: one hears the first datagram, one has exited (restarted, then hears),
     /// one stays deaf until it is restarted halfway through the wait; a fourth run with a monitor
     /// that never hears ends with the host named.
+    #[test]
+    fn a_silent_monitors_error_carries_what_it_said() {
+        let hosts = [("client".to_string(), "ns-c".to_string()), ("node-1".to_string(), "ns-1".to_string())];
+        let said: Vec<Arc<Mutex<String>>> =
+            vec![Arc::default(), Arc::new(Mutex::new("Parsing nftables rule failed".into()))];
+        let e = with_what_monitors_said(monitors_silent(&["node-1"]), &hosts, &said);
+        assert_eq!(
+            e.to_string().split("; ").last(),
+            Some("the monitor on node-1 said \"Parsing nftables rule failed\""),
+            "{e}"
+        );
+        assert!(e.to_string().contains("trace monitor saw nothing on node-1"), "the retry still recognises it: {e}");
+        let quiet = with_what_monitors_said(monitors_silent(&["node-1"]), &hosts, &[Arc::default(), Arc::default()]);
+        assert_eq!(quiet.to_string(), monitors_silent(&["node-1"]).to_string());
+    }
+
     #[test]
     fn silent_or_exited_monitors_are_started_again() {
         let heard = |port: u16| {
