@@ -40,7 +40,7 @@ fn conntrack_entries_over_netlink_read_as_conntrack_prints_them() {
     for to in [plain, dnatted, v6] {
         let (s, from) = connect(to);
         open.push(s);
-        let ours = ns.in_thread(move || ct::get((from, to))).unwrap_or_else(|| panic!("no entry for {from} → {to}"));
+        let ours = ct::get(&ns.name, (from, to)).unwrap_or_else(|| panic!("no entry for {from} → {to}"));
         let argv = ct::tool_argv((from, to));
         let (ok, text) = ns.run(&argv.iter().map(String::as_str).collect::<Vec<_>>());
         assert!(ok, "{text}");
@@ -56,7 +56,7 @@ fn conntrack_entries_over_netlink_read_as_conntrack_prints_them() {
         assert_eq!(ours.state, "ESTABLISHED", "{ours:?}");
     }
     let nothing: SocketAddr = "127.0.0.1:1".parse().unwrap();
-    assert!(ns.in_thread(move || ct::get((nothing, plain))).is_none(), "no such connection");
+    assert!(ct::get(&ns.name, (nothing, plain)).is_none(), "no such connection");
     drop((open, listener, listener6));
     drop(ns);
     assert_eq!(host_state(), before, "the host namespace changed");

@@ -16,8 +16,9 @@
 //! What it is not: a general nftables library. It writes the forms the proxy and the
 //! NetworkPolicy printers use (the `ip` and `ip6` families) and nothing else; whatever it cannot
 //! write makes [`encode`] give `None` (and [`unwritable`] says what), so the caller uses
-//! `nft -f` — never a guess. It reads nothing back but acknowledgements, the generation and a
-//! table's existence: listing stays `nft`'s job.
+//! `nft -f` — never a guess. It reads nothing back but acknowledgements, the generation, a
+//! table's existence and one connection's conntrack entry ([`conntrack`], ctnetlink on the
+//! same socket): listing stays `nft`'s job.
 //!
 //! Its proof is the kernel's: `tests/roundtrip.rs` loads tables both ways (this crate and
 //! `nft -f`) in two network namespaces and compares `nft list` and `nft -j list`.
@@ -26,6 +27,7 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 
 use podpath_ruleset::nft::{fields_of, Element, NftFamily, NftTable, Op, Set, Transaction};
 
+pub mod conntrack;
 mod decl;
 mod error;
 mod rule;
@@ -596,6 +598,41 @@ impl Socket {
         }
     }
 
+    /// The conntrack entry of the TCP connection `from → to` (as its first packet went), as
+    /// `conntrack -G` asks for it; None when there is none.
+    pub fn conntrack(
+        &mut self,
+        conn: (std::net::SocketAddr, std::net::SocketAddr),
+    ) -> Result<Option<conntrack::Entry>> {
+        let seq = self.seq;
+        self.seq = seq.wrapping_add(1);
+        let msg = conntrack::request(conn, seq, NLM_F_REQUEST | NLM_F_ACK);
+        self.sock.send(&msg, 0).map_err(|e| io("send", e))?;
+        let mut buf = vec![0u8; 8192];
+        let mut found = None;
+        loop {
+            let n = self.sock.recv(&mut &mut buf[..], 0).map_err(|e| io("receive", e))?;
+            for (kind, msg_seq, body) in messages(&buf[..n]) {
+                if msg_seq != seq {
+                    continue;
+                }
+                if kind == (conntrack::NFNL_SUBSYS_CTNETLINK << 8) | conntrack::IPCTNL_MSG_CT_NEW {
+                    found = conntrack::entry(body);
+                }
+                if kind == NLMSG_ERROR && body.len() >= 4 {
+                    return match i32::from_ne_bytes(body[..4].try_into().expect("4 bytes")) {
+                        0 => Ok(found),
+                        code if -code == nix::libc::ENOENT => Ok(None),
+                        code => Err(io(
+                            &format!("conntrack {} → {}", conn.0, conn.1),
+                            std::io::Error::from_raw_os_error(-code),
+                        )),
+                    };
+                }
+            }
+        }
+    }
+
     /// Sends a batch made by [`encode`] (`n` messages numbered from `seq + 1`) and waits for
     /// the last one's acknowledgement, or the first refusal: the kernel applies all of it or
     /// none, and reports each refused message before that acknowledgement.
@@ -650,20 +687,25 @@ fn messages(buf: &[u8]) -> impl Iterator<Item = (u16, u32, &[u8])> {
     })
 }
 
-/// `NFTA_GEN_ID` (big-endian) among a NEWGEN message's attributes.
-fn gen_id(mut attrs: &[u8]) -> Option<u32> {
-    while attrs.len() >= 4 {
-        let len = u16::from_ne_bytes([attrs[0], attrs[1]]) as usize;
-        let kind = u16::from_ne_bytes([attrs[2], attrs[3]]) & !NLA_F_NESTED;
-        if len < 4 || len > attrs.len() {
+/// The attributes of a message body or a nested attribute: kind (without the nested flag)
+/// and payload; one cut short ends the list.
+fn attrs(mut b: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
+    std::iter::from_fn(move || {
+        let len = u16::from_ne_bytes([*b.first()?, *b.get(1)?]) as usize;
+        let kind = u16::from_ne_bytes([*b.get(2)?, *b.get(3)?]) & !NLA_F_NESTED;
+        if len < 4 || len > b.len() {
             return None;
         }
-        if kind == NFTA_GEN_ID && len >= 8 {
-            return Some(u32::from_be_bytes(attrs[4..8].try_into().expect("4 bytes")));
-        }
-        attrs = &attrs[len.next_multiple_of(4).min(attrs.len())..];
-    }
-    None
+        let payload = &b[4..len];
+        b = &b[len.next_multiple_of(4).min(b.len())..];
+        Some((kind, payload))
+    })
+}
+
+/// `NFTA_GEN_ID` (big-endian) among a NEWGEN message's attributes.
+fn gen_id(attributes: &[u8]) -> Option<u32> {
+    let (_, id) = attrs(attributes).find(|(kind, _)| *kind == NFTA_GEN_ID)?;
+    Some(u32::from_be_bytes(id.get(..4)?.try_into().ok()?))
 }
 
 #[cfg(test)]

@@ -472,8 +472,9 @@ pub(super) fn compile(text: &str, ids: &mut Ids) -> Option<Rule> {
     let mut t = Tokens::new(text)?;
     let mut rule = Rule::default();
     let out = &mut rule.exprs;
-    // Whether the rule has matched the protocol tcp already (a `tcp dport`'s dependency).
-    let mut l4_tcp = false;
+    // Whether a `meta l4proto tcp` dependency was written already (by `tcp dport` or `tcp
+    // flags`: nft writes it once per rule), and whether the rule names `meta l4proto` itself.
+    let (mut l4_tcp, mut explicit_l4) = (false, false);
     while let Some(word) = t.peek() {
         match word {
             "comment" => {
@@ -595,8 +596,12 @@ pub(super) fn compile(text: &str, ids: &mut Ids) -> Option<Rule> {
                 let mask = tcp_flags(&mut t)?;
                 t.expect("==")?;
                 let set = tcp_flags(&mut t)?;
-                // nft adds the `meta l4proto tcp` dependency once per rule.
-                if !l4_tcp {
+                // What nft makes of the dependency after an explicit `meta l4proto` is not
+                // a form this layer writes.
+                if explicit_l4 {
+                    return None;
+                }
+                if !std::mem::replace(&mut l4_tcp, true) {
                     meta_load(out, REG_1, META_L4PROTO);
                     cmp(out, CMP_EQ, &[6]);
                 }
@@ -631,7 +636,14 @@ pub(super) fn compile(text: &str, ids: &mut Ids) -> Option<Rule> {
                 });
             }
             "ip" | "ip6" | "meta" | "th" | "tcp" | "udp" | "sctp" | "numgen" => {
-                l4_tcp |= t.peek() == Some("tcp") && t.peek2() == Some("dport");
+                let (first, second) = (t.peek(), t.peek2());
+                if first == Some("tcp") && second == Some("dport") {
+                    // Its dependency would be written a second time, which nft does not do.
+                    if std::mem::replace(&mut l4_tcp, true) {
+                        return None;
+                    }
+                }
+                explicit_l4 |= first == Some("meta") && second == Some("l4proto");
                 compile_match(&mut t, out, &mut rule.sets, ids)?;
             }
             _ => return None,
@@ -1087,6 +1099,8 @@ mod tests {
             "tcp flags & bogus == syn",
             "tcp flags syn / syn,ack",
             "meta nftrace set 0",
+            "tcp flags & syn == syn tcp dport 80",
+            "meta l4proto tcp tcp flags & syn == syn",
             "iifname \"eth*\"",
             "iifname \"a-name-too-long-for-it\"",
             "iifname lo",

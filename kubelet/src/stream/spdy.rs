@@ -424,24 +424,34 @@ pub trait ByteSource: Send + 'static {
     fn fill(&mut self, buf: &mut BytesMut) -> impl std::future::Future<Output = bool> + Send;
 }
 
+/// Writes `parts` whole, in as few vectored writes as the kernel allows.
+pub(super) async fn write_all_vectored<W: AsyncWrite + Unpin>(w: &mut W, parts: &[&[u8]]) -> bool {
+    let mut parts: Vec<&[u8]> = parts.iter().copied().filter(|p| !p.is_empty()).collect();
+    while !parts.is_empty() {
+        let slices: Vec<std::io::IoSlice> = parts.iter().map(|p| std::io::IoSlice::new(p)).collect();
+        let mut n = match w.write_vectored(&slices).await {
+            Ok(0) | Err(_) => return false,
+            Ok(n) => n,
+        };
+        while n > 0 {
+            if n >= parts[0].len() {
+                n -= parts[0].len();
+                parts.remove(0);
+            } else {
+                parts[0] = &parts[0][n..];
+                n = 0;
+            }
+        }
+    }
+    true
+}
+
 pub struct IoSink<W>(pub W);
 
 impl<W: AsyncWrite + Unpin + Send + 'static> FrameSink for IoSink<W> {
     async fn send(&mut self, head: &[u8], body: &[u8]) -> bool {
         // Header and payload in one vectored write where the kernel takes both.
-        let (mut head, mut body) = (head, body);
-        while !head.is_empty() || !body.is_empty() {
-            let slices = [std::io::IoSlice::new(head), std::io::IoSlice::new(body)];
-            match self.0.write_vectored(&slices).await {
-                Ok(0) | Err(_) => return false,
-                Ok(n) => {
-                    let from_head = n.min(head.len());
-                    head = &head[from_head..];
-                    body = &body[n - from_head..];
-                }
-            }
-        }
-        true
+        write_all_vectored(&mut self.0, &[head, body]).await
     }
 
     async fn finish(mut self) {
@@ -559,6 +569,24 @@ async fn read_loop(mut source: impl ByteSource, out: mpsc::Sender<Out>, accept: 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Parts written whole and in order, also when the peer takes a few bytes at a time.
+    #[tokio::test]
+    async fn vectored_writes_go_out_whole_through_a_narrow_pipe() {
+        let (mut w, mut r) = tokio::io::duplex(7);
+        let reader = tokio::spawn(async move {
+            let mut got = vec![];
+            r.read_to_end(&mut got).await.unwrap();
+            got
+        });
+        let body: Vec<u8> = (0..100u8).collect();
+        assert!(write_all_vectored(&mut w, &[b"head", &[], &body, b"tail"]).await);
+        drop(w);
+        let mut want = b"head".to_vec();
+        want.extend(&body);
+        want.extend(b"tail");
+        assert_eq!(reader.await.unwrap(), want);
+    }
 
     #[test]
     fn the_dictionary_is_the_specs() {

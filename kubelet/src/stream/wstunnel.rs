@@ -55,28 +55,6 @@ pub fn header(opcode: u8, len: usize) -> ([u8; 10], usize) {
     }
 }
 
-/// Writes `parts` whole, in as few vectored writes as the kernel allows.
-async fn write_all_vectored<W: AsyncWrite + Unpin>(w: &mut W, parts: &[&[u8]]) -> bool {
-    let mut parts: Vec<&[u8]> = parts.iter().copied().filter(|p| !p.is_empty()).collect();
-    while !parts.is_empty() {
-        let slices: Vec<std::io::IoSlice> = parts.iter().map(|p| std::io::IoSlice::new(p)).collect();
-        let mut n = match w.write_vectored(&slices).await {
-            Ok(0) | Err(_) => return false,
-            Ok(n) => n,
-        };
-        while n > 0 {
-            if n >= parts[0].len() {
-                n -= parts[0].len();
-                parts.remove(0);
-            } else {
-                parts[0] = &parts[0][n..];
-                n = 0;
-            }
-        }
-    }
-    true
-}
-
 /// The writing half, shared by the sink (SPDY frames) and the source (pongs, a close's answer).
 struct Writer<W> {
     io: W,
@@ -92,7 +70,7 @@ impl<W: AsyncWrite + Unpin> Writer<W> {
         let (h, n) = header(opcode, len);
         let mut all = vec![&h[..n]];
         all.extend_from_slice(parts);
-        write_all_vectored(&mut self.io, &all).await
+        spdy::write_all_vectored(&mut self.io, &all).await
     }
 
     /// A close frame (once) and the end of the connection's write side.

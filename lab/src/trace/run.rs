@@ -274,7 +274,7 @@ impl Site {
     fn nft_load(&self, host: &str, table: &NftTable) -> Result<()> {
         let (tx, _) = NftTransaction::between(None, table);
         if let Site::Netns = self {
-            match nfnl::Socket::open_in(Some(host)).and_then(|mut s| s.apply(&tx, &[])) {
+            match netlink_apply(host, &tx) {
                 Ok(true) => return Ok(()),
                 // A form the netlink layer does not write goes to `nft -f` whole.
                 Ok(false) => {}
@@ -305,7 +305,7 @@ impl Site {
         match self {
             Site::Netns => {
                 let tx = NftTransaction { family, table: table.into(), comment: None, ops: vec![NftOp::DeleteTable] };
-                match nfnl::Socket::open_in(Some(host)).and_then(|mut s| s.apply(&tx, &[])) {
+                match netlink_apply(host, &tx) {
                     Ok(sent) => sent,
                     Err(e) => e.source.raw_os_error() == Some(nix::libc::ENOENT),
                 }
@@ -352,6 +352,12 @@ impl Site {
         c.stdout(Stdio::piped()).stderr(Stdio::piped());
         Ok(c)
     }
+}
+
+/// An nftables transaction sent over netlink in the namespace `netns`; `Ok(false)` when it holds
+/// a form the netlink layer does not write.
+fn netlink_apply(netns: &str, tx: &NftTransaction) -> nfnl::Result<bool> {
+    nfnl::Socket::open_in(Some(netns)).and_then(|mut s| s.apply(tx, &[]))
 }
 
 fn nft_family(f: NftFamily) -> &'static str {
@@ -1410,10 +1416,8 @@ fn read_back(
             .map(|(_, ns, (from, to))| {
                 s.spawn(move || {
                     if let Site::Netns = site {
-                        // Over ctnetlink from a thread in the host's namespace: no program start.
-                        let conn = (*from, *to);
-                        let got = crate::in_netns_thread(format!("/run/netns/{ns}"), move || super::ct::get(conn));
-                        return got.ok().flatten().into_iter().collect();
+                        // Over ctnetlink from a socket in the host's namespace: no program start.
+                        return super::ct::get(ns, (*from, *to)).into_iter().collect();
                     }
                     let argv = super::ct::tool_argv((*from, *to));
                     let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
