@@ -568,33 +568,18 @@ impl Socket {
 
     /// Whether this namespace holds the table `name` of `family`.
     pub fn has_table(&mut self, family: NftFamily, name: &str) -> Result<bool> {
-        let seq = self.seq;
-        self.seq = seq.wrapping_add(1);
+        let seq = self.next_seq();
         let mut body = vec![];
         attr(&mut body, 1, &strz(name));
         let mut msg = vec![];
         let kind = (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETTABLE;
         message(&mut msg, kind, NLM_F_REQUEST | NLM_F_ACK, seq, family_number(family), 0, &body);
-        self.sock.send(&msg, 0).map_err(|e| io("send", e))?;
-        let mut buf = vec![0u8; 8192];
         let mut found = false;
-        loop {
-            let n = self.sock.recv(&mut &mut buf[..], 0).map_err(|e| io("receive", e))?;
-            for (kind, msg_seq, body) in messages(&buf[..n]) {
-                if msg_seq != seq {
-                    continue;
-                }
-                if kind == (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWTABLE {
-                    found = true;
-                }
-                if kind == NLMSG_ERROR && body.len() >= 4 {
-                    return match i32::from_ne_bytes(body[..4].try_into().expect("4 bytes")) {
-                        0 => Ok(found),
-                        code if -code == nix::libc::ENOENT => Ok(false),
-                        code => Err(io(&format!("table {name}"), std::io::Error::from_raw_os_error(-code))),
-                    };
-                }
-            }
+        let code = self.ask(&msg, seq, |kind, _| found |= kind == (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWTABLE)?;
+        match code {
+            0 => Ok(found),
+            code if -code == nix::libc::ENOENT => Ok(false),
+            code => Err(io(&format!("table {name}"), std::io::Error::from_raw_os_error(-code))),
         }
     }
 
@@ -604,31 +589,42 @@ impl Socket {
         &mut self,
         conn: (std::net::SocketAddr, std::net::SocketAddr),
     ) -> Result<Option<conntrack::Entry>> {
+        let seq = self.next_seq();
+        let msg = conntrack::request(conn, seq, NLM_F_REQUEST | NLM_F_ACK);
+        let mut found = None;
+        let code = self.ask(&msg, seq, |kind, body| {
+            if kind == (conntrack::NFNL_SUBSYS_CTNETLINK << 8) | conntrack::IPCTNL_MSG_CT_NEW {
+                found = conntrack::entry(body);
+            }
+        })?;
+        match code {
+            0 => Ok(found),
+            code if -code == nix::libc::ENOENT => Ok(None),
+            code => Err(io(&format!("conntrack {} → {}", conn.0, conn.1), std::io::Error::from_raw_os_error(-code))),
+        }
+    }
+
+    fn next_seq(&mut self) -> u32 {
         let seq = self.seq;
         self.seq = seq.wrapping_add(1);
-        let msg = conntrack::request(conn, seq, NLM_F_REQUEST | NLM_F_ACK);
-        self.sock.send(&msg, 0).map_err(|e| io("send", e))?;
+        seq
+    }
+
+    /// Sends one request (asking for an acknowledgement), hands each answer of its sequence
+    /// number to `each` (kind, body), and returns the acknowledgement's code (0, or `-errno`).
+    fn ask(&mut self, msg: &[u8], seq: u32, mut each: impl FnMut(u16, &[u8])) -> Result<i32> {
+        self.sock.send(msg, 0).map_err(|e| io("send", e))?;
         let mut buf = vec![0u8; 8192];
-        let mut found = None;
         loop {
             let n = self.sock.recv(&mut &mut buf[..], 0).map_err(|e| io("receive", e))?;
             for (kind, msg_seq, body) in messages(&buf[..n]) {
                 if msg_seq != seq {
                     continue;
                 }
-                if kind == (conntrack::NFNL_SUBSYS_CTNETLINK << 8) | conntrack::IPCTNL_MSG_CT_NEW {
-                    found = conntrack::entry(body);
-                }
                 if kind == NLMSG_ERROR && body.len() >= 4 {
-                    return match i32::from_ne_bytes(body[..4].try_into().expect("4 bytes")) {
-                        0 => Ok(found),
-                        code if -code == nix::libc::ENOENT => Ok(None),
-                        code => Err(io(
-                            &format!("conntrack {} → {}", conn.0, conn.1),
-                            std::io::Error::from_raw_os_error(-code),
-                        )),
-                    };
+                    return Ok(i32::from_ne_bytes(body[..4].try_into().expect("4 bytes")));
                 }
+                each(kind, body);
             }
         }
     }
