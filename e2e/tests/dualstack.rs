@@ -30,12 +30,15 @@ fn service(policy: &str) -> String {
     )
 }
 
-/// The pods of `app=web` the client reaches at `url` in a few tries (both, eventually).
-fn pods_reached(lab: &Lab, url: &str) -> std::collections::BTreeSet<String> {
+/// The pods of `app=web` the client reaches at `url` in a few tries (both, eventually); a
+/// request that fails ends the tries with its error.
+fn pods_reached(lab: &Lab, url: &str) -> Result<std::collections::BTreeSet<String>, String> {
     let mut seen = std::collections::BTreeSet::new();
     for _ in 0..12 {
         let (code, out) = lab.curl(&["-g", url]);
-        assert_eq!(code, 0, "curl {url}: {out}");
+        if code != 0 {
+            return Err(format!("curl {url} exited {code}: {out}"));
+        }
         if let Some(pod) = out.lines().find_map(|l| l.strip_prefix("pod: ")) {
             seen.insert(pod.to_string());
         }
@@ -43,18 +46,16 @@ fn pods_reached(lab: &Lab, url: &str) -> std::collections::BTreeSet<String> {
             break;
         }
     }
-    seen
+    Ok(seen)
 }
 
-/// Waits (20 s at most) until the client has reached both pods at `url`.
+/// Waits (20 s at most) until the client has reached both pods at `url`: a request refused
+/// while the path is still being programmed (the endpoints are in, the gateway's or the node's
+/// rules may lag them) is one more try; at the end of the wait, the last failure is shown.
 fn both_pods_answer(lab: &Lab, url: &str) {
-    wait_for(Duration::from_secs(20), &format!("both pods at {url}"), || {
-        let s = pods_reached(lab, url);
-        if s.len() == 2 {
-            Ok(())
-        } else {
-            Err(format!("{s:?}"))
-        }
+    wait_for(Duration::from_secs(20), &format!("both pods at {url}"), || match pods_reached(lab, url)? {
+        s if s.len() == 2 => Ok(()),
+        s => Err(format!("{s:?}")),
     });
 }
 
