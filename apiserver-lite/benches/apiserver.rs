@@ -2,7 +2,9 @@
 //! loopback with a fresh data directory and prints:
 //! 1. Service creates/s through REST acknowledged after the store's flush and fdatasync, 64 clients;
 //! 2. RSS of the server holding 10,000 Services (and after listing them all);
-//! 3. latency from a write to its event reaching each of 10 concurrent watchers (p50/p99/max).
+//! 3. latency from a write to its event reaching each of 10 concurrent watchers (p50/p99/max);
+//! 4. the floor under (1): the disk alone, `fdatasync` after an append of one group commit's
+//!    size, in a directory on the same file system, before the server starts.
 //!
 //! Targets from the issue: ≥ 1,000 creates/s, p99 ≤ 10 ms, RSS ≤ 100 MiB.
 //! Set `BENCH_SERVICES` / `BENCH_WATCH_WRITES` for a shorter run. With
@@ -174,6 +176,26 @@ async fn watcher(addr: SocketAddr, rv: String, expect: usize) -> Vec<(String, In
     seen
 }
 
+/// The disk alone: `rounds` appends of `bytes` to a fresh file, each followed by `fdatasync`,
+/// as the store's flusher does once per group commit; each `fdatasync`'s time (ms), sorted.
+/// A create's 201 waits for at least one of them, and for the one under way when it came.
+fn fdatasync_alone(bytes: usize, rounds: usize) -> Vec<f64> {
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let mut f = std::fs::File::create(dir.path().join("log")).unwrap();
+    let block = vec![0x5au8; bytes];
+    let mut times: Vec<f64> = (0..rounds)
+        .map(|_| {
+            f.write_all(&block).unwrap();
+            let t = Instant::now();
+            f.sync_data().unwrap();
+            t.elapsed().as_secs_f64() * 1000.0
+        })
+        .collect();
+    times.sort_by(|a, b| a.total_cmp(b));
+    times
+}
+
 fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
@@ -186,6 +208,26 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 async fn main() {
     let total: usize = std::env::var("BENCH_SERVICES").ok().and_then(|v| v.parse().ok()).unwrap_or(10_000);
     let writes: usize = std::env::var("BENCH_WATCH_WRITES").ok().and_then(|v| v.parse().ok()).unwrap_or(500);
+    // First, on a quiet machine: what the disk alone takes per flush (64 creates of ~1 KiB of
+    // sled log each is about one group commit at 64 clients).
+    for bytes in [4 << 10, 64 << 10] {
+        let t = fdatasync_alone(bytes, 500);
+        println!(
+            "the disk alone: fdatasync after a {} KiB append, 500 times: p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
+            bytes >> 10,
+            percentile(&t, 0.5),
+            percentile(&t, 0.99),
+            t[t.len() - 1]
+        );
+        if bytes == 64 << 10 {
+            BENCH.record(
+                "the disk alone: fdatasync after a 64 KiB append, p99",
+                (percentile(&t, 0.99) * 100.0).round() / 100.0,
+                "ms",
+                "",
+            );
+        }
+    }
     let server = start_server();
     let addr = server.addr;
     let pid = server.child.id();
