@@ -208,8 +208,8 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 async fn main() {
     let total: usize = std::env::var("BENCH_SERVICES").ok().and_then(|v| v.parse().ok()).unwrap_or(10_000);
     let writes: usize = std::env::var("BENCH_WATCH_WRITES").ok().and_then(|v| v.parse().ok()).unwrap_or(500);
-    // First, on a quiet machine: what the disk alone takes per flush (64 creates of ~1 KiB of
-    // sled log each is about one group commit at 64 clients).
+    // First, on a quiet machine: what the disk alone takes per flush, for a small and a large
+    // group commit's worth of log.
     for bytes in [4 << 10, 64 << 10] {
         let t = fdatasync_alone(bytes, 500);
         println!(
