@@ -1603,9 +1603,8 @@ mod tests {
         assert!(canary_ports(Tracer::Xtables, probe).is_empty());
     }
 
-    /// Three monitors: one hears the first datagram, one has exited (restarted, then hears),
-    /// one stays deaf until it is restarted halfway through the wait; a fourth run with a monitor
-    /// that never hears ends with the host named.
+    /// A monitor's last stderr line is appended to the silent-monitor error; with none said, the
+    /// error is unchanged.
     #[test]
     fn a_silent_monitors_error_carries_what_it_said() {
         let hosts = [("client".to_string(), "ns-c".to_string()), ("node-1".to_string(), "ns-1".to_string())];
@@ -1622,6 +1621,9 @@ mod tests {
         assert_eq!(quiet.to_string(), monitors_silent(&["node-1"]).to_string());
     }
 
+    /// Three monitors: one hears the first datagram, one has exited (restarted, then hears),
+    /// one stays deaf until it is restarted halfway through the wait; a fourth run with a monitor
+    /// that never hears ends with the host named.
     #[test]
     fn silent_or_exited_monitors_are_started_again() {
         let heard = |port: u16| {
