@@ -6,6 +6,7 @@ use std::collections::BTreeSet;
 
 use kube_proxy::iptables::{render, RenderConfig, ServiceState};
 use kube_proxy::model::{Endpoint, ServicePort};
+use podpath_ruleset::exec::RestoreSession;
 use podpath_ruleset::{Backend, Iptables};
 use testkit::netns::{host_state, root_or_explain, Netns};
 
@@ -110,6 +111,60 @@ fn ip6tables_takes_the_ipv6_proxiers_rules() {
     );
     let filter = ipt.save_text("filter").unwrap();
     assert!(!filter.contains("KUBE-FIREWALL"), "{filter}");
+    drop(ns);
+    assert_eq!(host_state(), before, "the host namespace changed");
+}
+
+/// A kept `iptables-nft-restore` (the proxies' restores): one input after another in one
+/// process, each applied before `restore` returns (a table that changes nothing included); a
+/// rejected line named as in a restore of its own, the next restore in a new process; the
+/// process gone once idle.
+#[test]
+fn a_kept_restore_process_applies_each_input_before_returning() {
+    if !root_or_explain() {
+        return;
+    }
+    let before = host_state();
+    let ns = Netns::new("ppks");
+    let cfg = RenderConfig::new("node-1", "192.168.56.11".parse().unwrap());
+    let ipt = Iptables::new(Backend::Nft).in_netns(&ns.name);
+    let session = RestoreSession::new(&ipt)
+        .expect("iptables-nft-restore is a program of its own")
+        .with_idle(std::time::Duration::from_millis(300));
+    let first = render(&cfg, &[svc(3)], &BTreeSet::new());
+    session.restore(&first.ruleset).unwrap_or_else(|e| panic!("{e}\n{}", first.ruleset));
+    let saved = ipt.save_text("nat").unwrap();
+    assert_eq!(saved.lines().filter(|l| l.starts_with(":KUBE-SEP-")).count(), 3, "{saved}");
+    let existing: BTreeSet<String> =
+        podpath_ruleset::parse(&saved).unwrap().tables[0].chains.iter().map(|c| c.name.clone()).collect();
+    session.restore(&render(&cfg, &[svc(2)], &existing).ruleset).unwrap();
+    let saved = ipt.save_text("nat").unwrap();
+    assert_eq!(saved.lines().filter(|l| l.starts_with(":KUBE-SEP-")).count(), 2, "{saved}");
+    assert!(saved.contains("--probability 0.50000000000"), "{saved}");
+    // A table whose commit changes nothing (an empty chain declared again) gives the kernel no
+    // new generation: the restore still returns, at once.
+    let noop = podpath_ruleset::parse("*filter\n:KUBE-PPKS-EMPTY - [0:0]\nCOMMIT\n").unwrap();
+    for _ in 0..2 {
+        let t = std::time::Instant::now();
+        session.restore(&noop).unwrap();
+        assert!(t.elapsed() < std::time::Duration::from_secs(10), "a restore that changes nothing hung");
+    }
+    assert!(session.is_running());
+    // A rule the kernel refuses: the error names the line of this input iptables-nft names
+    // (the table's COMMIT, where nf_tables checks the jump), not one counted from the first.
+    let bad = podpath_ruleset::parse("*nat\n:KUBE-PPKS - [0:0]\n-A KUBE-PPKS -j KUBE-PPKS-MISSING\nCOMMIT\n").unwrap();
+    let err = session.restore(&bad).expect_err("a jump to a missing chain").to_string();
+    assert!(err.contains("'KUBE-PPKS-MISSING' does not exist") && err.contains("line: 4"), "{err}");
+    assert!(err.ends_with("(input: COMMIT)"), "{err}");
+    assert!(!session.is_running());
+    session.restore(&render(&cfg, &[svc(1)], &BTreeSet::new()).ruleset).unwrap();
+    assert!(ipt.save_text("nat").unwrap().contains("default/contour:http cluster IP"));
+    // Idle: the process is ended.
+    let t = std::time::Instant::now();
+    while session.is_running() {
+        assert!(t.elapsed() < std::time::Duration::from_secs(10), "the idle process was not ended");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
     drop(ns);
     assert_eq!(host_state(), before, "the host namespace changed");
 }

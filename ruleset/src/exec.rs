@@ -4,7 +4,9 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, ChildStderr, ChildStdin, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use crate::error::{Result, RulesetError};
 use crate::model::{Rule, Ruleset};
@@ -126,9 +128,12 @@ fn run_tool(
     })
 }
 
-/// The line `line N` of an iptables-restore error points at.
+/// The line `line N` (or `line: N`) of an iptables-restore error points at.
 fn failed_line(stderr: &str, input: &str) -> Option<String> {
-    let n: usize = stderr.split("line ").nth(1)?.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()?;
+    let n: usize = stderr.split("line").skip(1).find_map(|rest| {
+        let digits = rest.strip_prefix(' ').or_else(|| rest.strip_prefix(": "))?;
+        digits.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+    })?;
     input.lines().nth(n.checked_sub(1)?).map(str::to_string)
 }
 
@@ -350,6 +355,261 @@ pub fn other_backend_holds(backend: Backend, chain: &str) -> bool {
     }
 }
 
+/// How long a [`RestoreSession`] keeps its process once nothing is restored: the syncs of a
+/// burst (a Service, then its endpoints a few ms later; a rollout's pods) share one process; a
+/// node at rest keeps none (each kept process is ~0.65 MiB of PSS: the lab's memory bench with
+/// 5 s here measured two per node).
+pub const SESSION_IDLE: Duration = Duration::from_secs(1);
+
+/// A restore that has not finished in this long fails, and its process is ended.
+const SESSION_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// One `iptables-nft-restore --noflush` kept running between restores, fed one input after
+/// another on its standard input (it commits each table at its `COMMIT` as it reads it).
+///
+/// Why: a new iptables-nft-restore per sync is not only a program start. Before its commit it
+/// asks the kernel, on one netlink socket each, which revision of every extension it loads
+/// (comment, tcp, DNAT, …), and the close of each of those sockets, like the close of its main
+/// socket after the commit, waits for nf_tables' pending destroy work — an RCU grace period
+/// left by the last commit on the machine: 7–22 ms each with three nodes' proxies syncing at
+/// once (`perf` of sched_switch: `netlink_release` → `nft_rcv_nl_event` → `__flush_work`). A
+/// kept process has loaded its extensions and keeps its socket open.
+///
+/// A restore is done when the process, having read all of it, waits for more:
+/// `/proc/PID/syscall` shows a blocked `read` of fd 0 only once the task sleeps there again
+/// (a task woken by our write reads as "running" until it has taken the input). One that fails
+/// exits with its error, whose line numbers count from the session's first input; they are
+/// given back counted from this input's. Only for an ELF `iptables-restore` (a wrapper script
+/// would read our input in another process); otherwise, and for other backends, each restore
+/// runs its own process ([`Iptables::restore`]).
+#[derive(Debug)]
+pub struct RestoreSession {
+    ipt: Iptables,
+    idle: Duration,
+    live: Arc<Mutex<Option<Live>>>,
+}
+
+#[derive(Debug)]
+struct Live {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    stderr: ChildStderr,
+    /// What the process wrote on stderr during the current restore.
+    err: Vec<u8>,
+    /// Lines of input given before the current restore.
+    lines: usize,
+    used: Instant,
+}
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        // Its input closed, iptables-restore exits by itself (nothing is half applied: every
+        // table was committed at its COMMIT).
+        self.stdin.take();
+        let _ = self.child.wait();
+    }
+}
+
+impl RestoreSession {
+    /// A session for `ipt` when it can keep one (iptables-nft with an ELF restore program);
+    /// `None` otherwise.
+    pub fn new(ipt: &Iptables) -> Option<RestoreSession> {
+        let elf = |p: PathBuf| {
+            let mut magic = [0u8; 4];
+            std::fs::File::open(p).and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic)).is_ok()
+                && magic == *b"\x7fELF"
+        };
+        (ipt.backend == Backend::Nft && elf(tool_path(&ipt.tool("-restore")))).then(|| RestoreSession {
+            ipt: ipt.clone(),
+            idle: SESSION_IDLE,
+            live: Arc::new(Mutex::new(None)),
+        })
+    }
+
+    /// The same session ending its process after `idle` unused instead of [`SESSION_IDLE`].
+    pub fn with_idle(mut self, idle: Duration) -> RestoreSession {
+        self.idle = idle;
+        self
+    }
+
+    /// Whether the session's process is running (for tests).
+    pub fn is_running(&self) -> bool {
+        self.live.lock().unwrap_or_else(std::sync::PoisonError::into_inner).is_some()
+    }
+
+    /// The same as [`Iptables::restore`] of `rs`: each table committed at its COMMIT, chains
+    /// not mentioned left alone; on failure the error quotes the rejected line.
+    pub fn restore(&self, rs: &Ruleset) -> Result<()> {
+        let input = rs.to_string();
+        let mut live = self.live.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if live.is_none() {
+            *live = Some(self.start()?);
+            self.reap_when_idle();
+        }
+        let l = live.as_mut().expect("started above");
+        match l.apply(&input) {
+            Ok(()) => {
+                l.lines += input.lines().count();
+                l.used = Instant::now();
+                Ok(())
+            }
+            Err(stderr) => {
+                let stderr = renumber(&stderr, l.lines);
+                // The process has exited (or was ended): the next restore starts another.
+                let gone = live.take();
+                drop(live);
+                drop(gone);
+                let line = failed_line(&stderr, &input);
+                Err(RulesetError::Failed {
+                    cmd: self.ipt.tool("-restore"),
+                    netns: self.ipt.netns.clone(),
+                    stderr,
+                    input_line: line,
+                })
+            }
+        }
+    }
+
+    fn start(&self) -> Result<Live> {
+        let tool = self.ipt.tool("-restore");
+        let spawn = || {
+            Command::new(tool_path(&tool))
+                .args(["--noflush", "-w", "5"])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+        };
+        let spawned = match &self.ipt.netns {
+            None => spawn(),
+            Some(ns) => std::thread::scope(|s| {
+                s.spawn(|| {
+                    let f = std::fs::File::open(format!("/run/netns/{ns}"))?;
+                    nix::sched::setns(&f, nix::sched::CloneFlags::CLONE_NEWNET).map_err(std::io::Error::from)?;
+                    spawn()
+                })
+                .join()
+                .unwrap_or_else(|_| Err(std::io::Error::other("the thread that starts it panicked")))
+            }),
+        };
+        let mut child = spawned.map_err(|source| RulesetError::Spawn {
+            cmd: tool.clone(),
+            netns: self.ipt.netns.clone(),
+            source,
+        })?;
+        let (stdin, stderr) = (child.stdin.take().expect("piped"), child.stderr.take().expect("piped"));
+        // Its warnings are read as they come, so that a full pipe never stops it.
+        let nonblocking = nix::fcntl::fcntl(&stderr, nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK));
+        if let Err(e) = nonblocking {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(RulesetError::Spawn { cmd: tool, netns: self.ipt.netns.clone(), source: e.into() });
+        }
+        Ok(Live { child, stdin: Some(stdin), stderr, err: vec![], lines: 0, used: Instant::now() })
+    }
+
+    /// Ends the process once it has been idle for `idle` (a thread that lives as long as it).
+    fn reap_when_idle(&self) {
+        let (live, idle) = (Arc::downgrade(&self.live), self.idle);
+        let reaper = move || loop {
+            let Some(live) = live.upgrade() else { return };
+            let mut g = live.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let wait = match g.as_ref() {
+                None => return,
+                Some(l) => idle.saturating_sub(l.used.elapsed()),
+            };
+            if wait.is_zero() {
+                let gone = g.take();
+                drop(g);
+                drop(gone);
+                return;
+            }
+            drop(g);
+            drop(live);
+            std::thread::sleep(wait);
+        };
+        // Without the thread the process lives until the session is dropped: no error.
+        let _ = std::thread::Builder::new().name("restore-idle".into()).spawn(reaper);
+    }
+}
+
+impl Live {
+    /// Gives `input` to the process and waits until it has taken all of it: Ok, or Err(its
+    /// stderr) once it has exited (or was ended for not finishing).
+    fn apply(&mut self, input: &str) -> std::result::Result<(), String> {
+        self.err.clear();
+        let pid = self.child.id();
+        // A process that has exited closes its input; its exit is seen below.
+        let wrote = self.stdin.as_mut().is_some_and(|s| s.write_all(input.as_bytes()).and_then(|_| s.flush()).is_ok());
+        let started = Instant::now();
+        let mut pause = Duration::from_micros(50);
+        loop {
+            self.drain_stderr();
+            match self.child.try_wait() {
+                Ok(Some(status)) => {
+                    self.drain_stderr();
+                    let text = String::from_utf8_lossy(&self.err).trim().to_string();
+                    return Err(if text.is_empty() { format!("exited ({status})") } else { text });
+                }
+                Ok(None) => {}
+                Err(e) => return Err(format!("cannot wait for it: {e}")),
+            }
+            if wrote && waits_for_input(pid) {
+                return Ok(());
+            }
+            if started.elapsed() > SESSION_TIMEOUT {
+                let _ = self.child.kill();
+                return Err(format!("did not finish in {} s; ended", SESSION_TIMEOUT.as_secs()));
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(1));
+        }
+    }
+
+    fn drain_stderr(&mut self) {
+        let mut buf = [0u8; 4096];
+        while let Ok(n @ 1..) = std::io::Read::read(&mut self.stderr, &mut buf) {
+            // Bounded: only an error's first lines matter.
+            if self.err.len() < 64 << 10 {
+                self.err.extend_from_slice(&buf[..n]);
+            }
+        }
+    }
+}
+
+/// Whether process `pid` sleeps in `read(0, …)`: `/proc/PID/syscall` starts with the call's
+/// number (0) and its first argument (fd 0); a runnable task reads as "running".
+fn waits_for_input(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/syscall")).is_ok_and(|s| s.starts_with("0 0x0 "))
+}
+
+/// `stderr` with the line numbers it names (`line 12`, `line: 12`) counted after `offset`
+/// earlier lines of input.
+fn renumber(stderr: &str, offset: usize) -> String {
+    if offset == 0 {
+        return stderr.to_string();
+    }
+    let mut out = String::with_capacity(stderr.len());
+    let mut rest = stderr;
+    while let Some(i) = rest.find("line") {
+        let (head, tail) = rest.split_at(i + 4);
+        out.push_str(head);
+        let sep = tail.len() - tail.trim_start_matches([':', ' ']).len();
+        let digits = tail[sep..].len() - tail[sep..].trim_start_matches(|c: char| c.is_ascii_digit()).len();
+        let word = !head[..i].ends_with(|c: char| c.is_alphanumeric());
+        match tail[sep..sep + digits].parse::<usize>() {
+            Ok(n) if word && sep > 0 && n > offset => {
+                out.push_str(&tail[..sep]);
+                out.push_str(&(n - offset).to_string());
+                rest = &tail[sep + digits..];
+            }
+            _ => rest = tail,
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -373,5 +633,20 @@ mod tests {
             Some("-A X -j NOPE")
         );
         assert_eq!(failed_line("something else", input), None);
+        let nft = "iptables-nft-restore v1.8.9 (nf_tables): Chain 'NOPE' does not exist\nError occurred at line: 3\n";
+        assert_eq!(failed_line(nft, input).as_deref(), Some("-A X -j NOPE"));
+    }
+
+    #[test]
+    fn a_sessions_error_counts_lines_from_its_own_input() {
+        let e = "iptables-nft-restore v1.8.9 (nf_tables): Chain 'NOPE' does not exist\nError occurred at line: 12\nTry `iptables-nft-restore -h'";
+        assert_eq!(
+            renumber(e, 9),
+            "iptables-nft-restore v1.8.9 (nf_tables): Chain 'NOPE' does not exist\nError occurred at line: 3\nTry `iptables-nft-restore -h'"
+        );
+        assert_eq!(renumber("iptables-restore: line 14 failed", 10), "iptables-restore: line 4 failed");
+        // Nothing else changes: no offset, numbers not after "line", a line before the offset.
+        assert_eq!(renumber("iptables-restore: line 14 failed", 0), "iptables-restore: line 14 failed");
+        assert_eq!(renumber("pipeline 30 of 40: line 2", 10), "pipeline 30 of 40: line 2");
     }
 }

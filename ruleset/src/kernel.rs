@@ -7,7 +7,9 @@
 //! sync adds where `iptables-save` lacks them and a cleanup removes, both in one restore.
 
 use std::process::{Command, Stdio};
+use std::sync::Arc;
 
+use crate::exec::RestoreSession;
 use crate::{Backend, Command as RuleCommand, Iptables, Result, Rule, Ruleset, Table};
 
 /// The kernel's side of a proxy.
@@ -33,20 +35,27 @@ pub trait Kernel: Send + Sync + 'static {
 /// process starts without gaining more.
 pub const NFT_BATCH_LINES: usize = 2000;
 
-/// The real kernel: one iptables backend in the current network namespace.
+/// The real kernel: one iptables backend in the current network namespace. Restores go
+/// through one kept `iptables-nft-restore` where the backend allows ([`RestoreSession`]: why).
 #[derive(Debug, Clone)]
 pub struct IptablesKernel {
     pub ipt: Iptables,
+    session: Option<Arc<RestoreSession>>,
 }
 
 impl IptablesKernel {
     pub fn new(backend: Backend) -> IptablesKernel {
-        IptablesKernel { ipt: Iptables::new(backend) }
+        Self::of(Iptables::new(backend))
+    }
+
+    fn of(ipt: Iptables) -> IptablesKernel {
+        let session = RestoreSession::new(&ipt).map(Arc::new);
+        IptablesKernel { ipt, session }
     }
 
     /// The same backend for IPv6 (`ip6tables`): a dual-stack node's second proxier and enforcer.
     pub fn v6(&self) -> IptablesKernel {
-        IptablesKernel { ipt: self.ipt.clone().v6() }
+        Self::of(self.ipt.clone().v6())
     }
 }
 
@@ -69,7 +78,10 @@ impl Kernel for IptablesKernel {
     }
 
     fn restore(&self, rs: &Ruleset) -> Result<()> {
-        self.ipt.restore(rs)
+        match &self.session {
+            Some(s) => s.restore(rs),
+            None => self.ipt.restore(rs),
+        }
     }
 
     fn clear_conntrack(&self, deletes: &[Vec<String>]) {
