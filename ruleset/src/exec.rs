@@ -364,6 +364,9 @@ pub const SESSION_IDLE: Duration = Duration::from_secs(1);
 /// A restore that has not finished in this long fails, and its process is ended.
 const SESSION_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// A kept process not waiting for input this long after its start is given up.
+const SESSION_START: Duration = Duration::from_secs(5);
+
 /// One `iptables-nft-restore --noflush` kept running between restores, fed one input after
 /// another on its standard input (it commits each table at its `COMMIT` as it reads it).
 ///
@@ -379,13 +382,17 @@ const SESSION_TIMEOUT: Duration = Duration::from_secs(60);
 /// `/proc/PID/syscall` shows a blocked `read` of fd 0 only once the task sleeps there again
 /// (a task woken by our write reads as "running" until it has taken the input). One that fails
 /// exits with its error, whose line numbers count from the session's first input; they are
-/// given back counted from this input's. Only for an ELF `iptables-restore` (a wrapper script
-/// would read our input in another process); otherwise, and for other backends, each restore
-/// runs its own process ([`Iptables::restore`]).
+/// given back counted from this input's. Only for an ELF `iptables-nft-restore` (a wrapper
+/// script would read our input in another process) that is seen waiting for input after its
+/// start; otherwise, and for the other backends, each restore runs its own process
+/// ([`Iptables::restore`]).
 #[derive(Debug)]
 pub struct RestoreSession {
     ipt: Iptables,
     idle: Duration,
+    /// Set when a started process was never seen waiting for input: restores run a process
+    /// each.
+    unusable: std::sync::atomic::AtomicBool,
     live: Arc<Mutex<Option<Live>>>,
 }
 
@@ -422,6 +429,7 @@ impl RestoreSession {
         (ipt.backend == Backend::Nft && elf(tool_path(&ipt.tool("-restore")))).then(|| RestoreSession {
             ipt: ipt.clone(),
             idle: SESSION_IDLE,
+            unusable: Default::default(),
             live: Arc::new(Mutex::new(None)),
         })
     }
@@ -443,7 +451,22 @@ impl RestoreSession {
         let input = rs.to_string();
         let mut live = self.live.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if live.is_none() {
-            *live = Some(self.start()?);
+            if self.unusable.load(std::sync::atomic::Ordering::Relaxed) {
+                drop(live);
+                return self.ipt.restore(rs);
+            }
+            match self.start()? {
+                Some(l) => *live = Some(l),
+                None => {
+                    tracing::warn!(
+                        "{} does not wait for its input where this proxy can see it; a process per restore from now on",
+                        self.ipt.tool("-restore")
+                    );
+                    self.unusable.store(true, std::sync::atomic::Ordering::Relaxed);
+                    drop(live);
+                    return self.ipt.restore(rs);
+                }
+            }
             self.reap_when_idle();
         }
         let l = live.as_mut().expect("started above");
@@ -470,7 +493,8 @@ impl RestoreSession {
         }
     }
 
-    fn start(&self) -> Result<Live> {
+    /// Its process, started and waiting for input; None when it cannot be kept here.
+    fn start(&self) -> Result<Option<Live>> {
         let tool = self.ipt.tool("-restore");
         let spawn = || {
             Command::new(tool_path(&tool))
@@ -505,7 +529,19 @@ impl RestoreSession {
             let _ = child.wait();
             return Err(RulesetError::Spawn { cmd: tool, netns: self.ipt.netns.clone(), source: e.into() });
         }
-        Ok(Live { child, stdin: Some(stdin), stderr, err: vec![], lines: 0, used: Instant::now() })
+        let mut live = Live { child, stdin: Some(stdin), stderr, err: vec![], lines: 0, used: Instant::now() };
+        // It reads its input as soon as it has started: until it is seen waiting there, its
+        // end of a restore could not be seen either (another kernel's numbering of `read`, a
+        // /proc without `syscall`): then none is kept.
+        let pid = live.child.id();
+        while !waits_for_input(pid) {
+            if live.started_for() > SESSION_START || !matches!(live.child.try_wait(), Ok(None)) {
+                let _ = live.child.kill();
+                return Ok(None);
+            }
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        Ok(Some(live))
     }
 
     /// Ends the process once it has been idle for `idle` (a thread that lives as long as it).
@@ -534,6 +570,10 @@ impl RestoreSession {
 }
 
 impl Live {
+    fn started_for(&self) -> Duration {
+        self.used.elapsed()
+    }
+
     /// Gives `input` to the process and waits until it has taken all of it: Ok, or Err(its
     /// stderr) once it has exited (or was ended for not finishing).
     fn apply(&mut self, input: &str) -> std::result::Result<(), String> {
@@ -580,7 +620,8 @@ impl Live {
 /// Whether process `pid` sleeps in `read(0, …)`: `/proc/PID/syscall` starts with the call's
 /// number (0) and its first argument (fd 0); a runnable task reads as "running".
 fn waits_for_input(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/syscall")).is_ok_and(|s| s.starts_with("0 0x0 "))
+    std::fs::read_to_string(format!("/proc/{pid}/syscall"))
+        .is_ok_and(|s| s.strip_prefix(&format!("{} 0x0 ", libc::SYS_read)).is_some())
 }
 
 /// `stderr` with the line numbers it names (`line 12`, `line: 12`) counted after `offset`
