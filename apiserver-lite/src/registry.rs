@@ -91,9 +91,18 @@ pub struct DeleteOptions {
 #[derive(Debug)]
 pub struct Outcome {
     pub object: Value,
+    /// `object`'s JSON as the store wrote it (None when nothing was written: a dry run).
+    pub json: Option<bytes::Bytes>,
     pub created: bool,
     /// `Warning` headers for the client (unknown fields with fieldValidation=Warn).
     pub warnings: Vec<String>,
+}
+
+impl Outcome {
+    fn of(w: Option<crate::store::Written>, created: bool, warnings: Vec<String>) -> Outcome {
+        let (object, json) = w.map(|w| (w.object, Some(w.json))).unwrap_or_default();
+        Outcome { object, json, created, warnings }
+    }
 }
 
 pub struct Registry {
@@ -416,10 +425,10 @@ impl Registry {
         }
         match self.store.commit(g, ops) {
             Ok((written, rv)) => {
-                for ((owner, released, added, warnings, done), object) in batch.into_iter().zip(written) {
+                for ((owner, released, added, warnings, done), w) in batch.into_iter().zip(written) {
                     self.record_allocations(&owner, &released, &added);
-                    let _ =
-                        done.send(Some(Pending { rv: Some(rv), outcome: Outcome { object, created: true, warnings } }));
+                    let outcome = Outcome { object: w.object, json: Some(w.json), created: true, warnings };
+                    let _ = done.send(Some(Pending { rv: Some(rv), outcome }));
                 }
             }
             Err(_) => {
@@ -846,7 +855,7 @@ impl Registry {
         // No change: no write, no event, same resourceVersion (as the real server does).
         object["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"].clone();
         if *object == old {
-            let outcome = Outcome { object: admitted.object, created: false, warnings: admitted.warnings };
+            let outcome = Outcome { object: admitted.object, json: None, created: false, warnings: admitted.warnings };
             return Ok(Pending { rv: None, outcome });
         }
         // Custom objects count a change of anything but metadata and status.
@@ -895,12 +904,12 @@ impl Registry {
     ) -> Result<Pending, ApiError> {
         let Admitted { object, warnings, before, after } = admitted;
         if opts.dry_run {
-            return Ok(Pending { rv: None, outcome: Outcome { object, created, warnings } });
+            return Ok(Pending { rv: None, outcome: Outcome { object, json: None, created, warnings } });
         }
         let (ops, released, added) = write_ops(kind, old, object, &before, &after, &claims);
         let (mut written, rv) = self.store.commit(g, ops)?;
         self.record_allocations(&claims.owner, &released, &added);
-        Ok(Pending { rv: Some(rv), outcome: Outcome { object: written.pop().unwrap_or_default(), created, warnings } })
+        Ok(Pending { rv: Some(rv), outcome: Outcome::of(written.pop(), created, warnings) })
     }
 
     /// Records in the allocation table what a committed write released and took.
@@ -940,8 +949,10 @@ impl Registry {
                 DeletePlan::MarkDeleting { at, grace_seconds: Some(0), phase: None }
             };
         }
-        let unwritten =
-            |object: Value| Pending { rv: None, outcome: Outcome { object, created: false, warnings: vec![] } };
+        let unwritten = |object: Value| Pending {
+            rv: None,
+            outcome: Outcome { object, json: None, created: false, warnings: vec![] },
+        };
         match plan {
             DeletePlan::Forbidden(message) => {
                 Err(ApiError::Forbidden { resource: kind.qualified_resource(), name, message })
@@ -1033,10 +1044,7 @@ impl Registry {
         if let Ok(mut a) = self.alloc.lock() {
             a.apply(&owner, &released, &BTreeSet::new());
         }
-        Ok(Pending {
-            rv: Some(rv),
-            outcome: Outcome { object: written.pop().unwrap_or_default(), created: false, warnings: vec![] },
-        })
+        Ok(Pending { rv: Some(rv), outcome: Outcome::of(written.pop(), false, vec![]) })
     }
 
     /// Writes an object as is (system updates: deletion marks, controller status).
@@ -1049,10 +1057,7 @@ impl Registry {
     ) -> Result<Pending, ApiError> {
         let created = old.is_none();
         let (mut written, rv) = self.store.commit(g, vec![Op::Put { kind, object, prev: old.map(Arc::new) }])?;
-        Ok(Pending {
-            rv: Some(rv),
-            outcome: Outcome { object: written.pop().unwrap_or_default(), created, warnings: vec![] },
-        })
+        Ok(Pending { rv: Some(rv), outcome: Outcome::of(written.pop(), created, vec![]) })
     }
 
     pub(crate) async fn sync(&self, p: Pending) -> Result<Value, ApiError> {

@@ -528,14 +528,16 @@ async fn handle_resource(
             let opts =
                 WriteOptions { served_version: Some(t.version.clone()), ..write_options(q, headers, "CreateOptions")? };
             let out = reg.create(kind, ns, value, &opts).await?;
-            Ok(with_warnings(json_response(StatusCode::CREATED, &view.typed(out.object)), &out.warnings))
+            let warnings = out.warnings.clone();
+            Ok(with_warnings(view.written(StatusCode::CREATED, out), &warnings))
         }
         (Method::PUT, Some(name)) => {
             let value = view.to_storage(parse_body(&body, headers)?)?;
             let opts =
                 WriteOptions { served_version: Some(t.version.clone()), ..write_options(q, headers, "UpdateOptions")? };
             let out = reg.update(kind, ns, name, value, t.sub, &opts).await?;
-            Ok(with_warnings(json_response(StatusCode::OK, &view.typed(out.object)), &out.warnings))
+            let warnings = out.warnings.clone();
+            Ok(with_warnings(view.written(StatusCode::OK, out), &warnings))
         }
         (Method::PATCH, Some(name)) => {
             let ct = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
@@ -555,7 +557,8 @@ async fn handle_resource(
                 WriteOptions { served_version: Some(t.version.clone()), ..write_options(q, headers, "PatchOptions")? };
             let out = reg.patch(kind, ns, name, ty, value, t.sub, &opts).await?;
             let code = if out.created { StatusCode::CREATED } else { StatusCode::OK };
-            Ok(with_warnings(json_response(code, &view.typed(out.object)), &out.warnings))
+            let warnings = out.warnings.clone();
+            Ok(with_warnings(view.written(code, out), &warnings))
         }
         (Method::DELETE, Some(name)) => {
             if t.sub != Subresource::Main {
@@ -818,6 +821,24 @@ impl View {
         match &self.custom {
             Some((c, v, _)) => crate::crd::served_as(*c, v, obj),
             None => with_type_meta(self.kind, obj),
+        }
+    }
+
+    /// The response to a write: the JSON the store wrote, as it is, when it is what
+    /// [`View::typed`] would make of the object (a built-in kind whose type meta is stored as
+    /// served), which saves serialising the object a second time; otherwise the typed object.
+    fn written(&self, code: StatusCode, out: crate::registry::Outcome) -> Response {
+        let as_stored = self.custom.is_none()
+            && out.object.get("kind").and_then(Value::as_str) == Some(self.kind.info().name)
+            && out.object.get("apiVersion").and_then(Value::as_str) == Some(self.kind.api_version().as_str());
+        match out.json {
+            Some(json) if as_stored => {
+                let mut bytes = Vec::with_capacity(json.len() + 1);
+                bytes.extend_from_slice(&json);
+                bytes.push(b'\n');
+                crate::response::json_bytes_response(code, bytes)
+            }
+            _ => json_response(code, &self.typed(out.object)),
         }
     }
 

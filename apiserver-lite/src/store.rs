@@ -254,6 +254,13 @@ struct Applied {
     log_bytes: usize,
 }
 
+/// An object as a commit wrote it, and its JSON as stored (and sent to watchers).
+#[derive(Debug)]
+pub struct Written {
+    pub object: Value,
+    pub json: bytes::Bytes,
+}
+
 /// Proof that the caller holds the writer lock.
 pub struct WriteGuard<'a>(#[allow(dead_code)] MutexGuard<'a, ()>);
 
@@ -426,7 +433,7 @@ impl Store {
     /// Applies `ops` atomically: every Put/Delete gets the next resourceVersion (written into
     /// its `metadata.resourceVersion`). Returns the written objects and the last version.
     /// The caller must then [`Store::sync`] before acknowledging.
-    pub fn commit(&self, _guard: &WriteGuard<'_>, ops: Vec<Op>) -> Result<(Vec<Value>, u64), ApiError> {
+    pub fn commit(&self, _guard: &WriteGuard<'_>, ops: Vec<Op>) -> Result<(Vec<Written>, u64), ApiError> {
         let mut applied = self.applied.write().map_err(|_| ApiError::internal("store lock poisoned"))?;
         let mut rv = applied.rv;
         let mut batch = sled::Batch::default();
@@ -446,8 +453,8 @@ impl Store {
                     batch.insert(object_key(kind, &ns, &name).as_bytes(), &bytes[..]);
                     let type_ = if prev.is_some() { EventType::Modified } else { EventType::Added };
                     let prev = prev.map(|p| serde_json::to_vec(&*p).map(bytes::Bytes::from)).transpose()?;
-                    events.push(StoredEvent { rv, kind, type_, object: bytes, prev });
-                    written.push(object);
+                    events.push(StoredEvent { rv, kind, type_, object: bytes.clone(), prev });
+                    written.push(Written { object, json: bytes });
                 }
                 Op::Delete { kind, mut object } => {
                     rv += 1;
@@ -456,8 +463,14 @@ impl Store {
                     let (ns, name) = ns_and_name(&object);
                     batch.remove(object_key(kind, &ns, &name).as_bytes());
                     let bytes = bytes::Bytes::from(serde_json::to_vec(&object)?);
-                    events.push(StoredEvent { rv, kind, type_: EventType::Deleted, object: bytes, prev: Some(prev) });
-                    written.push(object);
+                    events.push(StoredEvent {
+                        rv,
+                        kind,
+                        type_: EventType::Deleted,
+                        object: bytes.clone(),
+                        prev: Some(prev),
+                    });
+                    written.push(Written { object, json: bytes });
                 }
             }
         }
@@ -740,7 +753,8 @@ mod tests {
                 )
                 .unwrap();
             assert_eq!(rv, 1);
-            assert_eq!(objs[0]["metadata"]["resourceVersion"], "1");
+            assert_eq!(objs[0].object["metadata"]["resourceVersion"], "1");
+            assert_eq!(objs[0].json, serde_json::to_vec(&objs[0].object).unwrap());
             store.commit(&g, vec![Op::Put { kind: Kind::Service, object: svc("b"), prev: None }]).unwrap();
             store.sync(2).await.unwrap();
         }
@@ -815,7 +829,7 @@ mod tests {
             let (w, _) = store
                 .commit(&g, vec![Op::Put { kind: Kind::Service, object: big.clone(), prev: prev.clone() }])
                 .unwrap();
-            prev = w.into_iter().next().map(Arc::new);
+            prev = w.into_iter().next().map(|w| Arc::new(w.object));
         }
         let applied = store.applied.read().unwrap();
         assert!(applied.log_bytes <= limit, "{}", applied.log_bytes);

@@ -1990,3 +1990,38 @@ async fn server_side_apply_of_custom_objects_follows_the_schemas_list_types() {
     assert_eq!(s, StatusCode::OK, "{v}");
     assert_eq!(v["spec"]["wheels"], json!([{"name": "back", "size": 2}]));
 }
+
+/// A write's response is the stored object's JSON as it is (not serialised again): byte for
+/// byte what a GET of it answers, for a create, an update and a patch.
+#[tokio::test]
+async fn a_writes_response_is_the_object_a_get_answers() {
+    let lab = lab().await;
+    let raw = |method: &'static str, path: String, body: Option<(Value, &'static str)>| {
+        let app = lab.app.clone();
+        async move {
+            let mut b = Request::builder().method(method).uri(path).header("accept", "application/json");
+            if let Some((_, ct)) = &body {
+                b = b.header("content-type", *ct);
+            }
+            let req = b.body(body.map(|(v, _)| Body::from(v.to_string())).unwrap_or_else(Body::empty)).unwrap();
+            let resp = app.oneshot(req).await.unwrap();
+            (resp.status(), resp.into_body().collect().await.unwrap().to_bytes())
+        }
+    };
+    let one = format!("{SVCS}/contour");
+    let (s, created) = raw("POST", SVCS.to_string(), Some((contour(), "application/json"))).await;
+    assert_eq!(s, StatusCode::CREATED);
+    assert_eq!(created, raw("GET", one.clone(), None).await.1);
+    assert!(created.ends_with(b"}\n"));
+    let mut svc: Value = serde_json::from_slice(&created).unwrap();
+    svc["metadata"]["labels"]["tier"] = json!("edge");
+    let (s, updated) = raw("PUT", one.clone(), Some((svc, "application/json"))).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(updated, raw("GET", one.clone(), None).await.1);
+    let patch = json!({"metadata": {"annotations": {"a": "b"}}});
+    let (s, patched) = raw("PATCH", one.clone(), Some((patch, "application/merge-patch+json"))).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(patched, raw("GET", one.clone(), None).await.1);
+    let v: Value = serde_json::from_slice(&patched).unwrap();
+    assert_eq!((v["kind"].as_str(), v["metadata"]["annotations"]["a"].as_str()), (Some("Service"), Some("b")));
+}
