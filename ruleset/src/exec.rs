@@ -618,7 +618,8 @@ impl Live {
 }
 
 /// Whether process `pid` sleeps in `read(0, …)`: `/proc/PID/syscall` starts with the call's
-/// number (0) and its first argument (fd 0); a runnable task reads as "running".
+/// number (`SYS_read`: 0 on x86-64, 63 on aarch64) and its first argument (fd 0); a runnable
+/// task reads as "running".
 fn waits_for_input(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/syscall"))
         .is_ok_and(|s| s.strip_prefix(&format!("{} 0x0 ", libc::SYS_read)).is_some())
