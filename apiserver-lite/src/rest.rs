@@ -528,16 +528,14 @@ async fn handle_resource(
             let opts =
                 WriteOptions { served_version: Some(t.version.clone()), ..write_options(q, headers, "CreateOptions")? };
             let out = reg.create(kind, ns, value, &opts).await?;
-            let warnings = out.warnings.clone();
-            Ok(with_warnings(view.written(StatusCode::CREATED, out), &warnings))
+            Ok(view.written(StatusCode::CREATED, out))
         }
         (Method::PUT, Some(name)) => {
             let value = view.to_storage(parse_body(&body, headers)?)?;
             let opts =
                 WriteOptions { served_version: Some(t.version.clone()), ..write_options(q, headers, "UpdateOptions")? };
             let out = reg.update(kind, ns, name, value, t.sub, &opts).await?;
-            let warnings = out.warnings.clone();
-            Ok(with_warnings(view.written(StatusCode::OK, out), &warnings))
+            Ok(view.written(StatusCode::OK, out))
         }
         (Method::PATCH, Some(name)) => {
             let ct = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
@@ -557,8 +555,7 @@ async fn handle_resource(
                 WriteOptions { served_version: Some(t.version.clone()), ..write_options(q, headers, "PatchOptions")? };
             let out = reg.patch(kind, ns, name, ty, value, t.sub, &opts).await?;
             let code = if out.created { StatusCode::CREATED } else { StatusCode::OK };
-            let warnings = out.warnings.clone();
-            Ok(with_warnings(view.written(code, out), &warnings))
+            Ok(view.written(code, out))
         }
         (Method::DELETE, Some(name)) => {
             if t.sub != Subresource::Main {
@@ -827,11 +824,12 @@ impl View {
     /// The response to a write: the JSON the store wrote, as it is, when it is what
     /// [`View::typed`] would make of the object (a built-in kind whose type meta is stored as
     /// served), which saves serialising the object a second time; otherwise the typed object.
+    /// With the write's `Warning` headers.
     fn written(&self, code: StatusCode, out: crate::registry::Outcome) -> Response {
         let as_stored = self.custom.is_none()
             && out.object.get("kind").and_then(Value::as_str) == Some(self.kind.info().name)
             && out.object.get("apiVersion").and_then(Value::as_str) == Some(self.kind.api_version().as_str());
-        match out.json {
+        let response = match out.json {
             Some(json) if as_stored => {
                 let mut bytes = Vec::with_capacity(json.len() + 1);
                 bytes.extend_from_slice(&json);
@@ -839,7 +837,8 @@ impl View {
                 crate::response::json_bytes_response(code, bytes)
             }
             _ => json_response(code, &self.typed(out.object)),
-        }
+        };
+        with_warnings(response, &out.warnings)
     }
 
     fn api_version(&self) -> String {

@@ -113,11 +113,7 @@ fn run_tool(
     // are most of what a `podpath trace` costs the machine.
     std::thread::scope(|s| {
         s.spawn(|| {
-            let path = format!("/run/netns/{ns}");
-            let entered = std::fs::File::open(&path).map_err(|e| e.to_string()).and_then(|f| {
-                nix::sched::setns(&f, nix::sched::CloneFlags::CLONE_NEWNET).map_err(|e| e.desc().to_string())
-            });
-            match entered {
+            match enter_netns(ns) {
                 // As `ip netns exec` says it: the tool's failure, not the caller's.
                 Err(e) => Ok(Err(format!("Cannot open network namespace \"{ns}\": {e}"))),
                 Ok(()) => run(),
@@ -128,13 +124,34 @@ fn run_tool(
     })
 }
 
-/// The line `line N` (or `line: N`) of an iptables-restore error points at.
+/// The line numbers an iptables-restore error names (`line 12`, `line: 12`), each with where
+/// its digits stand in `stderr`.
+fn line_refs(stderr: &str) -> Vec<(std::ops::Range<usize>, usize)> {
+    let mut refs = vec![];
+    for (i, _) in stderr.match_indices("line") {
+        let after = i + 4;
+        let tail = &stderr[after..];
+        let sep = tail.len() - tail.trim_start_matches([':', ' ']).len();
+        let digits = tail[sep..].len() - tail[sep..].trim_start_matches(|c: char| c.is_ascii_digit()).len();
+        let word = !stderr[..i].ends_with(|c: char| c.is_alphanumeric());
+        if let (true, true, Ok(n)) = (word, sep > 0, tail[sep..sep + digits].parse()) {
+            refs.push((after + sep..after + sep + digits, n));
+        }
+    }
+    refs
+}
+
+/// The line of `input` an iptables-restore error points at.
 fn failed_line(stderr: &str, input: &str) -> Option<String> {
-    let n: usize = stderr.split("line").skip(1).find_map(|rest| {
-        let digits = rest.strip_prefix(' ').or_else(|| rest.strip_prefix(": "))?;
-        digits.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
-    })?;
+    let (_, n) = line_refs(stderr).into_iter().next()?;
     input.lines().nth(n.checked_sub(1)?).map(str::to_string)
+}
+
+/// Enters network namespace `ns` (`/run/netns/NS`) on the calling thread; a child started
+/// from the thread then belongs to it.
+fn enter_netns(ns: &str) -> std::result::Result<(), String> {
+    let f = std::fs::File::open(format!("/run/netns/{ns}")).map_err(|e| e.to_string())?;
+    nix::sched::setns(&f, nix::sched::CloneFlags::CLONE_NEWNET).map_err(|e| e.desc().to_string())
 }
 
 impl Iptables {
@@ -508,8 +525,7 @@ impl RestoreSession {
             None => spawn(),
             Some(ns) => std::thread::scope(|s| {
                 s.spawn(|| {
-                    let f = std::fs::File::open(format!("/run/netns/{ns}"))?;
-                    nix::sched::setns(&f, nix::sched::CloneFlags::CLONE_NEWNET).map_err(std::io::Error::from)?;
+                    enter_netns(ns).map_err(|e| std::io::Error::other(format!("cannot enter {ns}: {e}")))?;
                     spawn()
                 })
                 .join()
@@ -535,7 +551,7 @@ impl RestoreSession {
         // /proc without `syscall`): then none is kept.
         let pid = live.child.id();
         while !waits_for_input(pid) {
-            if live.started_for() > SESSION_START || !matches!(live.child.try_wait(), Ok(None)) {
+            if live.used.elapsed() > SESSION_START || !matches!(live.child.try_wait(), Ok(None)) {
                 let _ = live.child.kill();
                 return Ok(None);
             }
@@ -570,10 +586,6 @@ impl RestoreSession {
 }
 
 impl Live {
-    fn started_for(&self) -> Duration {
-        self.used.elapsed()
-    }
-
     /// Gives `input` to the process and waits until it has taken all of it: Ok, or Err(its
     /// stderr) once it has exited (or was ended for not finishing).
     fn apply(&mut self, input: &str) -> std::result::Result<(), String> {
@@ -628,27 +640,14 @@ fn waits_for_input(pid: u32) -> bool {
 /// `stderr` with the line numbers it names (`line 12`, `line: 12`) counted after `offset`
 /// earlier lines of input.
 fn renumber(stderr: &str, offset: usize) -> String {
-    if offset == 0 {
-        return stderr.to_string();
-    }
     let mut out = String::with_capacity(stderr.len());
-    let mut rest = stderr;
-    while let Some(i) = rest.find("line") {
-        let (head, tail) = rest.split_at(i + 4);
-        out.push_str(head);
-        let sep = tail.len() - tail.trim_start_matches([':', ' ']).len();
-        let digits = tail[sep..].len() - tail[sep..].trim_start_matches(|c: char| c.is_ascii_digit()).len();
-        let word = !head[..i].ends_with(|c: char| c.is_alphanumeric());
-        match tail[sep..sep + digits].parse::<usize>() {
-            Ok(n) if word && sep > 0 && n > offset => {
-                out.push_str(&tail[..sep]);
-                out.push_str(&(n - offset).to_string());
-                rest = &tail[sep + digits..];
-            }
-            _ => rest = tail,
-        }
+    let mut from = 0;
+    for (at, n) in line_refs(stderr).into_iter().filter(|(_, n)| offset > 0 && *n > offset) {
+        out.push_str(&stderr[from..at.start]);
+        out.push_str(&(n - offset).to_string());
+        from = at.end;
     }
-    out.push_str(rest);
+    out.push_str(&stderr[from..]);
     out
 }
 
