@@ -164,6 +164,27 @@ fn trace_a_load_balancer_request_hop_by_hop_then_with_no_endpoints() {
     // rules --watch: scaling 2 → 3 moves the first endpoint's probability from 1/2 to 1/3
     // (once the DNS pods are Ready, so their EndpointSlice changes are over).
     lab.wait_for_cluster_dns();
+    // Ready pods are not yet every node's rules: each proxy syncs the DNS slices on its own, and
+    // one still syncing when the watch starts would show the DNS pods' rules in its report.
+    let dns = lab.kubectl(&[
+        "get",
+        "pods",
+        "-n",
+        "kube-system",
+        "-l",
+        "k8s-app=kube-dns",
+        "-o",
+        "jsonpath={.items[*].status.podIP}",
+    ]);
+    for node in ["node-1", "node-2"] {
+        wait_for(Duration::from_secs(15), &format!("{node}'s rules for every DNS pod"), || {
+            let nat = lab.exec(node, &["iptables-save", "-t", "nat"]);
+            match dns.split_whitespace().find(|ip| !nat.contains(&format!("--to-destination {ip}:53"))) {
+                None => Ok(()),
+                Some(ip) => Err(format!("no DNAT to {ip}:53 yet")),
+            }
+        });
+    }
     let mut cmd = std::process::Command::new(bin("podpath"));
     cmd.args(["rules", "--watch", "--name", &lab.name, "--state-dir", lab.state.to_str().unwrap()]);
     let watch = podpath_e2e::LineWatch::spawn(cmd);
