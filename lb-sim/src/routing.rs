@@ -36,6 +36,36 @@ pub const BUCKETS: u32 = 64;
 /// that a node is back in use within seconds in a quiet lab, long enough not to move a
 /// connection that is busy.
 pub const IDLE_TIMER_SECONDS: u32 = 5;
+/// The fields a flow's path is chosen by (`fib_multipath_hash_fields`): source and destination
+/// address, protocol, source and destination port — not the IPv6 flow label.
+pub const HASH_FIELDS: &str = "0x0037";
+
+/// Makes this namespace choose a multipath route's nexthop by the flow's five-tuple, as a cloud
+/// load balancer does: every lab client has the same address, so ports must count, and only the
+/// custom policy (3) hashes the packet itself. The kernel's policy 1 takes the hash the sender's
+/// socket stamped on the packet when there is one (it crosses a veth), and a TCP socket draws a
+/// new one each time it retransmits a SYN: a retransmitted SYN would go to another node, split
+/// one connection over two nodes' conntrack, and hang it. Returns what could not be set (a
+/// kernel before 5.12 has no policy 3; then policy 1 is the fallback).
+pub fn hash_by_five_tuple() -> Vec<String> {
+    let mut problems = Vec::new();
+    for family in ["ipv4", "ipv6"] {
+        let dir = format!("/proc/sys/net/{family}");
+        let custom = std::fs::write(format!("{dir}/fib_multipath_hash_fields"), HASH_FIELDS)
+            .and_then(|()| std::fs::write(format!("{dir}/fib_multipath_hash_policy"), "3"));
+        if let Err(e) = custom {
+            problems.push(format!(
+                "{family}: cannot hash multipath routes by the five-tuple ({e}); a retransmitted SYN may reach another node"
+            ));
+            if let Err(e) = std::fs::write(format!("{dir}/fib_multipath_hash_policy"), "1") {
+                problems.push(format!(
+                    "{family}: cannot hash multipath routes by port either ({e}); all of one client's flows take one node"
+                ));
+            }
+        }
+    }
+    problems
+}
 
 /// What lb-sim owns in the kernel right now.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -38,16 +38,6 @@ pub struct Config {
     pub node_health_port: u16,
 }
 
-/// Spreads flows over a multipath group by their ports too, not only by addresses (every lab
-/// client has the same address). Per network namespace.
-fn hash_by_ports() {
-    for path in ["/proc/sys/net/ipv4/fib_multipath_hash_policy", "/proc/sys/net/ipv6/fib_multipath_hash_policy"] {
-        if let Err(e) = std::fs::write(path, "1") {
-            tracing::warn!(path, error = %e, "cannot hash multipath routes by port; all of one client's flows take one node");
-        }
-    }
-}
-
 /// The gateway as the binary runs it, on a runtime of its own: the real `ip` tool, stopped by
 /// SIGTERM or SIGINT. A plain (not generic, not async) function, so the whole program is
 /// compiled once, in this crate: a release build compiles generic and async code again in every
@@ -101,7 +91,9 @@ pub async fn run<I: Ip>(cfg: Config, ip: Arc<I>, shutdown: impl std::future::Fut
         tracing::info!(%addr, "status on GET /status");
         tokio::spawn(status::serve(l, status.clone()));
     }
-    hash_by_ports();
+    for problem in routing::hash_by_five_tuple() {
+        tracing::warn!("{problem}");
+    }
     services.wait_synced().await;
     nodes.wait_synced().await;
     ingresses.wait_synced().await;
