@@ -1136,6 +1136,10 @@ fn faults_a_link_down_behind_the_load_balancer_blackhole_and_loss() {
     wait_rotation(&lab, "192.168.56.12", true, Duration::from_secs(15), "node-2 back in rotation");
     eprintln!("node-2 back {:.2} s after its uplink came up", t.elapsed().as_secs_f64());
     assert_eq!(lab.run("fault", &["list"]).1.trim(), "no faults");
+    // The link took node-2's way back to the client with it (the LB's health checks come from
+    // the same network and pass without it): restored with the link.
+    let default = lab.exec("node-2", &["ip", "route", "show", "default"]);
+    assert!(default.contains("via 192.168.56.2 dev eth0"), "node-2's default route: {default:?}");
 
     // One-shot faults the cluster repairs: rules flushed (the agent rewrites them), a pod's
     // process killed (restartPolicy Always: the agent starts it again).

@@ -82,8 +82,33 @@ fn argv(parts: &[&str]) -> Step {
 /// link to the lab's network is `nic`.
 #[derive(Debug, Clone, Copy)]
 pub enum Place<'a> {
-    Netns(&'a str),
+    Netns(&'a str, &'a Uplink),
     OnNode { nic: &'a str },
+}
+
+/// What `podpath up` gave a node's uplink that the kernel takes away with the link: its IPv6
+/// addresses (dropped when a link goes down) and its default routes.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Uplink {
+    /// CIDRs, as `podpath up` added them.
+    pub v6_addresses: Vec<String>,
+    /// Default routes' gateways.
+    pub defaults: Vec<std::net::IpAddr>,
+}
+
+impl Uplink {
+    /// The uplink (`eth0`) of namespace `ns` in the lab's plan. Pure.
+    pub fn of(plan: &Plan, ns: &str) -> Uplink {
+        Uplink {
+            v6_addresses: plan
+                .addrs
+                .iter()
+                .filter(|a| a.netns == ns && a.dev == "eth0" && a.cidr.contains(':'))
+                .map(|a| a.cidr.clone())
+                .collect(),
+            defaults: plan.routes.iter().filter(|r| r.netns == ns).map(|r| r.via).collect(),
+        }
+    }
 }
 
 impl Place<'_> {
@@ -91,7 +116,7 @@ impl Place<'_> {
     fn ip(&self, pre: &[&str], rest: &[&str]) -> Step {
         let mut v = vec!["ip"];
         v.extend_from_slice(pre);
-        if let Place::Netns(ns) = self {
+        if let Place::Netns(ns, _) = self {
             v.extend(["-n", ns]);
         }
         v.extend_from_slice(rest);
@@ -100,7 +125,7 @@ impl Place<'_> {
     /// A command in the node's network namespace.
     fn exec(&self, rest: &[&str]) -> Step {
         let mut v = vec![];
-        if let Place::Netns(ns) = self {
+        if let Place::Netns(ns, _) = self {
             v.extend(["ip", "netns", "exec", ns]);
         }
         v.extend_from_slice(rest);
@@ -108,14 +133,14 @@ impl Place<'_> {
     }
     fn nic(&self) -> &str {
         match self {
-            Place::Netns(_) => "eth0",
+            Place::Netns(..) => "eth0",
             Place::OnNode { nic } => nic,
         }
     }
     /// The link in words.
     fn link(&self) -> String {
         match self {
-            Place::Netns(_) => "eth0 (the uplink)".into(),
+            Place::Netns(..) => "eth0 (the uplink)".into(),
             Place::OnNode { nic } => format!("{nic} (the lab's network)"),
         }
     }
@@ -135,11 +160,23 @@ pub fn plan(place: Place, node: &str, agent_dir: &Path, req: &Request) -> (Vec<S
     match req {
         Request::LinkDown => {
             let mut undo = vec![place.ip(&[], &["link", "set", nic, "up"])];
-            // A link going down takes its routes with it: on a VM the lab's own (to the client
-            // network through the gateway) come back from its provisioned script, as at boot;
-            // the agent puts back its routes to other nodes' pods by itself.
-            if let Place::OnNode { .. } = place {
-                undo.push(argv(&["sh", "-c", "if [ -x /etc/podpath/net-up ]; then /etc/podpath/net-up; fi"]));
+            // A link going down takes its routes (and IPv6 addresses) with it. The lab's own
+            // come back as a host's network configuration brings them back when its link
+            // returns: on a VM from its provisioned script, as at boot; in a namespace lab
+            // from the lab's plan. The agent puts back its routes to other nodes' pods itself.
+            match place {
+                Place::OnNode { .. } => {
+                    undo.push(argv(&["sh", "-c", "if [ -x /etc/podpath/net-up ]; then /etc/podpath/net-up; fi"]))
+                }
+                Place::Netns(_, uplink) => {
+                    for cidr in &uplink.v6_addresses {
+                        undo.push(place.ip(&["-6"], &["addr", "replace", cidr, "dev", nic, "nodad"]));
+                    }
+                    for via in &uplink.defaults {
+                        let fam = if via.is_ipv6() { "-6" } else { "-4" };
+                        undo.push(place.ip(&[fam], &["route", "replace", "default", "via", &via.to_string()]));
+                    }
+                }
             }
             (
                 vec![place.ip(&[], &["link", "set", nic, "down"])],
@@ -257,8 +294,8 @@ fn run_planned(steps: &[Step]) -> Result<()> {
 
 /// Makes `req` on `node` and records it. One fault of a kind per node.
 pub fn make(st: &LabState, dir: &Path, node: &str, req: &Request) -> Result<Fault> {
-    let ns = node_netns(st, node)?;
-    let (cmds, fault) = plan(Place::Netns(&ns), node, &dir.join("nodes").join(node).join("agent"), req);
+    let (ns, uplink) = node_netns(st, node)?;
+    let (cmds, fault) = plan(Place::Netns(&ns, &uplink), node, &dir.join("nodes").join(node).join("agent"), req);
     record(dir, node, req, cmds, fault)
 }
 
@@ -338,7 +375,7 @@ pub fn clear(dir: &Path, which: impl Fn(&Fault) -> bool) -> Result<Vec<Fault>> {
 /// flush table ip kube-proxy` in nftables mode); waits (30 s at most) until the node agent
 /// counts a repair, and returns how long that took.
 pub fn flush_rules(st: &LabState, node: &str) -> Result<std::time::Duration> {
-    let ns = node_netns(st, node)?;
+    let (ns, _) = node_netns(st, node)?;
     let metrics = crate::plan::agent_health_addr(node).ok_or_else(|| LabError::Usage(format!("no node {node:?}")))?;
     let kind = if st.proxy_mode == crate::ProxyMode::Nftables { "nftables" } else { "iptables" };
     let repaired = || -> Result<u64> {
@@ -426,10 +463,10 @@ pub fn kill_pod_vagrant(v: &crate::vagrant::VagrantLab, target: &str) -> Result<
 }
 
 /// The namespace of `node` (node-1 … node-N) in this lab.
-fn node_netns(st: &LabState, node: &str) -> Result<String> {
+fn node_netns(st: &LabState, node: &str) -> Result<(String, Uplink)> {
     let p = Plan::with_family(&st.name, st.nodes, st.ip_family);
     match p.netns_of(node) {
-        Some(ns) if node.starts_with("node-") => Ok(ns.to_string()),
+        Some(ns) if node.starts_with("node-") => Ok((ns.to_string(), Uplink::of(&p, ns))),
         _ => Err(LabError::Usage(format!("no node {node:?} in lab {:?}: node-1…node-{}", st.name, st.nodes))),
     }
 }
@@ -440,31 +477,61 @@ mod tests {
 
     #[test]
     fn every_fault_has_its_undo() {
-        let (make, f) =
-            plan(Place::Netns("pp-lab-node-2"), "node-2", Path::new("/s/nodes/node-2/agent"), &Request::LinkDown);
+        // The link back up, and what the kernel took with it: a dual-stack node's IPv6 address
+        // and both default routes, as `podpath up` made them.
+        let lab = Plan::with_family("lab", 2, crate::family::IpFamilyMode::Dual);
+        let uplink = Uplink::of(&lab, "pp-lab-node-2");
+        let (make, f) = plan(
+            Place::Netns("pp-lab-node-2", &uplink),
+            "node-2",
+            Path::new("/s/nodes/node-2/agent"),
+            &Request::LinkDown,
+        );
         assert_eq!(make, [argv(&["ip", "-n", "pp-lab-node-2", "link", "set", "eth0", "down"])]);
-        assert_eq!(f.undo, [argv(&["ip", "-n", "pp-lab-node-2", "link", "set", "eth0", "up"])]);
-        let (make, f) =
-            plan(Place::Netns("ns"), "node-1", Path::new("/a"), &Request::Blackhole("10.244.2.0/24".parse().unwrap()));
+        let undo: Vec<String> = f.undo.iter().map(|s| s.argv.join(" ")).collect();
+        assert_eq!(
+            undo,
+            [
+                "ip -n pp-lab-node-2 link set eth0 up",
+                "ip -6 -n pp-lab-node-2 addr replace fd00:56::12/64 dev eth0 nodad",
+                "ip -4 -n pp-lab-node-2 route replace default via 192.168.56.2",
+                "ip -6 -n pp-lab-node-2 route replace default via fd00:56::2",
+            ]
+        );
+        let (make, f) = plan(
+            Place::Netns("ns", &Uplink::default()),
+            "node-1",
+            Path::new("/a"),
+            &Request::Blackhole("10.244.2.0/24".parse().unwrap()),
+        );
         assert_eq!(make[0].argv[5..], ["add", "to", "10.244.2.0/24", "blackhole", "pref", "90"]);
         assert_eq!(f.undo[0].argv[5..], ["del", "to", "10.244.2.0/24", "blackhole", "pref", "90"]);
         // 100% drops every packet: no numgen (nft takes `mod 100 <` up to 99).
-        let (all, _) = plan(Place::Netns("ns"), "node-1", Path::new("/a"), &Request::Loss(100));
+        let (all, _) = plan(Place::Netns("ns", &Uplink::default()), "node-1", Path::new("/a"), &Request::Loss(100));
         let text = all[0].input.clone().unwrap();
         assert!(text.contains("iifname \"eth0\" counter drop") && !text.contains("numgen"), "{text}");
-        let (make, f) = plan(Place::Netns("ns"), "node-1", Path::new("/a"), &Request::Loss(30));
+        let (make, f) = plan(Place::Netns("ns", &Uplink::default()), "node-1", Path::new("/a"), &Request::Loss(30));
         assert_eq!(make[0].argv, argv(&["ip", "netns", "exec", "ns", "nft", "-f", "-"]).argv);
         let rules = make[0].input.as_deref().unwrap();
         assert!(rules.contains("iifname \"eth0\" numgen random mod 100 < 30 counter drop"), "{rules}");
         assert_eq!(f.undo, [argv(&["ip", "netns", "exec", "ns", "nft", "delete", "table", "inet", "podpath-faults"])]);
-        let (_, f) = plan(Place::Netns("ns"), "node-1", Path::new("/a"), &Request::Delay(100));
+        let (_, f) = plan(Place::Netns("ns", &Uplink::default()), "node-1", Path::new("/a"), &Request::Delay(100));
         assert_eq!(f.undo[0].argv[4..], ["tc", "qdisc", "del", "dev", "eth0", "root"]);
-        let (make, f) = plan(Place::Netns("ns"), "node-1", Path::new("/a"), &Request::StallProxy { until: None });
+        let (make, f) = plan(
+            Place::Netns("ns", &Uplink::default()),
+            "node-1",
+            Path::new("/a"),
+            &Request::StallProxy { until: None },
+        );
         assert_eq!(make[1].argv, ["tee", "/a/faults/stall-proxy"]);
         assert_eq!(make[1].input.as_deref(), Some("forever\n"));
         assert_eq!(f.undo, [argv(&["rm", "-f", "/a/faults/stall-proxy"])]);
-        let (make, _) =
-            plan(Place::Netns("ns"), "node-1", Path::new("/a"), &Request::StallProxy { until: Some(1_700_000_000.25) });
+        let (make, _) = plan(
+            Place::Netns("ns", &Uplink::default()),
+            "node-1",
+            Path::new("/a"),
+            &Request::StallProxy { until: Some(1_700_000_000.25) },
+        );
         assert_eq!(make[1].input.as_deref(), Some("1700000000.250\n"));
     }
 
