@@ -395,9 +395,8 @@ const SESSION_START: Duration = Duration::from_secs(5);
 /// once (`perf` of sched_switch: `netlink_release` → `nft_rcv_nl_event` → `__flush_work`). A
 /// kept process has loaded its extensions and keeps its socket open.
 ///
-/// A restore is done when the process, having read all of it, waits for more:
-/// `/proc/PID/syscall` shows a blocked `read` of fd 0 only once the task sleeps there again
-/// (a task woken by our write reads as "running" until it has taken the input). One that fails
+/// A restore is done when the process, having read all of it, waits for more: `/proc/PID/stat`
+/// says it sleeps and then `/proc/PID/syscall` shows a `read` of fd 0 (`waits_for_input`). One that fails
 /// exits with its error, whose line numbers count from the session's first input; they are
 /// given back counted from this input's. Only for an ELF `iptables-nft-restore` (a wrapper
 /// script would read our input in another process) that is seen waiting for input after its
@@ -630,11 +629,19 @@ impl Live {
 }
 
 /// Whether process `pid` sleeps in `read(0, …)`: `/proc/PID/syscall` starts with the call's
-/// number (`SYS_read`: 0 on x86-64, 63 on aarch64) and its first argument (fd 0); a runnable
-/// task reads as "running".
+/// number (`SYS_read`: 0 on x86-64, 63 on aarch64) and its first argument (fd 0).
+///
+/// The sleep is read first, from `/proc/PID/stat`: a task our write has just woken but no CPU
+/// has run yet (`TASK_WAKING`) still shows the `read` it was blocked in under `syscall` — a
+/// restore seen done before it had read its input (once in CI) — while `stat` already says
+/// `R`. Seen sleeping after our write, the task has run since; seen in `read(0)` after that,
+/// it has taken all of the input (only a write of ours wakes it from there).
 fn waits_for_input(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/syscall"))
-        .is_ok_and(|s| s.strip_prefix(&format!("{} 0x0 ", libc::SYS_read)).is_some())
+    let sleeping = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .is_ok_and(|s| s.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with('S')));
+    sleeping
+        && std::fs::read_to_string(format!("/proc/{pid}/syscall"))
+            .is_ok_and(|s| s.strip_prefix(&format!("{} 0x0 ", libc::SYS_read)).is_some())
 }
 
 /// `stderr` with the line numbers it names (`line 12`, `line: 12`) counted after `offset`
