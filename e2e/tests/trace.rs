@@ -166,16 +166,7 @@ fn trace_a_load_balancer_request_hop_by_hop_then_with_no_endpoints() {
     lab.wait_for_cluster_dns();
     // Ready pods are not yet every node's rules: each proxy syncs the DNS slices on its own, and
     // one still syncing when the watch starts would show the DNS pods' rules in its report.
-    let dns = lab.kubectl(&[
-        "get",
-        "pods",
-        "-n",
-        "kube-system",
-        "-l",
-        "k8s-app=kube-dns",
-        "-o",
-        "jsonpath={.items[*].status.podIP}",
-    ]);
+    let dns = lab.cluster_dns_pods("{.items[*].status.podIP}");
     for node in ["node-1", "node-2"] {
         wait_for(Duration::from_secs(15), &format!("{node}'s rules for every DNS pod"), || {
             let nat = lab.exec(node, &["iptables-save", "-t", "nat"]);
