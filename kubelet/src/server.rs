@@ -346,11 +346,31 @@ async fn port_forward(State(k): State<Kubelet>, Path((ns, pod)): Path<(String, S
         Err(e) => return error(StatusCode::BAD_REQUEST, e),
     };
     let target = stream::PodRef { name: format!("{ns}/{pod}"), uid: rec.uid.clone(), sandbox_pid: rec.sandbox.pid };
+    // The connection's own socket, to splice the pod's bytes into once upgraded: only an
+    // HTTP/1.1 connection is the upgraded stream's alone (an HTTP/2 one carries others).
+    let socket = req
+        .extensions()
+        .get::<axum::extract::ConnectInfo<stream::zerocopy::Socket>>()
+        .filter(|_| req.version() == axum::http::Version::HTTP_11)
+        .map(|c| c.0.clone());
     upgrade(req, stream::channel::PORTFORWARD_PROTOCOLS, &[stream::SPDY_PORTFORWARD_PROTOCOL], move |conn| async move {
+        let taken = |io| match &socket {
+            Some(s) => stream::zerocopy::take_over(io, s),
+            None => Err(io),
+        };
         match conn {
-            Conn::Tunnel(io) => stream::portforward_spdy(stream::wstunnel::serve(io), target).await,
+            Conn::Tunnel(io) => match taken(io) {
+                Ok((rd, wr)) => stream::portforward_spdy(stream::wstunnel::serve_split(rd, wr), target).await,
+                Err(io) => stream::portforward_spdy(stream::wstunnel::serve(io), target).await,
+            },
             Conn::Ws(ws, p) => stream::portforward_ws(*ws, ws_proto(p.as_deref()), ports, target).await,
-            Conn::Spdy(io, _) => stream::portforward_spdy(stream::spdy::serve(io), target).await,
+            Conn::Spdy(io, _) => match taken(io) {
+                Ok((rd, wr)) => {
+                    let (rd, wr) = (stream::spdy::IoSource(rd), stream::spdy::IoSink(wr));
+                    stream::portforward_spdy(stream::spdy::serve_on(rd, wr), target).await
+                }
+                Err(io) => stream::portforward_spdy(stream::spdy::serve(io), target).await,
+            },
         }
     })
     .await
@@ -504,6 +524,8 @@ pub async fn serve(
         .route("/portForward/{ns}/{pod}", any(port_forward))
         .route("/metrics/resource", get(resource_metrics))
         .with_state(Kubelet { pods, token });
+    // Each connection's socket goes with its requests: port-forward splices into it.
+    let app = app.into_make_service_with_connect_info::<stream::zerocopy::Socket>();
     axum::serve(listener, app).with_graceful_shutdown(shutdown).await
 }
 

@@ -10,6 +10,7 @@ pub mod exec;
 pub mod portforward;
 pub mod spdy;
 pub mod wstunnel;
+pub mod zerocopy;
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -256,21 +257,23 @@ where
 /// 512 KiB ones for the same bytes; see the streaming bench).
 const SPLICE_CHUNK: usize = 512 << 10;
 
+/// The client's bytes into a forwarded connection; its write side closes after them.
+async fn to_pod(mut wr: tokio::net::tcp::OwnedWriteHalf, mut from_client: mpsc::Receiver<Bytes>) {
+    while let Some(b) = from_client.recv().await {
+        if wr.write_all(&b).await.is_err() {
+            return;
+        }
+    }
+    let _ = wr.shutdown().await;
+}
+
 /// Copies between a forwarded connection and its client streams until both directions end.
 async fn splice(
     tcp: tokio::net::TcpStream,
-    mut from_client: mpsc::Receiver<Bytes>,
+    from_client: mpsc::Receiver<Bytes>,
     to_client: impl Fn(Bytes) -> futures::future::BoxFuture<'static, bool> + Send + 'static,
 ) {
-    let (mut rd, mut wr) = tcp.into_split();
-    let up = async move {
-        while let Some(b) = from_client.recv().await {
-            if wr.write_all(&b).await.is_err() {
-                return;
-            }
-        }
-        let _ = wr.shutdown().await;
-    };
+    let (mut rd, wr) = tcp.into_split();
     let down = async move {
         // Read straight into buffers handed on without copying; a buffer is reused once the
         // client side has written what was split off it.
@@ -287,7 +290,46 @@ async fn splice(
             }
         }
     };
-    tokio::join!(up, down);
+    tokio::join!(to_pod(wr, from_client), down);
+}
+
+/// Pipes a forwarded connection uses toward a client that takes splices: one fills while the
+/// other drains.
+const PIPES: usize = 2;
+
+/// [`splice`] for a SPDY stream on a connection that takes splices: the pod's bytes move by
+/// `splice(2)` into a pipe and from there into the tunnel, never through our memory.
+async fn splice_through_pipes(
+    tcp: tokio::net::TcpStream,
+    from_client: mpsc::Receiver<Bytes>,
+    writer: spdy::Writer,
+    mut spare: Vec<zerocopy::Pipe>,
+) {
+    let (rd, wr) = tcp.into_split();
+    let down = async move {
+        let mut in_flight = std::collections::VecDeque::new();
+        loop {
+            let pipe = match spare.pop() {
+                Some(p) => p,
+                None => match in_flight.pop_front() {
+                    Some(back) => match back.await {
+                        Ok(p) => p,
+                        Err(_) => return,
+                    },
+                    None => return,
+                },
+            };
+            let max = zerocopy::PIPE_BYTES.min(spdy::MAX_DATA_FRAME);
+            match pipe.fill_from(rd.as_ref(), max).await {
+                Ok(n) if n > 0 => match writer.write_pipe(pipe, n).await {
+                    Some(back) => in_flight.push_back(back),
+                    None => return,
+                },
+                _ => return,
+            }
+        }
+    };
+    tokio::join!(to_pod(wr, from_client), down);
 }
 
 /// Port-forward over SPDY: every forwarded connection is a `data` and an `error` stream with
@@ -326,12 +368,19 @@ async fn forward_spdy(error: spdy::Stream, data: spdy::Stream, pod: PodRef) {
     };
     match result {
         Ok((_, tcp)) => {
-            let w = data.writer.clone();
-            splice(tcp, data.data, move |b| {
-                let w = w.clone();
-                Box::pin(async move { w.write(b).await })
-            })
-            .await;
+            let pipes = data.writer.splices().then(|| (0..PIPES).map(|_| zerocopy::Pipe::new()).collect());
+            match pipes {
+                Some(Ok(pipes)) => splice_through_pipes(tcp, data.data, data.writer.clone(), pipes).await,
+                // No pipes (out of descriptors?): the copying relay still works.
+                _ => {
+                    let w = data.writer.clone();
+                    splice(tcp, data.data, move |b| {
+                        let w = w.clone();
+                        Box::pin(async move { w.write(b).await })
+                    })
+                    .await
+                }
+            }
         }
         Err(e) => {
             let msg = portforward::forward_error(port.unwrap_or(0), &pod.name, &pod.uid, &e);
@@ -466,5 +515,59 @@ mod tests {
         assert!(held.len() > 1, "{} reads held", held.len());
         assert_eq!(pod_side.await.unwrap(), b"from the client");
         relay.await.unwrap();
+    }
+
+    /// Through a session on a connection that takes splices, the pod's bytes reach the client
+    /// as data frames, whole and in order, and the client's reach the pod.
+    #[tokio::test]
+    async fn bytes_spliced_through_pipes_arrive_as_data_frames_whole_and_in_order() {
+        let pair = || async {
+            let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let a = tokio::net::TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+            (a, l.accept().await.unwrap().0)
+        };
+        let ((mut client, tunnel), (mut app, ours)) = (pair().await, pair().await);
+        let (rd, wr) = tunnel.into_split();
+        let (session, mut streams) = spdy::serve_on(spdy::IoSource(rd), spdy::IoSink(zerocopy::TcpWire(wr)));
+        let mut codec = spdy::HeaderCodec::default();
+        client.write_all(&spdy::syn_stream(1, false, &codec.encode(&[("streamType", "data")]))).await.unwrap();
+        client.write_all(&spdy::data_frame(1, true, b"from the client")).await.unwrap();
+        let s = streams.recv().await.unwrap();
+        assert!(s.writer.splices());
+        let pipes = (0..PIPES).map(|_| zerocopy::Pipe::new().unwrap()).collect();
+        let relay = tokio::spawn(splice_through_pipes(ours, s.data, s.writer.clone(), pipes));
+        let sent: Vec<u8> = (0..(6usize << 20) + 3).map(|i| (i % 251) as u8).collect();
+        let app_side = {
+            let sent = sent.clone();
+            tokio::spawn(async move {
+                app.write_all(&sent).await.unwrap();
+                app.shutdown().await.unwrap();
+                let mut up = vec![];
+                app.read_to_end(&mut up).await.unwrap();
+                up
+            })
+        };
+        let reader = tokio::spawn(async move {
+            let mut got = vec![];
+            client.read_to_end(&mut got).await.unwrap();
+            got
+        });
+        assert_eq!(app_side.await.unwrap(), b"from the client");
+        relay.await.unwrap();
+        s.writer.close().await;
+        session.close().await;
+        let mut wire = bytes::BytesMut::from(&reader.await.unwrap()[..]);
+        let (mut data, mut frames, mut fin) = (vec![], 0, false);
+        while let Some(f) = spdy::parse(&mut wire).unwrap() {
+            if let spdy::Frame::Data { stream: 1, fin: f, data: d } = f {
+                assert!(!fin, "data after FIN");
+                data.extend_from_slice(&d);
+                (frames, fin) = (frames + 1, f);
+            }
+        }
+        assert!(wire.is_empty());
+        assert!(fin);
+        assert!(frames > 2, "{frames} frames");
+        assert!(data == sent, "the bytes differ ({} of {})", data.len(), sent.len());
     }
 }

@@ -12,7 +12,9 @@ use std::sync::OnceLock;
 use bytes::{Bytes, BytesMut};
 use flate2::{Compress, Compression, Decompress, FlushCompress, FlushDecompress};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
+
+use super::zerocopy::{self, Pipe, Wire};
 
 const SYN_STREAM: u16 = 1;
 const SYN_REPLY: u16 = 2;
@@ -25,7 +27,7 @@ const MAX_FRAME: usize = 1 << 24;
 /// A header block that inflates beyond this is refused.
 const MAX_HEADER_BYTES: usize = 256 << 10;
 /// Outgoing data is cut into frames of at most this many bytes.
-const MAX_DATA_FRAME: usize = 1 << 20;
+pub const MAX_DATA_FRAME: usize = 1 << 20;
 
 /// A protocol error; the session ends with it.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -359,6 +361,14 @@ enum Out {
         head: [u8; 8],
         body: Bytes,
     },
+    /// A data frame whose payload waits in a pipe (see [`super::zerocopy`]); the pipe goes back
+    /// through `back` once emptied.
+    Spliced {
+        head: [u8; 8],
+        pipe: Pipe,
+        len: usize,
+        back: oneshot::Sender<Pipe>,
+    },
     /// Send GOAWAY and close the connection.
     Close,
 }
@@ -368,6 +378,7 @@ enum Out {
 pub struct Writer {
     id: u32,
     out: mpsc::Sender<Out>,
+    splices: bool,
 }
 
 impl Writer {
@@ -383,6 +394,21 @@ impl Writer {
             }
         }
         true
+    }
+
+    /// Whether the session's connection takes payloads by splice ([`Writer::write_pipe`]).
+    pub fn splices(&self) -> bool {
+        self.splices
+    }
+
+    /// Sends the `len` bytes `pipe` holds (at most one data frame's worth) as one data frame;
+    /// the pipe comes back through the receiver once emptied. None once the session is gone.
+    pub async fn write_pipe(&self, pipe: Pipe, len: usize) -> Option<oneshot::Receiver<Pipe>> {
+        debug_assert!(len <= MAX_DATA_FRAME);
+        let (back, rx) = oneshot::channel();
+        let head = data_head(self.id, false, len);
+        self.out.send(Out::Spliced { head, pipe, len, back }).await.ok()?;
+        Some(rx)
     }
 
     /// Half-closes the stream (FIN).
@@ -414,6 +440,10 @@ impl Session {
 pub trait FrameSink: Send + 'static {
     /// Writes one frame; false once the peer is gone.
     fn send(&mut self, head: &[u8], body: &[u8]) -> impl std::future::Future<Output = bool> + Send;
+    /// Writes one frame whose payload is the `len` bytes `pipe` holds.
+    fn send_spliced(&mut self, head: &[u8], pipe: &Pipe, len: usize) -> impl std::future::Future<Output = bool> + Send;
+    /// Whether [`FrameSink::send_spliced`] splices rather than copies.
+    fn splices(&self) -> bool;
     /// Ends the connection after what was sent.
     fn finish(self) -> impl std::future::Future<Output = ()> + Send;
 }
@@ -446,16 +476,25 @@ pub(super) async fn write_all_vectored<W: AsyncWrite + Unpin>(w: &mut W, parts: 
     true
 }
 
+/// Frames written as they are on a connection.
 pub struct IoSink<W>(pub W);
 
-impl<W: AsyncWrite + Unpin + Send + 'static> FrameSink for IoSink<W> {
+impl<W: Wire> FrameSink for IoSink<W> {
     async fn send(&mut self, head: &[u8], body: &[u8]) -> bool {
         // Header and payload in one vectored write where the kernel takes both.
-        write_all_vectored(&mut self.0, &[head, body]).await
+        self.0.write_parts(&[head, body]).await
+    }
+
+    async fn send_spliced(&mut self, head: &[u8], pipe: &Pipe, len: usize) -> bool {
+        self.0.write_spliced(&[head], pipe, len).await
+    }
+
+    fn splices(&self) -> bool {
+        self.0.splices()
     }
 
     async fn finish(mut self) {
-        let _ = self.0.shutdown().await;
+        self.0.shutdown().await;
     }
 }
 
@@ -475,7 +514,7 @@ where
     IO: AsyncRead + AsyncWrite + Send + 'static,
 {
     let (rd, wr) = tokio::io::split(io);
-    serve_on(IoSource(rd), IoSink(wr))
+    serve_on(IoSource(rd), IoSink(zerocopy::Stream(wr)))
 }
 
 /// [`serve`] over any source and sink of the connection's bytes.
@@ -483,8 +522,9 @@ pub fn serve_on(source: impl ByteSource, sink: impl FrameSink) -> (Session, mpsc
     // Frames waiting for a slow client: at most 16 (8 MiB of port-forward data) per session.
     let (out_tx, out_rx) = mpsc::channel(16);
     let (accept_tx, accept_rx) = mpsc::channel(16);
+    let splices = sink.splices();
     tokio::spawn(write_loop(sink, out_rx));
-    tokio::spawn(read_loop(source, out_tx.clone(), accept_tx));
+    tokio::spawn(read_loop(source, out_tx.clone(), accept_tx, splices));
     (Session { out: out_tx }, accept_rx)
 }
 
@@ -493,6 +533,14 @@ async fn write_loop(mut sink: impl FrameSink, mut rx: mpsc::Receiver<Out>) {
         let sent = match out {
             Out::Frame(f) => sink.send(&f, &[]).await,
             Out::Data { head, body } => sink.send(&head, &body).await,
+            Out::Spliced { head, pipe, len, back } => {
+                let sent = sink.send_spliced(&head, &pipe, len).await;
+                // A pipe left holding bytes is not used again.
+                if sent {
+                    let _ = back.send(pipe);
+                }
+                sent
+            }
             Out::Close => {
                 sink.send(&goaway(0), &[]).await;
                 break;
@@ -505,7 +553,7 @@ async fn write_loop(mut sink: impl FrameSink, mut rx: mpsc::Receiver<Out>) {
     sink.finish().await;
 }
 
-async fn read_loop(mut source: impl ByteSource, out: mpsc::Sender<Out>, accept: mpsc::Sender<Stream>) {
+async fn read_loop(mut source: impl ByteSource, out: mpsc::Sender<Out>, accept: mpsc::Sender<Stream>, splices: bool) {
     let mut codec = HeaderCodec::default();
     let mut streams: std::collections::HashMap<u32, mpsc::Sender<Bytes>> = Default::default();
     let mut buf = BytesMut::with_capacity(16 << 10);
@@ -536,7 +584,8 @@ async fn read_loop(mut source: impl ByteSource, out: mpsc::Sender<Out>, accept: 
                 if !fin {
                     streams.insert(stream, tx);
                 }
-                let s = Stream { id: stream, headers, data: rx, writer: Writer { id: stream, out: out.clone() } };
+                let s =
+                    Stream { id: stream, headers, data: rx, writer: Writer { id: stream, out: out.clone(), splices } };
                 if accept.send(s).await.is_err() {
                     break;
                 }

@@ -13,10 +13,11 @@
 use std::sync::Arc;
 
 use bytes::{Buf, BytesMut};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::sync::{mpsc, Mutex};
 
 use super::spdy;
+use super::zerocopy::{self, Pipe, Wire};
 
 const OP_CONTINUATION: u8 = 0x0;
 const OP_TEXT: u8 = 0x1;
@@ -61,7 +62,7 @@ struct Writer<W> {
     closed: bool,
 }
 
-impl<W: AsyncWrite + Unpin> Writer<W> {
+impl<W: Wire> Writer<W> {
     async fn frame(&mut self, opcode: u8, parts: &[&[u8]]) -> bool {
         if self.closed {
             return false;
@@ -70,7 +71,16 @@ impl<W: AsyncWrite + Unpin> Writer<W> {
         let (h, n) = header(opcode, len);
         let mut all = vec![&h[..n]];
         all.extend_from_slice(parts);
-        spdy::write_all_vectored(&mut self.io, &all).await
+        self.io.write_parts(&all).await
+    }
+
+    /// A binary frame of `head` and the `len` bytes `pipe` holds.
+    async fn frame_spliced(&mut self, head: &[u8], pipe: &Pipe, len: usize) -> bool {
+        if self.closed {
+            return false;
+        }
+        let (h, n) = header(OP_BINARY, head.len() + len);
+        self.io.write_spliced(&[&h[..n], head], pipe, len).await
     }
 
     /// A close frame (once) and the end of the connection's write side.
@@ -78,21 +88,32 @@ impl<W: AsyncWrite + Unpin> Writer<W> {
         if !self.closed {
             let _ = self.frame(OP_CLOSE, &[&code.to_be_bytes()]).await;
             self.closed = true;
-            let _ = self.io.shutdown().await;
+            self.io.shutdown().await;
         }
     }
 }
 
 /// SPDY frames out: each one WebSocket binary frame.
-pub struct Sink<W>(Arc<Mutex<Writer<W>>>);
+pub struct Sink<W> {
+    writer: Arc<Mutex<Writer<W>>>,
+    splices: bool,
+}
 
-impl<W: AsyncWrite + Unpin + Send + 'static> spdy::FrameSink for Sink<W> {
+impl<W: Wire> spdy::FrameSink for Sink<W> {
     async fn send(&mut self, head: &[u8], body: &[u8]) -> bool {
-        self.0.lock().await.frame(OP_BINARY, &[head, body]).await
+        self.writer.lock().await.frame(OP_BINARY, &[head, body]).await
+    }
+
+    async fn send_spliced(&mut self, head: &[u8], pipe: &Pipe, len: usize) -> bool {
+        self.writer.lock().await.frame_spliced(head, pipe, len).await
+    }
+
+    fn splices(&self) -> bool {
+        self.splices
     }
 
     async fn finish(self) {
-        self.0.lock().await.close(1000).await;
+        self.writer.lock().await.close(1000).await;
     }
 }
 
@@ -105,7 +126,7 @@ pub struct Source<R, W> {
     in_text: bool,
 }
 
-impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> Source<R, W> {
+impl<R: AsyncRead + Unpin, W: Wire> Source<R, W> {
     /// At least `n` bytes pending; false at the end of the connection.
     async fn want(&mut self, n: usize) -> bool {
         while self.pending.len() < n {
@@ -184,7 +205,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> Source<R, W> {
 impl<R, W> spdy::ByteSource for Source<R, W>
 where
     R: AsyncRead + Unpin + Send + 'static,
-    W: AsyncWrite + Unpin + Send + 'static,
+    W: Wire,
 {
     async fn fill(&mut self, buf: &mut BytesMut) -> bool {
         loop {
@@ -216,15 +237,26 @@ where
     IO: AsyncRead + AsyncWrite + Send + 'static,
 {
     let (rd, wr) = tokio::io::split(io);
+    serve_split(rd, zerocopy::Stream(wr))
+}
+
+/// [`serve`] over a connection's read side and a [`Wire`] of its write side.
+pub fn serve_split<R, W>(rd: R, wr: W) -> (spdy::Session, mpsc::Receiver<spdy::Stream>)
+where
+    R: AsyncRead + Unpin + Send + 'static,
+    W: Wire,
+{
+    let splices = wr.splices();
     let writer = Arc::new(Mutex::new(Writer { io: wr, closed: false }));
     let source = Source { io: rd, writer: writer.clone(), pending: BytesMut::new(), in_text: false };
-    spdy::serve_on(source, Sink(writer))
+    spdy::serve_on(source, Sink { writer, splices })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use spdy::{ByteSource, FrameSink};
+    use tokio::io::AsyncWriteExt;
 
     /// A client frame: masked, as a client sends it.
     fn client_frame(fin: bool, opcode: u8, payload: &[u8]) -> Vec<u8> {
@@ -268,9 +300,9 @@ mod tests {
     async fn frames_in_and_out() {
         let (server, mut client) = tokio::io::duplex(1 << 20);
         let (rd, wr) = tokio::io::split(server);
-        let writer = Arc::new(Mutex::new(Writer { io: wr, closed: false }));
+        let writer = Arc::new(Mutex::new(Writer { io: zerocopy::Stream(wr), closed: false }));
         let mut source = Source { io: rd, writer: writer.clone(), pending: BytesMut::new(), in_text: false };
-        let mut sink = Sink(writer);
+        let mut sink = Sink { writer, splices: false };
 
         let big = vec![7u8; 70_000];
         let mut input = client_frame(false, OP_BINARY, b"hel");
@@ -302,16 +334,23 @@ mod tests {
     async fn a_spdy_frame_is_one_binary_frame_and_finish_closes() {
         let (server, mut client) = tokio::io::duplex(1 << 20);
         let (_rd, wr) = tokio::io::split(server);
-        let mut sink = Sink(Arc::new(Mutex::new(Writer { io: wr, closed: false })));
+        let mut sink =
+            Sink { writer: Arc::new(Mutex::new(Writer { io: zerocopy::Stream(wr), closed: false })), splices: false };
         let body = vec![1u8; 200];
         assert!(sink.send(&[0, 0, 0, 1, 0, 0, 0, 200], &body).await);
+        // A payload waiting in a pipe makes the same frame.
+        let pipe = Pipe::new().unwrap();
+        assert_eq!(pipe.put(&body).unwrap(), 200);
+        assert!(sink.send_spliced(&[0, 0, 0, 1, 0, 0, 0, 200], &pipe, 200).await);
         sink.finish().await;
         let mut out = vec![];
         client.read_to_end(&mut out).await.unwrap();
-        assert_eq!(&out[..4], [0x82, 126, 0, 208]);
-        assert_eq!(&out[4..12], [0, 0, 0, 1, 0, 0, 0, 200]);
-        assert_eq!(&out[12..212], &body[..]);
-        assert_eq!(&out[212..], [0x88, 2, 0x03, 0xE8]);
+        for at in [0, 212] {
+            assert_eq!(&out[at..at + 4], [0x82, 126, 0, 208]);
+            assert_eq!(&out[at + 4..at + 12], [0, 0, 0, 1, 0, 0, 0, 200]);
+            assert_eq!(&out[at + 12..at + 212], &body[..]);
+        }
+        assert_eq!(&out[424..], [0x88, 2, 0x03, 0xE8]);
     }
 
     #[tokio::test]
@@ -323,7 +362,7 @@ mod tests {
         ] {
             let (server, mut client) = tokio::io::duplex(1 << 16);
             let (rd, wr) = tokio::io::split(server);
-            let writer = Arc::new(Mutex::new(Writer { io: wr, closed: false }));
+            let writer = Arc::new(Mutex::new(Writer { io: zerocopy::Stream(wr), closed: false }));
             let mut source = Source { io: rd, writer, pending: BytesMut::new(), in_text: false };
             client.write_all(&bad).await.unwrap();
             assert!(!source.fill(&mut BytesMut::new()).await, "{bad:?}");
