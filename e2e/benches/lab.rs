@@ -224,6 +224,8 @@ fn latency_breakdown(lab: &Lab, runs: &[Run]) {
         |from: jiff::Timestamp, to: jiff::Timestamp| (to - from).total(jiff::Unit::Millisecond).unwrap_or(f64::NAN);
     let (mut slices, mut routes, mut created, mut answered) = (vec![], vec![], vec![], vec![]);
     let (mut first_node, mut last_node, mut sync_took) = (vec![], vec![], vec![]);
+    // The slowest run's own figures: what its tail was made of.
+    let mut slowest: Option<(f64, String)> = None;
     for Run { name, ip, sent: t0, created_ms, answered_ms } in runs {
         // The debug line ends with the field: `… endpoints synced service=default/s7`.
         let svc = format!("service=default/{name}");
@@ -233,11 +235,11 @@ fn latency_breakdown(lab: &Lab, runs: &[Run]) {
         if let Some(t) = written {
             slices.push(ms(*t0, t));
         }
-        if let Some((t, _)) =
-            lb_log.iter().find(|(t, l)| *t >= *t0 && l.contains("gateway routing") && l.contains(&format!(" {ip}/")))
-        {
-            routes.push(ms(*t0, *t));
-        }
+        let route = lb_log
+            .iter()
+            .find(|(t, l)| *t >= *t0 && l.contains("gateway routing") && l.contains(&format!(" {ip}/")))
+            .map(|(t, _)| ms(*t0, *t));
+        routes.extend(route);
         // Each node's first proxy sync naming the Service after its endpoints were written:
         // the first node's (what the first 200 needed, if the gateway chose it) and the last's.
         let svc_port = format!("default/{name}");
@@ -264,6 +266,16 @@ fn latency_breakdown(lab: &Lab, runs: &[Run]) {
                 first_node.push(per_node.iter().copied().fold(f64::INFINITY, f64::min));
                 last_node.push(per_node.iter().copied().fold(0.0, f64::max));
             }
+            if slowest.as_ref().is_none_or(|(a, _)| answered_ms > a) {
+                let nodes: Vec<String> = per_node.iter().map(|t| format!("{t:.1}")).collect();
+                let detail = format!(
+                    "{name}: 201 {created_ms:.1} · endpoints written {:.1} · gateway route {} · each node's rules {} · first 200 {answered_ms:.1}",
+                    ms(*t0, written),
+                    route.map_or("?".to_string(), |r| format!("{r:.1}")),
+                    nodes.join(", ")
+                );
+                slowest = Some((*answered_ms, detail));
+            }
         }
         created.push(*created_ms);
         answered.push(*answered_ms);
@@ -288,6 +300,9 @@ fn latency_breakdown(lab: &Lab, runs: &[Run]) {
         median(&mut sync_took),
         median(&mut answered)
     );
+    if let Some((_, detail)) = slowest {
+        println!("  slowest, {detail}");
+    }
     if slices.len() != runs.len() || routes.len() != runs.len() || first_node.len() != runs.len() {
         println!(
             "  (found in the logs: {} endpoint writes, {} routes, {} Services' node syncs)",

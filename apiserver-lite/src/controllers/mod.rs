@@ -160,7 +160,7 @@ pub async fn kubernetes_service(reg: &Registry, apiserver_endpoint: Option<(Stri
 }
 
 /// The shortest time between the starts of two controller passes (CONVENTIONS.md: why 5 ms).
-const SETTLE: Duration = Duration::from_millis(20);
+const SETTLE: Duration = Duration::from_millis(5);
 
 /// Runs every controller until the process ends.
 pub async fn run(reg: Arc<Registry>, cfg: ControllerConfig) {
@@ -170,8 +170,13 @@ pub async fn run(reg: Arc<Registry>, cfg: ControllerConfig) {
     let mut last_resync = tokio::time::Instant::now();
     // First pass reconciles everything.
     let mut dirty = Dirty { all: true, ..Default::default() };
+    // The start of the last pass a write started; a pass the tick started holds no write back.
+    let mut last_pass = tokio::time::Instant::now();
+    let mut by_tick = false;
     loop {
-        let last_pass = tokio::time::Instant::now();
+        if !by_tick {
+            last_pass = tokio::time::Instant::now();
+        }
         if let Err(e) = reconcile(&reg, &cfg, &mut dirty).await {
             tracing::warn!(error = %e, "controller pass failed; will retry");
             dirty.all = true;
@@ -196,9 +201,11 @@ pub async fn run(reg: Arc<Registry>, cfg: ControllerConfig) {
                         tokio::time::sleep(wait).await;
                         note_events(&reg, &mut seen, &mut dirty);
                     }
+                    by_tick = false;
                     break;
                 }
                 _ = tick.tick() => {
+                    by_tick = true;
                     dirty.periodic = true;
                     if last_resync.elapsed() >= cfg.resync {
                         last_resync = tokio::time::Instant::now();
@@ -352,6 +359,49 @@ fn frees_address(type_: EventType, obj: &Value, prev: Option<&Value>) -> bool {
 async fn reconcile(reg: &Registry, cfg: &ControllerConfig, dirty: &mut Dirty) -> Result<(), ApiError> {
     let all = std::mem::take(&mut dirty.all);
     let periodic = std::mem::take(&mut dirty.periodic);
+    // Endpoints first: every node's proxy (and the first request to a new Service) waits for
+    // them, while nothing below needs them (a pod any of it makes is a write of its own, seen in
+    // the next pass). A pass the tick also started made a new Service's slices wait for it.
+    let mut services: BTreeSet<(String, String)> = std::mem::take(&mut dirty.services);
+    let pod_namespaces = std::mem::take(&mut dirty.pod_namespaces);
+    if all {
+        let (svcs, _) = reg.store.list(Kind::Service, None)?;
+        services.extend(svcs.iter().map(ns_name));
+        // Slices whose Service is gone.
+        let (slices, _) = reg.store.list(Kind::EndpointSlice, None)?;
+        for s in &slices {
+            if let Some(svc) = s
+                .pointer(&format!("/metadata/labels/{}", SERVICE_NAME_LABEL.replace('/', "~1")))
+                .and_then(Value::as_str)
+            {
+                services.insert((s["metadata"]["namespace"].as_str().unwrap_or("").into(), svc.into()));
+            }
+        }
+    } else {
+        for (ns, pods) in pod_namespaces {
+            let (svcs, _) = reg.store.list(Kind::Service, Some(&ns))?;
+            for svc in svcs {
+                let Some(sel) = svc
+                    .pointer("/spec/selector")
+                    .and_then(|s| serde_json::from_value::<BTreeMap<String, String>>(s.clone()).ok())
+                else {
+                    continue;
+                };
+                let sel = LabelSelector::from_map(&sel);
+                if pods.iter().any(|p| sel.matches(labels_of(p).as_ref())) {
+                    services.insert(ns_name(&svc));
+                }
+            }
+        }
+    }
+    // A failure here (retried by a full pass) does not keep the rest of this pass from running.
+    let mut endpoints = Ok(());
+    for (ns, name) in services {
+        if let Err(e) = sync_endpoints(reg, &ns, &name).await {
+            endpoints = Err(e);
+            break;
+        }
+    }
     if all || std::mem::take(&mut dirty.crds) {
         crds::sync(reg).await?;
     }
@@ -424,42 +474,7 @@ async fn reconcile(reg: &Registry, cfg: &ControllerConfig, dirty: &mut Dirty) ->
             }
         }
     }
-    let mut services: BTreeSet<(String, String)> = std::mem::take(&mut dirty.services);
-    let pod_namespaces = std::mem::take(&mut dirty.pod_namespaces);
-    if all {
-        let (svcs, _) = reg.store.list(Kind::Service, None)?;
-        services.extend(svcs.iter().map(ns_name));
-        // Slices whose Service is gone.
-        let (slices, _) = reg.store.list(Kind::EndpointSlice, None)?;
-        for s in &slices {
-            if let Some(svc) = s
-                .pointer(&format!("/metadata/labels/{}", SERVICE_NAME_LABEL.replace('/', "~1")))
-                .and_then(Value::as_str)
-            {
-                services.insert((s["metadata"]["namespace"].as_str().unwrap_or("").into(), svc.into()));
-            }
-        }
-    } else {
-        for (ns, pods) in pod_namespaces {
-            let (svcs, _) = reg.store.list(Kind::Service, Some(&ns))?;
-            for svc in svcs {
-                let Some(sel) = svc
-                    .pointer("/spec/selector")
-                    .and_then(|s| serde_json::from_value::<BTreeMap<String, String>>(s.clone()).ok())
-                else {
-                    continue;
-                };
-                let sel = LabelSelector::from_map(&sel);
-                if pods.iter().any(|p| sel.matches(labels_of(p).as_ref())) {
-                    services.insert(ns_name(&svc));
-                }
-            }
-        }
-    }
-    for (ns, name) in services {
-        sync_endpoints(reg, &ns, &name).await?;
-    }
-    Ok(())
+    endpoints
 }
 
 #[cfg(test)]
