@@ -158,13 +158,25 @@ fn bench_memory() {
 /// under a millisecond, so a short timeout measures when the path works, not TCP's retry timer).
 /// A raw socket rather than the HTTP helper: the connect needs its own, shorter timeout.
 fn get_ok_within(addr: SocketAddr, connect: Duration) -> bool {
-    let Ok(mut s) = TcpStream::connect_timeout(&addr, connect) else { return false };
+    get_within(addr, connect).is_ok()
+}
+
+/// A GET with a connect timeout; Err says how it failed (for the latency bench's slowest run).
+fn get_within(addr: SocketAddr, connect: Duration) -> Result<(), String> {
+    let mut s = TcpStream::connect_timeout(&addr, connect).map_err(|e| match e.kind() {
+        std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock => "no answer".to_string(),
+        std::io::ErrorKind::ConnectionRefused => "refused".to_string(),
+        _ => e.to_string(),
+    })?;
     let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
-    if s.write_all(b"GET / HTTP/1.0\r\n\r\n").is_err() {
-        return false;
-    }
+    s.write_all(b"GET / HTTP/1.0\r\n\r\n").map_err(|e| format!("write: {e}"))?;
     let mut head = [0u8; 12];
-    s.read_exact(&mut head).is_ok() && &head[9..12] == b"200"
+    s.read_exact(&mut head).map_err(|e| format!("read: {e}"))?;
+    if &head[9..12] == b"200" {
+        Ok(())
+    } else {
+        Err(String::from_utf8_lossy(&head).into_owned())
+    }
 }
 
 fn get_ok(addr: SocketAddr) -> bool {
@@ -208,6 +220,8 @@ struct Run {
     sent: jiff::Timestamp,
     created_ms: f64,
     answered_ms: f64,
+    /// The failed attempts before the 200: when each started (ms after the POST) and how it failed.
+    failed: Vec<(f64, String)>,
 }
 
 /// Where create → first 200 goes, from the components' own log lines (debug lines the bench
@@ -226,7 +240,7 @@ fn latency_breakdown(lab: &Lab, runs: &[Run]) {
     let (mut first_node, mut last_node, mut sync_took) = (vec![], vec![], vec![]);
     // The slowest run's own figures: what its tail was made of.
     let mut slowest: Option<(f64, String)> = None;
-    for Run { name, ip, sent: t0, created_ms, answered_ms } in runs {
+    for Run { name, ip, sent: t0, created_ms, answered_ms, failed } in runs {
         // The debug line ends with the field: `… endpoints synced service=default/s7`.
         let svc = format!("service=default/{name}");
         let names_it = |l: &str| l.split_whitespace().any(|w| w == svc);
@@ -269,10 +283,17 @@ fn latency_breakdown(lab: &Lab, runs: &[Run]) {
             if slowest.as_ref().is_none_or(|(a, _)| answered_ms > a) {
                 let nodes: Vec<String> = per_node.iter().map(|t| format!("{t:.1}")).collect();
                 let detail = format!(
-                    "{name}: 201 {created_ms:.1} · endpoints written {:.1} · gateway route {} · each node's rules {} · first 200 {answered_ms:.1}",
+                    "{name}: 201 {created_ms:.1} · endpoints written {:.1} · gateway route {} · each node's rules {} · \
+                     first 200 {answered_ms:.1} after {}",
                     ms(*t0, written),
                     route.map_or("?".to_string(), |r| format!("{r:.1}")),
-                    nodes.join(", ")
+                    nodes.join(", "),
+                    if failed.is_empty() {
+                        "no failed attempt".to_string()
+                    } else {
+                        let each: Vec<String> = failed.iter().map(|(at, why)| format!("{at:.1} {why}")).collect();
+                        format!("attempts failing at {}", each.join(", "))
+                    }
                 );
                 slowest = Some((*answered_ms, detail));
             }
@@ -342,13 +363,19 @@ fn latency(extra: &[&str], label: &str) {
         let ip = v["status"]["loadBalancer"]["ingress"][0]["ip"].as_str().expect("LB IP at create").to_string();
         let addr = SocketAddr::new(ip.parse().unwrap(), 80);
         let ns = client.try_clone().unwrap();
-        let elapsed = std::thread::spawn(move || {
+        let (elapsed, failed) = std::thread::spawn(move || {
             nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
-            while !get_ok_within(addr, Duration::from_millis(10)) {
+            let mut failed = vec![];
+            loop {
+                let at = t.elapsed().as_secs_f64() * 1000.0;
+                match get_within(addr, Duration::from_millis(10)) {
+                    Ok(()) => break,
+                    Err(e) => failed.push((at, e)),
+                }
                 assert!(t.elapsed() < Duration::from_secs(20), "service {addr} never answered");
                 std::thread::sleep(Duration::from_millis(1));
             }
-            t.elapsed()
+            (t.elapsed(), failed)
         })
         .join()
         .unwrap();
@@ -358,6 +385,7 @@ fn latency(extra: &[&str], label: &str) {
             sent: wall,
             created_ms: t201,
             answered_ms: elapsed.as_secs_f64() * 1000.0,
+            failed,
         });
     }
     let mut sorted: Vec<f64> = runs.iter().map(|r| r.answered_ms).collect();
