@@ -197,7 +197,8 @@ impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, toki
 }
 
 /// What hyper's upgraded connection has ready without waiting: bytes it read past the request,
-/// then any the socket holds now. `Err` when the connection ended or failed.
+/// then any the socket holds now (up to its end, which our own reads then see too). `Err` when
+/// the connection failed.
 fn ready_bytes(io: &mut TokioIo<hyper::upgrade::Upgraded>) -> io::Result<BytesMut> {
     let mut got = BytesMut::new();
     let mut cx = Context::from_waker(Waker::noop());
@@ -205,7 +206,7 @@ fn ready_bytes(io: &mut TokioIo<hyper::upgrade::Upgraded>) -> io::Result<BytesMu
     loop {
         let mut rb = ReadBuf::new(&mut buf);
         match Pin::new(&mut *io).poll_read(&mut cx, &mut rb) {
-            Poll::Ready(Ok(())) if rb.filled().is_empty() => return Err(io::ErrorKind::UnexpectedEof.into()),
+            Poll::Ready(Ok(())) if rb.filled().is_empty() => return Ok(got),
             Poll::Ready(Ok(())) => got.extend_from_slice(rb.filled()),
             Poll::Ready(Err(e)) => return Err(e),
             Poll::Pending => return Ok(got),
@@ -217,8 +218,8 @@ fn ready_bytes(io: &mut TokioIo<hyper::upgrade::Upgraded>) -> io::Result<BytesMu
 pub type TakenRead = tokio::io::Chain<io::Cursor<Bytes>, OwnedReadHalf>;
 
 /// Moves an upgraded HTTP/1.1 connection from hyper onto `socket`, its own descriptor: the
-/// read side yields what hyper held first. `Err` gives the connection back as it was when it
-/// cannot be taken (no socket, or the connection already ended).
+/// read side yields what hyper held first. `Err` gives the connection back when it cannot be
+/// taken (no socket, or no second descriptor of it), or had failed.
 pub fn take_over(
     mut io: TokioIo<hyper::upgrade::Upgraded>,
     socket: &Socket,
