@@ -476,13 +476,28 @@ mod tests {
     use super::*;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+    async fn tcp_pair() -> (tokio::net::TcpStream, tokio::net::TcpStream) {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let a = tokio::net::TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+        (a, l.accept().await.unwrap().0)
+    }
+
+    /// The application in the pod: sends `sent`, closes its side, returns what it received.
+    fn app(mut conn: tokio::net::TcpStream, sent: Vec<u8>) -> tokio::task::JoinHandle<Vec<u8>> {
+        tokio::spawn(async move {
+            conn.write_all(&sent).await.unwrap();
+            conn.shutdown().await.unwrap();
+            let mut up = vec![];
+            conn.read_to_end(&mut up).await.unwrap();
+            up
+        })
+    }
+
     /// What the pod sends reaches the client whole and in order, whether the client lets go of
     /// what it got at once or holds on to it; and the client's bytes reach the pod.
     #[tokio::test]
     async fn spliced_bytes_arrive_whole_and_in_order_whatever_the_client_holds() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let mut pod = tokio::net::TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
-        let (ours, _) = listener.accept().await.unwrap();
+        let (pod, ours) = tcp_pair().await;
         let sent: Vec<u8> = (0..(6usize << 20)).map(|i| (i % 251) as u8).collect();
         let (to_pod, from_client) = mpsc::channel(4);
         let (got_tx, mut got_rx) = mpsc::unbounded_channel::<Bytes>();
@@ -490,16 +505,7 @@ mod tests {
             let tx = got_tx.clone();
             Box::pin(async move { tx.send(b).is_ok() })
         }));
-        let pod_side = {
-            let sent = sent.clone();
-            tokio::spawn(async move {
-                pod.write_all(&sent).await.unwrap();
-                pod.shutdown().await.unwrap();
-                let mut up = vec![];
-                pod.read_to_end(&mut up).await.unwrap();
-                up
-            })
-        };
+        let pod_side = app(pod, sent.clone());
         to_pod.send(Bytes::from_static(b"from the client")).await.unwrap();
         drop(to_pod);
         // The first half of the bytes let go of at once (their buffers come back), the rest
@@ -521,12 +527,7 @@ mod tests {
     /// as data frames, whole and in order, and the client's reach the pod.
     #[tokio::test]
     async fn bytes_spliced_through_pipes_arrive_as_data_frames_whole_and_in_order() {
-        let pair = || async {
-            let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            let a = tokio::net::TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
-            (a, l.accept().await.unwrap().0)
-        };
-        let ((mut client, tunnel), (mut app, ours)) = (pair().await, pair().await);
+        let ((mut client, tunnel), (app_end, ours)) = (tcp_pair().await, tcp_pair().await);
         let (rd, wr) = tunnel.into_split();
         let (session, mut streams) = spdy::serve_on(spdy::IoSource(rd), spdy::IoSink(zerocopy::TcpWire(wr)));
         let mut codec = spdy::HeaderCodec::default();
@@ -537,16 +538,7 @@ mod tests {
         let pipes = (0..PIPES).map(|_| zerocopy::Pipe::new().unwrap()).collect();
         let relay = tokio::spawn(splice_through_pipes(ours, s.data, s.writer.clone(), pipes));
         let sent: Vec<u8> = (0..(6usize << 20) + 3).map(|i| (i % 251) as u8).collect();
-        let app_side = {
-            let sent = sent.clone();
-            tokio::spawn(async move {
-                app.write_all(&sent).await.unwrap();
-                app.shutdown().await.unwrap();
-                let mut up = vec![];
-                app.read_to_end(&mut up).await.unwrap();
-                up
-            })
-        };
+        let app_side = app(app_end, sent.clone());
         let reader = tokio::spawn(async move {
             let mut got = vec![];
             client.read_to_end(&mut got).await.unwrap();

@@ -459,21 +459,25 @@ pub(super) async fn write_all_vectored<W: AsyncWrite + Unpin>(w: &mut W, parts: 
     let mut parts: Vec<&[u8]> = parts.iter().copied().filter(|p| !p.is_empty()).collect();
     while !parts.is_empty() {
         let slices: Vec<std::io::IoSlice> = parts.iter().map(|p| std::io::IoSlice::new(p)).collect();
-        let mut n = match w.write_vectored(&slices).await {
+        match w.write_vectored(&slices).await {
             Ok(0) | Err(_) => return false,
-            Ok(n) => n,
-        };
-        while n > 0 {
-            if n >= parts[0].len() {
-                n -= parts[0].len();
-                parts.remove(0);
-            } else {
-                parts[0] = &parts[0][n..];
-                n = 0;
-            }
+            Ok(n) => written(&mut parts, n),
         }
     }
     true
+}
+
+/// Drops the first `n` bytes of `parts`, which a vectored write took.
+pub(super) fn written(parts: &mut Vec<&[u8]>, mut n: usize) {
+    while n > 0 && !parts.is_empty() {
+        if n >= parts[0].len() {
+            n -= parts[0].len();
+            parts.remove(0);
+        } else {
+            parts[0] = &parts[0][n..];
+            n = 0;
+        }
+    }
 }
 
 /// Frames written as they are on a connection.

@@ -148,19 +148,10 @@ impl TcpWire {
             let sent = tcp.try_io(Interest::WRITABLE, || {
                 Ok(sendmsg::<()>(tcp.as_raw_fd(), &iov, &[], flags | MsgFlags::MSG_NOSIGNAL, None)?)
             });
-            let mut n = match sent {
-                Ok(n) => n,
+            match sent {
+                Ok(n) => super::spdy::written(&mut parts, n),
                 Err(e) if would_block(&e) => continue,
                 Err(e) => return Err(e),
-            };
-            while n > 0 {
-                if n >= parts[0].len() {
-                    n -= parts[0].len();
-                    parts.remove(0);
-                } else {
-                    parts[0] = &parts[0][n..];
-                    n = 0;
-                }
             }
         }
         Ok(())
