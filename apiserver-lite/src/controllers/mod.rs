@@ -361,7 +361,7 @@ async fn reconcile(reg: &Registry, cfg: &ControllerConfig, dirty: &mut Dirty) ->
     let periodic = std::mem::take(&mut dirty.periodic);
     // Endpoints first: every node's proxy (and the first request to a new Service) waits for
     // them, while nothing below needs them (a pod any of it makes is a write of its own, seen in
-    // the next pass). A pass the tick also started made a new Service's slices wait for it.
+    // the next pass). Written last, a new Service's slices waited for the tick's work too.
     let mut services: BTreeSet<(String, String)> = std::mem::take(&mut dirty.services);
     let pod_namespaces = std::mem::take(&mut dirty.pod_namespaces);
     if all {
