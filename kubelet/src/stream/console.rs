@@ -93,10 +93,12 @@ async fn pump_out<R: AsyncRead + Unpin>(
     use std::io::Write;
     let stream = if kind == FROM_STDERR { crilog::Stream::Stderr } else { crilog::Stream::Stdout };
     let mut enc = crilog::Encoder::new(stream);
-    let mut buf = vec![0u8; 32 << 10];
+    // Not zeroed: a monitor beside every container touches only the pages its output fills.
+    let mut buf: Vec<u8> = Vec::with_capacity(32 << 10);
     let mut records = Vec::new();
     loop {
-        let n = r.read(&mut buf).await.unwrap_or(0);
+        buf.clear();
+        let n = r.read_buf(&mut buf).await.unwrap_or(0);
         records.clear();
         if n == 0 {
             enc.finish(jiff::Timestamp::now(), &mut records);
