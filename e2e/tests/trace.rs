@@ -290,8 +290,9 @@ fn trace_shows_where_an_unmasqueraded_request_stops_and_ctrl_c_cleans_up() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("trace rules removed"));
     assert_no_trace_rules(&lab);
 
-    // Killed outright (no cleanup can run): its monitors die with it, its rules stay, and the
-    // next trace removes them before it installs its own, and leaves none.
+    // Killed outright (no cleanup can run): its rules stay, and the next trace removes them
+    // before it installs its own, and leaves none. In the iptables modes the trace listens to
+    // the kernel itself: it starts no monitor program that could outlive it.
     let mut child = std::process::Command::new(bin("podpath"))
         .args(["trace", "--name", &lab.name, "--state-dir", lab.state.to_str().unwrap(), "--timeout", "10"])
         .arg("http://169.10.10.1/")
@@ -300,42 +301,27 @@ fn trace_shows_where_an_unmasqueraded_request_stops_and_ctrl_c_cleans_up() {
         .spawn()
         .expect("run podpath trace");
     let pid = child.id();
-    let monitors = || -> Vec<u32> {
-        // The trace's monitors: its children, alive (not yet zombies).
+    let programs = || -> Vec<String> {
+        // The trace's children, alive (not yet zombies), by name.
         std::fs::read_dir("/proc")
             .unwrap()
             .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-            .filter(|p| {
-                let status = std::fs::read_to_string(format!("/proc/{p}/status")).unwrap_or_default();
-                status.starts_with("Name:\txtables-monitor\n")
-                    && status.contains(&format!("\nPPid:\t{pid}\n"))
-                    && !status.contains("State:\tZ")
+            .filter_map(|p| {
+                let status = std::fs::read_to_string(format!("/proc/{p}/status")).ok()?;
+                (status.contains(&format!("\nPPid:\t{pid}\n")) && !status.contains("State:\tZ"))
+                    .then(|| status.lines().next().unwrap_or_default().to_string())
             })
             .collect()
     };
-    // One per host: client, gateway, node-1, node-2.
-    wait_for(Duration::from_secs(10), "the trace's monitors", || {
-        let m = monitors();
-        if m.len() == 4 {
-            Ok(())
-        } else {
-            Err(format!("{m:?}"))
-        }
+    wait_for(Duration::from_secs(10), "the trace table", || match has_trace_table(&lab, "node-1") {
+        (true, _) => Ok(()),
+        (false, tables) => Err(tables),
     });
-    let children = monitors();
+    let monitors: Vec<String> =
+        programs().into_iter().filter(|p| p.contains("monitor") || p.ends_with("\tnft")).collect();
+    assert!(monitors.is_empty(), "the trace started monitor programs: {monitors:?}");
     child.kill().unwrap();
     child.wait().unwrap();
-    wait_for(Duration::from_secs(5), "the killed trace's monitors to end", || {
-        let alive: Vec<&u32> = children
-            .iter()
-            .filter(|c| std::fs::read_to_string(format!("/proc/{c}/status")).is_ok_and(|s| !s.contains("State:\tZ")))
-            .collect();
-        if alive.is_empty() {
-            Ok(())
-        } else {
-            Err(format!("{alive:?}"))
-        }
-    });
     assert!(has_trace_table(&lab, "node-1").0, "a killed trace leaves its table");
     let (_, t) = trace_json(&lab, &["--timeout", "1", "http://169.10.10.1/"]);
     assert_eq!(hosts(&t)[..2], ["client", "gateway"], "{t:#}");

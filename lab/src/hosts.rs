@@ -267,4 +267,33 @@ mod tests {
         assert!(lines[3].contains("route (pinned to node-2)"), "{t}");
         assert_eq!(lines[1].find("SERVICE"), lines[2].find("default/contour"), "columns line up");
     }
+
+    /// A program a spawner starts runs in the spawner's namespace, and is killed when the
+    /// spawner is dropped (what ends a trace's monitors, also when the trace is killed: the
+    /// thread goes with the process).
+    #[test]
+    fn a_spawned_program_runs_in_the_namespace_and_dies_with_its_spawner() {
+        if !testkit::netns::root_or_explain() {
+            return;
+        }
+        let ns = testkit::netns::Netns::new("spawn");
+        let spawner = NetnsSpawner::new(ns.path()).expect("spawner");
+        let mut cmd = std::process::Command::new("sleep");
+        cmd.arg("30");
+        die_with_parent(&mut cmd);
+        let mut child = spawner.spawn(cmd).expect("sleep");
+        let inode = |path: &str| std::fs::metadata(path).map(|m| std::os::unix::fs::MetadataExt::ino(&m)).unwrap();
+        assert_eq!(inode(&format!("/proc/{}/ns/net", child.id())), inode(&ns.path()));
+        assert!(child.try_wait().unwrap().is_none(), "running");
+        drop(spawner);
+        let t = std::time::Instant::now();
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            assert!(t.elapsed() < std::time::Duration::from_secs(5), "still running after its spawner ended");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        };
+        assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(9), "{status:?}");
+    }
 }

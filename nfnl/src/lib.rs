@@ -17,8 +17,9 @@
 //! NetworkPolicy printers use (the `ip` and `ip6` families) and nothing else; whatever it cannot
 //! write makes [`encode`] give `None` (and [`unwritable`] says what), so the caller uses
 //! `nft -f` — never a guess. It reads nothing back but acknowledgements, the generation, a
-//! table's existence and one connection's conntrack entry ([`conntrack`], ctnetlink on the
-//! same socket): listing stays `nft`'s job.
+//! table's existence, one connection's conntrack entry ([`conntrack`], ctnetlink on the
+//! same socket), a chain's rule handles and the kernel's trace events ([`trace`]): listing
+//! rules stays `nft`'s (and `iptables-save`'s) job.
 //!
 //! Its proof is the kernel's: `tests/roundtrip.rs` loads tables both ways (this crate and
 //! `nft -f`) in two network namespaces and compares `nft list` and `nft -j list`.
@@ -31,6 +32,7 @@ pub mod conntrack;
 mod decl;
 mod error;
 mod rule;
+pub mod trace;
 
 pub use error::{NfnlError, Result};
 

@@ -11,6 +11,7 @@
 pub mod assemble;
 pub mod ct;
 pub mod dns;
+pub mod events;
 pub mod flow;
 pub mod model;
 pub mod nft_steps;

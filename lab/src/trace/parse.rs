@@ -1,7 +1,6 @@
 //! Parsers (pure) for what the kernel tells a trace: `xtables-monitor --trace` output (the
 //! iptables modes), `nft monitor trace` output (the nftables mode) and `conntrack -L` lines.
 
-use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 
 use podpath_ruleset::{Rule, Target};
@@ -23,6 +22,9 @@ pub struct RuleHit {
     /// The same rule in the ruleset model (the workspace's one parser of iptables rules).
     #[serde(skip)]
     pub parsed: Option<Rule>,
+    /// The rule's handle in its nf_tables chain, where the reader was told it.
+    #[serde(skip)]
+    pub handle: Option<u64>,
 }
 
 impl RuleHit {
@@ -63,7 +65,7 @@ pub struct Observation {
 
 impl Observation {
     /// A packet not read yet: the parsers fill it in.
-    fn new(id: String) -> Observation {
+    pub(crate) fn new(id: String) -> Observation {
         Observation {
             id,
             iif: None,
@@ -146,7 +148,9 @@ fn parse_packet(rest: &str) -> Option<Observation> {
         }
     }
     if o.proto.is_empty() {
-        o.proto = if o.flags.is_empty() { "UDP" } else { "TCP" }.into();
+        // TCP prints its flags (`LOOPBACK` is the input device's, not a TCP flag).
+        let tcp = o.flags.iter().any(|f| f != "LOOPBACK");
+        o.proto = if tcp { "TCP" } else { "UDP" }.into();
     }
     o.src = SocketAddr::new(src?, sport);
     o.dst = SocketAddr::new(dst?, dport);
@@ -162,15 +166,15 @@ fn parse_hit(body: &str) -> Option<RuleHit> {
     let table = f.next()?.to_string();
     let chain = f.next()?.to_string();
     let kind = f.next()?.to_string();
-    let (verdict, rule) = match kind.as_str() {
+    let (verdict, rule, handle) = match kind.as_str() {
         "rule" => {
-            let _handle = f.next();
-            (f.next().unwrap_or("").to_string(), rule.map(save_form))
+            let handle = f.next().and_then(|h| u64::from_str_radix(h.trim_start_matches("0x"), 16).ok());
+            (f.next().unwrap_or("").to_string(), rule.map(save_form), handle)
         }
-        _ => (f.next().unwrap_or("").to_string(), None),
+        _ => (f.next().unwrap_or("").to_string(), None, None),
     };
     let parsed = rule.as_deref().and_then(|r| podpath_ruleset::text::parse_rule_line(r).ok());
-    Some(RuleHit { table, chain, kind, verdict, rule, parsed })
+    Some(RuleHit { table, chain, kind, verdict, rule, parsed, handle })
 }
 
 /// `-4 -t nat -A CHAIN …` → `-A CHAIN …` (the form of `iptables-save`).
@@ -222,6 +226,7 @@ pub fn parse_nft_monitor(text: &str) -> Vec<Observation> {
                     verdict: nft_verdict(verdict),
                     rule: Some(rule.to_string()),
                     parsed: None,
+                    handle: handle_of(rule),
                 }
             }
             "policy" | "verdict" => {
@@ -240,6 +245,7 @@ pub fn parse_nft_monitor(text: &str) -> Vec<Observation> {
                     verdict,
                     rule: None,
                     parsed: None,
+                    handle: None,
                 }
             }
             _ => continue,
@@ -249,92 +255,9 @@ pub fn parse_nft_monitor(text: &str) -> Vec<Observation> {
     out
 }
 
-/// ip6tables' rules in xtables-monitor's terms, for the iptables modes' IPv6 trace:
-/// xtables-monitor prints no ip6tables rule, so the trace reads `nft -a monitor trace`, whose
-/// rule hits in ip6tables-nft's tables (`nat`, `filter`, …) are nft text with the rule's handle
-/// (`… # handle 7`). A handle's position among its chain's rules in `nft -a list table ip6 T`
-/// (`listings`: table → that listing) is the rule's position in the chain `ip6tables-save`
-/// prints (`saves`: table → `ip6tables-save -t T`): each such hit gets the rule as saved, parsed.
-/// Hits of other tables (nftables' own: the trace table, the NetworkPolicy table) stay as
-/// they are.
-pub fn ip6tables_hits(obs: &mut [Observation], listings: &BTreeMap<String, String>, saves: &BTreeMap<String, String>) {
-    let listed: BTreeMap<&str, ChainRules> =
-        listings.iter().map(|(t, text)| (t.as_str(), listed_rules(text))).collect();
-    let saved: BTreeMap<&str, BTreeMap<String, Vec<String>>> =
-        saves.iter().map(|(t, text)| (t.as_str(), rules_by_chain(text))).collect();
-    for hit in obs.iter_mut().flat_map(|o| o.hits.iter_mut()) {
-        let (Some(chains), Some(save)) = (listed.get(hit.table.as_str()), saved.get(hit.table.as_str())) else {
-            continue;
-        };
-        let (Some(text), Some(rules)) = (hit.rule.as_deref(), chains.get(&hit.chain)) else { continue };
-        let (words, handle) = rule_words(text);
-        // By the rule's words first: a proxier's sync may have rewritten the chain since the
-        // packet passed (new handles, the same rules); by the handle when the words are
-        // ambiguous or unknown (`nft monitor` prints no words for a rule added after it started).
-        let same: Vec<usize> = (0..rules.len()).filter(|&i| !words.is_empty() && rules[i].1 == words).collect();
-        let by_handle = rules.iter().position(|(h, _)| Some(*h) == handle);
-        let at = match same.as_slice() {
-            [one] => Some(*one),
-            [] => by_handle.filter(|_| words.is_empty()),
-            several => by_handle.filter(|i| several.contains(i)).or(Some(several[0])),
-        };
-        if let Some(line) = at.and_then(|i| save.get(&hit.chain)?.get(i)) {
-            hit.parsed = podpath_ruleset::text::parse_rule_line(line).ok();
-            hit.rule = Some(line.clone());
-        }
-    }
-}
-
-/// A rule's words as nft prints it, without its counter and handle (which change while the
-/// rule stays), and its handle.
-fn rule_words(text: &str) -> (String, Option<u64>) {
-    let (body, handle) = match text.rsplit_once("# handle ") {
-        Some((b, h)) => (b, h.trim().parse::<u64>().ok()),
-        None => (text, None),
-    };
-    let mut words: Vec<&str> = Vec::new();
-    let mut it = body.split_whitespace().peekable();
-    while let Some(w) = it.next() {
-        // `counter packets N bytes M`
-        if w == "counter" && it.peek() == Some(&"packets") {
-            it.nth(3);
-            continue;
-        }
-        words.push(w);
-    }
-    (words.join(" "), handle)
-}
-
-/// Chain → its rules in order (handle, words).
-type ChainRules = BTreeMap<String, Vec<(u64, String)>>;
-
-/// A table's [`ChainRules`], from `nft -a list table` text.
-fn listed_rules(listing: &str) -> ChainRules {
-    let mut out: BTreeMap<String, Vec<(u64, String)>> = BTreeMap::new();
-    let mut chain: Option<String> = None;
-    for line in listing.lines().map(str::trim) {
-        if let Some(rest) = line.strip_prefix("chain ") {
-            chain = Some(rest.split_whitespace().next().unwrap_or("").to_string());
-            continue;
-        }
-        let (Some(c), (words, Some(handle))) = (&chain, rule_words(line)) else { continue };
-        if !line.starts_with("type ") && !line.starts_with("policy ") && !line.starts_with("table ") {
-            out.entry(c.clone()).or_default().push((handle, words));
-        }
-    }
-    out
-}
-
-/// Chain → its `-A` lines in order, from one table's `iptables-save` text.
-fn rules_by_chain(save: &str) -> BTreeMap<String, Vec<String>> {
-    let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for line in save.lines() {
-        if let Some(rest) = line.strip_prefix("-A ") {
-            let chain = rest.split_whitespace().next().unwrap_or("").to_string();
-            out.entry(chain).or_default().push(line.to_string());
-        }
-    }
-    out
+/// The handle `nft -a` prints after a rule (`… # handle 7`).
+fn handle_of(text: &str) -> Option<u64> {
+    text.rsplit_once("# handle ")?.1.trim().parse().ok()
 }
 
 /// `0x00004000` → `0x4000`, as xtables-monitor prints a mark.
@@ -570,39 +493,13 @@ PACKET: 2 a7ab5471 IN=eth0 SRC=198.51.100.1 DST=203.0.113.10 LEN=52 TOS=0x0 TTL=
     }
 
     /// What `nft -a monitor trace` printed on an IPv6 node of an iptables-mode lab (kube-proxy's
-    /// ip6tables rules through iptables-nft), with that node's listing and save.
+    /// ip6tables rules through iptables-nft).
     const NODE6: &str = "trace id 8c1131e9 ip6 podpath-trace prerouting packet: iif \"eth0\" ip6 saddr 2001:db8:113::10 ip6 daddr 2001:db8:100::1 ip6 dscp 0x2d ip6 ecn not-ect ip6 hoplimit 63 ip6 flowlabel 452502 ip6 nexthdr tcp ip6 length 40 tcp sport 41322 tcp dport 80 tcp flags == syn tcp window 64800 
 trace id 8c1131e9 ip6 podpath-trace prerouting rule jump probe # handle 4 (verdict jump probe)
 trace id 8c1131e9 ip6 nat PREROUTING packet: iif \"eth0\" ip6 saddr 2001:db8:113::10 ip6 daddr 2001:db8:100::1 ip6 dscp 0x2d ip6 ecn not-ect ip6 hoplimit 63 ip6 flowlabel 452502 ip6 length 40 tcp sport 41322 tcp dport 80 tcp flags == syn tcp window 64800 
 trace id 8c1131e9 ip6 nat PREROUTING rule  counter packets 0 bytes 0 jump KUBE-SERVICES # handle 9 (verdict jump KUBE-SERVICES)
 trace id 8c1131e9 ip6 nat KUBE-SERVICES rule ip6 daddr 2001:db8:100::1 tcp dport 80  counter packets 0 bytes 0 jump KUBE-EXT-AAA # handle 31 (verdict jump KUBE-EXT-AAA)
 trace id 8c1131e9 ip6 nat KUBE-SEP-BBB rule meta l4proto tcp  counter packets 0 bytes 0 dnat to [fd00:10:244:1::3]:8080 # handle 40 (verdict accept)
-";
-    const NAT6_LISTING: &str = "table ip6 nat { # handle 3
-\tchain PREROUTING { # handle 1
-\t\ttype nat hook prerouting priority dstnat; policy accept;
-\t\t counter packets 1 bytes 80 jump KUBE-SERVICES # handle 9
-\t}
-\tchain KUBE-SERVICES { # handle 2
-\t\tip6 daddr fd00:10:96::d611 tcp dport 80  counter packets 0 bytes 0 jump KUBE-SVC-AAA # handle 30
-\t\tip6 daddr 2001:db8:100::1 tcp dport 80  counter packets 1 bytes 80 jump KUBE-EXT-AAA # handle 31
-\t}
-\tchain KUBE-SEP-BBB { # handle 5
-\t\tip6 saddr fd00:10:244:1::3  counter packets 0 bytes 0 jump KUBE-MARK-MASQ # handle 39
-\t\tmeta l4proto tcp  counter packets 1 bytes 80 dnat to [fd00:10:244:1::3]:8080 # handle 40
-\t}
-}
-";
-    const NAT6_SAVE: &str = "*nat
-:PREROUTING ACCEPT [0:0]
-:KUBE-SERVICES - [0:0]
-:KUBE-SEP-BBB - [0:0]
--A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES
--A KUBE-SERVICES -d fd00:10:96::d611/128 -p tcp -m comment --comment \"default/web cluster IP\" -m tcp --dport 80 -j KUBE-SVC-AAA
--A KUBE-SERVICES -d 2001:db8:100::1/128 -p tcp -m comment --comment \"default/web loadbalancer IP\" -m tcp --dport 80 -j KUBE-EXT-AAA
--A KUBE-SEP-BBB -s fd00:10:244:1::3/128 -m comment --comment \"default/web\" -j KUBE-MARK-MASQ
--A KUBE-SEP-BBB -p tcp -m comment --comment \"default/web\" -m tcp -j DNAT --to-destination [fd00:10:244:1::3]:8080
-COMMIT
 ";
 
     #[test]
@@ -615,42 +512,5 @@ COMMIT
         assert_eq!((o.ttl, o.tos, o.ip_id, o.proto.as_str()), (63, 0xb4, 452502, "TCP"));
         assert!(o.is_syn());
         assert_eq!(o.hook().as_deref(), Some("nat:PREROUTING"));
-    }
-
-    #[test]
-    fn ip6tables_hits_are_found_by_handle_in_the_save() {
-        let mut obs = parse_nft_monitor(NODE6);
-        let listings = BTreeMap::from([("nat".to_string(), NAT6_LISTING.to_string())]);
-        let saves = BTreeMap::from([("nat".to_string(), NAT6_SAVE.to_string())]);
-        ip6tables_hits(&mut obs, &listings, &saves);
-        // The trace table's own rule is nftables', left as it is.
-        assert_eq!(obs[0].hits[0].rule.as_deref(), Some("jump probe # handle 4"));
-        let nat = &obs[1].hits;
-        assert_eq!(
-            nat[0].rule.as_deref(),
-            Some("-A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES")
-        );
-        // The second rule of KUBE-SERVICES (handle 31), with its comment that nft did not print.
-        assert_eq!(nat[1].comment().as_deref(), Some("default/web loadbalancer IP"));
-        assert_eq!(nat[1].target_chain(), Some("KUBE-EXT-AAA"));
-        match nat[2].target() {
-            Some(Target::Dnat { to }) => assert_eq!(to, "[fd00:10:244:1::3]:8080"),
-            t => panic!("not a DNAT: {t:?}"),
-        }
-        assert_eq!(nat[2].verdict, "ACCEPT");
-        // The chain rewritten since the packet passed (new handles, the same rules): found by
-        // its words; a rule the monitor did not know (added after it started): by its handle.
-        let renumbered = NODE6.replace("# handle 40", "# handle 77").replace(
-            "ip6 nat KUBE-SERVICES rule ip6 daddr 2001:db8:100::1 tcp dport 80  counter packets 0 bytes 0 jump KUBE-EXT-AAA # handle 31 (verdict",
-            "ip6 nat KUBE-SERVICES unknown rule handle 31 (verdict",
-        );
-        let mut again = parse_nft_monitor(&renumbered);
-        ip6tables_hits(&mut again, &listings, &saves);
-        assert_eq!(again[1].hits[1].comment().as_deref(), Some("default/web loadbalancer IP"));
-        assert_eq!(again[1].hits[2].rule, obs[1].hits[2].rule);
-        // Words the chain does not hold (a rule gone since) stay nft's.
-        let mut gone = parse_nft_monitor(&NODE6.replace("dnat to [fd00:10:244:1::3]", "dnat to [fd00:10:244:1::9]"));
-        ip6tables_hits(&mut gone, &listings, &saves);
-        assert!(gone[1].hits[2].rule.as_deref().unwrap().starts_with("meta l4proto tcp"));
     }
 }

@@ -106,13 +106,13 @@ pub fn words(answer: &RouteMessage, dev: Option<&str>) -> String {
 }
 
 /// A route netlink socket: one request, its one answer.
-struct Rtnl {
+pub(crate) struct Rtnl {
     sock: netlink_sys::Socket,
     seq: u32,
 }
 
 impl Rtnl {
-    fn open() -> std::io::Result<Rtnl> {
+    pub(crate) fn open() -> std::io::Result<Rtnl> {
         let mut sock = netlink_sys::Socket::new(netlink_sys::protocols::NETLINK_ROUTE)?;
         sock.bind_auto()?;
         sock.connect(&netlink_sys::SocketAddr::new(0, 0))?;
@@ -164,7 +164,7 @@ impl Rtnl {
     }
 
     /// The name of the interface with index `index`.
-    fn name_of(&mut self, index: u32) -> Option<String> {
+    pub(crate) fn name_of(&mut self, index: u32) -> Option<String> {
         let mut q = LinkMessage::default();
         q.header.index = index;
         match self.ask(RouteNetlinkMessage::GetLink(q))? {

@@ -473,24 +473,6 @@ fn ip6tables(netns: &str) -> Iptables {
     Iptables::new(Backend::System).v6().in_netns(netns)
 }
 
-/// Table → `nft -a list table ip6 T`, and table → `ip6tables-save -t T`.
-type Ip6tablesListings = (BTreeMap<String, String>, BTreeMap<String, String>);
-
-/// The tables ip6tables-nft writes, each as `nft -a list table ip6 T` and `ip6tables-save -t
-/// T` print it (for [`parse::ip6tables_hits`]); tables that are not there are left out.
-fn ip6tables_listings(site: &Site, ns: &str) -> Ip6tablesListings {
-    let (mut listings, mut saves) = (BTreeMap::new(), BTreeMap::new());
-    for table in ["raw", "mangle", "nat", "filter"] {
-        let listed = site.run(ns, &["nft", "-a", "list", "table", "ip6", table]);
-        let saved = site.save_text(ns, true, table);
-        if let (Ok(l), Ok(s)) = (listed, saved) {
-            listings.insert(table.to_string(), l);
-            saves.insert(table.to_string(), s);
-        }
-    }
-    (listings, saves)
-}
-
 /// Removes the trace tables of both families from a host (also the left-overs of a trace that
 /// was killed); quiet when there is nothing to remove.
 fn remove_rules_on(site: &Site, host: &str) {
@@ -790,6 +772,114 @@ fn monitors_drained(
         }
         std::thread::sleep(Duration::from_millis(5));
     }
+}
+
+/// A namespace's own ears for a trace (namespace labs, iptables modes): a socket on the
+/// kernel's trace group, and sockets to name its interfaces and list a chain's rule handles —
+/// all opened inside the namespace, so they stay in it. No monitor program: it had to start,
+/// load iptables' extensions and ask the kernel for each rule it was told of, most of a
+/// trace's CPU on the hosts.
+struct HostReader {
+    listener: nfnl::trace::Listener,
+    rtnl: super::route::Rtnl,
+    nfnl: nfnl::Socket,
+    events: Vec<nfnl::trace::TraceEvent>,
+}
+
+impl HostReader {
+    /// One per host, each opened by a thread inside its namespace, all at once.
+    fn open_all(hosts: &[(String, String)]) -> Result<Vec<HostReader>> {
+        std::thread::scope(|s| {
+            let jobs: Vec<_> = hosts
+                .iter()
+                .map(|(_, ns)| {
+                    s.spawn(move || {
+                        in_netns_thread(format!("/run/netns/{ns}"), || -> std::io::Result<HostReader> {
+                            let listener = nfnl::trace::Listener::open().map_err(|e| e.source)?;
+                            let nfnl = nfnl::Socket::open().map_err(|e| e.source)?;
+                            let rtnl = super::route::Rtnl::open()?;
+                            Ok(HostReader { listener, rtnl, nfnl, events: vec![] })
+                        })?
+                        .map_err(|e| LabError::Io { what: format!("listen to the kernel's trace in {ns}"), source: e })
+                    })
+                })
+                .collect();
+            jobs.into_iter()
+                .map(|j| j.join().unwrap_or_else(|_| Err(LabError::NotReady("a listener thread panicked".into()))))
+                .collect()
+        })
+    }
+
+    fn read(&mut self, host: &str) -> Result<()> {
+        self.listener.read(&mut self.events).map(|_| ()).map_err(|e| LabError::Io {
+            what: format!("read the kernel's trace events on {host} ({})", e.what),
+            source: e.source,
+        })
+    }
+
+    /// The source ports of the sync datagrams heard so far.
+    fn canaries(&self) -> BTreeSet<u16> {
+        self.events.iter().filter_map(|e| super::events::loopback_datagram_to(e, CANARY_PORT)).collect()
+    }
+
+    /// What was heard, as observations (interfaces named by their namespace).
+    fn observations(&mut self) -> Vec<parse::Observation> {
+        let rtnl = &mut self.rtnl;
+        super::events::observations(&self.events, |i| rtnl.name_of(i))
+    }
+}
+
+/// [`monitors_drained`] for the trace's own listeners: a fresh sync datagram per host, then
+/// every host's events read until that datagram's are among them (a namespace's events come in
+/// order).
+fn readers_drained(site: &Site, tracer: Tracer, hosts: &[(String, String)], readers: &mut [HostReader]) -> Result<()> {
+    let mut awaited = Vec::new();
+    for ((h, ns), r) in hosts.iter().zip(readers.iter_mut()) {
+        r.read(h)?;
+        awaited.push(send_canary(site, ns, tracer.v6(), &r.canaries())?);
+    }
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let mut behind = vec![];
+        for (((h, _), r), port) in hosts.iter().zip(readers.iter_mut()).zip(&awaited) {
+            r.read(h)?;
+            if !r.canaries().contains(port) {
+                behind.push(h.as_str());
+            }
+        }
+        if behind.is_empty() {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(monitors_silent(&behind));
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Each hit of a host's observations given its rule as `iptables-save` prints it (see
+/// [`super::events::place`]): one `iptables-save` (or `ip6tables-save`) of every table, and
+/// the handles of each chain hit; returns the save by table (the traced nodes' NAT rules come
+/// from it too). Hosts whose packets met no iptables rule (only the trace's own table) are
+/// not asked.
+fn place_hits(ns: &str, v6: bool, r: &mut HostReader, obs: &mut [parse::Observation]) -> BTreeMap<String, String> {
+    const TABLES: [&str; 5] = ["raw", "mangle", "nat", "filter", "security"];
+    let chains: Vec<(String, String)> =
+        super::events::chains_hit(obs, &TABLES).into_iter().map(|(t, c)| (t.to_string(), c.to_string())).collect();
+    if chains.is_empty() {
+        return BTreeMap::new();
+    }
+    let text = in_ns(ns, &[if v6 { "ip6tables-save" } else { "iptables-save" }]).unwrap_or_default();
+    let saves = super::events::split_save(&text);
+    let family = if v6 { 10 } else { 2 };
+    let mut handles = BTreeMap::new();
+    for (table, chain) in chains {
+        if let Ok(list) = r.nfnl.rule_handles(family, &table, &chain) {
+            handles.insert((table, chain), list);
+        }
+    }
+    super::events::place(obs, &handles, &saves);
+    saves
 }
 
 /// The probe's socket, made and bound inside the source's namespace (a socket stays in the
@@ -1225,16 +1315,23 @@ fn trace_in(lab: &Lab, source: Source, req: &Request, dst: SocketAddr) -> Result
     // started first: they start up while the rules go in (xtables-monitor asks for each rule it
     // prints; `nft monitor` prints the trace table's own rules, added after it started, by
     // handle, and those hooks are not shown).
+    // In a namespace lab's iptables modes the trace listens itself (`HostReader`), from before
+    // its rules go in: no monitor to start or wait for.
+    let mut readers = match (site, tracer.nft_rules()) {
+        (Site::Netns, false) => Some(HostReader::open_all(hosts)?),
+        _ => None,
+    };
+    let monitored = if readers.is_some() { &hosts[..0] } else { &hosts[..] };
     // In a namespace lab, a thread inside each host's namespace starts its monitor there; the
     // threads end with this function (dropped before `guard`), and their monitors with them.
     let spawners = match site {
-        Site::Netns => hosts
+        Site::Netns => monitored
             .iter()
             .map(|(_, ns)| crate::hosts::NetnsSpawner::new(format!("/run/netns/{ns}")).map(Some))
             .collect::<Result<Vec<_>>>()?,
-        Site::Vagrant(_) => hosts.iter().map(|_| None).collect(),
+        Site::Vagrant(_) => monitored.iter().map(|_| None).collect(),
     };
-    let errors: Vec<Arc<Mutex<String>>> = hosts.iter().map(|_| Arc::default()).collect();
+    let errors: Vec<Arc<Mutex<String>>> = monitored.iter().map(|_| Arc::default()).collect();
     let spawn_monitor = |i: usize, out: &Arc<Mutex<String>>| -> Result<Child> {
         let cmd = site.monitor_command(&hosts[i].1, tracer.monitor())?;
         let mut child = match &spawners[i] {
@@ -1266,7 +1363,7 @@ fn trace_in(lab: &Lab, source: Source, req: &Request, dst: SocketAddr) -> Result
         Ok(child)
     };
     let mut outputs = Vec::new();
-    for i in 0..hosts.len() {
+    for i in 0..monitored.len() {
         let out = Arc::new(Mutex::new(String::new()));
         let child = spawn_monitor(i, &out)?;
         guard.with(|i| i.monitors.push(child));
@@ -1308,7 +1405,7 @@ fn trace_in(lab: &Lab, source: Source, req: &Request, dst: SocketAddr) -> Result
     monitors_subscribed(
         site,
         tracer,
-        hosts,
+        monitored,
         &outputs,
         |i| guard.with(|g| !matches!(g.monitors[i].try_wait(), Ok(None))),
         |i| {
@@ -1322,7 +1419,7 @@ fn trace_in(lab: &Lab, source: Source, req: &Request, dst: SocketAddr) -> Result
             Ok(())
         },
     )
-    .map_err(|e| with_what_monitors_said(e, hosts, &errors))?;
+    .map_err(|e| with_what_monitors_said(e, monitored, &errors))?;
     let (src, outcome) = match (&source, socket) {
         (Source::Netns(_), Some(socket)) => probe(socket, bound, dst, req),
         (Source::Machine { machine, pod }, _) => match site {
@@ -1335,13 +1432,21 @@ fn trace_in(lab: &Lab, source: Source, req: &Request, dst: SocketAddr) -> Result
     if !outcome.answered {
         std::thread::sleep(Duration::from_millis(200));
     }
-    monitors_drained(site, tracer, hosts, &outputs).map_err(|e| with_what_monitors_said(e, hosts, &errors))?;
-    // What the monitors printed up to the drain; then the hosts are put back (monitors
+    // What the kernel reported up to the drain; then the hosts are put back (monitors
     // stopped, rules removed) while the rest is read.
-    let texts: Vec<String> = outputs.iter().map(|o| monitor_text(o)).collect();
+    let heard = match &mut readers {
+        Some(readers) => {
+            readers_drained(site, tracer, hosts, readers)?;
+            Heard::Readers(std::mem::take(readers))
+        }
+        None => {
+            monitors_drained(site, tracer, hosts, &outputs).map_err(|e| with_what_monitors_said(e, hosts, &errors))?;
+            Heard::Monitors(outputs.iter().map(|o| monitor_text(o)).collect())
+        }
+    };
     std::thread::scope(|s| -> Result<Trace> {
         let cleaning = s.spawn(|| guard.with(|i| i.cleanup()));
-        let t = read_back(lab, tracer, &texts, req, src, dst, outcome);
+        let t = read_back(lab, tracer, heard, req, src, dst, outcome);
         let _ = cleaning.join();
         t
     })
@@ -1382,13 +1487,19 @@ fn mark_installed(lock: &mut std::fs::File, installed: Option<&[(String, String)
     Ok(())
 }
 
+/// What the kernel told a trace, per host in `Lab::hosts` order: monitor programs' output, or
+/// the trace's own listeners.
+enum Heard {
+    Monitors(Vec<String>),
+    Readers(Vec<HostReader>),
+}
+
 /// After the probe: the hosts' conntrack, routes, rules and the API's objects, read while the
 /// trace's own rules are being removed; the trace assembled from them.
-#[allow(clippy::too_many_arguments)]
 fn read_back(
     lab: &Lab,
     tracer: Tracer,
-    texts: &[String],
+    heard: Heard,
     req: &Request,
     src: SocketAddr,
     dst: SocketAddr,
@@ -1396,8 +1507,34 @@ fn read_back(
 ) -> Result<Trace> {
     let (site, hosts) = (&lab.site, &lab.hosts);
     let mut observed = Observed { from: req.from.clone(), src: Some(src), dst: Some(dst), ..Default::default() };
-    for ((h, _), text) in hosts.iter().zip(texts) {
-        observed.packets.insert(h.clone(), tracer.parse(text));
+    // Host → its tables as `iptables-save` printed them while the hits were placed.
+    let mut saved: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
+    match heard {
+        Heard::Monitors(texts) => {
+            for ((h, _), text) in hosts.iter().zip(&texts) {
+                observed.packets.insert(h.clone(), tracer.parse(text));
+            }
+        }
+        Heard::Readers(mut readers) => {
+            let placed: Vec<(Vec<parse::Observation>, BTreeMap<String, String>)> = std::thread::scope(|s| {
+                let jobs: Vec<_> = hosts
+                    .iter()
+                    .zip(readers.iter_mut())
+                    .map(|((_, ns), r)| {
+                        s.spawn(move || {
+                            let mut obs = r.observations();
+                            let saves = place_hits(ns, tracer.v6(), r, &mut obs);
+                            (obs, saves)
+                        })
+                    })
+                    .collect();
+                jobs.into_iter().map(|j| j.join().unwrap_or_default()).collect()
+            });
+            for ((h, _), (obs, saves)) in hosts.iter().zip(placed) {
+                observed.packets.insert(h.clone(), obs);
+                saved.insert(h.clone(), saves);
+            }
+        }
     }
     // Each host's conntrack asked about the flow's connections only, and only hosts the probe
     // crossed. A lookup of the exact tuple (`-G`: one hash lookup in the kernel), not a listing
@@ -1470,32 +1607,30 @@ fn read_back(
     }
     let traced_nodes: BTreeSet<&String> =
         flow.legs.iter().flat_map(|l| &l.path).filter(|h| h.starts_with("node-")).collect();
-    // Per traced node: the NAT rules (iptables-save, or the kube-proxy table), and for
-    // ip6tables the listings that place each rule hit by its handle.
-    let rules: Vec<(String, String, Option<Ip6tablesListings>)> = std::thread::scope(|s| {
+    // Per traced node: the NAT rules (iptables-save, unless saved already while the hits were
+    // placed; or the kube-proxy table).
+    let rules: Vec<(String, String)> = std::thread::scope(|s| {
         let jobs: Vec<_> = traced_nodes
             .iter()
             .map(|host| {
                 let ns = hosts.iter().find(|(h, _)| h == *host).expect("traced host").1.clone();
+                let nat = saved.get(*host).and_then(|tables| tables.get("nat")).cloned();
                 s.spawn(move || {
-                    let text = match tracer {
-                        Tracer::Xtables => site.save_text(&ns, false, "nat").unwrap_or_default(),
-                        Tracer::Ip6tables => site.save_text(&ns, true, "nat").unwrap_or_default(),
-                        Tracer::Nft | Tracer::Nft6 => {
+                    let text = match (tracer, nat) {
+                        (Tracer::Xtables | Tracer::Ip6tables, Some(nat)) => nat,
+                        (Tracer::Xtables, None) => site.save_text(&ns, false, "nat").unwrap_or_default(),
+                        (Tracer::Ip6tables, None) => site.save_text(&ns, true, "nat").unwrap_or_default(),
+                        (Tracer::Nft | Tracer::Nft6, _) => {
                             site.nft_list_table(&ns, tracer.family(), super::nft_steps::TABLE).unwrap_or_default()
                         }
                     };
-                    let placed = (tracer == Tracer::Ip6tables).then(|| ip6tables_listings(site, &ns));
-                    ((*host).clone(), text, placed)
+                    ((*host).clone(), text)
                 })
             })
             .collect();
         jobs.into_iter().filter_map(|j| j.join().ok()).collect()
     });
-    for (host, text, placed) in rules {
-        if let (Some((listings, saves)), Some(obs)) = (placed, observed.packets.get_mut(&host)) {
-            parse::ip6tables_hits(obs, &listings, &saves);
-        }
+    for (host, text) in rules {
         if tracer.nft_rules() {
             objects.nft_tables.insert(host, text);
         } else {
