@@ -53,14 +53,76 @@ pub fn http_get_in(netns: &str, addr: SocketAddr, path: &str) -> Result<(u16, St
 }
 
 /// Runs `f` on a helper thread inside a network namespace (given by path: `/run/netns/NAME`
-/// or `/proc/PID/ns/net`); sockets made there stay in that namespace.
+/// or `/proc/PID/ns/net`); sockets made there stay in that namespace. While a
+/// [`NetnsWorkers`] holds a worker for that namespace, `f` runs on it (no thread started; on
+/// the worker itself, at once).
 pub fn in_netns_thread<T: Send + 'static>(ns_path: String, f: impl FnOnce() -> T + Send + 'static) -> Result<T> {
+    if WORKER_OF.with(|w| w.borrow().as_deref() == Some(ns_path.as_str())) {
+        return Ok(f());
+    }
+    let worker = WORKERS.lock().unwrap_or_else(|e| e.into_inner()).get(&ns_path).cloned();
+    if let Some(worker) = worker {
+        return worker.run(f);
+    }
     std::thread::spawn(move || -> Result<T> {
         enter_netns(&ns_path)?;
         Ok(f())
     })
     .join()
     .map_err(|_| LabError::NotReady("a helper thread inside a lab namespace panicked".into()))?
+}
+
+/// The workers [`in_netns_thread`] hands its jobs to, by namespace path.
+static WORKERS: std::sync::Mutex<std::collections::BTreeMap<String, std::sync::Arc<NetnsWorker>>> =
+    std::sync::Mutex::new(std::collections::BTreeMap::new());
+
+thread_local! {
+    /// On a worker's thread, the namespace it is in.
+    static WORKER_OF: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Workers for a set of namespaces, each its own thread inside one, serving every
+/// [`in_netns_thread`] job for that namespace while this lives — for a task that asks the same
+/// namespaces many things (a trace: its rules, sync datagrams, conntrack, routes, programs),
+/// one thread per namespace instead of one per question. Dropped, they end (and with them any
+/// program they started with a parent-death signal, see [`NetnsWorker`]).
+pub struct NetnsWorkers {
+    paths: Vec<String>,
+}
+
+impl NetnsWorkers {
+    /// Starts one worker per path (`/run/netns/NAME`); a path that has one already keeps it.
+    pub fn start(paths: impl IntoIterator<Item = String>) -> Result<NetnsWorkers> {
+        let mut started = NetnsWorkers { paths: vec![] };
+        for path in paths {
+            if WORKERS.lock().unwrap_or_else(|e| e.into_inner()).contains_key(&path) {
+                continue;
+            }
+            let worker = std::sync::Arc::new(NetnsWorker::new(path.clone())?);
+            WORKERS.lock().unwrap_or_else(|e| e.into_inner()).insert(path.clone(), worker);
+            started.paths.push(path);
+        }
+        Ok(started)
+    }
+
+    /// The worker for `path`, if one is running.
+    pub fn get(path: &str) -> Option<std::sync::Arc<NetnsWorker>> {
+        WORKERS.lock().unwrap_or_else(|e| e.into_inner()).get(path).cloned()
+    }
+}
+
+impl Drop for NetnsWorkers {
+    fn drop(&mut self) {
+        let mut gone = vec![];
+        {
+            let mut workers = WORKERS.lock().unwrap_or_else(|e| e.into_inner());
+            for p in &self.paths {
+                gone.extend(workers.remove(p));
+            }
+        }
+        // Joined outside the lock: a job still running may ask for another worker.
+        drop(gone);
+    }
 }
 
 /// Moves the calling thread into the network namespace at `ns_path`.
@@ -85,23 +147,37 @@ pub fn die_with_parent(cmd: &mut std::process::Command) {
     }
 }
 
-/// A thread inside a network namespace that starts programs there for as long as it lives.
-/// A program started without `ip netns exec` (one program start and one mount namespace less):
-/// it inherits the namespace of the thread that forked it. Given a parent-death signal
-/// ([`die_with_parent`]), the program gets it when this thread ends, since that signal follows
-/// the thread that forked, not the process: so the thread lives until dropped.
-pub struct NetnsSpawner {
+/// A thread inside a network namespace that runs jobs there, one at a time, for as long as it
+/// lives. A program it starts runs without `ip netns exec` (one program start and one mount
+/// namespace less): it inherits the namespace of the thread that forked it. Given a
+/// parent-death signal ([`die_with_parent`]), the program gets it when this thread ends, since
+/// that signal follows the thread that forked, not the process: so the thread lives until dropped.
+pub struct NetnsWorker {
     ns_path: String,
-    requests: Option<std::sync::mpsc::Sender<SpawnRequest>>,
+    jobs: Option<std::sync::mpsc::Sender<Job>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
-type SpawnRequest = (std::process::Command, std::sync::mpsc::Sender<std::io::Result<std::process::Child>>);
+type Job = Box<dyn FnOnce() + Send>;
 
-impl NetnsSpawner {
+/// A job's result, to wait for: several workers' jobs run at once.
+pub struct Pending<T> {
+    answer: std::sync::mpsc::Receiver<T>,
+    ns_path: String,
+}
+
+impl<T> Pending<T> {
+    pub fn wait(self) -> Result<T> {
+        self.answer
+            .recv()
+            .map_err(|_| LabError::NotReady(format!("the helper thread for {} ended or panicked", self.ns_path)))
+    }
+}
+
+impl NetnsWorker {
     /// The thread, once inside `ns_path` (`/run/netns/NAME`).
-    pub fn new(ns_path: String) -> Result<NetnsSpawner> {
-        let (requests, inbox) = std::sync::mpsc::channel::<SpawnRequest>();
+    pub fn new(ns_path: String) -> Result<NetnsWorker> {
+        let (jobs, inbox) = std::sync::mpsc::channel::<Job>();
         let (ready_tx, ready) = std::sync::mpsc::channel();
         let path = ns_path.clone();
         let thread = std::thread::spawn(move || {
@@ -109,31 +185,47 @@ impl NetnsSpawner {
             let ok = entered.is_ok();
             let _ = ready_tx.send(entered);
             if ok {
-                for (mut cmd, reply) in inbox {
-                    let _ = reply.send(cmd.spawn());
+                WORKER_OF.with(|w| *w.borrow_mut() = Some(path));
+                for job in inbox {
+                    // A job that panics fails alone (its `Pending` says so); the worker goes on.
+                    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
                 }
             }
         });
-        let spawner = NetnsSpawner { ns_path, requests: Some(requests), thread: Some(thread) };
+        let worker = NetnsWorker { ns_path, jobs: Some(jobs), thread: Some(thread) };
         match ready.recv() {
-            Ok(Ok(())) => Ok(spawner),
+            Ok(Ok(())) => Ok(worker),
             Ok(Err(e)) => Err(e),
-            Err(_) => Err(LabError::NotReady(format!("the helper thread for {} ended", spawner.ns_path))),
+            Err(_) => Err(LabError::NotReady(format!("the helper thread for {} ended", worker.ns_path))),
         }
     }
 
-    /// Starts `cmd` inside the namespace.
-    pub fn spawn(&self, cmd: std::process::Command) -> std::io::Result<std::process::Child> {
-        let gone = || std::io::Error::other(format!("the helper thread for {} ended", self.ns_path));
+    /// Queues `f`; its result comes through the returned [`Pending`].
+    pub fn start<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> Pending<T> {
         let (reply, answer) = std::sync::mpsc::channel();
-        self.requests.as_ref().ok_or_else(gone)?.send((cmd, reply)).map_err(|_| gone())?;
-        answer.recv().map_err(|_| gone())?
+        if let Some(jobs) = &self.jobs {
+            // A send fails only when the thread is gone; the answer's channel then says so.
+            let _ = jobs.send(Box::new(move || {
+                let _ = reply.send(f());
+            }));
+        }
+        Pending { answer, ns_path: self.ns_path.clone() }
+    }
+
+    /// Runs `f` inside the namespace and returns what it returned.
+    pub fn run<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> Result<T> {
+        self.start(f).wait()
+    }
+
+    /// Starts `cmd` inside the namespace.
+    pub fn spawn(&self, mut cmd: std::process::Command) -> std::io::Result<std::process::Child> {
+        self.run(move || cmd.spawn()).map_err(|e| std::io::Error::other(e.to_string()))?
     }
 }
 
-impl Drop for NetnsSpawner {
+impl Drop for NetnsWorker {
     fn drop(&mut self) {
-        self.requests.take();
+        self.jobs.take();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -268,32 +360,68 @@ mod tests {
         assert_eq!(lines[1].find("SERVICE"), lines[2].find("default/contour"), "columns line up");
     }
 
-    /// A program a spawner starts runs in the spawner's namespace, and is killed when the
-    /// spawner is dropped (what ends a trace's monitors, also when the trace is killed: the
+    /// A program a worker starts runs in the worker's namespace, and is killed when the
+    /// worker is dropped (what ends a trace's monitors, also when the trace is killed: the
     /// thread goes with the process).
     #[test]
-    fn a_spawned_program_runs_in_the_namespace_and_dies_with_its_spawner() {
+    fn a_spawned_program_runs_in_the_namespace_and_dies_with_its_worker() {
         if !testkit::netns::root_or_explain() {
             return;
         }
         let ns = testkit::netns::Netns::new("spawn");
-        let spawner = NetnsSpawner::new(ns.path()).expect("spawner");
+        let worker = NetnsWorker::new(ns.path()).expect("worker");
         let mut cmd = std::process::Command::new("sleep");
         cmd.arg("30");
         die_with_parent(&mut cmd);
-        let mut child = spawner.spawn(cmd).expect("sleep");
+        let mut child = worker.spawn(cmd).expect("sleep");
         let inode = |path: &str| std::fs::metadata(path).map(|m| std::os::unix::fs::MetadataExt::ino(&m)).unwrap();
         assert_eq!(inode(&format!("/proc/{}/ns/net", child.id())), inode(&ns.path()));
         assert!(child.try_wait().unwrap().is_none(), "running");
-        drop(spawner);
+        drop(worker);
         let t = std::time::Instant::now();
         let status = loop {
             if let Some(status) = child.try_wait().unwrap() {
                 break status;
             }
-            assert!(t.elapsed() < std::time::Duration::from_secs(5), "still running after its spawner ended");
+            assert!(t.elapsed() < std::time::Duration::from_secs(5), "still running after its worker ended");
             std::thread::sleep(std::time::Duration::from_millis(5));
         };
         assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(9), "{status:?}");
+    }
+
+    /// While workers run, every job for their namespaces goes to them (the same thread each
+    /// time, inside the namespace; a job's own jobs for its namespace run at once, not queued
+    /// behind it); once they are dropped, each job gets a thread of its own again.
+    #[test]
+    fn jobs_for_a_namespace_go_to_its_worker_while_it_runs() {
+        if !testkit::netns::root_or_explain() {
+            return;
+        }
+        let (a, b) = (testkit::netns::Netns::new("wka"), testkit::netns::Netns::new("wkb"));
+        let here = || {
+            let ino = std::fs::metadata("/proc/thread-self/ns/net").map(|m| std::os::unix::fs::MetadataExt::ino(&m));
+            (std::thread::current().id(), ino.unwrap())
+        };
+        let ino = |p: &str| std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(p).unwrap());
+        let workers = NetnsWorkers::start([a.path(), b.path()]).expect("workers");
+        let (t1, ns1) = in_netns_thread(a.path(), here).unwrap();
+        let (t2, _) = in_netns_thread(a.path(), here).unwrap();
+        let (t3, ns3) = in_netns_thread(b.path(), here).unwrap();
+        assert_eq!((t1 == t2, t1 == t3), (true, false));
+        assert_eq!((ns1, ns3), (ino(&a.path()), ino(&b.path())));
+        let path = a.path();
+        let (outer, inner) = in_netns_thread(a.path(), move || (here(), in_netns_thread(path, here).unwrap())).unwrap();
+        assert_eq!(outer, inner, "a nested job for the same namespace runs at once, on the worker");
+        // Several at once: one per worker, waited for together.
+        let pending: Vec<Pending<u64>> = [a.path(), b.path()]
+            .iter()
+            .map(|p| NetnsWorkers::get(p).expect("running").start(move || here().1))
+            .collect();
+        let got: Vec<u64> = pending.into_iter().map(|p| p.wait().unwrap()).collect();
+        assert_eq!(got, [ino(&a.path()), ino(&b.path())]);
+        drop(workers);
+        assert!(NetnsWorkers::get(&a.path()).is_none());
+        let (t4, ns4) = in_netns_thread(a.path(), here).unwrap();
+        assert!(t4 != t1 && ns4 == ino(&a.path()));
     }
 }

@@ -24,6 +24,7 @@ pub fn tool_argv((from, to): (SocketAddr, SocketAddr)) -> Vec<String> {
 /// The conntrack entry of the TCP connection `from → to` (as its first packet went) in the
 /// network namespace `netns` (`/run/netns/NAME`); None when there is none or it cannot be asked.
 pub fn get(netns: &str, conn: (SocketAddr, SocketAddr)) -> Option<CtEntry> {
-    let e = nfnl::Socket::open_in(Some(netns)).and_then(|mut s| s.conntrack(conn)).ok()??;
+    let path = format!("/run/netns/{netns}");
+    let e = crate::in_netns_thread(path, move || super::run::with_nfnl(|s| s.conntrack(conn))).ok()?.ok()??;
     Some(CtEntry { proto: "tcp".into(), state: e.state.into(), assured: e.assured, orig: e.orig, reply: e.reply })
 }

@@ -142,11 +142,17 @@ pub fn loopback_datagram_to(e: &TraceEvent, port: u16) -> Option<u16> {
     (proto == 17 && loopback && u16::from_be_bytes([th[2], th[3]]) == port).then(|| u16::from_be_bytes([th[0], th[1]]))
 }
 
-/// The (table, chain) of every rule hit with a handle in tables `iptables-save` prints
-/// (`saved`: table → its save text): the chains whose handles [`place`] needs.
-pub fn chains_hit<'a>(obs: &'a [Observation], saved: &[&str]) -> Vec<(&'a str, &'a str)> {
+/// The (table, chain) of every rule hit with a handle in the tables `iptables-save` prints
+/// (`saved`), by packets other than those `skip` names: the chains whose handles [`place`]
+/// needs.
+pub fn chains_hit<'a>(
+    obs: &'a [Observation],
+    saved: &[&str],
+    skip: impl Fn(&Observation) -> bool,
+) -> Vec<(&'a str, &'a str)> {
     let mut out: Vec<(&str, &str)> = obs
         .iter()
+        .filter(|o| !skip(o))
         .flat_map(|o| &o.hits)
         .filter(|h| h.kind == "rule" && h.handle.is_some() && saved.contains(&h.table.as_str()))
         .map(|h| (h.table.as_str(), h.chain.as_str()))
@@ -364,7 +370,8 @@ mod tests {
         );
         assert_eq!(save.keys().collect::<Vec<_>>(), ["filter", "nat"]);
         let tables: Vec<&str> = save.keys().map(String::as_str).collect();
-        assert_eq!(chains_hit(&obs, &tables), [("nat", "KUBE-SEP-B"), ("nat", "KUBE-SVC-X")]);
+        assert_eq!(chains_hit(&obs, &tables, |_| false), [("nat", "KUBE-SEP-B"), ("nat", "KUBE-SVC-X")]);
+        assert_eq!(chains_hit(&obs, &tables, |o| o.dst.port() == 80), []);
         let mut handles = BTreeMap::new();
         handles.insert(("nat".to_string(), "KUBE-SVC-X".to_string()), vec![0x4a, 0x4b]);
         // A chain rewritten since the packet passed: its handle is gone, its hit stays bare.

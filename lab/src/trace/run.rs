@@ -357,7 +357,34 @@ impl Site {
 /// An nftables transaction sent over netlink in the namespace `netns`; `Ok(false)` when it holds
 /// a form the netlink layer does not write.
 fn netlink_apply(netns: &str, tx: &NftTransaction) -> nfnl::Result<bool> {
-    nfnl::Socket::open_in(Some(netns)).and_then(|mut s| s.apply(tx, &[]))
+    let tx = tx.clone();
+    in_netns_thread(format!("/run/netns/{netns}"), move || with_nfnl(|s| s.apply(&tx, &[]))).unwrap_or_else(|e| {
+        Err(nfnl::NfnlError { what: format!("enter {netns}"), source: std::io::Error::other(e.to_string()) })
+    })
+}
+
+thread_local! {
+    /// This thread's nf_tables socket (a namespace worker's, for the trace's life).
+    static NFNL: std::cell::RefCell<Option<nfnl::Socket>> = const { std::cell::RefCell::new(None) };
+}
+
+/// `f` with this thread's nf_tables socket, opened in its namespace on first use and kept
+/// (dropped after an error, which may leave replies in it). Kept because closing one is slow
+/// after a commit: the kernel first waits for the committed transaction's release (an RCU
+/// grace period, 6–7 ms here per close), and a trace commits twice per host.
+pub(super) fn with_nfnl<T>(f: impl FnOnce(&mut nfnl::Socket) -> nfnl::Result<T>) -> nfnl::Result<T> {
+    NFNL.with(|cell| {
+        let mut slot = cell.borrow_mut();
+        let socket = match slot.as_mut() {
+            Some(s) => s,
+            None => slot.insert(nfnl::Socket::open()?),
+        };
+        let r = f(socket);
+        if r.is_err() {
+            *slot = None;
+        }
+        r
+    })
 }
 
 fn nft_family(f: NftFamily) -> &'static str {
@@ -516,6 +543,43 @@ pub struct Installed {
     reflect_tos: Vec<(String, String)>,
 }
 
+/// Runs `f(i)` for every host `i` of `hosts` (namespace names, or a Vagrant lab's machines) at
+/// once — in a namespace lab on each host's worker (`NetnsWorkers`, no thread started), else
+/// on a thread of its own — and returns what each returned in order (None: it panicked).
+fn each_host<T: Send + 'static>(
+    site: &Site,
+    hosts: &[String],
+    f: impl Fn(usize) -> T + Send + Sync + 'static,
+) -> Vec<Option<T>> {
+    enum Running<T> {
+        Worker(crate::hosts::Pending<T>),
+        Thread(std::thread::JoinHandle<T>),
+    }
+    let f = Arc::new(f);
+    let running: Vec<Running<T>> = hosts
+        .iter()
+        .enumerate()
+        .map(|(i, ns)| {
+            let f = f.clone();
+            let worker = match site {
+                Site::Netns => crate::hosts::NetnsWorkers::get(&format!("/run/netns/{ns}")),
+                Site::Vagrant(_) => None,
+            };
+            match worker {
+                Some(w) => Running::Worker(w.start(move || f(i))),
+                None => Running::Thread(std::thread::spawn(move || f(i))),
+            }
+        })
+        .collect();
+    running
+        .into_iter()
+        .map(|r| match r {
+            Running::Worker(p) => p.wait().ok(),
+            Running::Thread(t) => t.join().ok(),
+        })
+        .collect()
+}
+
 impl Installed {
     pub fn cleanup(&mut self) {
         for m in &mut self.monitors {
@@ -526,20 +590,16 @@ impl Installed {
         let namespaces: Vec<String> = self.namespaces.drain(..).collect();
         let reflect: Vec<(String, String)> = self.reflect_tos.drain(..).collect();
         let rules = self.rules.take();
-        let site = &self.site;
         // Every host at once: its switch put back, its rules removed.
-        std::thread::scope(|s| {
-            for ns in &namespaces {
-                let old = reflect.iter().find(|(n, _)| n == ns).map(|(_, old)| old.clone());
-                s.spawn(move || {
-                    if let Some(old) = old {
-                        set_reflect_tos(site, ns, &old);
-                    }
-                    match rules {
-                        Some(tracer) => tracer.uninstall(site, ns),
-                        None => remove_rules_on(site, ns),
-                    }
-                });
+        let (site, names) = (self.site.clone(), namespaces.clone());
+        each_host(&self.site, &namespaces, move |i| {
+            let ns = &names[i];
+            if let Some((_, old)) = reflect.iter().find(|(n, _)| n == ns) {
+                set_reflect_tos(&site, ns, old);
+            }
+            match rules {
+                Some(tracer) => tracer.uninstall(&site, ns),
+                None => remove_rules_on(&site, ns),
             }
         });
     }
@@ -775,39 +835,34 @@ fn monitors_drained(
 }
 
 /// A namespace's own ears for a trace (namespace labs, iptables modes): a socket on the
-/// kernel's trace group, and sockets to name its interfaces and list a chain's rule handles —
-/// all opened inside the namespace, so they stay in it. No monitor program: it had to start,
+/// kernel's trace group and one to name its interfaces, opened inside the namespace, so they
+/// stay in it (a chain's rule handles are asked on its worker's nf_tables socket). No monitor program: it had to start,
 /// load iptables' extensions and ask the kernel for each rule it was told of, most of a
 /// trace's CPU on the hosts.
 struct HostReader {
     listener: nfnl::trace::Listener,
     rtnl: super::route::Rtnl,
-    nfnl: nfnl::Socket,
     events: Vec<nfnl::trace::TraceEvent>,
 }
 
 impl HostReader {
-    /// One per host, each opened by a thread inside its namespace, all at once.
-    fn open_all(hosts: &[(String, String)]) -> Result<Vec<HostReader>> {
-        std::thread::scope(|s| {
-            let jobs: Vec<_> = hosts
-                .iter()
-                .map(|(_, ns)| {
-                    s.spawn(move || {
-                        in_netns_thread(format!("/run/netns/{ns}"), || -> std::io::Result<HostReader> {
-                            let listener = nfnl::trace::Listener::open().map_err(|e| e.source)?;
-                            let nfnl = nfnl::Socket::open().map_err(|e| e.source)?;
-                            let rtnl = super::route::Rtnl::open()?;
-                            Ok(HostReader { listener, rtnl, nfnl, events: vec![] })
-                        })?
-                        .map_err(|e| LabError::Io { what: format!("listen to the kernel's trace in {ns}"), source: e })
-                    })
-                })
-                .collect();
-            jobs.into_iter()
-                .map(|j| j.join().unwrap_or_else(|_| Err(LabError::NotReady("a listener thread panicked".into()))))
-                .collect()
-        })
+    /// One per host, each opened inside its namespace, all at once.
+    fn open_all(site: &Site, hosts: &[(String, String)]) -> Result<Vec<HostReader>> {
+        let names: Vec<String> = hosts.iter().map(|(_, ns)| ns.clone()).collect();
+        let each = names.clone();
+        let opened = each_host(site, &names, move |i| {
+            let ns = &each[i];
+            in_netns_thread(format!("/run/netns/{ns}"), || -> std::io::Result<HostReader> {
+                let listener = nfnl::trace::Listener::open().map_err(|e| e.source)?;
+                let rtnl = super::route::Rtnl::open()?;
+                Ok(HostReader { listener, rtnl, events: vec![] })
+            })?
+            .map_err(|e| LabError::Io { what: format!("listen to the kernel's trace in {ns}"), source: e })
+        });
+        opened
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(LabError::NotReady("a listener job panicked".into()))))
+            .collect()
     }
 
     fn read(&mut self, host: &str) -> Result<()> {
@@ -862,10 +917,14 @@ fn readers_drained(site: &Site, tracer: Tracer, hosts: &[(String, String)], read
 /// the handles of each chain hit; returns the save by table (the traced nodes' NAT rules come
 /// from it too). Hosts whose packets met no iptables rule (only the trace's own table) are
 /// not asked.
-fn place_hits(ns: &str, v6: bool, r: &mut HostReader, obs: &mut [parse::Observation]) -> BTreeMap<String, String> {
+fn place_hits(ns: &str, v6: bool, obs: &mut [parse::Observation]) -> BTreeMap<String, String> {
     const TABLES: [&str; 5] = ["raw", "mangle", "nat", "filter", "security"];
-    let chains: Vec<(String, String)> =
-        super::events::chains_hit(obs, &TABLES).into_iter().map(|(t, c)| (t.to_string(), c.to_string())).collect();
+    // The sync datagrams' hits are never shown: their chains need no listing.
+    let canary = |o: &parse::Observation| o.proto == "UDP" && o.dst.port() == CANARY_PORT && o.dst.ip().is_loopback();
+    let chains: Vec<(String, String)> = super::events::chains_hit(obs, &TABLES, canary)
+        .into_iter()
+        .map(|(t, c)| (t.to_string(), c.to_string()))
+        .collect();
     if chains.is_empty() {
         return BTreeMap::new();
     }
@@ -874,7 +933,11 @@ fn place_hits(ns: &str, v6: bool, r: &mut HostReader, obs: &mut [parse::Observat
     let family = if v6 { 10 } else { 2 };
     let mut handles = BTreeMap::new();
     for (table, chain) in chains {
-        if let Ok(list) = r.nfnl.rule_handles(family, &table, &chain) {
+        let listed = in_netns_thread(format!("/run/netns/{ns}"), {
+            let (table, chain) = (table.clone(), chain.clone());
+            move || with_nfnl(|s| s.rule_handles(family, &table, &chain))
+        });
+        if let Ok(Ok(list)) = listed {
             handles.insert((table, chain), list);
         }
     }
@@ -1305,6 +1368,14 @@ fn trace_in(lab: &Lab, source: Source, req: &Request, dst: SocketAddr) -> Result
         }
     };
     let guard = Guard::new();
+    // One thread inside each host's namespace for the trace's life: every question to a host
+    // (its rules, sync datagrams, conntrack, routes, programs, monitors) goes to it, instead
+    // of a thread started per question. Started after `guard`, so they block the signals it
+    // waits for (a thread that did not would die of Ctrl-C before the cleanup).
+    let _workers = match site {
+        Site::Netns => Some(crate::hosts::NetnsWorkers::start(hosts.iter().map(|(_, ns)| format!("/run/netns/{ns}")))?),
+        Site::Vagrant(_) => None,
+    };
     guard.with(|i| {
         i.site = site.clone();
         i.namespaces.extend(hosts.iter().map(|(_, ns)| ns.clone()));
@@ -1318,25 +1389,23 @@ fn trace_in(lab: &Lab, source: Source, req: &Request, dst: SocketAddr) -> Result
     // In a namespace lab's iptables modes the trace listens itself (`HostReader`), from before
     // its rules go in: no monitor to start or wait for.
     let mut readers = match (site, tracer.nft_rules()) {
-        (Site::Netns, false) => Some(HostReader::open_all(hosts)?),
+        (Site::Netns, false) => Some(HostReader::open_all(site, hosts)?),
         _ => None,
     };
     let monitored = if readers.is_some() { &hosts[..0] } else { &hosts[..] };
-    // In a namespace lab, a thread inside each host's namespace starts its monitor there; the
-    // threads end with this function (dropped before `guard`), and their monitors with them.
-    let spawners = match site {
-        Site::Netns => monitored
-            .iter()
-            .map(|(_, ns)| crate::hosts::NetnsSpawner::new(format!("/run/netns/{ns}")).map(Some))
-            .collect::<Result<Vec<_>>>()?,
-        Site::Vagrant(_) => monitored.iter().map(|_| None).collect(),
-    };
+    // In a namespace lab, the host's worker starts its monitor there; the workers end with this
+    // function, and their monitors with them.
     let errors: Vec<Arc<Mutex<String>>> = monitored.iter().map(|_| Arc::default()).collect();
     let spawn_monitor = |i: usize, out: &Arc<Mutex<String>>| -> Result<Child> {
         let cmd = site.monitor_command(&hosts[i].1, tracer.monitor())?;
-        let mut child = match &spawners[i] {
-            Some(spawner) => spawner.spawn(cmd),
-            None => {
+        let mut child = match site {
+            Site::Netns => {
+                let path = format!("/run/netns/{}", hosts[i].1);
+                let worker = crate::hosts::NetnsWorkers::get(&path)
+                    .ok_or_else(|| LabError::NotReady(format!("no helper thread inside {path}")))?;
+                worker.spawn(cmd)
+            }
+            Site::Vagrant(_) => {
                 let mut cmd = cmd;
                 cmd.spawn()
             }
@@ -1370,27 +1439,24 @@ fn trace_in(lab: &Lab, source: Source, req: &Request, dst: SocketAddr) -> Result
         outputs.push(out);
     }
     // Per host at once: the trace rules, and `tcp_reflect_tos` on (its old value kept).
-    let installed: Vec<(Result<()>, Option<String>)> = std::thread::scope(|s| {
-        let jobs: Vec<_> = hosts
-            .iter()
-            .map(|(_, ns)| {
-                let left = left_overs
-                    .as_ref()
-                    .map(|l| l.iter().find(|(n, _)| n == ns).map(|(_, old)| old.clone()).unwrap_or_else(|| "0".into()));
-                s.spawn(move || {
-                    if let Some(old) = left {
-                        remove_rules_on(site, ns);
-                        set_reflect_tos(site, ns, &old);
-                    }
-                    let done = tracer.install(site, ns, bound.port());
-                    (done, set_reflect_tos(site, ns, "1"))
-                })
-            })
-            .collect();
-        jobs.into_iter()
-            .map(|j| j.join().unwrap_or_else(|_| (Err(LabError::NotReady("install thread panicked".into())), None)))
-            .collect()
-    });
+    let names: Vec<String> = hosts.iter().map(|(_, ns)| ns.clone()).collect();
+    let (each, site_, port) = (names.clone(), site.clone(), bound.port());
+    let left_overs_ = left_overs.clone();
+    let installed: Vec<(Result<()>, Option<String>)> = each_host(site, &names, move |i| {
+        let ns = &each[i];
+        let left = left_overs_
+            .as_ref()
+            .map(|l| l.iter().find(|(n, _)| n == ns).map(|(_, old)| old.clone()).unwrap_or_else(|| "0".into()));
+        if let Some(old) = left {
+            remove_rules_on(&site_, ns);
+            set_reflect_tos(&site_, ns, &old);
+        }
+        let done = tracer.install(&site_, ns, port);
+        (done, set_reflect_tos(&site_, ns, "1"))
+    })
+    .into_iter()
+    .map(|r| r.unwrap_or_else(|| (Err(LabError::NotReady("install job panicked".into())), None)))
+    .collect();
     let mut results = vec![];
     let mut olds = vec![];
     for ((_, ns), (done, old)) in hosts.iter().zip(installed) {
@@ -1444,6 +1510,7 @@ fn trace_in(lab: &Lab, source: Source, req: &Request, dst: SocketAddr) -> Result
             Heard::Monitors(outputs.iter().map(|o| monitor_text(o)).collect())
         }
     };
+    let heard = hits(site, tracer, hosts, heard);
     std::thread::scope(|s| -> Result<Trace> {
         let cleaning = s.spawn(|| guard.with(|i| i.cleanup()));
         let t = read_back(lab, tracer, heard, req, src, dst, outcome);
@@ -1494,48 +1561,63 @@ enum Heard {
     Readers(Vec<HostReader>),
 }
 
+/// Each host's observations (host → packets) and, from the trace's own listeners, each hit's
+/// rule as `iptables-save` prints it (before the trace's table is removed: a change of a
+/// namespace's ruleset while `iptables-save` reads it makes it read it again).
+struct Hits {
+    packets: BTreeMap<String, Vec<parse::Observation>>,
+    /// Host → its tables as `iptables-save` printed them while the hits were placed.
+    saved: BTreeMap<String, BTreeMap<String, String>>,
+    /// The listeners, closed last: closing a netfilter socket waits until the kernel has
+    /// released the transactions committed before it (an RCU grace period), and the cleanup
+    /// commits right after this; by the end of the trace it mostly has.
+    listening: Option<Arc<Vec<Mutex<HostReader>>>>,
+}
+
+/// [`Hits`] from what was heard (the listeners' hits placed on each host's worker, all at once).
+fn hits(site: &Site, tracer: Tracer, hosts: &[(String, String)], heard: Heard) -> Hits {
+    let mut out = Hits { packets: BTreeMap::new(), saved: BTreeMap::new(), listening: None };
+    match heard {
+        Heard::Monitors(texts) => {
+            for ((h, _), text) in hosts.iter().zip(&texts) {
+                out.packets.insert(h.clone(), tracer.parse(text));
+            }
+        }
+        Heard::Readers(readers) => {
+            let names: Vec<String> = hosts.iter().map(|(_, ns)| ns.clone()).collect();
+            let readers: Arc<Vec<Mutex<HostReader>>> = Arc::new(readers.into_iter().map(Mutex::new).collect());
+            out.listening = Some(readers.clone());
+            let each = names.clone();
+            let placed = each_host(site, &names, move |i| {
+                let mut r = readers[i].lock().unwrap_or_else(|e| e.into_inner());
+                let mut obs = r.observations();
+                let saves = place_hits(&each[i], tracer.v6(), &mut obs);
+                (obs, saves)
+            });
+            for ((h, _), (obs, saves)) in hosts.iter().zip(placed.into_iter().map(Option::unwrap_or_default)) {
+                out.packets.insert(h.clone(), obs);
+                out.saved.insert(h.clone(), saves);
+            }
+        }
+    }
+    out
+}
+
 /// After the probe: the hosts' conntrack, routes, rules and the API's objects, read while the
 /// trace's own rules are being removed; the trace assembled from them.
 fn read_back(
     lab: &Lab,
     tracer: Tracer,
-    heard: Heard,
+    heard: Hits,
     req: &Request,
     src: SocketAddr,
     dst: SocketAddr,
     outcome: Outcome,
 ) -> Result<Trace> {
     let (site, hosts) = (&lab.site, &lab.hosts);
-    let mut observed = Observed { from: req.from.clone(), src: Some(src), dst: Some(dst), ..Default::default() };
-    // Host → its tables as `iptables-save` printed them while the hits were placed.
-    let mut saved: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
-    match heard {
-        Heard::Monitors(texts) => {
-            for ((h, _), text) in hosts.iter().zip(&texts) {
-                observed.packets.insert(h.clone(), tracer.parse(text));
-            }
-        }
-        Heard::Readers(mut readers) => {
-            let placed: Vec<(Vec<parse::Observation>, BTreeMap<String, String>)> = std::thread::scope(|s| {
-                let jobs: Vec<_> = hosts
-                    .iter()
-                    .zip(readers.iter_mut())
-                    .map(|((_, ns), r)| {
-                        s.spawn(move || {
-                            let mut obs = r.observations();
-                            let saves = place_hits(ns, tracer.v6(), r, &mut obs);
-                            (obs, saves)
-                        })
-                    })
-                    .collect();
-                jobs.into_iter().map(|j| j.join().unwrap_or_default()).collect()
-            });
-            for ((h, _), (obs, saves)) in hosts.iter().zip(placed) {
-                observed.packets.insert(h.clone(), obs);
-                saved.insert(h.clone(), saves);
-            }
-        }
-    }
+    let Hits { packets, saved, listening: _listening } = heard;
+    let mut observed =
+        Observed { from: req.from.clone(), src: Some(src), dst: Some(dst), packets, ..Default::default() };
     // Each host's conntrack asked about the flow's connections only, and only hosts the probe
     // crossed. A lookup of the exact tuple (`-G`: one hash lookup in the kernel), not a listing
     // with filters: `-L` copies the whole table out and filters it in the tool, and a node under
@@ -1547,23 +1629,21 @@ fn read_back(
             flow::conntrack_queries(&observed.packets[h]).into_iter().map(move |t| (h.as_str(), ns.as_str(), t))
         })
         .collect();
-    let answers: Vec<Vec<parse::CtEntry>> = std::thread::scope(|s| {
-        let jobs: Vec<_> = queries
-            .iter()
-            .map(|(_, ns, (from, to))| {
-                s.spawn(move || {
-                    if let Site::Netns = site {
-                        // Over ctnetlink from a socket in the host's namespace: no program start.
-                        return super::ct::get(ns, (*from, *to)).into_iter().collect();
-                    }
-                    let argv = super::ct::tool_argv((*from, *to));
-                    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
-                    parse::parse_conntrack(&site.run(ns, &argv).unwrap_or_default())
-                })
-            })
-            .collect();
-        jobs.into_iter().map(|j| j.join().unwrap_or_default()).collect()
-    });
+    let asked: Vec<String> = queries.iter().map(|(_, ns, _)| ns.to_string()).collect();
+    let (each, tuples, site_) = (asked.clone(), queries.iter().map(|q| q.2).collect::<Vec<_>>(), site.clone());
+    let answers: Vec<Vec<parse::CtEntry>> = each_host(site, &asked, move |i| {
+        let (ns, (from, to)) = (&each[i], tuples[i]);
+        if let Site::Netns = site_ {
+            // Over ctnetlink from a socket in the host's namespace: no program start.
+            return super::ct::get(ns, (from, to)).into_iter().collect();
+        }
+        let argv = super::ct::tool_argv((from, to));
+        let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+        parse::parse_conntrack(&site_.run(ns, &argv).unwrap_or_default())
+    })
+    .into_iter()
+    .map(Option::unwrap_or_default)
+    .collect();
     for (h, _) in hosts {
         let entries = queries
             .iter()
@@ -1579,27 +1659,27 @@ fn read_back(
     }
     let flow = flow::follow(&observed);
     let queries = flow::route_queries(&observed, &flow);
-    let answers: Vec<Option<String>> = std::thread::scope(|s| {
-        let jobs: Vec<_> = queries
-            .iter()
-            .map(|((_, host), query)| {
-                let ns = hosts.iter().find(|(h, _)| h == host).expect("traced host").1.clone();
-                s.spawn(move || match site {
-                    // Over rtnetlink from a thread in the host's namespace: no `ip` start.
-                    Site::Netns => {
-                        let q = query.clone();
-                        crate::in_netns_thread(format!("/run/netns/{ns}"), move || q.ask()).ok().flatten()
-                    }
-                    Site::Vagrant(_) => {
-                        let mut argv = vec!["ip".to_string(), "route".into(), "get".into()];
-                        argv.extend(query.argv());
-                        site.run(&ns, &argv.iter().map(String::as_str).collect::<Vec<_>>()).ok()
-                    }
-                })
-            })
-            .collect();
-        jobs.into_iter().map(|j| j.join().ok().flatten()).collect()
-    });
+    let asked: Vec<String> = queries
+        .iter()
+        .map(|((_, host), _)| hosts.iter().find(|(h, _)| h == host).expect("traced host").1.clone())
+        .collect();
+    let (each, questions, site_) =
+        (asked.clone(), queries.iter().map(|q| q.1.clone()).collect::<Vec<_>>(), site.clone());
+    let answers: Vec<Option<String>> = each_host(site, &asked, move |i| match &site_ {
+        // Over rtnetlink from the host's namespace: no `ip` start.
+        Site::Netns => {
+            let q = questions[i].clone();
+            crate::in_netns_thread(format!("/run/netns/{}", each[i]), move || q.ask()).ok().flatten()
+        }
+        Site::Vagrant(_) => {
+            let mut argv = vec!["ip".to_string(), "route".into(), "get".into()];
+            argv.extend(questions[i].argv());
+            site_.run(&each[i], &argv.iter().map(String::as_str).collect::<Vec<_>>()).ok()
+        }
+    })
+    .into_iter()
+    .map(Option::flatten)
+    .collect();
     for ((key, _), route) in queries.into_iter().zip(answers) {
         if let Some(r) = route {
             objects.routes.insert(key, r);
@@ -1609,27 +1689,24 @@ fn read_back(
         flow.legs.iter().flat_map(|l| &l.path).filter(|h| h.starts_with("node-")).collect();
     // Per traced node: the NAT rules (iptables-save, unless saved already while the hits were
     // placed; or the kube-proxy table).
-    let rules: Vec<(String, String)> = std::thread::scope(|s| {
-        let jobs: Vec<_> = traced_nodes
-            .iter()
-            .map(|host| {
-                let ns = hosts.iter().find(|(h, _)| h == *host).expect("traced host").1.clone();
-                let nat = saved.get(*host).and_then(|tables| tables.get("nat")).cloned();
-                s.spawn(move || {
-                    let text = match (tracer, nat) {
-                        (Tracer::Xtables | Tracer::Ip6tables, Some(nat)) => nat,
-                        (Tracer::Xtables, None) => site.save_text(&ns, false, "nat").unwrap_or_default(),
-                        (Tracer::Ip6tables, None) => site.save_text(&ns, true, "nat").unwrap_or_default(),
-                        (Tracer::Nft | Tracer::Nft6, _) => {
-                            site.nft_list_table(&ns, tracer.family(), super::nft_steps::TABLE).unwrap_or_default()
-                        }
-                    };
-                    ((*host).clone(), text)
-                })
-            })
-            .collect();
-        jobs.into_iter().filter_map(|j| j.join().ok()).collect()
+    let traced: Vec<&String> = traced_nodes.into_iter().collect();
+    let asked: Vec<String> =
+        traced.iter().map(|host| hosts.iter().find(|(h, _)| h == *host).expect("traced host").1.clone()).collect();
+    let nats: Vec<Option<String>> =
+        traced.iter().map(|host| saved.get(*host).and_then(|tables| tables.get("nat")).cloned()).collect();
+    let (each, site_) = (asked.clone(), site.clone());
+    let texts = each_host(site, &asked, move |i| {
+        let ns = &each[i];
+        match (tracer, nats[i].clone()) {
+            (Tracer::Xtables | Tracer::Ip6tables, Some(nat)) => nat,
+            (Tracer::Xtables, None) => site_.save_text(ns, false, "nat").unwrap_or_default(),
+            (Tracer::Ip6tables, None) => site_.save_text(ns, true, "nat").unwrap_or_default(),
+            (Tracer::Nft | Tracer::Nft6, _) => {
+                site_.nft_list_table(ns, tracer.family(), super::nft_steps::TABLE).unwrap_or_default()
+            }
+        }
     });
+    let rules = traced.into_iter().zip(texts).filter_map(|(host, text)| Some((host.clone(), text?)));
     for (host, text) in rules {
         if tracer.nft_rules() {
             objects.nft_tables.insert(host, text);
