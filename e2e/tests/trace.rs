@@ -190,6 +190,12 @@ fn trace_a_load_balancer_request_hop_by_hop_then_with_no_endpoints() {
     assert!(report.contains("  node-1, node-2:\n"), "both nodes change alike: {report}");
     assert!(report.contains("+ nat -A KUBE-SVC-"), "the new endpoint's jump: {report}");
     assert!(report.contains("+ nat -A KUBE-SEP-") && report.contains("-j DNAT --to-destination 10.244."), "{report}");
+    // The rules changed since the traces above (which kept their nodes' iptables-save text
+    // between traces): the next trace reads the new ones.
+    let (ok, t) = trace_json(&lab, &[&url]);
+    assert!(ok, "{t:#}");
+    let entry = hosts(&t)[2].clone();
+    assert!(steps_of(&t, &entry).contains(" of 3 ("), "{t:#}");
 
     // No endpoints: REJECT on the node the gateway picked, and the trace says so.
     lab.kubectl(&["scale", "deployment/web", "--replicas=0"]);

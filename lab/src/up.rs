@@ -755,6 +755,7 @@ pub fn down(state_dir: &Path, keep_data: bool) -> Result<LabState> {
     }
     // No trace can run on a lab that is gone; its lock file goes with it.
     let _ = std::fs::remove_file(crate::trace::run::lock_path(&st.name));
+    let _ = std::fs::remove_dir_all(crate::trace::run::saves_dir(&st.name));
     if let Some(e) = failed {
         // The state stays, so a second `down` can finish the job.
         return Err(e);

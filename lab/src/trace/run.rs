@@ -368,6 +368,14 @@ thread_local! {
     static NFNL: std::cell::RefCell<Option<nfnl::Socket>> = const { std::cell::RefCell::new(None) };
 }
 
+/// A namespace lab host's nf_tables generation (None on a Vagrant lab, or when it cannot be read).
+fn generation_of(site: &Site, ns: &str) -> Option<u32> {
+    match site {
+        Site::Netns => in_netns_thread(format!("/run/netns/{ns}"), || with_nfnl(|s| s.generation())).ok()?.ok(),
+        Site::Vagrant(_) => None,
+    }
+}
+
 /// `f` with this thread's nf_tables socket, opened in its namespace on first use and kept
 /// (dropped after an error, which may leave replies in it). Kept because closing one is slow
 /// after a commit: the kernel first waits for the committed transaction's release (an RCU
@@ -913,11 +921,20 @@ fn readers_drained(site: &Site, tracer: Tracer, hosts: &[(String, String)], read
 }
 
 /// Each hit of a host's observations given its rule as `iptables-save` prints it (see
-/// [`super::events::place`]): one `iptables-save` (or `ip6tables-save`) of every table, and
-/// the handles of each chain hit; returns the save by table (the traced nodes' NAT rules come
-/// from it too). Hosts whose packets met no iptables rule (only the trace's own table) are
-/// not asked.
-fn place_hits(ns: &str, v6: bool, obs: &mut [parse::Observation]) -> BTreeMap<String, String> {
+/// [`super::events::place`]): one `iptables-save` (or `ip6tables-save`) of every table — or
+/// the one kept from an earlier trace, when nothing but traces changed the namespace's rules
+/// since (`generations`, [`SaveCache`]) — and the handles of each chain hit. Returns the save by
+/// table (the traced nodes' NAT rules come from it too) and, when the text is known to be the
+/// ruleset at the current generation, what to keep once the trace's table is gone.
+/// Hosts whose packets met no iptables rule (only the trace's own table) are not asked (their
+/// kept text, if still good, is kept for the generation after the trace).
+fn place_hits(
+    cache: &SaveCache,
+    ns: &str,
+    v6: bool,
+    generations: Option<InstallGenerations>,
+    obs: &mut [parse::Observation],
+) -> (BTreeMap<String, String>, Option<Keep>) {
     const TABLES: [&str; 5] = ["raw", "mangle", "nat", "filter", "security"];
     // The sync datagrams' hits are never shown: their chains need no listing.
     let canary = |o: &parse::Observation| o.proto == "UDP" && o.dst.port() == CANARY_PORT && o.dst.ip().is_loopback();
@@ -925,15 +942,30 @@ fn place_hits(ns: &str, v6: bool, obs: &mut [parse::Observation]) -> BTreeMap<St
         .into_iter()
         .map(|(t, c)| (t.to_string(), c.to_string()))
         .collect();
+    let path = format!("/run/netns/{ns}");
+    let generation = || generation_of(&Site::Netns, ns);
+    let now = generation();
+    // Kept text is good when the trace's install was the only change since it was kept.
+    let unchanged = generations.filter(|g| g.after == g.before.wrapping_add(1) && now == Some(g.after));
     if chains.is_empty() {
-        return BTreeMap::new();
+        // Still good after this trace, if it was before: its generation moves on.
+        let still = unchanged.filter(|g| cache.generation(ns, v6) == Some(g.before));
+        return (BTreeMap::new(), still.map(|g| Keep { generation: g.after, text: None }));
     }
-    let text = in_ns(ns, &[if v6 { "ip6tables-save" } else { "iptables-save" }]).unwrap_or_default();
+    let kept = unchanged.and_then(|g| cache.get(ns, v6, g.before));
+    let (text, keep) = match (kept, now) {
+        (Some(text), Some(generation)) => (text, Some(Keep { generation, text: None })),
+        _ => {
+            let text = in_ns(ns, &[if v6 { "ip6tables-save" } else { "iptables-save" }]).unwrap_or_default();
+            let still = now.filter(|g| generation() == Some(*g) && !text.is_empty());
+            (text.clone(), still.map(|generation| Keep { generation, text: Some(text) }))
+        }
+    };
     let saves = super::events::split_save(&text);
     let family = if v6 { 10 } else { 2 };
     let mut handles = BTreeMap::new();
     for (table, chain) in chains {
-        let listed = in_netns_thread(format!("/run/netns/{ns}"), {
+        let listed = in_netns_thread(path.clone(), {
             let (table, chain) = (table.clone(), chain.clone());
             move || with_nfnl(|s| s.rule_handles(family, &table, &chain))
         });
@@ -942,7 +974,76 @@ fn place_hits(ns: &str, v6: bool, obs: &mut [parse::Observation]) -> BTreeMap<St
         }
     }
     super::events::place(obs, &handles, &saves);
-    saves
+    (saves, keep)
+}
+
+/// A host's save to keep: the generation it is the ruleset of, and its text (None: the kept text,
+/// unchanged).
+#[derive(Debug, Default)]
+struct Keep {
+    generation: u32,
+    text: Option<String>,
+}
+
+/// A host's nf_tables generation just before and just after the trace installed its table.
+#[derive(Debug, Clone, Copy)]
+struct InstallGenerations {
+    before: u32,
+    after: u32,
+}
+
+/// `iptables-save` text kept between traces, per namespace and family, with the nf_tables
+/// generation it is the ruleset of: a namespace's generation moves with every change of its
+/// rules (anyone's), so a trace that finds the generation it kept (its own table's install
+/// and removal aside, each counted) lists nothing again — `iptables-save` was a fifth of a
+/// trace's CPU. Kept only when the save was read with the generation standing still and the
+/// trace's removal was the one change after it.
+struct SaveCache {
+    dir: std::path::PathBuf,
+}
+
+impl SaveCache {
+    fn of(lab: &str) -> SaveCache {
+        SaveCache { dir: std::env::temp_dir().join(format!("podpath-trace-{lab}.saves")) }
+    }
+
+    /// The text's file, and its generation's beside it (`.generation`).
+    fn files(&self, ns: &str, v6: bool) -> (std::path::PathBuf, std::path::PathBuf) {
+        let family = if v6 { "ip6" } else { "ip" };
+        (self.dir.join(format!("{ns}.{family}")), self.dir.join(format!("{ns}.{family}.generation")))
+    }
+
+    /// The generation of the text kept for `ns`.
+    fn generation(&self, ns: &str, v6: bool) -> Option<u32> {
+        std::fs::read_to_string(self.files(ns, v6).1).ok()?.trim().parse().ok()
+    }
+
+    /// The text kept for `ns` at `generation`, if that is what was kept.
+    fn get(&self, ns: &str, v6: bool, generation: u32) -> Option<String> {
+        (self.generation(ns, v6)? == generation).then(|| std::fs::read_to_string(self.files(ns, v6).0).ok()).flatten()
+    }
+
+    /// Keeps `text` (None: the text kept already) for `ns` at `generation`: the text first, then
+    /// its generation (each written whole and renamed into place). Between the two, the old
+    /// generation names the new text, but it is older than the namespace's, so it is never
+    /// asked for again.
+    fn put(&self, ns: &str, v6: bool, generation: u32, text: Option<&str>) {
+        let (text_file, generation_file) = self.files(ns, v6);
+        let write = |file: &std::path::Path, content: &str| -> std::io::Result<()> {
+            let tmp = file.with_extension("new");
+            std::fs::write(&tmp, content).and_then(|_| std::fs::rename(&tmp, file)).inspect_err(|_| {
+                let _ = std::fs::remove_file(&tmp);
+            })
+        };
+        let _ = std::fs::create_dir_all(&self.dir)
+            .and_then(|_| text.map_or(Ok(()), |t| write(&text_file, t)))
+            .and_then(|_| write(&generation_file, &generation.to_string()));
+    }
+}
+
+/// Where a lab's kept saves are (`podpath down` removes them).
+pub(crate) fn saves_dir(lab: &str) -> std::path::PathBuf {
+    SaveCache::of(lab).dir
 }
 
 /// The probe's socket, made and bound inside the source's namespace (a socket stays in the
@@ -1442,7 +1543,9 @@ fn trace_in(lab: &Lab, source: Source, req: &Request, dst: SocketAddr) -> Result
     let names: Vec<String> = hosts.iter().map(|(_, ns)| ns.clone()).collect();
     let (each, site_, port) = (names.clone(), site.clone(), bound.port());
     let left_overs_ = left_overs.clone();
-    let installed: Vec<(Result<()>, Option<String>)> = each_host(site, &names, move |i| {
+    // In a namespace lab, the host's nf_tables generation around the install too (SaveCache).
+    type Done = (Result<()>, Option<String>, Option<InstallGenerations>);
+    let installed: Vec<Done> = each_host(site, &names, move |i| {
         let ns = &each[i];
         let left = left_overs_
             .as_ref()
@@ -1451,15 +1554,20 @@ fn trace_in(lab: &Lab, source: Source, req: &Request, dst: SocketAddr) -> Result
             remove_rules_on(&site_, ns);
             set_reflect_tos(&site_, ns, &old);
         }
+        let before = generation_of(&site_, ns);
         let done = tracer.install(&site_, ns, port);
-        (done, set_reflect_tos(&site_, ns, "1"))
+        let after = generation_of(&site_, ns);
+        let generations = before.zip(after).map(|(before, after)| InstallGenerations { before, after });
+        (done, set_reflect_tos(&site_, ns, "1"), generations)
     })
     .into_iter()
-    .map(|r| r.unwrap_or_else(|| (Err(LabError::NotReady("install job panicked".into())), None)))
+    .map(|r| r.unwrap_or_else(|| (Err(LabError::NotReady("install job panicked".into())), None, None)))
     .collect();
     let mut results = vec![];
     let mut olds = vec![];
-    for ((_, ns), (done, old)) in hosts.iter().zip(installed) {
+    let mut generations = vec![];
+    for ((_, ns), (done, old, g)) in hosts.iter().zip(installed) {
+        generations.push(g);
         if let Some(old) = old {
             guard.with(|i| i.reflect_tos.push((ns.clone(), old.clone())));
             olds.push((ns.clone(), old));
@@ -1510,11 +1618,24 @@ fn trace_in(lab: &Lab, source: Source, req: &Request, dst: SocketAddr) -> Result
             Heard::Monitors(outputs.iter().map(|o| monitor_text(o)).collect())
         }
     };
-    let heard = hits(site, tracer, hosts, heard);
+    let cache = Arc::new(SaveCache::of(&lab.name));
+    let mut heard = hits(site, tracer, hosts, heard, &cache, generations);
+    let fresh = std::mem::take(&mut heard.fresh);
     std::thread::scope(|s| -> Result<Trace> {
         let cleaning = s.spawn(|| guard.with(|i| i.cleanup()));
         let t = read_back(lab, tracer, heard, req, src, dst, outcome);
         let _ = cleaning.join();
+        // A save is kept when the trace's removal was the one change after it.
+        let (site_, v6) = (site.clone(), tracer.v6());
+        let names: Vec<String> = fresh.iter().map(|(ns, _)| ns.clone()).collect();
+        let fresh = Arc::new(fresh);
+        each_host(site, &names, move |i| {
+            let (ns, keep) = &fresh[i];
+            let removed = keep.generation.wrapping_add(1);
+            if generation_of(&site_, ns) == Some(removed) {
+                cache.put(ns, v6, removed, keep.text.as_deref());
+            }
+        });
         t
     })
     .and_then(|t| {
@@ -1572,11 +1693,20 @@ struct Hits {
     /// released the transactions committed before it (an RCU grace period), and the cleanup
     /// commits right after this; by the end of the trace it mostly has.
     listening: Option<Arc<Vec<Mutex<HostReader>>>>,
+    /// (namespace, what to keep of its save) where the save is known good.
+    fresh: Vec<(String, Keep)>,
 }
 
 /// [`Hits`] from what was heard (the listeners' hits placed on each host's worker, all at once).
-fn hits(site: &Site, tracer: Tracer, hosts: &[(String, String)], heard: Heard) -> Hits {
-    let mut out = Hits { packets: BTreeMap::new(), saved: BTreeMap::new(), listening: None };
+fn hits(
+    site: &Site,
+    tracer: Tracer,
+    hosts: &[(String, String)],
+    heard: Heard,
+    cache: &Arc<SaveCache>,
+    generations: Vec<Option<InstallGenerations>>,
+) -> Hits {
+    let mut out = Hits { packets: BTreeMap::new(), saved: BTreeMap::new(), listening: None, fresh: vec![] };
     match heard {
         Heard::Monitors(texts) => {
             for ((h, _), text) in hosts.iter().zip(&texts) {
@@ -1587,16 +1717,17 @@ fn hits(site: &Site, tracer: Tracer, hosts: &[(String, String)], heard: Heard) -
             let names: Vec<String> = hosts.iter().map(|(_, ns)| ns.clone()).collect();
             let readers: Arc<Vec<Mutex<HostReader>>> = Arc::new(readers.into_iter().map(Mutex::new).collect());
             out.listening = Some(readers.clone());
-            let each = names.clone();
+            let (each, cache) = (names.clone(), cache.clone());
             let placed = each_host(site, &names, move |i| {
                 let mut r = readers[i].lock().unwrap_or_else(|e| e.into_inner());
                 let mut obs = r.observations();
-                let saves = place_hits(&each[i], tracer.v6(), &mut obs);
-                (obs, saves)
+                let (saves, fresh) = place_hits(&cache, &each[i], tracer.v6(), generations[i], &mut obs);
+                (obs, saves, fresh)
             });
-            for ((h, _), (obs, saves)) in hosts.iter().zip(placed.into_iter().map(Option::unwrap_or_default)) {
+            for ((h, ns), (obs, saves, fresh)) in hosts.iter().zip(placed.into_iter().map(Option::unwrap_or_default)) {
                 out.packets.insert(h.clone(), obs);
                 out.saved.insert(h.clone(), saves);
+                out.fresh.extend(fresh.map(|f| (ns.clone(), f)));
             }
         }
     }
@@ -1615,7 +1746,7 @@ fn read_back(
     outcome: Outcome,
 ) -> Result<Trace> {
     let (site, hosts) = (&lab.site, &lab.hosts);
-    let Hits { packets, saved, listening: _listening } = heard;
+    let Hits { packets, saved, listening: _listening, .. } = heard;
     let mut observed =
         Observed { from: req.from.clone(), src: Some(src), dst: Some(dst), packets, ..Default::default() };
     // Each host's conntrack asked about the flow's connections only, and only hosts the probe
