@@ -435,11 +435,11 @@ pub fn nft_trace_table(probe_port: u16, family: NftFamily) -> NftTable {
     t
 }
 
-/// Which monitor reads a lab's hosts' traces (every host gets the trace table), by proxy mode
-/// and the request's family: xtables-monitor (IPv4, iptables modes: the rules in iptables'
-/// words); else `nft monitor trace` — for IPv6 in the iptables modes too, with handles (`-a`) to
-/// find each ip6tables rule it prints in `ip6tables-save` (xtables-monitor prints no ip6tables
-/// rule).
+/// How a lab's hosts' traces are read (every host gets the trace table), by proxy mode and the
+/// request's family. The iptables modes (`Xtables`, `Ip6tables`): in a namespace lab by the
+/// trace itself ([`HostReader`], each rule as `iptables-save` prints it); on a Vagrant lab (IPv4
+/// only) by xtables-monitor, the rules in iptables' words. The nftables mode: `nft monitor
+/// trace`, the rules in nft's words.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Tracer {
     Xtables,
@@ -475,6 +475,7 @@ impl Tracer {
         match self {
             Tracer::Xtables => &["xtables-monitor", "--trace"],
             Tracer::Nft | Tracer::Nft6 => &["nft", "monitor", "trace"],
+            // Not run: the iptables modes' IPv6 traces are a namespace lab's, read by HostReader.
             Tracer::Ip6tables => &["nft", "-a", "monitor", "trace"],
         }
     }
