@@ -723,7 +723,12 @@ fn bench_trace() {
     // The ratio is that of back-to-back traces: a faster trace runs more often in the same
     // seconds. What one trace costs the traffic is the requests it did not get, per trace.
     let lost = (quiet - busy).max(0.0) * seconds / traces.max(1) as f64;
-    BENCH.record("other traffic's requests lost per trace (back-to-back traces, 8 clients)", lost.round(), "requests", "");
+    BENCH.record(
+        "other traffic's requests lost per trace (back-to-back traces, 8 clients)",
+        lost.round(),
+        "requests",
+        "",
+    );
     println!("other traffic lost {lost:.0} requests per trace ({traces} traces in {seconds:.0} s)");
 }
 

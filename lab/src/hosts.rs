@@ -134,7 +134,7 @@ fn enter_netns(ns_path: &str) -> Result<()> {
 
 /// Makes the program `cmd` starts get SIGKILL when the thread that started it ends (or the
 /// whole process, killed outright): the parent-death signal, set in the child before it execs
-/// the program. It follows the thread that forked, not the process (see [`NetnsSpawner`]).
+/// the program. It follows the thread that forked, not the process (see [`NetnsWorker`]).
 #[allow(unsafe_code)] // `pre_exec`; see CONVENTIONS.md
 pub fn die_with_parent(cmd: &mut std::process::Command) {
     use std::os::unix::process::CommandExt;

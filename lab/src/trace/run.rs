@@ -328,7 +328,7 @@ impl Site {
         let mut c = match self {
             Site::Netns => {
                 // The parent-death signal set before the monitor execs (no `setpriv` program
-                // start). Started by the host's `NetnsSpawner`, a thread inside the host's
+                // start). Started by the host's `NetnsWorker`, a thread inside the host's
                 // namespace that lives as long as the trace: the signal follows the thread
                 // that forked.
                 let mut c = Command::new(monitor[0]);
@@ -437,7 +437,7 @@ pub fn nft_trace_table(probe_port: u16, family: NftFamily) -> NftTable {
 
 /// How a lab's hosts' traces are read (every host gets the trace table), by proxy mode and the
 /// request's family. The iptables modes (`Xtables`, `Ip6tables`): in a namespace lab by the
-/// trace itself ([`HostReader`], each rule as `iptables-save` prints it); on a Vagrant lab (IPv4
+/// trace itself (its own listeners, each rule as `iptables-save` prints it); on a Vagrant lab (IPv4
 /// only) by xtables-monitor, the rules in iptables' words. The nftables mode: `nft monitor
 /// trace`, the rules in nft's words.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
