@@ -42,7 +42,7 @@ const NFTA_VERDICT_CODE: u16 = 1;
 const NFTA_VERDICT_CHAIN: u16 = 2;
 
 /// What an event reports (`enum nft_trace_types`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Kind {
     /// A rule matched (its verdict may be `continue`).
     Rule,
@@ -50,11 +50,13 @@ pub enum Kind {
     Return,
     /// The end of a base chain: its policy decided.
     Policy,
-    Other(u32),
+    /// Another type (a newer kernel's), or none given.
+    #[default]
+    Unknown,
 }
 
 /// One trace event of one packet in one chain.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct TraceEvent {
     /// The kernel's id of the packet (the same through the hooks of one namespace).
     pub id: u32,
@@ -100,21 +102,7 @@ fn string(b: &[u8]) -> String {
 /// None when it names no table or chain.
 pub fn event(body: &[u8]) -> Option<TraceEvent> {
     let family = *body.first()?;
-    let mut e = TraceEvent {
-        id: 0,
-        family,
-        table: String::new(),
-        chain: String::new(),
-        kind: Kind::Other(0),
-        handle: None,
-        verdict: None,
-        policy: None,
-        iif: None,
-        oif: None,
-        mark: None,
-        network: None,
-        transport: None,
-    };
+    let mut e = TraceEvent { family, ..Default::default() };
     let (mut iif, mut iif_type, mut oif, mut oif_type) = (None, 0, None, 0);
     for (kind, v) in attrs(body.get(4..)?) {
         match kind {
@@ -126,7 +114,7 @@ pub fn event(body: &[u8]) -> Option<TraceEvent> {
                     1 => Kind::Policy,
                     2 => Kind::Return,
                     3 => Kind::Rule,
-                    n => Kind::Other(n),
+                    _ => Kind::Unknown,
                 }
             }
             NFTA_TRACE_VERDICT => {

@@ -9,7 +9,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use nfnl::trace::{Kind, TraceEvent};
 
-use super::parse::{Observation, RuleHit};
+use super::parse::{Observation, RuleHit, TCP_FLAGS};
 
 /// `ARPHRD_LOOPBACK`: xtables-monitor marks a packet that came in over loopback so.
 const ARPHRD_LOOPBACK: u16 = 772;
@@ -29,17 +29,6 @@ fn verdict_word(code: i32, chain: Option<&str>) -> String {
         (code, _) => format!("0x{:x}", code as u32),
     }
 }
-
-const TCP_FLAGS: [(u8, &str); 8] = [
-    (0x01, "FIN"),
-    (0x02, "SYN"),
-    (0x04, "RST"),
-    (0x08, "PSH"),
-    (0x10, "ACK"),
-    (0x20, "URG"),
-    (0x40, "ECE"),
-    (0x80, "CWR"),
-];
 
 /// The packet an event carries (its network and transport headers, devices, mark) as an
 /// observation with no hits yet; None when the headers are not an IP packet's.
@@ -113,7 +102,7 @@ pub fn observations(events: &[TraceEvent], mut name_of: impl FnMut(u32) -> Optio
             Kind::Rule => ("rule", e.verdict.as_ref().map(|(c, ch)| verdict_word(*c, ch.as_deref()))),
             Kind::Return => ("return", e.verdict.as_ref().map(|(c, ch)| verdict_word(*c, ch.as_deref()))),
             Kind::Policy => ("policy", e.policy.map(|p| verdict_word(p as i32, None))),
-            Kind::Other(_) => continue,
+            Kind::Unknown => continue,
         };
         o.hits.push(RuleHit {
             table: e.table.clone(),
@@ -223,21 +212,7 @@ mod tests {
     use crate::trace::parse::parse_monitor;
 
     fn ev(id: u32, table: &str, chain: &str, kind: Kind) -> TraceEvent {
-        TraceEvent {
-            id,
-            family: 2,
-            table: table.into(),
-            chain: chain.into(),
-            kind,
-            handle: None,
-            verdict: None,
-            policy: None,
-            iif: None,
-            oif: None,
-            mark: None,
-            network: None,
-            transport: None,
-        }
+        TraceEvent { id, family: 2, table: table.into(), chain: chain.into(), kind, ..Default::default() }
     }
 
     /// An IPv4 TCP SYN 203.0.113.10:45565 → 198.51.100.1:80, TOS 0xb4, TTL 63, id 46801.

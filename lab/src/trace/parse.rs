@@ -295,18 +295,21 @@ fn dscp_value(name: &str) -> Option<u8> {
     }
 }
 
+/// The TCP flags by bit, as the monitors name them.
+pub(crate) const TCP_FLAGS: [(u8, &str); 8] = [
+    (0x01, "FIN"),
+    (0x02, "SYN"),
+    (0x04, "RST"),
+    (0x08, "PSH"),
+    (0x10, "ACK"),
+    (0x20, "URG"),
+    (0x40, "ECE"),
+    (0x80, "CWR"),
+];
+
 /// `tcp flags == syn | ack` or `tcp flags == 0x12` → `["SYN", "ACK"]`.
 fn tcp_flags(value: &str) -> Vec<String> {
-    const NAMES: [(u8, &str); 8] = [
-        (0x01, "FIN"),
-        (0x02, "SYN"),
-        (0x04, "RST"),
-        (0x08, "PSH"),
-        (0x10, "ACK"),
-        (0x20, "URG"),
-        (0x40, "ECE"),
-        (0x80, "CWR"),
-    ];
+    const NAMES: [(u8, &str); 8] = TCP_FLAGS;
     let bits = match value.strip_prefix("0x") {
         Some(hex) => u8::from_str_radix(hex, 16).unwrap_or(0),
         None => value
