@@ -85,7 +85,8 @@ thread_local! {
 /// [`in_netns_thread`] job for that namespace while this lives — for a task that asks the same
 /// namespaces many things (a trace: its rules, sync datagrams, conntrack, routes, programs),
 /// one thread per namespace instead of one per question. Dropped, they end (and with them any
-/// program they started with a parent-death signal, see [`NetnsWorker`]).
+/// program they started with a parent-death signal, see [`NetnsWorker`]). A job runs its own
+/// namespace's jobs at once, but must not wait on another worker's job that waits on it.
 pub struct NetnsWorkers {
     paths: Vec<String>,
 }

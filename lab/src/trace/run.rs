@@ -379,7 +379,7 @@ fn generation_of(site: &Site, ns: &str) -> Option<u32> {
 /// `f` with this thread's nf_tables socket, opened in its namespace on first use and kept
 /// (dropped after an error, which may leave replies in it). Kept because closing one is slow
 /// after a commit: the kernel first waits for the committed transaction's release (an RCU
-/// grace period, 6–7 ms here per close), and a trace commits twice per host.
+/// grace period, 6–25 ms measured here), and a trace commits twice per host.
 pub(super) fn with_nfnl<T>(f: impl FnOnce(&mut nfnl::Socket) -> nfnl::Result<T>) -> nfnl::Result<T> {
     NFNL.with(|cell| {
         let mut slot = cell.borrow_mut();
@@ -845,9 +845,9 @@ fn monitors_drained(
 
 /// A namespace's own ears for a trace (namespace labs, iptables modes): a socket on the
 /// kernel's trace group and one to name its interfaces, opened inside the namespace, so they
-/// stay in it (a chain's rule handles are asked on its worker's nf_tables socket). No monitor program: it had to start,
-/// load iptables' extensions and ask the kernel for each rule it was told of, most of a
-/// trace's CPU on the hosts.
+/// stay in it (a chain's rule handles are asked on its worker's nf_tables socket). No monitor
+/// program: it had to start, load iptables' extensions and ask the kernel for each rule it was
+/// told of, most of a trace's CPU on the hosts.
 struct HostReader {
     listener: nfnl::trace::Listener,
     rtnl: super::route::Rtnl,
@@ -874,11 +874,20 @@ impl HostReader {
             .collect()
     }
 
+    /// Reads what is queued. Bounded: a trace's packets make a few hundred events; far more
+    /// means something else marks packets for tracing in that namespace.
     fn read(&mut self, host: &str) -> Result<()> {
-        self.listener.read(&mut self.events).map(|_| ()).map_err(|e| LabError::Io {
+        const MAX_EVENTS: usize = 100_000;
+        self.listener.read(&mut self.events).map_err(|e| LabError::Io {
             what: format!("read the kernel's trace events on {host} ({})", e.what),
             source: e.source,
-        })
+        })?;
+        if self.events.len() > MAX_EVENTS {
+            return Err(LabError::NotReady(format!(
+                "{host}: more than {MAX_EVENTS} trace events during one trace: something else sets `meta nftrace` (or `-j TRACE`) there"
+            )));
+        }
+        Ok(())
     }
 
     /// The source ports of the sync datagrams heard so far.
