@@ -706,12 +706,12 @@ pub fn send_canary_here(v6: bool, taken: &BTreeSet<u16>) -> std::io::Result<u16>
 /// it crosses (output, then input over loopback), so datagrams are told apart by port, not
 /// counted by line.
 fn canary_ports(tracer: Tracer, text: &str) -> BTreeSet<u16> {
-    tracer
-        .parse(text)
-        .iter()
-        .filter(|o| o.proto == "UDP" && o.dst.port() == CANARY_PORT && o.dst.ip().is_loopback())
-        .map(|o| o.src.port())
-        .collect()
+    tracer.parse(text).iter().filter(|o| is_canary(o)).map(|o| o.src.port()).collect()
+}
+
+/// Whether an observed packet is one of the trace's sync datagrams.
+fn is_canary(o: &parse::Observation) -> bool {
+    o.proto == "UDP" && o.dst.port() == CANARY_PORT && o.dst.ip().is_loopback()
 }
 
 fn monitor_text(output: &Mutex<String>) -> String {
@@ -947,8 +947,7 @@ fn place_hits(
 ) -> (BTreeMap<String, String>, Option<Keep>) {
     const TABLES: [&str; 5] = ["raw", "mangle", "nat", "filter", "security"];
     // The sync datagrams' hits are never shown: their chains need no listing.
-    let canary = |o: &parse::Observation| o.proto == "UDP" && o.dst.port() == CANARY_PORT && o.dst.ip().is_loopback();
-    let chains: Vec<(String, String)> = super::events::chains_hit(obs, &TABLES, canary)
+    let chains: Vec<(String, String)> = super::events::chains_hit(obs, &TABLES, is_canary)
         .into_iter()
         .map(|(t, c)| (t.to_string(), c.to_string()))
         .collect();
