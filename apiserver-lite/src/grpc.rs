@@ -5,7 +5,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use api::convert::{from_proto, to_proto, ProtoConvert};
+use api::convert::{json_to_proto, proto_to_json, ProtoKind};
 use api::k8s_openapi::api::core::v1 as core;
 use api::proto as pb;
 use api::selector::{FieldSelector, LabelSelector};
@@ -29,14 +29,12 @@ fn decode_err(e: impl std::fmt::Display) -> Status {
     Status::invalid_argument(e.to_string())
 }
 
-fn to_value<T: ProtoConvert>(p: &T::Proto) -> Result<Value, Status> {
-    let obj: T = from_proto(p).map_err(decode_err)?;
-    serde_json::to_value(&obj).map_err(decode_err)
+fn to_value<T: ProtoKind>(p: &T::Proto) -> Result<Value, Status> {
+    proto_to_json::<T>(p).map_err(decode_err)
 }
 
-fn from_value<T: ProtoConvert>(v: Value) -> Result<T::Proto, Status> {
-    let obj: T = serde_json::from_value(v).map_err(|e| Status::internal(e.to_string()))?;
-    Ok(to_proto(&obj))
+fn from_value<T: ProtoKind>(v: Value) -> Result<T::Proto, Status> {
+    json_to_proto::<T>(v).map_err(|e| Status::internal(e.to_string()))
 }
 
 fn ns_of(v: &Value) -> String {
@@ -56,14 +54,14 @@ fn selectors(kind: Kind, labels: &str, fields: &str) -> Result<(LabelSelector, F
 }
 
 impl Grpc {
-    async fn create<T: ProtoConvert>(&self, kind: Kind, p: &T::Proto) -> Result<T::Proto, Status> {
+    async fn create<T: ProtoKind>(&self, kind: Kind, p: &T::Proto) -> Result<T::Proto, Status> {
         let v = to_value::<T>(p)?;
         let ns = kind.info().namespaced.then(|| ns_of(&v));
         let out = self.registry.create(kind, ns.as_deref(), v, &WriteOptions::default()).await?;
         from_value::<T>(out.object)
     }
 
-    async fn update<T: ProtoConvert>(&self, kind: Kind, p: &T::Proto, sub: Subresource) -> Result<T::Proto, Status> {
+    async fn update<T: ProtoKind>(&self, kind: Kind, p: &T::Proto, sub: Subresource) -> Result<T::Proto, Status> {
         let v = to_value::<T>(p)?;
         let ns = kind.info().namespaced.then(|| ns_of(&v));
         let name = name_of(&v)?;
@@ -71,7 +69,7 @@ impl Grpc {
         from_value::<T>(out.object)
     }
 
-    fn get<T: ProtoConvert>(&self, kind: Kind, r: &pb::GetRequest) -> Result<T::Proto, Status> {
+    fn get<T: ProtoKind>(&self, kind: Kind, r: &pb::GetRequest) -> Result<T::Proto, Status> {
         let ns = if kind.info().namespaced {
             if r.namespace.is_empty() {
                 "default"
@@ -84,14 +82,14 @@ impl Grpc {
         from_value::<T>(self.registry.get(kind, ns, &r.name)?)
     }
 
-    fn list<T: ProtoConvert>(&self, kind: Kind, r: &pb::ListRequest) -> Result<(Vec<T::Proto>, String), Status> {
+    fn list<T: ProtoKind>(&self, kind: Kind, r: &pb::ListRequest) -> Result<(Vec<T::Proto>, String), Status> {
         let (ls, fs) = selectors(kind, &r.label_selector, &r.field_selector)?;
         let ns = (!r.namespace.is_empty()).then_some(r.namespace.as_str());
         let (items, rv) = self.registry.list(kind, ns, &ls, &fs)?;
         Ok((items.into_iter().map(from_value::<T>).collect::<Result<_, _>>()?, rv.to_string()))
     }
 
-    async fn delete<T: ProtoConvert>(&self, kind: Kind, r: &pb::DeleteRequest) -> Result<T::Proto, Status> {
+    async fn delete<T: ProtoKind>(&self, kind: Kind, r: &pb::DeleteRequest) -> Result<T::Proto, Status> {
         let ns = if r.namespace.is_empty() { "default" } else { &r.namespace };
         let ns = kind.info().namespaced.then_some(ns);
         let opts = DeleteOptions {

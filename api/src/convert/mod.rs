@@ -25,7 +25,27 @@ pub trait ProtoConvert: Sized + Serialize + DeserializeOwned {
 }
 
 /// Converts an object to its proto form, losslessly.
-pub fn to_proto<T: ProtoConvert>(obj: &T) -> T::Proto {
+pub fn to_proto<T: ProtoKind>(obj: &T) -> T::Proto {
+    T::to_proto_of(obj)
+}
+
+/// Converts a proto message back to the Kubernetes object.
+pub fn from_proto<T: ProtoKind>(p: &T::Proto) -> Result<T, Error> {
+    T::from_proto_of(p)
+}
+
+/// A stored object (JSON) as its proto message, through the typed object.
+pub fn json_to_proto<T: ProtoKind>(v: Value) -> Result<T::Proto, serde_json::Error> {
+    T::json_to_proto_of(v)
+}
+
+/// A proto message as the object's JSON, through the typed object.
+pub fn proto_to_json<T: ProtoKind>(p: &T::Proto) -> Result<Value, Error> {
+    T::proto_to_json_of(p)
+}
+
+// The bodies of the four conversions, instantiated once per kind by `proto_kinds!` here.
+fn to_proto_any<T: ProtoConvert>(obj: &T) -> T::Proto {
     let mut p = obj.to_typed();
     let back = T::from_typed(&p).map(|b| serde_json::to_value(&b).unwrap_or_default()).unwrap_or_default();
     let orig = serde_json::to_value(obj).unwrap_or_default();
@@ -36,8 +56,7 @@ pub fn to_proto<T: ProtoConvert>(obj: &T) -> T::Proto {
     p
 }
 
-/// Converts a proto message back to the Kubernetes object.
-pub fn from_proto<T: ProtoConvert>(p: &T::Proto) -> Result<T, Error> {
+fn from_proto_any<T: ProtoConvert>(p: &T::Proto) -> Result<T, Error> {
     let typed = T::from_typed(p)?;
     let extra = T::extra(p);
     if extra.is_empty() {
@@ -47,6 +66,14 @@ pub fn from_proto<T: ProtoConvert>(p: &T::Proto) -> Result<T, Error> {
     let mut doc = serde_json::to_value(&typed).map_err(|e| proto_err("object", e))?;
     json_patch::merge(&mut doc, &patch);
     serde_json::from_value(doc).map_err(|e| proto_err("object", e))
+}
+
+fn json_to_proto_any<T: ProtoConvert>(v: Value) -> Result<T::Proto, serde_json::Error> {
+    serde_json::from_value::<T>(v).map(|o| to_proto_any(&o))
+}
+
+fn proto_to_json_any<T: ProtoConvert>(p: &T::Proto) -> Result<Value, Error> {
+    serde_json::to_value(from_proto_any::<T>(p)?).map_err(|e| proto_err("object", e))
 }
 
 /// `extra_json` accessors of a proto message (declared before the kind modules that use it).
@@ -77,6 +104,17 @@ pub trait ProtoKind: ProtoConvert + ApiObject {
     const PROTO_KIND: pb::Kind;
     fn into_event_object(p: Self::Proto) -> pb::watch_event::Object;
     fn from_event_object(o: pb::watch_event::Object) -> Option<Self::Proto>;
+    // The conversions of this kind, compiled in this crate alone: a generic function would be
+    // compiled again in every crate that converts (a release build shares no generic
+    // instances between crates), and a kind's serde code is large. Use the free functions.
+    #[doc(hidden)]
+    fn to_proto_of(obj: &Self) -> Self::Proto;
+    #[doc(hidden)]
+    fn from_proto_of(p: &Self::Proto) -> Result<Self, Error>;
+    #[doc(hidden)]
+    fn json_to_proto_of(v: Value) -> Result<Self::Proto, serde_json::Error>;
+    #[doc(hidden)]
+    fn proto_to_json_of(p: &Self::Proto) -> Result<Value, Error>;
 }
 
 /// The one table of kinds served over gRPC: API kind, proto kind and watch-event variant share
@@ -95,6 +133,18 @@ macro_rules! proto_kinds {
                         _ => None,
                     }
                 }
+                fn to_proto_of(obj: &Self) -> Self::Proto {
+                    to_proto_any(obj)
+                }
+                fn from_proto_of(p: &Self::Proto) -> Result<Self, Error> {
+                    from_proto_any(p)
+                }
+                fn json_to_proto_of(v: Value) -> Result<Self::Proto, serde_json::Error> {
+                    json_to_proto_any::<Self>(v)
+                }
+                fn proto_to_json_of(p: &Self::Proto) -> Result<Value, Error> {
+                    proto_to_json_any::<Self>(p)
+                }
             }
         )*
 
@@ -109,7 +159,7 @@ macro_rules! proto_kinds {
         /// A stored object as a watch event's object; None for a kind not served over gRPC.
         pub fn event_object(kind: Kind, v: Value) -> Option<Result<pb::watch_event::Object, serde_json::Error>> {
             match kind {
-                $(Kind::$variant => Some(serde_json::from_value::<$t>(v).map(|o| <$t>::into_event_object(to_proto(&o)))),)*
+                $(Kind::$variant => Some(json_to_proto::<$t>(v).map(<$t>::into_event_object)),)*
                 _ => None,
             }
         }
@@ -167,7 +217,7 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn round_trip<T: ProtoConvert + PartialEq + std::fmt::Debug>(v: Value) -> T::Proto {
+    fn round_trip<T: ProtoKind + PartialEq + std::fmt::Debug>(v: Value) -> T::Proto {
         let obj: T = serde_json::from_value(v).unwrap();
         let p = to_proto(&obj);
         let back: T = from_proto(&p).unwrap();
