@@ -47,7 +47,7 @@ pub mod proto {
     pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("podpath_descriptor");
 }
 
-pub use kinds::{ApiObject, DeleteContext, DeletePlan, Kind, KindInfo};
+pub use kinds::{ApiObject, Codec, DeleteContext, DeletePlan, Kind, KindInfo};
 pub use validation::{Cause, FieldPath};
 
 pub use k8s_openapi;
@@ -71,7 +71,7 @@ pub enum Error {
 
 /// Decodes a JSON body into the typed object of kind `T`.
 pub fn decode<T: ApiObject>(value: &serde_json::Value) -> Result<T, Error> {
-    serde_json::from_value(value.clone()).map_err(|e| Error::Decode {
+    T::from_json(value.clone()).map_err(|e| Error::Decode {
         kind: <T as ApiObject>::KIND.info().name,
         version: <T as ApiObject>::KIND.info().version,
         message: e.to_string(),
@@ -80,7 +80,7 @@ pub fn decode<T: ApiObject>(value: &serde_json::Value) -> Result<T, Error> {
 
 /// Encodes a typed object, with `kind` and `apiVersion` set.
 pub fn encode<T: ApiObject>(obj: &T) -> serde_json::Value {
-    let mut v = serde_json::to_value(obj).unwrap_or_default();
+    let mut v = obj.to_json().unwrap_or_default();
     if let Some(o) = v.as_object_mut() {
         o.insert("kind".into(), <T as ApiObject>::KIND.info().name.into());
         o.insert("apiVersion".into(), <T as ApiObject>::KIND.api_version().into());

@@ -3,6 +3,7 @@
 //! default, validate and allocate (pure functions from `api` plus the allocators) → one store
 //! commit → release the lock → flush and fdatasync (shared with concurrent writers) → answer.
 
+use api::Codec;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
@@ -1066,7 +1067,7 @@ impl Registry {
 
     fn node_is_ready(&self, name: &str) -> Result<bool, ApiError> {
         Ok(match self.store.get(Kind::Node, "", name)? {
-            Some(n) => serde_json::from_value::<Node>(n)
+            Some(n) => Node::from_json(n)
                 .map(|n| api::kinds::node::node_ready_status(&n) == "Ready")
                 .unwrap_or(false),
             None => false,
@@ -1134,7 +1135,7 @@ impl Registry {
         let mut obj: T = api::decode(&body)?;
         let mut warnings = Vec::new();
         if opts.field_validation != FieldValidation::Ignore {
-            let unknown = api::strict::unknown_fields(&body, &serde_json::to_value(&obj)?);
+            let unknown = api::strict::unknown_fields(&body, &obj.to_json()?);
             if !unknown.is_empty() {
                 if opts.field_validation == FieldValidation::Strict {
                     let list: Vec<String> = unknown.iter().map(|f| format!("unknown field \"{f}\"")).collect();

@@ -2,6 +2,7 @@
 //! (see shared/reference/kubectl-surface.md): version, discovery (legacy and aggregated),
 //! OpenAPI v3 for default validation, CRUD with Tables, patches, watches and status.
 
+use api::Codec;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -892,7 +893,7 @@ pub fn to_table(kind: Kind, items: &[Value], rv: &str, full_objects: bool, heade
         let rows = items
             .iter()
             .map(|item| {
-                let cells = match serde_json::from_value::<T>(item.clone()) {
+                let cells = match T::from_json(item.clone()) {
                     Ok(o) => o.cells(now),
                     Err(_) => vec![json!(item["metadata"]["name"])],
                 };

@@ -96,9 +96,38 @@ pub enum DeletePlan {
     Forbidden(String),
 }
 
+/// A type's JSON conversions, compiled once, in this crate. Through serde's generic functions
+/// every crate that converts a kind compiles its own copy of that kind's (large) serde code,
+/// since a release build shares no generic instances between crates: use these for the kinds
+/// (`kinds!` implements them for each) and the few parts converted everywhere.
+pub trait Codec: Sized {
+    fn from_json(v: Value) -> Result<Self, serde_json::Error>;
+    fn to_json(&self) -> Result<Value, serde_json::Error>;
+}
+
+macro_rules! codec {
+    ($($t:ty),* $(,)?) => {
+        $(impl Codec for $t {
+            fn from_json(v: Value) -> Result<Self, serde_json::Error> {
+                serde_json::from_value(v)
+            }
+            fn to_json(&self) -> Result<Value, serde_json::Error> {
+                serde_json::to_value(self)
+            }
+        })*
+    };
+}
+
+codec!(
+    ObjectMeta,
+    k8s_openapi::api::core::v1::PodTemplateSpec,
+    k8s_openapi::api::core::v1::PodSpec,
+    k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector,
+);
+
 /// What each kind apiserver-lite stores does. Pure: no clock (callers pass `now`), no I/O.
 pub trait ApiObject:
-    k8s_openapi::Metadata<Ty = ObjectMeta> + Serialize + DeserializeOwned + Clone + Send + Sync + 'static
+    k8s_openapi::Metadata<Ty = ObjectMeta> + Serialize + DeserializeOwned + Codec + Clone + Send + Sync + 'static
 {
     const KIND: Kind;
     const INFO: KindInfo;
@@ -243,6 +272,8 @@ pub(crate) fn first_three(list: &[String], empty: &str) -> String {
 macro_rules! kinds {
     ($d:tt $($variant:ident => $module:ident),* $(,)?) => {
         $(pub mod $module;)*
+
+        codec!($($module::$variant),*);
 
         /// A kind of object that apiserver-lite stores and serves.
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -7,6 +7,7 @@
 //! `kubectl rollout status` reads, and the Events. [`plan_daemonset`] decides (pure);
 //! [`sync_namespace`] reads and writes.
 
+use api::Codec;
 use std::collections::{BTreeMap, BTreeSet};
 
 use api::k8s_openapi::api::core::v1::{Node, Toleration};
@@ -286,7 +287,7 @@ pub async fn sync_namespace(reg: &Registry, ns: &str) -> Result<Option<Timestamp
     let now = Timestamp::now();
     let mut wake: Option<Timestamp> = None;
     let (nodes, _) = reg.store.list(Kind::Node, None)?;
-    let nodes: Vec<Node> = nodes.into_iter().filter_map(|n| serde_json::from_value(n).ok()).collect();
+    let nodes: Vec<Node> = nodes.into_iter().filter_map(|n| Node::from_json(n).ok()).collect();
     for ds in sets.iter().filter(|d| !is_terminating(d)) {
         let uid = ds["metadata"]["uid"].as_str().unwrap_or("");
         let mine = owned.get(uid).cloned().unwrap_or_default();

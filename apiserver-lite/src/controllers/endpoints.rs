@@ -3,6 +3,7 @@
 //! ([`plan_endpoints`]: a Service and its pods in, the objects to write out); `sync_endpoints`
 //! reads and writes.
 
+use api::Codec;
 use std::collections::{BTreeMap, BTreeSet};
 
 use api::alloc::IpFamily;
@@ -220,7 +221,7 @@ pub fn plan_endpoints(ns: &str, name: &str, svc: Option<&Service>, pods: &[Pod])
 
 /// Recomputes and writes the Endpoints and EndpointSlices of one Service.
 pub(crate) async fn sync_endpoints(reg: &Registry, ns: &str, name: &str) -> Result<(), ApiError> {
-    let svc: Option<Service> = reg.store.get(Kind::Service, ns, name)?.map(serde_json::from_value).transpose()?;
+    let svc: Option<Service> = reg.store.get(Kind::Service, ns, name)?.map(Service::from_json).transpose()?;
     // Our slices are named `{service}-{hash}`: a key-range scan finds them without reading
     // every slice of the namespace (which made 10,000 Services quadratic).
     let slice_sel = LabelSelector::parse(&format!("{SERVICE_NAME_LABEL}={name},{MANAGED_BY}={SLICE_CONTROLLER}"))?;
@@ -236,7 +237,7 @@ pub(crate) async fn sync_endpoints(reg: &Registry, ns: &str, name: &str) -> Resu
         (Some(_), Some(selector)) => {
             let (pods, _) =
                 reg.list(Kind::Pod, Some(ns), &LabelSelector::from_map(&selector), &FieldSelector::default())?;
-            pods.into_iter().map(serde_json::from_value).collect::<Result<_, _>>()?
+            pods.into_iter().map(Pod::from_json).collect::<Result<_, _>>()?
         }
         _ => vec![],
     };

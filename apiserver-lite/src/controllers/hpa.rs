@@ -6,6 +6,7 @@
 //! window (300 s unless `behavior` says otherwise). Status, conditions and Events as the real
 //! controller writes them. The decision ([`decide`]) is pure.
 
+use api::Codec;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Mutex;
 
@@ -218,7 +219,7 @@ pub async fn sync(reg: &Registry, history: &History) -> Result<(), ApiError> {
     let (hpas, _) = reg.store.list(Kind::HorizontalPodAutoscaler, None)?;
     let now = jiff::Timestamp::now().as_second();
     for obj in hpas {
-        let Ok(hpa) = serde_json::from_value::<HorizontalPodAutoscaler>(obj.clone()) else { continue };
+        let Ok(hpa) = HorizontalPodAutoscaler::from_json(obj.clone()) else { continue };
         let ns = hpa.metadata.namespace.clone().unwrap_or_default();
         let name = hpa.metadata.name.clone().unwrap_or_default();
         let spec = hpa.spec.clone().unwrap_or_default();

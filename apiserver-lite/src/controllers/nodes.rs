@@ -2,6 +2,7 @@
 //! turn NotReady (and their pods not Ready), and gracefully deleted pods whose node will not
 //! finish them are removed.
 
+use api::Codec;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
@@ -125,7 +126,7 @@ pub(crate) async fn pod_gc(reg: &Registry, slack: Duration) -> Result<(), ApiErr
     let (nodes, _) = reg.store.list(Kind::Node, None)?;
     let ready: BTreeSet<String> = nodes
         .iter()
-        .filter_map(|n| serde_json::from_value::<Node>(n.clone()).ok())
+        .filter_map(|n| Node::from_json(n.clone()).ok())
         .filter(|n| node_ready_status(n) == "Ready")
         .filter_map(|n| n.metadata.name)
         .collect();

@@ -5,6 +5,7 @@
 //! The decision is pure ([`plan_schedule`]: pods and nodes in, bindings out); `schedule`
 //! reads and writes.
 
+use api::Codec;
 use std::collections::BTreeMap;
 
 use api::k8s_openapi::api::core::v1::{Node, Taint, Toleration};
@@ -428,7 +429,7 @@ pub(crate) async fn schedule(reg: &Registry) -> Result<(), ApiError> {
         return Ok(());
     }
     let (nodes, _) = reg.store.list(Kind::Node, None)?;
-    let nodes: Vec<Node> = nodes.into_iter().map(serde_json::from_value).collect::<Result<_, _>>()?;
+    let nodes: Vec<Node> = nodes.into_iter().map(Node::from_json).collect::<Result<_, _>>()?;
     let claims = claims_of(reg)?;
     for b in plan_schedule_with(&pods, &nodes, &claims) {
         if let Decision::SelectNode(node, names) = &b.decision {

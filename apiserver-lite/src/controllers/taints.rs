@@ -2,6 +2,7 @@
 //! TaintToleration filter) and which bound pods a `NoExecute` taint evicts (the taint-eviction
 //! controller). The decisions are pure; `evict` reads and writes.
 
+use api::Codec;
 use api::k8s_openapi::api::core::v1::{Node, Taint, Toleration};
 use api::Kind;
 use serde_json::Value;
@@ -116,7 +117,7 @@ pub fn plan_evictions(pods: &[Value], nodes: &[Node], now: jiff::Timestamp) -> V
 /// Deletes (gracefully, as the taint-eviction controller does) the pods `NoExecute` taints evict.
 pub(crate) async fn evict(reg: &Registry) -> Result<(), ApiError> {
     let (nodes, _) = reg.store.list(Kind::Node, None)?;
-    let nodes: Vec<Node> = nodes.into_iter().filter_map(|n| serde_json::from_value(n).ok()).collect();
+    let nodes: Vec<Node> = nodes.into_iter().filter_map(|n| Node::from_json(n).ok()).collect();
     if nodes.iter().all(|n| taints_of(n).iter().all(|t| t.effect != NO_EXECUTE)) {
         return Ok(());
     }

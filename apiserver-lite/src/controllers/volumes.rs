@@ -18,6 +18,7 @@
 //!
 //! [`plan_volumes`] decides (pure); [`sync`] reads and writes.
 
+use api::Codec;
 use std::collections::{BTreeMap, BTreeSet};
 
 use api::k8s_openapi::api::core::v1::Node;
@@ -124,7 +125,7 @@ fn refers_to(volume: &Value, claim: &Value) -> bool {
 /// Whether an unbound volume can take the claim (the binder's matching).
 fn fits(volume: &Value, claim: &Value, node: Option<&Node>) -> bool {
     let free = volume["spec"]["claimRef"].is_null() || refers_to(volume, claim);
-    let claim_selector: Option<LabelSelector> = serde_json::from_value(claim["spec"]["selector"].clone()).ok();
+    let claim_selector: Option<LabelSelector> = LabelSelector::from_json(claim["spec"]["selector"].clone()).ok();
     let labels: Option<BTreeMap<String, String>> = serde_json::from_value(volume["metadata"]["labels"].clone()).ok();
     free && !is_terminating(volume)
         && matches!(phase(volume), "Available" | "Pending" | "")
@@ -434,7 +435,7 @@ pub async fn sync(reg: &Registry, said: &mut BTreeSet<(String, &'static str)>) -
     let (classes, _) = reg.store.list(Kind::StorageClass, None)?;
     let (pods, _) = reg.store.list(Kind::Pod, None)?;
     let (nodes, _) = reg.store.list(Kind::Node, None)?;
-    let nodes: Vec<Node> = nodes.into_iter().filter_map(|n| serde_json::from_value(n).ok()).collect();
+    let nodes: Vec<Node> = nodes.into_iter().filter_map(|n| Node::from_json(n).ok()).collect();
     let world = World { classes: &classes, volumes: &volumes, claims: &claims, pods: &pods, nodes: &nodes };
     let uids: BTreeSet<&str> = claims.iter().filter_map(|c| c["metadata"]["uid"].as_str()).collect();
     said.retain(|(uid, _)| uids.contains(uid.as_str()));

@@ -6,6 +6,7 @@
 //!
 //! Decisions are pure (`plan_*`); [`sync_namespace`] reads the objects and applies the plans.
 
+use api::Codec;
 use api::apps::{scaled_value, POD_TEMPLATE_HASH, REVISION_ANNOTATION};
 use api::k8s_openapi::api::core::v1::Pod;
 use api::kinds::pod::pod_is_ready;
@@ -63,7 +64,7 @@ pub fn template_hash(template: &Value) -> String {
 }
 
 fn pod_ready(pod: &Value) -> bool {
-    serde_json::from_value::<Pod>(pod.clone()).ok().is_some_and(|p| pod_is_ready(&p))
+    Pod::from_json(pod.clone()).ok().is_some_and(|p| pod_is_ready(&p))
 }
 
 fn replicas(obj: &Value) -> i64 {
