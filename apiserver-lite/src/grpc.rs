@@ -25,6 +25,10 @@ pub struct Grpc {
     pub registry: Arc<Registry>,
 }
 
+/// How often a node's status is posted when nothing in it changed (the kubelet's
+/// `nodeStatusReportFrequency`); its Lease is renewed at every heartbeat.
+pub const NODE_STATUS_REPORT: Duration = Duration::from_secs(300);
+
 fn decode_err(e: impl std::fmt::Display) -> Status {
     Status::invalid_argument(e.to_string())
 }
@@ -192,37 +196,28 @@ impl pb::nodes_server::Nodes for Grpc {
         Ok(Response::new(from_value::<core::Node>(out)?))
     }
 
-    /// Sets conditions with a fresh lastHeartbeatTime.
+    /// Renews the node's Lease, and posts its conditions (with a fresh lastHeartbeatTime) when
+    /// one changed or the last post is [`NODE_STATUS_REPORT`] old — the kubelet's
+    /// `nodeStatusReportFrequency`: the Lease is the heartbeat, the Node's status is not
+    /// rewritten every few seconds.
     async fn heartbeat(&self, r: Request<pb::HeartbeatRequest>) -> Result<Response<pb::Node>, Status> {
         let req = r.into_inner();
         let reg = &self.registry;
         let old = reg.get(Kind::Node, "", &req.name)?;
-        let now = {
-            let ts = jiff::Timestamp::now();
-            jiff::Timestamp::from_second(ts.as_second()).unwrap_or(ts).to_string()
-        };
-        let mut new = old.clone();
-        let mut conds: Vec<Value> =
-            old.pointer("/status/conditions").and_then(Value::as_array).cloned().unwrap_or_default();
-        for c in &req.conditions {
-            let prev = conds.iter().position(|x| x["type"] == c.r#type.as_str());
-            let transition = match prev {
-                Some(i) if conds[i]["status"] == c.status.as_str() => conds[i]["lastTransitionTime"].clone(),
-                _ => json!(now),
-            };
-            let cond = json!({"type": c.r#type, "status": c.status, "reason": c.reason, "message": c.message,
-                              "lastHeartbeatTime": now, "lastTransitionTime": transition});
-            match prev {
-                Some(i) => conds[i] = cond,
-                None => conds.push(cond),
+        let now = jiff::Timestamp::now();
+        let reported: Vec<(String, String, Option<String>, Option<String>)> = req
+            .conditions
+            .iter()
+            .map(|c| (c.r#type.clone(), c.status.clone(), c.reason.clone(), c.message.clone()))
+            .collect();
+        let out = match crate::controllers::nodes::heartbeat_status(&old, &reported, now, NODE_STATUS_REPORT) {
+            Some(new) => {
+                reg.update(Kind::Node, None, &req.name, new, Subresource::Status, &WriteOptions::default())
+                    .await?
+                    .object
             }
-        }
-        if !new["status"].is_object() {
-            new["status"] = json!({});
-        }
-        new["status"]["conditions"] = json!(conds);
-        let out =
-            reg.update(Kind::Node, None, &req.name, new, Subresource::Status, &WriteOptions::default()).await?.object;
+            None => old,
+        };
         crate::controllers::nodes::renew_lease(reg, &out).await?;
         Ok(Response::new(from_value::<core::Node>(out)?))
     }

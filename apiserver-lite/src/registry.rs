@@ -1067,9 +1067,7 @@ impl Registry {
 
     fn node_is_ready(&self, name: &str) -> Result<bool, ApiError> {
         Ok(match self.store.get(Kind::Node, "", name)? {
-            Some(n) => Node::from_json(n)
-                .map(|n| api::kinds::node::node_ready_status(&n) == "Ready")
-                .unwrap_or(false),
+            Some(n) => Node::from_json(n).map(|n| api::kinds::node::node_ready_status(&n) == "Ready").unwrap_or(false),
             None => false,
         })
     }

@@ -187,6 +187,29 @@ async fn nodes_register_get_a_pod_cidr_and_heartbeat() {
     assert_eq!(lease["metadata"]["ownerReferences"][0]["kind"], "Node");
     let renewed = lease["spec"]["renewTime"].as_str().unwrap();
     assert_eq!(renewed.len(), "2026-11-27T02:40:00.123456Z".len(), "a MicroTime: {renewed}");
+    // The next heartbeat with nothing changed renews the Lease only: the Node is not written
+    // again (the kubelet posts an unchanged status every 5 minutes); a change is posted.
+    let before = get_json(r.rest, "/api/v1/nodes/node-2").await;
+    let beat = |status: &str| pb::HeartbeatRequest {
+        name: "node-2".into(),
+        conditions: vec![pb::Condition {
+            r#type: "Ready".into(),
+            status: status.into(),
+            reason: Some("KubeletReady".into()),
+            ..Default::default()
+        }],
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    nodes.heartbeat(beat("True")).await.unwrap();
+    let after = get_json(r.rest, "/api/v1/nodes/node-2").await;
+    assert_eq!(after["metadata"]["resourceVersion"], before["metadata"]["resourceVersion"]);
+    let lease = get_json(r.rest, "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/node-2").await;
+    assert_ne!(lease["spec"]["renewTime"].as_str().unwrap(), renewed);
+    let down = nodes.heartbeat(beat("False")).await.unwrap().into_inner();
+    assert_eq!(down.status.unwrap().conditions[0].status, "False");
+    let after = get_json(r.rest, "/api/v1/nodes/node-2").await;
+    assert_ne!(after["metadata"]["resourceVersion"], before["metadata"]["resourceVersion"]);
+    assert_eq!(after["status"]["conditions"][0]["status"], "False");
 }
 
 /// A GET over plain HTTP/1.0; the body as JSON.

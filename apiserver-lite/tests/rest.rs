@@ -838,6 +838,35 @@ async fn silent_nodes_go_not_ready_and_their_pods_are_removed_on_delete() {
     assert_eq!(t["rows"][0]["cells"][1], "NotReady");
 }
 
+/// The kubelet posts its node's status every 5 minutes when nothing changed; its Lease is
+/// the heartbeat. A node whose Lease is renewed stays Ready past the grace period; once the
+/// renewals stop, it goes NotReady.
+#[tokio::test]
+async fn a_node_whose_lease_is_renewed_stays_ready_though_its_status_is_old() {
+    let lab = lab().await;
+    lab.post("/api/v1/nodes", ready_node("node-1")).await;
+    let leases = "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases";
+    let lease = |t: jiff::Timestamp| {
+        json!({"metadata": {"name": "node-1", "namespace": "kube-node-lease"},
+               "spec": {"holderIdentity": "node-1", "leaseDurationSeconds": 40,
+                        "renewTime": t.strftime("%Y-%m-%dT%H:%M:%S%.6fZ").to_string()}})
+    };
+    assert_eq!(lab.post(leases, lease(jiff::Timestamp::now())).await.0, StatusCode::CREATED);
+    // Renewed every 500 ms for twice the grace (2 s): still Ready.
+    for _ in 0..8 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let (_, current) = lab.get(&format!("{leases}/node-1")).await;
+        let mut next = lease(jiff::Timestamp::now());
+        next["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"].clone();
+        assert_eq!(lab.put(&format!("{leases}/node-1"), next).await.0, StatusCode::OK);
+    }
+    let (_, n) = lab.get("/api/v1/nodes/node-1").await;
+    assert_eq!(n["status"]["conditions"][0]["status"], "True", "{n}");
+    // The renewals stop: NotReady after the grace.
+    let n = lab.eventually("/api/v1/nodes/node-1", |_, v| v["status"]["conditions"][0]["status"] == "Unknown").await;
+    assert_eq!(n["status"]["conditions"][0]["reason"], "NodeStatusUnknown");
+}
+
 #[tokio::test]
 async fn a_node_that_reports_not_ready_has_its_pods_marked_not_ready_at_once_with_events() {
     let lab = lab().await;

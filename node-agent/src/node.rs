@@ -120,7 +120,8 @@ pub fn node_object(cfg: &NodeConfig, facts: &HostFacts) -> core::Node {
                     .chain([core::NodeAddress { type_: "Hostname".into(), address: cfg.name.clone() }])
                     .collect(),
             ),
-            // Ready from the start; the server stamps lastHeartbeatTime on every heartbeat.
+            // Ready from the start; the server stamps lastHeartbeatTime when it posts a heartbeat
+            // (a change, or every 5 minutes: the Lease is renewed at each one).
             conditions: Some(vec![core::NodeCondition {
                 type_: "Ready".into(),
                 status: "True".into(),

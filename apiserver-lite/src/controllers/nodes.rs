@@ -21,19 +21,70 @@ fn parse_time(v: &Value) -> Option<jiff::Timestamp> {
     v.as_str().and_then(|s| s.parse().ok())
 }
 
-/// Marks nodes NotReady (status Unknown) when their agent stops heart-beating; and, as soon as
-/// a node's Ready condition is not True (False, as an agent that stops posts it, or Unknown),
-/// marks its pods not ready with a `NodeNotReady` Event each (the endpoints controller then
-/// takes them out of Services), and the node's change with one Event on the node.
+/// The node's status after a heartbeat that reports `conditions` (type, status, reason,
+/// message) at `now`, or None when it need not be written: no condition changed and the last
+/// post (the Ready condition's lastHeartbeatTime) is younger than `report`. Pure.
+pub fn heartbeat_status(
+    node: &Value,
+    conditions: &[(String, String, Option<String>, Option<String>)],
+    now: jiff::Timestamp,
+    report: Duration,
+) -> Option<Value> {
+    let stamp = json!(jiff::Timestamp::from_second(now.as_second()).unwrap_or(now).to_string());
+    let old: Vec<Value> = node.pointer("/status/conditions").and_then(Value::as_array).cloned().unwrap_or_default();
+    let mut conds = old.clone();
+    let mut changed = false;
+    for (type_, status, reason, message) in conditions {
+        let prev = conds.iter().position(|x| x["type"] == type_.as_str());
+        let same = |c: &Value| {
+            c["status"] == status.as_str()
+                && c["reason"].as_str() == reason.as_deref()
+                && c["message"].as_str() == message.as_deref()
+        };
+        changed |= !prev.is_some_and(|i| same(&conds[i]));
+        let transition = match prev {
+            Some(i) if conds[i]["status"] == status.as_str() => conds[i]["lastTransitionTime"].clone(),
+            _ => stamp.clone(),
+        };
+        let cond = json!({"type": type_, "status": status, "reason": reason, "message": message,
+                          "lastHeartbeatTime": stamp, "lastTransitionTime": transition});
+        match prev {
+            Some(i) => conds[i] = cond,
+            None => conds.push(cond),
+        }
+    }
+    let posted = old.iter().find(|c| c["type"] == "Ready").and_then(|c| parse_time(&c["lastHeartbeatTime"]));
+    let due = posted.is_none_or(|t| now.duration_since(t).as_secs_f64() >= report.as_secs_f64());
+    if !changed && !due {
+        return None;
+    }
+    let mut new = node.clone();
+    if !new["status"].is_object() {
+        new["status"] = json!({});
+    }
+    new["status"]["conditions"] = json!(conds);
+    Some(new)
+}
+
+/// Marks nodes NotReady (status Unknown) when their agent stops heart-beating — neither its
+/// Lease renewed nor its status posted within `grace`, as kube-controller-manager judges
+/// them; and, as soon as a node's Ready condition is not True (False, as an agent that stops
+/// posts it, or Unknown), marks its pods not ready with a `NodeNotReady` Event each (the
+/// endpoints controller then takes them out of Services), and the node's change with one
+/// Event on the node.
 pub(crate) async fn node_health(reg: &Registry, grace: Duration) -> Result<(), ApiError> {
+    use api::kinds::lease::NODE_LEASE_NAMESPACE as NS;
     let (nodes, _) = reg.store.list(Kind::Node, None)?;
+    let (leases, _) = reg.store.list(Kind::Lease, Some(NS))?;
+    let renewed: std::collections::BTreeMap<String, jiff::Timestamp> =
+        leases.iter().filter_map(|l| Some((ns_name(l).1, parse_time(&l["spec"]["renewTime"])?))).collect();
     let now = jiff::Timestamp::now();
     for n in nodes {
         let conds = n.pointer("/status/conditions").and_then(Value::as_array).cloned().unwrap_or_default();
         let Some(ready) = conds.iter().find(|c| c["type"] == "Ready") else { continue };
         let (_, name) = ns_name(&n);
-        let stale = parse_time(&ready["lastHeartbeatTime"])
-            .is_some_and(|beat| now.duration_since(beat).as_secs_f64() >= grace.as_secs_f64());
+        let last = parse_time(&ready["lastHeartbeatTime"]).into_iter().chain(renewed.get(&name).copied()).max();
+        let stale = last.is_some_and(|beat| now.duration_since(beat).as_secs_f64() >= grace.as_secs_f64());
         let node = if ready["status"] != "Unknown" && stale {
             tracing::info!(node = %name, "node stopped posting status; marking it NotReady");
             let g = reg.store.lock().await;
@@ -209,4 +260,56 @@ pub(crate) async fn collect_leases(reg: &Registry) -> Result<(), ApiError> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ready(status: &str, reason: &str) -> Vec<(String, String, Option<String>, Option<String>)> {
+        vec![("Ready".into(), status.into(), Some(reason.into()), None)]
+    }
+
+    fn at(s: &str) -> jiff::Timestamp {
+        s.parse().unwrap()
+    }
+
+    const REPORT: Duration = Duration::from_secs(300);
+
+    #[test]
+    fn a_heartbeat_posts_the_status_only_when_it_changed_or_is_due() {
+        let node = json!({"metadata": {"name": "n1"}});
+        // The first report: nothing posted before.
+        let first = heartbeat_status(&node, &ready("True", "KubeletReady"), at("2026-12-07T10:00:00.4Z"), REPORT)
+            .expect("the first report is written");
+        let c = &first["status"]["conditions"][0];
+        assert_eq!(c["lastHeartbeatTime"], "2026-12-07T10:00:00Z");
+        assert_eq!(c["lastTransitionTime"], "2026-12-07T10:00:00Z");
+        // The same conditions 2 s and 4 min later: the Lease alone is the heartbeat.
+        assert_eq!(heartbeat_status(&first, &ready("True", "KubeletReady"), at("2026-12-07T10:00:02Z"), REPORT), None);
+        assert_eq!(heartbeat_status(&first, &ready("True", "KubeletReady"), at("2026-12-07T10:04:59Z"), REPORT), None);
+        // Five minutes after the last post: posted again, its transition time kept.
+        let due = heartbeat_status(&first, &ready("True", "KubeletReady"), at("2026-12-07T10:05:00Z"), REPORT).unwrap();
+        let c = &due["status"]["conditions"][0];
+        assert_eq!(
+            (&c["lastHeartbeatTime"], &c["lastTransitionTime"]),
+            (&json!("2026-12-07T10:05:00Z"), &json!("2026-12-07T10:00:00Z"))
+        );
+        // A change is posted at once: a new status moves the transition time, a new reason not.
+        let down =
+            heartbeat_status(&first, &ready("False", "KubeletNotReady"), at("2026-12-07T10:00:02Z"), REPORT).unwrap();
+        assert_eq!(down["status"]["conditions"][0]["lastTransitionTime"], "2026-12-07T10:00:02Z");
+        let reason = heartbeat_status(&first, &ready("True", "Other"), at("2026-12-07T10:00:02Z"), REPORT).unwrap();
+        assert_eq!(reason["status"]["conditions"][0]["lastTransitionTime"], "2026-12-07T10:00:00Z");
+        // After the node monitor's Unknown, the next heartbeat is a change.
+        let mut unknown = first.clone();
+        unknown["status"]["conditions"][0]["status"] = json!("Unknown");
+        assert!(
+            heartbeat_status(&unknown, &ready("True", "KubeletReady"), at("2026-12-07T10:00:30Z"), REPORT).is_some()
+        );
+        // A condition not reported before is a change too; the others stay.
+        let two = vec![ready("True", "KubeletReady").remove(0), ("DiskPressure".into(), "False".into(), None, None)];
+        let more = heartbeat_status(&first, &two, at("2026-12-07T10:00:02Z"), REPORT).unwrap();
+        assert_eq!(more["status"]["conditions"].as_array().unwrap().len(), 2);
+    }
 }

@@ -2,8 +2,8 @@
 //! TaintToleration filter) and which bound pods a `NoExecute` taint evicts (the taint-eviction
 //! controller). The decisions are pure; `evict` reads and writes.
 
-use api::Codec;
 use api::k8s_openapi::api::core::v1::{Node, Taint, Toleration};
+use api::Codec;
 use api::Kind;
 use serde_json::Value;
 

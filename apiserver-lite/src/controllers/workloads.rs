@@ -6,10 +6,10 @@
 //!
 //! Decisions are pure (`plan_*`); [`sync_namespace`] reads the objects and applies the plans.
 
-use api::Codec;
 use api::apps::{scaled_value, POD_TEMPLATE_HASH, REVISION_ANNOTATION};
 use api::k8s_openapi::api::core::v1::Pod;
 use api::kinds::pod::pod_is_ready;
+use api::Codec;
 use api::Kind;
 use serde_json::{json, Value};
 
