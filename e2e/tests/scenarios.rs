@@ -1107,6 +1107,8 @@ fn faults_a_link_down_behind_the_load_balancer_blackhole_and_loss() {
     assert!(ok, "{out}");
     let rules = lab.exec("node-1", &["ip", "rule", "show"]);
     assert!(rules.contains("90:\tfrom all to 10.244.2.0/24 blackhole"), "{rules}");
+    let table = lab.exec("node-1", &["nft", "list", "table", "inet", "podpath-blackhole"]);
+    assert!(table.contains("ip saddr 10.244.2.0/24 counter"), "{table}");
     let (ok, out) = lab.run("fault", &["loss", "node-1", "30"]);
     assert!(ok, "{out}");
     let table = lab.exec("node-1", &["nft", "list", "table", "inet", "podpath-faults"]);
@@ -1124,8 +1126,10 @@ fn faults_a_link_down_behind_the_load_balancer_blackhole_and_loss() {
         assert!(listed.contains(want), "{want:?} in:\n{listed}");
     }
     let (ok, out) = lab.run("fault", &["clear", "node-1"]);
-    assert!(ok && out.contains("node-1: cleared packets to 10.244.2.0/24 discarded"), "{out}");
+    assert!(ok && out.contains("node-1: cleared packets to and from 10.244.2.0/24 discarded"), "{out}");
     assert!(!lab.exec("node-1", &["ip", "rule", "show"]).contains("blackhole"));
+    let (ok, _) = lab.run("exec", &["node-1", "--", "nft", "list", "table", "inet", "podpath-blackhole"]);
+    assert!(!ok, "the blackhole's table is gone");
     let (ok, _) = lab.run("exec", &["node-1", "--", "nft", "list", "table", "inet", "podpath-faults"]);
     assert!(!ok, "the loss table is gone");
 

@@ -72,6 +72,8 @@ pub fn link_up(dir: &Path, node: &str) -> Result<()> {
 
 /// The nftables table that carries packet loss.
 const LOSS_TABLE: &str = "podpath-faults";
+/// The table of a blackhole fault's packets coming in (one blackhole per node).
+const BLACKHOLE_TABLE: &str = "podpath-blackhole";
 
 fn argv(parts: &[&str]) -> Step {
     Step { argv: parts.iter().map(|s| s.to_string()).collect(), input: None }
@@ -185,15 +187,31 @@ pub fn plan(place: Place, node: &str, agent_dir: &Path, req: &Request) -> (Vec<S
         }
         Request::Blackhole(cidr) => {
             let c = cidr.to_string();
-            let fam = if cidr.addr().is_ipv6() { "-6" } else { "-4" };
-            // A routing rule, not a route: the node's own route to the CIDR (another node's
-            // pods) stays as it is, and the rule is looked at first.
+            let (fam, saddr) = if cidr.addr().is_ipv6() { ("-6", "ip6") } else { ("-4", "ip") };
+            // Both ways, as a partition cuts a node off: out, a routing rule, not a route (the
+            // node's own route to the CIDR — another node's pods — stays as it is, and the rule
+            // is looked at first); in, nftables before conntrack, since a rule cannot come before
+            // the local table's for packets to the node's own address. One way only, a TCP
+            // stream from the CIDR kept delivering what its peer sent until the window filled.
+            let rules = format!(
+                "table inet {BLACKHOLE_TABLE} {{\n\
+                 \tchain in {{ type filter hook prerouting priority -310; {saddr} saddr {c} counter drop comment \"podpath fault: blackhole {c}\"; }}\n\
+                 }}\n"
+            );
             (
-                vec![place.ip(&[fam], &["rule", "add", "to", &c, "blackhole", "pref", "90"])],
+                vec![
+                    place.ip(&[fam], &["rule", "add", "to", &c, "blackhole", "pref", "90"]),
+                    Step { input: Some(rules), ..place.exec(&["nft", "-f", "-"]) },
+                ],
                 fault(
                     "blackhole",
-                    format!("packets to {c} discarded (ip rule, before every route)"),
-                    vec![place.ip(&[fam], &["rule", "del", "to", &c, "blackhole", "pref", "90"])],
+                    format!(
+                        "packets to and from {c} discarded (ip rule before every route; in: nftables, table inet {BLACKHOLE_TABLE})"
+                    ),
+                    vec![
+                        place.ip(&[fam], &["rule", "del", "to", &c, "blackhole", "pref", "90"]),
+                        place.exec(&["nft", "delete", "table", "inet", BLACKHOLE_TABLE]),
+                    ],
                 ),
             )
         }
@@ -505,7 +523,19 @@ mod tests {
             &Request::Blackhole("10.244.2.0/24".parse().unwrap()),
         );
         assert_eq!(make[0].argv[5..], ["add", "to", "10.244.2.0/24", "blackhole", "pref", "90"]);
+        assert_eq!(make[1].argv, argv(&["ip", "netns", "exec", "ns", "nft", "-f", "-"]).argv);
+        let rules = make[1].input.as_deref().unwrap();
+        assert!(rules.contains("hook prerouting priority -310; ip saddr 10.244.2.0/24 counter drop"), "{rules}");
         assert_eq!(f.undo[0].argv[5..], ["del", "to", "10.244.2.0/24", "blackhole", "pref", "90"]);
+        assert_eq!(f.undo[1].argv[4..], ["nft", "delete", "table", "inet", "podpath-blackhole"]);
+        let (make, _) = plan(
+            Place::Netns("ns", &Uplink::default()),
+            "node-1",
+            Path::new("/a"),
+            &Request::Blackhole("fd00:10:244:2::/64".parse().unwrap()),
+        );
+        assert_eq!(make[0].argv[..2], ["ip", "-6"]);
+        assert!(make[1].input.as_deref().unwrap().contains("ip6 saddr fd00:10:244:2::/64 counter drop"), "{make:?}");
         // 100% drops every packet: no numgen (nft takes `mod 100 <` up to 99).
         let (all, _) = plan(Place::Netns("ns", &Uplink::default()), "node-1", Path::new("/a"), &Request::Loss(100));
         let text = all[0].input.clone().unwrap();
@@ -544,7 +574,8 @@ mod tests {
         assert!(f.undo[1].argv.join(" ").contains("/etc/podpath/net-up"), "{:?}", f.undo);
         assert_eq!(f.detail, "eth1 (the lab's network) down");
         let (make, _) = plan(on, "node-1", Path::new("/a"), &Request::Blackhole("10.244.2.0/24".parse().unwrap()));
-        assert_eq!(make, [argv(&["ip", "-4", "rule", "add", "to", "10.244.2.0/24", "blackhole", "pref", "90"])]);
+        assert_eq!(make[0], argv(&["ip", "-4", "rule", "add", "to", "10.244.2.0/24", "blackhole", "pref", "90"]));
+        assert_eq!(make[1].argv, ["nft", "-f", "-"]);
         let (make, f) = plan(on, "node-1", Path::new("/a"), &Request::Loss(30));
         assert_eq!(make[0].argv, ["nft", "-f", "-"]);
         assert!(make[0].input.as_deref().is_some_and(|r| r.contains("iifname \"eth1\" numgen")), "{make:?}");

@@ -438,7 +438,7 @@ enum FaultCmd {
         /// node-1 … node-N.
         node: String,
     },
-    /// Route a CIDR to nowhere on a node (packets to it are discarded).
+    /// Cut a node off from a CIDR (packets to it and from it are discarded).
     Blackhole { node: String, cidr: String },
     /// Drop PERCENT of the packets in and out of a node's uplink, at random (nftables).
     Loss {
