@@ -812,7 +812,7 @@ fn provisioners_bring_up_the_lab_in_namespaces() {
     };
     answers();
     let (ok, out) = podpath(&["fault", "blackhole", "node-2", "10.244.1.0/24"]);
-    assert!(ok && out.contains("packets to 10.244.1.0/24 discarded"), "{out}");
+    assert!(ok && out.contains("packets to and from 10.244.1.0/24 discarded"), "{out}");
     let (ok, out) = curl(&url);
     assert!(!ok, "through the blackhole: {out}");
     let (ok, out) = podpath(&["fault", "clear", "node-2"]);
