@@ -2,7 +2,8 @@
 //!
 //! 1. `podpath up` until every node is Ready (and lb-sim has seen them), 3 and 10 nodes.
 //! 2. The whole lab's memory with 3 nodes and 30 pods: RSS and PSS of every process of the lab
-//!    (API server, image service, agents, lb-sim, and the pods' sandboxes and workloads).
+//!    (API server, image service, agents, lb-sim, and the pods' sandboxes and workloads); then
+//!    the same lab left alone for a minute: the API's writes and every process's CPU time.
 //! 3. Service create → first successful request from the external client through the LB IP,
 //!    p50/p99 over 50 LoadBalancer Services (created through the REST API, requests made from a
 //!    thread inside the client's namespace).
@@ -152,6 +153,40 @@ fn bench_memory() {
         (total_pss + ppss) as f64 / 1024.0,
         total_rss as f64 / 1024.0
     );
+    idle(&lab, &roots);
+}
+
+/// The same lab left alone for a minute: the API's writes (resourceVersions taken: heartbeats,
+/// leases, controllers) and the CPU time of every process of the lab.
+fn idle(lab: &Lab, roots: &[i32]) {
+    let a = &api(lab);
+    let rv = || {
+        let (_, body) = request(a, "GET", "/api/v1/namespaces/default/pods?limit=1", "").unwrap();
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        v["metadata"]["resourceVersion"].as_str().and_then(|r| r.parse::<u64>().ok()).unwrap()
+    };
+    // utime + stime of every process of the lab, in clock ticks (100 a second here).
+    let ticks = || -> u64 {
+        descendants(roots)
+            .iter()
+            .map(|p| {
+                let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default();
+                let after = stat.rfind(')').map_or("", |i| &stat[i + 1..]);
+                let f: Vec<u64> = after.split_whitespace().map(|x| x.parse().unwrap_or(0)).collect();
+                f.get(11).copied().unwrap_or(0) + f.get(12).copied().unwrap_or(0)
+            })
+            .sum()
+    };
+    let hz = 100.0; // USER_HZ on Linux
+    let (r0, t0, at) = (rv(), ticks(), Instant::now());
+    std::thread::sleep(Duration::from_secs(60));
+    let (r1, t1) = (rv(), ticks());
+    let minutes = at.elapsed().as_secs_f64() / 60.0;
+    let writes = (r1 - r0) as f64 / minutes;
+    let cpu = (t1.saturating_sub(t0)) as f64 / hz / minutes;
+    BENCH.record("idle lab, 3 nodes + 30 pods: API writes a minute", writes.round(), "/min", "");
+    BENCH.record("idle lab, 3 nodes + 30 pods: CPU seconds a minute, every process", (cpu * 100.0).round() / 100.0, "s/min", "");
+    println!("idle lab, 3 nodes + 30 pods, one minute: {writes:.0} API writes, {cpu:.2} CPU-s (every process of the lab)");
 }
 
 /// One GET; a lost SYN is given up after `connect` (in the lab a SYN-ACK comes back in well
