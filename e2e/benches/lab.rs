@@ -185,8 +185,15 @@ fn idle(lab: &Lab, roots: &[i32]) {
     let writes = (r1 - r0) as f64 / minutes;
     let cpu = (t1.saturating_sub(t0)) as f64 / hz / minutes;
     BENCH.record("idle lab, 3 nodes + 30 pods: API writes a minute", writes.round(), "/min", "");
-    BENCH.record("idle lab, 3 nodes + 30 pods: CPU seconds a minute, every process", (cpu * 100.0).round() / 100.0, "s/min", "");
-    println!("idle lab, 3 nodes + 30 pods, one minute: {writes:.0} API writes, {cpu:.2} CPU-s (every process of the lab)");
+    BENCH.record(
+        "idle lab, 3 nodes + 30 pods: CPU seconds a minute, every process",
+        (cpu * 100.0).round() / 100.0,
+        "s/min",
+        "",
+    );
+    println!(
+        "idle lab, 3 nodes + 30 pods, one minute: {writes:.0} API writes, {cpu:.2} CPU-s (every process of the lab)"
+    );
 }
 
 /// One GET; a lost SYN is given up after `connect` (in the lab a SYN-ACK comes back in well
