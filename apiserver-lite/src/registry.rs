@@ -3,7 +3,6 @@
 //! default, validate and allocate (pure functions from `api` plus the allocators) → one store
 //! commit → release the lock → flush and fdatasync (shared with concurrent writers) → answer.
 
-use api::Codec;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
@@ -13,6 +12,7 @@ use api::k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use api::patch::PatchType;
 use api::selector::{FieldSelector, LabelSelector};
 use api::validation::{self as v, FieldPath};
+use api::Codec;
 use api::{ApiObject, DeleteContext, DeletePlan, Kind};
 use serde_json::{json, Value};
 

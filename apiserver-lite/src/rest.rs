@@ -2,13 +2,13 @@
 //! (see shared/reference/kubectl-surface.md): version, discovery (legacy and aggregated),
 //! OpenAPI v3 for default validation, CRUD with Tables, patches, watches and status.
 
-use api::Codec;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use api::patch::PatchType;
 use api::selector::{FieldSelector, LabelSelector};
+use api::Codec;
 use api::{ApiObject, Kind};
 use axum::body::Body;
 use axum::extract::{Request, State};

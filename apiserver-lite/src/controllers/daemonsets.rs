@@ -7,10 +7,10 @@
 //! `kubectl rollout status` reads, and the Events. [`plan_daemonset`] decides (pure);
 //! [`sync_namespace`] reads and writes.
 
-use api::Codec;
 use std::collections::{BTreeMap, BTreeSet};
 
 use api::k8s_openapi::api::core::v1::{Node, Toleration};
+use api::Codec;
 use api::Kind;
 use jiff::Timestamp;
 use serde_json::{json, Value};

@@ -3,13 +3,13 @@
 //! ([`plan_endpoints`]: a Service and its pods in, the objects to write out); `sync_endpoints`
 //! reads and writes.
 
-use api::Codec;
 use std::collections::{BTreeMap, BTreeSet};
 
 use api::alloc::IpFamily;
 use api::k8s_openapi::api::core::v1::{Pod, Service};
 use api::kinds::pod::pod_is_ready;
 use api::selector::{FieldSelector, LabelSelector};
+use api::Codec;
 use api::Kind;
 use serde_json::{json, Value};
 

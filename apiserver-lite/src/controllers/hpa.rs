@@ -6,11 +6,11 @@
 //! window (300 s unless `behavior` says otherwise). Status, conditions and Events as the real
 //! controller writes them. The decision ([`decide`]) is pure.
 
-use api::Codec;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Mutex;
 
 use api::kinds::horizontalpodautoscaler::{cpu_target, HorizontalPodAutoscaler};
+use api::Codec;
 use api::Kind;
 use serde_json::{json, Value};
 

@@ -2,13 +2,13 @@
 //! turn NotReady (and their pods not Ready), and gracefully deleted pods whose node will not
 //! finish them are removed.
 
-use api::Codec;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
 use api::k8s_openapi::api::core::v1::Node;
 use api::kinds::node::node_ready_status;
 use api::selector::{FieldSelector, LabelSelector};
+use api::Codec;
 use api::Kind;
 use serde_json::{json, Value};
 

@@ -5,11 +5,11 @@
 //! The decision is pure ([`plan_schedule`]: pods and nodes in, bindings out); `schedule`
 //! reads and writes.
 
-use api::Codec;
 use std::collections::BTreeMap;
 
 use api::k8s_openapi::api::core::v1::{Node, Taint, Toleration};
 use api::kinds::node::node_ready_status;
+use api::Codec;
 use api::Kind;
 use serde_json::{json, Value};
 

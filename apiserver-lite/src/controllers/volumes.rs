@@ -18,7 +18,6 @@
 //!
 //! [`plan_volumes`] decides (pure); [`sync`] reads and writes.
 
-use api::Codec;
 use std::collections::{BTreeMap, BTreeSet};
 
 use api::k8s_openapi::api::core::v1::Node;
@@ -28,6 +27,7 @@ use api::kinds::persistentvolumeclaim::{
     PROTECTION_FINALIZER as PVC_PROTECTION, PROVISIONER_ANNOTATION, SELECTED_NODE_ANNOTATION,
 };
 use api::kinds::storageclass::{DEFAULT_CLASS_ANNOTATION, LAB_PROVISIONER};
+use api::Codec;
 use api::Kind;
 use serde_json::{json, Value};
 
