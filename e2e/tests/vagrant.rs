@@ -816,7 +816,7 @@ fn provisioners_bring_up_the_lab_in_namespaces() {
     let (ok, out) = curl(&url);
     assert!(!ok, "through the blackhole: {out}");
     let (ok, out) = podpath(&["fault", "clear", "node-2"]);
-    assert!(ok && out.contains("node-2: cleared packets to 10.244.1.0/24"), "{out}");
+    assert!(ok && out.contains("node-2: cleared packets to and from 10.244.1.0/24"), "{out}");
     answers();
     // The node's rules flushed: its agent writes them again.
     let (ok, out) = podpath(&["fault", "flush-rules", "node-2"]);
