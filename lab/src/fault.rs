@@ -23,7 +23,7 @@ pub struct Fault {
     /// `link-down`, `blackhole`, `loss`, `delay` or `stall-proxy`.
     pub kind: String,
     pub node: String,
-    /// What it does, in words (`eth0 (the uplink) down`, `packets to 10.244.2.0/24 discarded`).
+    /// What it does, in words (`eth0 (the uplink) down`, `packets to and from 10.244.2.0/24 discarded …`).
     pub detail: String,
     /// When it was made (RFC 3339).
     pub at: String,
