@@ -205,12 +205,7 @@ impl pb::nodes_server::Nodes for Grpc {
         let reg = &self.registry;
         let old = reg.get(Kind::Node, "", &req.name)?;
         let now = jiff::Timestamp::now();
-        let reported: Vec<(String, String, Option<String>, Option<String>)> = req
-            .conditions
-            .iter()
-            .map(|c| (c.r#type.clone(), c.status.clone(), c.reason.clone(), c.message.clone()))
-            .collect();
-        let out = match crate::controllers::nodes::heartbeat_status(&old, &reported, now, NODE_STATUS_REPORT) {
+        let out = match crate::controllers::nodes::heartbeat_status(&old, &req.conditions, now, NODE_STATUS_REPORT) {
             Some(new) => {
                 reg.update(Kind::Node, None, &req.name, new, Subresource::Status, &WriteOptions::default())
                     .await?

@@ -38,7 +38,7 @@ use podpath_lab::state::ApiAccess;
 
 #[path = "support/mod.rs"]
 mod support;
-use support::{api, descendants, kib};
+use support::{api, cpu_seconds, descendants, kib};
 
 const BENCH: testkit::figures::Bench = testkit::figures::Bench("cargo bench -p podpath-e2e --bench lab");
 
@@ -165,25 +165,13 @@ fn idle(lab: &Lab, roots: &[i32]) {
         let v: serde_json::Value = serde_json::from_str(&body).unwrap();
         v["metadata"]["resourceVersion"].as_str().and_then(|r| r.parse::<u64>().ok()).unwrap()
     };
-    // utime + stime of every process of the lab, in clock ticks (100 a second here).
-    let ticks = || -> u64 {
-        descendants(roots)
-            .iter()
-            .map(|p| {
-                let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default();
-                let after = stat.rfind(')').map_or("", |i| &stat[i + 1..]);
-                let f: Vec<u64> = after.split_whitespace().map(|x| x.parse().unwrap_or(0)).collect();
-                f.get(11).copied().unwrap_or(0) + f.get(12).copied().unwrap_or(0)
-            })
-            .sum()
-    };
-    let hz = 100.0; // USER_HZ on Linux
-    let (r0, t0, at) = (rv(), ticks(), Instant::now());
+    let cpu_now = || descendants(roots).into_iter().map(|p| cpu_seconds(p as u32)).sum::<f64>();
+    let (r0, t0, at) = (rv(), cpu_now(), Instant::now());
     std::thread::sleep(Duration::from_secs(60));
-    let (r1, t1) = (rv(), ticks());
+    let (r1, t1) = (rv(), cpu_now());
     let minutes = at.elapsed().as_secs_f64() / 60.0;
     let writes = (r1 - r0) as f64 / minutes;
-    let cpu = (t1.saturating_sub(t0)) as f64 / hz / minutes;
+    let cpu = (t1 - t0).max(0.0) / minutes;
     BENCH.record("idle lab, 3 nodes + 30 pods: API writes a minute", writes.round(), "/min", "");
     BENCH.record(
         "idle lab, 3 nodes + 30 pods: CPU seconds a minute, every process",

@@ -14,10 +14,13 @@
 //! With `PODPATH_FIGURES=book/perf/figures.tsv` its figures are appended to the book's
 //! performance data (`testkit::figures`).
 
+#[path = "support/mod.rs"]
+mod support;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+use support::cpu_seconds;
 
 use podpath_e2e::{free_port, Lab};
 
@@ -43,18 +46,6 @@ while True:
         n -= k
     c.close()
 "#;
-
-/// CPU time (user + system) a process has used so far, from /proc.
-fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // Fields after the command name (which may hold spaces): state is the 3rd field overall.
-    let rest = stat.rsplit_once(") ").map(|(_, r)| r).unwrap_or("");
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: f64 = f.get(11).and_then(|v| v.parse().ok()).unwrap_or(0.0)
-        + f.get(12).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK).ok().flatten().unwrap_or(100) as f64;
-    ticks / hz
-}
 
 /// CPU time the whole machine has used so far (every core, user + system + interrupts), from
 /// /proc/stat.

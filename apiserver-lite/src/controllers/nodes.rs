@@ -21,12 +21,11 @@ fn parse_time(v: &Value) -> Option<jiff::Timestamp> {
     v.as_str().and_then(|s| s.parse().ok())
 }
 
-/// The node's status after a heartbeat that reports `conditions` (type, status, reason,
-/// message) at `now`, or None when it need not be written: no condition changed and the last
+/// The node's status after a heartbeat that reports `conditions` at `now`, or None when it need not be written: no condition changed and the last
 /// post (the Ready condition's lastHeartbeatTime) is younger than `report`. Pure.
 pub fn heartbeat_status(
     node: &Value,
-    conditions: &[(String, String, Option<String>, Option<String>)],
+    conditions: &[api::proto::Condition],
     now: jiff::Timestamp,
     report: Duration,
 ) -> Option<Value> {
@@ -34,7 +33,7 @@ pub fn heartbeat_status(
     let old: Vec<Value> = node.pointer("/status/conditions").and_then(Value::as_array).cloned().unwrap_or_default();
     let mut conds = old.clone();
     let mut changed = false;
-    for (type_, status, reason, message) in conditions {
+    for api::proto::Condition { r#type: type_, status, reason, message, .. } in conditions {
         let prev = conds.iter().position(|x| x["type"] == type_.as_str());
         let same = |c: &Value| {
             c["status"] == status.as_str()
@@ -266,8 +265,17 @@ pub(crate) async fn collect_leases(reg: &Registry) -> Result<(), ApiError> {
 mod tests {
     use super::*;
 
-    fn ready(status: &str, reason: &str) -> Vec<(String, String, Option<String>, Option<String>)> {
-        vec![("Ready".into(), status.into(), Some(reason.into()), None)]
+    fn condition(type_: &str, status: &str, reason: Option<&str>) -> api::proto::Condition {
+        api::proto::Condition {
+            r#type: type_.into(),
+            status: status.into(),
+            reason: reason.map(Into::into),
+            ..Default::default()
+        }
+    }
+
+    fn ready(status: &str, reason: &str) -> Vec<api::proto::Condition> {
+        vec![condition("Ready", status, Some(reason))]
     }
 
     fn at(s: &str) -> jiff::Timestamp {
@@ -308,7 +316,7 @@ mod tests {
             heartbeat_status(&unknown, &ready("True", "KubeletReady"), at("2026-12-07T10:00:30Z"), REPORT).is_some()
         );
         // A condition not reported before is a change too; the others stay.
-        let two = vec![ready("True", "KubeletReady").remove(0), ("DiskPressure".into(), "False".into(), None, None)];
+        let two = vec![condition("Ready", "True", Some("KubeletReady")), condition("DiskPressure", "False", None)];
         let more = heartbeat_status(&first, &two, at("2026-12-07T10:00:02Z"), REPORT).unwrap();
         assert_eq!(more["status"]["conditions"].as_array().unwrap().len(), 2);
     }
