@@ -238,9 +238,9 @@ pub fn attributes(method: &Method, path: &str, query: &BTreeMap<String, String>)
 
 /// The roles and bindings of the store.
 pub fn policy(reg: &Registry) -> Result<Policy, ApiError> {
-    fn all<T: serde::de::DeserializeOwned>(reg: &Registry, kind: Kind) -> Result<Vec<T>, ApiError> {
+    fn all<T: api::Codec>(reg: &Registry, kind: Kind) -> Result<Vec<T>, ApiError> {
         let (objs, _) = reg.store.list(kind, None)?;
-        Ok(objs.into_iter().filter_map(|o| serde_json::from_value(o).ok()).collect())
+        Ok(objs.into_iter().filter_map(|o| T::from_json(o).ok()).collect())
     }
     Ok(Policy {
         roles: all(reg, Kind::Role)?,

@@ -105,13 +105,15 @@ pub fn admit(
     }
     let mut warnings = Vec::new();
     let mut causes = Vec::new();
-    let meta: api::k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta =
-        serde_json::from_value(body["metadata"].clone()).map_err(|e| {
-            ApiError::BadRequest(format!(
-                "{} in version \"{}\" cannot be handled as a {}: {e}",
-                info.name, version.name, info.name
-            ))
-        })?;
+    let meta = <api::k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta as api::Codec>::from_json(
+        body["metadata"].clone(),
+    )
+    .map_err(|e| {
+        ApiError::BadRequest(format!(
+            "{} in version \"{}\" cannot be handled as a {}: {e}",
+            info.name, version.name, info.name
+        ))
+    })?;
     api::kinds::validate_object_meta(&meta, &mut causes);
     if let Some(schema) = &version.schema {
         let dropped = api::schema::prune(&mut body, schema);

@@ -1388,11 +1388,13 @@ pub fn random_suffix(n: usize) -> String {
 
 /// The autoscaling/v1 Scale of a Deployment or ReplicaSet object.
 pub fn scale_of(obj: &Value) -> Value {
-    let selector = serde_json::from_value(obj["spec"]["selector"].clone())
-        .ok()
-        .map(|s| api::apps::format_selector(Some(&s)))
-        .filter(|s| s != "<none>")
-        .unwrap_or_default();
+    let selector = <api::k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector as api::Codec>::from_json(
+        obj["spec"]["selector"].clone(),
+    )
+    .ok()
+    .map(|s| api::apps::format_selector(Some(&s)))
+    .filter(|s| s != "<none>")
+    .unwrap_or_default();
     let status = json!({"replicas": obj["status"]["replicas"].as_i64().unwrap_or(0), "selector": selector});
     scale(obj, obj["spec"]["replicas"].as_i64().unwrap_or(1), status)
 }

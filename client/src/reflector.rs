@@ -246,14 +246,14 @@ pub async fn run<T: Watched>(client: ApiClient, filter: Filter, store: Arc<Store
 
 /// [`run`], feeding `sink` with `map` of each object instead of the object: only the
 /// projection is kept, from the snapshot on.
-pub async fn run_mapped<T: Watched, U, S: Sink<U>>(
+pub async fn run_mapped<T: Watched, U: Send, S: Sink<U>>(
     client: ApiClient,
     filter: Filter,
     sink: Arc<S>,
-    map: impl Fn(T) -> U,
+    map: impl Fn(T) -> U + Send,
 ) {
     let request = pb::WatchRequest { kind: T::PROTO_KIND as i32, ..Default::default() };
-    let decode = |o: pb::watch_event::Object| -> Option<Result<(String, U), String>> {
+    let decode = move |o: pb::watch_event::Object| -> Option<Result<(String, U), String>> {
         let p = T::from_event_object(o)?;
         Some(from_proto::<T>(&p).map(|o| (o.key(), map(o))).map_err(|e| e.to_string()))
     };
@@ -281,30 +281,75 @@ pub fn json_key(v: &serde_json::Value) -> String {
 }
 
 /// The watch loop of every reflector: `request` (a kind or a resource) with the filter, each
-/// event's object made a keyed `U` by `decode`.
-async fn run_request<U, S: Sink<U>>(
+/// event's object made a keyed `U` by `decode`. Only the state machine is generic; the
+/// connection, the stream and its decoding are [`watch_loop`]'s, compiled once here rather than
+/// in every crate and for every kind that follows one.
+async fn run_request<U: Send, S: Sink<U>>(
     client: ApiClient,
     filter: Filter,
     request: pb::WatchRequest,
     what: &str,
     store: Arc<S>,
-    decode: impl Fn(pb::watch_event::Object) -> Option<Result<(String, U), String>>,
+    decode: impl Fn(pb::watch_event::Object) -> Option<Result<(String, U), String>> + Send,
 ) {
-    let mut state: WatchState<U> = WatchState::Empty;
+    let mut state: Option<WatchState<U>> = Some(WatchState::Empty);
+    let mut on = move |event: Option<pb::WatchEvent>| -> Option<String> {
+        let Some(ev) = event else {
+            state = Some(WatchState::Empty);
+            return None;
+        };
+        let kind = Type::try_from(ev.r#type).unwrap_or(Type::Unspecified);
+        let object = match ev.object.and_then(&decode) {
+            Some(Ok(o)) => Some(o),
+            Some(Err(e)) => {
+                tracing::warn!(kind = what, error = %e, "skipping an object that does not decode");
+                None
+            }
+            None => None,
+        };
+        let (next, change) = step(state.take().unwrap_or(WatchState::Empty), kind, ev.resource_version, object);
+        let resume = match &next {
+            WatchState::Watching(rv) => Some(rv.clone()),
+            _ => None,
+        };
+        state = Some(next);
+        store.apply(change);
+        resume
+    };
+    watch_loop(client, filter, request, what, &mut on).await
+}
+
+/// What [`watch_loop`] calls with each event (and `None` to forget what was listed); it answers
+/// the version to resume after, that of a live watch.
+type OnEvent<'a> = dyn FnMut(Option<pb::WatchEvent>) -> Option<String> + Send + 'a;
+
+/// Watches forever: reconnects with backoff, resumes after the last version `on` returned,
+/// relists when there is none or it has expired. `on` gets every event, and `None` when what it
+/// holds must be forgotten (a new snapshot follows). A boxed future made here: an `async fn`'s
+/// body would be compiled again in each crate whose reflectors call it.
+#[inline(never)]
+fn watch_loop<'a>(
+    client: ApiClient,
+    filter: Filter,
+    request: pb::WatchRequest,
+    what: &'a str,
+    on: &'a mut OnEvent<'a>,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'a>> {
+    Box::pin(watch_forever(client, filter, request, what, on))
+}
+
+async fn watch_forever(client: ApiClient, filter: Filter, request: pb::WatchRequest, what: &str, on: &mut OnEvent<'_>) {
+    let mut resume: Option<String> = None;
     let mut backoff = Duration::from_millis(200);
     loop {
-        let rv = match &state {
-            WatchState::Watching(rv) => rv.clone(),
-            _ => String::new(),
-        };
-        if !matches!(state, WatchState::Watching(_)) {
-            state = WatchState::Empty;
+        if resume.is_none() {
+            on(None);
         }
         let req = pb::WatchRequest {
             namespace: filter.namespace.clone(),
             label_selector: filter.label_selector.clone(),
             field_selector: filter.field_selector.clone(),
-            resource_version: rv,
+            resource_version: resume.clone().unwrap_or_default(),
             ..request.clone()
         };
         let mut watch = client.watch.clone();
@@ -315,24 +360,13 @@ async fn run_request<U, S: Sink<U>>(
                     match stream.message().await {
                         Ok(Some(ev)) => {
                             backoff = Duration::from_millis(200);
-                            let event = Type::try_from(ev.r#type).unwrap_or(Type::Unspecified);
-                            let object = match ev.object.and_then(&decode) {
-                                Some(Ok(o)) => Some(o),
-                                Some(Err(e)) => {
-                                    tracing::warn!(kind = what, error = %e, "skipping an object that does not decode");
-                                    None
-                                }
-                                None => None,
-                            };
-                            let (next, change) = step(state, event, ev.resource_version, object);
-                            state = next;
-                            store.apply(change);
+                            resume = on(Some(ev));
                         }
                         Ok(None) => break,
                         Err(status) => {
                             if status.code() == tonic::Code::OutOfRange {
                                 tracing::info!(kind = what, "watch version expired; relisting");
-                                state = WatchState::Empty;
+                                resume = None;
                             } else {
                                 tracing::warn!(kind = what, error = %status, "watch failed; reconnecting");
                             }
@@ -343,7 +377,7 @@ async fn run_request<U, S: Sink<U>>(
             }
             Err(status) => {
                 if status.code() == tonic::Code::OutOfRange {
-                    state = WatchState::Empty;
+                    resume = None;
                 }
                 // A custom resource whose CRD is not installed: quietly, until it is.
                 if status.code() == tonic::Code::NotFound {

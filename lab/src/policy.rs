@@ -467,9 +467,10 @@ fn explain_with(
             c => Err(LabError::NotReady(format!("{path} answered HTTP {c}"))),
         }
     };
-    let policy: api::k8s_openapi::api::networking::v1::NetworkPolicy =
-        serde_json::from_value(get(&format!("/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies/{name}"))?)
-            .map_err(|e| LabError::NotReady(format!("networkpolicy {ns}/{name}: {e}")))?;
+    let policy = <api::k8s_openapi::api::networking::v1::NetworkPolicy as api::Codec>::from_json(get(&format!(
+        "/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies/{name}"
+    ))?)
+    .map_err(|e| LabError::NotReady(format!("networkpolicy {ns}/{name}: {e}")))?;
     let labels = |v: &serde_json::Value| -> BTreeMap<String, String> {
         serde_json::from_value(v["metadata"]["labels"].clone()).unwrap_or_default()
     };

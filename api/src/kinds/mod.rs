@@ -122,6 +122,8 @@ codec!(
     ObjectMeta,
     k8s_openapi::api::core::v1::PodTemplateSpec,
     k8s_openapi::api::core::v1::PodSpec,
+    k8s_openapi::api::core::v1::Container,
+    k8s_openapi::api::core::v1::EphemeralContainer,
     k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector,
 );
 

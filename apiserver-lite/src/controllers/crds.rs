@@ -5,7 +5,7 @@
 
 use api::custom::CustomKind;
 use api::kinds::customresourcedefinition::{self as crd, CustomResourceDefinition};
-use api::Kind;
+use api::{Codec, Kind};
 use serde_json::{json, Value};
 
 use super::write::ns_name;
@@ -114,8 +114,10 @@ fn strip_nulls(mut v: Value) -> Value {
 /// Serves what every CRD defines, writes their conditions, and finishes deletions.
 pub(crate) async fn sync(reg: &Registry) -> Result<(), ApiError> {
     let (stored, _) = reg.store.list(Kind::CustomResourceDefinition, None)?;
-    let typed: Vec<(Value, CustomResourceDefinition)> =
-        stored.into_iter().filter_map(|v| serde_json::from_value(v.clone()).ok().map(|t| (v, t))).collect();
+    let typed: Vec<(Value, CustomResourceDefinition)> = stored
+        .into_iter()
+        .filter_map(|v| CustomResourceDefinition::from_json(v.clone()).ok().map(|t| (v, t)))
+        .collect();
     let all: Vec<CustomResourceDefinition> = typed.iter().map(|(_, t)| t.clone()).collect();
     let mut live = std::collections::BTreeSet::new();
     for (raw, c) in &typed {

@@ -157,9 +157,9 @@ fn target_pods(reg: &Registry, ns: &str, target: &Value) -> Result<Vec<Value>, A
         match target.pointer("/spec/selector") {
             // A ReplicationController's selector is a plain map.
             Some(Value::Object(m)) if !m.contains_key("matchLabels") && !m.contains_key("matchExpressions") => {
-                serde_json::from_value(json!({"matchLabels": m})).ok()
+                api::Codec::from_json(json!({"matchLabels": m})).ok()
             }
-            Some(s) => serde_json::from_value(s.clone()).ok(),
+            Some(s) => api::Codec::from_json(s.clone()).ok(),
             None => None,
         };
     let Some(sel) = sel else { return Ok(vec![]) };

@@ -56,11 +56,12 @@ impl Ctr {
 
 /// An ephemeral container as the container it runs as (the same fields, less its target).
 pub(super) fn ephemeral_as_container(e: &core::EphemeralContainer) -> core::Container {
-    let mut v = serde_json::to_value(e).unwrap_or_default();
+    use api::Codec;
+    let mut v = e.to_json().unwrap_or_default();
     if let Some(o) = v.as_object_mut() {
         o.remove("targetContainerName");
     }
-    serde_json::from_value(v).unwrap_or_else(|_| core::Container { name: e.name.clone(), ..Default::default() })
+    core::Container::from_json(v).unwrap_or_else(|_| core::Container { name: e.name.clone(), ..Default::default() })
 }
 
 impl Ctr {

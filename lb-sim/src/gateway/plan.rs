@@ -11,6 +11,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
 
+use api::Codec;
 use k8s_openapi::api::core::v1 as core;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use serde_json::{json, Value};
@@ -810,7 +811,8 @@ fn gateway_service(gw: &Gateway) -> core::Service {
         .map(|p| json!({"name": format!("port-{p}"), "port": p, "protocol": "TCP", "targetPort": p}))
         .collect();
     let ports = if ports.is_empty() { vec![json!({"name": "port-80", "port": 80, "protocol": "TCP"})] } else { ports };
-    serde_json::from_value(json!({
+    // Decoded by `api`'s one copy of a Service's deserializer (`Codec`), not one of our own.
+    core::Service::from_json(json!({
         "metadata": {
             "name": service_name(&gw.metadata.name),
             "namespace": gw.metadata.namespace,
