@@ -141,6 +141,7 @@ fn parse_port_range(s: &str) -> Result<std::ops::RangeInclusive<u16>> {
 }
 
 pub fn main() {
+    podpath_client::memory::limit_arenas(std::thread::available_parallelism().map_or(1, |n| n.get()));
     podpath_client::memory::spawn_trimmer(std::time::Duration::from_secs(5));
     if let Err(e) = run() {
         eprintln!("apiserver-lite: {e:#}");

@@ -49,6 +49,7 @@ struct Args {
 }
 
 pub fn main() {
+    podpath_client::memory::limit_arenas(1);
     if let Err(e) = start() {
         eprintln!("podpath-dns: {e:#}");
         std::process::exit(1);

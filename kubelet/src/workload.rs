@@ -71,38 +71,7 @@ enum Mode {
         command: Vec<String>,
     },
     /// Run a container's process, writing its output to a CRI-format log (conmon's role).
-    Monitor {
-        /// Enter this sandbox's namespaces first, so the monitor's namespaces are the pod's
-        /// (what a container's PID leads to, as for any runtime).
-        #[arg(long)]
-        sandbox: Option<i32>,
-        /// The container's log (appended).
-        #[arg(long)]
-        log: Option<std::path::PathBuf>,
-        /// Hold the container's stdin/terminal for `kubectl attach` through this socket.
-        #[arg(long)]
-        console: Option<std::path::PathBuf>,
-        /// With --console: the container reads stdin.
-        #[arg(long, requires = "console")]
-        stdin: bool,
-        /// With --console: give the container a terminal.
-        #[arg(long, requires = "console")]
-        tty: bool,
-        /// With --console: close the container's stdin when the first attached client closes its own.
-        #[arg(long, requires = "console")]
-        stdin_once: bool,
-        /// The signal that stops the container (the image's `StopSignal`: `SIGQUIT`, `QUIT`,
-        /// `3`): a SIGTERM to the monitor reaches the container as this one.
-        #[arg(long, value_parser = parse_signal)]
-        stop_signal: Option<nix::sys::signal::Signal>,
-        /// The command is an OCI runtime that starts the container and exits (`container`):
-        /// the container's process, named by this PID file, is then adopted (the monitor is
-        /// a child subreaper) and waited for, as conmon does. The runtime stays no process.
-        #[arg(long)]
-        adopt: Option<std::path::PathBuf>,
-        #[arg(last = true, required = true)]
-        command: Vec<String>,
-    },
+    Monitor(MonitorArgs),
     /// Run a container of an image with the OCI runtime: in a mount namespace of its own, the
     /// image's layers are stacked with overlayfs on the bundle's `rootfs`, then the runtime
     /// starts the bundle's `config.json` detached (the container's stdio is this process's) and
@@ -125,19 +94,62 @@ enum Mode {
         id: String,
     },
     /// Enter a sandbox's namespaces and run the built-in podpath/echo server.
-    Echo {
-        #[arg(long)]
-        sandbox: i32,
-        /// A container port (repeatable); default 8080.
-        #[arg(long = "port")]
-        ports: Vec<u16>,
-        /// A UDP container port (repeatable).
-        #[arg(long = "udp-port")]
-        udp_ports: Vec<u16>,
-        /// The container's args, interpreted by podpath/echo.
-        #[arg(last = true)]
-        args: Vec<String>,
-    },
+    Echo(EchoArgs),
+}
+
+// `monitor`'s and `echo`'s arguments have parsers of their own (see `main`).
+
+/// Run a container's process, writing its output to a CRI-format log (conmon's role).
+#[derive(Parser, Debug)]
+#[command(name = "podpath-workload monitor")]
+struct MonitorArgs {
+    /// Enter this sandbox's namespaces first, so the monitor's namespaces are the pod's
+    /// (what a container's PID leads to, as for any runtime).
+    #[arg(long)]
+    sandbox: Option<i32>,
+    /// The container's log (appended).
+    #[arg(long)]
+    log: Option<std::path::PathBuf>,
+    /// Hold the container's stdin/terminal for `kubectl attach` through this socket.
+    #[arg(long)]
+    console: Option<std::path::PathBuf>,
+    /// With --console: the container reads stdin.
+    #[arg(long, requires = "console")]
+    stdin: bool,
+    /// With --console: give the container a terminal.
+    #[arg(long, requires = "console")]
+    tty: bool,
+    /// With --console: close the container's stdin when the first attached client closes its own.
+    #[arg(long, requires = "console")]
+    stdin_once: bool,
+    /// The signal that stops the container (the image's `StopSignal`: `SIGQUIT`, `QUIT`,
+    /// `3`): a SIGTERM to the monitor reaches the container as this one.
+    #[arg(long, value_parser = parse_signal)]
+    stop_signal: Option<nix::sys::signal::Signal>,
+    /// The command is an OCI runtime that starts the container and exits (`container`):
+    /// the container's process, named by this PID file, is then adopted (the monitor is
+    /// a child subreaper) and waited for, as conmon does. The runtime stays no process.
+    #[arg(long)]
+    adopt: Option<std::path::PathBuf>,
+    #[arg(last = true, required = true)]
+    command: Vec<String>,
+}
+
+/// Enter a sandbox's namespaces and run the built-in podpath/echo server.
+#[derive(Parser, Debug)]
+#[command(name = "podpath-workload echo")]
+struct EchoArgs {
+    #[arg(long)]
+    sandbox: i32,
+    /// A container port (repeatable); default 8080.
+    #[arg(long = "port")]
+    ports: Vec<u16>,
+    /// A UDP container port (repeatable).
+    #[arg(long = "udp-port")]
+    udp_ports: Vec<u16>,
+    /// The container's args, interpreted by podpath/echo.
+    #[arg(last = true)]
+    args: Vec<String>,
 }
 
 /// A signal by name (`SIGQUIT`, `QUIT`, any case) or number, as an image's `StopSignal` gives it.
@@ -159,7 +171,21 @@ pub fn main() {
     if std::env::args_os().nth(1).is_some_and(|a| a == HOLD) && std::env::args_os().len() == 2 {
         hold();
     }
-    let args = Args::parse();
+    // What every pod runs besides (a monitor, and its echo server) is parsed with a parser of
+    // its mode alone: the whole command's parser dirtied 14–22 KiB more of the stack and 11 KiB
+    // more of the heap, which a long-lived process keeps (per process, `smaps`).
+    let mut argv = std::env::args_os();
+    let mode = match argv.nth(1) {
+        Some(m) if m == "monitor" => {
+            Some(Mode::Monitor(MonitorArgs::parse_from(once("podpath-workload monitor", argv))))
+        }
+        Some(m) if m == "echo" => Some(Mode::Echo(EchoArgs::parse_from(once("podpath-workload echo", argv)))),
+        _ => None,
+    };
+    let args = mode.map(|mode| Args { mode }).unwrap_or_else(Args::parse);
+    fn once(name: &str, rest: std::env::ArgsOs) -> impl Iterator<Item = std::ffi::OsString> {
+        std::iter::once(name.into()).chain(rest)
+    }
     if let Err(e) = run(args) {
         eprintln!("podpath-workload: {e}");
         std::process::exit(1);
@@ -185,7 +211,7 @@ fn run(args: Args) -> Result<(), String> {
         }
         Mode::Pause { sandbox } => pause(sandbox),
         Mode::Hold => hold(),
-        Mode::Monitor { sandbox, log, console, stdin, tty, stdin_once, stop_signal, adopt, command } => {
+        Mode::Monitor(MonitorArgs { sandbox, log, console, stdin, tty, stdin_once, stop_signal, adopt, command }) => {
             if let Some(pid) = sandbox {
                 join(pid)?;
             }
@@ -220,7 +246,7 @@ fn run(args: Args) -> Result<(), String> {
             Err(format!("cannot run {:?}: {err}", command[0]))
         }
         Mode::Container { bundle, layers, runtime, root, id } => container(&bundle, &layers, &runtime, &root, &id),
-        Mode::Echo { sandbox, ports, udp_ports, args } => {
+        Mode::Echo(EchoArgs { sandbox, ports, udp_ports, args }) => {
             join(sandbox)?;
             let options = echo::EchoOptions { udp_ports, ..echo::parse_options(&ports, &args)? };
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;

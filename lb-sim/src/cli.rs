@@ -34,6 +34,7 @@ struct Args {
 }
 
 pub fn main() {
+    podpath_client::memory::limit_arenas(1);
     if let Err(e) = start() {
         eprintln!("lb-sim: {e:#}");
         std::process::exit(1);

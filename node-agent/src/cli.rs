@@ -153,6 +153,7 @@ struct Args {
 }
 
 pub fn main() {
+    podpath_client::memory::limit_arenas(1);
     if let Err(e) = run() {
         eprintln!("node-agent: {e:#}");
         std::process::exit(1);

@@ -88,7 +88,7 @@ async fn pump_out<R: AsyncRead + Unpin>(
     mut r: R,
     kind: u8,
     mut log: Option<std::fs::File>,
-    tx: broadcast::Sender<(u8, Bytes)>,
+    tx: Option<broadcast::Sender<(u8, Bytes)>>,
 ) {
     use std::io::Write;
     let stream = if kind == FROM_STDERR { crilog::Stream::Stderr } else { crilog::Stream::Stdout };
@@ -104,7 +104,9 @@ async fn pump_out<R: AsyncRead + Unpin>(
             enc.finish(jiff::Timestamp::now(), &mut records);
         } else {
             enc.push(jiff::Timestamp::now(), &buf[..n], &mut records);
-            let _ = tx.send((kind, Bytes::copy_from_slice(&buf[..n])));
+            if let Some(tx) = &tx {
+                let _ = tx.send((kind, Bytes::copy_from_slice(&buf[..n])));
+            }
         }
         if let (Some(f), false) = (log.as_mut(), records.is_empty()) {
             if f.write_all(&records).is_err() {
@@ -151,7 +153,9 @@ pub async fn run(opts: ConsoleOptions) -> Result<i32, String> {
     }
     let mut cmd = tokio::process::Command::new(program);
     cmd.args(args).kill_on_drop(true).env(DIE_WITH_PARENT, std::process::id().to_string());
-    let (out_tx, _) = broadcast::channel::<(u8, Bytes)>(256);
+    // Attached clients' copy of the output, only where one can attach: the channel's 256 slots
+    // are made up front, and most containers have no console.
+    let out_tx = listener.is_some().then(|| broadcast::channel::<(u8, Bytes)>(256).0);
     let (in_tx, mut in_rx) = mpsc::channel::<Input>(64);
     let mut pumps = tokio::task::JoinSet::new();
     let mut pty_parts = None;
@@ -204,6 +208,7 @@ pub async fn run(opts: ConsoleOptions) -> Result<i32, String> {
         let stdin_once = opts.stdin_once;
         tokio::spawn(async move {
             let Some(listener) = listener else { return };
+            let Some(out_tx) = out_tx else { return };
             while let Ok((conn, _)) = listener.accept().await {
                 tokio::spawn(serve_client(conn, out_tx.subscribe(), in_tx.clone(), stdin_once));
             }
