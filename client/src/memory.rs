@@ -30,8 +30,9 @@ pub fn trim() {
 /// Caps the heaps (glibc's arenas) this process's threads allocate from at `max`. glibc gives a
 /// thread that meets contention an arena of its own, up to 8 per core, and each arena keeps what
 /// its threads freed. The lab's mostly idle daemons (node agent, lb-sim, podpath-dns) take one
-/// and kept 0.2–0.5 MiB less each; the API server, whose threads contend, one per core: its
-/// REST creates/s stayed within their noise (one arena cut them from 4,753/s to 3,717/s).
+/// and kept 0.2–0.5 MiB less each; the API server, whose threads contend, one per core: its REST
+/// creates/s stayed within their spread (4,596–5,589/s in 3 runs against 4,753–5,258/s with
+/// glibc's 16), where one arena cut them to 3,717/s.
 /// Figures: the lab bench's `memory` part and apiserver-lite's bench. Call first thing in
 /// `main`, before any thread starts.
 #[allow(unsafe_code)] // the C call glibc offers for this; see CONVENTIONS.md
