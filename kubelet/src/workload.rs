@@ -52,7 +52,9 @@ enum Mode {
     /// PID 1 of a pod's shared PID namespace (Kubernetes' pause): reaps the orphans that the
     /// containers leave, and dies with its sandbox (the PID given).
     #[command(hide = true)]
-    Pause { sandbox: i32 },
+    Pause {
+        sandbox: i32,
+    },
     /// What a sandbox becomes once ready: holds its namespaces until stopped (it execs this).
     #[command(hide = true)]
     Hold,
@@ -70,7 +72,7 @@ enum Mode {
         #[arg(last = true, required = true)]
         command: Vec<String>,
     },
-    /// Run a container's process, writing its output to a CRI-format log (conmon's role).
+    // The help line of `monitor` and `echo` is their argument struct's doc.
     Monitor(MonitorArgs),
     /// Run a container of an image with the OCI runtime: in a mount namespace of its own, the
     /// image's layers are stacked with overlayfs on the bundle's `rootfs`, then the runtime
@@ -93,7 +95,6 @@ enum Mode {
         #[arg(long)]
         id: String,
     },
-    /// Enter a sandbox's namespaces and run the built-in podpath/echo server.
     Echo(EchoArgs),
 }
 
