@@ -15,7 +15,8 @@
 //!    terminated by lb-sim → a node's NodePort → pod) against straight to the pod, same load,
 //!    same run.
 //! 6. `podpath trace` on a 3-node lab: wall time of one trace (median and max of 10), and the
-//!    requests/s of other traffic through the same Service with and without traces running.
+//!    requests/s of other traffic through the same Service with and without traces running,
+//!    and — the floor of that ratio — with a busy loop taking the traces' share of CPU time.
 //! 7. `podpath ui` on a 10-node lab with 300 pods, in headless Chromium: page load to the first
 //!    whole picture on screen (the page's own `performance` mark, median of 5 loads), a change
 //!    in the API (a Service's 201) to that Service on screen (p50/p99 of 50), and the UI
@@ -725,6 +726,7 @@ fn bench_trace() {
     );
     let (quiet, f1) = load(&lab, lb, 8, seconds);
     let stop = AtomicBool::new(false);
+    let cpu_before = children_cpu_seconds();
     let (busy, f2, traces) = std::thread::scope(|s| {
         let tracer = s.spawn(|| {
             let mut n = 0;
@@ -759,11 +761,59 @@ fn bench_trace() {
         "requests",
         "",
     );
-    println!("other traffic lost {lost:.0} requests per trace ({traces} traces in {seconds:.0} s)");
+    // The traces' CPU under that load (a trace's kernel work grows with what it reads).
+    let busy_cpu_ms = (children_cpu_seconds() - cpu_before) * 1000.0 / traces.max(1) as f64;
+    println!(
+        "other traffic lost {lost:.0} requests per trace ({traces} traces in {seconds:.0} s); CPU {busy_cpu_ms:.0} ms per trace meanwhile"
+    );
+    // The floor of the ratio for a trace of that CPU: the same traffic while a busy loop takes
+    // the traces' share of CPU time and nothing else (no rules, no packets, no files).
+    let share = busy_cpu_ms * traces as f64 / (seconds * 1000.0);
+    let stop = AtomicBool::new(false);
+    let (burned, (burnt_load, _)) = std::thread::scope(|s| {
+        let burner = s.spawn(|| burn(share, &stop));
+        let r = load(&lab, lb, 8, seconds);
+        stop.store(true, Ordering::Relaxed);
+        (burner.join().unwrap(), r)
+    });
+    let (quiet2, _) = load(&lab, lb, 8, seconds);
+    let floor = burnt_load / quiet2;
+    BENCH.record(
+        "other traffic's req/s while a busy loop takes the traces' CPU share ÷ without (the ratio's floor)",
+        (floor * 100.0).round() / 100.0,
+        "ratio",
+        "",
+    );
+    println!(
+        "the same traffic while a busy loop takes the traces' CPU share ({:.0} ms of CPU a second; it got {:.0}): {burnt_load:.0} req/s against {quiet2:.0} without (ratio {floor:.2})",
+        share * 1000.0,
+        burned * 1000.0 / seconds
+    );
 }
 
 /// User + system CPU time of this process's children that have been waited for (theirs too):
 /// `cutime` and `cstime` of /proc/self/stat.
+/// Spins on this thread until `stop`, keeping its CPU time at `share` of the wall time (in
+/// cores); returns the CPU seconds it got (less than asked for when the machine is saturated).
+fn burn(share: f64, stop: &AtomicBool) -> f64 {
+    let cpu = || {
+        // The first field is the thread's time on a CPU, in nanoseconds.
+        let s = std::fs::read_to_string("/proc/thread-self/schedstat").unwrap_or_default();
+        s.split(' ').next().and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0) / 1e9
+    };
+    let (t0, c0) = (Instant::now(), cpu());
+    while !stop.load(Ordering::Relaxed) {
+        if cpu() - c0 < t0.elapsed().as_secs_f64() * share {
+            for _ in 0..10_000 {
+                std::hint::black_box(0u64);
+            }
+        } else {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    cpu() - c0
+}
+
 fn children_cpu_seconds() -> f64 {
     let stat = std::fs::read_to_string("/proc/self/stat").expect("/proc/self/stat");
     // The fields after the command name (which may hold spaces) start at `state`, field 3.
