@@ -791,8 +791,6 @@ fn bench_trace() {
     );
 }
 
-/// User + system CPU time of this process's children that have been waited for (theirs too):
-/// `cutime` and `cstime` of /proc/self/stat.
 /// Spins on this thread until `stop`, keeping its CPU time at `share` of the wall time (in
 /// cores); returns the CPU seconds it got (less than asked for when the machine is saturated).
 fn burn(share: f64, stop: &AtomicBool) -> f64 {
@@ -814,6 +812,8 @@ fn burn(share: f64, stop: &AtomicBool) -> f64 {
     cpu() - c0
 }
 
+/// User + system CPU time of this process's children that have been waited for (theirs too):
+/// `cutime` and `cstime` of /proc/self/stat.
 fn children_cpu_seconds() -> f64 {
     let stat = std::fs::read_to_string("/proc/self/stat").expect("/proc/self/stat");
     // The fields after the command name (which may hold spaces) start at `state`, field 3.

@@ -72,7 +72,6 @@ enum Mode {
         #[arg(last = true, required = true)]
         command: Vec<String>,
     },
-    // The help line of `monitor` and `echo` is their argument struct's doc.
     Monitor(MonitorArgs),
     /// Run a container of an image with the OCI runtime: in a mount namespace of its own, the
     /// image's layers are stacked with overlayfs on the bundle's `rootfs`, then the runtime
@@ -98,7 +97,8 @@ enum Mode {
     Echo(EchoArgs),
 }
 
-// `monitor`'s and `echo`'s arguments have parsers of their own (see `main`).
+// `monitor`'s and `echo`'s arguments have parsers of their own (see `main`); their doc is
+// also their line in the whole command's help.
 
 /// Run a container's process, writing its output to a CRI-format log (conmon's role).
 #[derive(Parser, Debug)]
