@@ -540,7 +540,6 @@ impl Registry {
         Ok(self.finish(out).await?.object)
     }
 
-    /// Waits for durability of a committed write and returns its outcome.
     /// Changes a workload's `spec.replicas` through its Scale: `change` gets the current Scale
     /// and returns the wanted one (a PUT body, or the current one patched). Returns the new Scale.
     pub async fn update_scale(
@@ -596,6 +595,7 @@ impl Registry {
         self.crds.get(c)?.version(None)?.scale.clone()
     }
 
+    /// Waits for durability of a committed write and returns its outcome.
     async fn finish(&self, out: Pending) -> Result<Outcome, ApiError> {
         if let Some(rv) = out.rv {
             self.store.sync(rv).await?;
@@ -1235,6 +1235,11 @@ pub struct Pending {
 impl Pending {
     pub fn object(&self) -> &Value {
         &self.outcome.object
+    }
+
+    /// The resourceVersion the write must reach durability at; None when nothing was written.
+    pub(crate) fn rv(&self) -> Option<u64> {
+        self.rv
     }
 }
 

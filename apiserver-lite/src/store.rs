@@ -153,39 +153,56 @@ pub struct Store {
 /// Wakes the flusher thread.
 #[derive(Default)]
 struct FlushSignal {
-    /// (writers that asked for a flush since the flusher last looked, the store is closing)
-    state: StdMutex<(usize, bool)>,
+    state: StdMutex<FlushState>,
     cond: Condvar,
+}
+
+#[derive(Default)]
+struct FlushState {
+    /// Writers waiting on a flush that asked for one since the flusher last looked.
+    waiting: usize,
+    /// A flush was asked for by a writer that does not wait on it (see `Store::request_sync`).
+    wanted: bool,
+    closing: bool,
 }
 
 impl FlushSignal {
     fn request(&self) {
         if let Ok(mut s) = self.state.lock() {
-            s.0 += 1;
+            s.waiting += 1;
+            self.cond.notify_one();
+        }
+    }
+
+    /// Asks for a flush without counting as a waiting writer: no reason to hold it for more.
+    fn want(&self) {
+        if let Ok(mut s) = self.state.lock() {
+            s.wanted = true;
             self.cond.notify_one();
         }
     }
 
     fn close(&self) {
         if let Ok(mut s) = self.state.lock() {
-            s.1 = true;
+            s.closing = true;
             self.cond.notify_one();
         }
     }
 
-    /// Waits for a request: how many came since the last call; None when closing.
+    /// Waits for a request: how many writers wait on it (maybe none); None when closing.
     fn wait(&self) -> Option<usize> {
         let Ok(mut s) = self.state.lock() else { return None };
-        while s.0 == 0 && !s.1 {
+        while s.waiting == 0 && !s.wanted && !s.closing {
             s = match self.cond.wait(s) {
                 Ok(s) => s,
                 Err(_) => return None,
             };
         }
-        if s.1 {
+        if s.closing {
             return None;
         }
-        Some(std::mem::take(&mut s.0))
+        s.wanted = false;
+        Some(std::mem::take(&mut s.waiting))
     }
 }
 
@@ -521,6 +538,14 @@ impl Store {
         }
     }
 
+    /// Asks the flusher to make everything up to `rv` durable, without waiting for it: for a
+    /// writer with more to write first, which waits once, for the last, with [`Store::sync`].
+    pub fn request_sync(&self, rv: u64) {
+        if *self.durable.borrow() < rv {
+            self.flusher.want();
+        }
+    }
+
     /// A receiver of the durable resourceVersion, for watchers.
     pub fn subscribe(&self) -> watch::Receiver<u64> {
         self.durable.subscribe()
@@ -663,6 +688,20 @@ mod tests {
         assert_eq!(signal.wait(), None);
     }
 
+    #[test]
+    fn a_flush_wanted_without_a_waiter_wakes_the_flusher_counting_no_writer() {
+        let signal = FlushSignal::default();
+        signal.want();
+        signal.want();
+        assert_eq!(signal.wait(), Some(0), "a flush, and nobody to group it for");
+        signal.want();
+        signal.request();
+        assert_eq!(signal.wait(), Some(1));
+        // Taken once: the next wait blocks until another request (close ends it here).
+        signal.close();
+        assert_eq!(signal.wait(), None);
+    }
+
     #[tokio::test]
     async fn a_database_of_sleds_default_segments_is_copied_into_big_ones_once() {
         let dir = tempfile::tempdir().unwrap();
@@ -764,6 +803,27 @@ mod tests {
         assert_eq!((list.len(), rv), (2, 2));
         assert_eq!(store.allocations().unwrap()["clusterip/10.96.0.10"], "Service/default/a");
         assert_eq!(store.events_since(0, 2).unwrap().len(), 2);
+    }
+
+    /// A run of writes asks for its flush as it goes and waits once: each is made durable
+    /// (and so seen by watchers) without anyone waiting on it.
+    #[tokio::test]
+    async fn a_requested_sync_makes_writes_durable_with_nobody_waiting() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let mut durable = store.subscribe();
+        let g = store.lock().await;
+        let (_, rv) = store.commit(&g, vec![Op::Put { kind: Kind::Service, object: svc("a"), prev: None }]).unwrap();
+        drop(g);
+        store.request_sync(rv);
+        tokio::time::timeout(std::time::Duration::from_secs(10), durable.wait_for(|d| *d >= rv))
+            .await
+            .expect("the flusher made the write durable unasked by a waiter")
+            .unwrap();
+        // Already durable: asking again wakes nothing, and waiting returns at once.
+        store.request_sync(rv);
+        store.sync(rv).await.unwrap();
+        assert_eq!(store.durable_rv(), rv);
     }
 
     /// Many writers committing and syncing while others read: concurrent sled flushes used to

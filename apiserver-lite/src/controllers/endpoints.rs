@@ -13,7 +13,7 @@ use api::Codec;
 use api::Kind;
 use serde_json::{json, Value};
 
-use super::write::{delete_quietly, upsert};
+use super::write::{delete_quietly_unsynced, upsert_unsynced, Unsynced};
 use crate::error::ApiError;
 use crate::registry::{labels_of, Registry};
 
@@ -219,8 +219,14 @@ pub fn plan_endpoints(ns: &str, name: &str, svc: Option<&Service>, pods: &[Pod])
     EndpointsPlan { endpoints: EndpointsWrite::Upsert(endpoints), slices }
 }
 
-/// Recomputes and writes the Endpoints and EndpointSlices of one Service.
-pub(crate) async fn sync_endpoints(reg: &Registry, ns: &str, name: &str) -> Result<(), ApiError> {
+/// Recomputes and writes the Endpoints and EndpointSlices of one Service; `unsynced` is left
+/// to wait for their durability.
+pub(crate) async fn sync_endpoints(
+    reg: &Registry,
+    ns: &str,
+    name: &str,
+    unsynced: &mut Unsynced,
+) -> Result<(), ApiError> {
     let svc: Option<Service> = reg.store.get(Kind::Service, ns, name)?.map(Service::from_json).transpose()?;
     // Our slices are named `{service}-{hash}`: a key-range scan finds them without reading
     // every slice of the namespace (which made 10,000 Services quadratic).
@@ -242,23 +248,26 @@ pub(crate) async fn sync_endpoints(reg: &Registry, ns: &str, name: &str) -> Resu
         _ => vec![],
     };
     let plan = plan_endpoints(ns, name, svc.as_ref(), &pods);
-    // The slices first: they are what every node's proxy waits for (each write waits for its
-    // fsync); the Endpoints object is for older clients.
+    // The slices first: they are what every node's proxy waits for (each is flushed as soon as
+    // it is written); the Endpoints object is for older clients.
     let mut wanted = BTreeSet::new();
     for slice in plan.slices {
         let slice_name = slice["metadata"]["name"].as_str().unwrap_or("").to_string();
-        upsert(reg, Kind::EndpointSlice, ns, &slice_name, slice, &["endpoints", "ports", "addressType"]).await?;
+        let fields = ["endpoints", "ports", "addressType"];
+        upsert_unsynced(reg, Kind::EndpointSlice, ns, &slice_name, slice, &fields, unsynced).await?;
         wanted.insert(slice_name);
     }
     for s in existing_slices {
         let n = s["metadata"]["name"].as_str().unwrap_or("");
         if !wanted.contains(n) {
-            delete_quietly(reg, Kind::EndpointSlice, ns, n).await?;
+            delete_quietly_unsynced(reg, Kind::EndpointSlice, ns, n, unsynced).await?;
         }
     }
     match plan.endpoints {
-        EndpointsWrite::Upsert(endpoints) => upsert(reg, Kind::Endpoints, ns, name, endpoints, &["subsets"]).await?,
-        EndpointsWrite::Delete => delete_quietly(reg, Kind::Endpoints, ns, name).await?,
+        EndpointsWrite::Upsert(endpoints) => {
+            upsert_unsynced(reg, Kind::Endpoints, ns, name, endpoints, &["subsets"], unsynced).await?
+        }
+        EndpointsWrite::Delete => delete_quietly_unsynced(reg, Kind::Endpoints, ns, name, unsynced).await?,
         EndpointsWrite::Leave => {}
     }
     tracing::debug!(service = %format!("{ns}/{name}"), "endpoints synced");

@@ -396,11 +396,16 @@ async fn reconcile(reg: &Registry, cfg: &ControllerConfig, dirty: &mut Dirty) ->
     }
     // A failure here (retried by a full pass) does not keep the rest of this pass from running.
     let mut endpoints = Ok(());
+    let mut unsynced = write::Unsynced::default();
     for (ns, name) in services {
-        if let Err(e) = sync_endpoints(reg, &ns, &name).await {
+        if let Err(e) = sync_endpoints(reg, &ns, &name, &mut unsynced).await {
             endpoints = Err(e);
             break;
         }
+    }
+    // Each write was flushed as it went; the pass goes on once they all are durable.
+    if let Err(e) = unsynced.wait(reg).await {
+        endpoints = endpoints.and(Err(e));
     }
     if all || std::mem::take(&mut dirty.crds) {
         crds::sync(reg).await?;

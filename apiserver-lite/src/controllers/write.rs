@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 use super::events::{EventType, Report};
 
 use crate::error::ApiError;
-use crate::registry::{DeleteOptions, Registry, Subresource, WriteOptions};
+use crate::registry::{DeleteOptions, Pending, Registry, Subresource, WriteOptions};
 
 /// `(namespace, name)` of a stored object.
 pub(crate) fn ns_name(obj: &Value) -> (String, String) {
@@ -17,6 +17,31 @@ pub(crate) fn ns_name(obj: &Value) -> (String, String) {
         obj["metadata"]["namespace"].as_str().unwrap_or("").to_string(),
         obj["metadata"]["name"].as_str().unwrap_or("").to_string(),
     )
+}
+
+/// Controller writes that are committed, their flush asked for, but not yet known durable: a
+/// run of writes (one pass's endpoints) waits once, for the last of them, instead of for each
+/// in turn — which held a pass to one flush per write and, in a burst of Service creates, let
+/// it fall behind the event log (then every pass read every Service again).
+#[derive(Default)]
+#[must_use = "the writes' durability is waited for with `wait`"]
+pub(crate) struct Unsynced(u64);
+
+impl Unsynced {
+    fn add(&mut self, reg: &Registry, pending: &Pending) {
+        if let Some(rv) = pending.rv() {
+            reg.store.request_sync(rv);
+            self.0 = self.0.max(rv);
+        }
+    }
+
+    /// Waits until every write added is durable.
+    pub(crate) async fn wait(self, reg: &Registry) -> Result<(), ApiError> {
+        match self.0 {
+            0 => Ok(()),
+            rv => reg.store.sync(rv).await,
+        }
+    }
 }
 
 /// Creates or updates a controller-owned object when the `fields` (or labels) differ.
@@ -27,6 +52,21 @@ pub(crate) async fn upsert(
     name: &str,
     desired: Value,
     fields: &[&str],
+) -> Result<(), ApiError> {
+    let mut unsynced = Unsynced::default();
+    upsert_unsynced(reg, kind, ns, name, desired, fields, &mut unsynced).await?;
+    unsynced.wait(reg).await
+}
+
+/// [`upsert`], its durability left to `unsynced`.
+pub(crate) async fn upsert_unsynced(
+    reg: &Registry,
+    kind: Kind,
+    ns: &str,
+    name: &str,
+    desired: Value,
+    fields: &[&str],
+    unsynced: &mut Unsynced,
 ) -> Result<(), ApiError> {
     let g = reg.store.lock().await;
     let pending = match reg.store.get(kind, ns, name)? {
@@ -60,7 +100,7 @@ pub(crate) async fn upsert(
     };
     drop(g);
     if let Some(p) = pending {
-        reg.sync(p).await?;
+        unsynced.add(reg, &p);
     }
     Ok(())
 }
@@ -78,6 +118,22 @@ pub(crate) async fn delete_quietly(reg: &Registry, kind: Kind, ns: &str, name: &
         Ok(_) | Err(ApiError::NotFound { .. }) => Ok(()),
         Err(e) => Err(e),
     }
+}
+
+/// [`delete_quietly`], its durability left to `unsynced`.
+pub(crate) async fn delete_quietly_unsynced(
+    reg: &Registry,
+    kind: Kind,
+    ns: &str,
+    name: &str,
+    unsynced: &mut Unsynced,
+) -> Result<(), ApiError> {
+    let g = reg.store.lock().await;
+    let Some(old) = reg.store.get(kind, ns, name)? else { return Ok(()) };
+    let pending = reg.delete_locked(&g, kind, old, &DeleteOptions::default())?;
+    drop(g);
+    unsynced.add(reg, &pending);
+    Ok(())
 }
 
 pub(crate) fn new_time() -> Value {
