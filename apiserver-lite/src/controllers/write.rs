@@ -53,9 +53,10 @@ pub(crate) async fn upsert(
     desired: Value,
     fields: &[&str],
 ) -> Result<(), ApiError> {
-    let mut unsynced = Unsynced::default();
-    upsert_unsynced(reg, kind, ns, name, desired, fields, &mut unsynced).await?;
-    unsynced.wait(reg).await
+    if let Some(p) = commit_upsert(reg, kind, ns, name, desired, fields).await? {
+        reg.sync(p).await?;
+    }
+    Ok(())
 }
 
 /// [`upsert`], its durability left to `unsynced`.
@@ -68,6 +69,21 @@ pub(crate) async fn upsert_unsynced(
     fields: &[&str],
     unsynced: &mut Unsynced,
 ) -> Result<(), ApiError> {
+    if let Some(p) = commit_upsert(reg, kind, ns, name, desired, fields).await? {
+        unsynced.add(reg, &p);
+    }
+    Ok(())
+}
+
+/// The commit of [`upsert`]: the write, if any, not yet durable.
+async fn commit_upsert(
+    reg: &Registry,
+    kind: Kind,
+    ns: &str,
+    name: &str,
+    desired: Value,
+    fields: &[&str],
+) -> Result<Option<Pending>, ApiError> {
     let g = reg.store.lock().await;
     let pending = match reg.store.get(kind, ns, name)? {
         None => Some(reg.create_locked(&g, kind, Some(ns), desired, &WriteOptions::default())?),
@@ -99,10 +115,7 @@ pub(crate) async fn upsert_unsynced(
         }
     };
     drop(g);
-    if let Some(p) = pending {
-        unsynced.add(reg, &p);
-    }
-    Ok(())
+    Ok(pending)
 }
 
 fn normalized(v: Option<&Value>) -> Value {
